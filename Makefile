@@ -1,0 +1,30 @@
+# dflash-dash: `make run` starts the dashboard on the demo workspace, `make test` runs every test.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+WORKSPACE ?= cache
+PORT ?= 8501
+
+.PHONY: setup run test demo clean
+
+$(BIN)/.installed: requirements.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -r requirements.txt
+	touch $@
+
+setup: $(BIN)/.installed
+
+demo: setup
+	$(BIN)/python -m dflash_dash --workspace $(WORKSPACE) demo
+
+run: demo
+	$(BIN)/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT) \
+	  --server.headless true --browser.gatherUsageStats false -- --workspace $(WORKSPACE)
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV)
