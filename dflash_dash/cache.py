@@ -1,0 +1,78 @@
+"""Feature files on disk: one bf16 safetensors file per (extraction, prompt), atomic write, validated read.
+
+Contract (SPEC 5): `write` puts features [T, K*H] in `<root>/<extraction>/<prompt>.safetensors` through a
+temp file + fsync + rename, so a reader never sees a partial file; the file's metadata holds the
+extraction's provenance. `read` checks shape, dtype, token count and the metadata before returning; any
+mismatch or damage raises `CacheError` with a message that offers re-extraction. Payload size is
+exactly K*H*2 bytes per token. Knows nothing of models, HTTP or the store.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+KEY = "features"
+
+
+class CacheError(RuntimeError):
+    """A feature file that is missing or damaged."""
+
+
+def name(prompt_id: str) -> str:
+    """A safe file name for a prompt id (ids can hold any text)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", prompt_id)[:60]
+    return f"{safe}-{hashlib.sha1(prompt_id.encode()).hexdigest()[:8]}.safetensors"
+
+
+def path(root: str | Path, extraction: str, prompt_id: str) -> Path:
+    return Path(root) / extraction / name(prompt_id)
+
+
+def write(root: str | Path, extraction: str, prompt_id: str, features: torch.Tensor, meta: dict) -> Path:
+    """Atomically write features [T, K*H] as bf16 with `meta` (JSON-able) in the header."""
+    dst = path(root, extraction, prompt_id)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    header = {"meta": json.dumps(meta, sort_keys=True), "prompt_id": prompt_id,
+              "tokens": str(features.shape[0])}
+    save_file({KEY: features.detach().to("cpu", torch.bfloat16).contiguous()}, str(tmp), metadata=header)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, dst)
+    return dst
+
+
+def read(root: str | Path, extraction: str, prompt_id: str, tokens: int, width: int) -> torch.Tensor:
+    """Read and validate features; `tokens` and `width` (K*H) are what the store says they must be."""
+    src = path(root, extraction, prompt_id)
+    fix = f"re-extract (python -m dflash_dash extract ... or Re-extract on the Extraction page)"
+    if not src.is_file():
+        raise CacheError(f"feature file for prompt {prompt_id!r} of extraction {extraction} is missing ({src}); {fix}")
+    expect = 8 + tokens * width * 2  # header length prefix + payload; header size checked by safetensors
+    if src.stat().st_size < expect:
+        raise CacheError(f"feature file {src} is truncated ({src.stat().st_size} bytes, payload alone needs "
+                         f"{tokens * width * 2}); {fix}")
+    try:
+        t = load_file(str(src))[KEY]
+    except (SafetensorError, KeyError, ValueError, OSError) as e:
+        raise CacheError(f"feature file {src} is damaged ({e}); {fix}") from None
+    if t.dtype != torch.bfloat16 or tuple(t.shape) != (tokens, width):
+        raise CacheError(f"feature file {src} holds {t.dtype} {tuple(t.shape)}, expected bfloat16 "
+                         f"({tokens}, {width}); {fix}")
+    if not torch.isfinite(t).all():
+        raise CacheError(f"feature file {src} contains NaN or inf values; {fix}")
+    return t
+
+
+def meta(root: str | Path, extraction: str, prompt_id: str) -> dict:
+    """The metadata header of a feature file."""
+    from safetensors import safe_open
+    with safe_open(str(path(root, extraction, prompt_id)), framework="pt") as f:
+        return json.loads(f.metadata()["meta"])

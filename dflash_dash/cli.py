@@ -1,0 +1,150 @@
+"""Command-line front over the pipeline: `python -m dflash_dash --workspace W <command> ...`.
+
+Contract: a stable interface scripts rely on. Results go to stdout (ids, JSON); progress and errors go
+to stderr; a user error exits with status 2 and a one-line message naming the problem and the fix,
+never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import pipeline
+from .store import Store, default_workspace
+
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from .cache import CacheError
+    from .drafter import CheckpointError
+    from .store import StoreError
+    from .target import TargetError
+    errs = [pipeline.InputError, StoreError, CheckpointError, TargetError, CacheError]
+    try:
+        from .sglang import ServerError
+        errs.append(ServerError)
+    except ImportError:
+        pass
+    return tuple(errs)
+
+
+def progress(done: int, total: int, msg: str) -> None:
+    """A one-line progress bar on stderr."""
+    width = 24
+    fill = int(width * done / total) if total else 0
+    sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {msg[:70]:<70}")
+    if done >= total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _print(obj) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+# ---------------------------------------------------------------------------
+# commands
+
+
+def cmd_import(a, st):
+    n = pipeline.import_completions(st, a.file, a.name)
+    print(f"imported {n} completions into set {a.name}")
+
+
+def cmd_export_completions(a, st):
+    for r in pipeline.export_completions(st, a.name):
+        print(json.dumps(r))
+
+
+def cmd_extract(a, st):
+    layers = pipeline.layer_ids_of(a.drafter, a.layers)
+    print(pipeline.extract(st, a.target, a.completions, layers, a.device, a.dtype, a.resume, progress))
+
+
+def cmd_replay(a, st):
+    out = pipeline.replay(st, a.drafter, a.extraction, a.tree_budget, a.device, a.dtype, a.chunk, a.name,
+                          progress)
+    print(out["id"])
+    _print(out["summary"])
+
+
+def cmd_export(a, st):
+    _print(pipeline.export(st, a.run))
+
+
+def cmd_list(a, st):
+    _print(pipeline.listing(st, a.command))
+
+
+def cmd_serve(a, st):
+    from . import server
+    server.serve(a.model, a.host, a.port, a.startup_delay)
+
+
+# ---------------------------------------------------------------------------
+# parser
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dflash_dash", description=__doc__.splitlines()[0])
+    p.add_argument("--workspace", default=str(default_workspace()), help="workspace folder (default: cache)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("import-completions", help="import a completions JSONL file")
+    s.add_argument("file")
+    s.add_argument("--name", required=True, help="completion set name")
+    s.set_defaults(fn=cmd_import)
+
+    s = sub.add_parser("export-completions", help="print a completion set as JSONL")
+    s.add_argument("--name", required=True)
+    s.set_defaults(fn=cmd_export_completions)
+
+    s = sub.add_parser("extract", help="extract target hidden states for a completion set")
+    s.add_argument("--target", required=True, help="Hugging Face causal LM folder")
+    s.add_argument("--completions", required=True, help="completion set name")
+    s.add_argument("--drafter", help="DFlash checkpoint whose target_layer_ids are extracted")
+    s.add_argument("--layers", help="explicit layer ids, e.g. 1,16,31 (instead of --drafter)")
+    s.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    s.add_argument("--dtype", default="float32", choices=list(pipeline.DTYPES))
+    s.add_argument("--resume", help="continue this extraction id instead of starting a new one")
+    s.set_defaults(fn=cmd_extract)
+
+    s = sub.add_parser("replay", help="replay a drafter checkpoint over cached features")
+    s.add_argument("--drafter", required=True)
+    s.add_argument("--extraction", default="latest")
+    s.add_argument("--tree-budget", type=int, default=8, help="DDTree node budget (0: no tree)")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--dtype", default="float32", choices=list(pipeline.DTYPES))
+    s.add_argument("--chunk", type=int, default=64, help="blocks per batched forward")
+    s.add_argument("--name", help="display name (default: checkpoint folder name)")
+    s.set_defaults(fn=cmd_replay)
+
+    s = sub.add_parser("export", help="print a run as JSON")
+    s.add_argument("--run", default="latest")
+    s.set_defaults(fn=cmd_export)
+
+    for what in ("runs", "extractions"):
+        s = sub.add_parser(what, help=f"list {what} as JSON")
+        s.set_defaults(fn=cmd_list)
+
+    s = sub.add_parser("serve", help="local SGLang-compatible server (stand-in for tests and the demo)")
+    s.add_argument("--model", required=True)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=30000)
+    s.add_argument("--startup-delay", type=float, default=0.0)
+    s.set_defaults(fn=cmd_serve)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    try:
+        a.fn(a, Store(a.workspace))
+    except _user_errors() as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: what was finished is kept; run the same command again to continue", file=sys.stderr)
+        return 130
+    return 0

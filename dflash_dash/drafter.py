@@ -1,0 +1,369 @@
+"""The DFlash drafter: checkpoint loading and validation, and the block forward (SPEC 2).
+
+Contract: `load(path)` reads a z-lab / SpecForge checkpoint folder (config.json + *.safetensors) and
+returns a `Drafter`; a wrong checkpoint raises `CheckpointError` naming the field and the expected value.
+The drafter has no embedding and no LM head: callers pass block embeddings in and get normed hidden
+states out. Two forwards exist on purpose:
+  - `blocks`: many blocks of one sequence at once over shared context K/V (the every-anchor path);
+  - `block`:  one block, keys = [ctx; block] concatenated, plain SDPA (the reference the tests trust).
+Knows nothing of files other than the checkpoint, nor of HTTP or the store.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+
+class CheckpointError(ValueError):
+    """A DFlash checkpoint that cannot be used as it is; the message names the field and what was expected."""
+
+
+# ---------------------------------------------------------------------------
+# config
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int                 # H, must equal the target's hidden size
+    intermediate_size: int           # MLP width
+    num_hidden_layers: int           # draft layers
+    num_attention_heads: int         # query heads
+    num_key_value_heads: int         # KV heads (GQA)
+    head_dim: int                    # per-head width
+    vocab_size: int                  # must equal the target's vocabulary
+    block_size: int                  # B: slot 0 is the anchor, slots 1..B-1 are drafted
+    target_layer_ids: list[int]      # target layers whose OUTPUTS are concatenated as features
+    mask_token_id: int               # id placed in slots 1..B-1
+    num_target_layers: int | None    # N of the target the checkpoint was trained against
+    layer_types: list[str]           # full_attention | sliding_attention, one per draft layer
+    sliding_window: int | None       # key window of sliding_attention layers
+    rms_norm_eps: float = 1e-6       # RMSNorm epsilon
+    rope_theta: float = 1e6          # RoPE base
+    rope_scaling: dict | None = None  # transformers rope_scaling dict (yarn, linear, ...) or None
+    max_position_embeddings: int = 32768  # for RoPE scaling
+    attention_bias: bool = False     # q/k/v/o biases
+
+    @property
+    def K(self) -> int:  # number of feature layers
+        return len(self.target_layer_ids)
+
+
+def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """Evenly spaced target layer ids (SPEC 2): round(1 + i*(N-4)/(n-1)); one draft layer: N//2."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+def _need(raw: dict, key: str, kind: type, where: str = "config.json"):
+    if key not in raw or raw[key] is None:
+        raise CheckpointError(f"{where}: missing field '{key}' (expected {kind.__name__})")
+    v = raw[key]
+    if kind is int and (not isinstance(v, int) or isinstance(v, bool)):
+        raise CheckpointError(f"{where}: field '{key}' = {v!r}, expected an integer")
+    return v
+
+
+def parse_config(raw: dict) -> DrafterConfig:
+    """Validate a config.json dict into a DrafterConfig."""
+    n = _need(raw, "num_hidden_layers", int)
+    H = _need(raw, "hidden_size", int)
+    nh = _need(raw, "num_attention_heads", int)
+    nkv = _need(raw, "num_key_value_heads", int)
+    if nh % nkv:
+        raise CheckpointError(f"config.json: num_attention_heads={nh} must be a multiple of num_key_value_heads={nkv}")
+    dcfg = raw.get("dflash_config") or {}
+    ntl = raw.get("num_target_layers")
+    ids = dcfg.get("target_layer_ids")
+    if ids is None:
+        if ntl is None:
+            raise CheckpointError(
+                "config.json: missing 'dflash_config.target_layer_ids' and 'num_target_layers' (expected one of them)")
+        ids = default_layer_ids(ntl, n)
+    if not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
+        raise CheckpointError(f"config.json: dflash_config.target_layer_ids = {ids!r}, expected non-negative ints")
+    if ntl is not None and max(ids) >= ntl:
+        raise CheckpointError(
+            f"config.json: dflash_config.target_layer_ids contains {max(ids)}, expected ids < num_target_layers={ntl}")
+    mask = dcfg.get("mask_token_id", raw.get("mask_token_id"))
+    if mask is None:
+        raise CheckpointError("config.json: missing field 'dflash_config.mask_token_id' (expected an integer)")
+    V = _need(raw, "vocab_size", int)
+    if not 0 <= mask < V:
+        raise CheckpointError(f"config.json: dflash_config.mask_token_id={mask}, expected 0 <= id < vocab_size={V}")
+    types = raw.get("layer_types") or ["full_attention"] * n
+    if len(types) != n or any(t not in ("full_attention", "sliding_attention") for t in types):
+        raise CheckpointError(
+            f"config.json: layer_types = {types!r}, expected {n} entries of full_attention|sliding_attention")
+    window = raw.get("sliding_window")
+    if "sliding_attention" in types and not window:
+        raise CheckpointError("config.json: sliding_attention layers need 'sliding_window' (expected a positive int)")
+    B = _need(raw, "block_size", int)
+    if B < 2:
+        raise CheckpointError(f"config.json: block_size={B}, expected at least 2")
+    return DrafterConfig(
+        hidden_size=H, intermediate_size=_need(raw, "intermediate_size", int), num_hidden_layers=n,
+        num_attention_heads=nh, num_key_value_heads=nkv, head_dim=raw.get("head_dim") or H // nh,
+        vocab_size=V, block_size=B, target_layer_ids=list(ids), mask_token_id=int(mask),
+        num_target_layers=ntl, layer_types=list(types), sliding_window=window if "sliding_attention" in types else None,
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=raw.get("rope_theta", 1e6),
+        rope_scaling=raw.get("rope_scaling"), max_position_embeddings=raw.get("max_position_embeddings", 32768),
+        attention_bias=bool(raw.get("attention_bias", False)),
+    )
+
+
+def read_config(path: str | Path) -> DrafterConfig:
+    """Read and validate `path/config.json`."""
+    f = Path(path) / "config.json"
+    if not f.is_file():
+        raise CheckpointError(f"{path}: no config.json (expected a DFlash checkpoint folder)")
+    try:
+        raw = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{f}: not valid JSON ({e})") from None
+    return parse_config(raw)
+
+
+def shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor a checkpoint with config `c` must hold (SPEC 2 names, no prefix)."""
+    H, I, hd, nh, nkv = c.hidden_size, c.intermediate_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads
+    out = {"fc.weight": (H, c.K * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
+    for i in range(c.num_hidden_layers):
+        p = f"layers.{i}."
+        out |= {
+            p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+            p + "self_attn.q_proj.weight": (nh * hd, H), p + "self_attn.k_proj.weight": (nkv * hd, H),
+            p + "self_attn.v_proj.weight": (nkv * hd, H), p + "self_attn.o_proj.weight": (H, nh * hd),
+            p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+            p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H), p + "mlp.down_proj.weight": (H, I),
+        }
+        if c.attention_bias:
+            out |= {p + "self_attn.q_proj.bias": (nh * hd,), p + "self_attn.k_proj.bias": (nkv * hd,),
+                    p + "self_attn.v_proj.bias": (nkv * hd,), p + "self_attn.o_proj.bias": (H,)}
+    return out
+
+
+def check_target(c: DrafterConfig, hidden_size: int, vocab_size: int, num_layers: int) -> None:
+    """Raise CheckpointError when the drafter cannot run on this target's features and head."""
+    if c.hidden_size != hidden_size:
+        raise CheckpointError(f"hidden_size={c.hidden_size} does not match the target (expected {hidden_size})")
+    if c.vocab_size != vocab_size:
+        raise CheckpointError(f"vocab_size={c.vocab_size} does not match the target (expected {vocab_size})")
+    if max(c.target_layer_ids) >= num_layers:
+        raise CheckpointError(
+            f"dflash_config.target_layer_ids contains {max(c.target_layer_ids)}, "
+            f"expected ids < {num_layers} (the target's layer count)")
+
+
+# ---------------------------------------------------------------------------
+# math helpers
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3 RMSNorm: normalise in fp32, cast back, then scale."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Apply RoPE; cos/sin broadcast against x [..., T, hd]."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
+
+
+class Rope:
+    """cos/sin tables for absolute positions, via transformers' RoPE init (handles rope_scaling)."""
+
+    def __init__(self, c: DrafterConfig, device, dtype):
+        from transformers import Qwen3Config
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+        qc = Qwen3Config(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
+                         head_dim=c.head_dim, rope_theta=c.rope_theta, rope_scaling=c.rope_scaling,
+                         max_position_embeddings=c.max_position_embeddings)
+        self.emb = Qwen3RotaryEmbedding(qc).to(device)
+        self.dtype = dtype
+
+    def __call__(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # pos [..., T] -> cos, sin [..., T, hd]
+        flat = pos.reshape(1, -1)
+        dummy = torch.empty(0, dtype=self.dtype, device=pos.device)
+        cos, sin = self.emb(dummy, flat)
+        return cos.reshape(*pos.shape, -1), sin.reshape(*pos.shape, -1)
+
+
+# ---------------------------------------------------------------------------
+# model
+
+
+class Drafter:
+    """Weights of a DFlash checkpoint plus its two forwards. Inference only (no autograd)."""
+
+    def __init__(self, c: DrafterConfig, w: dict[str, torch.Tensor], path: str = ""):
+        self.c, self.w, self.path = c, w, path
+        any_w = w["fc.weight"]
+        self.device, self.dtype = any_w.device, any_w.dtype
+        self.rope = Rope(c, self.device, self.dtype)
+
+    # -- shared pieces --------------------------------------------------------
+
+    def _lin(self, x, name):
+        return F.linear(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
+
+    def ctx(self, features: torch.Tensor) -> torch.Tensor:
+        """features [T, K*H] -> ctx [T, H] = hidden_norm(fc(features))."""
+        x = self._lin(features.to(self.device, self.dtype), "fc")
+        return rmsnorm(x, self.w["hidden_norm.weight"], self.c.rms_norm_eps)
+
+    def _kv(self, i: int, x: torch.Tensor, cos, sin):
+        """x [..., T, H] -> k [..., nkv, T, hd] (normed, roped), v [..., nkv, T, hd]."""
+        c, p = self.c, f"layers.{i}.self_attn."
+        k = self._lin(x, p + "k_proj").unflatten(-1, (c.num_key_value_heads, c.head_dim))
+        v = self._lin(x, p + "v_proj").unflatten(-1, (c.num_key_value_heads, c.head_dim))
+        k = rmsnorm(k, self.w[p + "k_norm.weight"], c.rms_norm_eps).transpose(-2, -3)
+        return rotate(k, cos.unsqueeze(-3), sin.unsqueeze(-3)), v.transpose(-2, -3)
+
+    def _q(self, i: int, x: torch.Tensor, cos, sin):
+        """x [..., B, H] -> q [..., nh, B, hd] (normed, roped)."""
+        c, p = self.c, f"layers.{i}.self_attn."
+        q = self._lin(x, p + "q_proj").unflatten(-1, (c.num_attention_heads, c.head_dim))
+        q = rmsnorm(q, self.w[p + "q_norm.weight"], c.rms_norm_eps).transpose(-2, -3)
+        return rotate(q, cos.unsqueeze(-3), sin.unsqueeze(-3))
+
+    def _mlp(self, i: int, x):
+        p = f"layers.{i}.mlp."
+        return self._lin(F.silu(self._lin(x, p + "gate_proj")) * self._lin(x, p + "up_proj"), p + "down_proj")
+
+    def _window(self, i: int) -> int | None:
+        return self.c.sliding_window if self.c.layer_types[i] == "sliding_attention" else None
+
+    # -- every-anchor path ----------------------------------------------------
+
+    @torch.inference_mode()
+    def context_kv(self, features: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (k, v) of the whole sequence's context, each [nkv, T, hd]; computed once per sequence."""
+        ctx = self.ctx(features)  # [T, H]
+        cos, sin = self.rope(torch.arange(ctx.shape[0], device=self.device))
+        return [self._kv(i, ctx, cos, sin) for i in range(self.c.num_hidden_layers)]
+
+    @torch.inference_mode()
+    def blocks(self, kv: list[tuple[torch.Tensor, torch.Tensor]], anchors: torch.Tensor,
+               emb: torch.Tensor) -> torch.Tensor:
+        """Draft many blocks of one sequence at once.
+
+        kv: context_kv of the sequence; anchors [N] (int, the anchor position of each block);
+        emb [N, B, H]: target embeddings of [anchor token, MASK x (B-1)].
+        Block n's queries see context keys at positions < anchors[n] plus their own block (bidirectional).
+        Returns norm(h) [N, B, H].
+        """
+        c = self.c
+        N, B, _ = emb.shape
+        nkv, g = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads
+        anchors = anchors.to(self.device)
+        L = int(anchors.max())                                     # context keys any block can see
+        qpos = anchors[:, None] + torch.arange(B, device=self.device)  # [N, B]
+        cos, sin = self.rope(qpos)                                  # [N, B, hd]
+        kpos = torch.arange(L, device=self.device)
+        vis = kpos[None, None, :] < anchors[:, None, None]          # [N, 1, L]
+        h = emb.to(self.dtype)
+        scale = c.head_dim ** -0.5
+        for i in range(c.num_hidden_layers):
+            p = f"layers.{i}."
+            x = rmsnorm(h, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
+            q = self._q(i, x, cos, sin).unflatten(1, (nkv, g))      # [N, nkv, g, B, hd]
+            kb, vb = self._kv(i, x, cos, sin)                       # [N, nkv, B, hd]
+            kc, vc = (t[:, :L] for t in kv[i])                      # [nkv, L, hd]
+            s_ctx = torch.einsum("nkgbd,kld->nkgbl", q, kc).float() * scale    # [N, nkv, g, B, L]
+            s_blk = torch.einsum("nkgbd,nkcd->nkgbc", q, kb).float() * scale   # [N, nkv, g, B, B]
+            m_ctx = vis[:, None, None]                              # [N, 1, 1, 1|B, L]
+            w = self._window(i)
+            if w:
+                m_ctx = m_ctx & ((qpos[:, :, None] - kpos[None, None, :]) < w)[:, None, None]
+                m_blk = ((qpos[:, :, None] - qpos[:, None, :]) < w)[:, None, None]
+                s_blk = s_blk.masked_fill(~m_blk, float("-inf"))
+            s_ctx = s_ctx.masked_fill(~m_ctx, float("-inf"))
+            a = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1), dim=-1).to(self.dtype)
+            o = torch.einsum("nkgbl,kld->nkgbd", a[..., :L], vc) + torch.einsum("nkgbc,nkcd->nkgbd", a[..., L:], vb)
+            o = o.flatten(1, 2).transpose(1, 2).flatten(2)          # [N, B, nh*hd]
+            h = h + self._lin(o, p + "self_attn.o_proj")
+            h = h + self._mlp(i, rmsnorm(h, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps))
+        return rmsnorm(h, self.w["norm.weight"], c.rms_norm_eps)
+
+    # -- reference path -------------------------------------------------------
+
+    @torch.inference_mode()
+    def block(self, features: torch.Tensor, anchor: int, emb: torch.Tensor) -> torch.Tensor:
+        """Draft ONE block the plain way: features [anchor, K*H] of positions 0..anchor-1, emb [B, H].
+
+        Keys/values are [proj(ctx); proj(block)] concatenated, positions 0..anchor+B-1, plain SDPA.
+        Returns norm(h) [B, H]. Slow on purpose: it recomputes the context for every block.
+        """
+        c = self.c
+        B = emb.shape[0]
+        ctx = self.ctx(features[:anchor])
+        pos = torch.arange(anchor + B, device=self.device)
+        cos, sin = self.rope(pos)
+        h = emb.to(self.device, self.dtype)
+        g = c.num_attention_heads // c.num_key_value_heads
+        for i in range(c.num_hidden_layers):
+            p = f"layers.{i}."
+            x = rmsnorm(h, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
+            q = self._q(i, x, cos[anchor:], sin[anchor:])           # [nh, B, hd]
+            k, v = self._kv(i, torch.cat([ctx, x]), cos, sin)       # [nkv, anchor+B, hd]
+            k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
+            mask = None
+            w = self._window(i)
+            if w:
+                mask = (pos[anchor:, None] - pos[None, :]) < w      # [B, anchor+B]
+            o = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask).to(self.dtype)
+            h = h + self._lin(o.transpose(0, 1).flatten(1), p + "self_attn.o_proj")
+            h = h + self._mlp(i, rmsnorm(h, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps))
+        return rmsnorm(h, self.w["norm.weight"], c.rms_norm_eps)
+
+
+# ---------------------------------------------------------------------------
+# loading
+
+
+def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Drafter:
+    """Load and validate a checkpoint folder; tensors of the wrong name or shape raise CheckpointError."""
+    path = Path(path)
+    c = read_config(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path}: no *.safetensors file (expected the drafter weights)")
+    want = shapes(c)
+    w: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt", device="cpu") as sf:
+            for name in sf.keys():
+                key = name.removeprefix("model.")
+                if key not in want:
+                    continue  # extra tensors (e.g. a copied embed) are ignored
+                t = sf.get_tensor(name)
+                if tuple(t.shape) != want[key]:
+                    raise CheckpointError(f"{f.name}: tensor '{key}' has shape {tuple(t.shape)}, expected {want[key]}")
+                w[key] = t.to(device=device, dtype=dtype)
+    missing = [k for k in want if k not in w]
+    if missing:
+        raise CheckpointError(f"{path}: missing tensor '{missing[0]}' (expected shape {want[missing[0]]})"
+                              + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+    return Drafter(c, w, str(path))
+
+
+def flops_per_block(c: DrafterConfig, ctx_len: int, vocab: int) -> float:
+    """Matmul FLOPs of one block over `ctx_len` context keys, LM head of B-1 slots included (for benchmarks)."""
+    H, I, hd, nh, nkv, B = (c.hidden_size, c.intermediate_size, c.head_dim, c.num_attention_heads,
+                            c.num_key_value_heads, c.block_size)
+    per_layer = 2 * B * (H * nh * hd * 2 + H * nkv * hd * 2 + 3 * H * I)  # q,o ; k,v ; mlp
+    per_layer += 2 * 2 * B * nh * hd * (ctx_len + B)                   # scores + weighted values
+    return c.num_hidden_layers * per_layer + 2 * (B - 1) * H * vocab
+

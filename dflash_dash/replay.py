@@ -1,0 +1,265 @@
+"""Every-anchor replay, chain walk, metrics and DDTree (SPEC 2 and 3).
+
+Contract: tensors in, numbers out. No files, no HTTP, no store. A sequence is prompt + completion token
+ids [T] with its cached features [T, K*H]; the completion starts at position P (the prompt length).
+For every completion anchor p in P..T-1 the drafter drafts d_1..d_{B-1} for positions p+1..p+B-1;
+`accepted(p)` counts leading drafts equal to the tokens, inside the completion only. The chain walk then
+reproduces a greedy speculative decoder: anchor P first, then anchor += accepted + 1 (capped).
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .drafter import Drafter
+
+
+@dataclass
+class Head:
+    embed: torch.Tensor    # [V, H] target input embedding
+    lm_head: torch.Tensor  # [V, H] target LM head
+
+
+@dataclass
+class Drafts:
+    tokens: torch.Tensor    # [A, B-1] argmax drafts at anchors P..T-1 (A = T-P)
+    top_ids: torch.Tensor   # [A, B-1, k] top-k tokens per slot (k = tree budget; 0 when no tree)
+    top_logp: torch.Tensor  # [A, B-1, k] their log-probabilities
+
+
+# ---------------------------------------------------------------------------
+# drafting
+
+
+def _embed_blocks(drafter: Drafter, head: Head, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """[anchor token, MASK x (B-1)] embedded with the target embedding -> [N, B, H]."""
+    B = drafter.c.block_size
+    ids = torch.full((len(anchors), B), drafter.c.mask_token_id, dtype=torch.long, device=head.embed.device)
+    ids[:, 0] = tokens.to(ids.device)[anchors.to(ids.device)]
+    return head.embed[ids].to(drafter.device, drafter.dtype)
+
+
+def _head(drafter: Drafter, head: Head, h: torch.Tensor, topk: int):
+    """Normed block states [N, B, H] -> argmax [N, B-1], top-k ids and log-probs [N, B-1, k] (on CPU)."""
+    logits = (h[:, 1:] @ head.lm_head.to(h.device, h.dtype).T).float()   # [N, B-1, V]
+    drafts = logits.argmax(-1)
+    if topk:
+        lp = torch.log_softmax(logits, -1)
+        top = lp.topk(topk, dim=-1)
+        ids, logp = top.indices, top.values
+    else:
+        ids = logp = torch.empty(*drafts.shape, 0)
+    return drafts.cpu(), ids.cpu(), logp.cpu()
+
+
+def _stack(parts) -> Drafts:
+    return Drafts(*(torch.cat([p[i] for p in parts]) for i in range(3)))
+
+
+def draft_all(drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.Tensor, prompt_len: int,
+              topk: int = 0, chunk: int = 64) -> Drafts:
+    """Every-anchor drafts of one sequence: context K/V once, then `chunk` blocks per batched call."""
+    T = len(tokens)
+    kv = drafter.context_kv(features)
+    parts = []
+    for s in range(prompt_len, T, chunk):
+        anchors = torch.arange(s, min(s + chunk, T))
+        h = drafter.blocks(kv, anchors, _embed_blocks(drafter, head, tokens, anchors))
+        parts.append(_head(drafter, head, h, topk))
+    return _stack(parts)
+
+
+def draft_loop(drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.Tensor, prompt_len: int,
+               topk: int = 0) -> Drafts:
+    """Reference: one block per forward call, context recomputed each time. Same output as draft_all."""
+    parts = []
+    for p in range(prompt_len, len(tokens)):
+        emb = _embed_blocks(drafter, head, tokens, torch.tensor([p]))[0]
+        h = drafter.block(features.to(drafter.device), p, emb)
+        parts.append(_head(drafter, head, h[None], topk))
+    return _stack(parts)
+
+
+# ---------------------------------------------------------------------------
+# acceptance
+
+
+def accepted(drafts: np.ndarray, tokens: np.ndarray, prompt_len: int) -> np.ndarray:
+    """accepted(p) for p = P..T-1: leading drafts equal to tokens[p+1..], inside the completion only."""
+    T = len(tokens)
+    A, D = drafts.shape
+    out = np.zeros(A, dtype=np.int64)
+    for a in range(A):
+        p = prompt_len + a
+        n = min(D, T - 1 - p)
+        ok = drafts[a, :n] == tokens[p + 1 : p + 1 + n]
+        out[a] = n if ok.all() else int(np.argmin(ok))
+    return out
+
+
+def walk(acc: np.ndarray, prompt_len: int, T: int) -> list[tuple[int, int, int]]:
+    """Chain walk: rounds (anchor, accepted, committed) from anchor P while anchor < T-1."""
+    rounds, p = [], prompt_len
+    while p < T - 1:
+        a = int(acc[p - prompt_len])
+        c = min(a + 1, T - 1 - p)
+        rounds.append((p, a, c))
+        p += c
+    return rounds
+
+
+def tree_accept(top_ids: np.ndarray, top_logp: np.ndarray, target: np.ndarray, budget: int) -> int:
+    """DDTree-b acceptance at one anchor.
+
+    top_ids/top_logp [B-1, k]: per-slot candidates sorted by log-probability. The tree grows best-first
+    by summed path log-probability; popping a node pushes its next sibling (same depth, next rank) and its
+    first child (next depth, rank 0), until `budget` non-root nodes exist. Returns the length of the
+    longest root path whose tokens equal `target` (the next tokens, already cut to the completion).
+    """
+    D, k = top_ids.shape
+    if budget <= 0 or D == 0 or k == 0:
+        return 0
+    paths: set[tuple[int, ...]] = set()      # token paths in the tree
+    heap = [(-float(top_logp[0, 0]), (0,))]   # (-score, ranks)
+    while heap and len(paths) < budget:
+        neg, ranks = heapq.heappop(heap)
+        d, r = len(ranks), ranks[-1]
+        paths.add(tuple(int(top_ids[i, ranks[i]]) for i in range(d)))
+        base = -neg - float(top_logp[d - 1, r])
+        if r + 1 < k:
+            heapq.heappush(heap, (-(base + float(top_logp[d - 1, r + 1])), ranks[:-1] + (r + 1,)))
+        if d < D:
+            heapq.heappush(heap, (neg - float(top_logp[d, 0]), ranks + (0,)))
+    n = 0
+    while n < len(target) and tuple(int(t) for t in target[: n + 1]) in paths:
+        n += 1
+    return n
+
+
+def tree_accepted(d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int) -> np.ndarray:
+    """DDTree acceptance at every completion anchor."""
+    T = len(tokens)
+    ids, logp = d.top_ids.numpy(), d.top_logp.numpy()
+    out = np.zeros(len(ids), dtype=np.int64)
+    for a in range(len(ids)):
+        p = prompt_len + a
+        out[a] = tree_accept(ids[a], logp[a], tokens[p + 1 : min(T, p + ids.shape[1] + 1)], budget)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# metrics
+
+
+@dataclass
+class PromptResult:
+    id: str
+    prompt_len: int                 # P
+    accepted_at: list[int]          # accepted(p), p = P..T-1
+    drafts: list[list[int]]         # argmax drafts at each anchor [A][B-1]
+    rounds: list[int]               # committed per round of the chain walk
+    round_anchors: list[int]        # anchor of each round
+    tree_at: list[int] = field(default_factory=list)      # DDTree accepted(p)
+    tree_rounds: list[int] = field(default_factory=list)  # committed per round of the DDTree walk
+
+    @property
+    def tau(self) -> float | None:
+        return sum(self.rounds) / len(self.rounds) if self.rounds else None
+
+    @property
+    def tree_tau(self) -> float | None:
+        return sum(self.tree_rounds) / len(self.tree_rounds) if self.tree_rounds else None
+
+
+def score(pid: str, d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int) -> PromptResult:
+    """Acceptance, chain walk and DDTree walk of one sequence from its drafts."""
+    T = len(tokens)
+    acc = accepted(d.tokens.numpy(), tokens, prompt_len)
+    rounds = walk(acc, prompt_len, T)
+    r = PromptResult(pid, prompt_len, acc.tolist(), d.tokens.tolist(), [c for _, _, c in rounds],
+                     [p for p, _, _ in rounds])
+    if budget:
+        tacc = tree_accepted(d, tokens, prompt_len, budget)
+        r.tree_at, r.tree_rounds = tacc.tolist(), [c for _, _, c in walk(tacc, prompt_len, T)]
+    return r
+
+
+def depth_curves(results: list[PromptResult], B: int) -> tuple[list[float | None], list[float | None]]:
+    """Per-depth conditional P(d_k | d_<k) and marginal P(d_1..d_k), k = 1..B-1, over trace rounds.
+
+    A round counts at depth k only when position anchor+k lies inside the completion.
+    """
+    reach = np.zeros(B)  # rounds where d_1..d_{k-1} were accepted and slot k is inside
+    hit = np.zeros(B)
+    total = np.zeros(B)  # rounds where slot k is inside
+    for r in results:
+        T = r.prompt_len + len(r.accepted_at)
+        for p in r.round_anchors:
+            a = r.accepted_at[p - r.prompt_len]
+            for k in range(1, min(B - 1, T - 1 - p) + 1):
+                total[k] += 1
+                if a >= k - 1:
+                    reach[k] += 1
+                    hit[k] += a >= k
+    cond = [hit[k] / reach[k] if reach[k] else None for k in range(1, B)]
+    marg = [hit[k] / total[k] if total[k] else None for k in range(1, B)]
+    return cond, marg
+
+
+def summarize(results: list[PromptResult], B: int, budget: int) -> dict:
+    """Run-level metrics of SPEC 3 (each named as in the UI)."""
+    taus = [r.tau for r in results if r.tau is not None]
+    rounds = [c for r in results for c in r.rounds]
+    every = [a + 1 for r in results for a in r.accepted_at[:-1]]  # anchors P..T-2: something left to draft
+    hist = np.zeros(B, dtype=int)
+    for r in results:
+        for p in r.round_anchors:
+            hist[r.accepted_at[p - r.prompt_len]] += 1
+    cond, marg = depth_curves(results, B)
+    s = {
+        "tau_macro": float(np.mean(taus)) if taus else None,
+        "tau_pooled": sum(rounds) / len(rounds) if rounds else None,
+        "every_anchor_tau": float(np.mean(every)) if every else None,
+        "rounds": len(rounds), "committed": int(sum(rounds)), "prompts": len(results), "block_size": B,
+        "accept_hist": hist.tolist(), "depth_conditional": cond, "depth_marginal": marg,
+        "tree_budget": budget, "ddtree_tau": None, "ddtree_tau_pooled": None,
+    }
+    if budget:
+        tt = [r.tree_tau for r in results if r.tree_tau is not None]
+        tr = [c for r in results for c in r.tree_rounds]
+        s["ddtree_tau"] = float(np.mean(tt)) if tt else None
+        s["ddtree_tau_pooled"] = sum(tr) / len(tr) if tr else None
+    return s
+
+
+def speedup(tau: float, cost_ratio: float) -> float:
+    """Estimated speedup: tau tokens per round over (1 target verify + one drafter pass at `cost_ratio`)."""
+    return tau / (1.0 + cost_ratio)
+
+
+# ---------------------------------------------------------------------------
+# whole run
+
+
+@dataclass
+class Sequence:
+    id: str
+    tokens: torch.Tensor    # [T] prompt + completion ids
+    prompt_len: int         # P
+    features: torch.Tensor  # [T, K*H]
+
+
+def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chunk: int = 64,
+        progress: Callable[[int, int], None] | None = None) -> tuple[list[PromptResult], dict]:
+    """Replay every sequence (every-anchor, batched) and summarise."""
+    results = []
+    for i, s in enumerate(seqs):
+        d = draft_all(drafter, head, s.features, s.tokens, s.prompt_len, topk=budget, chunk=chunk)
+        results.append(score(s.id, d, s.tokens.numpy(), s.prompt_len, budget))
+        if progress:
+            progress(i + 1, len(seqs))
+    return results, summarize(results, drafter.c.block_size, budget)

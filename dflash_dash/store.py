@@ -1,0 +1,251 @@
+"""DuckDB workspace store (SPEC 7): schema, forward migrations, queries.
+
+Contract: every call opens a short-lived DuckDB connection under an exclusive cross-process file lock
+(`dflash.duckdb.lock`, flock), so the app, background jobs and the CLI share one file without lock errors:
+DuckDB itself allows one read-write process per file. Rows come back as plain dicts; JSON columns are
+decoded. Knows nothing of torch, HTTP or Streamlit. Large arrays live in the feature cache, not here.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import duckdb
+
+DB_NAME = "dflash.duckdb"
+JSON_COLS = {"meta_info", "request", "versions", "config", "summary", "args", "result", "layer_ids_json"}
+
+# Each entry upgrades the schema by one version; never edit a released entry, append a new one.
+MIGRATIONS: list[str] = [
+    # v1: initial schema
+    """
+    CREATE TABLE prompt_sets (name VARCHAR PRIMARY KEY, source VARCHAR, created TIMESTAMP DEFAULT now());
+    CREATE TABLE completions (
+        set_name VARCHAR, prompt_id VARCHAR, idx INTEGER, prompt VARCHAR, output VARCHAR,
+        prompt_ids INTEGER[], output_ids INTEGER[], finish_reason VARCHAR, meta_info VARCHAR,
+        request VARCHAR, model_path VARCHAR, created TIMESTAMP DEFAULT now(),
+        PRIMARY KEY (set_name, prompt_id));
+    CREATE TABLE extractions (
+        id VARCHAR PRIMARY KEY, set_name VARCHAR, target_path VARCHAR, layer_ids INTEGER[],
+        hidden_size INTEGER, device VARCHAR, dtype VARCHAR, backend VARCHAR, versions VARCHAR,
+        config_hash VARCHAR, status VARCHAR, created TIMESTAMP DEFAULT now());
+    CREATE TABLE extraction_items (
+        extraction_id VARCHAR, prompt_id VARCHAR, tokens INTEGER, file VARCHAR,
+        PRIMARY KEY (extraction_id, prompt_id));
+    CREATE TABLE runs (
+        id VARCHAR PRIMARY KEY, extraction_id VARCHAR, checkpoint VARCHAR, name VARCHAR, config VARCHAR,
+        tree_budget INTEGER, summary VARCHAR, status VARCHAR, created TIMESTAMP DEFAULT now());
+    CREATE TABLE run_prompts (
+        run_id VARCHAR, prompt_id VARCHAR, prompt_len INTEGER, tau DOUBLE, tree_tau DOUBLE,
+        rounds INTEGER[], accepted_at INTEGER[], drafts INTEGER[], tree_at INTEGER[], tree_rounds INTEGER[],
+        PRIMARY KEY (run_id, prompt_id));
+    CREATE TABLE jobs (
+        id VARCHAR PRIMARY KEY, kind VARCHAR, args VARCHAR, status VARCHAR, progress DOUBLE, step VARCHAR,
+        pid INTEGER, log_path VARCHAR, error VARCHAR, result VARCHAR,
+        created TIMESTAMP DEFAULT now(), updated TIMESTAMP DEFAULT now());
+    """,
+]
+VERSION = len(MIGRATIONS)
+
+
+class StoreError(RuntimeError):
+    """A store problem the user must act on (e.g. an unknown id)."""
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+class Store:
+    """One workspace's DuckDB file. Cheap to construct; holds no open connection."""
+
+    def __init__(self, workspace: str | Path):
+        self.workspace = Path(workspace)
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        self.path = self.workspace / DB_NAME
+        self.lock_path = self.workspace / (DB_NAME + ".lock")
+        self._migrated = False
+
+    # -- connection -----------------------------------------------------------
+
+    @contextmanager
+    def connect(self):
+        """An exclusive connection: flock on the lock file (blocks, no error), then DuckDB, then commit."""
+        with open(self.lock_path, "a+") as lf:
+            fcntl.flock(lf.fileno(), fcntl.LOCK_EX)
+            try:
+                con = duckdb.connect(str(self.path))
+                try:
+                    if not self._migrated:
+                        self._migrate(con)
+                    con.execute("BEGIN")
+                    yield con
+                    con.execute("COMMIT")
+                except BaseException:
+                    try:
+                        con.execute("ROLLBACK")
+                    except duckdb.Error:
+                        pass
+                    raise
+                finally:
+                    con.close()
+            finally:
+                fcntl.flock(lf.fileno(), fcntl.LOCK_UN)
+
+    def _migrate(self, con) -> None:
+        con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER)")
+        row = con.execute("SELECT max(version) FROM schema_version").fetchone()
+        have = row[0] or 0
+        if have > VERSION:
+            raise StoreError(f"{self.path} has schema version {have}, newer than this dflash-dash ({VERSION}); "
+                             "upgrade dflash-dash")
+        for v in range(have, VERSION):
+            con.execute("BEGIN")
+            con.execute(MIGRATIONS[v])
+            con.execute("INSERT INTO schema_version VALUES (?)", [v + 1])
+            con.execute("COMMIT")
+        self._migrated = True
+
+    def rows(self, sql: str, params: list | None = None) -> list[dict]:
+        with self.connect() as con:
+            cur = con.execute(sql, params or [])
+            cols = [d[0] for d in cur.description] if cur.description else []
+            return [_decode(dict(zip(cols, r))) for r in cur.fetchall()]
+
+    def run(self, sql: str, params: list | None = None) -> None:
+        with self.connect() as con:
+            con.execute(sql, params or [])
+
+    def version(self) -> int:
+        return self.rows("SELECT max(version) AS v FROM schema_version")[0]["v"]
+
+    # -- completions ----------------------------------------------------------
+
+    def add_set(self, name: str, source: str) -> None:
+        self.run("INSERT INTO prompt_sets (name, source) VALUES (?, ?) ON CONFLICT DO NOTHING", [name, source])
+
+    def add_completion(self, set_name: str, c: dict) -> None:
+        """Insert or replace one completion; `c` has id, prompt_ids, output_ids and optional text/meta."""
+        with self.connect() as con:
+            idx = c.get("idx")
+            if idx is None:
+                idx = con.execute("SELECT count(*) FROM completions WHERE set_name = ?", [set_name]).fetchone()[0]
+            con.execute(
+                "INSERT OR REPLACE INTO completions (set_name, prompt_id, idx, prompt, output, prompt_ids, "
+                "output_ids, finish_reason, meta_info, request, model_path) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                [set_name, c["id"], idx, c.get("prompt"), c.get("output"), list(c["prompt_ids"]),
+                 list(c["output_ids"]), c.get("finish_reason"), json.dumps(c.get("meta_info") or {}),
+                 json.dumps(c.get("request")) if c.get("request") is not None else None, c.get("model_path")])
+
+    def sets(self) -> list[dict]:
+        return self.rows("SELECT s.name, s.source, s.created, count(c.prompt_id) AS prompts FROM prompt_sets s "
+                         "LEFT JOIN completions c ON c.set_name = s.name GROUP BY ALL ORDER BY s.created")
+
+    def completions(self, set_name: str) -> list[dict]:
+        return self.rows("SELECT * FROM completions WHERE set_name = ? ORDER BY idx, prompt_id", [set_name])
+
+    def completion_ids(self, set_name: str) -> set[str]:
+        return {r["prompt_id"] for r in self.rows("SELECT prompt_id FROM completions WHERE set_name = ?",
+                                                  [set_name])}
+
+    # -- extractions ----------------------------------------------------------
+
+    def add_extraction(self, e: dict) -> None:
+        self.run("INSERT INTO extractions (id, set_name, target_path, layer_ids, hidden_size, device, dtype, "
+                 "backend, versions, config_hash, status) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                 [e["id"], e["set_name"], e["target_path"], e["layer_ids"], e["hidden_size"], e["device"],
+                  e["dtype"], e["backend"], json.dumps(e.get("versions") or {}), e.get("config_hash"),
+                  e.get("status", "running")])
+
+    def add_item(self, extraction_id: str, prompt_id: str, tokens: int, file: str) -> None:
+        self.run("INSERT OR REPLACE INTO extraction_items VALUES (?,?,?,?)", [extraction_id, prompt_id, tokens, file])
+
+    def items(self, extraction_id: str) -> list[dict]:
+        return self.rows("SELECT * FROM extraction_items WHERE extraction_id = ?", [extraction_id])
+
+    def set_status(self, table: str, id_: str, status: str) -> None:
+        assert table in ("extractions", "runs")
+        self.run(f"UPDATE {table} SET status = ? WHERE id = ?", [status, id_])
+
+    def extractions(self) -> list[dict]:
+        return self.rows("SELECT e.*, (SELECT count(*) FROM extraction_items i WHERE i.extraction_id = e.id) "
+                         "AS prompts FROM extractions e ORDER BY created, id")
+
+    def extraction(self, id_: str) -> dict:
+        return self._one("extractions", id_, "extraction")
+
+    # -- runs -----------------------------------------------------------------
+
+    def add_run(self, r: dict, prompts: list[dict]) -> None:
+        """Insert a finished run and its per-prompt results in one transaction."""
+        with self.connect() as con:
+            con.execute("INSERT INTO runs (id, extraction_id, checkpoint, name, config, tree_budget, summary, "
+                        "status) VALUES (?,?,?,?,?,?,?,?)",
+                        [r["id"], r["extraction_id"], r["checkpoint"], r["name"], json.dumps(r["config"]),
+                         r["tree_budget"], json.dumps(r["summary"]), r.get("status", "done")])
+            con.executemany("INSERT INTO run_prompts VALUES (?,?,?,?,?,?,?,?,?,?)", [
+                [r["id"], p["id"], p["prompt_len"], p["tau"], p["tree_tau"], p["rounds"], p["accepted_at"],
+                 p["drafts"], p["tree_at"], p["tree_rounds"]] for p in prompts])
+
+    def runs(self) -> list[dict]:
+        return self.rows("SELECT r.*, e.set_name, e.backend, e.target_path FROM runs r "
+                         "LEFT JOIN extractions e ON e.id = r.extraction_id ORDER BY r.created, r.id")
+
+    def run_row(self, id_: str) -> dict:
+        return self._one("runs", id_, "run")
+
+    def run_prompts(self, run_id: str) -> list[dict]:
+        return self.rows("SELECT * FROM run_prompts WHERE run_id = ? ORDER BY prompt_id", [run_id])
+
+    def _one(self, table: str, id_: str, what: str) -> dict:
+        if id_ == "latest":
+            got = self.rows(f"SELECT * FROM {table} WHERE status = 'done' ORDER BY created DESC, id DESC LIMIT 1")
+            if not got:
+                raise StoreError(f"no finished {what} in {self.workspace} yet")
+            return got[0]
+        got = self.rows(f"SELECT * FROM {table} WHERE id = ?", [id_])
+        if not got:
+            raise StoreError(f"no {what} with id {id_!r} in {self.workspace} (list them with `{what}s`)")
+        return got[0]
+
+    # -- jobs -----------------------------------------------------------------
+
+    def add_job(self, job_id: str, kind: str, args: dict, log_path: str) -> None:
+        self.run("INSERT INTO jobs (id, kind, args, status, progress, step, log_path) VALUES (?,?,?,?,?,?,?)",
+                 [job_id, kind, json.dumps(args), "queued", 0.0, "queued", log_path])
+
+    def update_job(self, job_id: str, **fields) -> None:
+        allowed = {"status", "progress", "step", "pid", "error", "result"}
+        sets, vals = [], []
+        for k, v in fields.items():
+            assert k in allowed, k
+            sets.append(f"{k} = ?")
+            vals.append(json.dumps(v) if k == "result" else v)
+        self.run(f"UPDATE jobs SET {', '.join(sets)}, updated = now() WHERE id = ?", vals + [job_id])
+
+    def jobs(self, status: str | None = None) -> list[dict]:
+        if status:
+            return self.rows("SELECT * FROM jobs WHERE status = ? ORDER BY created DESC", [status])
+        return self.rows("SELECT * FROM jobs ORDER BY created DESC")
+
+    def job(self, job_id: str) -> dict:
+        got = self.rows("SELECT * FROM jobs WHERE id = ?", [job_id])
+        if not got:
+            raise StoreError(f"no job with id {job_id!r} (list them with `jobs list`)")
+        return got[0]
+
+
+def _decode(row: dict) -> dict:
+    for k in JSON_COLS & row.keys():
+        if isinstance(row[k], str):
+            row[k] = json.loads(row[k])
+    return row
+
+
+def default_workspace() -> Path:
+    return Path(os.environ.get("DFLASH_WORKSPACE", "cache"))

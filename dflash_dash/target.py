@@ -1,0 +1,244 @@
+"""The target model: loading, feature extraction at the drafter's layers, kernel backend, embedding/LM head.
+
+Contract (SPEC 5):
+  - `extract(model, ids, layer_ids)` returns features [T, K*H]: the OUTPUT of decoder layer l for each l
+    (Hugging Face `output_hidden_states[l+1]`), concatenated in listed order. The model is loaded cut
+    after the last needed layer (`load(..., layer_ids)`), and no LM head is ever applied.
+  - Kernel backend: fla kernels when CUDA is used and fla imports, otherwise the torch reference path
+    is FORCED (transformers binds fla at import whenever fla imports, also on a CPU machine, where it
+    fails). `use_backend` returns what is really bound, which is recorded with every extraction.
+  - `load_head` reads only the embedding and LM head tensors from the target's safetensors.
+Knows nothing of the store, files other than the model folder, or HTTP.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .replay import Head
+
+# modeling modules whose linear-attention kernels transformers binds to fla at import
+HYBRID_MODULES = [
+    "transformers.models.qwen3_5.modeling_qwen3_5",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+    "transformers.models.qwen3_next.modeling_qwen3_next",
+]
+KERNEL_FUNCS = ["torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
+                "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
+_BOUND: dict[tuple[str, str], object] = {}  # (module, name) -> the function transformers bound at import
+
+
+class TargetError(ValueError):
+    """A target folder that cannot be used; the message names the problem and the fix."""
+
+
+# ---------------------------------------------------------------------------
+# kernel backend
+
+
+def _impl(fn) -> object:
+    """The implementation a transformers kernel wrapper dispatches to (itself when not a wrapper)."""
+    code = getattr(fn, "__code__", None)
+    if code is not None and fn.__closure__ and "implementation" in code.co_freevars:
+        return fn.__closure__[code.co_freevars.index("implementation")].cell_contents
+    return fn
+
+
+def fla_version() -> str | None:
+    """fla's version when its gated delta rule kernels import (they need Triton), else None."""
+    try:
+        importlib.import_module("fla.ops.gated_delta_rule")
+        from importlib.metadata import version
+        for dist in ("fla-core", "flash-linear-attention"):
+            try:
+                return version(dist)
+            except Exception:
+                continue
+        return "unknown"
+    except Exception:
+        return None
+
+
+def use_backend(backend: str) -> str:
+    """Bind the linear-attention kernels of every hybrid modeling module to `backend` ('fla' or 'torch').
+
+    Returns 'fla' or 'torch': what the bound functions really dispatch to (checked, not assumed).
+    """
+    seen = set()
+    for mod_name in HYBRID_MODULES:
+        try:
+            mod = importlib.import_module(mod_name)
+        except Exception:
+            continue
+        for name in KERNEL_FUNCS:
+            fn = getattr(mod, name, None)
+            if fn is None:
+                continue
+            orig = _BOUND.setdefault((mod_name, name), fn)
+            new = getattr(orig, "__wrapped__", orig) if backend == "torch" else orig
+            setattr(mod, name, new)
+            impl = _impl(new)
+            seen.add("fla" if getattr(impl, "__module__", "").startswith("fla") else "torch")
+    if backend == "fla" and seen != {"fla"}:
+        raise TargetError("fla kernels were asked for but transformers did not bind them "
+                          f"(bound: {sorted(seen) or 'none'}); install fla-core and triton on a CUDA machine")
+    return "fla" if seen == {"fla"} else "torch"
+
+
+def force_torch_kernels() -> str:
+    """Force the torch reference path of the linear-attention kernels (any CPU run)."""
+    return use_backend("torch")
+
+
+def pick_backend(device: str) -> str:
+    """fla when the device is CUDA and fla imports, else torch."""
+    return "fla" if device.startswith("cuda") and torch.cuda.is_available() and fla_version() else "torch"
+
+
+# ---------------------------------------------------------------------------
+# describing and loading
+
+
+@dataclass
+class TargetInfo:
+    path: str          # absolute folder path
+    model_type: str    # e.g. qwen3_5_text
+    hidden_size: int   # H
+    vocab_size: int    # V
+    num_layers: int    # N decoder layers
+    config_hash: str   # sha256 of config.json bytes, first 16 hex
+    layer_types: list[str] | None  # per-layer kind (hybrid models)
+
+
+def describe(path: str | Path) -> TargetInfo:
+    """Read the target's config.json (no weights)."""
+    path = Path(path).resolve()
+    f = path / "config.json"
+    if not f.is_file():
+        raise TargetError(f"{path}: no config.json (expected a Hugging Face causal LM folder)")
+    raw = f.read_bytes()
+    cfg = json.loads(raw)
+    text = cfg.get("text_config") or cfg
+    for key in ("hidden_size", "vocab_size", "num_hidden_layers"):
+        if key not in text:
+            raise TargetError(f"{f}: missing field '{key}'")
+    return TargetInfo(str(path), cfg.get("model_type", "?"), text["hidden_size"], text["vocab_size"],
+                      text["num_hidden_layers"], hashlib.sha256(raw).hexdigest()[:16], text.get("layer_types"))
+
+
+def check_layers(info: TargetInfo, layer_ids: list[int]) -> None:
+    if not layer_ids:
+        raise TargetError("no target layer ids given (pass --drafter CKPT or --layers 1,16,31)")
+    bad = [i for i in layer_ids if not 0 <= i < info.num_layers]
+    if bad:
+        raise TargetError(f"target layer id {bad[0]} is out of range: {info.path} has {info.num_layers} "
+                          f"layers (ids 0..{info.num_layers - 1})")
+
+
+def load(path: str | Path, layer_ids: list[int], device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """Load the target's decoder cut after max(layer_ids), with the backend bound. Returns (decoder, backend)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    info = describe(path)
+    check_layers(info, layer_ids)
+    backend = use_backend(pick_backend(device))
+    cfg = AutoConfig.from_pretrained(info.path)
+    text = cfg.get_text_config()
+    keep = max(layer_ids) + 1
+    text.num_hidden_layers = keep
+    if getattr(text, "layer_types", None):
+        text.layer_types = text.layer_types[:keep]
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the dropped layers' weights are "unexpected": expected here
+    try:
+        model = AutoModelForCausalLM.from_pretrained(info.path, config=cfg, dtype=dtype)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    decoder = decoder.to(device).eval()
+    del model.lm_head
+    return decoder, backend
+
+
+def _layers(decoder) -> torch.nn.ModuleList:
+    for attr in ("layers", "language_model.layers"):
+        obj = decoder
+        for part in attr.split("."):
+            obj = getattr(obj, part, None)
+        if obj is not None:
+            return obj
+    raise TargetError(f"cannot find the decoder layers of {type(decoder).__name__}")
+
+
+@torch.inference_mode()
+def extract(decoder, ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
+    """ids [T] -> features [T, K*H]: outputs of decoder layers `layer_ids`, concatenated in order."""
+    layers = _layers(decoder)
+    got: dict[int, torch.Tensor] = {}
+    hooks = []
+    for l in sorted(set(layer_ids)):
+        def grab(_m, _i, out, l=l):
+            got[l] = (out[0] if isinstance(out, tuple) else out)[0]
+        hooks.append(layers[l].register_forward_hook(grab))
+    try:
+        dev = next(decoder.parameters()).device
+        decoder(input_ids=ids.to(dev)[None], use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.cat([got[l] for l in layer_ids], dim=-1)
+
+
+def versions() -> dict:
+    import transformers
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "fla": fla_version()}
+
+
+# ---------------------------------------------------------------------------
+# embedding and LM head only
+
+
+def _weight_files(path: Path) -> dict[str, Path]:
+    """tensor name -> safetensors file holding it (from the index when there is one)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return {k: path / v for k, v in json.loads(index.read_text())["weight_map"].items()}
+    out = {}
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as sf:
+            out |= {k: f for k in sf.keys()}
+    if not out:
+        raise TargetError(f"{path}: no *.safetensors weights found")
+    return out
+
+
+def load_head(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Head:
+    """Read only the input embedding and LM head (tied embeddings reuse the embedding)."""
+    path = Path(path)
+    files = _weight_files(path)
+    emb = [k for k in files if k.endswith("embed_tokens.weight") and "visual" not in k and "mtp" not in k]
+    if not emb:
+        raise TargetError(f"{path}: no '*embed_tokens.weight' tensor in the safetensors files")
+    heads = [k for k in files if k.endswith("lm_head.weight") and "mtp" not in k]
+
+    def get(name):
+        with safe_open(str(files[name]), framework="pt") as sf:
+            return sf.get_tensor(name).to(device=device, dtype=dtype)
+
+    e = get(sorted(emb, key=len)[0])
+    cfg = json.loads((path / "config.json").read_text())
+    tied = cfg.get("tie_word_embeddings", (cfg.get("text_config") or {}).get("tie_word_embeddings", False))
+    if heads:
+        h = get(sorted(heads, key=len)[0])
+    elif tied:
+        h = e
+    else:
+        raise TargetError(f"{path}: no 'lm_head.weight' tensor and tie_word_embeddings is false")
+    return Head(e, h)
