@@ -205,7 +205,8 @@ class Rope:
 
 
 class Drafter:
-    """Weights of a DFlash checkpoint plus its two forwards. Inference only (no autograd)."""
+    """Weights of a DFlash checkpoint plus its two forwards. Differentiable when the weights require grad
+    (the demo trains through `blocks`); callers wrap inference in torch.inference_mode()."""
 
     def __init__(self, c: DrafterConfig, w: dict[str, torch.Tensor], path: str = ""):
         self.c, self.w, self.path = c, w, path
@@ -247,14 +248,12 @@ class Drafter:
 
     # -- every-anchor path ----------------------------------------------------
 
-    @torch.inference_mode()
     def context_kv(self, features: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer (k, v) of the whole sequence's context, each [nkv, T, hd]; computed once per sequence."""
         ctx = self.ctx(features)  # [T, H]
         cos, sin = self.rope(torch.arange(ctx.shape[0], device=self.device))
         return [self._kv(i, ctx, cos, sin) for i in range(self.c.num_hidden_layers)]
 
-    @torch.inference_mode()
     def blocks(self, kv: list[tuple[torch.Tensor, torch.Tensor]], anchors: torch.Tensor,
                emb: torch.Tensor) -> torch.Tensor:
         """Draft many blocks of one sequence at once.
@@ -299,7 +298,6 @@ class Drafter:
 
     # -- reference path -------------------------------------------------------
 
-    @torch.inference_mode()
     def block(self, features: torch.Tensor, anchor: int, emb: torch.Tensor) -> torch.Tensor:
         """Draft ONE block the plain way: features [anchor, K*H] of positions 0..anchor-1, emb [B, H].
 

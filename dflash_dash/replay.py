@@ -60,6 +60,7 @@ def _stack(parts) -> Drafts:
     return Drafts(*(torch.cat([p[i] for p in parts]) for i in range(3)))
 
 
+@torch.inference_mode()
 def draft_all(drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.Tensor, prompt_len: int,
               topk: int = 0, chunk: int = 64) -> Drafts:
     """Every-anchor drafts of one sequence: context K/V once, then `chunk` blocks per batched call."""
@@ -73,6 +74,7 @@ def draft_all(drafter: Drafter, head: Head, features: torch.Tensor, tokens: torc
     return _stack(parts)
 
 
+@torch.inference_mode()
 def draft_loop(drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.Tensor, prompt_len: int,
                topk: int = 0) -> Drafts:
     """Reference: one block per forward call, context recomputed each time. Same output as draft_all."""
