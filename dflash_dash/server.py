@@ -1,0 +1,501 @@
+"""A local stand-in for an SGLang server: one transformers causal LM, greedy decoding, stdlib HTTP.
+
+Contract: this is NOT SGLang. It exists for tests, the demo and offline use, and speaks exactly this subset
+of SGLang's HTTP protocol (SPEC section 4), with SGLang's shapes and startup behaviour:
+- Startup: while loading (model load plus the first half of --startup-delay) the port is not bound
+  (connection refused); then it binds and GET /health answers 503 for the second half ("warmup"), then
+  200 with an empty body. /health also answers 503 while the memory is released; generation during
+  warmup answers 503.
+- GET /health; GET /model_info and /get_model_info -> {"model_path", "tokenizer_path", "is_generation"};
+  GET /get_server_info -> {"enable_memory_saver": true, "model_path", ...}; GET /v1/models (OpenAI list).
+- POST /generate: {"text" | "input_ids", "sampling_params": {"temperature": 0 (required: greedy only),
+  "max_new_tokens" (default 128), "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
+  "no_stop_trim"}, "rid"} -> {"text", "output_ids", "meta_info": {"id", "prompt_tokens",
+  "completion_tokens", "finish_reason": {"type": "stop", "matched": id | str} | {"type": "length",
+  "length": n}, "e2e_latency"}}. output_ids include the matched stop token; text has the stop string trimmed.
+- POST /v1/chat/completions: messages + chat_template_kwargs, applied with the model's tokenizer;
+  OpenAI response shape with usage. Non-streaming only.
+- POST /release_memory_occupation really frees the model (deleted, gc, CUDA cache emptied);
+  POST /resume_memory_occupation reloads it from disk. Generation while released -> 400.
+- Errors: 400 {"error": {"message"}} for bad JSON, bad fields, unsupported options; 404 same shape.
+Generation is serialised by a lock (one request at a time); decoding uses the KV cache and stops at the
+config's eos ids, at stop_token_ids and at stop strings. On CPU the torch path of the linear-attention
+kernels is forced (`target.force_torch_kernels`; shown as `kernel_backend` in /get_server_info).
+Without a tokenizer in the model folder only `input_ids` work and `text` answers "".
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import inspect
+import json
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import torch
+
+try:
+    from .target import force_torch_kernels
+except ImportError:
+    force_torch_kernels = None
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+SAMPLING_KEYS = {
+    "temperature", "max_new_tokens", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
+    "no_stop_trim", "top_p", "top_k", "min_p", "n",
+}
+GENERATE_KEYS = {"text", "input_ids", "sampling_params", "rid", "stream", "return_logprob"}
+
+
+class BadRequest(Exception):
+    """A client error: answered 400 (or `status`) with {"error": {"message": str(self)}}."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def log(msg: str) -> None:
+    print(f"[dflash-dash serve] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# model
+
+
+def torch_kernels() -> str:
+    """Force the torch path of the linear-attention kernels (fla cannot run on CPU); the backend bound."""
+    if force_torch_kernels is None:
+        log("dflash_dash.target.force_torch_kernels is unavailable: kernels left as transformers bound them")
+        return "unknown"
+    return force_torch_kernels() or "torch"
+
+
+@dataclass
+class Engine:
+    model_dir: Path                    # absolute path of the model folder
+    device: str                        # "cpu" or "cuda"
+    model: Any = None                  # the loaded AutoModelForCausalLM, None while released
+    tokenizer: Any = None              # the folder's tokenizer, None when the folder has none
+    eos_ids: set[int] = field(default_factory=set)  # the config's (and generation config's) eos ids
+    vocab_size: int = 0                # rows of the LM head; input ids must be below it
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one generation / release at a time
+    ready_at: float = float("inf")     # monotonic time after which /health answers 200
+    backend: str = "default"           # linear-attention kernel backend bound ("torch" forced on CPU)
+
+    # -- loading
+
+    def load(self) -> None:
+        """Load (or reload) the model from disk onto the device, fp32, eval mode."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32)
+        if self.device == "cpu":
+            self.backend = torch_kernels()  # after loading: the model's modeling module is imported now
+        self.model = model.to(self.device).eval()
+        cfg = model.config
+        eos: set[int] = set()
+        for src in (cfg, getattr(model, "generation_config", None)):
+            e = getattr(src, "eos_token_id", None)
+            eos |= set(e) if isinstance(e, (list, tuple)) else ({e} if e is not None else set())
+        self.eos_ids = {int(i) for i in eos}
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+
+    def load_tokenizer(self) -> None:
+        if not any((self.model_dir / f).exists() for f in TOKENIZER_FILES):
+            return
+        from transformers import AutoTokenizer
+
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        except Exception as e:  # noqa: BLE001  (a broken tokenizer leaves input_ids usable)
+            log(f"no usable tokenizer in {self.model_dir}: {e}")
+
+    def release(self) -> None:
+        """Free the model's memory (the weights are reloaded by `resume`)."""
+        with self.lock:
+            self.model = None
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+    def resume(self) -> None:
+        with self.lock:
+            if self.model is None:
+                self.load()
+
+    # -- decoding
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise BadRequest(
+                f"`text` input needs a tokenizer, and the model folder {self.model_dir} has none; "
+                "send `input_ids` instead or add tokenizer files to the folder"
+            )
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        return "" if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=skip_special)
+
+    @torch.inference_mode()
+    def greedy(
+        self, ids: list[int], max_new: int, stop_ids: set[int], stops: list[str], skip_special: bool = True,
+        trim: bool = True,
+    ) -> tuple[list[int], str, dict]:
+        """Greedy decode with the KV cache: (output ids, text, finish_reason). Caller holds the lock."""
+        model = self.model
+        if model is None:
+            raise BadRequest(
+                "the model's memory is released (POST /release_memory_occupation); "
+                "POST /resume_memory_occupation before generating"
+            )
+        kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        out_ids: list[int] = []
+        finish: dict = {"type": "length", "length": max_new}
+        text = ""
+        if max_new > 0:
+            x = torch.tensor([ids], device=self.device)
+            out = model(input_ids=x, use_cache=True, logits_to_keep=1)
+            while True:
+                tok = int(out.logits[0, -1].argmax())
+                out_ids.append(tok)
+                if tok in stop_ids:
+                    finish = {"type": "stop", "matched": tok}
+                    break
+                if stops and self.tokenizer is not None:
+                    text = self.decode(out_ids, skip_special)
+                    hit = min(((text.find(s), s) for s in stops if s in text), default=None)
+                    if hit is not None:
+                        finish = {"type": "stop", "matched": hit[1]}
+                        if trim:
+                            text = text[: hit[0]]
+                        return out_ids, text, finish
+                if len(out_ids) >= max_new:
+                    break
+                cache = getattr(out, "cache", None)
+                cache = out.past_key_values if cache is None else cache
+                out = model(
+                    input_ids=torch.tensor([[tok]], device=self.device), use_cache=True, **{kw: cache}
+                )
+        return out_ids, self.decode(out_ids, skip_special), finish
+
+
+# ---------------------------------------------------------------------------
+# requests
+
+
+def need_int(v: Any, name: str, lo: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise BadRequest(f"`{name}` must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+def need_strs(v: Any, name: str) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v] if v else []
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise BadRequest(f"`{name}` must be a string or a list of strings, got {v!r}")
+    return [s for s in v if s]
+
+
+def check_greedy(temperature: Any, top_k: Any = None) -> None:
+    if top_k == 1:
+        return
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature != 0:
+        raise BadRequest(
+            f"this stand-in server decodes greedily only: temperature must be 0, got {temperature!r} "
+            "(SGLang's default is 1.0, so send temperature 0 explicitly)"
+        )
+
+
+def run_generate(eng: Engine, req: Any) -> dict:
+    """POST /generate: validate `req`, decode, answer in SGLang's shape."""
+    t0 = time.perf_counter()
+    if not isinstance(req, dict):
+        raise BadRequest("the body must be a JSON object")
+    unknown = set(req) - GENERATE_KEYS
+    if unknown:
+        raise BadRequest(f"unsupported field(s) {sorted(unknown)}; this stand-in accepts {sorted(GENERATE_KEYS)}")
+    if req.get("stream") or req.get("return_logprob"):
+        raise BadRequest("`stream` and `return_logprob` are not supported by this stand-in server")
+    if ("text" in req) == ("input_ids" in req):
+        raise BadRequest("exactly one of `text` or `input_ids` must be given")
+    sp = req.get("sampling_params", {})
+    if not isinstance(sp, dict):
+        raise BadRequest("`sampling_params` must be an object")
+    unknown = set(sp) - SAMPLING_KEYS
+    if unknown:
+        raise BadRequest(f"unsupported sampling param(s) {sorted(unknown)}; supported: {sorted(SAMPLING_KEYS)}")
+    check_greedy(sp.get("temperature", 1.0), sp.get("top_k"))
+    if sp.get("n", 1) != 1:
+        raise BadRequest("`n` must be 1")
+    max_new = need_int(sp.get("max_new_tokens", 128), "max_new_tokens")
+    stops = need_strs(sp.get("stop"), "stop")
+    stop_tok = sp.get("stop_token_ids") or []
+    if not isinstance(stop_tok, list):
+        raise BadRequest("`stop_token_ids` must be a list of integers")
+    stop_tok = [need_int(t, "stop_token_ids") for t in stop_tok]
+    if stops and eng.tokenizer is None:
+        raise BadRequest("`stop` strings need a tokenizer and the model folder has none; use `stop_token_ids`")
+    if "text" in req:
+        if not isinstance(req["text"], str) or not req["text"]:
+            raise BadRequest("`text` must be a non-empty string")
+        ids = eng.encode(req["text"])
+    else:
+        ids = req["input_ids"]
+        if not isinstance(ids, list) or not ids:
+            raise BadRequest("`input_ids` must be a non-empty list of integers")
+        ids = [need_int(i, "input_ids") for i in ids]
+    rid = req.get("rid") or uuid.uuid4().hex
+    if not isinstance(rid, str):
+        raise BadRequest("`rid` must be a string")
+    with eng.lock:
+        if eng.vocab_size and max(ids) >= eng.vocab_size:
+            raise BadRequest(f"input id {max(ids)} is out of the vocabulary (size {eng.vocab_size})")
+        eos = set() if sp.get("ignore_eos") else eng.eos_ids
+        out, text, finish = eng.greedy(
+            ids, max_new, eos | set(stop_tok), stops, bool(sp.get("skip_special_tokens", True)),
+            not sp.get("no_stop_trim", False),
+        )
+    meta = {
+        "id": rid, "prompt_tokens": len(ids), "completion_tokens": len(out), "cached_tokens": 0,
+        "finish_reason": finish, "e2e_latency": time.perf_counter() - t0,
+    }
+    return {"text": text, "output_ids": out, "meta_info": meta}
+
+
+def run_chat(eng: Engine, req: Any) -> dict:
+    """POST /v1/chat/completions: apply the chat template locally, decode, answer in OpenAI's shape."""
+    if not isinstance(req, dict):
+        raise BadRequest("the body must be a JSON object")
+    if eng.tokenizer is None:
+        raise BadRequest(f"chat completions need a tokenizer and the model folder {eng.model_dir} has none")
+    msgs = req.get("messages")
+    if not isinstance(msgs, list) or not msgs or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in msgs
+    ):
+        raise BadRequest("`messages` must be a non-empty list of {role, content} objects with string content")
+    if req.get("stream"):
+        raise BadRequest("`stream` is not supported by this stand-in server")
+    if req.get("n", 1) != 1:
+        raise BadRequest("`n` must be 1")
+    kwargs = req.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise BadRequest("`chat_template_kwargs` must be an object")
+    check_greedy(req.get("temperature", 1.0), req.get("top_k"))
+    max_new = req.get("max_completion_tokens", req.get("max_tokens"))
+    max_new = 128 if max_new is None else need_int(max_new, "max_tokens")
+    try:
+        ids = eng.tokenizer.apply_chat_template(
+            [{"role": m["role"], "content": m["content"]} for m in msgs], add_generation_prompt=True,
+            tokenize=True, **kwargs,
+        )
+    except Exception as e:  # noqa: BLE001  (template errors are the client's)
+        raise BadRequest(f"chat template failed: {e}") from None
+    if hasattr(ids, "keys") and "input_ids" in ids.keys():
+        ids = ids["input_ids"]
+    sp = {"temperature": 0, "max_new_tokens": max_new}
+    if req.get("stop") is not None:
+        sp["stop"] = req["stop"]
+    body = {"input_ids": [int(i) for i in ids], "sampling_params": sp}
+    gen = run_generate(eng, body)
+    meta = gen["meta_info"]
+    fin = meta["finish_reason"]
+    return {
+        "id": meta["id"], "object": "chat.completion", "created": int(time.time()), "model": str(eng.model_dir),
+        "choices": [{
+            "index": 0, "message": {"role": "assistant", "content": gen["text"]},
+            "finish_reason": fin["type"], "matched_stop": fin.get("matched"),
+        }],
+        "usage": {
+            "prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
+            "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
+        },
+    }
+
+
+# ---------------------------------------------------------------------------
+# HTTP
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "dflash-dash-standin/1"
+    protocol_version = "HTTP/1.1"
+
+    @property
+    def eng(self) -> Engine:
+        return self.server.engine  # type: ignore[attr-defined]
+
+    def log_message(self, fmt: str, *args) -> None:
+        log(f"{self.address_string()} {fmt % args}")
+
+    def reply(self, status: int, body: Any = None, text: str | None = None) -> None:
+        data = json.dumps(body).encode() if body is not None else (text or "").encode()
+        try:
+            self.send_response(status)
+            if body is not None:
+                self.send_header("Content-Type", "application/json")
+            elif data:
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+            log(f"client {self.address_string()} went away before the answer to {self.path}")
+            self.close_connection = True
+
+    def error(self, status: int, message: str) -> None:
+        self.reply(status, {"error": {"message": message, "code": status}})
+
+    def body(self) -> Any:
+        try:
+            n = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise BadRequest("bad Content-Length header") from None
+        raw = self.rfile.read(n) if n > 0 else b""
+        if not raw.strip():
+            raise BadRequest("the request body is empty; send a JSON object")
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise BadRequest(f"the request body is not valid JSON: {e}") from None
+
+    def ready(self) -> str | None:
+        """None when ready, else why /health answers 503."""
+        if time.monotonic() < self.eng.ready_at:
+            return "warming up"
+        if self.eng.model is None:
+            return "memory released"
+        return None
+
+    def do_GET(self) -> None:  # noqa: N802
+        eng, path = self.eng, self.path.split("?", 1)[0]
+        info = {
+            "model_path": str(eng.model_dir), "tokenizer_path": str(eng.model_dir) if eng.tokenizer else None,
+            "is_generation": True,
+        }
+        try:
+            if path == "/health":
+                why = self.ready()
+                if why is None:
+                    self.reply(200)
+                else:
+                    self.reply(503, text=why)
+            elif path in ("/model_info", "/get_model_info"):
+                self.reply(200, info)
+            elif path in ("/get_server_info", "/server_info"):
+                self.reply(200, {
+                    **info, "enable_memory_saver": True, "device": eng.device, "dtype": "float32",
+                    "kernel_backend": eng.backend,
+                    "memory_released": eng.model is None, "version": f"dflash-dash stand-in ({self.server_version})",
+                })
+            elif path == "/v1/models":
+                self.reply(200, {"object": "list", "data": [{
+                    "id": info["model_path"], "object": "model", "created": 0, "owned_by": "sglang",
+                    "root": info["model_path"],
+                }]})
+            else:
+                self.error(404, f"no route GET {path}")
+        except Exception as e:  # noqa: BLE001  (a handler bug must not kill the server)
+            log(f"error on GET {path}: {e!r}")
+            self.error(500, f"internal error: {e}")
+
+    def do_POST(self) -> None:  # noqa: N802
+        eng, path = self.eng, self.path.split("?", 1)[0]
+        try:
+            if path not in ("/generate", "/v1/chat/completions", "/release_memory_occupation",
+                            "/resume_memory_occupation"):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                return self.error(404, f"no route POST {path}")
+            req = self.body()
+            if path in ("/generate", "/v1/chat/completions") and time.monotonic() < eng.ready_at:
+                return self.error(503, "the server is warming up; wait until GET /health answers 200")
+            if path == "/generate":
+                self.reply(200, run_generate(eng, req))
+            elif path == "/v1/chat/completions":
+                self.reply(200, run_chat(eng, req))
+            elif path == "/release_memory_occupation":
+                eng.release()
+                log("memory released")
+                self.reply(200, {"success": True, "message": "memory released"})
+            else:
+                t0 = time.perf_counter()
+                eng.resume()
+                log(f"memory resumed in {time.perf_counter() - t0:.1f} s")
+                self.reply(200, {"success": True, "message": "memory resumed"})
+        except BadRequest as e:
+            self.error(e.status, str(e))
+        except Exception as e:  # noqa: BLE001  (a handler bug must not kill the server)
+            log(f"error on POST {path}: {e!r}")
+            self.error(500, f"internal error: {e!r}")
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def handle_error(self, request, client_address) -> None:
+        log(f"connection error with {client_address}: {sys.exc_info()[1]!r}")
+
+
+# ---------------------------------------------------------------------------
+# entry
+
+
+def serve(
+    model: str, host: str = "127.0.0.1", port: int = 30000, startup_delay: float = 0.0, device: str | None = None
+) -> None:
+    """Load `model` and serve it until interrupted (blocking). See the module docstring for the protocol."""
+    t0 = time.monotonic()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    eng = Engine(model_dir=Path(model).resolve(), device=device)
+    if not (eng.model_dir / "config.json").exists():
+        raise SystemExit(f"no config.json in {eng.model_dir}: --model must be a Hugging Face model folder")
+    log(f"loading {eng.model_dir} on {device} (port {port} not bound until loaded)")
+    eng.load()
+    eng.load_tokenizer()
+    log(f"linear-attention kernels: {eng.backend}")
+    startup_delay = max(0.0, startup_delay)
+    time.sleep(startup_delay / 2)
+    try:
+        httpd = Server((host, port), Handler)
+    except OSError as e:
+        raise SystemExit(f"cannot listen on {host}:{port}: {e}; choose another --port or stop what holds it") from None
+    httpd.engine = eng  # type: ignore[attr-defined]
+    eng.ready_at = time.monotonic() + startup_delay / 2
+    bound = httpd.server_address
+    log(f"loaded in {time.monotonic() - t0:.1f} s; listening on http://{bound[0]}:{bound[1]} "
+        f"(warming up {startup_delay / 2:g} s; tokenizer: {'yes' if eng.tokenizer else 'none'})")
+    try:
+        httpd.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        log("interrupted")
+    finally:
+        httpd.server_close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m dflash_dash.server",
+        description="Local SGLang stand-in (tests, demo, offline): one transformers model, greedy decoding.",
+    )
+    p.add_argument("--model", required=True, help="Hugging Face model folder (config.json + safetensors)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=30000, help="port to bind (default 30000)")
+    p.add_argument("--startup-delay", type=float, default=0.0,
+                   help="extra startup seconds: first half with the port unbound, second half /health 503")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    a = p.parse_args(argv)
+    serve(a.model, a.host, a.port, a.startup_delay, a.device)
+
+
+if __name__ == "__main__":
+    main()
