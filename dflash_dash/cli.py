@@ -69,6 +69,11 @@ def cmd_replay(a, st):
     _print(out["summary"])
 
 
+def cmd_sweep(a, st):
+    for run_id in pipeline.sweep(st, a.checkpoints, a.extraction, progress):
+        print(run_id)
+
+
 def cmd_export(a, st):
     _print(pipeline.export(st, a.run))
 
@@ -119,6 +124,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--chunk", type=int, default=64, help="blocks per batched forward")
     s.add_argument("--name", help="display name (default: checkpoint folder name)")
     s.set_defaults(fn=cmd_replay)
+
+    s = sub.add_parser("sweep", help="replay every checkpoint of a training output folder")
+    s.add_argument("--checkpoints", required=True, help="folder of epoch_E_step_S/ checkpoint folders")
+    s.add_argument("--extraction", default="latest")
+    s.set_defaults(fn=cmd_sweep)
 
     s = sub.add_parser("export", help="print a run as JSON")
     s.add_argument("--run", default="latest")

@@ -212,6 +212,41 @@ def replay(store: Store, drafter: str, extraction: str = "latest", budget: int =
     return {"id": run_id, "summary": summary}
 
 
+def checkpoints_in(folder: str | Path) -> list[Path]:
+    """Checkpoint folders under `folder` (itself included): SpecForge `epoch_E_step_S/` or any folder with a
+    config.json, ordered by (epoch, step) where the name has them, else by path."""
+    import re
+    root = Path(folder)
+    if not root.is_dir():
+        raise InputError(f"--checkpoints {folder}: no such folder (point at a training output folder)")
+    found = sorted({f.parent.resolve() for f in root.rglob("config.json")})
+    if not found:
+        raise InputError(f"{folder}: no checkpoint inside (expected epoch_E_step_S/ folders with config.json)")
+
+    def key(p: Path):
+        m = re.search(r"epoch_(\d+)_step_(\d+)", p.name)
+        return (0, int(m.group(1)), int(m.group(2)), str(p)) if m else (1, 0, 0, str(p))
+    return sorted(found, key=key)
+
+
+def sweep(store: Store, checkpoints: str, extraction: str = "latest", progress: Progress = None,
+          **replay_args) -> list[str]:
+    """Replay every checkpoint found under `checkpoints` on one extraction; returns run ids in step order.
+    A checkpoint already replayed on this extraction is not replayed again (its latest run id is returned)."""
+    ex = store.extraction(extraction)
+    cks = checkpoints_in(checkpoints)
+    have = {r["checkpoint"]: r["id"] for r in store.runs() if r["extraction_id"] == ex["id"]}
+    ids = []
+    for i, ck in enumerate(cks):
+        _tick(progress, i, len(cks), f"checkpoint {i + 1}/{len(cks)}: {ck.name}")
+        if str(ck) in have:
+            ids.append(have[str(ck)])
+            continue
+        ids.append(replay(store, str(ck), ex["id"], **replay_args)["id"])
+    _tick(progress, len(cks), len(cks), f"replayed {len(cks)} checkpoints")
+    return ids
+
+
 # ---------------------------------------------------------------------------
 # export
 

@@ -1,0 +1,55 @@
+"""Backend parity (SPEC 6): how far two extractions of the same completions differ, per target layer.
+
+Contract: reads both extractions' feature files through `cache.read` (validated) and compares them on the
+prompts they share, layer by layer (features are K layers of H values concatenated per token):
+- relative L2 = ||A - B|| / ||B|| over all shared tokens (B is the reference, normally the fla extraction);
+- cosine = mean over tokens of cos(A_t, B_t).
+No network, no model; raises StoreError/CacheError/ValueError with a message naming the fix.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import cache
+from .pipeline import features_root
+from .store import Store, StoreError
+
+
+def compare(store: Store, a_id: str, b_id: str, max_prompts: int | None = None) -> dict:
+    """Per-layer relative L2 and cosine of extraction A against reference B. Returns
+    {"layers": [{"layer", "rel_l2", "cosine", "max_abs"}], "prompts": n, "tokens": n, "a": row, "b": row}."""
+    a, b = store.extraction(a_id), store.extraction(b_id)
+    if a["layer_ids"] != b["layer_ids"] or a["hidden_size"] != b["hidden_size"]:
+        raise ValueError(f"extractions {a['id']} (layers {a['layer_ids']}) and {b['id']} (layers {b['layer_ids']}) "
+                         "hold different layers; extract both with the same drafter or --layers")
+    if a["set_name"] != b["set_name"]:
+        raise ValueError(f"extractions {a['id']} and {b['id']} are of different completion sets "
+                         f"({a['set_name']!r} vs {b['set_name']!r}); extract the same set with both backends")
+    ia = {r["prompt_id"]: r["tokens"] for r in store.items(a["id"])}
+    ib = {r["prompt_id"]: r["tokens"] for r in store.items(b["id"])}
+    shared = sorted(p for p in ia if p in ib and ia[p] == ib[p])
+    if not shared:
+        raise StoreError(f"extractions {a['id']} and {b['id']} share no extracted prompt")
+    if max_prompts:
+        shared = shared[:max_prompts]
+    K, H = len(a["layer_ids"]), a["hidden_size"]
+    diff2 = torch.zeros(K, dtype=torch.float64)
+    ref2 = torch.zeros(K, dtype=torch.float64)
+    cos_sum = torch.zeros(K, dtype=torch.float64)
+    max_abs = torch.zeros(K, dtype=torch.float64)
+    n_tok = 0
+    root = features_root(store)
+    for pid in shared:
+        fa = cache.read(root, a["id"], pid, ia[pid], K * H).double().view(-1, K, H)  # [T, K, H]
+        fb = cache.read(root, b["id"], pid, ib[pid], K * H).double().view(-1, K, H)
+        d = fa - fb
+        diff2 += d.pow(2).sum((0, 2))
+        ref2 += fb.pow(2).sum((0, 2))
+        cos_sum += torch.nn.functional.cosine_similarity(fa, fb, dim=-1, eps=1e-12).sum(0)
+        max_abs = torch.maximum(max_abs, d.abs().amax((0, 2)))
+        n_tok += fa.shape[0]
+    rel = (diff2.sqrt() / ref2.sqrt().clamp_min(1e-30)).tolist()
+    cos = (cos_sum / n_tok).tolist()
+    layers = [{"layer": l, "rel_l2": rel[k], "cosine": cos[k], "max_abs": float(max_abs[k])}
+              for k, l in enumerate(a["layer_ids"])]
+    return {"layers": layers, "prompts": len(shared), "tokens": n_tok, "a": a, "b": b}

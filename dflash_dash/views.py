@@ -1,0 +1,455 @@
+"""Data shaped for eyes: token roles and escaped HTML, plotly figures, tables (no Streamlit here).
+
+Contract: pure functions over rows the store returns (run rows, run_prompts rows, completions, extractions).
+Every piece of model output that ends up in HTML goes through `esc`, which escapes it (html.escape) and
+makes whitespace and control characters visible: a completion holding `<script>` renders as text.
+`token_html` builds a whole completion's token view in one pass (fast for 4,000-token completions).
+Metric formulas shown next to every number live here (`METRICS`), as do the checks of the Diagnostics page.
+"""
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+
+from .replay import walk
+
+# ---------------------------------------------------------------------------
+# metrics and their formulas (SPEC 3)
+
+METRICS: list[tuple[str, str, str]] = [  # (summary key, label, formula)
+    ("tau_macro", "tau (macro)", "mean over prompts of committed / rounds"),
+    ("tau_pooled", "tau (pooled)", "all committed tokens / all rounds"),
+    ("every_anchor_tau", "every-anchor tau", "mean over completion anchors p of accepted(p) + 1"),
+    ("ddtree_tau", "DDTree tau (macro)", "tree of `tree_budget` nodes per round; mean over prompts of committed / rounds"),
+]
+TOKEN_LEGEND = [  # (css class, meaning)
+    ("dfv-pre", "first completion token (target prefill)"),
+    ("dfv-a", "accepted draft (darker = deeper in the block; superscript = depth)"),
+    ("dfv-bonus", "bonus token from the target (after the accepted drafts)"),
+    ("dfv-rej", "rejected draft, shown struck through after the target's token"),
+    ("dfv-b", "block (round) boundary"),
+]
+
+
+def fmt(x: float | None, digits: int = 3) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+# ---------------------------------------------------------------------------
+# tokens: decoding and escaping
+
+_CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200f\ufeff]")
+
+
+def esc(s: str) -> str:
+    """Escape one token for HTML: entities, newline -> ↵ + <br>, tab -> ⇥, other control chars as \\xNN."""
+    s = html.escape(s, quote=True)
+    s = _CTRL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}", s)
+    return s.replace("\r", "␍").replace("\t", "⇥\t").replace("\n", "↵<br>")
+
+
+class Vocab:
+    """Token strings of one target: its tokenizer's decode of each id (memoised), else `⟨id⟩`."""
+
+    def __init__(self, tokenizer=None):
+        self.tok = tokenizer  # a transformers tokenizer or None
+        self.memo: dict[int, str] = {}
+
+    def strings(self, ids) -> list[str]:
+        out, memo = [], self.memo
+        for i in ids:
+            i = int(i)
+            s = memo.get(i)
+            if s is None:
+                s = memo[i] = self._one(i)
+            out.append(s)
+        return out
+
+    def _one(self, i: int) -> str:
+        if self.tok is None:
+            return f"⟨{i}⟩"
+        try:
+            return self.tok.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        except Exception:  # noqa: BLE001  (an id outside the tokenizer: show the id)
+            return f"⟨{i}⟩"
+
+
+def load_vocab(target_path: str | None) -> Vocab:
+    """A Vocab from the target folder's tokenizer files; ids only when it has none or they do not load."""
+    if not target_path or not any((Path(target_path) / f).is_file()
+                                  for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return Vocab()
+    try:
+        from transformers import AutoTokenizer
+        return Vocab(AutoTokenizer.from_pretrained(target_path))
+    except Exception:  # noqa: BLE001  (a broken tokenizer must not break the page: show ids)
+        return Vocab()
+
+
+# ---------------------------------------------------------------------------
+# token roles of a chain-walk trace
+
+
+@dataclass
+class Trace:
+    prompt_len: int          # P
+    tokens: list[int]        # [T] prompt + completion ids
+    role: list[str]          # [T-P] per completion position: pre | acc | bonus | tail
+    depth: list[int]         # [T-P] depth within the block (1..B-1 for accepted drafts, else 0)
+    round: list[int]         # [T-P] index of the round that committed the position (-1: prefill)
+    start: list[bool]        # [T-P] first position committed by its round (block boundary)
+    rejected: list[int | None]  # [T-P] the drafted token the target rejected at this position, if any
+    rounds: list[tuple[int, int, int]]  # (anchor, accepted, committed) per round
+
+    def roles_key(self) -> list[tuple[str, int]]:
+        return list(zip(self.role, self.round))
+
+
+def trace(row: dict, completion: dict, block_size: int) -> Trace:
+    """Roles of every completion position from a run_prompts row and its completion."""
+    P = row["prompt_len"]
+    tokens = list(completion["prompt_ids"]) + list(completion["output_ids"])
+    T = len(tokens)
+    acc = np.asarray(row["accepted_at"], dtype=np.int64)
+    D = block_size - 1
+    drafts = row.get("drafts") or []
+    n = T - P
+    role, depth, rnd = ["tail"] * n, [0] * n, [-1] * n
+    start, rejected = [False] * n, [None] * n
+    if n:
+        role[0] = "pre"
+    rounds = walk(acc, P, T) if len(acc) else []
+    for r, (p, a, c) in enumerate(rounds):
+        for k in range(1, c + 1):
+            i = p + k - P
+            rnd[i] = r
+            if k <= a:
+                role[i], depth[i] = "acc", k
+            else:
+                role[i] = "bonus"
+                j = (p - P) * D + a
+                if a < D and j < len(drafts) and drafts[j] != tokens[p + k]:
+                    rejected[i] = int(drafts[j])
+        start[p + 1 - P] = True
+    return Trace(P, tokens, role, depth, rnd, start, rejected, rounds)
+
+
+# ---------------------------------------------------------------------------
+# token view HTML
+
+def _shade(k: int, D: int) -> str:
+    """Green of an accepted draft at depth k of D: deeper = darker."""
+    f = (k - 1) / max(1, D - 1)
+    light = 85 - 40 * f
+    return f"hsl(130, 55%, {light:.0f}%)"
+
+
+def css(block_size: int) -> str:
+    D = block_size - 1
+    depth = "".join(f".dfv .dfv-a{k}{{background:{_shade(k, D)};{'color:#fff;' if k > D * 0.6 else ''}}}"
+                    for k in range(1, D + 1))
+    return (
+        "<style>"
+        ".dfv{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:13px;line-height:1.9;"
+        "white-space:pre-wrap;word-break:break-all;padding:8px;border:1px solid #ddd;border-radius:6px;"
+        "max-height:640px;overflow-y:auto;background:#fff;color:#111}"
+        ".dfv span{border-radius:2px}"
+        ".dfv .dfv-pre{background:#cfe3ff}"
+        ".dfv .dfv-bonus{background:#ffe08a}"
+        ".dfv .dfv-tail{background:#eee}"
+        ".dfv .dfv-b{border-left:2px solid #333;margin-left:1px}"
+        ".dfv .dfv-rej{color:#c00;text-decoration:line-through;font-size:10px;vertical-align:super;margin:0 1px}"
+        ".dfv sup{font-size:8px;color:#555;margin-left:1px}"
+        ".dfv .dfv-x{outline:2px solid #d0f;outline-offset:-1px}"
+        ".dfv-legend span{padding:1px 6px;margin-right:8px;border-radius:2px;font-size:12px}"
+        + depth + "</style>"
+    )
+
+
+def legend_html(block_size: int) -> str:
+    D = block_size - 1
+    items = [
+        '<span class="dfv-pre" style="background:#cfe3ff">prefill</span>',
+        f'<span style="background:{_shade(1, D)}">accepted d1</span>',
+        f'<span style="background:{_shade(D, D)};color:#fff">accepted d{D}</span>',
+        '<span style="background:#ffe08a">bonus (target)</span>',
+        '<span style="color:#c00;text-decoration:line-through">rejected draft</span>',
+        '<span style="border-left:2px solid #333">block start</span>',
+        '<span style="outline:2px solid #d0f">differs from the other run</span>',
+    ]
+    return '<div class="dfv-legend">' + "".join(items) + "</div>"
+
+
+def token_html(tr: Trace, vocab: Vocab, block_size: int, diff: set[int] | None = None,
+               superscript: bool = True, inline_rejects: bool = True) -> str:
+    """The completion as escaped spans, in one pass: role colours, depth, block starts, rejections.
+
+    `diff` holds completion offsets (position - P) to outline (positions where another run differs)."""
+    P = tr.prompt_len
+    strs = vocab.strings(tr.tokens[P:])
+    rej_ids = [t for t in tr.rejected if t is not None]
+    rej_strs = dict(zip(rej_ids, vocab.strings(rej_ids)))
+    diff = diff or set()
+    parts = [css(block_size), '<div class="dfv">']
+    app = parts.append
+    for i, s in enumerate(strs):
+        role, k = tr.role[i], tr.depth[i]
+        cls = "dfv-a" + str(k) if role == "acc" else "dfv-" + role
+        if tr.start[i]:
+            cls += " dfv-b"
+        if i in diff:
+            cls += " dfv-x"
+        pos = P + i
+        tip = f"pos {pos} · token {tr.tokens[pos]}"
+        if role == "acc":
+            tip += f" · round {tr.round[i] + 1} · accepted draft, depth {k}"
+        elif role == "bonus":
+            tip += f" · round {tr.round[i] + 1} · bonus token from the target"
+        elif role == "pre":
+            tip += " · from the target's prefill"
+        rej = tr.rejected[i]
+        if rej is not None:
+            tip += f" · drafted {rej_strs[rej]!r} ({rej}), target {s!r}"
+        app(f'<span class="{cls}" title="{html.escape(tip, quote=True)}">{esc(s)}')
+        if superscript and role == "acc":
+            app(f"<sup>{k}</sup>")
+        app("</span>")
+        if rej is not None and inline_rejects:
+            app(f'<span class="dfv-rej" title="rejected draft {rej}">{esc(rej_strs[rej])}</span>')
+    app("</div>")
+    return "".join(parts)
+
+
+def text_html(text: str) -> str:
+    """Untrusted plain text (a prompt) as an escaped block."""
+    return ('<div class="dfv" style="font-family:ui-monospace,monospace;font-size:13px;white-space:pre-wrap;'
+            f'word-break:break-all">{esc(text or "")}</div>')
+
+
+def differing(a: Trace, b: Trace) -> set[int]:
+    """Completion offsets whose role, depth or round start differ between two traces of the same tokens."""
+    return {i for i in range(min(len(a.role), len(b.role)))
+            if (a.role[i], a.depth[i], a.start[i], a.rejected[i]) != (b.role[i], b.depth[i], b.start[i], b.rejected[i])}
+
+
+# ---------------------------------------------------------------------------
+# figures
+
+def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 320) -> go.Figure:
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, height=height, margin=dict(l=40, r=10, t=40, b=40),
+                      legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def accept_curve(tr: Trace, row: dict, block_size: int, name: str = "accepted(p)") -> go.Figure:
+    """accepted(p) at every completion anchor, with the chain walk's round anchors marked."""
+    P = tr.prompt_len
+    acc = row["accepted_at"]
+    fig = go.Figure()
+    fig.add_scatter(x=list(range(P, P + len(acc))), y=acc, mode="lines", name=name, line=dict(width=1))
+    fig.add_scatter(x=[p for p, _, _ in tr.rounds], y=[a for _, a, _ in tr.rounds], mode="markers",
+                    name="round anchors (chain walk)", marker=dict(size=5))
+    fig.update_yaxes(range=[-0.3, block_size - 0.7])
+    return _layout(fig, "accepted(p) along the completion", "position p", "accepted drafts")
+
+
+def hist_fig(summaries: dict[str, dict]) -> go.Figure:
+    """Acceptance histogram: share of rounds by accepted count 0..B-1, one bar series per run."""
+    fig = go.Figure()
+    for name, s in summaries.items():
+        h = np.asarray(s.get("accept_hist") or [], dtype=float)
+        fig.add_bar(x=list(range(len(h))), y=(h / h.sum()).tolist() if h.sum() else h.tolist(), name=name)
+    fig.update_layout(barmode="group")
+    return _layout(fig, "acceptance histogram (rounds by accepted drafts)", "accepted drafts in the round",
+                   "share of rounds")
+
+
+def depth_fig(summaries: dict[str, dict]) -> go.Figure:
+    """Per-depth conditional and marginal acceptance, k = 1..B-1, for each run."""
+    fig = go.Figure()
+    for name, s in summaries.items():
+        cond, marg = s.get("depth_conditional") or [], s.get("depth_marginal") or []
+        ks = list(range(1, len(cond) + 1))
+        fig.add_scatter(x=ks, y=cond, mode="lines+markers", name=f"{name}: P(d_k | d_<k)")
+        fig.add_scatter(x=ks, y=marg, mode="lines+markers", name=f"{name}: P(d_1..d_k)", line=dict(dash="dot"))
+    fig.update_yaxes(range=[0, 1.02])
+    return _layout(fig, "per-depth acceptance: conditional (solid) and marginal (dotted)", "depth k", "probability")
+
+
+def scatter_fig(a: dict[str, float | None], b: dict[str, float | None], name_a: str, name_b: str) -> go.Figure:
+    """Per-prompt tau of run A against run B (prompts present in both)."""
+    ids = [p for p in a if p in b and a[p] is not None and b[p] is not None]
+    xs, ys = [a[p] for p in ids], [b[p] for p in ids]
+    fig = go.Figure()
+    fig.add_scatter(x=xs, y=ys, mode="markers", text=ids, hovertemplate="%{text}<br>A %{x:.3f}<br>B %{y:.3f}",
+                    name="prompts")
+    lo = min(xs + ys + [1.0])
+    hi = max(xs + ys + [1.0])
+    fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="A = B", line=dict(dash="dash", color="#999"))
+    return _layout(fig, "per-prompt tau: A vs B", f"A: {name_a}", f"B: {name_b}", height=380)
+
+
+def sweep_fig(points: list[dict]) -> go.Figure:
+    """tau (macro, pooled, DDTree) against training step."""
+    fig = go.Figure()
+    xs = [p["step"] for p in points]
+    for key, label in (("tau_macro", "tau (macro)"), ("tau_pooled", "tau (pooled)"), ("ddtree_tau", "DDTree tau")):
+        fig.add_scatter(x=xs, y=[p.get(key) for p in points], mode="lines+markers", name=label,
+                        text=[p["name"] for p in points])
+    return _layout(fig, "tau against training step", "step", "tau", height=360)
+
+
+def parity_fig(rows: list[dict]) -> go.Figure:
+    fig = go.Figure()
+    fig.add_bar(x=[str(r["layer"]) for r in rows], y=[r["rel_l2"] for r in rows], name="relative L2")
+    fig.add_scatter(x=[str(r["layer"]) for r in rows], y=[1 - r["cosine"] for r in rows], name="1 - cosine",
+                    mode="markers+lines", yaxis="y2")
+    fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="1 - cosine"))
+    return _layout(fig, "backend parity per target layer", "target layer id", "relative L2")
+
+
+# ---------------------------------------------------------------------------
+# tables
+
+def summary_rows(s: dict) -> list[dict]:
+    """The run's metrics with formulas, for a table next to the numbers."""
+    rows = [{"metric": label, "value": fmt(s.get(key)), "formula": formula} for key, label, formula in METRICS]
+    if s.get("ddtree_tau") is not None:
+        rows[-1]["metric"] = f"DDTree-{s.get('tree_budget')} tau (macro)"
+        rows.append({"metric": f"DDTree-{s.get('tree_budget')} tau (pooled)", "value": fmt(s.get("ddtree_tau_pooled")),
+                     "formula": "all committed / all rounds of the tree walk"})
+    rows.append({"metric": "rounds / committed", "value": f"{s.get('rounds')} / {s.get('committed')}",
+                 "formula": "chain-walk rounds over all prompts; tokens they committed (bonus included)"})
+    return rows
+
+
+def prompt_table(rows: list[dict], completions: dict[str, dict]) -> list[dict]:
+    """Per-prompt results, sorted by tau (lowest first)."""
+    out = []
+    for r in rows:
+        c = completions.get(r["prompt_id"], {})
+        acc = r["accepted_at"] or []
+        out.append({
+            "prompt": r["prompt_id"], "tau": r["tau"], "ddtree_tau": r["tree_tau"], "rounds": len(r["rounds"] or []),
+            "completion_tokens": len(acc), "prompt_tokens": r["prompt_len"],
+            "every_anchor_tau": float(np.mean(np.asarray(acc[:-1]) + 1)) if len(acc) > 1 else None,
+            "finish": c.get("finish_reason"),
+        })
+    out.sort(key=lambda x: (x["tau"] is None, x["tau"] if x["tau"] is not None else 0, x["prompt"]))
+    return out
+
+
+SPEC_KEYS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_accepted_tokens",
+             "spec_accept_token_num", "spec_draft_token_num")
+
+
+def completion_table(rows: list[dict]) -> list[dict]:
+    """Completions with finish reason, token counts and any server-side speculative counters."""
+    out = []
+    for r in rows:
+        meta = r.get("meta_info") or {}
+        fin = r.get("finish_reason")
+        d = {"prompt": r["prompt_id"], "prompt_tokens": len(r["prompt_ids"] or []),
+             "completion_tokens": len(r["output_ids"] or []), "finish": fin,
+             "latency_s": meta.get("e2e_latency"), "model": r.get("model_path")}
+        for k in SPEC_KEYS:
+            if k in meta:
+                d[k] = meta[k]
+        if "spec_verify_ct" in meta and meta["spec_verify_ct"]:
+            d["server_tau"] = len(r["output_ids"] or []) / meta["spec_verify_ct"]
+        out.append(d)
+    return out
+
+
+def extraction_table(rows: list[dict]) -> list[dict]:
+    return [{"id": e["id"], "backend": e["backend"], "completions": e["set_name"], "prompts": e.get("prompts"),
+             "layers": ",".join(map(str, e["layer_ids"] or [])), "device": e["device"], "dtype": e["dtype"],
+             "status": e["status"], "target": e["target_path"], "created": str(e["created"])[:19]} for e in rows]
+
+
+def run_table(rows: list[dict]) -> list[dict]:
+    out = []
+    for r in rows:
+        s = r.get("summary") or {}
+        out.append({"id": r["id"], "name": r["name"], "backend": r.get("backend"), "extraction": r["extraction_id"],
+                    "tau_macro": s.get("tau_macro"), "tau_pooled": s.get("tau_pooled"),
+                    "ddtree_tau": s.get("ddtree_tau"), "checkpoint": r["checkpoint"],
+                    "created": str(r["created"])[:19]})
+    return out
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_diff(a: dict, b: dict) -> list[dict]:
+    """Two checkpoint configs side by side (flattened keys); `differs` marks the keys whose values differ."""
+    fa, fb = _flat(a or {}), _flat(b or {})
+    keys = sorted(set(fa) | set(fb), key=lambda k: (fa.get(k, object()) == fb.get(k, object()), k))
+    return [{"key": k, "A": _show(fa.get(k)), "B": _show(fb.get(k)), "differs": "≠" if fa.get(k) != fb.get(k) else ""}
+            for k in keys]
+
+
+def _show(v) -> str:
+    return "—" if v is None else str(v)
+
+
+# ---------------------------------------------------------------------------
+# checks and sweeps
+
+def consistency(cfg, extraction: dict, info) -> list[dict]:
+    """Drafter config (DrafterConfig) vs an extraction row and its target (TargetInfo): one row per check."""
+    def row(check, drafter, other, ok):
+        return {"check": check, "drafter": str(drafter), "extraction / target": str(other), "ok": "✓" if ok else "✗"}
+    return [
+        row("target layer ids", cfg.target_layer_ids, extraction["layer_ids"], cfg.target_layer_ids == extraction["layer_ids"]),
+        row("hidden size", cfg.hidden_size, info.hidden_size, cfg.hidden_size == info.hidden_size),
+        row("hidden size (extraction)", cfg.hidden_size, extraction["hidden_size"], cfg.hidden_size == extraction["hidden_size"]),
+        row("vocab size", cfg.vocab_size, info.vocab_size, cfg.vocab_size == info.vocab_size),
+        row("target layers", cfg.num_target_layers, info.num_layers,
+            cfg.num_target_layers is None or cfg.num_target_layers == info.num_layers),
+        row("mask token id < vocab", cfg.mask_token_id, info.vocab_size, 0 <= cfg.mask_token_id < info.vocab_size),
+        row("extraction backend", "trained on fla", extraction["backend"], extraction["backend"] == "fla"),
+    ]
+
+
+_STEP = re.compile(r"epoch_(\d+)_step_(\d+)")
+
+
+def step_of(name: str) -> tuple[int, int] | None:
+    """(epoch, step) of a SpecForge `epoch_E_step_S` folder name, else None."""
+    m = _STEP.search(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def sweep_points(runs: list[dict], folder: str, extraction: str | None = None) -> list[dict]:
+    """Runs whose checkpoint lies inside `folder` (latest run per checkpoint), ordered by step."""
+    root = str(Path(folder).resolve())
+    best: dict[str, dict] = {}
+    for r in runs:
+        ck = r["checkpoint"] or ""
+        if not (ck == root or ck.startswith(root + "/")):
+            continue
+        if extraction and r["extraction_id"] != extraction:
+            continue
+        best[ck] = r  # runs come oldest first: the latest wins
+    pts = []
+    for i, (ck, r) in enumerate(sorted(best.items(), key=lambda kv: (step_of(kv[0]) or (1 << 30, 0), kv[0]))):
+        es = step_of(Path(ck).name) or step_of(ck)
+        s = r.get("summary") or {}
+        pts.append({"step": es[1] if es else i, "epoch": es[0] if es else None, "name": r["name"], "run": r["id"],
+                    "checkpoint": ck, "tau_macro": s.get("tau_macro"), "tau_pooled": s.get("tau_pooled"),
+                    "ddtree_tau": s.get("ddtree_tau")})
+    pts.sort(key=lambda p: (p["epoch"] or 0, p["step"]))
+    return pts
