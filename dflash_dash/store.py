@@ -124,6 +124,16 @@ class Store:
     def version(self) -> int:
         return self.rows("SELECT max(version) AS v FROM schema_version")[0]["v"]
 
+    def stamp(self) -> str:
+        """A cheap token that changes whenever a set, completion, extraction or run is added or finishes
+        (views key their caches on it so new data shows up)."""
+        r = self.rows("SELECT (SELECT count(*) || max(created) FROM completions) AS c, "
+                      "(SELECT count(*) || string_agg(status, '') FROM extractions) AS e, "
+                      "(SELECT count(*) || max(created) FROM runs) AS r, "
+                      "(SELECT count(*) FROM prompt_sets) AS s, "
+                      "(SELECT count(*) FROM extraction_items) AS i")[0]
+        return "|".join(str(v) for v in r.values())
+
     # -- completions ----------------------------------------------------------
 
     def add_set(self, name: str, source: str) -> None:
