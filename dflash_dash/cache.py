@@ -55,10 +55,15 @@ def read(root: str | Path, extraction: str, prompt_id: str, tokens: int, width: 
     fix = f"re-extract (python -m dflash_dash extract ... or Re-extract on the Extraction page)"
     if not src.is_file():
         raise CacheError(f"feature file for prompt {prompt_id!r} of extraction {extraction} is missing ({src}); {fix}")
-    expect = 8 + tokens * width * 2  # header length prefix + payload; header size checked by safetensors
-    if src.stat().st_size < expect:
-        raise CacheError(f"feature file {src} is truncated ({src.stat().st_size} bytes, payload alone needs "
-                         f"{tokens * width * 2}); {fix}")
+    size = src.stat().st_size
+    try:  # safetensors layout: u64 header length, JSON header, payload
+        with open(src, "rb") as f:
+            head = int.from_bytes(f.read(8), "little")
+            end = json.loads(f.read(head))[KEY]["data_offsets"][1] if head < size else None
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        end = None
+    if end is not None and size < 8 + head + end:
+        raise CacheError(f"feature file {src} is truncated ({size} bytes, expected {8 + head + end}); {fix}")
     try:
         t = load_file(str(src))[KEY]
     except (SafetensorError, KeyError, ValueError, OSError) as e:
