@@ -383,6 +383,15 @@ def run_table(rows: list[dict]) -> list[dict]:
     return out
 
 
+def gpu_table(gpus: list[dict]) -> list[dict]:
+    """jobs.gpu_memory() rows for eyes: GiB and who holds the memory."""
+    g = 1 << 30
+    return [{"gpu": x.get("index"), "name": x.get("name"), "total_GiB": round((x.get("total") or 0) / g, 1),
+             "free_GiB": round((x.get("free") or 0) / g, 1),
+             "held by": "; ".join(f"pid {p.get('pid')} {p.get('name')} ({(p.get('used') or 0) / g:.1f} GiB)"
+                                  for p in x.get("processes") or []) or "—"} for x in gpus]
+
+
 def _flat(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():

@@ -1,0 +1,54 @@
+"""dflash-dash: the dashboard. `streamlit run app.py -- --workspace W` (default cache/).
+
+Routes with st.navigation to the page scripts in pages/ (URL paths completions, extraction, acceptance,
+compare, diagnostics); the sidebar shows the workspace, the server's readiness and the running jobs.
+Pages read the store and the feature cache only; long work runs as jobs (separate processes).
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from pages import common
+
+st.set_page_config(page_title="dflash-dash", page_icon="⚡", layout="wide")
+
+PAGES = [
+    st.Page("pages/acceptance.py", title="Acceptance", icon="🎯", url_path="acceptance", default=True),
+    st.Page("pages/compare.py", title="Compare", icon="⚖️", url_path="compare"),
+    st.Page("pages/completions.py", title="Completions", icon="📝", url_path="completions"),
+    st.Page("pages/extraction.py", title="Extraction", icon="🧲", url_path="extraction"),
+    st.Page("pages/diagnostics.py", title="Diagnostics", icon="🩺", url_path="diagnostics"),
+]
+page = st.navigation(PAGES)
+
+
+@st.fragment(run_every=2.0)
+def running_jobs() -> None:
+    try:
+        active = common.jobs_mod().active(common.store())
+    except Exception as e:  # noqa: BLE001  (the sidebar must never break the page)
+        st.caption(f"jobs unavailable: {e}")
+        return
+    if not active:
+        st.caption("no running jobs")
+    for j in active:
+        st.progress(min(1.0, max(0.0, float(j["progress"] or 0.0))),
+                    text=f"{j['kind']} · {j['status']} · {str(j['step'] or '')[:60]}")
+
+
+with st.sidebar:
+    st.markdown("**Workspace**")
+    st.code(common.workspace(), language=None)
+    try:
+        url = common.config().server_url
+    except Exception as e:  # noqa: BLE001  (a bad config.toml is reported, not fatal)
+        st.error(str(e))
+        url = None
+    if url:
+        ok, state = common.health(url)
+        st.markdown(f"**Server** {'🟢 ready' if ok else '🔴 not ready'}")
+        st.caption(f"{url} · {state}")
+    st.markdown("**Jobs**")
+    running_jobs()
+
+page.run()

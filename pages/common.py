@@ -1,0 +1,230 @@
+"""Streamlit helpers shared by app.py and the pages: workspace, cached store reads, URL-synced selects,
+the error guard and the live job panel.
+
+Contract: the only other file (with app.py and the pages) that imports streamlit. Reads go through
+`st.cache_data` keyed on the workspace path and `Store.stamp()` (changes when data is added), objects through
+`st.cache_resource`. Long work is started as a job (`dflash_dash.jobs`) and followed by a fragment that polls
+the store every second; when a job finishes the whole page reruns so new data shows up. `guard()` turns
+every error into an `st.error` message: never a traceback in the browser.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+
+import streamlit as st
+
+from dflash_dash import views
+from dflash_dash.store import Store, default_workspace
+
+ACTIVE = ("queued", "running")
+STATUS_ICON = {"queued": "⏳", "running": "🔄", "done": "✅", "failed": "❌", "cancelled": "⏹️"}
+
+
+# ---------------------------------------------------------------------------
+# workspace and store
+
+
+def workspace() -> str:
+    """`--workspace W` after `--` on the streamlit command line, else $DFLASH_WORKSPACE, else cache/."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--workspace")
+    a, _ = p.parse_known_args(sys.argv[1:])
+    return str(Path(a.workspace or os.environ.get("DFLASH_WORKSPACE") or default_workspace()).resolve())
+
+
+@st.cache_resource
+def _store(ws: str) -> Store:
+    return Store(ws)
+
+
+def store() -> Store:
+    return _store(workspace())
+
+
+def stamp() -> str:
+    return store().stamp()
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def runs(ws: str, stamp: str) -> list[dict]:
+    return _store(ws).runs()
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def extractions(ws: str, stamp: str) -> list[dict]:
+    return _store(ws).extractions()
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def sets(ws: str, stamp: str) -> list[dict]:
+    return _store(ws).sets()
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def completions(ws: str, set_name: str, stamp: str) -> dict[str, dict]:
+    return {c["prompt_id"]: c for c in _store(ws).completions(set_name)}
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def run_prompts(ws: str, run_id: str) -> dict[str, dict]:
+    """A finished run's per-prompt rows (immutable, so keyed on the id only)."""
+    return {r["prompt_id"]: r for r in _store(ws).run_prompts(run_id)}
+
+
+@st.cache_resource(max_entries=8, show_spinner="loading the tokenizer")
+def vocab(target_path: str) -> views.Vocab:
+    return views.load_vocab(target_path)
+
+
+def config():
+    from dflash_dash import config as cfg_mod
+    return cfg_mod.load(workspace())
+
+
+@st.cache_data(ttl=5, show_spinner=False)
+def health(url: str) -> tuple[bool, str]:
+    """(ready, state) from GET /health with a short timeout, cached for a few seconds."""
+    from dflash_dash.sglang import Client
+    try:
+        return Client(url, timeout=1.0, retries=0).health(timeout=1.0)
+    except ValueError as e:
+        return False, str(e)
+
+
+# ---------------------------------------------------------------------------
+# errors
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    from dflash_dash import cli
+    errs = list(cli._user_errors())
+    for mod, name in (("config", "ConfigError"), ("prompts", "PromptSetError"), ("jobs", "JobError")):
+        try:
+            errs.append(getattr(__import__(f"dflash_dash.{mod}", fromlist=[name]), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errs)
+
+
+@contextmanager
+def guard():
+    """Run a page body; show user errors as their message and anything else as a short message (the
+    traceback goes to the server log only)."""
+    try:
+        yield
+    except user_errors() as e:
+        st.error(str(e))
+    except Exception as e:  # noqa: BLE001  (never a traceback in the browser)
+        traceback.print_exc(file=sys.stderr)
+        st.error(f"Unexpected error ({type(e).__name__}): {e}. The details are in the log of `streamlit run`.")
+
+
+# ---------------------------------------------------------------------------
+# URL-synced selection
+
+
+def select_param(label: str, options: list, param: str, key: str, default=None, format_func=str, **kw):
+    """A selectbox whose value lives in `st.query_params[param]`: a link with ?param=X opens X."""
+    if not options:
+        return None
+    qv = st.query_params.get(param)
+    seen = st.session_state.get(f"_qp_{key}")
+    if qv in options and qv != seen:
+        st.session_state[key] = qv
+    elif st.session_state.get(key) not in options:
+        st.session_state[key] = default if default in options else options[0]
+    val = st.selectbox(label, options, key=key, format_func=format_func, **kw)
+    st.query_params[param] = val
+    st.session_state[f"_qp_{key}"] = val
+    return val
+
+
+def set_param(key: str, param: str, value) -> None:
+    """Programmatic change of a URL-synced select (before the select is drawn)."""
+    st.session_state[key] = value
+    st.query_params[param] = value
+
+
+def run_label(runs_by_id: dict[str, dict]):
+    def f(rid: str) -> str:
+        r = runs_by_id.get(rid, {})
+        return f"{r.get('name')} · {r.get('backend')} · {rid}"
+    return f
+
+
+def backend_note(backend: str | None, what: str = "This run") -> None:
+    """The warning SPEC 1 asks for wherever a torch-path extraction feeds a drafter."""
+    if backend == "torch":
+        st.warning(f"{what} uses a **torch-path** extraction (backend `torch`, the CPU fallback of the "
+                   "linear-attention kernels). The drafter was trained on states from the **fla** kernels; the "
+                   "two differ, so acceptance here can be lower than in serving. Compare both on the "
+                   "Diagnostics page (backend parity).")
+
+
+# ---------------------------------------------------------------------------
+# jobs
+
+
+def jobs_mod():
+    from dflash_dash import jobs
+    return jobs
+
+
+def start_job(kind: str, args: dict) -> str:
+    """Start a job (a separate process) and remember it so its panel follows it."""
+    job_id = jobs_mod().start(store(), kind, args)
+    st.session_state.setdefault("_started_jobs", []).append(job_id)
+    st.toast(f"started {kind} job {job_id}")
+    return job_id
+
+
+def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
+    """Live list of the recent jobs of `kinds`: status, step, progress bar, error, log tail, cancel/rerun.
+    Polls every second; when a job reaches a final state the whole page reruns to show its result."""
+
+    @st.fragment(run_every=1.0)
+    def panel():
+        with guard():
+            body()
+
+    def body():
+        jobs = jobs_mod()
+        st_ = store()
+        rows = [j for j in jobs.recent(st_, 30) if j["kind"] in kinds][:n]
+        final = {j["id"] for j in rows if j["status"] not in ACTIVE}
+        seen_key = f"_final_{key}"
+        seen = st.session_state.get(seen_key)
+        st.session_state[seen_key] = final
+        if seen is not None and final - seen:
+            st.rerun()  # a job finished: rerun the page so its result is listed
+        if not rows:
+            st.caption(f"No {' / '.join(kinds)} jobs yet.")
+            return
+        for j in rows:
+            with st.container(border=True):
+                icon = STATUS_ICON.get(j["status"], "")
+                st.markdown(f"{icon} **{j['kind']}** `{j['id']}` · {j['status']}")
+                if j["status"] in ACTIVE:
+                    st.progress(min(1.0, max(0.0, float(j["progress"] or 0.0))), text=str(j["step"] or ""))
+                else:
+                    st.caption(str(j["step"] or ""))
+                if j["status"] == "done" and j.get("result"):
+                    st.caption("result: " + ", ".join(f"{k} `{v}`" for k, v in (j["result"] or {}).items()))
+                if j.get("error"):
+                    st.error(j["error"])
+                c1, c2, c3 = st.columns([1, 1, 4])
+                if j["status"] in ACTIVE and c1.button("Cancel", key=f"cancel_{key}_{j['id']}"):
+                    jobs.cancel(st_, j["id"])
+                    st.rerun(scope="fragment")
+                if j["status"] in ("failed", "cancelled") and c2.button("Rerun", key=f"rerun_{key}_{j['id']}"):
+                    jobs.rerun(st_, j["id"])
+                    st.rerun(scope="fragment")
+                with c3.expander("log"):
+                    st.code(jobs.log_tail(st_, j["id"]) or "(empty)", language=None)
+
+    panel()

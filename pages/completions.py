@@ -1,0 +1,118 @@
+"""Completions: fetch a prompt set from an SGLang server as a job (live progress), import a completions
+JSONL, and list the completions of a set with finish reason, token counts and server-side speculative
+counters. URL: completions?set=NAME&prompt=PID."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import streamlit as st
+
+from dflash_dash import views
+from pages import common
+
+UPLOAD = "upload a JSONL file…"
+
+
+def save_upload(up, folder: str) -> Path:
+    """An uploaded prompt-set or completions file saved into the workspace (validated by the job/import)."""
+    d = Path(common.workspace()) / folder
+    d.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(up.name).name) or "upload.jsonl"
+    dst = d / name
+    dst.write_bytes(up.getvalue())
+    return dst
+
+
+def fetch_form() -> None:
+    from dflash_dash import prompts
+    st.subheader("Fetch completions from a server")
+    try:
+        url = common.config().server_url
+    except Exception as e:  # noqa: BLE001
+        st.error(str(e))
+        url = "http://127.0.0.1:30000"
+    with st.form("fetch"):
+        c1, c2 = st.columns([2, 1])
+        choice = c1.selectbox("prompt set", list(prompts.SETS) + [UPLOAD],
+                              help="built-in sets, or a JSONL file of {\"id\", \"prompt\"} per line")
+        up = c1.file_uploader("prompt set JSONL (when uploading)", type=["jsonl", "json", "txt"])
+        name = c2.text_input("completion set name", value="")
+        c3, c4, c5 = st.columns([2, 1, 1])
+        server = c3.text_input("server URL", value=url)
+        max_new = c4.number_input("max new tokens", 1, 32768, 256)
+        chat = c5.toggle("chat template", value=True,
+                         help="apply the target's chat template locally (thinking off) and send input_ids")
+        tok = st.text_input("tokenizer folder (for the chat template; empty: the server's tokenizer_path)", "")
+        go = st.form_submit_button("Fetch", type="primary")
+    if go:
+        if choice == UPLOAD:
+            if up is None:
+                st.error("Choose a prompt-set JSONL file to upload, or pick a built-in set.")
+                return
+            f = save_upload(up, "prompt_sets")
+            prompts.load(str(f))  # validate now: a bad file is reported here, not in the job
+            prompt_set = str(f)
+        else:
+            prompt_set = choice
+        set_name = name.strip() or (Path(prompt_set).stem if choice == UPLOAD else choice)
+        common.start_job("fetch", {"server": server.strip(), "prompt_set": prompt_set, "name": set_name,
+                                   "max_new_tokens": int(max_new), "chat": bool(chat),
+                                   "tokenizer": tok.strip() or None})
+    common.job_panel(("fetch",), key="fetch")
+
+
+def import_form() -> None:
+    from dflash_dash import pipeline
+    with st.expander("Import a completions JSONL ({\"id\", \"prompt_ids\", \"output_ids\"} per line)"):
+        with st.form("import"):
+            up = st.file_uploader("completions JSONL", type=["jsonl", "json", "txt"])
+            name = st.text_input("set name")
+            go = st.form_submit_button("Import")
+        if go:
+            if up is None or not name.strip():
+                st.error("Choose a file and give the set a name.")
+                return
+            n = pipeline.import_completions(common.store(), save_upload(up, "imports"), name.strip())
+            st.success(f"imported {n} completions into set {name.strip()}")
+
+
+def main() -> None:
+    ws = common.workspace()
+    stamp = common.stamp()
+    st.title("Completions")
+    sets = common.sets(ws, stamp)
+    if not sets:
+        st.info("No completions yet. Start a server (e.g. `python -m dflash_dash serve --model DIR`) and fetch "
+                "a prompt set below, or import a completions JSONL.")
+    else:
+        names = [s["name"] for s in sets]
+        counts = {s["name"]: s["prompts"] for s in sets}
+        name = common.select_param("completion set", names, "set", "comp_set", default=names[-1],
+                                   format_func=lambda n: f"{n} ({counts[n]} completions)")
+        comps = common.completions(ws, name, stamp)
+        if not comps:
+            st.info(f"Set {name!r} has no completions yet; a running fetch adds them as they arrive.")
+        else:
+            rows = views.completion_table(list(comps.values()))
+            st.dataframe(rows, hide_index=True, width="stretch")
+            if not any(k in r for r in rows for k in views.SPEC_KEYS):
+                st.caption("No server-side speculative counters: the server did not run speculative decoding.")
+            pid = common.select_param("show completion", list(comps), "prompt", "comp_prompt")
+            c = comps[pid]
+            a, b = st.columns(2)
+            with a:
+                st.markdown("**prompt**")
+                st.html(views.text_html(c.get("prompt") or "(prompt given as token ids)"))
+            with b:
+                st.markdown("**completion**")
+                st.html(views.text_html(c.get("output") or ""))
+            with st.expander("request and meta_info as stored"):
+                st.json({"request": c.get("request"), "meta_info": c.get("meta_info"),
+                         "model_path": c.get("model_path")})
+    fetch_form()
+    import_form()
+
+
+with common.guard():
+    main()

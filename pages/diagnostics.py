@@ -1,0 +1,139 @@
+"""Diagnostics: backend parity (fla vs torch extractions of the same completions: per layer relative L2
+and cosine, and tau of the runs on each), checkpoint-vs-extraction consistency, server health.
+URL: diagnostics?a=EXTRACTION&b=EXTRACTION&ckpt=PATH."""
+from __future__ import annotations
+
+import streamlit as st
+
+from dflash_dash import views
+from pages import common
+
+
+@st.cache_data(max_entries=8, show_spinner="reading both extractions' features")
+def parity(ws: str, a: str, b: str) -> dict:
+    from dflash_dash import parity as parity_mod
+    out = parity_mod.compare(common._store(ws), a, b)
+    return {"layers": out["layers"], "prompts": out["prompts"], "tokens": out["tokens"]}
+
+
+def parity_block(ws: str, stamp: str) -> None:
+    st.header("Backend parity")
+    st.caption("The same completions extracted with the fla kernels (GPU) and with the torch path (CPU). "
+               "relative L2 = ‖A − B‖ / ‖B‖ over all shared tokens, per target layer; cosine = mean over tokens of "
+               "cos(A_t, B_t). A drafter trained on fla states can fail silently on torch-path states.")
+    exs = [e for e in common.extractions(ws, stamp) if e["status"] == "done"]
+    if len(exs) < 2:
+        st.info("Parity needs two finished extractions of the same completions, ideally one with backend fla "
+                "(GPU) and one with backend torch (CPU): use **Re-extract** on the Extraction page with the other "
+                "device.")
+        return
+    by = {e["id"]: e for e in exs}
+    ids = [e["id"] for e in exs]
+    fla = [i for i in ids if by[i]["backend"] == "fla"]
+    torch_ = [i for i in ids if by[i]["backend"] == "torch"]
+    da = torch_[-1] if torch_ else ids[-1]
+    db = next((i for i in reversed(fla) if by[i]["set_name"] == by[da]["set_name"]), None) or \
+        next((i for i in reversed(ids) if i != da and by[i]["set_name"] == by[da]["set_name"]), ids[0])
+    label = lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']} · {by[i]['device']}"  # noqa: E731
+    c1, c2 = st.columns(2)
+    with c1:
+        a = common.select_param("A (compared)", ids, "a", "par_a", default=da, format_func=label)
+    with c2:
+        b = common.select_param("B (reference, normally fla)", ids, "b", "par_b", default=db, format_func=label)
+    if a == b:
+        st.info("Choose two different extractions.")
+        return
+    if by[a]["backend"] == by[b]["backend"]:
+        st.caption(f"Both extractions use backend {by[a]['backend']}: this measures run-to-run differences, not "
+                   "fla vs torch.")
+    res = parity(ws, a, b)
+    st.caption(f"{res['prompts']} prompts, {res['tokens']} tokens compared")
+    rows = [{"layer": r["layer"], "relative L2": r["rel_l2"], "cosine": r["cosine"], "max |A−B|": r["max_abs"]}
+            for r in res["layers"]]
+    c1, c2 = st.columns([1, 1])
+    c1.dataframe(rows, hide_index=True, width="stretch")
+    c2.plotly_chart(views.parity_fig(res["layers"]), width="stretch")
+    st.subheader("tau of the same checkpoints on each extraction")
+    runs = common.runs(ws, stamp)
+    ka, kb = f"tau macro on A ({by[a]['backend']})", f"tau macro on B ({by[b]['backend']})"
+    table: dict[str, dict] = {}
+    for r in runs:
+        if r["extraction_id"] in (a, b):
+            row = table.setdefault(r["checkpoint"], {"checkpoint": r["name"], ka: None, kb: None})
+            row[ka if r["extraction_id"] == a else kb] = r["summary"].get("tau_macro")
+    if table:
+        st.dataframe(list(table.values()), hide_index=True, width="stretch")
+    else:
+        st.info("No run on these extractions yet: replay a checkpoint on each (Acceptance page, **Replay**).")
+
+
+def consistency_block(ws: str, stamp: str) -> None:
+    from dflash_dash import drafter, target
+    st.header("Checkpoint vs extraction")
+    exs = [e for e in common.extractions(ws, stamp) if e["status"] == "done"]
+    runs = common.runs(ws, stamp)
+    if not exs:
+        st.info("No finished extraction yet (Extraction page).")
+        return
+    default_ck = st.query_params.get("ckpt") or (runs[-1]["checkpoint"] if runs else "")
+    ck = st.text_input("drafter checkpoint folder", value=default_ck, key="diag_ck")
+    if ck.strip():
+        st.query_params["ckpt"] = ck.strip()
+    by = {e["id"]: e for e in exs}
+    ids = [e["id"] for e in exs]
+    ex = st.selectbox("extraction", ids, index=len(ids) - 1, key="diag_ex",
+                      format_func=lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']}")
+    if not ck.strip():
+        st.info("Give a checkpoint folder to check it against the extraction and its target.")
+        return
+    cfg = drafter.read_config(ck.strip())
+    info = target.describe(by[ex]["target_path"])
+    rows = views.consistency(cfg, by[ex], info)
+    bad = [r for r in rows if r["ok"] != "✓"]
+    (st.error if any(r["check"] != "extraction backend" for r in bad) else
+     st.warning if bad else st.success)(
+        f"{len(bad)} of {len(rows)} checks fail" if bad else "checkpoint and extraction are consistent")
+    st.dataframe(rows, hide_index=True, width="stretch")
+
+
+def server_block() -> None:
+    from dflash_dash.sglang import Client, ServerError
+    st.header("Server health")
+    try:
+        url0 = common.config().server_url
+    except Exception as e:  # noqa: BLE001
+        st.error(str(e))
+        url0 = "http://127.0.0.1:30000"
+    url = st.text_input("server URL", value=url0, key="diag_url")
+    ok, state = common.health(url.strip())
+    (st.success if ok else st.warning)(f"GET /health: {'ready' if ok else 'not ready'} ({state})")
+    if ok:
+        try:
+            info = Client(url.strip(), timeout=3, retries=0).model_info()
+            st.markdown(f"model path: `{info.get('model_path')}`")
+            st.json(info, expanded=False)
+        except ServerError as e:
+            st.warning(str(e))
+    st.subheader("GPU memory")
+    try:
+        gpus = common.jobs_mod().gpu_memory()
+    except Exception as e:  # noqa: BLE001
+        st.caption(f"GPU memory unavailable: {e}")
+        return
+    if gpus:
+        st.dataframe(views.gpu_table(gpus), hide_index=True, width="stretch")
+    else:
+        st.caption("No GPU visible on this machine.")
+
+
+def main() -> None:
+    ws = common.workspace()
+    stamp = common.stamp()
+    st.title("Diagnostics")
+    for block in (lambda: parity_block(ws, stamp), lambda: consistency_block(ws, stamp), server_block):
+        with common.guard():  # one failing check does not hide the others
+            block()
+
+
+with common.guard():
+    main()

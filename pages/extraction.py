@@ -1,0 +1,132 @@
+"""Extraction: target hidden states for a completion set, as a job with the GPU orchestration shown before
+it runs (memory-release API, the configured stop/start commands, or none); GPU memory per device; every
+existing extraction with its backend and a Re-extract button. URL: extraction?set=NAME."""
+from __future__ import annotations
+
+import streamlit as st
+
+from dflash_dash import views
+from pages import common
+
+ORCH = {
+    "release": "memory-release API (server frees and retakes its GPU memory)",
+    "command": "configured stop/start commands (config.toml)",
+    "none": "none (the GPU is free, or extraction runs on CPU)",
+}
+
+
+def orchestration_plan(choice: str) -> list[str]:
+    """The exact steps/commands the job will run, from the workspace configuration only."""
+    from dflash_dash import config as cfg_mod
+    cfg = common.config()
+    if choice == "release":
+        return [f"POST {cfg.server_url}/release_memory_occupation", "extract",
+                f"POST {cfg.server_url}/resume_memory_occupation",
+                f"wait for GET {cfg.server_url}/health = 200 (up to {cfg.readiness_timeout:g} s)"]
+    if choice == "command":
+        cmds = cfg_mod.describe_commands(cfg)
+        if not cmds:
+            return []
+        return ([c for c in cmds if c.startswith("stop")] + ["extract"] + [c for c in cmds if c.startswith("start")]
+                + [f"wait for GET {cfg.server_url}/health = 200 (up to {cfg.readiness_timeout:g} s)"])
+    return ["extract (the server is not touched)"]
+
+
+def gpu_block() -> None:
+    st.subheader("GPU memory")
+    try:
+        gpus = common.jobs_mod().gpu_memory()
+    except Exception as e:  # noqa: BLE001  (no nvidia-smi, no driver: say so)
+        st.caption(f"GPU memory unavailable: {e}")
+        return
+    if not gpus:
+        st.caption("No GPU visible on this machine (extraction runs on CPU with the torch path).")
+        return
+    st.dataframe(views.gpu_table(gpus), hide_index=True, width="stretch")
+
+
+def existing(ws: str, stamp: str, orch: str) -> None:
+    st.subheader("Extractions")
+    exs = common.extractions(ws, stamp)
+    if not exs:
+        st.info("No extractions yet: choose a completion set and a target below and press **Extract**.")
+        return
+    st.dataframe(views.extraction_table(exs), hide_index=True, width="stretch")
+    for e in reversed(exs):
+        with st.container(border=True):
+            c1, c2 = st.columns([5, 1])
+            badge = "🟢 fla" if e["backend"] == "fla" else "🟠 torch"
+            c1.markdown(f"`{e['id']}` · backend **{badge}** · set `{e['set_name']}` · {e['prompts']} prompts · "
+                        f"layers {e['layer_ids']} · {e['device']} {e['dtype']} · {e['status']}")
+            c1.caption(f"target {e['target_path']}")
+            if e["backend"] == "torch":
+                c1.caption("torch path: drafters trained on fla states may accept less on it (see Diagnostics)")
+            if c2.button("Re-extract", key=f"reextract_{e['id']}",
+                         help="a new extraction with the same target, set, layers, device and dtype"):
+                common.start_job("extract", {"target": e["target_path"], "completions": e["set_name"],
+                                             "layers": list(e["layer_ids"]), "device": e["device"],
+                                             "dtype": e["dtype"], "orchestrate": orch})
+
+
+def main() -> None:
+    ws = common.workspace()
+    stamp = common.stamp()
+    st.title("Extraction")
+    sets = common.sets(ws, stamp)
+    exs = common.extractions(ws, stamp)
+
+    st.subheader("GPU orchestration")
+    orch = st.radio("before loading the target", list(ORCH), format_func=ORCH.get, horizontal=True,
+                    index=2, key="orch")
+    plan = orchestration_plan(orch)
+    if not plan:
+        st.warning("No stop/start commands in the workspace's config.toml ([server] stop_command, "
+                   "start_command); add them there, or choose another orchestration.")
+    else:
+        st.caption("the job will run exactly these steps (commands come only from config.toml):")
+        st.code("\n".join(plan), language=None)
+    gpu_block()
+
+    existing(ws, stamp, orch)
+
+    st.subheader("New extraction")
+    if not sets:
+        st.info("No completion sets yet: fetch or import completions on the **Completions** page first.")
+    else:
+        names = [s["name"] for s in sets]
+        last = exs[-1] if exs else {}
+        with st.form("extract"):
+            c1, c2 = st.columns([2, 1])
+            target = c1.text_input("target model folder (Hugging Face causal LM)", value=last.get("target_path", ""))
+            set_name = c2.selectbox("completion set", names,
+                                    index=names.index(last["set_name"]) if last.get("set_name") in names else 0)
+            c3, c4 = st.columns(2)
+            drafter = c3.text_input("layers from a drafter checkpoint (its target_layer_ids)", "")
+            layers = c4.text_input("…or explicit layer ids", value=",".join(map(str, last.get("layer_ids") or [])),
+                                   help="comma-separated, e.g. 1,16,31,46,61; ignored when a drafter is given")
+            c5, c6 = st.columns(2)
+            device = c5.text_input("device", value="cpu", help="cpu, cuda or cuda:N")
+            dtype = c6.selectbox("dtype", ["bfloat16", "float32"], index=1)
+            go = st.form_submit_button("Extract", type="primary")
+        if go:
+            if not target.strip():
+                st.error("Give the target model folder.")
+            elif not drafter.strip() and not layers.strip():
+                st.error("Give a drafter checkpoint (its layer ids are used) or explicit layer ids.")
+            else:
+                args = {"target": target.strip(), "completions": set_name, "device": device.strip() or "cpu",
+                        "dtype": dtype, "orchestrate": orch}
+                if drafter.strip():
+                    args["drafter"] = drafter.strip()
+                else:
+                    from dflash_dash import pipeline
+                    args["layers"] = pipeline.layer_ids_of(None, layers.strip())
+                if args["device"] == "cpu":
+                    st.warning("On CPU the torch path of the linear-attention kernels is used (backend `torch`), "
+                               "not the fla kernels the drafter was trained on.")
+                common.start_job("extract", args)
+    common.job_panel(("extract",), key="extract")
+
+
+with common.guard():
+    main()

@@ -1,0 +1,123 @@
+"""Shared test fixtures: a prepared dashboard workspace built with the CLI on tiny seeded models.
+
+`prepared` (session): a tiny hybrid target with a tokenizer, two drafter checkpoints (different seeds) in a
+SpecForge-style training folder, three imported completions (one whose output holds `<script>` and HTML,
+with token ids from the tokenizer's encoding of that text; one built from drafter A's own drafts so that
+acceptance is partly high), a CPU extraction and a replay of each checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCREENSHOTS = ROOT / "out" / "screenshots"
+
+SCRIPT_TEXT = ('Here is the page:\n<script>window.__pwned = 1; alert(1)</script>\n<b>bold</b> & <img src=x '
+               'onerror="window.__pwned = 2">\n\tdone = "yes"\n')
+CODE_TEXT = 'def add(a, b):\n    """Return a + b."""\n    return a + b\n\nprint(add(1, 2))\n'
+
+
+@dataclass
+class Prepared:
+    workspace: Path        # the workspace folder (do not mutate: copy it for tests that write)
+    models: Path           # folder holding target/ and train/
+    target: Path           # tiny target + tokenizer
+    train: Path            # training output folder with two checkpoints
+    drafters: list[Path]   # [A, B] checkpoint folders
+    extraction: str        # extraction id
+    runs: list[str]        # run ids [A, B]
+    set_name: str          # completion set name
+    script_id: str         # id of the completion holding <script>
+
+
+def _drafted(target: Path, drafter: Path, prompt: list[int], n: int, seed: int) -> list[int]:
+    """A completion built from the drafter's own blocks: each round keeps k of its drafts (k random) and then
+    a different token, so the replay sees a mix of full and partial acceptance."""
+    from dflash_dash import drafter as dr, replay as rp, target as tg
+    m = dr.load(drafter)
+    cfg = m.c
+    head = tg.load_head(target)
+    dec, _ = tg.load(target, cfg.target_layer_ids, "cpu", torch.float32)
+    rng = np.random.default_rng(seed)
+    toks = list(prompt) + [int(rng.integers(10, 400))]
+    while len(toks) - len(prompt) < n:
+        ids = torch.tensor(toks)
+        feats = tg.extract(dec, ids, cfg.target_layer_ids).to(torch.bfloat16).float()
+        p = len(toks) - 1
+        d = rp.draft_all(m, head, feats, ids, p, chunk=1).tokens[0].tolist()  # drafts at anchor p
+        k = int(rng.integers(0, len(d) + 1))
+        toks += d[:k]
+        other = int(rng.integers(10, 400))
+        toks.append(other if k == len(d) or other != d[k] else (other + 1) % 400 + 10)
+    return toks[len(prompt):][:n]
+
+
+def _cli(ws: Path, *args: str) -> None:
+    from dflash_dash import cli
+    rc = cli.main(["--workspace", str(ws), *args])
+    assert rc == 0, f"cli {args} exited {rc}"
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory) -> Prepared:
+    from dflash_dash import tiny
+    from dflash_dash.store import Store
+    from transformers import AutoTokenizer
+
+    base = tmp_path_factory.mktemp("dash")
+    models = base / "models"
+    target = tiny.write_target(models / "target", tiny.TinyTarget())
+    tiny.write_tokenizer(target, vocab_size=512)
+    train = models / "train"
+    da = tiny.write_drafter(train / "epoch_0_step_100", tiny.TinyDrafter(seed=1))
+    db = tiny.write_drafter(train / "epoch_1_step_200", tiny.TinyDrafter(seed=2))
+    tok = AutoTokenizer.from_pretrained(target)
+
+    def enc(s: str) -> list[int]:
+        return tok.encode(s, add_special_tokens=False)
+
+    recs = [
+        {"id": "html-script", "prompt": "Write a web page.", "output": SCRIPT_TEXT},
+        {"id": "code-add", "prompt": "Write an add function.", "output": CODE_TEXT},
+        {"id": "drafted", "prompt": "Continue the sequence.", "output": None},
+    ]
+    for r in recs:
+        r["prompt_ids"] = enc(r["prompt"])
+        r["output_ids"] = enc(r["output"]) if r["output"] else _drafted(target, da, r["prompt_ids"], 48, seed=7)
+        if r["output"] is None:
+            r["output"] = tok.decode(r["output_ids"])
+    assert tok.decode(recs[0]["output_ids"]) == SCRIPT_TEXT
+    jsonl = base / "completions.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+    ws = base / "workspace"
+    _cli(ws, "import-completions", str(jsonl), "--name", "tiny3")
+    _cli(ws, "extract", "--target", str(target), "--completions", "tiny3", "--drafter", str(da))
+    store = Store(ws)
+    ex = store.extractions()[-1]["id"]
+    _cli(ws, "replay", "--drafter", str(da), "--extraction", ex)
+    _cli(ws, "replay", "--drafter", str(db), "--extraction", ex)
+    runs = [r["id"] for r in store.runs()]
+    assert len(runs) == 2
+    return Prepared(ws, models, target, train, [da, db], ex, runs, "tiny3", "html-script")
+
+
+@pytest.fixture
+def workspace_copy(prepared, tmp_path) -> Path:
+    """A private copy of the prepared workspace, for tests that write to it."""
+    dst = tmp_path / "ws"
+    shutil.copytree(prepared.workspace, dst, ignore=shutil.ignore_patterns("*.lock"))
+    return dst
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if SCREENSHOTS.is_dir() and any(SCREENSHOTS.glob("*.png")):
+        terminalreporter.write_sep("-", "dashboard screenshots")
+        terminalreporter.write_line(f"screenshots of each page: {SCREENSHOTS}")
