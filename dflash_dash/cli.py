@@ -16,17 +16,8 @@ from .store import Store, default_workspace
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from .cache import CacheError
-    from .drafter import CheckpointError
-    from .store import StoreError
-    from .target import TargetError
-    errs = [pipeline.InputError, StoreError, CheckpointError, TargetError, CacheError]
-    try:
-        from .sglang import ServerError
-        errs.append(ServerError)
-    except ImportError:
-        pass
-    return tuple(errs)
+    from .jobs import OrchestrationError
+    return pipeline.user_errors() + (OrchestrationError,)
 
 
 def progress(done: int, total: int, msg: str) -> None:
@@ -58,6 +49,8 @@ def cmd_export_completions(a, st):
 
 
 def cmd_extract(a, st):
+    if a.resume:
+        st.extraction(a.resume)  # must exist: a typo must not start a new extraction under that id
     layers = pipeline.layer_ids_of(a.drafter, a.layers)
     print(pipeline.extract(st, a.target, a.completions, layers, a.device, a.dtype, a.resume, progress))
 
@@ -80,6 +73,33 @@ def cmd_export(a, st):
 
 def cmd_list(a, st):
     _print(pipeline.listing(st, a.command))
+
+
+def cmd_fetch(a, st):
+    from . import config
+    cfg = config.load(st.workspace)
+    n = pipeline.fetch(st, a.server or cfg.server_url, a.prompt_set, a.name, a.max_new_tokens, a.chat, a.tokenizer,
+                       a.enable_thinking, progress, a.readiness_timeout or cfg.readiness_timeout)
+    print(f"fetched {n} new completions into set {a.name} ({len(st.completion_ids(a.name))} in total)")
+
+
+def cmd_jobs(a, st):
+    from . import jobs
+    if a.action == "list":
+        return _print(jobs.recent(st, a.limit))
+    if not a.id:
+        raise pipeline.InputError(f"jobs {a.action} needs a job id (see `jobs list`)")
+    if a.action == "cancel":
+        print(jobs.cancel(st, a.id)["status"])
+    elif a.action == "logs":
+        sys.stdout.write(jobs.log_tail(st, a.id, a.lines))
+    else:
+        print(jobs.rerun(st, a.id))
+
+
+def cmd_job_run(a, st):
+    from . import jobs
+    return jobs.execute(st, a.id)
 
 
 def cmd_serve(a, st):
@@ -144,13 +164,37 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=30000)
     s.add_argument("--startup-delay", type=float, default=0.0)
     s.set_defaults(fn=cmd_serve)
+
+    s = sub.add_parser("fetch", help="fetch greedy completions of a prompt set from an SGLang server")
+    s.add_argument("--server", help="server URL (default: [server] url of W/config.toml, else "
+                                    "http://127.0.0.1:30000)")
+    s.add_argument("--prompt-set", required=True, help="built-in set (coding-10) or a JSONL file of {id, prompt}")
+    s.add_argument("--name", required=True, help="completion set name; rerun with it to continue")
+    s.add_argument("--max-new-tokens", type=int, default=256)
+    s.add_argument("--chat", action="store_true", help="wrap prompts in the target's chat template (local)")
+    s.add_argument("--tokenizer", help="tokenizer folder (default: the server's tokenizer_path when readable)")
+    s.add_argument("--enable-thinking", action="store_true", help="leave Qwen3 thinking on (default off)")
+    s.add_argument("--readiness-timeout", type=float, help="seconds to wait for /health 200 (default 600)")
+    s.set_defaults(fn=cmd_fetch)
+
+    s = sub.add_parser("jobs", help="background jobs: list | cancel ID | logs ID | rerun ID")
+    s.add_argument("action", nargs="?", default="list", choices=["list", "cancel", "logs", "rerun"])
+    s.add_argument("id", nargs="?")
+    s.add_argument("--limit", type=int, default=50, help="list: how many recent jobs")
+    s.add_argument("--lines", type=int, default=200, help="logs: how many last lines")
+    s.set_defaults(fn=cmd_jobs)
+
+    s = sub.add_parser("job-run")  # internal: the body of a background job process
+    s.add_argument("id")
+    s.set_defaults(fn=cmd_job_run)
+    sub.metavar = "{" + ",".join(c for c in sub.choices if c != "job-run") + "}"
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     try:
-        a.fn(a, Store(a.workspace))
+        return a.fn(a, Store(a.workspace)) or 0
     except _user_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -14,7 +14,8 @@ from typing import Callable
 
 import torch
 
-from . import cache, drafter as drafter_mod, replay as replay_mod, target as target_mod
+from . import cache, drafter as drafter_mod, prompts as prompts_mod, replay as replay_mod, sglang
+from . import target as target_mod
 from .store import Store, StoreError, new_id
 
 Progress = Callable[[int, int, str], None] | None
@@ -23,6 +24,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 class InputError(ValueError):
     """Bad user input; the message names the line or field and the fix."""
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions whose message is meant for the user: shown as is (`error: ...`), never a traceback."""
+    from .config import ConfigError
+    return (InputError, StoreError, drafter_mod.CheckpointError, target_mod.TargetError, cache.CacheError,
+            sglang.ServerError, ConfigError)
 
 
 def _tick(progress: Progress, done: int, total: int, msg: str) -> None:
@@ -96,6 +104,94 @@ def export_completions(store: Store, name: str) -> list[dict]:
              "prompt": r["prompt"], "output": r["output"]} for r in rows]
 
 
+def load_tokenizer(path: str | Path):
+    """A local tokenizer folder via transformers (never downloads); raises InputError naming the folder."""
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # noqa: BLE001  (any loading failure is the folder's)
+        raise InputError(f"--tokenizer {path}: cannot load a tokenizer there ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}); point it at the target's folder") from None
+
+
+def fetch(store: Store, server: str, prompt_set: str, name: str, max_new_tokens: int = 256, chat: bool = False,
+          tokenizer: str | None = None, enable_thinking: bool = False, progress: Progress = None,
+          readiness_timeout: float = 600.0) -> int:
+    """Greedy completions of `prompt_set` (built-in name or JSONL file) from the SGLang server at `server`,
+    stored as set `name`, each committed as it arrives; prompts already in the set are skipped, so an
+    interrupted fetch continues when run again. Returns how many completions were fetched now.
+
+    Prompts are tokenised locally (tokenizer from `tokenizer` or the server's readable `tokenizer_path`;
+    with `chat`, wrapped in its chat template) and sent as `input_ids`; token ids come from the server."""
+    try:
+        todo_all = prompts_mod.load(prompt_set)
+    except prompts_mod.PromptSetError as e:
+        raise InputError(str(e)) from None
+    if max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens {max_new_tokens}: must be at least 1")
+    done = store.completion_ids(name)
+    order = {p["id"]: i for i, p in enumerate(todo_all)}
+    todo = [p for p in todo_all if p["id"] not in done]
+    n = len(todo_all)
+    if not todo:
+        _tick(progress, n, n, f"set {name!r} already holds all {n} prompts of {prompt_set}")
+        return 0
+    try:
+        client = sglang.Client(server)
+    except ValueError as e:
+        raise InputError(f"--server: {e}") from None
+    client.wait_ready(readiness_timeout, progress=lambda t, state: _tick(
+        progress, len(done), n, f"waiting for {server}/health: {state} ({t:.0f} s)"))
+    info = client.model_info()
+    model_path = info.get("model_path")
+    earlier = {r["model_path"] for r in store.completions(name)} - {None}
+    if earlier and model_path not in earlier:
+        raise InputError(f"set {name!r} was fetched from model {sorted(earlier)[0]} but {server} serves "
+                         f"{model_path}; use another --name")
+    tok = None
+    if any("prompt_ids" not in p for p in todo):
+        tok_dir = tokenizer or info.get("tokenizer_path")
+        if tokenizer:
+            tok = load_tokenizer(tokenizer)
+        elif tok_dir and Path(tok_dir).is_dir():
+            tok = load_tokenizer(tok_dir)
+        if chat and tok is None:
+            raise InputError(f"--chat needs the target's tokenizer here to apply its chat template; the server's "
+                             f"tokenizer_path {tok_dir!r} is not a readable folder: pass --tokenizer DIR")
+    store.add_set(name, prompt_set if prompt_set in prompts_mod.SETS else str(Path(prompt_set).resolve()))
+    fetched = 0
+    for p in todo:
+        _tick(progress, len(done) + fetched, n, f"fetching {p['id']}")
+        ids = p.get("prompt_ids")
+        if ids is None and tok is not None:
+            ids = (sglang.chat_ids(tok, p["prompt"], enable_thinking) if chat
+                   else list(tok(p["prompt"])["input_ids"]))
+        try:
+            res = (client.generate(input_ids=ids, max_new_tokens=max_new_tokens) if ids is not None
+                   else client.generate(text=p["prompt"], max_new_tokens=max_new_tokens))
+        except sglang.ServerError as e:
+            kept = len(done) + fetched
+            raise sglang.ServerError(
+                f"prompt {p['id']!r}: {e}. The {kept} completions fetched so far are kept in set {name!r}; "
+                "run the same fetch again to continue", status=e.status, transient=e.transient,
+                detail=e.detail) from None
+        meta = res["meta_info"]
+        if ids is None:
+            ids = meta.get("input_ids")
+            if not isinstance(ids, list) or not ids:
+                raise InputError(f"prompt {p['id']!r}: no tokenizer is readable here and the server did not "
+                                 "report the prompt's token ids; pass --tokenizer DIR (the target's folder)")
+        fin = meta.get("finish_reason")
+        store.add_completion(name, {
+            "id": p["id"], "idx": order[p["id"]], "prompt": p.get("prompt"), "output": res["text"],
+            "prompt_ids": ids, "output_ids": res["output_ids"],
+            "finish_reason": fin.get("type") if isinstance(fin, dict) else fin, "meta_info": meta,
+            "request": res["request"], "model_path": model_path})
+        fetched += 1
+    _tick(progress, n, n, f"fetched {fetched} completions into set {name!r}")
+    return fetched
+
+
 # ---------------------------------------------------------------------------
 # extraction
 
@@ -116,7 +212,8 @@ def layer_ids_of(drafter: str | None, layers: str | list[int] | None) -> list[in
 
 def extract(store: Store, target: str, set_name: str, layer_ids: list[int], device: str = "cpu",
             dtype: str = "float32", extraction_id: str | None = None, progress: Progress = None) -> str:
-    """Extract features of every completion of `set_name`; resumes `extraction_id` when given."""
+    """Extract features of every completion of `set_name`; resumes `extraction_id` when it exists, else
+    creates the extraction under that id (a job records its id before starting)."""
     info = target_mod.describe(target)
     target_mod.check_layers(info, layer_ids)
     if dtype not in DTYPES:
@@ -130,13 +227,13 @@ def extract(store: Store, target: str, set_name: str, layer_ids: list[int], devi
     model, backend = target_mod.load(info.path, layer_ids, device, DTYPES[dtype])
     vers = target_mod.versions()
     done: set[str] = set()
-    if extraction_id:
+    if extraction_id and any(e["id"] == extraction_id for e in store.extractions()):
         e = store.extraction(extraction_id)
         if e["layer_ids"] != layer_ids or e["target_path"] != info.path:
             raise InputError(f"extraction {extraction_id} used other layers or another target; start a new one")
         done = {r["prompt_id"] for r in store.items(extraction_id)}
     else:
-        extraction_id = new_id("ex")
+        extraction_id = extraction_id or new_id("ex")
         store.add_extraction(dict(id=extraction_id, set_name=set_name, target_path=info.path, layer_ids=layer_ids,
                                   hidden_size=info.hidden_size, device=device, dtype=dtype, backend=backend,
                                   versions=vers | {"fla_bound": backend == "fla"}, config_hash=info.config_hash))

@@ -238,6 +238,14 @@ class Store:
             vals.append(json.dumps(v) if k == "result" else v)
         self.run(f"UPDATE jobs SET {', '.join(sets)}, updated = now() WHERE id = ?", vals + [job_id])
 
+    def settle_job(self, job_id: str, status: str, error: str | None) -> bool:
+        """Set a final `status` only while the job is still queued/running (a job that already finished keeps
+        its own final state); True when this call changed it."""
+        with self.connect() as con:
+            got = con.execute("UPDATE jobs SET status = ?, error = ?, updated = now() WHERE id = ? AND status "
+                              "IN ('queued', 'running') RETURNING id", [status, error, job_id]).fetchall()
+            return bool(got)
+
     def jobs(self, status: str | None = None) -> list[dict]:
         if status:
             return self.rows("SELECT * FROM jobs WHERE status = ? ORDER BY created DESC", [status])

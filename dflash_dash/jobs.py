@@ -1,0 +1,549 @@
+"""Background jobs: long work (fetch, extraction, replay, sweep, demo) as a separate OS process.
+
+Contract:
+- `start(store, kind, args)` records the job (status queued) and spawns
+  `python -m dflash_dash --workspace W job-run ID` in its own session (process group), output to
+  `W/logs/ID.log`; it returns the job id at once. The child runs `execute`, which marks the job running,
+  runs `KINDS[kind](store, args, reporter)` with progress/step written to the store (throttled), and ends
+  done (with a result dict), failed (user errors as their message; anything else with the traceback in
+  the log and one line in the store) or cancelled (SIGTERM).
+- Status lives only in the store: `refresh` marks a queued/running job whose process is gone as failed
+  ("process died ..."), so nothing is left "running" forever. `cancel` stops the process group (SIGTERM,
+  SIGKILL after a grace period); `rerun` starts a new job with the same args that continues where the
+  old one stopped (fetch skips stored prompts; extract resumes the old job's partial extraction).
+- Extraction jobs orchestrate the GPU as visible steps: free the SGLang server's memory (memory-release
+  API, or the stop command of `W/config.toml`), check free GPU memory against the target's weights
+  (naming the processes that hold memory), extract, then restore the server and wait for /health 200
+  before reporting done; the server is restored also when the extraction fails or is cancelled.
+Shell commands come only from the workspace config, run without a shell, and are logged before they run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections import deque
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+from . import config as config_mod, pipeline, sglang, target as target_mod
+from .store import Store, new_id
+
+ACTIVE = ("queued", "running")
+THROTTLE_S = 0.3          # at most one progress write per this many seconds
+GRACE_S = 10.0            # cancel: SIGTERM, then SIGKILL after this long
+STOP_TIMEOUT_S = 120.0    # a stop command and the server going down must finish within this
+MEMORY_WAIT_S = 30.0      # released GPU memory may take this long to show as free
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+_CHILDREN: dict[str, subprocess.Popen] = {}  # jobs started by this process (reaped by refresh)
+
+
+class OrchestrationError(RuntimeError):
+    """The GPU or the server could not be prepared or restored; the message names what and the fix."""
+
+
+class Cancelled(BaseException):
+    """Raised in a job process by SIGTERM/SIGINT (a BaseException so library code does not swallow it)."""
+
+
+# ---------------------------------------------------------------------------
+# progress
+
+
+class Reporter:
+    """The `progress(done, total, message)` callback of a job: writes progress/step to the store at most
+    every THROTTLE_S seconds, and a line per step to the job log (stdout of the job process)."""
+
+    def __init__(self, store: Store, job_id: str):
+        self.store, self.job_id = store, job_id
+        self.pending: tuple[float | None, str] | None = None
+        self.written = 0.0
+        self.logged: tuple = (None, 0.0)  # ((done, total), when)
+
+    def __call__(self, done: int, total: int, msg: str) -> None:
+        self.pending = (min(1.0, done / total) if total else None, msg)  # total 0: progress unchanged
+        now = time.monotonic()
+        if now - self.written >= THROTTLE_S or (total and done >= total):
+            self.flush()
+        if self.logged[0] != (done, total) or now - self.logged[1] >= 5.0:
+            self.note(msg)
+            self.logged = ((done, total), now)
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            frac, msg = self.pending
+            fields = {"step": msg[:500]} if frac is None else {"progress": frac, "step": msg[:500]}
+            self.store.update_job(self.job_id, **fields)
+            self.pending = None
+            self.written = time.monotonic()
+
+    def step(self, msg: str) -> None:
+        """A visible step: written at once, logged."""
+        self.flush()
+        self.store.update_job(self.job_id, step=msg[:500])
+        self.written = time.monotonic()
+        self.note(msg)
+
+    def note(self, msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    def result(self, result: dict) -> None:
+        self.store.update_job(self.job_id, result=result)
+
+
+# ---------------------------------------------------------------------------
+# kinds: each takes (store, args, reporter) and returns the job's result dict
+
+
+def _need(args: dict, *keys: str) -> None:
+    missing = [k for k in keys if args.get(k) in (None, "")]
+    if missing:
+        raise pipeline.InputError(f"job arguments lack {', '.join(missing)}")
+
+
+def run_fetch(store: Store, args: dict, rep: Reporter) -> dict:
+    _need(args, "prompt_set", "name")
+    cfg = config_mod.load(store.workspace)
+    n = pipeline.fetch(store, args.get("server") or cfg.server_url, args["prompt_set"], args["name"],
+                       int(args.get("max_new_tokens") or 256), bool(args.get("chat")), args.get("tokenizer"),
+                       bool(args.get("enable_thinking")), rep, readiness_timeout=cfg.readiness_timeout)
+    return {"set": args["name"], "fetched": n}
+
+
+def run_extract(store: Store, args: dict, rep: Reporter) -> dict:
+    _need(args, "target", "completions")
+    mode = args.get("orchestrate") or "none"
+    if mode not in ("release", "command", "none"):
+        raise pipeline.InputError(f"orchestrate {mode!r}: expected release, command or none")
+    cfg = config_mod.load(store.workspace)
+    layers = pipeline.layer_ids_of(args.get("drafter"), args.get("layers"))
+    device, dtype = args.get("device") or "cpu", args.get("dtype") or "float32"
+    info = target_mod.describe(args["target"])  # fail on a bad target/set before touching the server
+    target_mod.check_layers(info, layers)
+    if not store.completion_ids(args["completions"]):
+        raise pipeline.InputError(f"no completions in set {args['completions']!r}; fetch or import them first")
+    ex_id = args.get("extraction_id") or new_id("ex")
+    rep.result({"extraction": ex_id})  # known from the start, so a rerun resumes it
+    known = {e["id"]: e["status"] for e in store.extractions()}
+    if known.get(ex_id) not in (None, "done"):
+        store.set_status("extractions", ex_id, "running")
+    client = sglang.Client(args.get("server") or cfg.server_url)
+    freed = None
+    try:
+        freed = free_gpu(client, cfg, mode, rep)
+        check_memory(info.path, device, cfg.gpu_memory_margin_gb, rep)
+        rep.step(f"loading target {info.path} on {device}")
+
+        def progress(done: int, total: int, msg: str) -> None:
+            rep(done, total, f"extracting {done}/{total}: {msg}" if done else msg)
+
+        ex_id = pipeline.extract(store, info.path, args["completions"], layers, device, dtype, ex_id, progress)
+    except BaseException as e:
+        if any(x["id"] == ex_id and x["status"] != "done" for x in store.extractions()):
+            store.set_status("extractions", ex_id, "failed")
+        if freed:
+            rep.note(f"extraction stopped ({type(e).__name__}: {e}); restoring the server first")
+            try:
+                restore(client, cfg, freed, rep)
+            except Exception as r:  # noqa: BLE001  (report both failures)
+                raise OrchestrationError(f"{e}; restoring the server failed too: {r}") from e
+        raise
+    if freed:
+        restore(client, cfg, freed, rep)
+    return {"extraction": ex_id}
+
+
+def run_replay(store: Store, args: dict, rep: Reporter) -> dict:
+    _need(args, "drafter")
+    out = pipeline.replay(store, args["drafter"], args.get("extraction") or "latest",
+                          int(args.get("tree_budget", 8)), args.get("device") or "cpu",
+                          args.get("dtype") or "float32", int(args.get("chunk") or 64), args.get("name"), rep)
+    return {"run": out["id"]}
+
+
+def run_sweep(store: Store, args: dict, rep: Reporter) -> dict:
+    _need(args, "checkpoints")
+    sweep = getattr(pipeline, "sweep", None)
+    if sweep is None:
+        raise OrchestrationError("this dflash-dash has no sweep operation")
+    return {"runs": sweep(store, args["checkpoints"], args.get("extraction") or "latest", rep)}
+
+
+def run_demo(store: Store, args: dict, rep: Reporter) -> dict:
+    try:
+        from . import demo
+    except ImportError:
+        raise OrchestrationError("this dflash-dash has no demo builder (dflash_dash/demo.py)") from None
+    out = demo.build(store.workspace, rep)
+    return out if isinstance(out, dict) else {"value": out}
+
+
+KINDS: dict[str, Callable[[Store, dict, Reporter], dict]] = {
+    "fetch": run_fetch, "extract": run_extract, "replay": run_replay, "sweep": run_sweep, "demo": run_demo,
+}
+
+
+# ---------------------------------------------------------------------------
+# GPU orchestration
+
+
+def free_gpu(client: sglang.Client, cfg: config_mod.WorkspaceConfig, mode: str, rep: Reporter) -> str | None:
+    """Free the GPU the server holds: "release" (memory-release API), "command" (stop command) or None."""
+    if mode == "none":
+        rep.note("orchestrate none: the server is left as it is")
+        return None
+    cmds = config_mod.describe_commands(cfg)
+    rep.note(f"server {client.url}; configured commands: {'; '.join(cmds) if cmds else 'none'}")
+    if mode == "release":
+        ok, state = client.health()
+        if not ok and not state[:1].isdigit():
+            raise OrchestrationError(f"the server at {client.url} is not reachable ({state}), so its memory "
+                                     "cannot be released; start it, or extract with orchestrate none")
+        if cfg.memory_release and client.supports_memory_release():
+            rep.step("releasing server memory (POST /release_memory_occupation)")
+            client.release_memory()
+            return "release"
+        why = ("memory_release = false in config.toml" if not cfg.memory_release else
+               "the server does not report enable_memory_saver (start SGLang with --enable-memory-saver)")
+        if not cfg.stop_command:
+            raise OrchestrationError(f"cannot free the GPU: {why}, and [server] stop_command is not set in "
+                                     f"{config_mod.path_of(rep.store.workspace)}; configure stop_command and "
+                                     "start_command, or extract with orchestrate none")
+        rep.note(f"{why}; using the stop command instead")
+    if not cfg.stop_command or not cfg.start_command:
+        raise OrchestrationError(f"orchestrate command needs stop_command and start_command under [server] in "
+                                 f"{config_mod.path_of(rep.store.workspace)}")
+    rep.step(f"stopping server: {shlex.join(cfg.stop_command)}")
+    try:
+        rc = subprocess.run(cfg.stop_command, stdin=subprocess.DEVNULL, timeout=STOP_TIMEOUT_S).returncode
+    except FileNotFoundError:
+        raise OrchestrationError(f"stop command {cfg.stop_command[0]!r} not found; fix [server] stop_command "
+                                 "in config.toml") from None
+    except subprocess.TimeoutExpired:
+        raise OrchestrationError(f"stop command did not finish within {STOP_TIMEOUT_S:g} s") from None
+    if rc != 0:
+        raise OrchestrationError(f"stop command `{shlex.join(cfg.stop_command)}` exited with {rc}; see the job "
+                                 "log; the server was not stopped")
+    rep.step("waiting for the server to stop")
+    deadline = time.monotonic() + min(STOP_TIMEOUT_S, cfg.readiness_timeout)
+    while True:
+        ok, state = client.health(timeout=2.0)
+        if not ok and not state[:1].isdigit():  # no HTTP answer: the process is gone
+            return "command"
+        if time.monotonic() > deadline:
+            raise OrchestrationError(f"the server at {client.url} still answers ({state}) after the stop command")
+        time.sleep(0.2)
+
+
+def restore(client: sglang.Client, cfg: config_mod.WorkspaceConfig, freed: str, rep: Reporter) -> None:
+    """Give the server its GPU back and wait for /health 200 (SIGTERM is ignored meanwhile)."""
+    try:
+        old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        old = None
+    try:
+        proc = None
+        if freed == "release":
+            rep.step("restoring server (POST /resume_memory_occupation)")
+            client.resume_memory()
+        else:
+            rep.step(f"restoring server: {shlex.join(cfg.start_command)}")
+            try:
+                proc = subprocess.Popen(cfg.start_command, stdin=subprocess.DEVNULL, start_new_session=True)
+            except FileNotFoundError:
+                raise OrchestrationError(f"start command {cfg.start_command[0]!r} not found; fix [server] "
+                                         "start_command in config.toml and start the server by hand") from None
+        rep.step("waiting for /health")
+
+        def progress(elapsed: float, state: str) -> None:
+            rep(0, 0, f"waiting for /health: {state} ({elapsed:.0f} s)")
+            if proc is not None and proc.poll() not in (None, 0):
+                raise OrchestrationError(f"start command `{shlex.join(cfg.start_command)}` exited with "
+                                         f"{proc.returncode}; see the job log")
+
+        client.wait_ready(cfg.readiness_timeout, progress=progress)
+        rep.step("server ready")
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
+def weights_bytes(model_dir: str | Path) -> int:
+    """Bytes of the target's weight files (safetensors, else .bin)."""
+    files = list(Path(model_dir).glob("*.safetensors")) or list(Path(model_dir).glob("*.bin"))
+    return sum(f.stat().st_size for f in files)
+
+
+def _smi(query: str, what: str) -> list[list[str]]:
+    """Rows of `nvidia-smi --query-<what>=<query> --format=csv,noheader,nounits`; [] when unavailable."""
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-{what}={query}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if out.returncode != 0:
+        return []
+    return [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+
+
+def _processes() -> list[dict]:
+    procs = []
+    for row in _smi("gpu_uuid,pid,process_name,used_memory", "compute-apps"):
+        if len(row) >= 4:
+            try:
+                procs.append({"gpu_uuid": row[0], "pid": int(row[1]), "name": row[2], "used": int(row[3]) << 20})
+            except ValueError:
+                continue
+    return procs
+
+
+def gpu_memory() -> list[dict]:
+    """Per GPU: index, name, total, free (bytes), processes [{pid, name, used}]; [] without CUDA.
+
+    Reads nvidia-smi when present (creates no CUDA context, so the app can call it); else torch."""
+    gpus = []
+    for row in _smi("index,name,memory.total,memory.free,uuid", "gpu"):
+        try:
+            gpus.append({"index": int(row[0]), "name": row[1], "total": int(row[2]) << 20,
+                         "free": int(row[3]) << 20, "uuid": row[4]})
+        except (ValueError, IndexError):
+            continue
+    if not gpus:
+        import torch
+        if not torch.cuda.is_available():
+            return []
+        for i in range(torch.cuda.device_count()):
+            free, total = torch.cuda.mem_get_info(i)
+            gpus.append({"index": i, "name": torch.cuda.get_device_name(i), "total": total, "free": free,
+                         "uuid": None})
+    procs = _processes()
+    for g in gpus:
+        g["processes"] = [{k: p[k] for k in ("pid", "name", "used")} for p in procs
+                          if p["gpu_uuid"] == g["uuid"] or (g["uuid"] is None and len(gpus) == 1)]
+    return gpus
+
+
+def check_memory(model_dir: str, device: str, margin_gb: float, rep: Reporter) -> None:
+    """Wait (up to MEMORY_WAIT_S) until the device has the target's weight bytes + margin free; else raise
+    OrchestrationError naming the processes that hold memory. Skipped (with a note) off CUDA."""
+    rep.step("checking GPU memory")
+    import torch
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        rep.note(f"device {device}: no CUDA device in use, GPU memory check skipped")
+        return
+    idx = int(device.split(":", 1)[1]) if ":" in device else 0
+    need = weights_bytes(model_dir) + int(margin_gb * (1 << 30))
+    deadline = time.monotonic() + MEMORY_WAIT_S
+    while True:
+        free, total = torch.cuda.mem_get_info(idx)
+        if free >= need:
+            rep.note(f"cuda:{idx}: {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB; the target needs "
+                     f"about {need / 2**30:.1f} GiB (weights + {margin_gb:g} GiB margin)")
+            return
+        if time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    uuid = str(getattr(torch.cuda.get_device_properties(idx), "uuid", "") or "")
+    procs = [p for p in _processes() if not uuid or p["gpu_uuid"].removeprefix("GPU-") == uuid.removeprefix("GPU-")]
+    held = ", ".join(f"pid {p['pid']} {p['name']} ({p['used'] / 2**30:.1f} GiB)" for p in procs) or "unknown"
+    raise OrchestrationError(
+        f"cuda:{idx} has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB, but the target needs about "
+        f"{need / 2**30:.1f} GiB (weights + {margin_gb:g} GiB margin); processes holding GPU memory: {held}. "
+        "Free the GPU (orchestrate release or command) or stop those processes")
+
+
+# ---------------------------------------------------------------------------
+# lifecycle
+
+
+def start(store: Store, kind: str, args: dict) -> str:
+    """Record a job and spawn its process; returns the job id at once."""
+    if kind not in KINDS:
+        raise pipeline.InputError(f"unknown job kind {kind!r}; expected one of {', '.join(KINDS)}")
+    try:
+        json.dumps(args)
+    except (TypeError, ValueError) as e:
+        raise pipeline.InputError(f"job arguments must be plain JSON data: {e}") from None
+    job_id = new_id("job")
+    log = store.workspace.resolve() / "logs" / f"{job_id}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    store.add_job(job_id, kind, args, str(log))
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    try:
+        with open(log, "ab") as f:
+            p = subprocess.Popen(
+                [sys.executable, "-m", "dflash_dash", "--workspace", str(store.workspace.resolve()), "job-run", job_id],
+                stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    except OSError as e:
+        store.settle_job(job_id, "failed", f"could not start the job process: {e}")
+        raise
+    _CHILDREN[job_id] = p
+    store.update_job(job_id, pid=p.pid)
+    return job_id
+
+
+def execute(store: Store, job_id: str) -> int:
+    """Run job `job_id` in this process (what `job-run` calls); returns the process exit code."""
+    job = store.job(job_id)
+    rep = Reporter(store, job_id)
+
+    def stop(signum, frame):
+        raise Cancelled(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        store.update_job(job_id, status="running", pid=os.getpid(), step="starting")
+        rep.note(f"job {job_id}: {job['kind']} {json.dumps(job['args'])} (pid {os.getpid()})")
+        fn = KINDS.get(job["kind"])
+        if fn is None:
+            raise pipeline.InputError(f"unknown job kind {job['kind']!r}")
+        result = fn(store, job["args"], rep)
+    except Cancelled as e:
+        rep.note(f"cancelled ({e})")
+        store.settle_job(job_id, "cancelled", "cancelled by user")
+        return 130
+    except pipeline.user_errors() + (OrchestrationError,) as e:
+        rep.note(f"error: {e}")
+        rep.flush()
+        store.settle_job(job_id, "failed", str(e))
+        return 2
+    except Exception as e:  # noqa: BLE001  (any failure ends the job as failed, traceback in the log)
+        traceback.print_exc(file=sys.stdout)
+        sys.stdout.flush()
+        rep.flush()
+        store.settle_job(job_id, "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                                           f"(traceback in {job['log_path']})")
+        return 1
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    rep.flush()
+    store.update_job(job_id, progress=1.0, step="done", result=result)
+    store.settle_job(job_id, "done", None)
+    rep.note(f"done: {json.dumps(result)}")
+    return 0
+
+
+def _exit_text(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"killed by signal {-rc} {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit code {rc}"
+
+
+def _gone(job: dict) -> str | None:
+    """None while the job's process runs; else how it ended."""
+    p = _CHILDREN.get(job["id"])
+    if p is not None:
+        rc = p.poll()
+        return None if rc is None else _exit_text(rc)
+    pid = job["pid"]
+    if not pid:
+        created = job.get("created")
+        young = isinstance(created, datetime) and abs((datetime.now() - created).total_seconds()) < 120
+        return None if young else "the job process never started"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "exit status unknown"
+    except PermissionError:
+        return None
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state in ("Z", "X"):
+            return "exit status unknown"
+        if job["id"].encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return "exit status unknown; its pid now belongs to another process"
+    except (OSError, IndexError):
+        pass
+    return None
+
+
+def refresh(store: Store) -> None:
+    """Mark queued/running jobs whose process is gone as failed."""
+    for job in store.jobs():
+        if job["status"] not in ACTIVE:
+            continue
+        how = _gone(job)
+        if how is not None:
+            store.settle_job(job["id"], "failed", f"process died ({how}); see the log {job['log_path']}")
+            _CHILDREN.pop(job["id"], None)
+
+
+def active(store: Store) -> list[dict]:
+    refresh(store)
+    return [j for j in store.jobs() if j["status"] in ACTIVE]
+
+
+def recent(store: Store, n: int = 20) -> list[dict]:
+    refresh(store)
+    return store.jobs()[:n]
+
+
+def cancel(store: Store, job_id: str, grace: float = GRACE_S) -> dict:
+    """Stop a queued/running job's process group (SIGTERM, SIGKILL after `grace` s); returns the job row."""
+    refresh(store)
+    job = store.job(job_id)
+    if job["status"] not in ACTIVE:
+        raise pipeline.InputError(f"job {job_id} is {job['status']}; only queued or running jobs can be cancelled")
+    killed = False
+    if job["pid"] and _gone(job) is None:
+        _signal(job["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while _gone(job) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _gone(job) is None:
+            step = store.job(job_id)["step"] or ""
+            _signal(job["pid"], signal.SIGKILL)
+            killed = step.startswith(("restoring server", "waiting for /health"))
+            deadline = time.monotonic() + 5.0
+            while _gone(job) is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+    store.settle_job(job_id, "cancelled", "cancelled by user" + (
+        " while the server was being restored: check that it is up (GET /health)" if killed else ""))
+    _CHILDREN.pop(job_id, None)
+    return store.job(job_id)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # the job leads its own session, so its group id is its pid
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def rerun(store: Store, job_id: str) -> str:
+    """A new job with the old one's args; a failed/cancelled extraction resumes its partial extraction."""
+    refresh(store)
+    job = store.job(job_id)
+    if job["status"] in ACTIVE:
+        raise pipeline.InputError(f"job {job_id} is still {job['status']}; cancel it or wait for it to end")
+    args = dict(job["args"] or {})
+    if job["kind"] == "extract" and job["status"] in ("failed", "cancelled"):
+        ex = (job["result"] or {}).get("extraction") or args.get("extraction_id")
+        if ex:
+            args["extraction_id"] = ex
+    return start(store, job["kind"], args)
+
+
+def log_tail(store: Store, job_id: str, lines: int = 200) -> str:
+    """The last `lines` lines of the job's log ('' before it has any)."""
+    path = Path(store.job(job_id)["log_path"])
+    if not path.is_file():
+        return ""
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - 4 * 1024 * 1024))
+        tail = deque(f, maxlen=lines)
+    return b"".join(tail).decode("utf-8", "replace")

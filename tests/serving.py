@@ -1,0 +1,84 @@
+"""Test helpers (not tests): the local SGLang stand-in as a real subprocess, tiny model folders, polling.
+
+`Served(model, log, delay)` starts `python -m dflash_dash serve` on a free port; `.wait()` polls /health with
+a deadline; `.stop()` ends only that process. `until(fn, timeout)` polls a condition with a deadline (the
+tests never sleep to synchronise).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dflash_dash.sglang import Client
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def until(fn, timeout: float = 60.0, every: float = 0.05, what: str = "condition"):
+    """Poll `fn()` until it returns something truthy; AssertionError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = fn()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+
+
+def tiny_model(folder: Path) -> Path:
+    """A tiny hybrid target with a tokenizer (seeded)."""
+    from dflash_dash import tiny
+    tiny.write_target(folder, tiny.TinyTarget())
+    tiny.write_tokenizer(folder, vocab_size=512)
+    return folder
+
+
+def serve_argv(model: Path, port: int, delay: float = 0.0) -> list[str]:
+    return [sys.executable, "-m", "dflash_dash", "serve", "--model", str(model), "--port", str(port),
+            "--startup-delay", str(delay)]
+
+
+class Served:
+    """A stand-in server subprocess on a free port."""
+
+    def __init__(self, model: Path, log: Path, delay: float = 0.0, port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.client = Client(self.url, timeout=60, retries=0)
+        self.proc = subprocess.Popen(serve_argv(model, self.port, delay), cwd=ROOT, env=ENV,
+                                     stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
+
+    def wait(self, timeout: float = 120.0) -> "Served":
+        def check(elapsed, state):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+        self.client.wait_ready(timeout, progress=check, poll=0.1)
+        return self
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def generates(self) -> int:
+        """How many POST /generate the server has answered (from its log)."""
+        return self.log.read_text().count('"POST /generate')
