@@ -61,59 +61,84 @@ def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int
     return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
 
 
-def _need(raw: dict, key: str, kind: type, where: str = "config.json"):
-    if key not in raw or raw[key] is None:
-        raise CheckpointError(f"{where}: missing field '{key}' (expected {kind.__name__})")
-    v = raw[key]
-    if kind is int and (not isinstance(v, int) or isinstance(v, bool)):
-        raise CheckpointError(f"{where}: field '{key}' = {v!r}, expected an integer")
+def _int(raw: dict, key: str, lo: int = 1, default=..., where: str = "config.json") -> int | None:
+    """An integer field >= lo; missing -> default (or an error when there is none)."""
+    v = raw.get(key)
+    if v is None:
+        if default is ...:
+            raise CheckpointError(f"{where}: missing field '{key}' (expected an integer >= {lo})")
+        return default
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise CheckpointError(f"{where}: field '{key}' = {v!r}, expected an integer >= {lo}")
     return v
 
 
+def _num(raw: dict, key: str, default: float) -> float:
+    v = raw.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+        raise CheckpointError(f"config.json: field '{key}' = {v!r}, expected a positive number")
+    return float(v)
+
+
 def parse_config(raw: dict) -> DrafterConfig:
-    """Validate a config.json dict into a DrafterConfig."""
-    n = _need(raw, "num_hidden_layers", int)
-    H = _need(raw, "hidden_size", int)
-    nh = _need(raw, "num_attention_heads", int)
-    nkv = _need(raw, "num_key_value_heads", int)
+    """Validate a config.json dict into a DrafterConfig; errors name the field and the expected value."""
+    if not isinstance(raw, dict):
+        raise CheckpointError("config.json: expected a JSON object")
+    n = _int(raw, "num_hidden_layers")
+    H = _int(raw, "hidden_size")
+    nh = _int(raw, "num_attention_heads")
+    nkv = _int(raw, "num_key_value_heads")
     if nh % nkv:
         raise CheckpointError(f"config.json: num_attention_heads={nh} must be a multiple of num_key_value_heads={nkv}")
-    dcfg = raw.get("dflash_config") or {}
-    ntl = raw.get("num_target_layers")
+    hd = _int(raw, "head_dim", default=H // nh)
+    if hd % 2 or hd < 2:
+        raise CheckpointError(f"config.json: head_dim={hd}, expected an even integer (RoPE)")
+    dcfg = raw.get("dflash_config")
+    if dcfg is None:
+        dcfg = {}
+    if not isinstance(dcfg, dict):
+        raise CheckpointError(f"config.json: dflash_config = {dcfg!r}, expected an object")
+    ntl = _int(raw, "num_target_layers", default=None)
     ids = dcfg.get("target_layer_ids")
     if ids is None:
         if ntl is None:
             raise CheckpointError(
                 "config.json: missing 'dflash_config.target_layer_ids' and 'num_target_layers' (expected one of them)")
         ids = default_layer_ids(ntl, n)
-    if not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
-        raise CheckpointError(f"config.json: dflash_config.target_layer_ids = {ids!r}, expected non-negative ints")
+    if (not isinstance(ids, list) or not ids
+            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
+        raise CheckpointError(f"config.json: dflash_config.target_layer_ids = {ids!r}, expected a list of ints >= 0")
     if ntl is not None and max(ids) >= ntl:
         raise CheckpointError(
             f"config.json: dflash_config.target_layer_ids contains {max(ids)}, expected ids < num_target_layers={ntl}")
-    mask = dcfg.get("mask_token_id", raw.get("mask_token_id"))
+    V = _int(raw, "vocab_size")
+    mask = _int(dcfg, "mask_token_id", lo=0, default=None, where="config.json: dflash_config")
+    if mask is None:
+        mask = _int(raw, "mask_token_id", lo=0, default=None)
     if mask is None:
         raise CheckpointError("config.json: missing field 'dflash_config.mask_token_id' (expected an integer)")
-    V = _need(raw, "vocab_size", int)
-    if not 0 <= mask < V:
+    if mask >= V:
         raise CheckpointError(f"config.json: dflash_config.mask_token_id={mask}, expected 0 <= id < vocab_size={V}")
     types = raw.get("layer_types") or ["full_attention"] * n
-    if len(types) != n or any(t not in ("full_attention", "sliding_attention") for t in types):
+    if (not isinstance(types, list) or len(types) != n
+            or any(t not in ("full_attention", "sliding_attention") for t in types)):
         raise CheckpointError(
             f"config.json: layer_types = {types!r}, expected {n} entries of full_attention|sliding_attention")
-    window = raw.get("sliding_window")
+    window = _int(raw, "sliding_window", default=None) if "sliding_attention" in types else None
     if "sliding_attention" in types and not window:
         raise CheckpointError("config.json: sliding_attention layers need 'sliding_window' (expected a positive int)")
-    B = _need(raw, "block_size", int)
-    if B < 2:
-        raise CheckpointError(f"config.json: block_size={B}, expected at least 2")
+    B = _int(raw, "block_size", lo=2)
+    scaling = raw.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise CheckpointError(f"config.json: rope_scaling = {scaling!r}, expected an object or null")
     return DrafterConfig(
-        hidden_size=H, intermediate_size=_need(raw, "intermediate_size", int), num_hidden_layers=n,
-        num_attention_heads=nh, num_key_value_heads=nkv, head_dim=raw.get("head_dim") or H // nh,
-        vocab_size=V, block_size=B, target_layer_ids=list(ids), mask_token_id=int(mask),
-        num_target_layers=ntl, layer_types=list(types), sliding_window=window if "sliding_attention" in types else None,
-        rms_norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=raw.get("rope_theta", 1e6),
-        rope_scaling=raw.get("rope_scaling"), max_position_embeddings=raw.get("max_position_embeddings", 32768),
+        hidden_size=H, intermediate_size=_int(raw, "intermediate_size"), num_hidden_layers=n,
+        num_attention_heads=nh, num_key_value_heads=nkv, head_dim=hd, vocab_size=V, block_size=B,
+        target_layer_ids=list(ids), mask_token_id=mask, num_target_layers=ntl, layer_types=list(types),
+        sliding_window=window, rms_norm_eps=_num(raw, "rms_norm_eps", 1e-6), rope_theta=_num(raw, "rope_theta", 1e6),
+        rope_scaling=scaling, max_position_embeddings=_int(raw, "max_position_embeddings", default=32768),
         attention_bias=bool(raw.get("attention_bias", False)),
     )
 

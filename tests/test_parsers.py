@@ -1,0 +1,104 @@
+"""Property-based tests (hypothesis) over the input parsers: JSONL completions, server responses, checkpoint
+configs. Any input gives either a valid result or the parser's own named error, never another exception."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from dflash_dash import drafter as dr, pipeline, tiny
+from dflash_dash.sglang import ServerError, parse_generate
+
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ids = st.lists(st.integers(0, 999), min_size=1, max_size=20)
+record = st.fixed_dictionaries({"id": st.text(min_size=1, max_size=12), "prompt_ids": ids, "output_ids": ids},
+                               optional={"prompt": st.text(max_size=30), "output": st.text(max_size=30)})
+json_value = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=12)
+
+
+# ---------------------------------------------------------------------------
+# JSONL completions
+
+
+@SETTINGS
+@given(st.lists(record, min_size=1, max_size=6, unique_by=lambda r: r["id"]))
+def test_jsonl_valid_roundtrip(recs):
+    text = "\n".join(json.dumps(r) for r in recs)
+    got = pipeline.parse_jsonl(text, vocab_size=1000)
+    assert [g["id"] for g in got] == [r["id"] for r in recs]
+    assert [g["output_ids"] for g in got] == [r["output_ids"] for r in recs]
+
+
+@SETTINGS
+@given(st.lists(st.one_of(st.text(max_size=40), json_value.map(json.dumps), record.map(json.dumps)),
+                max_size=6))
+def test_jsonl_garbage_named(lines):
+    try:
+        pipeline.parse_jsonl("\n".join(lines), vocab_size=1000)
+    except pipeline.InputError as e:
+        assert str(e).startswith("line ") or "no completions" in str(e)
+
+
+@pytest.mark.parametrize("line,msg", [
+    ('{"id": "a", "prompt_ids": [1], "output_ids": []}', "line 1 (id 'a'): field 'output_ids' must be a non-empty"),
+    ('{"id": "a", "prompt_ids": [1], "output_ids": [5000]}', "token id 5000 in 'output_ids' is outside"),
+    ('{"id": "a", "prompt_ids": [1]}', "field 'output_ids'"),
+    ('{"prompt_ids": [1], "output_ids": [2]}', "line 1: field 'id'"),
+    ('{"id": "a", "prompt_ids": [1], "output_ids": [2.5]}', "holds 2.5"),
+    ('{"id": "a", "prompt_ids": [true], "output_ids": [2]}', "holds True"),
+    ("{bad json", "line 1: not valid JSON"),
+    ('[1, 2]', "expected a JSON object"),
+])
+def test_jsonl_errors_name_line_and_field(line, msg):
+    with pytest.raises(pipeline.InputError) as e:
+        pipeline.parse_jsonl(line, vocab_size=1000)
+    assert msg in str(e.value)
+
+
+def test_jsonl_error_names_later_line():
+    ok = json.dumps({"id": "a", "prompt_ids": [1], "output_ids": [2]})
+    with pytest.raises(pipeline.InputError, match="line 3: duplicate id 'a'"):
+        pipeline.parse_jsonl("\n".join([ok, "", ok]))
+
+
+# ---------------------------------------------------------------------------
+# server responses
+
+
+@SETTINGS
+@given(st.one_of(st.binary(max_size=60), json_value.map(lambda v: json.dumps(v).encode()),
+                 st.fixed_dictionaries({"text": json_value, "output_ids": json_value, "meta_info": json_value})
+                 .map(lambda v: json.dumps(v).encode())))
+def test_generate_response_garbage_named(body):
+    try:
+        out = parse_generate(body)
+    except ServerError as e:
+        assert str(e)
+    else:
+        assert isinstance(out["output_ids"], list)
+        assert all(isinstance(t, int) and not isinstance(t, bool) for t in out["output_ids"])
+
+
+@SETTINGS
+@given(st.lists(st.integers(0, 10**6), max_size=30), st.text(max_size=40))
+def test_generate_response_valid(out_ids, text):
+    body = json.dumps({"text": text, "output_ids": out_ids, "meta_info": {"finish_reason": {"type": "length"}}})
+    got = parse_generate(body.encode())
+    assert got["output_ids"] == out_ids and got["text"] == text
+
+
+# ---------------------------------------------------------------------------
+# checkpoint configs
+
+
+@SETTINGS
+@given(st.dictionaries(st.sampled_from(list(tiny.drafter_config(tiny.TinyDrafter()))), json_value, max_size=8))
+def test_checkpoint_config_garbage_named(patch):
+    raw = tiny.drafter_config(tiny.TinyDrafter()) | patch
+    try:
+        dr.parse_config(raw)
+    except dr.CheckpointError as e:
+        assert "config.json" in str(e)
