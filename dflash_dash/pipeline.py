@@ -303,7 +303,7 @@ def replay(store: Store, drafter: str, extraction: str = "latest", budget: int =
     raw_cfg = json.loads((Path(drafter) / "config.json").read_text())
     store.add_run(dict(id=run_id, extraction_id=ex["id"], checkpoint=str(Path(drafter).resolve()),
                        name=name or Path(drafter).resolve().name, config=raw_cfg, tree_budget=budget,
-                       summary=summary),
+                       summary=summary, device=device, dtype=dtype),
                   [dict(asdict(r), tau=r.tau, tree_tau=r.tree_tau, drafts=[t for row in r.drafts for t in row])
                    for r in results])
     return {"id": run_id, "summary": summary}

@@ -49,6 +49,11 @@ MIGRATIONS: list[str] = [
         pid INTEGER, log_path VARCHAR, error VARCHAR, result VARCHAR,
         created TIMESTAMP DEFAULT now(), updated TIMESTAMP DEFAULT now());
     """,
+    # v2: where a replay ran (device, dtype), next to the extraction's provenance
+    """
+    ALTER TABLE runs ADD COLUMN device VARCHAR;
+    ALTER TABLE runs ADD COLUMN dtype VARCHAR;
+    """,
 ]
 VERSION = len(MIGRATIONS)
 
@@ -195,12 +200,14 @@ class Store:
         """Insert a finished run and its per-prompt results in one transaction."""
         with self.connect() as con:
             con.execute("INSERT INTO runs (id, extraction_id, checkpoint, name, config, tree_budget, summary, "
-                        "status) VALUES (?,?,?,?,?,?,?,?)",
+                        "status, device, dtype) VALUES (?,?,?,?,?,?,?,?,?,?)",
                         [r["id"], r["extraction_id"], r["checkpoint"], r["name"], json.dumps(r["config"]),
-                         r["tree_budget"], json.dumps(r["summary"]), r.get("status", "done")])
-            con.executemany("INSERT INTO run_prompts VALUES (?,?,?,?,?,?,?,?,?,?)", [
-                [r["id"], p["id"], p["prompt_len"], p["tau"], p["tree_tau"], p["rounds"], p["accepted_at"],
-                 p["drafts"], p["tree_at"], p["tree_rounds"]] for p in prompts])
+                         r["tree_budget"], json.dumps(r["summary"]), r.get("status", "done"), r.get("device"),
+                         r.get("dtype")])
+            if prompts:
+                con.executemany("INSERT INTO run_prompts VALUES (?,?,?,?,?,?,?,?,?,?)", [
+                    [r["id"], p["id"], p["prompt_len"], p["tau"], p["tree_tau"], p["rounds"], p["accepted_at"],
+                     p["drafts"], p["tree_at"], p["tree_rounds"]] for p in prompts])
 
     def runs(self) -> list[dict]:
         return self.rows("SELECT r.*, e.set_name, e.backend, e.target_path FROM runs r "
