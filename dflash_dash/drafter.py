@@ -280,46 +280,65 @@ class Drafter:
         return [self._kv(i, ctx, cos, sin) for i in range(self.c.num_hidden_layers)]
 
     def blocks(self, kv: list[tuple[torch.Tensor, torch.Tensor]], anchors: torch.Tensor,
-               emb: torch.Tensor) -> torch.Tensor:
+               emb: torch.Tensor, group: int = 16) -> torch.Tensor:
         """Draft many blocks of one sequence at once.
 
         kv: context_kv of the sequence; anchors [N] (int, the anchor position of each block);
         emb [N, B, H]: target embeddings of [anchor token, MASK x (B-1)].
         Block n's queries see context keys at positions < anchors[n] plus their own block (bidirectional).
         Returns norm(h) [N, B, H].
+
+        Attention is one fused SDPA call per layer: blocks are taken `group` at a time (S groups), each
+        group's queries [g*G*B] attend over [context keys ; the group's block keys] of one KV head, with an
+        additive mask that keeps block n to keys < anchors[n] and to its own block. GQA is folded into the
+        query rows, so K/V are never repeated per query head; scores never leave the kernel.
         """
         c = self.c
         N, B, _ = emb.shape
-        nkv, g = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads
-        anchors = anchors.to(self.device)
-        L = int(anchors.max())                                     # context keys any block can see
-        qpos = anchors[:, None] + torch.arange(B, device=self.device)  # [N, B]
-        cos, sin = self.rope(qpos)                                  # [N, B, hd]
-        kpos = torch.arange(L, device=self.device)
-        vis = kpos[None, None, :] < anchors[:, None, None]          # [N, 1, L]
-        h = emb.to(self.dtype)
-        scale = c.head_dim ** -0.5
+        nkv, g, hd = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim
+        dev = self.device
+        G = max(1, min(group, N))                                  # blocks per attention group
+        S = -(-N // G)                                             # groups
+        anchors = anchors.to(dev)
+        h = emb.to(dev, self.dtype)
+        if S * G > N:                                              # pad with copies of the last block
+            pad = S * G - N
+            anchors = torch.cat([anchors, anchors[-1:].expand(pad)])
+            h = torch.cat([h, h[-1:].expand(pad, -1, -1)])
+        T = kv[0][0].shape[1]
+        L = min(T, -(-int(anchors.max()) // 16) * 16)              # context keys any block can see (x16)
+        qpos = anchors[:, None] + torch.arange(B, device=dev)      # [N', B]
+        cos, sin = self.rope(qpos)                                 # [N', B, hd]
+        masks = {w: self._attn_mask(anchors, qpos, L, S, G, g, w) for w in {self._window(i) for i in
+                                                                            range(c.num_hidden_layers)}}
         for i in range(c.num_hidden_layers):
             p = f"layers.{i}."
             x = rmsnorm(h, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
-            q = self._q(i, x, cos, sin).unflatten(1, (nkv, g))      # [N, nkv, g, B, hd]
-            kb, vb = self._kv(i, x, cos, sin)                       # [N, nkv, B, hd]
-            kc, vc = (t[:, :L] for t in kv[i])                      # [nkv, L, hd]
-            s_ctx = torch.einsum("nkgbd,kld->nkgbl", q, kc).float() * scale    # [N, nkv, g, B, L]
-            s_blk = torch.einsum("nkgbd,nkcd->nkgbc", q, kb).float() * scale   # [N, nkv, g, B, B]
-            m_ctx = vis[:, None, None]                              # [N, 1, 1, 1|B, L]
-            w = self._window(i)
-            if w:
-                m_ctx = m_ctx & ((qpos[:, :, None] - kpos[None, None, :]) < w)[:, None, None]
-                m_blk = ((qpos[:, :, None] - qpos[:, None, :]) < w)[:, None, None]
-                s_blk = s_blk.masked_fill(~m_blk, float("-inf"))
-            s_ctx = s_ctx.masked_fill(~m_ctx, float("-inf"))
-            a = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1), dim=-1).to(self.dtype)
-            o = torch.einsum("nkgbl,kld->nkgbd", a[..., :L], vc) + torch.einsum("nkgbc,nkcd->nkgbd", a[..., L:], vb)
-            o = o.flatten(1, 2).transpose(1, 2).flatten(2)          # [N, B, nh*hd]
+            q = self._q(i, x, cos, sin)                            # [N', nh, B, hd]
+            q = q.view(S, G, nkv, g, B, hd).permute(0, 2, 3, 1, 4, 5).reshape(S, nkv, g * G * B, hd)
+            kb, vb = (t.view(S, G, nkv, B, hd).transpose(1, 2).reshape(S, nkv, G * B, hd)
+                      for t in self._kv(i, x, cos, sin))           # [S, nkv, G*B, hd]
+            kc, vc = (t[:, :L].expand(S, nkv, L, hd) for t in kv[i])
+            k, v = torch.cat([kc, kb], 2), torch.cat([vc, vb], 2)  # [S, nkv, L+G*B, hd]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=masks[self._window(i)])
+            o = o.view(S, nkv, g, G, B, hd).permute(0, 3, 4, 1, 2, 5).reshape(S * G, B, nkv * g * hd)
             h = h + self._lin(o, p + "self_attn.o_proj")
             h = h + self._mlp(i, rmsnorm(h, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps))
-        return rmsnorm(h, self.w["norm.weight"], c.rms_norm_eps)
+        return rmsnorm(h, self.w["norm.weight"], c.rms_norm_eps)[:N]
+
+    def _attn_mask(self, anchors, qpos, L: int, S: int, G: int, g: int, window: int | None) -> torch.Tensor:
+        """Additive mask [S, 1, g*G*B, L+G*B] (0 or -inf) of the grouped attention in `blocks`."""
+        B, dev = qpos.shape[1], qpos.device
+        kpos = torch.arange(L, device=dev)
+        a, qp = anchors.view(S, G), qpos.view(S, G, B)
+        ok_ctx = (kpos < a[:, :, None, None]).expand(S, G, B, L)              # [S, G, B, L]
+        ok_blk = torch.eye(G, dtype=torch.bool, device=dev)[None, :, None, :, None].expand(S, G, B, G, B)
+        if window:
+            ok_ctx = ok_ctx & ((qp[..., None] - kpos) < window)
+            ok_blk = ok_blk & ((qp[:, :, :, None, None] - qp[:, None, None, :, :]) < window)
+        ok = torch.cat([ok_ctx, ok_blk.reshape(S, G, B, G * B)], -1)          # [S, G, B, L+G*B]
+        ok = ok.reshape(S, 1, 1, G * B, -1).expand(S, 1, g, G * B, L + G * B).reshape(S, 1, g * G * B, -1)
+        return torch.zeros(ok.shape, dtype=self.dtype, device=dev).masked_fill_(~ok, float("-inf"))
 
     # -- reference path -------------------------------------------------------
 

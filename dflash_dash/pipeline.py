@@ -239,17 +239,23 @@ def extract(store: Store, target: str, set_name: str, layer_ids: list[int], devi
                                   versions=vers | {"fla_bound": backend == "fla"}, config_hash=info.config_hash))
     meta = dict(extraction=extraction_id, target=info.path, config_hash=info.config_hash, layer_ids=layer_ids,
                 device=device, dtype=dtype, backend=backend, **vers)
-    for i, r in enumerate(rows):
-        if r["prompt_id"] in done:
-            continue
-        ids = torch.tensor(r["prompt_ids"] + r["output_ids"])
-        if int(ids.max()) >= info.vocab_size:
-            raise InputError(f"prompt {r['prompt_id']!r}: token id {int(ids.max())} is outside the target's "
-                             f"vocabulary ({info.vocab_size}); wrong target for this completion set?")
-        feats = target_mod.extract(model, ids, layer_ids)
-        f = cache.write(features_root(store), extraction_id, r["prompt_id"], feats, meta)
-        store.add_item(extraction_id, r["prompt_id"], len(ids), str(f))
-        _tick(progress, i + 1, len(rows), f"extracted {r['prompt_id']} ({len(ids)} tokens)")
+    def todo():  # (key, ids) of the prompts left, checked one by one as the extraction reaches them
+        for i, r in enumerate(rows):
+            if r["prompt_id"] in done:
+                continue
+            ids = torch.tensor(r["prompt_ids"] + r["output_ids"])
+            if int(ids.max()) >= info.vocab_size:
+                raise InputError(f"prompt {r['prompt_id']!r}: token id {int(ids.max())} is outside the target's "
+                                 f"vocabulary ({info.vocab_size}); wrong target for this completion set?")
+            yield (i, r["prompt_id"], len(ids)), ids
+
+    def write(key, feats):
+        return cache.write(features_root(store), extraction_id, key[1], feats, meta)
+
+    # device forwards overlap the previous prompts' copies and file writes (target.extract_stream)
+    for (i, pid, n), f in target_mod.extract_stream(model, todo(), layer_ids, write):
+        store.add_item(extraction_id, pid, n, str(f))
+        _tick(progress, i + 1, len(rows), f"extracted {pid} ({n} tokens)")
     store.set_status("extractions", extraction_id, "done")
     return extraction_id
 

@@ -9,6 +9,7 @@ reproduces a greedy speculative decoder: anchor P first, then anchor += accepted
 from __future__ import annotations
 
 import heapq
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -43,21 +44,78 @@ def _embed_blocks(drafter: Drafter, head: Head, tokens: torch.Tensor, anchors: t
     return head.embed[ids].to(drafter.device, drafter.dtype)
 
 
+HEAD_ROWS = 2048  # rows of the LM head computed at once: bounds the [rows, V] logits buffer
+
+
+def _lse_triton():
+    """A Triton kernel: row-wise log-sum-exp of [R, V] logits in one read, fp32 math (built on first use)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def lse_rows(x_ptr, out_ptr, stride, V: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        m = tl.full([BLOCK], -1e30, tl.float32)   # running max per lane (finite: no inf - inf)
+        s = tl.zeros([BLOCK], tl.float32)         # running sum of exp(x - m) per lane
+        for off in range(0, V, BLOCK):
+            cols = off + tl.arange(0, BLOCK)
+            x = tl.load(x_ptr + row * stride + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            m2 = tl.maximum(m, x)
+            s = s * tl.exp(m - m2) + tl.exp(x - m2)
+            m = m2
+        mx = tl.max(m, 0)
+        tl.store(out_ptr + row, mx + tl.log(tl.sum(s * tl.exp(m - mx), 0)))
+
+    def lse(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+        lse_rows[(x.shape[0],)](x, out, x.stride(0), V=x.shape[1], BLOCK=4096, num_warps=8)
+        return out
+    return lse
+
+
+_LSE: list = []  # [the built Triton log-sum-exp, or None where Triton cannot run]
+
+
+def logsumexp(x: torch.Tensor) -> torch.Tensor:
+    """Row-wise log-sum-exp of logits [R, V] in fp32: one-pass Triton kernel on CUDA, torch elsewhere."""
+    if x.is_cuda and x.stride(1) == 1:
+        if not _LSE:
+            try:
+                _LSE.append(_lse_triton())
+            except Exception:  # noqa: BLE001  (no Triton here: the torch path below is exact too)
+                _LSE.append(None)
+        if _LSE[0] is not None:
+            return _LSE[0](x)
+    return torch.logsumexp(x.float(), -1)
+
+
 def _head(drafter: Drafter, head: Head, h: torch.Tensor, topk: int):
-    """Normed block states [N, B, H] -> argmax [N, B-1], top-k ids and log-probs [N, B-1, k] (on CPU)."""
-    logits = (h[:, 1:] @ head.lm_head.to(h.device, h.dtype).T).float()   # [N, B-1, V]
-    drafts = logits.argmax(-1)
+    """Normed block states [N, B, H] -> argmax [N, B-1], top-k ids and log-probs [N, B-1, k] (on h's device).
+
+    Rows go through the LM head HEAD_ROWS at a time and the logits stay in the model dtype (no fp32
+    copy of [rows, V]): argmax and top-k read them directly; log p = logit - logsumexp(logits) in fp32.
+    """
+    N, B1 = h.shape[0], h.shape[1] - 1
+    x = h[:, 1:].reshape(N * B1, -1)
+    w = head.lm_head.to(h.device, h.dtype)
+    drafts, ids, logp = [], [], []
+    for r in range(0, x.shape[0], HEAD_ROWS):
+        logits = x[r:r + HEAD_ROWS] @ w.T                                   # [R, V]
+        drafts.append(logits.argmax(-1))
+        if topk:
+            top = logits.topk(topk, dim=-1)
+            ids.append(top.indices)
+            logp.append(top.values.float() - logsumexp(logits)[:, None])
+    drafts = torch.cat(drafts).view(N, B1)
     if topk:
-        lp = torch.log_softmax(logits, -1)
-        top = lp.topk(topk, dim=-1)
-        ids, logp = top.indices, top.values
-    else:
-        ids = logp = torch.empty(*drafts.shape, 0)
-    return drafts.cpu(), ids.cpu(), logp.cpu()
+        return drafts, torch.cat(ids).view(N, B1, topk), torch.cat(logp).view(N, B1, topk)
+    empty = torch.empty(N, B1, 0, device=h.device)
+    return drafts, empty.long(), empty
 
 
 def _stack(parts) -> Drafts:
-    return Drafts(*(torch.cat([p[i] for p in parts]) for i in range(3)))
+    """Concatenate per-chunk (drafts, ids, logp) and copy them to the CPU once."""
+    return Drafts(*(torch.cat([p[i] for p in parts]).cpu() for i in range(3)))
 
 
 @torch.inference_mode()
@@ -65,7 +123,7 @@ def draft_all(drafter: Drafter, head: Head, features: torch.Tensor, tokens: torc
               topk: int = 0, chunk: int = 64) -> Drafts:
     """Every-anchor drafts of one sequence: context K/V once, then `chunk` blocks per batched call."""
     T = len(tokens)
-    kv = drafter.context_kv(features)
+    kv = drafter.context_kv(features.to(drafter.device))
     parts = []
     for s in range(prompt_len, T, chunk):
         anchors = torch.arange(s, min(s + chunk, T))
@@ -257,11 +315,19 @@ class Sequence:
 
 def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chunk: int = 64,
         progress: Callable[[int, int], None] | None = None) -> tuple[list[PromptResult], dict]:
-    """Replay every sequence (every-anchor, batched) and summarise."""
-    results = []
-    for i, s in enumerate(seqs):
-        d = draft_all(drafter, head, s.features, s.tokens, s.prompt_len, topk=budget, chunk=chunk)
-        results.append(score(s.id, d, s.tokens.numpy(), s.prompt_len, budget))
-        if progress:
-            progress(i + 1, len(seqs))
+    """Replay every sequence (every-anchor, batched) and summarise.
+
+    Scoring (CPU: acceptance, chain and DDTree walks) of sequence i runs on a worker thread while the
+    device drafts sequence i+1; results come back in input order.
+    """
+    with ThreadPoolExecutor(1) as pool:
+        futures = []
+        for i, s in enumerate(seqs):
+            d = draft_all(drafter, head, s.features, s.tokens, s.prompt_len, topk=budget, chunk=chunk)
+            futures.append(pool.submit(score, s.id, d, s.tokens.numpy(), s.prompt_len, budget))
+            if i:
+                futures[i - 1].result()  # at most one sequence scoring behind; its errors surface here
+            if progress:
+                progress(i + 1, len(seqs))
+        results = [f.result() for f in futures]
     return results, summarize(results, drafter.c.block_size, budget)

@@ -4,6 +4,7 @@ Contract (SPEC 5):
   - `extract(model, ids, layer_ids)` returns features [T, K*H]: the OUTPUT of decoder layer l for each l
     (Hugging Face `output_hidden_states[l+1]`), concatenated in listed order. The model is loaded cut
     after the last needed layer (`load(..., layer_ids)`), and no LM head is ever applied.
+    `extract_stream` does the same for many sequences, overlapping device work with copies and writes.
   - Kernel backend: fla kernels when CUDA is used and fla imports, otherwise the torch reference path
     is FORCED (transformers binds fla at import whenever fla imports, also on a CPU machine, where it
     fails). `use_backend` returns what is really bound, which is recorded with every extraction.
@@ -15,8 +16,12 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -194,6 +199,57 @@ def extract(decoder, ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
         for h in hooks:
             h.remove()
     return torch.cat([got[l] for l in layer_ids], dim=-1)
+
+
+def extract_stream(decoder, items: Iterable[tuple[Any, torch.Tensor]], layer_ids: list[int],
+                   write: Callable[[Any, torch.Tensor], Any], depth: int = 2) -> Iterator[tuple[Any, Any]]:
+    """Extract many sequences, overlapping the device's forwards with host copies and file writes.
+
+    items: (key, ids [T]) pairs; for each, `extract` runs on the device, its features are copied into
+    pinned host memory on a side CUDA stream, and `write(key, feats [T, K*H] on the CPU)` runs on a writer
+    thread while the device computes the next sequences. Yields (key, write's result) in input order,
+    with at most `depth` writes in flight. Features equal `extract`'s. An error raised while pulling the
+    next item comes after every earlier item has been yielded.
+    """
+    dev = next(decoder.parameters()).device
+    side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+    pending: deque = deque()
+    with ThreadPoolExecutor(depth) as pool:
+        it = iter(items)
+        while True:
+            try:
+                key, ids = next(it)
+            except StopIteration:
+                break
+            except BaseException:
+                while pending:
+                    k, fut = pending.popleft()
+                    yield k, fut.result()
+                raise
+            feats = extract(decoder, ids, layer_ids)
+            if side is not None:  # async D2H into pinned memory; the writer waits on the copy's event
+                host = torch.empty(feats.shape, dtype=feats.dtype, pin_memory=True)
+                side.wait_stream(torch.cuda.current_stream(dev))
+                with torch.cuda.stream(side):
+                    host.copy_(feats, non_blocking=True)
+                    copied = torch.cuda.Event()
+                    copied.record(side)
+                feats.record_stream(side)
+                job = partial(_write_after, copied, write, key, host)
+            else:
+                job = partial(write, key, feats)
+            pending.append((key, pool.submit(job)))
+            if len(pending) >= depth:
+                k, fut = pending.popleft()
+                yield k, fut.result()
+        while pending:
+            k, fut = pending.popleft()
+            yield k, fut.result()
+
+
+def _write_after(event, write, key, host):
+    event.synchronize()
+    return write(key, host)
 
 
 def versions() -> dict:

@@ -1,0 +1,180 @@
+"""Performance paths (issue 6) compute the same function as the plain ones.
+
+Each optimisation of the core keeps a test here: grouped SDPA attention of `Drafter.blocks` against the
+one-block reference `Drafter.block`; the chunked LM head with the one-pass log-sum-exp against a plain
+log_softmax + top-k (the Triton kernel itself runs in Triton's interpreter on the CPU); scoring on a
+worker thread against scoring in line; and the overlapped extraction stream against `extract` per item.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dflash_dash import drafter as dr, replay as rp, target as tg, tiny
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def random_head(V=512, H=64, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return rp.Head(torch.randn(V, H, generator=g).to(dtype), torch.randn(V, H, generator=g).to(dtype))
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    return tiny.write_target(tmp_path_factory.mktemp("perf") / "target", tiny.TinyTarget(seed=7))
+
+
+# ---------------------------------------------------------------------------
+# Drafter.blocks: grouped SDPA == one block at a time
+
+
+@pytest.mark.parametrize("types,window", [
+    (["full_attention", "full_attention"], None),
+    (["sliding_attention", "full_attention"], 4),
+])
+@pytest.mark.parametrize("group", [1, 2, 3, 16])
+def test_blocks_grouped_equals_one_block(tmp_path, types, window, group):
+    m = dr.load(tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(layer_types=types, sliding_window=window,
+                                                                   seed=5)))
+    g = torch.Generator().manual_seed(group)
+    T = 41
+    feats = torch.randn(T, 128, generator=g)
+    anchors = torch.tensor([30, 9, 12, 1, 37, 20, 21])      # unsorted, gaps, 7 blocks (not a multiple of 2, 3)
+    emb = torch.randn(len(anchors), 4, 64, generator=g)
+    with torch.no_grad():
+        got = m.blocks(m.context_kv(feats), anchors, emb, group=group)
+        want = torch.stack([m.block(feats, int(p), e) for p, e in zip(anchors, emb)])
+    assert got.shape == want.shape == (7, 4, 64)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_blocks_gradients_do_not_depend_on_grouping(tmp_path):
+    """The demo trains through `blocks`: grouping and its padding must not change the gradients."""
+    ck = tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(seed=2))
+    g = torch.Generator().manual_seed(0)
+    feats, emb = torch.randn(30, 128, generator=g), torch.randn(5, 4, 64, generator=g)
+    anchors = torch.tensor([4, 17, 9, 25, 11])
+    grads = []
+    for group in (1, 3):
+        m = dr.load(ck)
+        for t in m.w.values():
+            t.requires_grad_(True)
+        loss = m.blocks(m.context_kv(feats), anchors, emb, group=group).square().mean()
+        loss.backward()
+        grads.append(torch.cat([t.grad.flatten() for t in m.w.values()]))
+    assert grads[0].abs().sum() > 0 and torch.isfinite(grads[0]).all()
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# LM head: row chunks, no fp32 logits copy, log p = logit - logsumexp
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_chunks_equal_plain_log_softmax(monkeypatch, dtype):
+    head = random_head(V=700, H=32, dtype=dtype)
+    h = torch.randn(6, 5, 32, generator=torch.Generator().manual_seed(3)).to(dtype)
+    monkeypatch.setattr(rp, "HEAD_ROWS", 7)                  # 24 rows in 4 uneven chunks
+    drafts, ids, logp = rp._head(None, head, h, topk=5)
+    logits = (h[:, 1:] @ head.lm_head.T).float()             # the plain formulation
+    lp = torch.log_softmax(logits, -1)
+    assert torch.equal(drafts, logits.argmax(-1))
+    top = lp.topk(5, dim=-1)
+    assert torch.equal(ids, top.indices)
+    torch.testing.assert_close(logp, top.values, rtol=0, atol=1e-5)
+    d0, i0, l0 = rp._head(None, head, h, topk=0)
+    assert torch.equal(d0, drafts) and i0.shape == l0.shape == (6, 4, 0)
+
+
+def test_triton_logsumexp_matches_torch_in_interpreter():
+    """The CUDA kernel's code, run by Triton's CPU interpreter, against torch.logsumexp in fp32."""
+    code = (
+        "import torch\n"
+        "from dflash_dash import replay as rp\n"
+        "lse = rp._lse_triton()\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "for V, dt in ((5000, torch.bfloat16), (4096, torch.float32), (37, torch.float32)):\n"
+        "    x = (torch.randn(3, V, generator=g) * 4).to(dt)\n"
+        "    x[1, 5] = 60.0\n"                                         # one dominant logit
+        "    got, want = lse(x), torch.logsumexp(x.float(), -1)\n"
+        "    assert got.dtype == torch.float32, got.dtype\n"
+        "    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------------
+# replay.run: scoring on a worker thread == scoring in line
+
+
+def test_run_scores_in_order_like_a_plain_loop(tmp_path):
+    m = dr.load(tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(seed=4)))
+    head = random_head()
+    g = torch.Generator().manual_seed(9)
+    seqs = [rp.Sequence(f"s{i}", torch.randint(0, 512, (T,), generator=g), P, torch.randn(T, 128, generator=g))
+            for i, (T, P) in enumerate([(30, 5), (18, 9), (25, 3), (12, 11)])]
+    seen = []
+    results, summary = rp.run(m, head, seqs, budget=3, chunk=4, progress=lambda i, n: seen.append((i, n)))
+    want = [rp.score(s.id, rp.draft_all(m, head, s.features, s.tokens, s.prompt_len, topk=3, chunk=4),
+                     s.tokens.numpy(), s.prompt_len, 3) for s in seqs]
+    assert [r.id for r in results] == ["s0", "s1", "s2", "s3"]
+    assert [vars(r) for r in results] == [vars(w) for w in want]
+    assert summary == rp.summarize(want, m.c.block_size, 3)
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
+
+
+# ---------------------------------------------------------------------------
+# target.extract_stream == extract + write per item
+
+
+def test_extract_stream_equals_extract(target_dir):
+    ids_list = [torch.randint(0, 512, (T,), generator=torch.Generator().manual_seed(T)) for T in (23, 7, 40, 16)]
+    dec, _ = tg.load(target_dir, [1, 4], "cpu")
+    written = {}
+
+    def write(key, feats):
+        written[key] = feats.clone()
+        return f"file-{key}"
+
+    got = list(tg.extract_stream(dec, enumerate(ids_list), [1, 4], write, depth=2))
+    assert got == [(i, f"file-{i}") for i in range(4)]
+    for i, ids in enumerate(ids_list):
+        torch.testing.assert_close(written[i], tg.extract(dec, ids, [1, 4]), rtol=0, atol=0)
+
+
+def test_extract_stream_yields_earlier_items_before_an_input_error(target_dir):
+    dec, _ = tg.load(target_dir, [2], "cpu")
+
+    def items():
+        yield "a", torch.arange(10)
+        yield "b", torch.arange(5)
+        raise ValueError("bad prompt c")
+
+    got = []
+    with pytest.raises(ValueError, match="bad prompt c"):
+        for key, res in tg.extract_stream(dec, items(), [2], lambda k, f: f.shape, depth=3):
+            got.append((key, tuple(res)))
+    assert got == [("a", (10, 64)), ("b", (5, 64))]
+
+
+def test_extract_stream_write_error_surfaces(target_dir):
+    dec, _ = tg.load(target_dir, [2], "cpu")
+
+    def write(key, feats):
+        if key == 1:
+            raise OSError("disk full")
+        return key
+
+    with pytest.raises(OSError, match="disk full"):
+        list(tg.extract_stream(dec, enumerate([torch.arange(6)] * 3), [2], write))
+
