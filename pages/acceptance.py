@@ -66,7 +66,7 @@ def token_view(ws: str, run: dict, row: dict, comp: dict) -> None:
     c[0].caption("committed / rounds")
     c[1].metric("rounds", len(tr.rounds))
     c[2].metric("completion tokens", len(row["accepted_at"]))
-    c[3].metric(f"DDTree-{run['tree_budget']} tau", views.fmt(row["tree_tau"]))
+    c[3].metric(f"DDTree-{run['tree_budget']} tau (this prompt)", views.fmt(row["tree_tau"]))
     c[3].caption("committed / rounds of the tree walk")
     c[4].metric("rejections", sum(r is not None for r in tr.rejected))
     with st.expander("prompt"):

@@ -77,7 +77,7 @@ def prepared(tmp_path_factory) -> Prepared:
     tiny.write_tokenizer(target, vocab_size=512)
     train = models / "train"
     da = tiny.write_drafter(train / "epoch_0_step_100", tiny.TinyDrafter(seed=1))
-    db = tiny.write_drafter(train / "epoch_1_step_200", tiny.TinyDrafter(seed=2))
+    db = tiny.write_drafter(train / "epoch_1_step_200", tiny.TinyDrafter(seed=2, rope_theta=20000.0))
     tok = AutoTokenizer.from_pretrained(target)
 
     def enc(s: str) -> list[int]:

@@ -1,0 +1,253 @@
+"""Every dashboard page through streamlit.testing AppTest on the prepared workspace (and on an empty one).
+
+Jobs started from buttons are real processes; the tests poll the store with a deadline."""
+from __future__ import annotations
+
+import html
+import re
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from dflash_dash import pipeline, views
+from dflash_dash.store import Store
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+PAGES = ["acceptance", "compare", "completions", "extraction", "diagnostics"]
+
+
+def app(ws: Path, monkeypatch, page: str | None = None, **params) -> AppTest:
+    monkeypatch.setenv("DFLASH_WORKSPACE", str(ws))
+    at = AppTest.from_file(APP, default_timeout=90)
+    at.run()
+    if page:
+        at.switch_page(f"pages/{page}.py")
+    for k, v in params.items():
+        at.query_params[k] = v
+    return at.run()
+
+
+def clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def htmls(at: AppTest) -> list[str]:
+    return [h.proto.body for h in at.get("html")]
+
+
+def visible_text(view: str) -> str:
+    """The text a token view shows for its tokens (rejected drafts and depth superscripts left out)."""
+    body = view[view.index('<div class="dfv">'):]
+    body = re.sub(r'<span class="dfv-rej"[^>]*>.*?</span>|<sup>\d+</sup>|<br>', "", body)
+    return html.unescape(re.sub(r"<[^>]+>", "", body)).replace("↵", "\n").replace("⇥", "")
+
+
+def by_label(widgets, prefix: str):
+    got = [w for w in widgets if w.label.startswith(prefix)]
+    assert got, f"no widget labelled {prefix!r}: {[w.label for w in widgets]}"
+    return got[0]
+
+
+def wait_job(ws: Path, kind: str, timeout: float = 180.0) -> dict:
+    st = Store(ws)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        jobs = [j for j in st.jobs() if j["kind"] == kind]
+        if jobs and jobs[0]["status"] not in ("queued", "running"):
+            return jobs[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no {kind} job finished within {timeout} s: {st.jobs()}")
+
+
+# ---------------------------------------------------------------------------
+# every page
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_without_errors(prepared, monkeypatch, page):
+    at = app(prepared.workspace, monkeypatch, page)
+    clean(at)
+    assert [t.value for t in at.title] == [page.capitalize()]
+
+
+def test_sidebar_shows_workspace_server_and_jobs(prepared, monkeypatch):
+    # AppTest keeps the sidebar of an st.navigation app on the first run only, so look there
+    monkeypatch.setenv("DFLASH_WORKSPACE", str(prepared.workspace))
+    at = AppTest.from_file(APP, default_timeout=90).run()
+    clean(at)
+    assert [t.value for t in at.title] == ["Acceptance"]
+    assert str(prepared.workspace.resolve()) in " ".join(c.value for c in at.sidebar.code)
+    md = " ".join(m.value for m in at.sidebar.markdown)
+    assert "Server" in md and "not ready" in md  # nothing listens on the default URL
+    assert "no running jobs" in " ".join(c.value for c in at.sidebar.caption)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_empty_workspace_says_what_to_do(tmp_path, monkeypatch, page):
+    at = app(tmp_path / "empty", monkeypatch, page)
+    clean(at)
+    assert at.info, "an empty page must say what to do next"
+    text = " ".join(i.value for i in at.info)
+    assert any(w in text for w in ("Fetch", "fetch", "Extract", "extract", "replay", "Replay"))
+
+
+# ---------------------------------------------------------------------------
+# acceptance
+
+
+def test_acceptance_metrics_and_formulas_match_the_store(prepared, monkeypatch):
+    st = Store(prepared.workspace)
+    for rid in prepared.runs:
+        s = st.run_row(rid)["summary"]
+        at = app(prepared.workspace, monkeypatch, "acceptance", run=rid)
+        clean(at)
+        m = {x.label: x.value for x in at.metric}
+        assert m["tau (macro)"] == views.fmt(s["tau_macro"])
+        assert m["tau (pooled)"] == views.fmt(s["tau_pooled"])
+        assert m["every-anchor tau"] == views.fmt(s["every_anchor_tau"])
+        assert m[f"DDTree-{s['tree_budget']} tau"] == views.fmt(s["ddtree_tau"])
+        captions = " ".join(c.value for c in at.caption)
+        for _, _, formula in views.METRICS[:3]:
+            assert formula in captions
+        assert at.query_params["run"] == rid
+        # backend shown, with the torch-path warning
+        assert any(f"backend **{st.extraction(prepared.extraction)['backend']}**" in c.value for c in at.caption)
+        assert any("torch-path" in w.value for w in at.warning) == (s["backend"] == "torch")
+
+
+def test_acceptance_url_opens_the_prompt_and_escapes_untrusted_text(prepared, monkeypatch):
+    at = app(prepared.workspace, monkeypatch, "acceptance", run=prepared.runs[1], prompt=prepared.script_id)
+    clean(at)
+    assert by_label(at.selectbox, "prompt").value == prepared.script_id
+    view = next(h for h in htmls(at) if 'class="dfv"' in h and "pos " in h)
+    assert "<script" not in view and "<img" not in view
+    assert "<script>window.__pwned = 1; alert(1)</script>" in visible_text(view)
+    row = Store(prepared.workspace).run_prompts(prepared.runs[1])
+    n = len(next(r for r in row if r["prompt_id"] == prepared.script_id)["accepted_at"])
+    assert view.count('title="pos ') == n
+    # choosing another prompt updates the URL
+    by_label(at.selectbox, "prompt").set_value("drafted").run()
+    clean(at)
+    assert at.query_params["prompt"] == "drafted"
+
+
+def test_acceptance_table_sorted_by_tau(prepared, monkeypatch):
+    at = app(prepared.workspace, monkeypatch, "acceptance", run=prepared.runs[0])
+    df = at.dataframe[1].value if len(at.dataframe) > 1 else at.dataframe[0].value
+    taus = [t for t in df["tau"].tolist()]
+    assert taus == sorted(taus) and len(taus) == 3
+
+
+def test_replay_button_starts_a_job_that_adds_a_run(prepared, workspace_copy, monkeypatch):
+    at = app(workspace_copy, monkeypatch, "acceptance")
+    by_label(at.text_input, "checkpoint folder").input(str(prepared.drafters[1]))
+    by_label(at.button, "Replay").click().run()
+    clean(at)
+    job = wait_job(workspace_copy, "replay")
+    assert job["status"] == "done", job
+    assert job["args"]["drafter"] == str(prepared.drafters[1])
+    runs = Store(workspace_copy).runs()
+    assert len(runs) == 3 and runs[-1]["id"] == job["result"]["run"]
+    at.run()
+    assert at.query_params["run"] in {r["id"] for r in runs}
+
+
+# ---------------------------------------------------------------------------
+# compare
+
+
+def test_compare_by_url_shows_both_checkpoints(prepared, monkeypatch):
+    a, b = prepared.runs
+    at = app(prepared.workspace, monkeypatch, "compare", a=a, b=b)
+    clean(at)
+    assert at.query_params["a"] == a and at.query_params["b"] == b
+    st = Store(prepared.workspace)
+    names = [st.run_row(r)["name"] for r in (a, b)]
+    md = " ".join(m.value for m in at.markdown)
+    assert all(n in md for n in names)
+    cap = " ".join(c.value for c in at.caption)
+    assert all(str(p) in cap for p in prepared.drafters)
+    # the two token views, with differing positions outlined
+    views_ = [h for h in htmls(at) if 'title="pos ' in h]
+    assert len(views_) == 2
+    assert "keys differ" in cap
+    cfg = at.dataframe[-1].value
+    cfg = cfg.data if hasattr(cfg, "data") else cfg
+    assert cfg.set_index("key").loc["rope_theta", "differs"] == "≠"
+    assert cfg.set_index("key").loc["block_size", "differs"] == ""
+
+
+def test_sweep_section_plots_runs_of_the_folder(prepared, monkeypatch):
+    at = app(prepared.workspace, monkeypatch, "compare", sweep=str(prepared.train))
+    clean(at)
+    links = [m.value for m in at.markdown if "open in Acceptance" in m.value]
+    assert len(links) == 2 and "step 100" in links[0] and "step 200" in links[1]
+    assert all(f"acceptance?run={r}" in " ".join(links) for r in prepared.runs)
+
+
+# ---------------------------------------------------------------------------
+# completions, extraction, diagnostics
+
+
+def test_completions_table_and_escaped_text(prepared, monkeypatch):
+    at = app(prepared.workspace, monkeypatch, "completions", set=prepared.set_name, prompt=prepared.script_id)
+    clean(at)
+    df = at.dataframe[0].value
+    comps = Store(prepared.workspace).completions(prepared.set_name)
+    assert sorted(df["prompt"]) == sorted(c["prompt_id"] for c in comps)
+    assert dict(zip(df["prompt"], df["completion_tokens"])) == {c["prompt_id"]: len(c["output_ids"]) for c in comps}
+    body = " ".join(htmls(at))
+    assert "&lt;script&gt;window.__pwned" in body and "<script" not in body
+    assert by_label(at.button, "Fetch")
+
+
+def test_reextract_button_adds_an_extraction(prepared, workspace_copy, monkeypatch):
+    at = app(workspace_copy, monkeypatch, "extraction")
+    clean(at)
+    buttons = [b for b in at.button if b.label == "Re-extract"]
+    assert len(buttons) == 1
+    assert "extract (the server is not touched)" in at.code[0].value
+    buttons[0].click().run()
+    clean(at)
+    job = wait_job(workspace_copy, "extract")
+    assert job["status"] == "done", job
+    old = Store(prepared.workspace).extraction(prepared.extraction)
+    assert job["args"]["layers"] == old["layer_ids"] and job["args"]["target"] == old["target_path"]
+    exs = Store(workspace_copy).extractions()
+    assert len(exs) == 2 and exs[-1]["id"] == job["result"]["extraction"] and exs[-1]["status"] == "done"
+    at.run()
+    assert len([b for b in at.button if b.label == "Re-extract"]) == 2
+    assert set(at.dataframe[0].value["id"]) == {e["id"] for e in exs}
+
+
+def test_orchestration_shows_commands_from_config(prepared, workspace_copy, monkeypatch):
+    (workspace_copy / "config.toml").write_text(
+        '[server]\nurl = "http://127.0.0.1:9"\nstop_command = ["systemctl", "--user", "stop", "sglang"]\n'
+        'start_command = "systemctl --user start sglang"\n')
+    at = app(workspace_copy, monkeypatch, "extraction")
+    at.radio(key="orch").set_value("command").run()
+    clean(at)
+    plan = at.code[0].value
+    assert "stop: systemctl --user stop sglang" in plan and "start: systemctl --user start sglang" in plan
+    assert plan.index("stop:") < plan.index("extract") < plan.index("start:")
+    at.radio(key="orch").set_value("release").run()
+    assert "POST http://127.0.0.1:9/release_memory_occupation" in at.code[0].value
+
+
+def test_diagnostics_parity_consistency_and_errors(prepared, workspace_copy, monkeypatch):
+    st = Store(workspace_copy)
+    ex = st.extraction(prepared.extraction)
+    again = pipeline.extract(st, ex["target_path"], ex["set_name"], ex["layer_ids"], "cpu", "float32")
+    at = app(workspace_copy, monkeypatch, "diagnostics", a=again, b=ex["id"])
+    clean(at)
+    df = at.dataframe[0].value
+    assert list(df["layer"]) == ex["layer_ids"]
+    assert all(abs(v) < 1e-6 for v in df["relative L2"]) and all(abs(v - 1) < 1e-6 for v in df["cosine"])
+    cons = at.dataframe[2].value if len(at.dataframe) > 2 else None
+    assert cons is not None and "target layer ids" in list(cons["check"])
+    by_label(at.text_input, "drafter checkpoint folder").input(str(workspace_copy / "nope")).run()
+    assert not at.exception
+    assert any("no config.json" in e.value for e in at.error)

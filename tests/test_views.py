@@ -1,0 +1,317 @@
+"""views (token roles, escaped HTML, figures, tables), parity and the sweep operation/CLI."""
+from __future__ import annotations
+
+import html
+import re
+import shutil
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from dflash_dash import cache, cli, parity, pipeline, replay, tiny, views
+from dflash_dash.store import Store
+
+
+# ---------------------------------------------------------------------------
+# escaping
+
+
+def test_esc_makes_markup_and_control_characters_inert_and_visible():
+    s = '<script>alert("x")</script>\n\tA & B\x01\x7f\u2028'
+    out = views.esc(s)
+    assert "<script" not in out and "</script" not in out
+    assert "&lt;script&gt;" in out and "&quot;x&quot;" in out and "&amp;" in out
+    assert out.count("↵<br>") == 1 and "⇥" in out
+    assert "\\x01" in out and "\\x7f" in out and "\\u2028" in out
+    assert "\x01" not in out and "\x7f" not in out
+    # the only tag left is the <br> we add for the newline
+    assert re.findall(r"<[a-z/][^>]*>", out) == ["<br>"]
+
+
+def test_vocab_without_tokenizer_shows_ids(tmp_path):
+    v = views.load_vocab(str(tmp_path))
+    assert v.tok is None
+    assert v.strings([5, 17, 5]) == ["⟨5⟩", "⟨17⟩", "⟨5⟩"]
+
+
+def test_vocab_decodes_with_the_target_tokenizer(prepared):
+    v = views.load_vocab(str(prepared.target))
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(prepared.target)
+    ids = tok.encode("def f(x):\n    return x", add_special_tokens=False)
+    assert "".join(v.strings(ids)) == tok.decode(ids)
+
+
+# ---------------------------------------------------------------------------
+# traces
+
+
+def synthetic(P=5, T=40, B=4, seed=0):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(10, 100, T).tolist()
+    acc = []
+    drafts = []
+    for p in range(P, T):
+        a = int(rng.integers(0, B))
+        a = min(a, T - 1 - p)
+        acc.append(a)
+        row = [tokens[p + k] if p + k < T else 0 for k in range(1, B)]
+        if a < B - 1 and p + a + 1 < T:
+            row[a] = tokens[p + a + 1] + 1000  # a wrong draft right after the accepted ones
+        drafts.extend(row)
+    row = {"prompt_len": P, "accepted_at": acc, "drafts": drafts, "tau": None, "tree_tau": None}
+    comp = {"prompt_ids": tokens[:P], "output_ids": tokens[P:]}
+    return row, comp
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_trace_roles_follow_the_chain_walk(seed):
+    B = 4
+    row, comp = synthetic(B=B, seed=seed)
+    P, T = row["prompt_len"], len(comp["prompt_ids"]) + len(comp["output_ids"])
+    tr = views.trace(row, comp, B)
+    rounds = replay.walk(np.array(row["accepted_at"]), P, T)
+    assert tr.rounds == rounds
+    assert tr.role[0] == "pre"
+    assert "tail" not in tr.role  # every completion position after the first is committed by a round
+    assert tr.role.count("acc") == sum(a for _, a, c in rounds)
+    assert tr.role.count("bonus") == sum(1 for _, a, c in rounds if c == a + 1)
+    assert sum(tr.start) == len(rounds)
+    for r, (p, a, c) in enumerate(rounds):
+        assert tr.start[p + 1 - P]
+        for k in range(1, c + 1):
+            assert tr.round[p + k - P] == r
+            assert tr.depth[p + k - P] == (k if k <= a else 0)
+        if c == a + 1 and a < B - 1:  # a rejection: the drafted token is kept beside the target's
+            assert tr.rejected[p + a + 1 - P] == row["drafts"][(p - P) * (B - 1) + a]
+    assert sum(x is not None for x in tr.rejected) == sum(1 for _, a, c in rounds if c == a + 1 and a < B - 1)
+
+
+def test_token_html_marks_roles_depth_blocks_and_rejections():
+    B = 4
+    row, comp = synthetic(B=B, seed=3)
+    tr = views.trace(row, comp, B)
+    out = views.token_html(tr, views.Vocab(), B)
+    spans = re.findall(r'<span class="([^"]+)" title="([^"]*)">', out)
+    token_spans = [s for s in spans if not s[0].startswith("dfv-rej")]
+    assert len(token_spans) == len(tr.role)
+    for (cls, tip), role, depth, start in zip(token_spans, tr.role, tr.depth, tr.start):
+        assert (f"dfv-a{depth}" if role == "acc" else f"dfv-{role}") in cls.split()
+        assert ("dfv-b" in cls.split()) == start
+    n_rej = sum(x is not None for x in tr.rejected)
+    assert len([s for s in spans if s[0] == "dfv-rej"]) == n_rej
+    assert out.count("<sup>") == tr.role.count("acc")
+    plain = views.token_html(tr, views.Vocab(), B, superscript=False, inline_rejects=False)
+    assert "<sup>" not in plain and 'class="dfv-rej"' not in plain
+
+
+class EvilVocab(views.Vocab):
+    def _one(self, i):
+        return ["<script>window.x=1</script>", "<img src=x onerror=alert(1)>", "a\nb", '"q"', "\t"][i % 5]
+
+
+def test_token_html_escapes_every_token_and_tooltip():
+    B = 4
+    row, comp = synthetic(B=B, seed=1)
+    out = views.token_html(views.trace(row, comp, B), EvilVocab(), B)
+    body = out[out.index('<div class="dfv">'):]
+    assert "<script" not in body and "<img" not in body
+    tags = set(re.findall(r"<([a-z]+)", body))
+    assert tags <= {"div", "span", "sup", "br"}
+    assert "&lt;script&gt;" in body and "&lt;img" in body
+
+
+def test_token_html_is_fast_for_4000_tokens():
+    B = 16
+    row, comp = synthetic(P=200, T=4200, B=B, seed=5)
+    tr = views.trace(row, comp, B)
+    t = time.perf_counter()
+    out = views.token_html(tr, EvilVocab(), B)
+    took = time.perf_counter() - t
+    assert out.count('title="pos ') == 4000
+    assert took < 1.0, f"token view of 4,000 tokens took {took:.2f} s"
+
+
+def test_differing_positions():
+    B = 4
+    row, comp = synthetic(B=B, seed=2)
+    a = views.trace(row, comp, B)
+    assert views.differing(a, a) == set()
+    row2 = dict(row, accepted_at=[0] * len(row["accepted_at"]))
+    b = views.trace(row2, comp, B)
+    d = views.differing(a, b)
+    assert d == {i for i in range(len(a.role)) if a.role[i] != b.role[i] or a.depth[i] != b.depth[i]
+                 or a.start[i] != b.start[i] or a.rejected[i] != b.rejected[i]}
+    assert d and all(b.role[i] in ("bonus", "pre") for i in range(len(b.role)))
+
+
+def test_trace_of_a_real_run(prepared):
+    st = Store(prepared.workspace)
+    run = st.run_row(prepared.runs[0])
+    comps = {c["prompt_id"]: c for c in st.completions(prepared.set_name)}
+    B = run["summary"]["block_size"]
+    for row in st.run_prompts(run["id"]):
+        tr = views.trace(row, comps[row["prompt_id"]], B)
+        assert [c for _, _, c in tr.rounds] == row["rounds"]
+        # every committed position has a role: accepted draft or bonus
+        assert sum(1 for r in tr.role if r in ("acc", "bonus")) == sum(row["rounds"])
+        assert row["tau"] == pytest.approx(sum(row["rounds"]) / len(row["rounds"]))
+
+
+# ---------------------------------------------------------------------------
+# figures and tables
+
+
+def test_hist_and_depth_figures():
+    s = {"accept_hist": [5, 3, 2, 0], "depth_conditional": [0.5, 0.4, None], "depth_marginal": [0.5, 0.2, None]}
+    f = views.hist_fig({"A": s, "B": s})
+    assert len(f.data) == 2 and sum(f.data[0].y) == pytest.approx(1.0)
+    assert list(f.data[0].y) == pytest.approx([0.5, 0.3, 0.2, 0.0])
+    d = views.depth_fig({"A": s})
+    assert len(d.data) == 2 and list(d.data[0].x) == [1, 2, 3]
+
+
+def test_prompt_table_sorted_by_tau():
+    rows = [{"prompt_id": p, "tau": t, "tree_tau": t, "rounds": [1], "accepted_at": [0, 1, 2], "prompt_len": 3}
+            for p, t in (("a", 2.5), ("b", None), ("c", 1.2), ("d", 3.0))]
+    out = views.prompt_table(rows, {})
+    assert [r["prompt"] for r in out] == ["c", "a", "d", "b"]
+    assert out[0]["every_anchor_tau"] == pytest.approx(1.5)
+
+
+def test_summary_rows_carry_formulas():
+    s = {"tau_macro": 2.0, "tau_pooled": 1.9, "every_anchor_tau": 1.5, "ddtree_tau": 2.5, "ddtree_tau_pooled": 2.4,
+         "tree_budget": 8, "rounds": 10, "committed": 19}
+    rows = views.summary_rows(s)
+    assert all(r["formula"] for r in rows)
+    assert {r["metric"] for r in rows} >= {"tau (macro)", "tau (pooled)", "every-anchor tau", "DDTree-8 tau (macro)"}
+
+
+def test_config_diff_marks_only_differences():
+    a = {"block_size": 16, "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": 5}, "x": 1}
+    b = {"block_size": 16, "dflash_config": {"target_layer_ids": [1, 3], "mask_token_id": 5}, "y": 2}
+    rows = {r["key"]: r for r in views.config_diff(a, b)}
+    assert rows["dflash_config.target_layer_ids"]["differs"] == "≠"
+    assert rows["block_size"]["differs"] == "" and rows["dflash_config.mask_token_id"]["differs"] == ""
+    assert rows["x"]["differs"] == "≠" and rows["y"]["B"] == "2" and rows["y"]["A"] == "—"
+    assert [r["differs"] for r in views.config_diff(a, b)][:3] == ["≠", "≠", "≠"]  # differences first
+
+
+def test_completion_table_server_counters():
+    rows = [{"prompt_id": "p", "prompt_ids": [1, 2], "output_ids": list(range(12)), "finish_reason": "length",
+             "meta_info": {"spec_verify_ct": 4, "e2e_latency": 0.5}, "model_path": "/m"},
+            {"prompt_id": "q", "prompt_ids": [1], "output_ids": [3], "finish_reason": "stop", "meta_info": {}}]
+    out = views.completion_table(rows)
+    assert out[0]["server_tau"] == pytest.approx(3.0) and out[0]["spec_verify_ct"] == 4
+    assert "server_tau" not in out[1] and out[1]["completion_tokens"] == 1
+
+
+def test_sweep_points_and_steps(tmp_path):
+    root = tmp_path / "train"
+    runs = [
+        {"id": "r1", "checkpoint": str(root / "epoch_0_step_200"), "name": "s200", "extraction_id": "e",
+         "summary": {"tau_macro": 2.0}},
+        {"id": "r2", "checkpoint": str(root / "epoch_0_step_100"), "name": "s100", "extraction_id": "e",
+         "summary": {"tau_macro": 1.5}},
+        {"id": "r3", "checkpoint": str(tmp_path / "other" / "epoch_0_step_50"), "name": "x", "extraction_id": "e",
+         "summary": {}},
+        {"id": "r4", "checkpoint": str(root / "epoch_0_step_200"), "name": "s200", "extraction_id": "e",
+         "summary": {"tau_macro": 2.2}},
+        {"id": "r5", "checkpoint": str(root) + "-old/epoch_9_step_1", "name": "y", "extraction_id": "e",
+         "summary": {}},
+    ]
+    pts = views.sweep_points(runs, str(root))
+    assert [p["step"] for p in pts] == [100, 200]
+    assert [p["run"] for p in pts] == ["r2", "r4"]  # the latest run of a checkpoint wins
+    assert views.step_of("out/epoch_3_step_4500") == (3, 4500) and views.step_of("final") is None
+    fig = views.sweep_fig(pts)
+    assert list(fig.data[0].y) == [1.5, 2.2]
+
+
+def test_consistency_flags_mismatches(prepared):
+    from dflash_dash import drafter, target
+    st = Store(prepared.workspace)
+    ex = st.extraction(prepared.extraction)
+    info = target.describe(ex["target_path"])
+    ok = views.consistency(drafter.read_config(prepared.drafters[0]), ex, info)
+    assert all(r["ok"] == "✓" for r in ok if r["check"] != "extraction backend")
+    assert next(r for r in ok if r["check"] == "extraction backend")["ok"] == ("✓" if ex["backend"] == "fla" else "✗")
+    bad = tiny.write_drafter(prepared.workspace.parent / "bad-layers", tiny.TinyDrafter(target_layer_ids=[2, 5]))
+    rows = {r["check"]: r for r in views.consistency(drafter.read_config(bad), ex, info)}
+    assert rows["target layer ids"]["ok"] == "✗" and rows["vocab size"]["ok"] == "✓"
+    shutil.rmtree(bad)
+
+
+# ---------------------------------------------------------------------------
+# parity
+
+
+def test_parity_zero_for_the_same_states_and_measured_for_perturbed(prepared, workspace_copy):
+    st = Store(workspace_copy)
+    ex = st.extraction(prepared.extraction)
+    again = pipeline.extract(st, ex["target_path"], ex["set_name"], ex["layer_ids"], "cpu", "float32")
+    same = parity.compare(st, again, ex["id"])
+    assert same["prompts"] == 3
+    for r in same["layers"]:
+        assert r["rel_l2"] == pytest.approx(0.0, abs=1e-6) and r["cosine"] == pytest.approx(1.0, abs=1e-6)
+    # perturb layer 2 of one prompt in the second extraction; compare against numpy
+    K, H = len(ex["layer_ids"]), ex["hidden_size"]
+    root = pipeline.features_root(st)
+    items = {i["prompt_id"]: i["tokens"] for i in st.items(again)}
+    g = torch.Generator().manual_seed(0)
+    pid = sorted(items)[0]
+    f = cache.read(root, again, pid, items[pid], K * H).float()
+    f[:, H:] += 0.05 * torch.randn(f.shape[0], H, generator=g) * f[:, H:].abs().mean()
+    cache.write(root, again, pid, f, cache.meta(root, again, pid))
+    out = parity.compare(st, again, ex["id"])
+    A = np.concatenate([cache.read(root, again, p, items[p], K * H).double().numpy() for p in sorted(items)])
+    B = np.concatenate([cache.read(root, ex["id"], p, items[p], K * H).double().numpy() for p in sorted(items)])
+    for k in range(K):
+        a, b = A[:, k * H:(k + 1) * H], B[:, k * H:(k + 1) * H]
+        rel = np.linalg.norm(a - b) / np.linalg.norm(b)
+        cos = np.mean((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)))
+        assert out["layers"][k]["rel_l2"] == pytest.approx(rel, rel=1e-6)
+        assert out["layers"][k]["cosine"] == pytest.approx(cos, rel=1e-6)
+    assert out["layers"][0]["rel_l2"] == pytest.approx(0.0, abs=1e-6) and out["layers"][1]["rel_l2"] > 1e-3
+
+
+def test_parity_refuses_different_layers(prepared, workspace_copy):
+    st = Store(workspace_copy)
+    ex = st.extraction(prepared.extraction)
+    other = pipeline.extract(st, ex["target_path"], ex["set_name"], [0, 3], "cpu", "float32")
+    with pytest.raises(ValueError, match="different layers"):
+        parity.compare(st, other, ex["id"])
+
+
+# ---------------------------------------------------------------------------
+# sweep
+
+
+def test_sweep_replays_new_checkpoints_in_step_order(prepared, workspace_copy, tmp_path, capsys):
+    train = tmp_path / "train"
+    shutil.copytree(prepared.train, train)
+    tiny.write_drafter(train / "epoch_0_step_50", tiny.TinyDrafter(seed=3))
+    ws = str(workspace_copy)
+    rc = cli.main(["--workspace", ws, "sweep", "--checkpoints", str(train), "--extraction", prepared.extraction])
+    assert rc == 0
+    ids = capsys.readouterr().out.split()
+    st = Store(workspace_copy)
+    runs = {r["id"]: r for r in st.runs()}
+    assert len(ids) == 3 and len(runs) == 5  # 2 prepared + 3 new (the copies live at new paths)
+    assert [runs[i]["name"] for i in ids] == ["epoch_0_step_50", "epoch_0_step_100", "epoch_1_step_200"]
+    # a second sweep replays nothing new and returns the same runs
+    assert pipeline.sweep(st, str(train), prepared.extraction) == ids
+    assert len(st.runs()) == 5
+    pts = views.sweep_points(st.runs(), str(train))
+    assert [p["run"] for p in pts] == ids
+
+
+def test_sweep_errors_name_the_fix(prepared, workspace_copy, tmp_path, capsys):
+    ws = str(workspace_copy)
+    assert cli.main(["--workspace", ws, "sweep", "--checkpoints", str(tmp_path / "nope")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["--workspace", ws, "sweep", "--checkpoints", str(tmp_path / "empty")]) == 2
+    assert "no checkpoint inside" in capsys.readouterr().err
