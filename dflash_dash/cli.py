@@ -20,11 +20,15 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return pipeline.user_errors() + (OrchestrationError,)
 
 
+_MIDLINE = [False]  # a progress bar is on stderr without its newline yet
+
+
 def progress(done: int, total: int, msg: str) -> None:
     """A one-line progress bar on stderr."""
     width = 24
     fill = int(width * done / total) if total else 0
     sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {msg[:70]:<70}")
+    _MIDLINE[0] = done < total
     if done >= total:
         sys.stderr.write("\n")
     sys.stderr.flush()
@@ -193,10 +197,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
+    _MIDLINE[0] = False
     try:
         return a.fn(a, Store(a.workspace)) or 0
     except _user_errors() as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{chr(10) if _MIDLINE[0] else ''}error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: what was finished is kept; run the same command again to continue", file=sys.stderr)

@@ -16,7 +16,8 @@ from pathlib import Path
 from dflash_dash.sglang import Client
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+# one thread per process: the 2 shared cores are oversubscribed, and torch's thread pool then slows 10x
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
 def free_port() -> int:
