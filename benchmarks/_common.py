@@ -1,0 +1,64 @@
+"""Shared pieces of the benchmarks: the measured bf16 matrix rate, timing, and `name: value` output.
+
+Contract: nothing here knows the product; each benchmark prints its figures through `report`, one
+`name: value` line each, so that RESULTS.md and CI logs can be grepped.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as `python benchmarks/bench_x.py` from the repository root
+    sys.path.insert(0, str(ROOT))
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Clock:
+    """Wall-clock seconds of a block, the device synchronised on entry and exit."""
+
+    def __init__(self, device):
+        self.device, self.s = device, 0.0
+
+    def __enter__(self):
+        sync(self.device)
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        sync(self.device)
+        self.s = time.perf_counter() - self.t0
+
+
+def matmul_tflops(device, n: int = 8192, dtype=torch.bfloat16, reps: int = 10) -> float:
+    """Measured dense matrix rate: n-cube products on random data, 3 warm-ups, mean of `reps` timed."""
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+    for _ in range(3):
+        a @ b
+    with Clock(device) as c:
+        for _ in range(reps):
+            a @ b
+    return 2 * n ** 3 * reps / c.s / 1e12
+
+
+def peak_gib(device) -> float:
+    return torch.cuda.max_memory_allocated(device) / 2 ** 30 if torch.device(device).type == "cuda" else 0.0
+
+
+def report(figures: dict) -> None:
+    """Print `name: value` lines (floats with 4 significant digits)."""
+    for k, v in figures.items():
+        print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}", flush=True)
+
+
+def note(msg: str) -> None:
+    print(f"# {msg}", flush=True)

@@ -1,0 +1,293 @@
+"""Extraction benchmark (issue 6): the 27B-shaped qwen3_5_text target in bf16 over 10 x 2,560 tokens.
+
+Random weights at the reference shapes of SPEC 8, built on the GPU from a Qwen3_5TextConfig (nothing is
+downloaded; speed does not depend on the values). fla kernels are asserted on CUDA. One GPU:
+  - plain:   `model(input_ids, output_hidden_states=True)` of the whole model (LM head included);
+  - product: the model cut after the last needed layer without LM head, exactly as `target.load` leaves
+             it, through `target.extract_stream` with `cache.write` as the writer -- features copied to
+             pinned memory and written (bf16 safetensors, fsync, rename) while the next sequence runs --
+             i.e. `pipeline.extract`'s loop without the DuckDB rows;
+  - forward only: `target.extract` per sequence with nothing copied or written (informative).
+With --gpus 2 (needs two GPUs): one process per GPU, each with its own copy of the cut model; GPU 0 first
+extracts the whole set alone, then both extract half each; the scaling is the ratio of the two walls.
+FLOPs counted: every linear layer that runs (LM head in the plain forward) and the causal attention of
+the full-attention layers; the Gated DeltaNet recurrence and the convolutions are not counted (< 1%).
+
+    python benchmarks/bench_extract.py              # one GPU
+    python benchmarks/bench_extract.py --gpus 2     # two GPUs
+    python benchmarks/bench_extract.py --small      # tiny shapes on the CPU (a smoke test)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import struct
+import time
+from pathlib import Path
+
+import torch
+from _common import Clock, matmul_tflops, note, peak_gib, report, sync
+
+from dflash_dash import cache, target as tg
+
+LAYER_IDS = [1, 16, 31, 46, 61]
+FULL = dict(vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
+            num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+            linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128)
+SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+             linear_key_head_dim=16, linear_value_head_dim=16)
+SMALL_IDS = [1, 3, 5]
+
+
+def args_():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="tiny shapes on the CPU (smoke test)")
+    ap.add_argument("--gpus", type=int, default=1, help="1, or 2 for the data-parallel scaling run")
+    ap.add_argument("--seqs", type=int, default=None, help="sequences (default 10; 4 with --small)")
+    ap.add_argument("--tokens", type=int, default=None, help="tokens per sequence (default 2560; 64 small)")
+    ap.add_argument("--depth", type=int, default=2, help="file writes in flight")
+    ap.add_argument("--work", default="/tmp/dflash-bench-extract", help="workspace the features go to")
+    return ap.parse_args()
+
+
+# ---------------------------------------------------------------------------
+# model
+
+
+def config(shp: dict, layers: int):
+    from transformers import AutoConfig
+    types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
+    return AutoConfig.for_model("qwen3_5_text", **(shp | {"num_hidden_layers": layers}), layer_types=types,
+                                linear_conv_kernel_dim=4, max_position_embeddings=32768,
+                                tie_word_embeddings=False, pad_token_id=0, eos_token_id=1)
+
+
+def build(shp: dict, layers: int, device: str):
+    """A random bf16 qwen3_5_text causal LM built directly on `device`."""
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config(shp, layers), dtype=torch.bfloat16)
+    return model.eval()
+
+
+def cut(model, layer_ids: list[int]):
+    """What `target.load` returns: the decoder cut after max(layer_ids), the LM head gone."""
+    keep = max(layer_ids) + 1
+    text = model.config
+    text.num_hidden_layers, text.layer_types = keep, text.layer_types[:keep]
+    decoder = model.get_decoder()
+    decoder.layers = decoder.layers[:keep]
+    del model.lm_head
+    assert len(tg._layers(decoder)) == keep
+    return decoder
+
+
+def backend(device: str) -> str:
+    """Bind the kernels as `target.load` does; on CUDA fla must really be bound."""
+    got = tg.use_backend(tg.pick_backend(device))
+    if device.startswith("cuda"):
+        assert got == "fla", f"fla kernels not bound (got {got})"
+    return got
+
+
+def flops(layers, T: int, lm_head=None) -> float:
+    """Linear layers (+ LM head) over T tokens plus causal attention of the full-attention layers."""
+    total = 0.0
+    for layer in layers:
+        for m in layer.modules():
+            if isinstance(m, torch.nn.Linear):
+                total += 2 * T * m.in_features * m.out_features
+        attn = getattr(layer, "self_attn", None)
+        if attn is not None:
+            nh = attn.config.num_attention_heads
+            total += 2 * T * (T + 1) * attn.head_dim * nh
+    if lm_head is not None:
+        total += 2 * T * lm_head.in_features * lm_head.out_features
+    return total
+
+
+# ---------------------------------------------------------------------------
+# the product's extraction
+
+
+def product(decoder, seqs, layer_ids, root: Path, name: str, meta: dict, depth: int):
+    """target.extract_stream with cache.write as the writer; returns (files, seconds spent writing)."""
+    spent = []
+
+    def write(key, feats):
+        t = time.perf_counter()
+        f = cache.write(root, name, key, feats, meta)
+        spent.append(time.perf_counter() - t)
+        return f
+
+    files = [f for _, f in tg.extract_stream(decoder, seqs, layer_ids, write, depth=depth)]
+    return files, sum(spent)
+
+
+def payload_bytes(f: Path) -> int:
+    """Tensor bytes of a safetensors file: size - 8 - header length."""
+    with open(f, "rb") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+    return f.stat().st_size - 8 - n
+
+
+def fs_type(path: Path) -> str:
+    best = ("", "?")
+    for line in Path("/proc/mounts").read_text().splitlines():
+        parts = line.split()
+        if str(path.resolve()).startswith(parts[1]) and len(parts[1]) > len(best[0]):
+            best = (parts[1], parts[2])
+    return f"{best[1]} at {best[0]}"
+
+
+def inputs(shp: dict, n: int, T: int):
+    g = torch.Generator().manual_seed(0)
+    return [(f"p{i}", torch.randint(0, shp["vocab_size"], (T,), generator=g)) for i in range(n)]
+
+
+# ---------------------------------------------------------------------------
+# one GPU
+
+
+def one(a, shp, ids, dev):
+    figs: dict = {}
+    n, T = (a.seqs or (4 if a.small else 10)), (a.tokens or (64 if a.small else 2560))
+    peak = matmul_tflops(dev, 1024 if a.small else 8192)
+    figs["matmul_bf16_tflops"] = peak
+    t0 = time.perf_counter()
+    model = build(shp, shp["num_hidden_layers"], dev)
+    note(f"model built in {time.perf_counter() - t0:.1f} s, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B "
+         f"params; backend {backend(dev)}; fla {tg.fla_version()}")
+    seqs = inputs(shp, n, T)
+    tokens = n * T
+
+    # plain forward of the whole model
+    with torch.inference_mode():
+        model(seqs[0][1][None].to(dev), output_hidden_states=True)  # warm-up (fla autotune)
+        with Clock(dev) as cp:
+            for _, x in seqs:
+                model(x[None].to(dev), output_hidden_states=True)
+                sync(dev)
+    f_plain = n * flops(model.model.layers, T, model.lm_head)
+    figs |= {"plain_s": cp.s, "plain_tokens_per_s": tokens / cp.s, "plain_tflops": f_plain / cp.s / 1e12,
+             "plain_fraction_of_peak": f_plain / cp.s / 1e12 / peak, "plain_peak_mem_gib": peak_gib(dev)}
+
+    # the product's extraction: cut model, stream with overlapped copies and writes
+    decoder = cut(model, ids)
+    if dev.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+    f_cut = n * flops(tg._layers(decoder), T)
+    tg.extract(decoder, seqs[0][1], ids)  # warm-up
+    with Clock(dev) as cf:
+        for _, x in seqs:
+            tg.extract(decoder, x, ids)
+            sync(dev)
+    figs["forward_only_tokens_per_s"] = tokens / cf.s
+    root = Path(a.work)
+    shutil.rmtree(root, ignore_errors=True)
+    meta = {"bench": True, "layer_ids": ids}
+    product(decoder, seqs[:1], ids, root, "warm", meta, a.depth)
+    with Clock(dev) as ce:
+        files, wrote = product(decoder, seqs, ids, root, "bench", meta, a.depth)
+    per_tok = sum(payload_bytes(f) for f in files) / tokens
+    H = shp["hidden_size"]
+    assert per_tok == len(ids) * H * 2, (per_tok, len(ids) * H * 2)
+    figs |= {"extract_s": ce.s, "extract_tokens_per_s": tokens / ce.s, "extract_tflops": f_cut / ce.s / 1e12,
+             "extract_fraction_of_peak": f_cut / ce.s / 1e12 / peak,
+             "extract_speedup_vs_plain": (tokens / ce.s) / (tokens / cp.s),
+             "extract_bytes_per_token": per_tok, "extract_expected_bytes_per_token": len(ids) * H * 2,
+             "extract_file_bytes_per_token": sum(f.stat().st_size for f in files) / tokens,
+             "extract_write_mb_per_s": sum(f.stat().st_size for f in files) / wrote / 1e6,
+             "extract_peak_mem_gib": peak_gib(dev)}
+    note(f"{n} x {T} tokens; features to {root} ({fs_type(root)}); counted {f_plain / n / T / 1e9:.2f} "
+         f"GFLOP/token plain, {f_cut / n / T / 1e9:.2f} cut")
+    shutil.rmtree(root, ignore_errors=True)
+    return figs
+
+
+# ---------------------------------------------------------------------------
+# two GPUs: one process per GPU
+
+
+def worker(rank, world, a, shp, ids, dev, barrier, q):
+    try:
+        if dev.startswith("cuda"):
+            torch.cuda.set_device(dev)
+        n, T = (a.seqs or (4 if a.small else 10)), (a.tokens or (64 if a.small else 2560))
+        if rank == 0:
+            q.put(("peak", matmul_tflops(dev, 1024 if a.small else 8192)))
+        decoder = cut(build(shp, max(ids) + 1, dev), ids)
+        backend(dev)
+        seqs = inputs(shp, n, T)
+        root = Path(a.work) / f"r{rank}"
+        meta = {"bench": True, "layer_ids": ids}
+        product(decoder, seqs[:1], ids, root, "warm", meta, a.depth)  # warm-up (fla autotune)
+        barrier.wait()
+        if rank == 0:  # the whole set on one GPU
+            with Clock(dev) as c1:
+                product(decoder, seqs, ids, root, "one", meta, a.depth)
+            q.put(("one", c1.s))
+        barrier.wait()
+        mine = seqs[rank::world]
+        barrier.wait()
+        sync(dev)
+        t0 = time.monotonic()
+        product(decoder, mine, ids, root, "two", meta, a.depth)
+        sync(dev)
+        q.put(("two", rank, t0, time.monotonic(), len(mine) * T))
+    except BaseException as e:  # noqa: BLE001  (reported by the parent)
+        q.put(("error", rank, repr(e)))
+        barrier.abort()
+        raise
+
+
+def two(a, shp, ids):
+    import torch.multiprocessing as mp
+    world = 2
+    devs = ["cpu"] * world if a.small else [f"cuda:{r}" for r in range(world)]
+    if not a.small:
+        assert torch.cuda.device_count() >= world, f"needs {world} GPUs, found {torch.cuda.device_count()}"
+    ctx = mp.get_context("spawn")
+    barrier, q = ctx.Barrier(world), ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(r, world, a, shp, ids, devs[r], barrier, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got, ends = {}, []
+    while len(ends) < world:
+        m = q.get(timeout=900)
+        if m[0] == "error":
+            raise RuntimeError(f"worker {m[1]} failed: {m[2]}")
+        if m[0] == "two":
+            ends.append(m)
+        else:
+            got[m[0]] = m[1]
+    for p in procs:
+        p.join()
+    wall2 = max(e[3] for e in ends) - min(e[2] for e in ends)
+    tokens = sum(e[4] for e in ends)
+    shutil.rmtree(a.work, ignore_errors=True)
+    return {"matmul_bf16_tflops": got["peak"], "extract_1gpu_s": got["one"], "extract_2gpu_s": wall2,
+            "extract_2gpu_tokens_per_s": tokens / wall2, "extract_1gpu_tokens_per_s": tokens / got["one"],
+            "extract_2gpu_scaling": got["one"] / wall2}
+
+
+def main():
+    a = args_()
+    shp, ids = (SMALL, SMALL_IDS) if a.small else (FULL, LAYER_IDS)
+    if not a.small:
+        note(f"device {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}; torch {torch.__version__}")
+    if a.gpus == 1:
+        figs = one(a, shp, ids, "cpu" if a.small else "cuda:0")
+    else:
+        figs = two(a, shp, ids)
+    import transformers
+    note(f"transformers {transformers.__version__}, fla {tg.fla_version()}, pid {os.getpid()}")
+    report(figs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""Replay benchmark (issue 6): the 27B-shaped DFlash drafter in bf16 over 10 sequences x 2,560 tokens.
+
+Random weights and features at the reference shapes of SPEC 8 (speed does not depend on their values).
+Measures, in one process:
+  1. the bf16 matrix rate (8192-cube products) of this device: the ceiling the fractions refer to;
+  2. steady-state drafting per chunk size and the LM head's share (informative);
+  3. `replay_total_s`: the product's replay steps from files, as `pipeline.replay` runs them -- load the
+     checkpoint (`drafter.load`), the target's embedding and LM head (`target.load_head`), the cached
+     features (`cache.read`), then `replay.run` (every-anchor drafts, top-k for DDTree, scoring) -- the
+     DuckDB insert of the run is left out;
+  4. the one-block-per-forward loop (context K/V cached, as a speculative decoder runs it) and the plain
+     reference loop (`replay.draft_loop`, context recomputed) on sampled anchors, with their drafts compared
+     to the every-anchor ones.
+FLOPs counted: linear layers, attention over the visible keys, LM head, and the per-sequence context
+projections (fc, k, v). Usage:
+
+    python benchmarks/bench_replay.py                 # CUDA, reference shapes
+    python benchmarks/bench_replay.py --small         # tiny shapes on the CPU (a smoke test)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from _common import Clock, matmul_tflops, note, peak_gib, report, sync
+from safetensors.torch import save_file
+
+from dflash_dash import cache, drafter as dr, replay as rp, target as tg, tiny
+
+# SPEC 8: like the 27B DFlash drafter and its Qwen3.6-27B target
+FULL = dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=5, num_attention_heads=32,
+            num_key_value_heads=8, head_dim=128, vocab_size=248320, block_size=16, num_target_layers=64,
+            target_layer_ids=[1, 16, 31, 46, 61], mask_token_id=248070)
+SMALL = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=64, vocab_size=4096, block_size=16, num_target_layers=8,
+             target_layer_ids=[1, 5], mask_token_id=4000)
+
+
+def args_():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="tiny shapes on the CPU (smoke test)")
+    ap.add_argument("--device", default=None, help="default: cuda, or cpu with --small")
+    ap.add_argument("--seqs", type=int, default=None, help="sequences (default 10; 3 with --small)")
+    ap.add_argument("--tokens", type=int, default=None, help="tokens per sequence (default 2560; 160 small)")
+    ap.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 512; 32 small)")
+    ap.add_argument("--chunk", type=int, default=256, help="blocks per batched call in the timed replay")
+    ap.add_argument("--budget", type=int, default=8, help="DDTree budget (top-k per slot)")
+    ap.add_argument("--loop-anchors", type=int, default=None, help="anchors timed one block per call")
+    ap.add_argument("--work", default=None, help="folder for the checkpoint, head and features")
+    return ap.parse_args()
+
+
+# ---------------------------------------------------------------------------
+# inputs on disk
+
+
+def rand_weights(shapes: dict, device, dtype, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator(device=device).manual_seed(seed)
+    out = {}
+    for name, shape in shapes.items():
+        t = torch.randn(shape, device=device, dtype=torch.float32, generator=g)
+        out[name] = (1.0 + 0.1 * t if len(shape) == 1 else t / shape[-1] ** 0.5).to(dtype)
+    return out
+
+
+def write_inputs(work: Path, shp: dict, n_seq: int, T: int, device, dtype) -> tuple[Path, Path, list]:
+    """Checkpoint folder, target folder (config + embedding + LM head only), features in the cache."""
+    cfg = tiny.drafter_config(tiny.TinyDrafter(**shp))
+    cfg["torch_dtype"] = "bfloat16"
+    c = dr.parse_config(cfg)
+    ck = work / "drafter"
+    ck.mkdir(parents=True)
+    w = rand_weights(dr.shapes(c), device, dtype, 1)
+    save_file({k: v.cpu().contiguous() for k, v in w.items()}, str(ck / "model.safetensors"))
+    (ck / "config.json").write_text(json.dumps(cfg))
+    del w
+    tgt = work / "target"
+    tgt.mkdir()
+    V, H = shp["vocab_size"], shp["hidden_size"]
+    hw = rand_weights({"model.embed_tokens.weight": (V, H), "lm_head.weight": (V, H)}, device, dtype, 2)
+    save_file({k: v.cpu() for k, v in hw.items()}, str(tgt / "model.safetensors"))
+    (tgt / "config.json").write_text(json.dumps({
+        "model_type": "qwen3_5_text", "hidden_size": H, "vocab_size": V,
+        "num_hidden_layers": shp["num_target_layers"], "tie_word_embeddings": False}))
+    del hw
+    g = torch.Generator(device=device).manual_seed(3)
+    seqs = []
+    for i in range(n_seq):
+        feats = torch.randn(T, c.K * H, device=device, generator=g).to(dtype)
+        cache.write(work / "features", "bench", f"p{i}", feats, {"bench": True})
+        seqs.append((f"p{i}", torch.randint(0, V, (T,), generator=torch.Generator().manual_seed(i))))
+    return ck, tgt, seqs
+
+
+# ---------------------------------------------------------------------------
+# FLOPs
+
+
+def ctx_flops(c: dr.DrafterConfig, T: int) -> float:
+    """fc over the features and each layer's context k, v projections of one sequence."""
+    H = c.hidden_size
+    return 2 * T * c.K * H * H + c.num_hidden_layers * 2 * T * H * 2 * c.num_key_value_heads * c.head_dim
+
+
+def run_flops(c: dr.DrafterConfig, T: int, P: int, n_seq: int) -> float:
+    per_seq = sum(dr.flops_per_block(c, p, c.vocab_size) for p in range(P, T)) + ctx_flops(c, T)
+    return n_seq * per_seq
+
+
+# ---------------------------------------------------------------------------
+# the one-block loop (cached context) and the plain reference loop
+
+
+@torch.inference_mode()
+def loop_blocks(d, head, feats, tokens, anchors, topk):
+    """One block per forward over cached context K/V, drafts read back per block (a decoder's loop)."""
+    kv = d.context_kv(feats.to(d.device))
+    out = []
+    for p in anchors:
+        a = torch.tensor([p])
+        h = d.blocks(kv, a, rp._embed_blocks(d, head, tokens, a))
+        out.append([t.cpu() for t in rp._head(d, head, h, topk)])
+    return [torch.cat([o[i] for o in out]) for i in range(3)]
+
+
+@torch.inference_mode()
+def reference_blocks(d, head, feats, tokens, anchors, topk):
+    """`replay.draft_loop`'s body (Drafter.block: context recomputed per block) at the given anchors."""
+    out = []
+    for p in anchors:
+        emb = rp._embed_blocks(d, head, tokens, torch.tensor([p]))[0]
+        h = d.block(feats.to(d.device), p, emb)
+        out.append([t.cpu() for t in rp._head(d, head, h[None], topk)])
+    return [torch.cat([o[i] for o in out]) for i in range(3)]
+
+
+def agreement(batched: rp.Drafts, P: int, anchors, got) -> dict:
+    """Draft agreement of a loop's (drafts, ids, logp) with the every-anchor drafts at `anchors`."""
+    rows = torch.tensor(anchors) - P
+    ref_tok, ref_lp = batched.tokens[rows], batched.top_logp[rows]
+    same = (got[0] == ref_tok).float()
+    gap = (ref_lp[..., 0] - ref_lp[..., 1]) if ref_lp.shape[-1] > 1 else torch.full(ref_tok.shape, 1e9)
+    decisive = gap > 0.05  # top-1 ahead of top-2 by more than bf16 noise
+    return {"tokens": same.mean().item(), "decisive": same[decisive].mean().item() if decisive.any() else 1.0,
+            "max_logp_diff": (got[2] - ref_lp).abs().max().item() if ref_lp.numel() else 0.0}
+
+
+# ---------------------------------------------------------------------------
+
+
+def main():
+    a = args_()
+    shp = SMALL if a.small else FULL
+    dev = a.device or ("cpu" if a.small else "cuda")
+    n_seq, T = a.seqs or (3 if a.small else 10), a.tokens or (160 if a.small else 2560)
+    P = a.prompt or (32 if a.small else 512)
+    n_loop = a.loop_anchors or (8 if a.small else 96)
+    dtype = torch.bfloat16
+    if dev.startswith("cuda"):
+        note(f"device {torch.cuda.get_device_name(dev)}; torch {torch.__version__}")
+    figs: dict = {}
+    peak = matmul_tflops(dev, 1024 if a.small else 8192)
+    figs["matmul_bf16_tflops"] = peak
+
+    shm = Path("/dev/shm")
+    base = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="dflash-replay-",
+                                                               dir=shm if shm.is_dir() else None))
+    work = base / "w"
+    shutil.rmtree(work, ignore_errors=True)
+    t0 = time.perf_counter()
+    ck, tgt, items = write_inputs(work, shp, n_seq, T, dev, dtype)
+    note(f"inputs written to {work} in {time.perf_counter() - t0:.1f} s (not timed)")
+    c = dr.read_config(ck)
+    flops = run_flops(c, T, P, n_seq)
+    blocks = n_seq * (T - P)
+
+    # -- 2. steady state per chunk size (also warms kernels, cuBLAS and the Triton LSE) ----------------
+    d = dr.load(ck, dtype, dev)
+    head = tg.load_head(tgt, dev, dtype)
+    feats0 = cache.read(work / "features", "bench", "p0", T, c.K * c.hidden_size)
+    tok0 = items[0][1]
+    per_seq = run_flops(c, T, P, 1)
+    best = None
+    for chunk in ([16, 64] if a.small else [64, 128, 256, 512]):
+        rp.draft_all(d, head, feats0, tok0, P, topk=a.budget, chunk=chunk)  # warm-up
+        with Clock(dev) as clk:
+            rp.draft_all(d, head, feats0, tok0, P, topk=a.budget, chunk=chunk)
+        figs[f"draft_chunk{chunk}_blocks_per_s"] = (T - P) / clk.s
+        figs[f"draft_chunk{chunk}_fraction_of_peak"] = per_seq / clk.s / 1e12 / peak
+        best = max(best or (0, 0), (figs[f"draft_chunk{chunk}_fraction_of_peak"], chunk))
+    with torch.inference_mode():  # the LM head's share at the timed chunk size
+        anchors = torch.arange(P, min(P + a.chunk, T))
+        emb = rp._embed_blocks(d, head, tok0, anchors)
+        kv = d.context_kv(feats0.to(dev))
+        h = d.blocks(kv, anchors, emb)
+        with Clock(dev) as cb:
+            for _ in range(3):
+                h = d.blocks(kv, anchors, emb)
+        with Clock(dev) as ch:
+            for _ in range(3):
+                rp._head(d, head, h, a.budget)
+        figs["chunk_blocks_ms"], figs["chunk_head_ms"] = cb.s / 3 * 1e3, ch.s / 3 * 1e3
+        logits = h[:64, 1:].reshape(-1, c.hidden_size) @ head.lm_head.T
+        figs["lse_max_abs_err"] = (rp.logsumexp(logits) - torch.logsumexp(logits.float(), -1)).abs().max().item()
+    note(f"best steady-state chunk: {best[1]}")
+    del d, head, kv, h, emb, logits
+    if dev.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+
+    # -- 3. the product's replay, from files ---------------------------------------------------------
+    sync(dev)
+    t0 = time.perf_counter()
+    d = dr.load(ck, dtype, dev)
+    sync(dev)
+    t1 = time.perf_counter()
+    head = tg.load_head(tgt, dev, dtype)
+    sync(dev)
+    t2 = time.perf_counter()
+    seqs = [rp.Sequence(pid, tok, P, cache.read(work / "features", "bench", pid, T, c.K * c.hidden_size))
+            for pid, tok in items]
+    t3 = time.perf_counter()
+    results, summary = rp.run(d, head, seqs, budget=a.budget, chunk=a.chunk)
+    sync(dev)
+    t4 = time.perf_counter()
+    figs |= {"replay_total_s": t4 - t0, "replay_load_drafter_s": t1 - t0, "replay_load_head_s": t2 - t1,
+             "replay_read_features_s": t3 - t2, "replay_run_s": t4 - t3, "replay_chunk": a.chunk,
+             "replay_blocks": blocks, "replay_blocks_per_s": blocks / (t4 - t3),
+             "replay_tflops": flops / (t4 - t3) / 1e12,
+             "replay_fraction_of_peak": flops / (t4 - t3) / 1e12 / peak,
+             "replay_peak_mem_gib": peak_gib(dev)}
+    assert len(results) == n_seq and summary["rounds"] > 0
+
+    # -- 4. loops on sampled anchors, drafts compared with the every-anchor ones ---------------------
+    batched = rp.draft_all(d, head, seqs[0].features, seqs[0].tokens, P, topk=a.budget, chunk=a.chunk)
+    anchors = np.linspace(P, T - 1, n_loop).round().astype(int).tolist()
+    loop_blocks(d, head, seqs[0].features, seqs[0].tokens, anchors[:4], a.budget)  # warm-up
+    with Clock(dev) as cl:
+        got = loop_blocks(d, head, seqs[0].features, seqs[0].tokens, anchors, a.budget)
+    ag = agreement(batched, P, anchors, got)
+    figs |= {"loop_blocks_per_s": n_loop / cl.s, "loop_ms_per_block": cl.s / n_loop * 1e3,
+             "loop_fraction_of_peak": sum(dr.flops_per_block(c, p, c.vocab_size) for p in anchors)
+             / cl.s / 1e12 / peak,
+             "replay_speedup_vs_loop": figs["replay_blocks_per_s"] / (n_loop / cl.s),
+             "loop_token_agreement": ag["tokens"], "loop_decisive_agreement": ag["decisive"],
+             "loop_max_logp_diff": ag["max_logp_diff"]}
+    ref_anchors = anchors[:: max(1, len(anchors) // 8)][:8]
+    reference_blocks(d, head, seqs[0].features, seqs[0].tokens, ref_anchors[:1], a.budget)  # warm-up
+    with Clock(dev) as cr:
+        got = reference_blocks(d, head, seqs[0].features, seqs[0].tokens, ref_anchors, a.budget)
+    ag = agreement(batched, P, ref_anchors, got)
+    figs |= {"reference_loop_blocks_per_s": len(ref_anchors) / cr.s,
+             "replay_speedup_vs_reference_loop": figs["replay_blocks_per_s"] / (len(ref_anchors) / cr.s),
+             "reference_token_agreement": ag["tokens"], "reference_decisive_agreement": ag["decisive"],
+             "reference_max_logp_diff": ag["max_logp_diff"]}
+    if not a.work:
+        shutil.rmtree(base, ignore_errors=True)
+    note(f"{n_seq} x {T} tokens (prompt {P}), {blocks} blocks, budget {a.budget}, "
+         f"{flops / 1e15:.3f} PFLOP counted; drafter {shp['hidden_size']}x{shp['num_hidden_layers']} layers")
+    report(figs)
+
+
+if __name__ == "__main__":
+    main()
