@@ -60,5 +60,16 @@ def report(figures: dict) -> None:
         print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}", flush=True)
 
 
+def profile(fn, device, rows: int = 25) -> None:
+    """Print the top device kernels of one call of `fn` (torch.profiler), for finding where time goes."""
+    from torch.profiler import ProfilerActivity, profile as prof
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
+    with prof(activities=acts) as p:
+        fn()
+        sync(device)
+    key = "cuda_time_total" if torch.device(device).type == "cuda" else "cpu_time_total"
+    print(p.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70), flush=True)
+
+
 def note(msg: str) -> None:
     print(f"# {msg}", flush=True)

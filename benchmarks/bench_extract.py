@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import Clock, matmul_tflops, note, peak_gib, report, sync
+from _common import Clock, matmul_tflops, note, peak_gib, profile, report, sync
 
 from dflash_dash import cache, target as tg
 
@@ -48,6 +48,7 @@ def args_():
     ap.add_argument("--seqs", type=int, default=None, help="sequences (default 10; 4 with --small)")
     ap.add_argument("--tokens", type=int, default=None, help="tokens per sequence (default 2560; 64 small)")
     ap.add_argument("--depth", type=int, default=2, help="file writes in flight")
+    ap.add_argument("--profile", action="store_true", help="print the top kernels of one cut forward")
     ap.add_argument("--work", default="/tmp/dflash-bench-extract", help="workspace the features go to")
     return ap.parse_args()
 
@@ -187,6 +188,8 @@ def one(a, shp, ids, dev):
             tg.extract(decoder, x, ids)
             sync(dev)
     figs["forward_only_tokens_per_s"] = tokens / cf.s
+    if a.profile:
+        profile(lambda: tg.extract(decoder, seqs[0][1], ids), dev)
     root = Path(a.work)
     shutil.rmtree(root, ignore_errors=True)
     meta = {"bench": True, "layer_ids": ids}

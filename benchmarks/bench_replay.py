@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _common import Clock, matmul_tflops, note, peak_gib, report, sync
+from _common import Clock, matmul_tflops, note, peak_gib, profile, report, sync
 from safetensors.torch import save_file
 
 from dflash_dash import cache, drafter as dr, replay as rp, target as tg, tiny
@@ -52,6 +52,7 @@ def args_():
     ap.add_argument("--chunk", type=int, default=256, help="blocks per batched call in the timed replay")
     ap.add_argument("--budget", type=int, default=8, help="DDTree budget (top-k per slot)")
     ap.add_argument("--loop-anchors", type=int, default=None, help="anchors timed one block per call")
+    ap.add_argument("--profile", action="store_true", help="print the top kernels of one chunk")
     ap.add_argument("--work", default=None, help="folder for the checkpoint, head and features")
     return ap.parse_args()
 
@@ -206,6 +207,8 @@ def main():
             for _ in range(3):
                 rp._head(d, head, h, a.budget)
         figs["chunk_blocks_ms"], figs["chunk_head_ms"] = cb.s / 3 * 1e3, ch.s / 3 * 1e3
+        if a.profile:
+            profile(lambda: rp._head(d, head, d.blocks(kv, anchors, emb), a.budget), dev)
         logits = h[:64, 1:].reshape(-1, c.hidden_size) @ head.lm_head.T
         figs["lse_max_abs_err"] = (rp.logsumexp(logits) - torch.logsumexp(logits.float(), -1)).abs().max().item()
     note(f"best steady-state chunk: {best[1]}")
