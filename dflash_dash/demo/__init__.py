@@ -1,0 +1,275 @@
+"""The built-in demo workspace: a small trained hybrid target, DFlash checkpoints and a shipped fla extraction.
+
+Contract: `build(workspace, progress)` makes `workspace` hold the demo, through the same operations a user
+runs: the committed assets (`assets/`, described by `assets/MANIFEST.json`) are copied to `<workspace>/demo/`;
+the local SGLang stand-in serves the target in a subprocess while `pipeline.fetch` stores the greedy
+completions of `coding-10`; `pipeline.extract` extracts them on the CPU (torch path); the coding-10 features
+that were extracted on a GPU with fla kernels are imported as a second extraction (backend `fla`) for the
+completions whose token ids equal the shipped ones (any that differ are left out and named in
+`<workspace>/demo/BUILD.json` and the log); then every demo checkpoint is replayed on the torch extraction and
+the final one on the fla extraction too. Idempotent and resumable: what the store already holds is not redone,
+and a workspace that has all the demo runs is left as it is. No network beyond the local server on 127.0.0.1.
+`make_assets.py` (with `corpus.py`, `train_target.py`, `train_drafter.py`) made the assets.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+ASSETS = Path(__file__).parent / "assets"   # committed assets (MANIFEST.json describes them)
+TARGET = "target"                           # target folder name (weights + tokenizer)
+CHECKPOINTS = "checkpoints"                 # drafter checkpoints: early-*, final-*, buggy-*
+FLA = "fla"                                 # shipped fla extraction of coding-10 (features/ + completions.jsonl)
+LAYER_IDS = [1, 3, 5]                       # target layers the demo drafters read
+PROMPT_SET = "coding-10"                    # built-in prompt set the demo fetches (plain text, no chat template)
+SET_NAME = "coding-10"                      # completion set name in the workspace
+MAX_NEW_TOKENS = 256                        # completion length cap of the demo fetch
+TREE_BUDGET = 8                             # DDTree-8 in every demo run
+FLA_SUFFIX = " @fla"                        # run-name suffix of the replay on the fla extraction
+
+Progress = Callable[[int, int, str], None] | None
+
+
+class DemoError(RuntimeError):
+    """The demo cannot be built; the message names the problem and the fix."""
+
+
+# ---------------------------------------------------------------------------
+# what the demo holds
+
+
+def checkpoints(root: Path) -> list[Path]:
+    """The demo checkpoint folders under `root`, ordered early, final, buggy."""
+    order = {"early": 0, "final": 1, "buggy-": 2}
+    found = [p for p in Path(root).iterdir() if p.is_dir() and any(p.name.startswith(k) for k in order)]
+    return sorted(found, key=lambda p: (min(v for k, v in order.items() if p.name.startswith(k)), p.name))
+
+
+def manifest(assets: Path = ASSETS) -> dict:
+    f = assets / "MANIFEST.json"
+    if not f.is_file():
+        raise DemoError(f"{f} is missing: the demo assets are not in this checkout (restore dflash_dash/demo/assets "
+                        "from git, or remake them with python -m dflash_dash.demo.make_assets)")
+    return json.loads(f.read_text())
+
+
+def _say(progress: Progress, step: int, steps: int, what: str, log: list[str]) -> Progress:
+    """A progress callback that prefixes each message with the build step."""
+    def tick(done: int, total: int, msg: str) -> None:
+        if progress:
+            progress(done, total, f"[{step}/{steps} {what}] {msg}")
+    log.append(f"{time.strftime('%H:%M:%S')} step {step}/{steps}: {what}")
+    tick(0, 1, "...")
+    return tick
+
+
+def _find_extraction(store, target: Path, backend: str) -> dict | None:
+    for e in reversed(store.extractions()):
+        if (e["set_name"] == SET_NAME and e["target_path"] == str(target) and e["backend"] == backend
+                and e["layer_ids"] == LAYER_IDS and e["status"] == "done"):
+            return e
+    return None
+
+
+def _has_run(store, ckpt: Path, extraction_id: str) -> bool:
+    return any(r["checkpoint"] == str(ckpt.resolve()) and r["extraction_id"] == extraction_id
+               for r in store.runs())
+
+
+def built(workspace: str | Path) -> bool:
+    """True when the workspace holds every demo run (the build would do nothing)."""
+    from ..store import Store
+
+    ws = Path(workspace)
+    root = ws / "demo"
+    if not (root / CHECKPOINTS).is_dir() or not (ws / "dflash.duckdb").is_file():
+        return False
+    store = Store(ws)
+    target = (root / TARGET).resolve()
+    torch_ex, fla_ex = _find_extraction(store, target, "torch"), _find_extraction(store, target, "fla")
+    if torch_ex is None or fla_ex is None:
+        return False
+    cks = checkpoints(root / CHECKPOINTS)
+    final = [c for c in cks if c.name.startswith("final")]
+    return bool(cks) and all(_has_run(store, c, torch_ex["id"]) for c in cks) and all(
+        _has_run(store, c, fla_ex["id"]) for c in final)
+
+
+# ---------------------------------------------------------------------------
+# local server
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalServer:
+    """`python -m dflash_dash serve --model TARGET` in a subprocess (one CPU thread: fastest for this tiny
+    model, and immune to other processes sharing the cores); stopped on exit."""
+
+    def __init__(self, model: Path, log_file: Path):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+        self.log = open(log_file, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dflash_dash", "serve", "--model", str(model), "--port", str(self.port)],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=str(Path(__file__).parents[2]))
+
+    def __enter__(self) -> "LocalServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+# ---------------------------------------------------------------------------
+# the build
+
+
+def _copy_assets(assets: Path, root: Path) -> None:
+    """Copy target and checkpoints into the workspace, unless the same manifest is already there."""
+    mine = root / "MANIFEST.json"
+    if mine.is_file() and mine.read_bytes() == (assets / "MANIFEST.json").read_bytes():
+        return
+    if root.exists():
+        for name in (TARGET, CHECKPOINTS):
+            shutil.rmtree(root / name, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(assets / TARGET, root / TARGET)
+    shutil.copytree(assets / CHECKPOINTS, root / CHECKPOINTS)
+    shutil.copy(assets / "MANIFEST.json", mine)
+
+
+def import_fla(store, assets: Path, target: Path, man: dict, progress: Progress = None) -> tuple[str, list[str]]:
+    """Import the shipped fla features of coding-10 as an extraction with backend `fla`.
+
+    Only completions whose prompt and output ids equal the shipped ones are imported (the features belong
+    to those ids); the ids of the others are returned. Returns (extraction id, mismatched prompt ids)."""
+    from .. import cache, pipeline, target as target_mod
+    from ..store import new_id
+
+    info = target_mod.describe(target)
+    shipped = [json.loads(line) for line in (assets / FLA / "completions.jsonl").read_text().splitlines() if line]
+    rows = {r["prompt_id"]: r for r in store.completions(SET_NAME)}
+    meta = dict(man["gpu"]["coding10"]["features_meta"])
+    if meta.get("config_hash") != info.config_hash:
+        raise DemoError(f"the shipped fla features were extracted from a target whose config hash is "
+                        f"{meta.get('config_hash')}, but {target} has {info.config_hash}; remake the demo assets")
+    ex_id = new_id("ex")
+    versions = {k: meta.get(k) for k in ("torch", "transformers", "fla")} | {
+        "fla_bound": True, "imported_from": "dflash_dash/demo/assets/fla (extracted with fla kernels on "
+                                            f"{man['gpu'].get('gpu') or meta.get('device')})"}
+    store.add_extraction(dict(id=ex_id, set_name=SET_NAME, target_path=str(target), layer_ids=LAYER_IDS,
+                              hidden_size=info.hidden_size, device=meta.get("device", "cuda"),
+                              dtype=meta.get("dtype", "float32"), backend="fla", versions=versions,
+                              config_hash=info.config_hash))
+    width = len(LAYER_IDS) * info.hidden_size
+    bad = []
+    for i, c in enumerate(shipped):
+        row = rows.get(c["id"])
+        if row is None or row["prompt_ids"] != c["prompt_ids"] or row["output_ids"] != c["output_ids"]:
+            bad.append(c["id"])
+            continue
+        n = len(c["prompt_ids"]) + len(c["output_ids"])
+        feats = cache.read(assets / FLA, "features", c["id"], n, width)
+        f = cache.write(pipeline.features_root(store), ex_id, c["id"], feats, meta | {"extraction": ex_id})
+        store.add_item(ex_id, c["id"], n, str(f))
+        if progress:
+            progress(i + 1, len(shipped), f"imported fla features of {c['id']} ({n} tokens)")
+    if len(bad) == len(shipped):
+        store.set_status("extractions", ex_id, "failed")
+        raise DemoError("none of the local server's coding-10 completions equals the shipped ones, so the shipped "
+                        f"fla features match none of them; see {SET_NAME} in the store and the build log")
+    store.set_status("extractions", ex_id, "done")
+    return ex_id, bad
+
+
+def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSETS) -> dict:
+    """Build the demo workspace (see the module docstring); returns what BUILD.json records."""
+    from .. import pipeline
+    from ..store import Store
+
+    ws = Path(workspace)
+    root = ws / "demo"
+    if built(ws):
+        if progress:
+            progress(1, 1, f"demo workspace {ws} is already built; nothing to do")
+        return json.loads((root / "BUILD.json").read_text()) if (root / "BUILD.json").is_file() else {}
+    man = manifest(assets)
+    t0 = time.perf_counter()
+    log: list[str] = []
+    steps = 5
+    store = Store(ws)
+    root.mkdir(parents=True, exist_ok=True)
+
+    tick = _say(progress, 1, steps, "assets", log)
+    _copy_assets(assets, root)
+    target = (root / TARGET).resolve()
+    cks = checkpoints(root / CHECKPOINTS)
+    tick(1, 1, f"target and {len(cks)} checkpoints in {root}")
+
+    tick = _say(progress, 2, steps, "fetch coding-10 from the local server", log)
+    have = store.completion_ids(SET_NAME)
+    from .. import prompts
+    if len(have) < len(prompts.load(PROMPT_SET)):
+        with LocalServer(target, root / "server.log") as srv:
+            tick(0, 1, f"starting {srv.url} (log {root / 'server.log'})")
+            pipeline.fetch(store, srv.url, PROMPT_SET, SET_NAME, max_new_tokens=MAX_NEW_TOKENS, chat=False,
+                           progress=tick, readiness_timeout=300)
+
+    tick = _say(progress, 3, steps, "CPU extraction (torch path)", log)
+    torch_ex = _find_extraction(store, target, "torch")
+    if torch_ex is None:
+        pending = [e for e in store.extractions() if e["set_name"] == SET_NAME and e["target_path"] == str(target)
+                   and e["backend"] == "torch" and e["status"] != "done"]
+        ex_id = pipeline.extract(store, str(target), SET_NAME, LAYER_IDS, "cpu", "float32",
+                                 pending[-1]["id"] if pending else None, tick)
+        torch_ex = store.extraction(ex_id)
+
+    tick = _say(progress, 4, steps, "import the shipped fla extraction", log)
+    fla_ex = _find_extraction(store, target, "fla")
+    mismatched: list[str] = []
+    if fla_ex is None:
+        ex_id, mismatched = import_fla(store, assets, target, man, tick)
+        fla_ex = store.extraction(ex_id)
+        for pid in mismatched:
+            msg = (f"prompt {pid}: this machine's CPU completion differs from the shipped one; its fla features "
+                   "are left out of the fla extraction")
+            log.append(msg)
+            tick(0, 1, msg)
+
+    tick = _say(progress, 5, steps, "replay", log)
+    plan = [(c, torch_ex, c.name) for c in cks] + [
+        (c, fla_ex, c.name + FLA_SUFFIX) for c in cks if c.name.startswith("final")]
+    runs = {}
+    for i, (ck, ex, name) in enumerate(plan):
+        if _has_run(store, ck, ex["id"]):
+            continue
+        tick(i, len(plan), f"replaying {name} on {ex['backend']} extraction {ex['id']}")
+        out = pipeline.replay(store, str(ck), ex["id"], TREE_BUDGET, "cpu", "float32", name=name,
+                              progress=lambda d, n, m, name=name: tick(d, n, f"{name}: {m}"))
+        runs[name] = {"id": out["id"], "tau_macro": out["summary"]["tau_macro"]}
+        log.append(f"replayed {name}: tau macro {out['summary']['tau_macro']:.3f}")
+    tick(len(plan), len(plan), f"{len(runs)} runs replayed")
+
+    rec = {"workspace": str(ws.resolve()), "target": str(target), "torch_extraction": torch_ex["id"],
+           "fla_extraction": fla_ex["id"], "mismatched_completions": mismatched, "runs": runs,
+           "seconds": round(time.perf_counter() - t0, 1), "log": log}
+    (root / "BUILD.json").write_text(json.dumps(rec, indent=2))
+    return rec

@@ -1,0 +1,301 @@
+"""Make the demo's committed assets, reproducibly: `python -m dflash_dash.demo.make_assets STEP ...`.
+
+Steps (each records seeds, arguments, versions, timings and losses for MANIFEST.json):
+  prepare  (CPU, here)  stdlib corpus -> byte-level BPE tokenizer (with <|mask|>), uint16 token stream,
+                        the prompts of the drafter's training data, and the coding-10 prompt ids exactly
+                        as `pipeline.fetch` makes them (plain text, no chat template).
+  gpu      (CUDA + fla) train the target; generate the drafter's training data with it (its own greedy
+                        continuations) and extract their hidden states with fla; train the drafters (final
+                        with an early snapshot, and the anchor-visible bug); complete coding-10 greedily
+                        (torch path on the CPU, as the local server does, and with fla on the GPU, to record
+                        whether they agree) and extract those completions with fla in the feature-cache
+                        format. Writes target.tar, drafters.tar, fla.tar and gpu.json to --out.
+                        `--device cpu --smoke` runs every step at toy size on the torch path (development).
+  unpack   (CPU, here)  the tars -> dflash_dash/demo/assets/, plus MANIFEST.json with every record and sizes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import ASSETS, CHECKPOINTS, FLA, LAYER_IDS, MAX_NEW_TOKENS, PROMPT_SET, TARGET
+
+VOCAB = 4096
+SEED = 0
+
+
+def log(msg: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------
+# prepare (CPU)
+
+
+def prepare(build: Path, n_raw: int = 2048, n_chat: int = 512, n_comment: int = 1536) -> dict:
+    from transformers import AutoTokenizer
+
+    from .. import prompts, tiny
+    from . import corpus
+
+    t0 = time.perf_counter()
+    build.mkdir(parents=True, exist_ok=True)
+    files = corpus.files()
+    commented, pairs = corpus.samples(files, SEED)
+    tok_dir = tiny.write_tokenizer(build / "tokenizer", vocab_size=VOCAB, corpus=[corpus.read(p) for p in files])
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    tokens = corpus.stream(tok, files, commented, pairs, repeat=2, seed=SEED)
+    np.save(build / "tokens.npy", tokens)
+    # prompts of the drafter's training data: raw code windows, comment-prompted function heads, chat asks
+    rng = random.Random(SEED + 1)
+    eot = tok.convert_tokens_to_ids("<|endoftext|>")
+    gen = []
+    for _ in range(n_raw):
+        s = rng.randrange(0, len(tokens) - 64)
+        gen.append([int(t) for t in tokens[s:s + rng.randrange(16, 64)] if t != eot] or [int(tokens[s])])
+    for d in commented[:n_comment]:
+        lines = d.splitlines(keepends=True)
+        head = [ln for ln in lines if ln.startswith("#")]
+        gen.append(tok("".join(head + lines[len(head):len(head) + 1]))["input_ids"])
+    for ask, _ in pairs[:n_chat]:
+        gen.append(tok.apply_chat_template([{"role": "user", "content": ask}], add_generation_prompt=True,
+                                           tokenize=False, enable_thinking=False))
+        gen[-1] = tok(gen[-1], add_special_tokens=False)["input_ids"]
+    gen = [g[-96:] for g in gen]
+    (build / "train_prompts.json").write_text(json.dumps(gen))
+    # coding-10 exactly as pipeline.fetch tokenises a plain-text prompt
+    c10 = [{"id": p["id"], "prompt": p["prompt"], "prompt_ids": list(tok(p["prompt"])["input_ids"])}
+           for p in prompts.load(PROMPT_SET)]
+    (build / "coding10.json").write_text(json.dumps(c10))
+    rec = {
+        "python": platform.python_version(), "stdlib_files": len(files),
+        "stdlib_bytes": sum(p.stat().st_size for p in files), "stdlib_fingerprint": corpus.fingerprint(files),
+        "comment_prompted_functions": len(commented), "chat_samples": len(pairs), "sample_repeat": 2,
+        "vocab_size": len(tok), "stream_tokens": int(len(tokens)), "train_prompts": len(gen),
+        "prompt_set": PROMPT_SET, "seed": SEED, "seconds": round(time.perf_counter() - t0, 1),
+    }
+    (build / "prepare.json").write_text(json.dumps(rec, indent=2))
+    log(f"prepared {build}: {rec}")
+    return rec
+
+
+# ---------------------------------------------------------------------------
+# gpu
+
+
+def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .. import cache, server, target as target_mod
+    from ..replay import Head
+    from ..tiny import TinyDrafter
+    from . import train_drafter as td, train_target as tt
+
+    t_all = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(os.environ.get("DEMO_WORK", "/tmp/demo-work"))
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    rec: dict = {"device": device, "smoke": smoke, "versions": target_mod.versions(),
+                 "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None}
+    if device.startswith("cuda"):
+        backend = target_mod.use_backend("fla")
+        assert backend == "fla", backend
+    else:
+        backend = target_mod.use_backend("torch")
+    rec["training_backend"] = backend
+    log(f"backend {backend}; versions {rec['versions']}")
+
+    # -- target
+    shape = tt.TargetShape() if not smoke else tt.TargetShape(hidden_size=64, intermediate_size=128, head_dim=16,
+                                                               linear_head_dim=16)
+    t_cfg = tt.TargetTraining() if not smoke else tt.TargetTraining(steps=20, batch=4, seq=128, log_every=5)
+    if os.environ.get("DEMO_TARGET_STEPS"):
+        t_cfg.steps = int(os.environ["DEMO_TARGET_STEPS"])
+    tokens = np.load(build / "tokens.npy")
+    tgt = work / TARGET
+    rec["target"] = tt.train(tokens, build / "tokenizer", tgt, shape, t_cfg, device, log)
+    log(f"target trained: {rec['target']['seconds']} s, val loss {rec['target']['val_loss']}")
+
+    # -- drafter training data: the target's own greedy continuations and their fla hidden states
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(str(tgt), dtype=torch.float32).to(device).eval()
+    prompts = json.loads((build / "train_prompts.json").read_text())
+    if smoke:
+        prompts = prompts[:8] + prompts[-8:]
+    if os.environ.get("DEMO_TRAIN_PROMPTS"):  # calibration runs: fewer sequences
+        k = int(os.environ["DEMO_TRAIN_PROMPTS"]) // 2
+        prompts = prompts[:k] + prompts[-k:]
+    new = 256 if not smoke else 32
+    seqs = td.generate(model, prompts, new, device)
+    seqs = [td.cut(s, len(p), eos=2) for s, p in zip(seqs, prompts)]
+    t_gen = time.perf_counter() - t0
+    del model
+    decoder, be = target_mod.load(str(tgt), LAYER_IDS, device, torch.float32)
+    assert be == backend, be
+    head = target_mod.load_head(str(tgt), device, torch.float32)
+    data = []
+    for s, p in zip(seqs, prompts):
+        ids = torch.tensor(s, device=device)
+        feats = target_mod.extract(decoder, ids, LAYER_IDS).to(torch.bfloat16)
+        data.append((feats, ids, len(p)))
+    del decoder
+    rec["drafter_data"] = {"sequences": len(data), "new_tokens": new, "tokens": int(sum(len(s) for s in seqs)),
+                           "completion_tokens": int(sum(len(s) - len(p) for s, p in zip(seqs, prompts))),
+                           "generate_seconds": round(t_gen, 1), "seconds": round(time.perf_counter() - t0, 1),
+                           "features_backend": backend, "features_dtype": "bfloat16 (extracted in float32)"}
+    log(f"drafter data: {rec['drafter_data']}")
+
+    # -- drafters
+    H = shape.hidden_size
+    d = TinyDrafter(hidden_size=H, intermediate_size=2 * H, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=H // 4, vocab_size=shape.vocab_size, block_size=16,
+                    num_target_layers=shape.num_hidden_layers, target_layer_ids=list(LAYER_IDS),
+                    mask_token_id=3, rope_theta=10000.0, seed=SEED)
+    steps = int(os.environ.get("DEMO_DRAFTER_STEPS", 3000 if not smoke else 12))
+    early = max(1, steps // 12)
+    dk = work / "drafters"
+    good = td.DrafterTraining(steps=steps, snapshots=[early], log_every=50 if not smoke else 4,
+                              seqs_per_step=16 if not smoke else 2)
+    rec["drafters"] = td.train(data, head, d, good, dk, f"final-step{steps}", device, log)
+    bug_steps = int(os.environ.get("DEMO_BUGGY_STEPS", steps))
+    bad = td.DrafterTraining(steps=bug_steps, bug="anchor_visible", seed=3, log_every=good.log_every,
+                             seqs_per_step=good.seqs_per_step)
+    rec["drafters"] += td.train(data, head, d, bad, dk, f"buggy-anchor-visible-step{bug_steps}", device, log)
+    del data
+
+    # -- coding-10: reference completions on the torch path (CPU, as the local server), fla on the GPU
+    c10 = json.loads((build / "coding10.json").read_text())
+    t0 = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the demo build runs the local server: one thread
+    cpu_eng = server.Engine(model_dir=tgt.resolve(), device="cpu")
+    cpu_eng.load()
+    comps = []
+    for p in c10:
+        ids, _, fin = cpu_eng.greedy(p["prompt_ids"], MAX_NEW_TOKENS, cpu_eng.eos_ids, [])
+        comps.append({"id": p["id"], "prompt_ids": p["prompt_ids"], "output_ids": ids, "finish_reason": fin})
+    cpu_backend = cpu_eng.backend
+    del cpu_eng
+    torch.set_num_threads(threads)
+    t_ref = time.perf_counter() - t0
+    agree = None
+    if device.startswith("cuda"):
+        assert target_mod.use_backend("fla") == "fla"
+        gpu_eng = server.Engine(model_dir=tgt.resolve(), device=device)
+        gpu_eng.load()
+        agree = {}
+        for c in comps:
+            ids, _, _ = gpu_eng.greedy(c["prompt_ids"], MAX_NEW_TOKENS, gpu_eng.eos_ids, [])
+            first = next((i for i, (a, b) in enumerate(zip(ids, c["output_ids"])) if a != b),
+                         None if len(ids) == len(c["output_ids"]) else min(len(ids), len(c["output_ids"])))
+            agree[c["id"]] = first  # None: identical
+        del gpu_eng
+    decoder, be = target_mod.load(str(tgt), LAYER_IDS, device, torch.float32)
+    assert be == backend, be
+    info = target_mod.describe(tgt)
+    meta = dict(extraction="demo-fla", target=TARGET, config_hash=info.config_hash, layer_ids=LAYER_IDS,
+                device=device, dtype="float32", backend=be, **target_mod.versions())
+    fla_dir = work / FLA
+    for c in comps:
+        feats = target_mod.extract(decoder, torch.tensor(c["prompt_ids"] + c["output_ids"]), LAYER_IDS)
+        cache.write(fla_dir, "features", c["id"], feats, meta)
+    with open(fla_dir / "completions.jsonl", "w") as f:
+        for c in comps:
+            f.write(json.dumps(c) + "\n")
+    rec["coding10"] = {"reference_backend": cpu_backend, "features_backend": be, "features_meta": meta,
+                       "tokens": int(sum(len(c["prompt_ids"]) + len(c["output_ids"]) for c in comps)),
+                       "fla_greedy_first_difference": agree,
+                       "reference_seconds": round(t_ref, 1), "seconds": round(time.perf_counter() - t0, 1)}
+    log(f"coding-10: {rec['coding10']}")
+    for c in comps[:3]:
+        log(f"--- {c['id']}\n" + head_text(tgt, c))
+
+    # -- pack
+    rec["seconds"] = round(time.perf_counter() - t_all, 1)
+    (out / "gpu.json").write_text(json.dumps(rec, indent=2))
+    for name, src in (("target", tgt), ("drafters", dk), ("fla", fla_dir)):
+        with tarfile.open(out / f"{name}.tar", "w") as tf:
+            tf.add(src, arcname=src.name)
+    log(f"done in {rec['seconds']} s; wrote {sorted(p.name for p in out.iterdir())}")
+    return rec
+
+
+def head_text(tgt: Path, c: dict) -> str:
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(tgt))
+    return tok.decode(c["prompt_ids"] + c["output_ids"])
+
+
+# ---------------------------------------------------------------------------
+# unpack (CPU)
+
+
+def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> dict:
+    """Untar the GPU outputs into `assets` and write MANIFEST.json."""
+    if assets.exists():
+        shutil.rmtree(assets)
+    assets.mkdir(parents=True)
+    for name in ("target", "drafters", "fla"):
+        with tarfile.open(src / f"{name}.tar") as tf:
+            tf.extractall(assets, filter="data")
+    (assets / "drafters").rename(assets / CHECKPOINTS)
+    gpu_rec = json.loads((src / "gpu.json").read_text())
+    sizes = {str(p.relative_to(assets)): p.stat().st_size for p in sorted(assets.rglob("*")) if p.is_file()}
+    manifest = {
+        "what": "dflash-dash demo assets: a small hybrid qwen3_5_text target (Gated DeltaNet + full attention) "
+                "trained on the Python standard library, DFlash drafters trained against its hidden states, "
+                "and its coding-10 completions' hidden states extracted on GPU with fla",
+        "commands": {
+            "prepare": "python -m dflash_dash.demo.make_assets prepare --build .demo-build",
+            "gpu": "python -m dflash_dash.demo.make_assets gpu --build .demo-build --out $OUT  (one H200, "
+                   "transformers 5.24.0, fla-core/flash-linear-attention 0.6.0)",
+            "unpack": "python -m dflash_dash.demo.make_assets unpack --src <gpu out> --build .demo-build",
+            "gpu_call": command,
+        },
+        "prepare": json.loads((build / "prepare.json").read_text()),
+        "gpu": gpu_rec,
+        "sizes": sizes, "total_bytes": sum(sizes.values()),
+    }
+    (assets / "MANIFEST.json").write_text(json.dumps(manifest, indent=1))
+    log(f"assets in {assets}: {manifest['total_bytes'] / 2**20:.1f} MiB")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m dflash_dash.demo.make_assets", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="step", required=True)
+    s = sub.add_parser("prepare")
+    s.add_argument("--build", default=".demo-build")
+    s = sub.add_parser("gpu")
+    s.add_argument("--build", default=".demo-build")
+    s.add_argument("--out", required=True)
+    s.add_argument("--device", default="cuda")
+    s.add_argument("--smoke", action="store_true")
+    s = sub.add_parser("unpack")
+    s.add_argument("--src", required=True)
+    s.add_argument("--build", default=".demo-build")
+    s.add_argument("--assets", default=str(ASSETS))
+    s.add_argument("--command", default="")
+    a = p.parse_args(argv)
+    if a.step == "prepare":
+        prepare(Path(a.build))
+    elif a.step == "gpu":
+        gpu(Path(a.build), Path(a.out), a.device, a.smoke)
+    else:
+        unpack(Path(a.src), Path(a.build), Path(a.assets), a.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
