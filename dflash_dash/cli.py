@@ -16,8 +16,9 @@ from .store import Store, default_workspace
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from .demo import DemoError
     from .jobs import OrchestrationError
-    return pipeline.user_errors() + (OrchestrationError,)
+    return pipeline.user_errors() + (OrchestrationError, DemoError)
 
 
 _MIDLINE = [False]  # a progress bar is on stderr without its newline yet
@@ -106,6 +107,11 @@ def cmd_job_run(a, st):
     return jobs.execute(st, a.id)
 
 
+def cmd_demo(a, st):
+    from . import demo
+    _print(demo.build(a.workspace, progress))
+
+
 def cmd_serve(a, st):
     from . import server
     server.serve(a.model, a.host, a.port, a.startup_delay)
@@ -187,6 +193,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=int, default=50, help="list: how many recent jobs")
     s.add_argument("--lines", type=int, default=200, help="logs: how many last lines")
     s.set_defaults(fn=cmd_jobs)
+
+    s = sub.add_parser("demo", help="build the demo workspace from the committed assets (idempotent)")
+    s.set_defaults(fn=cmd_demo)
 
     s = sub.add_parser("job-run")  # internal: the body of a background job process
     s.add_argument("id")
