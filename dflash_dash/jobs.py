@@ -243,22 +243,22 @@ def free_gpu(client: sglang.Client, cfg: config_mod.WorkspaceConfig, mode: str, 
 
 def restore(client: sglang.Client, cfg: config_mod.WorkspaceConfig, freed: str, rep: Reporter) -> None:
     """Give the server its GPU back and wait for /health 200 (SIGTERM is ignored meanwhile)."""
+    proc = None
+    if freed == "command":  # spawned before SIGTERM is ignored: the server must not inherit SIG_IGN
+        rep.step(f"restoring server: {shlex.join(cfg.start_command)}")
+        try:
+            proc = subprocess.Popen(cfg.start_command, stdin=subprocess.DEVNULL, start_new_session=True)
+        except FileNotFoundError:
+            raise OrchestrationError(f"start command {cfg.start_command[0]!r} not found; fix [server] "
+                                     "start_command in config.toml and start the server by hand") from None
     try:
         old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     except ValueError:  # not the main thread
         old = None
     try:
-        proc = None
         if freed == "release":
             rep.step("restoring server (POST /resume_memory_occupation)")
             client.resume_memory()
-        else:
-            rep.step(f"restoring server: {shlex.join(cfg.start_command)}")
-            try:
-                proc = subprocess.Popen(cfg.start_command, stdin=subprocess.DEVNULL, start_new_session=True)
-            except FileNotFoundError:
-                raise OrchestrationError(f"start command {cfg.start_command[0]!r} not found; fix [server] "
-                                         "start_command in config.toml and start the server by hand") from None
         rep.step("waiting for /health")
 
         def progress(elapsed: float, state: str) -> None:
