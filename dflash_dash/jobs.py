@@ -146,7 +146,7 @@ def run_extract(store: Store, args: dict, rep: Reporter) -> dict:
         ex_id = pipeline.extract(store, info.path, args["completions"], layers, device, dtype, ex_id, progress)
     except BaseException as e:
         if any(x["id"] == ex_id and x["status"] != "done" for x in store.extractions()):
-            store.set_status("extractions", ex_id, "failed")
+            store.set_status("extractions", ex_id, "cancelled" if isinstance(e, Cancelled) else "failed")
         if freed:
             rep.note(f"extraction stopped ({type(e).__name__}: {e}); restoring the server first")
             try:
@@ -397,7 +397,10 @@ def execute(store: Store, job_id: str) -> int:
     def stop(signum, frame):
         raise Cancelled(signal.Signals(signum).name)
 
-    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    except ValueError:  # not the main thread (in-process use): no cancellation by signal
+        old = {}
     try:
         store.update_job(job_id, status="running", pid=os.getpid(), step="starting")
         rep.note(f"job {job_id}: {job['kind']} {json.dumps(job['args'])} (pid {os.getpid()})")

@@ -140,33 +140,12 @@ class Watcher:
 # memory-release path
 
 
-def test_release_path_frees_and_restores_the_server(srv, model, tmp_path):
+def test_release_path_frees_and_restores_the_server_also_after_a_failure(srv, model, tmp_path):
     store = workspace(tmp_path, srv.url)
-    add_set(store, "good", completions(3))
-    w = Watcher(srv.client)
-    job = jobs.start(store, "extract", {"target": str(model), "completions": "good", "layers": LAYERS,
-                                        "device": "cpu", "orchestrate": "release"})
-    row = finish(store, job, srv.client.health)
-    states = w.end()
-    log = jobs.log_tail(store, job)
-    assert row["status"] == "done", log
-    assert row["health_at_end"] == (True, "ready")  # ready BEFORE the job reported done
-    assert "503 memory released" in states  # the server really had no model while the job extracted
-    ex = row["result"]["extraction"]
-    assert store.extraction(ex)["status"] == "done" and len(store.items(ex)) == 3
-    assert in_order(log, "releasing server memory (POST /release_memory_occupation)", "checking GPU memory",
-                    "device cpu: no CUDA device in use, GPU memory check skipped", "loading target",
-                    "extracting 3/3", "restoring server (POST /resume_memory_occupation)", "waiting for /health",
-                    "server ready", "done: ")
-    server_log = srv.log.read_text()
-    assert in_order(server_log, "memory released", "memory resumed")
-
-
-def test_failed_extraction_still_restores_and_rerun_resumes(srv, model, tmp_path):
-    store = workspace(tmp_path, srv.url)
-    recs = completions(3, bad=2)
-    add_set(store, "s", recs)
+    add_set(store, "s", completions(3, bad=2))
     released = srv.log.read_text().count("memory released")
+
+    # 1. the extraction fails after the GPU was freed: the server is restored all the same
     job = jobs.start(store, "extract", {"target": str(model), "completions": "s", "layers": LAYERS,
                                         "device": "cpu", "orchestrate": "release"})
     row = finish(store, job, srv.client.health)
@@ -175,25 +154,55 @@ def test_failed_extraction_still_restores_and_rerun_resumes(srv, model, tmp_path
     assert row["error"] == ("prompt 'p2': token id 9999 is outside the target's vocabulary (512); "
                             "wrong target for this completion set?")
     assert row["health_at_end"] == (True, "ready")
-    assert srv.log.read_text().count("memory released") == released + 1
-    assert in_order(log, "releasing server memory", "extraction stopped (InputError", "restoring server",
-                    "server ready", "error: prompt 'p2'")
+    assert in_order(log, "releasing server memory (POST /release_memory_occupation)", "extraction stopped (InputError",
+                    "restoring server (POST /resume_memory_occupation)", "server ready", "error: prompt 'p2'")
     ex = row["result"]["extraction"]
     assert store.extraction(ex)["status"] == "failed"
     kept = {r["prompt_id"]: Path(r["file"]).stat().st_mtime_ns for r in store.items(ex)}
     assert sorted(kept) == ["p0", "p1"]
 
-    # fix the bad completion, rerun: the same extraction continues with the missing prompt only
+    # 2. fix the bad completion and rerun: the same extraction continues with the missing prompt only
     store.add_completion("s", completions(3)[2] | {"idx": 2})
     again = jobs.rerun(store, job)
     assert store.job(again)["args"]["extraction_id"] == ex
+    w = Watcher(srv.client)
     row = finish(store, again, srv.client.health)
-    assert row["status"] == "done", jobs.log_tail(store, again)
-    assert row["result"] == {"extraction": ex} and row["health_at_end"] == (True, "ready")
+    states = w.end()
+    log = jobs.log_tail(store, again)
+    assert row["status"] == "done", log
+    assert row["result"] == {"extraction": ex}
+    assert row["health_at_end"] == (True, "ready")  # ready BEFORE the job reported done
+    assert "503 memory released" in states  # the server really had no model while the job extracted
+    assert in_order(log, "releasing server memory (POST /release_memory_occupation)", "checking GPU memory",
+                    "device cpu: no CUDA device in use, GPU memory check skipped", "loading target",
+                    "extracting 3/3", "restoring server (POST /resume_memory_occupation)", "waiting for /health",
+                    "server ready", "done: ")
     items = {r["prompt_id"]: Path(r["file"]).stat().st_mtime_ns for r in store.items(ex)}
     assert sorted(items) == ["p0", "p1", "p2"] and all(items[k] == v for k, v in kept.items())
     assert store.extraction(ex)["status"] == "done"
     assert [e["id"] for e in store.extractions()] == [ex]
+    server_log = srv.log.read_text()
+    assert server_log.count("memory released") == released + 2
+    assert in_order(server_log, "memory released", "memory resumed", "memory released", "memory resumed")
+
+
+def test_cancelled_extraction_restores_the_server(srv, model, tmp_path):
+    store = workspace(tmp_path, srv.url)
+    add_set(store, "long", [{"id": f"p{i}", "prompt_ids": list(range(10, 110)), "output_ids": list(range(110, 210))}
+                            for i in range(40)])
+    job = jobs.start(store, "extract", {"target": str(model), "completions": "long", "layers": LAYERS,
+                                        "device": "cpu", "orchestrate": "release"})
+    until(lambda: (store.job(job)["step"] or "").startswith("extracting"), 120, every=0.02,
+          what="the job to extract its first prompt")
+    assert srv.client.health() == (False, "503 memory released")
+    row = jobs.cancel(store, job)
+    assert row["status"] == "cancelled" and row["error"] == "cancelled by user"
+    assert srv.client.health() == (True, "ready")  # restored before the job process ended
+    log = jobs.log_tail(store, job)
+    assert in_order(log, "releasing server memory", "extraction stopped (Cancelled", "restoring server",
+                    "server ready", "cancelled (SIGTERM)")
+    ex = store.extraction(row["result"]["extraction"])
+    assert ex["status"] == "cancelled" and 1 <= len(store.items(ex["id"])) < 40
 
 
 def test_release_impossible_without_stop_command_is_a_clear_error(srv, model, tmp_path, capsys):
