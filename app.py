@@ -1,7 +1,7 @@
 """dflash-dash: the dashboard. `streamlit run app.py -- --workspace W` (default cache/).
 
-Routes with st.navigation to the page scripts in pages/ (URL paths completions, extraction, acceptance,
-compare, diagnostics); the sidebar shows the workspace, the server's readiness and the running jobs.
+Routes with st.navigation to the page scripts in pages/ (home at /, then URL paths completions, extraction,
+acceptance, compare, diagnostics); the sidebar shows the workspace, the server's readiness and the running jobs.
 Pages read the store and the feature cache only; long work runs as jobs (separate processes).
 """
 from __future__ import annotations
@@ -10,14 +10,15 @@ import streamlit as st
 
 from pages import common
 
-st.set_page_config(page_title="dflash-dash", page_icon="⚡", layout="wide")
+st.set_page_config(page_title="dflash-dash", page_icon=":material/bolt:", layout="wide")
 
-PAGES = [
-    st.Page("pages/acceptance.py", title="Acceptance", icon="🎯", url_path="acceptance", default=True),
-    st.Page("pages/compare.py", title="Compare", icon="⚖️", url_path="compare"),
-    st.Page("pages/completions.py", title="Completions", icon="📝", url_path="completions"),
-    st.Page("pages/extraction.py", title="Extraction", icon="🧲", url_path="extraction"),
-    st.Page("pages/diagnostics.py", title="Diagnostics", icon="🩺", url_path="diagnostics"),
+PAGES = [  # the home page is served at /; every view has its own URL path
+    st.Page("pages/overview.py", title="Overview", icon=":material/home:", default=True),
+    st.Page("pages/acceptance.py", title="Acceptance", icon=":material/track_changes:", url_path="acceptance"),
+    st.Page("pages/compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
+    st.Page("pages/completions.py", title="Completions", icon=":material/description:", url_path="completions"),
+    st.Page("pages/extraction.py", title="Extraction", icon=":material/memory:", url_path="extraction"),
+    st.Page("pages/diagnostics.py", title="Diagnostics", icon=":material/monitor_heart:", url_path="diagnostics"),
 ]
 page = st.navigation(PAGES)
 
@@ -46,7 +47,7 @@ with st.sidebar:
         url = None
     if url:
         ok, state = common.health(url)
-        st.markdown(f"**Server** {'🟢 ready' if ok else '🔴 not ready'}")
+        st.markdown(f"**Server** {':green[:material/check_circle: ready]' if ok else ':red[:material/cancel: not ready]'}")
         st.caption(f"{url} · {state}")
     st.markdown("**Jobs**")
     running_jobs()

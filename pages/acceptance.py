@@ -8,6 +8,8 @@ import streamlit as st
 from dflash_dash import views
 from pages import common
 
+common.routed()
+
 
 def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str = "") -> None:
     st.subheader("Replay another checkpoint")

@@ -22,7 +22,24 @@ from dflash_dash import views
 from dflash_dash.store import Store, default_workspace
 
 ACTIVE = ("queued", "running")
-STATUS_ICON = {"queued": "⏳", "running": "🔄", "done": "✅", "failed": "❌", "cancelled": "⏹️"}
+STATUS_ICON = {"queued": ":material/schedule:", "running": ":blue[:material/autorenew:]",
+               "done": ":green[:material/check_circle:]", "failed": ":red[:material/error:]",
+               "cancelled": ":gray[:material/stop_circle:]"}
+
+
+# ---------------------------------------------------------------------------
+# routing
+
+
+def routed() -> None:
+    """Make sure the page runs under app.py's st.navigation. Streamlit starts in its old pages-directory mode
+    when a `pages/` folder exists, until the entry script first calls st.navigation; a deep link such as
+    /acceptance?run=ID opened first after the server starts would run the page script alone (no sidebar, no
+    routing). Switch to app.py routing and rerun the same page."""
+    from streamlit.runtime.pages_manager import PagesManager
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
 
 
 # ---------------------------------------------------------------------------

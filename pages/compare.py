@@ -8,6 +8,8 @@ import streamlit as st
 from dflash_dash import views
 from pages import common
 
+common.routed()
+
 
 def metrics_table(a: dict, b: dict) -> list[dict]:
     out = []
@@ -49,7 +51,7 @@ def config_block(a: dict, b: dict) -> None:
     st.subheader("Configs side by side")
     rows = views.config_diff(a["config"], b["config"])
     n = sum(1 for r in rows if r["differs"])
-    st.caption(f"{n} keys differ (marked ≠, listed first)")
+    st.caption(f"{n} {'key differs' if n == 1 else 'keys differ'} (marked ≠, listed first)")
 
     def mark(row):
         return ["background-color:#ffe0e0" if row["differs"] else "" for _ in row]

@@ -11,6 +11,8 @@ import streamlit as st
 from dflash_dash import views
 from pages import common
 
+common.routed()
+
 UPLOAD = "upload a JSONL file…"
 
 

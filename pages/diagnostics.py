@@ -8,6 +8,8 @@ import streamlit as st
 from dflash_dash import views
 from pages import common
 
+common.routed()
+
 
 @st.cache_data(max_entries=8, show_spinner="reading both extractions' features")
 def parity(ws: str, a: str, b: str) -> dict:

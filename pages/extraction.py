@@ -8,6 +8,8 @@ import streamlit as st
 from dflash_dash import views
 from pages import common
 
+common.routed()
+
 ORCH = {
     "release": "memory-release API (server frees and retakes its GPU memory)",
     "command": "configured stop/start commands (config.toml)",
@@ -55,7 +57,7 @@ def existing(ws: str, stamp: str, orch: str) -> None:
     for e in reversed(exs):
         with st.container(border=True):
             c1, c2 = st.columns([5, 1])
-            badge = "🟢 fla" if e["backend"] == "fla" else "🟠 torch"
+            badge = ":green[fla]" if e["backend"] == "fla" else ":orange[torch]"
             c1.markdown(f"`{e['id']}` · backend **{badge}** · set `{e['set_name']}` · {e['prompts']} prompts · "
                         f"layers {e['layer_ids']} · {e['device']} {e['dtype']} · {e['status']}")
             c1.caption(f"target {e['target_path']}")

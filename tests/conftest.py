@@ -121,3 +121,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if SCREENSHOTS.is_dir() and any(SCREENSHOTS.glob("*.png")):
         terminalreporter.write_sep("-", "dashboard screenshots")
         terminalreporter.write_line(f"screenshots of each page: {SCREENSHOTS}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the item (`item.rep_call.failed`), e.g. for a screenshot on failure."""
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)

@@ -16,6 +16,7 @@ from dflash_dash.store import Store
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = ["acceptance", "compare", "completions", "extraction", "diagnostics"]
+TITLES = {p: p.capitalize() for p in PAGES} | {"overview": "dflash-dash"}
 
 
 def app(ws: Path, monkeypatch, page: str | None = None, **params) -> AppTest:
@@ -66,11 +67,11 @@ def wait_job(ws: Path, kind: str, timeout: float = 180.0) -> dict:
 # every page
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", PAGES + ["overview"])
 def test_every_page_renders_without_errors(prepared, monkeypatch, page):
     at = app(prepared.workspace, monkeypatch, page)
     clean(at)
-    assert [t.value for t in at.title] == [page.capitalize()]
+    assert [t.value for t in at.title] == [TITLES[page]]
 
 
 def test_sidebar_shows_workspace_server_and_jobs(prepared, monkeypatch):
@@ -78,14 +79,14 @@ def test_sidebar_shows_workspace_server_and_jobs(prepared, monkeypatch):
     monkeypatch.setenv("DFLASH_WORKSPACE", str(prepared.workspace))
     at = AppTest.from_file(APP, default_timeout=90).run()
     clean(at)
-    assert [t.value for t in at.title] == ["Acceptance"]
+    assert [t.value for t in at.title] == ["dflash-dash"]  # the Overview page at /
     assert str(prepared.workspace.resolve()) in " ".join(c.value for c in at.sidebar.code)
     md = " ".join(m.value for m in at.sidebar.markdown)
     assert "Server" in md and "not ready" in md  # nothing listens on the default URL
     assert "no running jobs" in " ".join(c.value for c in at.sidebar.caption)
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", PAGES + ["overview"])
 def test_empty_workspace_says_what_to_do(tmp_path, monkeypatch, page):
     at = app(tmp_path / "empty", monkeypatch, page)
     clean(at)
@@ -173,7 +174,8 @@ def test_compare_by_url_shows_both_checkpoints(prepared, monkeypatch):
     # the two token views, with differing positions outlined
     views_ = [h for h in htmls(at) if 'title="pos ' in h]
     assert len(views_) == 2
-    assert "keys differ" in cap
+    n = sum(1 for r in views.config_diff(st.run_row(a)["config"], st.run_row(b)["config"]) if r["differs"])
+    assert n >= 1 and f"{n} key" in cap
     cfg = at.dataframe[-1].value
     cfg = cfg.data if hasattr(cfg, "data") else cfg
     assert cfg.set_index("key").loc["rope_theta", "differs"] == "≠"

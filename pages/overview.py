@@ -1,0 +1,47 @@
+"""Overview (the app's home at /): where the workspace stands in the pipeline and what to do next."""
+from __future__ import annotations
+
+import streamlit as st
+
+from dflash_dash import views
+from pages import common
+
+common.routed()
+
+
+def main() -> None:
+    ws = common.workspace()
+    stamp = common.stamp()
+    st.title("dflash-dash")
+    st.caption("Per-prompt, per-token acceptance of DFlash drafter checkpoints against their target, from cached "
+               "target hidden states (no network at replay).")
+    sets = common.sets(ws, stamp)
+    exs = common.extractions(ws, stamp)
+    runs = common.runs(ws, stamp)
+    steps = [
+        ("1. Completions", f"{len(sets)} sets, {sum(s['prompts'] for s in sets)} completions",
+         bool(sets), "pages/completions.py", "fetch a prompt set from the SGLang server, or import a JSONL"),
+        ("2. Extraction", f"{len(exs)} extractions ({', '.join(sorted({e['backend'] for e in exs})) or 'none'})",
+         any(e["status"] == "done" for e in exs), "pages/extraction.py",
+         "extract the target's hidden states at the drafter's layers"),
+        ("3. Replay", f"{len(runs)} runs", bool(runs), "pages/acceptance.py",
+         "replay a checkpoint over an extraction"),
+        ("4. Compare", "two runs side by side, training sweeps", len(runs) >= 2, "pages/compare.py",
+         "replay a second checkpoint on the same extraction"),
+    ]
+    nxt = next((s for s in steps if not s[2]), None)
+    for title, what, done, page, todo in steps:
+        c1, c2 = st.columns([1, 3])
+        c1.page_link(page, label=title, icon=":material/check_circle:" if done else ":material/radio_button_unchecked:")
+        c2.markdown(what if done else f"{what} · next: {todo}")
+    if nxt:
+        st.info(f"Next: {nxt[4]} (**{nxt[0][3:]}** page).")
+    if runs:
+        st.subheader("Runs")
+        st.dataframe(views.run_table(list(reversed(runs))), hide_index=True, width="stretch")
+    st.page_link("pages/diagnostics.py", label="Diagnostics: backend parity, checkpoint consistency, server",
+                 icon=":material/monitor_heart:")
+
+
+with common.guard():
+    main()

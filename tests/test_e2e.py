@@ -1,0 +1,244 @@
+"""End to end in a real browser: headless Debian Chromium (Playwright) against `streamlit run app.py`.
+
+A copy of the prepared workspace, a local SGLang stand-in server (subprocess) and the dashboard
+(subprocess). Opens every page (screenshots under out/screenshots/), fetches from the server with the
+Fetch button, replays from the Replay button, re-extracts from the Re-extract button, opens Compare by URL,
+and checks that a completion holding <script> and HTML renders as text and runs nothing.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dflash_dash import views
+from dflash_dash.store import Store
+
+from conftest import ROOT, SCREENSHOTS
+from serving import ENV, Served, free_port, until
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+JOB_TIMEOUT = 240.0
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium "
+                                "(apt-get install -y chromium)")
+
+
+# ---------------------------------------------------------------------------
+# fixtures
+
+
+@pytest.fixture(scope="module")
+def env(prepared, tmp_path_factory):
+    base = tmp_path_factory.mktemp("e2e")
+    ws = base / "ws"
+    shutil.copytree(prepared.workspace, ws, ignore=shutil.ignore_patterns("*.lock"))
+    server = Served(prepared.target, base / "server.log").wait()
+    (ws / "config.toml").write_text(f'[server]\nurl = "{server.url}"\nreadiness_timeout = 60\n')
+    port = free_port()
+    log = open(base / "streamlit.log", "wb")
+    app = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+         "--", "--workspace", str(ws)], cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+
+    def serving():
+        if app.poll() is not None:
+            raise RuntimeError(f"streamlit exited {app.returncode}:\n{(base / 'streamlit.log').read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    try:
+        until(serving, timeout=90, every=0.2, what="streamlit to serve")
+        yield {"ws": ws, "url": url, "server": server, "prepared": prepared, "base": base}
+    finally:
+        app.terminate()
+        try:
+            app.wait(15)
+        except subprocess.TimeoutExpired:
+            app.kill()
+            app.wait()
+        server.stop()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, request):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
+    pg = ctx.new_page()
+    pg.dialogs = []
+    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    pg.set_default_timeout(60_000)
+    yield pg
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        pg.screenshot(path=str(SCREENSHOTS / f"FAILED-{request.node.name}.png"), full_page=True)
+    ctx.close()
+
+
+def open_page(page, env, path: str, title: str):
+    page.goto(f"{env['url']}/{path}")
+    page.get_by_role("heading", name=title).first.wait_for()
+    settle(page)
+
+
+def settle(page) -> None:
+    """Wait until Streamlit has finished running the script (its status widget is gone)."""
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+
+
+def shot(page, name: str, focus: str | None = None) -> None:
+    """A screenshot of the whole page: Streamlit scrolls inside its main section, so the viewport is grown to
+    the content's height first. `focus`: scroll that element into view instead (viewport only)."""
+    size = page.viewport_size
+    if focus:
+        page.locator(focus).first.scroll_into_view_if_needed()
+    else:
+        h = page.evaluate("Math.max(...[...document.querySelectorAll('[data-testid=stMain], section, main')]"
+                          ".map(e => e.scrollHeight), document.body.scrollHeight)")
+        page.set_viewport_size({"width": size["width"], "height": min(int(h) + 80, 8000)})
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+    page.set_viewport_size(size)
+
+
+def wait_job(ws: Path, kind: str, before: set[str]) -> dict:
+    st = Store(ws)
+
+    def finished():
+        new = [j for j in st.jobs() if j["kind"] == kind and j["id"] not in before]
+        return new[0] if new and new[0]["status"] not in ("queued", "running") else None
+    return until(finished, timeout=JOB_TIMEOUT, every=0.3, what=f"the {kind} job to finish")
+
+
+def job_ids(ws: Path) -> set[str]:
+    return {j["id"] for j in Store(ws).jobs()}
+
+
+def done_in_panel(page, kind: str, job_id: str):
+    """The job panel shows the job as done (the fragment polls the store every second)."""
+    page.locator("[data-testid=stMarkdownContainer]").filter(has_text=job_id).filter(
+        has_text=re.compile(r"·\s*done")).first.wait_for(timeout=30_000)
+
+
+# ---------------------------------------------------------------------------
+# tests
+
+
+def test_every_page_opens(env, page):
+    for path, title in (("", "dflash-dash"), ("acceptance", "Acceptance"), ("compare", "Compare"), ("completions", "Completions"),
+                        ("extraction", "Extraction"), ("diagnostics", "Diagnostics")):
+        open_page(page, env, path, title)
+        assert page.locator("[data-testid=stException]").count() == 0, path
+        assert page.locator("text=Traceback").count() == 0, path
+        shot(page, path or "overview")
+        assert page.get_by_text("Page not found").count() == 0, path
+    # the sidebar shows the workspace and a ready server
+    side = page.locator("[data-testid=stSidebar]").inner_text()
+    assert str(env["ws"].resolve()) in side and "ready" in side
+    print(f"\nscreenshots in {SCREENSHOTS}")
+
+
+def test_untrusted_completion_renders_as_text_and_runs_nothing(env, page):
+    p = env["prepared"]
+    open_page(page, env, f"completions?set={p.set_name}&prompt={p.script_id}", "Completions")
+    page.get_by_text("<script>window.__pwned = 1; alert(1)</script>").first.wait_for()
+    assert page.get_by_text('<b>bold</b> & <img src=x onerror="window.__pwned = 2">').count() >= 1
+    open_page(page, env, f"acceptance?run={p.runs[1]}&prompt={p.script_id}", "Acceptance")
+    # the token view's text (rejected drafts and depth superscripts left out) is the completion, verbatim
+    page.wait_for_function("""(want) => [...document.querySelectorAll('.dfv')].some(v => {
+        const c = v.cloneNode(true); c.querySelectorAll('.dfv-rej, sup').forEach(e => e.remove());
+        return c.textContent.replaceAll('↵', '\\n').replaceAll('⇥', '').includes(want); })""",
+        arg="<script>window.__pwned = 1; alert(1)</script>")
+    shot(page, "acceptance-script", focus=".dfv >> nth=-1")
+    # no element was created from the completion, no script ran, no dialog opened
+    assert page.evaluate("document.querySelectorAll('.dfv script, .dfv img, .dfv b').length") == 0
+    assert page.evaluate("window.__pwned") is None
+    assert page.dialogs == []
+
+
+def test_fetch_from_the_button(env, page):
+    ws = env["ws"]
+    open_page(page, env, "completions", "Completions")
+    before = job_ids(ws)
+    page.get_by_label("completion set name").fill("e2e-fetch")
+    page.get_by_label("max new tokens").fill("6")
+    page.get_by_test_id("stCheckbox").get_by_text("chat template", exact=True).click()  # off: plain prompts
+    page.get_by_role("button", name="Fetch").click()
+    job = wait_job(ws, "fetch", before)
+    assert job["status"] == "done", job
+    assert job["args"]["server"] == env["server"].url and job["args"]["chat"] is False
+    comps = Store(ws).completions("e2e-fetch")
+    assert len(comps) == 10 and all(1 <= len(c["output_ids"]) <= 6 for c in comps)
+    done_in_panel(page, "fetch", job["id"])
+    page.get_by_text("e2e-fetch").first.wait_for()  # the page reran and lists the new set
+    shot(page, "completions-fetched")
+
+
+def test_replay_from_the_button(env, page):
+    ws, p = env["ws"], env["prepared"]
+    open_page(page, env, "acceptance", "Acceptance")
+    before = job_ids(ws)
+    n = len(Store(ws).runs())
+    page.get_by_label("checkpoint folder (config.json + *.safetensors)").fill(str(p.drafters[0]))
+    page.get_by_role("button", name="Replay").click()
+    job = wait_job(ws, "replay", before)
+    assert job["status"] == "done", job
+    runs = Store(ws).runs()
+    assert len(runs) == n + 1 and runs[-1]["id"] == job["result"]["run"]
+    done_in_panel(page, "replay", job["id"])
+    shot(page, "acceptance-replayed")
+
+
+def test_reextract_from_the_button(env, page):
+    ws = env["ws"]
+    open_page(page, env, "extraction", "Extraction")
+    before = job_ids(ws)
+    n = len(Store(ws).extractions())
+    page.get_by_role("button", name="Re-extract").first.click()
+    job = wait_job(ws, "extract", before)
+    assert job["status"] == "done", job
+    exs = Store(ws).extractions()
+    assert len(exs) == n + 1 and exs[-1]["id"] == job["result"]["extraction"]
+    done_in_panel(page, "extract", job["id"])
+    # the new extraction is listed, with its backend and its own Re-extract button
+    page.locator("[data-testid=stMarkdownContainer]").filter(has_text=exs[-1]["id"]).filter(
+        has_text="backend").first.wait_for()
+    until(lambda: page.get_by_role("button", name="Re-extract").count() == n + 1, timeout=30,
+          what="a Re-extract button per extraction")
+    shot(page, "extraction-reextracted")
+
+
+def test_compare_by_url_shows_both_checkpoints(env, page):
+    p = env["prepared"]
+    a, b = p.runs
+    open_page(page, env, f"compare?a={a}&b={b}", "Compare")
+    body = page.locator("[data-testid=stMain]").inner_text()
+    for d in p.drafters:
+        assert d.name in body and str(d) in body
+    assert page.locator(".dfv").count() >= 2  # the two aligned token views
+    st = Store(env["ws"])
+    n = sum(1 for r in views.config_diff(st.run_row(a)["config"], st.run_row(b)["config"]) if r["differs"])
+    assert f"{n} {'key differs' if n == 1 else 'keys differ'}" in body
+    assert f"a={a}" in page.url and f"b={b}" in page.url
+    shot(page, "compare")
