@@ -116,7 +116,7 @@ def load_tokenizer(path: str | Path):
 
 def fetch(store: Store, server: str, prompt_set: str, name: str, max_new_tokens: int = 256, chat: bool = False,
           tokenizer: str | None = None, enable_thinking: bool = False, progress: Progress = None,
-          readiness_timeout: float = 600.0) -> int:
+          readiness_timeout: float = 600.0, request_timeout: float = 600.0) -> int:
     """Greedy completions of `prompt_set` (built-in name or JSONL file) from the SGLang server at `server`,
     stored as set `name`, each committed as it arrives; prompts already in the set are skipped, so an
     interrupted fetch continues when run again. Returns how many completions were fetched now.
@@ -137,7 +137,7 @@ def fetch(store: Store, server: str, prompt_set: str, name: str, max_new_tokens:
         _tick(progress, n, n, f"set {name!r} already holds all {n} prompts of {prompt_set}")
         return 0
     try:
-        client = sglang.Client(server)
+        client = sglang.Client(server, timeout=request_timeout)
     except ValueError as e:
         raise InputError(f"--server: {e}") from None
     client.wait_ready(readiness_timeout, progress=lambda t, state: _tick(
