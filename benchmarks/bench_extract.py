@@ -153,28 +153,59 @@ def inputs(shp: dict, n: int, T: int):
 # one GPU
 
 
-def one(a, shp, ids, dev):
-    figs: dict = {}
+def transformers_default_gdn(device: str) -> str:
+    """What transformers bound at import for the gated delta rule (the plain forward runs with that)."""
+    import importlib
+    mod = importlib.import_module("transformers.models.qwen3_5.modeling_qwen3_5")
+    impl = tg._impl(mod.torch_chunk_gated_delta_rule)
+    got = "fla" if getattr(impl, "__module__", "").startswith("fla") else "torch"
+    if device.startswith("cuda"):
+        assert got == "fla", "transformers did not bind fla's gated delta rule"
+    return got
+
+
+def plain(model, seqs, dev, keep=None):
+    """Timed plain forwards; returns (seconds, hidden states of the first sequence at `keep` layers)."""
+    with torch.inference_mode():
+        model(seqs[0][1][None].to(dev), output_hidden_states=True)  # warm-up (fla autotune)
+        ref = None
+        with Clock(dev) as c:
+            for j, (_, x) in enumerate(seqs):
+                out = model(x[None].to(dev), output_hidden_states=True)
+                if j == 0 and keep:
+                    ref = [out.hidden_states[l + 1][0].clone() for l in keep]
+                del out
+                sync(dev)
+    return c.s, ref
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def one(a, shp, ids, dev, figs: dict):
     n, T = (a.seqs or (4 if a.small else 10)), (a.tokens or (64 if a.small else 2560))
     peak = matmul_tflops(dev, 1024 if a.small else 8192)
     figs["matmul_bf16_tflops"] = peak
     t0 = time.perf_counter()
     model = build(shp, shp["num_hidden_layers"], dev)
     note(f"model built in {time.perf_counter() - t0:.1f} s, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B "
-         f"params; backend {backend(dev)}; fla {tg.fla_version()}")
+         f"params; fla {tg.fla_version()}")
     seqs = inputs(shp, n, T)
     tokens = n * T
-
-    # plain forward of the whole model
-    with torch.inference_mode():
-        model(seqs[0][1][None].to(dev), output_hidden_states=True)  # warm-up (fla autotune)
-        with Clock(dev) as cp:
-            for _, x in seqs:
-                model(x[None].to(dev), output_hidden_states=True)
-                sync(dev)
     f_plain = n * flops(model.model.layers, T, model.lm_head)
-    figs |= {"plain_s": cp.s, "plain_tokens_per_s": tokens / cp.s, "plain_tflops": f_plain / cp.s / 1e12,
-             "plain_fraction_of_peak": f_plain / cp.s / 1e12 / peak, "plain_peak_mem_gib": peak_gib(dev)}
+
+    # plain forward of the whole model, kernels as transformers binds them (fla gated delta rule)
+    if not dev.startswith("cuda"):
+        tg.force_torch_kernels()  # fla cannot run on a CPU (transformers binds it wherever it imports)
+    note(f"plain forward: transformers' own kernels (gated delta rule: {transformers_default_gdn(dev)})")
+    s_plain, ref = plain(model, seqs, dev, ids)
+    figs |= {"plain_s": s_plain, "plain_tokens_per_s": tokens / s_plain, "plain_tflops": f_plain / s_plain / 1e12,
+             "plain_fraction_of_peak": f_plain / s_plain / 1e12 / peak, "plain_peak_mem_gib": peak_gib(dev)}
+    note(f"product backend: {backend(dev)} (target.use_backend, as target.load binds it)")
+    s_pk, _ = plain(model, seqs, dev)
+    figs["plain_product_kernels_tokens_per_s"] = tokens / s_pk
 
     # the product's extraction: cut model, stream with overlapped copies and writes
     decoder = cut(model, ids)
@@ -190,6 +221,9 @@ def one(a, shp, ids, dev):
     figs["forward_only_tokens_per_s"] = tokens / cf.s
     if a.profile:
         profile(lambda: tg.extract(decoder, seqs[0][1], ids), dev)
+    with Clock(dev) as cn:
+        list(tg.extract_stream(decoder, seqs, ids, lambda k, f: None, depth=a.depth))
+    figs["extract_nowrite_tokens_per_s"] = tokens / cn.s
     root = Path(a.work)
     shutil.rmtree(root, ignore_errors=True)
     meta = {"bench": True, "layer_ids": ids}
@@ -199,15 +233,20 @@ def one(a, shp, ids, dev):
     per_tok = sum(payload_bytes(f) for f in files) / tokens
     H = shp["hidden_size"]
     assert per_tok == len(ids) * H * 2, (per_tok, len(ids) * H * 2)
+    got = cache.read(root, "bench", seqs[0][0], T, len(ids) * H)           # the written file, validated
+    errs = [rel_l2(got[:, j * H:(j + 1) * H], r.cpu()) for j, r in enumerate(ref)]
     figs |= {"extract_s": ce.s, "extract_tokens_per_s": tokens / ce.s, "extract_tflops": f_cut / ce.s / 1e12,
              "extract_fraction_of_peak": f_cut / ce.s / 1e12 / peak,
-             "extract_speedup_vs_plain": (tokens / ce.s) / (tokens / cp.s),
+             "extract_speedup_vs_plain": (tokens / ce.s) / (tokens / s_plain),
+             "extract_speedup_vs_plain_product_kernels": (tokens / ce.s) / (tokens / s_pk),
              "extract_bytes_per_token": per_tok, "extract_expected_bytes_per_token": len(ids) * H * 2,
              "extract_file_bytes_per_token": sum(f.stat().st_size for f in files) / tokens,
              "extract_write_mb_per_s": sum(f.stat().st_size for f in files) / wrote / 1e6,
+             "extract_vs_plain_hidden_states_max_rel_l2": max(errs),
              "extract_peak_mem_gib": peak_gib(dev)}
     note(f"{n} x {T} tokens; features to {root} ({fs_type(root)}); counted {f_plain / n / T / 1e9:.2f} "
-         f"GFLOP/token plain, {f_cut / n / T / 1e9:.2f} cut")
+         f"GFLOP/token plain, {f_cut / n / T / 1e9:.2f} cut; per-layer rel L2 vs plain "
+         + ", ".join(f"{e:.2e}" for e in errs))
     shutil.rmtree(root, ignore_errors=True)
     return figs
 
@@ -283,13 +322,16 @@ def main():
     shp, ids = (SMALL, SMALL_IDS) if a.small else (FULL, LAYER_IDS)
     if not a.small:
         note(f"device {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}; torch {torch.__version__}")
-    if a.gpus == 1:
-        figs = one(a, shp, ids, "cpu" if a.small else "cuda:0")
-    else:
-        figs = two(a, shp, ids)
-    import transformers
-    note(f"transformers {transformers.__version__}, fla {tg.fla_version()}, pid {os.getpid()}")
-    report(figs)
+    figs: dict = {}
+    try:
+        if a.gpus == 1:
+            one(a, shp, ids, "cpu" if a.small else "cuda:0", figs)
+        else:
+            figs |= two(a, shp, ids)
+        import transformers
+        note(f"transformers {transformers.__version__}, fla {tg.fla_version()}, pid {os.getpid()}")
+    finally:
+        report(figs)  # what was measured, also when a later stage failed
 
 
 if __name__ == "__main__":

@@ -280,7 +280,7 @@ class Drafter:
         return [self._kv(i, ctx, cos, sin) for i in range(self.c.num_hidden_layers)]
 
     def blocks(self, kv: list[tuple[torch.Tensor, torch.Tensor]], anchors: torch.Tensor,
-               emb: torch.Tensor, group: int = 16) -> torch.Tensor:
+               emb: torch.Tensor, group: int = 16, max_anchor: int | None = None) -> torch.Tensor:
         """Draft many blocks of one sequence at once.
 
         kv: context_kv of the sequence; anchors [N] (int, the anchor position of each block);
@@ -291,7 +291,9 @@ class Drafter:
         Attention is one fused SDPA call per layer: blocks are taken `group` at a time (S groups), each
         group's queries [g*G*B] attend over [context keys ; the group's block keys] of one KV head, with an
         additive mask that keeps block n to keys < anchors[n] and to its own block. GQA is folded into the
-        query rows, so K/V are never repeated per query head; scores never leave the kernel.
+        query rows, so K/V are never repeated per query head; scores never leave the kernel. The context
+        length is rounded up to a multiple of 256 (the extra keys are masked) so that few distinct shapes
+        reach the attention kernels. `max_anchor` (>= anchors.max(), optional) spares a device sync.
         """
         c = self.c
         N, B, _ = emb.shape
@@ -306,7 +308,8 @@ class Drafter:
             anchors = torch.cat([anchors, anchors[-1:].expand(pad)])
             h = torch.cat([h, h[-1:].expand(pad, -1, -1)])
         T = kv[0][0].shape[1]
-        L = min(T, -(-int(anchors.max()) // 16) * 16)              # context keys any block can see (x16)
+        top = int(anchors.max()) if max_anchor is None else max_anchor
+        L = min(T, -(-top // 256) * 256)                           # context keys any block can see (x256)
         qpos = anchors[:, None] + torch.arange(B, device=dev)      # [N', B]
         cos, sin = self.rope(qpos)                                 # [N', B, hd]
         masks = {w: self._attn_mask(anchors, qpos, L, S, G, g, w) for w in {self._window(i) for i in

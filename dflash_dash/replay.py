@@ -9,6 +9,7 @@ reproduces a greedy speculative decoder: anchor P first, then anchor += accepted
 from __future__ import annotations
 
 import heapq
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
@@ -47,70 +48,93 @@ def _embed_blocks(drafter: Drafter, head: Head, tokens: torch.Tensor, anchors: t
 HEAD_ROWS = 2048  # rows of the LM head computed at once: bounds the [rows, V] logits buffer
 
 
-def _lse_triton():
-    """A Triton kernel: row-wise log-sum-exp of [R, V] logits in one read, fp32 math (built on first use)."""
+def _top_triton():
+    """A Triton kernel reading each row of logits [R, V] once: top-k (descending; among equal values the
+    lower id first, so slot 0 is torch.argmax) and log-sum-exp in fp32. Built on first use."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def lse_rows(x_ptr, out_ptr, stride, V: tl.constexpr, BLOCK: tl.constexpr):
+    def top_rows(x_ptr, stride, val_ptr, idx_ptr, lse_ptr, V: tl.constexpr, K: tl.constexpr,
+                 KP: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
-        m = tl.full([BLOCK], -1e30, tl.float32)   # running max per lane (finite: no inf - inf)
-        s = tl.zeros([BLOCK], tl.float32)         # running sum of exp(x - m) per lane
+        lanes = tl.arange(0, BLOCK)
+        slots = tl.arange(0, KP)
+        m = tl.full([BLOCK], -1e30, tl.float32)                  # running max per lane (finite: no inf - inf)
+        s = tl.zeros([BLOCK], tl.float32)                        # running sum of exp(x - m) per lane
+        bv = tl.where(slots < K, float("-inf"), float("inf"))    # best K values so far (pad slots: never out)
+        bi = tl.zeros([KP], tl.int32)                            # their ids
         for off in range(0, V, BLOCK):
-            cols = off + tl.arange(0, BLOCK)
-            x = tl.load(x_ptr + row * stride + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            x = tl.load(x_ptr + row * stride + off + lanes, mask=off + lanes < V, other=float("-inf"))
+            x = x.to(tl.float32)
             m2 = tl.maximum(m, x)
             s = s * tl.exp(m - m2) + tl.exp(x - m2)
             m = m2
+            while tl.max(x, 0) > tl.min(bv, 0):                  # the tile's best beats the K-th best
+                i = tl.argmax(x, 0, tie_break_left=True)
+                out = tl.argmax(tl.where(bv == tl.min(bv, 0), bi, -1), 0)  # K-th best (of equals, last id)
+                bv = tl.where(slots == out, tl.max(x, 0), bv)
+                bi = tl.where(slots == out, off + i, bi)
+                x = tl.where(lanes == i, float("-inf"), x)
         mx = tl.max(m, 0)
-        tl.store(out_ptr + row, mx + tl.log(tl.sum(s * tl.exp(m - mx), 0)))
+        tl.store(lse_ptr + row, mx + tl.log(tl.sum(s * tl.exp(m - mx), 0)))
+        live = slots < K
+        for j in tl.static_range(K):                             # sorted: value down, then id up
+            v = tl.max(tl.where(live, bv, float("-inf")), 0)
+            i = tl.min(tl.where(live & (bv == v), bi, 2147483647), 0)
+            tl.store(val_ptr + row * K + j, v)
+            tl.store(idx_ptr + row * K + j, i.to(tl.int64))
+            live = live & ((bv != v) | (bi != i))
 
-    def lse(x: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-        lse_rows[(x.shape[0],)](x, out, x.stride(0), V=x.shape[1], BLOCK=4096, num_warps=8)
-        return out
-    return lse
+    def top(x: torch.Tensor, k: int):
+        R, V = x.shape
+        vals = torch.empty(R, k, dtype=torch.float32, device=x.device)
+        ids = torch.empty(R, k, dtype=torch.long, device=x.device)
+        lse = torch.empty(R, dtype=torch.float32, device=x.device)
+        top_rows[(R,)](x, x.stride(0), vals, ids, lse, V=V, K=k, KP=max(2, triton.next_power_of_2(k)),
+                       BLOCK=4096, num_warps=8)
+        return vals, ids, lse
+    return top
 
 
-_LSE: list = []  # [the built Triton log-sum-exp, or None where Triton cannot run]
+_TOP: list = []  # [the built Triton kernel, or None where Triton cannot run]
 
 
-def logsumexp(x: torch.Tensor) -> torch.Tensor:
-    """Row-wise log-sum-exp of logits [R, V] in fp32: one-pass Triton kernel on CUDA, torch elsewhere."""
-    if x.is_cuda and x.stride(1) == 1:
-        if not _LSE:
+def top_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logits [R, V] -> argmax [R], top-k ids [R, k] and their log-probabilities [R, k] (fp32).
+
+    On CUDA one Triton pass over the logits; elsewhere torch (argmax, topk, logsumexp of an fp32 copy).
+    Same values either way; only the order of exactly equal logits inside the top-k may differ.
+    """
+    if logits.is_cuda and logits.stride(1) == 1:
+        if not _TOP:
             try:
-                _LSE.append(_lse_triton())
+                _TOP.append(_top_triton())
             except Exception:  # noqa: BLE001  (no Triton here: the torch path below is exact too)
-                _LSE.append(None)
-        if _LSE[0] is not None:
-            return _LSE[0](x)
-    return torch.logsumexp(x.float(), -1)
+                _TOP.append(None)
+        if _TOP[0] is not None:
+            try:
+                vals, ids, lse = _TOP[0](logits, max(k, 1))
+                return ids[:, 0], ids[:, :k], vals[:, :k] - lse[:, None]
+            except Exception as e:  # noqa: BLE001  (a Triton that cannot compile it: torch below is exact)
+                warnings.warn(f"Triton top-k kernel unavailable ({type(e).__name__}: {e}); using torch.topk")
+                _TOP[0] = None
+    top = logits.topk(k, dim=-1)
+    return logits.argmax(-1), top.indices, top.values.float() - torch.logsumexp(logits.float(), -1)[:, None]
 
 
 def _head(drafter: Drafter, head: Head, h: torch.Tensor, topk: int):
     """Normed block states [N, B, H] -> argmax [N, B-1], top-k ids and log-probs [N, B-1, k] (on h's device).
 
     Rows go through the LM head HEAD_ROWS at a time and the logits stay in the model dtype (no fp32
-    copy of [rows, V]): argmax and top-k read them directly; log p = logit - logsumexp(logits) in fp32.
+    copy of [rows, V]); `top_logp` reads them: log p = logit - logsumexp(logits), in fp32.
     """
     N, B1 = h.shape[0], h.shape[1] - 1
     x = h[:, 1:].reshape(N * B1, -1)
     w = head.lm_head.to(h.device, h.dtype)
-    drafts, ids, logp = [], [], []
-    for r in range(0, x.shape[0], HEAD_ROWS):
-        logits = x[r:r + HEAD_ROWS] @ w.T                                   # [R, V]
-        drafts.append(logits.argmax(-1))
-        if topk:
-            top = logits.topk(topk, dim=-1)
-            ids.append(top.indices)
-            logp.append(top.values.float() - logsumexp(logits)[:, None])
-    drafts = torch.cat(drafts).view(N, B1)
-    if topk:
-        return drafts, torch.cat(ids).view(N, B1, topk), torch.cat(logp).view(N, B1, topk)
-    empty = torch.empty(N, B1, 0, device=h.device)
-    return drafts, empty.long(), empty
+    parts = [top_logp(x[r:r + HEAD_ROWS] @ w.T, topk) for r in range(0, x.shape[0], HEAD_ROWS)]
+    drafts, ids, logp = (torch.cat([p[i] for p in parts]) for i in range(3))
+    return drafts.view(N, B1), ids.view(N, B1, topk), logp.view(N, B1, topk)
 
 
 def _stack(parts) -> Drafts:
@@ -118,18 +142,33 @@ def _stack(parts) -> Drafts:
     return Drafts(*(torch.cat([p[i] for p in parts]).cpu() for i in range(3)))
 
 
+def _draft(drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.Tensor, prompt_len: int,
+           topk: int, chunk: int) -> list:
+    """Queue the every-anchor drafts of one sequence on the device; per-chunk results stay there."""
+    T, dev = len(tokens), drafter.device
+    kv = drafter.context_kv(features.to(dev))
+    tokens = tokens.to(head.embed.device)
+    parts = []
+    for s in range(prompt_len, T, chunk):
+        e = min(s + chunk, T)
+        anchors = torch.arange(s, e, device=dev)
+        emb = _embed_blocks(drafter, head, tokens, anchors)
+        parts.append(_head(drafter, head, drafter.blocks(kv, anchors, emb, max_anchor=e - 1), topk))
+    return parts
+
+
+def _upload(drafter: Drafter, features: torch.Tensor) -> torch.Tensor:
+    """Features to the drafter's device without waiting (pinned, asynchronous) on CUDA."""
+    if drafter.device.type != "cuda" or features.is_cuda:
+        return features
+    return features.pin_memory().to(drafter.device, non_blocking=True)
+
+
 @torch.inference_mode()
 def draft_all(drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.Tensor, prompt_len: int,
               topk: int = 0, chunk: int = 64) -> Drafts:
     """Every-anchor drafts of one sequence: context K/V once, then `chunk` blocks per batched call."""
-    T = len(tokens)
-    kv = drafter.context_kv(features.to(drafter.device))
-    parts = []
-    for s in range(prompt_len, T, chunk):
-        anchors = torch.arange(s, min(s + chunk, T))
-        h = drafter.blocks(kv, anchors, _embed_blocks(drafter, head, tokens, anchors))
-        parts.append(_head(drafter, head, h, topk))
-    return _stack(parts)
+    return _stack(_draft(drafter, head, features, tokens, prompt_len, topk, chunk))
 
 
 @torch.inference_mode()
@@ -320,10 +359,14 @@ def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chu
     Scoring (CPU: acceptance, chain and DDTree walks) of sequence i runs on a worker thread while the
     device drafts sequence i+1; results come back in input order.
     """
-    with ThreadPoolExecutor(1) as pool:
+    with ThreadPoolExecutor(1) as pool, torch.inference_mode():
         futures = []
+        nxt = _upload(drafter, seqs[0].features) if seqs else None
         for i, s in enumerate(seqs):
-            d = draft_all(drafter, head, s.features, s.tokens, s.prompt_len, topk=budget, chunk=chunk)
+            parts = _draft(drafter, head, nxt, s.tokens, s.prompt_len, budget, chunk)
+            if i + 1 < len(seqs):  # the next features travel while this sequence computes
+                nxt = _upload(drafter, seqs[i + 1].features)
+            d = _stack(parts)
             futures.append(pool.submit(score, s.id, d, s.tokens.numpy(), s.prompt_len, budget))
             if i:
                 futures[i - 1].result()  # at most one sequence scoring behind; its errors surface here

@@ -5,7 +5,8 @@ Contract (SPEC 5):
     (Hugging Face `output_hidden_states[l+1]`), concatenated in listed order. The model is loaded cut
     after the last needed layer (`load(..., layer_ids)`), and no LM head is ever applied.
     `extract_stream` does the same for many sequences, overlapping device work with copies and writes.
-  - Kernel backend: fla kernels when CUDA is used and fla imports, otherwise the torch reference path
+  - Kernel backend: fla kernels (gated delta rule; with fla bound, also fla's Triton short causal
+    convolution in place of torch's conv1d) when CUDA is used and fla imports, otherwise the torch reference path
     is FORCED (transformers binds fla at import whenever fla imports, also on a CPU machine, where it
     fails). `use_backend` returns what is really bound, which is recorded with every extraction.
   - `load_head` reads only the embedding and LM head tensors from the target's safetensors.
@@ -36,6 +37,7 @@ HYBRID_MODULES = [
 ]
 KERNEL_FUNCS = ["torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
                 "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
+CONV_FUNCS = ["causal_conv1d_fn"]  # the short causal convolution: torch conv1d unless `causal_conv1d` is installed
 _BOUND: dict[tuple[str, str], object] = {}  # (module, name) -> the function transformers bound at import
 
 
@@ -90,10 +92,25 @@ def use_backend(backend: str) -> str:
             setattr(mod, name, new)
             impl = _impl(new)
             seen.add("fla" if getattr(impl, "__module__", "").startswith("fla") else "torch")
+        for name in CONV_FUNCS:  # with fla, its Triton causal conv (fused SiLU) replaces torch's conv1d
+            fn = getattr(mod, name, None)
+            if fn is not None:
+                orig = _BOUND.setdefault((mod_name, name), fn)
+                torch_fn = getattr(orig, "__wrapped__", orig) if backend == "torch" else orig
+                setattr(mod, name, fla_conv1d if backend == "fla" and seen == {"fla"} else torch_fn)
     if backend == "fla" and seen != {"fla"}:
         raise TargetError("fla kernels were asked for but transformers did not bind them "
                           f"(bound: {sorted(seen) or 'none'}); install fla-core and triton on a CUDA machine")
     return "fla" if seen == {"fla"} else "torch"
+
+
+def fla_conv1d(hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               activation: str | None = None, **_) -> torch.Tensor:
+    """transformers' `causal_conv1d_fn` ([B, D, T] in and out, weight [D, W]) computed by fla's Triton kernel
+    (which reads [B, T, D]: the transposes are views of the projection output, no copies)."""
+    from fla.modules.causal_conv1d import causal_conv1d
+    y, _ = causal_conv1d(hidden_states.transpose(1, 2), weight, bias, activation=activation, backend="triton")
+    return y.transpose(1, 2)
 
 
 def force_torch_kernels() -> str:
