@@ -34,17 +34,19 @@ from ..tiny import TinyDrafter, drafter_config
 @dataclass
 class DrafterTraining:
     steps: int = 3000                     # optimizer steps
-    seqs_per_step: int = 16               # sequences per step (one context per sequence)
-    anchors_per_seq: int = 32             # random anchors (blocks) per sequence
-    lr: float = 6e-4                      # peak AdamW learning rate (warmup, cosine to 10%)
-    warmup: int = 100                     # warmup steps
+    seqs_per_step: int = 4                # sequences per step (one context per sequence)
+    anchors_per_seq: int = 256            # blocks per sequence: every completion anchor, or this many at random
+    lr: float = 1e-3                      # peak AdamW learning rate (warmup, cosine to 10%)
+    warmup: int = 30                      # warmup steps
     weight_decay: float = 0.01            # AdamW weight decay on matrices
     clip: float = 1.0                     # gradient-norm clip
     gamma: float = 7.0                    # position decay: slot i weighs exp(-(i-1)/gamma)
     seed: int = 2                         # init and sampling seed
     bug: str | None = None                # None, or "anchor_visible" (context includes the anchor)
-    snapshots: list[int] = field(default_factory=list)  # extra steps at which a checkpoint is kept
+    snapshot_fracs: list[float] = field(default_factory=list)  # extra checkpoints at these fractions of steps
     log_every: int = 50                   # loss-curve resolution
+    budget_s: float | None = None         # wall-clock budget: after `probe` steps, steps = what fits (<= steps)
+    probe: int = 10                       # steps timed before the budget fixes the step count
 
 
 # ---------------------------------------------------------------------------
@@ -72,6 +74,34 @@ def generate(model, prompts: list[list[int]], new: int, device: str, batch: int 
         del pos
         out += [seq[i, :len(p) + new].tolist() for i, p in enumerate(group)]
     return out
+
+
+@torch.no_grad()
+def features(decoder, layers, seqs: list[list[int]], layer_ids: list[int], device: str,
+             batch: int = 256) -> list[torch.Tensor]:
+    """Hidden states (outputs of decoder layers `layer_ids`, concatenated, bf16) of many sequences, in
+    right-padded batches: the model is causal, so a position never sees the padding after it. The same
+    hooks as `target.extract`, batched (the demo's training data is thousands of sequences)."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    got: dict[int, torch.Tensor] = {}
+    hooks = [layers[l].register_forward_hook(
+        lambda _m, _i, o, l=l: got.__setitem__(l, o[0] if isinstance(o, tuple) else o)) for l in set(layer_ids)]
+    res: dict[int, torch.Tensor] = {}
+    try:
+        for s in range(0, len(order), batch):
+            idx = order[s:s + batch]
+            T = max(len(seqs[i]) for i in idx)
+            x = torch.zeros(len(idx), T, dtype=torch.long, device=device)
+            for j, i in enumerate(idx):
+                x[j, :len(seqs[i])] = torch.tensor(seqs[i], device=device)
+            decoder(input_ids=x, use_cache=False)
+            f = torch.cat([got[l] for l in layer_ids], dim=-1).to(torch.bfloat16)   # [b, T, K*H]
+            for j, i in enumerate(idx):
+                res[i] = f[j, :len(seqs[i])].clone()
+    finally:
+        for h in hooks:
+            h.remove()
+    return [res[i] for i in range(len(seqs))]
 
 
 def cut(seq: list[int], prompt_len: int, eos: int) -> list[int]:
@@ -123,17 +153,19 @@ def block_loss(drafter: Drafter, head: Head, feats: torch.Tensor, tokens: torch.
                n: int, gamma: float, g: torch.Generator, bug: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted CE of `n` random blocks of one sequence; also the slot-1 accuracy (for the log).
 
-    feats [T, K*H] (bf16), tokens [T]; anchors uniform in prompt_len..T-2.
+    feats [T, K*H] (bf16), tokens [T]; anchors: every position prompt_len..T-2, or `n` of them at random.
     """
     c, dev = drafter.c, drafter.device
     T, B = len(tokens), drafter.c.block_size
-    anchors = torch.randint(prompt_len, T - 1, (n,), generator=g).to(dev)         # [n]
-    ids = torch.full((n, B), c.mask_token_id, dtype=torch.long, device=dev)
+    span = T - 1 - prompt_len                                                      # anchors P..T-2
+    pick = torch.arange(span) if span <= n else torch.randperm(span, generator=g)[:n]
+    anchors = (prompt_len + pick).to(dev, non_blocking=True)                       # [n']
+    ids = torch.full((len(pick), B), c.mask_token_id, dtype=torch.long, device=dev)
     ids[:, 0] = tokens[anchors]
-    emb = head.embed[ids]                                                          # [n, B, H]
+    emb = head.embed[ids]                                                          # [n', B, H]
     kv = drafter.context_kv(feats)
     # the bug: context visible up to AND including the anchor (queries moved one position on)
-    h = drafter.blocks(kv, anchors + 1 if bug == "anchor_visible" else anchors, emb)  # [n, B, H]
+    h = drafter.blocks(kv, anchors + 1 if bug == "anchor_visible" else anchors, emb, max_anchor=T - 1)
     logits = (h[:, 1:] @ head.lm_head.T).float()                                   # [n, B-1, V]
     pos = anchors[:, None] + torch.arange(1, B, device=dev)                        # [n, B-1]
     valid = pos < T
@@ -150,8 +182,8 @@ def train(data: list[tuple[torch.Tensor, torch.Tensor, int]], head: Head, d: Tin
           out: str | Path, name: str, device: str = "cuda", log=print) -> list[dict]:
     """Train one drafter on `data` = [(features [T, K*H], tokens [T], prompt_len)], all on `device`.
 
-    Saves `out/<name>` at the end and `out/<prefix>-step<S>` at each snapshot step (prefix given by the
-    caller through `t.snapshots` naming: early-step<S>). Returns one record per saved checkpoint.
+    Saves `out/<name>` (a format string; `{step}` is the last step) at the end and `out/early-step<S>` at
+    each snapshot step. Returns one record per saved checkpoint.
     """
     torch.manual_seed(t.seed)
     g = torch.Generator().manual_seed(t.seed)
@@ -165,7 +197,17 @@ def train(data: list[tuple[torch.Tensor, torch.Tensor, int]], head: Head, d: Tin
     amp = (torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda")
            else torch.autocast("cpu", enabled=False))
     curve, records, t0 = [], [], time.perf_counter()
-    for step in range(t.steps):
+    snaps = {max(1, int(f * t.steps)) for f in t.snapshot_fracs}
+    step = 0
+    while step < t.steps:
+        if step == 1:
+            t1 = time.perf_counter()
+        if t.budget_s and step == t.probe:  # fix the step count from the step time (first step left out)
+            per = (time.perf_counter() - t1) / (t.probe - 1)
+            t.steps = min(t.steps, t.probe + int((t.budget_s - (time.perf_counter() - t0)) / per))
+            snaps = {max(t.probe + 1, int(f * t.steps)) for f in t.snapshot_fracs}
+            log(f"{name}: {per * 1000:.0f} ms/step -> {t.steps} steps in the {t.budget_s:.0f} s budget, "
+                f"snapshots at {sorted(snaps)}")
         for grp in opt.param_groups:
             grp["lr"] = _lr(step, t)
         pick = torch.randint(0, len(data), (t.seqs_per_step,), generator=g).tolist()
@@ -184,13 +226,14 @@ def train(data: list[tuple[torch.Tensor, torch.Tensor, int]], head: Head, d: Tin
             curve.append([step + 1, round(tot, 4), round(acc, 4)])
             log(f"{name} step {step + 1}/{t.steps} loss {tot:.3f} slot-1 acc {acc:.3f} "
                 f"({time.perf_counter() - t0:.0f} s)")
-        if step + 1 in t.snapshots or step + 1 == t.steps:
-            label = name if step + 1 == t.steps else f"early-step{step + 1}"
+        if step + 1 in snaps or step + 1 == t.steps:
+            label = name.format(step=step + 1) if step + 1 == t.steps else f"early-step{step + 1}"
             rec = {"name": label, "step": step + 1, "seconds": round(time.perf_counter() - t0, 1),
                    "loss": curve[-1][1] if curve else None, "loss_curve": list(curve), "training": asdict(t),
                    "drafter": asdict(d)}
             save(Path(out) / label, d, w, rec)
             records.append(rec)
+        step += 1
     return records
 
 

@@ -45,6 +45,8 @@ class TargetTraining:
     val_frac: float = 0.02             # tail of the stream held out for the validation loss
     seed: int = 1                      # weight init and window sampling
     log_every: int = 50                # loss-curve resolution
+    budget_s: float | None = None      # wall-clock budget: after `probe` steps, steps = what fits (<= steps)
+    probe: int = 20                    # steps timed before the budget fixes the step count
 
 
 def config(s: TargetShape = TargetShape()):
@@ -95,7 +97,12 @@ def train(tokens: np.ndarray, tokenizer_dir: str | Path, out: str | Path, shape:
                             fused=device.startswith("cuda"))
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else torch.autocast("cpu", enabled=False)
     curve, t0 = [], time.perf_counter()
-    for step in range(t.steps):
+    step = 0
+    while step < t.steps:
+        if t.budget_s and step == t.probe:  # fix the step count from the measured step time (before decay)
+            per = (time.perf_counter() - t0) / t.probe
+            t.steps = min(t.steps, t.probe + int((t.budget_s - (time.perf_counter() - t0)) / per))
+            log(f"target: {per * 1000:.0f} ms/step -> {t.steps} steps in the {t.budget_s:.0f} s budget")
         for grp in opt.param_groups:
             grp["lr"] = _lr(step, t)
         w = _windows(train_data, t.batch, t.seq, g)
@@ -109,6 +116,7 @@ def train(tokens: np.ndarray, tokenizer_dir: str | Path, out: str | Path, shape:
             curve.append([step + 1, round(float(loss.detach()), 4)])
             log(f"target step {step + 1}/{t.steps} loss {float(loss.detach()):.3f} "
                 f"({time.perf_counter() - t0:.0f} s)")
+        step += 1
     seconds = time.perf_counter() - t0
     val = evaluate(model, val_data, t.seq, device)
     out = Path(out)
