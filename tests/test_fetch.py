@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from dflash_dash import cli, jobs, pipeline, prompts
 from dflash_dash.sglang import ServerError, chat_ids
 from dflash_dash.store import Store
-from serving import Served, free_port, tiny_model, until
+from serving import Served, free_port, status_now, stop_jobs, tiny_model, until
 
 COD10 = ["fizzbuzz", "binary_search", "linked_list_reverse", "json_parser", "async_rate_limiter",
          "trie_autocomplete", "merge_sort", "lru_cache", "graph_bfs", "matrix_multiply"]
@@ -96,16 +96,18 @@ def test_refetch_fetches_nothing(fetched, srv, capsys):
     assert srv.generates() == before
 
 
-def test_killed_fetch_job_resumes_without_duplicates(srv, tmp_path, monkeypatch):
+def test_killed_fetch_job_resumes_without_duplicates(srv, tmp_path, monkeypatch, request):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # inherited by the job processes
     srv.wait()
     store = Store(tmp_path / "ws")
     (tmp_path / "ws" / "config.toml").write_text(f'[server]\nurl = "{srv.url}"\n')
+    request.addfinalizer(lambda: stop_jobs(store))
     before = srv.generates()
     job = jobs.start(store, "fetch", {"prompt_set": "coding-10", "name": "k", "max_new_tokens": 32})
     until(lambda: len(store.completion_ids("k")) >= 3, 90, what="3 completions from the job")
     os.killpg(store.job(job)["pid"], signal.SIGKILL)
-    jobs.refresh(store)
+
+    until(lambda: status_now(store, job) == "failed", 30, what="refresh to see the killed job")  # SIGKILL lands asynchronously
     dead = store.job(job)
     assert dead["status"] == "failed" and "process died (killed by signal 9 SIGKILL)" in dead["error"]
     kept = {r["prompt_id"]: r for r in store.completions("k")}

@@ -13,7 +13,7 @@ import pytest
 
 from dflash_dash import cli, jobs
 from dflash_dash.store import Store
-from serving import free_port, until
+from serving import free_port, status_now, stop_jobs, until
 
 
 @pytest.fixture
@@ -22,7 +22,9 @@ def store(tmp_path, monkeypatch):
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "config.toml").write_text(f'[server]\nurl = "http://127.0.0.1:{free_port()}"\nreadiness_timeout = 600\n')
-    return Store(ws)
+    st = Store(ws)
+    yield st
+    stop_jobs(st)
 
 
 def waiting_job(store: Store) -> str:
@@ -64,11 +66,7 @@ def test_sigkilled_job_is_marked_failed_not_left_running(store):
     os.killpg(proc_b.pid, signal.SIGKILL)
     until(lambda: open(f"/proc/{proc_b.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", 30, what="zombie")
 
-    def refreshed() -> bool:
-        jobs.refresh(store)
-        return store.job(a)["status"] == "failed"
-
-    until(refreshed, 30, what="refresh to see the killed job")
+    until(lambda: status_now(store, a) == "failed", 30, what="refresh to see the killed job")
     ra, rb = store.job(a), store.job(b)
     assert ra["error"].startswith("process died (killed by signal 9 SIGKILL); see the log")
     assert rb["status"] == "failed" and rb["error"].startswith("process died (exit status unknown)")

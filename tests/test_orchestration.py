@@ -16,7 +16,7 @@ import pytest
 from dflash_dash import config, jobs, pipeline
 from dflash_dash.store import Store
 from dflash_dash.sglang import Client
-from serving import ENV, Served, free_port, serve_argv, tiny_model, until
+from serving import ENV, Served, free_port, serve_argv, stop_jobs, tiny_model, until
 
 LAYERS = [1, 4]
 CTL = '''"""Test stand-in for `systemctl start|stop sglang`: a server process tracked by a pid file."""
@@ -65,16 +65,23 @@ def srv(model, tmp_path_factory):
     s.stop()
 
 
+STORES: list[Store] = []  # workspaces of the running test
+
+
 @pytest.fixture(autouse=True)
 def one_thread(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # inherited by job processes (2 shared cores)
+    yield
+    while STORES:
+        stop_jobs(STORES.pop())
 
 
 def workspace(tmp_path: Path, url: str, extra: str = "") -> Store:
     ws = tmp_path / "ws"
     ws.mkdir(parents=True, exist_ok=True)
     (ws / "config.toml").write_text(f'[server]\nurl = "{url}"\nreadiness_timeout = 120\n{extra}')
-    return Store(ws)
+    STORES.append(Store(ws))
+    return STORES[-1]
 
 
 def completions(n: int, bad: int | None = None) -> list[dict]:
