@@ -351,7 +351,8 @@ def check_memory(model_dir: str, device: str, margin_gb: float, rep: Reporter) -
         time.sleep(1.0)
     uuid = str(getattr(torch.cuda.get_device_properties(idx), "uuid", "") or "")
     procs = [p for p in _processes() if not uuid or p["gpu_uuid"].removeprefix("GPU-") == uuid.removeprefix("GPU-")]
-    held = ", ".join(f"pid {p['pid']} {p['name']} ({p['used'] / 2**30:.1f} GiB)" for p in procs) or "unknown"
+    held = ", ".join(f"pid {p['pid']} {p['name']} ({p['used'] / 2**30:.1f} GiB"
+                     f"{', this job' if p['pid'] == os.getpid() else ''})" for p in procs) or "unknown"
     raise OrchestrationError(
         f"cuda:{idx} has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB, but the target needs about "
         f"{need / 2**30:.1f} GiB (weights + {margin_gb:g} GiB margin); processes holding GPU memory: {held}. "
