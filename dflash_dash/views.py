@@ -46,11 +46,12 @@ def fmt(x: float | None, digits: int = 3) -> str:
 _CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200f\ufeff]")
 
 
-def esc(s: str) -> str:
-    """Escape one token for HTML: entities, newline -> ↵ + <br>, tab -> ⇥, other control chars as \\xNN."""
+def esc(s: str, breaks: bool = True) -> str:
+    """Escape one token for HTML: entities, newline -> ↵ (+ <br> when `breaks`), tab -> ⇥, other control
+    chars as \\xNN."""
     s = html.escape(s, quote=True)
     s = _CTRL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}", s)
-    return s.replace("\r", "␍").replace("\t", "⇥\t").replace("\n", "↵<br>")
+    return s.replace("\r", "␍").replace("\t", "⇥\t").replace("\n", "↵<br>" if breaks else "↵")
 
 
 class Vocab:
@@ -171,7 +172,7 @@ def css(block_size: int) -> str:
     )
 
 
-def legend_html(block_size: int) -> str:
+def legend_html(block_size: int, compare: bool = False) -> str:
     D = block_size - 1
     items = [
         '<span class="dfv-pre" style="background:#cfe3ff">prefill</span>',
@@ -180,8 +181,7 @@ def legend_html(block_size: int) -> str:
         '<span style="background:#ffe08a">bonus (target)</span>',
         '<span style="color:#c00;text-decoration:line-through">rejected draft</span>',
         '<span style="border-left:2px solid #333">block start</span>',
-        '<span style="outline:2px solid #d0f">differs from the other run</span>',
-    ]
+    ] + (['<span style="outline:2px solid #d0f">differs from the other run</span>'] if compare else [])
     return '<div class="dfv-legend">' + "".join(items) + "</div>"
 
 
@@ -220,7 +220,7 @@ def token_html(tr: Trace, vocab: Vocab, block_size: int, diff: set[int] | None =
             app(f"<sup>{k}</sup>")
         app("</span>")
         if rej is not None and inline_rejects:
-            app(f'<span class="dfv-rej" title="rejected draft {rej}">{esc(rej_strs[rej])}</span>')
+            app(f'<span class="dfv-rej" title="rejected draft {rej}">{esc(rej_strs[rej], breaks=False)}</span>')
     app("</div>")
     return "".join(parts)
 

@@ -153,6 +153,9 @@ def select_param(label: str, options: list, param: str, key: str, default=None, 
     seen = st.session_state.get(f"_qp_{key}")
     if qv in options and qv != seen:
         st.session_state[key] = qv
+    elif qv is not None and qv not in options and qv != seen:
+        st.warning(f"The link asks for {param}={qv!r}, which this workspace does not have; showing another.")
+        st.session_state[key] = default if default in options else options[0]
     elif st.session_state.get(key) not in options:
         st.session_state[key] = default if default in options else options[0]
     val = st.selectbox(label, options, key=key, format_func=format_func, **kw)

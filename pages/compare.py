@@ -37,7 +37,7 @@ def token_views(ws: str, stamp: str, a: dict, b: dict, ra: dict, rb: dict) -> No
     diff = views.differing(ta, tb)
     st.caption(f"{len(diff)} of {len(ta.role)} completion positions differ (role, depth, block start or rejected "
                "draft), outlined in both views")
-    st.html(views.legend_html(a["summary"]["block_size"]))
+    st.html(views.legend_html(a["summary"]["block_size"], compare=True))
     ca, cb = st.columns(2)
     with ca:
         st.markdown(f"**A** · {a['name']} · tau {views.fmt(ra[pid]['tau'])}")

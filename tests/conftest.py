@@ -117,8 +117,17 @@ def workspace_copy(prepared, tmp_path) -> Path:
     return dst
 
 
+_STARTED = [0.0]
+
+
+def pytest_sessionstart(session):
+    import time
+    _STARTED[0] = time.time()
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if SCREENSHOTS.is_dir() and any(SCREENSHOTS.glob("*.png")):
+    """Print where this run's browser screenshots are (the e2e tests write them)."""
+    if SCREENSHOTS.is_dir() and any(f.stat().st_mtime >= _STARTED[0] for f in SCREENSHOTS.glob("*.png")):
         terminalreporter.write_sep("-", "dashboard screenshots")
         terminalreporter.write_line(f"screenshots of each page: {SCREENSHOTS}")
 

@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
+from streamlit.testing.v1 import app_test as app_test_mod
 
 from dflash_dash import pipeline, views
 from dflash_dash.store import Store
@@ -17,6 +19,21 @@ from dflash_dash.store import Store
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = ["acceptance", "compare", "completions", "extraction", "diagnostics"]
 TITLES = {p: p.capitalize() for p in PAGES} | {"overview": "dflash-dash"}
+
+
+class Routed(PagesManager):
+    """As in a running server after its first page view: app.py's st.navigation routing rather than the old
+    pages-directory mode, which AppTest re-detects before every run (the first-view case, a deep link opened
+    right after the server starts, is covered in the browser by test_e2e)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        PagesManager.uses_pages_directory = False
+
+
+@pytest.fixture(autouse=True)
+def navigation_routing(monkeypatch):
+    monkeypatch.setattr(app_test_mod, "PagesManager", Routed)
 
 
 def app(ws: Path, monkeypatch, page: str | None = None, **params) -> AppTest:
@@ -75,9 +92,7 @@ def test_every_page_renders_without_errors(prepared, monkeypatch, page):
 
 
 def test_sidebar_shows_workspace_server_and_jobs(prepared, monkeypatch):
-    # AppTest keeps the sidebar of an st.navigation app on the first run only, so look there
-    monkeypatch.setenv("DFLASH_WORKSPACE", str(prepared.workspace))
-    at = AppTest.from_file(APP, default_timeout=90).run()
+    at = app(prepared.workspace, monkeypatch)
     clean(at)
     assert [t.value for t in at.title] == ["dflash-dash"]  # the Overview page at /
     assert str(prepared.workspace.resolve()) in " ".join(c.value for c in at.sidebar.code)
@@ -133,6 +148,13 @@ def test_acceptance_url_opens_the_prompt_and_escapes_untrusted_text(prepared, mo
     by_label(at.selectbox, "prompt").set_value("drafted").run()
     clean(at)
     assert at.query_params["prompt"] == "drafted"
+
+
+def test_unknown_id_in_the_link_is_reported_not_fatal(prepared, monkeypatch):
+    at = app(prepared.workspace, monkeypatch, "acceptance", run="run-does-not-exist")
+    clean(at)
+    assert any("run='run-does-not-exist'" in w.value for w in at.warning)
+    assert at.query_params["run"] in prepared.runs
 
 
 def test_acceptance_table_sorted_by_tau(prepared, monkeypatch):

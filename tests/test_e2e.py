@@ -145,6 +145,19 @@ def done_in_panel(page, kind: str, job_id: str):
 # tests
 
 
+def test_deep_link_opened_first_after_start(env, page):
+    """The first view after the server starts is a deep link: it must run under app.py's routing (sidebar,
+    navigation) and honour the selection in the URL."""
+    p = env["prepared"]
+    open_page(page, env, f"acceptance?run={p.runs[1]}&prompt=code-add", "Acceptance")
+    assert page.get_by_text("Page not found").count() == 0
+    side = page.locator("[data-testid=stSidebar]").inner_text()
+    assert "Workspace" in side and "Overview" in side and "common" not in side
+    page.get_by_text("Token view · code-add").wait_for()
+    assert f"checkpoint {p.drafters[1]}" in page.locator("[data-testid=stMain]").inner_text()
+    assert f"run={p.runs[1]}" in page.url and "prompt=code-add" in page.url
+
+
 def test_every_page_opens(env, page):
     for path, title in (("", "dflash-dash"), ("acceptance", "Acceptance"), ("compare", "Compare"), ("completions", "Completions"),
                         ("extraction", "Extraction"), ("diagnostics", "Diagnostics")):
