@@ -65,13 +65,20 @@ def config(shp: dict, layers: int):
                                 tie_word_embeddings=False, pad_token_id=0, eos_token_id=1)
 
 
-def build(shp: dict, layers: int, device: str):
-    """A random bf16 qwen3_5_text causal LM built directly on `device`."""
+def build(shp: dict, layers: int, device: str, dtype=torch.bfloat16):
+    """A random qwen3_5_text causal LM built directly on `device`."""
     from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config(shp, layers), dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(config(shp, layers), dtype=dtype)
     return model.eval()
+
+
+def transformers_kernels() -> None:
+    """Rebind what transformers itself bound at import (undoes `target.use_backend`)."""
+    import importlib
+    for (mod_name, name), fn in tg._BOUND.items():
+        setattr(importlib.import_module(mod_name), name, fn)
 
 
 def cut(model, layer_ids: list[int]):
@@ -200,11 +207,11 @@ def one(a, shp, ids, dev, figs: dict):
     if not dev.startswith("cuda"):
         tg.force_torch_kernels()  # fla cannot run on a CPU (transformers binds it wherever it imports)
     note(f"plain forward: transformers' own kernels (gated delta rule: {transformers_default_gdn(dev)})")
-    s_plain, ref = plain(model, seqs, dev, ids)
+    s_plain, ref0 = plain(model, seqs, dev, ids)
     figs |= {"plain_s": s_plain, "plain_tokens_per_s": tokens / s_plain, "plain_tflops": f_plain / s_plain / 1e12,
              "plain_fraction_of_peak": f_plain / s_plain / 1e12 / peak, "plain_peak_mem_gib": peak_gib(dev)}
     note(f"product backend: {backend(dev)} (target.use_backend, as target.load binds it)")
-    s_pk, _ = plain(model, seqs, dev)
+    s_pk, ref = plain(model, seqs, dev, ids)
     figs["plain_product_kernels_tokens_per_s"] = tokens / s_pk
 
     # the product's extraction: cut model, stream with overlapped copies and writes
@@ -235,6 +242,7 @@ def one(a, shp, ids, dev, figs: dict):
     assert per_tok == len(ids) * H * 2, (per_tok, len(ids) * H * 2)
     got = cache.read(root, "bench", seqs[0][0], T, len(ids) * H)           # the written file, validated
     errs = [rel_l2(got[:, j * H:(j + 1) * H], r.cpu()) for j, r in enumerate(ref)]
+    errs0 = [rel_l2(got[:, j * H:(j + 1) * H], r.cpu()) for j, r in enumerate(ref0)]
     figs |= {"extract_s": ce.s, "extract_tokens_per_s": tokens / ce.s, "extract_tflops": f_cut / ce.s / 1e12,
              "extract_fraction_of_peak": f_cut / ce.s / 1e12 / peak,
              "extract_speedup_vs_plain": (tokens / ce.s) / (tokens / s_plain),
@@ -242,12 +250,39 @@ def one(a, shp, ids, dev, figs: dict):
              "extract_bytes_per_token": per_tok, "extract_expected_bytes_per_token": len(ids) * H * 2,
              "extract_file_bytes_per_token": sum(f.stat().st_size for f in files) / tokens,
              "extract_write_mb_per_s": sum(f.stat().st_size for f in files) / wrote / 1e6,
-             "extract_vs_plain_hidden_states_max_rel_l2": max(errs),
+             "extract_vs_plain_same_kernels_max_rel_l2": max(errs),
+             "extract_vs_plain_transformers_kernels_max_rel_l2": max(errs0),
              "extract_peak_mem_gib": peak_gib(dev)}
     note(f"{n} x {T} tokens; features to {root} ({fs_type(root)}); counted {f_plain / n / T / 1e9:.2f} "
-         f"GFLOP/token plain, {f_cut / n / T / 1e9:.2f} cut; per-layer rel L2 vs plain "
-         + ", ".join(f"{e:.2e}" for e in errs))
+         f"GFLOP/token plain, {f_cut / n / T / 1e9:.2f} cut; per-layer rel L2 vs plain, same kernels: "
+         + ", ".join(f"{e:.2e}" for e in errs) + "; vs transformers' kernels: "
+         + ", ".join(f"{e:.2e}" for e in errs0))
     shutil.rmtree(root, ignore_errors=True)
+    del model, decoder, ref, ref0
+    check_fp32(dev, figs)
+
+
+def check_fp32(dev: str, figs: dict) -> None:
+    """Kernel parity in fp32 on a small random model: features of the product's kernels (fla gated delta
+    rule + fla causal conv) against output_hidden_states with transformers' own (fla + torch conv) and
+    with the torch reference path."""
+    shp = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=64, linear_num_key_heads=4, linear_num_value_heads=8,
+               linear_key_head_dim=64, linear_value_head_dim=64)
+    ids = [1, 3, 6]
+    x = torch.randint(0, 512, (300,), generator=torch.Generator().manual_seed(1))
+    model = build(shp, 8, dev, torch.float32)
+    refs = {}
+    binds = [("transformers", transformers_kernels)] if dev.startswith("cuda") else []  # fla: CUDA only
+    for name, bind in binds + [("torch", tg.force_torch_kernels)]:
+        bind()
+        with torch.inference_mode():
+            hs = model(x[None].to(dev), output_hidden_states=True).hidden_states
+        refs[name] = torch.cat([hs[l + 1][0] for l in ids], -1)
+    backend(dev)
+    got = tg.extract(cut(model, ids), x, ids)
+    for name, r in refs.items():
+        figs[f"check_fp32_product_vs_{name}_kernels_rel_l2"] = rel_l2(got, r)
     return figs
 
 

@@ -157,6 +157,22 @@ def agreement(batched: rp.Drafts, P: int, anchors, got) -> dict:
 # ---------------------------------------------------------------------------
 
 
+def check_fp32(dev, figs: dict) -> None:
+    """On this device in fp32 (tiny drafter, sliding layer, uneven chunks): every-anchor == one-block loop."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = tiny.write_drafter(Path(tmp) / "d", tiny.TinyDrafter(
+            layer_types=["full_attention", "sliding_attention"], sliding_window=5, seed=3))
+        m = dr.load(ck, torch.float32, dev)
+    g = torch.Generator().manual_seed(0)
+    head = rp.Head(torch.randn(512, 64, generator=g).to(dev), torch.randn(512, 64, generator=g).to(dev))
+    tokens, feats = torch.randint(0, 512, (70,), generator=g), torch.randn(70, 128, generator=g)
+    a = rp.draft_all(m, head, feats, tokens, 9, topk=4, chunk=7)
+    b = rp.draft_loop(m, head, feats, tokens, 9, topk=4)
+    figs["check_fp32_batched_equals_loop"] = float(torch.equal(a.tokens, b.tokens) and torch.equal(
+        a.top_ids, b.top_ids) and torch.allclose(a.top_logp, b.top_logp, atol=1e-4))
+    figs["check_fp32_max_logp_diff"] = (a.top_logp - b.top_logp).abs().max().item()
+
+
 def measure(a, figs: dict) -> None:
     shp = SMALL if a.small else FULL
     dev = a.device or ("cpu" if a.small else "cuda")
@@ -168,6 +184,7 @@ def measure(a, figs: dict) -> None:
         note(f"device {torch.cuda.get_device_name(dev)}; torch {torch.__version__}")
     peak = matmul_tflops(dev, 1024 if a.small else 8192)
     figs["matmul_bf16_tflops"] = peak
+    check_fp32(dev, figs)
 
     shm = Path("/dev/shm")
     base = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="dflash-replay-",
@@ -221,7 +238,10 @@ def measure(a, figs: dict) -> None:
         top = logits.topk(a.budget, dim=-1)
         ref_lp = top.values.float() - torch.logsumexp(logits.float(), -1)[:, None]
         figs["topk_argmax_equal"] = float(torch.equal(am, logits.argmax(-1)))
-        figs["topk_ids_agreement"] = (ids == top.indices).float().mean().item()
+        figs["topk_ids_agreement"] = (ids == top.indices).float().mean().item()  # torch orders ties freely
+        srt = torch.sort(logits.float(), dim=-1, descending=True, stable=True)
+        figs["topk_equals_stable_sort"] = float(torch.equal(ids, srt.indices[:, :a.budget]))
+        del srt
         figs["topk_logp_max_abs_err"] = (lp - ref_lp).abs().max().item()
     note(f"best steady-state chunk: {best[1]}")
     del d, head, kv, h, emb, logits, top

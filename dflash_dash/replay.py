@@ -356,21 +356,25 @@ def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chu
         progress: Callable[[int, int], None] | None = None) -> tuple[list[PromptResult], dict]:
     """Replay every sequence (every-anchor, batched) and summarise.
 
-    Scoring (CPU: acceptance, chain and DDTree walks) of sequence i runs on a worker thread while the
-    device drafts sequence i+1; results come back in input order.
+    Scoring (CPU: acceptance, chain and DDTree walks) of sequence i runs on a worker thread once the
+    device's queue holds sequence i+1's work, and the next features are uploaded meanwhile; results come
+    back in input order.
     """
     with ThreadPoolExecutor(1) as pool, torch.inference_mode():
-        futures = []
+        futures, done = [], None
         nxt = _upload(drafter, seqs[0].features) if seqs else None
         for i, s in enumerate(seqs):
-            parts = _draft(drafter, head, nxt, s.tokens, s.prompt_len, budget, chunk)
-            if i + 1 < len(seqs):  # the next features travel while this sequence computes
+            parts = _draft(drafter, head, nxt, s.tokens, s.prompt_len, budget, chunk)  # queued, not waited for
+            if done is not None:  # started only now: its thread would slow the launches above (the GIL)
+                futures.append(pool.submit(score, *done))
+            if i + 1 < len(seqs):
                 nxt = _upload(drafter, seqs[i + 1].features)
-            d = _stack(parts)
-            futures.append(pool.submit(score, s.id, d, s.tokens.numpy(), s.prompt_len, budget))
-            if i:
-                futures[i - 1].result()  # at most one sequence scoring behind; its errors surface here
+            done = (s.id, _stack(parts), s.tokens.numpy(), s.prompt_len, budget)
+            if len(futures) > 1:
+                futures[-2].result()  # at most one sequence scoring behind; its errors surface here
             if progress:
                 progress(i + 1, len(seqs))
+        if done is not None:
+            futures.append(pool.submit(score, *done))
         results = [f.result() for f in futures]
     return results, summarize(results, drafter.c.block_size, budget)
