@@ -278,6 +278,7 @@ def depth_fig(summaries: dict[str, dict]) -> go.Figure:
         fig.add_scatter(x=ks, y=cond, mode="lines+markers", name=f"{name}: P(d_k | d_<k)")
         fig.add_scatter(x=ks, y=marg, mode="lines+markers", name=f"{name}: P(d_1..d_k)", line=dict(dash="dot"))
     fig.update_yaxes(range=[0, 1.02])
+    fig.update_xaxes(dtick=1)
     return _layout(fig, "per-depth acceptance: conditional (solid) and marginal (dotted)", "depth k", "probability")
 
 
@@ -328,6 +329,10 @@ def summary_rows(s: dict) -> list[dict]:
     return rows
 
 
+def _r(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None else round(float(x), digits)
+
+
 def prompt_table(rows: list[dict], completions: dict[str, dict]) -> list[dict]:
     """Per-prompt results, sorted by tau (lowest first)."""
     out = []
@@ -335,9 +340,9 @@ def prompt_table(rows: list[dict], completions: dict[str, dict]) -> list[dict]:
         c = completions.get(r["prompt_id"], {})
         acc = r["accepted_at"] or []
         out.append({
-            "prompt": r["prompt_id"], "tau": r["tau"], "ddtree_tau": r["tree_tau"], "rounds": len(r["rounds"] or []),
-            "completion_tokens": len(acc), "prompt_tokens": r["prompt_len"],
-            "every_anchor_tau": float(np.mean(np.asarray(acc[:-1]) + 1)) if len(acc) > 1 else None,
+            "prompt": r["prompt_id"], "tau": _r(r["tau"]), "ddtree_tau": _r(r["tree_tau"]),
+            "rounds": len(r["rounds"] or []), "completion_tokens": len(acc), "prompt_tokens": r["prompt_len"],
+            "every_anchor_tau": _r(float(np.mean(np.asarray(acc[:-1]) + 1))) if len(acc) > 1 else None,
             "finish": c.get("finish_reason"),
         })
     out.sort(key=lambda x: (x["tau"] is None, x["tau"] if x["tau"] is not None else 0, x["prompt"]))

@@ -108,6 +108,18 @@ def settle(page) -> None:
         "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
 
 
+def drawn(page, timeout: float = 20_000) -> None:
+    """Wait until placeholders are replaced: no skeletons, every plotly chart drawn, every table drawn."""
+    from playwright.sync_api import TimeoutError as PwTimeout
+    try:
+        page.wait_for_function("""() => !document.querySelector('[data-testid=stSkeleton]')
+            && [...document.querySelectorAll('[data-testid=stPlotlyChart]')].every(e => e.querySelector('.main-svg'))
+            && [...document.querySelectorAll('[data-testid=stDataFrame]')].every(e => e.querySelector('canvas'))""",
+                               timeout=timeout)
+    except PwTimeout:
+        pass  # a screenshot with a placeholder still shows the page; the assertions are elsewhere
+
+
 def shot(page, name: str, focus: str | None = None) -> None:
     """A screenshot of the whole page: Streamlit scrolls inside its main section, so the viewport is grown to
     the content's height first. `focus`: scroll that element into view instead (viewport only)."""
@@ -115,9 +127,11 @@ def shot(page, name: str, focus: str | None = None) -> None:
     if focus:
         page.locator(focus).first.scroll_into_view_if_needed()
     else:
+        drawn(page)
         h = page.evaluate("Math.max(...[...document.querySelectorAll('[data-testid=stMain], section, main')]"
                           ".map(e => e.scrollHeight), document.body.scrollHeight)")
         page.set_viewport_size({"width": size["width"], "height": min(int(h) + 80, 8000)})
+    drawn(page)
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
     page.set_viewport_size(size)
 
@@ -170,6 +184,25 @@ def test_every_page_opens(env, page):
     side = page.locator("[data-testid=stSidebar]").inner_text()
     assert str(env["ws"].resolve()) in side and "ready" in side
     print(f"\nscreenshots in {SCREENSHOTS}")
+
+
+def test_selecting_a_table_row_opens_its_token_view(env, page):
+    p = env["prepared"]
+    st = Store(env["ws"])
+    comps = {c["prompt_id"]: c for c in st.completions(p.set_name)}
+    order = [r["prompt"] for r in views.prompt_table(st.run_prompts(p.runs[0]), comps)]
+    want = order[-1]  # the highest tau: not the prompt opened by default
+    open_page(page, env, f"acceptance?run={p.runs[0]}", "Acceptance")
+    page.get_by_text(f"Token view · {order[0]}").wait_for()
+    table = page.locator("[data-testid=stDataFrame]").nth(1)
+    table.scroll_into_view_if_needed()
+    drawn(page)
+    box = table.bounding_box()
+    row_h = 35  # glide-data-grid default row height; the header row is as tall
+    table.click(position={"x": 14, "y": row_h * (1 + order.index(want)) + row_h / 2})
+    page.get_by_text(f"Token view · {want}").wait_for()
+    until(lambda: f"prompt={want}" in page.url, timeout=10, what="the URL to follow the selection")
+    assert box["height"] >= row_h * (len(order) + 1)
 
 
 def test_untrusted_completion_renders_as_text_and_runs_nothing(env, page):
