@@ -54,6 +54,7 @@ def args_():
     ap.add_argument("--budget", type=int, default=8, help="DDTree budget (top-k per slot)")
     ap.add_argument("--loop-anchors", type=int, default=None, help="anchors timed one block per call")
     ap.add_argument("--profile", action="store_true", help="print the top kernels of one chunk")
+    ap.add_argument("--quick", action="store_true", help="steady state at --chunk only (no chunk/backend sweep)")
     ap.add_argument("--work", default=None, help="folder for the checkpoint, head and features")
     return ap.parse_args()
 
@@ -208,6 +209,8 @@ def measure(a, figs: dict) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     variants = [(c, None) for c in ([16, 64] if a.small else [64, 128, 256, 512])]
     variants += [(a.chunk, SDPBackend.EFFICIENT_ATTENTION)] if not a.small else []
+    if a.quick:
+        variants = [(a.chunk, None)]
     for chunk, backend in variants:
         name = f"draft_chunk{chunk}" + (f"_{backend.name.lower()}" if backend else "")
         with sdpa_kernel([backend]) if backend else contextlib.nullcontext():
