@@ -40,15 +40,10 @@ def running_jobs() -> None:
 with st.sidebar:
     st.markdown("**Workspace**")
     st.code(common.workspace(), language=None)
-    try:
-        url = common.config().server_url
-    except Exception as e:  # noqa: BLE001  (a bad config.toml is reported, not fatal)
-        st.error(str(e))
-        url = None
-    if url:
-        ok, state = common.health(url)
-        st.markdown(f"**Server** {':green[:material/check_circle: ready]' if ok else ':red[:material/cancel: not ready]'}")
-        st.caption(f"{url} · {state}")
+    url = common.server_url()
+    ok, state = common.health(url)
+    st.markdown(f"**Server** {':green[:material/check_circle: ready]' if ok else ':red[:material/cancel: not ready]'}")
+    st.caption(f"{url} · {state}")
     st.markdown("**Jobs**")
     running_jobs()
 

@@ -103,6 +103,16 @@ def config():
     return cfg_mod.load(workspace())
 
 
+def server_url() -> str:
+    """The server URL of the workspace's config.toml (an invalid file is reported, and the default used)."""
+    from dflash_dash import config as cfg_mod
+    try:
+        return config().server_url
+    except cfg_mod.ConfigError as e:
+        st.error(str(e))
+        return cfg_mod.WorkspaceConfig().server_url
+
+
 @st.cache_data(ttl=5, show_spinner=False)
 def health(url: str) -> tuple[bool, str]:
     """(ready, state) from GET /health with a short timeout, cached for a few seconds."""
@@ -236,14 +246,14 @@ def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
                 if j["status"] == "done" and j.get("result"):
                     st.caption("result: " + ", ".join(f"{k} `{v}`" for k, v in (j["result"] or {}).items()))
                 if j.get("error"):
-                    st.error(j["error"])
+                    (st.error if j["status"] == "failed" else st.caption)(j["error"])
                 c1, c2, c3 = st.columns([1, 1, 4])
                 if j["status"] in ACTIVE and c1.button("Cancel", key=f"cancel_{key}_{j['id']}"):
                     jobs.cancel(st_, j["id"])
-                    st.rerun(scope="fragment")
+                    st.rerun()
                 if j["status"] in ("failed", "cancelled") and c2.button("Rerun", key=f"rerun_{key}_{j['id']}"):
                     jobs.rerun(st_, j["id"])
-                    st.rerun(scope="fragment")
+                    st.rerun()
                 with c3.expander("log"):
                     st.code(jobs.log_tail(st_, j["id"]) or "(empty)", language=None)
 

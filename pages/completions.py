@@ -29,11 +29,7 @@ def save_upload(up, folder: str) -> Path:
 def fetch_form() -> None:
     from dflash_dash import prompts
     st.subheader("Fetch completions from a server")
-    try:
-        url = common.config().server_url
-    except Exception as e:  # noqa: BLE001
-        st.error(str(e))
-        url = "http://127.0.0.1:30000"
+    url = common.server_url()
     with st.form("fetch"):
         c1, c2 = st.columns([2, 1])
         choice = c1.selectbox("prompt set", list(prompts.SETS) + [UPLOAD],

@@ -101,12 +101,7 @@ def consistency_block(ws: str, stamp: str) -> None:
 def server_block() -> None:
     from dflash_dash.sglang import Client, ServerError
     st.header("Server health")
-    try:
-        url0 = common.config().server_url
-    except Exception as e:  # noqa: BLE001
-        st.error(str(e))
-        url0 = "http://127.0.0.1:30000"
-    url = st.text_input("server URL", value=url0, key="diag_url")
+    url = st.text_input("server URL", value=common.server_url(), key="diag_url")
     ok, state = common.health(url.strip())
     (st.success if ok else st.warning)(f"GET /health: {'ready' if ok else 'not ready'} ({state})")
     if ok:

@@ -275,3 +275,48 @@ def test_diagnostics_parity_consistency_and_errors(prepared, workspace_copy, mon
     by_label(at.text_input, "drafter checkpoint folder").input(str(workspace_copy / "nope")).run()
     assert not at.exception
     assert any("no config.json" in e.value for e in at.error)
+
+
+def test_sweep_button_replays_the_folder_and_plots_it(prepared, workspace_copy, tmp_path, monkeypatch):
+    import shutil
+    from dflash_dash import tiny
+    train = tmp_path / "train"
+    shutil.copytree(prepared.train, train)
+    tiny.write_drafter(train / "epoch_2_step_300", tiny.TinyDrafter(seed=4))
+    at = app(workspace_copy, monkeypatch, "compare", sweep=str(train))
+    clean(at)
+    assert any("No run of a checkpoint inside this folder" in i.value for i in at.info)
+    by_label(at.button, "Start sweep").click().run()
+    job = wait_job(workspace_copy, "sweep")
+    assert job["status"] == "done", job
+    assert job["args"] == {"checkpoints": str(train), "extraction": prepared.extraction}
+    at.run()
+    clean(at)
+    links = [m.value for m in at.markdown if "open in Acceptance" in m.value]
+    assert [re.search(r"step (\d+)", m).group(1) for m in links] == ["100", "200", "300"]
+    assert all(f"acceptance?run={r}" in " ".join(links) for r in job["result"]["runs"])
+
+
+def test_running_job_shows_progress_and_can_be_cancelled(workspace_copy, monkeypatch):
+    from serving import free_port
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: the fetch waits for readiness
+    (workspace_copy / "config.toml").write_text(f'[server]\nurl = "{dead}"\nreadiness_timeout = 300\n')
+    at = app(workspace_copy, monkeypatch, "completions")
+    by_label(at.text_input, "completion set name").input("never")
+    by_label(at.button, "Fetch").click().run()
+    clean(at)
+    st = Store(workspace_copy)
+    job = next(j for j in st.jobs() if j["kind"] == "fetch")
+    assert job["args"]["server"] == dead and job["args"]["name"] == "never"
+    deadline = time.monotonic() + 60
+    while Store(workspace_copy).job(job["id"])["status"] != "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    at.run()
+    assert any(job["id"] in m.value and "running" in m.value for m in at.markdown)
+    assert len(at.get("progress")) >= 1
+    cancel = [b for b in at.button if b.label == "Cancel"]
+    assert len(cancel) == 1
+    cancel[0].click().run()
+    clean(at)
+    assert st.job(job["id"])["status"] == "cancelled"
+    assert any(b.label == "Rerun" for b in at.button)
