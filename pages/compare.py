@@ -1,6 +1,6 @@
 """Compare: two checkpoints on the same extraction (per-prompt tau scatter, overlaid per-depth curves and
 histograms, aligned token views with differences highlighted, configs side by side), and the training
-sweep (tau against step for the checkpoints of a training folder). URL: compare?a=ID&b=ID&prompt=PID."""
+sweep (tau against step for the checkpoints of a training folder). URL: compare?a=ID&b=ID&prompt=PID&sweep=DIR."""
 from __future__ import annotations
 
 import streamlit as st

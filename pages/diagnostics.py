@@ -1,6 +1,6 @@
 """Diagnostics: backend parity (fla vs torch extractions of the same completions: per layer relative L2
 and cosine, and tau of the runs on each), checkpoint-vs-extraction consistency, server health.
-URL: diagnostics?a=EXTRACTION&b=EXTRACTION&ckpt=PATH."""
+URL: diagnostics?a=EXTRACTION&b=EXTRACTION&ckpt=PATH&ex=EXTRACTION."""
 from __future__ import annotations
 
 import streamlit as st
@@ -83,8 +83,8 @@ def consistency_block(ws: str, stamp: str) -> None:
         st.query_params["ckpt"] = ck.strip()
     by = {e["id"]: e for e in exs}
     ids = [e["id"] for e in exs]
-    ex = st.selectbox("extraction", ids, index=len(ids) - 1, key="diag_ex",
-                      format_func=lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']}")
+    ex = common.select_param("extraction", ids, "ex", "diag_ex", default=ids[-1],
+                             format_func=lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']}")
     if not ck.strip():
         st.info("Give a checkpoint folder to check it against the extraction and its target.")
         return

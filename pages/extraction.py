@@ -1,6 +1,6 @@
 """Extraction: target hidden states for a completion set, as a job with the GPU orchestration shown before
 it runs (memory-release API, the configured stop/start commands, or none); GPU memory per device; every
-existing extraction with its backend and a Re-extract button. URL: extraction?set=NAME."""
+existing extraction with its backend and a Re-extract button. URL: extraction (a form, no selection)."""
 from __future__ import annotations
 
 import streamlit as st

@@ -176,9 +176,9 @@ def test_every_page_opens(env, page):
     for path, title in (("", "dflash-dash"), ("acceptance", "Acceptance"), ("compare", "Compare"), ("completions", "Completions"),
                         ("extraction", "Extraction"), ("diagnostics", "Diagnostics")):
         open_page(page, env, path, title)
+        shot(page, path or "overview")  # waits until charts and tables are drawn
         assert page.locator("[data-testid=stException]").count() == 0, path
         assert page.locator("text=Traceback").count() == 0, path
-        shot(page, path or "overview")
         assert page.get_by_text("Page not found").count() == 0, path
     # the sidebar shows the workspace and a ready server
     side = page.locator("[data-testid=stSidebar]").inner_text()
@@ -279,10 +279,11 @@ def test_compare_by_url_shows_both_checkpoints(env, page):
     p = env["prepared"]
     a, b = p.runs
     open_page(page, env, f"compare?a={a}&b={b}", "Compare")
+    page.locator(".dfv").nth(1).wait_for()  # the two aligned token views
+    drawn(page)
     body = page.locator("[data-testid=stMain]").inner_text()
     for d in p.drafters:
         assert d.name in body and str(d) in body
-    assert page.locator(".dfv").count() >= 2  # the two aligned token views
     st = Store(env["ws"])
     n = sum(1 for r in views.config_diff(st.run_row(a)["config"], st.run_row(b)["config"]) if r["differs"])
     assert f"{n} {'key differs' if n == 1 else 'keys differ'}" in body
