@@ -55,8 +55,10 @@ def peak_gib(device) -> float:
 
 
 def report(figures: dict) -> None:
-    """Print `name: value` lines (floats with 4 significant digits)."""
+    """Print `name: value` lines (floats with 4 significant digits, whole numbers exactly)."""
     for k, v in figures.items():
+        if isinstance(v, float) and v.is_integer() and abs(v) < 1e12:
+            v = int(v)  # byte counts and flags print exactly
         print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}", flush=True)
 
 
