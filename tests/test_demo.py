@@ -1,9 +1,9 @@
 """The demo workspace, built from the committed assets in a temporary folder through the real CLI.
 
 Checks what issue 4 promises, from `export` / `runs` and the store: the final checkpoint reaches tau (macro)
->= 3 on coding-10, the early and the buggy checkpoints are lower, the buggy one's per-depth curve carries
-its signature (the first drafted token is almost never accepted), the parity diagnostic measures a non-zero
-fla vs torch difference, and a second `demo` call does nothing.
+>= 3 on coding-10, the early and the buggy checkpoints are lower, the buggy one carries its signature (its
+per-depth acceptance collapses from depth 2 on, and its drafts lag one position), the parity diagnostic
+measures a non-zero fla vs torch difference, and a second `demo` call does nothing.
 """
 from __future__ import annotations
 
@@ -76,10 +76,39 @@ def test_buggy_signature_in_depth_curves(ws):
     rs = runs(ws)
     final = export(ws, by_prefix(rs, "final")["id"])["summary"]
     buggy = export(ws, by_prefix(rs, "buggy-")["id"])["summary"]
-    # the anchor-visible bug: trained with the anchor's own hidden state in view, the drafter repeats the
-    # anchor's token at slot 1, so the first drafted token is rejected far more often than the final one's
-    assert buggy["depth_conditional"][0] < 0.5 * final["depth_conditional"][0], (buggy, final)
-    assert buggy["accept_hist"][0] > final["accept_hist"][0]
+    # the anchor-visible bug: trained with the anchor's own hidden state in view, at inference (context
+    # strictly before the anchor) its drafts lag one position, so acceptance collapses from depth 2 on
+    assert buggy["depth_conditional"][0] < final["depth_conditional"][0]
+    assert buggy["depth_conditional"][1] < 0.5 * final["depth_conditional"][1], (buggy, final)
+    assert buggy["depth_marginal"][1] < 0.5 * final["depth_marginal"][1]
+    assert buggy["tau_pooled"] < final["tau_pooled"] and buggy["ddtree_tau"] < final["ddtree_tau"]
+
+
+def lag(ws: Path, run_id: str) -> tuple[float, float]:
+    """Over every anchor and slots 2..6 where tokens p+i and p+i-1 differ: how often draft d_i equals token
+    p+i (right) and token p+i-1 (one position behind)."""
+    store = Store(ws)
+    comps = {c["prompt_id"]: c for c in store.completions(demo.SET_NAME)}
+    right = behind = n = 0
+    for p in store.run_prompts(run_id):
+        c = comps[p["prompt_id"]]
+        tok, P = c["prompt_ids"] + c["output_ids"], len(c["prompt_ids"])
+        d = [p["drafts"][k:k + 15] for k in range(0, len(p["drafts"]), 15)]
+        for a, row in enumerate(d):
+            for i in range(2, 7):
+                if P + a + i < len(tok) and tok[P + a + i] != tok[P + a + i - 1]:
+                    n += 1
+                    right += row[i - 1] == tok[P + a + i]
+                    behind += row[i - 1] == tok[P + a + i - 1]
+    return right / n, behind / n
+
+
+def test_buggy_drafts_lag_one_position(ws):
+    rs = runs(ws)
+    f_right, f_behind = lag(ws, by_prefix(rs, "final")["id"])
+    b_right, b_behind = lag(ws, by_prefix(rs, "buggy-")["id"])
+    assert f_right > 2 * f_behind          # the good drafter drafts the right positions
+    assert b_behind > 2 * b_right          # the buggy one drafts the token one position behind
 
 
 def test_parity_fla_vs_torch_measured_nonzero(ws):

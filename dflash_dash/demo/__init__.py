@@ -83,13 +83,16 @@ def _has_run(store, ckpt: Path, extraction_id: str) -> bool:
                for r in store.runs())
 
 
-def built(workspace: str | Path) -> bool:
-    """True when the workspace holds every demo run (the build would do nothing)."""
+def built(workspace: str | Path, assets: Path = ASSETS) -> bool:
+    """True when the workspace holds every demo run of these assets (the build would do nothing)."""
     from ..store import Store
 
     ws = Path(workspace)
     root = ws / "demo"
     if not (root / CHECKPOINTS).is_dir() or not (ws / "dflash.duckdb").is_file():
+        return False
+    mine, theirs = root / "MANIFEST.json", assets / "MANIFEST.json"
+    if not mine.is_file() or not theirs.is_file() or mine.read_bytes() != theirs.read_bytes():
         return False
     store = Store(ws)
     target = (root / TARGET).resolve()
@@ -142,14 +145,18 @@ class LocalServer:
 # the build
 
 
-def _copy_assets(assets: Path, root: Path) -> None:
-    """Copy target and checkpoints into the workspace, unless the same manifest is already there."""
+def _copy_assets(store, assets: Path, root: Path) -> None:
+    """Copy target and checkpoints into the workspace, unless the same manifest is already there. A workspace
+    whose demo was built from other assets is refused (its completions and features belong to another
+    target), never silently mixed."""
     mine = root / "MANIFEST.json"
     if mine.is_file() and mine.read_bytes() == (assets / "MANIFEST.json").read_bytes():
         return
-    if root.exists():
-        for name in (TARGET, CHECKPOINTS):
-            shutil.rmtree(root / name, ignore_errors=True)
+    if mine.is_file() and store.completion_ids(SET_NAME):
+        raise DemoError(f"{store.workspace} holds a demo built from other demo assets; build the demo in a fresh "
+                        f"workspace (--workspace NEW), or delete {store.workspace} first")
+    for name in (TARGET, CHECKPOINTS):
+        shutil.rmtree(root / name, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     shutil.copytree(assets / TARGET, root / TARGET)
     shutil.copytree(assets / CHECKPOINTS, root / CHECKPOINTS)
@@ -207,9 +214,9 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
 
     ws = Path(workspace)
     root = ws / "demo"
-    if built(ws):
+    if built(ws, assets):
         if progress:
-            progress(1, 1, f"demo workspace {ws} is already built; nothing to do")
+            progress(1, 1, f"demo already built, nothing to do: {ws}")
         return json.loads((root / "BUILD.json").read_text()) if (root / "BUILD.json").is_file() else {}
     man = manifest(assets)
     t0 = time.perf_counter()
@@ -219,7 +226,7 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
     root.mkdir(parents=True, exist_ok=True)
 
     tick = _say(progress, 1, steps, "assets", log)
-    _copy_assets(assets, root)
+    _copy_assets(store, assets, root)
     target = (root / TARGET).resolve()
     cks = checkpoints(root / CHECKPOINTS)
     tick(1, 1, f"target and {len(cks)} checkpoints in {root}")

@@ -1,17 +1,22 @@
 """Make the demo's committed assets, reproducibly: `python -m dflash_dash.demo.make_assets STEP ...`.
 
 Steps (each records seeds, arguments, versions, timings and losses for MANIFEST.json):
-  prepare  (CPU, here)  stdlib corpus -> byte-level BPE tokenizer (with <|mask|>), uint16 token stream,
-                        the prompts of the drafter's training data, and the coding-10 prompt ids exactly
-                        as `pipeline.fetch` makes them (plain text, no chat template).
-  gpu      (CUDA + fla) train the target; generate the drafter's training data with it (its own greedy
-                        continuations) and extract their hidden states with fla; train the drafters (final
-                        with an early snapshot, and the anchor-visible bug); complete coding-10 greedily
-                        (torch path on the CPU, as the local server does, and with fla on the GPU, to record
-                        whether they agree) and extract those completions with fla in the feature-cache
-                        format. Writes target.tar, drafters.tar, fla.tar and gpu.json to --out.
-                        `--device cpu --smoke` runs every step at toy size on the torch path (development).
-  unpack   (CPU, here)  the tars -> dflash_dash/demo/assets/, plus MANIFEST.json with every record and sizes.
+  prepare       (CPU)  stdlib corpus -> byte-level BPE tokenizer (with <|mask|>), uint16 token stream, the
+                       prompts of the drafter's training data, and the coding-10 prompt ids exactly as
+                       `pipeline.fetch` makes them (plain text, no chat template).
+  gpu           (CUDA) train the target (its Gated DeltaNet backward on the torch path: fla 0.6.0 refuses
+                       its gated chunk backward on Hopper with Triton < 3.7.1); generate the drafter's training
+                       data with it (its own greedy continuations) and extract their hidden states with fla;
+                       train the drafters (final with an early snapshot, and the anchor-visible bug); complete
+                       coding-10 greedily on the torch path on the CPU (as the local server does) and extract
+                       those completions with fla in the feature-cache format. Writes target.tar,
+                       drafters.tar, fla.tar, train_seqs.json and gpu.json to --out (each stage as soon as it
+                       is done; DEMO_REUSE=<earlier out> reuses a trained target). `--device cpu --smoke`
+                       runs every step at toy size on the torch path (development).
+  unpack        (CPU)  the tars -> dflash_dash/demo/assets/, plus MANIFEST.json with every record and sizes.
+  cpu-continue  (CPU)  continue a drafter's training on the CPU (torch-path features of the same training
+                       sequences), when the GPU time ran out before the drafters were trained enough.
+  finish        (CPU)  merge the cpu-continue records into MANIFEST.json.
 """
 from __future__ import annotations
 
@@ -183,6 +188,8 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
                            "features_backend": backend, "features_dtype": "bfloat16 (extracted in float32)",
                            "batched_vs_extract_max_abs": spot}
     log(f"drafter data: {rec['drafter_data']}")
+    (out / "train_seqs.json").write_text(json.dumps({"prompt_lens": [len(prompts[i]) for i in keep],
+                                                      "seqs": [seqs[i] for i in keep]}))
 
     # -- drafters
     info = target_mod.describe(tgt)
@@ -290,6 +297,90 @@ def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> 
     return manifest
 
 
+# ---------------------------------------------------------------------------
+# cpu-continue (CPU, here)
+
+
+def cpu_continue(src: Path, which: str = "final", assets: Path = ASSETS, minutes: float = 20.0,
+                 chunk_minutes: float = 5.0, n_seqs: int = 1024) -> dict:
+    """Continue training the `which` drafter (final or buggy-) on the CPU, on torch-path features of the
+    same training sequences (the buggy one with its bug), in chunks of `chunk_minutes`, each followed by a
+    coding-10 replay on a torch extraction (progress only: coding-10 is never trained on). Replaces the
+    checkpoint in `assets` and writes the record to `src/cpu-<which>.json` (merged by `finish`)."""
+    import torch
+
+    from .. import replay, target as target_mod
+    from ..drafter import load
+    from ..tiny import TinyDrafter
+    from . import train_drafter as td
+
+    t_all = time.perf_counter()
+    target_mod.use_backend("torch")
+    tgt = assets / TARGET
+    old = next(p for p in (assets / CHECKPOINTS).iterdir() if p.name.startswith(which))
+    prev = json.loads((old / "training.json").read_text())
+    d = TinyDrafter(**prev["drafter"])
+    bug = prev["training"].get("bug")
+    ts = json.loads((src / "train_seqs.json").read_text())
+    order = list(range(len(ts["seqs"])))
+    random.Random(SEED + 2).shuffle(order)
+    order = order[:n_seqs]
+    decoder, _ = target_mod.load(str(tgt), LAYER_IDS, "cpu", torch.float32)
+    head = target_mod.load_head(str(tgt))
+    t0 = time.perf_counter()
+    feats = td.features(decoder, decoder.layers, [ts["seqs"][i] for i in order], LAYER_IDS, "cpu", batch=32)
+    data = [(f, torch.tensor(ts["seqs"][i]), ts["prompt_lens"][i]) for f, i in zip(feats, order)]
+    t_feat = time.perf_counter() - t0
+    log(f"{which}: cpu features of {len(data)} sequences in {t_feat:.0f} s")
+    c10 = [json.loads(line) for line in (assets / FLA / "completions.jsonl").read_text().splitlines() if line]
+    evals = []
+    for c in c10:
+        ids = torch.tensor(c["prompt_ids"] + c["output_ids"])
+        evals.append(replay.Sequence(c["id"], ids, len(c["prompt_ids"]),
+                                     target_mod.extract(decoder, ids, LAYER_IDS).to(torch.bfloat16)))
+    del decoder
+    name = old.name.rsplit("-step", 1)[0] + "-step{step}"
+    step0, init, chunks, k = prev["step"], old, [], 0
+    work = Path(os.environ.get("DEMO_WORK", "/tmp/demo-cpu")) / which
+    while time.perf_counter() - t_all < minutes * 60:
+        t = td.DrafterTraining(steps=100_000, budget_s=chunk_minutes * 60, lr=5e-4, warmup=10, probe=5,
+                               seqs_per_step=4, anchors_per_seq=48, seed=10 + k, log_every=20, bug=bug)
+        rec = td.train(data, head, d, t, work / f"chunk{k}", name, "cpu", log, init=init, step0=step0)[-1]
+        init, step0 = work / f"chunk{k}" / rec["name"], rec["step"]
+        _, summ = replay.run(load(init), head, evals, budget=0)
+        rec["coding10_tau_macro_torch"] = summ["tau_macro"]
+        rec["coding10_tau_pooled_torch"] = summ["tau_pooled"]
+        chunks.append(rec)
+        log(f"{which} chunk {k}: {rec['name']} coding-10 tau macro {summ['tau_macro']:.3f} "
+            f"pooled {summ['tau_pooled']:.3f}")
+        k += 1
+    shutil.rmtree(old)
+    shutil.copytree(init, assets / CHECKPOINTS / init.name)
+    out = {
+        "what": f"training continued on the CPU from the GPU checkpoint {old.name}, on torch-path features of "
+                f"{len(data)} of the same training sequences (a fresh AdamW per chunk)",
+        "from": old.name, "to": init.name, "feature_seconds": round(t_feat, 1),
+        "seconds": round(time.perf_counter() - t_all, 1), "torch_threads": torch.get_num_threads(),
+        "chunks": [{k2: c[k2] for k2 in ("name", "step", "seconds", "loss", "coding10_tau_macro_torch",
+                                         "coding10_tau_pooled_torch", "training", "loss_curve")} for c in chunks],
+        "command": f"OMP_NUM_THREADS=1 python -m dflash_dash.demo.make_assets cpu-continue --src <gpu out> "
+                   f"--which {which} --minutes {minutes} --chunk-minutes {chunk_minutes} --seqs {n_seqs}"}
+    (src / f"cpu-{which}.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+def finish(src: Path, assets: Path = ASSETS) -> dict:
+    """Merge the CPU continuation records into MANIFEST.json and recount the asset sizes."""
+    man = json.loads((assets / "MANIFEST.json").read_text())
+    man["cpu_continuation"] = {f.stem.removeprefix("cpu-"): json.loads(f.read_text())
+                               for f in sorted(src.glob("cpu-*.json"))}
+    sizes = {str(p.relative_to(assets)): p.stat().st_size for p in sorted(assets.rglob("*"))
+             if p.is_file() and p.name != "MANIFEST.json"}
+    man["sizes"], man["total_bytes"] = sizes, sum(sizes.values())
+    (assets / "MANIFEST.json").write_text(json.dumps(man, indent=1))
+    return man
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m dflash_dash.demo.make_assets", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="step", required=True)
@@ -305,11 +396,25 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--build", default=".demo-build")
     s.add_argument("--assets", default=str(ASSETS))
     s.add_argument("--command", default="")
+    s = sub.add_parser("cpu-continue")
+    s.add_argument("--src", required=True)
+    s.add_argument("--which", default="final", choices=["final", "buggy-"])
+    s.add_argument("--assets", default=str(ASSETS))
+    s.add_argument("--minutes", type=float, default=20.0)
+    s.add_argument("--chunk-minutes", type=float, default=5.0)
+    s.add_argument("--seqs", type=int, default=1024)
+    s = sub.add_parser("finish")
+    s.add_argument("--src", required=True)
+    s.add_argument("--assets", default=str(ASSETS))
     a = p.parse_args(argv)
     if a.step == "prepare":
         prepare(Path(a.build))
     elif a.step == "gpu":
         gpu(Path(a.build), Path(a.out), a.device, a.smoke)
+    elif a.step == "cpu-continue":
+        cpu_continue(Path(a.src), a.which, Path(a.assets), a.minutes, a.chunk_minutes, a.seqs)
+    elif a.step == "finish":
+        finish(Path(a.src), Path(a.assets))
     else:
         unpack(Path(a.src), Path(a.build), Path(a.assets), a.command)
 

@@ -179,16 +179,21 @@ def block_loss(drafter: Drafter, head: Head, feats: torch.Tensor, tokens: torch.
 
 
 def train(data: list[tuple[torch.Tensor, torch.Tensor, int]], head: Head, d: TinyDrafter, t: DrafterTraining,
-          out: str | Path, name: str, device: str = "cuda", log=print) -> list[dict]:
+          out: str | Path, name: str, device: str = "cuda", log=print, init: str | Path | None = None,
+          step0: int = 0) -> list[dict]:
     """Train one drafter on `data` = [(features [T, K*H], tokens [T], prompt_len)], all on `device`.
 
     Saves `out/<name>` (a format string; `{step}` is the last step) at the end and `out/early-step<S>` at
-    each snapshot step. Returns one record per saved checkpoint.
+    each snapshot step. Returns one record per saved checkpoint. `init`: continue from that checkpoint's
+    weights (a fresh optimizer and schedule), with step numbers in names counted on from `step0`.
     """
     torch.manual_seed(t.seed)
     g = torch.Generator().manual_seed(t.seed)
     c = parse_config(drafter_config(d))
     w = init_weights(c, device, t.seed)
+    if init is not None:
+        from ..drafter import load
+        w = {k: v.to(device, torch.float32).requires_grad_(True) for k, v in load(init).w.items()}
     drafter = Drafter(c, w)
     mats = [v for v in w.values() if v.ndim >= 2]
     vecs = [v for v in w.values() if v.ndim < 2]
@@ -227,8 +232,8 @@ def train(data: list[tuple[torch.Tensor, torch.Tensor, int]], head: Head, d: Tin
             log(f"{name} step {step + 1}/{t.steps} loss {tot:.3f} slot-1 acc {acc:.3f} "
                 f"({time.perf_counter() - t0:.0f} s)")
         if step + 1 in snaps or step + 1 == t.steps:
-            label = name.format(step=step + 1) if step + 1 == t.steps else f"early-step{step + 1}"
-            rec = {"name": label, "step": step + 1, "seconds": round(time.perf_counter() - t0, 1),
+            label = name.format(step=step0 + step + 1) if step + 1 == t.steps else f"early-step{step + 1}"
+            rec = {"name": label, "step": step0 + step + 1, "init": str(init) if init else None, "seconds": round(time.perf_counter() - t0, 1),
                    "loss": curve[-1][1] if curve else None, "loss_curve": list(curve), "training": asdict(t),
                    "drafter": asdict(d)}
             save(Path(out) / label, d, w, rec)
