@@ -56,6 +56,8 @@ MIGRATIONS: list[str] = [
     """,
 ]
 VERSION = len(MIGRATIONS)
+REENTRY_S = 0.01       # a process re-locking sooner than this after its own release steps aside first
+_last_release = -1.0   # monotonic time this process last released the store lock
 
 
 class StoreError(RuntimeError):
@@ -80,8 +82,15 @@ class Store:
 
     @contextmanager
     def connect(self):
-        """An exclusive connection: flock on the lock file (blocks, no error), then DuckDB, then commit."""
+        """An exclusive connection: flock on the lock file (blocks, no error), then DuckDB, then commit.
+
+        flock is not fair: a process that releases and at once re-locks (a polling loop) can starve the
+        others, so a re-entry within REENTRY_S of this process's last release first steps aside briefly.
+        """
+        global _last_release
         with open(self.lock_path, "a+") as lf:
+            if time.monotonic() - _last_release < REENTRY_S:
+                time.sleep(REENTRY_S)
             fcntl.flock(lf.fileno(), fcntl.LOCK_EX)
             try:
                 con = duckdb.connect(str(self.path))
@@ -101,6 +110,7 @@ class Store:
                     con.close()
             finally:
                 fcntl.flock(lf.fileno(), fcntl.LOCK_UN)
+                _last_release = time.monotonic()
 
     def _migrate(self, con) -> None:
         con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER)")

@@ -101,3 +101,37 @@ def test_damaged_feature_file_offers_reextraction(store, setup, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err
     assert "p3" in err and "truncated" in err and "re-extract" in err
+
+
+def test_app_reads_jobs_write_and_cli_exports_at_once(store, setup):
+    """Sustained mixed load on one workspace: two replay job processes writing, the CLI exporting in a loop
+    (separate processes) and this process reading what the pages read. No lock error, exact counts."""
+    import subprocess
+    import sys
+
+    from serving import ENV, ROOT
+
+    t, d, *_ = setup
+    ex = pipeline.extract(store, str(t), "s", [1, 4])
+    first = pipeline.replay(store, str(d), ex, budget=2)["id"]  # something to export from the start
+    a = jobs.start(store, "replay", {"drafter": str(d), "extraction": ex, "tree_budget": 4, "name": "A"})
+    b = jobs.start(store, "replay", {"drafter": str(d), "extraction": ex, "tree_budget": 8, "name": "B"})
+    exports, reads = [], 0
+    while any(store.job(j)["status"] in ("queued", "running") for j in (a, b)) or len(exports) < 3:
+        out, err = (store.workspace / f"export{len(exports)}.{x}" for x in ("json", "err"))
+        with open(out, "w") as fo, open(err, "w") as fe:  # files, not pipes: the JSON outgrows a pipe
+            p = subprocess.Popen([sys.executable, "-m", "dflash_dash", "--workspace", str(store.workspace),
+                                  "export", "--run", "latest"], cwd=ROOT, env=ENV, stdout=fo, stderr=fe)
+            while p.poll() is None:                     # the app's reads, meanwhile
+                for r in store.runs():
+                    assert len(store.run_prompts(r["id"])) == PROMPTS  # a run is never seen half-written
+                jobs.refresh(store)
+                reads += 1
+        assert p.returncode == 0 and "lock" not in err.read_text().lower(), err.read_text()
+        exports.append(json.loads(out.read_text())["run"]["id"])
+    for j in (a, b):
+        assert store.job(j)["status"] == "done", store.job(j)["error"]
+    runs = {r["name"]: r for r in store.runs()}
+    assert set(runs) == {"drafter", "A", "B"} and reads > 0
+    assert set(exports) <= {r["id"] for r in runs.values()} and first in {r["id"] for r in runs.values()}
+    assert runs["A"]["summary"]["tau_macro"] == runs["B"]["summary"]["tau_macro"]  # same drafts, other tree
