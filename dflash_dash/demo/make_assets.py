@@ -103,7 +103,6 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     from transformers import AutoModelForCausalLM
 
     from .. import cache, server, target as target_mod
-    from ..replay import Head
     from ..tiny import TinyDrafter
     from . import train_drafter as td, train_target as tt
 

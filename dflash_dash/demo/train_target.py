@@ -99,8 +99,10 @@ def train(tokens: np.ndarray, tokenizer_dir: str | Path, out: str | Path, shape:
     curve, t0 = [], time.perf_counter()
     step = 0
     while step < t.steps:
-        if t.budget_s and step == t.probe:  # fix the step count from the measured step time (before decay)
-            per = (time.perf_counter() - t0) / t.probe
+        if step == 1:
+            t1 = time.perf_counter()
+        if t.budget_s and step == t.probe:  # fix the step count from the step time (first step left out)
+            per = (time.perf_counter() - t1) / (t.probe - 1)
             t.steps = min(t.steps, t.probe + int((t.budget_s - (time.perf_counter() - t0)) / per))
             log(f"target: {per * 1000:.0f} ms/step -> {t.steps} steps in the {t.budget_s:.0f} s budget")
         for grp in opt.param_groups:
