@@ -64,14 +64,13 @@ def generate(model, prompts: list[list[int]], new: int, device: str, batch: int 
         seq = torch.zeros(len(group), T, dtype=torch.long, device=device)
         for i, p in enumerate(group):
             seq[i, :len(p)] = torch.tensor(p, device=device)
-        cache, pos = None, torch.arange(T, device=device)
+        cache = None
         for t in range(T - 1):
             o = model(input_ids=seq[:, t:t + 1], past_key_values=cache, use_cache=True)
             cache = o.past_key_values
             nxt = o.logits[:, -1].argmax(-1)
             free = (t + 1) >= P                                  # past its prompt: take the argmax
             seq[:, t + 1] = torch.where(free, nxt, seq[:, t + 1])
-        del pos
         out += [seq[i, :len(p) + new].tolist() for i, p in enumerate(group)]
     return out
 
