@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -34,13 +35,9 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium i
 # fixtures
 
 
-@pytest.fixture(scope="module")
-def env(prepared, tmp_path_factory):
-    base = tmp_path_factory.mktemp("e2e")
-    ws = base / "ws"
-    shutil.copytree(prepared.workspace, ws, ignore=shutil.ignore_patterns("*.lock"))
-    server = Served(prepared.target, base / "server.log").wait()
-    (ws / "config.toml").write_text(f'[server]\nurl = "{server.url}"\nreadiness_timeout = 60\n')
+@contextmanager
+def dashboard(ws: Path, base: Path):
+    """`streamlit run app.py -- --workspace ws` as a subprocess, polled until it serves; yields its URL."""
     port = free_port()
     log = open(base / "streamlit.log", "wb")
     app = subprocess.Popen(
@@ -60,7 +57,7 @@ def env(prepared, tmp_path_factory):
 
     try:
         until(serving, timeout=90, every=0.2, what="streamlit to serve")
-        yield {"ws": ws, "url": url, "server": server, "prepared": prepared, "base": base}
+        yield url
     finally:
         app.terminate()
         try:
@@ -68,8 +65,21 @@ def env(prepared, tmp_path_factory):
         except subprocess.TimeoutExpired:
             app.kill()
             app.wait()
-        server.stop()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def env(prepared, tmp_path_factory):
+    base = tmp_path_factory.mktemp("e2e")
+    ws = base / "ws"
+    shutil.copytree(prepared.workspace, ws, ignore=shutil.ignore_patterns("*.lock"))
+    server = Served(prepared.target, base / "server.log").wait()
+    (ws / "config.toml").write_text(f'[server]\nurl = "{server.url}"\nreadiness_timeout = 60\n')
+    try:
+        with dashboard(ws, base) as url:
+            yield {"ws": ws, "url": url, "server": server, "prepared": prepared, "base": base}
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,80 @@
+"""Issue 5, in the browser: untrusted text (prompt ids, set and run names, completion text, job logs) holding
+<script>, HTML, markdown and control characters is shown as text on every page and executes nothing."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dflash_dash import cli, jobs, tiny
+from dflash_dash.store import Store
+from serving import until
+from test_e2e import ARGS, CHROMIUM, browser, dashboard, open_page, page, settle  # noqa: F401  (fixtures)
+
+PWN = "<img src=x onerror=\"window.__pwned='{}'\">"
+PID = "<script>window.__pwned='id'</script>" + PWN.format("id2") + " **bold** `code`\x07"
+RUN = "<b>run</b>" + PWN.format("run")
+SET = "set<i>" + PWN.format("set")
+OUT = "# Title\n<script>window.__pwned='text'</script>\n" + PWN.format("text") + "\n\x1b[31m[link](javascript:x)"
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed")
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    base = tmp_path_factory.mktemp("hostile")
+    target = tiny.write_target(base / "target", tiny.TinyTarget())
+    tiny.write_tokenizer(target, vocab_size=512)
+    d = tiny.write_drafter(base / "d", tiny.TinyDrafter(seed=1))
+    tok = AutoTokenizer.from_pretrained(target)
+    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    f = base / "c.jsonl"
+    f.write_text(json.dumps({"id": PID, "prompt": PID, "prompt_ids": enc("def f():\n"), "output": OUT,
+                             "output_ids": enc(OUT)}) + "\n")
+    ws = base / "ws"
+    for args in (["import-completions", str(f), "--name", SET],
+                 ["extract", "--target", str(target), "--completions", SET, "--drafter", str(d)],
+                 ["replay", "--drafter", str(d), "--name", RUN],
+                 ["replay", "--drafter", str(d), "--tree-budget", "2"]):
+        assert cli.main(["--workspace", str(ws), *args]) == 0
+    st = Store(ws)
+    # a job whose log and error hold hostile text: a replay of a checkpoint path that does not exist
+    job = jobs.start(st, "replay", {"drafter": str(base / PWN.format("log")), "extraction": "latest"})
+    until(lambda: st.job(job)["status"] == "failed", 120, what="the hostile job to fail")
+    runs = [r["id"] for r in st.runs()]
+    with dashboard(ws, base) as url:
+        yield {"url": url, "runs": runs, "ws": ws}
+
+
+def clean(page) -> None:
+    assert page.evaluate("window.__pwned") is None
+    assert page.evaluate("document.querySelectorAll('img[src=x], b > img, i > img').length") == 0
+    assert page.evaluate("[...document.scripts].filter(s => s.textContent.includes('__pwned')).length") == 0
+    assert page.dialogs == []
+
+
+def test_hostile_text_is_shown_as_text_everywhere(hostile, page):
+    a, b = hostile["runs"]
+    from urllib.parse import quote
+    pid = quote(PID, safe="")
+    for path, title, literal in [
+        (f"completions?set={quote(SET, safe='')}&prompt={pid}", "Completions", "<script>window.__pwned='text'</script>"),
+        (f"acceptance?run={a}&prompt={pid}", "Acceptance", "<script>window.__pwned='id'</script>"),
+        (f"compare?a={a}&b={b}&prompt={pid}", "Compare", "<b>run</b>"),
+        ("extraction", "Extraction", "set<i>"),
+        ("diagnostics", "Diagnostics", None),
+    ]:
+        open_page(page, hostile, path, title)
+        settle(page)
+        if literal:
+            page.get_by_text(literal, exact=False).first.wait_for()
+        clean(page)
+
+
+def test_job_log_with_hostile_text_is_text(hostile, page):
+    """The failed replay job's error (it names the hostile checkpoint path) shows as text in the job panel."""
+    open_page(page, hostile, f"acceptance?run={hostile['runs'][0]}", "Acceptance")
+    settle(page)
+    page.get_by_text("window.__pwned='log'", exact=False).first.wait_for()
+    clean(page)
