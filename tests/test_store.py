@@ -73,6 +73,31 @@ def test_forward_migration_keeps_data(tmp_path, monkeypatch):
     assert job["id"] == "job-1" and job["args"] == {"a": 1} and job["note"] is None
 
 
+def test_old_schema_opens_and_migrates(tmp_path):
+    """A store written by schema v1 (before runs recorded device/dtype) opens, migrates, keeps its rows."""
+    import duckdb
+
+    from dflash_dash import store as store_mod
+
+    db = tmp_path / store_mod.DB_NAME
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE schema_version (version INTEGER)")
+    con.execute(store_mod.MIGRATIONS[0])
+    con.execute("INSERT INTO schema_version VALUES (1)")
+    con.execute("INSERT INTO runs (id, extraction_id, checkpoint, name, config, tree_budget, summary, status) "
+                "VALUES ('run-old', 'ex-1', '/ck', 'ck', '{}', 8, '{\"tau_macro\": 2.5}', 'done')")
+    con.close()
+    st = store_mod.Store(tmp_path)
+    assert st.version() == store_mod.VERSION >= 2
+    row = st.run_row("run-old")
+    assert row["summary"] == {"tau_macro": 2.5} and row["device"] is None
+    st.add_run(dict(id="run-new", extraction_id="ex-1", checkpoint="/ck", name="ck", config={}, tree_budget=8,
+                    summary={}, device="cpu", dtype="float32"), [])
+    assert st.run_row("run-new")["device"] == "cpu"
+    assert [r["version"] for r in st.rows("SELECT version FROM schema_version ORDER BY 1")] == list(
+        range(1, store_mod.VERSION + 1))
+
+
 def test_newer_schema_is_refused(tmp_path):
     Store(tmp_path).version()
     con = duckdb.connect(str(tmp_path / store_mod.DB_NAME))
