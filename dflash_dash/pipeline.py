@@ -48,22 +48,8 @@ def features_root(store: Store) -> Path:
 
 def parse_jsonl(text: str, vocab_size: int | None = None) -> list[dict]:
     """Validate the completions JSONL format: {"id", "prompt_ids", "output_ids"} (+ "prompt", "output")."""
-    out, seen = [], set()
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"line {n}: not valid JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(rec, dict):
-            raise InputError(f"line {n}: expected a JSON object, got {type(rec).__name__}")
-        pid = rec.get("id")
-        if not isinstance(pid, str) or not pid:
-            raise InputError(f"line {n}: field 'id' must be a non-empty string")
-        if pid in seen:
-            raise InputError(f"line {n}: duplicate id {pid!r}")
-        seen.add(pid)
+    out = []
+    for n, rec, pid in prompts_mod.records(text, InputError):
         for key in ("prompt_ids", "output_ids"):
             ids = rec.get(key)
             if not isinstance(ids, list) or not ids:

@@ -103,23 +103,34 @@ def load(name_or_path: str) -> list[dict]:
     return parse(p.read_text(), str(p))
 
 
-def parse(text: str, where: str = "prompts") -> list[dict]:
-    out, seen = [], set()
+def records(text: str, err: type[Exception], where: str = ""):
+    """JSONL lines -> (line number, object, id): valid JSON objects with a unique non-empty string 'id'.
+
+    The one JSONL reader of the project (prompt files here, completion files in pipeline); errors are `err`
+    with a message that starts with the line."""
+    seen = set()
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
+        at = f"{where} line {n}" if where else f"line {n}"
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
-            raise PromptSetError(f"{where} line {n}: not valid JSON ({e.msg} at column {e.colno})") from None
+            raise err(f"{at}: not valid JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(rec, dict):
-            raise PromptSetError(f"{where} line {n}: expected a JSON object with 'id' and 'prompt'")
+            raise err(f"{at}: expected a JSON object, got {type(rec).__name__}")
         pid = rec.get("id")
         if not isinstance(pid, str) or not pid:
-            raise PromptSetError(f"{where} line {n}: field 'id' must be a non-empty string")
+            raise err(f"{at}: field 'id' must be a non-empty string")
         if pid in seen:
-            raise PromptSetError(f"{where} line {n}: duplicate id {pid!r}")
+            raise err(f"{at}: duplicate id {pid!r}")
         seen.add(pid)
+        yield n, rec, pid
+
+
+def parse(text: str, where: str = "prompts") -> list[dict]:
+    out = []
+    for n, rec, pid in records(text, PromptSetError, where):
         if isinstance(rec.get("prompt_ids"), list):
             ids = rec["prompt_ids"]
             if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):

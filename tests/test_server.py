@@ -19,6 +19,7 @@ import torch
 from dflash_dash import server
 from dflash_dash.sglang import Client, ServerError, chat_ids
 from dflash_dash.tiny import TinyTarget, write_target, write_tokenizer
+from serving import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
@@ -27,14 +28,6 @@ N = 24
 
 # ---------------------------------------------------------------------------
 # fixtures
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Proc:

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from dflash_dash.sglang import Client, NotReady, ServerError, chat_ids, parse_generate
+from serving import free_port as closed_port
 
 OK = json.dumps({"text": "hi", "output_ids": [1, 2, 3], "meta_info": {"completion_tokens": 3}}).encode()
 
@@ -63,14 +63,6 @@ def fake():
     yield srv
     srv.shutdown()
     srv.server_close()
-
-
-def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def client(url: str, **kw) -> Client:
