@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from . import pipeline
 from .store import Store, default_workspace
@@ -57,7 +58,42 @@ def cmd_extract(a, st):
     if a.resume:
         st.extraction(a.resume)  # must exist: a typo must not start a new extraction under that id
     layers = pipeline.layer_ids_of(a.drafter, a.layers)
+    if a.orchestrate != "none":  # free the server's GPU around the extraction: the job does it, we follow it
+        return follow(st, jobs_mod().start(st, "extract", {
+            "target": a.target, "completions": a.completions, "layers": layers, "device": a.device,
+            "dtype": a.dtype, "orchestrate": a.orchestrate, "extraction_id": a.resume}), "extraction")
     print(pipeline.extract(st, a.target, a.completions, layers, a.device, a.dtype, a.resume, progress))
+
+
+def jobs_mod():
+    from . import jobs
+    return jobs
+
+
+def follow(st, job_id: str, key: str, every: float = 0.3) -> int:
+    """Wait for a job, showing its steps; print result[key] when it is done. Ctrl-C cancels the job."""
+    jobs = jobs_mod()
+    print(f"job {job_id} (log: python -m dflash_dash jobs logs {job_id})", file=sys.stderr)
+    last = None
+    try:
+        while True:
+            jobs.refresh(st)
+            row = st.job(job_id)
+            if row["step"] != last:
+                progress(int(100 * (row["progress"] or 0)), 100, row["step"] or "")
+                last = row["step"]
+            if row["status"] not in jobs.ACTIVE:
+                break
+            time.sleep(every)
+    except KeyboardInterrupt:
+        jobs.cancel(st, job_id)
+        raise
+    if row["status"] != "done":
+        print(f"\nerror: job {job_id} {row['status']}: {row['error']}", file=sys.stderr)
+        return 2
+    sys.stderr.write("\n")
+    print(row["result"][key])
+    return 0
 
 
 def cmd_replay(a, st):
@@ -143,6 +179,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     s.add_argument("--dtype", default="float32", choices=list(pipeline.DTYPES))
     s.add_argument("--resume", help="continue this extraction id instead of starting a new one")
+    s.add_argument("--orchestrate", default="none", choices=["none", "release", "command"],
+                   help="free the SGLang server's GPU around the extraction (config.toml): its memory-release "
+                        "API, its stop/start commands, or leave it (default)")
     s.set_defaults(fn=cmd_extract)
 
     s = sub.add_parser("replay", help="replay a drafter checkpoint over cached features")

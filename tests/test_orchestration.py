@@ -312,3 +312,25 @@ def test_gpu_memory_is_empty_without_cuda():
         pytest.skip("a CUDA machine")
     assert jobs.gpu_memory() == []
     assert jobs.weights_bytes(Path(pipeline.__file__).parent) == 0
+
+
+def test_cli_extract_with_orchestration(srv, model, tmp_path, capsys):
+    """`extract --orchestrate release` from the CLI: the same job, followed to the end; the server is ready
+    again before the command returns the extraction id."""
+    from dflash_dash import cli
+
+    store = workspace(tmp_path, srv.url)
+    add_set(store, "s", completions(2))
+    released = srv.log.read_text().count("memory released")
+    rc = cli.main(["--workspace", str(store.workspace), "extract", "--target", str(model), "--completions", "s",
+                   "--layers", ",".join(map(str, LAYERS)), "--orchestrate", "release"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert srv.client.health() == (True, "ready")
+    ex = out.strip()
+    assert store.extraction(ex)["status"] == "done" and len(store.items(ex)) == 2
+    assert srv.log.read_text().count("memory released") == released + 1
+    (job,) = store.jobs()
+    assert job["id"] in err and job["status"] == "done"
+    assert in_order(jobs.log_tail(store, job["id"]), "releasing server memory", "extracting 2/2",
+                    "restoring server", "server ready")
