@@ -52,7 +52,7 @@ def write(root: str | Path, extraction: str, prompt_id: str, features: torch.Ten
 def read(root: str | Path, extraction: str, prompt_id: str, tokens: int, width: int) -> torch.Tensor:
     """Read and validate features; `tokens` and `width` (K*H) are what the store says they must be."""
     src = path(root, extraction, prompt_id)
-    fix = f"re-extract (python -m dflash_dash extract ... or Re-extract on the Extraction page)"
+    fix = "re-extract (python -m dflash_dash extract ... or Re-extract on the Extraction page)"
     if not src.is_file():
         raise CacheError(f"feature file for prompt {prompt_id!r} of extraction {extraction} is missing ({src}); {fix}")
     size = src.stat().st_size

@@ -21,7 +21,7 @@ from dflash_dash import views
 from dflash_dash.store import Store
 
 from conftest import ROOT, SCREENSHOTS
-from serving import ENV, Served, free_port, until
+from serving import ENV, Served, end, free_port, until
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -59,12 +59,7 @@ def dashboard(ws: Path, base: Path):
         until(serving, timeout=90, every=0.2, what="streamlit to serve")
         yield url
     finally:
-        app.terminate()
-        try:
-            app.wait(15)
-        except subprocess.TimeoutExpired:
-            app.kill()
-            app.wait()
+        end(app, 15)
         log.close()
 
 

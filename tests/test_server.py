@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch
 from dflash_dash import server
 from dflash_dash.sglang import Client, ServerError, chat_ids
 from dflash_dash.tiny import TinyTarget, write_target, write_tokenizer
-from serving import free_port
+from serving import end, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
@@ -52,12 +51,7 @@ class Proc:
             raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        end(self.proc)
 
 
 def start(model: Path, log: Path, delay: float) -> Proc:
