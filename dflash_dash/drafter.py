@@ -11,6 +11,8 @@ Knows nothing of files other than the checkpoint, nor of HTTP or the store.
 from __future__ import annotations
 
 import json
+import pickle
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,11 +44,12 @@ class DrafterConfig:
     num_target_layers: int | None    # N of the target the checkpoint was trained against
     layer_types: list[str]           # full_attention | sliding_attention, one per draft layer
     sliding_window: int | None       # key window of sliding_attention layers
+    rope_theta: float                # RoPE base (required: Qwen3.5/3.6 drafters use 1e7; no silent default)
     rms_norm_eps: float = 1e-6       # RMSNorm epsilon
-    rope_theta: float = 1e6          # RoPE base
-    rope_scaling: dict | None = None  # transformers rope_scaling dict (yarn, linear, ...) or None
+    rope_scaling: dict | None = None  # {"rope_type": yarn|linear|..., scaling fields} or None (default RoPE)
     max_position_embeddings: int = 32768  # for RoPE scaling
     attention_bias: bool = False     # q/k/v/o biases
+    sliding_causal: bool = True      # the config's own sliding-block semantics (is_causal; default: causal)
 
     @property
     def K(self) -> int:  # number of feature layers
@@ -73,6 +76,15 @@ def _int(raw: dict, key: str, lo: int = 1, default=..., where: str = "config.jso
     return v
 
 
+def _both(raw: dict, dcfg: dict, key: str, lo: int) -> int | None:
+    """An integer field read at the top level or inside dflash_config (SGLang reads both); they must agree."""
+    top = _int(raw, key, lo=lo, default=None)
+    inner = _int(dcfg, key, lo=lo, default=None, where="config.json: dflash_config")
+    if top is not None and inner is not None and top != inner:
+        raise CheckpointError(f"config.json: {key} = {top} but dflash_config.{key} = {inner}; they must agree")
+    return top if top is not None else inner
+
+
 def _num(raw: dict, key: str, default: float) -> float:
     v = raw.get(key, default)
     if v is None:
@@ -82,10 +94,99 @@ def _num(raw: dict, key: str, default: float) -> float:
     return float(v)
 
 
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")  # what `Rope` can build
+
+
+def _rope(raw: dict) -> tuple[float, dict | None]:
+    """(base, scaling) from `rope_parameters` (transformers 5) and/or `rope_theta` + `rope_scaling` (older).
+
+    Both forms present and disagreeing is an error naming both; so are an unsupported `rope_type`, a partial
+    rotary factor (DFlash layers rotate the whole head) and a config with no RoPE base at all."""
+    new = raw.get("rope_parameters")
+    if new is not None and not isinstance(new, dict):
+        raise CheckpointError(f"config.json: rope_parameters = {new!r}, expected an object")
+    if new and all(isinstance(v, dict) for v in new.values()):  # per layer type: {"full_attention": {...}, ...}
+        kinds = list(new.values())
+        if any(k != kinds[0] for k in kinds):
+            raise CheckpointError(f"config.json: rope_parameters differ per layer type ({', '.join(new)}); "
+                                  "DFlash drafters use one RoPE for every layer")
+        new = kinds[0]
+    new = dict(new or {})
+    old_scaling = raw.get("rope_scaling")
+    if old_scaling is not None and not isinstance(old_scaling, dict):
+        raise CheckpointError(f"config.json: rope_scaling = {old_scaling!r}, expected an object or null")
+    old_scaling = dict(old_scaling or {})
+    old_theta, new_theta = raw.get("rope_theta"), new.pop("rope_theta", None)
+    if old_theta is not None and new_theta is not None and float(old_theta) != float(new_theta):
+        raise CheckpointError(f"config.json: rope_theta = {old_theta!r} but rope_parameters.rope_theta = "
+                              f"{new_theta!r}; they must agree (keep one)")
+    theta = new_theta if new_theta is not None else old_theta
+    if theta is None:
+        raise CheckpointError("config.json: no RoPE base: neither 'rope_parameters.rope_theta' nor 'rope_theta' "
+                              "is set (Qwen3.5/3.6 DFlash drafters use 10000000); add the training's value")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+        raise CheckpointError(f"config.json: RoPE base {theta!r}, expected a positive number")
+    old_type = old_scaling.pop("rope_type", None) or old_scaling.pop("type", None)
+    new_type = new.pop("rope_type", None) or new.pop("type", None)
+    if old_type and new_type and old_type != new_type:
+        raise CheckpointError(f"config.json: rope_scaling.rope_type = {old_type!r} but rope_parameters.rope_type = "
+                              f"{new_type!r}; they must agree (keep one)")
+    for k in set(old_scaling) & set(new):
+        if old_scaling[k] != new[k]:
+            raise CheckpointError(f"config.json: rope_scaling.{k} = {old_scaling[k]!r} but rope_parameters.{k} = "
+                                  f"{new[k]!r}; they must agree (keep one)")
+    kind = new_type or old_type or "default"
+    if kind not in ROPE_TYPES:
+        raise CheckpointError(f"config.json: rope_type {kind!r} is not supported (supported: "
+                              f"{', '.join(ROPE_TYPES)})")
+    fields = old_scaling | new
+    prf = fields.pop("partial_rotary_factor", 1.0)
+    if prf not in (None, 1, 1.0):
+        raise CheckpointError(f"config.json: partial_rotary_factor = {prf!r}; DFlash drafter layers rotate the "
+                              "whole head (expected 1.0)")
+    return float(theta), (None if kind == "default" and not fields else {"rope_type": kind, **fields})
+
+
+# architectures / projector types of other drafter families -> the family's name (SpecForge, SGLang)
+FAMILIES = {"dominodraftmodel": "Domino", "dsparkdraftmodel": "DSpark", "qwen3dsparkmodel": "DSpark",
+            "llamaforcausallmeagle3": "EAGLE-3", "llamaforcausallmeagle": "EAGLE", "peagledraftmodel": "P-EAGLE",
+            "dflash2draftmodel": "DFlash2", "domino": "Domino", "dspark": "DSpark", "dflash2": "DFlash2"}
+FOREIGN_FIELDS = {"markov_rank": "DSpark (Markov head)", "markov_head_type": "DSpark (Markov head)",
+                  "enable_confidence_head": "DSpark (confidence head)", "confidence_head_alpha": "DSpark (confidence head)",
+                  "gru_hidden_dim": "Domino (prefix GRU)", "pure_draft_prefix_len": "Domino (prefix GRU)",
+                  "draft_vocab_size": "EAGLE-3 (draft vocabulary)"}
+
+
+def refuse_family(raw: dict) -> None:
+    """Raise CheckpointError naming the family when `raw` is another drafter family than DFlash (Domino,
+    DSpark, DFlash2, EAGLE, ...): replaying those with the DFlash forward would give plausible wrong numbers."""
+    archs = raw.get("architectures") or []
+    if isinstance(archs, str):
+        archs = [archs]
+    if not isinstance(archs, list):
+        raise CheckpointError(f"config.json: architectures = {archs!r}, expected a list like [\"DFlashDraftModel\"]")
+    for a in archs:
+        fam = FAMILIES.get(str(a).lower())
+        if fam or "dflash" not in str(a).lower():
+            raise CheckpointError(f"config.json: architectures {archs!r} is {'a ' + fam if fam else 'not a DFlash'} "
+                                  "drafter; dflash-dash replays DFlash drafters (architectures DFlashDraftModel) only")
+    dcfg = raw.get("dflash_config") if isinstance(raw.get("dflash_config"), dict) else {}
+    proj = dcfg.get("projector_type", raw.get("projector_type"))
+    if proj not in (None, "dflash"):
+        fam = FAMILIES.get(str(proj).lower(), str(proj))
+        raise CheckpointError(f"config.json: dflash_config.projector_type = {proj!r}: a {fam} drafter, not DFlash; "
+                              "dflash-dash replays DFlash drafters only")
+    for key, fam in FOREIGN_FIELDS.items():
+        if dcfg.get(key, raw.get(key)) not in (None, False, 0):
+            raise CheckpointError(f"config.json: field '{key}' belongs to a {fam} drafter, not DFlash; dflash-dash "
+                                  "replays DFlash drafters only")
+
+
 def parse_config(raw: dict) -> DrafterConfig:
     """Validate a config.json dict into a DrafterConfig; errors name the field and the expected value."""
     if not isinstance(raw, dict):
         raise CheckpointError("config.json: expected a JSON object")
+    refuse_family(raw)
     n = _int(raw, "num_hidden_layers")
     H = _int(raw, "hidden_size")
     nh = _int(raw, "num_attention_heads")
@@ -100,7 +201,7 @@ def parse_config(raw: dict) -> DrafterConfig:
         dcfg = {}
     if not isinstance(dcfg, dict):
         raise CheckpointError(f"config.json: dflash_config = {dcfg!r}, expected an object")
-    ntl = _int(raw, "num_target_layers", default=None)
+    ntl = _both(raw, dcfg, "num_target_layers", lo=1)
     ids = dcfg.get("target_layer_ids")
     if ids is None:
         if ntl is None:
@@ -129,30 +230,111 @@ def parse_config(raw: dict) -> DrafterConfig:
     window = _int(raw, "sliding_window", default=None) if "sliding_attention" in types else None
     if "sliding_attention" in types and not window:
         raise CheckpointError("config.json: sliding_attention layers need 'sliding_window' (expected a positive int)")
-    B = _int(raw, "block_size", lo=2)
-    scaling = raw.get("rope_scaling")
-    if scaling is not None and not isinstance(scaling, dict):
-        raise CheckpointError(f"config.json: rope_scaling = {scaling!r}, expected an object or null")
+    B = _both(raw, dcfg, "block_size", lo=2)
+    if B is None:
+        raise CheckpointError("config.json: missing field 'block_size' (expected an integer >= 2, at the top level "
+                              "or in dflash_config)")
+    theta, scaling = _rope(raw)
+    causal = raw.get("is_causal", True)
+    if not isinstance(causal, bool):
+        raise CheckpointError(f"config.json: is_causal = {causal!r}, expected true or false")
     return DrafterConfig(
         hidden_size=H, intermediate_size=_int(raw, "intermediate_size"), num_hidden_layers=n,
         num_attention_heads=nh, num_key_value_heads=nkv, head_dim=hd, vocab_size=V, block_size=B,
         target_layer_ids=list(ids), mask_token_id=mask, num_target_layers=ntl, layer_types=list(types),
-        sliding_window=window, rms_norm_eps=_num(raw, "rms_norm_eps", 1e-6), rope_theta=_num(raw, "rope_theta", 1e6),
+        sliding_window=window, rms_norm_eps=_num(raw, "rms_norm_eps", 1e-6), rope_theta=theta,
         rope_scaling=scaling, max_position_embeddings=_int(raw, "max_position_embeddings", default=32768),
-        attention_bias=bool(raw.get("attention_bias", False)),
+        attention_bias=bool(raw.get("attention_bias", False)), sliding_causal=causal,
     )
 
 
-def read_config(path: str | Path) -> DrafterConfig:
-    """Read and validate `path/config.json`."""
-    f = Path(path) / "config.json"
-    if not f.is_file():
-        raise CheckpointError(f"{path}: no config.json (expected a DFlash checkpoint folder)")
+SLIDING_BLOCKS = ("causal", "bidirectional")  # sliding-layer block semantics a run can choose
+
+
+def sliding_semantics(c: DrafterConfig, choice: str | None = None) -> str:
+    """The sliding-layer block semantics of a run: `choice` when given, else the config's own (`is_causal`,
+    default causal: what SpecForge trains and SGLang serves; bidirectional is the z-lab HF reference)."""
+    if choice is None:
+        return "causal" if c.sliding_causal else "bidirectional"
+    if choice not in SLIDING_BLOCKS:
+        raise CheckpointError(f"--sliding-block {choice!r}: expected one of {', '.join(SLIDING_BLOCKS)}")
+    return choice
+
+
+# ---------------------------------------------------------------------------
+# checkpoint layouts
+
+
+RUNTIME_FILE = "training_state.pt"  # SpecForge runtime checkpoint: {run_id}-step{N}/training_state.pt
+_STEPS = [re.compile(p) for p in (r"epoch_(\d+)_step_(\d+)$", r"(?:^|[-_])step[-_]?(\d+)$",
+                                   r"^checkpoint-(\d+)$", r"^step(\d+)$")]
+
+
+def step_of(name: str) -> int | None:
+    """Training step of a checkpoint folder name: `epoch_E_step_S`, `{run_id}-step{N}`, `checkpoint-N`,
+    `step_N`, `stepN`; None for other names (e.g. `{run_id}-latest`)."""
+    for rx in _STEPS:
+        m = rx.search(Path(name).name)
+        if m:
+            return int(m.groups()[-1])
+    return None
+
+
+@dataclass
+class Checkpoint:
+    path: Path               # the checkpoint folder (resolved)
+    config_file: Path        # the JSON the config is read from (beside, above, or --draft-config)
+    weights: list[Path]      # *.safetensors files, or [training_state.pt]
+    kind: str                # "hf" (safetensors folder) or "runtime" (SpecForge training_state.pt)
+
+
+def locate(path: str | Path, draft_config: str | Path | None = None) -> Checkpoint:
+    """Find a checkpoint's weights and config: an HF folder (config.json + *.safetensors) or a SpecForge
+    runtime folder `{run_id}-step{N}/` (training_state.pt, config from `draft_config` or a config.json beside
+    or up to two folders above). Raises CheckpointError naming what is missing and the fix."""
+    p = Path(path)
+    if p.is_file() and p.name == RUNTIME_FILE:
+        p = p.parent
+    if not p.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint folder")
+    p = p.resolve()
+    files = sorted(p.glob("*.safetensors"))
+    kind = "hf" if files else "runtime" if (p / RUNTIME_FILE).is_file() else None
+    if kind is None:
+        what = "a target model folder, not a drafter" if list(p.glob("*.bin")) else "no drafter weights"
+        raise CheckpointError(f"{p}: {what} (expected config.json + *.safetensors, or a SpecForge "
+                              f"{RUNTIME_FILE})")
+    if draft_config:
+        cfg = Path(draft_config)
+        if not cfg.is_file():
+            raise CheckpointError(f"--draft-config {draft_config}: no such file (expected the training's draft "
+                                  "config JSON)")
+    else:
+        near = [p] + (list(p.parents)[:2] if kind == "runtime" else [])
+        cfg = next((d / "config.json" for d in near if (d / "config.json").is_file()), None)
+        if cfg is None:
+            raise CheckpointError(
+                f"{p}: no config.json beside the weights" + (" or above them; a SpecForge runtime checkpoint holds no "
+                "config: pass --draft-config FILE (the training's --draft-config JSON)" if kind == "runtime" else
+                " (expected a DFlash checkpoint folder)"))
+    return Checkpoint(p, cfg.resolve(), files or [p / RUNTIME_FILE], kind)
+
+
+def raw_config(ck: Checkpoint) -> dict:
     try:
-        raw = json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{f}: not valid JSON ({e})") from None
-    return parse_config(raw)
+        raw = json.loads(ck.config_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{ck.config_file}: not valid JSON ({e})") from None
+    return raw
+
+
+def read_config(path: str | Path, draft_config: str | Path | None = None) -> DrafterConfig:
+    """Locate, read and validate a checkpoint's config; errors name the file they came from."""
+    ck = locate(path, draft_config)
+    try:
+        return parse_config(raw_config(ck))
+    except CheckpointError as e:
+        raise CheckpointError(str(e).replace("config.json:", f"{ck.config_file}:", 1)) from None
 
 
 def shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
@@ -211,8 +393,9 @@ class Rope:
         from transformers import Qwen3Config
         from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
+        rope = {"rope_type": "default"} | (c.rope_scaling or {}) | {"rope_theta": c.rope_theta}
         qc = Qwen3Config(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
-                         head_dim=c.head_dim, rope_theta=c.rope_theta, rope_scaling=c.rope_scaling,
+                         head_dim=c.head_dim, rope_parameters=rope,
                          max_position_embeddings=c.max_position_embeddings)
         self.emb = Qwen3RotaryEmbedding(qc).to(device)
         self.dtype = dtype
@@ -233,8 +416,9 @@ class Drafter:
     """Weights of a DFlash checkpoint plus its two forwards. Differentiable when the weights require grad
     (the demo trains through `blocks`); callers wrap inference in torch.inference_mode()."""
 
-    def __init__(self, c: DrafterConfig, w: dict[str, torch.Tensor], path: str = ""):
+    def __init__(self, c: DrafterConfig, w: dict[str, torch.Tensor], path: str = "", sliding_block: str | None = None):
         self.c, self.w, self.path = c, w, path
+        self.sliding_block = sliding_semantics(c, sliding_block)  # causal | bidirectional (sliding layers)
         any_w = w["fc.weight"]
         self.device, self.dtype = any_w.device, any_w.dtype
         self.rope = Rope(c, self.device, self.dtype)
@@ -268,8 +452,11 @@ class Drafter:
         p = f"layers.{i}.mlp."
         return self._lin(F.silu(self._lin(x, p + "gate_proj")) * self._lin(x, p + "up_proj"), p + "down_proj")
 
-    def _window(self, i: int) -> int | None:
-        return self.c.sliding_window if self.c.layer_types[i] == "sliding_attention" else None
+    def _kind(self, i: int) -> tuple[int | None, bool]:
+        """(key window, causal inside the block) of layer i: (None, False) for full_attention layers."""
+        if self.c.layer_types[i] != "sliding_attention":
+            return None, False
+        return self.c.sliding_window, self.sliding_block == "causal"
 
     # -- every-anchor path ----------------------------------------------------
 
@@ -285,7 +472,9 @@ class Drafter:
 
         kv: context_kv of the sequence; anchors [N] (int, the anchor position of each block);
         emb [N, B, H]: target embeddings of [anchor token, MASK x (B-1)].
-        Block n's queries see context keys at positions < anchors[n] plus their own block (bidirectional).
+        Block n's queries see context keys at positions < anchors[n] plus their own block: bidirectional in
+        full_attention layers; in sliding_attention layers keys with q - k < window, and only block slots
+        0..i from slot i when `sliding_block` is causal (SpecForge training, SGLang serving).
         Returns norm(h) [N, B, H].
 
         Attention is one fused SDPA call per layer: blocks are taken `group` at a time (S groups), each
@@ -312,8 +501,8 @@ class Drafter:
         L = min(T, -(-top // 256) * 256)                           # context keys any block can see (x256)
         qpos = anchors[:, None] + torch.arange(B, device=dev)      # [N', B]
         cos, sin = self.rope(qpos)                                 # [N', B, hd]
-        masks = {w: self._attn_mask(anchors, qpos, L, S, G, g, w) for w in {self._window(i) for i in
-                                                                            range(c.num_hidden_layers)}}
+        masks = {kd: self._attn_mask(anchors, qpos, L, S, G, g, *kd) for kd in {self._kind(i) for i in
+                                                                                 range(c.num_hidden_layers)}}
         for i in range(c.num_hidden_layers):
             p = f"layers.{i}."
             x = rmsnorm(h, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
@@ -323,13 +512,14 @@ class Drafter:
                       for t in self._kv(i, x, cos, sin))           # [S, nkv, G*B, hd]
             kc, vc = (t[:, :L].expand(S, nkv, L, hd) for t in kv[i])
             k, v = torch.cat([kc, kb], 2), torch.cat([vc, vb], 2)  # [S, nkv, L+G*B, hd]
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=masks[self._window(i)])
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=masks[self._kind(i)])
             o = o.view(S, nkv, g, G, B, hd).permute(0, 3, 4, 1, 2, 5).reshape(S * G, B, nkv * g * hd)
             h = h + self._lin(o, p + "self_attn.o_proj")
             h = h + self._mlp(i, rmsnorm(h, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps))
         return rmsnorm(h, self.w["norm.weight"], c.rms_norm_eps)[:N]
 
-    def _attn_mask(self, anchors, qpos, L: int, S: int, G: int, g: int, window: int | None) -> torch.Tensor:
+    def _attn_mask(self, anchors, qpos, L: int, S: int, G: int, g: int, window: int | None,
+                   causal: bool) -> torch.Tensor:
         """Additive mask [S, 1, g*G*B, L+G*B] (0 or -inf) of the grouped attention in `blocks`."""
         B, dev = qpos.shape[1], qpos.device
         kpos = torch.arange(L, device=dev)
@@ -338,7 +528,8 @@ class Drafter:
         ok_blk = torch.eye(G, dtype=torch.bool, device=dev)[None, :, None, :, None].expand(S, G, B, G, B)
         if window:
             ok_ctx = ok_ctx & ((qp[..., None] - kpos) < window)
-            ok_blk = ok_blk & ((qp[:, :, :, None, None] - qp[:, None, None, :, :]) < window)
+            d = qp[:, :, :, None, None] - qp[:, None, None, :, :]               # [S, G, B, G, B] q - k
+            ok_blk = ok_blk & (d < window) & ((d >= 0) if causal else True)
         ok = torch.cat([ok_ctx, ok_blk.reshape(S, G, B, G * B)], -1)          # [S, G, B, L+G*B]
         ok = ok.reshape(S, 1, 1, G * B, -1).expand(S, 1, g, G * B, L + G * B).reshape(S, 1, g * G * B, -1)
         return torch.zeros(ok.shape, dtype=self.dtype, device=dev).masked_fill_(~ok, float("-inf"))
@@ -365,9 +556,10 @@ class Drafter:
             k, v = self._kv(i, torch.cat([ctx, x]), cos, sin)       # [nkv, anchor+B, hd]
             k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
             mask = None
-            w = self._window(i)
+            w, causal = self._kind(i)
             if w:
-                mask = (pos[anchor:, None] - pos[None, :]) < w      # [B, anchor+B]
+                d = pos[anchor:, None] - pos[None, :]                # [B, anchor+B] q - k
+                mask = (d < w) & (d >= 0) if causal else d < w
             o = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask).to(self.dtype)
             h = h + self._lin(o.transpose(0, 1).flatten(1), p + "self_attn.o_proj")
             h = h + self._mlp(i, rmsnorm(h, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps))
@@ -378,30 +570,70 @@ class Drafter:
 # loading
 
 
-def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Drafter:
-    """Load and validate a checkpoint folder; tensors of the wrong name or shape raise CheckpointError."""
-    path = Path(path)
-    c = read_config(path)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{path}: no *.safetensors file (expected the drafter weights)")
+COPIES = ("embed_tokens.weight", "lm_head.weight")  # copies of the target's embedding / LM head: ignored
+
+
+def tensors(ck: Checkpoint):
+    """(file name, tensor name, getter) of a checkpoint's weights, names without `model.`/`draft_model.` prefixes.
+
+    A runtime `training_state.pt` is read with torch.load(weights_only=True) only: a file that needs arbitrary
+    unpickling is refused (its code never runs)."""
+    if ck.kind == "hf":
+        for f in ck.weights:
+            with safe_open(str(f), framework="pt", device="cpu") as sf:
+                for name in sf.keys():
+                    yield f.name, _bare(name), lambda sf=sf, name=name: sf.get_tensor(name)
+        return
+    f = ck.weights[0]
+    try:
+        state = torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{f}: needs arbitrary unpickling ({str(e).splitlines()[0][:160]}), which dflash-dash refuses because it "
+            "can run code; export the checkpoint with `specforge export --to hf` and replay the exported folder") from None
+    except (RuntimeError, OSError, EOFError) as e:
+        raise CheckpointError(f"{f}: not a readable torch checkpoint ({type(e).__name__}: {e})") from None
+    sd = state.get("draft_state_dict") if isinstance(state, dict) else None
+    if not isinstance(sd, dict):
+        keys = sorted(state)[:8] if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"{f}: no 'draft_state_dict' (found {keys}); expected a SpecForge runtime checkpoint")
+    for name, t in sd.items():
+        if not isinstance(t, torch.Tensor):
+            raise CheckpointError(f"{f}: draft_state_dict['{name}'] is {type(t).__name__}, expected a tensor")
+        yield f.name, _bare(name), lambda t=t: t
+
+
+def _bare(name: str) -> str:
+    for prefix in ("draft_model.", "model."):
+        name = name.removeprefix(prefix)
+    return name
+
+
+def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
+         sliding_block: str | None = None, draft_config: str | Path | None = None) -> Drafter:
+    """Load and validate a checkpoint (HF folder or SpecForge runtime folder, see `locate`). A tensor of the
+    wrong shape, a missing one or an unknown one (other than a copy of the target's embedding or LM head)
+    raises CheckpointError naming it."""
+    ck = locate(path, draft_config)
+    c = read_config(path, draft_config)
+    sliding_semantics(c, sliding_block)  # validate the choice before reading weights
     want = shapes(c)
     w: dict[str, torch.Tensor] = {}
-    for f in files:
-        with safe_open(str(f), framework="pt", device="cpu") as sf:
-            for name in sf.keys():
-                key = name.removeprefix("model.")
-                if key not in want:
-                    continue  # extra tensors (e.g. a copied embed) are ignored
-                t = sf.get_tensor(name)
-                if tuple(t.shape) != want[key]:
-                    raise CheckpointError(f"{f.name}: tensor '{key}' has shape {tuple(t.shape)}, expected {want[key]}")
-                w[key] = t.to(device=device, dtype=dtype)
+    for fname, key, get in tensors(ck):
+        if key not in want:
+            if key in COPIES or key.endswith("rotary_emb.inv_freq"):
+                continue
+            raise CheckpointError(f"{ck.path / fname}: unknown tensor '{key}': not part of a DFlash drafter with "
+                                  f"this config (another drafter family, or a config that does not match the weights)")
+        t = get()
+        if tuple(t.shape) != want[key]:
+            raise CheckpointError(f"{fname}: tensor '{key}' has shape {tuple(t.shape)}, expected {want[key]}")
+        w[key] = t.to(device=device, dtype=dtype)
     missing = [k for k in want if k not in w]
     if missing:
-        raise CheckpointError(f"{path}: missing tensor '{missing[0]}' (expected shape {want[missing[0]]})"
+        raise CheckpointError(f"{ck.path}: missing tensor '{missing[0]}' (expected shape {want[missing[0]]})"
                               + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
-    return Drafter(c, w, str(path))
+    return Drafter(c, w, str(ck.path), sliding_block)
 
 
 def flops_per_block(c: DrafterConfig, ctx_len: int, vocab: int) -> float:

@@ -54,6 +54,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN device VARCHAR;
     ALTER TABLE runs ADD COLUMN dtype VARCHAR;
     """,
+    # v3: how a run read its checkpoint: sliding-layer block semantics, the config file used, the step
+    """
+    ALTER TABLE runs ADD COLUMN sliding_block VARCHAR;
+    ALTER TABLE runs ADD COLUMN config_file VARCHAR;
+    ALTER TABLE runs ADD COLUMN step BIGINT;
+    """,
 ]
 VERSION = len(MIGRATIONS)
 REENTRY_S = 0.01       # a process re-locking sooner than this after its own release steps aside first
@@ -210,10 +216,10 @@ class Store:
         """Insert a finished run and its per-prompt results in one transaction."""
         with self.connect() as con:
             con.execute("INSERT INTO runs (id, extraction_id, checkpoint, name, config, tree_budget, summary, "
-                        "status, device, dtype) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                        "status, device, dtype, sliding_block, config_file, step) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         [r["id"], r["extraction_id"], r["checkpoint"], r["name"], json.dumps(r["config"]),
                          r["tree_budget"], json.dumps(r["summary"]), r.get("status", "done"), r.get("device"),
-                         r.get("dtype")])
+                         r.get("dtype"), r.get("sliding_block"), r.get("config_file"), r.get("step")])
             if prompts:
                 con.executemany("INSERT INTO run_prompts VALUES (?,?,?,?,?,?,?,?,?,?)", [
                     [r["id"], p["id"], p["prompt_len"], p["tau"], p["tree_tau"], p["rounds"], p["accepted_at"],

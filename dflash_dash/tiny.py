@@ -150,14 +150,45 @@ def write_drafter(out: str | Path, d: TinyDrafter = TinyDrafter(), state: dict |
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = drafter_config(d)
-    if state is None:
-        g = torch.Generator().manual_seed(d.seed)
-        state = {}
-        for name, shape in shapes(parse_config(cfg)).items():
-            if len(shape) == 1:  # norms: around 1
-                state[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
-            else:
-                state[name] = torch.randn(shape, generator=g) * d.init_scale / shape[1] ** 0.5
+    state = weights(d) if state is None else state
     save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return out
+
+
+def transformers5_config(d: TinyDrafter) -> dict:
+    """The config as SpecForge's `export --to hf` writes it under transformers 5: RoPE only in
+    `rope_parameters`, block_size and num_target_layers inside `dflash_config`, sliding-window fields."""
+    cfg = drafter_config(d)
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.pop("rope_theta")}
+    cfg.pop("rope_scaling")
+    cfg["dflash_config"] |= {"block_size": cfg.pop("block_size"), "num_target_layers": cfg.pop("num_target_layers")}
+    cfg |= {"auto_map": {"AutoModel": "dflash.DFlashDraftModel"}, "use_sliding_window": d.sliding_window is not None,
+            "max_window_layers": d.num_hidden_layers, "transformers_version": "5.5.3"}
+    return cfg
+
+
+def weights(d: TinyDrafter) -> dict[str, torch.Tensor]:
+    """Seeded random weights (name -> tensor) of a drafter with config `d`."""
+    g = torch.Generator().manual_seed(d.seed)
+    state = {}
+    for name, shape in shapes(parse_config(drafter_config(d))).items():
+        if len(shape) == 1:  # norms: around 1
+            state[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        else:
+            state[name] = torch.randn(shape, generator=g) * d.init_scale / shape[1] ** 0.5
+    return state
+
+
+def write_runtime(out: str | Path, state: dict[str, torch.Tensor], step: int, run_id: str = "run") -> Path:
+    """A SpecForge runtime checkpoint folder `out/{run_id}-step{step}/`: training_state.pt holding the draft
+    weights under `draft_state_dict` (no prefix, no embedding) with the training's counters, and a
+    per-rank optimizer file beside it; no config.json (the draft config is the training's JSON)."""
+    folder = Path(out) / f"{run_id}-step{step}"
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"draft_state_dict": {k: v.clone() for k, v in state.items()}, "global_step": step, "epoch": 0,
+                "epoch_batch": step, "epoch_samples": step * 8, "strategy": "dflash", "run_id": run_id,
+                "world_size": 1}, folder / "training_state.pt")
+    torch.save({"optimizer": {"state": {}, "param_groups": []}, "rng": {"torch": torch.get_rng_state()}},
+               folder / "training_state_rank0.pt")
+    return folder

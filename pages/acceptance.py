@@ -21,8 +21,9 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
     ids = [e["id"] for e in done]
     by_id = {e["id"]: e for e in done}
     with st.form("replay"):
-        ck = st.text_input("checkpoint folder (config.json + *.safetensors)", value=default_ck,
-                           placeholder="/path/to/epoch_0_step_1000")
+        ck = st.text_input("checkpoint folder (config.json + *.safetensors, or a SpecForge {run_id}-step{N}/ "
+                           "folder)", value=default_ck, placeholder="/path/to/epoch_0_step_1000")
+        how = common.checkpoint_inputs("replay")
         c1, c2, c3, c4 = st.columns(4)
         ex = c1.selectbox("extraction", ids, index=ids.index(default_ex) if default_ex in ids else len(ids) - 1,
                           format_func=lambda i: f"{i} · {by_id[i]['backend']} · {by_id[i]['set_name']}")
@@ -32,11 +33,12 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
         go = st.form_submit_button("Replay", type="primary")
     if go:
         if not ck.strip():
-            st.error("Give the checkpoint folder to replay (a folder with config.json and *.safetensors).")
+            st.error("Give the checkpoint folder to replay (a folder with config.json and *.safetensors, or a "
+                     "SpecForge runtime folder with training_state.pt).")
         else:
             common.backend_note(by_id[ex]["backend"], f"Extraction {ex}")
             common.start_job("replay", {"drafter": ck.strip(), "extraction": ex, "tree_budget": int(budget),
-                                        "device": device.strip() or "cpu", "dtype": dtype})
+                                        "device": device.strip() or "cpu", "dtype": dtype, **how})
     common.job_panel(("replay", "sweep"), key="acc")
 
 
@@ -103,7 +105,8 @@ def main() -> None:
     run = by_id[rid]
     s = run["summary"]
     st.caption(f"checkpoint `{run['checkpoint']}` · extraction `{run['extraction_id']}` (backend "
-               f"**{run['backend']}**) · completions `{run['set_name']}` · block size {s.get('block_size')}")
+               f"**{run['backend']}**) · completions `{run['set_name']}` · block size {s.get('block_size')}"
+               + views.sliding_note(run.get("sliding_block")))
     common.backend_note(run["backend"])
     summary_block(s)
 

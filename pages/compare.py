@@ -64,8 +64,9 @@ def config_block(a: dict, b: dict) -> None:
 
 def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
     st.header("Training sweep")
-    st.caption("Point at a training output folder (SpecForge writes epoch_E_step_S/ checkpoint folders): every "
-               "checkpoint in it is replayed on one extraction, as one job; tau is plotted against step.")
+    st.caption("Point at a training output folder (epoch_E_step_S/, SpecForge runtime {run_id}-step{N}/, "
+               "checkpoint-N/ folders): every checkpoint in it is replayed on one extraction, as one job, in step "
+               "order ({run_id}-latest/-best links count once); tau is plotted against step.")
     exs = [e for e in common.extractions(ws, stamp) if e["status"] == "done"]
     folder = st.text_input("training output folder", value=st.query_params.get("sweep", ""), key="sweep_folder")
     if folder.strip():
@@ -75,14 +76,15 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
         by = {e["id"]: e for e in exs}
         ex = st.selectbox("extraction", ids, index=len(ids) - 1, key="sweep_ex",
                           format_func=lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']}")
+        how = common.checkpoint_inputs("sweep")
         if st.button("Start sweep", type="primary", disabled=not folder.strip()):
             common.backend_note(by[ex]["backend"], f"Extraction {ex}")
-            common.start_job("sweep", {"checkpoints": folder.strip(), "extraction": ex})
+            common.start_job("sweep", {"checkpoints": folder.strip(), "extraction": ex, **how})
     else:
         st.info("No finished extraction: extract hidden states on the **Extraction** page first.")
     common.job_panel(("sweep",), key="sweep")
     if folder.strip():
-        pts = views.sweep_points(runs, folder.strip())
+        pts = views.sweep_points(runs, folder.strip(), ex if exs else None)
         if not pts:
             st.info("No run of a checkpoint inside this folder yet: start the sweep.")
             return
@@ -90,7 +92,8 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
         st.caption("tau (macro): mean over prompts of committed/rounds; tau (pooled): all committed / all rounds; "
                    "DDTree tau: the same with tree drafting")
         for p in pts:
-            st.markdown(f"step {p['step']} · `{p['name']}` · tau {views.fmt(p['tau_macro'])} / pooled "
+            st.markdown(f"step {p['step'] if p['step'] is not None else '?'} · `{p['name']}`"
+                        f"{views.sliding_note(p['sliding_block'])} · tau {views.fmt(p['tau_macro'])} / pooled "
                         f"{views.fmt(p['tau_pooled'])} / DDTree {views.fmt(p['ddtree_tau'])} · "
                         f"[open in Acceptance](acceptance?run={p['run']})")
 
