@@ -118,6 +118,14 @@ def force_torch_kernels() -> str:
     return use_backend("torch")
 
 
+NO_LINEAR = "n/a"  # the backend recorded for a target without linear-attention layers (nothing to choose)
+
+
+def has_linear_attention(info: "TargetInfo", keep: int | None = None) -> bool:
+    """Whether the target's first `keep` layers (all by default) include linear-attention (Gated DeltaNet)."""
+    return "linear_attention" in (info.layer_types or [])[:keep]
+
+
 def pick_backend(device: str) -> str:
     """fla when the device is CUDA and fla imports, else torch."""
     return "fla" if device.startswith("cuda") and torch.cuda.is_available() and fla_version() else "torch"
@@ -170,10 +178,12 @@ def load(path: str | Path, layer_ids: list[int], device: str = "cpu", dtype: tor
 
     info = describe(path)
     check_layers(info, layer_ids)
+    keep = max(layer_ids) + 1
     backend = use_backend(pick_backend(device))
+    if not has_linear_attention(info, keep):  # no linear-attention kernel runs: no backend to record or warn of
+        backend = NO_LINEAR
     cfg = AutoConfig.from_pretrained(info.path)
     text = cfg.get_text_config()
-    keep = max(layer_ids) + 1
     text.num_hidden_layers = keep
     if getattr(text, "layer_types", None):
         text.layer_types = text.layer_types[:keep]

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
+from .drafter import step_of
 from .replay import walk
 
 # ---------------------------------------------------------------------------
@@ -349,24 +350,42 @@ def prompt_table(rows: list[dict], completions: dict[str, dict]) -> list[dict]:
     return out
 
 
-SPEC_KEYS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_accepted_tokens",
-             "spec_accept_token_num", "spec_draft_token_num")
+SPEC_KEYS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_accept_token_num",
+             "spec_draft_token_num", "spec_accepted_drafts", "spec_proposed_drafts", "spec_accept_histogram")
+# the speculative-decoding counters SGLang reports in meta_info (names vary by version; shown when present)
+
+
+def compact_histogram(h) -> str:
+    """spec_accept_histogram (a list of counts, index = accepted tokens per verify step) as "0:3 1:5 2:2"
+    (zero counts left out); a dict {k: count} the same way; anything else as its text."""
+    if isinstance(h, dict):
+        items = sorted(h.items(), key=lambda kv: str(kv[0]))
+    elif isinstance(h, (list, tuple)):
+        items = list(enumerate(h))
+    else:
+        return str(h)
+    return " ".join(f"{k}:{v}" for k, v in items if v) or "—"
 
 
 def completion_table(rows: list[dict]) -> list[dict]:
-    """Completions with finish reason, token counts and any server-side speculative counters."""
+    """Completions with finish reason, token counts and any server-side speculative counters; `server_tau`
+    (tokens per verify step) = completion_tokens / spec_verify_ct, the engine's tau for that request."""
     out = []
     for r in rows:
         meta = r.get("meta_info") or {}
         fin = r.get("finish_reason")
+        n_out = meta.get("completion_tokens")
+        if isinstance(n_out, bool) or not isinstance(n_out, int):
+            n_out = len(r["output_ids"] or [])
         d = {"prompt": r["prompt_id"], "prompt_tokens": len(r["prompt_ids"] or []),
-             "completion_tokens": len(r["output_ids"] or []), "finish": fin,
+             "completion_tokens": n_out, "finish": fin,
              "latency_s": meta.get("e2e_latency"), "model": r.get("model_path")}
         for k in SPEC_KEYS:
             if k in meta:
-                d[k] = meta[k]
-        if "spec_verify_ct" in meta and meta["spec_verify_ct"]:
-            d["server_tau"] = len(r["output_ids"] or []) / meta["spec_verify_ct"]
+                d[k] = compact_histogram(meta[k]) if k == "spec_accept_histogram" else meta[k]
+        verify = meta.get("spec_verify_ct")
+        if isinstance(verify, (int, float)) and not isinstance(verify, bool) and verify > 0:
+            d["server_tau"] = n_out / verify
         out.append(d)
     return out
 
@@ -434,17 +453,42 @@ def consistency(cfg, extraction: dict, info) -> list[dict]:
         row("target layers", cfg.num_target_layers, info.num_layers,
             cfg.num_target_layers is None or cfg.num_target_layers == info.num_layers),
         row("mask token id < vocab", cfg.mask_token_id, info.vocab_size, 0 <= cfg.mask_token_id < info.vocab_size),
-        row("extraction backend", "trained on fla", extraction["backend"], extraction["backend"] == "fla"),
+        row("extraction backend", "trained on fla", extraction["backend"], extraction["backend"] in ("fla", "n/a")),
     ]
 
 
-_STEP = re.compile(r"epoch_(\d+)_step_(\d+)")
+def backend_matters(target_path: str) -> bool:
+    """False for a target without linear-attention layers: no kernel backend to warn about."""
+    from .target import describe, has_linear_attention
+    try:
+        return has_linear_attention(describe(target_path))
+    except Exception:  # noqa: BLE001  (an unreadable target is reported by the job itself)
+        return True
 
 
-def step_of(name: str) -> tuple[int, int] | None:
-    """(epoch, step) of a SpecForge `epoch_E_step_S` folder name, else None."""
-    m = _STEP.search(name)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+def sliding_note(semantics: str | None) -> str:
+    """' · sliding layers: causal inside the block' for a run with sliding layers, '' without."""
+    return f" · sliding layers: {semantics} inside the block" if semantics else ""
+
+
+def sliding_rows(runs: list[dict], checkpoint: str, extraction: str) -> list[dict]:
+    """The latest run of `checkpoint` on `extraction` per sliding semantics, for the train/serve check."""
+    best = {r["sliding_block"]: r for r in runs
+            if r["checkpoint"] == checkpoint and r["extraction_id"] == extraction and r.get("sliding_block")}
+    return [{"sliding layers": f"{sem} inside the block", "run": best[sem]["id"],
+             "tau (macro)": _r(best[sem]["summary"].get("tau_macro")),
+             "tau (pooled)": _r(best[sem]["summary"].get("tau_pooled")),
+             "every-anchor tau": _r(best[sem]["summary"].get("every_anchor_tau"))}
+            for sem in ("causal", "bidirectional") if sem in best]
+
+
+def sliding_checkpoints(runs: list[dict]) -> list[str]:
+    """Checkpoints of the runs whose drafter has sliding_attention layers (newest first, once each)."""
+    out: list[str] = []
+    for r in reversed(runs):
+        if "sliding_attention" in ((r.get("config") or {}).get("layer_types") or []) and r["checkpoint"] not in out:
+            out.append(r["checkpoint"])
+    return out
 
 
 def sweep_points(runs: list[dict], folder: str, extraction: str | None = None) -> list[dict]:
@@ -459,11 +503,11 @@ def sweep_points(runs: list[dict], folder: str, extraction: str | None = None) -
             continue
         best[ck] = r  # runs come oldest first: the latest wins
     pts = []
-    for i, (ck, r) in enumerate(sorted(best.items(), key=lambda kv: (step_of(kv[0]) or (1 << 30, 0), kv[0]))):
-        es = step_of(Path(ck).name) or step_of(ck)
+    for ck, r in best.items():
+        step = r.get("step") if r.get("step") is not None else step_of(ck)
         s = r.get("summary") or {}
-        pts.append({"step": es[1] if es else i, "epoch": es[0] if es else None, "name": r["name"], "run": r["id"],
-                    "checkpoint": ck, "tau_macro": s.get("tau_macro"), "tau_pooled": s.get("tau_pooled"),
-                    "ddtree_tau": s.get("ddtree_tau")})
-    pts.sort(key=lambda p: (p["epoch"] or 0, p["step"]))
+        pts.append({"step": step, "name": r["name"], "run": r["id"], "checkpoint": ck,
+                    "sliding_block": r.get("sliding_block"), "tau_macro": s.get("tau_macro"),
+                    "tau_pooled": s.get("tau_pooled"), "ddtree_tau": s.get("ddtree_tau")})
+    pts.sort(key=lambda p: (p["step"] is None, p["step"] or 0, p["checkpoint"]))
     return pts

@@ -1,5 +1,6 @@
 """Diagnostics: backend parity (fla vs torch extractions of the same completions: per layer relative L2
-and cosine, and tau of the runs on each), checkpoint-vs-extraction consistency, server health.
+and cosine, and tau of the runs on each), checkpoint-vs-extraction consistency, sliding-layer train/serve semantics (the same checkpoint replayed
+causal and bidirectional inside the block), server health.
 URL: diagnostics?a=EXTRACTION&b=EXTRACTION&ckpt=PATH&ex=EXTRACTION."""
 from __future__ import annotations
 
@@ -98,19 +99,67 @@ def consistency_block(ws: str, stamp: str) -> None:
     st.dataframe(rows, hide_index=True, width="stretch")
 
 
+def sliding_block(ws: str, stamp: str) -> None:
+    st.header("Sliding layers: train/serve semantics")
+    st.caption("SpecForge trains sliding_attention layers causal inside the block (slot i sees block slots 0..i) "
+               "and SGLang serves them that way; the z-lab HF reference keeps the block bidirectional. The same "
+               "checkpoint replayed both ways: a large difference means the engine and the training disagree on "
+               "what the drafter sees, and the tau you measure depends on which one you run.")
+    runs = common.runs(ws, stamp)
+    exs = [e for e in common.extractions(ws, stamp) if e["status"] == "done"]
+    if not exs:
+        st.info("No finished extraction yet (Extraction page).")
+        return
+    known = views.sliding_checkpoints(runs)
+    ck = st.text_input("drafter checkpoint with sliding_attention layers", value=known[0] if known else "",
+                       key="slide_ck", placeholder="/path/to/checkpoint")
+    by = {e["id"]: e for e in exs}
+    ids = [e["id"] for e in exs]
+    with_runs = [r["extraction_id"] for r in runs if r["checkpoint"] == ck.strip()]
+    ex = st.selectbox("extraction", ids, index=ids.index(with_runs[-1]) if with_runs else len(ids) - 1,
+                      key="slide_ex", format_func=lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']}")
+    if not ck.strip():
+        st.info("No replayed drafter with sliding layers yet: give a checkpoint folder to check it.")
+        return
+    rows = views.sliding_rows(runs, ck.strip(), ex)
+    if len(rows) == 2:
+        delta = (rows[0]["tau (macro)"] or 0) - (rows[1]["tau (macro)"] or 0)
+        (st.warning if abs(delta) >= 0.05 else st.success)(
+            f"tau (macro) causal − bidirectional = {delta:+.3f} (tau = mean over prompts of committed / rounds)")
+    if rows:
+        st.dataframe(rows, hide_index=True, width="stretch")
+    if len(rows) < 2 and st.button("Replay both ways", type="primary", key="slide_go"):
+        common.start_job("sliding-check", {"drafter": ck.strip(), "extraction": ex})
+    common.job_panel(("sliding-check",), key="slide")
+
+
+@st.cache_data(ttl=30, show_spinner=False)
+def model_info(url: str, key_env: str) -> dict:
+    """GET /model_info (answers at once on a real server), cached briefly; raises ServerError."""
+    return common.client(url, timeout=8, retries=0).model_info()
+
+
 def server_block() -> None:
-    from dflash_dash.sglang import Client, ServerError
+    from dflash_dash.sglang import ServerError
     st.header("Server health")
-    url = st.text_input("server URL", value=common.server_url(), key="diag_url")
-    ok, state = common.health(url.strip())
-    (st.success if ok else st.warning)(f"GET /health: {'ready' if ok else 'not ready'} ({state})")
-    if ok:
-        try:
-            info = Client(url.strip(), timeout=3, retries=0).model_info()
-            st.markdown(f"model path: `{info.get('model_path')}`")
-            st.json(info, expanded=False)
-        except ServerError as e:
-            st.warning(str(e))
+    url = st.text_input("server URL", value=common.server_url(), key="diag_url").strip()
+
+    @st.fragment(run_every=3.0)
+    def status() -> None:
+        ok, state = common.health(url)  # background poller: a real /health generates a token (seconds)
+        if ok is None:
+            st.info(f"GET /health: checking… ({state})")
+        else:
+            (st.success if ok else st.warning)(f"GET /health: {'ready' if ok else 'not ready'} ({state})")
+        if ok:
+            try:
+                info = model_info(url, common._key_env())
+                st.markdown(f"model path: `{info.get('model_path')}`")
+                st.json(info, expanded=False)
+            except (ServerError, ValueError) as e:
+                st.warning(str(e))
+
+    status()
     st.subheader("GPU memory")
     try:
         gpus = common.jobs_mod().gpu_memory()
@@ -127,7 +176,8 @@ def main() -> None:
     ws = common.workspace()
     stamp = common.stamp()
     st.title("Diagnostics")
-    for block in (lambda: parity_block(ws, stamp), lambda: consistency_block(ws, stamp), server_block):
+    for block in (lambda: parity_block(ws, stamp), lambda: consistency_block(ws, stamp),
+                  lambda: sliding_block(ws, stamp), server_block):
         with common.guard():  # one failing check does not hide the others
             block()
 

@@ -57,7 +57,7 @@ def existing(ws: str, stamp: str, orch: str) -> None:
     for e in reversed(exs):
         with st.container(border=True):
             c1, c2 = st.columns([5, 1])
-            badge = ":green[fla]" if e["backend"] == "fla" else ":orange[torch]"
+            badge = {"fla": ":green[fla]", "torch": ":orange[torch]"}.get(e["backend"], e["backend"])
             c1.markdown(f"`{e['id']}` · backend **{badge}** · set `{e['set_name']}` · {e['prompts']} prompts · "
                         f"layers {e['layer_ids']} · {e['device']} {e['dtype']} · {e['status']}")
             c1.caption(f"target {e['target_path']}")
@@ -123,7 +123,7 @@ def main() -> None:
                 else:
                     from dflash_dash import pipeline
                     args["layers"] = pipeline.layer_ids_of(None, layers.strip())
-                if args["device"] == "cpu":
+                if args["device"] == "cpu" and views.backend_matters(args["target"]):
                     st.warning("On CPU the torch path of the linear-attention kernels is used (backend `torch`), "
                                "not the fla kernels the drafter was trained on.")
                 common.start_job("extract", args)

@@ -321,3 +321,49 @@ def test_global_options_after_the_command(tmp_path):
     assert a.workspace == str(tmp_path / "w")
     b = cli.parser().parse_args(["--workspace", str(tmp_path / "v"), "runs"])
     assert b.workspace == str(tmp_path / "v")
+
+
+# ---------------------------------------------------------------------------
+# the train/serve sliding check, and no false alarms for targets without linear attention
+
+
+def test_sliding_check_replays_both_ways_and_diagnostics_shows_the_gap(prepared, workspace_copy, tmp_path, monkeypatch):
+    d = tiny.TinyDrafter(seed=1, layer_types=["sliding_attention", "full_attention"], sliding_window=3)
+    ck = export_hf(tmp_path / "slide", d, tiny.drafter_config(d))
+    st = Store(workspace_copy)
+    out = pipeline.sliding_check(st, str(ck), prepared.extraction, budget=0)
+    runs = {r["id"]: r for r in st.runs()}
+    assert runs[out["causal"]]["sliding_block"] == "causal"
+    assert runs[out["bidirectional"]]["sliding_block"] == "bidirectional"
+    a, b = (st.run_prompts(out[k]) for k in ("causal", "bidirectional"))
+    assert [p["drafts"] for p in a] != [p["drafts"] for p in b]  # the two semantics really differ here
+    assert out["delta"] == pytest.approx(out["tau_macro"]["causal"] - out["tau_macro"]["bidirectional"])
+    again = pipeline.sliding_check(st, str(ck), prepared.extraction, budget=0)  # reuses both runs
+    assert again["causal"] == out["causal"] and len(st.runs()) == len(runs)
+    with pytest.raises(pipeline.InputError, match="no sliding_attention layers"):
+        pipeline.sliding_check(st, str(prepared.drafters[0]), prepared.extraction)
+    # the Diagnostics page shows both runs and the difference, with the formula
+    from test_app import app, clean
+    at = app(workspace_copy, monkeypatch, "diagnostics")
+    clean(at)
+    assert at.text_input(key="slide_ck").value == str(ck.resolve())
+    table = next(df.value for df in at.dataframe if "sliding layers" in df.value.columns)
+    assert list(table["sliding layers"]) == ["causal inside the block", "bidirectional inside the block"]
+    msg = [m.value for m in (*at.warning, *at.success) if "causal − bidirectional" in m.value]
+    assert msg and f"{out['delta']:+.3f}" in msg[0] and "committed / rounds" in msg[0]
+
+
+def test_target_without_linear_attention_records_no_backend(tmp_path):
+    from dflash_dash import target as tg
+    t = tiny.write_target(tmp_path / "qwen3", tiny.TinyTarget(model_type="qwen3"))
+    st = Store(tmp_path / "ws")
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text(json.dumps({"id": "a", "prompt_ids": [5, 6, 7], "output_ids": [8, 9, 10, 11]}) + "\n")
+    pipeline.import_completions(st, jsonl, "s")
+    ex = pipeline.extract(st, str(t), "s", [1, 4])
+    assert st.extraction(ex)["backend"] == tg.NO_LINEAR
+    from dflash_dash import views
+    info = tg.describe(t)
+    rows = {r["check"]: r for r in views.consistency(dr.parse_config(tiny.drafter_config(tiny.TinyDrafter())),
+                                                      st.extraction(ex), info)}
+    assert rows["extraction backend"]["ok"] == "✓" and not views.backend_matters(str(t))
