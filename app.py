@@ -37,13 +37,18 @@ def running_jobs() -> None:
                     text=f"{j['kind']} · {j['status']} · {str(j['step'] or '')[:60]}")
 
 
+@st.fragment(run_every=3.0)
+def server_status(url: str) -> None:
+    """The server's readiness from its background /health poller (never blocks: a real /health takes seconds)."""
+    ok, state = common.health(url)
+    st.markdown(f"**Server** {common.health_badge(ok)}")
+    st.caption(f"{url} · {state}")
+
+
 with st.sidebar:
     st.markdown("**Workspace**")
     st.code(common.workspace(), language=None)
-    url = common.server_url()
-    ok, state = common.health(url)
-    st.markdown(f"**Server** {':green[:material/check_circle: ready]' if ok else ':red[:material/cancel: not ready]'}")
-    st.caption(f"{url} · {state}")
+    server_status(common.server_url())
     st.markdown("**Jobs**")
     running_jobs()
 

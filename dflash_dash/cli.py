@@ -98,14 +98,19 @@ def follow(st, job_id: str, key: str, every: float = 0.3) -> int:
 
 def cmd_replay(a, st):
     out = pipeline.replay(st, a.drafter, a.extraction, a.tree_budget, a.device, a.dtype, a.chunk, a.name,
-                          progress)
+                          progress, a.sliding_block, a.draft_config)
     print(out["id"])
     _print(out["summary"])
 
 
 def cmd_sweep(a, st):
-    for run_id in pipeline.sweep(st, a.checkpoints, a.extraction, progress):
+    for run_id in pipeline.sweep(st, a.checkpoints, a.extraction, progress, a.sliding_block, a.draft_config):
         print(run_id)
+
+
+def cmd_sliding_check(a, st):
+    _print(pipeline.sliding_check(st, a.drafter, a.extraction, a.draft_config, progress, device=a.device,
+                                  dtype=a.dtype))
 
 
 def cmd_export(a, st):
@@ -150,7 +155,7 @@ def cmd_demo(a, st):
 
 def cmd_serve(a, st):
     from . import server
-    server.serve(a.model, a.host, a.port, a.startup_delay)
+    server.serve(a.model, a.host, a.port, a.startup_delay, health_delay=a.health_delay, api_key=a.api_key)
 
 
 # ---------------------------------------------------------------------------
@@ -192,12 +197,24 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="float32", choices=list(pipeline.DTYPES))
     s.add_argument("--chunk", type=int, default=64, help="blocks per batched forward")
     s.add_argument("--name", help="display name (default: checkpoint folder name)")
+    checkpoint_options(s)
     s.set_defaults(fn=cmd_replay)
 
     s = sub.add_parser("sweep", help="replay every checkpoint of a training output folder")
-    s.add_argument("--checkpoints", required=True, help="folder of epoch_E_step_S/ checkpoint folders")
+    s.add_argument("--checkpoints", required=True, help="training output folder: epoch_E_step_S/, "
+                                                        "{run_id}-step{N}/ (SpecForge runtime), checkpoint-N/ ...")
     s.add_argument("--extraction", default="latest")
+    checkpoint_options(s)
     s.set_defaults(fn=cmd_sweep)
+
+    s = sub.add_parser("sliding-check", help="replay a sliding-layer drafter with its block causal and "
+                                             "bidirectional: the train/serve mismatch detector (JSON)")
+    s.add_argument("--drafter", required=True)
+    s.add_argument("--extraction", default="latest")
+    s.add_argument("--draft-config", help="the training's draft config JSON (SpecForge runtime checkpoints)")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--dtype", default="float32", choices=list(pipeline.DTYPES))
+    s.set_defaults(fn=cmd_sliding_check)
 
     s = sub.add_parser("export", help="print a run as JSON")
     s.add_argument("--run", default="latest")
@@ -212,6 +229,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=30000)
     s.add_argument("--startup-delay", type=float, default=0.0)
+    s.add_argument("--health-delay", type=float, default=0.0,
+                   help="seconds GET /health takes once ready (a real one generates a token)")
+    s.add_argument("--api-key", help="require `Authorization: Bearer KEY` except on /health (as SGLang's --api-key)")
     s.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("fetch", help="fetch greedy completions of a prompt set from an SGLang server")
@@ -240,7 +260,19 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("id")
     s.set_defaults(fn=cmd_job_run)
     sub.metavar = "{" + ",".join(c for c in sub.choices if c != "job-run") + "}"
+    for s in sub.choices.values():  # global options are accepted after the command too
+        s.add_argument("--workspace", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
+
+
+def checkpoint_options(s: argparse.ArgumentParser) -> None:
+    """How a checkpoint is read: its draft config (SpecForge runtime checkpoints) and sliding semantics."""
+    from .drafter import SLIDING_BLOCKS
+    s.add_argument("--draft-config", help="the training's draft config JSON, for SpecForge runtime checkpoints "
+                                          "({run_id}-step{N}/training_state.pt) with no config.json beside or above")
+    s.add_argument("--sliding-block", choices=list(SLIDING_BLOCKS),
+                   help="sliding_attention layers: causal inside the block (SpecForge training, SGLang serving; "
+                        "the default unless the config sets is_causal) or bidirectional (z-lab HF reference)")
 
 
 def main(argv: list[str] | None = None) -> int:

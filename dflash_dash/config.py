@@ -4,7 +4,10 @@ Contract: `load(workspace)` reads the `[server]` table of `W/config.toml` (missi
 returns a `WorkspaceConfig`; an unknown table or key, a wrong type or a TOML syntax error raises
 `ConfigError` naming the key and its line. Commands are argv lists run WITHOUT a shell
 (`subprocess.run(list)`); a string value is split with `shlex`. They come only from this file, never from
-browser input, and `describe_commands` shows them before they run (SPEC 9). Example:
+browser input, and `describe_commands` shows them before they run (SPEC 9).
+The server's API key (SGLang `--api-key`) is never in this file: it is read from the environment variable
+SGLANG_API_KEY, or from the one named by `api_key_env`; `client(cfg, url)` builds the `sglang.Client` that
+sends it, and is how every Client of a workspace is made. Example:
 
     [server]
     url = "http://127.0.0.1:30000"
@@ -13,9 +16,11 @@ browser input, and `describe_commands` shows them before they run (SPEC 9). Exam
     readiness_timeout = 600
     memory_release = true
     gpu_memory_margin_gb = 2.0
+    api_key_env = "SGLANG_API_KEY"   # the NAME of the variable holding the key, never the key
 """
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import tomllib
@@ -23,6 +28,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 FILE_NAME = "config.toml"
+DEFAULT_API_KEY_ENV = "SGLANG_API_KEY"
 
 
 class ConfigError(ValueError):
@@ -37,6 +43,8 @@ class WorkspaceConfig:
     readiness_timeout: float = 600.0            # seconds to wait for /health 200 (SGLang's own tests allow 600)
     memory_release: bool = True                 # use /release_memory_occupation when the server supports it
     gpu_memory_margin_gb: float = 2.0           # free GPU memory required beyond the target's weights
+    api_key_env: str | None = None              # NAME of the environment variable holding the server's --api-key
+                                                # (None: SGLANG_API_KEY); the key itself is never in config.toml
 
 
 # toml key -> (dataclass field, expected kind)
@@ -48,6 +56,7 @@ KEYS = {
     "readiness_timeout": ("readiness_timeout", "seconds"),
     "memory_release": ("memory_release", "bool"),
     "gpu_memory_margin_gb": ("gpu_memory_margin_gb", "number"),
+    "api_key_env": ("api_key_env", "env"),
 }
 
 
@@ -101,6 +110,11 @@ def _check(v, kind: str, where: str):
             raise ConfigError(f"{where} must be a command: a non-empty list of strings like "
                               f"[\"systemctl\", \"stop\", \"sglang\"] (run without a shell), got {v!r}")
         return v
+    if kind == "env":
+        if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ConfigError(f"{where} must be the NAME of an environment variable (like \"SGLANG_API_KEY\") "
+                              "that holds the key, never the key itself; got a value that is not a variable name")
+        return v
     if kind == "bool":
         if not isinstance(v, bool):
             raise ConfigError(f"{where} must be true or false, got {v!r}")
@@ -131,3 +145,23 @@ def describe_commands(cfg: WorkspaceConfig) -> list[str]:
         if f.name.endswith("_command") and getattr(cfg, f.name):
             out.append(f"{f.name.removesuffix('_command')}: {shlex.join(getattr(cfg, f.name))}")
     return out
+
+
+# ---------------------------------------------------------------------------
+# the server's API key and client
+
+
+def api_key(cfg: WorkspaceConfig) -> tuple[str | None, str]:
+    """(key or None, the environment variable it is read from): `api_key_env` of config.toml, else
+    SGLANG_API_KEY. The key lives only in the environment (and in memory): never store or log it."""
+    name = cfg.api_key_env or DEFAULT_API_KEY_ENV
+    return os.environ.get(name) or None, name
+
+
+def client(cfg: WorkspaceConfig, url: str | None = None, **kw):
+    """The `sglang.Client` for the workspace's server (`url`, default [server] url), sending the API key from
+    the environment. Every Client built from a workspace is made here."""
+    from .sglang import Client
+    key, name = api_key(cfg)
+    hint = name if name == DEFAULT_API_KEY_ENV else f"{name} (named by api_key_env in config.toml)"
+    return Client(url or cfg.server_url, api_key=key, key_env=hint, **kw)

@@ -40,6 +40,7 @@ THROTTLE_S = 0.3          # at most one progress write per this many seconds
 GRACE_S = 10.0            # cancel: SIGTERM, then SIGKILL after this long
 STOP_TIMEOUT_S = 120.0    # a stop command and the server going down must finish within this
 MEMORY_WAIT_S = 30.0      # released GPU memory may take this long to show as free
+IDLE_WAIT_S = 120.0       # before a memory release, wait this long for the server's requests to finish
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 _CHILDREN: dict[str, subprocess.Popen] = {}  # jobs started by this process (reaped by refresh)
 
@@ -133,7 +134,7 @@ def run_extract(store: Store, args: dict, rep: Reporter) -> dict:
     known = {e["id"]: e["status"] for e in store.extractions()}
     if known.get(ex_id) not in (None, "done"):
         store.set_status("extractions", ex_id, "running")
-    client = sglang.Client(args.get("server") or cfg.server_url)
+    client = config_mod.client(cfg, args.get("server"))
     freed = None
     try:
         freed = free_gpu(client, cfg, mode, rep)
@@ -163,7 +164,8 @@ def run_replay(store: Store, args: dict, rep: Reporter) -> dict:
     _need(args, "drafter")
     out = pipeline.replay(store, args["drafter"], args.get("extraction") or "latest",
                           int(args.get("tree_budget", 8)), args.get("device") or "cpu",
-                          args.get("dtype") or "float32", int(args.get("chunk") or 64), args.get("name"), rep)
+                          args.get("dtype") or "float32", int(args.get("chunk") or 64), args.get("name"), rep,
+                          args.get("sliding_block"), args.get("draft_config"))
     return {"run": out["id"]}
 
 
@@ -172,7 +174,8 @@ def run_sweep(store: Store, args: dict, rep: Reporter) -> dict:
     sweep = getattr(pipeline, "sweep", None)
     if sweep is None:
         raise OrchestrationError("this dflash-dash has no sweep operation")
-    return {"runs": sweep(store, args["checkpoints"], args.get("extraction") or "latest", rep)}
+    return {"runs": sweep(store, args["checkpoints"], args.get("extraction") or "latest", rep,
+                          args.get("sliding_block"), args.get("draft_config"))}
 
 
 def run_demo(store: Store, args: dict, rep: Reporter) -> dict:
@@ -184,8 +187,16 @@ def run_demo(store: Store, args: dict, rep: Reporter) -> dict:
     return out if isinstance(out, dict) else {"value": out}
 
 
+def run_sliding_check(store: Store, args: dict, rep: Reporter) -> dict:
+    _need(args, "drafter")
+    out = pipeline.sliding_check(store, args["drafter"], args.get("extraction") or "latest", args.get("draft_config"),
+                                 rep, device=args.get("device") or "cpu", dtype=args.get("dtype") or "float32")
+    return {"causal": out["causal"], "bidirectional": out["bidirectional"]}
+
+
 KINDS: dict[str, Callable[[Store, dict, Reporter], dict]] = {
     "fetch": run_fetch, "extract": run_extract, "replay": run_replay, "sweep": run_sweep, "demo": run_demo,
+    "sliding-check": run_sliding_check,
 }
 
 
@@ -206,8 +217,13 @@ def free_gpu(client: sglang.Client, cfg: config_mod.WorkspaceConfig, mode: str, 
             raise OrchestrationError(f"the server at {client.url} is not reachable ({state}), so its memory "
                                      "cannot be released; start it, or extract with orchestrate none")
         if cfg.memory_release and client.supports_memory_release():
+            wait_idle(client, cfg, rep)
             rep.step("releasing server memory (POST /release_memory_occupation)")
-            client.release_memory()
+            try:
+                client.release_memory()
+            except sglang.ServerError as e:
+                raise OrchestrationError(f"the server at {client.url} did not release its memory: {e}. If a "
+                                         "request started meanwhile, extract again once it has finished") from None
             return "release"
         why = ("memory_release = false in config.toml" if not cfg.memory_release else
                "the server does not report enable_memory_saver (start SGLang with --enable-memory-saver)")
@@ -233,12 +249,48 @@ def free_gpu(client: sglang.Client, cfg: config_mod.WorkspaceConfig, mode: str, 
     rep.step("waiting for the server to stop")
     deadline = time.monotonic() + min(STOP_TIMEOUT_S, cfg.readiness_timeout)
     while True:
-        ok, state = client.health(timeout=2.0)
-        if not ok and not state[:1].isdigit():  # no HTTP answer: the process is gone
+        ok, state = client.health()
+        if not ok and not state[:1].isdigit() and state != "timeout":  # no connection: the process is gone
             return "command"
         if time.monotonic() > deadline:
             raise OrchestrationError(f"the server at {client.url} still answers ({state}) after the stop command")
         time.sleep(0.2)
+
+
+def wait_idle(client: sglang.Client, cfg: config_mod.WorkspaceConfig, rep: Reporter, timeout: float = IDLE_WAIT_S,
+              poll: float = 0.25) -> None:
+    """Before a memory release: SGLang asserts its scheduler is idle, so never release under load. Raises
+    OrchestrationError when a fetch job of this workspace runs against the server, or when the server still
+    reports running/waiting requests after `timeout` seconds (or cannot report them at all)."""
+    url = client.url.rstrip("/")
+    fetching = [j["id"] for j in active(rep.store) if j["kind"] == "fetch"
+                and ((j["args"] or {}).get("server") or cfg.server_url).rstrip("/") == url]
+    if fetching:
+        raise OrchestrationError(f"fetch job {', '.join(fetching)} is running against {url}; its memory cannot be "
+                                 "released under load. Wait for the fetch to finish or cancel it (Completions page, "
+                                 "or `jobs cancel ID`), then extract again")
+    rep.step("waiting for the server to be idle (GET /v1/loads)")
+    t0 = time.monotonic()
+    while True:
+        try:
+            n = client.running_requests()
+        except sglang.ServerError as e:
+            raise OrchestrationError(f"cannot tell whether {url} is idle: {e}") from None
+        if n is None:
+            raise OrchestrationError(f"the server at {url} reports no load (neither GET /v1/loads nor /get_load), "
+                                     "so it is unknown whether requests run, and SGLang may release memory only "
+                                     "when idle; upgrade SGLang, or extract with orchestrate command")
+        if n == 0:
+            rep.note("server idle: no running or waiting requests")
+            return
+        waited = time.monotonic() - t0
+        if waited >= timeout:
+            raise OrchestrationError(f"the server at {url} still has {n} running or waiting request(s) after "
+                                     f"{timeout:g} s; SGLang releases memory only when idle, so nothing was "
+                                     "released. Let those requests finish (or stop their client) and extract "
+                                     "again, or use orchestrate command")
+        rep(0, 0, f"waiting for the server to be idle: {n} request(s) running or waiting ({waited:.0f} s)")
+        time.sleep(min(poll, timeout - waited))
 
 
 def restore(client: sglang.Client, cfg: config_mod.WorkspaceConfig, freed: str, rep: Reporter) -> None:

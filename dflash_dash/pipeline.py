@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from . import cache, drafter as drafter_mod, prompts as prompts_mod, replay as replay_mod, sglang
+from . import cache, drafter as drafter_mod, metrics, prompts as prompts_mod, replay as replay_mod, sglang
 from . import target as target_mod
 from .store import Store, StoreError, new_id
 
@@ -100,6 +100,40 @@ def load_tokenizer(path: str | Path):
                          f"{str(e).splitlines()[0] if str(e) else ''}); point it at the target's folder") from None
 
 
+def hub_cache_dir() -> Path:
+    """The local Hugging Face hub cache as huggingface_hub resolves it, read from the environment now:
+    HF_HUB_CACHE, else HF_HOME/hub, else XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub."""
+    import os
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or str(Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def hub_snapshot(repo_id: str) -> Path | None:
+    """The snapshot folder of hub model `repo_id` (e.g. "Qwen/Qwen3-8B", as a server's tokenizer_path may be)
+    in the local Hugging Face cache, looked up offline (local_files_only, as with HF_HUB_OFFLINE=1: nothing is
+    downloaded); None when it is not cached or `repo_id` is not a hub id."""
+    import re
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo_id) or repo_id.startswith(".") or Path(repo_id).exists():
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(repo_id, cache_dir=str(hub_cache_dir()), local_files_only=True))
+    except Exception:  # noqa: BLE001  (not cached, not a valid id, no huggingface_hub: not found here)
+        return None
+
+
+def _no_tokenizer(tok_dir: str | None) -> str:
+    """Why no tokenizer was found for the server's tokenizer_path `tok_dir`, and what to do."""
+    if not tok_dir:
+        return "the server reports no tokenizer_path: pass --tokenizer DIR (the target's folder)"
+    return (f"the server's tokenizer_path {tok_dir!r} is neither a folder here nor a Hugging Face hub id in the "
+            f"local cache {hub_cache_dir()} (looked up offline; nothing is downloaded): pass --tokenizer DIR (the "
+            "target's folder), or put the model in that cache (`huggingface-cli download ID` where there is "
+            "network, with HF_HOME or HF_HUB_CACHE pointing at the cache)")
+
+
 def fetch(store: Store, server: str, prompt_set: str, name: str, max_new_tokens: int = 256, chat: bool = False,
           tokenizer: str | None = None, enable_thinking: bool = False, progress: Progress = None,
           readiness_timeout: float = 600.0, request_timeout: float = 600.0) -> int:
@@ -107,8 +141,10 @@ def fetch(store: Store, server: str, prompt_set: str, name: str, max_new_tokens:
     stored as set `name`, each committed as it arrives; prompts already in the set are skipped, so an
     interrupted fetch continues when run again. Returns how many completions were fetched now.
 
-    Prompts are tokenised locally (tokenizer from `tokenizer` or the server's readable `tokenizer_path`;
-    with `chat`, wrapped in its chat template) and sent as `input_ids`; token ids come from the server."""
+    Prompts are tokenised locally (tokenizer from `tokenizer` or the server's `tokenizer_path`: a readable
+    folder, or a hub id found in the local Hugging Face cache; with `chat`, wrapped in its chat template) and
+    sent as `input_ids`; token ids come from the server. The server's API key comes from the environment
+    (`config.client`), never from the store."""
     try:
         todo_all = prompts_mod.load(prompt_set)
     except prompts_mod.PromptSetError as e:
@@ -122,8 +158,9 @@ def fetch(store: Store, server: str, prompt_set: str, name: str, max_new_tokens:
     if not todo:
         _tick(progress, n, n, f"set {name!r} already holds all {n} prompts of {prompt_set}")
         return 0
+    from . import config as config_mod
     try:
-        client = sglang.Client(server, timeout=request_timeout)
+        client = config_mod.client(config_mod.load(store.workspace), server, timeout=request_timeout)
     except ValueError as e:
         raise InputError(f"--server: {e}") from None
     client.wait_ready(readiness_timeout, progress=lambda t, state: _tick(
@@ -137,13 +174,16 @@ def fetch(store: Store, server: str, prompt_set: str, name: str, max_new_tokens:
     tok = None
     if any("prompt_ids" not in p for p in todo):
         tok_dir = tokenizer or info.get("tokenizer_path")
-        if tokenizer:
-            tok = load_tokenizer(tokenizer)
+        if tokenizer:  # a folder, or a hub id in the local cache
+            tok = load_tokenizer(tokenizer if Path(tokenizer).is_dir() else (hub_snapshot(tokenizer) or tokenizer))
         elif tok_dir and Path(tok_dir).is_dir():
             tok = load_tokenizer(tok_dir)
+        elif tok_dir and (snap := hub_snapshot(tok_dir)) is not None:
+            _tick(progress, len(done), n, f"tokenizer {tok_dir} from the local Hugging Face cache: {snap}")
+            tok = load_tokenizer(snap)
         if chat and tok is None:
-            raise InputError(f"--chat needs the target's tokenizer here to apply its chat template; the server's "
-                             f"tokenizer_path {tok_dir!r} is not a readable folder: pass --tokenizer DIR")
+            raise InputError(f"--chat needs the target's tokenizer here to apply its chat template; "
+                             f"{_no_tokenizer(tok_dir)}")
     store.add_set(name, prompt_set if prompt_set in prompts_mod.SETS else str(Path(prompt_set).resolve()))
     fetched = 0
     for p in todo:
@@ -166,7 +206,7 @@ def fetch(store: Store, server: str, prompt_set: str, name: str, max_new_tokens:
             ids = meta.get("input_ids")
             if not isinstance(ids, list) or not ids:
                 raise InputError(f"prompt {p['id']!r}: no tokenizer is readable here and the server did not "
-                                 "report the prompt's token ids; pass --tokenizer DIR (the target's folder)")
+                                 f"report the prompt's token ids; {_no_tokenizer(tok_dir)}")
         fin = meta.get("finish_reason")
         store.add_completion(name, {
             "id": p["id"], "idx": order[p["id"]], "prompt": p.get("prompt"), "output": res["text"],
@@ -275,65 +315,123 @@ def check_drafter(cfg: drafter_mod.DrafterConfig, extraction: dict, info: target
 
 
 def replay(store: Store, drafter: str, extraction: str = "latest", budget: int = 8, device: str = "cpu",
-           dtype: str = "float32", chunk: int = 64, name: str | None = None, progress: Progress = None) -> dict:
-    """Replay a checkpoint over a cached extraction; stores the run; returns {"id", "summary"}."""
+           dtype: str = "float32", chunk: int = 64, name: str | None = None, progress: Progress = None,
+           sliding_block: str | None = None, draft_config: str | None = None) -> dict:
+    """Replay a checkpoint over a cached extraction; stores the run; returns {"id", "summary"}.
+
+    `drafter` is an HF folder or a SpecForge runtime folder (`draft_config`: the training's draft config JSON
+    when no config.json lies beside or above it). `sliding_block` (causal | bidirectional, default: the
+    config's own, causal) is how sliding_attention layers see their block; it is stored with the run.
+    A refused checkpoint (other family, unknown tensors, unsafe pickle) raises before anything is stored."""
     ex = store.extraction(extraction)
     if ex["status"] != "done":
         raise InputError(f"extraction {ex['id']} is {ex['status']}, not done; finish it (re-extract) first")
     info = target_mod.describe(ex["target_path"])
-    cfg = drafter_mod.read_config(drafter)
+    ck = drafter_mod.locate(drafter, draft_config)
+    cfg = drafter_mod.read_config(drafter, draft_config)
     check_drafter(cfg, ex, info)
-    _tick(progress, 0, 1, f"loading drafter {drafter}")
-    d = drafter_mod.load(drafter, DTYPES[dtype], device)
+    _tick(progress, 0, 1, f"loading drafter {ck.path}")
+    d = drafter_mod.load(drafter, DTYPES[dtype], device, sliding_block, draft_config)
     head = target_mod.load_head(ex["target_path"], device, DTYPES[dtype])
     seqs = load_sequences(store, ex)
     results, summary = replay_mod.run(
         d, head, seqs, budget=budget, chunk=chunk,
         progress=lambda i, n: _tick(progress, i, n, f"replayed {seqs[i - 1].id}"))
-    summary |= {"backend": ex["backend"], "extraction": ex["id"]}
+    semantics = d.sliding_block if "sliding_attention" in cfg.layer_types else None
+    summary |= {"backend": ex["backend"], "extraction": ex["id"], "sliding_block": semantics}
     run_id = new_id("run")
-    raw_cfg = json.loads((Path(drafter) / "config.json").read_text())
-    store.add_run(dict(id=run_id, extraction_id=ex["id"], checkpoint=str(Path(drafter).resolve()),
-                       name=name or Path(drafter).resolve().name, config=raw_cfg, tree_budget=budget,
-                       summary=summary, device=device, dtype=dtype),
-                  [dict(asdict(r), tau=r.tau, tree_tau=r.tree_tau, drafts=[t for row in r.drafts for t in row])
-                   for r in results])
+    store.add_run(dict(id=run_id, extraction_id=ex["id"], checkpoint=str(ck.path),
+                       name=name or ck.path.name, config=drafter_mod.raw_config(ck), tree_budget=budget,
+                       summary=summary, device=device, dtype=dtype, sliding_block=semantics,
+                       config_file=str(ck.config_file), step=drafter_mod.step_of(ck.path.name)),
+                  [prompt_row(r, cfg.block_size, budget) for r in results])
     return {"id": run_id, "summary": summary}
 
 
-def checkpoints_in(folder: str | Path) -> list[Path]:
-    """Checkpoint folders under `folder` (itself included): SpecForge `epoch_E_step_S/` or any folder with a
-    config.json, ordered by (epoch, step) where the name has them, else by path."""
-    import re
+def prompt_row(r: replay_mod.PromptResult, B: int, budget: int) -> dict:
+    """A run_prompts row of one replayed prompt: its results plus the registry's per-prompt tau values."""
+    m = metrics.per_prompt(r, B, budget)
+    return dict(asdict(r), tau=m["tau_macro"], tree_tau=m["ddtree_tau"], drafts=[t for row in r.drafts for t in row])
+
+
+def checkpoints_in(folder: str | Path) -> tuple[list[Path], list[str]]:
+    """(checkpoints, notes) under `folder` (itself included), in step order: HF folders (config.json +
+    *.safetensors; SpecForge `epoch_E_step_S/`, `checkpoint-N/`, ...) and SpecForge runtime folders
+    (`{run_id}-step{N}/training_state.pt`). Links such as `{run_id}-latest`/`-best` count once (their target);
+    folders that are not DFlash drafters (a target model, another family) are skipped with a note."""
     root = Path(folder)
     if not root.is_dir():
         raise InputError(f"--checkpoints {folder}: no such folder (point at a training output folder)")
-    found = sorted({f.parent.resolve() for f in root.rglob("config.json")})
+    dirs = {f.parent.resolve() for pat in ("*.safetensors", drafter_mod.RUNTIME_FILE) for f in root.rglob(pat)}
+    found, notes = [], []
+    for d in sorted(dirs):
+        if (d / "config.json").is_file():  # a runtime folder without one is checked with --draft-config later
+            try:
+                drafter_mod.refuse_family(drafter_mod.raw_config(drafter_mod.locate(d)))
+            except drafter_mod.CheckpointError as e:
+                notes.append(f"{d.name}: skipped ({str(e).removeprefix('config.json: ')})")
+                continue
+        found.append(d)
     if not found:
-        raise InputError(f"{folder}: no checkpoint inside (expected epoch_E_step_S/ folders with config.json)")
-
-    def key(p: Path):
-        m = re.search(r"epoch_(\d+)_step_(\d+)", p.name)
-        return (0, int(m.group(1)), int(m.group(2)), str(p)) if m else (1, 0, 0, str(p))
-    return sorted(found, key=key)
+        raise InputError(f"{folder}: no checkpoint inside (expected epoch_E_step_S/ or {{run_id}}-step{{N}}/ "
+                         "folders)" + (f"; {'; '.join(notes)}" if notes else ""))
+    big = 1 << 62
+    return sorted(found, key=lambda p: (drafter_mod.step_of(p.name) is None,
+                                        drafter_mod.step_of(p.name) or big, str(p))), notes
 
 
 def sweep(store: Store, checkpoints: str, extraction: str = "latest", progress: Progress = None,
-          **replay_args) -> list[str]:
+          sliding_block: str | None = None, draft_config: str | None = None, **replay_args) -> list[str]:
     """Replay every checkpoint found under `checkpoints` on one extraction; returns run ids in step order.
-    A checkpoint already replayed on this extraction is not replayed again (its latest run id is returned)."""
+    A checkpoint already replayed on this extraction (with the same sliding semantics) is not replayed again
+    (its latest run id is returned). Every checkpoint's config is validated before the first replay, so a
+    refused one stops the sweep with nothing stored."""
     ex = store.extraction(extraction)
-    cks = checkpoints_in(checkpoints)
-    have = {r["checkpoint"]: r["id"] for r in store.runs() if r["extraction_id"] == ex["id"]}
+    cks, notes = checkpoints_in(checkpoints)
+    for n in notes:
+        _tick(progress, 0, len(cks), n)
+    plan = []
+    for ck in cks:
+        cfg = drafter_mod.read_config(ck, draft_config)
+        sem = drafter_mod.sliding_semantics(cfg, sliding_block) if "sliding_attention" in cfg.layer_types else None
+        plan.append((ck, sem))
+    have = {(r["checkpoint"], r.get("sliding_block")): r["id"] for r in store.runs() if r["extraction_id"] == ex["id"]}
     ids = []
-    for i, ck in enumerate(cks):
+    for i, (ck, sem) in enumerate(plan):
         _tick(progress, i, len(cks), f"checkpoint {i + 1}/{len(cks)}: {ck.name}")
-        if str(ck) in have:
-            ids.append(have[str(ck)])
+        if (str(ck), sem) in have:
+            ids.append(have[(str(ck), sem)])
             continue
-        ids.append(replay(store, str(ck), ex["id"], **replay_args)["id"])
+        ids.append(replay(store, str(ck), ex["id"], sliding_block=sliding_block, draft_config=draft_config,
+                          **replay_args)["id"])
     _tick(progress, len(cks), len(cks), f"replayed {len(cks)} checkpoints")
     return ids
+
+
+def sliding_check(store: Store, drafter: str, extraction: str = "latest", draft_config: str | None = None,
+                  progress: Progress = None, **replay_args) -> dict:
+    """The train/serve mismatch detector: the checkpoint replayed with its sliding layers causal inside the
+    block (SpecForge training, SGLang serving) and bidirectional (z-lab HF reference) on one extraction, runs
+    reused where they exist. Returns {"causal": run id, "bidirectional": run id, "tau_macro": {...}, "delta"}."""
+    ex = store.extraction(extraction)
+    cfg = drafter_mod.read_config(drafter, draft_config)
+    if "sliding_attention" not in cfg.layer_types:
+        raise InputError(f"{drafter}: the drafter has no sliding_attention layers, so both semantics give the same "
+                         "drafts; nothing to check")
+    ck = str(drafter_mod.locate(drafter, draft_config).path)
+    have = {r.get("sliding_block"): r for r in store.runs() if r["checkpoint"] == ck and r["extraction_id"] == ex["id"]}
+    out: dict = {"checkpoint": ck, "extraction": ex["id"], "tau_macro": {}}
+    for i, sem in enumerate(drafter_mod.SLIDING_BLOCKS):
+        _tick(progress, i, 2, f"replaying with sliding layers {sem} inside the block")
+        run = have.get(sem)
+        rid = run["id"] if run else replay(store, drafter, ex["id"], sliding_block=sem, draft_config=draft_config,
+                                           **replay_args)["id"]
+        out[sem] = rid
+        out["tau_macro"][sem] = store.run_row(rid)["summary"].get("tau_macro")
+    t = out["tau_macro"]
+    out["delta"] = None if None in t.values() else t["causal"] - t["bidirectional"]
+    _tick(progress, 2, 2, f"tau macro causal {t['causal']} vs bidirectional {t['bidirectional']}")
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -346,12 +444,14 @@ def export(store: Store, run: str = "latest") -> dict:
     prompts = store.run_prompts(r["id"])
     order = {c["prompt_id"]: c["idx"] for c in store.completions(store.extraction(r["extraction_id"])["set_name"])}
     prompts.sort(key=lambda p: order.get(p["prompt_id"], 0))
+    B, budget = r["summary"]["block_size"], r["tree_budget"]
     return {
         "run": {k: (str(v) if k == "created" else v) for k, v in r.items() if k != "summary"},
         "summary": r["summary"],
+        "metrics": [{"key": m.key, "label": m.label, "formula": m.formula, "kind": m.kind} for m in metrics.REGISTRY],
         "prompts": [{"id": p["prompt_id"], "tau": p["tau"], "prompt_len": p["prompt_len"], "rounds": p["rounds"],
-                     "accepted_at": p["accepted_at"], "ddtree_tau": p["tree_tau"], "ddtree_rounds": p["tree_rounds"]}
-                    for p in prompts],
+                     "accepted_at": p["accepted_at"], "ddtree_tau": p["tree_tau"], "ddtree_rounds": p["tree_rounds"],
+                     "metrics": metrics.per_prompt(p, B, budget)} for p in prompts],
     }
 
 
@@ -360,8 +460,8 @@ def listing(store: Store, what: str) -> list[dict]:
     if what == "runs":
         return [{"id": r["id"], "checkpoint": r["checkpoint"], "name": r["name"], "extraction": r["extraction_id"],
                  "completions": r["set_name"], "backend": r["backend"], "created": str(r["created"]),
-                 "summary": {k: r["summary"].get(k) for k in ("tau_macro", "tau_pooled", "every_anchor_tau",
-                                                              "ddtree_tau")}} for r in store.runs()]
+                 "sliding_block": r.get("sliding_block"), "step": r.get("step"),
+                 "summary": {m.key: r["summary"].get(m.key) for m in metrics.HEADLINE}} for r in store.runs()]
     return [{"id": e["id"], "target": e["target_path"], "completions": e["set_name"], "backend": e["backend"],
              "device": e["device"], "dtype": e["dtype"], "layer_ids": e["layer_ids"], "status": e["status"],
              "prompts": e["prompts"], "created": str(e["created"]), "versions": e["versions"]}

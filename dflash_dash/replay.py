@@ -1,6 +1,7 @@
 """Every-anchor replay, chain walk, metrics and DDTree (SPEC 2 and 3).
 
-Contract: tensors in, numbers out. No files, no HTTP, no store. A sequence is prompt + completion token
+Contract: tensors in, numbers out. No files, no HTTP, no store. The metrics themselves are defined once in
+`metrics` (the registry); `summarize` applies it. A sequence is prompt + completion token
 ids [T] with its cached features [T, K*H]; the completion starts at position P (the prompt length).
 For every completion anchor p in P..T-1 the drafter drafts d_1..d_{B-1} for positions p+1..p+B-1;
 `accepted(p)` counts leading drafts equal to the tokens, inside the completion only. The chain walk then
@@ -17,6 +18,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from . import metrics
 from .drafter import Drafter
 
 
@@ -265,14 +267,6 @@ class PromptResult:
     tree_at: list[int] = field(default_factory=list)      # DDTree accepted(p)
     tree_rounds: list[int] = field(default_factory=list)  # committed per round of the DDTree walk
 
-    @property
-    def tau(self) -> float | None:
-        return sum(self.rounds) / len(self.rounds) if self.rounds else None
-
-    @property
-    def tree_tau(self) -> float | None:
-        return sum(self.tree_rounds) / len(self.tree_rounds) if self.tree_rounds else None
-
 
 def score(pid: str, d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int) -> PromptResult:
     """Acceptance, chain walk and DDTree walk of one sequence from its drafts."""
@@ -287,57 +281,9 @@ def score(pid: str, d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int)
     return r
 
 
-def depth_curves(results: list[PromptResult], B: int) -> tuple[list[float | None], list[float | None]]:
-    """Per-depth conditional P(d_k | d_<k) and marginal P(d_1..d_k), k = 1..B-1, over trace rounds.
-
-    A round counts at depth k only when position anchor+k lies inside the completion.
-    """
-    reach = np.zeros(B)  # rounds where d_1..d_{k-1} were accepted and slot k is inside
-    hit = np.zeros(B)
-    total = np.zeros(B)  # rounds where slot k is inside
-    for r in results:
-        T = r.prompt_len + len(r.accepted_at)
-        for p in r.round_anchors:
-            a = r.accepted_at[p - r.prompt_len]
-            for k in range(1, min(B - 1, T - 1 - p) + 1):
-                total[k] += 1
-                if a >= k - 1:
-                    reach[k] += 1
-                    hit[k] += a >= k
-    cond = [hit[k] / reach[k] if reach[k] else None for k in range(1, B)]
-    marg = [hit[k] / total[k] if total[k] else None for k in range(1, B)]
-    return cond, marg
-
-
 def summarize(results: list[PromptResult], B: int, budget: int) -> dict:
-    """Run-level metrics of SPEC 3 (each named as in the UI)."""
-    taus = [r.tau for r in results if r.tau is not None]
-    rounds = [c for r in results for c in r.rounds]
-    every = [a + 1 for r in results for a in r.accepted_at[:-1]]  # anchors P..T-2: something left to draft
-    hist = np.zeros(B, dtype=int)
-    for r in results:
-        for p in r.round_anchors:
-            hist[r.accepted_at[p - r.prompt_len]] += 1
-    cond, marg = depth_curves(results, B)
-    s = {
-        "tau_macro": float(np.mean(taus)) if taus else None,
-        "tau_pooled": sum(rounds) / len(rounds) if rounds else None,
-        "every_anchor_tau": float(np.mean(every)) if every else None,
-        "rounds": len(rounds), "committed": int(sum(rounds)), "prompts": len(results), "block_size": B,
-        "accept_hist": hist.tolist(), "depth_conditional": cond, "depth_marginal": marg,
-        "tree_budget": budget, "ddtree_tau": None, "ddtree_tau_pooled": None,
-    }
-    if budget:
-        tt = [r.tree_tau for r in results if r.tree_tau is not None]
-        tr = [c for r in results for c in r.tree_rounds]
-        s["ddtree_tau"] = float(np.mean(tt)) if tt else None
-        s["ddtree_tau_pooled"] = sum(tr) / len(tr) if tr else None
-    return s
-
-
-def speedup(tau: float, cost_ratio: float) -> float:
-    """Estimated speedup: tau tokens per round over (1 target verify + one drafter pass at `cost_ratio`)."""
-    return tau / (1.0 + cost_ratio)
+    """Run-level metrics of SPEC 3: every entry of the metric registry (`metrics.REGISTRY`)."""
+    return metrics.summarize(results, B, budget)
 
 
 # ---------------------------------------------------------------------------

@@ -6,8 +6,13 @@ of SGLang's HTTP protocol (SPEC section 4), with SGLang's shapes and startup beh
   (connection refused); then it binds and GET /health answers 503 for the second half ("warmup"), then
   200 with an empty body. /health also answers 503 while the memory is released; generation during
   warmup answers 503.
-- GET /health; GET /model_info and /get_model_info -> {"model_path", "tokenizer_path", "is_generation"};
+- GET /health: a real SGLang /health generates one token (after waiting about a second), so it is slow;
+  with --health-delay S this one takes S seconds before answering 200 (503 answers at once).
+- GET /model_info and /get_model_info -> {"model_path", "tokenizer_path", "is_generation"};
   GET /get_server_info -> {"enable_memory_saver": true, "model_path", ...}; GET /v1/models (OpenAI list).
+- Load: GET /v1/loads -> {"timestamp", "version", "dp_rank_count": 1, "loads": [{"dp_rank": 0,
+  "num_running_reqs", "num_waiting_reqs", "num_used_tokens"}]} (newer SGLang) and GET /get_load ->
+  [{"dp_rank": 0, "num_reqs" (running + waiting), "num_waiting_reqs", "num_tokens"}] (older SGLang).
 - POST /generate: {"text" | "input_ids", "sampling_params": {"temperature": 0 (required: greedy only),
   "max_new_tokens" (default 128), "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
   "no_stop_trim"}, "rid"} -> {"text", "output_ids", "meta_info": {"id", "prompt_tokens",
@@ -16,7 +21,12 @@ of SGLang's HTTP protocol (SPEC section 4), with SGLang's shapes and startup beh
 - POST /v1/chat/completions: messages + chat_template_kwargs, applied with the model's tokenizer;
   OpenAI response shape with usage. Non-streaming only.
 - POST /release_memory_occupation really frees the model (deleted, gc, CUDA cache emptied);
-  POST /resume_memory_occupation reloads it from disk. Generation while released -> 400.
+  POST /resume_memory_occupation reloads it from disk. Generation while released -> 400. SGLang asserts
+  that its scheduler is idle when releasing; here a release while a generation runs or waits answers 400
+  {"error": {"message": "release_memory_occupation needs an idle server: ..."}} and releases nothing.
+- --api-key KEY: like SGLang's --api-key, every route except those under /health and /metrics wants
+  `Authorization: Bearer KEY`; a missing or wrong header answers 401 {"error": "Unauthorized"} (SGLang's
+  shape). The key is compared in constant time and never logged.
 - Errors: 400 {"error": {"message"}} for bad JSON, bad fields, unsupported options; 404 same shape.
 Generation is serialised by a lock (one request at a time); decoding uses the KV cache and stops at the
 config's eos ids, at stop_token_ids and at stop strings. On CPU the torch path of the linear-attention
@@ -27,12 +37,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hmac
 import inspect
 import json
 import sys
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -88,6 +100,10 @@ class Engine:
     lock: threading.Lock = field(default_factory=threading.Lock)  # one generation / release at a time
     ready_at: float = float("inf")     # monotonic time after which /health answers 200
     backend: str = "default"           # linear-attention kernel backend bound ("torch" forced on CPU)
+    health_delay: float = 0.0          # seconds a ready /health takes (a real one generates a token)
+    running: int = 0                   # generations decoding now (holding `lock`)
+    waiting: int = 0                   # generations queued for `lock`
+    count_lock: threading.Lock = field(default_factory=threading.Lock)  # guards running / waiting
 
     # -- loading
 
@@ -118,12 +134,52 @@ class Engine:
             log(f"no usable tokenizer in {self.model_dir}: {e}")
 
     def release(self) -> None:
-        """Free the model's memory (the weights are reloaded by `resume`)."""
-        with self.lock:
+        """Free the model's memory (the weights are reloaded by `resume`). Refused (400) unless idle: SGLang
+        asserts that no request runs or waits when it releases."""
+        if not self.lock.acquire(blocking=False):
+            raise BadRequest(self._not_idle())
+        try:
+            if self.waiting:
+                raise BadRequest(self._not_idle())
             self.model = None
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+        finally:
+            self.lock.release()
+
+    def _not_idle(self) -> str:
+        with self.count_lock:
+            running, waiting = self.running, self.waiting
+        return (f"release_memory_occupation needs an idle server: {running} request(s) running, {waiting} "
+                "waiting; SGLang asserts its scheduler is idle, so wait until GET /v1/loads reports none")
+
+    @contextmanager
+    def generating(self):
+        """Hold the generation lock, counted as waiting while queued and as running while held."""
+        with self.count_lock:
+            self.waiting += 1
+        queued = True
+        try:
+            with self.lock:
+                with self.count_lock:
+                    self.waiting -= 1
+                    self.running += 1
+                queued = False
+                try:
+                    yield
+                finally:
+                    with self.count_lock:
+                        self.running -= 1
+        finally:
+            if queued:
+                with self.count_lock:
+                    self.waiting -= 1
+
+    def loads(self) -> dict:
+        with self.count_lock:
+            return {"dp_rank": 0, "num_running_reqs": self.running, "num_waiting_reqs": self.waiting,
+                    "num_used_tokens": 0}
 
     def resume(self) -> None:
         with self.lock:
@@ -257,7 +313,7 @@ def run_generate(eng: Engine, req: Any) -> dict:
     rid = req.get("rid") or uuid.uuid4().hex
     if not isinstance(rid, str):
         raise BadRequest("`rid` must be a string")
-    with eng.lock:
+    with eng.generating():
         if eng.vocab_size and max(ids) >= eng.vocab_size:
             raise BadRequest(f"input id {max(ids)} is out of the vocabulary (size {eng.vocab_size})")
         eos = set() if sp.get("ignore_eos") else eng.eos_ids
@@ -376,8 +432,27 @@ class Handler(BaseHTTPRequestHandler):
             return "memory released"
         return None
 
+    def authorized(self, path: str) -> bool:
+        """True when the request may proceed; else answers 401 as SGLang's --api-key middleware does."""
+        key = getattr(self.server, "api_key", None)
+        if not key or path.startswith(("/health", "/metrics")):
+            return True
+        got = self.headers.get("Authorization") or ""
+        if hmac.compare_digest(got.encode(), f"Bearer {key}".encode()):
+            return True
+        try:
+            n = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            n, self.close_connection = 0, True
+        if n > 0:
+            self.rfile.read(n)
+        self.reply(401, {"error": "Unauthorized"})
+        return False
+
     def do_GET(self) -> None:  # noqa: N802
         eng, path = self.eng, self.path.split("?", 1)[0]
+        if not self.authorized(path):
+            return
         info = {
             "model_path": str(eng.model_dir), "tokenizer_path": str(eng.model_dir) if eng.tokenizer else None,
             "is_generation": True,
@@ -385,10 +460,20 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if path == "/health":
                 why = self.ready()
+                if why is None and eng.health_delay > 0:
+                    time.sleep(eng.health_delay)  # stands for SGLang generating its one health token
+                    why = self.ready()
                 if why is None:
                     self.reply(200)
                 else:
                     self.reply(503, text=why)
+            elif path == "/v1/loads":
+                self.reply(200, {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "version": self.server_version,
+                                 "dp_rank_count": 1, "loads": [eng.loads()]})
+            elif path == "/get_load":
+                ld = eng.loads()
+                self.reply(200, [{"dp_rank": 0, "num_reqs": ld["num_running_reqs"] + ld["num_waiting_reqs"],
+                                  "num_waiting_reqs": ld["num_waiting_reqs"], "num_tokens": 0}])
             elif path in ("/model_info", "/get_model_info"):
                 self.reply(200, info)
             elif path in ("/get_server_info", "/server_info"):
@@ -410,6 +495,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         eng, path = self.eng, self.path.split("?", 1)[0]
+        if not self.authorized(path):
+            return
         try:
             if path not in ("/generate", "/v1/chat/completions", "/release_memory_occupation",
                             "/resume_memory_occupation"):
@@ -451,12 +538,13 @@ class Server(ThreadingHTTPServer):
 
 
 def serve(
-    model: str, host: str = "127.0.0.1", port: int = 30000, startup_delay: float = 0.0, device: str | None = None
+    model: str, host: str = "127.0.0.1", port: int = 30000, startup_delay: float = 0.0, device: str | None = None,
+    health_delay: float = 0.0, api_key: str | None = None,
 ) -> None:
     """Load `model` and serve it until interrupted (blocking). See the module docstring for the protocol."""
     t0 = time.monotonic()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    eng = Engine(model_dir=Path(model).resolve(), device=device)
+    eng = Engine(model_dir=Path(model).resolve(), device=device, health_delay=max(0.0, health_delay))
     if not (eng.model_dir / "config.json").exists():
         raise SystemExit(f"no config.json in {eng.model_dir}: --model must be a Hugging Face model folder")
     log(f"loading {eng.model_dir} on {device} (port {port} not bound until loaded)")
@@ -470,10 +558,12 @@ def serve(
     except OSError as e:
         raise SystemExit(f"cannot listen on {host}:{port}: {e}; choose another --port or stop what holds it") from None
     httpd.engine = eng  # type: ignore[attr-defined]
+    httpd.api_key = api_key or None  # type: ignore[attr-defined]
     eng.ready_at = time.monotonic() + startup_delay / 2
     bound = httpd.server_address
     log(f"loaded in {time.monotonic() - t0:.1f} s; listening on http://{bound[0]}:{bound[1]} "
-        f"(warming up {startup_delay / 2:g} s; tokenizer: {'yes' if eng.tokenizer else 'none'})")
+        f"(warming up {startup_delay / 2:g} s; tokenizer: {'yes' if eng.tokenizer else 'none'}; "
+        f"/health takes {eng.health_delay:g} s; API key: {'required' if api_key else 'none'})")
     try:
         httpd.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
@@ -493,8 +583,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--startup-delay", type=float, default=0.0,
                    help="extra startup seconds: first half with the port unbound, second half /health 503")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--health-delay", type=float, default=0.0,
+                   help="seconds GET /health takes once ready (a real one generates a token; default 0)")
+    p.add_argument("--api-key", default=None,
+                   help="require `Authorization: Bearer KEY` on every route except /health (as SGLang's --api-key)")
     a = p.parse_args(argv)
-    serve(a.model, a.host, a.port, a.startup_delay, a.device)
+    serve(a.model, a.host, a.port, a.startup_delay, a.device, a.health_delay, a.api_key)
 
 
 if __name__ == "__main__":

@@ -1,26 +1,38 @@
-"""HTTP client for an SGLang server: readiness, model info, greedy generation, memory release.
+"""HTTP client for an SGLang server: readiness, model info, load, greedy generation, memory release.
 
 Contract: the client knows nothing of the store, of torch, or of the local stand-in (`server.py`); it speaks
 only the SGLang HTTP protocol (SPEC section 4) and would behave the same against a real SGLang server.
 - Readiness is `/health` only: connection refused / reset and 503 mean "not ready yet", 200 means ready.
   `/v1/models` and `/model_info` answer before the server can generate, so they are never readiness checks.
+  A real `/health` generates one token (and waits a second first), so it is given HEALTH_TIMEOUT_S seconds;
+  `HealthPoller` runs it in a background thread for callers that must not block (the dashboard).
+- API keys: with `api_key` set, every request carries `Authorization: Bearer KEY` (SGLang's `--api-key`
+  exempts only /health and /metrics). A 401/403 is a ServerError naming the environment variable to set
+  (`key_env`); the key itself never appears in a message or in `repr(client)`.
+- Load: `running_requests()` reads `/v1/loads` (newer SGLang) or `/get_load` (older): running plus waiting
+  requests, None when the server has neither. SGLang asserts the scheduler is idle when it releases memory.
 - Token ids come from the server's `output_ids`, never from re-tokenising text. To use a chat template,
   apply it locally with `chat_ids` and send `input_ids`.
 - Every failure is a `ServerError` whose message says what failed and what to do. Transient failures
   (5xx, refused, reset, timeout) are retried with exponential backoff; a 4xx is reported at once with the
   server's own message unchanged.
-Only the standard library is used (urllib).
+Only the standard library is used (urllib, threading).
 """
 from __future__ import annotations
 
 import http.client
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
+
+
+HEALTH_TIMEOUT_S = 8.0  # a real /health generates one token after waiting ~1 s: allow several seconds
+DEFAULT_KEY_ENV = "SGLANG_API_KEY"  # environment variable read for the server's --api-key
 
 
 # ---------------------------------------------------------------------------
@@ -147,6 +159,8 @@ class Client:
     timeout: float = 600.0  # per-request timeout in seconds (a long generation must fit)
     retries: int = 3        # extra attempts after a transient failure (5xx, refused, reset, timeout)
     backoff: float = 0.5    # first retry delay in seconds; doubles each attempt
+    api_key: str | None = field(default=None, repr=False)  # sent as `Authorization: Bearer KEY`; never shown
+    key_env: str = DEFAULT_KEY_ENV  # where the key comes from (an environment variable), named in 401/403 errors
 
     def __post_init__(self):
         self.url = self.url.rstrip("/")
@@ -161,6 +175,8 @@ class Client:
         req = urllib.request.Request(self.url + path, data=data, method=method)
         if data is not None:
             req.add_header("Content-Type", "application/json")
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return r.status, r.read()
@@ -201,6 +217,10 @@ class Client:
                         "or crashed, check its log", status=status, transient=True, detail=msg,
                     )
                     retryable = retry_sent
+                elif status in (401, 403):
+                    err = ServerError(f"{what} rejected: HTTP {status}: {msg or '(empty body)'}; "
+                                      f"{self._key_hint()}", status=status, detail=msg)
+                    retryable = False
                 else:
                     err = ServerError(f"{what} rejected: HTTP {status}: {msg}", status=status, detail=msg)
                     retryable = False
@@ -211,6 +231,14 @@ class Client:
             attempt += 1
             time.sleep(delay)
             delay *= 2
+
+    def _key_hint(self) -> str:
+        if not self.api_key:
+            return (f"the server wants an API key (it runs with --api-key): set the environment variable "
+                    f"{self.key_env} to that key where dflash-dash runs (it is read from the environment only, "
+                    "never stored)")
+        return (f"the server refused the API key taken from the environment variable {self.key_env}: set it to "
+                "the key the server was started with (--api-key)")
 
     def _json(self, method: str, path: str, body: dict | None = None) -> Any:
         payload = self._call(method, path, body)
@@ -223,9 +251,10 @@ class Client:
 
     # -- readiness
 
-    def health(self, timeout: float = 5.0) -> tuple[bool, str]:
+    def health(self, timeout: float = HEALTH_TIMEOUT_S) -> tuple[bool, str]:
         """(True, "ready") when GET /health answers 200; else (False, state) with state e.g. "refused",
-        "reset", "timeout", "503 warming up". Never raises."""
+        "reset", "timeout", "503 warming up". Never raises. A real /health generates a token, so it may take
+        a second or more: keep `timeout` at several seconds."""
         try:
             status, payload = self._once("GET", "/health", None, timeout)
         except Exception as e:  # noqa: BLE001  (never raises)
@@ -245,7 +274,7 @@ class Client:
         state = "not polled"
         while True:
             left = deadline - time.monotonic()
-            ok, state = self.health(timeout=max(0.1, min(5.0, left)))
+            ok, state = self.health(timeout=max(0.1, min(HEALTH_TIMEOUT_S, left)))
             elapsed = time.monotonic() - t0
             if progress is not None:
                 progress(elapsed, state)
@@ -284,6 +313,36 @@ class Client:
         if not isinstance(data, dict):
             raise ServerError(f"GET {self.url}/get_server_info answered {type(data).__name__}, expected an object")
         return data
+
+    def running_requests(self) -> int | None:
+        """Requests the server is running or has queued, summed over its data-parallel ranks: GET /v1/loads
+        (`loads[].num_running_reqs + num_waiting_reqs`), falling back to /get_load of older SGLang
+        (`[].num_reqs`, which counts running and waiting). None when the server has neither endpoint."""
+        try:
+            data = self._json("GET", "/v1/loads")
+            rows = data.get("loads") if isinstance(data, dict) else None
+            keys: tuple[str, ...] = ("num_running_reqs", "num_waiting_reqs")
+        except ServerError as e:
+            if e.status != 404:
+                raise
+            try:
+                data = self._json("GET", "/get_load")
+            except ServerError as e2:
+                if e2.status != 404:
+                    raise
+                return None
+            rows, keys = (data if isinstance(data, list) else [data]), ("num_reqs",)
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise ServerError(f"the load report of {self.url} is not a list of objects: "
+                              f"{_snippet(json.dumps(data).encode())}")
+        total = 0
+        for r in rows:
+            for k in keys:
+                v = r.get(k, 0)
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise ServerError(f"the load report of {self.url} has ill-typed `{k}`: {v!r}")
+                total += int(v)
+        return total
 
     def supports_memory_release(self) -> bool:
         """True when the server says it runs with `enable_memory_saver`; False when it says otherwise or
@@ -335,3 +394,67 @@ class Client:
     def resume_memory(self) -> None:
         """POST /resume_memory_occupation: the server takes its GPU memory back (then wait_ready)."""
         self._call("POST", "/resume_memory_occupation", {}, retry_sent=False)
+
+
+# ---------------------------------------------------------------------------
+# background readiness
+
+
+class HealthPoller:
+    """GET /health of one server in a daemon thread, every `every` seconds, so that a caller that must not
+    block (a dashboard redraw) reads the latest answer at once. `latest()` is (None, "checking…") until the
+    first answer; `wait(timeout)` blocks until there is one. Polling pauses when nobody has read the state
+    for `idle_after` seconds and resumes on the next read. Holds a `Client` (its key stays in memory)."""
+
+    def __init__(self, client: Client, every: float = 3.0, timeout: float = HEALTH_TIMEOUT_S,
+                 idle_after: float = 120.0):
+        self.client, self.every, self.timeout, self.idle_after = client, every, timeout, idle_after
+        self._lock = threading.Lock()
+        self._state: tuple[bool, str, float] | None = None  # (ok, state, monotonic time of the answer)
+        self._answered = threading.Event()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._read = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=f"health {client.url}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            ok, state = self.client.health(self.timeout)
+            with self._lock:
+                self._state = (ok, state, time.monotonic())
+            self._answered.set()
+            self._wake.wait(self.every)
+            self._wake.clear()
+            while not self._stop.is_set() and time.monotonic() - self._read > self.idle_after:
+                self._wake.wait()  # nobody reads: sleep until the next read
+                self._wake.clear()
+
+    def latest(self) -> tuple[bool | None, str]:
+        """(True, "ready"), (False, why) or (None, "checking…") before the first answer. Never blocks."""
+        paused = time.monotonic() - self._read > self.idle_after
+        self._read = time.monotonic()
+        if paused:
+            self._wake.set()
+        with self._lock:
+            st = self._state
+        if st is None:
+            return None, "checking…"
+        ok, state, when = st
+        age = time.monotonic() - when
+        if age > max(3 * self.every, self.every + self.timeout) + 1.0:
+            return None, f"checking… (last answer {age:.0f} s ago: {state})"
+        return ok, state
+
+    def wait(self, timeout: float) -> bool:
+        """Block until the first answer (True) or `timeout` seconds (False)."""
+        self._read = time.monotonic()
+        return self._answered.wait(timeout)
+
+    def refresh(self) -> None:
+        """Poll again now rather than at the next period."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()

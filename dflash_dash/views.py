@@ -4,7 +4,7 @@ Contract: pure functions over rows the store returns (run rows, run_prompts rows
 Every piece of model output that ends up in HTML goes through `esc`, which escapes it (html.escape) and
 makes whitespace and control characters visible: a completion holding `<script>` renders as text.
 `token_html` builds a whole completion's token view in one pass (fast for 4,000-token completions).
-Metric formulas shown next to every number live here (`METRICS`), as do the checks of the Diagnostics page.
+Metric labels and formulas come from the registry (`metrics`); the checks of the Diagnostics page live here.
 """
 from __future__ import annotations
 
@@ -16,18 +16,13 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
+from . import metrics
 from .drafter import step_of
 from .replay import walk
 
 # ---------------------------------------------------------------------------
-# metrics and their formulas (SPEC 3)
+# legend
 
-METRICS: list[tuple[str, str, str]] = [  # (summary key, label, formula)
-    ("tau_macro", "tau (macro)", "mean over prompts of committed / rounds"),
-    ("tau_pooled", "tau (pooled)", "all committed tokens / all rounds"),
-    ("every_anchor_tau", "every-anchor tau", "mean over completion anchors p of accepted(p) + 1"),
-    ("ddtree_tau", "DDTree tau (macro)", "tree of `tree_budget` nodes per round; mean over prompts of committed / rounds"),
-]
 TOKEN_LEGEND = [  # (css class, meaning)
     ("dfv-pre", "first completion token (target prefill)"),
     ("dfv-a", "accepted draft (darker = deeper in the block; superscript = depth)"),
@@ -296,12 +291,15 @@ def scatter_fig(a: dict[str, float | None], b: dict[str, float | None], name_a: 
     return _layout(fig, "per-prompt tau: A vs B", f"A: {name_a}", f"B: {name_b}", height=380)
 
 
+SWEEP_KEYS = ("tau_macro", "tau_pooled", "ddtree_tau")  # registry keys plotted against step
+
+
 def sweep_fig(points: list[dict]) -> go.Figure:
     """tau (macro, pooled, DDTree) against training step."""
     fig = go.Figure()
     xs = [p["step"] for p in points]
-    for key, label in (("tau_macro", "tau (macro)"), ("tau_pooled", "tau (pooled)"), ("ddtree_tau", "DDTree tau")):
-        fig.add_scatter(x=xs, y=[p.get(key) for p in points], mode="lines+markers", name=label,
+    for key in SWEEP_KEYS:
+        fig.add_scatter(x=xs, y=[p.get(key) for p in points], mode="lines+markers", name=metrics.BY_KEY[key].label,
                         text=[p["name"] for p in points])
     return _layout(fig, "tau against training step", "step", "tau", height=360)
 
@@ -320,14 +318,9 @@ def parity_fig(rows: list[dict]) -> go.Figure:
 
 def summary_rows(s: dict) -> list[dict]:
     """The run's metrics with formulas, for a table next to the numbers."""
-    rows = [{"metric": label, "value": fmt(s.get(key)), "formula": formula} for key, label, formula in METRICS]
-    if s.get("ddtree_tau") is not None:
-        rows[-1]["metric"] = f"DDTree-{s.get('tree_budget')} tau (macro)"
-        rows.append({"metric": f"DDTree-{s.get('tree_budget')} tau (pooled)", "value": fmt(s.get("ddtree_tau_pooled")),
-                     "formula": "all committed / all rounds of the tree walk"})
-    rows.append({"metric": "rounds / committed", "value": f"{s.get('rounds')} / {s.get('committed')}",
-                 "formula": "chain-walk rounds over all prompts; tokens they committed (bonus included)"})
-    return rows
+    return [{"metric": metrics.label(m.key, s), "value": metrics.show(m.key, s.get(m.key)), "formula": m.formula}
+            for m in metrics.REGISTRY if m.kind in ("scalar", "count") and m.key in s
+            and not (m.key.startswith("ddtree") and not s.get("tree_budget"))]
 
 
 def _r(x: float | None, digits: int = 3) -> float | None:
@@ -339,12 +332,12 @@ def prompt_table(rows: list[dict], completions: dict[str, dict]) -> list[dict]:
     out = []
     for r in rows:
         c = completions.get(r["prompt_id"], {})
-        acc = r["accepted_at"] or []
+        p = metrics.Prompt.of(r)
+        ctx = metrics.Ctx(len(r["drafts"] or []) // max(1, len(p.accepted_at)) + 1, 1)
         out.append({
             "prompt": r["prompt_id"], "tau": _r(r["tau"]), "ddtree_tau": _r(r["tree_tau"]),
-            "rounds": len(r["rounds"] or []), "completion_tokens": len(acc), "prompt_tokens": r["prompt_len"],
-            "every_anchor_tau": _r(float(np.mean(np.asarray(acc[:-1]) + 1))) if len(acc) > 1 else None,
-            "finish": c.get("finish_reason"),
+            "rounds": len(p.rounds), "completion_tokens": len(p.accepted_at), "prompt_tokens": p.prompt_len,
+            "every_anchor_tau": _r(metrics.every_anchor(p, ctx)), "finish": c.get("finish_reason"),
         })
     out.sort(key=lambda x: (x["tau"] is None, x["tau"] if x["tau"] is not None else 0, x["prompt"]))
     return out
@@ -401,9 +394,8 @@ def run_table(rows: list[dict]) -> list[dict]:
     for r in rows:
         s = r.get("summary") or {}
         out.append({"id": r["id"], "name": r["name"], "backend": r.get("backend"), "extraction": r["extraction_id"],
-                    "tau_macro": s.get("tau_macro"), "tau_pooled": s.get("tau_pooled"),
-                    "ddtree_tau": s.get("ddtree_tau"), "checkpoint": r["checkpoint"],
-                    "created": str(r["created"])[:19]})
+                    **{m.key: s.get(m.key) for m in metrics.HEADLINE}, "sliding_block": r.get("sliding_block"),
+                    "checkpoint": r["checkpoint"], "created": str(r["created"])[:19]})
     return out
 
 

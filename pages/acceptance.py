@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dflash_dash import views
+from dflash_dash import metrics, views
 from pages import common
 
 common.routed()
@@ -44,11 +44,9 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
 
 def summary_block(s: dict) -> None:
     cols = st.columns(4)
-    for col, (key, label, formula) in zip(cols, views.METRICS):
-        if key == "ddtree_tau":
-            label = f"DDTree-{s.get('tree_budget')} tau"
-        col.metric(label, views.fmt(s.get(key)))
-        col.caption(formula)
+    for col, m in zip(cols, metrics.HEADLINE):
+        col.metric(metrics.label(m.key, s), views.fmt(s.get(m.key)))
+        col.caption(m.formula)
     with st.expander("all run metrics and formulas"):
         st.dataframe(views.summary_rows(s), hide_index=True, width="stretch")
     c1, c2 = st.columns(2)

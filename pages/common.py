@@ -113,14 +113,50 @@ def server_url() -> str:
         return cfg_mod.WorkspaceConfig().server_url
 
 
-@st.cache_data(ttl=5, show_spinner=False)
-def health(url: str) -> tuple[bool, str]:
-    """(ready, state) from GET /health with a short timeout, cached for a few seconds."""
-    from dflash_dash.sglang import Client
+def client(url: str | None = None, **kw):
+    """An `sglang.Client` for `url` (default: the workspace's server) with the API key from the environment
+    (config.client); raises ConfigError for an invalid config.toml, ValueError for a bad URL."""
+    from dflash_dash import config as cfg_mod
+    return cfg_mod.client(config(), url, **kw)
+
+
+def _key_env() -> str:
+    from dflash_dash import config as cfg_mod
     try:
-        return Client(url, timeout=1.0, retries=0).health(timeout=1.0)
-    except ValueError as e:
-        return False, str(e)
+        return cfg_mod.api_key(config())[1]
+    except cfg_mod.ConfigError:
+        return cfg_mod.DEFAULT_API_KEY_ENV
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def health_poller(url: str, key_env: str):
+    """One background /health poller per server URL (and key variable), shared by every session: a real
+    /health takes seconds, so it never runs on the script thread. None for a URL a client cannot use."""
+    from dflash_dash import config as cfg_mod, sglang
+    cfg = cfg_mod.WorkspaceConfig(api_key_env=key_env)  # only the key's variable matters here
+    try:
+        c = cfg_mod.client(cfg, url, timeout=sglang.HEALTH_TIMEOUT_S, retries=0)
+    except ValueError:
+        return None
+    return sglang.HealthPoller(c, every=3.0)
+
+
+def health(url: str) -> tuple[bool | None, str]:
+    """(ready, state) of the server at `url` from its background poller, without blocking: (None,
+    "checking…") until the first answer, which a fast answer (refused, 503) gives within a moment."""
+    poller = health_poller(url, _key_env())
+    if poller is None:
+        return False, f"server URL {url!r} must start with http:// or https://"
+    ok, state = poller.latest()
+    if ok is None and poller.wait(0.2):  # the very first look: a quick answer shows at once
+        ok, state = poller.latest()
+    return ok, state
+
+
+def health_badge(ok: bool | None) -> str:
+    if ok is None:
+        return ":gray[:material/hourglass_empty: checking…]"
+    return ":green[:material/check_circle: ready]" if ok else ":red[:material/cancel: not ready]"
 
 
 # ---------------------------------------------------------------------------
@@ -185,6 +221,22 @@ def run_label(runs_by_id: dict[str, dict]):
         r = runs_by_id.get(rid, {})
         return f"{r.get('name')} · {r.get('backend')} · {rid}"
     return f
+
+
+SLIDING_CHOICES = {"the checkpoint's own (causal unless its config sets is_causal)": None,
+                   "causal inside the block (SpecForge training, SGLang serving)": "causal",
+                   "bidirectional inside the block (z-lab HF reference)": "bidirectional"}
+
+
+def checkpoint_inputs(key: str) -> dict:
+    """The two ways a checkpoint can be read (replay and sweep forms): its draft config JSON, for SpecForge
+    runtime checkpoints without a config.json, and the sliding-layer block semantics. Job arguments."""
+    c1, c2 = st.columns(2)
+    cfg = c1.text_input("draft config JSON (only for SpecForge runtime checkpoints without config.json)", "",
+                        key=f"{key}_draft_config", placeholder="/path/to/draft_config.json")
+    how = c2.selectbox("sliding_attention layers", list(SLIDING_CHOICES), key=f"{key}_sliding")
+    out = {"draft_config": cfg.strip() or None, "sliding_block": SLIDING_CHOICES[how]}
+    return {k: v for k, v in out.items() if v}
 
 
 def backend_note(backend: str | None, what: str = "This run") -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dflash_dash import views
+from dflash_dash import metrics, views
 from pages import common
 
 common.routed()
@@ -13,10 +13,10 @@ common.routed()
 
 def metrics_table(a: dict, b: dict) -> list[dict]:
     out = []
-    for key, label, formula in views.METRICS:
-        va, vb = a["summary"].get(key), b["summary"].get(key)
-        out.append({"metric": label, "A": views.fmt(va), "B": views.fmt(vb),
-                    "B − A": views.fmt(vb - va) if va is not None and vb is not None else "—", "formula": formula})
+    for m in metrics.HEADLINE:
+        va, vb = a["summary"].get(m.key), b["summary"].get(m.key)
+        out.append({"metric": metrics.label(m.key, a["summary"]), "A": views.fmt(va), "B": views.fmt(vb),
+                    "B − A": views.fmt(vb - va) if va is not None and vb is not None else "—", "formula": m.formula})
     return out
 
 

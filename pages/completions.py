@@ -96,6 +96,10 @@ def main() -> None:
             st.dataframe(rows, hide_index=True, width="stretch")
             if not any(k in r for r in rows for k in views.SPEC_KEYS):
                 st.caption("No server-side speculative counters: the server did not run speculative decoding.")
+            else:
+                st.caption("Server-side speculative counters as SGLang reported them (those present). server_tau = "
+                           "completion_tokens / spec_verify_ct: tokens per verify step, the engine's tau for the "
+                           "request. spec_accept_histogram as accepted:count.")
             pid = common.select_param("show completion", list(comps), "prompt", "comp_prompt")
             c = comps[pid]
             a, b = st.columns(2)

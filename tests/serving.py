@@ -1,7 +1,8 @@
 """Test helpers (not tests): the local SGLang stand-in as a real subprocess, tiny model folders, polling.
 
-`Served(model, log, delay)` starts `python -m dflash_dash serve` on a free port; `.wait()` polls /health with
-a deadline; `.stop()` ends only that process. `until(fn, timeout)` polls a condition with a deadline (the
+`Served(model, log, delay, extra=[...])` starts `python -m dflash_dash serve` on a free port (`extra`: more
+serve options, e.g. --health-delay S, --api-key KEY); `.wait()` polls /health with a deadline; `.stop()`
+ends only that process. `until(fn, timeout)` polls a condition with a deadline (the
 tests never sleep to synchronise).
 """
 from __future__ import annotations
@@ -73,20 +74,22 @@ def tiny_model(folder: Path) -> Path:
     return folder
 
 
-def serve_argv(model: Path, port: int, delay: float = 0.0) -> list[str]:
+def serve_argv(model: Path, port: int, delay: float = 0.0, extra: list[str] | None = None) -> list[str]:
     return [sys.executable, "-m", "dflash_dash", "serve", "--model", str(model), "--port", str(port),
-            "--startup-delay", str(delay)]
+            "--startup-delay", str(delay), *(extra or [])]
 
 
 class Served:
     """A stand-in server subprocess on a free port."""
 
-    def __init__(self, model: Path, log: Path, delay: float = 0.0, port: int | None = None):
+    def __init__(self, model: Path, log: Path, delay: float = 0.0, port: int | None = None,
+                 extra: list[str] | None = None, api_key: str | None = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        self.client = Client(self.url, timeout=60, retries=0)
-        self.proc = subprocess.Popen(serve_argv(model, self.port, delay), cwd=ROOT, env=ENV,
+        self.client = Client(self.url, timeout=60, retries=0, api_key=api_key)
+        extra = list(extra or []) + (["--api-key", api_key] if api_key else [])
+        self.proc = subprocess.Popen(serve_argv(model, self.port, delay, extra), cwd=ROOT, env=ENV,
                                      stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
 
     def wait(self, timeout: float = 120.0) -> "Served":

@@ -91,13 +91,19 @@ def test_every_page_renders_without_errors(prepared, monkeypatch, page):
     assert [t.value for t in at.title] == [TITLES[page]]
 
 
+def sidebar_server(at: AppTest) -> str:
+    return " ".join(m.value for m in at.sidebar.markdown if "**Server**" in m.value)
+
+
 def test_sidebar_shows_workspace_server_and_jobs(prepared, monkeypatch):
+    from pages import common
     at = app(prepared.workspace, monkeypatch)
     clean(at)
     assert [t.value for t in at.title] == ["dflash-dash"]  # the Overview page at /
     assert str(prepared.workspace.resolve()) in " ".join(c.value for c in at.sidebar.code)
-    md = " ".join(m.value for m in at.sidebar.markdown)
-    assert "Server" in md and "not ready" in md  # nothing listens on the default URL
+    assert common.health_poller("http://127.0.0.1:30000", "SGLANG_API_KEY").wait(30)
+    at.run()
+    assert "not ready" in sidebar_server(at)  # nothing listens on the default URL
     assert "no running jobs" in " ".join(c.value for c in at.sidebar.caption)
 
 
@@ -274,7 +280,7 @@ def test_diagnostics_parity_consistency_and_errors(prepared, workspace_copy, mon
     assert cons is not None and "target layer ids" in list(cons["check"])
     by_label(at.text_input, "drafter checkpoint folder").input(str(workspace_copy / "nope")).run()
     assert not at.exception
-    assert any("no config.json" in e.value for e in at.error)
+    assert any("no such checkpoint folder" in e.value for e in at.error)
 
 
 def test_sweep_button_replays_the_folder_and_plots_it(prepared, workspace_copy, tmp_path, monkeypatch):
@@ -320,3 +326,48 @@ def test_running_job_shows_progress_and_can_be_cancelled(workspace_copy, monkeyp
     clean(at)
     assert st.job(job["id"])["status"] == "cancelled"
     assert any(b.label == "Rerun" for b in at.button)
+
+
+# ---------------------------------------------------------------------------
+# a real server's slow /health, and its speculative counters
+
+
+def test_slow_health_shows_ready_not_not_ready(tmp_path, monkeypatch):
+    """A real /health generates a token and takes seconds: the sidebar and Diagnostics say "checking…" (never
+    "not ready") until the background poller's answer, then "ready"; no page run waits for it."""
+    from pages import common
+    from serving import Served, tiny_model
+    srv = Served(tiny_model(tmp_path / "model"), tmp_path / "server.log", extra=["--health-delay", "1.5"])
+    try:
+        srv.wait()
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        (ws / "config.toml").write_text(f'[server]\nurl = "{srv.url}"\n')
+        at = app(ws, monkeypatch)
+        clean(at)
+        first = sidebar_server(at)
+        assert "not ready" not in first and ("checking" in first or "ready" in first), first
+        assert common.health_poller(srv.url, "SGLANG_API_KEY").wait(30)
+        at.run()
+        assert "ready" in sidebar_server(at) and "not ready" not in sidebar_server(at)
+        at.switch_page("pages/diagnostics.py").run()
+        clean(at)
+        assert any(s.value.startswith("GET /health: ready") for s in at.success), [s.value for s in at.success]
+        assert not any("not ready" in w.value for w in at.warning)
+    finally:
+        srv.stop()
+
+
+def test_completions_page_shows_server_counters(tmp_path, monkeypatch):
+    st_ = Store(tmp_path / "ws")
+    st_.add_set("spec", "test")
+    st_.add_completion("spec", {"id": "p0", "idx": 0, "prompt_ids": [1, 2], "output_ids": list(range(12)),
+                                "finish_reason": "length", "model_path": "/m", "meta_info": {
+                                    "completion_tokens": 12, "spec_verify_ct": 4, "spec_accept_length": 3.0,
+                                    "spec_accept_histogram": [1, 0, 3]}})
+    at = app(tmp_path / "ws", monkeypatch, "completions")
+    clean(at)
+    df = at.dataframe[0].value
+    assert list(df["spec_verify_ct"]) == [4] and list(df["spec_accept_histogram"]) == ["0:1 2:3"]
+    assert list(df["server_tau"]) == [3.0]
+    assert any("completion_tokens / spec_verify_ct" in c.value for c in at.caption)

@@ -206,7 +206,11 @@ def test_accepted_and_walk_by_hand():
 
 def test_depth_curves_and_summary_by_hand():
     r = rp.PromptResult("x", 2, [2, 0, 0, 0, 0, 2, 1, 0], [[0] * 3] * 8, [3, 1, 1, 2], [2, 5, 6, 7])
-    cond, marg = rp.depth_curves([r], 4)
+    from dflash_dash import metrics
+    ps, ctx = [metrics.Prompt.of(r)], metrics.Ctx(4, 0)
+    assert ps[0].anchors == r.round_anchors
+    cond, marg = metrics.depth_conditional(ps, ctx), metrics.depth_marginal(ps, ctx)
+    assert metrics.depth_samples(ps, ctx) == [4, 2, 1]
     # rounds at anchors 2,5,6,7 with accepted 2,0,0,2; anchor 7 has 2 tokens left -> depths 1,2 only
     # depth1: 4 rounds, hits 2 (anchors 2,7); depth2: 4 inside, reach 2, hits 2;
     # depth3: 3 inside (anchors 2,5,6), reach 1 (anchor 2), hit 0

@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dflash_dash.sglang import Client, NotReady, ServerError, chat_ids, parse_generate
+from dflash_dash.sglang import Client, HealthPoller, NotReady, ServerError, chat_ids, parse_generate
 from serving import free_port as closed_port
 
 OK = json.dumps({"text": "hi", "output_ids": [1, 2, 3], "meta_info": {"completion_tokens": 3}}).encode()
@@ -24,6 +24,8 @@ class Fake(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), FakeHandler)
         self.script: dict[str, list[tuple[int | None, bytes]]] = {}  # path -> answers, last one repeats
         self.seen: list[tuple[str, str, bytes]] = []                  # (method, path, body) received
+        self.auth: list[str | None] = []                              # Authorization header of each request
+        self.gates: dict[str, threading.Event] = {}                   # path -> answered once the event is set
 
     @property
     def url(self) -> str:
@@ -38,6 +40,10 @@ class FakeHandler(BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n) if n else b""
         self.server.seen.append((method, self.path, body))
+        self.server.auth.append(self.headers.get("Authorization"))
+        gate = self.server.gates.get(self.path)
+        if gate is not None:
+            gate.wait(30)
         answers = self.server.script.get(self.path) or [(404, b'{"error": {"message": "no route"}}')]
         status, payload = answers.pop(0) if len(answers) > 1 else answers[0]
         if status is None:  # drop the connection without an answer
@@ -236,3 +242,82 @@ def test_chat_ids_applies_template_locally(tmp_path):
 def test_url_needs_a_scheme():
     with pytest.raises(ValueError, match="http://"):
         Client("localhost:30000")
+
+
+# ---------------------------------------------------------------------------
+# API key, load, background readiness
+
+
+KEY = "sk-test-0123456789abcdef"
+
+
+def test_api_key_is_sent_on_every_request_and_never_shown(fake):
+    fake.script["/health"] = [(200, b"")]
+    fake.script["/model_info"] = [(200, b'{"model_path": "/m"}')]
+    fake.script["/generate"] = [(200, OK)]
+    fake.script["/v1/loads"] = [(200, b'{"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]}')]
+    fake.script["/release_memory_occupation"] = [(200, b"")]
+    fake.script["/resume_memory_occupation"] = [(200, b"")]
+    c = client(fake.url, api_key=KEY)
+    assert c.health() == (True, "ready")
+    c.model_info()
+    c.generate(input_ids=[1, 2])
+    assert c.running_requests() == 0
+    c.release_memory()
+    c.resume_memory()
+    assert len(fake.auth) == 6 and fake.auth == [f"Bearer {KEY}"] * 6
+    assert KEY not in repr(c)
+    client(fake.url).model_info()
+    assert fake.auth[-1] is None  # no key configured: no header
+
+
+def test_401_names_the_variable_to_set_and_never_the_key(fake):
+    fake.script["/model_info"] = [(401, b'{"error": "Unauthorized"}')]
+    with pytest.raises(ServerError) as e:
+        client(fake.url).model_info()
+    msg = str(e.value)
+    assert e.value.status == 401 and "Unauthorized" in msg and "--api-key" in msg
+    assert "set the environment variable SGLANG_API_KEY" in msg
+    assert len(fake.seen) == 1  # not retried
+    fake.script["/generate"] = [(403, b'{"error": {"message": "Forbidden"}}')]
+    with pytest.raises(ServerError) as e:
+        client(fake.url, api_key=KEY, key_env="MY_KEY").generate(input_ids=[1])
+    msg = str(e.value)
+    assert e.value.status == 403 and "refused the API key" in msg and "MY_KEY" in msg and KEY not in msg
+
+
+def test_running_requests_from_v1_loads_then_get_load(fake):
+    c = client(fake.url)
+    assert c.running_requests() is None  # neither endpoint: cannot tell
+    fake.script["/get_load"] = [(200, b'[{"dp_rank": 0, "num_reqs": 2, "num_waiting_reqs": 1, "num_tokens": 9}, '
+                                      b'{"dp_rank": 1, "num_reqs": 1, "num_waiting_reqs": 0, "num_tokens": 3}]')]
+    assert c.running_requests() == 3  # num_reqs already counts the waiting ones
+    fake.script["/v1/loads"] = [(200, b'{"dp_rank_count": 2, "loads": [{"dp_rank": 0, "num_running_reqs": 1, '
+                                      b'"num_waiting_reqs": 2}, {"dp_rank": 1, "num_running_reqs": 0, '
+                                      b'"num_waiting_reqs": 0}]}')]
+    assert c.running_requests() == 3
+    fake.script["/v1/loads"] = [(200, b'{"loads": [{"num_running_reqs": "many"}]}')]
+    with pytest.raises(ServerError, match="num_running_reqs"):
+        c.running_requests()
+
+
+def test_health_poller_says_checking_until_a_slow_health_answers(fake):
+    fake.script["/health"] = [(200, b"")]
+    gate = fake.gates["/health"] = threading.Event()  # /health answers only once the gate opens
+    p = HealthPoller(client(fake.url, retries=0), every=0.05)
+    try:
+        assert p.latest() == (None, "checking…")  # at once, while /health is still "generating"
+        assert not p.wait(0.05)
+        gate.set()
+        assert p.wait(10)
+        assert p.latest() == (True, "ready")
+    finally:
+        p.stop()
+        gate.set()
+
+
+def test_health_default_timeout_allows_a_real_servers_slow_check():
+    from dflash_dash import sglang
+    assert sglang.HEALTH_TIMEOUT_S >= 5
+    import inspect
+    assert inspect.signature(Client.health).parameters["timeout"].default == sglang.HEALTH_TIMEOUT_S

@@ -1,0 +1,215 @@
+"""The metric registry (SPEC 3): every metric defined once, with its key, label, formula and functions.
+
+Contract: plain per-round data in, numbers out (no torch, no store, no Streamlit). A metric is a `Metric`
+entry of `REGISTRY`: `run(prompts, ctx)` gives the run-level value stored in the run's summary under `key`,
+`prompt(p, ctx)` (when the metric has one) the per-prompt value. `replay.summarize`, `pipeline.export`, the
+listings, the pages, compare, the sweep chart and the downloads all read this registry, so adding a metric is
+one entry here, its function and its test.
+
+A prompt is seen as a `Prompt`: prompt length P, accepted(p) at every completion anchor, the committed
+tokens of each chain-walk round (and of the DDTree walk), the per-slot top-1 log-probability of the drafts
+where the run recorded it. `Prompt.of` builds one from a `replay.PromptResult` or a `run_prompts` row.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+# ---------------------------------------------------------------------------
+# data
+
+
+@dataclass
+class Prompt:
+    id: str
+    prompt_len: int                    # P: position of the first completion token
+    accepted_at: list[int]             # accepted(p), p = P..T-1
+    rounds: list[int]                  # committed tokens per round of the chain walk (bonus included)
+    tree_rounds: list[int] = field(default_factory=list)  # committed per round of the DDTree walk
+    draft_logp: list[float] = field(default_factory=list)  # [A*(B-1)] top-1 log-prob per anchor and slot
+
+    @property
+    def T(self) -> int:  # tokens of prompt + completion
+        return self.prompt_len + len(self.accepted_at)
+
+    @property
+    def anchors(self) -> list[int]:
+        """Anchor of each chain-walk round: P, then + committed."""
+        out, p = [], self.prompt_len
+        for c in self.rounds:
+            out.append(p)
+            p += c
+        return out
+
+    @classmethod
+    def of(cls, r: Any) -> "Prompt":
+        """From a replay.PromptResult (attributes) or a run_prompts row (dict)."""
+        get = (lambda k, d=None: r.get(k, d)) if isinstance(r, dict) else (lambda k, d=None: getattr(r, k, d))
+        return cls(get("prompt_id") or get("id"), int(get("prompt_len")), list(get("accepted_at") or []),
+                   list(get("rounds") or []), list(get("tree_rounds") or []), list(get("draft_logp") or []))
+
+
+@dataclass
+class Ctx:
+    block_size: int   # B
+    tree_budget: int  # DDTree node budget (0: no tree)
+
+
+# ---------------------------------------------------------------------------
+# functions
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def tau(p: Prompt, ctx: Ctx) -> float | None:
+    return sum(p.rounds) / len(p.rounds) if p.rounds else None
+
+
+def tree_tau(p: Prompt, ctx: Ctx) -> float | None:
+    return sum(p.tree_rounds) / len(p.tree_rounds) if ctx.tree_budget and p.tree_rounds else None
+
+
+def every_anchor(p: Prompt, ctx: Ctx) -> float | None:
+    """Mean of accepted(p) + 1 over anchors P..T-2 (the last token has nothing left to draft)."""
+    return _mean([a + 1 for a in p.accepted_at[:-1]])
+
+
+def macro(fn: Callable[[Prompt, Ctx], float | None]) -> Callable[[list[Prompt], Ctx], float | None]:
+    def run(ps: list[Prompt], ctx: Ctx) -> float | None:
+        return _mean([v for v in (fn(p, ctx) for p in ps) if v is not None])
+    return run
+
+
+def pooled(attr: str, need_tree: bool = False) -> Callable[[list[Prompt], Ctx], float | None]:
+    def run(ps: list[Prompt], ctx: Ctx) -> float | None:
+        if need_tree and not ctx.tree_budget:
+            return None
+        rs = [c for p in ps for c in getattr(p, attr)]
+        return sum(rs) / len(rs) if rs else None
+    return run
+
+
+def every_anchor_run(ps: list[Prompt], ctx: Ctx) -> float | None:
+    return _mean([a + 1 for p in ps for a in p.accepted_at[:-1]])
+
+
+def accept_hist(ps: list[Prompt], ctx: Ctx) -> list[int]:
+    """Rounds of the chain walk by accepted drafts 0..B-1."""
+    h = [0] * ctx.block_size
+    for p in ps:
+        for a in p.anchors:
+            h[p.accepted_at[a - p.prompt_len]] += 1
+    return h
+
+
+def depth_counts(ps: list[Prompt], ctx: Ctx) -> tuple[list[int], list[int], list[int]]:
+    """Per depth k = 1..B-1 over the trace rounds whose slot k lies inside the completion: (inside, reached:
+    d_1..d_{k-1} accepted, hit: d_1..d_k accepted)."""
+    B = ctx.block_size
+    inside, reach, hit = [0] * B, [0] * B, [0] * B
+    for p in ps:
+        for a in p.anchors:
+            acc = p.accepted_at[a - p.prompt_len]
+            for k in range(1, min(B - 1, p.T - 1 - a) + 1):
+                inside[k] += 1
+                if acc >= k - 1:
+                    reach[k] += 1
+                    hit[k] += acc >= k
+    return inside[1:], reach[1:], hit[1:]
+
+
+def depth_conditional(ps: list[Prompt], ctx: Ctx) -> list[float | None]:
+    _, reach, hit = depth_counts(ps, ctx)
+    return [h / r if r else None for r, h in zip(reach, hit)]
+
+
+def depth_marginal(ps: list[Prompt], ctx: Ctx) -> list[float | None]:
+    inside, _, hit = depth_counts(ps, ctx)
+    return [h / n if n else None for n, h in zip(inside, hit)]
+
+
+def depth_samples(ps: list[Prompt], ctx: Ctx) -> list[int]:
+    """Rounds behind each point of the conditional curve (d_1..d_{k-1} accepted, slot k inside)."""
+    return depth_counts(ps, ctx)[1]
+
+
+# ---------------------------------------------------------------------------
+# registry
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str                                   # summary key (stored, exported)
+    label: str                                 # shown in the UI
+    formula: str                               # shown next to every value
+    run: Callable[[list[Prompt], Ctx], Any]    # run-level value
+    prompt: Callable[[Prompt, Ctx], Any] | None = None  # per-prompt value, when the metric has one
+    kind: str = "scalar"                       # scalar | histogram | curve | count
+    headline: bool = False                     # one of the run's headline numbers (cards, compare, listings)
+    fmt: str = "{:.3f}"                        # how a scalar is printed
+
+
+REGISTRY: list[Metric] = [
+    Metric("tau_macro", "tau (macro)", "mean over prompts of committed / rounds (bonus token included)",
+           macro(tau), tau, headline=True),
+    Metric("tau_pooled", "tau (pooled)", "all committed tokens / all rounds", pooled("rounds"), headline=True),
+    Metric("every_anchor_tau", "every-anchor tau", "mean over completion anchors p of accepted(p) + 1",
+           every_anchor_run, every_anchor, headline=True),
+    Metric("ddtree_tau", "DDTree tau (macro)",
+           "tree of `tree_budget` nodes per round; mean over prompts of committed / rounds", macro(tree_tau), tree_tau,
+           headline=True),
+    Metric("ddtree_tau_pooled", "DDTree tau (pooled)", "all committed / all rounds of the tree walk",
+           pooled("tree_rounds", need_tree=True)),
+    Metric("rounds", "rounds", "chain-walk rounds over all prompts", lambda ps, c: sum(len(p.rounds) for p in ps),
+           lambda p, c: len(p.rounds), kind="count", fmt="{}"),
+    Metric("committed", "committed tokens", "tokens the rounds committed (bonus included)",
+           lambda ps, c: sum(sum(p.rounds) for p in ps), lambda p, c: sum(p.rounds), kind="count", fmt="{}"),
+    Metric("prompts", "prompts", "prompts replayed", lambda ps, c: len(ps), kind="count", fmt="{}"),
+    Metric("accept_hist", "acceptance histogram", "rounds of the chain walk by accepted drafts 0..B-1",
+           accept_hist, kind="histogram"),
+    Metric("depth_conditional", "per-depth conditional acceptance",
+           "P(d_k accepted | d_1..d_{k-1} accepted), k = 1..B-1, over the rounds of the trace", depth_conditional,
+           kind="curve"),
+    Metric("depth_marginal", "per-depth marginal acceptance",
+           "P(d_1..d_k all accepted), k = 1..B-1, over the rounds of the trace", depth_marginal, kind="curve"),
+    Metric("depth_samples", "rounds per depth",
+           "rounds behind each conditional point: d_1..d_{k-1} accepted and slot k inside the completion",
+           depth_samples, kind="curve"),
+]
+BY_KEY = {m.key: m for m in REGISTRY}
+HEADLINE = [m for m in REGISTRY if m.headline]
+PER_PROMPT = [m for m in REGISTRY if m.prompt is not None]
+
+
+def label(key: str, summary: dict | None = None) -> str:
+    """The UI label of a metric; DDTree labels carry the run's budget (DDTree-8 tau)."""
+    m = BY_KEY[key]
+    if key.startswith("ddtree") and summary and summary.get("tree_budget"):
+        return m.label.replace("DDTree", f"DDTree-{summary['tree_budget']}")
+    return m.label
+
+
+def show(key: str, value: Any) -> str:
+    """A value as the UI prints it: 3 decimals for rates, integers as such, '—' for missing/NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(show(key, v) for v in value)
+    return BY_KEY[key].fmt.format(value) if key in BY_KEY else f"{value}"
+
+
+def summarize(prompts: list, block_size: int, tree_budget: int) -> dict:
+    """Every run-level metric of the registry over `prompts` (PromptResults or run_prompts rows)."""
+    ps = [Prompt.of(p) for p in prompts]
+    ctx = Ctx(block_size, tree_budget)
+    return {m.key: m.run(ps, ctx) for m in REGISTRY} | {"block_size": block_size, "tree_budget": tree_budget}
+
+
+def per_prompt(row: Any, block_size: int, tree_budget: int) -> dict:
+    """Every per-prompt metric of the registry for one prompt."""
+    p, ctx = Prompt.of(row), Ctx(block_size, tree_budget)
+    return {m.key: m.prompt(p, ctx) for m in PER_PROMPT}
