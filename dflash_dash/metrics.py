@@ -47,8 +47,11 @@ class Prompt:
     def of(cls, r: Any) -> "Prompt":
         """From a replay.PromptResult (attributes) or a run_prompts row (dict)."""
         get = (lambda k, d=None: r.get(k, d)) if isinstance(r, dict) else (lambda k, d=None: getattr(r, k, d))
+        lp = list(get("draft_logp") or [])
+        if lp and isinstance(lp[0], (list, tuple)):  # PromptResult: [A][B-1]; store rows: flat
+            lp = [x for row in lp for x in row]
         return cls(get("prompt_id") or get("id"), int(get("prompt_len")), list(get("accepted_at") or []),
-                   list(get("rounds") or []), list(get("tree_rounds") or []), list(get("draft_logp") or []))
+                   list(get("rounds") or []), list(get("tree_rounds") or []), lp)
 
 
 @dataclass

@@ -351,7 +351,8 @@ def replay(store: Store, drafter: str, extraction: str = "latest", budget: int =
 def prompt_row(r: replay_mod.PromptResult, B: int, budget: int) -> dict:
     """A run_prompts row of one replayed prompt: its results plus the registry's per-prompt tau values."""
     m = metrics.per_prompt(r, B, budget)
-    return dict(asdict(r), tau=m["tau_macro"], tree_tau=m["ddtree_tau"], drafts=[t for row in r.drafts for t in row])
+    return dict(asdict(r), tau=m["tau_macro"], tree_tau=m["ddtree_tau"], drafts=[t for row in r.drafts for t in row],
+                draft_logp=[x for row in r.draft_logp for x in row])
 
 
 def checkpoints_in(folder: str | Path) -> tuple[list[Path], list[str]]:

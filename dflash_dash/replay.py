@@ -31,7 +31,7 @@ class Head:
 @dataclass
 class Drafts:
     tokens: torch.Tensor    # [A, B-1] argmax drafts at anchors P..T-1 (A = T-P)
-    top_ids: torch.Tensor   # [A, B-1, k] top-k tokens per slot (k = tree budget; 0 when no tree)
+    top_ids: torch.Tensor   # [A, B-1, k] top-k tokens per slot (k = max(tree budget, 1): slot 0 is the draft)
     top_logp: torch.Tensor  # [A, B-1, k] their log-probabilities
 
 
@@ -266,6 +266,7 @@ class PromptResult:
     round_anchors: list[int]        # anchor of each round
     tree_at: list[int] = field(default_factory=list)      # DDTree accepted(p)
     tree_rounds: list[int] = field(default_factory=list)  # committed per round of the DDTree walk
+    draft_logp: list[list[float]] = field(default_factory=list)  # [A][B-1] log-prob of each argmax draft
 
 
 def score(pid: str, d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int) -> PromptResult:
@@ -275,6 +276,8 @@ def score(pid: str, d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int)
     rounds = walk(acc, prompt_len, T)
     r = PromptResult(pid, prompt_len, acc.tolist(), d.tokens.tolist(), [c for _, _, c in rounds],
                      [p for p, _, _ in rounds])
+    if d.top_logp.shape[-1]:  # the log-probability of each argmax draft (calibration)
+        r.draft_logp = d.top_logp[:, :, 0].tolist()
     if budget:
         tacc = tree_accepted(d, tokens, prompt_len, budget)
         r.tree_at, r.tree_rounds = tacc.tolist(), [c for _, _, c in walk(tacc, prompt_len, T)]
@@ -310,7 +313,7 @@ def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chu
         futures, done = [], None
         nxt = _upload(drafter, seqs[0].features) if seqs else None
         for i, s in enumerate(seqs):
-            parts = _draft(drafter, head, nxt, s.tokens, s.prompt_len, budget, chunk)  # queued, not waited for
+            parts = _draft(drafter, head, nxt, s.tokens, s.prompt_len, max(budget, 1), chunk)  # queued, not waited
             if done is not None:  # started only now: its thread would slow the launches above (the GIL)
                 futures.append(pool.submit(score, *done))
             if i + 1 < len(seqs):

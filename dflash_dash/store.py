@@ -60,6 +60,18 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN config_file VARCHAR;
     ALTER TABLE runs ADD COLUMN step BIGINT;
     """,
+    # v4: why drafts fail: draft log-probabilities (calibration), engine-reported acceptance (conformance),
+    # target-layer attribution
+    """
+    ALTER TABLE run_prompts ADD COLUMN draft_logp REAL[];
+    CREATE TABLE engine_stats (
+        set_name VARCHAR, prompt_id VARCHAR, engine VARCHAR, verify_steps INTEGER, accepted_tokens INTEGER,
+        completion_tokens INTEGER, accept_lengths INTEGER[], histogram INTEGER[], source VARCHAR,
+        created TIMESTAMP DEFAULT now(), PRIMARY KEY (set_name, prompt_id, engine));
+    CREATE TABLE attributions (
+        run_id VARCHAR, tap INTEGER, layer_id INTEGER, tau_macro DOUBLE, tau_pooled DOUBLE, base_tau_macro DOUBLE,
+        base_tau_pooled DOUBLE, created TIMESTAMP DEFAULT now(), PRIMARY KEY (run_id, tap));
+    """,
 ]
 VERSION = len(MIGRATIONS)
 REENTRY_S = 0.01       # a process re-locking sooner than this after its own release steps aside first
@@ -221,9 +233,9 @@ class Store:
                          r["tree_budget"], json.dumps(r["summary"]), r.get("status", "done"), r.get("device"),
                          r.get("dtype"), r.get("sliding_block"), r.get("config_file"), r.get("step")])
             if prompts:
-                con.executemany("INSERT INTO run_prompts VALUES (?,?,?,?,?,?,?,?,?,?)", [
+                con.executemany("INSERT INTO run_prompts VALUES (?,?,?,?,?,?,?,?,?,?,?)", [
                     [r["id"], p["id"], p["prompt_len"], p["tau"], p["tree_tau"], p["rounds"], p["accepted_at"],
-                     p["drafts"], p["tree_at"], p["tree_rounds"]] for p in prompts])
+                     p["drafts"], p["tree_at"], p["tree_rounds"], p.get("draft_logp")] for p in prompts])
 
     def runs(self) -> list[dict]:
         return self.rows("SELECT r.*, e.set_name, e.backend, e.target_path FROM runs r "

@@ -130,10 +130,11 @@ def test_acceptance_metrics_and_formulas_match_the_store(prepared, monkeypatch):
         assert m["tau (macro)"] == views.fmt(s["tau_macro"])
         assert m["tau (pooled)"] == views.fmt(s["tau_pooled"])
         assert m["every-anchor tau"] == views.fmt(s["every_anchor_tau"])
-        assert m[f"DDTree-{s['tree_budget']} tau"] == views.fmt(s["ddtree_tau"])
+        assert m[f"DDTree-{s['tree_budget']} tau (macro)"] == views.fmt(s["ddtree_tau"])
         captions = " ".join(c.value for c in at.caption)
-        for _, _, formula in views.METRICS[:3]:
-            assert formula in captions
+        from dflash_dash import metrics
+        for mt in metrics.HEADLINE:
+            assert mt.formula in captions
         assert at.query_params["run"] == rid
         # backend shown, with the torch-path warning
         assert any(f"backend **{st.extraction(prepared.extraction)['backend']}**" in c.value for c in at.caption)
