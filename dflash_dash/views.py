@@ -333,7 +333,7 @@ def prompt_table(rows: list[dict], completions: dict[str, dict]) -> list[dict]:
     for r in rows:
         c = completions.get(r["prompt_id"], {})
         p = metrics.Prompt.of(r)
-        ctx = metrics.Ctx(len(r["drafts"] or []) // max(1, len(p.accepted_at)) + 1, 1)
+        ctx = metrics.Ctx(0, 0)  # every-anchor tau needs neither B nor the tree budget
         out.append({
             "prompt": r["prompt_id"], "tau": _r(r["tau"]), "ddtree_tau": _r(r["tree_tau"]),
             "rounds": len(p.rounds), "completion_tokens": len(p.accepted_at), "prompt_tokens": p.prompt_len,
