@@ -7,11 +7,11 @@ PORT ?= 8501
 
 .PHONY: setup run test demo clean
 
-$(BIN)/.installed: requirements.txt
+$(BIN)/.installed: requirements.txt constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q -r requirements.txt -c constraints.txt
 	touch $@
 
 setup: $(BIN)/.installed
@@ -24,6 +24,7 @@ run: demo
 	  --server.headless true --browser.gatherUsageStats false -- --workspace $(WORKSPACE)
 
 test: setup
+	@command -v chromium >/dev/null 2>&1 || printf '\n*** Debian chromium is missing: the browser tests will be SKIPPED.\n*** Install it with: apt-get install -y chromium\n\n'
 	$(BIN)/python -m pytest -q tests
 
 clean:

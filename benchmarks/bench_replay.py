@@ -165,7 +165,7 @@ def check_fp32(dev, figs: dict) -> None:
             layer_types=["full_attention", "sliding_attention"], sliding_window=5, seed=3))
         m = dr.load(ck, torch.float32, dev)
     g = torch.Generator().manual_seed(0)
-    head = rp.Head(torch.randn(512, 64, generator=g).to(dev), torch.randn(512, 64, generator=g).to(dev))
+    head = tg.Head(torch.randn(512, 64, generator=g).to(dev), torch.randn(512, 64, generator=g).to(dev))
     tokens, feats = torch.randint(0, 512, (70,), generator=g), torch.randn(70, 128, generator=g)
     a = rp.draft_all(m, head, feats, tokens, 9, topk=4, chunk=7)
     b = rp.draft_loop(m, head, feats, tokens, 9, topk=4)

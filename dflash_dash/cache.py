@@ -18,10 +18,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from .errors import UserError
+
 KEY = "features"
 
 
-class CacheError(RuntimeError):
+class CacheError(UserError, RuntimeError):
     """A feature file that is missing or damaged."""
 
 

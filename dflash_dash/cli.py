@@ -12,14 +12,9 @@ import sys
 import time
 
 from . import pipeline
+from .errors import UserError
 from .store import Store, default_workspace
 
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from .demo import DemoError
-    from .jobs import OrchestrationError
-    return pipeline.user_errors() + (OrchestrationError, DemoError)
 
 
 _MIDLINE = [False]  # a progress bar is on stderr without its newline yet
@@ -143,11 +138,6 @@ def cmd_jobs(a, st):
         print(jobs.rerun(st, a.id))
 
 
-def cmd_job_run(a, st):
-    from . import jobs
-    return jobs.execute(st, a.id)
-
-
 def cmd_demo(a, st):
     from . import demo
     _print(demo.build(a.workspace, progress))
@@ -256,10 +246,6 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("demo", help="build the demo workspace from the committed assets (idempotent)")
     s.set_defaults(fn=cmd_demo)
 
-    s = sub.add_parser("job-run")  # internal: the body of a background job process
-    s.add_argument("id")
-    s.set_defaults(fn=cmd_job_run)
-    sub.metavar = "{" + ",".join(c for c in sub.choices if c != "job-run") + "}"
     for s in sub.choices.values():  # global options are accepted after the command too
         s.add_argument("--workspace", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
@@ -280,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     _MIDLINE[0] = False
     try:
         return a.fn(a, Store(a.workspace)) or 0
-    except _user_errors() as e:
+    except UserError as e:
         print(f"{chr(10) if _MIDLINE[0] else ''}error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -27,11 +27,13 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from .errors import UserError
+
 FILE_NAME = "config.toml"
 DEFAULT_API_KEY_ENV = "SGLANG_API_KEY"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """config.toml cannot be used; the message names the file, key and line, and the fix."""
 
 
@@ -156,12 +158,3 @@ def api_key(cfg: WorkspaceConfig) -> tuple[str | None, str]:
     SGLANG_API_KEY. The key lives only in the environment (and in memory): never store or log it."""
     name = cfg.api_key_env or DEFAULT_API_KEY_ENV
     return os.environ.get(name) or None, name
-
-
-def client(cfg: WorkspaceConfig, url: str | None = None, **kw):
-    """The `sglang.Client` for the workspace's server (`url`, default [server] url), sending the API key from
-    the environment. Every Client built from a workspace is made here."""
-    from .sglang import Client
-    key, name = api_key(cfg)
-    hint = name if name == DEFAULT_API_KEY_ENV else f"{name} (named by api_key_env in config.toml)"
-    return Client(url or cfg.server_url, api_key=key, key_env=hint, **kw)

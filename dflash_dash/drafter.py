@@ -20,8 +20,10 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
+from .errors import UserError
 
-class CheckpointError(ValueError):
+
+class CheckpointError(UserError, ValueError):
     """A DFlash checkpoint that cannot be used as it is; the message names the field and what was expected."""
 
 

@@ -2,7 +2,7 @@
 
 Contract:
 - `start(store, kind, args)` records the job (status queued) and spawns
-  `python -m dflash_dash --workspace W job-run ID` in its own session (process group), output to
+  `python -m dflash_dash.jobs --workspace W ID` in its own session (process group), output to
   `W/logs/ID.log`; it returns the job id at once. The child runs `execute`, which marks the job running,
   runs `KINDS[kind](store, args, reporter)` with progress/step written to the store (throttled), and ends
   done (with a result dict), failed (user errors as their message; anything else with the traceback in
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import config as config_mod, pipeline, sglang, target as target_mod
+from .errors import UserError
 from .store import Store, new_id
 
 ACTIVE = ("queued", "running")
@@ -45,7 +46,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 _CHILDREN: dict[str, subprocess.Popen] = {}  # jobs started by this process (reaped by refresh)
 
 
-class OrchestrationError(RuntimeError):
+class OrchestrationError(UserError, RuntimeError):
     """The GPU or the server could not be prepared or restored; the message names what and the fix."""
 
 
@@ -134,7 +135,7 @@ def run_extract(store: Store, args: dict, rep: Reporter) -> dict:
     known = {e["id"]: e["status"] for e in store.extractions()}
     if known.get(ex_id) not in (None, "done"):
         store.set_status("extractions", ex_id, "running")
-    client = config_mod.client(cfg, args.get("server"))
+    client = sglang.for_workspace(cfg, args.get("server"))
     freed = None
     try:
         freed = free_gpu(client, cfg, mode, rep)
@@ -432,7 +433,7 @@ def start(store: Store, kind: str, args: dict) -> str:
     try:
         with open(log, "ab") as f:
             p = subprocess.Popen(
-                [sys.executable, "-m", "dflash_dash", "--workspace", str(store.workspace.resolve()), "job-run", job_id],
+                [sys.executable, "-m", "dflash_dash.jobs", "--workspace", str(store.workspace.resolve()), job_id],
                 stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     except OSError as e:
         store.settle_job(job_id, "failed", f"could not start the job process: {e}")
@@ -443,7 +444,7 @@ def start(store: Store, kind: str, args: dict) -> str:
 
 
 def execute(store: Store, job_id: str) -> int:
-    """Run job `job_id` in this process (what `job-run` calls); returns the process exit code."""
+    """Run job `job_id` in this process (what the job process's entry `main` calls); returns its exit code."""
     job = store.job(job_id)
     rep = Reporter(store, job_id)
 
@@ -465,7 +466,7 @@ def execute(store: Store, job_id: str) -> int:
         rep.note(f"cancelled ({e})")
         store.settle_job(job_id, "cancelled", "cancelled by user")
         return 130
-    except pipeline.user_errors() + (OrchestrationError,) as e:
+    except UserError as e:
         rep.note(f"error: {e}")
         rep.flush()
         store.settle_job(job_id, "failed", str(e))
@@ -603,3 +604,21 @@ def log_tail(store: Store, job_id: str, lines: int = 200) -> str:
         f.seek(max(0, path.stat().st_size - 4 * 1024 * 1024))
         tail = deque(f, maxlen=lines)
     return b"".join(tail).decode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------------------
+# the job process's entry: python -m dflash_dash.jobs --workspace W ID
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m dflash_dash.jobs", description="run one recorded job (internal)")
+    p.add_argument("--workspace", required=True)
+    p.add_argument("id")
+    a = p.parse_args(argv)
+    return execute(Store(a.workspace), a.id)
+
+
+if __name__ == "__main__":  # run through the imported module, so its classes are the ones everyone catches
+    from dflash_dash import jobs as _jobs
+    sys.exit(_jobs.main())

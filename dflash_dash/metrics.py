@@ -141,6 +141,115 @@ def depth_samples(ps: list[Prompt], ctx: Ctx) -> list[int]:
 
 
 # ---------------------------------------------------------------------------
+# calibration: the drafter's probability of its own top-1 draft against how often the target accepts it
+#
+# p_k = exp(draft_logp) of the argmax draft at slot k of a round's block. A sample is a chain-walk round and a
+# depth k with slot k inside the completion and d_1..d_{k-1} accepted; its outcome is whether d_k was accepted
+# too (the same rounds as `depth_conditional`). Runs replayed before draft log-probabilities were stored have
+# none: every calibration value is then None ("not recorded, replay again").
+
+CAL_BINS = 10  # equal-width bins of the predicted probability over [0, 1]
+
+
+def recorded(p: Prompt, ctx: Ctx) -> bool:
+    """The prompt's replay stored the log-probability of every draft (A*(B-1) values)."""
+    return bool(p.accepted_at) and len(p.draft_logp) == len(p.accepted_at) * (ctx.block_size - 1)
+
+
+def cal_samples(p: Prompt, ctx: Ctx) -> list[tuple[int, float, bool]]:
+    """(depth k, predicted p_k, accepted) per chain-walk round and depth k: slot k inside the completion and
+    d_1..d_{k-1} accepted. [] when the prompt has no draft log-probabilities."""
+    if not recorded(p, ctx):
+        return []
+    D, out = ctx.block_size - 1, []
+    for a in p.anchors:
+        i = a - p.prompt_len
+        acc = p.accepted_at[i]
+        for k in range(1, min(D, p.T - 1 - a) + 1):
+            if acc < k - 1:
+                break
+            out.append((k, min(1.0, math.exp(p.draft_logp[i * D + k - 1])), acc >= k))
+    return out
+
+
+def _samples(ps: list[Prompt], ctx: Ctx) -> list[tuple[int, float, bool]] | None:
+    """Samples of every prompt; None when no prompt recorded draft log-probabilities."""
+    if not any(recorded(p, ctx) for p in ps):
+        return None
+    return [s for p in ps for s in cal_samples(p, ctx)]
+
+
+def bins_of(samples: list[tuple[int, float, bool]], n: int = CAL_BINS) -> list[dict]:
+    """Reliability bins: per equal-width bin [lo, hi) of p (the last one closed) the sample count, the mean
+    predicted p (confidence) and the share accepted (observed); None for an empty bin."""
+    cnt, sp, hit = [0] * n, [0.0] * n, [0] * n
+    for _, q, ok in samples:
+        b = min(int(q * n), n - 1)
+        cnt[b] += 1
+        sp[b] += q
+        hit[b] += ok
+    return [{"lo": b / n, "hi": (b + 1) / n, "n": cnt[b], "predicted": sp[b] / cnt[b] if cnt[b] else None,
+             "observed": hit[b] / cnt[b] if cnt[b] else None} for b in range(n)]
+
+
+def ece_of(bins: list[dict]) -> float | None:
+    """Expected calibration error: sum over bins of (n_b / N) * |observed_b - predicted_b|."""
+    N = sum(b["n"] for b in bins)
+    return sum(b["n"] / N * abs(b["observed"] - b["predicted"]) for b in bins if b["n"]) if N else None
+
+
+def calibration_ece(ps: list[Prompt], ctx: Ctx) -> float | None:
+    s = _samples(ps, ctx)
+    return None if s is None else ece_of(bins_of(s))
+
+
+def calibration_ece_depth(ps: list[Prompt], ctx: Ctx) -> list[float | None] | None:
+    s = _samples(ps, ctx)
+    return None if s is None else [ece_of(bins_of([x for x in s if x[0] == k])) for k in range(1, ctx.block_size)]
+
+
+def confidence_depth(ps: list[Prompt], ctx: Ctx) -> list[float | None] | None:
+    """Mean p_k per depth over the samples (the conditional curve's rounds): against depth_conditional."""
+    s = _samples(ps, ctx)
+    if s is None:
+        return None
+    return [_mean([q for k2, q, _ in s if k2 == k]) for k in range(1, ctx.block_size)]
+
+
+def reliability(ps: list[Prompt], ctx: Ctx) -> dict | None:
+    """{"bins": n, "pooled": bins over all depths, "by_depth": [bins of depth k] for k = 1..B-1}."""
+    s = _samples(ps, ctx)
+    if s is None:
+        return None
+    return {"bins": CAL_BINS, "pooled": bins_of(s),
+            "by_depth": [bins_of([x for x in s if x[0] == k]) for k in range(1, ctx.block_size)]}
+
+
+def expected_rounds(p: Prompt, ctx: Ctx) -> list[float]:
+    """Expected committed tokens of each chain-walk round from the draft probabilities:
+    1 + sum_{k=1}^{min(B-1, left-1)} prod_{j<=k} p_j, left = T-1-anchor (the same cap as the committed count)."""
+    if not recorded(p, ctx):
+        return []
+    D, out = ctx.block_size - 1, []
+    for a in p.anchors:
+        i, e, run = a - p.prompt_len, 1.0, 1.0
+        for k in range(1, min(D, p.T - 1 - a - 1) + 1):
+            run *= min(1.0, math.exp(p.draft_logp[i * D + k - 1]))
+            e += run
+        out.append(e)
+    return out
+
+
+def expected_tau(p: Prompt, ctx: Ctx) -> float | None:
+    return _mean(expected_rounds(p, ctx))
+
+
+def expected_tau_pooled(ps: list[Prompt], ctx: Ctx) -> float | None:
+    es = [e for p in ps for e in expected_rounds(p, ctx)]
+    return sum(es) / len(es) if es else None
+
+
+# ---------------------------------------------------------------------------
 # registry
 
 
@@ -151,7 +260,7 @@ class Metric:
     formula: str                               # shown next to every value
     run: Callable[[list[Prompt], Ctx], Any]    # run-level value
     prompt: Callable[[Prompt, Ctx], Any] | None = None  # per-prompt value, when the metric has one
-    kind: str = "scalar"                       # scalar | histogram | curve | count
+    kind: str = "scalar"                       # scalar | histogram | curve | count | bins (reliability)
     headline: bool = False                     # one of the run's headline numbers (cards, compare, listings)
     fmt: str = "{:.3f}"                        # how a scalar is printed
 
@@ -182,6 +291,26 @@ REGISTRY: list[Metric] = [
     Metric("depth_samples", "rounds per depth",
            "rounds behind each conditional point: d_1..d_{k-1} accepted and slot k inside the completion",
            depth_samples, kind="curve"),
+]
+# -- calibration (issue 11): None for runs replayed before draft log-probabilities were stored
+REGISTRY += [
+    Metric("calibration_ece", "calibration ECE (pooled over depths)",
+           "sum over 10 equal-width bins b of p_k of (n_b / N) * |observed_b - predicted_b|; p_k = the drafter's "
+           "probability of its top-1 draft at slot k, observed = share of those drafts accepted, over the rounds "
+           "with d_1..d_{k-1} accepted and slot k in the completion", calibration_ece),
+    Metric("expected_tau", "expected tau (macro)",
+           "mean over prompts of the mean over rounds of 1 + sum_{k=1}^{min(B-1, left-1)} prod_{j<=k} p_j "
+           "(left = tokens left after the anchor); compare with tau (macro)", macro(expected_tau), expected_tau),
+    Metric("expected_tau_pooled", "expected tau (pooled)",
+           "all expected committed tokens / all rounds; compare with tau (pooled)", expected_tau_pooled),
+    Metric("calibration_ece_depth", "calibration ECE per depth",
+           "ECE of the samples of depth k alone, k = 1..B-1", calibration_ece_depth, kind="curve"),
+    Metric("confidence_depth", "mean draft probability per depth",
+           "mean p_k over the rounds with d_1..d_{k-1} accepted and slot k in the completion; against "
+           "P(d_k accepted | d_1..d_{k-1} accepted)", confidence_depth, kind="curve"),
+    Metric("reliability", "reliability bins",
+           "per bin of p_k: samples, mean p_k (predicted), share accepted (observed); pooled and per depth",
+           reliability, kind="bins"),
 ]
 BY_KEY = {m.key: m for m in REGISTRY}
 HEADLINE = [m for m in REGISTRY if m.headline]

@@ -16,21 +16,15 @@ import torch
 
 from . import cache, drafter as drafter_mod, metrics, prompts as prompts_mod, replay as replay_mod, sglang
 from . import target as target_mod
+from .errors import UserError
 from .store import Store, StoreError, new_id
 
 Progress = Callable[[int, int, str], None] | None
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-class InputError(ValueError):
+class InputError(UserError, ValueError):
     """Bad user input; the message names the line or field and the fix."""
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions whose message is meant for the user: shown as is (`error: ...`), never a traceback."""
-    from .config import ConfigError
-    return (InputError, StoreError, drafter_mod.CheckpointError, target_mod.TargetError, cache.CacheError,
-            sglang.ServerError, ConfigError)
 
 
 def _tick(progress: Progress, done: int, total: int, msg: str) -> None:
@@ -144,7 +138,7 @@ def fetch(store: Store, server: str, prompt_set: str, name: str, max_new_tokens:
     Prompts are tokenised locally (tokenizer from `tokenizer` or the server's `tokenizer_path`: a readable
     folder, or a hub id found in the local Hugging Face cache; with `chat`, wrapped in its chat template) and
     sent as `input_ids`; token ids come from the server. The server's API key comes from the environment
-    (`config.client`), never from the store."""
+    (`sglang.for_workspace`), never from the store."""
     try:
         todo_all = prompts_mod.load(prompt_set)
     except prompts_mod.PromptSetError as e:
@@ -160,7 +154,7 @@ def fetch(store: Store, server: str, prompt_set: str, name: str, max_new_tokens:
         return 0
     from . import config as config_mod
     try:
-        client = config_mod.client(config_mod.load(store.workspace), server, timeout=request_timeout)
+        client = sglang.for_workspace(config_mod.load(store.workspace), server, timeout=request_timeout)
     except ValueError as e:
         raise InputError(f"--server: {e}") from None
     client.wait_ready(readiness_timeout, progress=lambda t, state: _tick(

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .errors import UserError
 
-class PromptSetError(ValueError):
+
+class PromptSetError(UserError, ValueError):
     """A prompt set that cannot be used; the message names the file, line and fix."""
 
 

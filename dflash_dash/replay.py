@@ -20,12 +20,7 @@ import torch
 
 from . import metrics
 from .drafter import Drafter
-
-
-@dataclass
-class Head:
-    embed: torch.Tensor    # [V, H] target input embedding
-    lm_head: torch.Tensor  # [V, H] target LM head
+from .target import Head
 
 
 @dataclass

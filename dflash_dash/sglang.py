@@ -30,6 +30,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .errors import UserError
+
 
 HEALTH_TIMEOUT_S = 8.0  # a real /health generates one token after waiting ~1 s: allow several seconds
 DEFAULT_KEY_ENV = "SGLANG_API_KEY"  # environment variable read for the server's --api-key
@@ -39,7 +41,7 @@ DEFAULT_KEY_ENV = "SGLANG_API_KEY"  # environment variable read for the server's
 # errors
 
 
-class ServerError(Exception):
+class ServerError(UserError):
     """A request to the server failed; `status` is the HTTP status (None: no answer), `transient` says
     whether retrying later may help, `detail` is the server's own error message when it sent one."""
 
@@ -458,3 +460,16 @@ class HealthPoller:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+
+
+# ---------------------------------------------------------------------------
+# workspace
+
+
+def for_workspace(cfg, url: str | None = None, **kw) -> Client:
+    """The Client for a workspace's server (`url`, default [server] url of its config.toml), sending the API
+    key from the environment (`config.api_key`). Every Client built from a workspace is made here."""
+    from .config import DEFAULT_API_KEY_ENV, api_key
+    key, name = api_key(cfg)
+    hint = name if name == DEFAULT_API_KEY_ENV else f"{name} (named by api_key_env in config.toml)"
+    return Client(url or cfg.server_url, api_key=key, key_env=hint, **kw)

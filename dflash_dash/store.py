@@ -17,6 +17,8 @@ from pathlib import Path
 
 import duckdb
 
+from .errors import UserError
+
 DB_NAME = "dflash.duckdb"
 JSON_COLS = {"meta_info", "request", "versions", "config", "summary", "args", "result", "layer_ids_json"}
 
@@ -78,7 +80,7 @@ REENTRY_S = 0.01       # a process re-locking sooner than this after its own rel
 _last_release = -1.0   # monotonic time this process last released the store lock
 
 
-class StoreError(RuntimeError):
+class StoreError(UserError, RuntimeError):
     """A store problem the user must act on (e.g. an unknown id)."""
 
 

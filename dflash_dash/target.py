@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from safetensors import safe_open
 
-from .replay import Head
+from .errors import UserError
+
 
 # modeling modules whose linear-attention kernels transformers binds to fla at import
 HYBRID_MODULES = [
@@ -41,7 +42,7 @@ CONV_FUNCS = ["causal_conv1d_fn"]  # the short causal convolution: torch conv1d 
 _BOUND: dict[tuple[str, str], object] = {}  # (module, name) -> the function transformers bound at import
 
 
-class TargetError(ValueError):
+class TargetError(UserError, ValueError):
     """A target folder that cannot be used; the message names the problem and the fix."""
 
 
@@ -300,6 +301,13 @@ def _weight_files(path: Path) -> dict[str, Path]:
     if not out:
         raise TargetError(f"{path}: no *.safetensors weights found")
     return out
+
+
+@dataclass
+class Head:
+    """The target's input embedding and LM head: what a drafter borrows (it has neither)."""
+    embed: torch.Tensor    # [V, H] target input embedding
+    lm_head: torch.Tensor  # [V, H] target LM head
 
 
 def load_head(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Head:

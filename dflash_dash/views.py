@@ -503,3 +503,156 @@ def sweep_points(runs: list[dict], folder: str, extraction: str | None = None) -
                     "tau_pooled": s.get("tau_pooled"), "ddtree_tau": s.get("ddtree_tau")})
     pts.sort(key=lambda p: (p["step"] is None, p["step"] or 0, p["checkpoint"]))
     return pts
+
+
+# ---------------------------------------------------------------------------
+# calibration, failure patterns, target-layer attribution (issue 11): tables (also the CSV downloads and the
+# export JSON) and figures; the numbers come from the registry (metrics) and dflash_dash.patterns
+
+
+def csv_text(rows: list[dict]) -> str:
+    """Rows as CSV text (header = the union of keys, in first-seen order), for st.download_button."""
+    import csv
+    import io
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+CAL_KEYS = ("calibration_ece", "expected_tau", "expected_tau_pooled", "tau_macro", "tau_pooled")
+
+
+def calibration(rows: list[dict], block_size: int, tree_budget: int = 0) -> dict:
+    """A run's calibration from its run_prompts rows (the registry applied to them, so a run summarised before
+    these metrics existed gets them too): {"recorded", headline values, "formula", "by_depth" rows,
+    "reliability" rows (depth "pooled" and 1..B-1), "per_prompt" expected vs observed tau rows}."""
+    s = metrics.summarize(rows, block_size, tree_budget)
+    rel = s.get("reliability")
+    out = {"recorded": rel is not None, **{k: s.get(k) for k in CAL_KEYS},
+           "formula": {k: metrics.BY_KEY[k].formula for k in ("calibration_ece", "expected_tau", "reliability")}}
+    if rel is None:
+        return out | {"by_depth": [], "reliability": [], "per_prompt": []}
+    cond, conf = s["depth_conditional"], s["confidence_depth"]
+    out["by_depth"] = [{"depth": k, "rounds": s["depth_samples"][k - 1], "mean_p": _r(conf[k - 1], 4),
+                        "observed": _r(cond[k - 1], 4), "ece": _r(s["calibration_ece_depth"][k - 1], 4)}
+                       for k in range(1, block_size)]
+    out["reliability"] = [{"depth": d, "lo": round(b["lo"], 3), "hi": round(b["hi"], 3), "n": b["n"],
+                           "predicted": _r(b["predicted"], 4), "observed": _r(b["observed"], 4)}
+                          for d, bins in [("pooled", rel["pooled"])] + list(enumerate(rel["by_depth"], 1))
+                          for b in bins]
+    ctx = metrics.Ctx(block_size, tree_budget)
+    out["per_prompt"] = []
+    for r in rows:
+        p = metrics.Prompt.of(r)
+        obs, exp = metrics.tau(p, ctx), metrics.expected_tau(p, ctx)
+        out["per_prompt"].append({"prompt": p.id, "rounds": len(p.rounds), "tau": _r(obs, 4),
+                                  "expected_tau": _r(exp, 4),
+                                  "expected_minus_observed": _r(exp - obs, 4) if None not in (exp, obs) else None})
+    return out
+
+
+def reliability_fig(runs: dict[str, list[dict]], depth: str | int = "pooled") -> go.Figure:
+    """Reliability diagram: per bin of the predicted probability, mean predicted (x) against share accepted (y),
+    one line per run (`runs`: name -> calibration()["reliability"] rows); the diagonal is perfect calibration;
+    bars: samples per bin (right axis)."""
+    fig = go.Figure()
+    fig.add_scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfectly calibrated", line=dict(dash="dash", color="#999"))
+    for name, rows in runs.items():
+        bins = [b for b in rows if b["depth"] == depth]
+        full = [b for b in bins if b["n"]]
+        fig.add_bar(x=[(b["lo"] + b["hi"]) / 2 for b in bins], y=[b["n"] for b in bins], name=f"{name}: samples",
+                    yaxis="y2", opacity=0.25, width=0.08)
+        fig.add_scatter(x=[b["predicted"] for b in full], y=[b["observed"] for b in full], mode="lines+markers",
+                        name=f"{name}: observed", text=[f"n = {b['n']}" for b in full],
+                        hovertemplate="predicted %{x:.3f}<br>observed %{y:.3f}<br>%{text}")
+    fig.update_layout(barmode="group", yaxis2=dict(overlaying="y", side="right", title="samples", showgrid=False))
+    fig.update_xaxes(range=[0, 1])
+    fig.update_yaxes(range=[0, 1.02])
+    what = "pooled over depths" if depth == "pooled" else f"depth {depth}"
+    return _layout(fig, f"reliability diagram ({what})", "predicted: drafter's probability of its draft p_k",
+                   "observed: share accepted", height=380)
+
+
+def confidence_fig(runs: dict[str, list[dict]]) -> go.Figure:
+    """Per depth: mean p_k (dotted) against P(d_k accepted | d_1..d_{k-1} accepted) (solid), per run
+    (`runs`: name -> calibration()["by_depth"] rows)."""
+    fig = go.Figure()
+    for name, rows in runs.items():
+        ks = [r["depth"] for r in rows]
+        fig.add_scatter(x=ks, y=[r["observed"] for r in rows], mode="lines+markers", name=f"{name}: observed")
+        fig.add_scatter(x=ks, y=[r["mean_p"] for r in rows], mode="lines+markers", name=f"{name}: mean p_k",
+                        line=dict(dash="dot"))
+    fig.update_yaxes(range=[0, 1.02])
+    fig.update_xaxes(dtick=1)
+    return _layout(fig, "per depth: predicted (dotted) vs observed (solid) acceptance", "depth k", "probability",
+                   height=380)
+
+
+def expected_fig(runs: dict[str, list[dict]]) -> go.Figure:
+    """Per prompt: expected tau (from the draft probabilities, x) against observed tau (y), per run
+    (`runs`: name -> calibration()["per_prompt"] rows)."""
+    fig = go.Figure()
+    vals = [1.0]
+    for name, rows in runs.items():
+        ok = [r for r in rows if r["tau"] is not None and r["expected_tau"] is not None]
+        vals += [v for r in ok for v in (r["tau"], r["expected_tau"])]
+        fig.add_scatter(x=[r["expected_tau"] for r in ok], y=[r["tau"] for r in ok], mode="markers", name=name,
+                        text=[r["prompt"] for r in ok], hovertemplate="%{text}<br>expected %{x:.3f}<br>observed %{y:.3f}")
+    fig.add_scatter(x=[min(vals), max(vals)], y=[min(vals), max(vals)], mode="lines", name="expected = observed",
+                    line=dict(dash="dash", color="#999"))
+    return _layout(fig, "expected vs observed tau per prompt", "expected tau (mean over rounds)",
+                   "observed tau (committed / rounds)", height=380)
+
+
+def class_fig(rows: list[dict]) -> go.Figure:
+    """Failure patterns: slot-1 acceptance and tau by the class of the target token at slot 1."""
+    rows = [r for r in rows if r["rounds"]]
+    fig = go.Figure()
+    fig.add_bar(x=[r["class"] for r in rows], y=[r["first_slot_acceptance"] for r in rows],
+                name="P(d_1 accepted)", text=[f"{r['rounds']} rounds" for r in rows])
+    fig.add_scatter(x=[r["class"] for r in rows], y=[r["tau"] for r in rows], name="tau (committed / round)",
+                    mode="markers", marker=dict(size=10), yaxis="y2")
+    fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="tau", showgrid=False))
+    fig.update_yaxes(range=[0, 1.02])
+    return _layout(fig, "acceptance by class of the target token at slot 1", "token class", "P(d_1 accepted)")
+
+
+def binned_fig(rows: list[dict], label: str, title: str, x_title: str) -> go.Figure:
+    """Failure patterns: slot-1 acceptance and tau per bin (`label`: the bin column of the rows)."""
+    fig = go.Figure()
+    fig.add_scatter(x=[r[label] for r in rows], y=[r["first_slot_acceptance"] for r in rows], mode="lines+markers",
+                    name="P(d_1 accepted)", text=[f"{r['rounds']} rounds" for r in rows])
+    fig.add_scatter(x=[r[label] for r in rows], y=[r["tau"] for r in rows], mode="lines+markers",
+                    name="tau (committed / round)", yaxis="y2", line=dict(dash="dot"))
+    fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="tau", showgrid=False))
+    fig.update_yaxes(range=[0, 1.02])
+    return _layout(fig, title, x_title, "P(d_1 accepted)")
+
+
+def attribution_rows(rows: list[dict]) -> list[dict]:
+    """Store `attributions` rows as a table: per tap, tau with the tap ablated and the tau lost (base - ablated)."""
+    out = []
+    for r in sorted(rows, key=lambda r: r["tap"]):
+        lost = {k: (None if r[f"base_{k}"] is None or r[k] is None else _r(r[f"base_{k}"] - r[k], 4))
+                for k in ("tau_macro", "tau_pooled")}
+        out.append({"tap": r["tap"], "layer_id": r["layer_id"], "tau_lost_macro": lost["tau_macro"],
+                    "tau_lost_pooled": lost["tau_pooled"], "tau_macro_ablated": _r(r["tau_macro"], 4),
+                    "tau_pooled_ablated": _r(r["tau_pooled"], 4), "base_tau_macro": _r(r["base_tau_macro"], 4),
+                    "base_tau_pooled": _r(r["base_tau_pooled"], 4)})
+    return out
+
+
+def attribution_fig(rows: list[dict]) -> go.Figure:
+    """tau lost per target-layer tap (attribution_rows), macro and pooled."""
+    fig = go.Figure()
+    xs = [f"tap {r['tap']} · layer {r['layer_id']}" for r in rows]
+    fig.add_bar(x=xs, y=[r["tau_lost_macro"] for r in rows], name="tau lost (macro)")
+    fig.add_bar(x=xs, y=[r["tau_lost_pooled"] for r in rows], name="tau lost (pooled)")
+    fig.update_layout(barmode="group")
+    return _layout(fig, "tau lost with each target-layer tap replaced by its mean", "tap (target layer id)",
+                   "base tau − ablated tau", height=360)

@@ -19,6 +19,7 @@ from pathlib import Path
 import streamlit as st
 
 from dflash_dash import views
+from dflash_dash.errors import UserError
 from dflash_dash.store import Store, default_workspace
 
 ACTIVE = ("queued", "running")
@@ -115,9 +116,9 @@ def server_url() -> str:
 
 def client(url: str | None = None, **kw):
     """An `sglang.Client` for `url` (default: the workspace's server) with the API key from the environment
-    (config.client); raises ConfigError for an invalid config.toml, ValueError for a bad URL."""
-    from dflash_dash import config as cfg_mod
-    return cfg_mod.client(config(), url, **kw)
+    (sglang.for_workspace); raises ConfigError for an invalid config.toml, ValueError for a bad URL."""
+    from dflash_dash import sglang
+    return sglang.for_workspace(config(), url, **kw)
 
 
 def _key_env() -> str:
@@ -135,7 +136,7 @@ def health_poller(url: str, key_env: str):
     from dflash_dash import config as cfg_mod, sglang
     cfg = cfg_mod.WorkspaceConfig(api_key_env=key_env)  # only the key's variable matters here
     try:
-        c = cfg_mod.client(cfg, url, timeout=sglang.HEALTH_TIMEOUT_S, retries=0)
+        c = sglang.for_workspace(cfg, url, timeout=sglang.HEALTH_TIMEOUT_S, retries=0)
     except ValueError:
         return None
     return sglang.HealthPoller(c, every=3.0)
@@ -163,24 +164,13 @@ def health_badge(ok: bool | None) -> str:
 # errors
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    from dflash_dash import cli
-    errs = list(cli._user_errors())
-    for mod, name in (("config", "ConfigError"), ("prompts", "PromptSetError"), ("jobs", "JobError")):
-        try:
-            errs.append(getattr(__import__(f"dflash_dash.{mod}", fromlist=[name]), name))
-        except (ImportError, AttributeError):
-            pass
-    return tuple(errs)
-
-
 @contextmanager
 def guard():
     """Run a page body; show user errors as their message and anything else as a short message (the
     traceback goes to the server log only)."""
     try:
         yield
-    except user_errors() as e:
+    except UserError as e:
         st.error(str(e))
     except Exception as e:  # noqa: BLE001  (never a traceback in the browser)
         traceback.print_exc(file=sys.stderr)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from dflash_dash import cli, drafter as dr, jobs, pipeline, replay as rp, tiny
+from dflash_dash import cli, drafter as dr, jobs, pipeline, replay as rp, target as tg, tiny
 from dflash_dash.store import Store
 from serving import stop_jobs, until
 
@@ -107,7 +107,7 @@ def test_sliding_drafts_equal_dense_specforge_mask(tmp_path, semantics):
     m = dr.load(ck, sliding_block=semantics)
     assert m.sliding_block == semantics and m.c.rope_theta == 1e7 and m.c.block_size == 4
     g = torch.Generator().manual_seed(11)
-    head = rp.Head(torch.randn(512, 64, generator=g), torch.randn(512, 64, generator=g))
+    head = tg.Head(torch.randn(512, 64, generator=g), torch.randn(512, 64, generator=g))
     T, P = 30, 6
     tokens = torch.randint(0, 512, (T,), generator=g)
     feats = torch.randn(T, 128, generator=g)
@@ -354,7 +354,6 @@ def test_sliding_check_replays_both_ways_and_diagnostics_shows_the_gap(prepared,
 
 
 def test_target_without_linear_attention_records_no_backend(tmp_path):
-    from dflash_dash import target as tg
     t = tiny.write_target(tmp_path / "qwen3", tiny.TinyTarget(model_type="qwen3"))
     st = Store(tmp_path / "ws")
     jsonl = tmp_path / "c.jsonl"

@@ -27,7 +27,7 @@ def models(tmp_path_factory):
 
 def random_head(V=512, H=64, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return rp.Head(torch.randn(V, H, generator=g), torch.randn(V, H, generator=g))
+    return tg.Head(torch.randn(V, H, generator=g), torch.randn(V, H, generator=g))
 
 
 # ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ PID = "<script>window.__pwned='id'</script>" + PWN.format("id2") + " **bold** `c
 RUN = "<b>run</b>" + PWN.format("run")
 SET = "set<i>" + PWN.format("set")
 OUT = "# Title\n<script>window.__pwned='text'</script>\n" + PWN.format("text") + "\n\x1b[31m[link](javascript:x)"
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed")
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=f"Debian chromium is not installed at {CHROMIUM}")
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def random_head(V=512, H=64, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    return rp.Head(torch.randn(V, H, generator=g).to(dtype), torch.randn(V, H, generator=g).to(dtype))
+    return tg.Head(torch.randn(V, H, generator=g).to(dtype), torch.randn(V, H, generator=g).to(dtype))
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_dash import config, jobs, pipeline, views
+from dflash_dash import config, jobs, pipeline, sglang, views
 from dflash_dash.sglang import Client, ServerError
 from dflash_dash.store import Store
 from serving import ENV, ROOT, Served, status_now, stop_jobs, tiny_model, until
@@ -171,7 +171,7 @@ def test_the_key_is_written_to_no_workspace_file(srv, tmp_path, monkeypatch, no_
 def test_config_api_key_env_is_a_variable_name(tmp_path, monkeypatch, no_key_env):
     assert config.api_key(config.WorkspaceConfig()) == (None, "SGLANG_API_KEY")
     monkeypatch.setenv("SGLANG_API_KEY", KEY)
-    c = config.client(config.WorkspaceConfig(), "http://127.0.0.1:1")
+    c = sglang.for_workspace(config.WorkspaceConfig(), "http://127.0.0.1:1")
     assert c.api_key == KEY and c.key_env == "SGLANG_API_KEY" and KEY not in repr(c)
     (tmp_path / "config.toml").write_text('[server]\napi_key_env = "MY_SGLANG_KEY"\n')
     cfg = config.load(tmp_path)
@@ -206,7 +206,7 @@ def test_release_waits_for_idle_and_never_releases_under_load(srv, tmp_path, mon
     monkeypatch.setenv("SGLANG_API_KEY", KEY)
     store = workspace(tmp_path, srv.url)
     cfg = config.load(store.workspace)
-    client = config.client(cfg)
+    client = sglang.for_workspace(cfg)
     released_at: list[int | None] = []
     real_release = client.release_memory
 
@@ -248,7 +248,7 @@ def test_release_refused_while_a_fetch_job_runs_against_the_server(srv, tmp_path
     monkeypatch.setenv("SGLANG_API_KEY", KEY)
     store = workspace(tmp_path, srv.url)
     cfg = config.load(store.workspace)
-    client = config.client(cfg)
+    client = sglang.for_workspace(cfg)
     monkeypatch.setattr(client, "release_memory", lambda: pytest.fail("released while a fetch job runs"))
     holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:  # a fetch job of this workspace, running (its process alive), against this server

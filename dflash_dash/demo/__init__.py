@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..errors import UserError
+
 ASSETS = Path(__file__).parent / "assets"   # committed assets (MANIFEST.json describes them)
 TARGET = "target"                           # target folder name (weights + tokenizer)
 CHECKPOINTS = "checkpoints"                 # drafter checkpoints: early-*, final-*, buggy-*
@@ -37,7 +39,7 @@ FLA_SUFFIX = " @fla"                        # run-name suffix of the replay on t
 Progress = Callable[[int, int, str], None] | None
 
 
-class DemoError(RuntimeError):
+class DemoError(UserError, RuntimeError):
     """The demo cannot be built; the message names the problem and the fix."""
 
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from ..drafter import Drafter, parse_config, shapes
-from ..replay import Head
+from ..target import Head
 from ..tiny import TinyDrafter, drafter_config
 
 

@@ -1,0 +1,227 @@
+"""Failure patterns: on which tokens, where in the completion and at which context length the drafter fails,
+which drafts the target rejects most often, and the worst stretches of every completion (issue 11).
+
+Contract: pure functions over plain data, no torch, no store, no Streamlit: run_prompts rows (prompt_len,
+accepted_at, rounds, flat drafts [A*(B-1)]), completions ({prompt_id: {prompt_ids, output_ids}}) and
+`strings(ids) -> texts` (views.Vocab.strings: the target tokenizer's decode of each id, `⟨id⟩` without one).
+Every table is a list of dicts: a dataframe, a CSV file and the export JSON read the same rows.
+
+Rounds are the chain-walk rounds of SPEC 2 (anchor p, accepted a, committed c); slot 1 of a round is the
+position p+1 (always inside the completion, since rounds start only while p < T-1). A token's class comes
+from its decoded text alone (no parsing of the surrounding code), first match wins: `whitespace` (only
+spaces, tabs, newlines: indentation), `string` (holds a quote ' " `), `keyword` (a Python keyword once
+stripped), `identifier`, `number`, `punctuation` (only ASCII punctuation), `other` (mixed, non-ASCII, ⟨id⟩).
+"""
+from __future__ import annotations
+
+import keyword
+import math
+import re
+import string
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+from urllib.parse import urlencode
+
+Strings = Callable[[list[int]], list[str]]  # token ids -> their decoded texts
+
+CLASSES = ("whitespace", "identifier", "keyword", "number", "punctuation", "string", "other")
+_NUMBER = re.compile(r"(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][+-]?\d+)?[jJ]?|0[xXoObB][0-9a-fA-F_]+")
+_PUNCT = set(string.punctuation) - set("'\"`")
+
+
+@dataclass
+class Config:
+    position_bin: int | None = None  # completion-position bin width in tokens (None: a round width, ~10 bins)
+    context_bin: int | None = None   # context-length bin width in tokens (None: a round width, ~10 bins)
+    pairs: int = 20                  # most frequent (draft, target) pairs kept
+    window: int = 16                 # anchors per worst-span window
+    spans: int = 10                  # worst spans kept (non-overlapping)
+
+
+@dataclass
+class Round:
+    prompt: str        # prompt id
+    P: int             # prompt length
+    anchor: int        # p
+    accepted: int      # a = accepted(p)
+    committed: int     # c = min(a + 1, tokens left)
+    slots: int         # drafted slots inside the completion: min(B-1, T-1-p)
+    target: list[int]  # the completion tokens at p+1..p+slots
+    drafts: list[int]  # the drafts d_1..d_{B-1} of the round ([] when the row holds none)
+
+
+# ---------------------------------------------------------------------------
+# token classes
+
+
+def token_class(text: str) -> str:
+    """The class of one decoded token (see the module docstring for the order of the rules)."""
+    if text == "" or text.startswith("⟨") and text.endswith("⟩"):
+        return "other"
+    s = text.strip()
+    if not s:
+        return "whitespace"
+    if any(q in s for q in "'\"`"):
+        return "string"
+    if keyword.iskeyword(s):
+        return "keyword"
+    if s.isidentifier() and s.isascii():
+        return "identifier"
+    if _NUMBER.fullmatch(s):
+        return "number"
+    if all(ch in _PUNCT for ch in s):
+        return "punctuation"
+    return "other"
+
+
+# ---------------------------------------------------------------------------
+# rounds
+
+
+def tokens_of(completion: dict) -> list[int]:
+    return list(completion["prompt_ids"]) + list(completion["output_ids"])
+
+
+def rounds(rows: list[dict], comps: dict[str, dict], block_size: int) -> list[Round]:
+    """The chain-walk rounds of every prompt that has its completion, in row order."""
+    D, out = block_size - 1, []
+    for r in rows:
+        c = comps.get(r["prompt_id"])
+        if c is None:
+            continue
+        toks, P, acc = tokens_of(c), r["prompt_len"], r["accepted_at"] or []
+        drafts, T, p = r.get("drafts") or [], len(toks), P
+        for com in r["rounds"] or []:
+            i, n = p - P, min(D, T - 1 - p)
+            rd = drafts[i * D:(i + 1) * D] if len(drafts) >= (i + 1) * D else []
+            out.append(Round(r["prompt_id"], P, p, acc[i], com, n, toks[p + 1:p + 1 + n], rd))
+            p += com
+    return out
+
+
+def _stats(rs: list[Round]) -> dict:
+    """rounds, P(d_1 accepted), mean accepted drafts, tau (mean committed) of a group of rounds."""
+    n = len(rs)
+    return {"rounds": n, "first_slot_acceptance": _r(sum(r.accepted >= 1 for r in rs) / n) if n else None,
+            "mean_accepted": _r(sum(r.accepted for r in rs) / n) if n else None,
+            "tau": _r(sum(r.committed for r in rs) / n) if n else None}
+
+
+def _r(x: float) -> float:
+    return round(float(x), 4)
+
+
+# ---------------------------------------------------------------------------
+# tables
+
+
+def by_class(rs: list[Round], strings: Strings) -> list[dict]:
+    """Acceptance by the class of the target token at slot 1 (position p+1) of each round."""
+    texts = strings([r.target[0] for r in rs])
+    groups: dict[str, list[Round]] = {c: [] for c in CLASSES}
+    for r, t in zip(rs, texts):
+        groups[token_class(t)].append(r)
+    n = len(rs)
+    return [{"class": c, "share_of_rounds": _r(len(g) / n) if n else None, **_stats(g)} for c, g in groups.items()]
+
+
+def nice_width(top: int, bins: int = 10) -> int:
+    """A round bin width (1, 2, 5 x 10^k tokens) giving about `bins` bins over 0..top."""
+    raw = max(1.0, top / bins)
+    mag = 10 ** math.floor(math.log10(raw))
+    return int(next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw))
+
+
+def _binned(rs: list[Round], value: Callable[[Round], int], width: int | None, label: str) -> list[dict]:
+    if not rs:
+        return []
+    w = width or nice_width(max(value(r) for r in rs) + 1)
+    groups: dict[int, list[Round]] = {}
+    for r in rs:
+        groups.setdefault(value(r) // w, []).append(r)
+    return [{label: f"{b * w}-{b * w + w - 1}", "from": b * w, "to": b * w + w - 1, **_stats(groups[b])}
+            for b in sorted(groups)]
+
+
+def by_position(rs: list[Round], width: int | None = None) -> list[dict]:
+    """Acceptance by the anchor's position in the completion (p - P, 0 = the first completion token)."""
+    return _binned(rs, lambda r: r.anchor - r.P, width, "completion_position")
+
+
+def by_context(rs: list[Round], width: int | None = None) -> list[dict]:
+    """Acceptance by context length: the anchor p (the drafter sees positions 0..p-1)."""
+    return _binned(rs, lambda r: r.anchor, width, "context_length")
+
+
+def rejection_pairs(rs: list[Round], strings: Strings, top: int = 20) -> list[dict]:
+    """The most frequent (draft, target) pairs at the first rejected slot (a+1) of the rounds that rejected a
+    draft inside the completion; ties broken by draft then target id."""
+    pairs = Counter((r.drafts[r.accepted], r.target[r.accepted]) for r in rs
+                    if r.accepted < r.slots and len(r.drafts) > r.accepted)
+    total = sum(pairs.values())
+    best = sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    ids = [i for (d, t), _ in best for i in (d, t)]
+    texts = strings(ids)
+    return [{"draft": texts[2 * j], "target": texts[2 * j + 1], "draft_id": d, "target_id": t, "count": n,
+             "share_of_rejections": _r(n / total)} for j, ((d, t), n) in enumerate(best)]
+
+
+def link(run_id: str, prompt: str, start: int | None = None, end: int | None = None) -> str:
+    """The Acceptance page's token view of `prompt`; `pos=START-END` outlines those positions there."""
+    q = {"run": run_id, "prompt": prompt} | ({"pos": f"{start}-{end}"} if start is not None else {})
+    return "acceptance?" + urlencode(q)
+
+
+def _shown(texts: list[str], limit: int = 120) -> str:
+    s = "".join(texts).replace("\n", "↵").replace("\t", "⇥")
+    return s if len(s) <= limit else s[:limit - 1] + "…"
+
+
+def worst_spans(rows: list[dict], comps: dict[str, dict], run_id: str, strings: Strings, window: int = 16,
+                top: int = 10) -> list[dict]:
+    """The `top` windows of `window` consecutive completion anchors (P..T-2; fewer in a shorter completion)
+    with the lowest mean accepted(p) over all prompts, non-overlapping; ties: prompt order, then position."""
+    cands = []
+    order = {r["prompt_id"]: n for n, r in enumerate(rows)}
+    for r in rows:
+        if r["prompt_id"] not in comps:
+            continue
+        acc = list(r["accepted_at"] or [])[:-1]  # the last token has nothing left to draft
+        w = min(window, len(acc))
+        if not w:
+            continue
+        run = sum(acc[:w])
+        for s in range(len(acc) - w + 1):
+            if s:
+                run += acc[s + w - 1] - acc[s - 1]
+            cands.append((run / w, order[r["prompt_id"]], s, w, r))
+    cands.sort(key=lambda c: c[:3])
+    picked: list[tuple] = []
+    taken: dict[str, list[tuple[int, int]]] = {}
+    for mean, _, s, w, r in cands:
+        spans = taken.setdefault(r["prompt_id"], [])
+        if any(s < e and a < s + w for a, e in spans):
+            continue
+        spans.append((s, s + w))
+        picked.append((mean, s, w, r))
+        if len(picked) >= top:
+            break
+    out = []
+    for mean, s, w, r in picked:
+        pid, P = r["prompt_id"], r["prompt_len"]
+        toks = tokens_of(comps[pid])
+        start, end = P + s, P + s + w - 1
+        out.append({"prompt": pid, "start": start, "end": end, "anchors": w, "mean_accepted": _r(mean),
+                    "every_anchor_tau": _r(mean + 1), "text": _shown(strings(toks[start:end + 1])),
+                    "link": link(run_id, pid, start, end)})
+    return out
+
+
+def analyse(rows: list[dict], comps: dict[str, dict], block_size: int, strings: Strings, run_id: str,
+            cfg: Config = Config()) -> dict[str, list[dict]]:
+    """Every failure-pattern table of one run: by_class, by_position, by_context, rejection_pairs, worst_spans."""
+    rs = rounds(rows, comps, block_size)
+    return {"by_class": by_class(rs, strings), "by_position": by_position(rs, cfg.position_bin),
+            "by_context": by_context(rs, cfg.context_bin), "rejection_pairs": rejection_pairs(rs, strings, cfg.pairs),
+            "worst_spans": worst_spans(rows, comps, run_id, strings, cfg.window, cfg.spans)}

@@ -1,0 +1,71 @@
+"""The house rules of ../shared/ARCHITECTURE.md, checked on the source: imports inside `dflash_dash` only point
+down the layer list, pages hold no torch and no SQL, and only app.py and pages/ import streamlit."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# top to bottom: a module may import only modules listed after it (ARCHITECTURE.md, plus the modules it names
+# outside the list: demo beside jobs, parity over pipeline, the pure conformance/patterns computations under
+# views, the stand-in's speculative decoder under the stand-in, tiny models over the drafter they build)
+ORDER = ["__main__", "cli", "jobs", "demo", "parity", "pipeline", "views", "conformance", "patterns", "store",
+         "sglang", "server", "specdec", "tiny", "cache", "replay", "metrics", "drafter", "target", "prompts",
+         "config", "errors"]
+
+
+def imports(path: Path, package: str) -> set[str]:
+    """First-level dflash_dash modules imported by `path` (relative or absolute, at any depth of the code)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from . import x / from .x import y / from .. import x (demo/)
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod == "dflash_dash":
+                out |= {a.name for a in node.names}
+            elif mod.startswith("dflash_dash."):
+                out.add(mod.split(".")[1])
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("dflash_dash.")}
+    return out
+
+
+def layer_of(path: Path) -> str:
+    rel = path.relative_to(ROOT / "dflash_dash")
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def test_imports_point_down_the_layers():
+    bad = []
+    for f in sorted((ROOT / "dflash_dash").rglob("*.py")):
+        me = layer_of(f)
+        if me == "__init__":
+            continue
+        assert me in ORDER, f"{f}: module {me!r} has no place in the layer list; add it to ORDER"
+        package = "dflash_dash" + ("." + ".".join(f.relative_to(ROOT / "dflash_dash").parts[:-1])
+                                   if len(f.relative_to(ROOT / "dflash_dash").parts) > 1 else "")
+        for dep in imports(f, package) - {me}:
+            if dep not in ORDER or ORDER.index(dep) <= ORDER.index(me):
+                bad.append(f"{f.relative_to(ROOT)} imports {dep} (layer {me} may import only lower layers)")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checker_sees_an_upward_import(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text("from .replay import Head\nfrom . import pipeline as p\nimport dflash_dash.views\n")
+    assert imports(f, "dflash_dash") == {"replay", "pipeline", "views"}
+
+
+def test_pages_are_thin_and_only_they_import_streamlit():
+    for f in [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py"))]:
+        tree = ast.parse(f.read_text())
+        mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | \
+               {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not {m for m in mods if m.split(".")[0] in ("torch", "duckdb")}, f"{f} imports torch/duckdb"
+        strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        assert not [s for s in strings if s.lstrip().upper().startswith(("SELECT ", "INSERT ", "UPDATE "))], f
+    for f in sorted((ROOT / "dflash_dash").rglob("*.py")):
+        assert "import streamlit" not in f.read_text(), f"{f} imports streamlit"
