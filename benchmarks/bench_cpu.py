@@ -92,8 +92,9 @@ def render(ws: Path, run: str, prompt: str, figs: dict) -> None:
     class Routed(PagesManager):  # app.py's st.navigation routing, as in a server after its first view
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
-            PagesManager.uses_pages_directory = False
+            common.app_routing()
 
+    from pages import common
     app_test_mod.PagesManager = Routed
     os.environ["DFLASH_WORKSPACE"] = str(ws)
     sys.argv = sys.argv[:1]        # the app reads --workspace from argv: none of this script's options

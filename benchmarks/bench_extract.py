@@ -76,9 +76,7 @@ def build(shp: dict, layers: int, device: str, dtype=torch.bfloat16):
 
 def transformers_kernels() -> None:
     """Rebind what transformers itself bound at import (undoes `target.use_backend`)."""
-    import importlib
-    for (mod_name, name), fn in tg._BOUND.items():
-        setattr(importlib.import_module(mod_name), name, fn)
+    tg.restore_import_bindings()
 
 
 def cut(model, layer_ids: list[int]):
@@ -164,8 +162,7 @@ def transformers_default_gdn(device: str) -> str:
     """What transformers bound at import for the gated delta rule (the plain forward runs with that)."""
     import importlib
     mod = importlib.import_module("transformers.models.qwen3_5.modeling_qwen3_5")
-    impl = tg._impl(mod.torch_chunk_gated_delta_rule)
-    got = "fla" if getattr(impl, "__module__", "").startswith("fla") else "torch"
+    got = tg.kernel_of(mod.torch_chunk_gated_delta_rule)
     if device.startswith("cuda"):
         assert got == "fla", "transformers did not bind fla's gated delta rule"
     return got

@@ -108,6 +108,10 @@ def cmd_sliding_check(a, st):
                                   dtype=a.dtype))
 
 
+def cmd_attribute(a, st):
+    _print(pipeline.attribute(st, a.run, a.device, a.dtype, progress=progress))
+
+
 def cmd_export(a, st):
     _print(pipeline.export(st, a.run))
 
@@ -205,6 +209,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu")
     s.add_argument("--dtype", default="float32", choices=list(pipeline.DTYPES))
     s.set_defaults(fn=cmd_sliding_check)
+
+    s = sub.add_parser("attribute", help="target-layer attribution of a run: tau lost with each target tap "
+                                         "replaced by its mean over the extraction (JSON; stored with the run)")
+    s.add_argument("--run", default="latest")
+    s.add_argument("--device", help="default: the run's own device")
+    s.add_argument("--dtype", choices=list(pipeline.DTYPES), help="default: the run's own dtype")
+    s.set_defaults(fn=cmd_attribute)
 
     s = sub.add_parser("export", help="print a run as JSON")
     s.add_argument("--run", default="latest")

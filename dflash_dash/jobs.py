@@ -195,9 +195,16 @@ def run_sliding_check(store: Store, args: dict, rep: Reporter) -> dict:
     return {"causal": out["causal"], "bidirectional": out["bidirectional"]}
 
 
+def run_attribute(store: Store, args: dict, rep: Reporter) -> dict:
+    _need(args, "run")
+    out = pipeline.attribute(store, args["run"], args.get("device"), args.get("dtype"), progress=rep)
+    return {"run": out["run"], "taps": len(out["taps"])}
+
+
 KINDS: dict[str, Callable[[Store, dict, Reporter], dict]] = {
     "fetch": run_fetch, "extract": run_extract, "replay": run_replay, "sweep": run_sweep, "demo": run_demo,
     "sliding-check": run_sliding_check,
+    "attribute": run_attribute,
 }
 
 

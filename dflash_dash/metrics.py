@@ -260,7 +260,7 @@ class Metric:
     formula: str                               # shown next to every value
     run: Callable[[list[Prompt], Ctx], Any]    # run-level value
     prompt: Callable[[Prompt, Ctx], Any] | None = None  # per-prompt value, when the metric has one
-    kind: str = "scalar"                       # scalar | histogram | curve | count | bins (reliability)
+    kind: str = "scalar"                       # scalar | histogram | curve | count
     headline: bool = False                     # one of the run's headline numbers (cards, compare, listings)
     fmt: str = "{:.3f}"                        # how a scalar is printed
 
@@ -308,10 +308,9 @@ REGISTRY += [
     Metric("confidence_depth", "mean draft probability per depth",
            "mean p_k over the rounds with d_1..d_{k-1} accepted and slot k in the completion; against "
            "P(d_k accepted | d_1..d_{k-1} accepted)", confidence_depth, kind="curve"),
-    Metric("reliability", "reliability bins",
-           "per bin of p_k: samples, mean p_k (predicted), share accepted (observed); pooled and per depth",
-           reliability, kind="bins"),
 ]
+RELIABILITY_FORMULA = ("per equal-width bin b of p_k: n_b samples, predicted_b = mean p_k, observed_b = share of "
+                       "those drafts accepted; pooled over depths and per depth k")  # metrics.reliability (not stored)
 BY_KEY = {m.key: m for m in REGISTRY}
 HEADLINE = [m for m in REGISTRY if m.headline]
 PER_PROMPT = [m for m in REGISTRY if m.prompt is not None]

@@ -127,10 +127,10 @@ def by_class(rs: list[Round], strings: Strings) -> list[dict]:
 
 
 def nice_width(top: int, bins: int = 10) -> int:
-    """A round bin width (1, 2, 5 x 10^k tokens) giving about `bins` bins over 0..top."""
+    """A round bin width (1, 2, 2.5, 5 x 10^k tokens, whole) giving at most about `bins` bins over 0..top."""
     raw = max(1.0, top / bins)
     mag = 10 ** math.floor(math.log10(raw))
-    return int(next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw))
+    return int(next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw and float(m * mag).is_integer()))
 
 
 def _binned(rs: list[Round], value: Callable[[Round], int], width: int | None, label: str) -> list[dict]:

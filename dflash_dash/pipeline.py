@@ -430,6 +430,88 @@ def sliding_check(store: Store, drafter: str, extraction: str = "latest", draft_
 
 
 # ---------------------------------------------------------------------------
+# why drafts fail (issue 11): target-layer attribution, and the analyses a run's export carries
+
+
+def tap_means(seqs: list[replay_mod.Sequence]) -> torch.Tensor:
+    """The mean feature vector [K*H] over every token of every sequence (summed in float64)."""
+    total = sum(len(s.tokens) for s in seqs)
+    if not total:
+        raise InputError("the extraction holds no tokens; nothing to attribute")
+    return sum(s.features.sum(0, dtype=torch.float64) for s in seqs) / total
+
+
+def attribute(store: Store, run: str = "latest", device: str | None = None, dtype: str | None = None,
+              chunk: int = 64, progress: Progress = None) -> dict:
+    """Target-layer attribution of a run: its drafter (same checkpoint, config file and sliding semantics) is
+    replayed on its extraction (DDTree budget 0) once as it is and once per target tap with that tap replaced
+    by its mean over the extraction (tap k = features[:, k*H:(k+1)*H], averaged over all tokens of all
+    prompts); tau lost = base tau - ablated tau. Stored in `attributions` (replacing an earlier attribution of
+    the run). `device`/`dtype` default to the run's own. Returns {"run", "base_tau_macro", "base_tau_pooled",
+    "taps": [{tap, layer_id, tau_macro, tau_pooled, base_tau_macro, base_tau_pooled}]}."""
+    r = store.run_row(run)
+    ex = store.extraction(r["extraction_id"])
+    if ex["status"] != "done":
+        raise InputError(f"extraction {ex['id']} of run {r['id']} is {ex['status']}, not done; re-extract first")
+    device, dtype = device or r.get("device") or "cpu", dtype or r.get("dtype") or "float32"
+    if dtype not in DTYPES:
+        raise InputError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"--device {device}: no CUDA device on this machine; use --device cpu")
+    layers, H = ex["layer_ids"], ex["hidden_size"]
+    K = len(layers)
+    _tick(progress, 0, K + 1, f"loading drafter {r['checkpoint']}")
+    d = drafter_mod.load(r["checkpoint"], DTYPES[dtype], device, r.get("sliding_block"), r.get("config_file"))
+    if d.c.target_layer_ids != layers:
+        raise InputError(f"the checkpoint at {r['checkpoint']} now reads target layers {d.c.target_layer_ids} but "
+                         f"extraction {ex['id']} holds {layers}; the checkpoint changed since run {r['id']}")
+    head = target_mod.load_head(ex["target_path"], device, DTYPES[dtype])
+    seqs = load_sequences(store, ex)
+    mean = tap_means(seqs)
+    n = len(seqs)
+
+    def tau_of(i: int, what: str) -> dict:
+        _, summ = replay_mod.run(d, head, seqs, budget=0, chunk=chunk, progress=lambda j, m: _tick(
+            progress, i * n + j, (K + 1) * n, f"replay {i + 1}/{K + 1} ({what}): {seqs[j - 1].id}"))
+        return summ
+
+    base = tau_of(0, "no tap ablated")
+    rows = []
+    for k, layer in enumerate(layers):
+        cols = slice(k * H, (k + 1) * H)
+        saved = [s.features[:, cols].clone() for s in seqs]
+        try:
+            for s in seqs:
+                s.features[:, cols] = mean[cols].to(s.features.dtype)
+            summ = tau_of(k + 1, f"tap {k}, target layer {layer}, replaced by its mean")
+        finally:
+            for s, v in zip(seqs, saved):
+                s.features[:, cols] = v
+        rows.append({"tap": k, "layer_id": layer, "tau_macro": summ["tau_macro"], "tau_pooled": summ["tau_pooled"],
+                     "base_tau_macro": base["tau_macro"], "base_tau_pooled": base["tau_pooled"]})
+    store.set_attribution(r["id"], rows)
+    _tick(progress, (K + 1) * n, (K + 1) * n, f"attributed {K} taps of run {r['id']}")
+    return {"run": r["id"], "base_tau_macro": base["tau_macro"], "base_tau_pooled": base["tau_pooled"], "taps": rows}
+
+
+def analyses(store: Store, r: dict, prompts: list[dict]) -> dict:
+    """What a run's export adds to its numbers: "calibration" (views.calibration), "patterns" (failure-pattern
+    tables, tokens decoded with the target's tokenizer when it has one) and, once attributed, "attribution"."""
+    from . import patterns, views
+    B, budget = r["summary"]["block_size"], r["tree_budget"]
+    ex = store.extraction(r["extraction_id"])
+    comps = {c["prompt_id"]: c for c in store.completions(ex["set_name"])}
+    vocab = views.load_vocab(ex["target_path"])
+    out = {"calibration": views.calibration(prompts, B, budget),
+           "patterns": {"decoded_tokens": vocab.tok is not None,
+                        **patterns.analyse(prompts, comps, B, vocab.strings, r["id"])}}
+    att = store.attributions(r["id"])
+    if att:
+        out["attribution"] = views.attribution_rows(att)
+    return out
+
+
+# ---------------------------------------------------------------------------
 # export
 
 
@@ -440,7 +522,7 @@ def export(store: Store, run: str = "latest") -> dict:
     order = {c["prompt_id"]: c["idx"] for c in store.completions(store.extraction(r["extraction_id"])["set_name"])}
     prompts.sort(key=lambda p: order.get(p["prompt_id"], 0))
     B, budget = r["summary"]["block_size"], r["tree_budget"]
-    return {
+    out = {
         "run": {k: (str(v) if k == "created" else v) for k, v in r.items() if k != "summary"},
         "summary": r["summary"],
         "metrics": [{"key": m.key, "label": m.label, "formula": m.formula, "kind": m.kind} for m in metrics.REGISTRY],
@@ -448,6 +530,7 @@ def export(store: Store, run: str = "latest") -> dict:
                      "accepted_at": p["accepted_at"], "ddtree_tau": p["tree_tau"], "ddtree_rounds": p["tree_rounds"],
                      "metrics": metrics.per_prompt(p, B, budget)} for p in prompts],
     }
+    return out | analyses(store, r, prompts)  # calibration, failure patterns, attribution (when present)
 
 
 def listing(store: Store, what: str) -> list[dict]:

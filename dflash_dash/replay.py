@@ -180,6 +180,20 @@ def draft_loop(drafter: Drafter, head: Head, features: torch.Tensor, tokens: tor
     return _stack(parts)
 
 
+@torch.inference_mode()
+def draft_one(drafter: Drafter, head: Head, features: torch.Tensor, anchor: int, anchor_token: int) -> list[int]:
+    """The argmax drafts d_1..d_{B-1} of ONE block at `anchor`, through the every-anchor path (`context_kv`,
+    `blocks`, `_head`): what `draft_all` drafts there. features [>= anchor, K*H]: rows from `anchor` on are never
+    seen (the block's queries see context keys < anchor only). The speculative stand-in (specdec) drafts with it."""
+    dev = drafter.device
+    kv = drafter.context_kv(features.to(dev))
+    ids = torch.full((1, drafter.c.block_size), drafter.c.mask_token_id, dtype=torch.long, device=head.embed.device)
+    ids[0, 0] = int(anchor_token)
+    emb = head.embed[ids].to(dev, drafter.dtype)                                   # [1, B, H]
+    h = drafter.blocks(kv, torch.tensor([anchor], device=dev), emb, max_anchor=anchor)
+    return _head(drafter, head, h, 1)[0][0].tolist()
+
+
 # ---------------------------------------------------------------------------
 # acceptance
 

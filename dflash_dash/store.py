@@ -166,7 +166,8 @@ class Store:
                       "(SELECT count(*) || string_agg(status, '') FROM extractions) AS e, "
                       "(SELECT count(*) || max(created) FROM runs) AS r, "
                       "(SELECT count(*) FROM prompt_sets) AS s, "
-                      "(SELECT count(*) FROM extraction_items) AS i")[0]
+                      "(SELECT count(*) FROM extraction_items) AS i, "
+                      "(SELECT count(*) || max(created) FROM attributions) AS a")[0]
         return "|".join(str(v) for v in r.values())
 
     # -- completions ----------------------------------------------------------
@@ -259,6 +260,22 @@ class Store:
         if not got:
             raise StoreError(f"no {what} with id {id_!r} in {self.workspace} (list them with `{what}s`)")
         return got[0]
+
+    # -- attributions (target-layer attribution of a run) --------------------
+
+    def set_attribution(self, run_id: str, rows: list[dict]) -> None:
+        """Replace run `run_id`'s attribution with `rows` ({tap, layer_id, tau_macro, tau_pooled, base_tau_macro,
+        base_tau_pooled}: tau with that tap ablated, and without ablation) in one transaction."""
+        with self.connect() as con:
+            con.execute("DELETE FROM attributions WHERE run_id = ?", [run_id])
+            if rows:
+                con.executemany("INSERT INTO attributions (run_id, tap, layer_id, tau_macro, tau_pooled, "
+                                "base_tau_macro, base_tau_pooled) VALUES (?,?,?,?,?,?,?)",
+                                [[run_id, r["tap"], r["layer_id"], r["tau_macro"], r["tau_pooled"],
+                                  r["base_tau_macro"], r["base_tau_pooled"]] for r in rows])
+
+    def attributions(self, run_id: str) -> list[dict]:
+        return self.rows("SELECT * FROM attributions WHERE run_id = ? ORDER BY tap", [run_id])
 
     # -- jobs -----------------------------------------------------------------
 

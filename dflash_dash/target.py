@@ -105,6 +105,33 @@ def use_backend(backend: str) -> str:
     return "fla" if seen == {"fla"} else "torch"
 
 
+def kernel_of(fn) -> str:
+    """'fla' or 'torch': the implementation a transformers kernel function dispatches to."""
+    return "fla" if getattr(_impl(fn), "__module__", "").startswith("fla") else "torch"
+
+
+def bindings(at_import: bool = False) -> dict[str, str]:
+    """'module.function' -> 'fla' | 'torch' for every linear-attention kernel of the hybrid modeling modules:
+    as bound now, or (`at_import`) as transformers bound them when it imported (before `use_backend`)."""
+    out = {}
+    for mod_name in HYBRID_MODULES:
+        try:
+            mod = importlib.import_module(mod_name)
+        except Exception:
+            continue
+        for name in KERNEL_FUNCS:
+            fn = getattr(mod, name, None)
+            if fn is not None:
+                out[f"{mod_name}.{name}"] = kernel_of(_BOUND.get((mod_name, name), fn) if at_import else fn)
+    return out
+
+
+def restore_import_bindings() -> None:
+    """Rebind every kernel as transformers bound it at import (undoes `use_backend`; for benchmarks)."""
+    for (mod_name, name), fn in _BOUND.items():
+        setattr(importlib.import_module(mod_name), name, fn)
+
+
 def fla_conv1d(hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                activation: str | None = None, **_) -> torch.Tensor:
     """transformers' `causal_conv1d_fn` ([B, D, T] in and out, weight [D, W]) computed by fla's Triton kernel

@@ -532,9 +532,10 @@ def calibration(rows: list[dict], block_size: int, tree_budget: int = 0) -> dict
     these metrics existed gets them too): {"recorded", headline values, "formula", "by_depth" rows,
     "reliability" rows (depth "pooled" and 1..B-1), "per_prompt" expected vs observed tau rows}."""
     s = metrics.summarize(rows, block_size, tree_budget)
-    rel = s.get("reliability")
+    rel = metrics.reliability([metrics.Prompt.of(r) for r in rows], metrics.Ctx(block_size, tree_budget))
     out = {"recorded": rel is not None, **{k: s.get(k) for k in CAL_KEYS},
-           "formula": {k: metrics.BY_KEY[k].formula for k in ("calibration_ece", "expected_tau", "reliability")}}
+           "formula": {k: metrics.BY_KEY[k].formula for k in ("calibration_ece", "expected_tau")}
+           | {"reliability": metrics.RELIABILITY_FORMULA}}
     if rel is None:
         return out | {"by_depth": [], "reliability": [], "per_prompt": []}
     cond, conf = s["depth_conditional"], s["confidence_depth"]

@@ -32,14 +32,23 @@ STATUS_ICON = {"queued": ":material/schedule:", "running": ":blue[:material/auto
 # routing
 
 
-def routed() -> None:
-    """Make sure the page runs under app.py's st.navigation. Streamlit starts in its old pages-directory mode
-    when a `pages/` folder exists, until the entry script first calls st.navigation; a deep link such as
-    /acceptance?run=ID opened first after the server starts would run the page script alone (no sidebar, no
-    routing). Switch to app.py routing and rerun the same page."""
+def app_routing(force: bool = True) -> bool:
+    """The one place that touches a Streamlit internal (pinned in constraints.txt; tests/test_app.py checks the
+    behaviour it relies on): Streamlit runs in its old pages-directory mode while a `pages/` folder exists and
+    the entry script has not yet called st.navigation. Returns whether that mode was on; `force` turns it off
+    (app.py's st.navigation routing from then on)."""
     from streamlit.runtime.pages_manager import PagesManager
-    if PagesManager.uses_pages_directory:
+    was = bool(PagesManager.uses_pages_directory)
+    if force:
         PagesManager.uses_pages_directory = False
+    return was
+
+
+def routed() -> None:
+    """Make sure the page runs under app.py's st.navigation: a deep link such as /acceptance?run=ID opened
+    first after the server starts would otherwise run the page script alone (no sidebar, no routing). Switch
+    to app.py routing and rerun the same page."""
+    if app_routing():
         st.rerun()
 
 

@@ -15,6 +15,7 @@ from streamlit.testing.v1 import app_test as app_test_mod
 
 from dflash_dash import pipeline, views
 from dflash_dash.store import Store
+from pages import common
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = ["acceptance", "compare", "completions", "extraction", "diagnostics"]
@@ -28,7 +29,21 @@ class Routed(PagesManager):
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
-        PagesManager.uses_pages_directory = False
+        common.app_routing()
+
+
+def test_the_one_streamlit_internal_behaves_as_pinned():
+    """pages/common.app_routing flips PagesManager.uses_pages_directory: pinned Streamlit, flag present, and the
+    pages-directory mode really is what Streamlit starts in when a pages/ folder exists."""
+    import streamlit
+    pinned = next(l.split("==")[1] for l in (Path(APP).parent / "constraints.txt").read_text().splitlines()
+                  if l.startswith("streamlit=="))
+    assert streamlit.__version__ == pinned, "Streamlit changed: re-check pages/common.app_routing"
+    assert PagesManager.uses_pages_directory in (None, True, False)
+    PagesManager.uses_pages_directory = None  # as a fresh server process
+    PagesManager(str(Path(APP)))
+    assert PagesManager.uses_pages_directory is True  # pages/ next to app.py: the old mode, until routed()
+    assert common.app_routing() is True and PagesManager.uses_pages_directory is False
 
 
 @pytest.fixture(autouse=True)

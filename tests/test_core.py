@@ -117,11 +117,11 @@ def test_torch_path_forced_on_cpu_with_fla_installed(models):
     assert tg.fla_version() is not None, "fla must be importable for this test to mean anything"
     import transformers.models.qwen3_5.modeling_qwen3_5 as q
     tg.use_backend("torch")
-    bound = tg._BOUND[(q.__name__, "torch_chunk_gated_delta_rule")]
-    assert tg._impl(bound).__module__.startswith("fla")  # what transformers picked at import
+    key = f"{q.__name__}.torch_chunk_gated_delta_rule"
+    assert tg.bindings(at_import=True)[key] == "fla"  # what transformers picked at import
     dec, backend = tg.load(models[0], [1, 4], "cpu")
     assert backend == "torch"
-    assert not tg._impl(q.torch_chunk_gated_delta_rule).__module__.startswith("fla")
+    assert tg.bindings()[key] == "torch" == tg.kernel_of(q.torch_chunk_gated_delta_rule)
     assert tg.pick_backend("cpu") == "torch"
     with pytest.raises(tg.TargetError, match="out of range"):
         tg.load(models[0], [1, 8], "cpu")
