@@ -172,18 +172,12 @@ def run_replay(store: Store, args: dict, rep: Reporter) -> dict:
 
 def run_sweep(store: Store, args: dict, rep: Reporter) -> dict:
     _need(args, "checkpoints")
-    sweep = getattr(pipeline, "sweep", None)
-    if sweep is None:
-        raise OrchestrationError("this dflash-dash has no sweep operation")
-    return {"runs": sweep(store, args["checkpoints"], args.get("extraction") or "latest", rep,
+    return {"runs": pipeline.sweep(store, args["checkpoints"], args.get("extraction") or "latest", rep,
                           args.get("sliding_block"), args.get("draft_config"))}
 
 
 def run_demo(store: Store, args: dict, rep: Reporter) -> dict:
-    try:
-        from . import demo
-    except ImportError:
-        raise OrchestrationError("this dflash-dash has no demo builder (dflash_dash/demo.py)") from None
+    from . import demo
     out = demo.build(store.workspace, rep)
     return out if isinstance(out, dict) else {"value": out}
 

@@ -52,10 +52,7 @@ from typing import Any
 
 import torch
 
-try:
-    from .target import force_torch_kernels
-except ImportError:
-    force_torch_kernels = None
+from .target import force_torch_kernels
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 SAMPLING_KEYS = {
@@ -83,10 +80,7 @@ def log(msg: str) -> None:
 
 def torch_kernels() -> str:
     """Force the torch path of the linear-attention kernels (fla cannot run on CPU); the backend bound."""
-    if force_torch_kernels is None:
-        log("dflash_dash.target.force_torch_kernels is unavailable: kernels left as transformers bound them")
-        return "unknown"
-    return force_torch_kernels() or "torch"
+    return force_torch_kernels()
 
 
 @dataclass

@@ -103,9 +103,6 @@ class Trace:
     rejected: list[int | None]  # [T-P] the drafted token the target rejected at this position, if any
     rounds: list[tuple[int, int, int]]  # (anchor, accepted, committed) per round
 
-    def roles_key(self) -> list[tuple[str, int]]:
-        return list(zip(self.role, self.round))
-
 
 def trace(row: dict, completion: dict, block_size: int) -> Trace:
     """Roles of every completion position from a run_prompts row and its completion."""

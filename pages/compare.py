@@ -55,11 +55,8 @@ def config_block(a: dict, b: dict) -> None:
 
     def mark(row):
         return ["background-color:#ffe0e0" if row["differs"] else "" for _ in row]
-    try:
-        import pandas as pd
-        st.dataframe(pd.DataFrame(rows).style.apply(mark, axis=1), hide_index=True, width="stretch")
-    except ImportError:
-        st.dataframe(rows, hide_index=True, width="stretch")
+    import pandas as pd
+    st.dataframe(pd.DataFrame(rows).style.apply(mark, axis=1), hide_index=True, width="stretch")
 
 
 def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
