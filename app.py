@@ -1,7 +1,7 @@
 """dflash-dash: the dashboard. `streamlit run app.py -- --workspace W` (default cache/).
 
 Routes with st.navigation to the page scripts in pages/ (home at /, then URL paths completions, extraction,
-acceptance, compare, diagnostics); the sidebar shows the workspace, the server's readiness and the running jobs.
+acceptance, compare, diagnostics, conformance); the sidebar shows the workspace, the server's readiness and the running jobs.
 Pages read the store and the feature cache only; long work runs as jobs (separate processes).
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ PAGES = [  # the home page is served at /; every view has its own URL path
     st.Page("pages/completions.py", title="Completions", icon=":material/description:", url_path="completions"),
     st.Page("pages/extraction.py", title="Extraction", icon=":material/memory:", url_path="extraction"),
     st.Page("pages/diagnostics.py", title="Diagnostics", icon=":material/monitor_heart:", url_path="diagnostics"),
+    st.Page("pages/conformance.py", title="Conformance", icon=":material/rule:", url_path="conformance"),
 ]
 page = st.navigation(PAGES)
 

@@ -93,13 +93,14 @@ def follow(st, job_id: str, key: str, every: float = 0.3) -> int:
 
 def cmd_replay(a, st):
     out = pipeline.replay(st, a.drafter, a.extraction, a.tree_budget, a.device, a.dtype, a.chunk, a.name,
-                          progress, a.sliding_block, a.draft_config)
+                          progress, a.sliding_block, a.draft_config, a.anchors)
     print(out["id"])
     _print(out["summary"])
 
 
 def cmd_sweep(a, st):
-    for run_id in pipeline.sweep(st, a.checkpoints, a.extraction, progress, a.sliding_block, a.draft_config):
+    for run_id in pipeline.sweep(st, a.checkpoints, a.extraction, progress, a.sliding_block, a.draft_config,
+                                 a.anchors, budget=a.tree_budget, device=a.device, dtype=a.dtype):
         print(run_id)
 
 
@@ -149,7 +150,24 @@ def cmd_demo(a, st):
 
 def cmd_serve(a, st):
     from . import server
-    server.serve(a.model, a.host, a.port, a.startup_delay, health_delay=a.health_delay, api_key=a.api_key)
+    server.serve(a.model, a.host, a.port, a.startup_delay, health_delay=a.health_delay, api_key=a.api_key,
+                 speculative_draft=a.speculative_draft, speculative_bug=a.speculative_bug)
+
+
+def cmd_import_engine_stats(a, st):
+    n = pipeline.import_engine_stats(st, a.file, a.completions, a.engine)
+    print(f"imported {a.engine} stats of {n} prompts of set {a.completions}")
+
+
+def cmd_conformance(a, st):
+    out, rows, missing = pipeline.conformance(st, a.run, a.engine, a.threshold)
+    if missing:
+        print(f"note: {len(missing)} prompt(s) of run {out['run']} have no {out['engine']} stats: "
+              f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}", file=sys.stderr)
+    flagged = sum(r["flagged"] for r in rows)
+    print(f"{flagged} of {len(rows)} prompt(s) flagged: engine tau = (completion_tokens - 1) / verify_steps below "
+          f"the replay's committed / rounds by more than {out['threshold']:g} x replay tau", file=sys.stderr)
+    _print(out)
 
 
 # ---------------------------------------------------------------------------
@@ -191,6 +209,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="float32", choices=list(pipeline.DTYPES))
     s.add_argument("--chunk", type=int, default=64, help="blocks per batched forward")
     s.add_argument("--name", help="display name (default: checkpoint folder name)")
+    s.add_argument("--anchors", default="every", choices=list(pipeline.ANCHORS),
+                   help="every completion anchor (default: accepted(p) curves, every-anchor tau) or only the "
+                        "anchors the chain and DDTree walks visit (chain: several times faster, same rounds)")
     checkpoint_options(s)
     s.set_defaults(fn=cmd_replay)
 
@@ -198,6 +219,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--checkpoints", required=True, help="training output folder: epoch_E_step_S/, "
                                                         "{run_id}-step{N}/ (SpecForge runtime), checkpoint-N/ ...")
     s.add_argument("--extraction", default="latest")
+    s.add_argument("--anchors", default="chain", choices=list(pipeline.ANCHORS),
+                   help="chain (default: only the anchors the walks visit) or every")
+    s.add_argument("--tree-budget", type=int, default=8, help="DDTree node budget (0: no tree)")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--dtype", default="float32", choices=list(pipeline.DTYPES))
     checkpoint_options(s)
     s.set_defaults(fn=cmd_sweep)
 
@@ -233,6 +259,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--health-delay", type=float, default=0.0,
                    help="seconds GET /health takes once ready (a real one generates a token)")
     s.add_argument("--api-key", help="require `Authorization: Bearer KEY` except on /health (as SGLang's --api-key)")
+    from .server import speculative_args
+    speculative_args(s)  # --speculative-draft CKPT, --speculative-bug NAME (a test aid)
     s.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("fetch", help="fetch greedy completions of a prompt set from an SGLang server")
@@ -253,6 +281,21 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=int, default=50, help="list: how many recent jobs")
     s.add_argument("--lines", type=int, default=200, help="logs: how many last lines")
     s.set_defaults(fn=cmd_jobs)
+
+    s = sub.add_parser("import-engine-stats", help="import another engine's per-prompt speculative counters "
+                                                   "(JSONL) for a completion set, for `conformance`")
+    s.add_argument("file", help='JSONL: {"id", "verify_steps", "accepted_tokens"} or {"id", "accept_lengths": [...]}')
+    s.add_argument("--completions", required=True, help="the completion set the engine generated (same prompt ids)")
+    s.add_argument("--engine", required=True, help="engine name, e.g. vllm (sglang: stats recorded at fetch)")
+    s.set_defaults(fn=cmd_import_engine_stats)
+
+    s = sub.add_parser("conformance", help="engine tau beside the replay's tau of the same drafter, per prompt; "
+                                           "flags prompts where the engine falls short by more than numeric noise")
+    s.add_argument("--run", default="latest", help="replay run of the drafter the engine served")
+    s.add_argument("--engine", help="engine whose stats to compare (default: sglang, or the only one)")
+    s.add_argument("--threshold", type=float, default=None,
+                   help="flag when replay tau - engine tau > THRESHOLD x replay tau (default 0.05)")
+    s.set_defaults(fn=cmd_conformance)
 
     s = sub.add_parser("demo", help="build the demo workspace from the committed assets (idempotent)")
     s.set_defaults(fn=cmd_demo)

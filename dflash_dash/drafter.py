@@ -464,15 +464,17 @@ class Drafter:
 
     def context_kv(self, features: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer (k, v) of the whole sequence's context, each [nkv, T, hd]; computed once per sequence."""
-        ctx = self.ctx(features)  # [T, H]
-        cos, sin = self.rope(torch.arange(ctx.shape[0], device=self.device))
+        ctx = self.ctx(features)  # [T, H] (or [S, T, H]: stacked sequences, K/V [S, nkv, T, hd])
+        cos, sin = self.rope(torch.arange(ctx.shape[-2], device=self.device))
         return [self._kv(i, ctx, cos, sin) for i in range(self.c.num_hidden_layers)]
 
     def blocks(self, kv: list[tuple[torch.Tensor, torch.Tensor]], anchors: torch.Tensor,
                emb: torch.Tensor, group: int = 16, max_anchor: int | None = None) -> torch.Tensor:
-        """Draft many blocks of one sequence at once.
+        """Draft many blocks at once: of one sequence, or of several sequences in lockstep.
 
-        kv: context_kv of the sequence; anchors [N] (int, the anchor position of each block);
+        kv: context_kv of the sequence (per layer k, v [nkv, T, hd]), or of S sequences stacked (per layer
+        [S, nkv, T, hd], padded to one T) with N = S*G blocks, G consecutive blocks per sequence (the
+        chain-only replay); anchors [N] (int, the anchor position of each block);
         emb [N, B, H]: target embeddings of [anchor token, MASK x (B-1)].
         Block n's queries see context keys at positions < anchors[n] plus their own block: bidirectional in
         full_attention layers; in sliding_attention layers keys with q - k < window, and only block slots
@@ -490,7 +492,10 @@ class Drafter:
         N, B, _ = emb.shape
         nkv, g, hd = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim
         dev = self.device
-        G = max(1, min(group, N))                                  # blocks per attention group
+        stacked = kv[0][0].dim() == 4                              # [S, nkv, T, hd]: one group per sequence
+        if stacked and N % kv[0][0].shape[0]:
+            raise ValueError(f"{N} blocks do not split evenly over {kv[0][0].shape[0]} stacked sequences")
+        G = N // kv[0][0].shape[0] if stacked else max(1, min(group, N))  # blocks per attention group
         S = -(-N // G)                                             # groups
         anchors = anchors.to(dev)
         h = emb.to(dev, self.dtype)
@@ -498,7 +503,7 @@ class Drafter:
             pad = S * G - N
             anchors = torch.cat([anchors, anchors[-1:].expand(pad)])
             h = torch.cat([h, h[-1:].expand(pad, -1, -1)])
-        T = kv[0][0].shape[1]
+        T = kv[0][0].shape[-2]
         top = int(anchors.max()) if max_anchor is None else max_anchor
         L = min(T, -(-top // 256) * 256)                           # context keys any block can see (x256)
         qpos = anchors[:, None] + torch.arange(B, device=dev)      # [N', B]
@@ -512,7 +517,7 @@ class Drafter:
             q = q.view(S, G, nkv, g, B, hd).permute(0, 2, 3, 1, 4, 5).reshape(S, nkv, g * G * B, hd)
             kb, vb = (t.view(S, G, nkv, B, hd).transpose(1, 2).reshape(S, nkv, G * B, hd)
                       for t in self._kv(i, x, cos, sin))           # [S, nkv, G*B, hd]
-            kc, vc = (t[:, :L].expand(S, nkv, L, hd) for t in kv[i])
+            kc, vc = ((t[:, :, :L] if stacked else t[:, :L].expand(S, nkv, L, hd)) for t in kv[i])
             k, v = torch.cat([kc, kb], 2), torch.cat([vc, vb], 2)  # [S, nkv, L+G*B, hd]
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=masks[self._kind(i)])
             o = o.view(S, nkv, g, G, B, hd).permute(0, 3, 4, 1, 2, 5).reshape(S * G, B, nkv * g * hd)

@@ -166,14 +166,16 @@ def run_replay(store: Store, args: dict, rep: Reporter) -> dict:
     out = pipeline.replay(store, args["drafter"], args.get("extraction") or "latest",
                           int(args.get("tree_budget", 8)), args.get("device") or "cpu",
                           args.get("dtype") or "float32", int(args.get("chunk") or 64), args.get("name"), rep,
-                          args.get("sliding_block"), args.get("draft_config"))
+                          args.get("sliding_block"), args.get("draft_config"), args.get("anchors") or "every")
     return {"run": out["id"]}
 
 
 def run_sweep(store: Store, args: dict, rep: Reporter) -> dict:
     _need(args, "checkpoints")
     return {"runs": pipeline.sweep(store, args["checkpoints"], args.get("extraction") or "latest", rep,
-                          args.get("sliding_block"), args.get("draft_config"))}
+                                   args.get("sliding_block"), args.get("draft_config"), args.get("anchors") or "chain",
+                                   budget=int(args.get("tree_budget", 8)), device=args.get("device") or "cpu",
+                                   dtype=args.get("dtype") or "float32")}
 
 
 def run_demo(store: Store, args: dict, rep: Reporter) -> dict:

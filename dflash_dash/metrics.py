@@ -6,7 +6,8 @@ entry of `REGISTRY`: `run(prompts, ctx)` gives the run-level value stored in the
 listings, the pages, compare, the sweep chart and the downloads all read this registry, so adding a metric is
 one entry here, its function and its test.
 
-A prompt is seen as a `Prompt`: prompt length P, accepted(p) at every completion anchor, the committed
+A prompt is seen as a `Prompt`: prompt length P, accepted(p) at every completion anchor (-1 where a chain-only
+replay did not compute it: metrics that need every anchor are then None), the committed
 tokens of each chain-walk round (and of the DDTree walk), the per-slot top-1 log-probability of the drafts
 where the run recorded it. `Prompt.of` builds one from a `replay.PromptResult` or a `run_prompts` row.
 """
@@ -77,8 +78,10 @@ def tree_tau(p: Prompt, ctx: Ctx) -> float | None:
 
 
 def every_anchor(p: Prompt, ctx: Ctx) -> float | None:
-    """Mean of accepted(p) + 1 over anchors P..T-2 (the last token has nothing left to draft)."""
-    return _mean([a + 1 for a in p.accepted_at[:-1]])
+    """Mean of accepted(p) + 1 over anchors P..T-2 (the last token has nothing left to draft); None for a
+    chain-only replay (anchors off the walks hold -1: not computed)."""
+    acc = p.accepted_at[:-1]
+    return None if any(a < 0 for a in acc) else _mean([a + 1 for a in acc])
 
 
 def macro(fn: Callable[[Prompt, Ctx], float | None]) -> Callable[[list[Prompt], Ctx], float | None]:
@@ -97,7 +100,8 @@ def pooled(attr: str, need_tree: bool = False) -> Callable[[list[Prompt], Ctx], 
 
 
 def every_anchor_run(ps: list[Prompt], ctx: Ctx) -> float | None:
-    return _mean([a + 1 for p in ps for a in p.accepted_at[:-1]])
+    acc = [a for p in ps for a in p.accepted_at[:-1]]
+    return None if any(a < 0 for a in acc) else _mean([a + 1 for a in acc])
 
 
 def accept_hist(ps: list[Prompt], ctx: Ctx) -> list[int]:
@@ -344,3 +348,49 @@ def per_prompt(row: Any, block_size: int, tree_budget: int) -> dict:
     """Every per-prompt metric of the registry for one prompt."""
     p, ctx = Prompt.of(row), Ctx(block_size, tree_budget)
     return {m.key: m.prompt(p, ctx) for m in PER_PROMPT}
+
+
+# ---------------------------------------------------------------------------
+# engine conformance (issue 11): engine tau beside replay tau, per prompt (rows of `conformance.compare`).
+# Not replay metrics, so not in REGISTRY (summarize never sees them): `run(rows, threshold)` over the compared
+# prompts; `conformance.summary` applies this block; `show`/`label` know the keys.
+
+
+def _of(rows: list[dict], key: str) -> list[float]:
+    return [r[key] for r in rows if r.get(key) is not None]
+
+
+def _conf_pooled(rows: list[dict], thr: float) -> tuple[float | None, float | None]:
+    """(engine, replay) pooled over the prompts where both exist: all committed / all verify steps (rounds)."""
+    both = [r for r in rows if r.get("engine_tau") is not None and r.get("replay_tau") is not None]
+    v, n = sum(r["verify_steps"] for r in both), sum(r["completion_tokens"] - 1 for r in both)
+    rounds, committed = sum(r["rounds"] for r in both), sum(r["committed"] for r in both)
+    return (n / v if v else None), (committed / rounds if rounds else None)
+
+
+CONFORMANCE: list[Metric] = [
+    Metric("engine_tau", "engine tau (macro)",
+           "mean over prompts of (completion_tokens - 1) / verify_steps: committed tokens per verify step, the "
+           "prefill's first token left out (like the replay)", lambda rows, thr: _mean(_of(rows, "engine_tau")),
+           lambda r, thr: r.get("engine_tau"), headline=True),
+    Metric("replay_tau", "replay tau (macro)",
+           "mean over the same prompts of the replay's committed / rounds (chain walk, bonus included)",
+           lambda rows, thr: _mean(_of(rows, "replay_tau")), lambda r, thr: r.get("replay_tau"), headline=True),
+    Metric("conformance_gap", "gap (macro)", "mean over prompts of engine tau - replay tau (negative: the engine "
+           "falls short)", lambda rows, thr: _mean(_of(rows, "gap")), lambda r, thr: r.get("gap"), headline=True),
+    Metric("conformance_flagged", "flagged prompts",
+           "prompts with replay tau - engine tau > threshold x replay tau (more than numeric noise)",
+           lambda rows, thr: sum(bool(r.get("flagged")) for r in rows), lambda r, thr: bool(r.get("flagged")),
+           kind="count", headline=True, fmt="{}"),
+    Metric("engine_tau_pooled", "engine tau (pooled)", "all (completion_tokens - 1) / all verify steps",
+           lambda rows, thr: _conf_pooled(rows, thr)[0]),
+    Metric("replay_tau_pooled", "replay tau (pooled)", "all committed / all rounds of the replay, same prompts",
+           lambda rows, thr: _conf_pooled(rows, thr)[1]),
+    Metric("sglang_accept_length", "SGLang spec_accept_length (macro)",
+           "mean over prompts of completion_tokens / verify_steps, as SGLang reports it (prefill token included: "
+           "not like with like, shown for reference)", lambda rows, thr: _mean(_of(rows, "sglang_accept_length")),
+           lambda r, thr: r.get("sglang_accept_length")),
+    Metric("conformance_prompts", "prompts compared", "prompts with both engine stats and a replay row",
+           lambda rows, thr: len(rows), kind="count", fmt="{}"),
+]
+BY_KEY.update({m.key: m for m in CONFORMANCE})

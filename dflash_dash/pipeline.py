@@ -8,9 +8,9 @@ recorded in the store is not redone. Replay and export never touch the network.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -202,6 +202,7 @@ def fetch(store: Store, server: str, prompt_set: str, name: str, max_new_tokens:
                 raise InputError(f"prompt {p['id']!r}: no tokenizer is readable here and the server did not "
                                  f"report the prompt's token ids; {_no_tokenizer(tok_dir)}")
         fin = meta.get("finish_reason")
+        record_engine_stats(store, name, p["id"], meta, len(res["output_ids"]), server)  # before: a rerun redoes both
         store.add_completion(name, {
             "id": p["id"], "idx": order[p["id"]], "prompt": p.get("prompt"), "output": res["text"],
             "prompt_ids": ids, "output_ids": res["output_ids"],
@@ -284,20 +285,31 @@ def extract(store: Store, target: str, set_name: str, layer_ids: list[int], devi
 # replay
 
 
-def load_sequences(store: Store, extraction: dict) -> list[replay_mod.Sequence]:
-    """Token ids from the store plus validated features from the cache (no network)."""
+SEQ_BATCH = 64  # sequences read (and replayed in lockstep) at a time
+
+
+def iter_sequences(store: Store, extraction: dict, batch: int = SEQ_BATCH) -> Iterator[list[replay_mod.Sequence]]:
+    """Batches of token ids from the store plus validated features from the cache (no network); each feature
+    file is read once, when its batch comes."""
     comps = {r["prompt_id"]: r for r in store.completions(extraction["set_name"])}
     width = len(extraction["layer_ids"]) * extraction["hidden_size"]
-    seqs = []
-    for it in sorted(store.items(extraction["id"]), key=lambda r: comps[r["prompt_id"]]["idx"]):
-        c = comps[it["prompt_id"]]
-        tokens = torch.tensor(c["prompt_ids"] + c["output_ids"])
-        if len(tokens) != it["tokens"]:
-            raise StoreError(f"prompt {c['prompt_id']!r}: the completion has {len(tokens)} tokens but extraction "
-                             f"{extraction['id']} has {it['tokens']}; re-extract")
-        feats = cache.read(features_root(store), extraction["id"], c["prompt_id"], len(tokens), width)
-        seqs.append(replay_mod.Sequence(c["prompt_id"], tokens, len(c["prompt_ids"]), feats))
-    return seqs
+    items = sorted(store.items(extraction["id"]), key=lambda r: comps[r["prompt_id"]]["idx"])
+    for b0 in range(0, len(items), batch):
+        seqs = []
+        for it in items[b0:b0 + batch]:
+            c = comps[it["prompt_id"]]
+            tokens = torch.tensor(c["prompt_ids"] + c["output_ids"])
+            if len(tokens) != it["tokens"]:
+                raise StoreError(f"prompt {c['prompt_id']!r}: the completion has {len(tokens)} tokens but extraction "
+                                 f"{extraction['id']} has {it['tokens']}; re-extract")
+            feats = cache.read(features_root(store), extraction["id"], c["prompt_id"], len(tokens), width)
+            seqs.append(replay_mod.Sequence(c["prompt_id"], tokens, len(c["prompt_ids"]), feats))
+        yield seqs
+
+
+def load_sequences(store: Store, extraction: dict) -> list[replay_mod.Sequence]:
+    """Every sequence of an extraction (see `iter_sequences`)."""
+    return [s for batch in iter_sequences(store, extraction) for s in batch]
 
 
 def check_drafter(cfg: drafter_mod.DrafterConfig, extraction: dict, info: target_mod.TargetInfo) -> None:
@@ -308,38 +320,75 @@ def check_drafter(cfg: drafter_mod.DrafterConfig, extraction: dict, info: target
                          f"--drafter pointing at this checkpoint")
 
 
+ANCHORS = ("every", "chain")  # every completion anchor (curves of accepted(p)) | only those the walks visit
+
+
+@dataclass
+class Checkpoint:
+    path: str                      # folder (or training_state.pt) as the user gave it
+    sliding_block: str | None      # the run's choice, None: the config's own
+    draft_config: str | None       # the training's draft config JSON (SpecForge runtime checkpoints)
+    name: str | None = None        # display name (default: the folder name)
+
+
 def replay(store: Store, drafter: str, extraction: str = "latest", budget: int = 8, device: str = "cpu",
            dtype: str = "float32", chunk: int = 64, name: str | None = None, progress: Progress = None,
-           sliding_block: str | None = None, draft_config: str | None = None) -> dict:
+           sliding_block: str | None = None, draft_config: str | None = None, anchors: str = "every") -> dict:
     """Replay a checkpoint over a cached extraction; stores the run; returns {"id", "summary"}.
 
     `drafter` is an HF folder or a SpecForge runtime folder (`draft_config`: the training's draft config JSON
     when no config.json lies beside or above it). `sliding_block` (causal | bidirectional, default: the
     config's own, causal) is how sliding_attention layers see their block; it is stored with the run.
+    `anchors` every (default) or chain (only the anchors the walks visit: faster, no every-anchor metrics).
     A refused checkpoint (other family, unknown tensors, unsafe pickle) raises before anything is stored."""
+    return replay_many(store, [Checkpoint(drafter, sliding_block, draft_config, name)], extraction, budget, device,
+                       dtype, chunk, progress, anchors)[0]
+
+
+def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = "latest", budget: int = 8,
+                device: str = "cpu", dtype: str = "float32", chunk: int = 64, progress: Progress = None,
+                anchors: str = "every") -> list[dict]:
+    """Replay several checkpoints in ONE pass over the extraction's features: each batch of sequences is read
+    once and replayed by every checkpoint (all loaded at once) before the next batch is read. Every checkpoint
+    is validated (config, tensors, target) before any replay; the runs are stored at the end, one per
+    checkpoint. Returns [{"id", "summary"}] in the order given."""
+    if anchors not in ANCHORS:
+        raise InputError(f"--anchors {anchors!r}: expected one of {', '.join(ANCHORS)}")
     ex = store.extraction(extraction)
     if ex["status"] != "done":
         raise InputError(f"extraction {ex['id']} is {ex['status']}, not done; finish it (re-extract) first")
     info = target_mod.describe(ex["target_path"])
-    ck = drafter_mod.locate(drafter, draft_config)
-    cfg = drafter_mod.read_config(drafter, draft_config)
-    check_drafter(cfg, ex, info)
-    _tick(progress, 0, 1, f"loading drafter {ck.path}")
-    d = drafter_mod.load(drafter, DTYPES[dtype], device, sliding_block, draft_config)
+    loaded = []
+    for i, ck in enumerate(checkpoints):
+        loc = drafter_mod.locate(ck.path, ck.draft_config)
+        cfg = drafter_mod.read_config(ck.path, ck.draft_config)
+        check_drafter(cfg, ex, info)
+        _tick(progress, 0, 1, f"loading drafter {i + 1}/{len(checkpoints)}: {loc.path}")
+        loaded.append((ck, loc, cfg, drafter_mod.load(ck.path, DTYPES[dtype], device, ck.sliding_block,
+                                                      ck.draft_config)))
     head = target_mod.load_head(ex["target_path"], device, DTYPES[dtype])
-    seqs = load_sequences(store, ex)
-    results, summary = replay_mod.run(
-        d, head, seqs, budget=budget, chunk=chunk,
-        progress=lambda i, n: _tick(progress, i, n, f"replayed {seqs[i - 1].id}"))
-    semantics = d.sliding_block if "sliding_attention" in cfg.layer_types else None
-    summary |= {"backend": ex["backend"], "extraction": ex["id"], "sliding_block": semantics}
-    run_id = new_id("run")
-    store.add_run(dict(id=run_id, extraction_id=ex["id"], checkpoint=str(ck.path),
-                       name=name or ck.path.name, config=drafter_mod.raw_config(ck), tree_budget=budget,
-                       summary=summary, device=device, dtype=dtype, sliding_block=semantics,
-                       config_file=str(ck.config_file), step=drafter_mod.step_of(ck.path.name)),
-                  [prompt_row(r, cfg.block_size, budget) for r in results])
-    return {"id": run_id, "summary": summary}
+    results: list[list] = [[] for _ in loaded]
+    n, done = len(store.items(ex["id"])), 0
+    for batch in iter_sequences(store, ex):
+        for j, (_, _, _, d) in enumerate(loaded):
+            res, _ = (replay_mod.run_chain(d, head, batch, budget) if anchors == "chain"
+                      else replay_mod.run(d, head, batch, budget, chunk))
+            results[j] += res
+        done += len(batch)
+        _tick(progress, done, n, f"replayed {done}/{n} prompts with {len(loaded)} checkpoint(s)")
+    out = []
+    for (ck, loc, cfg, d), res in zip(loaded, results):
+        semantics = d.sliding_block if "sliding_attention" in cfg.layer_types else None
+        summary = replay_mod.summarize(res, cfg.block_size, budget) | {
+            "backend": ex["backend"], "extraction": ex["id"], "sliding_block": semantics, "anchors": anchors}
+        run_id = new_id("run")
+        store.add_run(dict(id=run_id, extraction_id=ex["id"], checkpoint=str(loc.path),
+                           name=ck.name or loc.path.name, config=drafter_mod.raw_config(loc), tree_budget=budget,
+                           summary=summary, device=device, dtype=dtype, sliding_block=semantics,
+                           config_file=str(loc.config_file), step=drafter_mod.step_of(loc.path.name)),
+                      [prompt_row(r, cfg.block_size, budget) for r in res])
+        out.append({"id": run_id, "summary": summary})
+    return out
 
 
 def prompt_row(r: replay_mod.PromptResult, B: int, budget: int) -> dict:
@@ -376,11 +425,13 @@ def checkpoints_in(folder: str | Path) -> tuple[list[Path], list[str]]:
 
 
 def sweep(store: Store, checkpoints: str, extraction: str = "latest", progress: Progress = None,
-          sliding_block: str | None = None, draft_config: str | None = None, **replay_args) -> list[str]:
-    """Replay every checkpoint found under `checkpoints` on one extraction; returns run ids in step order.
-    A checkpoint already replayed on this extraction (with the same sliding semantics) is not replayed again
-    (its latest run id is returned). Every checkpoint's config is validated before the first replay, so a
-    refused one stops the sweep with nothing stored."""
+          sliding_block: str | None = None, draft_config: str | None = None, anchors: str = "chain",
+          **replay_args) -> list[str]:
+    """Replay every checkpoint found under `checkpoints` on one extraction, in one pass over its features
+    (`replay_many`, chain-only anchors by default); returns run ids in step order. A checkpoint already replayed
+    on this extraction (with the same sliding semantics) is not replayed again (its latest run id is
+    returned). Every checkpoint is validated before the first replay, so a refused one stops the sweep with
+    nothing stored."""
     ex = store.extraction(extraction)
     cks, notes = checkpoints_in(checkpoints)
     for n in notes:
@@ -391,15 +442,13 @@ def sweep(store: Store, checkpoints: str, extraction: str = "latest", progress: 
         sem = drafter_mod.sliding_semantics(cfg, sliding_block) if "sliding_attention" in cfg.layer_types else None
         plan.append((ck, sem))
     have = {(r["checkpoint"], r.get("sliding_block")): r["id"] for r in store.runs() if r["extraction_id"] == ex["id"]}
-    ids = []
-    for i, (ck, sem) in enumerate(plan):
-        _tick(progress, i, len(cks), f"checkpoint {i + 1}/{len(cks)}: {ck.name}")
-        if (str(ck), sem) in have:
-            ids.append(have[(str(ck), sem)])
-            continue
-        ids.append(replay(store, str(ck), ex["id"], sliding_block=sliding_block, draft_config=draft_config,
-                          **replay_args)["id"])
-    _tick(progress, len(cks), len(cks), f"replayed {len(cks)} checkpoints")
+    todo = [ck for ck, sem in plan if (str(ck), sem) not in have]
+    _tick(progress, 0, len(cks), f"{len(cks)} checkpoints, {len(cks) - len(todo)} already replayed on {ex['id']}")
+    new = replay_many(store, [Checkpoint(str(ck), sliding_block, draft_config) for ck in todo], ex["id"],
+                      progress=progress, anchors=anchors, **replay_args) if todo else []
+    fresh = {str(ck): r["id"] for ck, r in zip(todo, new)}
+    ids = [have.get((str(ck), sem)) or fresh[str(ck)] for ck, sem in plan]
+    _tick(progress, len(cks), len(cks), f"replayed {len(todo)} checkpoints")
     return ids
 
 
@@ -509,6 +558,78 @@ def analyses(store: Store, r: dict, prompts: list[dict]) -> dict:
     if att:
         out["attribution"] = views.attribution_rows(att)
     return out
+
+
+# ---------------------------------------------------------------------------
+# engine conformance (issue 11): what a serving engine reported beside what the replay says it must reach
+
+
+def record_engine_stats(store: Store, set_name: str, prompt_id: str, meta: dict, output_tokens: int,
+                        server: str) -> None:
+    """At fetch: SGLang's per-request speculative counters (meta_info) as engine "sglang" stats of the prompt; a
+    server that decoded plainly reports none and nothing is recorded. (The one way engine stats of SGLang enter
+    the store; `conformance` reads engine_stats only.)"""
+    from . import conformance as conformance_mod
+    row = conformance_mod.from_sglang(meta, output_tokens)
+    if row is not None:
+        store.add_engine_stats(set_name, conformance_mod.SGLANG, [row | {"id": prompt_id}],
+                               f"meta_info of {server}")
+
+
+def import_engine_stats(store: Store, file: str | Path, set_name: str, engine: str) -> int:
+    """Import another engine's per-prompt stats (JSONL: {"id", "verify_steps", "accepted_tokens"} or {"id",
+    "accept_lengths": [...]}) for completion set `set_name` as engine `engine`; all lines are validated before
+    anything is stored. Returns the number of prompts."""
+    from . import conformance as conformance_mod
+    p = Path(file)
+    if not p.is_file():
+        raise InputError(f"{file}: no such file (a JSONL file of engine stats)")
+    if not engine or not engine.strip() or len(engine) > 64:
+        raise InputError(f"--engine {engine!r}: give the engine's name (1 to 64 characters, e.g. vllm)")
+    comps = store.completions(set_name)
+    if not comps:
+        raise StoreError(f"no completion set named {set_name!r}; fetch or import the completions first")
+    rows = conformance_mod.parse_stats(p.read_text(), {c["prompt_id"]: len(c["output_ids"]) for c in comps},
+                                       set_name)
+    store.add_engine_stats(set_name, engine.strip(), rows, f"import {p.resolve()}")
+    return len(rows)
+
+
+def engine_of(store: Store, set_name: str, engine: str | None) -> str:
+    """The engine to compare: `engine` when it has stats for the set, else the only one (or sglang) there is."""
+    have = store.engines(set_name)
+    if not have:
+        raise InputError(f"no engine stats for completion set {set_name!r}: fetch it from a server that decodes "
+                         "speculatively (`serve --speculative-draft CKPT`, or SGLang with a DFlash drafter), or "
+                         "`import-engine-stats FILE --completions SET --engine NAME`")
+    if engine is None:
+        from .conformance import SGLANG
+        if len(have) > 1 and SGLANG not in have:
+            raise InputError(f"completion set {set_name!r} has stats of engines {', '.join(have)}: choose one "
+                             "with --engine")
+        return SGLANG if SGLANG in have else have[0]
+    if engine not in have:
+        raise InputError(f"--engine {engine!r}: completion set {set_name!r} has stats of {', '.join(have)} only")
+    return engine
+
+
+def conformance(store: Store, run: str = "latest", engine: str | None = None,
+                threshold: float | None = None) -> tuple[dict, list[dict], list[str]]:
+    """Engine tau beside the replay's tau of the same drafter on the same completions, per prompt (store only,
+    no network): (the CLI's JSON {"run", "engine", "threshold", "prompts": [{"id", "engine_tau", "replay_tau",
+    "flagged"}]}, the full rows of `conformance.compare`, the run's prompt ids without engine stats)."""
+    from . import conformance as conformance_mod
+    thr = conformance_mod.THRESHOLD if threshold is None else threshold
+    if not 0 <= thr < 1:
+        raise InputError(f"--threshold {thr}: expected a fraction of the replay's tau in [0, 1), e.g. 0.05")
+    r = store.run_row(run)
+    set_name = store.extraction(r["extraction_id"])["set_name"]
+    eng = engine_of(store, set_name, engine)
+    order = {c["prompt_id"]: c["idx"] for c in store.completions(set_name)}
+    prompts = sorted(store.run_prompts(r["id"]), key=lambda p: (order.get(p["prompt_id"], 0), p["prompt_id"]))
+    stats = store.engine_stats(set_name, eng)
+    rows = conformance_mod.compare(prompts, stats, thr)
+    return conformance_mod.report(r["id"], eng, thr, rows), rows, conformance_mod.missing(prompts, stats)
 
 
 # ---------------------------------------------------------------------------

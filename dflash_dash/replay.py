@@ -336,3 +336,110 @@ def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chu
             futures.append(pool.submit(score, *done))
         results = [f.result() for f in futures]
     return results, summarize(results, drafter.c.block_size, budget)
+
+
+# ---------------------------------------------------------------------------
+# chain-only replay: only the anchors the walks visit, many sequences in lockstep
+
+
+CHAIN_BATCH = 64  # sequences advancing in lockstep: every drafter call carries ~CHAIN_BATCH*2 blocks
+
+
+@torch.inference_mode()
+def run_chain(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, batch: int = CHAIN_BATCH,
+              progress: Callable[[int, int], None] | None = None) -> tuple[list[PromptResult], dict]:
+    """Replay computing only the anchors the chain walk (and the DDTree walk, with `budget`) visits.
+
+    The sequences of a batch advance in lockstep: each step drafts, for every unfinished sequence, the block
+    at its chain anchor and at its tree anchor in ONE batched call over their stacked context K/V (finished
+    sequences are dropped from the stack as they end). Rounds, drafts, acceptance and tree acceptance at the
+    visited anchors equal the every-anchor mode's; the other anchors hold -1 (drafts, accepted) and NaN
+    (log-probabilities), so metrics that need every anchor are not computed (`metrics`)."""
+    results: list[PromptResult] = []
+    for b0 in range(0, len(seqs), batch):
+        results += _chain_batch(drafter, head, seqs[b0:b0 + batch], budget)
+        if progress:
+            progress(min(b0 + batch, len(seqs)), len(seqs))
+    return results, summarize(results, drafter.c.block_size, budget)
+
+
+def _stack_features(drafter: Drafter, seqs: list[Sequence]) -> torch.Tensor:
+    """Features of `seqs` padded with zeros to one length and stacked on the drafter's device: [S, T, K*H]."""
+    T = max(len(s.tokens) for s in seqs)
+    out = torch.zeros(len(seqs), T, seqs[0].features.shape[1], dtype=seqs[0].features.dtype)
+    for j, s in enumerate(seqs):
+        out[j, :len(s.tokens)] = s.features
+    return _upload(drafter, out)
+
+
+def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int) -> list[PromptResult]:
+    B, k, dev = drafter.c.block_size, max(budget, 1), drafter.device
+    D = B - 1
+    kv = drafter.context_kv(_stack_features(drafter, seqs))             # per layer k, v [S, nkv, T, hd]
+    toks = [s.tokens.numpy() for s in seqs]
+    T_pad = max(len(t) for t in toks)
+    tok_pad = torch.zeros(len(seqs), T_pad, dtype=torch.long)
+    for j, t in enumerate(toks):
+        tok_pad[j, :len(t)] = torch.from_numpy(t)
+    tok_pad = tok_pad.to(head.embed.device)
+    A = [len(t) - s.prompt_len for t, s in zip(toks, seqs)]
+    acc = [np.full(a, -1, dtype=np.int64) for a in A]                  # accepted(p), -1: not computed
+    tacc = [np.full(a, -1, dtype=np.int64) for a in A]
+    drafts = [np.full((a, D), -1, dtype=np.int64) for a in A]
+    logp = [np.full((a, D), np.nan, dtype=np.float32) for a in A]
+    chain = [s.prompt_len for s in seqs]                               # next chain anchor per sequence
+    tree = [s.prompt_len if budget else len(t) for s, t in zip(seqs, toks)]  # next tree anchor (none: done)
+    rounds: list[list[int]] = [[] for _ in seqs]
+    anchors_of: list[list[int]] = [[] for _ in seqs]
+    tree_rounds: list[list[int]] = [[] for _ in seqs]
+    G = 2 if budget else 1                                             # blocks per sequence per step
+    rows = list(range(len(seqs)))                                      # sequences in the stack, in kv order
+    while True:
+        live = [j for j in rows if chain[j] < len(toks[j]) - 1 or tree[j] < len(toks[j]) - 1]
+        if not live:
+            break
+        if len(live) < len(rows):                                      # drop finished sequences from the stack
+            keep = torch.tensor([rows.index(j) for j in live], device=dev)
+            kv = [(kk.index_select(0, keep), vv.index_select(0, keep)) for kk, vv in kv]
+            rows = live
+        want = []                                                      # G anchors per live sequence
+        for j in rows:
+            last = len(toks[j]) - 1
+            a = [p for p in (chain[j], tree[j]) if p < last][:G] if G == 2 else [chain[j]]
+            want += (a + a[:1] * G)[:G]
+        anchors = torch.tensor(want, device=dev)
+        seq_rows = torch.tensor([j for j in rows for _ in range(G)], device=tok_pad.device)
+        ids = torch.full((len(want), B), drafter.c.mask_token_id, dtype=torch.long, device=tok_pad.device)
+        ids[:, 0] = tok_pad[seq_rows, anchors.to(tok_pad.device)]
+        emb = head.embed[ids].to(dev, drafter.dtype)                   # [N, B, H]
+        h = drafter.blocks(kv, anchors, emb, max_anchor=max(want))
+        d_tok, top_ids, top_lp = (t.cpu().numpy() for t in _head(drafter, head, h, k))
+        for n, p in enumerate(want):
+            j = rows[n // G]
+            T, P, a = len(toks[j]), seqs[j].prompt_len, p - seqs[j].prompt_len
+            if drafts[j][a, 0] == -1:
+                drafts[j][a], logp[j][a] = d_tok[n], top_lp[n, :, 0]
+                m = min(D, T - 1 - p)
+                ok = d_tok[n, :m] == toks[j][p + 1:p + 1 + m]
+                acc[j][a] = m if ok.all() else int(np.argmin(ok))
+            if budget and p == tree[j] and tacc[j][a] == -1:
+                tacc[j][a] = tree_accept(top_ids[n], top_lp[n], toks[j][p + 1:min(T, p + D + 1)], budget)
+        for j in rows:
+            T, P = len(toks[j]), seqs[j].prompt_len
+            if chain[j] < T - 1:
+                c = min(int(acc[j][chain[j] - P]) + 1, T - 1 - chain[j])
+                rounds[j].append(c)
+                anchors_of[j].append(chain[j])
+                chain[j] += c
+            if budget and tree[j] < T - 1:
+                c = min(int(tacc[j][tree[j] - P]) + 1, T - 1 - tree[j])
+                tree_rounds[j].append(c)
+                tree[j] += c
+    out = []
+    for j, s in enumerate(seqs):
+        r = PromptResult(s.id, s.prompt_len, acc[j].tolist(), drafts[j].tolist(), rounds[j], anchors_of[j],
+                         draft_logp=logp[j].tolist())
+        if budget:
+            r.tree_at, r.tree_rounds = tacc[j].tolist(), tree_rounds[j]
+        out.append(r)
+    return out

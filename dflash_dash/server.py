@@ -32,6 +32,15 @@ Generation is serialised by a lock (one request at a time); decoding uses the KV
 config's eos ids, at stop_token_ids and at stop strings. On CPU the torch path of the linear-attention
 kernels is forced (`target.force_torch_kernels`; shown as `kernel_backend` in /get_server_info).
 Without a tokenizer in the model folder only `input_ids` work and `text` answers "".
+Speculative decoding (--speculative-draft CKPT): /generate and chat decode with a real greedy DFlash decoder
+(`specdec`: one drafted block per verify step, one target forward verifies it, the cache is rolled back to the
+accepted prefix, Gated DeltaNet states included); the tokens equal plain greedy decoding. meta_info then carries
+SGLang's counters: spec_verify_ct, spec_accept_length (= completion_tokens / spec_verify_ct, as SGLang computes
+it), spec_accept_rate, spec_accept_token_num / spec_draft_token_num (= spec_accepted_drafts /
+spec_proposed_drafts: drafts accepted / proposed) and spec_accept_histogram (index = drafts accepted in a verify
+step, value = steps); the first completion token comes from the prefill and no verify step. /get_server_info
+reports speculative_algorithm "DFLASH", speculative_draft_model_path and speculative_num_draft_tokens (B).
+--speculative-bug NAME (a test aid, never for real use) serves a deliberately broken decoder (`specdec.BUGS`).
 """
 from __future__ import annotations
 
@@ -52,6 +61,8 @@ from typing import Any
 
 import torch
 
+from . import specdec
+from .drafter import CheckpointError
 from .target import force_torch_kernels
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -98,6 +109,7 @@ class Engine:
     running: int = 0                   # generations decoding now (holding `lock`)
     waiting: int = 0                   # generations queued for `lock`
     count_lock: threading.Lock = field(default_factory=threading.Lock)  # guards running / waiting
+    spec: specdec.Speculator | None = None  # the DFlash speculative decoder (--speculative-draft), None: plain greedy
 
     # -- loading
 
@@ -116,6 +128,9 @@ class Engine:
             eos |= set(e) if isinstance(e, (list, tuple)) else ({e} if e is not None else set())
         self.eos_ids = {int(i) for i in eos}
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        if self.spec is not None:  # the drafter, checked against this target (CheckpointError names the field)
+            self.spec.device = self.device
+            self.spec.load(self.model)
 
     def load_tokenizer(self) -> None:
         if not any((self.model_dir / f).exists() for f in TOKENIZER_FILES):
@@ -136,6 +151,8 @@ class Engine:
             if self.waiting:
                 raise BadRequest(self._not_idle())
             self.model = None
+            if self.spec is not None:
+                self.spec.release()
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -193,18 +210,22 @@ class Engine:
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return "" if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=skip_special)
 
+    def live_model(self):
+        """The loaded model; 400 while its memory is released."""
+        if self.model is None:
+            raise BadRequest(
+                "the model's memory is released (POST /release_memory_occupation); "
+                "POST /resume_memory_occupation before generating"
+            )
+        return self.model
+
     @torch.inference_mode()
     def greedy(
         self, ids: list[int], max_new: int, stop_ids: set[int], stops: list[str], skip_special: bool = True,
         trim: bool = True,
     ) -> tuple[list[int], str, dict]:
         """Greedy decode with the KV cache: (output ids, text, finish_reason). Caller holds the lock."""
-        model = self.model
-        if model is None:
-            raise BadRequest(
-                "the model's memory is released (POST /release_memory_occupation); "
-                "POST /resume_memory_occupation before generating"
-            )
+        model = self.live_model()
         kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         out_ids: list[int] = []
         finish: dict = {"type": "length", "length": max_new}
@@ -234,6 +255,30 @@ class Engine:
                     input_ids=torch.tensor([[tok]], device=self.device), use_cache=True, **{kw: cache}
                 )
         return out_ids, self.decode(out_ids, skip_special), finish
+
+    def speculative(
+        self, ids: list[int], max_new: int, stop_ids: set[int], stops: list[str], skip_special: bool = True,
+        trim: bool = True,
+    ) -> tuple[list[int], str, dict, dict]:
+        """Greedy decode the speculative way (`specdec`), stopping as `greedy` does: (output ids, text,
+        finish_reason, SGLang's speculative counters). Caller holds the lock."""
+        model = self.live_model()
+
+        def stop(out: list[int]) -> dict | None:
+            if out[-1] in stop_ids:
+                return {"type": "stop", "matched": out[-1]}
+            if stops and self.tokenizer is not None:
+                text = self.decode(out, skip_special)
+                hit = min(((text.find(s), s) for s in stops if s in text), default=None)
+                if hit is not None:
+                    return {"type": "stop", "matched": hit[1]}
+            return None
+
+        out, finish, counters = self.spec.decode(model, ids, max_new, stop)
+        text = self.decode(out, skip_special)
+        if trim and isinstance(finish.get("matched"), str):
+            text = text[: text.find(finish["matched"])]
+        return out, text, finish, counters.meta(len(out))
 
 
 # ---------------------------------------------------------------------------
@@ -311,13 +356,15 @@ def run_generate(eng: Engine, req: Any) -> dict:
         if eng.vocab_size and max(ids) >= eng.vocab_size:
             raise BadRequest(f"input id {max(ids)} is out of the vocabulary (size {eng.vocab_size})")
         eos = set() if sp.get("ignore_eos") else eng.eos_ids
-        out, text, finish = eng.greedy(
-            ids, max_new, eos | set(stop_tok), stops, bool(sp.get("skip_special_tokens", True)),
-            not sp.get("no_stop_trim", False),
-        )
+        how = (eos | set(stop_tok), stops, bool(sp.get("skip_special_tokens", True)), not sp.get("no_stop_trim", False))
+        spec: dict = {}
+        if eng.spec is not None:
+            out, text, finish, spec = eng.speculative(ids, max_new, *how)
+        else:
+            out, text, finish = eng.greedy(ids, max_new, *how)
     meta = {
         "id": rid, "prompt_tokens": len(ids), "completion_tokens": len(out), "cached_tokens": 0,
-        "finish_reason": finish, "e2e_latency": time.perf_counter() - t0,
+        "finish_reason": finish, "e2e_latency": time.perf_counter() - t0, **spec,
     }
     return {"text": text, "output_ids": out, "meta_info": meta}
 
@@ -475,6 +522,7 @@ class Handler(BaseHTTPRequestHandler):
                     **info, "enable_memory_saver": True, "device": eng.device, "dtype": "float32",
                     "kernel_backend": eng.backend,
                     "memory_released": eng.model is None, "version": f"dflash-dash stand-in ({self.server_version})",
+                    **speculative_info(eng),
                 })
             elif path == "/v1/models":
                 self.reply(200, {"object": "list", "data": [{
@@ -519,6 +567,16 @@ class Handler(BaseHTTPRequestHandler):
             self.error(500, f"internal error: {e!r}")
 
 
+def speculative_info(eng: Engine) -> dict:
+    """The speculative fields of /get_server_info, as SGLang names them (None when decoding plainly)."""
+    s = eng.spec
+    if s is None:
+        return {"speculative_algorithm": None, "speculative_draft_model_path": None}
+    return {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": str(Path(s.path).resolve()),
+            "speculative_num_draft_tokens": s.drafter.c.block_size if s.drafter is not None else None,
+            "speculative_bug": s.bug}
+
+
 class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -533,16 +591,30 @@ class Server(ThreadingHTTPServer):
 
 def serve(
     model: str, host: str = "127.0.0.1", port: int = 30000, startup_delay: float = 0.0, device: str | None = None,
-    health_delay: float = 0.0, api_key: str | None = None,
+    health_delay: float = 0.0, api_key: str | None = None, speculative_draft: str | None = None,
+    speculative_bug: str | None = None,
 ) -> None:
-    """Load `model` and serve it until interrupted (blocking). See the module docstring for the protocol."""
+    """Load `model` (and the DFlash drafter `speculative_draft`, when given) and serve it until interrupted
+    (blocking). See the module docstring for the protocol."""
     t0 = time.monotonic()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     eng = Engine(model_dir=Path(model).resolve(), device=device, health_delay=max(0.0, health_delay))
     if not (eng.model_dir / "config.json").exists():
         raise SystemExit(f"no config.json in {eng.model_dir}: --model must be a Hugging Face model folder")
+    if speculative_bug and not speculative_draft:
+        raise SystemExit("--speculative-bug needs --speculative-draft CKPT (it breaks the speculative decoder)")
+    if speculative_bug and speculative_bug not in specdec.BUGS:
+        raise SystemExit(f"--speculative-bug {speculative_bug!r}: expected one of {', '.join(specdec.BUGS)}")
+    if speculative_draft:
+        eng.spec = specdec.Speculator(speculative_draft, device, speculative_bug)
     log(f"loading {eng.model_dir} on {device} (port {port} not bound until loaded)")
-    eng.load()
+    try:
+        eng.load()
+    except CheckpointError as e:
+        raise SystemExit(f"--speculative-draft {speculative_draft}: {e}") from None
+    if eng.spec is not None:
+        log(f"speculative decoding: DFLASH, drafter {eng.spec.path} (block {eng.spec.block_size})"
+            + (f"; DELIBERATELY BROKEN decoder --speculative-bug {speculative_bug} (a test aid)" if speculative_bug else ""))
     eng.load_tokenizer()
     log(f"linear-attention kernels: {eng.backend}")
     startup_delay = max(0.0, startup_delay)
@@ -581,8 +653,20 @@ def main(argv: list[str] | None = None) -> None:
                    help="seconds GET /health takes once ready (a real one generates a token; default 0)")
     p.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` on every route except /health (as SGLang's --api-key)")
+    speculative_args(p)
     a = p.parse_args(argv)
-    serve(a.model, a.host, a.port, a.startup_delay, a.device, a.health_delay, a.api_key)
+    serve(a.model, a.host, a.port, a.startup_delay, a.device, a.health_delay, a.api_key, a.speculative_draft,
+          a.speculative_bug)
+
+
+def speculative_args(p: argparse.ArgumentParser) -> None:
+    """--speculative-draft / --speculative-bug (shared with `python -m dflash_dash serve`)."""
+    p.add_argument("--speculative-draft", default=None, metavar="CKPT",
+                   help="decode speculatively with this DFlash drafter (SGLang's --speculative-algorithm DFLASH "
+                        "--speculative-draft-model-path); meta_info then reports SGLang's spec_* counters")
+    p.add_argument("--speculative-bug", default=None, choices=list(specdec.BUGS),
+                   help="TEST AID: serve a deliberately broken speculative decoder (truncate-context: the drafter "
+                        f"sees only the last {specdec.TRUNCATE} context positions), for conformance tests")
 
 
 if __name__ == "__main__":

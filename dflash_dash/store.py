@@ -277,6 +277,32 @@ class Store:
     def attributions(self, run_id: str) -> list[dict]:
         return self.rows("SELECT * FROM attributions WHERE run_id = ? ORDER BY tap", [run_id])
 
+    # -- engine stats (conformance: acceptance a serving engine reported per request) ------------------
+
+    def add_engine_stats(self, set_name: str, engine: str, rows: list[dict], source: str) -> None:
+        """Insert or replace engine `engine`'s stats of prompts of set `set_name` in one transaction; rows hold
+        id, verify_steps, accepted_tokens, completion_tokens, accept_lengths, histogram (None where unknown)."""
+        with self.connect() as con:
+            con.executemany(
+                "INSERT OR REPLACE INTO engine_stats (set_name, prompt_id, engine, verify_steps, accepted_tokens, "
+                "completion_tokens, accept_lengths, histogram, source) VALUES (?,?,?,?,?,?,?,?,?)",
+                [[set_name, r["id"], engine, r.get("verify_steps"), r.get("accepted_tokens"),
+                  r.get("completion_tokens"), r.get("accept_lengths"), r.get("histogram"), source] for r in rows])
+
+    def engine_stats(self, set_name: str, engine: str) -> list[dict]:
+        return self.rows("SELECT * FROM engine_stats WHERE set_name = ? AND engine = ? ORDER BY prompt_id",
+                         [set_name, engine])
+
+    def engines(self, set_name: str) -> list[str]:
+        """Engines with stats for set `set_name`, by name."""
+        return [r["engine"] for r in self.rows("SELECT DISTINCT engine FROM engine_stats WHERE set_name = ? "
+                                                "ORDER BY engine", [set_name])]
+
+    def engine_stamp(self) -> str:
+        """Changes whenever engine stats are added or replaced (views key their caches on it)."""
+        r = self.rows("SELECT count(*) || '|' || coalesce(max(created)::VARCHAR, '') AS s FROM engine_stats")
+        return r[0]["s"]
+
     # -- jobs -----------------------------------------------------------------
 
     def add_job(self, job_id: str, kind: str, args: dict, log_path: str) -> None:

@@ -654,3 +654,84 @@ def attribution_fig(rows: list[dict]) -> go.Figure:
     fig.update_layout(barmode="group")
     return _layout(fig, "tau lost with each target-layer tap replaced by its mean", "tap (target layer id)",
                    "base tau − ablated tau", height=360)
+
+
+# ---------------------------------------------------------------------------
+# engine conformance (issue 11): engine tau beside replay tau, per prompt (rows of `conformance.compare`)
+
+CONFORMANCE_NOTE = ("engine tau = (completion_tokens − 1) / verify_steps: committed tokens per verify step with the "
+                    "prefill's first token left out, like the replay's committed / rounds. SGLang's own "
+                    "spec_accept_length = completion_tokens / spec_verify_ct counts the prefill token too (last "
+                    "column, for reference only).")
+
+
+def acceptance_link(run_id: str, prompt_id: str) -> str:
+    """The Acceptance page of one prompt of a run (relative URL; ids percent-encoded)."""
+    from urllib.parse import quote
+    return f"acceptance?run={quote(str(run_id), safe='')}&prompt={quote(str(prompt_id), safe='')}"
+
+
+def conformance_table(rows: list[dict], run_id: str) -> list[dict]:
+    """Per prompt: flagged, engine tau, replay tau, gap (engine − replay) and its share of the replay tau, the
+    counts behind them and a link to the prompt's token view; sorted by gap, most negative first."""
+    out = []
+    for r in rows:
+        out.append({"prompt": r["id"], "flagged": bool(r["flagged"]), "engine_tau": _r(r["engine_tau"], 4),
+                    "replay_tau": _r(r["replay_tau"], 4), "gap": _r(r["gap"], 4),
+                    "gap_pct": _r(None if r["gap_rel"] is None else 100 * r["gap_rel"], 2),
+                    "verify_steps": r["verify_steps"], "rounds": r["rounds"],
+                    "completion_tokens": r["completion_tokens"], "accepted_drafts": r["accepted_tokens"],
+                    "sglang_accept_length": _r(r["sglang_accept_length"], 4),
+                    "token_view": acceptance_link(run_id, r["id"])})
+    out.sort(key=lambda x: (x["gap"] is None, x["gap"] if x["gap"] is not None else 0, x["prompt"]))
+    return out
+
+
+CONFORMANCE_COLUMNS = {  # column -> formula (help text of the table, and the CSV's meaning)
+    "flagged": "replay tau − engine tau > threshold × replay tau",
+    "engine_tau": "(completion_tokens − 1) / verify_steps",
+    "replay_tau": "committed / rounds of the replay's chain walk (bonus included, prefill token excluded)",
+    "gap": "engine tau − replay tau",
+    "gap_pct": "100 × (engine tau − replay tau) / replay tau",
+    "verify_steps": "verify steps the engine ran for the request",
+    "rounds": "rounds of the replay's chain walk",
+    "completion_tokens": "tokens of the completion (the prefill's first one included)",
+    "accepted_drafts": "draft tokens the engine accepted over its verify steps (bonus tokens not counted)",
+    "sglang_accept_length": "completion_tokens / verify_steps, as SGLang reports it (prefill token included)",
+    "token_view": "the prompt on the Acceptance page",
+}
+
+
+def _cell(v):
+    """A CSV cell that a spreadsheet will not run as a formula (untrusted ids may start with = + - @)."""
+    return "'" + v if isinstance(v, str) and v[:1] in ("=", "+", "-", "@", "\t", "\r") else v
+
+
+def conformance_csv(table: list[dict]) -> str:
+    """The conformance table as CSV text (st.download_button)."""
+    return csv_text([{k: _cell(v) for k, v in r.items()} for r in table])
+
+
+def conformance_fig(rows: list[dict], threshold: float, engine: str = "engine") -> go.Figure:
+    """Per prompt: replay tau (x) against engine tau (y); flagged prompts in red; the diagonal (conformant) and
+    the flag line y = (1 − threshold) x (below it: more than numeric noise)."""
+    pts = [r for r in rows if r["engine_tau"] is not None and r["replay_tau"] is not None]
+    fig = go.Figure()
+    for flagged, name, color in ((False, "within the threshold", "#1f77b4"), (True, "flagged", "#d62728")):
+        sel = [r for r in pts if bool(r["flagged"]) == flagged]
+        fig.add_scatter(x=[r["replay_tau"] for r in sel], y=[r["engine_tau"] for r in sel], mode="markers",
+                        name=f"{name} ({len(sel)})", marker=dict(size=9, color=color),
+                        text=[html.escape(str(r["id"]), quote=True) for r in sel],
+                        hovertemplate="%{text}<br>replay %{x:.3f}<br>engine %{y:.3f}<extra></extra>")
+    hi = max([r["replay_tau"] for r in pts] + [r["engine_tau"] for r in pts] + [2.0]) * 1.05
+    fig.add_scatter(x=[1, hi], y=[1, hi], mode="lines", name="engine = replay", line=dict(dash="dash", color="#999"))
+    fig.add_scatter(x=[1, hi], y=[1 - threshold, (1 - threshold) * hi], mode="lines",
+                    name=f"flag line: engine = (1 − {threshold:g}) × replay", line=dict(dash="dot", color="#d62728"))
+    return _layout(fig, f"per-prompt tau: {html.escape(engine)} vs the replay", "replay tau (committed / rounds)",
+                   "engine tau ((completion_tokens − 1) / verify_steps)", height=420)
+
+
+def replay_histogram(run_prompts: list[dict], ids: set[str], block_size: int) -> list[int]:
+    """The replay's rounds by accepted drafts 0..B-1 over the prompts `ids` (the compared ones)."""
+    ps = [metrics.Prompt.of(r) for r in run_prompts if r.get("prompt_id", r.get("id")) in ids]
+    return metrics.accept_hist(ps, metrics.Ctx(block_size, 0))

@@ -1,6 +1,7 @@
 """Acceptance: one checkpoint on one extraction. Summary metrics with their formulas, histogram and
-per-depth curves, the per-prompt table and the token-by-token view of one prompt; a Replay button
-evaluates another checkpoint as a job. URL: acceptance?run=ID&prompt=PID."""
+per-depth curves, the per-prompt table and the token-by-token view of one prompt, the drafter's calibration and
+its failure patterns (each table downloadable as CSV); a Replay button evaluates another checkpoint as a job.
+URL: acceptance?run=ID&prompt=PID[&pos=START-END: positions outlined in the token view]."""
 from __future__ import annotations
 
 import streamlit as st
@@ -57,7 +58,7 @@ def summary_block(s: dict) -> None:
                "over the rounds of the trace")
 
 
-def token_view(ws: str, run: dict, row: dict, comp: dict) -> None:
+def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] | None = None) -> None:
     B = run["summary"]["block_size"]
     ex = common.extractions(ws, common.stamp())
     target = next((e["target_path"] for e in ex if e["id"] == run["extraction_id"]), None)
@@ -79,10 +80,140 @@ def token_view(ws: str, run: dict, row: dict, comp: dict) -> None:
     st.html(views.legend_html(B))
     if vocab.tok is None:
         st.caption("The target folder has no tokenizer: tokens are shown as ⟨id⟩.")
-    st.html(views.token_html(tr, vocab, B, superscript=sup, inline_rejects=inline))
+    outline = None
+    if span:  # a worst-span link (Failure patterns): outline its positions
+        P, T = row["prompt_len"], row["prompt_len"] + len(row["accepted_at"])
+        outline = {q - P for q in range(max(span[0], P), min(span[1], T - 1) + 1)}
+        st.caption(f"Outlined: positions {span[0]}–{span[1]} from the link (a worst span of Failure patterns: the "
+                   "lowest mean accepted(p) there)")
+    st.html(views.token_html(tr, vocab, B, superscript=sup, inline_rejects=inline, diff=outline))
     st.plotly_chart(views.accept_curve(tr, row, B), width="stretch")
     st.caption("accepted(p): leading drafts of the block at anchor p equal to the completion; "
                "markers: anchors the chain walk actually visits")
+
+
+# ---------------------------------------------------------------------------
+# why drafts fail (issue 11): calibration and failure patterns of the run
+
+POOLED = "pooled over depths"
+
+
+def depth_choice(block_size: int, key: str) -> str | int:
+    """The depth the reliability diagram shows: "pooled" or k = 1..B-1."""
+    opts = [POOLED] + [f"depth {k}" for k in range(1, block_size)]
+    v = st.selectbox("reliability diagram: depth", opts, key=key)
+    return "pooled" if v == POOLED else int(v.split()[1])
+
+
+def calibration_block(ws: str, run: dict) -> None:
+    s = run["summary"]
+    B = s["block_size"]
+    st.subheader("Calibration")
+    st.caption("Does the drafter know when it is right? p_k = the drafter's probability of its own top-1 draft at "
+               "slot k. A sample is a chain-walk round with slot k inside the completion and d_1..d_{k-1} accepted; "
+               "it counts as accepted when d_k is accepted too (the rounds of the per-depth conditional curve).")
+    cal = common.calibration(ws, run["id"], B, run["tree_budget"])
+    if not cal["recorded"]:
+        st.info("Draft probabilities: not recorded, replay again. This run was replayed before dflash-dash stored "
+                "the probability of each draft; replay the same checkpoint (Replay another checkpoint, below) to "
+                "see its calibration.")
+        return
+    c = st.columns(3)
+    c[0].metric(metrics.label("calibration_ece"), views.fmt(cal["calibration_ece"]))
+    c[0].caption("ECE = " + metrics.BY_KEY["calibration_ece"].formula)
+    c[1].metric("expected tau (macro)", views.fmt(cal["expected_tau"]))
+    c[1].caption(f"observed tau (macro) {views.fmt(cal['tau_macro'])}; expected per round = "
+                 "1 + sum_{k=1}^{min(B-1, left-1)} prod_{j<=k} p_j (capped to the tokens left), observed = committed")
+    c[2].metric("expected tau (pooled)", views.fmt(cal["expected_tau_pooled"]))
+    c[2].caption(f"observed tau (pooled) {views.fmt(cal['tau_pooled'])}; all expected committed / all rounds")
+    depth = depth_choice(B, "acc_cal_depth")
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(views.reliability_fig({"run": cal["reliability"]}, depth), width="stretch")
+    c1.caption("x: mean p_k of the bin (predicted), y: share of its drafts accepted (observed); on the diagonal the "
+               "drafter is calibrated, below it over-confident; bars: samples per bin")
+    with c1:
+        common.download("reliability bins (CSV)", cal["reliability"], f"{run['id']}-reliability.csv", "acc_dl_rel")
+    c2.plotly_chart(views.confidence_fig({"run": cal["by_depth"]}), width="stretch")
+    c2.caption("per depth: mean p_k against P(d_k accepted | d_1..d_{k-1} accepted), and the ECE of each depth")
+    with c2:
+        common.download("per-depth calibration (CSV)", cal["by_depth"], f"{run['id']}-calibration-depth.csv",
+                        "acc_dl_depth")
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(views.expected_fig({"run": cal["per_prompt"]}), width="stretch")
+    with c1:
+        common.download("expected vs observed tau per prompt (CSV)", cal["per_prompt"],
+                        f"{run['id']}-expected-tau.csv", "acc_dl_exp")
+    c2.dataframe(cal["by_depth"], hide_index=True, width="stretch")
+    c2.caption("rounds: samples of depth k; mean_p: mean p_k; observed: P(d_k | d_<k); ece: ECE of depth k alone")
+
+
+PATTERN_TABLES = {  # table key: (title, what it answers)
+    "by_class": ("by token class", "acceptance by the class of the target token at slot 1 (position anchor+1)"),
+    "by_position": ("by position in the completion", "acceptance by the anchor's position p - P in the completion"),
+    "by_context": ("by context length", "acceptance by the anchor p: the drafter sees the p tokens before it"),
+    "rejection_pairs": ("most frequent rejections", "(draft, target) pairs at the first rejected slot of a round"),
+    "worst_spans": ("worst spans", "windows of consecutive anchors with the lowest mean accepted(p), all prompts"),
+}
+
+
+def patterns_block(ws: str, run: dict, stamp: str) -> None:
+    B = run["summary"]["block_size"]
+    st.subheader("Failure patterns")
+    st.caption("Where and on what the drafter fails, over the chain-walk rounds. P(d_1 accepted) = share of "
+               "rounds whose first draft is accepted; tau = committed / rounds of the group. Token classes come "
+               "from the decoded token text (Python keywords for keyword; a quote makes a string token).")
+    pat = common.patterns(ws, run["id"], run["set_name"], run.get("target_path"), B, stamp)
+    if not pat["decoded_tokens"]:
+        st.caption("The target folder has no tokenizer: tokens are shown as ⟨id⟩ and every class is `other`.")
+
+    def table(key: str, col=None) -> None:
+        col = col or st.container()
+        title, what = PATTERN_TABLES[key]
+        col.markdown(f"**{title}** · {what}")
+        cfg = {"link": st.column_config.LinkColumn("token view", display_text="open")} if key == "worst_spans" else None
+        col.dataframe(pat[key], hide_index=True, width="stretch", column_config=cfg)
+        with col:
+            common.download(f"{title} (CSV)", pat[key], f"{run['id']}-{key}.csv", f"acc_dl_{key}")
+
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(views.class_fig(pat["by_class"]), width="stretch")
+    table("by_class", c2)
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(views.binned_fig(pat["by_position"], "completion_position", "acceptance by position in the "
+                                     "completion", "anchor position p - P (bin)"), width="stretch")
+    c2.plotly_chart(views.binned_fig(pat["by_context"], "context_length", "acceptance by context length",
+                                     "context length p (bin)"), width="stretch")
+    c1, c2 = st.columns(2)
+    table("by_position", c1)
+    table("by_context", c2)
+    table("rejection_pairs")
+    table("worst_spans")
+    if pat["worst_spans"]:
+        with st.expander("open a worst span in the token view"):
+            for i, sp in enumerate(pat["worst_spans"], 1):
+                st.markdown(f"{i}. `{sp['prompt']}` positions {sp['start']}–{sp['end']} · mean accepted(p) "
+                            f"{sp['mean_accepted']:.2f} · [open in the token view]({sp['link']})")
+
+
+def link_span(pid: str) -> tuple[int, int] | None:
+    """The `pos=START-END` of a worst-span link, for the prompt the link opened (dropped once another prompt is
+    chosen)."""
+    raw = st.query_params.get("pos")
+    if not raw:
+        st.session_state.pop("_acc_pos", None)
+        return None
+    owner = st.session_state.get("_acc_pos")
+    if owner is None or owner[0] != raw:
+        st.session_state["_acc_pos"] = owner = (raw, pid)
+    if owner[1] != pid:
+        del st.query_params["pos"]
+        st.session_state.pop("_acc_pos", None)
+        return None
+    a, sep, b = raw.partition("-")
+    if not (a.isdigit() and b.isdigit() and sep):
+        st.warning(f"The link's pos={raw!r} is not START-END (token positions); nothing is outlined.")
+        return None
+    return int(a), int(b)
 
 
 def main() -> None:
@@ -127,7 +258,10 @@ def main() -> None:
         st.error(f"prompt {pid!r} has no completion in set {run['set_name']!r} any more; re-import it.")
     else:
         st.subheader(f"Token view · {pid}")
-        token_view(ws, run, rows[pid], comps[pid])
+        token_view(ws, run, rows[pid], comps[pid], link_span(pid))
+    for block in (lambda: calibration_block(ws, run), lambda: patterns_block(ws, run, stamp)):
+        with common.guard():  # one failing analysis does not hide the rest of the page
+            block()
     replay_form(exs, run["extraction_id"])
 
 

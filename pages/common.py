@@ -108,6 +108,59 @@ def vocab(target_path: str) -> views.Vocab:
     return views.load_vocab(target_path)
 
 
+# -- why drafts fail (issue 11): calibration, failure patterns, attribution of one run
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def calibration(ws: str, run_id: str, block_size: int, tree_budget: int) -> dict:
+    """views.calibration of a finished run (immutable, so keyed on the id)."""
+    return views.calibration(list(run_prompts(ws, run_id).values()), block_size, tree_budget)
+
+
+def patterns(ws: str, run_id: str, set_name: str, target_path: str | None, block_size: int, stamp: str) -> dict:
+    """dflash_dash.patterns.analyse of a run, tokens decoded with the target's tokenizer (⟨id⟩ without one)."""
+    return _patterns(ws, run_id, set_name, target_path, block_size, stamp,
+                     vocab(target_path) if target_path else views.Vocab())
+
+
+@st.cache_data(max_entries=16, show_spinner="finding failure patterns")
+def _patterns(ws: str, run_id: str, set_name: str, target_path: str | None, block_size: int, stamp: str,
+              _voc: views.Vocab) -> dict:
+    from dflash_dash import patterns as patterns_mod
+    comps = completions(ws, set_name, stamp)
+    rows = sorted(run_prompts(ws, run_id).values(), key=lambda r: ((comps.get(r["prompt_id"]) or {}).get("idx", 0),
+                                                                    r["prompt_id"]))
+    return {"decoded_tokens": _voc.tok is not None,
+            **patterns_mod.analyse(rows, comps, block_size, _voc.strings, run_id)}
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def attributions(ws: str, run_id: str, stamp: str) -> list[dict]:
+    """The run's target-layer attribution as views.attribution_rows ([] before one)."""
+    return views.attribution_rows(_store(ws).attributions(run_id))
+
+
+def download(label: str, rows: list[dict], file_name: str, key: str) -> None:
+    """A CSV download button for one table (or figure data)."""
+    st.download_button(label, views.csv_text(rows) if rows else "", file_name=file_name, mime="text/csv", key=key,
+                       disabled=not rows)
+
+
+def engine_stamp() -> str:
+    """Changes when engine stats are added (an import adds no completion, so `stamp` would not see it)."""
+    return store().engine_stamp()
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def engines(ws: str, set_name: str, stamp: str) -> list[str]:
+    return _store(ws).engines(set_name)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def engine_stats(ws: str, set_name: str, engine: str, stamp: str) -> list[dict]:
+    return _store(ws).engine_stats(set_name, engine)
+
+
 def config():
     from dflash_dash import config as cfg_mod
     return cfg_mod.load(workspace())

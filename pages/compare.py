@@ -1,5 +1,6 @@
 """Compare: two checkpoints on the same extraction (per-prompt tau scatter, overlaid per-depth curves and
-histograms, aligned token views with differences highlighted, configs side by side), and the training
+histograms, overlaid calibration (reliability diagrams, ECE, expected vs observed tau), aligned token views with
+differences highlighted, configs side by side), and the training
 sweep (tau against step for the checkpoints of a training folder). URL: compare?a=ID&b=ID&prompt=PID&sweep=DIR."""
 from __future__ import annotations
 
@@ -45,6 +46,43 @@ def token_views(ws: str, stamp: str, a: dict, b: dict, ra: dict, rb: dict) -> No
     with cb:
         st.markdown(f"**B** · {b['name']} · tau {views.fmt(rb[pid]['tau'])}")
         st.html(views.token_html(tb, vocab, b["summary"]["block_size"], diff=diff))
+
+
+def calibration_block(ws: str, a: dict, b: dict) -> None:
+    """Calibration of A and B overlaid: ECE and expected vs observed tau, reliability diagrams, per-depth curves."""
+    st.subheader("Calibration, A and B")
+    cals = {f"{side} {r['name']}": common.calibration(ws, r["id"], r["summary"]["block_size"], r["tree_budget"])
+            for side, r in (("A", a), ("B", b))}
+    for name, cal in cals.items():
+        if not cal["recorded"]:
+            st.info(f"{name}: draft probabilities not recorded, replay again (the run predates them).")
+    cals = {n: c for n, c in cals.items() if c["recorded"]}
+    if not cals:
+        return
+    st.dataframe([{"metric": label, **{n: views.fmt(c[key]) for n, c in cals.items()}, "formula": formula}
+                  for key, label, formula in (
+                      ("calibration_ece", "calibration ECE (pooled over depths)",
+                       metrics.BY_KEY["calibration_ece"].formula),
+                      ("expected_tau", "expected tau (macro)", metrics.BY_KEY["expected_tau"].formula),
+                      ("tau_macro", "observed tau (macro)", metrics.BY_KEY["tau_macro"].formula),
+                      ("expected_tau_pooled", "expected tau (pooled)", metrics.BY_KEY["expected_tau_pooled"].formula),
+                      ("tau_pooled", "observed tau (pooled)", metrics.BY_KEY["tau_pooled"].formula))],
+                 hide_index=True, width="stretch")
+    B = max(r["summary"]["block_size"] for r in (a, b))
+    opts = ["pooled over depths"] + [f"depth {k}" for k in range(1, B)]
+    v = st.selectbox("reliability diagram: depth", opts, key="cmp_cal_depth")
+    depth = "pooled" if v == opts[0] else int(v.split()[1])
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(views.reliability_fig({n: c["reliability"] for n, c in cals.items()}, depth), width="stretch")
+    c2.plotly_chart(views.confidence_fig({n: c["by_depth"] for n, c in cals.items()}), width="stretch")
+    with c1:
+        common.download("reliability bins, both runs (CSV)",
+                        [{"run": n, **r} for n, c in cals.items() for r in c["reliability"]],
+                        "compare-reliability.csv", "cmp_dl_rel")
+    with c2:
+        common.download("per-depth calibration, both runs (CSV)",
+                        [{"run": n, **r} for n, c in cals.items() for r in c["by_depth"]],
+                        "compare-calibration-depth.csv", "cmp_dl_depth")
 
 
 def config_block(a: dict, b: dict) -> None:
@@ -133,6 +171,8 @@ def main() -> None:
             c1, c2 = st.columns(2)
             c1.plotly_chart(views.depth_fig(sa | sb), width="stretch")
             c2.plotly_chart(views.hist_fig(sa | sb), width="stretch")
+            with common.guard():
+                calibration_block(ws, a, b)
             st.subheader("Token views, aligned")
             token_views(ws, stamp, a, b, ra, rb)
         config_block(a, b)

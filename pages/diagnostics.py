@@ -1,7 +1,7 @@
 """Diagnostics: backend parity (fla vs torch extractions of the same completions: per layer relative L2
 and cosine, and tau of the runs on each), checkpoint-vs-extraction consistency, sliding-layer train/serve semantics (the same checkpoint replayed
-causal and bidirectional inside the block), server health.
-URL: diagnostics?a=EXTRACTION&b=EXTRACTION&ckpt=PATH&ex=EXTRACTION."""
+causal and bidirectional inside the block), target-layer attribution (tau lost per target tap), server health.
+URL: diagnostics?a=EXTRACTION&b=EXTRACTION&ckpt=PATH&ex=EXTRACTION&run=RUN."""
 from __future__ import annotations
 
 import streamlit as st
@@ -133,6 +133,37 @@ def sliding_block(ws: str, stamp: str) -> None:
     common.job_panel(("sliding-check",), key="slide")
 
 
+def attribution_block(ws: str, stamp: str) -> None:
+    st.header("Target-layer attribution")
+    st.caption("Which target layers does the drafter rely on? Its run is replayed again (same checkpoint, config "
+               "and sliding semantics; DDTree off) with one target tap at a time replaced by its mean over the "
+               "extraction (tap k = features[:, k*H:(k+1)*H], averaged over every token of every prompt). "
+               "tau lost = base tau − tau with that tap ablated; a tap that costs nothing carries no information the "
+               "drafter uses.")
+    runs = common.runs(ws, stamp)
+    if not runs:
+        st.info("No replay run yet: replay a checkpoint first (Acceptance page, **Replay**).")
+        return
+    by_id = {r["id"]: r for r in runs}
+    ids = [r["id"] for r in reversed(runs)]
+    rid = common.select_param("run to attribute", ids, "run", "attr_run", format_func=common.run_label(by_id))
+    rows = common.attributions(ws, rid, stamp)
+    if rows:
+        c1, c2 = st.columns([3, 2])
+        c1.plotly_chart(views.attribution_fig(rows), width="stretch")
+        c2.dataframe(rows, hide_index=True, width="stretch")
+        c2.caption(f"base tau (macro) {views.fmt(rows[0]['base_tau_macro'])}, (pooled) "
+                   f"{views.fmt(rows[0]['base_tau_pooled'])}: the same replay without ablation")
+        with c2:
+            common.download("attribution (CSV)", rows, f"{rid}-attribution.csv", "attr_dl")
+    else:
+        st.info("This run is not attributed yet: **Attribute** replays it once per target tap (or "
+                f"`python -m dflash_dash attribute --run {rid}`).")
+    if st.button("Attribute again" if rows else "Attribute", type="primary", key="attr_go"):
+        common.start_job("attribute", {"run": rid})
+    common.job_panel(("attribute",), key="attr")
+
+
 @st.cache_data(ttl=30, show_spinner=False)
 def model_info(url: str, key_env: str) -> dict:
     """GET /model_info (answers at once on a real server), cached briefly; raises ServerError."""
@@ -177,7 +208,7 @@ def main() -> None:
     stamp = common.stamp()
     st.title("Diagnostics")
     for block in (lambda: parity_block(ws, stamp), lambda: consistency_block(ws, stamp),
-                  lambda: sliding_block(ws, stamp), server_block):
+                  lambda: sliding_block(ws, stamp), lambda: attribution_block(ws, stamp), server_block):
         with common.guard():  # one failing check does not hide the others
             block()
 

@@ -18,7 +18,7 @@ from dflash_dash.store import Store
 from pages import common
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
-PAGES = ["acceptance", "compare", "completions", "extraction", "diagnostics"]
+PAGES = ["acceptance", "compare", "completions", "extraction", "diagnostics", "conformance"]
 TITLES = {p: p.capitalize() for p in PAGES} | {"overview": "dflash-dash"}
 
 

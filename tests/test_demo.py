@@ -67,9 +67,31 @@ def test_runs_and_tau(ws):
     assert tau["final"] >= 3.0, tau
     assert tau["early"] < tau["final"] and tau["buggy"] < tau["final"], tau
     assert tau["fla"] >= 3.0, tau
-    # the per-prompt tau is what export says the rounds give
-    for p in final["prompts"]:
-        assert 1.0 <= p["tau"] <= 16.0
+    # every run's rounds and tau are what the chain walk over its accepted_at gives (walked here, by hand)
+    comps = {c["prompt_id"]: c for c in Store(ws).completions(demo.SET_NAME)}
+    for e in (early, final, buggy, fla):
+        for p in e["prompts"]:
+            c = comps[p["id"]]
+            P, T = len(c["prompt_ids"]), len(c["prompt_ids"]) + len(c["output_ids"])
+            assert p["prompt_len"] == P and len(p["accepted_at"]) == T - P, p["id"]
+            rounds = chain_rounds(p["accepted_at"], P, T)
+            assert sum(rounds) == T - 1 - P                      # every completion token committed once
+            assert p["rounds"] == rounds, p["id"]
+            assert p["tau"] == sum(rounds) / len(rounds), p["id"]
+        assert e["summary"]["tau_macro"] == pytest.approx(
+            sum(p["tau"] for p in e["prompts"]) / len(e["prompts"]), rel=1e-12)
+
+
+def chain_rounds(accepted_at: list[int], P: int, T: int) -> list[int]:
+    """Tokens committed per round of the chain walk (SPEC 2), written out here independently of replay.walk:
+    a round at anchor p commits its accepted drafts plus the target's bonus token, cut at the completion's end,
+    and the next round starts after them."""
+    out, anchor = [], P
+    while anchor < T - 1:
+        committed = min(accepted_at[anchor - P] + 1, T - 1 - anchor)
+        out.append(committed)
+        anchor += committed
+    return out
 
 
 def test_buggy_signature_in_depth_curves(ws):

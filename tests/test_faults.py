@@ -1,17 +1,14 @@
 """Issue 5: a fetch survives every server fault with nothing lost, a clear message, and a rerun that
-fetches only the rest. The server here is a fault-injecting SGLang fake in a thread (the real protocol
-subset: /health, /model_info, /generate); the stand-in server's own faults are in test_server.py."""
+fetches only the rest. The server here is the fault-injecting SGLang fake of tests/fakes.py, in a thread; the
+stand-in server's own faults are in test_server.py."""
 from __future__ import annotations
 
 import json
 import socket
-import struct
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+import fakes
 from dflash_dash import pipeline
 from dflash_dash.sglang import ServerError
 from dflash_dash.store import Store
@@ -23,70 +20,23 @@ def answer_for(ids: list[int]) -> list[int]:
     return [(sum(ids) + i) % 97 for i in range(5)]
 
 
-class Faulty(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.mode = None       # None | "500" | "badjson" | "reset" | "slow" | "503"
-        self.fail_prompt = 3   # index of the prompt (by first prompt id) that fails
-        self.times = 10**9     # how many times it fails before it recovers
-        self.calls = 0         # /generate requests answered
-
-    @property
-    def url(self):
-        return f"http://127.0.0.1:{self.server_address[1]}"
+def faults(mode: str) -> tuple:
+    """The fault each mode injects into /generate of the failing prompt."""
+    return {"500": (500, b"Internal Server Error"),
+            "badjson": (200, b'{"text": "x", "output_ids": [1, 2'),
+            "reset": fakes.RESET,              # RST in the middle of the exchange
+            "slow": fakes.Slow(1.5)}[mode]     # longer than the 0.5 s request timeout
 
 
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-
-    def send(self, status, body: bytes):
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):  # noqa: N802
-        s = self.server
-        if self.path == "/health":
-            return self.send(503, b"warming up") if s.mode == "503" else self.send(200, b"")
-        if self.path in ("/model_info", "/get_model_info"):
-            return self.send(200, json.dumps({"model_path": "/models/fake", "tokenizer_path": None}).encode())
-        self.send(404, b'{"error": {"message": "no route"}}')
-
-    def do_POST(self):  # noqa: N802
-        s = self.server
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        ids = body["input_ids"]
-        if s.mode and ids[0] == s.fail_prompt and s.times > 0:
-            s.times -= 1
-            if s.mode == "500":
-                return self.send(500, b"Internal Server Error")
-            if s.mode == "badjson":
-                return self.send(200, b'{"text": "x", "output_ids": [1, 2')
-            if s.mode == "reset":  # RST in the middle of the exchange
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                self.close_connection = True
-                return
-            if s.mode == "slow":
-                time.sleep(1.5)
-        s.calls += 1
-        out = answer_for(ids)
-        self.send(200, json.dumps({"text": "", "output_ids": out, "meta_info": {
-            "prompt_tokens": len(ids), "completion_tokens": len(out), "finish_reason": {"type": "length"},
-            "spec_verify_ct": 2}}).encode())
+def fail_prompt(body) -> bool:
+    """The failing prompt: p3 (by its first prompt id)."""
+    return body["input_ids"][0] == 3
 
 
 @pytest.fixture
 def srv():
-    s = Faulty()
-    t = threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    t.start()
-    yield s
-    s.shutdown()
-    s.server_close()
+    with fakes.serve(answer=answer_for) as s:
+        yield s
 
 
 @pytest.fixture
@@ -107,6 +57,11 @@ def check_complete(st):
         assert r["output_ids"] == answer_for(r["prompt_ids"])
 
 
+def generated(srv, since: int = 0) -> list[list[int]]:
+    """The input_ids of the /generate requests the fake received (from request number `since` on)."""
+    return [b["input_ids"] for b in srv.bodies("/generate")[since:]]
+
+
 @pytest.mark.parametrize("mode,words", [
     ("500", "500"),
     ("badjson", "JSON"),
@@ -115,33 +70,35 @@ def check_complete(st):
 ])
 def test_fault_keeps_fetched_and_rerun_fetches_the_rest(srv, prompts, tmp_path, mode, words):
     st = Store(tmp_path / "ws")
-    srv.mode = mode
+    srv.on("/generate", faults(mode), when=fail_prompt)
     with pytest.raises(ServerError) as e:
         fetch(st, srv, prompts, request_timeout=0.5)
     msg = str(e.value)
     assert "prompt 'p3 <b>'" in msg and "kept" in msg and "run the same fetch again" in msg
     assert words.lower() in msg.lower(), msg
     assert len(st.completions("set")) == 3                 # everything before the fault is kept
-    srv.mode, before = None, srv.calls
+    srv.on("/generate")                                    # the fault is over
+    before = len(srv.bodies("/generate"))
     assert fetch(st, srv, prompts) == N - 3                # the rerun fetches only the rest
-    assert srv.calls - before == N - 3
+    assert generated(srv, before) == [[i, 10 + i, 20] for i in range(3, N)]
     check_complete(st)
 
 
 @pytest.mark.parametrize("mode", ["500", "reset", "slow"])
 def test_one_transient_fault_is_retried(srv, prompts, tmp_path, mode):
     st = Store(tmp_path / "ws")
-    srv.mode, srv.times = mode, 1
+    srv.on("/generate", faults(mode), when=fail_prompt, times=1)
     assert fetch(st, srv, prompts, request_timeout=0.5 if mode == "slow" else 600) == N
+    assert generated(srv) == [[i, 10 + i, 20] for i in range(N) for _ in range(2 if i == 3 else 1)]  # p3 twice
     check_complete(st)
 
 
 def test_503_longer_than_readiness_timeout(srv, prompts, tmp_path):
     st = Store(tmp_path / "ws")
-    srv.mode = "503"
+    srv.on("/health", (503, b"warming up"))
     with pytest.raises(ServerError, match=r"not ready after .*503.*readiness_timeout"):
         fetch(st, srv, prompts, readiness_timeout=1.0)
-    assert st.completions("set") == [] and srv.calls == 0
+    assert st.completions("set") == [] and generated(srv) == []
 
 
 def test_refused(prompts, tmp_path):
@@ -157,7 +114,7 @@ def test_refused(prompts, tmp_path):
 def test_fault_via_cli_is_one_clear_line(srv, prompts, tmp_path, capsys):
     from dflash_dash.cli import main
 
-    srv.mode = "500"
+    srv.on("/generate", faults("500"), when=fail_prompt)
     rc = main(["--workspace", str(tmp_path / "ws"), "fetch", "--server", srv.url, "--prompt-set", prompts,
                "--name", "set", "--max-new-tokens", "5"])
     err = capsys.readouterr().err

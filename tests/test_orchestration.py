@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_dash import config, jobs, pipeline
+from dflash_dash import config, jobs
 from dflash_dash.store import Store
 from dflash_dash.sglang import Client
 from serving import ENV, Served, free_port, serve_argv, stop_jobs, tiny_model, until
@@ -311,7 +311,29 @@ def test_gpu_memory_is_empty_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine")
     assert jobs.gpu_memory() == []
-    assert jobs.weights_bytes(Path(pipeline.__file__).parent) == 0
+
+
+def test_weights_bytes_sums_the_safetensors_else_the_bin_files(tmp_path):
+    sizes = {"model-00001-of-00002.safetensors": 1000, "model-00002-of-00002.safetensors": 2345,
+             "pytorch_model-00001-of-00002.bin": 777, "pytorch_model-00002-of-00002.bin": 4096,
+             "config.json": 50, "tokenizer.json": 300}
+    for name, n in sizes.items():
+        (tmp_path / name).write_bytes(os.urandom(n))
+
+    def on_disk(suffix: str) -> int:
+        return sum(os.stat(tmp_path / name).st_size for name in sizes if name.endswith(suffix))
+
+    assert on_disk(".safetensors") == 3345 and on_disk(".bin") == 4873
+    assert jobs.weights_bytes(tmp_path) == on_disk(".safetensors")        # safetensors win over .bin
+    assert jobs.weights_bytes(str(tmp_path)) == on_disk(".safetensors")
+    for name in sizes:
+        if name.endswith(".safetensors"):
+            (tmp_path / name).unlink()
+    assert jobs.weights_bytes(tmp_path) == on_disk(".bin")                # else the .bin files
+    for name in sizes:
+        if name.endswith(".bin"):
+            (tmp_path / name).unlink()
+    assert jobs.weights_bytes(tmp_path) == 0                              # no weights: config and tokenizer only
 
 
 def test_cli_extract_with_orchestration(srv, model, tmp_path, capsys):

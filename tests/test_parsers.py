@@ -73,13 +73,45 @@ def test_jsonl_error_names_later_line():
                  st.fixed_dictionaries({"text": json_value, "output_ids": json_value, "meta_info": json_value})
                  .map(lambda v: json.dumps(v).encode())))
 def test_generate_response_garbage_named(body):
+    wrong = problems(body)
     try:
         out = parse_generate(body)
     except ServerError as e:
-        assert str(e)
+        assert wrong, f"a valid answer refused: {e}"
+        assert any(w in str(e) for w in wrong), (wrong, str(e))  # names (one of) what is wrong with it
+        assert not e.transient
     else:
-        assert isinstance(out["output_ids"], list)
-        assert all(isinstance(t, int) and not isinstance(t, bool) for t in out["output_ids"])
+        assert not wrong, f"{wrong} accepted: {body!r}"
+        data = json.loads(body)
+        data = data[0] if isinstance(data, list) else data
+        want = {"text": data.get("text") or "", "output_ids": data["output_ids"],
+                "meta_info": data.get("meta_info") or {}}
+        assert json.dumps(out) == json.dumps(want)  # (as JSON text: a NaN in meta_info equals itself)
+
+
+def problems(body: bytes) -> set[str]:
+    """What is wrong with a /generate answer, worked out here from the body itself (SGLang's shape: an object,
+    or a batch of one, with `output_ids` a list of ints, `text` a string and `meta_info` an object, the last two
+    optional or null), as the words the parser's message must hold."""
+    try:
+        data = json.loads(body)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError
+        return {"malformed JSON"}
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    if not isinstance(data, dict):
+        return {"expected an object"}
+    out = set()
+    if data.get("output_ids") is None:
+        out.add("no `output_ids`")
+    elif not (isinstance(data["output_ids"], list)
+              and all(type(i) is int for i in data["output_ids"])):
+        out.add("ill-typed `output_ids`")
+    if data.get("text") is not None and not isinstance(data["text"], str):
+        out.add("ill-typed `text`")
+    if data.get("meta_info") is not None and not isinstance(data["meta_info"], dict):
+        out.add("ill-typed `meta_info`")
+    return out
 
 
 @SETTINGS

@@ -11,11 +11,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+import fakes
 from dflash_dash import config, jobs, pipeline, sglang, views
 from dflash_dash.sglang import Client, ServerError
 from dflash_dash.store import Store
@@ -268,47 +268,13 @@ def test_release_refused_while_a_fetch_job_runs_against_the_server(srv, tmp_path
 # tokenizer_path as a hub id
 
 
-class HubServer(ThreadingHTTPServer):
-    """An SGLang-shaped fake whose model_path/tokenizer_path is a hub id (as `--model-path Org/Name` gives)."""
-    daemon_threads = True
-
-    def __init__(self, hub_id: str):
-        super().__init__(("127.0.0.1", 0), HubHandler)
-        self.hub_id, self.bodies = hub_id, []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class HubHandler(BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-
-    def send(self, body: bytes) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):  # noqa: N802
-        hub = self.server.hub_id
-        self.send(b"" if self.path == "/health" else json.dumps(
-            {"model_path": hub, "tokenizer_path": hub, "is_generation": True}).encode())
-
-    def do_POST(self):  # noqa: N802
-        self.server.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        self.send(json.dumps({"text": "x", "output_ids": [7, 8], "meta_info": {"completion_tokens": 2}}).encode())
-
-
 @pytest.fixture
 def hub_server():
-    s = HubServer("test-org/tiny-target")
-    t = threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    t.start()
-    yield s
-    s.shutdown()
-    s.server_close()
+    """The SGLang fake (tests/fakes.py) whose model_path/tokenizer_path is a hub id (as `--model-path Org/Name`
+    gives)."""
+    with fakes.serve(model_path="test-org/tiny-target", tokenizer_path="test-org/tiny-target",
+                     answer=lambda ids: [7, 8], text="x") as s:
+        yield s
 
 
 def fake_hf_cache(home: Path, repo: str) -> Path:
@@ -338,7 +304,7 @@ def test_hub_id_tokenizer_found_in_the_local_cache_offline(hub_server, tmp_path,
     assert any("from the local Hugging Face cache" in m for m in seen), seen
     tok = AutoTokenizer.from_pretrained(str(snap))
     from dflash_dash.sglang import chat_ids
-    assert [b["input_ids"] for b in hub_server.bodies] == [chat_ids(tok, p["prompt"]) for p in PROMPTS]
+    assert [b["input_ids"] for b in hub_server.bodies("/generate")] == [chat_ids(tok, p["prompt"]) for p in PROMPTS]
 
 
 def test_hub_id_not_in_the_cache_says_both_ways_out(hub_server, tmp_path, monkeypatch, no_key_env):
@@ -350,7 +316,7 @@ def test_hub_id_not_in_the_cache_says_both_ways_out(hub_server, tmp_path, monkey
     msg = str(e.value)
     assert "'test-org/tiny-target'" in msg and "--tokenizer DIR" in msg
     assert str(tmp_path / "empty-hf" / "hub") in msg and "Hugging Face" in msg and "nothing is downloaded" in msg
-    assert hub_server.bodies == []
+    assert hub_server.bodies("/generate") == []
 
 
 # ---------------------------------------------------------------------------

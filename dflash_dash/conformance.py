@@ -1,0 +1,187 @@
+"""Engine conformance: does a serving engine reach the acceptance the replay says a correct greedy engine reaches
+with the same drafter on the same completion? ("accepted length 3 here, 5.5 there: engine or drafter?")
+
+Contract: pure computation (no torch, no store, no HTTP): engine-stats rows and run_prompts rows in, plain rows
+out. Like with like, per prompt:
+  - replay tau = committed tokens per round of the replay's chain walk (bonus included); the first completion
+    token comes from the target's prefill and is in no round.
+  - engine tau = (completion_tokens - 1) / verify_steps: the same count from the engine's counters (the prefill
+    token left out). SGLang's own spec_accept_length = completion_tokens / spec_verify_ct counts the prefill
+    token too, so it sits slightly above; it is shown beside, never compared.
+  - flagged: the engine falls short of the replay by more than THRESHOLD of the replay's tau,
+    replay_tau - engine_tau > THRESHOLD * replay_tau. A correct greedy engine with the replay's numerics matches
+    exactly (the local stand-in does: same features, same drafter path); a real engine's bf16 kernels and batch
+    shapes flip a few near-tie drafts, which moves a prompt's tau by a few percent either way (numeric noise);
+    a broken engine (features from the wrong layer, truncated context, a wrong mask) costs far more.
+Engine stats come from SGLang's meta_info at fetch time (`from_sglang`, engine "sglang") or from a JSONL file of
+another engine (`parse_stats`): lines {"id", "verify_steps", "accepted_tokens"} or {"id", "accept_lengths": [...]}.
+The run-level figures are the CONFORMANCE block of the metric registry (`metrics`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from . import metrics, prompts
+from .errors import UserError
+
+THRESHOLD = 0.05  # flag when replay_tau - engine_tau > THRESHOLD * replay_tau (more than numeric noise)
+SGLANG = "sglang"  # the engine name of the stats recorded at fetch from an SGLang server's meta_info
+
+
+class StatsError(UserError, ValueError):
+    """An engine-stats file or row that cannot be used; the message names the line and the field."""
+
+
+# ---------------------------------------------------------------------------
+# engine stats rows: {verify_steps, accepted_tokens, completion_tokens, accept_lengths, histogram}
+
+
+def _count(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def from_sglang(meta: dict, output_tokens: int) -> dict | None:
+    """An engine-stats row from SGLang's meta_info of one request (None when the server did not decode
+    speculatively: no spec_verify_ct). completion_tokens from meta_info, else the output ids' count."""
+    verify = _count((meta or {}).get("spec_verify_ct"))
+    if verify is None:
+        return None
+    n = _count(meta.get("completion_tokens"))
+    acc = _count(meta.get("spec_accept_token_num", meta.get("spec_accepted_drafts")))
+    hist = meta.get("spec_accept_histogram")
+    hist = [int(h) for h in hist] if isinstance(hist, list) and all(_count(h) is not None for h in hist) else None
+    return {"verify_steps": verify, "accepted_tokens": acc, "completion_tokens": output_tokens if n is None else n,
+            "accept_lengths": None, "histogram": hist}
+
+
+def parse_stats(text: str, completion_tokens: dict[str, int], set_name: str = "the set") -> list[dict]:
+    """Validate an engine-stats JSONL file against a completion set ({prompt id: completion tokens}); rows with
+    "id" added. Each line is {"id", "verify_steps", "accepted_tokens"} (verify steps and draft tokens accepted
+    over them, bonus tokens not counted) or {"id", "accept_lengths": [...]} (committed tokens of each verify
+    step, bonus included). A bad line raises StatsError naming the line and the field; ids that are not in the
+    set are refused by name (all of them, in one message)."""
+    out, unknown = [], []
+    for n, rec, pid in prompts.records(text, StatsError):
+        at = f"line {n} (id {pid!r})"
+        if pid not in completion_tokens:
+            unknown.append(pid)
+            continue
+        total = completion_tokens[pid]
+        has_counts = "verify_steps" in rec or "accepted_tokens" in rec
+        if has_counts and "accept_lengths" in rec:
+            raise StatsError(f"{at}: give either 'verify_steps' + 'accepted_tokens' or 'accept_lengths', not both")
+        if "accept_lengths" in rec:
+            lens = rec["accept_lengths"]
+            if not isinstance(lens, list) or not lens:
+                raise StatsError(f"{at}: field 'accept_lengths' must be a non-empty list of committed tokens per "
+                                 f"verify step (integers >= 1), got {lens!r}")
+            for x in lens:
+                if _count(x) is None or x < 1:
+                    raise StatsError(f"{at}: field 'accept_lengths' holds {x!r}; each verify step commits an "
+                                     "integer >= 1 tokens (accepted drafts + the bonus token)")
+            verify, acc = len(lens), sum(lens) - len(lens)
+        elif has_counts:
+            for key in ("verify_steps", "accepted_tokens"):
+                if key not in rec:
+                    raise StatsError(f"{at}: field '{key}' is missing (give 'verify_steps' and 'accepted_tokens', "
+                                     "or 'accept_lengths')")
+                if _count(rec[key]) is None:
+                    raise StatsError(f"{at}: field '{key}' must be an integer >= 0, got {rec[key]!r}")
+            verify, acc, lens = rec["verify_steps"], rec["accepted_tokens"], None
+        else:
+            raise StatsError(f"{at}: no engine counters: give 'verify_steps' and 'accepted_tokens', or "
+                             "'accept_lengths'")
+        key = "accept_lengths" if lens is not None else "verify_steps"
+        if verify > total or (verify == 0 and total > 1):
+            raise StatsError(f"{at}: field '{key}' gives {verify} verify steps for a completion of {total} tokens "
+                             f"(expected 1 to {total}: each step commits at least one token)")
+        if acc > total:
+            raise StatsError(f"{at}: field '{'accept_lengths' if lens is not None else 'accepted_tokens'}' gives "
+                             f"{acc} accepted drafts for a completion of {total} tokens")
+        out.append({"id": pid, "verify_steps": verify, "accepted_tokens": acc, "completion_tokens": total,
+                    "accept_lengths": lens, "histogram": None})
+    if unknown:
+        shown = ", ".join(repr(u) for u in unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+        raise StatsError(f"id(s) not in completion set {set_name!r}: {shown}; the stats must be for the completions "
+                         "of that set (same prompt ids)")
+    if not out:
+        raise StatsError("the file holds no engine stats (expected one JSON object per line)")
+    return out
+
+
+# ---------------------------------------------------------------------------
+# comparison
+
+
+def engine_tau(stats: dict) -> float | None:
+    """(completion_tokens - 1) / verify_steps: committed tokens per verify step, the prefill token left out."""
+    v, n = stats.get("verify_steps"), stats.get("completion_tokens")
+    return (n - 1) / v if v and n is not None else None
+
+
+def sglang_accept_length(stats: dict) -> float | None:
+    """SGLang's own spec_accept_length = completion_tokens / spec_verify_ct (prefill token included)."""
+    v, n = stats.get("verify_steps"), stats.get("completion_tokens")
+    return n / v if v and n is not None else None
+
+
+def replay_tau(row: dict) -> float | None:
+    """The replay's per-prompt tau: committed / rounds of the chain walk (a run_prompts row)."""
+    return metrics.tau(metrics.Prompt.of(row), metrics.Ctx(0, 0))
+
+
+def flag(engine: float | None, replay: float | None, threshold: float = THRESHOLD) -> bool:
+    """The engine falls short of the replay by more than `threshold` of the replay's tau."""
+    return engine is not None and replay is not None and replay - engine > threshold * replay
+
+
+def compare(run_prompts: list[dict], stats: list[dict], threshold: float = THRESHOLD) -> list[dict]:
+    """One row per prompt that has both a replay row and engine stats, in `run_prompts` order: id, engine_tau,
+    replay_tau, gap (engine - replay), gap_rel (gap / replay), flagged, verify_steps, rounds (replay), committed
+    (replay), completion_tokens, accepted_tokens, sglang_accept_length, histogram (the engine's, when it reported one)."""
+    by_id = {s.get("prompt_id", s.get("id")): s for s in stats}
+    out = []
+    for r in run_prompts:
+        pid = r.get("prompt_id", r.get("id"))
+        s = by_id.get(pid)
+        if s is None:
+            continue
+        e, rp = engine_tau(s), replay_tau(r)
+        gap = e - rp if e is not None and rp is not None else None
+        out.append({"id": pid, "engine_tau": e, "replay_tau": rp, "gap": gap,
+                    "gap_rel": gap / rp if gap is not None and rp else None, "flagged": flag(e, rp, threshold),
+                    "verify_steps": s.get("verify_steps"), "rounds": len(r.get("rounds") or []),
+                    "committed": sum(r.get("rounds") or []),
+                    "completion_tokens": s.get("completion_tokens"), "accepted_tokens": s.get("accepted_tokens"),
+                    "sglang_accept_length": sglang_accept_length(s), "histogram": s.get("histogram")})
+    return out
+
+
+def missing(run_prompts: list[dict], stats: list[dict]) -> list[str]:
+    """Prompt ids of the run that have no engine stats."""
+    have = {s.get("prompt_id", s.get("id")) for s in stats}
+    return [pid for r in run_prompts if (pid := r.get("prompt_id", r.get("id"))) not in have]
+
+
+def report(run: str, engine: str, threshold: float, rows: list[dict]) -> dict:
+    """The CLI's JSON: {"run", "engine", "threshold", "prompts": [{"id", "engine_tau", "replay_tau", "flagged"}]}."""
+    return {"run": run, "engine": engine, "threshold": threshold,
+            "prompts": [{"id": r["id"], "engine_tau": r["engine_tau"], "replay_tau": r["replay_tau"],
+                         "flagged": r["flagged"]} for r in rows]}
+
+
+def summary(rows: list[dict], threshold: float = THRESHOLD) -> dict:
+    """Run-level figures: every entry of the registry's CONFORMANCE block over `rows` (from `compare`)."""
+    return {m.key: m.run(rows, threshold) for m in metrics.CONFORMANCE} | {"threshold": threshold}
+
+
+def engine_histogram(rows: list[dict]) -> list[int] | None:
+    """The engine's verify steps by accepted drafts, summed over prompts (None when it reported none)."""
+    hs = [r["histogram"] for r in rows if r.get("histogram")]
+    if not hs:
+        return None
+    out = [0] * max(len(h) for h in hs)
+    for h in hs:
+        for i, c in enumerate(h):
+            out[i] += c
+    return out

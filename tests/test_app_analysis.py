@@ -1,0 +1,147 @@
+"""The issue-11 sections through AppTest on the prepared workspace: calibration and failure patterns on
+Acceptance (CSV downloads, worst-span links that outline their positions), calibration overlaid on Compare, and
+target-layer attribution on Diagnostics (the button starts the job, the chart follows)."""
+from __future__ import annotations
+
+import csv
+import io
+
+import duckdb
+
+from dflash_dash import patterns, pipeline, views
+from dflash_dash.store import Store
+from test_app import app, by_label, clean, htmls, navigation_routing, wait_job  # noqa: F401  (autouse fixture)
+
+
+def charts(at) -> list[str]:
+    """The titles of the page's plotly charts."""
+    import json
+    out = []
+    for c in at.get("plotly_chart"):
+        spec = json.loads(c.proto.spec)
+        out.append(((spec.get("layout") or {}).get("title") or {}).get("text", ""))
+    return out
+
+
+def downloads(at) -> list[str]:
+    return [d.proto.label for d in at.get("download_button")]
+
+
+def test_acceptance_shows_calibration_with_formulas(prepared, monkeypatch):
+    rid = prepared.runs[0]
+    at = app(prepared.workspace, monkeypatch, "acceptance", run=rid)
+    clean(at)
+    st_ = Store(prepared.workspace)
+    cal = views.calibration(st_.run_prompts(rid), 4, st_.run_row(rid)["tree_budget"])
+    m = {x.label: x.value for x in at.metric}
+    assert m["calibration ECE (pooled over depths)"] == views.fmt(cal["calibration_ece"])
+    assert m["expected tau (macro)"] == views.fmt(cal["expected_tau"])
+    assert m["expected tau (pooled)"] == views.fmt(cal["expected_tau_pooled"])
+    captions = " ".join(c.value for c in at.caption)
+    assert "(n_b / N) * |observed_b - predicted_b|" in captions and "prod_{j<=k} p_j" in captions
+    titles = charts(at)
+    assert "reliability diagram (pooled over depths)" in titles and "expected vs observed tau per prompt" in titles
+    by_label(at.selectbox, "reliability diagram: depth").set_value("depth 2").run()
+    clean(at)
+    assert "reliability diagram (depth 2)" in charts(at)
+    for label in ("reliability bins (CSV)", "per-depth calibration (CSV)", "expected vs observed tau per prompt (CSV)"):
+        assert label in downloads(at)
+
+
+def test_acceptance_shows_failure_patterns_with_downloads_and_links(prepared, monkeypatch):
+    rid = prepared.runs[0]
+    at = app(prepared.workspace, monkeypatch, "acceptance", run=rid)
+    clean(at)
+    st_ = Store(prepared.workspace)
+    exp = pipeline.export(st_, rid)["patterns"]
+    frames = [d.value for d in at.dataframe]
+    by_class = next(f for f in frames if "class" in f.columns)
+    assert list(by_class["class"]) == list(patterns.CLASSES)
+    assert list(by_class["rounds"]) == [r["rounds"] for r in exp["by_class"]]
+    assert by_class["rounds"].sum() == st_.run_row(rid)["summary"]["rounds"]
+    spans = next(f for f in frames if "link" in f.columns)
+    assert list(spans["link"]) == [s["link"] for s in exp["worst_spans"]]
+    for title in ("by token class", "by position in the completion", "by context length", "most frequent rejections",
+                  "worst spans"):
+        assert f"{title} (CSV)" in downloads(at)
+    assert "acceptance by class of the target token at slot 1" in charts(at)
+    links = [m.value for m in at.markdown if "open in the token view" in m.value]
+    assert len(links) == len(exp["worst_spans"]) and exp["worst_spans"][0]["link"] in links[0]
+    # the CSV a button offers is the table
+    btn = next(d for d in at.get("download_button") if d.proto.label == "worst spans (CSV)")
+    assert btn.proto.label  # the data itself is served by the media file manager; the table is checked above
+    rows = list(csv.DictReader(io.StringIO(views.csv_text(exp["worst_spans"]))))
+    assert [r["link"] for r in rows] == list(spans["link"])
+
+
+def test_worst_span_link_opens_the_prompt_with_the_span_outlined(prepared, monkeypatch):
+    rid = prepared.runs[0]
+    span = pipeline.export(Store(prepared.workspace), rid)["patterns"]["worst_spans"][0]
+    at = app(prepared.workspace, monkeypatch, "acceptance", run=rid, prompt=span["prompt"],
+             pos=f"{span['start']}-{span['end']}")
+    clean(at)
+    assert by_label(at.selectbox, "prompt").value == span["prompt"]
+    view = next(h for h in htmls(at) if 'class="dfv"' in h and "pos " in h)
+    assert view.split("</style>", 1)[1].count("dfv-x") == span["end"] - span["start"] + 1
+    assert any(f"positions {span['start']}–{span['end']} from the link" in c.value for c in at.caption)
+    # another prompt: the span belonged to the first one, so nothing is outlined and pos leaves the URL
+    other = next(p for p in ("html-script", "code-add", "drafted") if p != span["prompt"])
+    by_label(at.selectbox, "prompt").set_value(other).run()
+    clean(at)
+    view = next(h for h in htmls(at) if 'class="dfv"' in h and "pos " in h)
+    assert "dfv-x" not in view.split("</style>", 1)[1] and "pos" not in at.query_params
+
+
+def test_run_without_draft_probabilities_says_replay_again(prepared, workspace_copy, monkeypatch):
+    rid = prepared.runs[1]
+    con = duckdb.connect(str(workspace_copy / "dflash.duckdb"))
+    con.execute("UPDATE run_prompts SET draft_logp = NULL WHERE run_id = ?", [rid])
+    con.close()
+    at = app(workspace_copy, monkeypatch, "acceptance", run=rid)
+    clean(at)
+    assert any("not recorded, replay again" in i.value for i in at.info)
+    assert "calibration ECE (pooled over depths)" not in {m.label for m in at.metric}
+    assert "acceptance by class of the target token at slot 1" in charts(at)  # patterns need no probabilities
+    at = app(workspace_copy, monkeypatch, "compare", a=prepared.runs[0], b=rid)
+    clean(at)
+    assert any("not recorded, replay again" in i.value for i in at.info)
+
+
+def test_compare_overlays_both_runs_calibration(prepared, monkeypatch):
+    a, b = prepared.runs
+    at = app(prepared.workspace, monkeypatch, "compare", a=a, b=b)
+    clean(at)
+    st_ = Store(prepared.workspace)
+    table = next(d.value for d in at.dataframe if "metric" in d.value.columns and
+                 "calibration ECE (pooled over depths)" in list(d.value["metric"]))
+    names = [f"A {st_.run_row(a)['name']}", f"B {st_.run_row(b)['name']}"]
+    assert list(table.columns) == ["metric", *names, "formula"]
+    for rid, name in zip((a, b), names):
+        cal = views.calibration(st_.run_prompts(rid), 4, 8)
+        assert table.set_index("metric").loc["calibration ECE (pooled over depths)", name] == \
+            views.fmt(cal["calibration_ece"])
+    import json
+    rel = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+               if "reliability diagram" in json.dumps(json.loads(c.proto.spec).get("layout", {}).get("title")))
+    traced = {t.get("name") for t in rel["data"]}
+    assert {f"{n}: observed" for n in names} <= traced
+    assert "reliability bins, both runs (CSV)" in downloads(at)
+
+
+def test_attribute_button_starts_the_job_and_the_chart_follows(prepared, workspace_copy, monkeypatch):
+    rid = prepared.runs[0]
+    at = app(workspace_copy, monkeypatch, "diagnostics", run=rid)
+    clean(at)
+    assert any("not attributed yet" in i.value for i in at.info)
+    by_label(at.button, "Attribute").click().run()
+    clean(at)
+    job = wait_job(workspace_copy, "attribute")
+    assert job["status"] == "done", job
+    assert job["args"] == {"run": rid} and job["result"] == {"run": rid, "taps": 2}
+    at.run()
+    clean(at)
+    assert "tau lost with each target-layer tap replaced by its mean" in charts(at)
+    frame = next(d.value for d in at.dataframe if "tau_lost_macro" in d.value.columns)
+    assert list(frame["layer_id"]) == Store(workspace_copy).extraction(prepared.extraction)["layer_ids"]
+    assert "attribution (CSV)" in downloads(at)
+    assert any(b.label == "Attribute again" for b in at.button)

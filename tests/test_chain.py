@@ -1,0 +1,96 @@
+"""Chain-only replay (issue 12): only the anchors the chain and DDTree walks visit, many sequences in lockstep;
+its rounds, drafts and acceptance equal the every-anchor mode's on the same inputs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dflash_dash import drafter as dr, metrics, replay as rp, target as tg, tiny
+
+
+def planted(m: dr.Drafter, head: tg.Head, feats: torch.Tensor, P: int, T: int, seed: int) -> torch.Tensor:
+    """Tokens that follow the drafter's own blocks: at each anchor keep a random number of its drafts, then a
+    different token, so acceptance is a mix of long and short (features are fixed, so drafts at anchor p
+    depend only on features[:p] and token p)."""
+    rng = np.random.default_rng(seed)
+    toks = [int(t) for t in rng.integers(10, 500, P + 1)]
+    while len(toks) < T:
+        p = len(toks) - 1
+        d = rp.draft_loop(m, head, feats[:p + 1], torch.tensor(toks), p).tokens[0].tolist()
+        keep = int(rng.integers(0, len(d) + 1))
+        toks += d[:keep]
+        other = int(rng.integers(10, 500))
+        toks.append(other if keep == len(d) or other != d[keep] else other + 1)
+    return torch.tensor(toks[:T])
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    base = tmp_path_factory.mktemp("chain")
+    g = torch.Generator().manual_seed(1)
+    head = tg.Head(torch.randn(512, 64, generator=g), torch.randn(512, 64, generator=g))
+    out = {}
+    for name, types, win in [("full", ["full_attention"] * 2, None),
+                             ("sliding", ["sliding_attention", "full_attention"], 6)]:
+        m = dr.load(tiny.write_drafter(base / name, tiny.TinyDrafter(seed=3, layer_types=types, sliding_window=win,
+                                                                    block_size=5)))
+        seqs = []
+        for i, (T, P) in enumerate([(60, 5), (31, 9), (47, 3), (13, 11), (2, 1), (40, 20)]):
+            feats = torch.randn(T, 128, generator=g)
+            seqs.append(rp.Sequence(f"s{i}", planted(m, head, feats, P, T, seed=i), P, feats))
+        out[name] = (m, seqs)
+    return head, out
+
+
+@pytest.mark.parametrize("name", ["full", "sliding"])
+@pytest.mark.parametrize("budget,batch", [(0, 4), (3, 2), (6, 64)])
+def test_chain_rounds_equal_every_anchor(case, name, budget, batch):
+    head, models = case
+    m, seqs = models[name]
+    every, s_every = rp.run(m, head, seqs, budget=budget, chunk=7)
+    chain, s_chain = rp.run_chain(m, head, seqs, budget=budget, batch=batch)
+    assert s_every["tau_pooled"] > 1.5  # planted acceptance: the walks skip anchors
+    visited = 0
+    for a, b in zip(every, chain):
+        assert (a.id, a.rounds, a.round_anchors, a.tree_rounds) == (b.id, b.rounds, b.round_anchors, b.tree_rounds)
+        for p in b.round_anchors:
+            x = p - b.prompt_len
+            assert b.accepted_at[x] == a.accepted_at[x] and b.drafts[x] == a.drafts[x]
+            assert b.draft_logp[x] == pytest.approx(a.draft_logp[x], abs=1e-4)
+        computed = [x for x, v in enumerate(b.accepted_at) if v >= 0]
+        assert all(b.accepted_at[x] == a.accepted_at[x] for x in computed)
+        visited += len(computed)
+    assert visited < sum(len(a.accepted_at) for a in every)  # really fewer anchors than every-anchor
+    for key in ("tau_macro", "tau_pooled", "ddtree_tau", "ddtree_tau_pooled", "accept_hist", "depth_conditional",
+                "depth_marginal", "rounds", "committed"):
+        assert s_chain[key] == s_every[key], key
+    assert s_chain["every_anchor_tau"] is None and s_every["every_anchor_tau"] is not None  # not computed
+
+
+def test_every_anchor_metrics_absent_on_chain_rows():
+    p = metrics.Prompt("x", 2, [3, -1, -1, -1, 0, 1], [4, 1, 2])
+    assert metrics.every_anchor(p, metrics.Ctx(4, 0)) is None
+    assert metrics.tau(p, metrics.Ctx(4, 0)) == pytest.approx(7 / 3)
+
+
+def test_sweep_one_pass_equals_separate_replays_and_reads_features_once(prepared, workspace_copy, monkeypatch):
+    from dflash_dash import cache, pipeline
+    from dflash_dash.store import Store
+    st = Store(workspace_copy)
+    reads = []
+    real = cache.read
+    monkeypatch.setattr(cache, "read", lambda root, ex, pid, *a, **k: reads.append(pid) or real(root, ex, pid, *a, **k))
+    before = {r["checkpoint"]: r["id"] for r in st.runs()}
+    st.run("DELETE FROM runs")  # the sweep must replay both checkpoints (the old runs stay as the reference)
+    ids = pipeline.sweep(st, str(prepared.train), prepared.extraction)
+    assert sorted(reads) == sorted({r["prompt_id"] for r in st.items(prepared.extraction)})  # once each
+    ref = Store(prepared.workspace)
+    for rid in ids:
+        run = st.run_row(rid)
+        assert run["summary"]["anchors"] == "chain"
+        want = {p["prompt_id"]: p for p in ref.run_prompts(before[run["checkpoint"]])}
+        for p in st.run_prompts(rid):
+            w = want[p["prompt_id"]]
+            assert (p["rounds"], p["tree_rounds"]) == (w["rounds"], w["tree_rounds"])
+            assert p["tau"] == pytest.approx(w["tau"])
