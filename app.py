@@ -1,7 +1,8 @@
 """dflash-dash: the dashboard. `streamlit run app.py -- --workspace W` (default cache/).
 
 Routes with st.navigation to the page scripts in pages/ (home at /, then URL paths completions, extraction,
-acceptance, compare, diagnostics, conformance); the sidebar shows the workspace, the server's readiness and the running jobs.
+acceptance, compare, diagnostics, conformance); the sidebar shows the workspace, the server's readiness and the
+running jobs.
 Pages read the store and the feature cache only; long work runs as jobs (separate processes).
 """
 from __future__ import annotations

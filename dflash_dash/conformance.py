@@ -95,13 +95,11 @@ def parse_stats(text: str, completion_tokens: dict[str, int], set_name: str = "t
         if verify > total or (verify == 0 and total > 1):
             raise StatsError(f"{at}: field '{key}' gives {verify} verify steps for a completion of {total} tokens "
                              f"(expected 1 to {total}: each step commits at least one token)")
-        if acc > total:
-            raise StatsError(f"{at}: field '{'accept_lengths' if lens is not None else 'accepted_tokens'}' gives "
-                             f"{acc} accepted drafts for a completion of {total} tokens")
         out.append({"id": pid, "verify_steps": verify, "accepted_tokens": acc, "completion_tokens": total,
                     "accept_lengths": lens, "histogram": None})
     if unknown:
-        shown = ", ".join(repr(u) for u in unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        shown = ", ".join(repr(u) for u in unknown[:10]) + more
         raise StatsError(f"id(s) not in completion set {set_name!r}: {shown}; the stats must be for the completions "
                          "of that set (same prompt ids)")
     if not out:
@@ -138,7 +136,8 @@ def flag(engine: float | None, replay: float | None, threshold: float = THRESHOL
 def compare(run_prompts: list[dict], stats: list[dict], threshold: float = THRESHOLD) -> list[dict]:
     """One row per prompt that has both a replay row and engine stats, in `run_prompts` order: id, engine_tau,
     replay_tau, gap (engine - replay), gap_rel (gap / replay), flagged, verify_steps, rounds (replay), committed
-    (replay), completion_tokens, accepted_tokens, sglang_accept_length, histogram (the engine's, when it reported one)."""
+    (replay), completion_tokens, accepted_tokens, sglang_accept_length, histogram (the engine's, when it reported
+    one)."""
     by_id = {s.get("prompt_id", s.get("id")): s for s in stats}
     out = []
     for r in run_prompts:

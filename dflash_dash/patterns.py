@@ -181,7 +181,9 @@ def _shown(texts: list[str], limit: int = 120) -> str:
 def worst_spans(rows: list[dict], comps: dict[str, dict], run_id: str, strings: Strings, window: int = 16,
                 top: int = 10) -> list[dict]:
     """The `top` windows of `window` consecutive completion anchors (P..T-2; fewer in a shorter completion)
-    with the lowest mean accepted(p) over all prompts, non-overlapping; ties: prompt order, then position."""
+    with the lowest mean accepted(p) over all prompts, non-overlapping; ties: prompt order, then position.
+    A chain-only run knows accepted(p) only at the anchors its walks visited (-1 elsewhere): a window's mean is
+    then over its known anchors (`anchors` counts them), and a window without one is skipped."""
     cands = []
     order = {r["prompt_id"]: n for n, r in enumerate(rows)}
     for r in rows:
@@ -191,28 +193,31 @@ def worst_spans(rows: list[dict], comps: dict[str, dict], run_id: str, strings: 
         w = min(window, len(acc))
         if not w:
             continue
-        run = sum(acc[:w])
+        tot, cnt = [0], [0]  # prefix sums of the known accepted(p) and of how many are known
+        for v in acc:
+            tot.append(tot[-1] + max(v, 0))
+            cnt.append(cnt[-1] + (v >= 0))
         for s in range(len(acc) - w + 1):
-            if s:
-                run += acc[s + w - 1] - acc[s - 1]
-            cands.append((run / w, order[r["prompt_id"]], s, w, r))
+            n = cnt[s + w] - cnt[s]
+            if n:
+                cands.append(((tot[s + w] - tot[s]) / n, order[r["prompt_id"]], s, w, n, r))
     cands.sort(key=lambda c: c[:3])
     picked: list[tuple] = []
     taken: dict[str, list[tuple[int, int]]] = {}
-    for mean, _, s, w, r in cands:
+    for mean, _, s, w, n, r in cands:
         spans = taken.setdefault(r["prompt_id"], [])
         if any(s < e and a < s + w for a, e in spans):
             continue
         spans.append((s, s + w))
-        picked.append((mean, s, w, r))
+        picked.append((mean, s, w, n, r))
         if len(picked) >= top:
             break
     out = []
-    for mean, s, w, r in picked:
+    for mean, s, w, n, r in picked:
         pid, P = r["prompt_id"], r["prompt_len"]
         toks = tokens_of(comps[pid])
         start, end = P + s, P + s + w - 1
-        out.append({"prompt": pid, "start": start, "end": end, "anchors": w, "mean_accepted": _r(mean),
+        out.append({"prompt": pid, "start": start, "end": end, "anchors": n, "mean_accepted": _r(mean),
                     "every_anchor_tau": _r(mean + 1), "text": _shown(strings(toks[start:end + 1])),
                     "link": link(run_id, pid, start, end)})
     return out

@@ -370,6 +370,8 @@ def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = "
     results: list[list] = [[] for _ in loaded]
     n, done = len(store.items(ex["id"])), 0
     for batch in iter_sequences(store, ex):
+        if device.startswith("cuda") and len(loaded) > 1:  # one upload per batch, shared by every checkpoint
+            batch = [replay_mod.Sequence(s.id, s.tokens, s.prompt_len, s.features.to(device)) for s in batch]
         for j, (_, _, _, d) in enumerate(loaded):
             res, _ = (replay_mod.run_chain(d, head, batch, budget) if anchors == "chain"
                       else replay_mod.run(d, head, batch, budget, chunk))
@@ -491,13 +493,14 @@ def tap_means(seqs: list[replay_mod.Sequence]) -> torch.Tensor:
 
 
 def attribute(store: Store, run: str = "latest", device: str | None = None, dtype: str | None = None,
-              chunk: int = 64, progress: Progress = None) -> dict:
+              progress: Progress = None) -> dict:
     """Target-layer attribution of a run: its drafter (same checkpoint, config file and sliding semantics) is
-    replayed on its extraction (DDTree budget 0) once as it is and once per target tap with that tap replaced
-    by its mean over the extraction (tap k = features[:, k*H:(k+1)*H], averaged over all tokens of all
-    prompts); tau lost = base tau - ablated tau. Stored in `attributions` (replacing an earlier attribution of
-    the run). `device`/`dtype` default to the run's own. Returns {"run", "base_tau_macro", "base_tau_pooled",
-    "taps": [{tap, layer_id, tau_macro, tau_pooled, base_tau_macro, base_tau_pooled}]}."""
+    replayed on its extraction (chain-only anchors, whose tau equals every-anchor's; DDTree budget 0) once as it
+    is and once per target tap with that tap replaced by its mean over the extraction (tap k =
+    features[:, k*H:(k+1)*H], averaged over all tokens of all prompts); tau lost = base tau - ablated tau.
+    Stored in `attributions` (replacing an earlier attribution of the run). `device`/`dtype` default to the
+    run's own. Returns {"run", "base_tau_macro", "base_tau_pooled", "taps": [{tap, layer_id, tau_macro,
+    tau_pooled, base_tau_macro, base_tau_pooled}]}."""
     r = store.run_row(run)
     ex = store.extraction(r["extraction_id"])
     if ex["status"] != "done":
@@ -520,7 +523,7 @@ def attribute(store: Store, run: str = "latest", device: str | None = None, dtyp
     n = len(seqs)
 
     def tau_of(i: int, what: str) -> dict:
-        _, summ = replay_mod.run(d, head, seqs, budget=0, chunk=chunk, progress=lambda j, m: _tick(
+        _, summ = replay_mod.run_chain(d, head, seqs, budget=0, progress=lambda j, m: _tick(
             progress, i * n + j, (K + 1) * n, f"replay {i + 1}/{K + 1} ({what}): {seqs[j - 1].id}"))
         return summ
 

@@ -366,7 +366,8 @@ def run_chain(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 
 def _stack_features(drafter: Drafter, seqs: list[Sequence]) -> torch.Tensor:
     """Features of `seqs` padded with zeros to one length and stacked on the drafter's device: [S, T, K*H]."""
     T = max(len(s.tokens) for s in seqs)
-    out = torch.zeros(len(seqs), T, seqs[0].features.shape[1], dtype=seqs[0].features.dtype)
+    out = torch.zeros(len(seqs), T, seqs[0].features.shape[1], dtype=seqs[0].features.dtype,
+                      device=seqs[0].features.device)
     for j, s in enumerate(seqs):
         out[j, :len(s.tokens)] = s.features
     return _upload(drafter, out)
@@ -398,15 +399,15 @@ def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int
         live = [j for j in rows if chain[j] < len(toks[j]) - 1 or tree[j] < len(toks[j]) - 1]
         if not live:
             break
-        if len(live) < len(rows):                                      # drop finished sequences from the stack
+        if len(live) <= 0.75 * len(rows):                              # drop finished sequences from the stack
             keep = torch.tensor([rows.index(j) for j in live], device=dev)
             kv = [(kk.index_select(0, keep), vv.index_select(0, keep)) for kk, vv in kv]
             rows = live
-        want = []                                                      # G anchors per live sequence
+        want = []                                                      # G anchors per stacked sequence
         for j in rows:
             last = len(toks[j]) - 1
-            a = [p for p in (chain[j], tree[j]) if p < last][:G] if G == 2 else [chain[j]]
-            want += (a + a[:1] * G)[:G]
+            a = [p for p in (chain[j], tree[j]) if p < last] or [seqs[j].prompt_len - 1]  # done: a spare block
+            want += (a + a[:1] * G)[:G] if G == 2 else [a[0]]
         anchors = torch.tensor(want, device=dev)
         seq_rows = torch.tensor([j for j in rows for _ in range(G)], device=tok_pad.device)
         ids = torch.full((len(want), B), drafter.c.mask_token_id, dtype=torch.long, device=tok_pad.device)
@@ -417,6 +418,8 @@ def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int
         for n, p in enumerate(want):
             j = rows[n // G]
             T, P, a = len(toks[j]), seqs[j].prompt_len, p - seqs[j].prompt_len
+            if chain[j] >= T - 1 and tree[j] >= T - 1:                 # finished, still stacked: nothing to keep
+                continue
             if drafts[j][a, 0] == -1:
                 drafts[j][a], logp[j][a] = d_tok[n], top_lp[n, :, 0]
                 m = min(D, T - 1 - p)

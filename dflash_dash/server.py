@@ -665,8 +665,9 @@ def speculative_args(p: argparse.ArgumentParser) -> None:
                    help="decode speculatively with this DFlash drafter (SGLang's --speculative-algorithm DFLASH "
                         "--speculative-draft-model-path); meta_info then reports SGLang's spec_* counters")
     p.add_argument("--speculative-bug", default=None, choices=list(specdec.BUGS),
-                   help="TEST AID: serve a deliberately broken speculative decoder (truncate-context: the drafter "
-                        f"sees only the last {specdec.TRUNCATE} context positions), for conformance tests")
+                   help="TEST AID: serve a deliberately broken speculative decoder, for conformance tests "
+                        f"(truncate-context: the drafter sees only the last {specdec.TRUNCATE} context positions; "
+                        "layer-off-by-one: it gets decoder layer l-1's output for target layer id l)")
 
 
 if __name__ == "__main__":

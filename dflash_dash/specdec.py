@@ -18,8 +18,10 @@ of `model`, produced the speculative way, with SGLang's counters (`Counters.meta
     bit-identical to the cached ones when the completion runs to max_new (CPU, fp32; causal layers never see
     the padding). A completion that stops early was extracted over fewer tokens: its features can then differ
     in the last bf16 bit at a few positions. The drafter runs through `replay.draft_one`, the replay's path.
-  - `bug` (a test aid, never a default): "truncate-context" drafts from the last `TRUNCATE` context positions
-    only (relative positions kept), the kind of engine bug conformance must flag.
+  - `bug` (a test aid, never a default), the kinds of engine bug conformance must flag: "truncate-context"
+    drafts from the last `TRUNCATE` context positions only (relative positions kept); "layer-off-by-one" feeds
+    the drafter the output of decoder layer l-1 for each target layer id l (HF hidden_states[l], not [l+1]; a
+    known bug of another engine).
 Slow on purpose (one full forward per verify step for the features): correctness over speed.
 """
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 
 from . import drafter as drafter_mod, replay, target as target_mod
 
-BUGS = ("truncate-context",)  # deliberately broken decoders, for tests of conformance
+BUGS = ("truncate-context", "layer-off-by-one")  # deliberately broken decoders, for tests of conformance
 TRUNCATE = 4                  # truncate-context: context positions the drafter still sees
 
 
@@ -44,7 +46,9 @@ TRUNCATE = 4                  # truncate-context: context positions the drafter 
 @dataclass
 class Counters:
     block_size: int                                         # B: B-1 drafts proposed per verify step
-    accepted: list[int] = field(default_factory=list)       # drafts accepted at each verify step (0..B-1)
+    accepted: list[int] = field(default_factory=list)       # drafts verification accepted at each step (0..B-1;
+    #                                                         counted before the cut at max_new / a stop, so the
+    #                                                         last step's may reach past the completion)
 
     @property
     def verify_ct(self) -> int:
@@ -101,7 +105,10 @@ class Speculator:
         pad = getattr(model.config.get_text_config(), "pad_token_id", None) or 0
         ids = torch.tensor(context + [pad] * (total - len(context)))
         decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-        return target_mod.extract(decoder, ids, self.drafter.c.target_layer_ids).to(torch.bfloat16)
+        layers = self.drafter.c.target_layer_ids
+        if self.bug == "layer-off-by-one":  # hidden_states[l] instead of [l+1] (layer 0 stays: nothing below it)
+            layers = [max(0, l - 1) for l in layers]
+        return target_mod.extract(decoder, ids, layers).to(torch.bfloat16)
 
     def draft(self, model, head: target_mod.Head, seq: list[int], total: int) -> list[int]:
         """Drafts d_1..d_{B-1} at anchor p = len(seq) - 1 from the features of positions 0..p-1."""

@@ -570,7 +570,7 @@ def reliability_fig(runs: dict[str, list[dict]], depth: str | int = "pooled") ->
                         hovertemplate="predicted %{x:.3f}<br>observed %{y:.3f}<br>%{text}")
     fig.update_layout(barmode="group", yaxis2=dict(overlaying="y", side="right", title="samples", showgrid=False))
     fig.update_xaxes(range=[0, 1])
-    fig.update_yaxes(range=[0, 1.02])
+    fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
     what = "pooled over depths" if depth == "pooled" else f"depth {depth}"
     return _layout(fig, f"reliability diagram ({what})", "predicted: drafter's probability of its draft p_k",
                    "observed: share accepted", height=380)
@@ -585,7 +585,7 @@ def confidence_fig(runs: dict[str, list[dict]]) -> go.Figure:
         fig.add_scatter(x=ks, y=[r["observed"] for r in rows], mode="lines+markers", name=f"{name}: observed")
         fig.add_scatter(x=ks, y=[r["mean_p"] for r in rows], mode="lines+markers", name=f"{name}: mean p_k",
                         line=dict(dash="dot"))
-    fig.update_yaxes(range=[0, 1.02])
+    fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
     fig.update_xaxes(dtick=1)
     return _layout(fig, "per depth: predicted (dotted) vs observed (solid) acceptance", "depth k", "probability",
                    height=380)
@@ -612,11 +612,11 @@ def class_fig(rows: list[dict]) -> go.Figure:
     rows = [r for r in rows if r["rounds"]]
     fig = go.Figure()
     fig.add_bar(x=[r["class"] for r in rows], y=[r["first_slot_acceptance"] for r in rows],
-                name="P(d_1 accepted)", text=[f"{r['rounds']} rounds" for r in rows])
+                name="P(d_1 accepted)", hovertext=[f"{r['rounds']} rounds" for r in rows])
     fig.add_scatter(x=[r["class"] for r in rows], y=[r["tau"] for r in rows], name="tau (committed / round)",
                     mode="markers", marker=dict(size=10), yaxis="y2")
     fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="tau", showgrid=False))
-    fig.update_yaxes(range=[0, 1.02])
+    fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
     return _layout(fig, "acceptance by class of the target token at slot 1", "token class", "P(d_1 accepted)")
 
 
@@ -628,7 +628,7 @@ def binned_fig(rows: list[dict], label: str, title: str, x_title: str) -> go.Fig
     fig.add_scatter(x=[r[label] for r in rows], y=[r["tau"] for r in rows], mode="lines+markers",
                     name="tau (committed / round)", yaxis="y2", line=dict(dash="dot"))
     fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="tau", showgrid=False))
-    fig.update_yaxes(range=[0, 1.02])
+    fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
     return _layout(fig, title, x_title, "P(d_1 accepted)")
 
 

@@ -188,6 +188,9 @@ def patterns_block(ws: str, run: dict, stamp: str) -> None:
     table("by_context", c2)
     table("rejection_pairs")
     table("worst_spans")
+    if run["summary"].get("anchors") == "chain":
+        st.caption("A chain-only run knows accepted(p) only at the anchors its walks visited: a span's mean is over "
+                   "those (column `anchors`); replay with every anchor for the full picture.")
     if pat["worst_spans"]:
         with st.expander("open a worst span in the token view"):
             for i, sp in enumerate(pat["worst_spans"], 1):

@@ -23,7 +23,8 @@ NO_STATS = ("No engine stats for completion set `{set}`. Fetch the completions f
             "speculatively with this drafter (SGLang with `--speculative-algorithm DFLASH`, or the local stand-in "
             "`python -m dflash_dash serve --model TARGET --speculative-draft CKPT`): each request's `spec_*` counters "
             "are recorded as engine `sglang`. Stats of another engine: `python -m dflash_dash import-engine-stats "
-            "FILE.jsonl --completions {set} --engine NAME`, lines `{{\"id\", \"verify_steps\", \"accepted_tokens\"}}` or "
+            "FILE.jsonl --completions {set} --engine NAME`, lines "
+            "`{{\"id\", \"verify_steps\", \"accepted_tokens\"}}` or "
             "`{{\"id\", \"accept_lengths\": [...]}}`. Then extract and replay the drafter on that set.")
 
 
@@ -53,15 +54,16 @@ def flagged_note(rows: list[dict], run_id: str, threshold: float) -> None:
 def table(rows: list[dict], run_id: str, engine: str) -> None:
     t = views.conformance_table(rows, run_id)
     df = pd.DataFrame(t)
-    style = df.style.apply(lambda row: ["background-color: #ffd7d7" if row["flagged"] else "" for _ in row], axis=1)
+    style = df.style.apply(lambda row: ["background-color: #ffd7d7" if row["flagged"] else "" for _ in row],
+                           axis=1).format(precision=4, na_rep="—")
     cfg = {k: st.column_config.Column(help=f) for k, f in views.CONFORMANCE_COLUMNS.items()}
     cfg["token_view"] = st.column_config.LinkColumn("token view", help=views.CONFORMANCE_COLUMNS["token_view"],
                                                     display_text="open")
     cfg["flagged"] = st.column_config.CheckboxColumn("flagged", help=views.CONFORMANCE_COLUMNS["flagged"])
     st.dataframe(style, column_config=cfg, hide_index=True, width="stretch", key="conf_table")
     st.caption("sorted by gap (engine − replay), most negative first; flagged rows in red. " + views.CONFORMANCE_NOTE)
-    st.download_button("Download the table (CSV)", views.conformance_csv(t), file_name=f"conformance-{run_id}-{engine}.csv",
-                       mime="text/csv", icon=":material/download:")
+    st.download_button("Download the table (CSV)", views.conformance_csv(t),
+                       file_name=f"conformance-{run_id}-{engine}.csv", mime="text/csv", icon=":material/download:")
 
 
 def main() -> None:
@@ -92,7 +94,8 @@ def main() -> None:
     thr = c2.number_input("threshold (share of the replay tau)", min_value=0.0, max_value=0.99,
                           value=conformance.THRESHOLD, step=0.01, format="%.2f", key="conf_thr")
     st.caption(f"checkpoint `{run['checkpoint']}` · completions `{set_name}` · extraction `{run['extraction_id']}` "
-               f"(backend **{run['backend']}**) · flagged: replay tau − engine tau > {thr:g} × replay tau. A correct "
+               f"(backend **{run['backend']}**) · flagged: replay tau − engine tau > {thr:g} × replay tau. "
+               "A correct "
                "engine with the replay's numerics matches exactly; bf16 kernels and batch shapes move a prompt's tau "
                "by a few percent either way (numeric noise); a broken engine costs more.")
     common.backend_note(run["backend"])
@@ -112,7 +115,8 @@ def main() -> None:
     flagged_note(rows, rid, thr)
     st.plotly_chart(views.conformance_fig(rows, thr, engine), width="stretch")
     st.caption("each point is a prompt: x = replay tau (committed / rounds), y = engine tau ((completion_tokens − 1) "
-               f"/ verify_steps); dashed: engine = replay; dotted: engine = (1 − {thr:g}) × replay, below it flagged")
+               f"/ verify_steps); dashed: engine = replay; dotted: engine = (1 − {thr:g}) × replay, below it "
+               "flagged")
     table(rows, rid, engine)
     hist = conformance.engine_histogram(rows)
     if hist:

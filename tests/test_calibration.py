@@ -64,8 +64,9 @@ def test_expected_tau_by_hand():
 def test_runs_without_draft_logp_are_not_recorded():
     ps = [metrics.Prompt(p.id, p.prompt_len, p.accepted_at, p.rounds) for p in hand_prompts()]
     s = metrics.summarize(ps, B, 0)
-    for key in ("calibration_ece", "expected_tau", "expected_tau_pooled", "reliability", "confidence_depth"):
+    for key in ("calibration_ece", "expected_tau", "expected_tau_pooled", "calibration_ece_depth", "confidence_depth"):
         assert s[key] is None, key
+    assert metrics.reliability(ps, metrics.Ctx(B, 0)) is None
     cal = views.calibration([{"prompt_id": p.id, "prompt_len": p.prompt_len, "accepted_at": p.accepted_at,
                               "rounds": p.rounds, "draft_logp": None} for p in ps], B)
     assert cal["recorded"] is False and cal["reliability"] == [] and cal["per_prompt"] == []
@@ -86,3 +87,15 @@ def test_store_rows_give_the_same_answer_and_tables():
     assert csv.splitlines()[0] == "depth,lo,hi,n,predicted,observed" and len(csv.splitlines()) == 31
     fig = views.reliability_fig({"run": cal["reliability"]}, 1)
     assert "depth 1" in fig.layout.title.text
+
+
+def test_chain_only_rows_give_the_same_answer():
+    """A chain-only replay stores NaN log-probabilities (and -1 acceptance) at the anchors its walks skip."""
+    nan = float("nan")
+    x, y = hand_prompts()
+    for p, visited in ((x, {0, 3}), (y, {0, 1})):
+        p.draft_logp = [v if i // (B - 1) in visited else nan for i, v in enumerate(p.draft_logp)]
+        p.accepted_at = [a if i in visited else -1 for i, a in enumerate(p.accepted_at)]
+    s = metrics.summarize([x, y], B, 0)
+    assert s["calibration_ece"] == pytest.approx(0.25)
+    assert s["expected_tau_pooled"] == pytest.approx((2.4256 + 1.82 + 1.15 + 1.0) / 4)

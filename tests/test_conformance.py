@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "dflash_dash" / "demo" / "assets"
 TARGET = DEMO / "target"
 DRAFT = DEMO / "checkpoints" / "final-step1232"
-IDS = ["fizzbuzz", "merge_sort", "lru_cache", "graph_bfs"]  # low, middling and very high acceptance
+IDS = ["json_parser", "merge_sort", "graph_bfs", "matrix_multiply"]  # tau about 2, 3 and 6.5; one stops at EOS
 N = 40  # new tokens per prompt
 
 
@@ -36,6 +36,15 @@ def run_cli(*args: str) -> tuple[int, str, str]:
 
 # ---------------------------------------------------------------------------
 # fixtures
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread in this process, as the servers run (serving.ENV): the 2 shared cores are oversubscribed."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
@@ -165,12 +174,12 @@ def test_speculative_stops_like_greedy(engine):
     eng.spec = spec
     try:
         ids = eng.encode(prompts.CODING_10["merge_sort"])
-        plain, _, _ = eng.greedy(ids, 30, set(), [])
+        plain, _, _ = eng.greedy(ids, 20, set(), [])
         text = eng.decode(plain)
         stop = text[len(text) // 2: len(text) // 2 + 3]
-        for args in [(30, eng.eos_ids, [stop], True, True), (30, eng.eos_ids, [stop], True, False),
-                     (30, {plain[9]}, [], True, True), (1, eng.eos_ids, [], True, True),
-                     (17, eng.eos_ids, [], True, True)]:
+        for args in [(20, eng.eos_ids, [stop], True, True), (20, eng.eos_ids, [stop], True, False),
+                     (20, {plain[9]}, [], True, True), (1, eng.eos_ids, [], True, True),
+                     (13, eng.eos_ids, [], True, True)]:
             want = eng.greedy(ids, *args)
             out, txt, fin, meta = eng.speculative(ids, *args)
             assert (out, txt, fin) == want, args
@@ -197,6 +206,22 @@ def test_rollback_restores_gated_deltanet_state(tmp_path):
         out, fin, counters = spec.decode(eng.model, ids, 24, lambda o: None)
         assert out == plain and fin == {"type": "length", "length": 24}
         assert counters.verify_ct >= 8 and sum(a < spec.block_size - 1 for a in counters.accepted) >= 4
+
+
+def test_release_frees_the_drafter_and_resume_reloads_it(tmp_path):
+    target = tiny.write_target(tmp_path / "t", tiny.TinyTarget())
+    draft = tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(seed=3))
+    eng = server.Engine(model_dir=target.resolve(), device="cpu", spec=specdec.Speculator(str(draft)))
+    eng.load()
+    before = eng.speculative([5, 6, 7], 6, set(), [])
+    eng.release()
+    assert eng.model is None and eng.spec.drafter is None
+    with pytest.raises(server.BadRequest, match="released"):
+        eng.speculative([5, 6, 7], 6, set(), [])
+    eng.resume()
+    assert eng.speculative([5, 6, 7], 6, set(), []) == before
+    assert server.speculative_info(eng)["speculative_algorithm"] == "DFLASH"
+    assert server.speculative_info(server.Engine(model_dir=target, device="cpu"))["speculative_algorithm"] is None
 
 
 def test_broken_mode_needs_a_drafter_and_a_known_bug(tmp_path):
@@ -238,17 +263,18 @@ def test_engine_tau_equals_replay_tau_exactly(conf):
         assert s["verify_steps"] == len(rounds[s["prompt_id"]])
         assert sum(rounds[s["prompt_id"]]) == s["completion_tokens"] - 1
     taus = sorted(p["replay_tau"] for p in got["prompts"])
-    assert taus[0] < 2 < 5 < taus[-1]  # the prompts span low and very high acceptance
+    assert taus[0] <= 2.5 and taus[-1] > 5  # the prompts span low and very high acceptance
 
 
 def test_broken_decoder_is_flagged_on_every_affected_prompt(conf):
-    """truncate-context (the drafter sees only the last 4 context positions): every prompt where it changes the
-    engine's tau falls short of the replay by more than the threshold and is flagged; the others are not."""
+    """truncate-context (the drafter sees only the last 4 context positions): every prompt where it costs
+    acceptance falls short of the replay by more than the threshold and is flagged; a prompt it leaves alone (a
+    repeated line: the last 4 positions suffice) or where the changed chain happens to do better is not."""
     got = conformance_json(conf["ws"], "--run", conf["run"], "--engine", "bug")
     assert got["engine"] == "bug"
-    affected = {p["id"] for p in got["prompts"] if p["engine_tau"] != p["replay_tau"]}
+    affected = {p["id"] for p in got["prompts"] if p["engine_tau"] < p["replay_tau"]}
     flagged = {p["id"] for p in got["prompts"] if p["flagged"]}
-    assert flagged == affected and len(flagged) >= 2, got
+    assert flagged == affected == {"json_parser", "merge_sort"}, got
     for p in got["prompts"]:
         if p["flagged"]:
             assert p["replay_tau"] - p["engine_tau"] > conformance.THRESHOLD * p["replay_tau"]
@@ -318,7 +344,6 @@ def test_import_engine_stats_both_line_forms(small, tmp_path):
     ({"id": "a"}, "line 2 (id 'a')", "no engine counters"),
     ({"id": "a", "verify_steps": 9, "accepted_tokens": 0}, "line 2 (id 'a')", "'verify_steps' gives 9 verify steps"),
     ({"id": "a", "verify_steps": 0, "accepted_tokens": 0}, "line 2 (id 'a')", "'verify_steps' gives 0 verify steps"),
-    ({"id": "a", "verify_steps": 2, "accepted_tokens": 7}, "line 2 (id 'a')", "'accepted_tokens' gives 7"),
     ('{"id": "a", "verify_steps": 2', "line 2", "not valid JSON"),
     ({"verify_steps": 2, "accepted_tokens": 1}, "line 2", "field 'id'"),
     ({"id": "b", "verify_steps": 1, "accepted_tokens": 1}, "line 2", "duplicate id 'b'"),
@@ -438,7 +463,7 @@ def test_page_shows_conformant_engine(conf, monkeypatch, routed):
     clean(at)
     assert [t.value for t in at.title] == ["Conformance"]
     assert any("engine or drafter" in c.value for c in at.caption)
-    assert at.query_params["engine"] == ["sglang"]
+    assert at.query_params["engine"] == "sglang"
     df = at.dataframe[-1].value
     assert sorted(df["prompt"]) == sorted(IDS) and not df["flagged"].any()
     assert list(df["engine_tau"]) == list(df["replay_tau"]) and list(df["gap"]) == [0.0] * len(IDS)
@@ -477,7 +502,7 @@ def test_page_without_engine_stats_says_how_to_get_them(conf_copy, monkeypatch, 
 
 
 def test_browser_shows_table_scatter_and_downloads_csv(conf_copy, tmp_path):
-    from test_e2e import ARGS, CHROMIUM, SCREENSHOTS, dashboard, drawn, settle
+    from test_e2e import ARGS, CHROMIUM, SCREENSHOTS, dashboard, drawn, settle, shot
     if not CHROMIUM.exists():
         pytest.skip(f"Debian chromium is not installed at {CHROMIUM} (apt-get install -y chromium)")
     from playwright.sync_api import sync_playwright
@@ -496,7 +521,7 @@ def test_browser_shows_table_scatter_and_downloads_csv(conf_copy, tmp_path):
             page.locator("[data-testid=stDataFrame] canvas").first.wait_for()
             drawn(page)
             assert page.locator("[data-testid=stException]").count() == 0
-            page.screenshot(path=str(SCREENSHOTS / "conformance.png"), full_page=True)
+            shot(page, "conformance")  # the whole page, under out/screenshots/
             with page.expect_download() as dl:
                 page.get_by_role("button", name="Download the table (CSV)").click()
             text = Path(dl.value.path()).read_text()

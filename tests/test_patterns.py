@@ -85,3 +85,12 @@ def test_analyse_returns_every_table():
     out = patterns.analyse(rows, comps, B, strings, "run-1")
     assert set(out) == {"by_class", "by_position", "by_context", "rejection_pairs", "worst_spans"}
     assert sum(r["rounds"] for r in out["by_position"]) == 4 == sum(r["rounds"] for r in out["by_context"])
+
+
+def test_worst_spans_of_a_chain_only_run_use_the_visited_anchors():
+    rows, comps = hand_run()
+    rows[0]["accepted_at"] = [2, -1, -1, 1, -1, -1]  # chain-only: only the round anchors 2 and 5 are known
+    rows[1]["accepted_at"] = [0, 0, -1]
+    spans = patterns.worst_spans(rows, comps, "run-1", strings, window=2, top=5)
+    assert [(s["prompt"], s["start"], s["end"], s["anchors"], s["mean_accepted"]) for s in spans] == [
+        ("b", 1, 2, 2, 0.0), ("a", 4, 5, 1, 1.0), ("a", 2, 3, 1, 2.0)]

@@ -1,0 +1,254 @@
+"""Sweep benchmark (issue 12): chain-only replay against every-anchor, and a 20-checkpoint sweep through the
+product (`pipeline.sweep`: store, feature files on disk, checkpoint loading included).
+
+Completions are planted from the 27B-shaped drafter's own drafts (random bf16 weights at the reference shapes
+of SPEC 8): at each anchor the next tokens are the drafter's block, cut after a random number of drafts
+(binomial, mean `--accept`) and followed by a different token, so a replay sees realistic acceptance
+(tau about `--accept` + 1). Drafts at anchor p depend only on the features before p (random, fixed) and the
+token at p, so the planted acceptance is what the replay measures. The sweep's checkpoints are perturbations
+of that drafter (a few distinct weight files linked into 20 step folders: the machine's disk holds 64 GB).
+
+    python benchmarks/bench_sweep.py            # CUDA, reference shapes
+    python benchmarks/bench_sweep.py --small    # tiny shapes on the CPU (a smoke test)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from _common import Clock, matmul_tflops, note, peak_gib, report, sync
+from safetensors.torch import save_file
+
+from dflash_dash import cache, drafter as dr, pipeline, replay as rp, target as tg, tiny
+from dflash_dash.store import Store
+
+FULL = dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=5, num_attention_heads=32,
+            num_key_value_heads=8, head_dim=128, vocab_size=248320, block_size=16, num_target_layers=64,
+            target_layer_ids=[1, 16, 31, 46, 61], mask_token_id=248070)
+SMALL = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=64, vocab_size=4096, block_size=16, num_target_layers=8,
+             target_layer_ids=[1, 5], mask_token_id=4000)
+
+
+def args_():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--tokens", type=int, default=None, help="tokens per sequence (default 2560; 200 small)")
+    ap.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 512; 32 small)")
+    ap.add_argument("--accept", type=float, default=5.0, help="mean planted accepted drafts per round")
+    ap.add_argument("--speed-seqs", type=int, default=None, help="sequences of the chain/every comparison (10)")
+    ap.add_argument("--sweep-seqs", type=int, default=None, help="sequences of the sweep (200; 6 small)")
+    ap.add_argument("--checkpoints", type=int, default=20)
+    ap.add_argument("--distinct", type=int, default=4, help="distinct weight files among the checkpoints")
+    ap.add_argument("--budget", type=int, default=8, help="DDTree budget")
+    ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--skip-speed", action="store_true", help="only the sweep")
+    ap.add_argument("--work", default=None)
+    return ap.parse_args()
+
+
+def rand_weights(shapes: dict, device, dtype, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator(device=device).manual_seed(seed)
+    out = {}
+    for name, shape in shapes.items():
+        t = torch.randn(shape, device=device, dtype=torch.float32, generator=g)
+        out[name] = (1.0 + 0.1 * t if len(shape) == 1 else t / shape[-1] ** 0.5).to(dtype)
+    return out
+
+
+@torch.inference_mode()
+def plant(d: dr.Drafter, head: tg.Head, feats: torch.Tensor, P: int, accept: float, seed: int) -> torch.Tensor:
+    """Tokens [S, T] following the drafter's own blocks over stacked features [S, T, K*H] (lockstep)."""
+    S, T, _ = feats.shape
+    B, V = d.c.block_size, head.embed.shape[0]
+    rng = np.random.default_rng(seed)
+    toks = torch.from_numpy(rng.integers(0, V - 1, (S, T))).long()
+    kv = d.context_kv(feats.to(d.device, d.dtype))
+    at = [P] * S
+    while True:
+        live = [s for s in range(S) if at[s] < T - 1]
+        if not live:
+            return toks
+        anchors = torch.tensor([at[s] if at[s] < T - 1 else P for s in range(S)], device=d.device)
+        ids = torch.full((S, B), d.c.mask_token_id, dtype=torch.long)
+        ids[:, 0] = toks[torch.arange(S), anchors.cpu()]
+        emb = head.embed[ids.to(head.embed.device)].to(d.device, d.dtype)
+        drafts = rp._head(d, head, d.blocks(kv, anchors, emb), 1)[0].cpu()
+        for s in live:
+            p, keep = at[s], int(rng.binomial(B - 1, min(1.0, accept / (B - 1))))
+            n = min(keep, T - 1 - p)
+            toks[s, p + 1:p + 1 + n] = drafts[s, :n]
+            if p + 1 + n < T:  # a token the drafter did not propose
+                other = int(rng.integers(0, V - 1))
+                toks[s, p + 1 + n] = other if n == B - 1 or other != int(drafts[s, n]) else other + 1
+            at[s] = p + n + 1
+
+
+def write_drafter(folder: Path, cfg: dict, w: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.cpu().contiguous() for k, v in w.items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def measure(a, figs: dict) -> None:
+    shp = SMALL if a.small else FULL
+    dev = a.device or ("cpu" if a.small else "cuda")
+    T, P = a.tokens or (200 if a.small else 2560), a.prompt or (32 if a.small else 512)
+    n_speed, n_sweep = a.speed_seqs or (3 if a.small else 10), a.sweep_seqs or (6 if a.small else 200)
+    dtype = torch.bfloat16
+    if dev.startswith("cuda"):
+        note(f"device {torch.cuda.get_device_name(dev)}; torch {torch.__version__}")
+    peak = matmul_tflops(dev, 1024 if a.small else 8192)
+    figs["matmul_bf16_tflops"] = peak
+    base = Path(a.work or tempfile.mkdtemp(prefix="dflash-sweep-"))
+    shutil.rmtree(base, ignore_errors=True)
+    cfg = tiny.drafter_config(tiny.TinyDrafter(**shp)) | {"torch_dtype": "bfloat16"}
+    c = dr.parse_config(cfg)
+    w0 = rand_weights(dr.shapes(c), dev, dtype, 1)
+    write_drafter(base / "base", cfg, w0)
+    tgt = base / "target"
+    tgt.mkdir()
+    V, H = shp["vocab_size"], shp["hidden_size"]
+    hw = rand_weights({"model.embed_tokens.weight": (V, H), "lm_head.weight": (V, H)}, dev, dtype, 2)
+    save_file({k: v.cpu() for k, v in hw.items()}, str(tgt / "model.safetensors"))
+    (tgt / "config.json").write_text(json.dumps({"model_type": "qwen3_5_text", "hidden_size": H, "vocab_size": V,
+                                                 "num_hidden_layers": shp["num_target_layers"]}))
+    del hw
+    d = dr.load(base / "base", dtype, dev)
+    head = tg.load_head(tgt, dev, dtype)
+
+    if not a.skip_speed:
+        speed(a, d, head, c, T, P, n_speed, dev, peak, figs)
+        report(figs)  # printed now: a later stage may run out of time
+        figs.clear()
+    if a.skip_sweep:
+        return
+    sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, figs)
+
+
+def speed(a, d, head, c, T, P, n_speed, dev, peak, figs) -> None:
+    """Chain-only against every-anchor on the same planted sequences."""
+    H, V, dtype = c.hidden_size, c.vocab_size, d.dtype
+    g = torch.Generator(device=dev).manual_seed(3)
+    feats = torch.randn(n_speed, T, c.K * H, device=dev, generator=g).to(dtype)
+    t0 = time.perf_counter()
+    toks = plant(d, head, feats, P, a.accept, 0)
+    note(f"planted {n_speed} x {T} tokens in {time.perf_counter() - t0:.1f} s")
+    seqs = [rp.Sequence(f"p{i}", toks[i], P, feats[i]) for i in range(n_speed)]
+    rp.run_chain(d, head, seqs[:1], a.budget)  # warm-up (kernels, plans)
+    rp.run(d, head, seqs[:1], a.budget, chunk=256)
+    note("warm")
+    with Clock(dev) as ce:
+        every, s_every = rp.run(d, head, seqs, a.budget, chunk=256)
+    note(f"every-anchor {ce.s:.1f} s")
+    with Clock(dev) as cc:
+        chain, s_chain = rp.run_chain(d, head, seqs, a.budget, batch=len(seqs))
+    note(f"chain {cc.s:.1f} s")
+    same = all((x.rounds, x.tree_rounds) == (y.rounds, y.tree_rounds) for x, y in zip(every, chain))
+    blocks = sum(sum(v >= 0 for v in r.accepted_at) for r in chain)
+    figs |= {"planted_tau_pooled": s_every["tau_pooled"], "planted_ddtree_tau": s_every["ddtree_tau"],
+             "every_anchor_s": ce.s, "chain_s": cc.s, "chain_speedup_vs_every": ce.s / cc.s,
+             "chain_blocks": blocks, "every_blocks": n_speed * (T - P),
+             "chain_blocks_per_s": blocks / cc.s, "chain_rounds_equal_every": float(same),
+             "chain_rounds_differing_prompts": sum((x.rounds, x.tree_rounds) != (y.rounds, y.tree_rounds)
+                                                   for x, y in zip(every, chain))}
+    flops = sum(dr.flops_per_block(c, p, V) for r in chain for p, v in enumerate(r.accepted_at, P) if v >= 0)
+    figs["chain_fraction_of_peak"] = flops / cc.s / 1e12 / peak
+
+
+def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, figs) -> None:
+    H, V = c.hidden_size, c.vocab_size
+    # -- 2. the product's sweep: 20 checkpoints x n_sweep sequences, from files ----------------------
+    ws = base / "ws"
+    st = Store(ws)
+    rows = []
+    t0 = time.perf_counter()
+    gen = torch.Generator(device=dev).manual_seed(5)
+    st.add_set("bench", "bench")
+    ex = "ex-bench"
+    st.add_extraction(dict(id=ex, set_name="bench", target_path=str(tgt.resolve()), layer_ids=c.target_layer_ids,
+                           hidden_size=H, device=dev, dtype="bfloat16", backend="fla", versions={}, config_hash="-"))
+    for b0 in range(0, n_sweep, 25):
+        S = min(25, n_sweep - b0)
+        f = torch.randn(S, T, c.K * H, device=dev, generator=gen).to(dtype)
+        tk = plant(d, head, f, P, a.accept, 100 + b0)
+        for i in range(S):
+            pid = f"q{b0 + i}"
+            path = cache.write(pipeline.features_root(st), ex, pid, f[i], {"bench": True})
+            st.add_completion("bench", {"id": pid, "idx": b0 + i, "prompt_ids": tk[i, :P].tolist(),
+                                        "output_ids": tk[i, P:].tolist(), "finish_reason": "length"})
+            st.add_item(ex, pid, T, str(path))
+        del f
+    st.set_status("extractions", ex, "done")
+    figs["sweep_setup_s"] = time.perf_counter() - t0
+    note(f"sweep inputs written in {figs['sweep_setup_s']:.1f} s")
+    train = base / "train"
+    distinct = []
+    for k in range(a.distinct):  # base weights plus small perturbations: later "training steps"
+        folder = base / f"w{k}"
+        if k == 0:
+            wk = w0
+        else:
+            gk = torch.Generator(device=dev).manual_seed(10 + k)
+            wk = {n: (t.float() + 1e-3 * t.float().std() * torch.randn(t.shape, device=dev, generator=gk)).to(dtype)
+                  for n, t in w0.items()}
+        write_drafter(folder, cfg, wk)
+        distinct.append(folder)
+    for i in range(a.checkpoints):
+        step = train / f"run-step{(i + 1) * 1000}"
+        step.mkdir(parents=True)
+        os.link(distinct[i % len(distinct)] / "model.safetensors", step / "model.safetensors")
+        shutil.copy(distinct[0] / "config.json", step / "config.json")
+    del d, head, w0
+    if dev.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+    reads = []
+    real = cache.read
+    cache.read = lambda root, e, pid, *x, **k: reads.append(pid) or real(root, e, pid, *x, **k)
+    sync(dev)
+    t0 = time.perf_counter()
+    ids = pipeline.sweep(st, str(train), ex, device=dev, dtype="bfloat16", budget=a.budget,
+                         progress=lambda i, n, m: note(f"{time.perf_counter() - t0:.0f} s: {m}"))
+    sync(dev)
+    dt = time.perf_counter() - t0
+    cache.read = real
+    runs = {r["id"]: r for r in st.runs()}
+    taus = [runs[i]["summary"]["tau_pooled"] for i in ids]
+    blocks = 0
+    flops = 0.0
+    for i in ids:
+        for p in st.run_prompts(i):
+            for q, v in enumerate(p["accepted_at"], p["prompt_len"]):
+                if v >= 0:
+                    blocks += 1
+                    flops += dr.flops_per_block(c, q, V)
+    figs |= {f"sweep_{a.checkpoints}x{n_sweep}_s": dt, "sweep_checkpoints": len(ids),
+             "sweep_feature_reads_per_sequence": len(reads) / n_sweep, "sweep_blocks": blocks,
+             "sweep_blocks_per_s": blocks / dt, "sweep_fraction_of_peak": flops / dt / 1e12 / peak,
+             "sweep_tau_pooled_min": min(taus), "sweep_tau_pooled_max": max(taus),
+             "sweep_peak_mem_gib": peak_gib(dev)}
+    note(f"sweep: {len(ids)} checkpoints x {n_sweep} sequences x {T} tokens, budget {a.budget}, "
+         f"{len(distinct)} distinct weight files")
+    if not a.work:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def main():
+    figs: dict = {}
+    try:
+        measure(args_(), figs)
+    finally:
+        report(figs)
+
+
+if __name__ == "__main__":
+    main()
