@@ -252,7 +252,7 @@ def test_replay_from_the_button(env, page):
     open_page(page, env, "acceptance", "Acceptance")
     before = job_ids(ws)
     n = len(Store(ws).runs())
-    page.get_by_label("checkpoint folder (config.json + *.safetensors)").fill(str(p.drafters[0]))
+    page.get_by_label("checkpoint folder (config.json + *.safetensors, or a SpecForge").fill(str(p.drafters[0]))
     page.get_by_role("button", name="Replay").click()
     job = wait_job(ws, "replay", before)
     assert job["status"] == "done", job

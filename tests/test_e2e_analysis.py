@@ -56,6 +56,7 @@ def test_reliability_diagram_and_failure_patterns(env, page):
     tab.get_by_text(f"Token view · {span['prompt']}").wait_for()
     assert f"pos={span['start']}-{span['end']}" in tab.url
     tab.get_by_text(f"positions {span['start']}–{span['end']} from the link").wait_for()
+    tab.locator(".dfv .dfv-x").first.wait_for()  # the token view is drawn after the caption
     n = tab.evaluate("document.querySelectorAll('.dfv .dfv-x').length")
     assert n == span["end"] - span["start"] + 1
     shot(tab, "acceptance-worst-span", focus=".dfv-x >> nth=0")
