@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
 from . import pipeline
 from .errors import UserError
@@ -94,6 +96,8 @@ def follow(st, job_id: str, key: str, every: float = 0.3) -> int:
 def cmd_replay(a, st):
     out = pipeline.replay(st, a.drafter, a.extraction, a.tree_budget, a.device, a.dtype, a.chunk, a.name,
                           progress, a.sliding_block, a.draft_config, a.anchors)
+    if a.extraction == "latest":
+        print(f"extraction latest = {out['summary']['extraction']}", file=sys.stderr)
     print(out["id"])
     _print(out["summary"])
 
@@ -315,11 +319,20 @@ def checkpoint_options(s: argparse.ArgumentParser) -> None:
                         "the default unless the config sets is_causal) or bidirectional (z-lab HF reference)")
 
 
+READ_ONLY = {"runs", "extractions", "export", "export-completions", "conformance"}  # never create a workspace
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     _MIDLINE[0] = False
     try:
+        if a.command in READ_ONLY and not (Path(a.workspace) / "dflash.duckdb").is_file():
+            raise UserError(f"--workspace {a.workspace}: no dflash-dash workspace there (no dflash.duckdb); "
+                            "point at an existing workspace, or create one with import-completions, fetch or demo")
         return a.fn(a, Store(a.workspace)) or 0
+    except BrokenPipeError:  # `... | head`: the reader went away; end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except UserError as e:
         print(f"{chr(10) if _MIDLINE[0] else ''}error: {e}", file=sys.stderr)
         return 2

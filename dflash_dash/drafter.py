@@ -169,6 +169,10 @@ def refuse_family(raw: dict) -> None:
         raise CheckpointError(f"config.json: architectures = {archs!r}, expected a list like [\"DFlashDraftModel\"]")
     for a in archs:
         fam = FAMILIES.get(str(a).lower())
+        if str(a).endswith("ForCausalLM") and not fam:
+            raise CheckpointError(f"config.json: architectures {archs!r}: this is a target model folder (a causal "
+                                  "LM), not a DFlash drafter checkpoint; pass it as --target and the drafter as "
+                                  "--drafter")
         if fam or "dflash" not in str(a).lower():
             raise CheckpointError(f"config.json: architectures {archs!r} is {'a ' + fam if fam else 'not a DFlash'} "
                                   "drafter; dflash-dash replays DFlash drafters (architectures DFlashDraftModel) only")

@@ -274,9 +274,14 @@ def extract(store: Store, target: str, set_name: str, layer_ids: list[int], devi
         return cache.write(features_root(store), extraction_id, key[1], feats, meta)
 
     # device forwards overlap the previous prompts' copies and file writes (target.extract_stream)
-    for (i, pid, n), f in target_mod.extract_stream(model, todo(), layer_ids, write):
-        store.add_item(extraction_id, pid, n, str(f))
-        _tick(progress, i + 1, len(rows), f"extracted {pid} ({n} tokens)")
+    store.set_status("extractions", extraction_id, "running")
+    try:
+        for (i, pid, n), f in target_mod.extract_stream(model, todo(), layer_ids, write):
+            store.add_item(extraction_id, pid, n, str(f))
+            _tick(progress, i + 1, len(rows), f"extracted {pid} ({n} tokens)")
+    except BaseException as e:  # every way out leaves the record failed or cancelled, never running
+        store.set_status("extractions", extraction_id, "cancelled" if isinstance(e, KeyboardInterrupt) else "failed")
+        raise
     store.set_status("extractions", extraction_id, "done")
     return extraction_id
 
