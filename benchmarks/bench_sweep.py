@@ -24,18 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from _common import Clock, matmul_tflops, note, peak_gib, report, sync
+from bench_replay import FULL, SMALL, rand_weights
 from safetensors.torch import save_file
 
 from dflash_dash import cache, drafter as dr, pipeline, replay as rp, target as tg, tiny
 from dflash_dash.store import Store
-
-FULL = dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=5, num_attention_heads=32,
-            num_key_value_heads=8, head_dim=128, vocab_size=248320, block_size=16, num_target_layers=64,
-            target_layer_ids=[1, 16, 31, 46, 61], mask_token_id=248070)
-SMALL = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=64, vocab_size=4096, block_size=16, num_target_layers=8,
-             target_layer_ids=[1, 5], mask_token_id=4000)
-
 
 def args_():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -53,15 +46,6 @@ def args_():
     ap.add_argument("--skip-speed", action="store_true", help="only the sweep")
     ap.add_argument("--work", default=None)
     return ap.parse_args()
-
-
-def rand_weights(shapes: dict, device, dtype, seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator(device=device).manual_seed(seed)
-    out = {}
-    for name, shape in shapes.items():
-        t = torch.randn(shape, device=device, dtype=torch.float32, generator=g)
-        out[name] = (1.0 + 0.1 * t if len(shape) == 1 else t / shape[-1] ** 0.5).to(dtype)
-    return out
 
 
 @torch.inference_mode()

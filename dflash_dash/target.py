@@ -73,17 +73,22 @@ def fla_version() -> str | None:
         return None
 
 
+def _modules():
+    """(name, module) of every hybrid modeling module this transformers has."""
+    for mod_name in HYBRID_MODULES:
+        try:
+            yield mod_name, importlib.import_module(mod_name)
+        except Exception:
+            continue
+
+
 def use_backend(backend: str) -> str:
     """Bind the linear-attention kernels of every hybrid modeling module to `backend` ('fla' or 'torch').
 
     Returns 'fla' or 'torch': what the bound functions really dispatch to (checked, not assumed).
     """
     seen = set()
-    for mod_name in HYBRID_MODULES:
-        try:
-            mod = importlib.import_module(mod_name)
-        except Exception:
-            continue
+    for mod_name, mod in _modules():
         for name in KERNEL_FUNCS:
             fn = getattr(mod, name, None)
             if fn is None:
@@ -91,8 +96,7 @@ def use_backend(backend: str) -> str:
             orig = _BOUND.setdefault((mod_name, name), fn)
             new = getattr(orig, "__wrapped__", orig) if backend == "torch" else orig
             setattr(mod, name, new)
-            impl = _impl(new)
-            seen.add("fla" if getattr(impl, "__module__", "").startswith("fla") else "torch")
+            seen.add(kernel_of(new))
         for name in CONV_FUNCS:  # with fla, its Triton causal conv (fused SiLU) replaces torch's conv1d
             fn = getattr(mod, name, None)
             if fn is not None:
@@ -114,11 +118,7 @@ def bindings(at_import: bool = False) -> dict[str, str]:
     """'module.function' -> 'fla' | 'torch' for every linear-attention kernel of the hybrid modeling modules:
     as bound now, or (`at_import`) as transformers bound them when it imported (before `use_backend`)."""
     out = {}
-    for mod_name in HYBRID_MODULES:
-        try:
-            mod = importlib.import_module(mod_name)
-        except Exception:
-            continue
+    for mod_name, mod in _modules():
         for name in KERNEL_FUNCS:
             fn = getattr(mod, name, None)
             if fn is not None:
