@@ -84,7 +84,8 @@ def consistency_block(ws: str, stamp: str) -> None:
         st.query_params["ckpt"] = ck.strip()
     by = {e["id"]: e for e in exs}
     ids = [e["id"] for e in exs]
-    ex = common.select_param("extraction", ids, "ex", "diag_ex", default=ids[-1],
+    with_runs = [r["extraction_id"] for r in runs if r["extraction_id"] in by]  # default: where runs were made
+    ex = common.select_param("extraction", ids, "ex", "diag_ex", default=(with_runs or ids)[-1],
                              format_func=lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']}")
     if not ck.strip():
         st.info("Give a checkpoint folder to check it against the extraction and its target.")

@@ -294,6 +294,9 @@ def test_diagnostics_parity_consistency_and_errors(prepared, workspace_copy, mon
     assert all(abs(v) < 1e-6 for v in df["relative L2"]) and all(abs(v - 1) < 1e-6 for v in df["cosine"])
     cons = at.dataframe[2].value if len(at.dataframe) > 2 else None
     assert cons is not None and "target layer ids" in list(cons["check"])
+    # the consistency check defaults to the extraction the runs were made on, not the newest one (no runs)
+    assert at.selectbox(key="diag_ex").value == ex["id"] != again
+    assert any(re.fullmatch(r"1 of \d+ checks fail", w.value) for w in at.warning)  # only the torch backend
     by_label(at.text_input, "drafter checkpoint folder").input(str(workspace_copy / "nope")).run()
     assert not at.exception
     assert any("no such checkpoint folder" in e.value for e in at.error)
