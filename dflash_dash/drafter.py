@@ -336,7 +336,11 @@ def raw_config(ck: Checkpoint) -> dict:
 
 def read_config(path: str | Path, draft_config: str | Path | None = None) -> DrafterConfig:
     """Locate, read and validate a checkpoint's config; errors name the file they came from."""
-    ck = locate(path, draft_config)
+    return config_of(locate(path, draft_config))
+
+
+def config_of(ck: Checkpoint) -> DrafterConfig:
+    """The validated config of a located checkpoint; errors name the file they came from."""
     try:
         return parse_config(raw_config(ck))
     except CheckpointError as e:
@@ -626,7 +630,7 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cp
     wrong shape, a missing one or an unknown one (other than a copy of the target's embedding or LM head)
     raises CheckpointError naming it."""
     ck = locate(path, draft_config)
-    c = read_config(path, draft_config)
+    c = config_of(ck)
     sliding_semantics(c, sliding_block)  # validate the choice before reading weights
     want = shapes(c)
     w: dict[str, torch.Tensor] = {}

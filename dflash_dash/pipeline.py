@@ -366,7 +366,7 @@ def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = "
     loaded = []
     for i, ck in enumerate(checkpoints):
         loc = drafter_mod.locate(ck.path, ck.draft_config)
-        cfg = drafter_mod.read_config(ck.path, ck.draft_config)
+        cfg = drafter_mod.config_of(loc)
         check_drafter(cfg, ex, info)
         _tick(progress, 0, 1, f"loading drafter {i + 1}/{len(checkpoints)}: {loc.path}")
         loaded.append((ck, loc, cfg, drafter_mod.load(ck.path, DTYPES[dtype], device, ck.sliding_block,
