@@ -74,6 +74,13 @@ MIGRATIONS: list[str] = [
         run_id VARCHAR, tap INTEGER, layer_id INTEGER, tau_macro DOUBLE, tau_pooled DOUBLE, base_tau_macro DOUBLE,
         base_tau_pooled DOUBLE, created TIMESTAMP DEFAULT now(), PRIMARY KEY (run_id, tap));
     """,
+    # v5: the whole proposed block of each chain round (top-k candidates per slot, flattened [R][B-1][K] with
+    # K = run config `round_topk`), and failed jobs a user has dismissed from the jobs panel
+    """
+    ALTER TABLE run_prompts ADD COLUMN round_top_ids INTEGER[];
+    ALTER TABLE run_prompts ADD COLUMN round_top_p REAL[];
+    ALTER TABLE jobs ADD COLUMN dismissed BOOLEAN DEFAULT false;
+    """,
 ]
 VERSION = len(MIGRATIONS)
 REENTRY_S = 0.01       # a process re-locking sooner than this after its own release steps aside first
@@ -236,9 +243,10 @@ class Store:
                          r["tree_budget"], json.dumps(r["summary"]), r.get("status", "done"), r.get("device"),
                          r.get("dtype"), r.get("sliding_block"), r.get("config_file"), r.get("step")])
             if prompts:
-                con.executemany("INSERT INTO run_prompts VALUES (?,?,?,?,?,?,?,?,?,?,?)", [
+                con.executemany("INSERT INTO run_prompts VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", [
                     [r["id"], p["id"], p["prompt_len"], p["tau"], p["tree_tau"], p["rounds"], p["accepted_at"],
-                     p["drafts"], p["tree_at"], p["tree_rounds"], p.get("draft_logp")] for p in prompts])
+                     p["drafts"], p["tree_at"], p["tree_rounds"], p.get("draft_logp"), p.get("round_top_ids"),
+                     p.get("round_top_p")] for p in prompts])
 
     def runs(self) -> list[dict]:
         return self.rows("SELECT r.*, e.set_name, e.backend, e.target_path FROM runs r "
