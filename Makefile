@@ -19,9 +19,10 @@ setup: $(BIN)/.installed
 demo: setup
 	$(BIN)/python -m dflash_dash --workspace $(WORKSPACE) demo
 
+# the dashboard on 127.0.0.1:$(PORT) and the demo server on the port of $(WORKSPACE)/config.toml; Ctrl-C or
+# SIGTERM stops both (dflash_dash/launch.py)
 run: demo
-	$(BIN)/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT) \
-	  --server.headless true --browser.gatherUsageStats false -- --workspace $(WORKSPACE)
+	$(BIN)/python -m dflash_dash.launch --workspace $(WORKSPACE) --port $(PORT)
 
 test: setup
 	@command -v chromium >/dev/null 2>&1 || printf '\n*** Debian chromium is missing: the browser tests will be SKIPPED.\n*** Install it with: apt-get install -y chromium\n\n'

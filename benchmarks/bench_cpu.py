@@ -58,7 +58,8 @@ def workspace_with_long_completion(work: Path, n: int) -> tuple[Path, str, str]:
 
     from transformers import AutoTokenizer
 
-    from dflash_dash import pipeline, tiny
+    from dflash_dash import pipeline
+    from tools import tiny
     from dflash_dash.store import Store
 
     models = work / "models"

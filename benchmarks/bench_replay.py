@@ -32,7 +32,8 @@ import torch
 from _common import Clock, matmul_tflops, note, peak_gib, profile, report, sync
 from safetensors.torch import save_file
 
-from dflash_dash import cache, drafter as dr, replay as rp, target as tg, tiny
+from dflash_dash import cache, drafter as dr, replay as rp, target as tg
+from tools import tiny
 
 # SPEC 8: like the 27B DFlash drafter and its Qwen3.6-27B target
 FULL = dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=5, num_attention_heads=32,

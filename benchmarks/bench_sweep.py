@@ -27,7 +27,8 @@ from _common import Clock, matmul_tflops, note, peak_gib, report, sync
 from bench_replay import FULL, SMALL, rand_weights
 from safetensors.torch import save_file
 
-from dflash_dash import cache, drafter as dr, pipeline, replay as rp, target as tg, tiny
+from dflash_dash import cache, drafter as dr, pipeline, replay as rp, target as tg
+from tools import tiny
 from dflash_dash.store import Store
 
 def args_():
@@ -41,7 +42,8 @@ def args_():
     ap.add_argument("--sweep-seqs", type=int, default=None, help="sequences of the sweep (200; 6 small)")
     ap.add_argument("--checkpoints", type=int, default=20)
     ap.add_argument("--distinct", type=int, default=4, help="distinct weight files among the checkpoints")
-    ap.add_argument("--budget", type=int, default=8, help="DDTree budget")
+    ap.add_argument("--budget", type=int, default=8, help="DDTree budget of the DDTree-on comparison")
+    ap.add_argument("--sweep-budget", type=int, default=None, help="DDTree budget of the sweep (default --budget)")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-speed", action="store_true", help="only the sweep")
     ap.add_argument("--work", default=None)
@@ -119,7 +121,8 @@ def measure(a, figs: dict) -> None:
 
 
 def speed(a, d, head, c, T, P, n_speed, dev, peak, figs) -> None:
-    """Chain-only against every-anchor on the same planted sequences."""
+    """Chain-only against every-anchor on the same planted sequences, with DDTree off (budget 0: the chain
+    walk's anchors only) and on (`--budget`: the chain walk's and the DDTree walk's anchors)."""
     H, V, dtype = c.hidden_size, c.vocab_size, d.dtype
     g = torch.Generator(device=dev).manual_seed(3)
     feats = torch.randn(n_speed, T, c.K * H, device=dev, generator=g).to(dtype)
@@ -127,25 +130,32 @@ def speed(a, d, head, c, T, P, n_speed, dev, peak, figs) -> None:
     toks = plant(d, head, feats, P, a.accept, 0)
     note(f"planted {n_speed} x {T} tokens in {time.perf_counter() - t0:.1f} s")
     seqs = [rp.Sequence(f"p{i}", toks[i], P, feats[i]) for i in range(n_speed)]
-    rp.run_chain(d, head, seqs[:1], a.budget)  # warm-up (kernels, plans)
-    rp.run(d, head, seqs[:1], a.budget, chunk=256)
+    for b in sorted({0, a.budget}):  # warm-up (kernels, plans, the Triton top-k at each k)
+        rp.run_chain(d, head, seqs[:2], b)
+        rp.run(d, head, seqs[:1], b, chunk=256)
     note("warm")
-    with Clock(dev) as ce:
-        every, s_every = rp.run(d, head, seqs, a.budget, chunk=256)
-    note(f"every-anchor {ce.s:.1f} s")
-    with Clock(dev) as cc:
-        chain, s_chain = rp.run_chain(d, head, seqs, a.budget, batch=len(seqs))
-    note(f"chain {cc.s:.1f} s")
-    same = all((x.rounds, x.tree_rounds) == (y.rounds, y.tree_rounds) for x, y in zip(every, chain))
-    blocks = sum(sum(v >= 0 for v in r.accepted_at) for r in chain)
-    figs |= {"planted_tau_pooled": s_every["tau_pooled"], "planted_ddtree_tau": s_every["ddtree_tau"],
-             "every_anchor_s": ce.s, "chain_s": cc.s, "chain_speedup_vs_every": ce.s / cc.s,
-             "chain_blocks": blocks, "every_blocks": n_speed * (T - P),
-             "chain_blocks_per_s": blocks / cc.s, "chain_rounds_equal_every": float(same),
-             "chain_rounds_differing_prompts": sum((x.rounds, x.tree_rounds) != (y.rounds, y.tree_rounds)
-                                                   for x, y in zip(every, chain))}
-    flops = sum(dr.flops_per_block(c, p, V) for r in chain for p, v in enumerate(r.accepted_at, P) if v >= 0)
-    figs["chain_fraction_of_peak"] = flops / cc.s / 1e12 / peak
+    figs |= {"every_blocks": n_speed * (T - P)}
+    for b in sorted({0, a.budget}):  # suffix _budget0: DDTree off (chain walk only); _budget8: DDTree on
+        with Clock(dev) as ce:
+            every, s_every = rp.run(d, head, seqs, b, chunk=256)
+        note(f"budget {b}: every-anchor {ce.s:.1f} s")
+        with Clock(dev) as cc:
+            chain, s_chain = rp.run_chain(d, head, seqs, b, batch=len(seqs))
+        note(f"budget {b}: chain {cc.s:.1f} s")
+        same = all((x.rounds, x.tree_rounds) == (y.rounds, y.tree_rounds) for x, y in zip(every, chain))
+        blocks = sum(sum(v >= 0 for v in r.accepted_at) for r in chain)
+        flops = sum(dr.flops_per_block(c, p, V) for r in chain for p, v in enumerate(r.accepted_at, P) if v >= 0)
+        figs |= {"planted_tau_pooled": s_every["tau_pooled"]} | (
+            {"planted_ddtree_tau": s_every["ddtree_tau"]} if b else {})
+        figs |= {f"{k}_budget{b}": v for k, v in {
+            "every_anchor_s": ce.s, "chain_s": cc.s, "chain_speedup_vs_every": ce.s / cc.s,
+            "chain_blocks": blocks, "chain_anchor_share": blocks / (n_speed * (T - P)),
+            "chain_blocks_per_s": blocks / cc.s, "chain_rounds_equal_every": float(same),
+            "chain_rounds_differing_prompts": sum((x.rounds, x.tree_rounds) != (y.rounds, y.tree_rounds)
+                                                  for x, y in zip(every, chain)),
+            "chain_fraction_of_peak": flops / cc.s / 1e12 / peak}.items()}
+        report(figs)
+        figs.clear()
 
 
 def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, figs) -> None:
@@ -200,7 +210,8 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
     cache.read = lambda root, e, pid, *x, **k: reads.append(pid) or real(root, e, pid, *x, **k)
     sync(dev)
     t0 = time.perf_counter()
-    ids = pipeline.sweep(st, str(train), ex, device=dev, dtype="bfloat16", budget=a.budget,
+    budget = a.budget if a.sweep_budget is None else a.sweep_budget
+    ids = pipeline.sweep(st, str(train), ex, device=dev, dtype="bfloat16", budget=budget,
                          progress=lambda i, n, m: note(f"{time.perf_counter() - t0:.0f} s: {m}"))
     sync(dev)
     dt = time.perf_counter() - t0
@@ -220,7 +231,8 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
              "sweep_blocks_per_s": blocks / dt, "sweep_fraction_of_peak": flops / dt / 1e12 / peak,
              "sweep_tau_pooled_min": min(taus), "sweep_tau_pooled_max": max(taus),
              "sweep_peak_mem_gib": peak_gib(dev)}
-    note(f"sweep: {len(ids)} checkpoints x {n_sweep} sequences x {T} tokens, budget {a.budget}, "
+    figs["sweep_budget"] = budget
+    note(f"sweep: {len(ids)} checkpoints x {n_sweep} sequences x {T} tokens, budget {budget}, "
          f"{len(distinct)} distinct weight files")
     if not a.work:
         shutil.rmtree(base, ignore_errors=True)

@@ -2,7 +2,9 @@
 
 Contract: a stable interface scripts rely on. Results go to stdout (ids, JSON); progress and errors go
 to stderr; a user error exits with status 2 and a one-line message naming the problem and the fix,
-never a traceback.
+never a traceback. Each operation's options take their defaults from its `ops` dataclass and are turned into
+one (`op_of`), so the CLI, jobs and pages share one definition; `--gpus 0,1` (extract, replay, sweep) shards
+the prompts over one worker process per device (jobs.workers), `--gpus cpu,cpu` over CPU workers.
 """
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ import json
 import os
 import sys
 import time
+from dataclasses import fields, replace
 from pathlib import Path
 
-from . import pipeline
+from . import ops, pipeline
 from .errors import UserError
 from .store import Store, default_workspace
 
@@ -51,15 +54,28 @@ def cmd_export_completions(a, st):
         print(json.dumps(r))
 
 
+def op_of(cls: type[ops.Op], a: argparse.Namespace, **given) -> ops.Op:
+    """The operation `cls` from the parsed options named like its fields (plus `given`)."""
+    return cls.from_args({f.name: getattr(a, f.name) for f in fields(cls) if hasattr(a, f.name)} | given)
+
+
+def runner(st, op: ops.Op):
+    """Worker processes over the op's GPUs when it names several (jobs.workers); None: work in this process."""
+    return jobs_mod().runner_for(st, op)
+
+
 def cmd_extract(a, st):
     if a.resume:
         st.extraction(a.resume)  # must exist: a typo must not start a new extraction under that id
-    layers = pipeline.layer_ids_of(a.drafter, a.layers)
-    if a.orchestrate != "none":  # free the server's GPU around the extraction: the job does it, we follow it
-        return follow(st, jobs_mod().start(st, "extract", {
-            "target": a.target, "completions": a.completions, "layers": layers, "device": a.device,
-            "dtype": a.dtype, "orchestrate": a.orchestrate, "extraction_id": a.resume}), "extraction")
-    print(pipeline.extract(st, a.target, a.completions, layers, a.device, a.dtype, a.resume, progress))
+    op = op_of(ops.Extract, a, extraction_id=a.resume)
+    op = replace(op, layers=pipeline.layer_ids_of(op.drafter, op.layers), drafter=None)
+    for i, dev in enumerate(dict.fromkeys(op.devices())):
+        for w in jobs_mod().check_extract(st, op.target, op.completions, op.layers, dev, op.dtype, a.resume):
+            if i == 0:  # the page asks to confirm; a script asked for it explicitly
+                print(f"note: {w}", file=sys.stderr)
+    if op.orchestrate != "none":  # free the server's GPU around the extraction: the job does it, we follow it
+        return follow(st, jobs_mod().start(st, op), "extraction")
+    print(pipeline.perform(st, op, progress, runner(st, op))["extraction"])
 
 
 def jobs_mod():
@@ -94,8 +110,9 @@ def follow(st, job_id: str, key: str, every: float = 0.3) -> int:
 
 
 def cmd_replay(a, st):
-    out = pipeline.replay(st, a.drafter, a.extraction, a.tree_budget, a.device, a.dtype, a.chunk, a.name,
-                          progress, a.sliding_block, a.draft_config, a.anchors)
+    op = op_of(ops.Replay, a)
+    out = pipeline.replay(st, op.drafter, op.extraction, op.tree_budget, op.devices()[0], op.dtype, op.chunk, op.name,
+                          progress, op.sliding_block, op.draft_config, op.anchors, runner(st, op))
     if a.extraction == "latest":
         print(f"extraction latest = {out['summary']['extraction']}", file=sys.stderr)
     print(out["id"])
@@ -103,18 +120,20 @@ def cmd_replay(a, st):
 
 
 def cmd_sweep(a, st):
-    for run_id in pipeline.sweep(st, a.checkpoints, a.extraction, progress, a.sliding_block, a.draft_config,
-                                 a.anchors, budget=a.tree_budget, device=a.device, dtype=a.dtype):
+    op = op_of(ops.Sweep, a)
+    for run_id in pipeline.perform(st, op, progress, runner(st, op))["runs"]:
         print(run_id)
 
 
 def cmd_sliding_check(a, st):
-    _print(pipeline.sliding_check(st, a.drafter, a.extraction, a.draft_config, progress, device=a.device,
-                                  dtype=a.dtype))
+    op = op_of(ops.SlidingCheck, a)
+    _print(pipeline.sliding_check(st, op.drafter, op.extraction, op.draft_config, progress, device=op.device,
+                                  dtype=op.dtype))
 
 
 def cmd_attribute(a, st):
-    _print(pipeline.attribute(st, a.run, a.device, a.dtype, progress=progress))
+    op = op_of(ops.Attribute, a)
+    _print(pipeline.attribute(st, op.run, op.device, op.dtype, progress=progress))
 
 
 def cmd_export(a, st):
@@ -126,10 +145,7 @@ def cmd_list(a, st):
 
 
 def cmd_fetch(a, st):
-    from . import config
-    cfg = config.load(st.workspace)
-    n = pipeline.fetch(st, a.server or cfg.server_url, a.prompt_set, a.name, a.max_new_tokens, a.chat, a.tokenizer,
-                       a.enable_thinking, progress, a.readiness_timeout or cfg.readiness_timeout)
+    n = pipeline.perform(st, op_of(ops.Fetch, a), progress)["fetched"]
     print(f"fetched {n} new completions into set {a.name} ({len(st.completion_ids(a.name))} in total)")
 
 
@@ -178,7 +194,9 @@ def cmd_conformance(a, st):
 # parser
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(store_only: bool = False) -> argparse.ArgumentParser:
+    """The CLI's parser; `store_only` leaves out the options whose choices live in torch-backed modules (drafter,
+    server), for the store-only commands (STORE_ONLY), which thereby never import torch."""
     p = argparse.ArgumentParser(prog="python -m dflash_dash", description=__doc__.splitlines()[0])
     p.add_argument("--workspace", default=str(default_workspace()), help="workspace folder (default: cache)")
     sub = p.add_subparsers(dest="command", required=True)
@@ -192,59 +210,69 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--name", required=True)
     s.set_defaults(fn=cmd_export_completions)
 
+    X, R, S, C, A, F = map(ops.defaults, (ops.Extract, ops.Replay, ops.Sweep, ops.SlidingCheck, ops.Attribute,
+                                          ops.Fetch))  # every default comes from the operation's dataclass
     s = sub.add_parser("extract", help="extract target hidden states for a completion set")
     s.add_argument("--target", required=True, help="Hugging Face causal LM folder")
     s.add_argument("--completions", required=True, help="completion set name")
     s.add_argument("--drafter", help="DFlash checkpoint whose target_layer_ids are extracted")
     s.add_argument("--layers", help="explicit layer ids, e.g. 1,16,31 (instead of --drafter)")
-    s.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    s.add_argument("--dtype", default="float32", choices=list(pipeline.DTYPES))
+    s.add_argument("--device", default=X["device"], help="cpu or cuda[:N]")
+    s.add_argument("--dtype", default=X["dtype"], choices=ops.DTYPES)
+    s.add_argument("--gpus", help="one worker process per device, the prompts sharded over them: GPU indices "
+                                  "like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); default: one process on --device")
     s.add_argument("--resume", help="continue this extraction id instead of starting a new one")
-    s.add_argument("--orchestrate", default="none", choices=["none", "release", "command"],
+    s.add_argument("--orchestrate", default=X["orchestrate"], choices=ops.ORCHESTRATE,
                    help="free the SGLang server's GPU around the extraction (config.toml): its memory-release "
                         "API, its stop/start commands, or leave it (default)")
     s.set_defaults(fn=cmd_extract)
 
     s = sub.add_parser("replay", help="replay a drafter checkpoint over cached features")
     s.add_argument("--drafter", required=True)
-    s.add_argument("--extraction", default="latest")
-    s.add_argument("--tree-budget", type=int, default=8, help="DDTree node budget (0: no tree)")
-    s.add_argument("--device", default="cpu")
-    s.add_argument("--dtype", default="float32", choices=list(pipeline.DTYPES))
-    s.add_argument("--chunk", type=int, default=64, help="blocks per batched forward")
+    s.add_argument("--extraction", default=R["extraction"])
+    s.add_argument("--tree-budget", type=int, default=R["tree_budget"], help="DDTree node budget (0: no tree)")
+    s.add_argument("--device", default=R["device"])
+    s.add_argument("--dtype", default=R["dtype"], choices=ops.DTYPES)
+    s.add_argument("--gpus", help="one worker process per device, the prompts sharded over them: GPU indices "
+                                  "like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); default: one process on --device")
+    s.add_argument("--chunk", type=int, default=R["chunk"], help="blocks per batched forward")
     s.add_argument("--name", help="display name (default: checkpoint folder name)")
-    s.add_argument("--anchors", default="every", choices=list(pipeline.ANCHORS),
+    s.add_argument("--anchors", default=R["anchors"], choices=ops.ANCHORS,
                    help="every completion anchor (default: accepted(p) curves, every-anchor tau) or only the "
                         "anchors the chain and DDTree walks visit (chain: several times faster, same rounds)")
-    checkpoint_options(s)
+    if not store_only:
+        checkpoint_options(s)
     s.set_defaults(fn=cmd_replay)
 
     s = sub.add_parser("sweep", help="replay every checkpoint of a training output folder")
     s.add_argument("--checkpoints", required=True, help="training output folder: epoch_E_step_S/, "
                                                         "{run_id}-step{N}/ (SpecForge runtime), checkpoint-N/ ...")
-    s.add_argument("--extraction", default="latest")
-    s.add_argument("--anchors", default="chain", choices=list(pipeline.ANCHORS),
+    s.add_argument("--extraction", default=S["extraction"])
+    s.add_argument("--anchors", default=S["anchors"], choices=ops.ANCHORS,
                    help="chain (default: only the anchors the walks visit) or every")
-    s.add_argument("--tree-budget", type=int, default=8, help="DDTree node budget (0: no tree)")
-    s.add_argument("--device", default="cpu")
-    s.add_argument("--dtype", default="float32", choices=list(pipeline.DTYPES))
-    checkpoint_options(s)
+    s.add_argument("--tree-budget", type=int, default=S["tree_budget"], help="DDTree node budget (0: no tree)")
+    s.add_argument("--device", default=S["device"])
+    s.add_argument("--dtype", default=S["dtype"], choices=ops.DTYPES)
+    s.add_argument("--gpus", help="one worker process per device, the prompts sharded over them: GPU indices "
+                                  "like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); default: one process on --device")
+    if not store_only:
+        checkpoint_options(s)
     s.set_defaults(fn=cmd_sweep)
 
     s = sub.add_parser("sliding-check", help="replay a sliding-layer drafter with its block causal and "
                                              "bidirectional: the train/serve mismatch detector (JSON)")
     s.add_argument("--drafter", required=True)
-    s.add_argument("--extraction", default="latest")
+    s.add_argument("--extraction", default=C["extraction"])
     s.add_argument("--draft-config", help="the training's draft config JSON (SpecForge runtime checkpoints)")
-    s.add_argument("--device", default="cpu")
-    s.add_argument("--dtype", default="float32", choices=list(pipeline.DTYPES))
+    s.add_argument("--device", default=C["device"])
+    s.add_argument("--dtype", default=C["dtype"], choices=ops.DTYPES)
     s.set_defaults(fn=cmd_sliding_check)
 
     s = sub.add_parser("attribute", help="target-layer attribution of a run: tau lost with each target tap "
                                          "replaced by its mean over the extraction (JSON; stored with the run)")
-    s.add_argument("--run", default="latest")
-    s.add_argument("--device", help="default: the run's own device")
-    s.add_argument("--dtype", choices=list(pipeline.DTYPES), help="default: the run's own dtype")
+    s.add_argument("--run", default=A["run"])
+    s.add_argument("--device", default=A["device"], help="default: the run's own device")
+    s.add_argument("--dtype", default=A["dtype"], choices=ops.DTYPES, help="default: the run's own dtype")
     s.set_defaults(fn=cmd_attribute)
 
     s = sub.add_parser("export", help="print a run as JSON")
@@ -263,8 +291,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--health-delay", type=float, default=0.0,
                    help="seconds GET /health takes once ready (a real one generates a token)")
     s.add_argument("--api-key", help="require `Authorization: Bearer KEY` except on /health (as SGLang's --api-key)")
-    from .server import speculative_args
-    speculative_args(s)  # --speculative-draft CKPT, --speculative-bug NAME (a test aid)
+    if not store_only:
+        from .server import speculative_args
+        speculative_args(s)  # --speculative-draft CKPT, --speculative-bug NAME (a test aid)
     s.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("fetch", help="fetch greedy completions of a prompt set from an SGLang server")
@@ -272,11 +301,14 @@ def parser() -> argparse.ArgumentParser:
                                     "http://127.0.0.1:30000)")
     s.add_argument("--prompt-set", required=True, help="built-in set (coding-10) or a JSONL file of {id, prompt}")
     s.add_argument("--name", required=True, help="completion set name; rerun with it to continue")
-    s.add_argument("--max-new-tokens", type=int, default=256)
-    s.add_argument("--chat", action="store_true", help="wrap prompts in the target's chat template (local)")
+    s.add_argument("--max-new-tokens", type=int, default=F["max_new_tokens"])
+    s.add_argument("--chat", action="store_true", default=F["chat"],
+                   help="wrap prompts in the target's chat template (local)")
     s.add_argument("--tokenizer", help="tokenizer folder (default: the server's tokenizer_path when readable)")
-    s.add_argument("--enable-thinking", action="store_true", help="leave Qwen3 thinking on (default off)")
-    s.add_argument("--readiness-timeout", type=float, help="seconds to wait for /health 200 (default 600)")
+    s.add_argument("--enable-thinking", action="store_true", default=F["enable_thinking"],
+                   help="leave Qwen3 thinking on (default off)")
+    s.add_argument("--readiness-timeout", type=float, default=F["readiness_timeout"],
+                   help="seconds to wait for /health 200 (default: the workspace config's, 600)")
     s.set_defaults(fn=cmd_fetch)
 
     s = sub.add_parser("jobs", help="background jobs: list | cancel ID | logs ID | rerun ID")
@@ -311,10 +343,9 @@ def parser() -> argparse.ArgumentParser:
 
 def checkpoint_options(s: argparse.ArgumentParser) -> None:
     """How a checkpoint is read: its draft config (SpecForge runtime checkpoints) and sliding semantics."""
-    from .drafter import SLIDING_BLOCKS
     s.add_argument("--draft-config", help="the training's draft config JSON, for SpecForge runtime checkpoints "
                                           "({run_id}-step{N}/training_state.pt) with no config.json beside or above")
-    s.add_argument("--sliding-block", choices=list(SLIDING_BLOCKS),
+    s.add_argument("--sliding-block", choices=ops.SLIDING_BLOCKS,
                    help="sliding_attention layers: causal inside the block (SpecForge training, SGLang serving; "
                         "the default unless the config sets is_causal) or bidirectional (z-lab HF reference)")
 
@@ -322,8 +353,25 @@ def checkpoint_options(s: argparse.ArgumentParser) -> None:
 READ_ONLY = {"runs", "extractions", "export", "export-completions", "conformance"}  # never create a workspace
 
 
+STORE_ONLY = {"runs", "extractions", "jobs"}  # answered from the store alone: parsed and run without torch
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The command word of a command line (the first word that is neither an option nor --workspace's value)."""
+    after_workspace = False
+    for w in argv:
+        if after_workspace:
+            after_workspace = False
+        elif w == "--workspace":
+            after_workspace = True
+        elif not w.startswith("-"):
+            return w
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    a = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    a = parser(store_only=command_of(argv) in STORE_ONLY).parse_args(argv)
     _MIDLINE[0] = False
     try:
         if a.command in READ_ONLY and not (Path(a.workspace) / "dflash.duckdb").is_file():

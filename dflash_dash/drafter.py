@@ -477,7 +477,7 @@ class Drafter:
         return [self._kv(i, ctx, cos, sin) for i in range(self.c.num_hidden_layers)]
 
     def blocks(self, kv: list[tuple[torch.Tensor, torch.Tensor]], anchors: torch.Tensor,
-               emb: torch.Tensor, group: int = 16, max_anchor: int | None = None) -> torch.Tensor:
+               emb: torch.Tensor, group: int = 16, max_anchor: int | None = None, tail: bool = False) -> torch.Tensor:
         """Draft many blocks at once: of one sequence, or of several sequences in lockstep.
 
         kv: context_kv of the sequence (per layer k, v [nkv, T, hd]), or of S sequences stacked (per layer
@@ -495,6 +495,9 @@ class Drafter:
         query rows, so K/V are never repeated per query head; scores never leave the kernel. The context
         length is rounded up to a multiple of 256 (the extra keys are masked) so that few distinct shapes
         reach the attention kernels. `max_anchor` (>= anchors.max(), optional) spares a device sync.
+        `tail` (stacked kv only): each layer's k, v [S, nkv, T + G*B, hd] end with G*B spare key slots; the
+        blocks' keys are written there in place and the attention runs over all T context keys (masked past
+        each anchor), so no per-call copy of the context K/V is made (the chain-only replay's lockstep steps).
         """
         c = self.c
         N, B, _ = emb.shape
@@ -512,8 +515,14 @@ class Drafter:
             anchors = torch.cat([anchors, anchors[-1:].expand(pad)])
             h = torch.cat([h, h[-1:].expand(pad, -1, -1)])
         T = kv[0][0].shape[-2]
-        top = int(anchors.max()) if max_anchor is None else max_anchor
-        L = min(T, -(-top // 256) * 256)                           # context keys any block can see (x256)
+        if tail:
+            if not stacked:
+                raise ValueError("tail=True needs stacked context K/V [S, nkv, T + G*B, hd]")
+            T -= G * B
+            L = T                                                  # fixed shape: no sync, no copy
+        else:
+            top = int(anchors.max()) if max_anchor is None else max_anchor
+            L = min(T, -(-top // 256) * 256)                       # context keys any block can see (x256)
         qpos = anchors[:, None] + torch.arange(B, device=dev)      # [N', B]
         cos, sin = self.rope(qpos)                                 # [N', B, hd]
         masks = {kd: self._attn_mask(anchors, qpos, L, S, G, g, *kd) for kd in {self._kind(i) for i in
@@ -525,8 +534,13 @@ class Drafter:
             q = q.view(S, G, nkv, g, B, hd).permute(0, 2, 3, 1, 4, 5).reshape(S, nkv, g * G * B, hd)
             kb, vb = (t.view(S, G, nkv, B, hd).transpose(1, 2).reshape(S, nkv, G * B, hd)
                       for t in self._kv(i, x, cos, sin))           # [S, nkv, G*B, hd]
-            kc, vc = ((t[:, :, :L] if stacked else t[:, :L].expand(S, nkv, L, hd)) for t in kv[i])
-            k, v = torch.cat([kc, kb], 2), torch.cat([vc, vb], 2)  # [S, nkv, L+G*B, hd]
+            if tail:                                               # the blocks' keys into the spare slots
+                k, v = kv[i]
+                k[:, :, L:].copy_(kb)
+                v[:, :, L:].copy_(vb)
+            else:
+                kc, vc = ((t[:, :, :L] if stacked else t[:, :L].expand(S, nkv, L, hd)) for t in kv[i])
+                k, v = torch.cat([kc, kb], 2), torch.cat([vc, vb], 2)  # [S, nkv, L+G*B, hd]
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=masks[self._kind(i)])
             o = o.view(S, nkv, g, G, B, hd).permute(0, 3, 4, 1, 2, 5).reshape(S * G, B, nkv * g * hd)
             h = h + self._lin(o, p + "self_attn.o_proj")

@@ -1,12 +1,17 @@
 """Background jobs: long work (fetch, extraction, replay, sweep, demo) as a separate OS process.
 
 Contract:
-- `start(store, kind, args)` records the job (status queued) and spawns
-  `python -m dflash_dash.jobs --workspace W ID` in its own session (process group), output to
-  `W/logs/ID.log`; it returns the job id at once. The child runs `execute`, which marks the job running,
-  runs `KINDS[kind](store, args, reporter)` with progress/step written to the store (throttled), and ends
-  done (with a result dict), failed (user errors as their message; anything else with the traceback in
-  the log and one line in the store) or cancelled (SIGTERM).
+- `start(store, op)` records the job (its kind and `op.to_args()`, status queued; an `ops` dataclass, or a kind
+  and args dict validated through `ops.of`) and spawns `python -m dflash_dash.jobs --workspace W ID` in its own
+  session (process group), output to `W/logs/ID.log`; it returns the job id at once. The child runs
+  `execute`, which marks the job running, rebuilds the operation (`ops.of`) and runs it (`run`: one dispatch,
+  `pipeline.perform`) with progress/step written to the store (throttled), and ends done (with a result
+  dict), failed (user errors as their message; anything else with the traceback in the log and one line in
+  the store) or cancelled (SIGTERM).
+- GPUs: an extract/replay/sweep naming several `gpus` runs its per-prompt work in one worker process per
+  device (`workers`: `python -m dflash_dash.jobs --worker`, in the job's process group); the job process alone
+  writes the store, progress is the workers' sum, a worker that fails or dies fails the job with the end of
+  its stderr and stops the others, cancel stops them all, and a rerun resumes (an extraction keeps its items).
 - Status lives only in the store: `refresh` marks a queued/running job whose process is gone as failed
   ("process died ..."), so nothing is left "running" forever. `cancel` stops the process group (SIGTERM,
   SIGKILL after a grace period); `rerun` starts a new job with the same args that continues where the
@@ -15,6 +20,9 @@ Contract:
   API, or the stop command of `W/config.toml`), check free GPU memory against the target's weights
   (naming the processes that hold memory), extract, then restore the server and wait for /health 200
   before reporting done; the server is restored also when the extraction fails or is cancelled.
+- Before an extraction starts, `check_extract` (torch-free, over `devices()`) refuses a device this machine lacks
+  and names the existing extractions it would duplicate; the Extraction page and `extract` on the CLI both call it.
+  `recent(..., dismissed=False)` leaves out the failed/cancelled jobs a user dismissed (the jobs panel).
 Shell commands come only from the workspace config, run without a shell, and are logged before they run.
 """
 from __future__ import annotations
@@ -23,18 +31,26 @@ import json
 import os
 import shlex
 import signal
+import queue
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections import deque
+from dataclasses import asdict, is_dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Iterator
 
-from . import config as config_mod, pipeline, sglang, target as target_mod
+from . import config as config_mod, lazy, ops, pipeline, sglang
 from .errors import UserError
 from .store import Store, new_id
+
+if TYPE_CHECKING:  # loads on first use: listing and dismissing jobs never import torch
+    from . import target as target_mod
+else:
+    target_mod = lazy.module("dflash_dash.target")
 
 ACTIVE = ("queued", "running")
 THROTTLE_S = 0.3          # at most one progress write per this many seconds
@@ -100,52 +116,53 @@ class Reporter:
 
 
 # ---------------------------------------------------------------------------
-# kinds: each takes (store, args, reporter) and returns the job's result dict
+# running an operation: one generic dispatch (pipeline.perform); demo and the extraction's orchestration here
 
 
-def _need(args: dict, *keys: str) -> None:
-    missing = [k for k in keys if args.get(k) in (None, "")]
-    if missing:
-        raise pipeline.InputError(f"job arguments lack {', '.join(missing)}")
+def run(store: Store, op: ops.Op, rep: Reporter) -> dict:
+    """Run operation `op` with `rep` as its progress; returns the job's result dict. Extract, replay and sweep
+    with several `gpus` shard their prompts over worker processes (`workers`)."""
+    if isinstance(op, ops.Demo):
+        from . import demo
+        out = demo.build(store.workspace, rep)
+        return out if isinstance(out, dict) else {"value": out}
+    if isinstance(op, ops.Extract):
+        return run_extract(store, op, rep)
+    return pipeline.perform(store, op, rep, runner_for(store, op))
 
 
-def run_fetch(store: Store, args: dict, rep: Reporter) -> dict:
-    _need(args, "prompt_set", "name")
+def runner_for(store: Store, op: ops.Op) -> pipeline.Runner | None:
+    """`workers` over the op's GPUs when it names several; None (work in this process) otherwise."""
+    devs = op.devices()
+    return workers(store, devs) if len(devs) > 1 else None
+
+
+def run_extract(store: Store, op: ops.Extract, rep: Reporter) -> dict:
     cfg = config_mod.load(store.workspace)
-    n = pipeline.fetch(store, args.get("server") or cfg.server_url, args["prompt_set"], args["name"],
-                       int(args.get("max_new_tokens") or 256), bool(args.get("chat")), args.get("tokenizer"),
-                       bool(args.get("enable_thinking")), rep, readiness_timeout=cfg.readiness_timeout)
-    return {"set": args["name"], "fetched": n}
-
-
-def run_extract(store: Store, args: dict, rep: Reporter) -> dict:
-    _need(args, "target", "completions")
-    mode = args.get("orchestrate") or "none"
-    if mode not in ("release", "command", "none"):
-        raise pipeline.InputError(f"orchestrate {mode!r}: expected release, command or none")
-    cfg = config_mod.load(store.workspace)
-    layers = pipeline.layer_ids_of(args.get("drafter"), args.get("layers"))
-    device, dtype = args.get("device") or "cpu", args.get("dtype") or "float32"
-    info = target_mod.describe(args["target"])  # fail on a bad target/set before touching the server
+    layers = pipeline.layer_ids_of(op.drafter, op.layers)
+    info = target_mod.describe(op.target)  # fail on a bad target/set before touching the server
     target_mod.check_layers(info, layers)
-    if not store.completion_ids(args["completions"]):
-        raise pipeline.InputError(f"no completions in set {args['completions']!r}; fetch or import them first")
-    ex_id = args.get("extraction_id") or new_id("ex")
+    if not store.completion_ids(op.completions):
+        raise pipeline.InputError(f"no completions in set {op.completions!r}; fetch or import them first")
+    ex_id = op.extraction_id or new_id("ex")
+    op = replace(op, target=info.path, layers=layers, drafter=None, extraction_id=ex_id)
     rep.result({"extraction": ex_id})  # known from the start, so a rerun resumes it
     known = {e["id"]: e["status"] for e in store.extractions()}
     if known.get(ex_id) not in (None, "done"):
         store.set_status("extractions", ex_id, "running")
-    client = sglang.for_workspace(cfg, args.get("server"))
+    runner = runner_for(store, op)  # devices checked before the server is touched
+    client = sglang.for_workspace(cfg, op.server)
     freed = None
     try:
-        freed = free_gpu(client, cfg, mode, rep)
-        check_memory(info.path, device, cfg.gpu_memory_margin_gb, rep)
-        rep.step(f"loading target {info.path} on {device}")
+        freed = free_gpu(client, cfg, op.orchestrate, rep)
+        for dev in dict.fromkeys(op.devices()):
+            check_memory(info.path, dev, cfg.gpu_memory_margin_gb, rep)
+        rep.step(f"loading target {info.path} on {', '.join(op.devices())}")
 
         def progress(done: int, total: int, msg: str) -> None:
             rep(done, total, f"extracting {done}/{total}: {msg}" if done else msg)
 
-        ex_id = pipeline.extract(store, info.path, args["completions"], layers, device, dtype, ex_id, progress)
+        ex_id = pipeline.perform(store, op, progress, runner)["extraction"]
     except BaseException as e:
         if any(x["id"] == ex_id and x["status"] != "done" for x in store.extractions()):
             store.set_status("extractions", ex_id, "cancelled" if isinstance(e, Cancelled) else "failed")
@@ -161,47 +178,161 @@ def run_extract(store: Store, args: dict, rep: Reporter) -> dict:
     return {"extraction": ex_id}
 
 
-def run_replay(store: Store, args: dict, rep: Reporter) -> dict:
-    _need(args, "drafter")
-    out = pipeline.replay(store, args["drafter"], args.get("extraction") or "latest",
-                          int(args.get("tree_budget", 8)), args.get("device") or "cpu",
-                          args.get("dtype") or "float32", int(args.get("chunk") or 64), args.get("name"), rep,
-                          args.get("sliding_block"), args.get("draft_config"), args.get("anchors") or "every")
-    return {"run": out["id"]}
+# ---------------------------------------------------------------------------
+# workers: the per-prompt work of one operation sharded over one process per GPU
 
 
-def run_sweep(store: Store, args: dict, rep: Reporter) -> dict:
-    _need(args, "checkpoints")
-    return {"runs": pipeline.sweep(store, args["checkpoints"], args.get("extraction") or "latest", rep,
-                                   args.get("sliding_block"), args.get("draft_config"), args.get("anchors") or "chain",
-                                   budget=int(args.get("tree_budget", 8)), device=args.get("device") or "cpu",
-                                   dtype=args.get("dtype") or "float32")}
+class WorkerError(UserError, RuntimeError):
+    """A worker process failed or died; the message names it, its device and the end of its stderr."""
 
 
-def run_demo(store: Store, args: dict, rep: Reporter) -> dict:
-    from . import demo
-    out = demo.build(store.workspace, rep)
-    return out if isinstance(out, dict) else {"value": out}
+WORKER_STOP_S = 5.0  # a worker that outlives its run gets SIGTERM, then SIGKILL after this long
 
 
-def run_sliding_check(store: Store, args: dict, rep: Reporter) -> dict:
-    _need(args, "drafter")
-    out = pipeline.sliding_check(store, args["drafter"], args.get("extraction") or "latest", args.get("draft_config"),
-                                 rep, device=args.get("device") or "cpu", dtype=args.get("dtype") or "float32")
-    return {"causal": out["causal"], "bidirectional": out["bidirectional"]}
+def check_devices(devs: list[str]) -> None:
+    """Refuse worker devices this machine lacks, naming them and the fix."""
+    cuda = [d for d in devs if d.startswith("cuda")]
+    if not cuda:
+        return
+    import torch
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    bad = [d for d in cuda if n == 0 or int(d.partition(":")[2] or 0) >= n]
+    if bad:
+        raise pipeline.InputError(f"gpus: {', '.join(bad)} not on this machine ({n} CUDA device(s)"
+                                  f"{f': 0..{n - 1}' if n else ''}); give GPU indices that exist, or cpu,cpu")
 
 
-def run_attribute(store: Store, args: dict, rep: Reporter) -> dict:
-    _need(args, "run")
-    out = pipeline.attribute(store, args["run"], args.get("device"), args.get("dtype"), progress=rep)
-    return {"run": out["run"], "taps": len(out["taps"])}
+def workers(store: Store, devs: list[str]) -> pipeline.Runner:
+    """A pipeline Runner over one worker process per device of `devs`: the prompt ids are dealt round-robin into
+    shards, worker i runs `pipeline.work` on shard i with device devs[i] (`python -m dflash_dash.jobs --worker`,
+    spec on stdin, events and progress as JSON lines on stdout, stderr to W/logs/workers/), and its events are
+    yielded here as they arrive, progress summed over the workers. A worker that fails or dies stops the others
+    and raises WorkerError with the end of its stderr; leaving the iteration early (an error, a cancel) stops them
+    all too. Workers stay in this process's group, so cancelling a job's group stops them as well."""
+    check_devices(devs)
+    logs = store.workspace.resolve() / "logs" / "workers"
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    ncpu = sum(d == "cpu" for d in devs)
+    if ncpu and "OMP_NUM_THREADS" not in os.environ:  # CPU workers share the cores instead of oversubscribing
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ncpu))
+
+    def runner(kind: str, args: dict, ids: list, progress: pipeline.Progress) -> Iterator[dict]:
+        shards = [ids[i::len(devs)] for i in range(len(devs))]
+        logs.mkdir(parents=True, exist_ok=True)
+        tag = new_id("w")
+        q: queue.Queue = queue.Queue()
+        procs: dict[int, tuple[subprocess.Popen, str, Path]] = {}
+        state: dict[int, tuple[int, int]] = {}
+        try:
+            for i, (dev, shard) in enumerate(zip(devs, shards)):
+                if not shard:
+                    continue
+                err = logs / f"{tag}-{i}.err"
+                with open(err, "wb") as f:
+                    p = subprocess.Popen([sys.executable, "-m", "dflash_dash.jobs", "--workspace",
+                                          str(store.workspace.resolve()), "--worker"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=f, env=env)
+                procs[i], state[i] = (p, dev, err), (0, len(shard))
+                p.stdin.write(json.dumps({"kind": kind, "args": args | {"device": dev}, "prompts": shard}).encode())
+                p.stdin.close()
+                threading.Thread(target=_pump, args=(i, p.stdout, q), daemon=True).start()
+            live = set(procs)
+            if procs:
+                _tick_workers(progress, state, f"started {len(procs)} workers on {', '.join(devs[i] for i in procs)}")
+            while live:
+                try:
+                    i, msg = q.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if msg is None:  # its stdout closed: it ended
+                    live.discard(i)
+                    p, dev, err = procs[i]
+                    rc = p.wait()
+                    if rc != 0:
+                        raise WorkerError(_worker_failed(i, len(devs), dev, rc, err, state[i]))
+                elif "progress" in msg:
+                    d, t, m = msg["progress"]
+                    state[i] = (d, t or state[i][1])
+                    _tick_workers(progress, state, f"{m} [worker {i + 1}, {procs[i][1]}]")
+                else:
+                    yield msg["event"]
+        finally:
+            _stop([p for p, _, _ in procs.values()])
+
+    return runner
 
 
-KINDS: dict[str, Callable[[Store, dict, Reporter], dict]] = {
-    "fetch": run_fetch, "extract": run_extract, "replay": run_replay, "sweep": run_sweep, "demo": run_demo,
-    "sliding-check": run_sliding_check,
-    "attribute": run_attribute,
-}
+def _tick_workers(progress: pipeline.Progress, state: dict[int, tuple[int, int]], msg: str) -> None:
+    if progress:
+        progress(sum(d for d, _ in state.values()), sum(t for _, t in state.values()), msg)
+
+
+def _pump(i: int, stream, q: queue.Queue) -> None:
+    """Forward a worker's JSON lines to the queue, then None at its end."""
+    try:
+        for line in stream:
+            try:
+                q.put((i, json.loads(line)))
+            except ValueError:
+                continue  # not ours (a library printing to stdout before it was redirected)
+    finally:
+        q.put((i, None))
+
+
+def _worker_failed(i: int, n: int, dev: str, rc: int, err: Path, state: tuple[int, int]) -> str:
+    lines = [ln.strip() for ln in err.read_text(errors="replace").splitlines() if ln.strip()]
+    said = [ln.removeprefix("error: ") for ln in lines if ln.startswith("error: ")]
+    who = f"worker {i + 1} of {n} ({dev})"
+    if rc == 2 and said:  # a user error: its message is the job's
+        return f"{who}: {said[-1]}"
+    tail = " | ".join(lines[-4:]) or "(nothing)"
+    print(f"{who} ended with {_exit_text(rc)}; its stderr ({err}) ends:\n" + "\n".join(lines[-30:]), flush=True)
+    return (f"{who} died ({_exit_text(rc)}) after {state[0]} of {state[1]} prompts; its stderr ends: {tail[-600:]} "
+            f"(all of it: {err}). What finished is kept: rerun to continue")
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM the workers still running, SIGKILL those left after WORKER_STOP_S."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + WORKER_STOP_S
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def work_main(workspace: str) -> int:
+    """A worker process's entry: read the spec {"kind", "args", "prompts"} on stdin, run `pipeline.work`, write
+    {"progress": [done, total, msg]} and {"event": ...} lines on stdout. Exit 2 with `error: ...` on stderr for
+    a user error; anything else ends it with a traceback on stderr."""
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # whatever else prints goes to stderr, never into the event stream
+
+    def emit(obj: dict) -> None:
+        out.write(json.dumps(obj, default=_plain) + "\n")
+
+    spec = json.load(sys.stdin)
+    try:
+        for ev in pipeline.work(Store(workspace), spec["kind"], spec["args"], spec["prompts"],
+                                lambda d, t, m: emit({"progress": [d, t, m]})):
+            emit({"event": ev})
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    out.flush()
+    return 0
+
+
+def _plain(o):
+    """JSON for the worker's events: dataclasses (PromptResult) as dicts."""
+    if is_dataclass(o):
+        return asdict(o)
+    raise TypeError(f"{type(o).__name__} is not JSON data")
 
 
 # ---------------------------------------------------------------------------
@@ -385,6 +516,58 @@ def gpu_memory() -> list[dict]:
     return gpus
 
 
+def devices() -> list[str]:
+    """The devices an extraction can use on this machine, the default first: cuda:0..N-1 for the GPUs nvidia-smi
+    (else the driver's /proc entry) shows, as many as CUDA_VISIBLE_DEVICES lets through, then cpu. Torch-free: no
+    CUDA context, so the app can call it."""
+    n = len(_smi("index", "gpu"))
+    if not n:
+        proc = Path("/proc/driver/nvidia/gpus")
+        n = len(list(proc.iterdir())) if proc.is_dir() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:  # CUDA stops at the first empty or invalid entry ("" or "-1" hide every GPU)
+        shown = 0
+        for x in visible.split(","):
+            if not x.strip() or x.strip().startswith("-"):
+                break
+            shown += 1
+        n = min(n, shown)
+    return [f"cuda:{i}" for i in range(n)] + ["cpu"]
+
+
+def _device(device: str) -> str:
+    return "cuda:0" if device == "cuda" else device
+
+
+def check_extract(store: Store, target: str, set_name: str, layers: list[int], device: str, dtype: str,
+                  resume: str | None = None) -> list[str]:
+    """Check an extraction's device and dtype before anything starts (the Extraction page and `extract` on the
+    CLI both call this, so both say the same): raises pipeline.InputError naming the field and the fix for a
+    device this machine lacks (`cuda` without a CUDA GPU) or an unknown dtype. Returns one warning per existing
+    extraction (done or running, `resume` excepted) the new one would duplicate: same completion set, target,
+    layers, device (so backend) and dtype."""
+    if dtype not in pipeline.DTYPES:
+        raise pipeline.InputError(f"dtype {dtype!r}: expected one of {', '.join(pipeline.DTYPES)}")
+    dev = _device(device.strip())
+    if dev != "cpu" and not (dev.startswith("cuda:") and dev[5:].isdigit()):
+        raise pipeline.InputError(f"device {device!r}: expected cpu, cuda or cuda:N (N = the GPU's index)")
+    have = devices()
+    if dev not in have:
+        if have == ["cpu"]:
+            raise pipeline.InputError(
+                f"device {device!r}: this machine has no CUDA GPU (nvidia-smi shows none); set device to cpu "
+                "(extraction then uses the torch path of the linear-attention kernels), or extract on a GPU machine")
+        raise pipeline.InputError(f"device {device!r}: this machine has no such GPU; set device to one of "
+                                  f"{', '.join(have)}")
+    path = str(Path(target).resolve())
+    same = [e for e in store.extractions() if e["id"] != resume and e["status"] in ("done", "running")
+            and e["set_name"] == set_name and e["target_path"] == path and list(e["layer_ids"] or []) == list(layers)
+            and _device(e["device"]) == dev and e["dtype"] == dtype]
+    return [f"extraction {e['id']} ({e['status']}, backend {e['backend']}) already holds set {set_name!r} from this "
+            f"target at layers {','.join(map(str, layers))} on {e['device']} in {e['dtype']}: a new one would "
+            "duplicate it" for e in same]
+
+
 def check_memory(model_dir: str, device: str, margin_gb: float, rep: Reporter) -> None:
     """Wait (up to MEMORY_WAIT_S) until the device has the target's weight bytes + margin free; else raise
     OrchestrationError naming the processes that hold memory. Skipped (with a note) off CUDA."""
@@ -419,18 +602,19 @@ def check_memory(model_dir: str, device: str, margin_gb: float, rep: Reporter) -
 # lifecycle
 
 
-def start(store: Store, kind: str, args: dict) -> str:
-    """Record a job and spawn its process; returns the job id at once."""
-    if kind not in KINDS:
-        raise pipeline.InputError(f"unknown job kind {kind!r}; expected one of {', '.join(KINDS)}")
-    try:
-        json.dumps(args)
-    except (TypeError, ValueError) as e:
-        raise pipeline.InputError(f"job arguments must be plain JSON data: {e}") from None
+def start(store: Store, op: ops.Op | str, args: dict | None = None) -> str:
+    """Record a job (its kind and `op.to_args()`) and spawn its process; returns the job id at once. `op` is an
+    operation (`ops.Replay(...)`), or a kind with its args dict, validated through `ops.of`."""
+    if isinstance(op, str):
+        try:
+            json.dumps(args)
+        except (TypeError, ValueError) as e:
+            raise pipeline.InputError(f"job arguments must be plain JSON data: {e}") from None
+        op = ops.of(op, args)
     job_id = new_id("job")
     log = store.workspace.resolve() / "logs" / f"{job_id}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    store.add_job(job_id, kind, args, str(log))
+    store.add_job(job_id, op.kind, op.to_args(), str(log))
     env = dict(os.environ, PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     try:
@@ -461,10 +645,7 @@ def execute(store: Store, job_id: str) -> int:
     try:
         store.update_job(job_id, status="running", pid=os.getpid(), step="starting")
         rep.note(f"job {job_id}: {job['kind']} {json.dumps(job['args'])} (pid {os.getpid()})")
-        fn = KINDS.get(job["kind"])
-        if fn is None:
-            raise pipeline.InputError(f"unknown job kind {job['kind']!r}")
-        result = fn(store, job["args"], rep)
+        result = run(store, ops.of(job["kind"], job["args"]), rep)
     except Cancelled as e:
         rep.note(f"cancelled ({e})")
         store.settle_job(job_id, "cancelled", "cancelled by user")
@@ -544,9 +725,10 @@ def active(store: Store) -> list[dict]:
     return [j for j in store.jobs() if j["status"] in ACTIVE]
 
 
-def recent(store: Store, n: int = 20) -> list[dict]:
+def recent(store: Store, n: int = 20, dismissed: bool = True) -> list[dict]:
+    """The `n` newest jobs (dead ones settled first); `dismissed=False`: without those a user dismissed."""
     refresh(store)
-    return store.jobs()[:n]
+    return store.jobs(dismissed=dismissed)[:n]
 
 
 def cancel(store: Store, job_id: str, grace: float = GRACE_S) -> dict:
@@ -585,17 +767,18 @@ def _signal(pid: int, sig: int) -> None:
 
 
 def rerun(store: Store, job_id: str) -> str:
-    """A new job with the old one's args; a failed/cancelled extraction resumes its partial extraction."""
+    """A new job with the old one's operation (a record from before a field existed gets its default); a
+    failed/cancelled extraction resumes its partial extraction."""
     refresh(store)
     job = store.job(job_id)
     if job["status"] in ACTIVE:
         raise pipeline.InputError(f"job {job_id} is still {job['status']}; cancel it or wait for it to end")
-    args = dict(job["args"] or {})
-    if job["kind"] == "extract" and job["status"] in ("failed", "cancelled"):
-        ex = (job["result"] or {}).get("extraction") or args.get("extraction_id")
+    op = ops.of(job["kind"], job["args"])
+    if isinstance(op, ops.Extract) and job["status"] in ("failed", "cancelled"):
+        ex = (job["result"] or {}).get("extraction") or op.extraction_id
         if ex:
-            args["extraction_id"] = ex
-    return start(store, job["kind"], args)
+            op = replace(op, extraction_id=ex)
+    return start(store, op)
 
 
 def log_tail(store: Store, job_id: str, lines: int = 200) -> str:
@@ -615,10 +798,16 @@ def log_tail(store: Store, job_id: str, lines: int = 200) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    p = argparse.ArgumentParser(prog="python -m dflash_dash.jobs", description="run one recorded job (internal)")
+    p = argparse.ArgumentParser(prog="python -m dflash_dash.jobs", description="run one recorded job, or one "
+                                "worker's shard with --worker (internal)")
     p.add_argument("--workspace", required=True)
-    p.add_argument("id")
+    p.add_argument("--worker", action="store_true", help="run the shard spec read from stdin (see `workers`)")
+    p.add_argument("id", nargs="?")
     a = p.parse_args(argv)
+    if a.worker:
+        return work_main(a.workspace)
+    if not a.id:
+        p.error("give the job id (or --worker)")
     return execute(Store(a.workspace), a.id)
 
 

@@ -10,6 +10,11 @@ A prompt is seen as a `Prompt`: prompt length P, accepted(p) at every completion
 replay did not compute it: metrics that need every anchor are then None), the committed
 tokens of each chain-walk round (and of the DDTree walk), the per-slot top-1 log-probability of the drafts
 where the run recorded it. `Prompt.of` builds one from a `replay.PromptResult` or a `run_prompts` row.
+
+Statistics over prompts (bootstrap intervals, median, Tukey outliers) treat the prompt as the sampling unit and
+are deterministic (seeded); numpy is the only dependency. `show` prints every value with its metric's format:
+TAU (2 decimals) for tau-like numbers, PROB (3 decimals) for probabilities. Metrics whose label names DDTree
+(`tree_only`) are about the tree walk or its budget and shown only for runs with a tree.
 """
 from __future__ import annotations
 
@@ -254,6 +259,160 @@ def expected_tau_pooled(ps: list[Prompt], ctx: Ctx) -> float | None:
 
 
 # ---------------------------------------------------------------------------
+# statistics over prompts (issue 14): how sure tau is. The prompts are the sampling unit: a bootstrap resamples
+# whole prompts (their rounds travel together); outliers are prompts whose tau lies outside Tukey's fences.
+# Quantiles are numpy's default (linear interpolation between order statistics).
+
+BOOT_N, BOOT_SEED, BOOT_LEVEL = 1000, 0, 0.95  # resamples, numpy default_rng seed, two-sided level
+TUKEY_K = 1.5                                    # fences Q1 - k*IQR .. Q3 + k*IQR
+TUKEY_MIN = 4                                    # fewer prompts: no fences, no outliers
+TUKEY_RULE = (f"outlier: per-prompt tau < Q1 - {TUKEY_K:g}·IQR or > Q3 + {TUKEY_K:g}·IQR (Tukey's fences; "
+              f"Q1, Q3 = quartiles of per-prompt tau, IQR = Q3 - Q1; needs at least {TUKEY_MIN} prompts)")
+
+
+def _taus(ps: list[Prompt], ctx: Ctx) -> list[tuple[str, float]]:
+    """(id, tau) of the prompts that have rounds."""
+    return [(p.id, t) for p in ps if (t := tau(p, ctx)) is not None]
+
+
+def bootstrap(values, stat: Callable, n: int = BOOT_N, seed: int = BOOT_SEED,
+              level: float = BOOT_LEVEL) -> list[float] | None:
+    """Percentile bootstrap interval [lo, hi] of `stat` over the rows of `values` (one row per prompt):
+    idx = default_rng(seed).integers(0, m, size=(n, m)); stat(values[idx]) gives the n resampled statistics
+    (vectorised over the first axis); lo, hi = their (1-level)/2 and (1+level)/2 quantiles. None for no rows."""
+    import numpy as np
+    v = np.asarray(values, dtype=float)
+    if not len(v):
+        return None
+    idx = np.random.default_rng(seed).integers(0, len(v), size=(n, len(v)))
+    lo, hi = np.quantile(stat(v[idx]), [(1 - level) / 2, (1 + level) / 2])
+    return [float(lo), float(hi)]
+
+
+def tau_macro_ci(ps: list[Prompt], ctx: Ctx) -> list[float] | None:
+    return bootstrap([t for _, t in _taus(ps, ctx)], lambda x: x.mean(axis=1))
+
+
+def tau_pooled_ci(ps: list[Prompt], ctx: Ctx) -> list[float] | None:
+    return bootstrap([(sum(p.rounds), len(p.rounds)) for p in ps if p.rounds],
+                     lambda x: x[..., 0].sum(axis=1) / x[..., 1].sum(axis=1))
+
+
+def tau_median(ps: list[Prompt], ctx: Ctx) -> float | None:
+    import statistics
+    ts = [t for _, t in _taus(ps, ctx)]
+    return float(statistics.median(ts)) if ts else None
+
+
+def fences(ps: list[Prompt], ctx: Ctx) -> list[float] | None:
+    """Tukey's fences [Q1 - k*IQR, Q3 + k*IQR] of per-prompt tau; None under TUKEY_MIN prompts."""
+    import numpy as np
+    ts = [t for _, t in _taus(ps, ctx)]
+    if len(ts) < TUKEY_MIN:
+        return None
+    q1, q3 = np.quantile(ts, [0.25, 0.75])
+    return [float(q1 - TUKEY_K * (q3 - q1)), float(q3 + TUKEY_K * (q3 - q1))]
+
+
+def outliers(ps: list[Prompt], ctx: Ctx) -> dict[str, str]:
+    """Prompt id -> "low" / "high" for the prompts whose tau lies outside the fences."""
+    f = fences(ps, ctx)
+    if f is None:
+        return {}
+    return {i: "low" if t < f[0] else "high" for i, t in _taus(ps, ctx) if not f[0] <= t <= f[1]}
+
+
+def tau_macro_trimmed(ps: list[Prompt], ctx: Ctx) -> float | None:
+    out = outliers(ps, ctx)
+    return _mean([t for i, t in _taus(ps, ctx) if i not in out])
+
+
+def budget_rounds(p: Prompt, ctx: Ctx) -> list[int] | None:
+    """Committed tokens per round of a chain whose block verifies as many drafts as the DDTree budget N (block
+    N+1), from the same drafts cut to their first N slots: walk from P, commit min(min(accepted(p), N) + 1,
+    T-1-p) per round (`replay.walk` with accepted capped at N). None without a tree budget, or where the walk
+    reaches an anchor whose accepted(p) was not computed (chain-only replay)."""
+    N = ctx.tree_budget
+    if not N:
+        return None
+    out, a, T = [], p.prompt_len, p.T
+    while a < T - 1:
+        acc = p.accepted_at[a - p.prompt_len]
+        if acc < 0:
+            return None
+        c = min(min(acc, N) + 1, T - 1 - a)
+        out.append(c)
+        a += c
+    return out
+
+
+def chain_tau_at_budget(p: Prompt, ctx: Ctx) -> float | None:
+    rs = budget_rounds(p, ctx)
+    return sum(rs) / len(rs) if rs else None
+
+
+def _budget_all(ps: list[Prompt], ctx: Ctx) -> list[list[int]] | None:
+    """budget_rounds of every prompt with rounds; None when any is unknown (a mean over the rest would be biased)."""
+    rs = [budget_rounds(p, ctx) for p in ps if p.rounds]
+    return None if not rs or any(r is None for r in rs) else rs
+
+
+def chain_tau_at_budget_run(ps: list[Prompt], ctx: Ctx) -> float | None:
+    rs = _budget_all(ps, ctx)
+    return None if rs is None else _mean([sum(r) / len(r) for r in rs if r])
+
+
+def chain_tau_at_budget_pooled(ps: list[Prompt], ctx: Ctx) -> float | None:
+    rs = _budget_all(ps, ctx)
+    flat = [c for r in rs or [] for c in r]
+    return sum(flat) / len(flat) if flat else None
+
+
+# ---------------------------------------------------------------------------
+# one-position draft lag (issue 14, Compare): how often the draft at slot k is the target's token one position
+# BEHIND the one it should predict: the signature of a drafter trained with the anchor's own hidden state in view
+# (at inference the context stops before the anchor, so its drafts come out shifted by one). Plain per-prompt data
+# in: the flat drafts [A*(B-1)] of a run_prompts row (-1 where a chain-only replay did not draft), the prompt +
+# completion token ids and P. Not in REGISTRY (it needs the tokens, which run rows do not hold).
+
+LAG_FORMULA = ("lag rate at slot k = #(d_k = t[p+k-1]) / #anchors, over every anchor p with drafts and slot k "
+               "inside the completion where t[p+k] != t[p+k-1] (else a lag cannot be told from a hit); "
+               "on-target rate = #(d_k = t[p+k]) / the same anchors")
+
+
+def lag_counts(drafts: list[int], tokens: list[int], prompt_len: int, block_size: int
+               ) -> tuple[list[int], list[int], list[int]]:
+    """Per slot k = 1..B-1 of one prompt: (anchors counted, drafts lagging one position, drafts on target).
+    Anchors counted: p = P..T-1 with drafts, p+k <= T-1 and t[p+k] != t[p+k-1]."""
+    import numpy as np
+    D, P, T = block_size - 1, prompt_len, len(tokens)
+    n, lag, hit = [0] * D, [0] * D, [0] * D
+    A = T - P
+    if D < 1 or A < 1 or len(drafts) != A * D:
+        return n, lag, hit
+    d, t = np.asarray(drafts, dtype=np.int64).reshape(A, D), np.asarray(tokens, dtype=np.int64)
+    for k in range(1, min(D, A - 1) + 1):  # anchor p = P + a drafts d_k for t[p+k]: anchors a = 0..A-1-k
+        col, want, prev = d[:A - k, k - 1], t[P + k:], t[P + k - 1:T - 1]
+        ok = (col >= 0) & (want != prev)  # -1: not drafted (chain-only replay, off the walks)
+        n[k - 1] = int(ok.sum())
+        lag[k - 1], hit[k - 1] = int((ok & (col == prev)).sum()), int((ok & (col == want)).sum())
+    return n, lag, hit
+
+
+def lag_rate(prompts: list[tuple[list[int], list[int], int]], block_size: int) -> dict:
+    """Pooled over prompts given as (drafts, tokens, prompt_len): {"anchors", "lag", "on_target"} per slot
+    k = 1..B-1 (rates None where no anchor counts)."""
+    D = block_size - 1
+    n, lag, hit = [0] * D, [0] * D, [0] * D
+    for drafts, tokens, P in prompts:
+        for acc, part in zip((n, lag, hit), lag_counts(list(drafts), list(tokens), int(P), block_size)):
+            for k, v in enumerate(part):
+                acc[k] += v
+    return {"anchors": n, "lag": [l / c if c else None for l, c in zip(lag, n)],
+            "on_target": [h / c if c else None for h, c in zip(hit, n)]}
+
+
+# ---------------------------------------------------------------------------
 # registry
 
 
@@ -264,9 +423,12 @@ class Metric:
     formula: str                               # shown next to every value
     run: Callable[[list[Prompt], Ctx], Any]    # run-level value
     prompt: Callable[[Prompt, Ctx], Any] | None = None  # per-prompt value, when the metric has one
-    kind: str = "scalar"                       # scalar | histogram | curve | count
+    kind: str = "scalar"                       # scalar | histogram | curve | count | interval | ids
     headline: bool = False                     # one of the run's headline numbers (cards, compare, listings)
-    fmt: str = "{:.3f}"                        # how a scalar is printed
+    fmt: str = "{:.2f}"                        # how a scalar is printed: TAU (tau-like) unless set
+
+
+TAU, PROB = "{:.2f}", "{:.3f}"  # the one format of tau-like numbers (tokens per round) and of probabilities
 
 
 REGISTRY: list[Metric] = [
@@ -289,29 +451,56 @@ REGISTRY: list[Metric] = [
            accept_hist, kind="histogram"),
     Metric("depth_conditional", "per-depth conditional acceptance",
            "P(d_k accepted | d_1..d_{k-1} accepted), k = 1..B-1, over the rounds of the trace", depth_conditional,
-           kind="curve"),
+           kind="curve", fmt=PROB),
     Metric("depth_marginal", "per-depth marginal acceptance",
-           "P(d_1..d_k all accepted), k = 1..B-1, over the rounds of the trace", depth_marginal, kind="curve"),
+           "P(d_1..d_k all accepted), k = 1..B-1, over the rounds of the trace", depth_marginal, kind="curve",
+           fmt=PROB),
     Metric("depth_samples", "rounds per depth",
            "rounds behind each conditional point: d_1..d_{k-1} accepted and slot k inside the completion",
-           depth_samples, kind="curve"),
+           depth_samples, kind="curve", fmt="{}"),
 ]
 # -- calibration (issue 11): None for runs replayed before draft log-probabilities were stored
 REGISTRY += [
     Metric("calibration_ece", "calibration ECE (pooled over depths)",
            "sum over 10 equal-width bins b of p_k of (n_b / N) * |observed_b - predicted_b|; p_k = the drafter's "
            "probability of its top-1 draft at slot k, observed = share of those drafts accepted, over the rounds "
-           "with d_1..d_{k-1} accepted and slot k in the completion", calibration_ece),
+           "with d_1..d_{k-1} accepted and slot k in the completion", calibration_ece, fmt=PROB),
     Metric("expected_tau", "expected tau (macro)",
            "mean over prompts of the mean over rounds of 1 + sum_{k=1}^{min(B-1, left-1)} prod_{j<=k} p_j "
            "(left = tokens left after the anchor); compare with tau (macro)", macro(expected_tau), expected_tau),
     Metric("expected_tau_pooled", "expected tau (pooled)",
            "all expected committed tokens / all rounds; compare with tau (pooled)", expected_tau_pooled),
     Metric("calibration_ece_depth", "calibration ECE per depth",
-           "ECE of the samples of depth k alone, k = 1..B-1", calibration_ece_depth, kind="curve"),
+           "ECE of the samples of depth k alone, k = 1..B-1", calibration_ece_depth, kind="curve", fmt=PROB),
     Metric("confidence_depth", "mean draft probability per depth",
            "mean p_k over the rounds with d_1..d_{k-1} accepted and slot k in the completion; against "
-           "P(d_k accepted | d_1..d_{k-1} accepted)", confidence_depth, kind="curve"),
+           "P(d_k accepted | d_1..d_{k-1} accepted)", confidence_depth, kind="curve", fmt=PROB),
+]
+# -- statistics over prompts (issue 14): how sure tau is, and DDTree against a chain of the same token budget
+_BOOT = (f"percentile bootstrap over prompts: {BOOT_N} resamples of the prompts with replacement (seed "
+         f"{BOOT_SEED}), the {(1 - BOOT_LEVEL) / 2:.1%} and {(1 + BOOT_LEVEL) / 2:.1%} quantiles of")
+REGISTRY += [
+    Metric("depth_rounds", "rounds per depth (marginal)",
+           "rounds behind each marginal point: slot k inside the completion", lambda ps, c: depth_counts(ps, c)[0],
+           kind="curve", fmt="{}"),
+    Metric("tau_macro_ci", f"tau (macro), {BOOT_LEVEL:.0%} CI", f"{_BOOT} the mean over prompts of committed / rounds",
+           tau_macro_ci, kind="interval"),
+    Metric("tau_pooled_ci", f"tau (pooled), {BOOT_LEVEL:.0%} CI",
+           f"{_BOOT} all committed / all rounds of the resampled prompts", tau_pooled_ci, kind="interval"),
+    Metric("tau_median", "tau (median)", "median over prompts of committed / rounds", tau_median),
+    Metric("tau_fences", "tau outlier fences", f"[Q1 - {TUKEY_K:g}·IQR, Q3 + {TUKEY_K:g}·IQR] of per-prompt tau "
+           f"(at least {TUKEY_MIN} prompts)", fences, kind="interval"),
+    Metric("tau_outliers", "outlier prompts", TUKEY_RULE, lambda ps, c: sorted(outliers(ps, c)), kind="ids"),
+    Metric("tau_outlier_count", "outlier prompts (count)", TUKEY_RULE, lambda ps, c: len(outliers(ps, c)),
+           kind="count", fmt="{}"),
+    Metric("tau_macro_trimmed", "tau (macro) without outliers",
+           "mean over the prompts inside the fences of committed / rounds", tau_macro_trimmed),
+    Metric("chain_tau_at_budget", "chain tau at the DDTree budget (macro)",
+           "chain whose block verifies as many drafts as the tree (block N+1, N = tree budget): per round commit "
+           "min(accepted(p), N) + 1 (capped to the tokens left), walking from P over the same drafts cut to N "
+           "slots; mean over prompts of committed / rounds", chain_tau_at_budget_run, chain_tau_at_budget),
+    Metric("chain_tau_at_budget_pooled", "chain tau at the DDTree budget (pooled)",
+           "all committed / all rounds of that block-(N+1) chain walk", chain_tau_at_budget_pooled),
 ]
 RELIABILITY_FORMULA = ("per equal-width bin b of p_k: n_b samples, predicted_b = mean p_k, observed_b = share of "
                        "those drafts accepted; pooled over depths and per depth k")  # metrics.reliability (not stored)
@@ -320,18 +509,30 @@ HEADLINE = [m for m in REGISTRY if m.headline]
 PER_PROMPT = [m for m in REGISTRY if m.prompt is not None]
 
 
+def tree_only(key: str) -> bool:
+    """A metric of the DDTree walk or its budget (its label names DDTree): shown only for runs with a tree."""
+    return "DDTree" in BY_KEY[key].label
+
+
 def label(key: str, summary: dict | None = None) -> str:
     """The UI label of a metric; DDTree labels carry the run's budget (DDTree-8 tau)."""
     m = BY_KEY[key]
-    if key.startswith("ddtree") and summary and summary.get("tree_budget"):
+    if tree_only(key) and summary and summary.get("tree_budget"):
         return m.label.replace("DDTree", f"DDTree-{summary['tree_budget']}")
     return m.label
 
 
 def show(key: str, value: Any) -> str:
-    """A value as the UI prints it: 3 decimals for rates, integers as such, '—' for missing/NaN."""
+    """A value as the UI prints it: the metric's format (TAU: 2 decimals for tau-like numbers, PROB: 3 for
+    probabilities), integers as such, an interval as [lo, hi], ids comma-separated ('none' for no ids), '—' for
+    missing/NaN."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
+    kind = BY_KEY[key].kind if key in BY_KEY else ""
+    if kind == "interval" and isinstance(value, (list, tuple)) and len(value) == 2:
+        return f"[{show(key, value[0])}, {show(key, value[1])}]"
+    if kind == "ids":
+        return ", ".join(map(str, value)) or "none"
     if isinstance(value, (list, tuple)):
         return ", ".join(show(key, v) for v in value)
     return BY_KEY[key].fmt.format(value) if key in BY_KEY else f"{value}"
@@ -342,6 +543,16 @@ def summarize(prompts: list, block_size: int, tree_budget: int) -> dict:
     ps = [Prompt.of(p) for p in prompts]
     ctx = Ctx(block_size, tree_budget)
     return {m.key: m.run(ps, ctx) for m in REGISTRY} | {"block_size": block_size, "tree_budget": tree_budget}
+
+
+def complete(summary: dict, rows: list) -> dict:
+    """A stored run summary with every registry metric it lacks computed from the run's prompts (a run summarised
+    before the metric existed); the stored values are kept."""
+    missing = [m for m in REGISTRY if m.key not in summary]
+    if not missing or not rows or not summary.get("block_size"):
+        return summary
+    ps, ctx = [Prompt.of(r) for r in rows], Ctx(summary["block_size"], summary.get("tree_budget") or 0)
+    return summary | {m.key: m.run(ps, ctx) for m in missing}
 
 
 def per_prompt(row: Any, block_size: int, tree_budget: int) -> dict:

@@ -1,26 +1,48 @@
 """The operations users run: import, extract, replay, export. Glue between the pieces and the store.
 
-Contract: each operation takes a `Store` and plain arguments, reports progress through an optional
+Contract: each operation takes a `Store` and plain arguments whose defaults are those of its `ops` dataclass
+(`perform(store, op)` runs one given as that dataclass), reports progress through an optional
 `progress(done, total, message)` callback and returns plain data. No math, no HTTP details, no SQL here:
 the math lives in replay/drafter/target, the SQL in store. Every operation is resumable: work already
 recorded in the store is not redone. Replay and export never touch the network.
+Extract and replay (so sweep) split into a parent part (validate, then record in the store: only this process
+writes it) and a per-prompt part, `work`, run over a list of prompt ids; a `runner` (jobs.workers) runs that part
+in one worker process per GPU and streams its events back, so N workers give the same results as one.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-import torch
-
-from . import cache, drafter as drafter_mod, metrics, prompts as prompts_mod, replay as replay_mod, sglang
-from . import target as target_mod
+from . import lazy, metrics, ops, prompts as prompts_mod, sglang
 from .errors import UserError
 from .store import Store, StoreError, new_id
 
+if TYPE_CHECKING:  # the torch-backed modules load on first use: the store-only listings never import torch
+    import torch
+
+    from . import cache, drafter as drafter_mod, replay as replay_mod, target as target_mod
+else:
+    torch, cache, drafter_mod, replay_mod, target_mod = map(lazy.module, (
+        "torch", "dflash_dash.cache", "dflash_dash.drafter", "dflash_dash.replay", "dflash_dash.target"))
+
 Progress = Callable[[int, int, str], None] | None
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# The per-prompt part of an operation, run over a list of prompt ids: (kind, args, prompt ids, progress) ->
+# events (`work`). None: here, in this process; jobs.workers shards the ids over worker processes.
+Runner = Callable[[str, dict, list, Progress], Iterator[dict]]
+F, E, R, S = ops.Fetch, ops.Extract, ops.Replay, ops.Sweep  # defaults of the signatures below come from the ops
+
+
+class _Dtypes(dict):
+    """dtype name -> torch dtype; the names alone (CLI choices, validation) need no torch."""
+
+    def __getitem__(self, name: str):
+        return getattr(torch, dict.__getitem__(self, name))
+
+
+DTYPES = _Dtypes(float32="float32", bfloat16="bfloat16")
 
 
 class InputError(UserError, ValueError):
@@ -128,8 +150,9 @@ def _no_tokenizer(tok_dir: str | None) -> str:
             "network, with HF_HOME or HF_HUB_CACHE pointing at the cache)")
 
 
-def fetch(store: Store, server: str, prompt_set: str, name: str, max_new_tokens: int = 256, chat: bool = False,
-          tokenizer: str | None = None, enable_thinking: bool = False, progress: Progress = None,
+def fetch(store: Store, server: str, prompt_set: str, name: str, max_new_tokens: int = F.max_new_tokens,
+          chat: bool = F.chat, tokenizer: str | None = F.tokenizer, enable_thinking: bool = F.enable_thinking,
+          progress: Progress = None,
           readiness_timeout: float = 600.0, request_timeout: float = 600.0) -> int:
     """Greedy completions of `prompt_set` (built-in name or JSONL file) from the SGLang server at `server`,
     stored as set `name`, each committed as it arrives; prompts already in the set are skipped, so an
@@ -231,10 +254,14 @@ def layer_ids_of(drafter: str | None, layers: str | list[int] | None) -> list[in
     raise InputError("give --drafter CKPT (its layer ids are used) or --layers 1,16,31")
 
 
-def extract(store: Store, target: str, set_name: str, layer_ids: list[int], device: str = "cpu",
-            dtype: str = "float32", extraction_id: str | None = None, progress: Progress = None) -> str:
-    """Extract features of every completion of `set_name`; resumes `extraction_id` when it exists, else
-    creates the extraction under that id (a job records its id before starting)."""
+def extract(store: Store, target: str, set_name: str, layer_ids: list[int], device: str = E.device,
+            dtype: str = E.dtype, extraction_id: str | None = E.extraction_id, progress: Progress = None,
+            runner: Runner | None = None) -> str:
+    """Extract features of every completion of `set_name`; resumes `extraction_id` when it exists (its items are
+    kept, only the missing prompts are extracted), else creates the extraction under that id (a job records its
+    id before starting). The per-prompt work (`work`, kind "extract") runs here, or through `runner` (one worker
+    process per GPU, each with its own `device`); either way this process alone writes the store: the record
+    when the first worker reports the backend it bound, then each item as its feature file is written."""
     info = target_mod.describe(target)
     target_mod.check_layers(info, layer_ids)
     if dtype not in DTYPES:
@@ -244,46 +271,94 @@ def extract(store: Store, target: str, set_name: str, layer_ids: list[int], devi
     rows = store.completions(set_name)
     if not rows:
         raise StoreError(f"no completions in set {set_name!r}; import or fetch them first")
-    _tick(progress, 0, len(rows), f"loading target {info.path}")
-    model, backend = target_mod.load(info.path, layer_ids, device, DTYPES[dtype])
-    vers = target_mod.versions()
     done: set[str] = set()
-    if extraction_id and any(e["id"] == extraction_id for e in store.extractions()):
+    exists = bool(extraction_id) and any(e["id"] == extraction_id for e in store.extractions())
+    if exists:
         e = store.extraction(extraction_id)
         if e["layer_ids"] != layer_ids or e["target_path"] != info.path:
             raise InputError(f"extraction {extraction_id} used other layers or another target; start a new one")
         done = {r["prompt_id"] for r in store.items(extraction_id)}
-    else:
-        extraction_id = extraction_id or new_id("ex")
-        store.add_extraction(dict(id=extraction_id, set_name=set_name, target_path=info.path, layer_ids=layer_ids,
-                                  hidden_size=info.hidden_size, device=device, dtype=dtype, backend=backend,
-                                  versions=vers | {"fla_bound": backend == "fla"}, config_hash=info.config_hash))
-    meta = dict(extraction=extraction_id, target=info.path, config_hash=info.config_hash, layer_ids=layer_ids,
-                device=device, dtype=dtype, backend=backend, **vers)
-    def todo():  # (key, ids) of the prompts left, checked one by one as the extraction reaches them
-        for i, r in enumerate(rows):
-            if r["prompt_id"] in done:
-                continue
-            ids = torch.tensor(r["prompt_ids"] + r["output_ids"])
-            if int(ids.max()) >= info.vocab_size:
-                raise InputError(f"prompt {r['prompt_id']!r}: token id {int(ids.max())} is outside the target's "
-                                 f"vocabulary ({info.vocab_size}); wrong target for this completion set?")
-            yield (i, r["prompt_id"], len(ids)), ids
+        store.set_status("extractions", extraction_id, "running")
+    extraction_id = extraction_id or new_id("ex")
+    todo = [r["prompt_id"] for r in rows if r["prompt_id"] not in done]
+    args = dict(target=info.path, set_name=set_name, layer_ids=layer_ids, device=device, dtype=dtype,
+                extraction=extraction_id)
 
-    def write(key, feats):
-        return cache.write(features_root(store), extraction_id, key[1], feats, meta)
+    def shifted(d: int, t: int, msg: str) -> None:  # the work counts this run's prompts; show the set's
+        _tick(progress, len(done) + d, len(done) + t, msg)
 
-    # device forwards overlap the previous prompts' copies and file writes (target.extract_stream)
-    store.set_status("extractions", extraction_id, "running")
+    bound = None
     try:
-        for (i, pid, n), f in target_mod.extract_stream(model, todo(), layer_ids, write):
-            store.add_item(extraction_id, pid, n, str(f))
-            _tick(progress, i + 1, len(rows), f"extracted {pid} ({n} tokens)")
+        for ev in (runner or here(store))("extract", args, todo, shifted):
+            if "backend" in ev:  # a worker loaded the target: record the extraction with what it bound
+                if bound is not None and ev["backend"] != bound:
+                    raise InputError(f"the workers bound different kernel backends ({bound} and {ev['backend']} "
+                                     f"on {ev['device']}); extract on devices of one kind")
+                bound = ev["backend"]
+                if not exists:
+                    store.add_extraction(dict(
+                        id=extraction_id, set_name=set_name, target_path=info.path, layer_ids=layer_ids,
+                        hidden_size=info.hidden_size, device=ev["device"], dtype=dtype, backend=bound,
+                        versions=ev["versions"] | {"fla_bound": bound == "fla"}, config_hash=info.config_hash))
+                    exists = True
+            else:
+                store.add_item(extraction_id, ev["item"], ev["tokens"], ev["file"])
     except BaseException as e:  # every way out leaves the record failed or cancelled, never running
-        store.set_status("extractions", extraction_id, "cancelled" if isinstance(e, KeyboardInterrupt) else "failed")
+        if exists:
+            store.set_status("extractions", extraction_id,
+                             "cancelled" if isinstance(e, KeyboardInterrupt) else "failed")
         raise
     store.set_status("extractions", extraction_id, "done")
     return extraction_id
+
+
+def _extract_work(store: Store, a: dict, ids: list[str], progress: Progress) -> Iterator[dict]:
+    """Extract prompts `ids` of set a["set_name"] into extraction a["extraction"] on a["device"]: yields
+    {"backend", "versions", "device"} once the target is loaded, then {"item", "tokens", "file"} per prompt
+    whose feature file is written (the caller records it)."""
+    info = target_mod.describe(a["target"])
+    want = set(ids)
+    rows = [r for r in store.completions(a["set_name"]) if r["prompt_id"] in want]
+    _tick(progress, 0, len(rows), f"loading target {info.path}")
+    if not rows:
+        return
+    model, backend = target_mod.load(info.path, a["layer_ids"], a["device"], DTYPES[a["dtype"]])
+    vers = target_mod.versions()
+    yield {"backend": backend, "versions": vers, "device": a["device"]}
+    meta = dict(extraction=a["extraction"], target=info.path, config_hash=info.config_hash, layer_ids=a["layer_ids"],
+                device=a["device"], dtype=a["dtype"], backend=backend, **vers)
+
+    def todo():  # (key, ids) of the prompts, checked one by one as the extraction reaches them
+        for i, r in enumerate(rows):
+            tokens = torch.tensor(r["prompt_ids"] + r["output_ids"])
+            if int(tokens.max()) >= info.vocab_size:
+                raise InputError(f"prompt {r['prompt_id']!r}: token id {int(tokens.max())} is outside the target's "
+                                 f"vocabulary ({info.vocab_size}); wrong target for this completion set?")
+            yield (i, r["prompt_id"], len(tokens)), tokens
+
+    def write(key, feats):
+        return cache.write(features_root(store), a["extraction"], key[1], feats, meta)
+
+    # device forwards overlap the previous prompts' copies and file writes (target.extract_stream)
+    for (i, pid, n), f in target_mod.extract_stream(model, todo(), a["layer_ids"], write):
+        yield {"item": pid, "tokens": n, "file": str(f)}
+        _tick(progress, i + 1, len(rows), f"extracted {pid} ({n} tokens)")
+
+
+def work(store: Store, kind: str, args: dict, ids: list[str], progress: Progress = None) -> Iterator[dict]:
+    """The per-prompt part of an operation over prompts `ids` (what each worker process runs on its shard):
+    "extract" yields the backend bound and the items written; "replay" yields {"checkpoint": index, "result":
+    PromptResult} per checkpoint and prompt. Plain data (the results as dicts once sent between processes)."""
+    if kind == "extract":
+        return _extract_work(store, args, ids, progress)
+    if kind == "replay":
+        return _replay_work(store, args, ids, progress)
+    raise InputError(f"no per-prompt work for {kind!r}; expected extract or replay")
+
+
+def here(store: Store) -> Runner:
+    """The runner that does the work in this process."""
+    return lambda kind, args, ids, progress: work(store, kind, args, ids, progress)
 
 
 # ---------------------------------------------------------------------------
@@ -293,12 +368,14 @@ def extract(store: Store, target: str, set_name: str, layer_ids: list[int], devi
 SEQ_BATCH = 64  # sequences read (and replayed in lockstep) at a time
 
 
-def iter_sequences(store: Store, extraction: dict, batch: int = SEQ_BATCH) -> Iterator[list[replay_mod.Sequence]]:
-    """Batches of token ids from the store plus validated features from the cache (no network); each feature
-    file is read once, when its batch comes."""
+def iter_sequences(store: Store, extraction: dict, batch: int = SEQ_BATCH,
+                   only: set[str] | None = None) -> Iterator[list[replay_mod.Sequence]]:
+    """Batches of token ids from the store plus validated features from the cache (no network), in set order
+    (`only`: just these prompt ids); each feature file is read once, when its batch comes."""
     comps = {r["prompt_id"]: r for r in store.completions(extraction["set_name"])}
     width = len(extraction["layer_ids"]) * extraction["hidden_size"]
-    items = sorted(store.items(extraction["id"]), key=lambda r: comps[r["prompt_id"]]["idx"])
+    items = sorted((it for it in store.items(extraction["id"]) if only is None or it["prompt_id"] in only),
+                   key=lambda r: comps[r["prompt_id"]]["idx"])
     for b0 in range(0, len(items), batch):
         seqs = []
         for it in items[b0:b0 + batch]:
@@ -325,7 +402,7 @@ def check_drafter(cfg: drafter_mod.DrafterConfig, extraction: dict, info: target
                          f"--drafter pointing at this checkpoint")
 
 
-ANCHORS = ("every", "chain")  # every completion anchor (curves of accepted(p)) | only those the walks visit
+ANCHORS = ops.ANCHORS  # every completion anchor (curves of accepted(p)) | only those the walks visit
 
 
 @dataclass
@@ -336,9 +413,10 @@ class Checkpoint:
     name: str | None = None        # display name (default: the folder name)
 
 
-def replay(store: Store, drafter: str, extraction: str = "latest", budget: int = 8, device: str = "cpu",
-           dtype: str = "float32", chunk: int = 64, name: str | None = None, progress: Progress = None,
-           sliding_block: str | None = None, draft_config: str | None = None, anchors: str = "every") -> dict:
+def replay(store: Store, drafter: str, extraction: str = R.extraction, budget: int = R.tree_budget,
+           device: str = R.device, dtype: str = R.dtype, chunk: int = R.chunk, name: str | None = R.name,
+           progress: Progress = None, sliding_block: str | None = R.sliding_block,
+           draft_config: str | None = R.draft_config, anchors: str = R.anchors, runner: Runner | None = None) -> dict:
     """Replay a checkpoint over a cached extraction; stores the run; returns {"id", "summary"}.
 
     `drafter` is an HF folder or a SpecForge runtime folder (`draft_config`: the training's draft config JSON
@@ -347,47 +425,50 @@ def replay(store: Store, drafter: str, extraction: str = "latest", budget: int =
     `anchors` every (default) or chain (only the anchors the walks visit: faster, no every-anchor metrics).
     A refused checkpoint (other family, unknown tensors, unsafe pickle) raises before anything is stored."""
     return replay_many(store, [Checkpoint(drafter, sliding_block, draft_config, name)], extraction, budget, device,
-                       dtype, chunk, progress, anchors)[0]
+                       dtype, chunk, progress, anchors, runner)[0]
 
 
-def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = "latest", budget: int = 8,
-                device: str = "cpu", dtype: str = "float32", chunk: int = 64, progress: Progress = None,
-                anchors: str = "every") -> list[dict]:
+def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = R.extraction,
+                budget: int = R.tree_budget, device: str = R.device, dtype: str = R.dtype, chunk: int = R.chunk,
+                progress: Progress = None, anchors: str = R.anchors, runner: Runner | None = None) -> list[dict]:
     """Replay several checkpoints in ONE pass over the extraction's features: each batch of sequences is read
     once and replayed by every checkpoint (all loaded at once) before the next batch is read. Every checkpoint
     is validated (config, tensors, target) before any replay; the runs are stored at the end, one per
-    checkpoint. Returns [{"id", "summary"}] in the order given."""
+    checkpoint, with the metrics over all prompts. The per-prompt work (`work`, kind "replay") runs here, or
+    through `runner` (prompts sharded over worker processes, one per GPU). Returns [{"id", "summary"}] in the
+    order given."""
     if anchors not in ANCHORS:
         raise InputError(f"--anchors {anchors!r}: expected one of {', '.join(ANCHORS)}")
+    if dtype not in DTYPES:
+        raise InputError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     ex = store.extraction(extraction)
     if ex["status"] != "done":
         raise InputError(f"extraction {ex['id']} is {ex['status']}, not done; finish it (re-extract) first")
     info = target_mod.describe(ex["target_path"])
-    loaded = []
-    for i, ck in enumerate(checkpoints):
+    plan = []
+    for ck in checkpoints:  # configs checked here; tensors when the work loads them, before any replay
         loc = drafter_mod.locate(ck.path, ck.draft_config)
         cfg = drafter_mod.config_of(loc)
         check_drafter(cfg, ex, info)
-        _tick(progress, 0, 1, f"loading drafter {i + 1}/{len(checkpoints)}: {loc.path}")
-        loaded.append((ck, loc, cfg, drafter_mod.load(ck.path, DTYPES[dtype], device, ck.sliding_block,
-                                                      ck.draft_config)))
-    head = target_mod.load_head(ex["target_path"], device, DTYPES[dtype])
-    results: list[list] = [[] for _ in loaded]
-    n, done = len(store.items(ex["id"])), 0
-    for batch in iter_sequences(store, ex):
-        if device.startswith("cuda") and len(loaded) > 1:  # one upload per batch, shared by every checkpoint
-            batch = [replay_mod.Sequence(s.id, s.tokens, s.prompt_len, s.features.to(device)) for s in batch]
-        for j, (_, _, _, d) in enumerate(loaded):
-            res, _ = (replay_mod.run_chain(d, head, batch, budget) if anchors == "chain"
-                      else replay_mod.run(d, head, batch, budget, chunk))
-            results[j] += res
-        done += len(batch)
-        _tick(progress, done, n, f"replayed {done}/{n} prompts with {len(loaded)} checkpoint(s)")
+        plan.append((ck, loc, cfg, drafter_mod.sliding_semantics(cfg, ck.sliding_block)))
+    comps = {c["prompt_id"]: c["idx"] for c in store.completions(ex["set_name"])}
+    ids = sorted((it["prompt_id"] for it in store.items(ex["id"])), key=comps.__getitem__)
+    args = dict(checkpoints=[asdict(ck) for ck in checkpoints], extraction=ex["id"], budget=budget, device=device,
+                dtype=dtype, chunk=chunk, anchors=anchors)
+    got: list[dict] = [{} for _ in plan]
+    for ev in (runner or here(store))("replay", args, ids, progress):
+        r = ev["result"]
+        r = replay_mod.PromptResult(**r) if isinstance(r, dict) else r
+        got[ev["checkpoint"]][r.id] = r
     out = []
-    for (ck, loc, cfg, d), res in zip(loaded, results):
-        semantics = d.sliding_block if "sliding_attention" in cfg.layer_types else None
+    for (ck, loc, cfg, sem), by_id in zip(plan, got):
+        if set(by_id) != set(ids):
+            raise RuntimeError(f"the replay of {loc.path} returned {len(by_id)} of {len(ids)} prompts")
+        res = [by_id[i] for i in ids]
+        semantics = sem if "sliding_attention" in cfg.layer_types else None
         summary = replay_mod.summarize(res, cfg.block_size, budget) | {
-            "backend": ex["backend"], "extraction": ex["id"], "sliding_block": semantics, "anchors": anchors}
+            "backend": ex["backend"], "extraction": ex["id"], "sliding_block": semantics, "anchors": anchors,
+            "round_topk": replay_mod.ROUND_TOPK}  # K of run_prompts.round_top_ids/_p, flattened [R][B-1][K]
         run_id = new_id("run")
         store.add_run(dict(id=run_id, extraction_id=ex["id"], checkpoint=str(loc.path),
                            name=ck.name or loc.path.name, config=drafter_mod.raw_config(loc), tree_budget=budget,
@@ -398,11 +479,37 @@ def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = "
     return out
 
 
+def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> Iterator[dict]:
+    """Replay prompts `ids` of extraction a["extraction"] with every checkpoint of a["checkpoints"] on
+    a["device"] (all loaded, and so validated, first): yields {"checkpoint": index, "result": PromptResult}."""
+    ex = store.extraction(a["extraction"])
+    device, dtype, budget = a["device"], DTYPES[a["dtype"]], a["budget"]
+    cks = [Checkpoint(**c) for c in a["checkpoints"]]
+    n, done = len(ids), 0
+    loaded = []
+    for i, ck in enumerate(cks):
+        _tick(progress, 0, n, f"loading drafter {i + 1}/{len(cks)}: {ck.path}")
+        loaded.append(drafter_mod.load(ck.path, dtype, device, ck.sliding_block, ck.draft_config))
+    head = target_mod.load_head(ex["target_path"], device, dtype)
+    for batch in iter_sequences(store, ex, only=set(ids)):
+        if device.startswith("cuda") and len(loaded) > 1:  # one upload per batch, shared by every checkpoint
+            batch = [replay_mod.Sequence(s.id, s.tokens, s.prompt_len, s.features.to(device)) for s in batch]
+        for j, d in enumerate(loaded):
+            res, _ = (replay_mod.run_chain(d, head, batch, budget) if a["anchors"] == "chain"
+                      else replay_mod.run(d, head, batch, budget, a["chunk"]))
+            for r in res:
+                yield {"checkpoint": j, "result": r}
+        done += len(batch)
+        _tick(progress, done, n, f"replayed {done}/{n} prompts with {len(loaded)} checkpoint(s)")
+
+
 def prompt_row(r: replay_mod.PromptResult, B: int, budget: int) -> dict:
     """A run_prompts row of one replayed prompt: its results plus the registry's per-prompt tau values."""
     m = metrics.per_prompt(r, B, budget)
     return dict(asdict(r), tau=m["tau_macro"], tree_tau=m["ddtree_tau"], drafts=[t for row in r.drafts for t in row],
-                draft_logp=[x for row in r.draft_logp for x in row])
+                draft_logp=[x for row in r.draft_logp for x in row],
+                round_top_ids=[t for rnd in r.round_top_ids for slot in rnd for t in slot],  # [R*(B-1)*K]
+                round_top_p=[x for rnd in r.round_top_p for slot in rnd for x in slot])
 
 
 def checkpoints_in(folder: str | Path) -> tuple[list[Path], list[str]]:
@@ -431,9 +538,9 @@ def checkpoints_in(folder: str | Path) -> tuple[list[Path], list[str]]:
                                         drafter_mod.step_of(p.name) or big, str(p))), notes
 
 
-def sweep(store: Store, checkpoints: str, extraction: str = "latest", progress: Progress = None,
-          sliding_block: str | None = None, draft_config: str | None = None, anchors: str = "chain",
-          **replay_args) -> list[str]:
+def sweep(store: Store, checkpoints: str, extraction: str = S.extraction, progress: Progress = None,
+          sliding_block: str | None = S.sliding_block, draft_config: str | None = S.draft_config,
+          anchors: str = S.anchors, **replay_args) -> list[str]:
     """Replay every checkpoint found under `checkpoints` on one extraction, in one pass over its features
     (`replay_many`, chain-only anchors by default); returns run ids in step order. A checkpoint already replayed
     on this extraction (with the same sliding semantics) is not replayed again (its latest run id is
@@ -459,8 +566,9 @@ def sweep(store: Store, checkpoints: str, extraction: str = "latest", progress: 
     return ids
 
 
-def sliding_check(store: Store, drafter: str, extraction: str = "latest", draft_config: str | None = None,
-                  progress: Progress = None, **replay_args) -> dict:
+def sliding_check(store: Store, drafter: str, extraction: str = ops.SlidingCheck.extraction,
+                  draft_config: str | None = ops.SlidingCheck.draft_config, progress: Progress = None,
+                  **replay_args) -> dict:
     """The train/serve mismatch detector: the checkpoint replayed with its sliding layers causal inside the
     block (SpecForge training, SGLang serving) and bidirectional (z-lab HF reference) on one extraction, runs
     reused where they exist. Returns {"causal": run id, "bidirectional": run id, "tau_macro": {...}, "delta"}."""
@@ -497,8 +605,8 @@ def tap_means(seqs: list[replay_mod.Sequence]) -> torch.Tensor:
     return sum(s.features.sum(0, dtype=torch.float64) for s in seqs) / total
 
 
-def attribute(store: Store, run: str = "latest", device: str | None = None, dtype: str | None = None,
-              progress: Progress = None) -> dict:
+def attribute(store: Store, run: str = ops.Attribute.run, device: str | None = ops.Attribute.device,
+              dtype: str | None = ops.Attribute.dtype, progress: Progress = None) -> dict:
     """Target-layer attribution of a run: its drafter (same checkpoint, config file and sliding semantics) is
     replayed on its extraction (chain-only anchors, whose tau equals every-anchor's; DDTree budget 0) once as it
     is and once per target tap with that tap replaced by its mean over the extraction (tap k =
@@ -549,6 +657,36 @@ def attribute(store: Store, run: str = "latest", device: str | None = None, dtyp
     store.set_attribution(r["id"], rows)
     _tick(progress, (K + 1) * n, (K + 1) * n, f"attributed {K} taps of run {r['id']}")
     return {"run": r["id"], "base_tau_macro": base["tau_macro"], "base_tau_pooled": base["tau_pooled"], "taps": rows}
+
+
+def perform(store: Store, op: ops.Op, progress: Progress = None, runner: Runner | None = None) -> dict:
+    """Run one operation given as its `ops` dataclass (what a job runs); returns the job's result dict. `runner`
+    shards the per-prompt work of extract, replay and sweep over worker processes (jobs.workers); without it the
+    work runs here, on the op's device (its one GPU when `gpus` names one). Demo builds a workspace above the
+    pipeline, so jobs runs it; an extraction's GPU orchestration is the job's too (it calls this inside it)."""
+    device = op.devices()[0]
+    if isinstance(op, ops.Fetch):
+        from . import config as config_mod
+        cfg = config_mod.load(store.workspace)
+        n = fetch(store, op.server or cfg.server_url, op.prompt_set, op.name, op.max_new_tokens, op.chat, op.tokenizer,
+                  op.enable_thinking, progress, op.readiness_timeout or cfg.readiness_timeout)
+        return {"set": op.name, "fetched": n}
+    if isinstance(op, ops.Extract):
+        return {"extraction": extract(store, op.target, op.completions, layer_ids_of(op.drafter, op.layers), device,
+                                      op.dtype, op.extraction_id, progress, runner)}
+    if isinstance(op, ops.Replay):
+        return {"run": replay(store, op.drafter, op.extraction, op.tree_budget, device, op.dtype, op.chunk, op.name,
+                              progress, op.sliding_block, op.draft_config, op.anchors, runner)["id"]}
+    if isinstance(op, ops.Sweep):
+        return {"runs": sweep(store, op.checkpoints, op.extraction, progress, op.sliding_block, op.draft_config,
+                              op.anchors, budget=op.tree_budget, device=device, dtype=op.dtype, runner=runner)}
+    if isinstance(op, ops.SlidingCheck):
+        out = sliding_check(store, op.drafter, op.extraction, op.draft_config, progress, device=device, dtype=op.dtype)
+        return {"causal": out["causal"], "bidirectional": out["bidirectional"]}
+    if isinstance(op, ops.Attribute):
+        out = attribute(store, op.run, op.device, op.dtype, progress)
+        return {"run": out["run"], "taps": len(out["taps"])}
+    raise InputError(f"{op.kind}: not a pipeline operation (the job runs it)")
 
 
 def analyses(store: Store, r: dict, prompts: list[dict]) -> dict:
@@ -645,7 +783,11 @@ def conformance(store: Store, run: str = "latest", engine: str | None = None,
 
 
 def export(store: Store, run: str = "latest") -> dict:
-    """A run as JSON-able data: run row, summary and per-prompt results (store only, no network)."""
+    """A run as JSON-able data: run row, summary and per-prompt results (store only, no network). Per prompt also
+    its blocks (`views.blocks`): "round_anchors" [R], "drafts" [A][B-1] (-1: not drafted), "draft_p" [A][B-1]
+    (exp(draft_logp), the top-1 probability; null: not recorded) and "round_top_ids"/"round_top_p" [R][B-1][K]
+    (K = summary `round_topk`; empty for runs replayed before they were kept)."""
+    from . import views
     r = store.run_row(run)
     prompts = store.run_prompts(r["id"])
     order = {c["prompt_id"]: c["idx"] for c in store.completions(store.extraction(r["extraction_id"])["set_name"])}
@@ -657,7 +799,9 @@ def export(store: Store, run: str = "latest") -> dict:
         "metrics": [{"key": m.key, "label": m.label, "formula": m.formula, "kind": m.kind} for m in metrics.REGISTRY],
         "prompts": [{"id": p["prompt_id"], "tau": p["tau"], "prompt_len": p["prompt_len"], "rounds": p["rounds"],
                      "accepted_at": p["accepted_at"], "ddtree_tau": p["tree_tau"], "ddtree_rounds": p["tree_rounds"],
-                     "metrics": metrics.per_prompt(p, B, budget)} for p in prompts],
+                     "metrics": metrics.per_prompt(p, B, budget)}
+                    | {k: v for k, v in views.blocks(p, B, r["summary"].get("round_topk")).items() if k != "round_topk"}
+                    for p in prompts],
     }
     return out | analyses(store, r, prompts)  # calibration, failure patterns, attribution (when present)
 

@@ -5,7 +5,9 @@ Contract: tensors in, numbers out. No files, no HTTP, no store. The metrics them
 ids [T] with its cached features [T, K*H]; the completion starts at position P (the prompt length).
 For every completion anchor p in P..T-1 the drafter drafts d_1..d_{B-1} for positions p+1..p+B-1;
 `accepted(p)` counts leading drafts equal to the tokens, inside the completion only. The chain walk then
-reproduces a greedy speculative decoder: anchor P first, then anchor += accepted + 1 (capped).
+reproduces a greedy speculative decoder: anchor P first, then anchor += accepted + 1 (capped). Each chain round
+also keeps its whole block: the top-K candidates of every slot with their probabilities (`round_top`, K =
+ROUND_TOPK), in both anchor modes, and with a tree budget DDTree's acceptance at its anchor (`tree_at`).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from .target import Head
 @dataclass
 class Drafts:
     tokens: torch.Tensor    # [A, B-1] argmax drafts at anchors P..T-1 (A = T-P)
-    top_ids: torch.Tensor   # [A, B-1, k] top-k tokens per slot (k = max(tree budget, 1): slot 0 is the draft)
+    top_ids: torch.Tensor   # [A, B-1, k] top-k tokens per slot (k = max(tree budget, ROUND_TOPK): slot 0 is the draft)
     top_logp: torch.Tensor  # [A, B-1, k] their log-probabilities
 
 
@@ -276,6 +278,19 @@ class PromptResult:
     tree_at: list[int] = field(default_factory=list)      # DDTree accepted(p)
     tree_rounds: list[int] = field(default_factory=list)  # committed per round of the DDTree walk
     draft_logp: list[list[float]] = field(default_factory=list)  # [A][B-1] log-prob of each argmax draft
+    round_top_ids: list[list[list[int]]] = field(default_factory=list)  # [R][B-1][K] top-K drafts at each round's anchor
+    round_top_p: list[list[list[float]]] = field(default_factory=list)  # [R][B-1][K] their probabilities
+
+
+ROUND_TOPK = 4  # K: candidates kept per slot of each chain round's block (the drafts carry at least this many)
+
+
+def round_top(ids: np.ndarray, logp: np.ndarray) -> tuple[list, list]:
+    """The top-K candidates of the blocks at the chain rounds' anchors: ids and log-probs [R, B-1, k] ->
+    (ids [R][B-1][K], probabilities [R][B-1][K]), K = min(ROUND_TOPK, k), sorted by probability (slot's draft
+    first)."""
+    K = min(ROUND_TOPK, ids.shape[-1])
+    return ids[..., :K].tolist(), np.exp(logp[..., :K].astype(np.float64)).tolist()
 
 
 def score(pid: str, d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int) -> PromptResult:
@@ -287,6 +302,8 @@ def score(pid: str, d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int)
                      [p for p, _, _ in rounds])
     if d.top_logp.shape[-1]:  # the log-probability of each argmax draft (calibration)
         r.draft_logp = d.top_logp[:, :, 0].tolist()
+        at = np.asarray(r.round_anchors, dtype=np.int64) - prompt_len  # [R] rows of the rounds' anchors
+        r.round_top_ids, r.round_top_p = round_top(d.top_ids.numpy()[at], d.top_logp.numpy()[at])
     if budget:
         tacc = tree_accepted(d, tokens, prompt_len, budget)
         r.tree_at, r.tree_rounds = tacc.tolist(), [c for _, _, c in walk(tacc, prompt_len, T)]
@@ -322,7 +339,7 @@ def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chu
         futures, done = [], None
         nxt = _upload(drafter, seqs[0].features) if seqs else None
         for i, s in enumerate(seqs):
-            parts = _draft(drafter, head, nxt, s.tokens, s.prompt_len, max(budget, 1), chunk)  # queued, not waited
+            parts = _draft(drafter, head, nxt, s.tokens, s.prompt_len, max(budget, ROUND_TOPK), chunk)  # queued
             if done is not None:  # started only now: its thread would slow the launches above (the GIL)
                 futures.append(pool.submit(score, *done))
             if i + 1 < len(seqs):
@@ -342,7 +359,11 @@ def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chu
 # chain-only replay: only the anchors the walks visit, many sequences in lockstep
 
 
-CHAIN_BATCH = 64  # sequences advancing in lockstep: every drafter call carries ~CHAIN_BATCH*2 blocks
+CHAIN_BATCH = 256  # sequences advancing in lockstep: one block each per step (~4,000 query rows per matmul)
+CTX_SEQS = 16      # sequences whose context K/V are computed at once (bounds the fp32 temporaries)
+KEY_ALIGN = 256    # context + block keys per stacked row, rounded up to this (the attention kernels' tiles)
+CHAIN_HALVES = 2   # with a tree budget: stacks whose steps alternate (host scoring overlaps the device)
+DROP_AT = 0.875    # drop finished sequences from the stack once the live ones are this share or fewer
 
 
 @torch.inference_mode()
@@ -350,9 +371,11 @@ def run_chain(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 
               progress: Callable[[int, int], None] | None = None) -> tuple[list[PromptResult], dict]:
     """Replay computing only the anchors the chain walk (and the DDTree walk, with `budget`) visits.
 
-    The sequences of a batch advance in lockstep: each step drafts, for every unfinished sequence, the block
-    at its chain anchor and at its tree anchor in ONE batched call over their stacked context K/V (finished
-    sequences are dropped from the stack as they end). Rounds, drafts, acceptance and tree acceptance at the
+    The sequences of a batch advance in lockstep over their stacked context K/V: each step drafts ONE block per
+    sequence, at the smaller of its two walks' next anchors that is not computed yet (an anchor both walks
+    visit is computed once; finished sequences are dropped from the stack as they end). Without a tree budget
+    the chain walk runs on the device (no host sync per step); with one, each step's top-k comes back to the
+    host for the DDTree acceptance. Rounds, drafts, acceptance, tree acceptance and the rounds' top-K at the
     visited anchors equal the every-anchor mode's; the other anchors hold -1 (drafts, accepted) and NaN
     (log-probabilities), so metrics that need every anchor are not computed (`metrics`)."""
     results: list[PromptResult] = []
@@ -373,76 +396,218 @@ def _stack_features(drafter: Drafter, seqs: list[Sequence]) -> torch.Tensor:
     return _upload(drafter, out)
 
 
-def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int) -> list[PromptResult]:
-    B, k, dev = drafter.c.block_size, max(budget, 1), drafter.device
-    D = B - 1
-    kv = drafter.context_kv(_stack_features(drafter, seqs))             # per layer k, v [S, nkv, T, hd]
-    toks = [s.tokens.numpy() for s in seqs]
-    T_pad = max(len(t) for t in toks)
-    tok_pad = torch.zeros(len(seqs), T_pad, dtype=torch.long)
-    for j, t in enumerate(toks):
-        tok_pad[j, :len(t)] = torch.from_numpy(t)
-    tok_pad = tok_pad.to(head.embed.device)
-    A = [len(t) - s.prompt_len for t, s in zip(toks, seqs)]
-    acc = [np.full(a, -1, dtype=np.int64) for a in A]                  # accepted(p), -1: not computed
-    tacc = [np.full(a, -1, dtype=np.int64) for a in A]
-    drafts = [np.full((a, D), -1, dtype=np.int64) for a in A]
-    logp = [np.full((a, D), np.nan, dtype=np.float32) for a in A]
-    chain = [s.prompt_len for s in seqs]                               # next chain anchor per sequence
-    tree = [s.prompt_len if budget else len(t) for s, t in zip(seqs, toks)]  # next tree anchor (none: done)
-    rounds: list[list[int]] = [[] for _ in seqs]
-    anchors_of: list[list[int]] = [[] for _ in seqs]
-    tree_rounds: list[list[int]] = [[] for _ in seqs]
-    G = 2 if budget else 1                                             # blocks per sequence per step
-    rows = list(range(len(seqs)))                                      # sequences in the stack, in kv order
+class _Lockstep:
+    """Device state of one chain-only batch: the stacked context K/V (with spare key slots for one block per
+    sequence, `Drafter.blocks(tail=True)`), the tokens, and per-anchor result buffers [S, A+1, ...] (A = the
+    longest completion; column A takes the blocks of finished sequences, which are never read)."""
+
+    def __init__(self, drafter: Drafter, head: Head, seqs: list[Sequence], k: int):
+        c, dev = drafter.c, drafter.device
+        self.d, self.head, self.k, self.D = drafter, head, k, c.block_size - 1
+        S, self.T_pad = len(seqs), max(len(s.tokens) for s in seqs)
+        self.P = torch.tensor([s.prompt_len for s in seqs], device=dev)
+        self.T = torch.tensor([len(s.tokens) for s in seqs], device=dev)
+        tok = torch.zeros(S, self.T_pad, dtype=torch.long)
+        for j, s in enumerate(seqs):
+            tok[j, :len(s.tokens)] = s.tokens
+        self.tok = tok.to(dev)
+        self.A = A = max([len(s.tokens) - s.prompt_len for s in seqs] + [1])
+        keys = -(-(self.T_pad + c.block_size) // KEY_ALIGN) * KEY_ALIGN  # context slots >= T_pad, then a block
+        shape = (S, c.num_key_value_heads, keys, c.head_dim)
+        self.kv = [(torch.zeros(shape, dtype=drafter.dtype, device=dev),
+                    torch.zeros(shape, dtype=drafter.dtype, device=dev)) for _ in range(c.num_hidden_layers)]
+        for s0 in range(0, S, CTX_SEQS):  # context K/V a few sequences at a time, into the stack
+            for (K, V), (k_, v_) in zip(self.kv, drafter.context_kv(_stack_features(drafter, seqs[s0:s0 + CTX_SEQS]))):
+                K[s0:s0 + len(k_), :, :k_.shape[-2]] = k_
+                V[s0:s0 + len(v_), :, :v_.shape[-2]] = v_
+        kk = min(ROUND_TOPK, k)
+        self.acc = torch.full((S, A + 1), -1, dtype=torch.long, device=dev)
+        self.drafts = torch.full((S, A + 1, self.D), -1, dtype=torch.long, device=dev)
+        self.top_ids = torch.full((S, A + 1, self.D, kk), -1, dtype=torch.long, device=dev)
+        self.top_lp = torch.full((S, A + 1, self.D, kk), float("nan"), dtype=torch.float32, device=dev)
+        self.rows = torch.arange(S, device=dev)          # the sequence of each stacked row
+        self.slot = torch.arange(self.D, device=dev)
+
+    def keep(self, idx: torch.Tensor) -> None:
+        """Keep only the stacked rows `idx` (the others' sequences are finished)."""
+        self.kv = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self.kv]
+        self.rows = self.rows[idx]
+
+    def step(self, anchors: torch.Tensor, record: torch.Tensor):
+        """One block per stacked row at `anchors` [R] (device); rows with `record` store their drafts,
+        acceptance and top-K at their anchor's column. Returns (accepted [R], top ids, top log-probs [R, D, k])."""
+        d, c, seq = self.d, self.d.c, self.rows
+        ids = torch.full((len(seq), c.block_size), c.mask_token_id, dtype=torch.long, device=seq.device)
+        ids[:, 0] = self.tok[seq, anchors]
+        emb = self.head.embed[ids.to(self.head.embed.device)].to(d.device, d.dtype)
+        d_tok, t_ids, t_lp = _head(d, self.head, d.blocks(self.kv, anchors, emb, tail=True), self.k)
+        nxt = self.tok[seq[:, None], (anchors[:, None] + 1 + self.slot).clamp(max=self.T_pad - 1)]
+        inside = self.slot < (self.T[seq] - 1 - anchors)[:, None]          # slot's position in the completion
+        acc = ((d_tok == nxt) & inside).long().cumprod(1).sum(1)          # accepted(p), as `accepted`
+        col = torch.where(record, anchors - self.P[seq], self.A)
+        kk = self.top_ids.shape[-1]
+        self.acc[seq, col] = acc
+        self.drafts[seq, col] = d_tok
+        self.top_ids[seq, col] = t_ids[..., :kk]
+        self.top_lp[seq, col] = t_lp[..., :kk]
+        return acc, t_ids, t_lp
+
+
+class _Count:
+    """A device count read back without stalling the queue: copied to pinned memory behind an event."""
+
+    def __init__(self, t: torch.Tensor):
+        self.ev = None
+        if t.is_cuda:
+            self.host = torch.empty((), dtype=t.dtype, pin_memory=True)
+            self.host.copy_(t, non_blocking=True)
+            self.ev = torch.cuda.Event()
+            self.ev.record()
+        else:
+            self.host = t
+
+    def get(self) -> int:
+        if self.ev is not None:
+            self.ev.synchronize()
+        return int(self.host)
+
+
+def _walk_device(st: _Lockstep) -> None:
+    """The chain walk on the device (no tree budget): per step one block per sequence at its chain anchor, the
+    acceptance and the next anchor computed there. The host reads one count per step, a step behind, to stop
+    and to drop finished sequences; the queue never drains in between."""
+    pos, last = st.P.clone(), st.T - 1                   # chain anchor and last position, per stacked row
+    if not bool((pos < last).any()):
+        return
+    pending = None
     while True:
-        live = [j for j in rows if chain[j] < len(toks[j]) - 1 or tree[j] < len(toks[j]) - 1]
+        live = pos < last
+        acc = st.step(torch.minimum(pos, last), live)[0]  # finished rows: a spare block, not recorded
+        pos = torch.where(live, pos + torch.minimum(acc + 1, last - pos), pos)
+        count = _Count((pos < last).sum())
+        if pending is not None:
+            n = pending.get()                              # the step before this one: this one stays queued
+            if n == 0:
+                return
+            if n <= DROP_AT * len(pos):
+                idx = (pos < last).nonzero().squeeze(1)
+                if not len(idx):                           # every walk ended in the step just queued
+                    return
+                st.keep(idx)
+                pos, last = pos[idx], last[idx]
+        pending = count
+
+
+class _HostWalk:
+    """Chain and DDTree walks on the host (tree budget > 0) over one `_Lockstep`: per step one block per
+    sequence, at the smaller of the two walks' next anchors not computed yet; its acceptance and top-k (slots
+    1..min(budget, B-1): the deepest a tree of `budget` nodes reaches) come back once per step, copied behind
+    an event so that another walk's step can be queued meanwhile (`launch`, then `collect`)."""
+
+    def __init__(self, st: _Lockstep, seqs: list[Sequence], budget: int):
+        self.st, self.seqs, self.budget, self.Dt = st, seqs, budget, min(budget, st.D)
+        self.toks = [s.tokens.numpy() for s in seqs]
+        self.acc = [np.full(len(t) - s.prompt_len, -1, dtype=np.int64) for t, s in zip(self.toks, seqs)]
+        self.tacc = [np.full(len(t) - s.prompt_len, -1, dtype=np.int64) for t, s in zip(self.toks, seqs)]
+        self.tops: list[dict] = [{} for _ in seqs]      # computed anchor -> top ids, log-probs [Dt, k]
+        self.chain = [s.prompt_len for s in seqs]
+        self.tree = [s.prompt_len for s in seqs]
+        self.tree_rounds: list[list[int]] = [[] for _ in seqs]
+        self.rows = list(range(len(seqs)))              # sequences in the stack, in kv order
+        self.pending = None
+
+    def _tree_at(self, j: int, a: int) -> int:
+        if self.tacc[j][a] < 0:
+            p, T = a + self.seqs[j].prompt_len, len(self.toks[j])
+            self.tacc[j][a] = tree_accept(*self.tops[j][a], self.toks[j][p + 1:min(T, p + self.st.D + 1)], self.budget)
+        return int(self.tacc[j][a])
+
+    def _next(self, j: int) -> int | None:
+        """Advance both walks over computed anchors; the next anchor to compute (None: both done)."""
+        T, P, acc = len(self.toks[j]), self.seqs[j].prompt_len, self.acc[j]
+        while True:
+            c, t = self.chain[j], self.tree[j]
+            if c < T - 1 and acc[c - P] >= 0:
+                self._tree_at(j, c - P)                  # DDTree acceptance at every chain round too
+                self.chain[j] += min(int(acc[c - P]) + 1, T - 1 - c)
+            elif t < T - 1 and t - P in self.tops[j]:
+                n = min(self._tree_at(j, t - P) + 1, T - 1 - t)
+                self.tree_rounds[j].append(n)
+                self.tree[j] += n
+            else:
+                break
+        todo = [p for p in (self.chain[j], self.tree[j]) if p < T - 1]
+        return min(todo) if todo else None
+
+    def launch(self) -> bool:
+        """Queue the next step on the device; False when every walk of this stack is done."""
+        st, dev = self.st, self.st.d.device
+        want = {j: self._next(j) for j in self.rows}
+        live = [j for j in self.rows if want[j] is not None]
         if not live:
-            break
-        if len(live) <= 0.75 * len(rows):                              # drop finished sequences from the stack
-            keep = torch.tensor([rows.index(j) for j in live], device=dev)
-            kv = [(kk.index_select(0, keep), vv.index_select(0, keep)) for kk, vv in kv]
-            rows = live
-        want = []                                                      # G anchors per stacked sequence
-        for j in rows:
-            last = len(toks[j]) - 1
-            a = [p for p in (chain[j], tree[j]) if p < last] or [seqs[j].prompt_len - 1]  # done: a spare block
-            want += (a + a[:1] * G)[:G] if G == 2 else [a[0]]
-        anchors = torch.tensor(want, device=dev)
-        seq_rows = torch.tensor([j for j in rows for _ in range(G)], device=tok_pad.device)
-        ids = torch.full((len(want), B), drafter.c.mask_token_id, dtype=torch.long, device=tok_pad.device)
-        ids[:, 0] = tok_pad[seq_rows, anchors.to(tok_pad.device)]
-        emb = head.embed[ids].to(dev, drafter.dtype)                   # [N, B, H]
-        h = drafter.blocks(kv, anchors, emb, max_anchor=max(want))
-        d_tok, top_ids, top_lp = (t.cpu().numpy() for t in _head(drafter, head, h, k))
-        for n, p in enumerate(want):
-            j = rows[n // G]
-            T, P, a = len(toks[j]), seqs[j].prompt_len, p - seqs[j].prompt_len
-            if chain[j] >= T - 1 and tree[j] >= T - 1:                 # finished, still stacked: nothing to keep
-                continue
-            if drafts[j][a, 0] == -1:
-                drafts[j][a], logp[j][a] = d_tok[n], top_lp[n, :, 0]
-                m = min(D, T - 1 - p)
-                ok = d_tok[n, :m] == toks[j][p + 1:p + 1 + m]
-                acc[j][a] = m if ok.all() else int(np.argmin(ok))
-            if budget and p == tree[j] and tacc[j][a] == -1:
-                tacc[j][a] = tree_accept(top_ids[n], top_lp[n], toks[j][p + 1:min(T, p + D + 1)], budget)
-        for j in rows:
-            T, P = len(toks[j]), seqs[j].prompt_len
-            if chain[j] < T - 1:
-                c = min(int(acc[j][chain[j] - P]) + 1, T - 1 - chain[j])
-                rounds[j].append(c)
-                anchors_of[j].append(chain[j])
-                chain[j] += c
-            if budget and tree[j] < T - 1:
-                c = min(int(tacc[j][tree[j] - P]) + 1, T - 1 - tree[j])
-                tree_rounds[j].append(c)
-                tree[j] += c
+            return False
+        if len(live) <= DROP_AT * len(self.rows):       # drop finished sequences from the stack
+            st.keep(torch.tensor([self.rows.index(j) for j in live], device=dev))
+            self.rows = live
+        anchors = torch.tensor([len(self.toks[j]) - 1 if want[j] is None else want[j] for j in self.rows], device=dev)
+        record = torch.tensor([want[j] is not None for j in self.rows], device=dev)
+        acc, ids, lp = st.step(anchors, record)
+        out = [acc, ids[:, :self.Dt], lp[:, :self.Dt]]
+        ev = None
+        if dev.type == "cuda":                          # to pinned memory without waiting
+            out = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True) for t in out]
+            ev = torch.cuda.Event()
+            ev.record()
+        self.pending = (ev, [(j, want[j]) for j in self.rows], out)
+        return True
+
+    def collect(self) -> None:
+        """Wait for the last queued step and store its acceptance and top-k."""
+        ev, want, out = self.pending
+        if ev is not None:
+            ev.synchronize()
+        acc, ids, lp = (t.numpy() for t in out)
+        for n, (j, p) in enumerate(want):
+            if p is not None:
+                a = p - self.seqs[j].prompt_len
+                self.acc[j][a], self.tops[j][a] = acc[n], (ids[n], lp[n])
+
+
+def _walk_host(sts: list[_Lockstep], parts: list[list[Sequence]], budget: int) -> list[_HostWalk]:
+    """Run the host walks of several stacks interleaved: while one stack's step runs on the device, the host
+    scores the other's and queues its next step (ping-pong), so the device does not wait on the host."""
+    walks = [_HostWalk(st, p, budget) for st, p in zip(sts, parts)]
+    active = [w for w in walks if w.launch()]
+    while active:
+        for w in list(active):
+            w.collect()
+            if not w.launch():
+                active.remove(w)
+    return walks
+
+
+def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int) -> list[PromptResult]:
+    k = max(budget, ROUND_TOPK)
+    # with a tree budget, CHAIN_HALVES stacks alternate (host scoring of one overlaps the other's step)
+    n = max(1, min(CHAIN_HALVES if budget else 1, len(seqs)))
+    parts = [seqs[i * len(seqs) // n:(i + 1) * len(seqs) // n] for i in range(n)]
+    sts = [_Lockstep(drafter, head, p, k) for p in parts]
+    walks = _walk_host(sts, parts, budget) if budget else None
+    if not budget:
+        _walk_device(sts[0])
     out = []
-    for j, s in enumerate(seqs):
-        r = PromptResult(s.id, s.prompt_len, acc[j].tolist(), drafts[j].tolist(), rounds[j], anchors_of[j],
-                         draft_logp=logp[j].tolist())
-        if budget:
-            r.tree_at, r.tree_rounds = tacc[j].tolist(), tree_rounds[j]
-        out.append(r)
+    for h, (st, part) in enumerate(zip(sts, parts)):
+        acc, drafts, ids, lp = (t[:, :st.A].cpu().numpy() for t in (st.acc, st.drafts, st.top_ids, st.top_lp))
+        for j, s in enumerate(part):
+            T, P = len(s.tokens), s.prompt_len
+            rounds = walk(acc[j, :T - P], P, T)
+            r = PromptResult(s.id, P, acc[j, :T - P].tolist(), drafts[j, :T - P].tolist(),
+                             [c for _, _, c in rounds], [p for p, _, _ in rounds],
+                             draft_logp=lp[j, :T - P, :, 0].tolist())
+            if rounds:
+                at = np.asarray(r.round_anchors, dtype=np.int64) - P
+                r.round_top_ids, r.round_top_p = round_top(ids[j, at], lp[j, at])
+            if budget:
+                r.tree_at, r.tree_rounds = walks[h].tacc[j].tolist(), walks[h].tree_rounds[j]
+            out.append(r)
     return out

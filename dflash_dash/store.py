@@ -75,11 +75,17 @@ MIGRATIONS: list[str] = [
         base_tau_pooled DOUBLE, created TIMESTAMP DEFAULT now(), PRIMARY KEY (run_id, tap));
     """,
     # v5: the whole proposed block of each chain round (top-k candidates per slot, flattened [R][B-1][K] with
-    # K = run config `round_topk`), and failed jobs a user has dismissed from the jobs panel
+    # K = the run summary's `round_topk`), and failed jobs a user has dismissed from the jobs panel
     """
     ALTER TABLE run_prompts ADD COLUMN round_top_ids INTEGER[];
     ALTER TABLE run_prompts ADD COLUMN round_top_p REAL[];
     ALTER TABLE jobs ADD COLUMN dismissed BOOLEAN DEFAULT false;
+    """,
+    # v6: whole-run analyses (calibration, failure patterns, draft lag), computed once per finished run and
+    # kept, so a page never scans every token of every prompt to draw
+    """
+    CREATE TABLE run_analyses (run_id VARCHAR, name VARCHAR, value VARCHAR, created TIMESTAMP DEFAULT now(),
+        PRIMARY KEY (run_id, name));
     """,
 ]
 VERSION = len(MIGRATIONS)
@@ -202,6 +208,18 @@ class Store:
     def completions(self, set_name: str) -> list[dict]:
         return self.rows("SELECT * FROM completions WHERE set_name = ? ORDER BY idx, prompt_id", [set_name])
 
+    def completion_index(self, set_name: str, preview: int = 160) -> list[dict]:
+        """The set's completions without token ids and with text cut to `preview` characters (prompt, output),
+        plus their token counts: what listings and selectors need."""
+        return self.rows("SELECT prompt_id, idx, left(prompt, ?) AS prompt, left(output, ?) AS output, "
+                         "len(prompt_ids) AS prompt_tokens, len(output_ids) AS output_tokens, finish_reason, "
+                         "meta_info, model_path FROM completions WHERE set_name = ? ORDER BY idx, prompt_id",
+                         [preview, preview, set_name])
+
+    def completion(self, set_name: str, prompt_id: str) -> dict | None:
+        got = self.rows("SELECT * FROM completions WHERE set_name = ? AND prompt_id = ?", [set_name, prompt_id])
+        return got[0] if got else None
+
     def completion_ids(self, set_name: str) -> set[str]:
         return {r["prompt_id"] for r in self.rows("SELECT prompt_id FROM completions WHERE set_name = ?",
                                                   [set_name])}
@@ -257,6 +275,26 @@ class Store:
 
     def run_prompts(self, run_id: str) -> list[dict]:
         return self.rows("SELECT * FROM run_prompts WHERE run_id = ? ORDER BY prompt_id", [run_id])
+
+    def run_prompt(self, run_id: str, prompt_id: str) -> dict | None:
+        """One prompt's whole row of a run (every array), None when the run has no such prompt."""
+        got = self.rows("SELECT * FROM run_prompts WHERE run_id = ? AND prompt_id = ?", [run_id, prompt_id])
+        return got[0] if got else None
+
+    def prompt_scalars(self, run_id: str) -> list[dict]:
+        """Per-prompt numbers of a run without its token arrays: prompt_len, tau, tree_tau, rounds (count),
+        committed (sum of rounds), tokens (accepted positions); what tables and sorting need."""
+        return self.rows("SELECT prompt_id, prompt_len, tau, tree_tau, len(rounds) AS rounds, "
+                         "list_sum(rounds) AS committed, len(accepted_at) AS tokens FROM run_prompts "
+                         "WHERE run_id = ? ORDER BY prompt_id", [run_id])
+
+    def analysis(self, run_id: str, name: str) -> dict | list | None:
+        got = self.rows("SELECT value FROM run_analyses WHERE run_id = ? AND name = ?", [run_id, name])
+        return json.loads(got[0]["value"]) if got else None
+
+    def set_analysis(self, run_id: str, name: str, value: dict | list) -> None:
+        self.run("INSERT OR REPLACE INTO run_analyses (run_id, name, value) VALUES (?, ?, ?)",
+                 [run_id, name, json.dumps(value)])
 
     def _one(self, table: str, id_: str, what: str) -> dict:
         if id_ == "latest":
@@ -334,10 +372,22 @@ class Store:
                               "IN ('queued', 'running') RETURNING id", [status, error, job_id]).fetchall()
             return bool(got)
 
-    def jobs(self, status: str | None = None) -> list[dict]:
-        if status:
-            return self.rows("SELECT * FROM jobs WHERE status = ? ORDER BY created DESC", [status])
-        return self.rows("SELECT * FROM jobs ORDER BY created DESC")
+    def jobs(self, status: str | None = None, dismissed: bool = True) -> list[dict]:
+        """Jobs newest first (each with `dismissed`); `dismissed=False` leaves out those a user dismissed."""
+        where = (["status = ?"] if status else []) + ([] if dismissed else ["NOT coalesce(dismissed, false)"])
+        return self.rows(f"SELECT * FROM jobs {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY created DESC",
+                         [status] if status else [])
+
+    def dismiss_job(self, job_id: str) -> None:
+        """Hide a failed or cancelled job from the jobs panel (`jobs` on the CLI still lists it, dismissed true);
+        StoreError for an unknown job or one in another state."""
+        with self.connect() as con:
+            got = con.execute("UPDATE jobs SET dismissed = true WHERE id = ? AND status IN ('failed', 'cancelled') "
+                              "RETURNING id", [job_id]).fetchall()
+        if not got:
+            status = self.job(job_id)["status"]  # raises for an unknown id
+            raise StoreError(f"job {job_id} is {status}; only failed or cancelled jobs can be dismissed "
+                             "(cancel a running one first)")
 
     def job(self, job_id: str) -> dict:
         got = self.rows("SELECT * FROM jobs WHERE id = ?", [job_id])

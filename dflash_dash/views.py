@@ -3,8 +3,14 @@
 Contract: pure functions over rows the store returns (run rows, run_prompts rows, completions, extractions).
 Every piece of model output that ends up in HTML goes through `esc`, which escapes it (html.escape) and
 makes whitespace and control characters visible: a completion holding `<script>` renders as text.
-`token_html` builds a whole completion's token view in one pass (fast for 4,000-token completions).
+`token_html` builds a whole completion's token view in one pass (fast for 4,000-token completions);
+`round_detail`/`round_html` show one chain round's whole block (top-K candidates per slot beside the target's
+tokens, where the chain stopped, what DDTree took there), rejected drafts and candidates with visible whitespace.
 Metric labels and formulas come from the registry (`metrics`); the checks of the Diagnostics page live here.
+Numbers print one way: `fmt` (2 decimals) for tau-like values, `prob` (3 decimals) for probabilities, `ci` for a
+value with its interval; per-depth figures state the rounds behind each point and mark depths with none (n = 0).
+`compare_html` (Compare's two token views, scroll-synced) is the one HTML that carries a script: a constant that
+reads the DOM, never model text.
 """
 from __future__ import annotations
 
@@ -27,13 +33,24 @@ TOKEN_LEGEND = [  # (css class, meaning)
     ("dfv-pre", "first completion token (target prefill)"),
     ("dfv-a", "accepted draft (darker = deeper in the block; superscript = depth)"),
     ("dfv-bonus", "bonus token from the target (after the accepted drafts)"),
-    ("dfv-rej", "rejected draft, shown struck through after the target's token"),
+    ("dfv-rej", "rejected draft, struck through after the target's token; its whitespace shown as · ⏎ →"),
     ("dfv-b", "block (round) boundary"),
 ]
 
 
-def fmt(x: float | None, digits: int = 3) -> str:
+def fmt(x: float | None, digits: int = 2) -> str:
+    """A tau-like number (tokens per round) as every table and card prints it: 2 decimals (metrics.TAU)."""
     return "—" if x is None else f"{x:.{digits}f}"
+
+
+def prob(x: float | None) -> str:
+    """A probability as every table and card prints it: 3 decimals (metrics.PROB)."""
+    return fmt(x, 3)
+
+
+def ci(x: float | None, interval: list[float] | None) -> str:
+    """A tau-like number with its interval: '2.20 [1.95, 2.47]' ('—' parts where missing)."""
+    return fmt(x) + (f" [{fmt(interval[0])}, {fmt(interval[1])}]" if interval else "")
 
 
 # ---------------------------------------------------------------------------
@@ -157,7 +174,8 @@ def css(block_size: int) -> str:
         ".dfv .dfv-bonus{background:#ffe08a}"
         ".dfv .dfv-tail{background:#eee}"
         ".dfv .dfv-b{border-left:2px solid #333;margin-left:1px}"
-        ".dfv .dfv-rej{color:#c00;text-decoration:line-through;font-size:10px;vertical-align:super;margin:0 1px}"
+        ".dfv .dfv-rej{color:#a00;background:#fde8e8;text-decoration:line-through;text-decoration-color:"
+        "rgba(170,0,0,.5);margin:0 1px;padding:0 2px;border:1px dashed #e99}"
         ".dfv sup{font-size:8px;color:#555;margin-left:1px}"
         ".dfv .dfv-x{outline:2px solid #d0f;outline-offset:-1px}"
         ".dfv-legend span{padding:1px 6px;margin-right:8px;border-radius:2px;font-size:12px}"
@@ -172,9 +190,11 @@ def legend_html(block_size: int, compare: bool = False) -> str:
         f'<span style="background:{_shade(1, D)}">accepted d1</span>',
         f'<span style="background:{_shade(D, D)};color:#fff">accepted d{D}</span>',
         '<span style="background:#ffe08a">bonus (target)</span>',
-        '<span style="color:#c00;text-decoration:line-through">rejected draft</span>',
+        '<span style="color:#a00;background:#fde8e8;text-decoration:line-through;border:1px dashed #e99">'
+        'rejected draft</span><span>its whitespace: space ·, newline ⏎, tab →</span>',
         '<span style="border-left:2px solid #333">block start</span>',
-    ] + (['<span style="outline:2px solid #d0f">differs from the other run</span>'] if compare else [])
+    ] + (['<span style="outline:2px solid #d0f">outcome differs from the other run (accepted draft vs target '
+          'token)</span>'] if compare else [])
     return '<div class="dfv-legend">' + "".join(items) + "</div>"
 
 
@@ -205,6 +225,10 @@ def token_html(tr: Trace, vocab: Vocab, block_size: int, diff: set[int] | None =
             tip += f" · round {tr.round[i] + 1} · bonus token from the target"
         elif role == "pre":
             tip += " · from the target's prefill"
+        if tr.start[i] and tr.round[i] >= 0:  # a block starts: its round, as the round picker lists it
+            p, a, _ = tr.rounds[tr.round[i]]
+            tip += (f" · round {tr.round[i] + 1} starts: anchor {p}, accepted "
+                    f"{a}/{min(block_size - 1, len(tr.tokens) - 1 - p)}")
         rej = tr.rejected[i]
         if rej is not None:
             tip += f" · drafted {rej_strs[rej]!r} ({rej}), target {s!r}"
@@ -213,7 +237,7 @@ def token_html(tr: Trace, vocab: Vocab, block_size: int, diff: set[int] | None =
             app(f"<sup>{k}</sup>")
         app("</span>")
         if rej is not None and inline_rejects:
-            app(f'<span class="dfv-rej" title="rejected draft {rej}">{esc(rej_strs[rej], breaks=False)}</span>')
+            app(f'<span class="dfv-rej" title="rejected draft {rej}">{visible(rej_strs[rej])}</span>')
     app("</div>")
     return "".join(parts)
 
@@ -224,10 +248,196 @@ def text_html(text: str) -> str:
             f'word-break:break-all">{esc(text or "")}</div>')
 
 
+# ---------------------------------------------------------------------------
+# compare (issue 14): the default pair, per-position outcomes and where they differ, both token views in one
+# scroll-synced element, the per-prompt delta table, the one-position lag rate per slot
+
+OUTCOME = {"pre": "prefill", "acc": "draft", "bonus": "target", "tail": "none"}  # Trace.role -> outcome
+OUTCOME_NOTE = ("Outlined: the positions whose outcome differs between A and B. The outcome of a completion "
+                "position in the chain walk is either **accepted draft** (the drafter's token was kept) or **target "
+                "token** (the target's verify/bonus token that ends a round: after a rejected draft or a fully "
+                "accepted block); the first token is the target's prefill in both. Depth, block starts and which "
+                "wrong token was drafted are not compared (they follow from the outcomes before them). "
+                "**next difference** scrolls both views to the next outlined position (ringed in orange).")
+
+
+def outcomes(tr: Trace) -> list[str]:
+    """Per completion offset: 'draft' (an accepted draft committed it), 'target' (the round's verify/bonus token),
+    'prefill' (the first completion token) or 'none' (no round committed it)."""
+    return [OUTCOME[r] for r in tr.role]
+
+
 def differing(a: Trace, b: Trace) -> set[int]:
-    """Completion offsets whose role, depth or round start differ between two traces of the same tokens."""
-    return {i for i in range(min(len(a.role), len(b.role)))
-            if (a.role[i], a.depth[i], a.start[i], a.rejected[i]) != (b.role[i], b.depth[i], b.start[i], b.rejected[i])}
+    """Completion offsets whose outcome (`outcomes`) differs between two traces of the same tokens."""
+    return {i for i, (x, y) in enumerate(zip(outcomes(a), outcomes(b))) if x != y}
+
+
+def default_pair(runs: list[dict]) -> tuple[str, str] | None:
+    """(A, B) run ids compared by default: the newest two runs on one extraction (B the newer); without such a
+    pair the two newest runs; None for fewer than two runs. `runs` oldest first, as Store.runs lists them."""
+    for j in range(len(runs) - 1, 0, -1):
+        for i in range(j - 1, -1, -1):
+            if runs[i]["extraction_id"] == runs[j]["extraction_id"]:
+                return runs[i]["id"], runs[j]["id"]
+    return (runs[-2]["id"], runs[-1]["id"]) if len(runs) >= 2 else None
+
+
+DELTA_NOTE = ("per prompt: tau = committed / rounds of the chain walk; delta = tau B − tau A; sorted by |delta|, "
+              "largest first (click a column header to sort by it; select a row to open its token views)")
+
+
+def delta_rows(ra: dict[str, dict], rb: dict[str, dict]) -> list[dict]:
+    """Per prompt of both runs (run_prompts rows by prompt id): tau A, tau B, delta = B − A, and DDTree tau of
+    each run when either has one; sorted by |delta| descending (prompts without both taus last), then by id."""
+    tree = any(r.get("tree_tau") is not None for r in (*ra.values(), *rb.values()))
+    out = []
+    for p in ra:
+        if p not in rb:
+            continue
+        ta, tb = ra[p].get("tau"), rb[p].get("tau")
+        d = None if ta is None or tb is None else tb - ta
+        row = {"prompt": p, "tau A": _r(ta, 4), "tau B": _r(tb, 4), "delta (B − A)": _r(d, 4)}
+        if tree:
+            row |= {"DDTree tau A": _r(ra[p].get("tree_tau"), 4), "DDTree tau B": _r(rb[p].get("tree_tau"), 4)}
+        out.append((d is None, -abs(d or 0.0), p, row))
+    return [row for *_, row in sorted(out, key=lambda x: x[:3])]
+
+
+def lag_rows(ra: dict[str, dict], rb: dict[str, dict], comps: dict[str, dict], block_a: int, block_b: int
+             ) -> list[dict]:
+    """One-position draft lag per slot k (metrics.lag_rate) of run A and run B over the prompts both hold."""
+    shared = [p for p in ra if p in rb and p in comps]
+
+    def rate(rows, B):
+        return metrics.lag_rate([(rows[p].get("drafts") or [], list(comps[p]["prompt_ids"]) +
+                                  list(comps[p]["output_ids"]), rows[p]["prompt_len"]) for p in shared], B)
+    la, lb = rate(ra, block_a), rate(rb, block_b)
+    out = []
+    for k in range(1, max(block_a, block_b)):
+        def at(x, key):
+            return _r(x[key][k - 1], 4) if k <= len(x[key]) else None
+        out.append({"slot k": k, "lag A": at(la, "lag"), "lag B": at(lb, "lag"), "on target A": at(la, "on_target"),
+                    "on target B": at(lb, "on_target"), "anchors A": la["anchors"][k - 1] if k <= len(la["anchors"])
+                    else 0, "anchors B": lb["anchors"][k - 1] if k <= len(lb["anchors"]) else 0})
+    return out
+
+
+def lag_fig(rows: list[dict], name_a: str, name_b: str) -> go.Figure:
+    """Lag rate (solid) and on-target rate (dotted) per slot, runs A and B (`lag_rows`)."""
+    fig = go.Figure()
+    ks = [r["slot k"] for r in rows]
+    for side, name in (("A", name_a), ("B", name_b)):
+        fig.add_scatter(x=ks, y=[r[f"lag {side}"] for r in rows], mode="lines+markers",
+                        name=f"{side} {html.escape(name)}: d_k = t[p+k-1] (lag)")
+        fig.add_scatter(x=ks, y=[r[f"on target {side}"] for r in rows], mode="lines+markers", line=dict(dash="dot"),
+                        name=f"{side} {html.escape(name)}: d_k = t[p+k] (on target)")
+    fig.update_yaxes(range=[0, 1.02])
+    fig.update_xaxes(dtick=1)
+    return _layout(fig, "one-position draft lag per slot", "slot k", "share of anchors", height=360)
+
+
+_CMP_CSS = (
+    "<style>"
+    ".dfcmp-nav{display:flex;gap:8px;align-items:center;margin:0 0 8px 0;font-size:13px}"
+    ".dfcmp-nav button{padding:3px 10px;border:1px solid #bbb;border-radius:6px;background:#fafafa;cursor:pointer;"
+    "font-size:13px;color:#111}"
+    ".dfcmp-nav button:disabled{opacity:.5;cursor:default}"
+    ".dfcmp-panes{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:12px}"
+    ".dfcmp-head{font-weight:600;font-size:14px;margin-bottom:4px}"
+    ".dfcmp .dfv .dfcmp-cur{box-shadow:0 0 0 3px #f60}"
+    "</style>"
+)
+
+# The one script of the compare view: a constant (no model text in it). It reads the two panes from the DOM: token
+# spans are the panes' direct <span> children other than rejected drafts, index i = completion offset i in both.
+_CMP_JS = r"""(function () {
+  var root = document.currentScript && document.currentScript.closest('.dfcmp');
+  if (!root) return;
+  var panes = Array.prototype.slice.call(root.querySelectorAll('.dfv'), 0, 2);
+  if (panes.length < 2) return;
+  var toks = panes.map(function (p) {
+    return Array.prototype.filter.call(p.children, function (e) {
+      return e.tagName === 'SPAN' && !e.classList.contains('dfv-rej'); });
+  });
+  var n = Math.min(toks[0].length, toks[1].length), p0 = parseInt(root.dataset.p0 || '0', 10);
+  if (!n) return;
+  var diffs = [];
+  for (var i = 0; i < n; i++) if (toks[0][i].classList.contains('dfv-x')) diffs.push(i);
+  function y(s, i) {  // top of token i in pane s, in the pane's scroll coordinates
+    return toks[s][i].getBoundingClientRect().top - panes[s].getBoundingClientRect().top + panes[s].scrollTop;
+  }
+  function top(s) {  // the first token not entirely above the top edge of pane s
+    var lo = 0, hi = n - 1, st = panes[s].scrollTop;
+    while (lo < hi) {
+      var mid = (lo + hi) >> 1;
+      if (y(s, mid) + toks[s][mid].getBoundingClientRect().height <= st) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+  }
+  var expect = [null, null];
+  function scroll(s, v) {  // a scroll of ours: its scroll event is not echoed back
+    v = Math.max(0, Math.min(v, panes[s].scrollHeight - panes[s].clientHeight));
+    if (Math.abs(panes[s].scrollTop - v) < 1) return;
+    expect[s] = v;
+    panes[s].scrollTop = v;
+  }
+  function align(s, i) {  // scroll the other pane so that token i (default: the top one of pane s) sits as high
+    if (i === undefined) i = top(s);
+    scroll(1 - s, y(1 - s, i) - (y(s, i) - panes[s].scrollTop));
+  }
+  [0, 1].forEach(function (s) {
+    panes[s].addEventListener('scroll', function () {
+      if (expect[s] !== null && Math.abs(panes[s].scrollTop - expect[s]) < 2) { expect[s] = null; return; }
+      expect[s] = null;
+      align(s);
+    }, {passive: true});
+  });
+  var cur = -1, where = root.querySelector('.dfcmp-where');
+  function shown(i) {
+    var t = y(0, i);
+    return t >= panes[0].scrollTop && t < panes[0].scrollTop + panes[0].clientHeight;
+  }
+  function go(step) {
+    if (!diffs.length) return;
+    var k;
+    if (cur >= 0 && shown(diffs[cur])) k = cur + step;
+    else {
+      var t = top(0);
+      k = 0;
+      while (k < diffs.length && diffs[k] < t) k++;
+      if (step < 0) k--;
+    }
+    k = (k + diffs.length) % diffs.length;
+    cur = k;
+    var i = diffs[k];
+    root.querySelectorAll('.dfcmp-cur').forEach(function (e) { e.classList.remove('dfcmp-cur'); });
+    toks[0][i].classList.add('dfcmp-cur');
+    toks[1][i].classList.add('dfcmp-cur');
+    scroll(0, y(0, i) - panes[0].clientHeight / 3);
+    align(0, i);
+    root.dataset.current = String(i);
+    where.textContent = 'difference ' + (k + 1) + ' of ' + diffs.length + ' · position ' + (p0 + i);
+  }
+  root.querySelector('.dfcmp-next').addEventListener('click', function () { go(1); });
+  root.querySelector('.dfcmp-prev').addEventListener('click', function () { go(-1); });
+})();"""
+
+
+def compare_html(ta: Trace, tb: Trace, vocab: Vocab, blocks: tuple[int, int], diff: set[int],
+                 heads: tuple[str, str]) -> str:
+    """Both token views side by side in one element, for st.html(unsafe_allow_javascript=True): scrolling one
+    pane scrolls the other to the same completion position (aligned on the token at the top), and the
+    next/previous difference buttons scroll both to the next outlined position. The tokens go through
+    `token_html` and the heads through `esc`; the only script is the constant `_CMP_JS`."""
+    n = len(diff)
+    off = " disabled" if not n else ""
+    nav = (f'<div class="dfcmp-nav"><button type="button" class="dfcmp-prev"{off}>↑ previous difference</button>'
+           f'<button type="button" class="dfcmp-next"{off}>next difference ↓</button>'
+           f'<span class="dfcmp-where">{n} differing position{"" if n == 1 else "s"}</span></div>')
+    panes = "".join(f'<div class="dfcmp-pane"><div class="dfcmp-head">{esc(h, breaks=False)}</div>'
+                    f'{token_html(tr, vocab, B, diff=diff)}</div>' for tr, B, h in zip((ta, tb), blocks, heads))
+    return (f'<div class="dfcmp" data-p0="{int(ta.prompt_len)}" data-diffs="{n}">{_CMP_CSS}{nav}'
+            f'<div class="dfcmp-panes">{panes}</div><script>{_CMP_JS}</script></div>')
 
 
 # ---------------------------------------------------------------------------
@@ -252,25 +462,55 @@ def accept_curve(tr: Trace, row: dict, block_size: int, name: str = "accepted(p)
 
 
 def hist_fig(summaries: dict[str, dict]) -> go.Figure:
-    """Acceptance histogram: share of rounds by accepted count 0..B-1, one bar series per run."""
+    """Acceptance histogram: share of rounds by accepted count 0..B-1, one bar series per run; hover: the share
+    (3 decimals) and the rounds behind it."""
     fig = go.Figure()
     for name, s in summaries.items():
         h = np.asarray(s.get("accept_hist") or [], dtype=float)
-        fig.add_bar(x=list(range(len(h))), y=(h / h.sum()).tolist() if h.sum() else h.tolist(), name=name)
+        fig.add_bar(x=list(range(len(h))), y=(h / h.sum()).tolist() if h.sum() else h.tolist(), name=name,
+                    customdata=h.astype(int).tolist(), hovertemplate=f"{html.escape(str(name))}<br>accepted %{{x}}: "
+                    f"%{{y:.3f}} of {int(h.sum())} rounds<br>n = %{{customdata}} rounds<extra></extra>")
     fig.update_layout(barmode="group")
     return _layout(fig, "acceptance histogram (rounds by accepted drafts)", "accepted drafts in the round",
                    "share of rounds")
 
 
+def _counts(s: dict, key: str, n: int) -> list:
+    """The rounds behind each of n depth points (summary key `key`), '?' for a summary made before they were
+    stored."""
+    c = s.get(key)
+    return list(c) if c is not None and len(c) == n else ["?"] * n
+
+
 def depth_fig(summaries: dict[str, dict]) -> go.Figure:
-    """Per-depth conditional and marginal acceptance, k = 1..B-1, for each run."""
+    """Per-depth conditional and marginal acceptance, k = 1..B-1, for each run. Hover: the rounds behind each
+    point (n = depth_samples for the conditional, depth_rounds for the marginal); bars (right axis): the rounds
+    behind the conditional points. A depth no round reached has no estimate: its point is a gap, marked
+    'n = 0' on the x axis, so no line stops unannounced."""
     fig = go.Figure()
     for name, s in summaries.items():
         cond, marg = s.get("depth_conditional") or [], s.get("depth_marginal") or []
         ks = list(range(1, len(cond) + 1))
-        fig.add_scatter(x=ks, y=cond, mode="lines+markers", name=f"{name}: P(d_k | d_<k)")
-        fig.add_scatter(x=ks, y=marg, mode="lines+markers", name=f"{name}: P(d_1..d_k)", line=dict(dash="dot"))
-    fig.update_yaxes(range=[0, 1.02])
+        nc, nm = _counts(s, "depth_samples", len(cond)), _counts(s, "depth_rounds", len(marg))
+        tag = html.escape(str(name))
+        fig.add_scatter(x=ks, y=cond, mode="lines+markers", name=f"{name}: P(d_k | d_<k)", customdata=nc,
+                        hovertemplate=f"{tag}<br>depth %{{x}}: P(d_k | d_<k) = %{{y:.3f}}<br>n = %{{customdata}} "
+                        "rounds (d_1..d_{k-1} accepted)<extra></extra>")
+        fig.add_scatter(x=ks[:len(marg)], y=marg, mode="lines+markers", name=f"{name}: P(d_1..d_k)",
+                        line=dict(dash="dot"), customdata=nm,
+                        hovertemplate=f"{tag}<br>depth %{{x}}: P(d_1..d_k) = %{{y:.3f}}<br>n = %{{customdata}} "
+                        "rounds (slot k in the completion)<extra></extra>")
+        if "?" not in nc:
+            fig.add_bar(x=ks, y=nc, name=f"{name}: rounds behind P(d_k | d_<k)", yaxis="y2", opacity=0.2,
+                        hovertemplate=f"{tag}<br>depth %{{x}}: n = %{{y}} rounds<extra></extra>")
+        empty = [k for k, v in zip(ks, cond) if v is None]
+        if empty:
+            fig.add_scatter(x=empty, y=[0.0] * len(empty), mode="markers+text", text=["n = 0"] * len(empty),
+                            textposition="top center", marker=dict(symbol="x", size=9, color="#999"),
+                            name=f"{name}: no rounds reached depth (n = 0, no estimate)",
+                            hovertemplate=f"{tag}<br>depth %{{x}}: no round reached this depth (n = 0)<extra></extra>")
+    fig.update_layout(yaxis_range=[0, 1.02], barmode="group",  # the left axis only (the right one keeps its own)
+                      yaxis2=dict(overlaying="y", side="right", title="rounds (n)", showgrid=False, rangemode="tozero"))
     fig.update_xaxes(dtick=1)
     return _layout(fig, "per-depth acceptance: conditional (solid) and marginal (dotted)", "depth k", "probability")
 
@@ -314,30 +554,49 @@ def parity_fig(rows: list[dict]) -> go.Figure:
 # tables
 
 def summary_rows(s: dict) -> list[dict]:
-    """The run's metrics with formulas, for a table next to the numbers."""
+    """The run's metrics with formulas, for a table next to the numbers (scalars, counts, intervals, id lists;
+    the DDTree ones only for a run with a tree), each printed with its metric's format (metrics.show)."""
     return [{"metric": metrics.label(m.key, s), "value": metrics.show(m.key, s.get(m.key)), "formula": m.formula}
-            for m in metrics.REGISTRY if m.kind in ("scalar", "count") and m.key in s
-            and not (m.key.startswith("ddtree") and not s.get("tree_budget"))]
+            for m in metrics.REGISTRY if m.kind in ("scalar", "count", "interval", "ids") and m.key in s
+            and not (metrics.tree_only(m.key) and not s.get("tree_budget"))]
+
+
+def outlier_links(s: dict, rows: list[dict], run_id: str) -> list[dict]:
+    """The run's outlier prompts (summary `tau_outliers`): id, tau, side of the fences ("low" / "high") and a link
+    to the prompt's token view; lowest tau first."""
+    taus, f = {r["prompt_id"]: r.get("tau") for r in rows}, s.get("tau_fences") or [0.0, 0.0]
+    out = [{"prompt": p, "tau": taus.get(p), "side": "low" if (taus.get(p) or 0) < f[0] else "high",
+            "link": acceptance_link(run_id, p)} for p in s.get("tau_outliers") or []]
+    return sorted(out, key=lambda o: (o["tau"] is None, o["tau"] or 0, o["prompt"]))
 
 
 def _r(x: float | None, digits: int = 3) -> float | None:
     return None if x is None else round(float(x), digits)
 
 
-def prompt_table(rows: list[dict], completions: dict[str, dict]) -> list[dict]:
-    """Per-prompt results, sorted by tau (lowest first)."""
+TAU_COLUMNS = ("tau", "ddtree_tau", "chain_tau_at_budget", "every_anchor_tau")  # prompt_table: printed as fmt
+
+
+def prompt_table(rows: list[dict], completions: dict[str, dict], tree_budget: int = 0) -> list[dict]:
+    """Per-prompt results, sorted by tau (lowest first); tau-like columns (TAU_COLUMNS) at 2 decimals (like `fmt`);
+    `outlier`: "low" / "high" for a prompt outside Tukey's fences of per-prompt tau (metrics.TUKEY_RULE), else "";
+    with a tree budget N, `chain_tau_at_budget`: tau of the block-(N+1) chain beside `ddtree_tau`."""
     out = []
-    for r in rows:
+    ctx = metrics.Ctx(0, tree_budget)  # tau, every-anchor tau, the fences and the budget chain need no B
+    ps = [metrics.Prompt.of(r) for r in rows]
+    odd = metrics.outliers(ps, ctx)
+    for r, p in zip(rows, ps):
         c = completions.get(r["prompt_id"], {})
-        p = metrics.Prompt.of(r)
-        ctx = metrics.Ctx(0, 0)  # every-anchor tau needs neither B nor the tree budget
         out.append({
-            "prompt": r["prompt_id"], "tau": _r(r["tau"]), "ddtree_tau": _r(r["tree_tau"]),
-            "rounds": len(p.rounds), "completion_tokens": len(p.accepted_at), "prompt_tokens": p.prompt_len,
-            "every_anchor_tau": _r(metrics.every_anchor(p, ctx)), "finish": c.get("finish_reason"),
+            "prompt": r["prompt_id"], "tau": _r(r["tau"], 2), "outlier": odd.get(r["prompt_id"], ""),
+            "ddtree_tau": _r(r["tree_tau"], 2),
+            **({"chain_tau_at_budget": _r(metrics.chain_tau_at_budget(p, ctx), 2)} if tree_budget else {}),
+            "rounds": len(p.rounds), "completion_tokens": len(p.accepted_at),
+            "prompt_tokens": p.prompt_len, "every_anchor_tau": _r(metrics.every_anchor(p, ctx), 2),
+            "finish": c.get("finish_reason"), "_tau": r["tau"],
         })
-    out.sort(key=lambda x: (x["tau"] is None, x["tau"] if x["tau"] is not None else 0, x["prompt"]))
-    return out
+    out.sort(key=lambda x: (x["_tau"] is None, x["_tau"] if x["_tau"] is not None else 0, x["prompt"]))
+    return [{k: v for k, v in x.items() if k != "_tau"} for x in out]
 
 
 SPEC_KEYS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_accept_token_num",
@@ -393,6 +652,55 @@ def run_table(rows: list[dict]) -> list[dict]:
         out.append({"id": r["id"], "name": r["name"], "backend": r.get("backend"), "extraction": r["extraction_id"],
                     **{m.key: s.get(m.key) for m in metrics.HEADLINE}, "sliding_block": r.get("sliding_block"),
                     "checkpoint": r["checkpoint"], "created": str(r["created"])[:19]})
+    return out
+
+
+BACKEND_LABELS = {"fla": "fla kernels (GPU)", "torch": "torch path (CPU fallback)"}
+STATUS_LABELS = {"queued": "waiting to start", "running": "running", "done": "finished", "failed": "failed",
+                 "cancelled": "cancelled"}
+
+
+def backend_label(backend: str | None) -> str:
+    """An extraction backend for eyes: `fla` -> "fla kernels (GPU)", `torch` -> "torch path (CPU fallback)"."""
+    return BACKEND_LABELS.get(backend or "", backend or "unknown")
+
+
+def run_link(run_id: str) -> str:
+    """The Acceptance page of a run (relative URL; id percent-encoded)."""
+    from urllib.parse import quote
+    return f"acceptance?run={quote(str(run_id), safe='')}"
+
+
+def run_columns() -> dict[str, str]:
+    """Column label -> formula of the headline metrics in `run_groups` rows (the metric registry's labels)."""
+    return {metrics.label(m.key): m.formula for m in metrics.HEADLINE}
+
+
+def run_groups(runs: list[dict], extractions: list[dict]) -> list[dict]:
+    """Runs grouped by the extraction they replayed (newest extraction first), each group's rows ordered by
+    checkpoint, step and creation, with human column labels (headline metrics by the registry's label, shown
+    with its format) and the run's Acceptance link: [{"extraction", "title", "ids" (run id per row), "rows"}]."""
+    exs = {e["id"]: e for e in extractions}
+    order = {e["id"]: i for i, e in enumerate(extractions)}
+    groups: dict[str, list[dict]] = {}
+    for r in runs:
+        groups.setdefault(r["extraction_id"], []).append(r)
+    out = []
+    for ex_id in sorted(groups, key=lambda x: -order.get(x, len(order))):
+        rs = sorted(groups[ex_id], key=lambda r: (str(r["name"] or r["checkpoint"]), r.get("step") or 0,
+                                                   str(r["created"]), r["id"]))
+        e = exs.get(ex_id)
+        title = (f"Extraction {ex_id} · {backend_label(e['backend'])} · set {e['set_name']} · {e['device']} "
+                 f"{e['dtype']} · {len(rs)} run{'s' if len(rs) != 1 else ''}" if e else
+                 f"Extraction {ex_id} (no longer in the store) · {len(rs)} run{'s' if len(rs) != 1 else ''}")
+        rows = []
+        for r in rs:
+            s = r.get("summary") or {}
+            rows.append({"open": run_link(r["id"]), "checkpoint": r["name"], "training step": r.get("step"),
+                         **{metrics.label(m.key): metrics.show(m.key, s.get(m.key)) for m in metrics.HEADLINE},
+                         "sliding layers": r.get("sliding_block") or "—", "checkpoint folder": r["checkpoint"],
+                         "run id": r["id"], "created": str(r["created"])[:19]})
+        out.append({"extraction": ex_id, "title": title, "ids": [r["id"] for r in rs], "rows": rows})
     return out
 
 
@@ -735,3 +1043,152 @@ def replay_histogram(run_prompts: list[dict], ids: set[str], block_size: int) ->
     """The replay's rounds by accepted drafts 0..B-1 over the prompts `ids` (the compared ones)."""
     ps = [metrics.Prompt.of(r) for r in run_prompts if r.get("prompt_id", r.get("id")) in ids]
     return metrics.accept_hist(ps, metrics.Ctx(block_size, 0))
+
+
+# ---------------------------------------------------------------------------
+# the whole proposed block of one chain round (issue 14): the drafter's B-1 slots with their top-K candidates
+# beside the target's tokens, where the chain stopped, and what DDTree took at that anchor
+
+def visible(s: str) -> str:
+    """One token as escaped HTML on one line with its whitespace made visible: space ·, newline ⏎, tab →
+    (`esc` for markup and the other control characters)."""
+    return esc(s.replace(" ", "·").replace("\t", "→").replace("\n", "⏎"), breaks=False)
+
+
+def _nest(flat: list, *shape: int) -> list:
+    """A flat list as nested lists of `shape` (the last axis innermost)."""
+    if len(shape) == 1:
+        return list(flat)
+    n = int(np.prod(shape[1:]))
+    return [_nest(flat[i * n:(i + 1) * n], *shape[1:]) for i in range(shape[0])]
+
+
+def blocks(row: dict, block_size: int, k: int | None = None) -> dict:
+    """A run_prompts row's blocks, nested: "drafts" [A][B-1] argmax drafts per anchor (-1: not drafted, a
+    chain-only run), "draft_p" [A][B-1] their probabilities exp(draft_logp) (None: not recorded), "round_anchors"
+    [R], "round_top_ids"/"round_top_p" [R][B-1][K] top-K candidates at each round's anchor and "round_topk" K
+    (0 and empty lists for runs replayed before they were kept). `k` is the run summary's `round_topk` (None: read
+    from the row's lengths)."""
+    D = block_size - 1
+    P, rounds = row["prompt_len"], list(row.get("rounds") or [])
+    drafts = list(row.get("drafts") or [])
+    A = len(drafts) // D if D else 0
+    lp = row.get("draft_logp")
+    draft_p = ([None if x != x else x for x in np.exp(np.asarray(lp, dtype=np.float64)).tolist()] if lp
+               else [None] * (A * D))  # NaN: not drafted (chain-only run)
+    anchors = (P + np.concatenate([[0], np.cumsum(rounds)[:-1]])).tolist() if rounds else []
+    ids, ps = row.get("round_top_ids") or [], row.get("round_top_p") or []
+    R = len(rounds)
+    K = k if k else (len(ids) // (R * D) if R and D else 0)
+    if not (K and len(ids) == len(ps) == R * D * K):
+        K, ids, ps = 0, [], []
+    return {"drafts": _nest(drafts, A, D), "draft_p": _nest(draft_p, A, D), "round_anchors": [int(a) for a in anchors],
+            "round_topk": K, "round_top_ids": _nest(ids, R, D, K) if K else [],
+            "round_top_p": _nest([float(x) for x in ps], R, D, K) if K else []}
+
+
+def round_options(row: dict, completion: dict, block_size: int) -> list[dict]:
+    """The rounds of the chain walk of one prompt: {"round" (1-based), "anchor", "accepted", "inside" (drafts
+    inside the completion, min(B-1, T-1-anchor)), "committed", "label"}."""
+    P = row["prompt_len"]
+    T = P + len(completion["output_ids"])
+    acc = np.asarray(row["accepted_at"], dtype=np.int64)
+    out = []
+    for i, (p, a, c) in enumerate(walk(acc, P, T) if len(acc) else []):
+        n = min(block_size - 1, T - 1 - p)
+        out.append({"round": i + 1, "anchor": p, "accepted": a, "inside": n, "committed": c,
+                    "label": f"round {i + 1} · anchor {p} · accepted {a}/{n}"})
+    return out
+
+
+SLOT_STATUS = {"acc": "accepted", "rej": "rejected: the chain stops here", "after": "not verified (after the stop)",
+               "past": "past the end of the completion"}
+
+
+def round_detail(row: dict, completion: dict, block_size: int, rnd: int, vocab: Vocab, k: int | None = None,
+                 tree_budget: int = 0) -> dict:
+    """Round `rnd` (1-based) of a prompt's chain walk, slot by slot: {"round", "anchor", "anchor_token",
+    "accepted", "inside", "committed", "stop" (first rejected slot, None: none rejected), "tree" (DDTree's
+    accepted tokens at this anchor, None: no tree budget or not computed there), "tree_budget", "topk" (K; 0: only
+    the argmax draft recorded), "slots": per slot 1..B-1 {"slot", "position", "target_id", "target" (None past the
+    completion), "status" (key of SLOT_STATUS), "candidates" [{"id", "text", "p"}] best first, "target_rank"
+    (1-based rank of the target's token among them, None: not among them), "ddtree" (slot inside DDTree's
+    accepted path, None: unknown)}}. Texts are raw model output: escape them (`visible`) before HTML."""
+    opts = round_options(row, completion, block_size)
+    if not 1 <= rnd <= len(opts):
+        raise ValueError(f"round {rnd}: the chain walk of prompt {row.get('prompt_id')!r} has rounds 1..{len(opts)}")
+    o = opts[rnd - 1]
+    P, p, a, n, D = row["prompt_len"], o["anchor"], o["accepted"], o["inside"], block_size - 1
+    tokens = list(completion["prompt_ids"]) + list(completion["output_ids"])
+    b = blocks(row, block_size, k)
+    if b["round_topk"]:
+        ids, ps = b["round_top_ids"][rnd - 1], b["round_top_p"][rnd - 1]            # [B-1][K]
+    else:
+        ids, ps = [[d] for d in b["drafts"][p - P]], [[x] for x in b["draft_p"][p - P]]  # [B-1][1]
+    tree_at = row.get("tree_at") or []
+    tree = int(tree_at[p - P]) if tree_budget and p - P < len(tree_at) and tree_at[p - P] >= 0 else None
+    targets = [tokens[p + i] if i <= n else None for i in range(1, D + 1)]
+    strs = vocab.strings([tokens[p]] + [t for t in targets if t is not None] + [c for slot in ids for c in slot])
+    anchor_str, strs = strs[0], iter(strs[1:])
+    target_strs = [next(strs) if t is not None else None for t in targets]
+    slots = []
+    for i in range(1, D + 1):
+        t = targets[i - 1]
+        cands = [{"id": int(c), "text": next(strs), "p": None if x is None else float(x)}
+                 for c, x in zip(ids[i - 1], ps[i - 1])]
+        status = "acc" if i <= a else "rej" if i == a + 1 and i <= n else "after" if i <= n else "past"
+        rank = next((r for r, c in enumerate(cands, 1) if t is not None and c["id"] == t), None)
+        slots.append({"slot": i, "position": p + i, "target_id": t, "target": target_strs[i - 1], "status": status,
+                      "candidates": cands, "target_rank": rank, "ddtree": None if tree is None else i <= tree})
+    return {"round": rnd, "anchor": p, "anchor_token": anchor_str, "accepted": a, "inside": n,
+            "committed": o["committed"], "stop": a + 1 if a < n else None, "tree": tree, "tree_budget": tree_budget,
+            "topk": b["round_topk"], "slots": slots}
+
+
+ROUND_CSS = ("<style>.dfr{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:13px;border-collapse:"
+             "collapse;color:#111;background:#fff}.dfr td,.dfr th{border:1px solid #ddd;padding:2px 6px;"
+             "text-align:left;white-space:nowrap}.dfr th{background:#f4f4f4;font-weight:600}"
+             ".dfr .dfr-acc td.dfr-slot{background:#cdebd3}.dfr .dfr-rej td{background:#fde8e8}"
+             ".dfr .dfr-after td,.dfr .dfr-past td{color:#888}.dfr .dfr-hit{background:#b9e4c1;font-weight:600}"
+             ".dfr .dfr-p{color:#555;font-size:11px;margin-left:4px}.dfr-note{font-size:13px;margin:4px 0}</style>")
+
+
+def round_html(d: dict) -> str:
+    """`round_detail` as an escaped HTML table: per slot the target's token, the slot's status, the drafter's
+    top-K candidates with probabilities (the target's token among them highlighted) and DDTree's path."""
+    K = max(1, d["topk"])
+    tb = d["tree_budget"]
+    head = (f"round {d['round']} · anchor {d['anchor']} ({visible(d['anchor_token'])}) · accepted "
+            f"{d['accepted']} of {d['inside']} drafts inside the completion · committed {d['committed']} · ")
+    head += (f"the chain stops at slot {d['stop']} (first rejected draft)" if d["stop"] else
+             "no draft rejected" + (" (the completion ends inside the block)" if d["inside"] < len(d["slots"]) else ""))
+    if tb:
+        span = f"position {d['anchor'] + 1}" if d["tree"] == 1 else \
+            f"positions {d['anchor'] + 1}–{d['anchor'] + (d['tree'] or 0)}"
+        head += (f" · DDTree-{tb} would accept {d['tree']} here (the target's tokens at {span}), committing "
+                 f"{d['tree'] + 1}" if d["tree"] else
+                 f" · DDTree-{tb} would accept none here" if d["tree"] == 0 else
+                 f" · DDTree-{tb}: not computed at this anchor")
+    parts = [ROUND_CSS, f'<div class="dfr-note">{head}</div>']
+    if not d["topk"]:
+        parts.append('<div class="dfr-note"><b>Top-k candidates not recorded</b>: this run was replayed before '
+                     "dflash-dash kept each round's whole block, so only the argmax draft of each slot is shown; "
+                     "replay the checkpoint again to see the top-k.</div>")
+    cols = "".join(f"<th>candidate {j}</th>" for j in range(1, K + 1))
+    parts.append(f'<table class="dfr"><tr><th>slot</th><th>position</th><th>target token</th><th>status</th>{cols}'
+                 + (f"<th>DDTree-{tb}</th>" if tb else "") + "</tr>")
+    for s in d["slots"]:
+        tgt = "—" if s["target"] is None else f'{visible(s["target"])}<span class="dfr-p">{s["target_id"]}</span>'
+        cells = []
+        for c in s["candidates"] + [None] * (K - len(s["candidates"])):
+            if c is None:
+                cells.append("<td></td>")
+                continue
+            hit = ' class="dfr-hit"' if c["id"] == s["target_id"] else ""
+            p = "" if c["p"] is None else f'<span class="dfr-p">{c["p"]:.3f}</span>'
+            cells.append(f'<td{hit} title="token {c["id"]}">{visible(c["text"])}{p}</td>')
+        tree = "" if not tb else f"<td>{'—' if s['ddtree'] is None else 'taken' if s['ddtree'] else ''}</td>"
+        parts.append(f'<tr class="dfr-{s["status"]}"><td class="dfr-slot">{s["slot"]}</td><td>{s["position"]}</td>'
+                     f'<td>{tgt}</td><td>{SLOT_STATUS[s["status"]]}</td>{"".join(cells)}{tree}</tr>')
+    parts.append("</table>")
+    return "".join(parts)

@@ -1,12 +1,15 @@
-"""Acceptance: one checkpoint on one extraction. Summary metrics with their formulas, histogram and
-per-depth curves, the per-prompt table and the token-by-token view of one prompt, the drafter's calibration and
+"""Acceptance: one checkpoint on one extraction. Summary metrics with their formulas, how sure tau is (bootstrap
+intervals over prompts, median, outlier prompts, DDTree against a chain of the same token budget), histogram and
+per-depth curves with the rounds behind each point, the per-prompt table (outlier rows marked) and the
+token-by-token view of one prompt, the drafter's calibration and
 its failure patterns (each table downloadable as CSV); a Replay button evaluates another checkpoint as a job.
-URL: acceptance?run=ID&prompt=PID[&pos=START-END: positions outlined in the token view]."""
+URL: acceptance?run=ID&prompt=PID[&pos=START-END: positions outlined in the token view][&round=N: the round shown
+in full below the token view]."""
 from __future__ import annotations
 
 import streamlit as st
 
-from dflash_dash import metrics, views
+from dflash_dash import metrics, ops, views
 from pages import common
 
 common.routed()
@@ -30,6 +33,8 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
                           format_func=lambda i: f"{i} · {by_id[i]['backend']} · {by_id[i]['set_name']}")
         budget = c2.number_input("DDTree budget", 0, 256, 8)
         device = c3.text_input("device", "cpu")
+        gpus = c3.text_input("GPUs", "", help="one worker process per device, prompts sharded: GPU indices "
+                             "like 0,1 (cpu,cpu: CPU workers); empty: the device above")
         dtype = c4.selectbox("dtype", ["float32", "bfloat16"])
         go = st.form_submit_button("Replay", type="primary")
     if go:
@@ -38,24 +43,66 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
                      "SpecForge runtime folder with training_state.pt).")
         else:
             common.backend_note(by_id[ex]["backend"], f"Extraction {ex}")
-            common.start_job("replay", {"drafter": ck.strip(), "extraction": ex, "tree_budget": int(budget),
-                                        "device": device.strip() or "cpu", "dtype": dtype, **how})
+            common.start_job(ops.Replay(drafter=ck.strip(), extraction=ex, tree_budget=int(budget),
+                                        device=device.strip() or "cpu", dtype=dtype, gpus=gpus, **how))
     common.job_panel(("replay", "sweep"), key="acc")
 
 
-def summary_block(s: dict) -> None:
+def summary_block(s: dict, rows: list[dict], run_id: str) -> None:
+    s = metrics.complete(s, rows)  # a run summarised before a metric existed gets it from its rows
     cols = st.columns(4)
     for col, m in zip(cols, metrics.HEADLINE):
         col.metric(metrics.label(m.key, s), views.fmt(s.get(m.key)))
         col.caption(m.formula)
+    stats_block(s, rows, run_id)
     with st.expander("all run metrics and formulas"):
         st.dataframe(views.summary_rows(s), hide_index=True, width="stretch")
     c1, c2 = st.columns(2)
     c1.plotly_chart(views.hist_fig({"run": s}), width="stretch")
-    c1.caption("histogram: rounds of the chain walk by accepted drafts 0..B-1")
+    c1.caption("histogram: rounds of the chain walk by accepted drafts 0..B-1; hover: share and rounds (n)")
     c2.plotly_chart(views.depth_fig({"run": s}), width="stretch")
-    c2.caption("conditional P(d_k accepted | d_1..d_{k-1} accepted); marginal P(d_1..d_k all accepted); "
-               "over the rounds of the trace")
+    c2.caption("conditional P(d_k accepted | d_1..d_{k-1} accepted) over the rounds with d_1..d_{k-1} accepted "
+               "(bars, right axis: their count n); marginal P(d_1..d_k all accepted) over the rounds with slot k in "
+               "the completion; hover shows n. A depth no round reached is a gap marked n = 0.")
+
+
+def stats_block(s: dict, rows: list[dict], run_id: str) -> None:
+    """How sure tau is: bootstrap intervals, median, outlier prompts, DDTree against a same-budget chain."""
+    st.markdown("**How sure is tau?** Prompts are the sampling unit: a few odd prompts can move the macro mean.")
+    c = st.columns(4)
+    for col, key, point in ((c[0], "tau_macro_ci", "tau_macro"), (c[1], "tau_pooled_ci", "tau_pooled")):
+        col.metric(metrics.label(key, s), views.ci(s.get(point), s.get(key)))
+        col.caption(f"{metrics.label(point)} [lo, hi]: {metrics.BY_KEY[key].formula}")
+    for col, key in ((c[2], "tau_median"), (c[3], "tau_macro_trimmed")):
+        col.metric(metrics.label(key, s), views.fmt(s.get(key)))
+        col.caption(metrics.BY_KEY[key].formula)
+    odd = views.outlier_links(s, rows, run_id)
+    st.markdown(f"**Outlier prompts: {metrics.show('tau_outlier_count', s.get('tau_outlier_count'))}** · "
+                f"fences {metrics.show('tau_fences', s.get('tau_fences'))}")
+    st.caption(metrics.TUKEY_RULE + "; tau (macro) without outliers leaves them out. Rows marked in the `outlier` "
+               "column of the per-prompt table.")
+    for o in odd:
+        st.markdown(f"- `{str(o['prompt']).replace('`', '')}` · tau {views.fmt(o['tau'])} ({o['side']}) · "
+                    f"[open in the token view]({o['link']})")
+    b, B = s.get("tree_budget") or 0, s.get("block_size") or 0
+    if not b:
+        return
+    st.markdown(f"**DDTree-{b} against a chain of the same token budget** ({b} drafts verified per round)")
+    c1, c2 = st.columns(2)
+    for col, key, tree in ((c1, "chain_tau_at_budget", "ddtree_tau"), (c2, "chain_tau_at_budget_pooled",
+                                                                     "ddtree_tau_pooled")):
+        v, t = s.get(key), s.get(tree)
+        col.metric(metrics.label(key, s), views.fmt(v),
+                   delta=None if v is None or t is None else f"{t - v:+.2f} {metrics.label(tree, s)} − chain")
+        col.caption(metrics.BY_KEY[key].formula + (" (needs accepted(p) at every anchor: replay with every anchor)"
+                                                   if v is None else ""))
+    st.caption(f"DDTree-{b} verifies {b} drafted tokens per round, so a round commits at most {b} + 1 = {b + 1} "
+               f"tokens; the chain of block {B} verifies {B - 1} drafts and can commit up to {B}. On easy text, where "
+               f"the chain's drafts run deep, DDTree-{b} can therefore commit fewer tokens per round than the "
+               f"{B}-block chain: its budget caps it. Like with like is a chain verifying the same {b} drafts per "
+               f"round (block {b + 1}), above; the delta is DDTree − that chain."
+               + (f" Here the budget covers all {B - 1} drafts: the same-budget chain is the chain itself."
+                  if b >= B - 1 else ""))
 
 
 def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] | None = None) -> None:
@@ -87,9 +134,32 @@ def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] 
         st.caption(f"Outlined: positions {span[0]}–{span[1]} from the link (a worst span of Failure patterns: the "
                    "lowest mean accepted(p) there)")
     st.html(views.token_html(tr, vocab, B, superscript=sup, inline_rejects=inline, diff=outline))
+    round_block(run, row, comp, vocab)
     st.plotly_chart(views.accept_curve(tr, row, B), width="stretch")
     st.caption("accepted(p): leading drafts of the block at anchor p equal to the completion; "
                "markers: anchors the chain walk actually visits")
+
+
+def round_block(run: dict, row: dict, comp: dict, vocab: views.Vocab) -> None:
+    """One round of the chain walk in full: the drafter's B-1 slots with their top-k candidates beside the
+    target's tokens, where the chain stopped and what DDTree took at that anchor (URL: &round=N)."""
+    B, budget = run["summary"]["block_size"], run["tree_budget"]
+    st.markdown("**Round detail** · the drafter's whole block at one round of the chain walk")
+    opts = views.round_options(row, comp, B)
+    if not opts:
+        st.caption("This completion has no round: its only token comes from the target's prefill.")
+        return
+    labels = {str(o["round"]): o["label"] for o in opts}
+    first_stop = next((o["round"] for o in opts if o["accepted"] < o["inside"]), 1)  # default: a rejection
+    rnd = common.select_param("round of the chain walk", list(labels), "round", "acc_round",
+                              default=str(first_stop), format_func=labels.get)
+    detail = views.round_detail(row, comp, B, int(rnd), vocab, run["summary"].get("round_topk"), budget)
+    st.html(views.round_html(detail))
+    st.caption("candidate j: the drafter's j-th most probable token for the slot, with its probability; green: "
+               "the target's token among them; the chain stops at the first rejected slot (committed = accepted "
+               "+ 1, the target's bonus token)" + (f"; DDTree-{budget}: the slots on the tree's longest accepted "
+               "path, which are the target's tokens" if budget else "") + ". Each block start in the token view "
+               "names its round in its tooltip.")
 
 
 # ---------------------------------------------------------------------------
@@ -119,7 +189,7 @@ def calibration_block(ws: str, run: dict) -> None:
                 "see its calibration.")
         return
     c = st.columns(3)
-    c[0].metric(metrics.label("calibration_ece"), views.fmt(cal["calibration_ece"]))
+    c[0].metric(metrics.label("calibration_ece"), views.prob(cal["calibration_ece"]))
     c[0].caption("ECE = " + metrics.BY_KEY["calibration_ece"].formula)
     c[1].metric("expected tau (macro)", views.fmt(cal["expected_tau"]))
     c[1].caption(f"observed tau (macro) {views.fmt(cal['tau_macro'])}; expected per round = "
@@ -240,15 +310,19 @@ def main() -> None:
                f"**{run['backend']}**) · completions `{run['set_name']}` · block size {s.get('block_size')}"
                + views.sliding_note(run.get("sliding_block")))
     common.backend_note(run["backend"])
-    summary_block(s)
+    rows = common.run_prompts(ws, rid)
+    summary_block(s, list(rows.values()), rid)
 
     st.subheader("Per prompt")
-    rows = common.run_prompts(ws, rid)
     comps = common.completions(ws, run["set_name"], stamp)
-    table = views.prompt_table(list(rows.values()), comps)
-    st.caption("sorted by tau, lowest first; select a row (or the prompt below) to open its token view")
+    table = views.prompt_table(list(rows.values()), comps, run["tree_budget"])
+    st.caption("sorted by tau, lowest first; tau = committed / rounds; outlier = low / high outside Tukey's fences "
+               "of per-prompt tau; chain_tau_at_budget = tau of the chain verifying as many drafts as the tree "
+               "(block N+1); select a row (or the prompt below) to open its token view")
+    cfg = {c: st.column_config.NumberColumn(c, format="%.2f") for c in views.TAU_COLUMNS}
     ev = st.dataframe(table, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row",
-                      key="acc_table")
+                      key="acc_table", column_config=cfg | {"outlier": st.column_config.TextColumn(
+                          "outlier", help=metrics.TUKEY_RULE)})
     order = [t["prompt"] for t in table]
     picked = ev.selection.rows if ev is not None and hasattr(ev, "selection") else []
     if picked:

@@ -309,16 +309,18 @@ def jobs_mod():
     return jobs
 
 
-def start_job(kind: str, args: dict) -> str:
-    """Start a job (a separate process) and remember it so its panel follows it."""
-    job_id = jobs_mod().start(store(), kind, args)
+def start_job(op) -> str:
+    """Start operation `op` (a `dflash_dash.ops` dataclass) as a job (a separate process) and remember it so its
+    panel follows it."""
+    job_id = jobs_mod().start(store(), op)
     st.session_state.setdefault("_started_jobs", []).append(job_id)
-    st.toast(f"started {kind} job {job_id}")
+    st.toast(f"started {op.kind} job {job_id}")
     return job_id
 
 
 def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
-    """Live list of the recent jobs of `kinds`: status, step, progress bar, error, log tail, cancel/rerun.
+    """Live list of the recent jobs of `kinds`: status, step, progress bar, error, log tail, cancel/rerun, and
+    dismiss for a failed or cancelled job (hidden from the panel from then on; `jobs` on the CLI still lists it).
     Polls every second; when a job reaches a final state the whole page reruns to show its result."""
 
     @st.fragment(run_every=1.0)
@@ -329,7 +331,7 @@ def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
     def body():
         jobs = jobs_mod()
         st_ = store()
-        rows = [j for j in jobs.recent(st_, 30) if j["kind"] in kinds][:n]
+        rows = [j for j in jobs.recent(st_, 30, dismissed=False) if j["kind"] in kinds][:n]
         final = {j["id"] for j in rows if j["status"] not in ACTIVE}
         seen_key = f"_final_{key}"
         seen = st.session_state.get(seen_key)
@@ -351,12 +353,16 @@ def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
                     st.caption("result: " + ", ".join(f"{k} `{v}`" for k, v in (j["result"] or {}).items()))
                 if j.get("error"):
                     (st.error if j["status"] == "failed" else st.caption)(j["error"])
-                c1, c2, c3 = st.columns([1, 1, 4])
+                c1, c2, c4, c3 = st.columns([1, 1, 1, 3])
                 if j["status"] in ACTIVE and c1.button("Cancel", key=f"cancel_{key}_{j['id']}"):
                     jobs.cancel(st_, j["id"])
                     st.rerun()
                 if j["status"] in ("failed", "cancelled") and c2.button("Rerun", key=f"rerun_{key}_{j['id']}"):
                     jobs.rerun(st_, j["id"])
+                    st.rerun()
+                if j["status"] in ("failed", "cancelled") and c4.button(
+                        "Dismiss", key=f"dismiss_{key}_{j['id']}", help="hide this job from the panel"):
+                    st_.dismiss_job(j["id"])
                     st.rerun()
                 with c3.expander("log"):
                     st.code(jobs.log_tail(st_, j["id"]) or "(empty)", language=None)

@@ -1,12 +1,14 @@
-"""Compare: two checkpoints on the same extraction (per-prompt tau scatter, overlaid per-depth curves and
-histograms, overlaid calibration (reliability diagrams, ECE, expected vs observed tau), aligned token views with
-differences highlighted, configs side by side), and the training
-sweep (tau against step for the checkpoints of a training folder). URL: compare?a=ID&b=ID&prompt=PID&sweep=DIR."""
+"""Compare: two checkpoints on the same extraction (by default the newest two runs on one extraction): per-prompt
+tau scatter and a sortable per-prompt delta table, overlaid per-depth curves and histograms, overlaid calibration
+(reliability diagrams, ECE, expected vs observed tau), the two token views in one scroll-synced element with the
+positions whose outcome (accepted draft vs target token) differs outlined and a next-difference jump, the
+one-position draft lag rate per slot, configs side by side, and the training sweep (tau against step for the
+checkpoints of a training folder). URL: compare?a=ID&b=ID&prompt=PID&sweep=DIR."""
 from __future__ import annotations
 
 import streamlit as st
 
-from dflash_dash import metrics, views
+from dflash_dash import metrics, ops, views
 from pages import common
 
 common.routed()
@@ -21,31 +23,71 @@ def metrics_table(a: dict, b: dict) -> list[dict]:
     return out
 
 
+def pick_prompt(a: dict, b: dict, ra: dict, rb: dict, comps: dict) -> str | None:
+    """The per-prompt delta table (sortable; a selected row opens its prompt) and the prompt select, both ordered
+    by |delta| descending; a new A or B re-sorts them and selects the largest difference."""
+    rows = [r for r in views.delta_rows(ra, rb) if r["prompt"] in comps]
+    if not rows:
+        st.info("The two runs share no prompt.")
+        return None
+    st.caption(views.DELTA_NOTE)
+    order = [r["prompt"] for r in rows]
+    pair = f"{a['id']}|{b['id']}"
+    ev = st.dataframe(rows, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row",
+                      key=f"cmp_delta_{pair}")
+    picked = ev.selection.rows if ev is not None and hasattr(ev, "selection") else []
+    prev = st.session_state.get("_cmp_pair")
+    st.session_state["_cmp_pair"] = pair
+    if prev is not None and prev != pair:
+        common.set_param("cmp_prompt", "prompt", order[0])
+    elif picked and st.session_state.get("_cmp_delta_last") != (pair, order[picked[0]]):
+        st.session_state["_cmp_delta_last"] = (pair, order[picked[0]])
+        common.set_param("cmp_prompt", "prompt", order[picked[0]])
+    by = {r["prompt"]: r for r in rows}
+    return common.select_param("prompt (largest |delta| first)", order, "prompt", "cmp_prompt",
+                               format_func=lambda p: f"{p} · A {views.fmt(by[p]['tau A'])} · B "
+                                                     f"{views.fmt(by[p]['tau B'])} · delta "
+                                                     f"{views.fmt(by[p]['delta (B − A)'])}")
+
+
 def token_views(ws: str, stamp: str, a: dict, b: dict, ra: dict, rb: dict) -> None:
     comps = common.completions(ws, a["set_name"], stamp)
-    shared = [p for p in ra if p in rb and p in comps]
-    if not shared:
-        st.info("The two runs share no prompt.")
+    pid = pick_prompt(a, b, ra, rb, comps)
+    if pid is None:
         return
-    order = sorted(shared, key=lambda p: abs((ra[p]["tau"] or 0) - (rb[p]["tau"] or 0)), reverse=True)
-    pid = common.select_param("prompt (largest tau difference first)", order, "prompt", "cmp_prompt",
-                              format_func=lambda p: f"{p} · A {views.fmt(ra[p]['tau'])} · B {views.fmt(rb[p]['tau'])}")
     ex = {e["id"]: e for e in common.extractions(ws, stamp)}
     target = (ex.get(a["extraction_id"]) or {}).get("target_path")
     vocab = common.vocab(target) if target else views.Vocab()
-    ta = views.trace(ra[pid], comps[pid], a["summary"]["block_size"])
-    tb = views.trace(rb[pid], comps[pid], b["summary"]["block_size"])
+    Ba, Bb = a["summary"]["block_size"], b["summary"]["block_size"]
+    ta, tb = views.trace(ra[pid], comps[pid], Ba), views.trace(rb[pid], comps[pid], Bb)
     diff = views.differing(ta, tb)
-    st.caption(f"{len(diff)} of {len(ta.role)} completion positions differ (role, depth, block start or rejected "
-               "draft), outlined in both views")
-    st.html(views.legend_html(a["summary"]["block_size"], compare=True))
-    ca, cb = st.columns(2)
-    with ca:
-        st.markdown(f"**A** · {a['name']} · tau {views.fmt(ra[pid]['tau'])}")
-        st.html(views.token_html(ta, vocab, a["summary"]["block_size"], diff=diff))
-    with cb:
-        st.markdown(f"**B** · {b['name']} · tau {views.fmt(rb[pid]['tau'])}")
-        st.html(views.token_html(tb, vocab, b["summary"]["block_size"], diff=diff))
+    st.caption(f"{len(diff)} of {len(ta.role)} completion positions differ in outcome. {views.OUTCOME_NOTE}")
+    st.html(views.legend_html(Ba, compare=True))
+    heads = (f"A · {a['name']} · tau {views.fmt(ra[pid]['tau'])}", f"B · {b['name']} · tau {views.fmt(rb[pid]['tau'])}")
+    st.html(views.compare_html(ta, tb, vocab, (Ba, Bb), diff, heads), unsafe_allow_javascript=True)
+
+
+@st.cache_data(max_entries=16, show_spinner="counting draft lags")
+def lag_rows(ws: str, a_id: str, b_id: str, set_name: str, block_a: int, block_b: int, stamp: str) -> list[dict]:
+    return views.lag_rows(common.run_prompts(ws, a_id), common.run_prompts(ws, b_id),
+                          common.completions(ws, set_name, stamp), block_a, block_b)
+
+
+def lag_block(ws: str, stamp: str, a: dict, b: dict) -> None:
+    st.subheader("One-position draft lag, per slot")
+    st.caption("How often the draft at slot k is the target's token one position behind the one it should predict: "
+               "the signature of a drafter trained with the anchor's own hidden state in view. "
+               + metrics.LAG_FORMULA)
+    rows = lag_rows(ws, a["id"], b["id"], a["set_name"], a["summary"]["block_size"], b["summary"]["block_size"],
+                    stamp)
+    if not any(r["anchors A"] or r["anchors B"] for r in rows):
+        st.info("No drafts to count: the runs hold no drafts for their shared prompts.")
+        return
+    c1, c2 = st.columns([3, 2])
+    c1.plotly_chart(views.lag_fig(rows, a["name"], b["name"]), width="stretch")
+    with c2:
+        st.dataframe(rows, hide_index=True, width="stretch")
+        common.download("draft lag per slot, both runs (CSV)", rows, "compare-lag.csv", "cmp_dl_lag")
 
 
 def calibration_block(ws: str, a: dict, b: dict) -> None:
@@ -114,7 +156,7 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
         how = common.checkpoint_inputs("sweep")
         if st.button("Start sweep", type="primary", disabled=not folder.strip()):
             common.backend_note(by[ex]["backend"], f"Extraction {ex}")
-            common.start_job("sweep", {"checkpoints": folder.strip(), "extraction": ex, **how})
+            common.start_job(ops.Sweep(checkpoints=folder.strip(), extraction=ex, **how))
     else:
         st.info("No finished extraction: extract hidden states on the **Extraction** page first.")
     common.job_panel(("sweep",), key="sweep")
@@ -144,11 +186,12 @@ def main() -> None:
     else:
         by_id = {r["id"]: r for r in runs}
         ids = [r["id"] for r in reversed(runs)]
+        da, db = views.default_pair(runs)  # the newest two runs on one extraction
         c1, c2 = st.columns(2)
         with c1:
-            a_id = common.select_param("A", ids, "a", "cmp_a", default=ids[1], format_func=common.run_label(by_id))
+            a_id = common.select_param("A", ids, "a", "cmp_a", default=da, format_func=common.run_label(by_id))
         with c2:
-            b_id = common.select_param("B", ids, "b", "cmp_b", default=ids[0], format_func=common.run_label(by_id))
+            b_id = common.select_param("B", ids, "b", "cmp_b", default=db, format_func=common.run_label(by_id))
         a, b = by_id[a_id], by_id[b_id]
         st.caption(f"A: `{a['checkpoint']}` on `{a['extraction_id']}` (backend **{a['backend']}**)  \n"
                    f"B: `{b['checkpoint']}` on `{b['extraction_id']}` (backend **{b['backend']}**)")
@@ -173,8 +216,10 @@ def main() -> None:
             c2.plotly_chart(views.hist_fig(sa | sb), width="stretch")
             with common.guard():
                 calibration_block(ws, a, b)
-            st.subheader("Token views, aligned")
+            st.subheader("Per prompt, A vs B, and the token views aligned")
             token_views(ws, stamp, a, b, ra, rb)
+            with common.guard():
+                lag_block(ws, stamp, a, b)
         config_block(a, b)
     sweep_block(ws, stamp, runs)
 

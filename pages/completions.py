@@ -1,6 +1,6 @@
 """Completions: fetch a prompt set from an SGLang server as a job (live progress), import a completions
 JSONL, and list the completions of a set with finish reason, token counts and server-side speculative
-counters. URL: completions?set=NAME&prompt=PID."""
+counters. Selecting a row shows that completion's prompt and text. URL: completions?set=NAME&prompt=PID."""
 from __future__ import annotations
 
 import re
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dflash_dash import views
+from dflash_dash import ops, views
 from pages import common
 
 common.routed()
@@ -54,9 +54,8 @@ def fetch_form() -> None:
         else:
             prompt_set = choice
         set_name = name.strip() or (Path(prompt_set).stem if choice == UPLOAD else choice)
-        common.start_job("fetch", {"server": server.strip(), "prompt_set": prompt_set, "name": set_name,
-                                   "max_new_tokens": int(max_new), "chat": bool(chat),
-                                   "tokenizer": tok.strip() or None})
+        common.start_job(ops.Fetch(server=server.strip(), prompt_set=prompt_set, name=set_name,
+                                   max_new_tokens=int(max_new), chat=bool(chat), tokenizer=tok.strip() or None))
     common.job_panel(("fetch",), key="fetch")
 
 
@@ -93,7 +92,13 @@ def main() -> None:
             st.info(f"Set {name!r} has no completions yet; a running fetch adds them as they arrive.")
         else:
             rows = views.completion_table(list(comps.values()))
-            st.dataframe(rows, hide_index=True, width="stretch")
+            st.caption("select a row (or the completion below) to show its prompt and completion text")
+            ev = st.dataframe(rows, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row",
+                              key="comp_table")
+            picked = ev.selection.rows if ev is not None and hasattr(ev, "selection") else []
+            if picked and st.session_state.get("_comp_table_last") != rows[picked[0]]["prompt"]:
+                st.session_state["_comp_table_last"] = rows[picked[0]]["prompt"]
+                common.set_param("comp_prompt", "prompt", rows[picked[0]]["prompt"])
             if not any(k in r for r in rows for k in views.SPEC_KEYS):
                 st.caption("No server-side speculative counters: the server did not run speculative decoding.")
             else:

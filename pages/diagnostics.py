@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dflash_dash import views
+from dflash_dash import ops, views
 from pages import common
 
 common.routed()
@@ -130,7 +130,7 @@ def sliding_block(ws: str, stamp: str) -> None:
     if rows:
         st.dataframe(rows, hide_index=True, width="stretch")
     if len(rows) < 2 and st.button("Replay both ways", type="primary", key="slide_go"):
-        common.start_job("sliding-check", {"drafter": ck.strip(), "extraction": ex})
+        common.start_job(ops.SlidingCheck(drafter=ck.strip(), extraction=ex))
     common.job_panel(("sliding-check",), key="slide")
 
 
@@ -161,7 +161,7 @@ def attribution_block(ws: str, stamp: str) -> None:
         st.info("This run is not attributed yet: **Attribute** replays it once per target tap (or "
                 f"`python -m dflash_dash attribute --run {rid}`).")
     if st.button("Attribute again" if rows else "Attribute", type="primary", key="attr_go"):
-        common.start_job("attribute", {"run": rid})
+        common.start_job(ops.Attribute(run=rid))
     common.job_panel(("attribute",), key="attr")
 
 

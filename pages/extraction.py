@@ -1,11 +1,14 @@
 """Extraction: target hidden states for a completion set, as a job with the GPU orchestration shown before
 it runs (memory-release API, the configured stop/start commands, or none); GPU memory per device; every
-existing extraction with its backend and a Re-extract button. URL: extraction (a form, no selection)."""
+existing extraction with its backend and a Re-extract button that asks for device and dtype (this machine's by
+default). Both forms check before a job starts (jobs.check_extract, as `extract` on the CLI): a device the machine
+lacks is refused, a duplicate of an existing extraction needs a tick. URL: extraction (a form, no selection)."""
 from __future__ import annotations
 
 import streamlit as st
 
-from dflash_dash import views
+from dflash_dash import ops, views
+from dflash_dash.errors import UserError
 from pages import common
 
 common.routed()
@@ -64,10 +67,46 @@ def existing(ws: str, stamp: str, orch: str) -> None:
             if e["backend"] == "torch":
                 c1.caption("torch path: drafters trained on fla states may accept less on it (see Diagnostics)")
             if c2.button("Re-extract", key=f"reextract_{e['id']}",
-                         help="a new extraction with the same target, set, layers, device and dtype"):
-                common.start_job("extract", {"target": e["target_path"], "completions": e["set_name"],
-                                             "layers": list(e["layer_ids"]), "device": e["device"],
-                                             "dtype": e["dtype"], "orchestrate": orch})
+                         help="a new extraction with the same target, set and layers, on a device and dtype you choose"):
+                st.session_state["reextract"] = e["id"]
+            if st.session_state.get("reextract") == e["id"]:
+                reextract_form(e, orch)
+
+
+def reextract_form(e: dict, orch: str) -> None:
+    """Device and dtype of a re-extraction (this machine's by default), checked before any job starts
+    (jobs.check_extract, as the CLI's `extract`): a device the machine lacks is refused; a duplicate of an
+    existing extraction needs a tick first."""
+    from dflash_dash import pipeline
+    jobs, key = common.jobs_mod(), f"rx_{e['id']}"
+    have = jobs.devices()
+    c1, c2 = st.columns(2)
+    device = c1.text_input("device", value=have[0], key=f"{key}_device",
+                           help=f"cpu, cuda or cuda:N; this machine has {', '.join(have)}").strip()
+    dtypes = list(pipeline.DTYPES)
+    dtype = c2.selectbox("dtype", dtypes, index=dtypes.index("float32" if have[0] == "cpu" else "bfloat16"),
+                         key=f"{key}_dtype")
+    try:
+        dups = jobs.check_extract(common.store(), e["target_path"], e["set_name"], list(e["layer_ids"]), device, dtype)
+    except UserError as err:
+        st.error(str(err))
+        dups, ok = [], False
+    else:
+        ok = True
+    again = False
+    if dups:
+        st.warning("\n\n".join(dups))
+        again = st.checkbox("extract again anyway", key=f"{key}_again",
+                            help="a second extraction like it, e.g. to check that extraction is reproducible")
+    b1, b2 = st.columns([1, 5])
+    allowed = ok and (again or not dups)
+    if b1.button("Start re-extraction", key=f"{key}_go", type="primary", disabled=not allowed) and allowed:
+        common.start_job(ops.Extract(target=e["target_path"], completions=e["set_name"],
+                                     layers=list(e["layer_ids"]), device=device, dtype=dtype, orchestrate=orch))
+        st.session_state.pop("reextract", None)
+    if b2.button("Close", key=f"{key}_close"):
+        st.session_state.pop("reextract", None)
+        st.rerun()
 
 
 def main() -> None:
@@ -107,8 +146,13 @@ def main() -> None:
             layers = c4.text_input("…or explicit layer ids", value=",".join(map(str, last.get("layer_ids") or [])),
                                    help="comma-separated, e.g. 1,16,31,46,61; ignored when a drafter is given")
             c5, c6 = st.columns(2)
-            device = c5.text_input("device", value="cpu", help="cpu, cuda or cuda:N")
-            dtype = c6.selectbox("dtype", ["bfloat16", "float32"], index=1)
+            have = common.jobs_mod().devices()
+            device = c5.text_input("device", value=have[0], help=f"cpu, cuda or cuda:N; this machine has "
+                                                                  f"{', '.join(have)}")
+            gpus = c5.text_input("GPUs", "", help="one worker process per device, prompts sharded: GPU indices "
+                                 "like 0,1 (cpu,cpu: CPU workers); empty: the device above")
+            dtype = c6.selectbox("dtype", ["bfloat16", "float32"], index=int(have[0] == "cpu"))
+            again = st.checkbox("extract again even if an extraction like it exists", key="extract_again")
             go = st.form_submit_button("Extract", type="primary")
         if go:
             if not target.strip():
@@ -116,17 +160,28 @@ def main() -> None:
             elif not drafter.strip() and not layers.strip():
                 st.error("Give a drafter checkpoint (its layer ids are used) or explicit layer ids.")
             else:
+                from dflash_dash import pipeline
                 args = {"target": target.strip(), "completions": set_name, "device": device.strip() or "cpu",
                         "dtype": dtype, "orchestrate": orch}
                 if drafter.strip():
                     args["drafter"] = drafter.strip()
                 else:
-                    from dflash_dash import pipeline
                     args["layers"] = pipeline.layer_ids_of(None, layers.strip())
-                if args["device"] == "cpu" and views.backend_matters(args["target"]):
-                    st.warning("On CPU the torch path of the linear-attention kernels is used (backend `torch`), "
-                               "not the fla kernels the drafter was trained on.")
-                common.start_job("extract", args)
+                try:
+                    dups = common.jobs_mod().check_extract(
+                        common.store(), args["target"], set_name, args.get("layers") or
+                        pipeline.layer_ids_of(args["drafter"], None), args["device"], dtype)
+                except UserError as err:
+                    st.error(str(err))
+                else:
+                    if dups and not again:
+                        st.warning("\n\n".join(dups) + "\n\nTick **extract again even if an extraction like it "
+                                   "exists** and press **Extract** to make another one.")
+                    else:
+                        if args["device"] == "cpu" and views.backend_matters(args["target"]):
+                            st.warning("On CPU the torch path of the linear-attention kernels is used (backend "
+                                       "`torch`), not the fla kernels the drafter was trained on.")
+                        common.start_job(ops.Extract(**args, gpus=gpus))
     common.job_panel(("extract",), key="extract")
 
 

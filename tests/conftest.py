@@ -67,7 +67,7 @@ def _cli(ws: Path, *args: str) -> None:
 
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory) -> Prepared:
-    from dflash_dash import tiny
+    from tools import tiny
     from dflash_dash.store import Store
     from transformers import AutoTokenizer
 
@@ -107,6 +107,24 @@ def prepared(tmp_path_factory) -> Prepared:
     runs = [r["id"] for r in store.runs()]
     assert len(runs) == 2
     return Prepared(ws, models, target, train, [da, db], ex, runs, "tiny3", "html-script")
+
+
+@pytest.fixture(scope="session")
+def demo_workspace(tmp_path_factory) -> Path:
+    """The demo workspace built once per session from the committed assets by the real CLI (`demo`, as `make run`
+    does; a few minutes on 2 cores). Read-only: copy it (`shutil.copytree(..., ignore=*.lock)`) to write."""
+    import os
+    import subprocess
+    import sys
+
+    from dflash_dash import demo
+    if not (demo.ASSETS / "MANIFEST.json").is_file():
+        pytest.skip("demo assets are not in this checkout")
+    ws = tmp_path_factory.mktemp("demo") / "ws"
+    p = subprocess.run([sys.executable, "-m", "dflash_dash", "--workspace", str(ws), "demo"], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return ws
 
 
 @pytest.fixture

@@ -68,7 +68,7 @@ def stop_jobs(store) -> None:
 
 def tiny_model(folder: Path) -> Path:
     """A tiny hybrid target with a tokenizer (seeded)."""
-    from dflash_dash import tiny
+    from tools import tiny
     tiny.write_target(folder, tiny.TinyTarget())
     tiny.write_tokenizer(folder, vocab_size=512)
     return folder

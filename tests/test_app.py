@@ -13,7 +13,7 @@ from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1 import app_test as app_test_mod
 
-from dflash_dash import pipeline, views
+from dflash_dash import ops, pipeline, views
 from dflash_dash.store import Store
 from pages import common
 
@@ -211,13 +211,13 @@ def test_compare_by_url_shows_both_checkpoints(prepared, monkeypatch):
     assert at.query_params["a"] == a and at.query_params["b"] == b
     st = Store(prepared.workspace)
     names = [st.run_row(r)["name"] for r in (a, b)]
-    md = " ".join(m.value for m in at.markdown)
+    md = " ".join(m.value for m in at.markdown) + " ".join(htmls(at))  # the token views' heads name the runs
     assert all(n in md for n in names)
     cap = " ".join(c.value for c in at.caption)
     assert all(str(p) in cap for p in prepared.drafters)
     # the two token views, with differing positions outlined
-    views_ = [h for h in htmls(at) if 'title="pos ' in h]
-    assert len(views_) == 2
+    views_ = [h for h in htmls(at) if 'title="pos ' in h]  # one element holds both (scroll-synced)
+    assert len(views_) == 1 and views_[0].count('<div class="dfv">') == 2
     n = sum(1 for r in views.config_diff(st.run_row(a)["config"], st.run_row(b)["config"]) if r["differs"])
     assert n >= 1 and f"{n} key" in cap
     cfg = at.dataframe[-1].value
@@ -251,12 +251,15 @@ def test_completions_table_and_escaped_text(prepared, monkeypatch):
 
 
 def test_reextract_button_adds_an_extraction(prepared, workspace_copy, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # this machine's defaults: cpu, float32 (a duplicate)
     at = app(workspace_copy, monkeypatch, "extraction")
     clean(at)
     buttons = [b for b in at.button if b.label == "Re-extract"]
     assert len(buttons) == 1
     assert "extract (the server is not touched)" in at.code[0].value
     buttons[0].click().run()
+    at.checkbox(key=f"rx_{prepared.extraction}_again").check().run()  # the same as the one there: confirm
+    at.button(key=f"rx_{prepared.extraction}_go").click().run()
     clean(at)
     job = wait_job(workspace_copy, "extract")
     assert job["status"] == "done", job
@@ -304,7 +307,7 @@ def test_diagnostics_parity_consistency_and_errors(prepared, workspace_copy, mon
 
 def test_sweep_button_replays_the_folder_and_plots_it(prepared, workspace_copy, tmp_path, monkeypatch):
     import shutil
-    from dflash_dash import tiny
+    from tools import tiny
     train = tmp_path / "train"
     shutil.copytree(prepared.train, train)
     tiny.write_drafter(train / "epoch_2_step_300", tiny.TinyDrafter(seed=4))
@@ -314,7 +317,7 @@ def test_sweep_button_replays_the_folder_and_plots_it(prepared, workspace_copy, 
     by_label(at.button, "Start sweep").click().run()
     job = wait_job(workspace_copy, "sweep")
     assert job["status"] == "done", job
-    assert job["args"] == {"checkpoints": str(train), "extraction": prepared.extraction}
+    assert job["args"] == ops.Sweep(checkpoints=str(train), extraction=prepared.extraction).to_args()
     at.run()
     clean(at)
     links = [m.value for m in at.markdown if "open in Acceptance" in m.value]

@@ -8,7 +8,7 @@ import io
 
 import duckdb
 
-from dflash_dash import patterns, pipeline, views
+from dflash_dash import ops, patterns, pipeline, views
 from dflash_dash.store import Store
 from test_app import app, by_label, clean, htmls, navigation_routing, wait_job  # noqa: F401  (autouse fixture)
 
@@ -34,7 +34,7 @@ def test_acceptance_shows_calibration_with_formulas(prepared, monkeypatch):
     st_ = Store(prepared.workspace)
     cal = views.calibration(st_.run_prompts(rid), 4, st_.run_row(rid)["tree_budget"])
     m = {x.label: x.value for x in at.metric}
-    assert m["calibration ECE (pooled over depths)"] == views.fmt(cal["calibration_ece"])
+    assert m["calibration ECE (pooled over depths)"] == views.prob(cal["calibration_ece"])
     assert m["expected tau (macro)"] == views.fmt(cal["expected_tau"])
     assert m["expected tau (pooled)"] == views.fmt(cal["expected_tau_pooled"])
     captions = " ".join(c.value for c in at.caption)
@@ -137,7 +137,7 @@ def test_attribute_button_starts_the_job_and_the_chart_follows(prepared, workspa
     clean(at)
     job = wait_job(workspace_copy, "attribute")
     assert job["status"] == "done", job
-    assert job["args"] == {"run": rid} and job["result"] == {"run": rid, "taps": 2}
+    assert job["args"] == ops.Attribute(run=rid).to_args() and job["result"] == {"run": rid, "taps": 2}
     at.run()
     clean(at)
     assert "tau lost with each target-layer tap replaced by its mean" in charts(at)

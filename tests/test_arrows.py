@@ -1,5 +1,6 @@
 """The house rules of ../shared/ARCHITECTURE.md, checked on the source: imports inside `dflash_dash` only point
-down the layer list, pages hold no torch and no SQL, and only app.py and pages/ import streamlit."""
+down the layer list, pages hold no torch and no SQL, only app.py and pages/ import streamlit, and nothing the app or
+the CLI runs imports the development tooling in tools/."""
 from __future__ import annotations
 
 import ast
@@ -8,10 +9,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # top to bottom: a module may import only modules listed after it (ARCHITECTURE.md, plus the modules it names
 # outside the list: demo beside jobs, parity over pipeline, the pure conformance/patterns computations under
-# views, the stand-in's speculative decoder under the stand-in, tiny models over the drafter they build)
-ORDER = ["__main__", "cli", "jobs", "demo", "parity", "pipeline", "views", "conformance", "patterns", "store",
-         "sglang", "server", "specdec", "tiny", "cache", "replay", "metrics", "drafter", "target", "prompts",
-         "config", "errors"]
+# views, the stand-in's speculative decoder under the stand-in; launch, what `make run` runs, on top; ops, the
+# operations' argument dataclasses, under the pipeline whose signatures take their defaults)
+ORDER = ["__main__", "launch", "cli", "jobs", "demo", "parity", "pipeline", "ops", "views", "conformance", "patterns",
+         "store", "sglang", "server", "specdec", "cache", "replay", "metrics", "drafter", "target", "prompts",
+         "config", "lazy", "errors"]
 
 
 def imports(path: Path, package: str) -> set[str]:
@@ -69,3 +71,25 @@ def test_pages_are_thin_and_only_they_import_streamlit():
         assert not [s for s in strings if s.lstrip().upper().startswith(("SELECT ", "INSERT ", "UPDATE "))], f
     for f in sorted((ROOT / "dflash_dash").rglob("*.py")):
         assert "import streamlit" not in f.read_text(), f"{f} imports streamlit"
+
+
+def top_modules(path: Path) -> set[str]:
+    """Top-level names of the absolute imports in `path`, at any depth of the code."""
+    tree = ast.parse(path.read_text())
+    return {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | \
+           {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+
+
+def test_the_runtime_never_imports_tools():
+    runtime = [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py")), *sorted((ROOT / "dflash_dash").rglob("*.py"))]
+    bad = [str(f.relative_to(ROOT)) for f in runtime if "tools" in top_modules(f)]
+    assert not bad, f"{bad} import the development tooling in tools/; move what the runtime needs into dflash_dash/"
+    assert (ROOT / "tools" / "tiny.py").is_file() and (ROOT / "tools" / "demo" / "make_assets.py").is_file()
+    assert not [f for f in (ROOT / "dflash_dash" / "demo").glob("*.py") if f.name != "__init__.py"], \
+        "development scripts belong in tools/demo/, not in the runtime package"
+
+
+def test_the_tools_checker_sees_an_import(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text("def f():\n    from tools.tiny import TinyTarget\nimport tools.demo.corpus\n")
+    assert top_modules(f) == {"tools"}

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from dflash_dash import cli, pipeline, tiny
+from dflash_dash import cli, pipeline
+from tools import tiny
 from dflash_dash.store import Store
 
 H = tiny.TinyDrafter().hidden_size

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_dash import drafter as dr, metrics, replay as rp, target as tg, tiny
+from dflash_dash import drafter as dr, metrics, replay as rp, target as tg
+from tools import tiny
 
 
 def planted(m: dr.Drafter, head: tg.Head, feats: torch.Tensor, P: int, T: int, seed: int) -> torch.Tensor:
@@ -60,12 +61,39 @@ def test_chain_rounds_equal_every_anchor(case, name, budget, batch):
             assert b.draft_logp[x] == pytest.approx(a.draft_logp[x], abs=1e-4)
         computed = [x for x, v in enumerate(b.accepted_at) if v >= 0]
         assert all(b.accepted_at[x] == a.accepted_at[x] for x in computed)
+        assert all(b.drafts[x] == a.drafts[x] for x in computed)                  # every slot, not only accepted
+        assert b.round_top_ids == a.round_top_ids                                 # the rounds' top-K blocks
+        assert np.allclose(np.array(b.round_top_p, dtype=float), np.array(a.round_top_p, dtype=float), atol=1e-5)
+        if budget:  # DDTree acceptance wherever the chain mode computed it (tree and chain anchors)
+            assert all(t == a.tree_at[x] for x, t in enumerate(b.tree_at) if t >= 0)
+            assert all(b.tree_at[p - b.prompt_len] >= 0 for p in b.round_anchors)
         visited += len(computed)
     assert visited < sum(len(a.accepted_at) for a in every)  # really fewer anchors than every-anchor
     for key in ("tau_macro", "tau_pooled", "ddtree_tau", "ddtree_tau_pooled", "accept_hist", "depth_conditional",
                 "depth_marginal", "rounds", "committed"):
         assert s_chain[key] == s_every[key], key
     assert s_chain["every_anchor_tau"] is None and s_every["every_anchor_tau"] is not None  # not computed
+
+
+@pytest.mark.parametrize("name", ["full", "sliding"])
+def test_blocks_tail_equals_concatenated_keys(case, name):
+    """`Drafter.blocks(tail=True)` (block keys written into spare slots after the stacked context, attention over
+    every context key) gives the per-call concatenation's states."""
+    head, models = case
+    m, seqs = models[name]
+    seqs = [s for s in seqs if len(s.tokens) > 20][:3]
+    T = max(len(s.tokens) for s in seqs)
+    feats = torch.stack([torch.cat([s.features, s.features.new_zeros(T - len(s.tokens), s.features.shape[1])])
+                         for s in seqs])
+    kv = m.context_kv(feats)
+    B = m.c.block_size
+    kv_tail = [tuple(torch.cat([t, t.new_zeros(*t.shape[:2], B, t.shape[3])], 2) for t in p) for p in kv]
+    anchors = torch.tensor([len(s.tokens) - 4 for s in seqs])
+    emb = torch.randn(len(seqs), B, m.c.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ref = m.blocks(kv, anchors, emb)
+        got = m.blocks(kv_tail, anchors, emb, tail=True)
+    assert torch.allclose(got, ref, atol=1e-5)
 
 
 def test_every_anchor_metrics_absent_on_chain_rows():

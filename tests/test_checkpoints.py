@@ -16,7 +16,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from dflash_dash import cli, drafter as dr, jobs, pipeline, replay as rp, target as tg, tiny
+from dflash_dash import cli, drafter as dr, jobs, pipeline, replay as rp, target as tg
+from tools import tiny
 from dflash_dash.store import Store
 from serving import stop_jobs, until
 

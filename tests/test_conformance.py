@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_dash import cache, cli, conformance, pipeline, prompts, server, specdec, tiny, views
+from dflash_dash import cache, cli, conformance, pipeline, prompts, server, specdec, views
+from tools import tiny
 from dflash_dash.store import Store
 from serving import Served, until
 

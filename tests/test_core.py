@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dflash_dash import cache, drafter as dr, replay as rp, target as tg, tiny
+from dflash_dash import cache, drafter as dr, replay as rp, target as tg
+from tools import tiny
 from dflash_dash.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]

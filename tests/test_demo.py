@@ -30,11 +30,8 @@ def cli(ws: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProce
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory) -> Path:
-    ws = tmp_path_factory.mktemp("demo") / "ws"
-    p = cli(ws, "demo")
-    assert p.returncode == 0, p.stderr[-3000:]
-    return ws
+def ws(demo_workspace) -> Path:
+    return demo_workspace  # built once per session (tests/conftest.py)
 
 
 def runs(ws: Path) -> dict[str, dict]:
@@ -133,6 +130,21 @@ def test_buggy_drafts_lag_one_position(ws):
     assert b_behind > 2 * b_right          # the buggy one drafts the token one position behind
 
 
+def test_compare_lag_rate_flags_the_buggy_checkpoint(ws):
+    """Compare's per-slot lag rate (metrics.lag_rate, via views.lag_rows) is higher for the buggy checkpoint at
+    every slot, and pooled over slots 2..6 it is what `lag` above counts."""
+    from dflash_dash import views
+    rs, store = runs(ws), Store(ws)
+    final, buggy = by_prefix(rs, "final")["id"], by_prefix(rs, "buggy-")["id"]
+    comps = {c["prompt_id"]: c for c in store.completions(demo.SET_NAME)}
+    rows = views.lag_rows(*({r["prompt_id"]: r for r in store.run_prompts(x)} for x in (final, buggy)), comps, 16, 16)
+    assert all(r["lag B"] > r["lag A"] for r in rows), rows
+    for side, run in (("A", final), ("B", buggy)):
+        sel = [r for r in rows if 2 <= r["slot k"] <= 6]
+        pooled = sum(r[f"lag {side}"] * r[f"anchors {side}"] for r in sel) / sum(r[f"anchors {side}"] for r in sel)
+        assert pooled == pytest.approx(lag(ws, run)[1], abs=1e-3)
+
+
 def test_parity_fla_vs_torch_measured_nonzero(ws):
     store = Store(ws)
     exs = {e["backend"]: e for e in store.extractions()}
@@ -154,6 +166,15 @@ def test_demo_is_idempotent(ws):
     after = (len(Store(ws).runs()), len(Store(ws).extractions()), len(Store(ws).completions(demo.SET_NAME)))
     assert before == after == (4, 2, 10)
     assert demo.built(ws)
+
+
+def test_config_points_at_the_demo_server(ws, tmp_path):
+    from dflash_dash import config
+    assert config.load(ws).server_url == demo.SERVER_URL and config.load(ws).memory_release
+    mine = tmp_path / "config.toml"
+    mine.write_text('[server]\nurl = "http://10.0.0.7:30000"\n')
+    assert demo.configure(tmp_path) is None                  # a user's config.toml is never overwritten
+    assert config.load(tmp_path).server_url == "http://10.0.0.7:30000"
 
 
 def test_completions_match_the_shipped_ids(ws):

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from dflash_dash import cli, jobs, tiny
+from dflash_dash import cli, jobs
+from tools import tiny
 from dflash_dash.store import Store
 from serving import until
 from test_e2e import ARGS, CHROMIUM, browser, dashboard, open_page, page, settle  # noqa: F401  (fixtures)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from dflash_dash import cli, jobs
+from dflash_dash import cli, jobs, ops
 from dflash_dash.store import Store
 from serving import free_port, status_now, stop_jobs, until
 
@@ -84,8 +84,10 @@ def test_job_errors_are_recorded(store, tmp_path, capsys):
                             "nor an existing JSONL file")
     assert "Traceback" not in jobs.log_tail(store, job) and "error: prompt set" in jobs.log_tail(store, job)
     # an unexpected error (run in this process): a one-line error in the store, the traceback in the output
-    store.add_job("job-bad", "fetch", {"prompt_set": "coding-10", "name": "x", "max_new_tokens": "many"}, "x.log")
-    assert jobs.execute(store, "job-bad") == 1
+    store.add_job("job-bad", "fetch", {"prompt_set": "coding-10", "name": "x"}, "x.log")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(jobs.pipeline, "fetch", lambda *a, **k: int("many"))  # a bug inside the operation
+        assert jobs.execute(store, "job-bad") == 1
     row = store.job("job-bad")
     assert row["status"] == "failed" and row["error"].startswith("ValueError: invalid literal for int()")
     assert "(traceback in x.log)" in row["error"] and "\n" not in row["error"]
@@ -98,7 +100,8 @@ def test_jobs_cli(store, capsys):
     assert cli.main(["--workspace", ws, "jobs"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert row["id"] == job and row["status"] == "running" and row["kind"] == "fetch"
-    assert row["args"] == {"prompt_set": "coding-10", "name": "w", "max_new_tokens": 4}
+    assert row["args"] == ops.Fetch(prompt_set="coding-10", name="w", max_new_tokens=4).to_args()  # every field
+    assert row["args"]["max_new_tokens"] == 4 and row["args"]["chat"] is False and row["args"]["server"] is None
     assert cli.main(["--workspace", ws, "jobs", "logs", job, "--lines", "50"]) == 0
     assert "waiting for http://127.0.0.1:" in capsys.readouterr().out
     assert cli.main(["--workspace", ws, "jobs", "rerun", job]) == 2

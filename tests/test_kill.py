@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_dash import cache, cli, jobs, pipeline, tiny
+from dflash_dash import cache, cli, jobs, pipeline
+from tools import tiny
 from dflash_dash.store import Store
 from serving import stop_jobs, until
 

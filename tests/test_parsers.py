@@ -7,7 +7,8 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from dflash_dash import drafter as dr, pipeline, tiny
+from dflash_dash import drafter as dr, pipeline
+from tools import tiny
 from dflash_dash.sglang import ServerError, parse_generate
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

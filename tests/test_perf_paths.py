@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_dash import drafter as dr, replay as rp, target as tg, tiny
+from dflash_dash import drafter as dr, replay as rp, target as tg
+from tools import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ import torch
 
 from dflash_dash import server
 from dflash_dash.sglang import Client, ServerError, chat_ids
-from dflash_dash.tiny import TinyTarget, write_target, write_tokenizer
+from tools.tiny import TinyTarget, write_target, write_tokenizer
 from serving import end, free_port
 
 ROOT = Path(__file__).resolve().parents[1]

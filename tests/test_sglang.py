@@ -181,7 +181,7 @@ def test_release_failure_is_not_retried(fake):
 
 
 def test_chat_ids_applies_template_locally(tmp_path):
-    from dflash_dash.tiny import write_tokenizer
+    from tools.tiny import write_tokenizer
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(write_tokenizer(tmp_path, vocab_size=512)))

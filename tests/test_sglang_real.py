@@ -279,7 +279,7 @@ def hub_server():
 
 def fake_hf_cache(home: Path, repo: str) -> Path:
     """HF_HOME/hub/models--org--name/{refs/main, snapshots/HASH/<tokenizer files>} as huggingface_hub lays it out."""
-    from dflash_dash import tiny
+    from tools import tiny
     base = home / "hub" / ("models--" + repo.replace("/", "--"))
     commit = "0123456789abcdef0123456789abcdef01234567"
     snap = tiny.write_tokenizer(base / "snapshots" / commit, vocab_size=512)

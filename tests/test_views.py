@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_dash import cache, cli, parity, pipeline, tiny, views
+from dflash_dash import cache, cli, parity, pipeline, views
+from tools import tiny
 from dflash_dash.store import Store
 
 
@@ -182,8 +183,9 @@ def test_differing_positions():
     row2 = dict(row, accepted_at=[0] * len(row["accepted_at"]))
     b = views.trace(row2, comp, B)
     d = views.differing(a, b)
-    assert d == {i for i in range(len(a.role)) if a.role[i] != b.role[i] or a.depth[i] != b.depth[i]
-                 or a.start[i] != b.start[i] or a.rejected[i] != b.rejected[i]}
+    # B accepts nothing, so the outcome differs exactly where A committed an accepted draft (tests/test_compare.py
+    # has the hand-made pair)
+    assert d == {i for i in range(len(a.role)) if a.role[i] == "acc"}
     assert d and all(b.role[i] in ("bonus", "pre") for i in range(len(b.role)))
 
 
@@ -209,8 +211,10 @@ def test_hist_and_depth_figures():
     f = views.hist_fig({"A": s, "B": s})
     assert len(f.data) == 2 and sum(f.data[0].y) == pytest.approx(1.0)
     assert list(f.data[0].y) == pytest.approx([0.5, 0.3, 0.2, 0.0])
+    assert list(f.data[0].customdata) == [5, 3, 2, 0]  # the rounds behind each share
     d = views.depth_fig({"A": s})
-    assert len(d.data) == 2 and list(d.data[0].x) == [1, 2, 3]
+    assert len(d.data) == 3 and list(d.data[0].x) == [1, 2, 3]
+    assert list(d.data[2].x) == [3] and "n = 0" in d.data[2].name  # the empty depth is announced (tests/test_stats)
 
 
 def test_prompt_table_sorted_by_tau():

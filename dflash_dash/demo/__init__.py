@@ -9,7 +9,11 @@ completions whose token ids equal the shipped ones (any that differ are left out
 `<workspace>/demo/BUILD.json` and the log); then every demo checkpoint is replayed on the torch extraction and
 the final one on the fla extraction too. Idempotent and resumable: what the store already holds is not redone,
 and a workspace that has all the demo runs is left as it is. No network beyond the local server on 127.0.0.1.
-`make_assets.py` (with `corpus.py`, `train_target.py`, `train_drafter.py`) made the assets.
+`configure(workspace)` (called by `build`, also on a built workspace) writes `<workspace>/config.toml` when there is
+none, pointing `[server] url` at `SERVER_URL`: the port where `make run` (`dflash_dash.launch`) serves the demo
+target beside the dashboard, so that fetching and re-extracting with orchestration work from the pages. An existing
+config.toml is never touched. The assets were made by `python -m tools.demo.make_assets` (development tooling in
+`tools/demo/`, outside this package).
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ SET_NAME = "coding-10"                      # completion set name in the workspa
 MAX_NEW_TOKENS = 256                        # completion length cap of the demo fetch
 TREE_BUDGET = 8                             # DDTree-8 in every demo run
 FLA_SUFFIX = " @fla"                        # run-name suffix of the replay on the fla extraction
+SERVER_URL = "http://127.0.0.1:30100"       # where `make run` serves the demo target (not SGLang's 30000)
 
 Progress = Callable[[int, int, str], None] | None
 
@@ -58,7 +63,7 @@ def manifest(assets: Path = ASSETS) -> dict:
     f = assets / "MANIFEST.json"
     if not f.is_file():
         raise DemoError(f"{f} is missing: the demo assets are not in this checkout (restore dflash_dash/demo/assets "
-                        "from git, or remake them with python -m dflash_dash.demo.make_assets)")
+                        "from git, or remake them with python -m tools.demo.make_assets)")
     return json.loads(f.read_text())
 
 
@@ -105,6 +110,25 @@ def built(workspace: str | Path, assets: Path = ASSETS) -> bool:
     final = [c for c in cks if c.name.startswith("final")]
     return bool(cks) and all(_has_run(store, c, torch_ex["id"]) for c in cks) and all(
         _has_run(store, c, fla_ex["id"]) for c in final)
+
+
+def configure(workspace: str | Path) -> Path | None:
+    """Write `<workspace>/config.toml` pointing at the demo server when the workspace has none; returns the file
+    written, or None when one was already there (a user's configuration is never overwritten)."""
+    from ..config import path_of
+
+    f = path_of(workspace)
+    if f.exists():
+        return None
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(
+        "# Written by the demo build. `make run` (python -m dflash_dash.launch) serves demo/target on this url beside\n"
+        "# the dashboard and stops it with the dashboard; point url at another SGLang server to use that instead.\n"
+        "[server]\n"
+        f'url = "{SERVER_URL}"\n'
+        "readiness_timeout = 120\n"
+        "memory_release = true   # the stand-in frees the target with /release_memory_occupation during extraction\n")
+    return f
 
 
 # ---------------------------------------------------------------------------
@@ -216,6 +240,7 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
 
     ws = Path(workspace)
     root = ws / "demo"
+    configure(ws)
     if built(ws, assets):
         if progress:
             progress(1, 1, f"demo already built, nothing to do: {ws}")

@@ -1,4 +1,6 @@
-"""Tiny seeded models for tests, benchmarks and the demo: a target folder and a DFlash checkpoint folder.
+"""Tiny seeded models for tests, benchmarks and the demo's asset tools: a target folder and a DFlash checkpoint
+folder. Development tooling: the app and the CLI never import it (`from tools import tiny`, repository root on
+sys.path).
 
 Contract: every function writes a Hugging Face style folder and returns its path; the same seed gives the
 same bytes. Nothing here is downloaded. Weights are random unless a caller trains them afterwards.
@@ -12,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .drafter import parse_config, shapes
+from dflash_dash.drafter import parse_config, shapes
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 CHAT_TEMPLATE = (

@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from ..drafter import Drafter, parse_config, shapes
-from ..target import Head
+from dflash_dash.drafter import Drafter, parse_config, shapes
+from dflash_dash.target import Head
+
 from ..tiny import TinyDrafter, drafter_config
 
 
@@ -191,7 +192,7 @@ def train(data: list[tuple[torch.Tensor, torch.Tensor, int]], head: Head, d: Tin
     c = parse_config(drafter_config(d))
     w = init_weights(c, device, t.seed)
     if init is not None:
-        from ..drafter import load
+        from dflash_dash.drafter import load
         w = {k: v.to(device, torch.float32).requires_grad_(True) for k, v in load(init).w.items()}
     drafter = Drafter(c, w)
     mats = [v for v in w.values() if v.ndim >= 2]

@@ -1,4 +1,5 @@
-"""Make the demo's committed assets, reproducibly: `python -m dflash_dash.demo.make_assets STEP ...`.
+"""Make the demo's committed assets, reproducibly: `python -m tools.demo.make_assets STEP ...` (from the repository
+root; development tooling, never imported by the app or the CLI).
 
 Steps (each records seeds, arguments, versions, timings and losses for MANIFEST.json):
   prepare       (CPU)  stdlib corpus -> byte-level BPE tokenizer (with <|mask|>), uint16 token stream, the
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import ASSETS, CHECKPOINTS, FLA, LAYER_IDS, MAX_NEW_TOKENS, PROMPT_SET, TARGET
+from dflash_dash.demo import ASSETS, CHECKPOINTS, FLA, LAYER_IDS, MAX_NEW_TOKENS, PROMPT_SET, TARGET
 
 VOCAB = 4096
 SEED = 0
@@ -50,7 +51,9 @@ def log(msg: str) -> None:
 def prepare(build: Path, n_raw: int = 2048, n_chat: int = 512, n_comment: int = 1536) -> dict:
     from transformers import AutoTokenizer
 
-    from .. import prompts, tiny
+    from dflash_dash import prompts
+
+    from .. import tiny
     from . import corpus
 
     t0 = time.perf_counter()
@@ -102,7 +105,8 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     import torch
     from transformers import AutoModelForCausalLM
 
-    from .. import cache, server, target as target_mod
+    from dflash_dash import cache, server, target as target_mod
+
     from ..tiny import TinyDrafter
     from . import train_drafter as td, train_target as tt
 
@@ -279,10 +283,10 @@ def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> 
                 "trained on the Python standard library, DFlash drafters trained against its hidden states, "
                 "and its coding-10 completions' hidden states extracted on GPU with fla",
         "commands": {
-            "prepare": "python -m dflash_dash.demo.make_assets prepare --build .demo-build",
-            "gpu": "python -m dflash_dash.demo.make_assets gpu --build .demo-build --out $OUT  (one H200, "
+            "prepare": "python -m tools.demo.make_assets prepare --build .demo-build",
+            "gpu": "python -m tools.demo.make_assets gpu --build .demo-build --out $OUT  (one H200, "
                    "transformers 5.24.0, fla-core/flash-linear-attention 0.6.0)",
-            "unpack": "python -m dflash_dash.demo.make_assets unpack --src <gpu out> --build .demo-build",
+            "unpack": "python -m tools.demo.make_assets unpack --src <gpu out> --build .demo-build",
             "gpu_call": command,
         },
         "prepare": json.loads((build / "prepare.json").read_text()),
@@ -306,8 +310,9 @@ def cpu_continue(src: Path, which: str = "final", assets: Path = ASSETS, minutes
     checkpoint in `assets` and writes the record to `src/cpu-<which>.json` (merged by `finish`)."""
     import torch
 
-    from .. import replay, target as target_mod
-    from ..drafter import load
+    from dflash_dash import replay, target as target_mod
+    from dflash_dash.drafter import load
+
     from ..tiny import TinyDrafter
     from . import train_drafter as td
 
@@ -360,7 +365,7 @@ def cpu_continue(src: Path, which: str = "final", assets: Path = ASSETS, minutes
         "seconds": round(time.perf_counter() - t_all, 1), "torch_threads": torch.get_num_threads(),
         "chunks": [{k2: c[k2] for k2 in ("name", "step", "seconds", "loss", "coding10_tau_macro_torch",
                                          "coding10_tau_pooled_torch", "training", "loss_curve")} for c in chunks],
-        "command": f"OMP_NUM_THREADS=1 python -m dflash_dash.demo.make_assets cpu-continue --src <gpu out> "
+        "command": f"OMP_NUM_THREADS=1 python -m tools.demo.make_assets cpu-continue --src <gpu out> "
                    f"--which {which} --minutes {minutes} --chunk-minutes {chunk_minutes} --seqs {n_seqs}"}
     (src / f"cpu-{which}.json").write_text(json.dumps(out, indent=1))
     return out
@@ -379,7 +384,7 @@ def finish(src: Path, assets: Path = ASSETS) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m dflash_dash.demo.make_assets", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tools.demo.make_assets", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="step", required=True)
     s = sub.add_parser("prepare")
     s.add_argument("--build", default=".demo-build")

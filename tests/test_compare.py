@@ -1,0 +1,274 @@
+"""Issue 14, Compare that lines up: the default pair, outlines only where the acceptance outcome differs, the
+per-prompt delta table and its order, the one-position draft lag rate per slot (hand-made examples worked out
+by hand), the page through AppTest, and in the browser: scrolling pane A scrolls pane B, and "next difference"
+moves both to an outlined position."""
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from dflash_dash import metrics, views
+from dflash_dash.store import Store
+from test_app import APP, app, clean, htmls, navigation_routing  # noqa: F401  (fixtures)
+from test_e2e import CHROMIUM, browser, dashboard, open_page, page  # noqa: F401  (fixtures)
+
+
+# ---------------------------------------------------------------------------
+# outcomes: hand-made pair of traces
+#
+# B = 4 (3 drafts per block), prompt [1, 2] (P = 2), completion of 8 tokens (T = 10): positions 2..9.
+# A: round at 2 accepts 3 -> 3,4,5 drafts, 6 target; round at 6 accepts 1 -> 7 draft, 8 target; round at 8 -> 9
+#    target (the last token).
+# B: round at 2 accepts 0 -> 3 target; round at 3 accepts 2 -> 4,5 drafts, 6 target; round at 6 accepts 2 ->
+#    7,8 drafts, 9 target (cut at the end).
+# Outcomes (position 2..9):  A  prefill draft  draft draft target draft target target
+#                            B  prefill target draft draft target draft draft  target
+# They differ at positions 3 and 8 only (offsets 1 and 6), although depth and block starts differ at 4, 5 too.
+
+PROMPT, OUTPUT = [1, 2], [10, 11, 12, 13, 14, 15, 16, 17]
+
+
+def hand_trace(accepted_at: list[int], drafts: list[int] | None = None) -> views.Trace:
+    row = {"prompt_len": 2, "accepted_at": accepted_at, "drafts": drafts or []}
+    return views.trace(row, {"prompt_ids": PROMPT, "output_ids": OUTPUT}, 4)
+
+
+def test_outline_only_where_acceptance_outcome_differs():
+    a = hand_trace([3, 0, 0, 0, 1, 0, 0, 0])
+    b = hand_trace([0, 2, 0, 0, 2, 0, 0, 0], drafts=[99] * 24)  # B's rejected drafts differ from A's: not compared
+    assert views.outcomes(a) == ["prefill", "draft", "draft", "draft", "target", "draft", "target", "target"]
+    assert views.outcomes(b) == ["prefill", "target", "draft", "draft", "target", "draft", "draft", "target"]
+    assert views.differing(a, b) == {1, 6}
+    assert views.differing(a, a) == set() and views.differing(b, a) == {1, 6}
+    # depth and block starts do differ at offsets 2 and 3, and are not outlined
+    assert (a.depth[2], a.depth[3]) == (2, 3) and (b.depth[2], b.depth[3]) == (1, 2) and b.start[2] and not a.start[2]
+    out = views.token_html(a, views.Vocab(), 4, diff=views.differing(a, b))
+    outlined = [int(m) for m in re.findall(r'class="[^"]*dfv-x[^"]*" title="pos (\d+) ', out)]
+    assert outlined == [3, 8]
+
+
+def test_compare_html_escapes_and_carries_one_constant_script():
+    a, b = hand_trace([3, 0, 0, 0, 1, 0, 0, 0]), hand_trace([0, 2, 0, 0, 2, 0, 0, 0])
+
+    class Evil(views.Vocab):
+        def _one(self, i):
+            return "<script>window.__pwned=1</script>"
+    out = views.compare_html(a, b, Evil(), (4, 4), views.differing(a, b), ("A <b>x</b>", "B <img src=x>"))
+    assert out.count("<script>") == 1 and "__pwned" not in out.split("<script>")[1]
+    assert "&lt;script&gt;" in out and "A &lt;b&gt;x&lt;/b&gt;" in out and "<img" not in out
+    assert out.count('<div class="dfv">') == 2 and 'data-diffs="2"' in out and "2 differing positions" in out
+    same = views.compare_html(a, a, views.Vocab(), (4, 4), set(), ("A", "A"))
+    assert "dfcmp-next\" disabled" in same
+
+
+# ---------------------------------------------------------------------------
+# the one-position draft lag, by hand
+#
+# B = 3 (slots 1, 2), prompt [5] (P = 1), completion [6, 7, 7, 8]: tokens t = [5, 6, 7, 7, 8].
+# anchor 1 drafts [6, 9]: slot 1 wants t2 = 7, previous t1 = 6 -> lag; slot 2 wants t3 = 7 = t2: not counted.
+# anchor 2 drafts [1, 7]: slot 1 wants t3 = 7 = t2: not counted; slot 2 wants t4 = 8, previous t3 = 7 -> lag.
+# anchor 3 drafts [8, 3]: slot 1 wants t4 = 8 -> on target; slot 2 would be position 5: outside.
+# anchor 4 drafts [-1, -1]: nothing inside anyway.
+# Second prompt, chain-only: t = [1, 2, 3], P = 0; anchor 0 not drafted (-1), anchor 1 drafts [2, -1]: slot 1
+# wants t2 = 3, previous t1 = 2 -> lag. Pooled: slot 1: 3 anchors, 2 lags, 1 on target; slot 2: 1 anchor, 1 lag.
+
+def test_lag_rate_by_hand():
+    first = ([6, 9, 1, 7, 8, 3, -1, -1], [5, 6, 7, 7, 8], 1)
+    second = ([-1, -1, 2, -1, -1, -1], [1, 2, 3], 0)
+    assert metrics.lag_counts(*first, block_size=3) == ([2, 1], [1, 1], [1, 0])
+    assert metrics.lag_counts(*second, block_size=3) == ([1, 0], [1, 0], [0, 0])
+    got = metrics.lag_rate([first, second], 3)
+    assert got == {"anchors": [3, 1], "lag": [2 / 3, 1.0], "on_target": [1 / 3, 0.0]}
+    assert metrics.lag_rate([([1, 2], [5, 6, 7, 7, 8], 1)], 3)["lag"] == [None, None]  # drafts of the wrong size
+
+
+# ---------------------------------------------------------------------------
+# delta table order, default pair
+
+def test_delta_table_sorted_by_absolute_delta():
+    ra = {"p1": {"tau": 2.0, "tree_tau": 2.5}, "p2": {"tau": 3.0, "tree_tau": None}, "p3": {"tau": 1.5},
+          "p4": {"tau": None}, "p5": {"tau": 2.0}, "only-a": {"tau": 9.0}}
+    rb = {"p1": {"tau": 2.5}, "p2": {"tau": 1.0}, "p3": {"tau": 2.5}, "p4": {"tau": 2.0}, "p5": {"tau": 1.5}}
+    rows = views.delta_rows(ra, rb)
+    # |delta|: p2 2.0, p3 1.0, p1 0.5, p5 0.5 (tie: by id), p4 none (last); only-a is not in B
+    assert [r["prompt"] for r in rows] == ["p2", "p3", "p1", "p5", "p4"]
+    assert [r["delta (B − A)"] for r in rows] == [-2.0, 1.0, 0.5, -0.5, None]
+    assert rows[2] == {"prompt": "p1", "tau A": 2.0, "tau B": 2.5, "delta (B − A)": 0.5, "DDTree tau A": 2.5,
+                       "DDTree tau B": None}
+    assert "DDTree tau A" not in views.delta_rows({"p": {"tau": 1.0}}, {"p": {"tau": 2.0}})[0]
+
+
+def test_default_pair_is_the_newest_pair_on_one_extraction():
+    def run(i, ex):
+        return {"id": f"r{i}", "extraction_id": ex}
+    assert views.default_pair([run(1, "x"), run(2, "y"), run(3, "x"), run(4, "z")]) == ("r1", "r3")
+    assert views.default_pair([run(1, "x"), run(2, "x"), run(3, "y"), run(4, "y"), run(5, "x")]) == ("r2", "r5")
+    assert views.default_pair([run(1, "x"), run(2, "y")]) == ("r1", "r2")  # no shared extraction: the newest two
+    assert views.default_pair([run(1, "x")]) is None
+
+
+# ---------------------------------------------------------------------------
+# independent references over the store's rows
+
+
+def outcome_walk(accepted_at: list[int], P: int, T: int) -> list[str]:
+    """Outcome per completion position, from a chain walk written out here (SPEC 2): a round at anchor p commits
+    min(accepted(p) + 1, T-1-p) tokens, the first accepted(p) of them drafts, the rest the target's."""
+    out, anchor = ["prefill"] + ["none"] * (T - P - 1), P
+    while anchor < T - 1:
+        a = accepted_at[anchor - P]
+        c = min(a + 1, T - 1 - anchor)
+        for k in range(1, c + 1):
+            out[anchor + k - P] = "draft" if k <= a else "target"
+        anchor += c
+    return out
+
+
+def lag_by_hand(rows: dict, comps: dict, B: int, shared: list[str]) -> tuple[list[int], list[int]]:
+    D = B - 1
+    n, lag = [0] * D, [0] * D
+    for pid in shared:
+        c, r = comps[pid], rows[pid]
+        t, P = c["prompt_ids"] + c["output_ids"], r["prompt_len"]
+        for a in range(len(t) - P):
+            for k in range(1, D + 1):
+                p = P + a
+                if p + k < len(t) and r["drafts"][a * D] >= 0 and t[p + k] != t[p + k - 1]:
+                    n[k - 1] += 1
+                    lag[k - 1] += r["drafts"][a * D + k - 1] == t[p + k - 1]
+    return n, lag
+
+
+# ---------------------------------------------------------------------------
+# the page (AppTest)
+
+
+def options(at) -> list[str]:
+    """The prompt select's options, in order (AppTest shows their labels: 'id · A tau · B tau · delta')."""
+    return [o.split(" · ")[0] for o in at.selectbox(key="cmp_prompt").options]
+
+
+def test_compare_page_defaults_table_views_and_lag(prepared, monkeypatch):
+    st_ = Store(prepared.workspace)
+    a_id, b_id = prepared.runs  # both on the one extraction of the prepared workspace
+    at = app(prepared.workspace, monkeypatch, "compare")
+    clean(at)
+    assert (at.query_params["a"], at.query_params["b"]) == (a_id, b_id)
+    ra = {r["prompt_id"]: r for r in st_.run_prompts(a_id)}
+    rb = {r["prompt_id"]: r for r in st_.run_prompts(b_id)}
+    comps = {c["prompt_id"]: c for c in st_.completions(prepared.set_name)}
+    want = sorted(ra, key=lambda p: (-abs(rb[p]["tau"] - ra[p]["tau"]), p))
+    table = next(d.value for d in at.dataframe if "delta (B − A)" in d.value.columns)
+    assert list(table["prompt"]) == want
+    assert list(table["delta (B − A)"]) == pytest.approx([rb[p]["tau"] - ra[p]["tau"] for p in want], abs=1e-4)
+    assert at.selectbox(key="cmp_prompt").value == want[0]
+    assert options(at) == want
+    # one element holds both views and the script; it outlines exactly the positions whose outcome differs
+    (view,) = [h for h in htmls(at) if 'class="dfcmp"' in h]
+    assert view.count('<div class="dfv">') == 2 and view.count("<script>") == 1
+    c = comps[want[0]]
+    P, T = len(c["prompt_ids"]), len(c["prompt_ids"]) + len(c["output_ids"])
+    oa, ob = outcome_walk(ra[want[0]]["accepted_at"], P, T), outcome_walk(rb[want[0]]["accepted_at"], P, T)
+    diff = [P + i for i in range(T - P) if oa[i] != ob[i]]
+    assert diff, "the prepared runs should differ somewhere on their largest-delta prompt"
+    assert [int(m) for m in re.findall(r'class="[^"]*dfv-x[^"]*" title="pos (\d+) ', view)] == diff * 2
+    assert f'data-diffs="{len(diff)}"' in view
+    assert any("accepted draft" in cap.value and "target token" in cap.value for cap in at.caption)
+    # the lag table: both runs, every slot, counted here by hand
+    lag = next(d.value for d in at.dataframe if "lag A" in d.value.columns)
+    B = st_.run_row(a_id)["summary"]["block_size"]
+    for side, rows in (("A", ra), ("B", rb)):
+        n, lagged = lag_by_hand(rows, comps, B, sorted(ra))
+        assert list(lag[f"anchors {side}"]) == n
+        assert list(lag[f"lag {side}"]) == pytest.approx([l / k if k else None for l, k in zip(lagged, n)], abs=1e-4)
+    assert "one-position draft lag per slot" in " ".join(c.proto.spec for c in at.get("plotly_chart"))
+
+
+def test_changing_a_or_b_resorts_and_selects_the_largest_difference(prepared, monkeypatch):
+    a_id, b_id = prepared.runs
+    at = app(prepared.workspace, monkeypatch, "compare", a=a_id, b=b_id)
+    clean(at)
+    order = options(at)
+    at.selectbox(key="cmp_prompt").set_value(order[-1]).run()
+    assert at.query_params["prompt"] == order[-1]
+    at.selectbox(key="cmp_a").set_value(b_id).run()  # A = B now: every delta is 0, sorted by id
+    clean(at)
+    assert options(at) == sorted(order)
+    assert at.selectbox(key="cmp_prompt").value == sorted(order)[0] == at.query_params["prompt"]
+    at.selectbox(key="cmp_a").set_value(a_id).run()
+    assert options(at) == order and at.selectbox(key="cmp_prompt").value == order[0]
+
+
+# ---------------------------------------------------------------------------
+# the browser: synced scrolling and the next-difference jump
+
+TOP = """(pane) => {  // index of the first token of a pane not entirely above its top edge
+  const toks = [...pane.children].filter(e => e.tagName === 'SPAN' && !e.classList.contains('dfv-rej'));
+  const top = pane.getBoundingClientRect().top;
+  return toks.findIndex(t => t.getBoundingClientRect().bottom > top + 2);
+}"""
+
+AT = """(pane, i) => {  // height of token i below the top edge of its pane
+  const toks = [...pane.children].filter(e => e.tagName === 'SPAN' && !e.classList.contains('dfv-rej'));
+  return toks[i].getBoundingClientRect().top - pane.getBoundingClientRect().top;
+}"""
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"Debian chromium is not installed at {CHROMIUM}")
+def test_panes_scroll_together_and_next_difference_jumps(prepared, tmp_path, page):
+    ws = tmp_path / "ws"
+    shutil.copytree(prepared.workspace, ws, ignore=shutil.ignore_patterns("*.lock"))
+    st_ = Store(ws)
+    a_id, b_id = prepared.runs
+    comps = {c["prompt_id"]: c for c in st_.completions(prepared.set_name)}
+    ra = {r["prompt_id"]: r for r in st_.run_prompts(a_id)}
+    rb = {r["prompt_id"]: r for r in st_.run_prompts(b_id)}
+    pid = "drafted"  # A drafted this completion itself: long accepted runs in A, not in B
+    c = comps[pid]
+    P, T = len(c["prompt_ids"]), len(c["prompt_ids"]) + len(c["output_ids"])
+    oa, ob = outcome_walk(ra[pid]["accepted_at"], P, T), outcome_walk(rb[pid]["accepted_at"], P, T)
+    diff = [i for i in range(T - P) if oa[i] != ob[i]]
+    assert len(diff) >= 2
+    with dashboard(ws, tmp_path) as url:
+        open_page(page, {"url": url}, f"compare?a={a_id}&b={b_id}&prompt={pid}", "Compare")
+        root = page.locator(".dfcmp")
+        root.wait_for()
+        page.wait_for_function("() => document.querySelectorAll('.dfcmp .dfv').length === 2")
+        # narrow, short panes, so that these few tokens overflow them and scroll
+        page.set_viewport_size({"width": 820, "height": 1000})
+        page.add_style_tag(content=".dfcmp .dfv{max-height:56px !important}")
+        a, b = root.locator(".dfv").nth(0), root.locator(".dfv").nth(1)
+        a.scroll_into_view_if_needed()
+        sizes = a.evaluate("e => [e.scrollHeight, e.clientHeight]")
+        assert sizes[0] > sizes[1] + 40, sizes
+        assert root.locator(".dfv-x").count() == 2 * len(diff)
+        # scrolling A scrolls B to the same token
+        a.evaluate("e => { e.scrollTop = e.scrollHeight / 3; }")
+        page.wait_for_function("() => document.querySelectorAll('.dfcmp .dfv')[1].scrollTop > 0")
+        i = a.evaluate(TOP)  # the token at the top of A is at the same height in B
+        ya, yb = a.evaluate(AT, i), b.evaluate(AT, i)
+        assert i > 0 and abs(ya - yb) <= 2, (i, ya, yb)
+        # and scrolling B back to the top scrolls A back
+        b.evaluate("e => { e.scrollTop = 0; }")
+        page.wait_for_function("() => document.querySelectorAll('.dfcmp .dfv')[0].scrollTop === 0")
+        # next difference: both panes move to the first outlined position, then to the next one
+        seen = []
+        for _ in range(2):
+            before = root.get_attribute("data-current")
+            root.get_by_role("button", name="next difference ↓").click()
+            page.wait_for_function("(b) => document.querySelector('.dfcmp').dataset.current !== b",
+                                   arg=before if before is not None else "undefined")
+            i = int(root.get_attribute("data-current"))
+            seen.append(i)
+            for pane in (a, b):
+                cur = pane.locator(".dfcmp-cur")
+                assert cur.count() == 1 and "dfv-x" in cur.get_attribute("class")
+                assert cur.get_attribute("title").startswith(f"pos {P + i} ")
+                assert pane.evaluate("""(p) => { const c = p.querySelector('.dfcmp-cur').getBoundingClientRect(),
+                    r = p.getBoundingClientRect(); return c.top >= r.top - 1 && c.bottom <= r.bottom + 1; }""")
+            assert root.locator(".dfcmp-where").inner_text().startswith(f"difference {len(seen)} of {len(diff)}")
+        assert seen == diff[:2]
+        assert a.evaluate("e => e.scrollTop") > 0 or diff[1] < 3
+        assert page.evaluate("window.__pwned") is None

@@ -1,0 +1,83 @@
+"""In a real browser (headless Chromium, as tests/test_e2e.py): a failed job is dismissed from the jobs panel and
+stays gone after a reload; an Overview row opens its run; a Completions row opens its completion's text."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from dflash_dash import jobs
+from dflash_dash.store import Store
+
+from conftest import CODE_TEXT
+from serving import status_now, until
+from test_e2e import CHROMIUM, browser, dashboard, drawn, open_page, page, settle  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium "
+                                "(apt-get install -y chromium)")
+ROW_H = 35  # glide-data-grid default row height; the header row is as tall
+
+
+@pytest.fixture(scope="module")
+def env(prepared, tmp_path_factory):
+    base = tmp_path_factory.mktemp("e2e_jobs")
+    ws = base / "ws"
+    shutil.copytree(prepared.workspace, ws, ignore=shutil.ignore_patterns("*.lock"))
+    with dashboard(ws, base) as url:
+        yield {"ws": ws, "url": url, "prepared": prepared, "base": base}
+
+
+def click_row(page, table, row: int) -> None:
+    table.scroll_into_view_if_needed()
+    drawn(page)
+    table.click(position={"x": 14, "y": ROW_H * (1 + row) + ROW_H / 2})
+
+
+def test_a_failed_job_is_dismissed_and_stays_gone(env, page):
+    ws, p = env["ws"], env["prepared"]
+    folder = env["base"] / "not-a-checkpoint"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("no config.json, no weights")
+    st = Store(ws)
+    job_id = jobs.start(st, "replay", {"drafter": str(folder), "extraction": p.extraction})
+    until(lambda: status_now(st, job_id) == "failed", timeout=180, every=0.3, what="the replay job to fail")
+    error = st.job(job_id)["error"]
+    open_page(page, env, "acceptance", "Acceptance")
+    page.locator("[data-testid=stMarkdownContainer]").filter(has_text=job_id).filter(
+        has_text="· failed").first.wait_for(timeout=30_000)
+    assert error.splitlines()[0][:60] in page.locator("[data-testid=stMain]").inner_text()
+    dismiss = page.get_by_role("button", name="Dismiss")  # the one failed job of this workspace has one
+    until(lambda: dismiss.count() == 1, timeout=30, what="the Dismiss button of the failed job")
+    dismiss.click()
+    until(lambda: st.job(job_id)["dismissed"], timeout=30, what="the job to be dismissed in the store")
+    until(lambda: page.get_by_text(job_id).count() == 0, timeout=30, what="the job to leave the panel")
+    page.reload()
+    page.get_by_role("heading", name="Acceptance").first.wait_for()
+    settle(page)
+    page.get_by_text("No replay / sweep jobs yet.").wait_for(timeout=30_000)  # the panel has drawn, without it
+    assert job_id not in page.locator("[data-testid=stMain]").inner_text()
+    listed = {j["id"]: j["dismissed"] for j in jobs.recent(st, 50)}  # the CLI's `jobs` still lists it
+    assert listed[job_id] is True
+
+
+def test_an_overview_row_opens_its_run(env, page):
+    st = Store(env["ws"])
+    runs = sorted(st.runs(), key=lambda r: r["name"])  # by checkpoint within the one extraction
+    want = runs[1]["id"]
+    open_page(page, env, "", "dflash-dash")
+    click_row(page, page.locator("[data-testid=stDataFrame]").first, 1)
+    until(lambda: "/acceptance" in page.url and f"run={want}" in page.url, timeout=60,
+          what=f"the Acceptance page of run {want} (at {page.url})")
+    page.get_by_role("heading", name="Acceptance").first.wait_for()
+    settle(page)
+    assert f"checkpoint {runs[1]['checkpoint']}" in page.locator("[data-testid=stMain]").inner_text()
+
+
+def test_a_completions_row_opens_its_text(env, page):
+    p = env["prepared"]
+    order = [c["prompt_id"] for c in Store(env["ws"]).completions(p.set_name)]
+    open_page(page, env, f"completions?set={p.set_name}", "Completions")
+    assert order[0] != "code-add"  # the one shown by default is another
+    click_row(page, page.locator("[data-testid=stDataFrame]").first, order.index("code-add"))
+    until(lambda: "prompt=code-add" in page.url, timeout=30, what="the URL to follow the selection")
+    page.get_by_text(CODE_TEXT.splitlines()[2].strip()).first.wait_for()  # "return a + b"
