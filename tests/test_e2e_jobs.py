@@ -66,11 +66,9 @@ def test_an_overview_row_opens_its_run(env, page):
     want = runs[1]["id"]
     open_page(page, env, "", "dflash-dash")
     click_row(page, page.locator("[data-testid=stDataFrame]").first, 1)
-    until(lambda: "/acceptance" in page.url and f"run={want}" in page.url, timeout=60,
-          what=f"the Acceptance page of run {want} (at {page.url})")
     page.get_by_role("heading", name="Acceptance").first.wait_for()
-    settle(page)
-    assert f"checkpoint {runs[1]['checkpoint']}" in page.locator("[data-testid=stMain]").inner_text()
+    until(lambda: f"checkpoint {runs[1]['checkpoint']}" in page.locator("[data-testid=stMain]").inner_text(),
+          timeout=60, what="the Acceptance page to show the selected run")
 
 
 def test_a_completions_row_opens_its_text(env, page):
@@ -79,5 +77,5 @@ def test_a_completions_row_opens_its_text(env, page):
     open_page(page, env, f"completions?set={p.set_name}", "Completions")
     assert order[0] != "code-add"  # the one shown by default is another
     click_row(page, page.locator("[data-testid=stDataFrame]").first, order.index("code-add"))
-    until(lambda: "prompt=code-add" in page.url, timeout=30, what="the URL to follow the selection")
-    page.get_by_text(CODE_TEXT.splitlines()[2].strip()).first.wait_for()  # "return a + b"
+    page.get_by_text(CODE_TEXT.splitlines()[2].strip()).first.wait_for()  # "return a + b": only code-add's text
+    assert page.get_by_text("Write an add function.").count() >= 1  # and its prompt
