@@ -92,7 +92,7 @@ def main() -> None:
             st.info(f"Set {name!r} has no completions yet; a running fetch adds them as they arrive.")
         else:
             rows = views.completion_table(list(comps.values()))
-            st.caption("select a row (or the completion below) to show its prompt and completion text")
+            st.caption("pick a row (or the completion below) to show its prompt and completion text")
             ev = st.dataframe(rows, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row",
                               key="comp_table")
             picked = ev.selection.rows if ev is not None and hasattr(ev, "selection") else []
