@@ -12,7 +12,7 @@ in one worker process per GPU and streams its events back, so N workers give the
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -506,7 +506,8 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
 def prompt_row(r: replay_mod.PromptResult, B: int, budget: int) -> dict:
     """A run_prompts row of one replayed prompt: its results plus the registry's per-prompt tau values."""
     m = metrics.per_prompt(r, B, budget)
-    return dict(asdict(r), tau=m["tau_macro"], tree_tau=m["ddtree_tau"], drafts=[t for row in r.drafts for t in row],
+    shallow = {f.name: getattr(r, f.name) for f in fields(r)}  # not asdict: it deep-copies ~10^5 list values
+    return dict(shallow, tau=m["tau_macro"], tree_tau=m["ddtree_tau"], drafts=[t for row in r.drafts for t in row],
                 draft_logp=[x for row in r.draft_logp for x in row],
                 round_top_ids=[t for rnd in r.round_top_ids for slot in rnd for t in slot],  # [R*(B-1)*K]
                 round_top_p=[x for rnd in r.round_top_p for slot in rnd for x in slot])
@@ -689,17 +690,48 @@ def perform(store: Store, op: ops.Op, progress: Progress = None, runner: Runner 
     raise InputError(f"{op.kind}: not a pipeline operation (the job runs it)")
 
 
-def analyses(store: Store, r: dict, prompts: list[dict]) -> dict:
-    """What a run's export adds to its numbers: "calibration" (views.calibration), "patterns" (failure-pattern
-    tables, tokens decoded with the target's tokenizer when it has one) and, once attributed, "attribution"."""
+ANALYSES = ("calibration", "patterns", "lag")  # whole-run analyses kept in the store (run_analyses)
+
+
+def analysis(store: Store, run_id: str, name: str) -> dict:
+    """One whole-run analysis of a finished run, computed once from its per-prompt rows and kept in the store
+    (a run never changes), so pages read a small JSON value instead of every token of every prompt:
+    "calibration" (views.calibration), "patterns" (failure-pattern tables, tokens decoded with the target's
+    tokenizer when it has one) or "lag" ({prompt_id: [anchors, lagging, on target] per slot}, metrics.lag_counts)."""
+    if name not in ANALYSES:
+        raise InputError(f"analysis {name!r}: not one of {', '.join(ANALYSES)}")
+    got = store.analysis(run_id, name)
+    if got is not None:
+        return got
     from . import patterns, views
+    r = store.run_row(run_id)
     B, budget = r["summary"]["block_size"], r["tree_budget"]
     ex = store.extraction(r["extraction_id"])
-    comps = {c["prompt_id"]: c for c in store.completions(ex["set_name"])}
-    vocab = views.load_vocab(ex["target_path"])
-    out = {"calibration": views.calibration(prompts, B, budget),
-           "patterns": {"decoded_tokens": vocab.tok is not None,
-                        **patterns.analyse(prompts, comps, B, vocab.strings, r["id"])}}
+    rows = store.run_prompts(run_id)
+    if name == "calibration":
+        val = views.calibration(rows, B, budget)
+    else:
+        comps = {c["prompt_id"]: c for c in store.completions(ex["set_name"])}
+        if name == "lag":
+            val = {p["prompt_id"]: list(metrics.lag_counts(p.get("drafts") or [], list(comps[p["prompt_id"]][
+                "prompt_ids"]) + list(comps[p["prompt_id"]]["output_ids"]), p["prompt_len"], B))
+                   for p in rows if p["prompt_id"] in comps}
+        else:
+            order = {pid: c["idx"] for pid, c in comps.items()}
+            rows.sort(key=lambda p: (order.get(p["prompt_id"], 0), p["prompt_id"]))
+            vocab = views.load_vocab(ex["target_path"])
+            val = {"decoded_tokens": vocab.tok is not None,
+                   **patterns.analyse(rows, comps, B, vocab.strings, run_id)}
+    val = json.loads(json.dumps(val, default=lambda x: x.item()))  # numpy scalars -> numbers, as read back later
+    store.set_analysis(run_id, name, val)
+    return val
+
+
+def analyses(store: Store, r: dict) -> dict:
+    """What a run's export adds to its numbers: "calibration", "patterns" (`analysis`) and, once attributed,
+    "attribution"."""
+    from . import views
+    out = {name: analysis(store, r["id"], name) for name in ("calibration", "patterns")}
     att = store.attributions(r["id"])
     if att:
         out["attribution"] = views.attribution_rows(att)
@@ -803,7 +835,7 @@ def export(store: Store, run: str = "latest") -> dict:
                     | {k: v for k, v in views.blocks(p, B, r["summary"].get("round_topk")).items() if k != "round_topk"}
                     for p in prompts],
     }
-    return out | analyses(store, r, prompts)  # calibration, failure patterns, attribution (when present)
+    return out | analyses(store, r)  # calibration, failure patterns, attribution (when present)
 
 
 def listing(store: Store, what: str) -> list[dict]:
