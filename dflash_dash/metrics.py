@@ -306,8 +306,11 @@ def tau_median(ps: list[Prompt], ctx: Ctx) -> float | None:
 
 def fences(ps: list[Prompt], ctx: Ctx) -> list[float] | None:
     """Tukey's fences [Q1 - k*IQR, Q3 + k*IQR] of per-prompt tau; None under TUKEY_MIN prompts."""
+    return fences_of([t for _, t in _taus(ps, ctx)])
+
+
+def fences_of(ts: list[float]) -> list[float] | None:
     import numpy as np
-    ts = [t for _, t in _taus(ps, ctx)]
     if len(ts) < TUKEY_MIN:
         return None
     q1, q3 = np.quantile(ts, [0.25, 0.75])
@@ -316,10 +319,16 @@ def fences(ps: list[Prompt], ctx: Ctx) -> list[float] | None:
 
 def outliers(ps: list[Prompt], ctx: Ctx) -> dict[str, str]:
     """Prompt id -> "low" / "high" for the prompts whose tau lies outside the fences."""
-    f = fences(ps, ctx)
+    return outliers_of(dict(_taus(ps, ctx)))
+
+
+def outliers_of(taus: dict[str, float | None]) -> dict[str, str]:
+    """`outliers` from per-prompt tau values alone (None: a prompt without rounds, never an outlier)."""
+    known = {i: t for i, t in taus.items() if t is not None}
+    f = fences_of(list(known.values()))
     if f is None:
         return {}
-    return {i: "low" if t < f[0] else "high" for i, t in _taus(ps, ctx) if not f[0] <= t <= f[1]}
+    return {i: "low" if t < f[0] else "high" for i, t in known.items() if not f[0] <= t <= f[1]}
 
 
 def tau_macro_trimmed(ps: list[Prompt], ctx: Ctx) -> float | None:
@@ -402,11 +411,17 @@ def lag_counts(drafts: list[int], tokens: list[int], prompt_len: int, block_size
 def lag_rate(prompts: list[tuple[list[int], list[int], int]], block_size: int) -> dict:
     """Pooled over prompts given as (drafts, tokens, prompt_len): {"anchors", "lag", "on_target"} per slot
     k = 1..B-1 (rates None where no anchor counts)."""
+    return lag_pool([lag_counts(list(drafts), list(tokens), int(P), block_size) for drafts, tokens, P in prompts],
+                    block_size)
+
+
+def lag_pool(counts: list, block_size: int) -> dict:
+    """`lag_rate` from per-prompt `lag_counts` triples (as kept by pipeline.analysis "lag")."""
     D = block_size - 1
     n, lag, hit = [0] * D, [0] * D, [0] * D
-    for drafts, tokens, P in prompts:
-        for acc, part in zip((n, lag, hit), lag_counts(list(drafts), list(tokens), int(P), block_size)):
-            for k, v in enumerate(part):
+    for triple in counts:
+        for acc, part in zip((n, lag, hit), triple):
+            for k, v in enumerate(part[:D]):
                 acc[k] += v
     return {"anchors": n, "lag": [l / c if c else None for l, c in zip(lag, n)],
             "on_target": [h / c if c else None for h, c in zip(hit, n)]}
@@ -559,6 +574,14 @@ def per_prompt(row: Any, block_size: int, tree_budget: int) -> dict:
     """Every per-prompt metric of the registry for one prompt."""
     p, ctx = Prompt.of(row), Ctx(block_size, tree_budget)
     return {m.key: m.prompt(p, ctx) for m in PER_PROMPT}
+
+
+def prompt_rows(rows: list[dict], block_size: int, tree_budget: int) -> list[dict]:
+    """One small row per prompt of a run (run_prompts rows in): prompt_id, tau, tree_tau, prompt_len,
+    completion_tokens and every per-prompt registry metric (`rounds` the count); no token arrays."""
+    return [{"prompt_id": r["prompt_id"], "tau": r["tau"], "tree_tau": r["tree_tau"], "prompt_len": r["prompt_len"],
+             "completion_tokens": len(r.get("accepted_at") or []), **per_prompt(r, block_size, tree_budget)}
+            for r in rows]
 
 
 # ---------------------------------------------------------------------------

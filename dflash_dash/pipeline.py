@@ -690,14 +690,15 @@ def perform(store: Store, op: ops.Op, progress: Progress = None, runner: Runner 
     raise InputError(f"{op.kind}: not a pipeline operation (the job runs it)")
 
 
-ANALYSES = ("calibration", "patterns", "lag")  # whole-run analyses kept in the store (run_analyses)
+ANALYSES = ("prompts", "calibration", "patterns", "lag")  # whole-run analyses kept in the store (run_analyses)
 
 
 def analysis(store: Store, run_id: str, name: str) -> dict:
     """One whole-run analysis of a finished run, computed once from its per-prompt rows and kept in the store
     (a run never changes), so pages read a small JSON value instead of every token of every prompt:
-    "calibration" (views.calibration), "patterns" (failure-pattern tables, tokens decoded with the target's
-    tokenizer when it has one) or "lag" ({prompt_id: [anchors, lagging, on target] per slot}, metrics.lag_counts)."""
+    "prompts" (metrics.prompt_rows: per-prompt numbers, no arrays), "calibration" (views.calibration),
+    "patterns" (failure-pattern tables, tokens decoded with the target's tokenizer when it has one) or "lag"
+    ({prompt_id: [anchors, lagging, on target] per slot}, metrics.lag_counts)."""
     if name not in ANALYSES:
         raise InputError(f"analysis {name!r}: not one of {', '.join(ANALYSES)}")
     got = store.analysis(run_id, name)
@@ -708,7 +709,9 @@ def analysis(store: Store, run_id: str, name: str) -> dict:
     B, budget = r["summary"]["block_size"], r["tree_budget"]
     ex = store.extraction(r["extraction_id"])
     rows = store.run_prompts(run_id)
-    if name == "calibration":
+    if name == "prompts":
+        val = metrics.prompt_rows(rows, B, budget)
+    elif name == "calibration":
         val = views.calibration(rows, B, budget)
     else:
         comps = {c["prompt_id"]: c for c in store.completions(ex["set_name"])}

@@ -303,15 +303,11 @@ def delta_rows(ra: dict[str, dict], rb: dict[str, dict]) -> list[dict]:
     return [row for *_, row in sorted(out, key=lambda x: x[:3])]
 
 
-def lag_rows(ra: dict[str, dict], rb: dict[str, dict], comps: dict[str, dict], block_a: int, block_b: int
-             ) -> list[dict]:
-    """One-position draft lag per slot k (metrics.lag_rate) of run A and run B over the prompts both hold."""
-    shared = [p for p in ra if p in rb and p in comps]
-
-    def rate(rows, B):
-        return metrics.lag_rate([(rows[p].get("drafts") or [], list(comps[p]["prompt_ids"]) +
-                                  list(comps[p]["output_ids"]), rows[p]["prompt_len"]) for p in shared], B)
-    la, lb = rate(ra, block_a), rate(rb, block_b)
+def lag_rows(ca: dict[str, list], cb: dict[str, list], block_a: int, block_b: int) -> list[dict]:
+    """One-position draft lag per slot k (metrics.lag_pool) of run A and run B over the prompts both hold, from
+    their per-prompt `metrics.lag_counts` (pipeline.analysis "lag")."""
+    shared = [p for p in ca if p in cb]
+    la, lb = metrics.lag_pool([ca[p] for p in shared], block_a), metrics.lag_pool([cb[p] for p in shared], block_b)
     out = []
     for k in range(1, max(block_a, block_b)):
         def at(x, key):
@@ -578,21 +574,20 @@ TAU_COLUMNS = ("tau", "ddtree_tau", "chain_tau_at_budget", "every_anchor_tau")  
 
 
 def prompt_table(rows: list[dict], completions: dict[str, dict], tree_budget: int = 0) -> list[dict]:
-    """Per-prompt results, sorted by tau (lowest first); tau-like columns (TAU_COLUMNS) at 2 decimals (like `fmt`);
-    `outlier`: "low" / "high" for a prompt outside Tukey's fences of per-prompt tau (metrics.TUKEY_RULE), else "";
-    with a tree budget N, `chain_tau_at_budget`: tau of the block-(N+1) chain beside `ddtree_tau`."""
+    """Per-prompt results from `metrics.prompt_rows`, sorted by tau (lowest first); tau-like columns (TAU_COLUMNS)
+    at 2 decimals (like `fmt`); `outlier`: "low" / "high" for a prompt outside Tukey's fences of per-prompt tau
+    (metrics.TUKEY_RULE), else ""; with a tree budget N, `chain_tau_at_budget`: tau of the block-(N+1) chain beside
+    `ddtree_tau`."""
     out = []
-    ctx = metrics.Ctx(0, tree_budget)  # tau, every-anchor tau, the fences and the budget chain need no B
-    ps = [metrics.Prompt.of(r) for r in rows]
-    odd = metrics.outliers(ps, ctx)
-    for r, p in zip(rows, ps):
+    odd = metrics.outliers_of({r["prompt_id"]: r["tau"] for r in rows})
+    for r in rows:
         c = completions.get(r["prompt_id"], {})
         out.append({
             "prompt": r["prompt_id"], "tau": _r(r["tau"], 2), "outlier": odd.get(r["prompt_id"], ""),
             "ddtree_tau": _r(r["tree_tau"], 2),
-            **({"chain_tau_at_budget": _r(metrics.chain_tau_at_budget(p, ctx), 2)} if tree_budget else {}),
-            "rounds": len(p.rounds), "completion_tokens": len(p.accepted_at),
-            "prompt_tokens": p.prompt_len, "every_anchor_tau": _r(metrics.every_anchor(p, ctx), 2),
+            **({"chain_tau_at_budget": _r(r.get("chain_tau_at_budget"), 2)} if tree_budget else {}),
+            "rounds": r["rounds"], "completion_tokens": r["completion_tokens"],
+            "prompt_tokens": r["prompt_len"], "every_anchor_tau": _r(r.get("every_anchor_tau"), 2),
             "finish": c.get("finish_reason"), "_tau": r["tau"],
         })
     out.sort(key=lambda x: (x["_tau"] is None, x["_tau"] if x["_tau"] is not None else 0, x["prompt"]))
@@ -617,16 +612,17 @@ def compact_histogram(h) -> str:
 
 
 def completion_table(rows: list[dict]) -> list[dict]:
-    """Completions with finish reason, token counts and any server-side speculative counters; `server_tau`
-    (tokens per verify step) = completion_tokens / spec_verify_ct, the engine's tau for that request."""
+    """Completions (Store.completion_index rows: token counts, no ids) with finish reason, token counts and any
+    server-side speculative counters; `server_tau` (tokens per verify step) = completion_tokens / spec_verify_ct,
+    the engine's tau for that request."""
     out = []
     for r in rows:
         meta = r.get("meta_info") or {}
         fin = r.get("finish_reason")
         n_out = meta.get("completion_tokens")
         if isinstance(n_out, bool) or not isinstance(n_out, int):
-            n_out = len(r["output_ids"] or [])
-        d = {"prompt": r["prompt_id"], "prompt_tokens": len(r["prompt_ids"] or []),
+            n_out = r["output_tokens"] or 0
+        d = {"prompt": r["prompt_id"], "prompt_tokens": r["prompt_tokens"] or 0,
              "completion_tokens": n_out, "finish": fin,
              "latency_s": meta.get("e2e_latency"), "model": r.get("model_path")}
         for k in SPEC_KEYS:
@@ -643,16 +639,6 @@ def extraction_table(rows: list[dict]) -> list[dict]:
     return [{"id": e["id"], "backend": e["backend"], "completions": e["set_name"], "prompts": e.get("prompts"),
              "layers": ",".join(map(str, e["layer_ids"] or [])), "device": e["device"], "dtype": e["dtype"],
              "status": e["status"], "target": e["target_path"], "created": str(e["created"])[:19]} for e in rows]
-
-
-def run_table(rows: list[dict]) -> list[dict]:
-    out = []
-    for r in rows:
-        s = r.get("summary") or {}
-        out.append({"id": r["id"], "name": r["name"], "backend": r.get("backend"), "extraction": r["extraction_id"],
-                    **{m.key: s.get(m.key) for m in metrics.HEADLINE}, "sliding_block": r.get("sliding_block"),
-                    "checkpoint": r["checkpoint"], "created": str(r["created"])[:19]})
-    return out
 
 
 BACKEND_LABELS = {"fla": "fla kernels (GPU)", "torch": "torch path (CPU fallback)"}

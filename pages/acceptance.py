@@ -49,7 +49,6 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
 
 
 def summary_block(s: dict, rows: list[dict], run_id: str) -> None:
-    s = metrics.complete(s, rows)  # a run summarised before a metric existed gets it from its rows
     cols = st.columns(4)
     for col, m in zip(cols, metrics.HEADLINE):
         col.metric(metrics.label(m.key, s), views.fmt(s.get(m.key)))
@@ -182,7 +181,7 @@ def calibration_block(ws: str, run: dict) -> None:
     st.caption("Does the drafter know when it is right? p_k = the drafter's probability of its own top-1 draft at "
                "slot k. A sample is a chain-walk round with slot k inside the completion and d_1..d_{k-1} accepted; "
                "it counts as accepted when d_k is accepted too (the rounds of the per-depth conditional curve).")
-    cal = common.calibration(ws, run["id"], B, run["tree_budget"])
+    cal = common.analysis(ws, run["id"], "calibration")
     if not cal["recorded"]:
         st.info("Draft probabilities: not recorded, replay again. This run was replayed before dflash-dash stored "
                 "the probability of each draft; replay the same checkpoint (Replay another checkpoint, below) to "
@@ -232,7 +231,7 @@ def patterns_block(ws: str, run: dict, stamp: str) -> None:
     st.caption("Where and on what the drafter fails, over the chain-walk rounds. P(d_1 accepted) = share of "
                "rounds whose first draft is accepted; tau = committed / rounds of the group. Token classes come "
                "from the decoded token text (Python keywords for keyword; a quote makes a string token).")
-    pat = common.patterns(ws, run["id"], run["set_name"], run.get("target_path"), B, stamp)
+    pat = common.analysis(ws, run["id"], "patterns")
     if not pat["decoded_tokens"]:
         st.caption("The target folder has no tokenizer: tokens are shown as ⟨id⟩ and every class is `other`.")
 
@@ -310,8 +309,8 @@ def main() -> None:
                f"**{run['backend']}**) · completions `{run['set_name']}` · block size {s.get('block_size')}"
                + views.sliding_note(run.get("sliding_block")))
     common.backend_note(run["backend"])
-    rows = common.run_prompts(ws, rid)
-    summary_block(s, list(rows.values()), rid)
+    rows = common.prompt_rows(ws, rid)  # per-prompt numbers only: no page loads every token of every prompt
+    summary_block(common.summary(ws, run), list(rows.values()), rid)
 
     st.subheader("Per prompt")
     comps = common.completions(ws, run["set_name"], stamp)
@@ -335,7 +334,8 @@ def main() -> None:
         st.error(f"prompt {pid!r} has no completion in set {run['set_name']!r} any more; re-import it.")
     else:
         st.subheader(f"Token view · {pid}")
-        token_view(ws, run, rows[pid], comps[pid], link_span(pid))
+        token_view(ws, run, common.run_prompt(ws, rid, pid), common.completion(ws, run["set_name"], pid, stamp),
+                   link_span(pid))
     for block in (lambda: calibration_block(ws, run), lambda: patterns_block(ws, run, stamp)):
         with common.guard():  # one failing analysis does not hide the rest of the page
             block()

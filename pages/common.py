@@ -18,7 +18,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dflash_dash import views
+from dflash_dash import metrics, views
 from dflash_dash.errors import UserError
 from dflash_dash.store import Store, default_workspace
 
@@ -94,44 +94,62 @@ def sets(ws: str, stamp: str) -> list[dict]:
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def completions(ws: str, set_name: str, stamp: str) -> dict[str, dict]:
+    """The set's completions for listings and selectors: text previews and token counts, no token ids."""
+    return {c["prompt_id"]: c for c in _store(ws).completion_index(set_name)}
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def completion(ws: str, set_name: str, prompt_id: str, stamp: str) -> dict | None:
+    """One completion whole (text and token ids)."""
+    return _store(ws).completion(set_name, prompt_id)
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def all_completions(ws: str, set_name: str, stamp: str) -> dict[str, dict]:
+    """Every completion of the set whole; only for analyses that need every token (Conformance)."""
     return {c["prompt_id"]: c for c in _store(ws).completions(set_name)}
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
-def run_prompts(ws: str, run_id: str) -> dict[str, dict]:
-    """A finished run's per-prompt rows (immutable, so keyed on the id only)."""
+def analysis(ws: str, run_id: str, name: str):
+    """A whole-run analysis of a finished run (pipeline.analysis: computed once, kept in the store)."""
+    return _analysis(ws, run_id, name)
+
+
+@st.cache_data(max_entries=64, show_spinner="analysing the run (once; kept in the workspace)")
+def _analysis(ws: str, run_id: str, name: str):
+    from dflash_dash import pipeline  # on first use: the pages that never analyse never load it
+    return pipeline.analysis(_store(ws), run_id, name)
+
+
+def prompt_rows(ws: str, run_id: str) -> dict[str, dict]:
+    """A finished run's per-prompt numbers (metrics.prompt_rows, no token arrays), by prompt id."""
+    return {r["prompt_id"]: r for r in analysis(ws, run_id, "prompts")}
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def run_prompt(ws: str, run_id: str, prompt_id: str) -> dict | None:
+    """One prompt's whole run_prompts row (every array); a run never changes, so keyed on the ids only."""
+    return _store(ws).run_prompt(run_id, prompt_id)
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def all_prompts(ws: str, run_id: str) -> dict[str, dict]:
+    """Every prompt's whole row; only for analyses that need every token (Conformance, old summaries)."""
     return {r["prompt_id"]: r for r in _store(ws).run_prompts(run_id)}
+
+
+def summary(ws: str, run: dict) -> dict:
+    """The run's summary with every registry metric (metrics.complete: a run summarised before a metric existed
+    gets it from its rows, read only then)."""
+    s = run["summary"]
+    if all(m.key in s for m in metrics.REGISTRY):
+        return s
+    return metrics.complete(s, list(all_prompts(ws, run["id"]).values()))
 
 
 @st.cache_resource(max_entries=8, show_spinner="loading the tokenizer")
 def vocab(target_path: str) -> views.Vocab:
     return views.load_vocab(target_path)
-
-
-# -- why drafts fail (issue 11): calibration, failure patterns, attribution of one run
-
-
-@st.cache_data(max_entries=16, show_spinner=False)
-def calibration(ws: str, run_id: str, block_size: int, tree_budget: int) -> dict:
-    """views.calibration of a finished run (immutable, so keyed on the id)."""
-    return views.calibration(list(run_prompts(ws, run_id).values()), block_size, tree_budget)
-
-
-def patterns(ws: str, run_id: str, set_name: str, target_path: str | None, block_size: int, stamp: str) -> dict:
-    """dflash_dash.patterns.analyse of a run, tokens decoded with the target's tokenizer (⟨id⟩ without one)."""
-    return _patterns(ws, run_id, set_name, target_path, block_size, stamp,
-                     vocab(target_path) if target_path else views.Vocab())
-
-
-@st.cache_data(max_entries=16, show_spinner="finding failure patterns")
-def _patterns(ws: str, run_id: str, set_name: str, target_path: str | None, block_size: int, stamp: str,
-              _voc: views.Vocab) -> dict:
-    from dflash_dash import patterns as patterns_mod
-    comps = completions(ws, set_name, stamp)
-    rows = sorted(run_prompts(ws, run_id).values(), key=lambda r: ((comps.get(r["prompt_id"]) or {}).get("idx", 0),
-                                                                    r["prompt_id"]))
-    return {"decoded_tokens": _voc.tok is not None,
-            **patterns_mod.analyse(rows, comps, block_size, _voc.strings, run_id)}
 
 
 @st.cache_data(max_entries=32, show_spinner=False)

@@ -59,7 +59,8 @@ def token_views(ws: str, stamp: str, a: dict, b: dict, ra: dict, rb: dict) -> No
     target = (ex.get(a["extraction_id"]) or {}).get("target_path")
     vocab = common.vocab(target) if target else views.Vocab()
     Ba, Bb = a["summary"]["block_size"], b["summary"]["block_size"]
-    ta, tb = views.trace(ra[pid], comps[pid], Ba), views.trace(rb[pid], comps[pid], Bb)
+    comp = common.completion(ws, a["set_name"], pid, stamp)
+    ta, tb = views.trace(common.run_prompt(ws, a["id"], pid), comp, Ba), views.trace(common.run_prompt(ws, b["id"], pid), comp, Bb)
     diff = views.differing(ta, tb)
     st.caption(f"{len(diff)} of {len(ta.role)} completion positions differ in outcome. {views.OUTCOME_NOTE}")
     st.html(views.legend_html(Ba, compare=True))
@@ -69,8 +70,7 @@ def token_views(ws: str, stamp: str, a: dict, b: dict, ra: dict, rb: dict) -> No
 
 @st.cache_data(max_entries=16, show_spinner="counting draft lags")
 def lag_rows(ws: str, a_id: str, b_id: str, set_name: str, block_a: int, block_b: int, stamp: str) -> list[dict]:
-    return views.lag_rows(common.run_prompts(ws, a_id), common.run_prompts(ws, b_id),
-                          common.completions(ws, set_name, stamp), block_a, block_b)
+    return views.lag_rows(common.analysis(ws, a_id, "lag"), common.analysis(ws, b_id, "lag"), block_a, block_b)
 
 
 def lag_block(ws: str, stamp: str, a: dict, b: dict) -> None:
@@ -93,7 +93,7 @@ def lag_block(ws: str, stamp: str, a: dict, b: dict) -> None:
 def calibration_block(ws: str, a: dict, b: dict) -> None:
     """Calibration of A and B overlaid: ECE and expected vs observed tau, reliability diagrams, per-depth curves."""
     st.subheader("Calibration, A and B")
-    cals = {f"{side} {r['name']}": common.calibration(ws, r["id"], r["summary"]["block_size"], r["tree_budget"])
+    cals = {f"{side} {r['name']}": common.analysis(ws, r["id"], "calibration")
             for side, r in (("A", a), ("B", b))}
     for name, cal in cals.items():
         if not cal["recorded"]:
@@ -206,7 +206,7 @@ def main() -> None:
             st.error("A and B are on different completion sets; per-prompt comparisons need the same set.")
         else:
             st.dataframe(metrics_table(a, b), hide_index=True, width="stretch")
-            ra, rb = common.run_prompts(ws, a_id), common.run_prompts(ws, b_id)
+            ra, rb = common.prompt_rows(ws, a_id), common.prompt_rows(ws, b_id)  # numbers only, per prompt
             st.plotly_chart(views.scatter_fig({p: r["tau"] for p, r in ra.items()},
                                               {p: r["tau"] for p, r in rb.items()}, a["name"], b["name"]),
                             width="stretch")

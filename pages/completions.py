@@ -106,7 +106,7 @@ def main() -> None:
                            "completion_tokens / spec_verify_ct: tokens per verify step, the engine's tau for the "
                            "request. spec_accept_histogram as accepted:count.")
             pid = common.select_param("show completion", list(comps), "prompt", "comp_prompt")
-            c = comps[pid]
+            c = common.completion(ws, name, pid, stamp) or {}
             a, b = st.columns(2)
             with a:
                 st.markdown("**prompt**")

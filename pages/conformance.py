@@ -100,7 +100,7 @@ def main() -> None:
                "by a few percent either way (numeric noise); a broken engine costs more.")
     common.backend_note(run["backend"])
     comps = common.completions(ws, set_name, stamp)
-    prompts = sorted(common.run_prompts(ws, rid).values(),
+    prompts = sorted(common.all_prompts(ws, rid).values(),
                      key=lambda p: (comps.get(p["prompt_id"], {}).get("idx", 0), p["prompt_id"]))
     stats = common.engine_stats(ws, set_name, engine, estamp)
     rows = conformance.compare(prompts, stats, thr)

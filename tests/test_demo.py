@@ -133,11 +133,10 @@ def test_buggy_drafts_lag_one_position(ws):
 def test_compare_lag_rate_flags_the_buggy_checkpoint(ws):
     """Compare's per-slot lag rate (metrics.lag_rate, via views.lag_rows) is higher for the buggy checkpoint at
     every slot, and pooled over slots 2..6 it is what `lag` above counts."""
-    from dflash_dash import views
+    from dflash_dash import pipeline, views
     rs, store = runs(ws), Store(ws)
     final, buggy = by_prefix(rs, "final")["id"], by_prefix(rs, "buggy-")["id"]
-    comps = {c["prompt_id"]: c for c in store.completions(demo.SET_NAME)}
-    rows = views.lag_rows(*({r["prompt_id"]: r for r in store.run_prompts(x)} for x in (final, buggy)), comps, 16, 16)
+    rows = views.lag_rows(*(pipeline.analysis(store, x, "lag") for x in (final, buggy)), 16, 16)
     assert all(r["lag B"] > r["lag A"] for r in rows), rows
     for side, run in (("A", final), ("B", buggy)):
         sel = [r for r in rows if 2 <= r["slot k"] <= 6]

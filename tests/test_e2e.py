@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_dash import views
+from dflash_dash import pipeline, views
 from dflash_dash.store import Store
 
 from conftest import ROOT, SCREENSHOTS
@@ -196,7 +196,7 @@ def test_selecting_a_table_row_opens_its_token_view(env, page):
     p = env["prepared"]
     st = Store(env["ws"])
     comps = {c["prompt_id"]: c for c in st.completions(p.set_name)}
-    order = [r["prompt"] for r in views.prompt_table(st.run_prompts(p.runs[0]), comps)]
+    order = [r["prompt"] for r in views.prompt_table(pipeline.analysis(st, p.runs[0], "prompts"), comps)]
     want = order[-1]  # the highest tau: not the prompt opened by default
     open_page(page, env, f"acceptance?run={p.runs[0]}", "Acceptance")
     page.get_by_text(f"Token view · {order[0]}").wait_for()

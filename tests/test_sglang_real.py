@@ -334,8 +334,8 @@ def test_completion_table_shows_the_counters_present():
             "spec_accept_rate": 0.5, "spec_accept_token_num": 8, "spec_draft_token_num": 16,
             "spec_accepted_drafts": 8, "spec_proposed_drafts": 16, "spec_accept_histogram": [1, 0, 2, 1],
             "spec_num_accepted_tokens": 99}
-    rows = [{"prompt_id": "p", "prompt_ids": [1], "output_ids": list(range(12)), "meta_info": meta},
-            {"prompt_id": "q", "prompt_ids": [1], "output_ids": [3, 4], "meta_info": {"spec_accept_rate": 0.25}}]
+    rows = [{"prompt_id": "p", "prompt_tokens": 1, "output_tokens": 12, "meta_info": meta},
+            {"prompt_id": "q", "prompt_tokens": 1, "output_tokens": 2, "meta_info": {"spec_accept_rate": 0.25}}]
     a, b = views.completion_table(rows)
     assert a["server_tau"] == pytest.approx(3.0)  # completion_tokens / spec_verify_ct
     assert a["spec_accept_histogram"] == "0:1 2:2 3:1"

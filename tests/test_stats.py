@@ -97,7 +97,7 @@ def test_median_and_tukey_outliers_by_hand():
 def test_prompt_table_marks_outlier_rows():
     rows = [{"prompt_id": i, "tau": sum(r) / len(r), "tree_tau": None, "rounds": r, "accepted_at": [0] * (sum(r) + 1),
              "prompt_len": 1} for i, r in HAND]
-    table = views.prompt_table(rows, {})
+    table = views.prompt_table(metrics.prompt_rows(rows, 4, 0), {})
     assert [t["prompt"] for t in table][0] == "lo" and table[-1]["prompt"] == "hi"
     assert {t["prompt"]: t["outlier"] for t in table if t["outlier"]} == {"lo": "low", "hi": "high"}
     assert next(t for t in table if t["prompt"] == "c")["tau"] == 2.75

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_dash import cache, cli, parity, pipeline, views
+from dflash_dash import cache, cli, metrics, parity, pipeline, views
 from tools import tiny
 from dflash_dash.store import Store
 
@@ -220,7 +220,7 @@ def test_hist_and_depth_figures():
 def test_prompt_table_sorted_by_tau():
     rows = [{"prompt_id": p, "tau": t, "tree_tau": t, "rounds": [1], "accepted_at": [0, 1, 2], "prompt_len": 3}
             for p, t in (("a", 2.5), ("b", None), ("c", 1.2), ("d", 3.0))]
-    out = views.prompt_table(rows, {})
+    out = views.prompt_table(metrics.prompt_rows(rows, 4, 0), {})
     assert [r["prompt"] for r in out] == ["c", "a", "d", "b"]
     assert out[0]["every_anchor_tau"] == pytest.approx(1.5)
 
@@ -244,9 +244,9 @@ def test_config_diff_marks_only_differences():
 
 
 def test_completion_table_server_counters():
-    rows = [{"prompt_id": "p", "prompt_ids": [1, 2], "output_ids": list(range(12)), "finish_reason": "length",
+    rows = [{"prompt_id": "p", "prompt_tokens": 2, "output_tokens": 12, "finish_reason": "length",
              "meta_info": {"spec_verify_ct": 4, "e2e_latency": 0.5}, "model_path": "/m"},
-            {"prompt_id": "q", "prompt_ids": [1], "output_ids": [3], "finish_reason": "stop", "meta_info": {}}]
+            {"prompt_id": "q", "prompt_tokens": 1, "output_tokens": 1, "finish_reason": "stop", "meta_info": {}}]
     out = views.completion_table(rows)
     assert out[0]["server_tau"] == pytest.approx(3.0) and out[0]["spec_verify_ct"] == 4
     assert "server_tau" not in out[1] and out[1]["completion_tokens"] == 1
