@@ -395,11 +395,8 @@ def load_sequences(store: Store, extraction: dict) -> list[replay_mod.Sequence]:
 
 
 def check_drafter(cfg: drafter_mod.DrafterConfig, extraction: dict, info: target_mod.TargetInfo) -> None:
-    drafter_mod.check_target(cfg, info.hidden_size, info.vocab_size, info.num_layers)
-    if cfg.target_layer_ids != extraction["layer_ids"]:
-        raise InputError(f"the drafter reads target layers {cfg.target_layer_ids} but extraction "
-                         f"{extraction['id']} holds layers {extraction['layer_ids']}; extract again with "
-                         f"--drafter pointing at this checkpoint")
+    """Refuse a drafter that cannot replay on this extraction (drafter.checks, the one rule list)."""
+    drafter_mod.check_target(cfg, info.hidden_size, info.vocab_size, info.num_layers, extraction)
 
 
 ANCHORS = ops.ANCHORS  # every completion anchor (curves of accepted(p)) | only those the walks visit
@@ -470,11 +467,14 @@ def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = R
             "backend": ex["backend"], "extraction": ex["id"], "sliding_block": semantics, "anchors": anchors,
             "round_topk": replay_mod.ROUND_TOPK}  # K of run_prompts.round_top_ids/_p, flattened [R][B-1][K]
         run_id = new_id("run")
+        rows = [prompt_row(r, cfg.block_size, budget) for r in res]
         store.add_run(dict(id=run_id, extraction_id=ex["id"], checkpoint=str(loc.path),
                            name=ck.name or loc.path.name, config=drafter_mod.raw_config(loc), tree_budget=budget,
                            summary=summary, device=device, dtype=dtype, sliding_block=semantics,
-                           config_file=str(loc.config_file), step=drafter_mod.step_of(loc.path.name)),
-                      [prompt_row(r, cfg.block_size, budget) for r in res])
+                           config_file=str(loc.config_file), step=drafter_mod.step_of(loc.path.name)), rows)
+        _tick(progress, 0, 0, f"analysing run {run_id} (kept for the pages)")
+        for name in ANALYSES:  # computed now, from the rows in hand, so no page ever scans them
+            analysis(store, run_id, name, [dict(r, prompt_id=r["id"]) for r in rows])
         out.append({"id": run_id, "summary": summary})
     return out
 
@@ -693,12 +693,13 @@ def perform(store: Store, op: ops.Op, progress: Progress = None, runner: Runner 
 ANALYSES = ("prompts", "calibration", "patterns", "lag")  # whole-run analyses kept in the store (run_analyses)
 
 
-def analysis(store: Store, run_id: str, name: str) -> dict:
+def analysis(store: Store, run_id: str, name: str, rows: list[dict] | None = None) -> dict:
     """One whole-run analysis of a finished run, computed once from its per-prompt rows and kept in the store
     (a run never changes), so pages read a small JSON value instead of every token of every prompt:
     "prompts" (metrics.prompt_rows: per-prompt numbers, no arrays), "calibration" (views.calibration),
     "patterns" (failure-pattern tables, tokens decoded with the target's tokenizer when it has one) or "lag"
-    ({prompt_id: [anchors, lagging, on target] per slot}, metrics.lag_counts)."""
+    ({prompt_id: [anchors, lagging, on target] per slot}, metrics.lag_counts). `rows`: the run's run_prompts rows
+    when the caller holds them (else read from the store)."""
     if name not in ANALYSES:
         raise InputError(f"analysis {name!r}: not one of {', '.join(ANALYSES)}")
     got = store.analysis(run_id, name)
@@ -708,7 +709,7 @@ def analysis(store: Store, run_id: str, name: str) -> dict:
     r = store.run_row(run_id)
     B, budget = r["summary"]["block_size"], r["tree_budget"]
     ex = store.extraction(r["extraction_id"])
-    rows = store.run_prompts(run_id)
+    rows = sorted(rows, key=lambda p: p["prompt_id"]) if rows is not None else store.run_prompts(run_id)
     if name == "prompts":
         val = metrics.prompt_rows(rows, B, budget)
     elif name == "calibration":

@@ -23,7 +23,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from . import metrics
-from .drafter import step_of
+from .drafter import checks, step_of
 from .replay import walk
 
 # ---------------------------------------------------------------------------
@@ -725,19 +725,11 @@ def _show(v) -> str:
 # checks and sweeps
 
 def consistency(cfg, extraction: dict, info) -> list[dict]:
-    """Drafter config (DrafterConfig) vs an extraction row and its target (TargetInfo): one row per check."""
-    def row(check, drafter, other, ok):
-        return {"check": check, "drafter": str(drafter), "extraction / target": str(other), "ok": "✓" if ok else "✗"}
-    return [
-        row("target layer ids", cfg.target_layer_ids, extraction["layer_ids"], cfg.target_layer_ids == extraction["layer_ids"]),
-        row("hidden size", cfg.hidden_size, info.hidden_size, cfg.hidden_size == info.hidden_size),
-        row("hidden size (extraction)", cfg.hidden_size, extraction["hidden_size"], cfg.hidden_size == extraction["hidden_size"]),
-        row("vocab size", cfg.vocab_size, info.vocab_size, cfg.vocab_size == info.vocab_size),
-        row("target layers", cfg.num_target_layers, info.num_layers,
-            cfg.num_target_layers is None or cfg.num_target_layers == info.num_layers),
-        row("mask token id < vocab", cfg.mask_token_id, info.vocab_size, 0 <= cfg.mask_token_id < info.vocab_size),
-        row("extraction backend", "trained on fla", extraction["backend"], extraction["backend"] in ("fla", "n/a")),
-    ]
+    """Drafter config (DrafterConfig) vs an extraction row and its target (TargetInfo): one row per rule of
+    drafter.checks, with the problem and fix where a rule fails."""
+    return [{"check": k.name, "drafter": str(k.drafter), "extraction / target": str(k.other), "ok": "✓" if k.ok else "✗",
+             "problem": "" if k.ok else k.problem}
+            for k in checks(cfg, info.hidden_size, info.vocab_size, info.num_layers, extraction)]
 
 
 def backend_matters(target_path: str) -> bool:
