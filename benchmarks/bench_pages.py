@@ -1,17 +1,31 @@
 """Pages at scale (issue 12): a workspace of 1,000 completions of 2,560 tokens and 20 runs, built through the
-product's own operations with tiny seeded models on the CPU, then each page executed server-side by
-Streamlit's AppTest with cold data caches.
+product's own operations with tiny seeded models, then each page executed server-side by Streamlit's AppTest
+with cold data caches.
 
     python benchmarks/bench_pages.py --work /tmp/pages            # build (once, reused) and measure
     python benchmarks/bench_pages.py --work /tmp/pages --prompts 100 --runs 4   # a smaller workspace
+    python benchmarks/bench_pages.py --work /tmp/pages --device cuda --workers 12 --max-build-s 300 \\
+        --page-cpus 0,1                 # build on a GPU machine, pages measured as on a 2-core machine
 
-Figures (`name: value`): `build_*_s` for each step of the build, `store_mb_per_1000_prompt_run` (DuckDB file
-growth per run, scaled to 1,000 prompts), and `page_render_s_<page>` for Overview, Acceptance (per-prompt table
-plus the token view of one 2,560-token prompt), Compare (two runs) and the sweep chart (all runs), each the
-first script run of the page in a process that has the app's modules imported, with `st.cache_data` cleared.
+Options: `--device` is where extract and sweep run (cpu, cuda); `--workers N` shards their prompts over N
+worker processes on that device (`jobs.workers`, what the CLI's `--gpus` does; 1: this process);
+`--max-build-s S` stops replaying checkpoints once the build has used S seconds: the sweep is run in rounds
+(the folder of checkpoints grows by as many as the rounds so far say fit, and `pipeline.sweep` replays only
+the new ones), so fewer runs than `--runs` may be built (`runs_built` says how many); `--page-cpus 0,1`
+measures the pages in a child process pinned to those CPUs (os.sched_setaffinity, torch and DuckDB limited
+to as many threads), so the figures stand for a machine of that many cores; `--profile` samples the stacks of
+each page slower than the goal (1.5 s) in a second, untimed run and prints where its time went.
 
-Contract: the build goes through `pipeline` (import, extract, sweep) exactly as the CLI does; nothing is
-written to the store behind the product's back. `build` is importable (the 1,000-prompt browser tests use it).
+Figures (`name: value`): `build_*_s` for each step of the build, `runs_built`, `store_db_mb` (the DuckDB file,
+WAL included), `store_mb_per_1000_prompt_run` (its growth during the sweep per run built, scaled to 1,000
+prompts), `features_mb` (the extraction's feature files) and `page_render_s_<page>` for Overview, Acceptance
+(per-prompt table plus the token view of one 2,560-token prompt), Compare (two runs) and the sweep chart (all
+runs), each the first script run of the page in a process that has the app's modules imported, with
+`st.cache_data` cleared.
+
+Contract: the build goes through `pipeline` (import, extract, sweep) exactly as the CLI does (with
+`--workers`, through the same worker runner as `--gpus`); nothing is written to the store behind the
+product's back. `build` is importable (the 1,000-prompt browser tests use it).
 """
 from __future__ import annotations
 
@@ -19,14 +33,18 @@ import argparse
 import json
 import os
 import random
+import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from _common import ROOT, note, report
 
 PROMPTS, TOKENS, RUNS, BLOCK = 1000, 2560, 20, 16
 SET = "scale"
+GOAL_S = 1.5  # issue 12: each page's first render at this scale
 
 
 # ---------------------------------------------------------------------------
@@ -59,42 +77,81 @@ def completions_file(work: Path, tok, prompts: int, tokens: int, seed: int = 0) 
     return f
 
 
+def _mb(*paths: Path) -> float:
+    return sum(p.stat().st_size for p in paths if p.is_file()) / 2 ** 20
+
+
 def build(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS, runs: int = RUNS,
-          block_size: int = BLOCK, figs: dict | None = None, anchors: str = "every") -> Path:
-    """The scale workspace under `work` (reused when already complete): returns its path."""
-    from dflash_dash import pipeline
+          block_size: int = BLOCK, figs: dict | None = None, anchors: str = "every", device: str = "cpu",
+          workers: int = 1, max_build_s: float | None = None) -> Path:
+    """The scale workspace under `work` (reused when already complete): returns its path. With `max_build_s`,
+    checkpoints are replayed in rounds while the build's time lasts (figs["runs_built"] says how many)."""
+    from dflash_dash import jobs, pipeline
     from tools import tiny
     from dflash_dash.store import Store
     from transformers import AutoTokenizer
 
     figs = {} if figs is None else figs
+    t_build = time.perf_counter()
     work = Path(work)
     ws = work / "ws"
     done = work / "BUILT.json"
     want = {"prompts": prompts, "tokens": tokens, "runs": runs, "block_size": block_size, "anchors": anchors}
-    if done.is_file() and json.loads(done.read_text()) == want:
-        return ws
+    if done.is_file():
+        got = json.loads(done.read_text())
+        if {k: got.get(k) for k in want} == want:
+            figs["runs_built"] = got.get("runs_built", runs)
+            return ws
     models = work / "models"
     target = tiny.write_target(models / "target", tiny.TinyTarget())
     tiny.write_tokenizer(target, vocab_size=512)
     cks = models / "sweep"
-    for i in range(runs):
-        tiny.write_drafter(cks / f"step_{(i + 1) * 100}", tiny.TinyDrafter(seed=i, block_size=block_size))
+    step = lambda i: cks / f"step_{(i + 1) * 100}"  # noqa: E731
+    tiny.write_drafter(step(0), tiny.TinyDrafter(seed=0, block_size=block_size))
     tok = AutoTokenizer.from_pretrained(target)
     st = Store(ws)
+    runner = jobs.workers(st, [device] * workers) if workers > 1 else None
     t0 = time.perf_counter()
     pipeline.import_completions(st, completions_file(work, tok, prompts, tokens), SET)
     figs["build_import_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ex = pipeline.extract(st, str(target), SET, pipeline.layer_ids_of(str(cks / "step_100"), None))
+    ex = pipeline.extract(st, str(target), SET, pipeline.layer_ids_of(str(step(0)), None), device=device,
+                          progress=lambda d, t, m: note(f"extract {d}/{t} {m}") if d % 100 == 0 else None,
+                          runner=runner)
     figs["build_extract_s"] = time.perf_counter() - t0
     db = ws / "dflash.duckdb"
-    before = db.stat().st_size
-    t0 = time.perf_counter()
-    pipeline.sweep(st, str(cks), ex, progress=lambda d, t, m: note(f"sweep {d}/{t} {m}"), anchors=anchors)
-    figs["build_sweep_s"] = time.perf_counter() - t0
-    figs["store_mb_per_1000_prompt_run"] = (db.stat().st_size - before) / 2 ** 20 / runs * 1000 / prompts
-    done.write_text(json.dumps(want))
+    wal = ws / "dflash.duckdb.wal"
+    before = _mb(db, wal)
+    t_sweep = time.perf_counter()
+    built, per_ck = 0, None
+    while built < runs:
+        if max_build_s is None:
+            k = runs - built
+        elif per_ck is None:
+            k = 1  # the first round times one checkpoint
+        else:
+            left = max_build_s - (time.perf_counter() - t_build)
+            k = min(runs - built, int(left * 0.85 / per_ck))
+            if k < 1:
+                note(f"build guard: {left:.0f} s left, {per_ck:.0f} s a checkpoint: stopping at {built} runs")
+                break
+        for i in range(built, built + k):
+            tiny.write_drafter(step(i), tiny.TinyDrafter(seed=i, block_size=block_size))
+        t0 = time.perf_counter()
+        pipeline.sweep(st, str(cks), ex, progress=lambda d, t, m: note(f"sweep {d}/{t} {m}"), anchors=anchors,
+                       device=device, runner=runner)
+        s = time.perf_counter() - t0
+        per_ck = s / k
+        built += k
+        note(f"sweep round of {k} checkpoint(s): {s:.1f} s ({per_ck:.1f} s each); {built} runs built")
+    figs["build_sweep_s"] = time.perf_counter() - t_sweep
+    figs["build_total_s"] = time.perf_counter() - t_build
+    figs["runs_built"] = built
+    figs["store_db_mb"] = _mb(db, wal)
+    figs["store_mb_per_1000_prompt_run"] = (_mb(db, wal) - before) / max(built, 1) * 1000 / prompts
+    feats = pipeline.features_root(st)
+    figs["features_mb"] = sum(p.stat().st_size for p in feats.rglob("*") if p.is_file()) / 2 ** 20
+    done.write_text(json.dumps(want | {"runs_built": built}))
     return ws
 
 
@@ -123,32 +180,102 @@ def apptest(ws: Path):
     return at
 
 
-def timed(at, page: str, params: dict, figs: dict, name: str) -> None:
-    """Seconds of the first script run of `page` with `params`, data caches cleared."""
+class Sampler:
+    """Samples the stacks of the threads running the app's scripts every `every` s: per function (file, first
+    line, name), the share of samples it was on the stack (inclusive) and on top (own time)."""
+
+    def __init__(self, every: float = 0.005):
+        self.every, self.incl, self.own, self.n = every, Counter(), Counter(), 0
+        self._stop = threading.Event()
+
+    def _loop(self):
+        me, app = threading.get_ident(), str(ROOT)
+        while not self._stop.wait(self.every):
+            for tid, f in sys._current_frames().items():
+                if tid == me:
+                    continue
+                keys = []
+                while f is not None:
+                    c = f.f_code
+                    keys.append((c.co_filename, c.co_firstlineno, c.co_name))
+                    f = f.f_back
+                if not any(k[0].startswith(app) for k in keys):
+                    continue  # not running the app's code (idle server threads, this sampler's caller)
+                self.own[keys[0]] += 1
+                self.incl.update(set(keys))
+                self.n += 1
+
+    def __enter__(self):
+        self.t = threading.Thread(target=self._loop, daemon=True)
+        self.t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self.t.join()
+
+    def print(self, name: str, rows: int = 16) -> None:
+        n = max(self.n, 1)
+        short = lambda k: f"{'/'.join(Path(k[0]).parts[-2:])}:{k[1]} {k[2]}"  # noqa: E731
+        note(f"profile {name}: {self.n} stack samples; share of them with the function on the stack (incl) "
+             f"or running it (self)")
+        shown = [(k, c) for k, c in self.incl.most_common() if c / n < 0.97][:rows]  # drop the runner's frames
+        for k, c in shown:
+            note(f"  incl {c / n:6.1%}  {short(k)}")
+        for k, c in self.own.most_common(8):
+            note(f"  self {c / n:6.1%}  {short(k)}")
+
+
+def timed(at, page: str, params: dict, figs: dict, name: str, profile: bool = False) -> None:
+    """Seconds of the first script run of `page` with `params`, data caches cleared; with `profile`, a page
+    over the goal is run again (caches cleared, untimed) under the stack sampler."""
     import streamlit as st
-    at.switch_page(page)
-    at.query_params.clear()
-    for k, v in params.items():
-        at.query_params[k] = v
-    st.cache_data.clear()
-    t0 = time.perf_counter()
-    at.run()
-    figs[f"page_render_s_{name}"] = time.perf_counter() - t0
+
+    def go():
+        at.switch_page(page)
+        at.query_params.clear()
+        for k, v in params.items():
+            at.query_params[k] = v
+        st.cache_data.clear()
+        t0 = time.perf_counter()
+        at.run()
+        return time.perf_counter() - t0
+
+    figs[f"page_render_s_{name}"] = s = go()
     errs = [e.value for e in at.exception] + [e.value for e in at.error]
     if errs:
         raise RuntimeError(f"page {page} failed: {str(errs[:2])[:600]}")
+    print(f"page_render_s_{name}: {s:.4g}", flush=True)
+    if profile and s > GOAL_S:
+        with Sampler() as sp:
+            go()
+        sp.print(name)
 
 
-def measure(ws: Path, figs: dict) -> None:
+def measure(ws: Path, figs: dict, profile: bool = False) -> None:
     from dflash_dash.store import Store
     runs = Store(ws).runs()
     a, b = runs[0]["id"], runs[-1]["id"]
     at = apptest(ws)
-    timed(at, "pages/overview.py", {}, figs, "overview")
-    timed(at, "pages/acceptance.py", {"run": a, "prompt": "p0000"}, figs, "acceptance")
-    timed(at, "pages/compare.py", {"a": a, "b": b, "prompt": "p0000"}, figs, "compare")
+    timed(at, "pages/overview.py", {}, figs, "overview", profile)
+    timed(at, "pages/acceptance.py", {"run": a, "prompt": "p0000"}, figs, "acceptance", profile)
+    timed(at, "pages/compare.py", {"a": a, "b": b, "prompt": "p0000"}, figs, "compare", profile)
     folder = str(Path(runs[0]["checkpoint"]).parent)
-    timed(at, "pages/compare.py", {"a": a, "b": b, "sweep": folder}, figs, "sweep_chart")
+    timed(at, "pages/compare.py", {"a": a, "b": b, "sweep": folder}, figs, "sweep_chart", profile)
+
+
+def pin(cpus: list[int]) -> None:
+    """This process on `cpus` alone, torch and DuckDB with as many threads (a machine of that many cores)."""
+    import duckdb
+    import torch
+    os.sched_setaffinity(0, cpus)
+    torch.set_num_threads(len(cpus))
+    connect = duckdb.connect
+
+    def limited(database=":memory:", read_only=False, config=None, **kw):
+        return connect(database, read_only=read_only, config={"threads": len(cpus)} | (config or {}), **kw)
+
+    duckdb.connect = limited
 
 
 def main():
@@ -158,16 +285,38 @@ def main():
     ap.add_argument("--tokens", type=int, default=TOKENS)
     ap.add_argument("--runs", type=int, default=RUNS)
     ap.add_argument("--block-size", type=int, default=BLOCK)
+    ap.add_argument("--anchors", default="every", help="the sweep's anchors: every (default) or chain")
+    ap.add_argument("--device", default="cpu", help="where extract and sweep run: cpu, cuda, cuda:N")
+    ap.add_argument("--workers", type=int, default=1, help="worker processes on --device for extract and sweep")
+    ap.add_argument("--max-build-s", type=float, default=None, help="replay fewer checkpoints past this time")
+    ap.add_argument("--page-cpus", default=None, help="measure the pages in a child pinned to these CPUs: 0,1")
+    ap.add_argument("--profile", action="store_true", help="sample the stacks of pages slower than the goal")
     ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--pages-only", action="store_true", help="measure an already built workspace")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
+    cpus = [int(x) for x in a.page_cpus.split(",")] if a.page_cpus else None
     figs: dict = {}
     try:
-        ws = build(a.work, a.prompts, a.tokens, a.runs, a.block_size, figs)
-        if not a.build_only:
-            measure(ws, figs)
-    finally:
+        if a.pages_only:
+            if cpus:
+                pin(cpus)
+                figs["page_cpus"] = len(os.sched_getaffinity(0))
+            measure(Path(a.work) / "ws", figs, a.profile)
+            return
+        ws = build(a.work, a.prompts, a.tokens, a.runs, a.block_size, figs, a.anchors, a.device, a.workers,
+                   a.max_build_s)
         report(figs)
+        figs = {}
+        if a.build_only:
+            return
+        if cpus:  # a fresh process: nothing of the build (threads, caches, CUDA) in it
+            cmd = [sys.executable, __file__, "--work", a.work, "--pages-only", "--page-cpus", a.page_cpus]
+            subprocess.run(cmd + (["--profile"] if a.profile else []), check=True)
+        else:
+            measure(ws, figs, a.profile)
+    finally:
+        report({k: v for k, v in figs.items() if not k.startswith("page_render_s_")})
 
 
 if __name__ == "__main__":
