@@ -13,15 +13,18 @@ worker processes on that device (`jobs.workers`, what the CLI's `--gpus` does; 1
 (the folder of checkpoints grows by as many as the rounds so far say fit, and `pipeline.sweep` replays only
 the new ones), so fewer runs than `--runs` may be built (`runs_built` says how many); `--page-cpus 0,1`
 measures the pages in a child process pinned to those CPUs (os.sched_setaffinity, torch and DuckDB limited
-to as many threads), so the figures stand for a machine of that many cores; `--profile` samples the stacks of
-each page slower than the goal (1.5 s) in a second, untimed run and prints where its time went.
+to as many threads), so the figures stand for a machine of that many cores; `--profile` runs each page
+slower than the goal (1.5 s) a third time, untimed, with cProfile on inside its script run, and prints where
+the time went.
 
 Figures (`name: value`): `build_*_s` for each step of the build, `runs_built`, `store_db_mb` (the DuckDB file,
 WAL included), `store_mb_per_1000_prompt_run` (its growth during the sweep per run built, scaled to 1,000
 prompts), `features_mb` (the extraction's feature files) and `page_render_s_<page>` for Overview, Acceptance
 (per-prompt table plus the token view of one 2,560-token prompt), Compare (two runs) and the sweep chart (all
 runs), each the first script run of the page in a process that has the app's modules imported, with
-`st.cache_data` cleared.
+`st.cache_data` cleared (`page_rerender_s_<page>`: the next run, data caches cleared again, resources
+such as the tokenizer loaded); with each page, `page_db_connects_<page>` and `page_db_connect_s_<page>` (DuckDB
+connections the page opened and the seconds spent opening them).
 
 Contract: the build goes through `pipeline` (import, extract, sweep) exactly as the CLI does (with
 `--workers`, through the same worker runner as `--gpus`); nothing is written to the store behind the
@@ -35,9 +38,7 @@ import os
 import random
 import subprocess
 import sys
-import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 from _common import ROOT, note, report
@@ -180,55 +181,62 @@ def apptest(ws: Path):
     return at
 
 
-class Sampler:
-    """Samples the stacks of the threads running the app's scripts every `every` s: per function (file, first
-    line, name), the share of samples it was on the stack (inclusive) and on top (own time)."""
+def profiled(go, name: str, rows: int = 18) -> None:
+    """Run `go` with cProfile on inside the page script's run (the thread AppTest runs scripts in) and print
+    the functions with the most cumulative and own time."""
+    import cProfile
+    import io
+    import pstats
 
-    def __init__(self, every: float = 0.005):
-        self.every, self.incl, self.own, self.n = every, Counter(), Counter(), 0
-        self._stop = threading.Event()
+    from streamlit.navigation.page import StreamlitPage
+    pr, run = cProfile.Profile(), StreamlitPage.run
 
-    def _loop(self):
-        me, app = threading.get_ident(), str(ROOT)
-        while not self._stop.wait(self.every):
-            for tid, f in sys._current_frames().items():
-                if tid == me:
-                    continue
-                keys = []
-                while f is not None:
-                    c = f.f_code
-                    keys.append((c.co_filename, c.co_firstlineno, c.co_name))
-                    f = f.f_back
-                if not any(k[0].startswith(app) for k in keys):
-                    continue  # not running the app's code (idle server threads, this sampler's caller)
-                self.own[keys[0]] += 1
-                self.incl.update(set(keys))
+    def run_profiled(self, *a, **kw):
+        pr.enable()
+        try:
+            return run(self, *a, **kw)
+        finally:
+            pr.disable()
+
+    StreamlitPage.run = run_profiled
+    try:
+        go()
+    finally:
+        StreamlitPage.run = run
+    for key in ("cumulative", "tottime"):
+        out = io.StringIO()
+        pstats.Stats(pr, stream=out).sort_stats(key).print_stats(rows)
+        lines = out.getvalue().splitlines()
+        at = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls")), 0)
+        note(f"profile {name} by {key} (cProfile, untimed second run):")
+        for ln in lines[at:at + rows + 1]:
+            note("  " + ln.replace(str(ROOT) + "/", "").replace(sys.prefix, "<py>"))
+
+
+class Connects:
+    """Counts `duckdb.connect` calls and the seconds spent in them (the store opens the file per query)."""
+
+    def __init__(self):
+        import duckdb
+        self.n, self.s, connect = 0, 0.0, duckdb.connect
+
+        def counted(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return connect(*a, **kw)
+            finally:
                 self.n += 1
+                self.s += time.perf_counter() - t0
 
-    def __enter__(self):
-        self.t = threading.Thread(target=self._loop, daemon=True)
-        self.t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self.t.join()
-
-    def print(self, name: str, rows: int = 16) -> None:
-        n = max(self.n, 1)
-        short = lambda k: f"{'/'.join(Path(k[0]).parts[-2:])}:{k[1]} {k[2]}"  # noqa: E731
-        note(f"profile {name}: {self.n} stack samples; share of them with the function on the stack (incl) "
-             f"or running it (self)")
-        shown = [(k, c) for k, c in self.incl.most_common() if c / n < 0.97][:rows]  # drop the runner's frames
-        for k, c in shown:
-            note(f"  incl {c / n:6.1%}  {short(k)}")
-        for k, c in self.own.most_common(8):
-            note(f"  self {c / n:6.1%}  {short(k)}")
+        duckdb.connect = counted
 
 
-def timed(at, page: str, params: dict, figs: dict, name: str, profile: bool = False) -> None:
-    """Seconds of the first script run of `page` with `params`, data caches cleared; with `profile`, a page
-    over the goal is run again (caches cleared, untimed) under the stack sampler."""
+def timed(at, page: str, params: dict, figs: dict, name: str, profile: bool = False,
+          conns: Connects | None = None) -> None:
+    """Seconds of the first script run of `page` with `params`, data caches cleared, then of a second one (data
+    caches cleared again; resources such as the tokenizer kept); with `profile`, a page over the goal is run a
+    third time (caches cleared, untimed) under cProfile. A page that fails is
+    reported (`page_failed_<name>`) and the next one measured."""
     import streamlit as st
 
     def go():
@@ -241,27 +249,35 @@ def timed(at, page: str, params: dict, figs: dict, name: str, profile: bool = Fa
         at.run()
         return time.perf_counter() - t0
 
-    figs[f"page_render_s_{name}"] = s = go()
+    n0, s0 = (conns.n, conns.s) if conns else (0, 0.0)
+    s = go()
     errs = [e.value for e in at.exception] + [e.value for e in at.error]
     if errs:
-        raise RuntimeError(f"page {page} failed: {str(errs[:2])[:600]}")
+        figs[f"page_failed_{name}"] = 1
+        print(f"page_failed_{name}: 1\n# page {page} failed: {str(errs[:2])[:1500]}", flush=True)
+        return
+    figs[f"page_render_s_{name}"] = s
     print(f"page_render_s_{name}: {s:.4g}", flush=True)
-    if profile and s > GOAL_S:
-        with Sampler() as sp:
-            go()
-        sp.print(name)
+    if conns:
+        print(f"page_db_connects_{name}: {conns.n - n0}\npage_db_connect_s_{name}: {conns.s - s0:.4g}", flush=True)
+    figs[f"page_rerender_s_{name}"] = again = go()
+    print(f"page_rerender_s_{name}: {again:.4g}", flush=True)
+    if profile and max(s, again) > GOAL_S:
+        profiled(go, name)
 
 
 def measure(ws: Path, figs: dict, profile: bool = False) -> None:
     from dflash_dash.store import Store
     runs = Store(ws).runs()
     a, b = runs[0]["id"], runs[-1]["id"]
+    conns = Connects()
     at = apptest(ws)
-    timed(at, "pages/overview.py", {}, figs, "overview", profile)
-    timed(at, "pages/acceptance.py", {"run": a, "prompt": "p0000"}, figs, "acceptance", profile)
-    timed(at, "pages/compare.py", {"a": a, "b": b, "prompt": "p0000"}, figs, "compare", profile)
     folder = str(Path(runs[0]["checkpoint"]).parent)
-    timed(at, "pages/compare.py", {"a": a, "b": b, "sweep": folder}, figs, "sweep_chart", profile)
+    for page, params, name in [("pages/overview.py", {}, "overview"),
+                               ("pages/acceptance.py", {"run": a, "prompt": "p0000"}, "acceptance"),
+                               ("pages/compare.py", {"a": a, "b": b, "prompt": "p0000"}, "compare"),
+                               ("pages/compare.py", {"a": a, "b": b, "sweep": folder}, "sweep_chart")]:
+        timed(at, page, params, figs, name, profile, conns)
 
 
 def pin(cpus: list[int]) -> None:
@@ -290,7 +306,7 @@ def main():
     ap.add_argument("--workers", type=int, default=1, help="worker processes on --device for extract and sweep")
     ap.add_argument("--max-build-s", type=float, default=None, help="replay fewer checkpoints past this time")
     ap.add_argument("--page-cpus", default=None, help="measure the pages in a child pinned to these CPUs: 0,1")
-    ap.add_argument("--profile", action="store_true", help="sample the stacks of pages slower than the goal")
+    ap.add_argument("--profile", action="store_true", help="cProfile pages slower than the goal")
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--pages-only", action="store_true", help="measure an already built workspace")
     a = ap.parse_args()
@@ -316,7 +332,8 @@ def main():
         else:
             measure(ws, figs, a.profile)
     finally:
-        report({k: v for k, v in figs.items() if not k.startswith("page_render_s_")})
+        shown = ("page_render_s_", "page_rerender_s_", "page_failed_")  # printed as each page was measured
+        report({k: v for k, v in figs.items() if not k.startswith(shown)})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,115 @@
+"""Pages as a user feels them (issue 14): from navigation to everything drawn, in headless Debian Chromium
+(Playwright) against `streamlit run app.py` on the demo workspace, warm (each page opened once before timing).
+
+    python benchmarks/bench_browser.py --workspace cache        # the demo workspace `make run` uses
+    python benchmarks/bench_browser.py --workspace W --reps 5
+
+Figures (`name: value`): `browser_page_s_<page>` for Overview, Acceptance (a run with its token view open),
+Compare, Completions, Extraction and Diagnostics: the median over `--reps` of the seconds from `page.goto` to
+the page's heading shown, Streamlit's script run finished (no status widget), no skeleton left, every plotly
+chart drawn and every table drawn; `browser_page_s_max` the slowest.
+
+Contract: reads the workspace only (the dashboard it starts is the product's own `streamlit run app.py`); it
+builds nothing. Chromium at /usr/bin/chromium (override with DFLASH_CHROMIUM).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from _common import ROOT, note, report
+
+CHROMIUM = os.environ.get("DFLASH_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+DRAWN = """() => !document.querySelector('[data-testid="stStatusWidget"]')
+    && !document.querySelector('[data-testid=stSkeleton]')
+    && [...document.querySelectorAll('[data-testid=stPlotlyChart]')].filter(e => e.checkVisibility())
+           .every(e => e.querySelector('.main-svg'))
+    && [...document.querySelectorAll('[data-testid=stDataFrame]')].filter(e => e.checkVisibility())
+           .every(e => e.querySelector('canvas'))"""  # shown ones: a collapsed expander draws nothing
+
+
+def serve(ws: Path, port: int, log: Path) -> subprocess.Popen:
+    """The dashboard on `ws`, polled until /_stcore/health answers."""
+    app = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+         "--", "--workspace", str(ws)], cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if app.poll() is not None:
+            raise RuntimeError(f"streamlit exited {app.returncode}: {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return app
+        except OSError:
+            time.sleep(0.2)  # a benchmark polling a server it started, not a test
+    app.kill()
+    raise RuntimeError("streamlit did not serve within 120 s")
+
+
+def pages(ws: Path) -> dict[str, str]:
+    """Page name -> URL path, the Acceptance and Compare pages on real runs of the workspace."""
+    from dflash_dash.store import Store
+    st = Store(ws)
+    runs = st.runs()
+    if len(runs) < 2:
+        raise SystemExit(f"{ws}: needs two runs (build the demo: python -m dflash_dash --workspace {ws} demo)")
+    a = runs[0]
+    same = [r for r in runs if r["extraction_id"] == a["extraction_id"] and r["id"] != a["id"]]
+    b = (same or runs[1:])[0]
+    pid = st.prompt_scalars(a["id"])[0]["prompt_id"]
+    return {"overview": "", "acceptance": f"acceptance?run={a['id']}&prompt={pid}",
+            "compare": f"compare?a={a['id']}&b={b['id']}&prompt={pid}", "completions": "completions",
+            "extraction": "extraction", "diagnostics": "diagnostics"}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workspace", default=str(ROOT / "cache"))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--port", type=int, default=8765)
+    a = ap.parse_args()
+    from playwright.sync_api import sync_playwright
+    ws = Path(a.workspace).resolve()
+    urls = pages(ws)
+    log = Path("/tmp") / f"bench-browser-{os.getpid()}.log"
+    app = serve(ws, a.port, log)
+    figs: dict = {}
+    try:
+        with sync_playwright() as p:
+            b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = b.new_context(viewport={"width": 1500, "height": 1000}).new_page()
+            for name, path in urls.items():
+                times = []
+                for rep in range(a.reps + 1):  # the first opening warms the server's caches: not timed
+                    t0 = time.perf_counter()
+                    page.goto(f"http://127.0.0.1:{a.port}/{path}")
+                    page.locator("h1").first.wait_for(timeout=120_000)
+                    try:
+                        page.wait_for_function(DRAWN, timeout=120_000)
+                    except Exception:
+                        page.screenshot(path=f"/tmp/bench-browser-{name}.png")
+                        raise RuntimeError(f"{name}: not drawn within 120 s (screenshot /tmp/bench-browser-{name}.png)")
+                    if rep:
+                        times.append(time.perf_counter() - t0)
+                figs[f"browser_page_s_{name}"] = statistics.median(times)
+                note(f"{name}: {' '.join(f'{t:.2f}' for t in times)} s")
+            b.close()
+        figs["browser_page_s_max"] = max(figs.values())
+    finally:
+        app.terminate()
+        app.wait(15)
+        report(figs)
+
+
+if __name__ == "__main__":
+    main()
