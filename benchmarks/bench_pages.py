@@ -11,7 +11,8 @@ Options: `--device` is where extract and sweep run (cpu, cuda); `--workers N` sh
 worker processes on that device (`jobs.workers`, what the CLI's `--gpus` does; 1: this process);
 `--max-build-s S` stops replaying checkpoints once the build has used S seconds: the sweep is run in rounds
 (the folder of checkpoints grows by as many as the rounds so far say fit, and `pipeline.sweep` replays only
-the new ones), so fewer runs than `--runs` may be built (`runs_built` says how many); `--page-cpus 0,1`
+the new ones), so fewer runs than `--runs` may be built (`runs_built` says how many; the first round, one
+checkpoint over every prompt, always runs to its end); `--page-cpus 0,1`
 measures the pages in a child process pinned to those CPUs (os.sched_setaffinity, torch and DuckDB limited
 to as many threads), so the figures stand for a machine of that many cores; `--profile` runs each page
 slower than the goal (1.5 s) a third time, untimed, with cProfile on inside its script run, and prints where
@@ -94,6 +95,9 @@ def build(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS, runs: 
 
     figs = {} if figs is None else figs
     t_build = time.perf_counter()
+
+    def say(step: str):  # progress notes carry the build's elapsed seconds (a run cut off still shows them)
+        return lambda d, t, m: note(f"[{time.perf_counter() - t_build:.0f} s] {step} {d}/{t} {m}")
     work = Path(work)
     ws = work / "ws"
     done = work / "BUILT.json"
@@ -115,11 +119,13 @@ def build(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS, runs: 
     t0 = time.perf_counter()
     pipeline.import_completions(st, completions_file(work, tok, prompts, tokens), SET)
     figs["build_import_s"] = time.perf_counter() - t0
+    note(f"build_import_s: {figs['build_import_s']:.4g}")
     t0 = time.perf_counter()
     ex = pipeline.extract(st, str(target), SET, pipeline.layer_ids_of(str(step(0)), None), device=device,
-                          progress=lambda d, t, m: note(f"extract {d}/{t} {m}") if d % 100 == 0 else None,
+                          progress=lambda d, t, m: say("extract")(d, t, m) if d % 100 == 0 else None,
                           runner=runner)
     figs["build_extract_s"] = time.perf_counter() - t0
+    note(f"build_extract_s: {figs['build_extract_s']:.4g}")
     db = ws / "dflash.duckdb"
     wal = ws / "dflash.duckdb.wal"
     before = _mb(db, wal)
@@ -139,7 +145,7 @@ def build(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS, runs: 
         for i in range(built, built + k):
             tiny.write_drafter(step(i), tiny.TinyDrafter(seed=i, block_size=block_size))
         t0 = time.perf_counter()
-        pipeline.sweep(st, str(cks), ex, progress=lambda d, t, m: note(f"sweep {d}/{t} {m}"), anchors=anchors,
+        pipeline.sweep(st, str(cks), ex, progress=say("sweep"), anchors=anchors,
                        device=device, runner=runner)
         s = time.perf_counter() - t0
         per_ck = s / k
