@@ -96,6 +96,7 @@ def test_run_without_draft_probabilities_says_replay_again(prepared, workspace_c
     rid = prepared.runs[1]
     con = duckdb.connect(str(workspace_copy / "dflash.duckdb"))
     con.execute("UPDATE run_prompts SET draft_logp = NULL WHERE run_id = ?", [rid])
+    con.execute("DELETE FROM run_analyses WHERE run_id = ?", [rid])  # a run stored before both existed
     con.close()
     at = app(workspace_copy, monkeypatch, "acceptance", run=rid)
     clean(at)

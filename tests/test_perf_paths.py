@@ -133,7 +133,8 @@ def test_run_scores_in_order_like_a_plain_loop(tmp_path):
             for i, (T, P) in enumerate([(30, 5), (18, 9), (25, 3), (12, 11)])]
     seen = []
     results, summary = rp.run(m, head, seqs, budget=3, chunk=4, progress=lambda i, n: seen.append((i, n)))
-    want = [rp.score(s.id, rp.draft_all(m, head, s.features, s.tokens, s.prompt_len, topk=3, chunk=4),
+    k = max(3, rp.ROUND_TOPK)  # run drafts the DDTree budget's candidates, and ROUND_TOPK for the round detail
+    want = [rp.score(s.id, rp.draft_all(m, head, s.features, s.tokens, s.prompt_len, topk=k, chunk=4),
                      s.tokens.numpy(), s.prompt_len, 3) for s in seqs]
     assert [r.id for r in results] == ["s0", "s1", "s2", "s3"]
     assert [vars(r) for r in results] == [vars(w) for w in want]
