@@ -98,6 +98,44 @@ def import_completions(store: Store, file: str | Path, name: str) -> int:
     return len(recs)
 
 
+def import_features(store: Store, set_name: str, target: str | Path, layer_ids: list[int], source: str | Path,
+                    completions: list[dict], meta: dict, versions: dict, progress: Progress = None
+                    ) -> tuple[str, list[str]]:
+    """Import features extracted elsewhere (another machine's feature cache under `source`, `cache` layout) as
+    a new extraction of `set_name`: `completions` are the source's {"id", "prompt_ids", "output_ids"}, `meta`
+    its features' provenance (backend, device, dtype, config_hash, ...). Only completions whose ids equal the
+    set's are imported (the features belong to those ids). Returns (extraction id, mismatched prompt ids);
+    InputError when the source's target differs (config hash) or no completion matches."""
+    info = target_mod.describe(target)
+    if meta.get("config_hash") != info.config_hash:
+        raise InputError(f"the features under {source} were extracted from a target whose config hash is "
+                         f"{meta.get('config_hash')}, but {target} has {info.config_hash}; extract them again with "
+                         "this target")
+    rows = {r["prompt_id"]: r for r in store.completions(set_name)}
+    ex_id = new_id("ex")
+    store.add_extraction(dict(id=ex_id, set_name=set_name, target_path=str(target), layer_ids=list(layer_ids),
+                              hidden_size=info.hidden_size, device=meta.get("device", "cuda"),
+                              dtype=meta.get("dtype", "float32"), backend=meta.get("backend", "fla"),
+                              versions=versions, config_hash=info.config_hash))
+    width, bad = len(layer_ids) * info.hidden_size, []
+    for i, c in enumerate(completions):
+        row = rows.get(c["id"])
+        if row is None or row["prompt_ids"] != c["prompt_ids"] or row["output_ids"] != c["output_ids"]:
+            bad.append(c["id"])
+            continue
+        n = len(c["prompt_ids"]) + len(c["output_ids"])
+        feats = cache.read(Path(source), "features", c["id"], n, width)
+        f = cache.write(features_root(store), ex_id, c["id"], feats, meta | {"extraction": ex_id})
+        store.add_item(ex_id, c["id"], n, str(f))
+        _tick(progress, i + 1, len(completions), f"imported features of {c['id']} ({n} tokens)")
+    if len(bad) == len(completions):
+        store.set_status("extractions", ex_id, "failed")
+        raise InputError(f"none of the {len(completions)} completions under {source} equals one of set "
+                         f"{set_name!r} (ids, prompt and output tokens), so their features belong to none")
+    store.set_status("extractions", ex_id, "done")
+    return ex_id, bad
+
+
 def export_completions(store: Store, name: str) -> list[dict]:
     rows = store.completions(name)
     if not rows:

@@ -194,43 +194,17 @@ def import_fla(store, assets: Path, target: Path, man: dict, progress: Progress 
 
     Only completions whose prompt and output ids equal the shipped ones are imported (the features belong
     to those ids); the ids of the others are returned. Returns (extraction id, mismatched prompt ids)."""
-    from .. import cache, pipeline, target as target_mod
-    from ..store import new_id
-
-    info = target_mod.describe(target)
+    from .. import pipeline
     shipped = [json.loads(line) for line in (assets / FLA / "completions.jsonl").read_text().splitlines() if line]
-    rows = {r["prompt_id"]: r for r in store.completions(SET_NAME)}
     meta = dict(man["gpu"]["coding10"]["features_meta"])
-    if meta.get("config_hash") != info.config_hash:
-        raise DemoError(f"the shipped fla features were extracted from a target whose config hash is "
-                        f"{meta.get('config_hash')}, but {target} has {info.config_hash}; remake the demo assets")
-    ex_id = new_id("ex")
     versions = {k: meta.get(k) for k in ("torch", "transformers", "fla")} | {
         "fla_bound": True, "imported_from": "dflash_dash/demo/assets/fla (extracted with fla kernels on "
                                             f"{man['gpu'].get('gpu') or meta.get('device')})"}
-    store.add_extraction(dict(id=ex_id, set_name=SET_NAME, target_path=str(target), layer_ids=LAYER_IDS,
-                              hidden_size=info.hidden_size, device=meta.get("device", "cuda"),
-                              dtype=meta.get("dtype", "float32"), backend="fla", versions=versions,
-                              config_hash=info.config_hash))
-    width = len(LAYER_IDS) * info.hidden_size
-    bad = []
-    for i, c in enumerate(shipped):
-        row = rows.get(c["id"])
-        if row is None or row["prompt_ids"] != c["prompt_ids"] or row["output_ids"] != c["output_ids"]:
-            bad.append(c["id"])
-            continue
-        n = len(c["prompt_ids"]) + len(c["output_ids"])
-        feats = cache.read(assets / FLA, "features", c["id"], n, width)
-        f = cache.write(pipeline.features_root(store), ex_id, c["id"], feats, meta | {"extraction": ex_id})
-        store.add_item(ex_id, c["id"], n, str(f))
-        if progress:
-            progress(i + 1, len(shipped), f"imported fla features of {c['id']} ({n} tokens)")
-    if len(bad) == len(shipped):
-        store.set_status("extractions", ex_id, "failed")
-        raise DemoError("none of the local server's coding-10 completions equals the shipped ones, so the shipped "
-                        f"fla features match none of them; see {SET_NAME} in the store and the build log")
-    store.set_status("extractions", ex_id, "done")
-    return ex_id, bad
+    try:
+        return pipeline.import_features(store, SET_NAME, target, LAYER_IDS, assets / FLA, shipped,
+                                        meta | {"backend": "fla"}, versions, progress)
+    except pipeline.InputError as e:
+        raise DemoError(f"the shipped fla features cannot be imported: {e}; remake the demo assets") from None
 
 
 def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSETS) -> dict:
