@@ -92,6 +92,16 @@ class Op:
     def _gpus(self) -> None:
         self.gpus = parse_gpus(self.gpus)
 
+    def _replay_fields(self) -> None:
+        """The fields Replay and Sweep share: extraction, tree budget, where and how the drafters run."""
+        self._need("extraction", "an extraction id, or latest")
+        self._int("tree_budget", 0, "expected 0 (no tree) or a positive DDTree node budget like 8")
+        self._device()
+        self._choice("dtype", DTYPES)
+        self._choice("anchors", ANCHORS)
+        self._choice("sliding_block", SLIDING_BLOCKS, optional=True)
+        self._gpus()
+
     def devices(self) -> list[str]:
         """Where the work runs: one worker per entry of `gpus`, else this process on `device`."""
         return list(getattr(self, "gpus", None) or [getattr(self, "device", None) or "cpu"])
@@ -176,14 +186,8 @@ class Replay(Op):
 
     def __post_init__(self):
         self._need("drafter", "the checkpoint folder to replay")
-        self._need("extraction", "an extraction id, or latest")
-        self._int("tree_budget", 0, "expected 0 (no tree) or a positive DDTree node budget like 8")
         self._int("chunk", 1, "expected a positive number of blocks per forward, like 64")
-        self._device()
-        self._choice("dtype", DTYPES)
-        self._choice("anchors", ANCHORS)
-        self._choice("sliding_block", SLIDING_BLOCKS, optional=True)
-        self._gpus()
+        self._replay_fields()
 
 
 @dataclass
@@ -201,13 +205,7 @@ class Sweep(Op):
 
     def __post_init__(self):
         self._need("checkpoints", "the training output folder")
-        self._need("extraction", "an extraction id, or latest")
-        self._int("tree_budget", 0, "expected 0 (no tree) or a positive DDTree node budget like 8")
-        self._device()
-        self._choice("dtype", DTYPES)
-        self._choice("anchors", ANCHORS)
-        self._choice("sliding_block", SLIDING_BLOCKS, optional=True)
-        self._gpus()
+        self._replay_fields()
 
 
 @dataclass
