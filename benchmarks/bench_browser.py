@@ -66,7 +66,7 @@ def pages(ws: Path) -> dict[str, str]:
     a = runs[0]
     same = [r for r in runs if r["extraction_id"] == a["extraction_id"] and r["id"] != a["id"]]
     b = (same or runs[1:])[0]
-    pid = st.prompt_scalars(a["id"])[0]["prompt_id"]
+    pid = st.completion_index(a["set_name"])[0]["prompt_id"]
     return {"overview": "", "acceptance": f"acceptance?run={a['id']}&prompt={pid}",
             "compare": f"compare?a={a['id']}&b={b['id']}&prompt={pid}", "completions": "completions",
             "extraction": "extraction", "diagnostics": "diagnostics"}

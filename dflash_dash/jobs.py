@@ -194,9 +194,9 @@ def check_devices(devs: list[str]) -> None:
     cuda = [d for d in devs if d.startswith("cuda")]
     if not cuda:
         return
-    import torch
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    bad = [d for d in cuda if n == 0 or int(d.partition(":")[2] or 0) >= n]
+    have = devices()  # the one torch-free list of what this machine has (as check_extract)
+    n = len(have) - 1  # every entry but cpu is cuda:i
+    bad = [d for d in cuda if _device(d) not in have]
     if bad:
         raise pipeline.InputError(f"gpus: {', '.join(bad)} not on this machine ({n} CUDA device(s)"
                                   f"{f': 0..{n - 1}' if n else ''}); give GPU indices that exist, or cpu,cpu")

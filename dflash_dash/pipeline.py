@@ -511,8 +511,9 @@ def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = R
                            summary=summary, device=device, dtype=dtype, sliding_block=semantics,
                            config_file=str(loc.config_file), step=drafter_mod.step_of(loc.path.name)), rows)
         _tick(progress, 0, 0, f"analysing run {run_id} (kept for the pages)")
+        stored = [dict(r, prompt_id=r["id"]) for r in rows]  # as run_prompts reads them back
         for name in ANALYSES:  # computed now, from the rows in hand, so no page ever scans them
-            analysis(store, run_id, name, [dict(r, prompt_id=r["id"]) for r in rows])
+            analysis(store, run_id, name, stored)
         out.append({"id": run_id, "summary": summary})
     return out
 

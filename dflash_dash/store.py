@@ -281,13 +281,6 @@ class Store:
         got = self.rows("SELECT * FROM run_prompts WHERE run_id = ? AND prompt_id = ?", [run_id, prompt_id])
         return got[0] if got else None
 
-    def prompt_scalars(self, run_id: str) -> list[dict]:
-        """Per-prompt numbers of a run without its token arrays: prompt_len, tau, tree_tau, rounds (count),
-        committed (sum of rounds), tokens (accepted positions); what tables and sorting need."""
-        return self.rows("SELECT prompt_id, prompt_len, tau, tree_tau, len(rounds) AS rounds, "
-                         "list_sum(rounds) AS committed, len(accepted_at) AS tokens FROM run_prompts "
-                         "WHERE run_id = ? ORDER BY prompt_id", [run_id])
-
     def analysis(self, run_id: str, name: str) -> dict | list | None:
         got = self.rows("SELECT value FROM run_analyses WHERE run_id = ? AND name = ?", [run_id, name])
         return json.loads(got[0]["value"]) if got else None

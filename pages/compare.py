@@ -68,18 +68,13 @@ def token_views(ws: str, stamp: str, a: dict, b: dict, ra: dict, rb: dict) -> No
     st.html(views.compare_html(ta, tb, vocab, (Ba, Bb), diff, heads), unsafe_allow_javascript=True)
 
 
-@st.cache_data(max_entries=16, show_spinner="counting draft lags")
-def lag_rows(ws: str, a_id: str, b_id: str, set_name: str, block_a: int, block_b: int, stamp: str) -> list[dict]:
-    return views.lag_rows(common.analysis(ws, a_id, "lag"), common.analysis(ws, b_id, "lag"), block_a, block_b)
-
-
 def lag_block(ws: str, stamp: str, a: dict, b: dict) -> None:
     st.subheader("One-position draft lag, per slot")
     st.caption("How often the draft at slot k is the target's token one position behind the one it should predict: "
                "the signature of a drafter trained with the anchor's own hidden state in view. "
                + metrics.LAG_FORMULA)
-    rows = lag_rows(ws, a["id"], b["id"], a["set_name"], a["summary"]["block_size"], b["summary"]["block_size"],
-                    stamp)
+    rows = views.lag_rows(common.analysis(ws, a["id"], "lag"), common.analysis(ws, b["id"], "lag"),
+                          a["summary"]["block_size"], b["summary"]["block_size"])
     if not any(r["anchors A"] or r["anchors B"] for r in rows):
         st.info("No drafts to count: the runs hold no drafts for their shared prompts.")
         return

@@ -77,13 +77,12 @@ def reextract_form(e: dict, orch: str) -> None:
     """Device and dtype of a re-extraction (this machine's by default), checked before any job starts
     (jobs.check_extract, as the CLI's `extract`): a device the machine lacks is refused; a duplicate of an
     existing extraction needs a tick first."""
-    from dflash_dash import pipeline
     jobs, key = common.jobs_mod(), f"rx_{e['id']}"
     have = jobs.devices()
     c1, c2 = st.columns(2)
     device = c1.text_input("device", value=have[0], key=f"{key}_device",
                            help=f"cpu, cuda or cuda:N; this machine has {', '.join(have)}").strip()
-    dtypes = list(pipeline.DTYPES)
+    dtypes = list(ops.DTYPES)
     dtype = c2.selectbox("dtype", dtypes, index=dtypes.index("float32" if have[0] == "cpu" else "bfloat16"),
                          key=f"{key}_dtype")
     try:
