@@ -16,11 +16,17 @@ checkpoint over every prompt, always runs to its end); `--page-cpus 0,1`
 measures the pages in a child process pinned to those CPUs (os.sched_setaffinity, torch and DuckDB limited
 to as many threads), so the figures stand for a machine of that many cores; `--profile` runs each page
 slower than the goal (1.5 s) a third time, untimed, with cProfile on inside its script run, and prints where
-the time went.
+the time went; `--session` runs each page script inside one `Store.session()` (one DuckDB connection per page run,
+as app.py would by wrapping `page.run()`).
+
+`--planted` builds the workspace without replaying (what a 2-core machine can build): completions imported, an
+extraction recorded without feature files, and per run the parent's store step of a replay (`pipeline.store_run`)
+on planted results of the replay's shapes (`planted_results`); it adds `store_step_s` (per run) and its parts
+`step_<part>_s` (summarize, prompt_row, add_run, analysis).
 
 Figures (`name: value`): `build_*_s` for each step of the build, `runs_built`, `store_db_mb` (the DuckDB file,
-WAL included), `store_mb_per_1000_prompt_run` (its growth during the sweep per run built, scaled to 1,000
-prompts), `features_mb` (the extraction's feature files) and `page_render_s_<page>` for Overview, Acceptance
+WAL included, and the runs' array files), `store_mb_per_1000_prompt_run` (its growth during the sweep per run
+built, scaled to 1,000 prompts), `features_mb` (the extraction's feature files) and `page_render_s_<page>` for Overview, Acceptance
 (per-prompt table plus the token view of one 2,560-token prompt), Compare (two runs) and the sweep chart (all
 runs), each the first script run of the page in a process that has the app's modules imported, with
 `st.cache_data` cleared (`page_rerender_s_<page>`: the next run, data caches cleared again, resources
@@ -83,6 +89,125 @@ def _mb(*paths: Path) -> float:
     return sum(p.stat().st_size for p in paths if p.is_file()) / 2 ** 20
 
 
+def store_mb(ws: Path) -> float:
+    """The store's size: the DuckDB file (WAL included) and the runs' array files (`store.ARRAYS_DIR`)."""
+    from dflash_dash.store import ARRAYS_DIR
+    return _mb(ws / "dflash.duckdb", ws / "dflash.duckdb.wal", *(ws / ARRAYS_DIR).rglob("*"))
+
+
+def planted_results(comps: list[dict], seed: int, block_size: int, budget: int, vocab: int = 512,
+                    mean_accepted: float = 2.3) -> list:
+    """`replay.PromptResult`s of a drafter that does not exist, shaped as a real every-anchor replay's (accepted(p)
+    at every anchor, drafts [A][B-1], draft log-probabilities, the rounds' top-K blocks, a DDTree walk): per
+    anchor the first a drafts equal the target's next tokens (a geometric, mean about `mean_accepted`), the next
+    differs, the rest are seeded random ids. What `--planted` stores through `pipeline.store_run` in place of a
+    replay that this machine cannot run 20 times."""
+    import numpy as np
+
+    from dflash_dash import replay
+    rng, D, K = np.random.default_rng(seed), block_size - 1, replay.ROUND_TOPK
+    out = []
+    for c in comps:
+        toks = np.asarray(list(c["prompt_ids"]) + list(c["output_ids"]), dtype=np.int64)
+        P, T = len(c["prompt_ids"]), len(toks)
+        A = T - P
+        pos = P + 1 + np.arange(A)[:, None] + np.arange(D)[None, :]  # [A, D] positions the slots draft
+        inside = pos < T
+        tgt = np.where(inside, toks[np.minimum(pos, T - 1)], -1)
+        want = np.minimum(rng.geometric(1 / (1 + mean_accepted), A) - 1, D)
+        drafts = rng.integers(0, vocab, (A, D))
+        drafts = np.where(np.arange(D)[None, :] < want[:, None], tgt, drafts)
+        clash = (np.arange(D)[None, :] == want[:, None]) & (drafts == tgt)
+        drafts = np.where(clash, (drafts + 1) % vocab, drafts)
+        acc = np.minimum(want, inside.sum(1))
+        logp = -rng.exponential(1.0, (A, D)).astype(np.float32)
+        rounds = replay.walk(acc, P, T)
+        at = np.asarray([p for p, _, _ in rounds], dtype=np.int64) - P
+        top_ids = np.concatenate([drafts[at][..., None], rng.integers(0, vocab, (len(at), D, K - 1))], -1)
+        top_p = np.sort(rng.random((len(at), D, K)), -1)[..., ::-1] / K
+        tacc = np.minimum(acc + rng.integers(0, 2, A), inside.sum(1)) if budget else acc
+        out.append(replay.PromptResult(
+            c["prompt_id"], P, acc.tolist(), drafts.tolist(), [n for _, _, n in rounds], [p for p, _, _ in rounds],
+            tacc.tolist() if budget else [], [n for _, _, n in replay.walk(tacc, P, T)] if budget else [],
+            logp.tolist(), top_ids.tolist(), top_p.tolist()))
+    return out
+
+
+def build_planted(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS, runs: int = RUNS,
+                  block_size: int = BLOCK, figs: dict | None = None, budget: int = 8) -> Path:
+    """The scale workspace with planted runs (`planted_results`): completions imported (`pipeline`), an
+    extraction recorded without feature files (`Store.add_extraction`; nothing here reads features), then per
+    checkpoint the parent's store step of a replay (`pipeline.store_run`: summary, rows, analyses) on planted
+    results. figs get `store_step_s` (per run, mean), its parts `step_<part>_s`, and the store size."""
+    from dflash_dash import pipeline
+    from dflash_dash.store import Store, new_id
+    from tools import tiny
+    from transformers import AutoTokenizer
+
+    figs = {} if figs is None else figs
+    work, t_build = Path(work), time.perf_counter()
+    ws, done = work / "ws", work / "BUILT.json"
+    want = {"prompts": prompts, "tokens": tokens, "runs": runs, "block_size": block_size, "anchors": "planted"}
+    if done.is_file() and {k: json.loads(done.read_text()).get(k) for k in want} == want:
+        figs["runs_built"] = runs
+        return ws
+    models = work / "models"
+    target = tiny.write_target(models / "target", tiny.TinyTarget())
+    tiny.write_tokenizer(target, vocab_size=512)
+    tok = AutoTokenizer.from_pretrained(target)
+    st = Store(ws)
+    t0 = time.perf_counter()
+    pipeline.import_completions(st, completions_file(work, tok, prompts, tokens), SET)
+    figs["build_import_s"] = time.perf_counter() - t0
+    note(f"build_import_s: {figs['build_import_s']:.4g}")
+    cks = models / "sweep"
+    d0 = tiny.write_drafter(cks / "step_100", tiny.TinyDrafter(seed=0, block_size=block_size))
+    layers = pipeline.layer_ids_of(str(d0), None)
+    ex = new_id("ex")
+    st.add_extraction(dict(id=ex, set_name=SET, target_path=str(target), layer_ids=layers, hidden_size=64,
+                           device="cpu", dtype="float32", backend="torch", versions={"planted": True}))
+    st.set_status("extractions", ex, "done")
+    ex_row = st.extraction(ex)
+    comps = st.completions(SET)
+    from dflash_dash import replay
+    parts = {"summarize": (replay, "summarize"), "prompt_row": (pipeline, "prompt_row"), "add_run": (Store, "add_run"),
+             "analysis": (pipeline, "analysis")}
+    spent, orig = {k: 0.0 for k in parts}, {k: getattr(o, a) for k, (o, a) in parts.items()}
+    before, steps = store_mb(ws), []
+
+    def timed_part(name):  # each part of the store step timed where the step calls it
+        def call(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return orig[name](*a, **kw)
+            finally:
+                spent[name] += time.perf_counter() - t
+        return call
+    for name, (owner, attr) in parts.items():
+        setattr(owner, attr, timed_part(name))
+    try:
+        for i in range(runs):
+            ck = tiny.write_drafter(cks / f"step_{(i + 1) * 100}", tiny.TinyDrafter(seed=i, block_size=block_size))
+            res = planted_results(comps, i, block_size, budget)
+            t0 = time.perf_counter()
+            pipeline.store_run(st, ex_row, pipeline.Checkpoint(str(ck), None, None), res, budget, "cpu", "float32",
+                               "every")
+            steps.append(time.perf_counter() - t0)
+            note(f"run {i + 1}/{runs}: store step {steps[-1]:.1f} s (so far: "
+                 f"{', '.join(f'{k} {v:.1f}' for k, v in spent.items())} s)")
+    finally:
+        for name, (owner, attr) in parts.items():
+            setattr(owner, attr, orig[name])
+    figs["runs_built"] = runs
+    figs["store_step_s"] = sum(steps) / len(steps)
+    figs.update({f"step_{k}_s": v / runs for k, v in spent.items()})
+    figs["build_total_s"] = time.perf_counter() - t_build
+    figs["store_db_mb"] = store_mb(ws)
+    figs["store_mb_per_1000_prompt_run"] = (store_mb(ws) - before) / runs * 1000 / prompts
+    done.write_text(json.dumps(want | {"runs_built": runs}))
+    return ws
+
+
 def build(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS, runs: int = RUNS,
           block_size: int = BLOCK, figs: dict | None = None, anchors: str = "every", device: str = "cpu",
           workers: int = 1, max_build_s: float | None = None) -> Path:
@@ -126,9 +251,7 @@ def build(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS, runs: 
                           runner=runner)
     figs["build_extract_s"] = time.perf_counter() - t0
     note(f"build_extract_s: {figs['build_extract_s']:.4g}")
-    db = ws / "dflash.duckdb"
-    wal = ws / "dflash.duckdb.wal"
-    before = _mb(db, wal)
+    before = store_mb(ws)
     t_sweep = time.perf_counter()
     built, per_ck = 0, None
     while built < runs:
@@ -154,8 +277,8 @@ def build(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS, runs: 
     figs["build_sweep_s"] = time.perf_counter() - t_sweep
     figs["build_total_s"] = time.perf_counter() - t_build
     figs["runs_built"] = built
-    figs["store_db_mb"] = _mb(db, wal)
-    figs["store_mb_per_1000_prompt_run"] = (_mb(db, wal) - before) / max(built, 1) * 1000 / prompts
+    figs["store_db_mb"] = store_mb(ws)
+    figs["store_mb_per_1000_prompt_run"] = (store_mb(ws) - before) / max(built, 1) * 1000 / prompts
     feats = pipeline.features_root(st)
     figs["features_mb"] = sum(p.stat().st_size for p in feats.rglob("*") if p.is_file()) / 2 ** 20
     done.write_text(json.dumps(want | {"runs_built": built}))
@@ -272,12 +395,28 @@ def timed(at, page: str, params: dict, figs: dict, name: str, profile: bool = Fa
         profiled(go, name)
 
 
-def measure(ws: Path, figs: dict, profile: bool = False) -> None:
+def one_session(ws: Path) -> None:
+    """Every page script run inside `Store.session()` of the app's store (one DuckDB connection per page run):
+    what wrapping app.py's `page.run()` in `with common.store().session():` gives."""
+    from streamlit.navigation.page import StreamlitPage
+
+    from pages import common
+    run = StreamlitPage.run
+
+    def run_in_session(self, *a, **kw):
+        with common.store().session():
+            return run(self, *a, **kw)
+    StreamlitPage.run = run_in_session
+
+
+def measure(ws: Path, figs: dict, profile: bool = False, session: bool = False) -> None:
     from dflash_dash.store import Store
     runs = Store(ws).runs()
     a, b = runs[0]["id"], runs[-1]["id"]
     conns = Connects()
     at = apptest(ws)
+    if session:
+        one_session(ws)
     folder = str(Path(runs[0]["checkpoint"]).parent)
     for page, params, name in [("pages/overview.py", {}, "overview"),
                                ("pages/acceptance.py", {"run": a, "prompt": "p0000"}, "acceptance"),
@@ -313,6 +452,8 @@ def main():
     ap.add_argument("--max-build-s", type=float, default=None, help="replay fewer checkpoints past this time")
     ap.add_argument("--page-cpus", default=None, help="measure the pages in a child pinned to these CPUs: 0,1")
     ap.add_argument("--profile", action="store_true", help="cProfile pages slower than the goal")
+    ap.add_argument("--session", action="store_true", help="each page run in one Store.session() (one_session)")
+    ap.add_argument("--planted", action="store_true", help="planted runs through the store step, no replay")
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--pages-only", action="store_true", help="measure an already built workspace")
     a = ap.parse_args()
@@ -324,19 +465,21 @@ def main():
             if cpus:
                 pin(cpus)
                 figs["page_cpus"] = len(os.sched_getaffinity(0))
-            measure(Path(a.work) / "ws", figs, a.profile)
+            measure(Path(a.work) / "ws", figs, a.profile, a.session)
             return
-        ws = build(a.work, a.prompts, a.tokens, a.runs, a.block_size, figs, a.anchors, a.device, a.workers,
-                   a.max_build_s)
+        ws = (build_planted(a.work, a.prompts, a.tokens, a.runs, a.block_size, figs) if a.planted else
+              build(a.work, a.prompts, a.tokens, a.runs, a.block_size, figs, a.anchors, a.device, a.workers,
+                    a.max_build_s))
         report(figs)
         figs = {}
         if a.build_only:
             return
         if cpus:  # a fresh process: nothing of the build (threads, caches, CUDA) in it
             cmd = [sys.executable, __file__, "--work", a.work, "--pages-only", "--page-cpus", a.page_cpus]
-            subprocess.run(cmd + (["--profile"] if a.profile else []), check=True)
+            subprocess.run(cmd + (["--profile"] if a.profile else []) + (["--session"] if a.session else []),
+                           check=True)
         else:
-            measure(ws, figs, a.profile)
+            measure(ws, figs, a.profile, a.session)
     finally:
         shown = ("page_render_s_", "page_rerender_s_", "page_failed_")  # printed as each page was measured
         report({k: v for k, v in figs.items() if not k.startswith(shown)})

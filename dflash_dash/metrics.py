@@ -43,11 +43,31 @@ class Prompt:
     @property
     def anchors(self) -> list[int]:
         """Anchor of each chain-walk round: P, then + committed."""
-        out, p = [], self.prompt_len
-        for c in self.rounds:
-            out.append(p)
-            p += c
-        return out
+        return self.walk()[0].tolist()
+
+    def walk(self) -> tuple:
+        """The chain-walk rounds as numpy arrays (computed once per Prompt): anchors a [R], accepted(a) [R],
+        tokens left after each anchor T-1-a [R]."""
+        got = self.__dict__.get("_walk")
+        if got is None:
+            import numpy as np
+            a = self.prompt_len + np.concatenate([[0], np.cumsum(self.rounds, dtype=np.int64)[:-1]]).astype(np.int64) \
+                if self.rounds else np.zeros(0, dtype=np.int64)
+            acc = np.asarray(self.accepted_at, dtype=np.int64)[a - self.prompt_len]
+            got = self.__dict__["_walk"] = (a, acc, self.T - 1 - a)
+        return got
+
+    def draft_p(self, D: int):
+        """[R, D] min(1, exp(draft_logp)) at the rounds' anchors (math.exp, value for value as the per-round loops
+        computed it), computed once per Prompt and D; call only when `recorded`."""
+        got = self.__dict__.get(("_p", D))
+        if got is None:
+            import numpy as np
+            a = self.walk()[0] - self.prompt_len
+            lp = np.asarray(self.draft_logp, dtype=np.float64).reshape(-1, D)[a].ravel()
+            got = np.minimum(1.0, np.fromiter(map(math.exp, lp.tolist()), np.float64, len(lp))).reshape(-1, D)
+            self.__dict__[("_p", D)] = got
+        return got
 
     @classmethod
     def of(cls, r: Any) -> "Prompt":
@@ -85,8 +105,18 @@ def tree_tau(p: Prompt, ctx: Ctx) -> float | None:
 def every_anchor(p: Prompt, ctx: Ctx) -> float | None:
     """Mean of accepted(p) + 1 over anchors P..T-2 (the last token has nothing left to draft); None for a
     chain-only replay (anchors off the walks hold -1: not computed)."""
-    acc = p.accepted_at[:-1]
-    return None if any(a < 0 for a in acc) else _mean([a + 1 for a in acc])
+    return _every_anchor_mean([p])
+
+
+def _every_anchor_mean(ps: list[Prompt]) -> float | None:
+    """Mean of accepted(p) + 1 over the anchors P..T-2 of every prompt (integer sums, then one division);
+    None when one is -1 (not computed)."""
+    import numpy as np
+    acc = [np.asarray(p.accepted_at[:-1], dtype=np.int64) for p in ps]
+    n = sum(len(a) for a in acc)
+    if any(len(a) and a.min() < 0 for a in acc) or not n:
+        return None
+    return (sum(int(a.sum()) for a in acc) + n) / n
 
 
 def macro(fn: Callable[[Prompt, Ctx], float | None]) -> Callable[[list[Prompt], Ctx], float | None]:
@@ -105,33 +135,31 @@ def pooled(attr: str, need_tree: bool = False) -> Callable[[list[Prompt], Ctx], 
 
 
 def every_anchor_run(ps: list[Prompt], ctx: Ctx) -> float | None:
-    acc = [a for p in ps for a in p.accepted_at[:-1]]
-    return None if any(a < 0 for a in acc) else _mean([a + 1 for a in acc])
+    return _every_anchor_mean(ps)
 
 
 def accept_hist(ps: list[Prompt], ctx: Ctx) -> list[int]:
     """Rounds of the chain walk by accepted drafts 0..B-1."""
     h = [0] * ctx.block_size
     for p in ps:
-        for a in p.anchors:
-            h[p.accepted_at[a - p.prompt_len]] += 1
+        for a in p.walk()[1].tolist():
+            h[a] += 1
     return h
 
 
 def depth_counts(ps: list[Prompt], ctx: Ctx) -> tuple[list[int], list[int], list[int]]:
     """Per depth k = 1..B-1 over the trace rounds whose slot k lies inside the completion: (inside, reached:
     d_1..d_{k-1} accepted, hit: d_1..d_k accepted)."""
-    B = ctx.block_size
-    inside, reach, hit = [0] * B, [0] * B, [0] * B
-    for p in ps:
-        for a in p.anchors:
-            acc = p.accepted_at[a - p.prompt_len]
-            for k in range(1, min(B - 1, p.T - 1 - a) + 1):
-                inside[k] += 1
-                if acc >= k - 1:
-                    reach[k] += 1
-                    hit[k] += acc >= k
-    return inside[1:], reach[1:], hit[1:]
+    import numpy as np
+    D = ctx.block_size - 1
+    if not ps:
+        return [0] * D, [0] * D, [0] * D
+    acc = np.concatenate([p.walk()[1] for p in ps])
+    kmax = np.minimum(D, np.concatenate([p.walk()[2] for p in ps]))  # slots inside the completion
+
+    def at_least(m):  # [#(m >= k) for k = 1..D]
+        return np.cumsum(np.bincount(np.clip(m, 0, D), minlength=D + 1)[::-1])[::-1][1:].tolist()
+    return at_least(kmax), at_least(np.minimum(kmax, acc + 1)), at_least(np.minimum(kmax, acc))
 
 
 def depth_conditional(ps: list[Prompt], ctx: Ctx) -> list[float | None]:
@@ -168,35 +196,52 @@ def recorded(p: Prompt, ctx: Ctx) -> bool:
 def cal_samples(p: Prompt, ctx: Ctx) -> list[tuple[int, float, bool]]:
     """(depth k, predicted p_k, accepted) per chain-walk round and depth k: slot k inside the completion and
     d_1..d_{k-1} accepted. [] when the prompt has no draft log-probabilities."""
+    k, q, ok = _cal(p, ctx)
+    return list(zip(k.tolist(), q.tolist(), ok.tolist()))
+
+
+def _cal(p: Prompt, ctx: Ctx) -> tuple:
+    """`cal_samples` as arrays (depth k [S], p_k [S], accepted [S]), round by round, k ascending; once per Prompt."""
+    import numpy as np
+    D = ctx.block_size - 1
+    got = p.__dict__.get(("_cal", D))
+    if got is not None:
+        return got
     if not recorded(p, ctx):
-        return []
-    D, out = ctx.block_size - 1, []
-    for a in p.anchors:
-        i = a - p.prompt_len
-        acc = p.accepted_at[i]
-        for k in range(1, min(D, p.T - 1 - a) + 1):
-            if acc < k - 1:
-                break
-            out.append((k, min(1.0, math.exp(p.draft_logp[i * D + k - 1])), acc >= k))
-    return out
+        got = (np.zeros(0, np.int64), np.zeros(0, np.float64), np.zeros(0, bool))
+    else:
+        _, acc, left = p.walk()
+        ks = np.arange(1, D + 1)
+        take = ks[None, :] <= np.minimum(np.minimum(D, left), acc + 1)[:, None]  # [R, D], row-major = loop order
+        got = (np.broadcast_to(ks, take.shape)[take], p.draft_p(D)[take], (acc[:, None] >= ks[None, :])[take])
+    p.__dict__[("_cal", D)] = got
+    return got
 
 
-def _samples(ps: list[Prompt], ctx: Ctx) -> list[tuple[int, float, bool]] | None:
-    """Samples of every prompt; None when no prompt recorded draft log-probabilities."""
+def _samples(ps: list[Prompt], ctx: Ctx) -> tuple | None:
+    """Samples of every prompt as arrays (depth k, p_k, accepted); None when no prompt recorded draft
+    log-probabilities."""
+    import numpy as np
     if not any(recorded(p, ctx) for p in ps):
         return None
-    return [s for p in ps for s in cal_samples(p, ctx)]
+    got = [_cal(p, ctx) for p in ps]
+    return tuple(np.concatenate([g[i] for g in got]) for i in range(3))
 
 
 def bins_of(samples: list[tuple[int, float, bool]], n: int = CAL_BINS) -> list[dict]:
     """Reliability bins: per equal-width bin [lo, hi) of p (the last one closed) the sample count, the mean
     predicted p (confidence) and the share accepted (observed); None for an empty bin."""
-    cnt, sp, hit = [0] * n, [0.0] * n, [0] * n
-    for _, q, ok in samples:
-        b = min(int(q * n), n - 1)
-        cnt[b] += 1
-        sp[b] += q
-        hit[b] += ok
+    import numpy as np
+    return _bins(np.asarray([q for _, q, _ in samples], dtype=np.float64),
+                 np.asarray([ok for _, _, ok in samples], dtype=bool), n)
+
+
+def _bins(q, ok, n: int = CAL_BINS) -> list[dict]:
+    """`bins_of` over arrays p_k [S], accepted [S] (sums in sample order, as the loop added them)."""
+    import numpy as np
+    b = np.minimum((q * n).astype(np.int64), n - 1)
+    cnt, sp = np.bincount(b, minlength=n).tolist(), np.bincount(b, weights=q, minlength=n).tolist()
+    hit = np.bincount(b[ok], minlength=n).tolist()
     return [{"lo": b / n, "hi": (b + 1) / n, "n": cnt[b], "predicted": sp[b] / cnt[b] if cnt[b] else None,
              "observed": hit[b] / cnt[b] if cnt[b] else None} for b in range(n)]
 
@@ -209,20 +254,23 @@ def ece_of(bins: list[dict]) -> float | None:
 
 def calibration_ece(ps: list[Prompt], ctx: Ctx) -> float | None:
     s = _samples(ps, ctx)
-    return None if s is None else ece_of(bins_of(s))
+    return None if s is None else ece_of(_bins(s[1], s[2]))
 
 
 def calibration_ece_depth(ps: list[Prompt], ctx: Ctx) -> list[float | None] | None:
     s = _samples(ps, ctx)
-    return None if s is None else [ece_of(bins_of([x for x in s if x[0] == k])) for k in range(1, ctx.block_size)]
+    return None if s is None else [ece_of(_bins(s[1][s[0] == k], s[2][s[0] == k])) for k in range(1, ctx.block_size)]
 
 
 def confidence_depth(ps: list[Prompt], ctx: Ctx) -> list[float | None] | None:
     """Mean p_k per depth over the samples (the conditional curve's rounds): against depth_conditional."""
+    import numpy as np
     s = _samples(ps, ctx)
     if s is None:
         return None
-    return [_mean([q for k2, q, _ in s if k2 == k]) for k in range(1, ctx.block_size)]
+    n = np.bincount(s[0], minlength=ctx.block_size).tolist()
+    tot = np.bincount(s[0], weights=s[1], minlength=ctx.block_size).tolist()  # summed in sample order
+    return [tot[k] / n[k] if n[k] else None for k in range(1, ctx.block_size)]
 
 
 def reliability(ps: list[Prompt], ctx: Ctx) -> dict | None:
@@ -230,23 +278,24 @@ def reliability(ps: list[Prompt], ctx: Ctx) -> dict | None:
     s = _samples(ps, ctx)
     if s is None:
         return None
-    return {"bins": CAL_BINS, "pooled": bins_of(s),
-            "by_depth": [bins_of([x for x in s if x[0] == k]) for k in range(1, ctx.block_size)]}
+    return {"bins": CAL_BINS, "pooled": _bins(s[1], s[2]),
+            "by_depth": [_bins(s[1][s[0] == k], s[2][s[0] == k]) for k in range(1, ctx.block_size)]}
 
 
 def expected_rounds(p: Prompt, ctx: Ctx) -> list[float]:
     """Expected committed tokens of each chain-walk round from the draft probabilities:
     1 + sum_{k=1}^{min(B-1, left-1)} prod_{j<=k} p_j, left = T-1-anchor (the same cap as the committed count)."""
+    import numpy as np
     if not recorded(p, ctx):
         return []
-    D, out = ctx.block_size - 1, []
-    for a in p.anchors:
-        i, e, run = a - p.prompt_len, 1.0, 1.0
-        for k in range(1, min(D, p.T - 1 - a - 1) + 1):
-            run *= min(1.0, math.exp(p.draft_logp[i * D + k - 1]))
-            e += run
-        out.append(e)
-    return out
+    got = p.__dict__.get(("_exp", ctx.block_size))
+    if got is None:
+        D, (_, _, left) = ctx.block_size - 1, p.walk()
+        pk = np.where(np.arange(1, D + 1)[None, :] <= np.minimum(D, left - 1)[:, None], p.draft_p(D), 0.0)
+        run = np.cumprod(pk, axis=1)  # products in the loop's order; 0 past the cap adds nothing
+        got = np.cumsum(np.concatenate([np.ones((len(run), 1)), run], axis=1), axis=1)[:, -1].tolist()
+        p.__dict__[("_exp", ctx.block_size)] = got
+    return list(got)
 
 
 def expected_tau(p: Prompt, ctx: Ctx) -> float | None:
@@ -344,15 +393,20 @@ def budget_rounds(p: Prompt, ctx: Ctx) -> list[int] | None:
     N = ctx.tree_budget
     if not N:
         return None
-    out, a, T = [], p.prompt_len, p.T
+    if ("_budget", N) in p.__dict__:  # once per Prompt and budget
+        got = p.__dict__[("_budget", N)]
+        return None if got is None else list(got)
+    out, a, T, P, at = [], p.prompt_len, p.T, p.prompt_len, p.accepted_at
     while a < T - 1:
-        acc = p.accepted_at[a - p.prompt_len]
+        acc = at[a - P]
         if acc < 0:
-            return None
+            out = None
+            break
         c = min(min(acc, N) + 1, T - 1 - a)
         out.append(c)
         a += c
-    return out
+    p.__dict__[("_budget", N)] = out
+    return None if out is None else list(out)
 
 
 def chain_tau_at_budget(p: Prompt, ctx: Ctx) -> float | None:

@@ -39,7 +39,7 @@ class Config:
     spans: int = 10                  # worst spans kept (non-overlapping)
 
 
-@dataclass
+@dataclass(slots=True)
 class Round:
     prompt: str        # prompt id
     P: int             # prompt length
@@ -118,10 +118,12 @@ def _r(x: float) -> float:
 
 def by_class(rs: list[Round], strings: Strings) -> list[dict]:
     """Acceptance by the class of the target token at slot 1 (position p+1) of each round."""
-    texts = strings([r.target[0] for r in rs])
+    firsts = [r.target[0] for r in rs]
+    ids = sorted(set(firsts))  # a class per distinct token, not per round
+    cls = dict(zip(ids, map(token_class, strings(ids))))
     groups: dict[str, list[Round]] = {c: [] for c in CLASSES}
-    for r, t in zip(rs, texts):
-        groups[token_class(t)].append(r)
+    for r, t in zip(rs, firsts):
+        groups[cls[t]].append(r)
     n = len(rs)
     return [{"class": c, "share_of_rounds": _r(len(g) / n) if n else None, **_stats(g)} for c, g in groups.items()]
 
@@ -184,34 +186,39 @@ def worst_spans(rows: list[dict], comps: dict[str, dict], run_id: str, strings: 
     with the lowest mean accepted(p) over all prompts, non-overlapping; ties: prompt order, then position.
     A chain-only run knows accepted(p) only at the anchors its walks visited (-1 elsewhere): a window's mean is
     then over its known anchors (`anchors` counts them), and a window without one is skipped."""
-    cands = []
-    order = {r["prompt_id"]: n for n, r in enumerate(rows)}
-    for r in rows:
+    import numpy as np
+    cols: list[tuple] = []  # per prompt: (mean [S], row order, start [S], w, known [S], row) of its windows
+    for o, r in enumerate(rows):
         if r["prompt_id"] not in comps:
             continue
-        acc = list(r["accepted_at"] or [])[:-1]  # the last token has nothing left to draft
+        acc = np.asarray(list(r["accepted_at"] or [])[:-1], dtype=np.int64)  # the last token drafts nothing
         w = min(window, len(acc))
         if not w:
             continue
-        tot, cnt = [0], [0]  # prefix sums of the known accepted(p) and of how many are known
-        for v in acc:
-            tot.append(tot[-1] + max(v, 0))
-            cnt.append(cnt[-1] + (v >= 0))
-        for s in range(len(acc) - w + 1):
-            n = cnt[s + w] - cnt[s]
-            if n:
-                cands.append(((tot[s + w] - tot[s]) / n, order[r["prompt_id"]], s, w, n, r))
-    cands.sort(key=lambda c: c[:3])
+        tot = np.concatenate([[0], np.cumsum(np.maximum(acc, 0))])  # prefix sums of the known accepted(p)
+        cnt = np.concatenate([[0], np.cumsum(acc >= 0)])            # and of how many are known
+        n = cnt[w:] - cnt[:-w]
+        keep = n > 0
+        start = np.arange(len(acc) - w + 1)[keep]
+        cols.append(((tot[w:] - tot[:-w])[keep] / n[keep], o, start, w, n[keep], r))
     picked: list[tuple] = []
-    taken: dict[str, list[tuple[int, int]]] = {}
-    for mean, _, s, w, n, r in cands:
-        spans = taken.setdefault(r["prompt_id"], [])
-        if any(s < e and a < s + w for a, e in spans):
-            continue
-        spans.append((s, s + w))
-        picked.append((mean, s, w, n, r))
-        if len(picked) >= top:
-            break
+    if cols:
+        mean = np.concatenate([c[0] for c in cols])
+        order = np.concatenate([np.full(len(c[2]), c[1]) for c in cols])
+        start = np.concatenate([c[2] for c in cols])
+        which = np.concatenate([np.full(len(c[2]), i) for i, c in enumerate(cols)])
+        known = np.concatenate([c[4] for c in cols])
+        taken: dict[str, list[tuple[int, int]]] = {}
+        for j in np.lexsort((start, order, mean)).tolist():  # by mean, then prompt order, then position
+            _, _, _, w, _, r = cols[which[j]]
+            s = int(start[j])
+            spans = taken.setdefault(r["prompt_id"], [])
+            if any(s < e and a < s + w for a, e in spans):
+                continue
+            spans.append((s, s + w))
+            picked.append((float(mean[j]), s, w, int(known[j]), r))
+            if len(picked) >= top:
+                break
     out = []
     for mean, s, w, n, r in picked:
         pid, P = r["prompt_id"], r["prompt_len"]

@@ -93,8 +93,7 @@ def import_completions(store: Store, file: str | Path, name: str) -> int:
         raise InputError(f"{file}: no such file")
     recs = parse_jsonl(p.read_text())
     store.add_set(name, str(p.resolve()))
-    for i, r in enumerate(recs):
-        store.add_completion(name, r | {"idx": i, "finish_reason": "imported"})
+    store.add_completions(name, [r | {"idx": i, "finish_reason": "imported"} for i, r in enumerate(recs)])
     return len(recs)
 
 
@@ -499,23 +498,32 @@ def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = R
     for (ck, loc, cfg, sem), by_id in zip(plan, got):
         if set(by_id) != set(ids):
             raise RuntimeError(f"the replay of {loc.path} returned {len(by_id)} of {len(ids)} prompts")
-        res = [by_id[i] for i in ids]
-        semantics = sem if "sliding_attention" in cfg.layer_types else None
-        summary = replay_mod.summarize(res, cfg.block_size, budget) | {
-            "backend": ex["backend"], "extraction": ex["id"], "sliding_block": semantics, "anchors": anchors,
-            "round_topk": replay_mod.ROUND_TOPK}  # K of run_prompts.round_top_ids/_p, flattened [R][B-1][K]
-        run_id = new_id("run")
-        rows = [prompt_row(r, cfg.block_size, budget) for r in res]
-        store.add_run(dict(id=run_id, extraction_id=ex["id"], checkpoint=str(loc.path),
-                           name=ck.name or loc.path.name, config=drafter_mod.raw_config(loc), tree_budget=budget,
-                           summary=summary, device=device, dtype=dtype, sliding_block=semantics,
-                           config_file=str(loc.config_file), step=drafter_mod.step_of(loc.path.name)), rows)
-        _tick(progress, 0, 0, f"analysing run {run_id} (kept for the pages)")
-        stored = [dict(r, prompt_id=r["id"]) for r in rows]  # as run_prompts reads them back
-        for name in ANALYSES:  # computed now, from the rows in hand, so no page ever scans them
-            analysis(store, run_id, name, stored)
-        out.append({"id": run_id, "summary": summary})
+        out.append(store_run(store, ex, ck, [by_id[i] for i in ids], budget, device, dtype, anchors, progress))
     return out
+
+
+def store_run(store: Store, ex: dict, ck: Checkpoint, res: list[replay_mod.PromptResult], budget: int, device: str,
+              dtype: str, anchors: str, progress: Progress = None) -> dict:
+    """The parent's store step of one replayed checkpoint: its summary over all prompts (`res`, in set order), the
+    run and its per-prompt rows stored, then every whole-run analysis kept. Returns {"id", "summary"}."""
+    loc = drafter_mod.locate(ck.path, ck.draft_config)
+    cfg = drafter_mod.config_of(loc)
+    sem = drafter_mod.sliding_semantics(cfg, ck.sliding_block)
+    semantics = sem if "sliding_attention" in cfg.layer_types else None
+    summary = replay_mod.summarize(res, cfg.block_size, budget) | {
+        "backend": ex["backend"], "extraction": ex["id"], "sliding_block": semantics, "anchors": anchors,
+        "round_topk": replay_mod.ROUND_TOPK}  # K of run_prompts.round_top_ids/_p, flattened [R][B-1][K]
+    run_id = new_id("run")
+    rows = [prompt_row(r, cfg.block_size, budget) for r in res]
+    store.add_run(dict(id=run_id, extraction_id=ex["id"], checkpoint=str(loc.path),
+                       name=ck.name or loc.path.name, config=drafter_mod.raw_config(loc), tree_budget=budget,
+                       summary=summary, device=device, dtype=dtype, sliding_block=semantics,
+                       config_file=str(loc.config_file), step=drafter_mod.step_of(loc.path.name)), rows)
+    _tick(progress, 0, 0, f"analysing run {run_id} (kept for the pages)")
+    stored = [dict(r, prompt_id=r["id"]) for r in rows]  # as run_prompts reads them back
+    for name in ANALYSES:  # computed now, from the rows in hand, so no page ever scans them
+        analysis(store, run_id, name, stored)
+    return {"id": run_id, "summary": summary}
 
 
 def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> Iterator[dict]:

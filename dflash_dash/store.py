@@ -2,28 +2,113 @@
 
 Contract: every call opens a short-lived DuckDB connection under an exclusive cross-process file lock
 (`dflash.duckdb.lock`, flock), so the app, background jobs and the CLI share one file without lock errors:
-DuckDB itself allows one read-write process per file. Rows come back as plain dicts; JSON columns are
-decoded. Knows nothing of torch, HTTP or Streamlit. Large arrays live in the feature cache, not here.
+DuckDB itself allows one read-write process per file; inside `with store.session():` the calls share one
+connection (a page run, a bulk import), the lock held until the block ends. Rows come back as plain dicts;
+JSON columns are decoded. Knows nothing of torch, HTTP or Streamlit. Large arrays live outside DuckDB: features
+in the feature cache, each run prompt's result arrays as one packed blob (`pack_arrays`) in an array file of
+its run (ARRAYS_DIR) that its run_prompts row points into, so reading one prompt of one run is a keyed read of
+scalars plus one file read, while the scalars stay SQL columns.
 """
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import struct
+import threading
 import time
 import uuid
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import duckdb
+import numpy as np
 
 from .errors import UserError
 
 DB_NAME = "dflash.duckdb"
 JSON_COLS = {"meta_info", "request", "versions", "config", "summary", "args", "result", "layer_ids_json"}
 
-# Each entry upgrades the schema by one version; never edit a released entry, append a new one.
-MIGRATIONS: list[str] = [
+# The per-prompt result arrays of a run_prompts row, in the order rows list them. Integers, except REALS
+# (float32, as the REAL[] columns of schema v4-v6 held them).
+ARRAYS = ("rounds", "accepted_at", "drafts", "tree_at", "tree_rounds", "draft_logp", "round_top_ids", "round_top_p")
+REALS = frozenset({"draft_logp", "round_top_p"})
+PACK_MAGIC, PACK_LEVEL = b"DFA1", 1  # blob format tag; zlib level (1: fast, most of the gain)
+ARRAYS_DIR = "run_arrays"  # under the workspace: {run_id}/{uuid}.arrays, the packed rows of one put_prompts
+_INTS = [np.dtype(t) for t in ("<i1", "<i2", "<i4", "<i8")]
+
+
+def pack_arrays(p: dict) -> bytes:
+    """A run_prompts row's arrays (ARRAYS; lists or numpy, flat or nested; None kept as None) as one blob:
+    MAGIC, u32 header length, JSON header {name: [dtype, count] | null, "z": bytes of the zlib part}, then
+    zlib(the integer arrays' values) and the REALS' raw float32 values (random mantissas: zlib would spend its
+    time for a few percent), little-endian, in ARRAYS order. Integers take the narrowest signed type their
+    values fit (lossless)."""
+    head, ints, reals = {}, [], []
+    for k in ARRAYS:
+        v = p.get(k)
+        if v is None:
+            head[k] = None
+            continue
+        a = np.asarray(v, dtype=np.float32 if k in REALS else np.int64).ravel()
+        if k not in REALS:
+            lo, hi = (int(a.min()), int(a.max())) if a.size else (0, 0)
+            a = a.astype(next(t for t in _INTS if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max))
+        a = a.astype(a.dtype.newbyteorder("<"), copy=False)
+        head[k] = [a.dtype.str, int(a.size)]
+        (reals if k in REALS else ints).append(a.tobytes())
+    z = zlib.compress(b"".join(ints), PACK_LEVEL)
+    h = json.dumps(head | {"z": len(z)}).encode()
+    return b"".join([PACK_MAGIC, struct.pack("<I", len(h)), h, z, *reals])
+
+
+def unpack_arrays(blob: bytes) -> dict:
+    """`pack_arrays` reversed: {name: list (flat) | None} for every name of ARRAYS."""
+    if blob[:4] != PACK_MAGIC:
+        raise StoreError("a run_prompts row holds arrays in an unknown format; upgrade dflash-dash")
+    n = struct.unpack("<I", blob[4:8])[0]
+    head = json.loads(blob[8:8 + n])
+    ints, reals = zlib.decompress(blob[8 + n:8 + n + head["z"]]), memoryview(blob)[8 + n + head["z"]:]
+    at, out = {False: 0, True: 0}, {}
+    for k in ARRAYS:
+        spec = head.get(k)
+        if spec is None:
+            out[k] = None
+            continue
+        dt, real = np.dtype(spec[0]), k in REALS
+        out[k] = np.frombuffer(reals if real else ints, dt, spec[1], at[real]).tolist()
+        at[real] += dt.itemsize * spec[1]
+    return out
+
+
+def _v7_arrays_to_files(con, store: "Store") -> None:
+    """v7: run_prompts' LIST columns move to array files (`Store.put_prompts`), in one pass over the old table: the
+    files are written as its rows stream in, the rows pointing into them inserted after."""
+    con.execute("ALTER TABLE run_prompts RENAME TO run_prompts_v6")
+    con.execute(RUN_PROMPTS_V7)
+    cols = ["run_id", "prompt_id", "prompt_len", "tau", "tree_tau", *ARRAYS]
+    cur, rows = con.execute(f"SELECT {', '.join(cols)} FROM run_prompts_v6 ORDER BY run_id, prompt_id"), []
+    while got := cur.fetchmany(64):
+        by_run: dict[str, list[dict]] = {}
+        for r in got:
+            by_run.setdefault(r[0], []).append(dict(zip(cols, r)))
+        rows += [store._write_arrays(run_id, ps) for run_id, ps in by_run.items()]
+    for run_id, t, _ in rows:
+        store._insert_prompts(con, t)
+    con.execute("DROP TABLE run_prompts_v6")
+
+
+RUN_PROMPTS_V7 = """
+    CREATE TABLE run_prompts (
+        run_id VARCHAR, prompt_id VARCHAR, prompt_len INTEGER, tau DOUBLE, tree_tau DOUBLE,
+        arrays_file VARCHAR, arrays_at BIGINT, arrays_size BIGINT, PRIMARY KEY (run_id, prompt_id));
+"""
+
+# Each entry upgrades the schema by one version (SQL, or a function of the connection for a data rewrite);
+# never edit a released entry, append a new one.
+MIGRATIONS: list[str | Callable] = [
     # v1: initial schema
     """
     CREATE TABLE prompt_sets (name VARCHAR PRIMARY KEY, source VARCHAR, created TIMESTAMP DEFAULT now());
@@ -87,6 +172,11 @@ MIGRATIONS: list[str] = [
     CREATE TABLE run_analyses (run_id VARCHAR, name VARCHAR, value VARCHAR, created TIMESTAMP DEFAULT now(),
         PRIMARY KEY (run_id, name));
     """,
+    # v7: each run prompt's arrays as one packed blob (pack_arrays) in an array file of its run (ARRAYS_DIR), the
+    # row keeping (arrays_file, arrays_at, arrays_size): one prompt of one run is a keyed read of scalars and one
+    # file read (a LIST-column row, or a BLOB column, cost about a second at 1,000 prompts x 2,560 tokens: DuckDB
+    # scans the whole column)
+    _v7_arrays_to_files,
 ]
 VERSION = len(MIGRATIONS)
 REENTRY_S = 0.01       # a process re-locking sooner than this after its own release steps aside first
@@ -102,7 +192,7 @@ def new_id(prefix: str) -> str:
 
 
 class Store:
-    """One workspace's DuckDB file. Cheap to construct; holds no open connection."""
+    """One workspace's DuckDB file. Cheap to construct; holds no open connection outside `session()`."""
 
     def __init__(self, workspace: str | Path):
         self.workspace = Path(workspace)
@@ -110,16 +200,50 @@ class Store:
         self.path = self.workspace / DB_NAME
         self.lock_path = self.workspace / (DB_NAME + ".lock")
         self._migrated = False
+        self._local = threading.local()  # .con: this thread's session connection
 
     # -- connection -----------------------------------------------------------
 
     @contextmanager
     def connect(self):
-        """An exclusive connection: flock on the lock file (blocks, no error), then DuckDB, then commit.
+        """An exclusive connection: flock on the lock file (blocks, no error), then DuckDB, then commit. Inside
+        `session()` (this thread), the session's connection, in a transaction of its own.
 
         flock is not fair: a process that releases and at once re-locks (a polling loop) can starve the
         others, so a re-entry within REENTRY_S of this process's last release first steps aside briefly.
         """
+        held = getattr(self._local, "con", None)
+        if held is None:
+            with self._opened() as con, self._transaction(con):
+                yield con
+        elif self._local.depth:  # a call inside another's transaction (add_run -> put_prompts) joins it
+            yield held
+        else:
+            with self._transaction(held) as con:
+                self._local.depth = 1
+                try:
+                    yield con
+                finally:
+                    self._local.depth = 0
+
+    @contextmanager
+    def session(self):
+        """Every store call of this thread inside the block shares one connection (one DuckDB open instead of
+        one per call: a page run, a bulk import). The lock is held until the block ends, so keep it short: other
+        processes (jobs) wait for it. Nested sessions reuse the outer one; a call made inside another call's
+        `connect()` block joins its transaction."""
+        if getattr(self._local, "con", None) is not None:
+            yield self
+            return
+        with self._opened() as con:
+            self._local.con, self._local.depth = con, 0
+            try:
+                yield self
+            finally:
+                self._local.con = None
+
+    @contextmanager
+    def _opened(self):
         global _last_release
         with open(self.lock_path, "a+") as lf:
             if time.monotonic() - _last_release < REENTRY_S:
@@ -130,20 +254,26 @@ class Store:
                 try:
                     if not self._migrated:
                         self._migrate(con)
-                    con.execute("BEGIN")
                     yield con
-                    con.execute("COMMIT")
-                except BaseException:
-                    try:
-                        con.execute("ROLLBACK")
-                    except duckdb.Error:
-                        pass
-                    raise
                 finally:
                     con.close()
             finally:
                 fcntl.flock(lf.fileno(), fcntl.LOCK_UN)
                 _last_release = time.monotonic()
+
+    @staticmethod
+    @contextmanager
+    def _transaction(con):
+        con.execute("BEGIN")
+        try:
+            yield con
+            con.execute("COMMIT")
+        except BaseException:
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+            raise
 
     def _migrate(self, con) -> None:
         con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER)")
@@ -153,10 +283,10 @@ class Store:
             raise StoreError(f"{self.path} has schema version {have}, newer than this dflash-dash ({VERSION}); "
                              "upgrade dflash-dash")
         for v in range(have, VERSION):
-            con.execute("BEGIN")
-            con.execute(MIGRATIONS[v])
-            con.execute("INSERT INTO schema_version VALUES (?)", [v + 1])
-            con.execute("COMMIT")
+            with self._transaction(con):
+                step = MIGRATIONS[v]
+                step(con, self) if callable(step) else con.execute(step)
+                con.execute("INSERT INTO schema_version VALUES (?)", [v + 1])
         self._migrated = True
 
     def rows(self, sql: str, params: list | None = None) -> list[dict]:
@@ -190,16 +320,38 @@ class Store:
 
     def add_completion(self, set_name: str, c: dict) -> None:
         """Insert or replace one completion; `c` has id, prompt_ids, output_ids and optional text/meta."""
+        self.add_completions(set_name, [c])
+
+    def add_completions(self, set_name: str, cs: list[dict]) -> None:
+        """Insert or replace completions (`add_completion`'s dicts) in one transaction, one batch; one without
+        `idx` gets the next index of the set."""
+        if not cs:
+            return
+        import pyarrow as pa
         with self.connect() as con:
-            idx = c.get("idx")
-            if idx is None:
-                idx = con.execute("SELECT count(*) FROM completions WHERE set_name = ?", [set_name]).fetchone()[0]
-            con.execute(
-                "INSERT OR REPLACE INTO completions (set_name, prompt_id, idx, prompt, output, prompt_ids, "
-                "output_ids, finish_reason, meta_info, request, model_path) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                [set_name, c["id"], idx, c.get("prompt"), c.get("output"), list(c["prompt_ids"]),
-                 list(c["output_ids"]), c.get("finish_reason"), json.dumps(c.get("meta_info") or {}),
-                 json.dumps(c.get("request")) if c.get("request") is not None else None, c.get("model_path")])
+            idx = [c.get("idx") for c in cs]
+            if None in idx:
+                n = con.execute("SELECT count(*) FROM completions WHERE set_name = ?", [set_name]).fetchall()[0][0]
+                for i, c in enumerate(cs):
+                    idx[i] = c.get("idx") if c.get("idx") is not None else n + i
+            ids = pa.list_(pa.int32())
+            t = pa.table({
+                "set_name": [set_name] * len(cs), "prompt_id": [c["id"] for c in cs],
+                "idx": pa.array(idx, pa.int32()), "prompt": pa.array([c.get("prompt") for c in cs], pa.string()),
+                "output": pa.array([c.get("output") for c in cs], pa.string()),
+                "prompt_ids": pa.array([list(c["prompt_ids"]) for c in cs], ids),
+                "output_ids": pa.array([list(c["output_ids"]) for c in cs], ids),
+                "finish_reason": pa.array([c.get("finish_reason") for c in cs], pa.string()),
+                "meta_info": [json.dumps(c.get("meta_info") or {}) for c in cs],
+                "request": pa.array([json.dumps(c.get("request")) if c.get("request") is not None else None
+                                     for c in cs], pa.string()),
+                "model_path": pa.array([c.get("model_path") for c in cs], pa.string())})
+            con.register("_add_completions", t)
+            try:
+                con.execute("INSERT OR REPLACE INTO completions (set_name, prompt_id, idx, prompt, output, prompt_ids, "
+                            "output_ids, finish_reason, meta_info, request, model_path) SELECT * FROM _add_completions")
+            finally:
+                con.unregister("_add_completions")
 
     def sets(self) -> list[dict]:
         return self.rows("SELECT s.name, s.source, s.created, count(c.prompt_id) AS prompts FROM prompt_sets s "
@@ -254,17 +406,59 @@ class Store:
 
     def add_run(self, r: dict, prompts: list[dict]) -> None:
         """Insert a finished run and its per-prompt results in one transaction."""
-        with self.connect() as con:
+        with self.session(), self.connect() as con:
             con.execute("INSERT INTO runs (id, extraction_id, checkpoint, name, config, tree_budget, summary, "
                         "status, device, dtype, sliding_block, config_file, step) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         [r["id"], r["extraction_id"], r["checkpoint"], r["name"], json.dumps(r["config"]),
                          r["tree_budget"], json.dumps(r["summary"]), r.get("status", "done"), r.get("device"),
                          r.get("dtype"), r.get("sliding_block"), r.get("config_file"), r.get("step")])
-            if prompts:
-                con.executemany("INSERT INTO run_prompts VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", [
-                    [r["id"], p["id"], p["prompt_len"], p["tau"], p["tree_tau"], p["rounds"], p["accepted_at"],
-                     p["drafts"], p["tree_at"], p["tree_rounds"], p.get("draft_logp"), p.get("round_top_ids"),
-                     p.get("round_top_p")] for p in prompts])
+            self.put_prompts(r["id"], prompts)
+
+    def put_prompts(self, run_id: str, prompts: list[dict]) -> None:
+        """Insert or replace run `run_id`'s per-prompt rows ({id or prompt_id, prompt_len, tau, tree_tau} and the
+        ARRAYS, lists or numpy; a missing array is stored as None) in one transaction: the arrays packed into one
+        new array file (written whole, then renamed into place), the rows pointing into it."""
+        if prompts:
+            with self.connect() as con:
+                self._put_prompts(con, run_id, prompts)
+
+    def _put_prompts(self, con, run_id: str, prompts: list[dict]) -> None:
+        _, t, f = self._write_arrays(run_id, prompts)
+        try:
+            self._insert_prompts(con, t)
+        except BaseException:
+            f.unlink(missing_ok=True)
+            raise
+
+    def _write_arrays(self, run_id: str, prompts: list[dict]):
+        """The prompts' arrays packed into one new array file (written whole, then renamed into place): (run id,
+        the run_prompts rows pointing into it as an arrow table, the file)."""
+        import pyarrow as pa
+        rel = Path(ARRAYS_DIR) / run_id / f"{uuid.uuid4().hex}.arrays"
+        f = self.workspace / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        blobs = [pack_arrays(p) for p in prompts]
+        tmp = f.with_suffix(".tmp")
+        with open(tmp, "wb") as out:
+            out.writelines(blobs)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, f)
+        sizes = np.fromiter(map(len, blobs), np.int64, len(blobs))
+        return run_id, pa.table({
+            "run_id": [run_id] * len(prompts), "prompt_id": [p.get("prompt_id", p.get("id")) for p in prompts],
+            "prompt_len": pa.array([p["prompt_len"] for p in prompts], pa.int32()),
+            "tau": pa.array([p["tau"] for p in prompts], pa.float64()),
+            "tree_tau": pa.array([p["tree_tau"] for p in prompts], pa.float64()),
+            "arrays_file": [str(rel)] * len(prompts), "arrays_at": np.cumsum(sizes) - sizes, "arrays_size": sizes}), f
+
+    @staticmethod
+    def _insert_prompts(con, t) -> None:
+        con.register("_put_prompts", t)
+        try:
+            con.execute("INSERT OR REPLACE INTO run_prompts SELECT * FROM _put_prompts")
+        finally:
+            con.unregister("_put_prompts")
 
     def runs(self) -> list[dict]:
         return self.rows("SELECT r.*, e.set_name, e.backend, e.target_path FROM runs r "
@@ -274,12 +468,32 @@ class Store:
         return self._one("runs", id_, "run")
 
     def run_prompts(self, run_id: str) -> list[dict]:
-        return self.rows("SELECT * FROM run_prompts WHERE run_id = ? ORDER BY prompt_id", [run_id])
+        """Every prompt's whole row of a run (every array, decoded), by prompt id."""
+        return self._with_arrays(self.rows("SELECT * FROM run_prompts WHERE run_id = ? ORDER BY prompt_id", [run_id]))
 
     def run_prompt(self, run_id: str, prompt_id: str) -> dict | None:
-        """One prompt's whole row of a run (every array), None when the run has no such prompt."""
+        """One prompt's whole row of a run (every array), None when the run has no such prompt: a keyed read of
+        the row's scalars and one read of its packed arrays."""
         got = self.rows("SELECT * FROM run_prompts WHERE run_id = ? AND prompt_id = ?", [run_id, prompt_id])
-        return got[0] if got else None
+        return self._with_arrays(got)[0] if got else None
+
+    def _with_arrays(self, rows: list[dict]) -> list[dict]:
+        """run_prompts rows as the store returns them: the scalars, then the ARRAYS read from their files."""
+        out, files = [], {}
+        try:
+            for r in rows:
+                name, at, size = r.pop("arrays_file"), r.pop("arrays_at"), r.pop("arrays_size")
+                if name not in files:
+                    files[name] = open(self.workspace / name, "rb")
+                files[name].seek(at)
+                out.append(r | unpack_arrays(files[name].read(size)))
+        except FileNotFoundError as e:
+            raise StoreError(f"{e.filename}: the array file of run {rows[0]['run_id']} is missing from the workspace "
+                             f"(copy the whole folder {self.workspace}, {ARRAYS_DIR}/ included)") from None
+        finally:
+            for f in files.values():
+                f.close()
+        return out
 
     def analysis(self, run_id: str, name: str) -> dict | list | None:
         got = self.rows("SELECT value FROM run_analyses WHERE run_id = ? AND name = ?", [run_id, name])

@@ -250,7 +250,8 @@ def test_picking_a_round_shows_its_block(prepared, monkeypatch):
 
 def test_an_older_run_shows_the_argmax_block_with_a_note(prepared, workspace_copy, monkeypatch):
     st = Store(workspace_copy)
-    st.run("UPDATE run_prompts SET round_top_ids = NULL, round_top_p = NULL")
+    for rid in prepared.runs:  # runs replayed before the top-k candidates were kept
+        st.put_prompts(rid, [dict(r, round_top_ids=None, round_top_p=None) for r in st.run_prompts(rid)])
     at = app(workspace_copy, monkeypatch, "acceptance", run=prepared.runs[0], prompt="drafted", round="2")
     clean(at)
     detail = next(h for h in htmls(at) if 'class="dfr"' in h)

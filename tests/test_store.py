@@ -166,3 +166,101 @@ with st.connect() as con:
     assert time.monotonic() - t0 < 10
     st.add_set("after", "x")
     until(lambda: {s["name"] for s in st.sets()} == {"s", "after"}, 5, what="the write after the kill")
+
+
+def _v6_store(path) -> None:
+    """A store written by schema v6: run_prompts arrays as LIST columns (one row with every array, one with
+    NULLs and empty lists as older runs left them)."""
+    con = duckdb.connect(str(path / store_mod.DB_NAME))
+    con.execute("CREATE TABLE schema_version (version INTEGER)")
+    for v in range(6):
+        con.execute(store_mod.MIGRATIONS[v])
+        con.execute("INSERT INTO schema_version VALUES (?)", [v + 1])
+    con.execute("INSERT INTO run_prompts VALUES ('run-a', 'p1', 3, 2.5, NULL, [1, 2], [0, 1, -1], [5, 6, 70000, -1], "
+                "[], [], [-0.5, -1.25, 0.1], [7, 300, 2], [0.1, 0.2, 0.7])")
+    con.execute("INSERT INTO run_prompts VALUES ('run-a', 'p0', 4, 1.0, 1.5, [], [], [], [1], [2], NULL, NULL, NULL)")
+    for i in range(70):  # a second run, more rows than one migration chunk
+        con.execute("INSERT INTO run_prompts VALUES ('run-b', ?, 1, 2.0, NULL, [2], [1, ?], [3, ?], [], [], NULL, "
+                    "NULL, NULL)", [f"q{i:02d}", i, i])
+    con.close()
+
+
+def test_v6_run_prompts_migrate_to_array_files_and_read_back(tmp_path):
+    """Schema v7 keeps each run prompt's arrays as one packed blob in an array file of its run: an old store opens,
+    migrates its rows, and every array (ints of any width, REAL values, NULL, empty) reads back as the LIST columns
+    held it."""
+    _v6_store(tmp_path)
+    st = Store(tmp_path)
+    assert st.version() == store_mod.VERSION >= 7
+    cols = {r["column_name"] for r in st.rows("SELECT column_name FROM information_schema.columns "
+                                             "WHERE table_name = 'run_prompts'")}
+    assert cols == {"run_id", "prompt_id", "prompt_len", "tau", "tree_tau", "arrays_file", "arrays_at", "arrays_size"}
+    p1 = st.run_prompt("run-a", "p1")
+    assert list(p1) == ["run_id", "prompt_id", "prompt_len", "tau", "tree_tau", *store_mod.ARRAYS]
+    assert p1 | {"draft_logp": None, "round_top_p": None} == {
+        "run_id": "run-a", "prompt_id": "p1", "prompt_len": 3, "tau": 2.5, "tree_tau": None, "rounds": [1, 2],
+        "accepted_at": [0, 1, -1], "drafts": [5, 6, 70000, -1], "tree_at": [], "tree_rounds": [],
+        "draft_logp": None, "round_top_ids": [7, 300, 2], "round_top_p": None}
+    import numpy as np
+    assert p1["draft_logp"] == np.float32([-0.5, -1.25, 0.1]).tolist()  # REAL values, as DuckDB gave them
+    assert p1["round_top_p"] == np.float32([0.1, 0.2, 0.7]).tolist()
+    assert [r["prompt_id"] for r in st.run_prompts("run-a")] == ["p0", "p1"]
+    assert st.run_prompts("run-a")[0] | {} == {
+        "run_id": "run-a", "prompt_id": "p0", "prompt_len": 4, "tau": 1.0, "tree_tau": 1.5, "rounds": [],
+        "accepted_at": [], "drafts": [], "tree_at": [1], "tree_rounds": [2], "draft_logp": None,
+        "round_top_ids": None, "round_top_p": None}
+    assert st.run_prompt("run-a", "nope") is None
+    b = st.run_prompts("run-b")
+    assert [(r["prompt_id"], r["accepted_at"], r["drafts"]) for r in b] == [
+        (f"q{i:02d}", [1, i], [3, i]) for i in range(70)]
+    assert {p.parent.name for p in (tmp_path / store_mod.ARRAYS_DIR).rglob("*.arrays")} == {"run-a", "run-b"}
+    for f in (tmp_path / store_mod.ARRAYS_DIR / "run-b").iterdir():
+        f.unlink()
+    with pytest.raises(StoreError, match="array file of run run-b is missing"):
+        st.run_prompt("run-b", "q03")
+
+
+def test_pack_arrays_round_trip_is_lossless():
+    import numpy as np
+    rng = np.random.default_rng(0)
+    row = {"rounds": [1] * 5, "accepted_at": rng.integers(-1, 16, 300).tolist(),
+           "drafts": rng.integers(-1, 40000, (300, 15)).tolist(), "tree_at": [], "tree_rounds": None,
+           "draft_logp": rng.standard_normal(300 * 15).astype(np.float32).tolist(),
+           "round_top_ids": np.array([[2 ** 40, -5]]), "round_top_p": []}
+    got = store_mod.unpack_arrays(store_mod.pack_arrays(row))
+    assert got == {k: (np.asarray(v).ravel().tolist() if v is not None else None) for k, v in row.items()} | {
+        "drafts": [t for r in row["drafts"] for t in r]}
+    with pytest.raises(StoreError, match="unknown format"):
+        store_mod.unpack_arrays(b"XXXX" + bytes(8))
+
+
+def test_put_prompts_replaces_rows_and_add_run_is_one_transaction(tmp_path):
+    st = Store(tmp_path)
+    row = {"id": "p", "prompt_len": 2, "tau": 1.5, "tree_tau": None, "rounds": [1, 2], "accepted_at": [0, 1, 0],
+           "drafts": [4, 5, 6], "tree_at": [], "tree_rounds": [], "draft_logp": [-1.0] * 3}
+    st.add_run(dict(id="r", extraction_id="e", checkpoint="/ck", name="ck", config={}, tree_budget=0, summary={}),
+               [row])
+    assert st.run_prompt("r", "p")["round_top_ids"] is None and st.run_prompt("r", "p")["draft_logp"] == [-1.0] * 3
+    st.put_prompts("r", [dict(st.run_prompt("r", "p"), draft_logp=None)])
+    assert st.run_prompt("r", "p")["draft_logp"] is None and len(st.run_prompts("r")) == 1
+    with pytest.raises(duckdb.Error):  # the run's row exists: nothing of the second add is kept
+        st.add_run(dict(id="r", extraction_id="e", checkpoint="/ck", name="ck", config={}, tree_budget=0,
+                        summary={}), [dict(row, id="q")])
+    assert st.run_prompt("r", "q") is None
+
+
+def test_a_session_shares_one_connection(tmp_path, monkeypatch):
+    st = Store(tmp_path)
+    st.add_set("s", "x")
+    opened = []
+    connect = duckdb.connect
+    monkeypatch.setattr(store_mod.duckdb, "connect", lambda *a, **kw: opened.append(a) or connect(*a, **kw))
+    with st.session():
+        st.add_completions("s", [{"id": f"p{i}", "prompt_ids": [1], "output_ids": [i, i]} for i in range(3)])
+        assert [c["idx"] for c in st.completions("s")] == [0, 1, 2]
+        st.add_completion("s", {"id": "p9", "prompt_ids": [1], "output_ids": [9]})
+        with pytest.raises(duckdb.Error):
+            st.run("SELECT * FROM no_such_table")
+        assert st.completion("s", "p9")["idx"] == 3 and st.stamp()  # the session survives a failed call
+    assert len(opened) == 1
+    assert len(Store(tmp_path).completions("s")) == 4  # committed
