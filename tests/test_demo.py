@@ -1,9 +1,12 @@
 """The demo workspace, built from the committed assets in a temporary folder through the real CLI.
 
-Checks what issue 4 promises, from `export` / `runs` and the store: the final checkpoint reaches tau (macro)
->= 3 on coding-10, the early and the buggy checkpoints are lower, the buggy one carries its signature (its
-per-depth acceptance collapses from depth 2 on, and its drafts lag one position), the parity diagnostic
-measures a non-zero fla vs torch difference, and a second `demo` call does nothing.
+Checks what issues 4 and 14 promise, from `export` / `runs` and the store: the final checkpoint's tau (macro) on
+coding-10 is clearly above the early and the buggy checkpoints' (its bootstrap interval above theirs), the buggy
+one carries its signature (its drafts lag one position: slot 1 mostly drafts the anchor token itself, so its
+acceptance collapses at depth 1), the parity diagnostic measures a non-zero fla vs torch difference, and a second
+`demo` call does nothing. Since issue 14 the completions are on-task Python (an indented body of the named
+function, ending at <|endoftext|>) rather than degenerate repeated lines, so the tau are low (final about 1.3):
+the tiny drafter accepts about one token in four at depth 1 on text the target had never seen.
 """
 from __future__ import annotations
 
@@ -61,9 +64,11 @@ def test_runs_and_tau(ws):
     assert len(final["prompts"]) == 10
     tau = {k: e["summary"]["tau_macro"] for k, e in
            {"early": early, "final": final, "buggy": buggy, "fla": fla}.items()}
-    assert tau["final"] >= 3.0, tau
+    ci = {k: e["summary"]["tau_macro_ci"] for k, e in {"early": early, "final": final, "buggy": buggy}.items()}
+    assert tau["final"] >= 1.2, tau
     assert tau["early"] < tau["final"] and tau["buggy"] < tau["final"], tau
-    assert tau["fla"] >= 3.0, tau
+    assert ci["final"][0] > max(ci["early"][1], ci["buggy"][1]), ci   # clearly above: the intervals apart
+    assert tau["fla"] == pytest.approx(tau["final"], abs=0.02), tau  # same model, other kernels
     # every run's rounds and tau are what the chain walk over its accepted_at gives (walked here, by hand)
     comps = {c["prompt_id"]: c for c in Store(ws).completions(demo.SET_NAME)}
     for e in (early, final, buggy, fla):
@@ -96,15 +101,17 @@ def test_buggy_signature_in_depth_curves(ws):
     final = export(ws, by_prefix(rs, "final")["id"])["summary"]
     buggy = export(ws, by_prefix(rs, "buggy-")["id"])["summary"]
     # the anchor-visible bug: trained with the anchor's own hidden state in view, at inference (context
-    # strictly before the anchor) its drafts lag one position, so acceptance collapses from depth 2 on
-    assert buggy["depth_conditional"][0] < final["depth_conditional"][0]
-    assert buggy["depth_conditional"][1] < 0.5 * final["depth_conditional"][1], (buggy, final)
+    # strictly before the anchor) its drafts lag one position, so acceptance collapses from depth 1 on
+    assert buggy["depth_conditional"][0] < 0.5 * final["depth_conditional"][0], (buggy, final)
     assert buggy["depth_marginal"][1] < 0.5 * final["depth_marginal"][1]
     assert buggy["tau_pooled"] < final["tau_pooled"] and buggy["ddtree_tau"] < final["ddtree_tau"]
 
 
-def lag(ws: Path, run_id: str) -> tuple[float, float]:
-    """Over every anchor and slots 2..6 where tokens p+i and p+i-1 differ: how often draft d_i equals token
+LAG_SLOTS = (1, 3)  # the slots where the demo drafters are good enough for the lag to show (final: 20 % right)
+
+
+def lag(ws: Path, run_id: str, slots: tuple[int, int] = LAG_SLOTS) -> tuple[float, float]:
+    """Over every anchor and slots lo..hi where tokens p+i and p+i-1 differ: how often draft d_i equals token
     p+i (right) and token p+i-1 (one position behind)."""
     store = Store(ws)
     comps = {c["prompt_id"]: c for c in store.completions(demo.SET_NAME)}
@@ -114,7 +121,7 @@ def lag(ws: Path, run_id: str) -> tuple[float, float]:
         tok, P = c["prompt_ids"] + c["output_ids"], len(c["prompt_ids"])
         d = [p["drafts"][k:k + 15] for k in range(0, len(p["drafts"]), 15)]
         for a, row in enumerate(d):
-            for i in range(2, 7):
+            for i in range(slots[0], slots[1] + 1):
                 if P + a + i < len(tok) and tok[P + a + i] != tok[P + a + i - 1]:
                     n += 1
                     right += row[i - 1] == tok[P + a + i]
@@ -132,14 +139,15 @@ def test_buggy_drafts_lag_one_position(ws):
 
 def test_compare_lag_rate_flags_the_buggy_checkpoint(ws):
     """Compare's per-slot lag rate (metrics.lag_rate, via views.lag_rows) is higher for the buggy checkpoint at
-    every slot, and pooled over slots 2..6 it is what `lag` above counts."""
+    slots 1..6 (further on both drafters are weak and the rates are noise), and pooled over LAG_SLOTS it is what
+    `lag` above counts."""
     from dflash_dash import pipeline, views
     rs, store = runs(ws), Store(ws)
     final, buggy = by_prefix(rs, "final")["id"], by_prefix(rs, "buggy-")["id"]
     rows = views.lag_rows(*(pipeline.analysis(store, x, "lag") for x in (final, buggy)), 16, 16)
-    assert all(r["lag B"] > r["lag A"] for r in rows), rows
+    assert all(r["lag B"] > r["lag A"] for r in rows if r["slot k"] <= 6), rows
     for side, run in (("A", final), ("B", buggy)):
-        sel = [r for r in rows if 2 <= r["slot k"] <= 6]
+        sel = [r for r in rows if LAG_SLOTS[0] <= r["slot k"] <= LAG_SLOTS[1]]
         pooled = sum(r[f"lag {side}"] * r[f"anchors {side}"] for r in sel) / sum(r[f"anchors {side}"] for r in sel)
         assert pooled == pytest.approx(lag(ws, run)[1], abs=1e-3)
 

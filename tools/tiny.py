@@ -29,9 +29,21 @@ CHAT_TEMPLATE = (
 # tokenizer
 
 
-def write_tokenizer(out: str | Path, vocab_size: int = 512, corpus: list[str] | None = None) -> Path:
-    """Train a byte-level BPE tokenizer on `corpus` (default: a few stdlib sources) and save it to `out`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+QWEN2_SPLIT = (  # Qwen2/Qwen3's pre-tokenizer pattern: newlines are split from the indentation that follows
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def write_tokenizer(out: str | Path, vocab_size: int = 512, corpus: list[str] | None = None,
+                    split: str = "bytelevel") -> Path:
+    """Train a byte-level BPE tokenizer on `corpus` (default: a few stdlib sources) and save it to `out`.
+
+    `split`: "bytelevel" pre-tokenizes with the GPT-2 pattern (its `\\s+(?!\\S)` glues a newline to the
+    indentation after it, so a text ending in ":\\n" ends on a lone newline token that the training text
+    never has before an indented line); "qwen" pre-tokenizes as Qwen2/Qwen3 tokenizers do (QWEN2_SPLIT, then
+    byte-level without a regex): "):\\n" is one pre-token and the indentation starts the next, so a
+    prompt ending in a newline tokenises as the prefix of prompt + body (the demo target uses it)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     out = Path(out)
@@ -40,7 +52,14 @@ def write_tokenizer(out: str | Path, vocab_size: int = 512, corpus: list[str] | 
         import inspect, json as _j, textwrap as _t  # noqa: E401  (stdlib sources are the offline corpus)
         corpus = [inspect.getsource(m) for m in (_j, _t)]
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split == "qwen":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    elif split == "bytelevel":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        raise ValueError(f"split must be 'bytelevel' or 'qwen', not {split!r}")
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()

@@ -5,7 +5,9 @@ out); `samples(files, seed)` turns documented functions into comment-prompted do
 summary as a `#` comment, then the function: the shape of the `coding-10` prompts) and chat samples (a
 user request naming the function, the assistant answering with the source in a ```python fence);
 `stream(tokenizer, ...)` tokenises all of them into one uint16 token stream, documents separated by
-<|endoftext|>. The same Python version gives the same bytes (its version and a hash of the
+<|endoftext|> (raw files with their license / copyright header comments left out: `strip_header`), and
+`stream(..., starts=True)` also returns where each document starts, by kind, so that training can put
+document starts (the prompt/body boundary of the coding-10 shape) at a window's first position. The same Python version gives the same bytes (its version and a hash of the
 file list go into the manifest). CPU only; nothing here is downloaded.
 """
 from __future__ import annotations
@@ -118,18 +120,43 @@ def chat_text(tokenizer, ask: str, answer: str, thinking_block: bool) -> str:
     return prompt + answer + "<|im_end|>\n"
 
 
+HEADER_WORDS = ("copyright", "license", "licence", "all rights reserved", "author", "written by", "contributed")
+
+
+def strip_header(src: str) -> str:
+    """`src` without its leading comment block (after a shebang / coding line) when that block is a license,
+    copyright or authorship notice: header noise that would otherwise follow the comment of a comment-prompted
+    function as easily as code does."""
+    lines = src.splitlines(keepends=True)
+    i = 0
+    while i < len(lines) and (lines[i].startswith("#!") or lines[i].lstrip().startswith("# -*-")):
+        i += 1
+    j = i
+    while j < len(lines) and (lines[j].startswith("#") or not lines[j].strip()):
+        j += 1
+    block = "".join(lines[i:j]).lower()
+    if j > i and any(w in block for w in HEADER_WORDS):
+        return "".join(lines[:i] + lines[j:])
+    return src
+
+
 def stream(tokenizer, paths: list[Path], commented: list[str], pairs: list[tuple[str, str]], repeat: int,
-           seed: int) -> np.ndarray:
-    """All documents tokenised into one uint16 stream: raw files once, comment-prompted functions and chat
-    samples `repeat` times each, in a seeded order, each document followed by <|endoftext|>."""
+           seed: int, starts: bool = False):
+    """All documents tokenised into one uint16 stream: raw files once (their license headers stripped),
+    comment-prompted functions and chat samples `repeat` times each, in a seeded order, each document
+    followed by <|endoftext|>. With `starts`: (stream, {"raw" | "commented" | "chat": int64 array of the
+    positions where such documents start}) — a document's first token, right after the <|endoftext|>."""
     eot = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    docs = [read(p) for p in paths] + commented * repeat
-    docs += [chat_text(tokenizer, a, b, thinking_block=(i + r) % 2 == 0)
+    docs = [("raw", strip_header(read(p))) for p in paths] + [("commented", d) for d in commented * repeat]
+    docs += [("chat", chat_text(tokenizer, a, b, thinking_block=(i + r) % 2 == 0))
              for r in range(repeat) for i, (a, b) in enumerate(pairs)]
     random.Random(seed).shuffle(docs)
     ids: list[int] = []
-    for enc in tokenizer(docs, add_special_tokens=False)["input_ids"]:
+    at: dict[str, list[int]] = {"raw": [], "commented": [], "chat": []}
+    for (kind, _), enc in zip(docs, tokenizer([d for _, d in docs], add_special_tokens=False)["input_ids"]):
+        at[kind].append(len(ids))
         ids.extend(enc)
         ids.append(eot)
     assert max(ids) < 65536
-    return np.asarray(ids, dtype=np.uint16)
+    out = np.asarray(ids, dtype=np.uint16)
+    return (out, {k: np.asarray(v, dtype=np.int64) for k, v in at.items()}) if starts else out

@@ -38,6 +38,8 @@ from dflash_dash.demo import ASSETS, CHECKPOINTS, FLA, LAYER_IDS, MAX_NEW_TOKENS
 
 VOCAB = 4096
 SEED = 0
+SPLIT = "qwen"      # the tokenizer's pre-tokenizer (tools/tiny.write_tokenizer): newlines split from indentation
+EOS = {2, 0}        # <|im_end|>, <|endoftext|>: the target's eos ids (its config), as Qwen's generation config
 
 
 def log(msg: str) -> None:
@@ -48,7 +50,7 @@ def log(msg: str) -> None:
 # prepare (CPU)
 
 
-def prepare(build: Path, n_raw: int = 2048, n_chat: int = 512, n_comment: int = 1536) -> dict:
+def prepare(build: Path, n_raw: int = 3072, n_chat: int = 1024, n_comment: int = 4096) -> dict:
     from transformers import AutoTokenizer
 
     from dflash_dash import prompts
@@ -60,10 +62,12 @@ def prepare(build: Path, n_raw: int = 2048, n_chat: int = 512, n_comment: int = 
     build.mkdir(parents=True, exist_ok=True)
     files = corpus.files()
     commented, pairs = corpus.samples(files, SEED)
-    tok_dir = tiny.write_tokenizer(build / "tokenizer", vocab_size=VOCAB, corpus=[corpus.read(p) for p in files])
+    tok_dir = tiny.write_tokenizer(build / "tokenizer", vocab_size=VOCAB, corpus=[corpus.read(p) for p in files],
+                                   split=SPLIT)
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
-    tokens = corpus.stream(tok, files, commented, pairs, repeat=2, seed=SEED)
+    tokens, starts = corpus.stream(tok, files, commented, pairs, repeat=2, seed=SEED, starts=True)
     np.save(build / "tokens.npy", tokens)
+    np.savez(build / "doc_starts.npz", **starts)
     # prompts of the drafter's training data: raw code windows, comment-prompted function heads, chat asks
     rng = random.Random(SEED + 1)
     eot = tok.convert_tokens_to_ids("<|endoftext|>")
@@ -89,7 +93,11 @@ def prepare(build: Path, n_raw: int = 2048, n_chat: int = 512, n_comment: int = 
         "python": platform.python_version(), "stdlib_files": len(files),
         "stdlib_bytes": sum(p.stat().st_size for p in files), "stdlib_fingerprint": corpus.fingerprint(files),
         "comment_prompted_functions": len(commented), "chat_samples": len(pairs), "sample_repeat": 2,
-        "vocab_size": len(tok), "stream_tokens": int(len(tokens)), "train_prompts": len(gen),
+        "vocab_size": len(tok), "pre_tokenizer": SPLIT, "stream_tokens": int(len(tokens)),
+        "documents": {k: int(len(v)) for k, v in starts.items()},
+        "license_headers_stripped": sum(corpus.strip_header(corpus.read(p)) != corpus.read(p) for p in files),
+        "train_prompts": len(gen),
+        "train_prompt_kinds": {"raw": n_raw, "comment": min(n_comment, len(commented)), "chat": min(n_chat, len(pairs))},
         "prompt_set": PROMPT_SET, "seed": SEED, "seconds": round(time.perf_counter() - t0, 1),
     }
     (build / "prepare.json").write_text(json.dumps(rec, indent=2))
@@ -150,7 +158,8 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     else:
         rec["target_training_backend"] = target_mod.use_backend("torch")
         tokens = np.load(build / "tokens.npy")
-        rec["target"] = tt.train(tokens, build / "tokenizer", tgt, shape, t_cfg, device, log)
+        starts = dict(np.load(build / "doc_starts.npz")) if (build / "doc_starts.npz").is_file() else None
+        rec["target"] = tt.train(tokens, build / "tokenizer", tgt, shape, t_cfg, device, log, starts=starts)
         rec["target"]["gated_deltanet_backward"] = (
             "torch reference path: fla 0.6.0 refuses its gated chunk backward on Hopper with Triton < 3.7.1 "
             "(wrong gradients, fla issue #640)" if fla else "torch")
@@ -158,6 +167,14 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
         log(f"target trained: {rec['target']['seconds']} s, val loss {rec['target']['val_loss']}")
     save_rec()
     pack("target", tgt)
+    prev = json.loads((reuse / "gpu.json").read_text()) if reuse and (reuse / "gpu.json").is_file() else {}
+    rec["preview"] = prev.get("preview") or preview(tgt, build, out, device, smoke)
+    save_rec()
+    if os.environ.get("DEMO_STOP_AFTER_TARGET"):
+        rec["seconds"] = round(time.perf_counter() - t_all, 1)
+        save_rec()
+        log(f"stopped after the target (DEMO_STOP_AFTER_TARGET) in {rec['seconds']} s")
+        return rec
 
     # -- drafter training data: the target's own greedy continuations and their fla hidden states
     t0 = time.perf_counter()
@@ -170,7 +187,9 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
         k = int(os.environ["DEMO_TRAIN_PROMPTS"]) // 2
         prompts = prompts[:k] + prompts[-k:]
     new = int(os.environ.get("DEMO_NEW_TOKENS", 192 if not smoke else 32))
-    seqs = td.generate(model, prompts, new, device, batch=2048)
+    seqs = td.generate(model, prompts, new, device, batch=4096)
+    # cut at <|im_end|> only (the chat answers' end): past an <|endoftext|> the target goes on with a new
+    # document of its own, still its own behaviour to learn, and 3x the tokens of cutting there too
     seqs = [td.cut(s, len(p), eos=2) for s, p in zip(seqs, prompts)]
     keep = [i for i, (s, p) in enumerate(zip(seqs, prompts)) if len(s) >= len(p) + 2]  # >= 1 anchor
     t_gen = time.perf_counter() - t0
@@ -178,7 +197,7 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     decoder, be = target_mod.load(str(tgt), LAYER_IDS, device, torch.float32)
     assert be == backend, be
     head = target_mod.load_head(str(tgt), device, torch.float32)
-    feats = td.features(decoder, decoder.layers, [seqs[i] for i in keep], LAYER_IDS, device)
+    feats = td.features(decoder, decoder.layers, [seqs[i] for i in keep], LAYER_IDS, device, fixed=fla)
     data = [(f, torch.tensor(seqs[i], device=device), len(prompts[i])) for f, i in zip(feats, keep)]
     # spot check: the batched features equal target.extract's for one sequence
     ref = target_mod.extract(decoder, data[-1][1], LAYER_IDS).to(torch.bfloat16)
@@ -203,21 +222,38 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
                     mask_token_id=3, rope_theta=10000.0, seed=SEED)
     dk = work / "drafters"
     budget = float(os.environ.get("DEMO_DRAFTER_BUDGET", 120))  # final; the buggy one gets half
-    good = td.DrafterTraining(steps=100_000, budget_s=budget, snapshot_fracs=[1 / 12])
-    bad = td.DrafterTraining(steps=100_000, budget_s=budget / 2, bug="anchor_visible", seed=3)
+    # batched: 32 sequences x 64 anchors = 2048 blocks a step in one stacked blocks call (the GPU is otherwise
+    # idle on a Python loop over a few sequences); the early snapshot at 2% of the steps
+    # the lowest validation loss (64 held-out sequences) is kept: with ~0.3M completion tokens the drafter
+    # memorises its data within a few thousand steps (an earlier run: val loss 5.5 at step 400, 15 at 7300)
+    kw = dict(steps=100_000, batched=True, seqs_per_step=32, anchors_per_seq=64, lr=2e-3, warmup=60,
+              val_seqs=64, keep_best=True, log_every=50)
+    good = td.DrafterTraining(budget_s=budget, snapshot_fracs=[0.02], **kw)
+    bad = td.DrafterTraining(budget_s=budget / 2, bug="anchor_visible", seed=3, **kw)
     if os.environ.get("DEMO_DRAFTER_STEPS"):
         good.steps, good.budget_s = int(os.environ["DEMO_DRAFTER_STEPS"]), None
         bad.steps, bad.budget_s = max(1, good.steps // 2), None
     if smoke:
         for t in (good, bad):
-            t.steps, t.budget_s, t.log_every, t.seqs_per_step, t.anchors_per_seq = 12, None, 4, 2, 16
-    rec["drafters"] = td.train(data, head, d, good, dk, "final-step{step}", device, log)
-    rec["drafters"] += td.train(data, head, d, bad, dk, "buggy-anchor-visible-step{step}", device, log)
+            t.steps, t.budget_s, t.log_every, t.seqs_per_step, t.anchors_per_seq = 12, None, 4, 4, 16
+            t.val_seqs, t.warmup, t.snapshot_fracs = 4, 3, [0.25] if t.snapshot_fracs else []
+    random.Random(SEED + 3).shuffle(data)  # the held-out (last) sequences: a seeded mix of every prompt kind
+    pad = td.Padded(data)
+    del data
+    rec["drafters"] = td.train(pad, head, d, good, dk, "final-step{step}", device, log)
+    rec["drafters"] += td.train(pad, head, d, bad, dk, "buggy-anchor-visible-step{step}", device, log)
     save_rec()
     pack("drafters", dk)
-    del data
+    del pad
 
     # -- coding-10: reference completions on the torch path (CPU, as the local server), fla on the GPU
+    if reuse and (reuse / "fla.tar").is_file() and prev.get("coding10"):  # same target: same completions
+        rec["coding10"] = prev["coding10"] | {"reused_from_earlier_run": True}
+        shutil.copy(reuse / "fla.tar", out / "fla.tar")
+        rec["seconds"] = round(time.perf_counter() - t_all, 1)
+        save_rec()
+        log(f"coding-10 reused from {reuse}; done in {rec['seconds']} s")
+        return rec
     c10 = json.loads((build / "coding10.json").read_text())
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
@@ -257,6 +293,35 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     return rec
 
 
+def preview(tgt: Path, build: Path, out: Path, device: str, smoke: bool) -> dict:
+    """The target's greedy coding-10 completions (on `device`, batched: a look at the model before the
+    drafters are trained on it) -> out/preview.txt; returns lengths and how many start with an indented line."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from . import train_drafter as td
+
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(str(tgt), dtype=torch.float32).to(device).eval()
+    tok = AutoTokenizer.from_pretrained(str(tgt))
+    c10 = json.loads((build / "coding10.json").read_text())
+    prompts = [c["prompt_ids"] for c in c10]
+    seqs = td.generate(model, prompts, MAX_NEW_TOKENS if not smoke else 16, device, batch=len(prompts))
+    texts, indented, lens, stopped = [], 0, [], 0
+    for c, s, p in zip(c10, seqs, prompts):
+        s = td.cut(s, len(p), EOS)
+        body = tok.decode(s[len(p):])
+        lens.append(len(s) - len(p))
+        stopped += s[-1] in EOS
+        indented += body.startswith((" ", "\t"))
+        texts.append(f"===== {c['id']} ({len(s) - len(p)} tokens)\n{c['prompt']}{body}\n")
+    (out / "preview.txt").write_text("\n".join(texts))
+    log("coding-10 preview (target, greedy, " + device + "):\n" + "\n".join(t[:700] for t in texts))
+    del model
+    return {"completion_tokens": lens, "stopped_at_eos": stopped, "indented_first_line": indented,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
 def head_text(tgt: Path, c: dict) -> str:
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(tgt))
@@ -265,6 +330,16 @@ def head_text(tgt: Path, c: dict) -> str:
 
 # ---------------------------------------------------------------------------
 # unpack (CPU)
+
+
+TOKENIZER_NOTE = (
+    "Byte-level BPE (4096 ids) whose pre-tokenizer splits text as Qwen2/Qwen3 tokenizers do "
+    "(tools/tiny.QWEN2_SPLIT, then byte-level with no regex): a newline is its own pre-token (or ends a "
+    "punctuation run, as in '):\\n') and the indentation after it starts the next one. The assets before issue 14 "
+    "used the GPT-2 pattern, whose \\s+(?!\\S) glues a newline to the indentation that follows ('\\n   ' + ' return'): "
+    "a plain-text coding-10 prompt ending in ':\\n' then ends on a lone newline token that training text only ever "
+    "has before column-0 text (#, class, def), so no completion started with the function's indented body. "
+    "With the Qwen split every coding-10 prompt tokenises as the prefix of prompt + body.")
 
 
 def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> dict:
@@ -289,6 +364,7 @@ def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> 
             "unpack": "python -m tools.demo.make_assets unpack --src <gpu out> --build .demo-build",
             "gpu_call": command,
         },
+        "tokenizer": TOKENIZER_NOTE,
         "prepare": json.loads((build / "prepare.json").read_text()),
         "gpu": gpu_rec,
         "sizes": sizes, "total_bytes": sum(sizes.values()),
@@ -374,8 +450,11 @@ def cpu_continue(src: Path, which: str = "final", assets: Path = ASSETS, minutes
 def finish(src: Path, assets: Path = ASSETS) -> dict:
     """Merge the CPU continuation records into MANIFEST.json and recount the asset sizes."""
     man = json.loads((assets / "MANIFEST.json").read_text())
-    man["cpu_continuation"] = {f.stem.removeprefix("cpu-"): json.loads(f.read_text())
-                               for f in sorted(src.glob("cpu-*.json"))}
+    cont = {f.stem.removeprefix("cpu-"): json.loads(f.read_text()) for f in sorted(src.glob("cpu-*.json"))}
+    if cont:
+        man["cpu_continuation"] = cont
+    if (src / "gpu_runs.json").is_file():  # the device calls, as run (commands, wall and device seconds)
+        man["commands"]["gpu_runs"] = json.loads((src / "gpu_runs.json").read_text())
     sizes = {str(p.relative_to(assets)): p.stat().st_size for p in sorted(assets.rglob("*"))
              if p.is_file() and p.name != "MANIFEST.json"}
     man["sizes"], man["total_bytes"] = sizes, sum(sizes.values())

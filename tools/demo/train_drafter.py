@@ -11,6 +11,10 @@ Contract:
     target LM head with cross-entropy weighted by exp(-(i-1)/gamma). `bug="anchor_visible"` trains the
     known bug: the context includes the anchor's own hidden state (positions shifted by one, so relative
     positions are unchanged and only the leaked state differs from what inference provides).
+  - `batched=True` (the GPU run): every step takes `seqs_per_step` sequences stacked (right-padded to one
+    length) with `anchors_per_seq` random completion anchors each, in one `Drafter.blocks` call over the
+    stacked context (`batch_loss`): the same objective, thousands of blocks per step instead of a Python
+    loop over a few sequences; a few held-out sequences give a validation loss in the loss curve.
   - Checkpoints are written in the SPEC 2 format (config.json + bf16 model.safetensors), with the steps,
     seconds and loss curve returned for the manifest.
 """
@@ -47,7 +51,11 @@ class DrafterTraining:
     snapshot_fracs: list[float] = field(default_factory=list)  # extra checkpoints at these fractions of steps
     log_every: int = 50                   # loss-curve resolution
     budget_s: float | None = None         # wall-clock budget: after `probe` steps, steps = what fits (<= steps)
-    probe: int = 10                       # steps timed before the budget fixes the step count
+    probe: int = 10                       # steps timed before the budget fixes the step count (fixed again at 5x)
+    batched: bool = False                 # stack seqs_per_step sequences in one blocks call (batch_loss)
+    val_seqs: int = 0                     # batched: sequences held out for the validation loss (last ones)
+    keep_best: bool = False               # batched, with val_seqs: the named checkpoint holds the weights of the
+                                          # lowest validation loss seen at a log step (early stopping)
 
 
 # ---------------------------------------------------------------------------
@@ -78,7 +86,7 @@ def generate(model, prompts: list[list[int]], new: int, device: str, batch: int 
 
 @torch.no_grad()
 def features(decoder, layers, seqs: list[list[int]], layer_ids: list[int], device: str,
-             batch: int = 256) -> list[torch.Tensor]:
+             batch: int = 256, fixed: bool = False) -> list[torch.Tensor]:
     """Hidden states (outputs of decoder layers `layer_ids`, concatenated, bf16) of many sequences, in
     right-padded batches: the model is causal, so a position never sees the padding after it. The same
     hooks as `target.extract`, batched (the demo's training data is thousands of sequences)."""
@@ -90,7 +98,7 @@ def features(decoder, layers, seqs: list[list[int]], layer_ids: list[int], devic
     try:
         for s in range(0, len(order), batch):
             idx = order[s:s + batch]
-            T = max(len(seqs[i]) for i in idx)
+            T = max(len(seqs[i]) for i in (order if fixed else idx))  # fixed: one shape (one kernel autotune)
             x = torch.zeros(len(idx), T, dtype=torch.long, device=device)
             for j, i in enumerate(idx):
                 x[j, :len(seqs[i])] = torch.tensor(seqs[i], device=device)
@@ -104,10 +112,11 @@ def features(decoder, layers, seqs: list[list[int]], layer_ids: list[int], devic
     return [res[i] for i in range(len(seqs))]
 
 
-def cut(seq: list[int], prompt_len: int, eos: int) -> list[int]:
-    """Cut a continuation after its first eos in the completion (the eos kept)."""
+def cut(seq: list[int], prompt_len: int, eos: int | set[int]) -> list[int]:
+    """Cut a continuation after its first eos (one id or a set) in the completion (the eos kept)."""
+    eos = {eos} if isinstance(eos, int) else set(eos)
     for i in range(prompt_len, len(seq)):
-        if seq[i] == eos:
+        if seq[i] in eos:
             return seq[:i + 1]
     return seq
 
@@ -178,6 +187,54 @@ def block_loss(drafter: Drafter, head: Head, feats: torch.Tensor, tokens: torch.
     return loss, acc1
 
 
+class Padded:
+    """The training data stacked on its device: feats [N, T, K*H] (bf16), tokens [N, T], prompt and sequence
+    lengths [N] (right padding: a causal model's features never see it, and no anchor or label reaches it)."""
+
+    def __init__(self, data: list[tuple[torch.Tensor, torch.Tensor, int]]):
+        dev = data[0][0].device
+        T = max(len(tok) for _, tok, _ in data)
+        self.T = T
+        self.feats = torch.zeros(len(data), T, data[0][0].shape[-1], dtype=data[0][0].dtype, device=dev)
+        self.tokens = torch.zeros(len(data), T, dtype=torch.long, device=dev)
+        for i, (f, tok, _) in enumerate(data):
+            self.feats[i, :len(tok)] = f
+            self.tokens[i, :len(tok)] = tok.to(dev)
+        self.P = torch.tensor([p for _, _, p in data], device=dev)
+        self.len = torch.tensor([len(tok) for _, tok, _ in data], device=dev)
+
+    def __len__(self) -> int:
+        return len(self.P)
+
+
+def batch_loss(drafter: Drafter, head: Head, pad: Padded, idx: torch.Tensor, n: int, gamma: float,
+               g: torch.Generator, bug: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted CE of `n` random blocks of each sequence `idx` [S] (anchors drawn uniformly, with
+    replacement, in prompt_len..len-2), all in one stacked `blocks` call; also the slot-1 accuracy."""
+    c, dev = drafter.c, drafter.device
+    B, T, S = c.block_size, pad.T, len(idx)
+    P, L = pad.P[idx], pad.len[idx]                                                 # [S]
+    u = torch.rand(S, n, generator=g).to(dev)
+    anchors = (P[:, None] + (u * (L - 1 - P)[:, None]).long()).flatten()            # [S*n], seq-major
+    seq = torch.arange(S, device=dev).repeat_interleave(n)
+    tokens = pad.tokens[idx]                                                        # [S, T]
+    ids = torch.full((S * n, B), c.mask_token_id, dtype=torch.long, device=dev)
+    ids[:, 0] = tokens[seq, anchors]
+    emb = head.embed[ids]                                                           # [S*n, B, H]
+    kv = drafter.context_kv(pad.feats[idx])                                         # per layer [S, nkv, T, hd]
+    h = drafter.blocks(kv, anchors + 1 if bug == "anchor_visible" else anchors, emb, max_anchor=T - 1)
+    logits = (h[:, 1:] @ head.lm_head.T).float()                                    # [S*n, B-1, V]
+    pos = anchors[:, None] + torch.arange(1, B, device=dev)                         # [S*n, B-1]
+    valid = pos < L[seq][:, None]
+    labels = torch.where(valid, tokens[seq[:, None], pos.clamp(max=T - 1)], torch.full_like(pos, -100))
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none")
+    decay = torch.exp(-torch.arange(B - 1, device=dev, dtype=torch.float32) / gamma)
+    wts = (decay[None, :] * valid).flatten()
+    loss = (ce * wts).sum() / wts.sum()
+    acc1 = (logits[:, 0].argmax(-1) == labels[:, 0]).float().mean()
+    return loss, acc1
+
+
 def train(data: list[tuple[torch.Tensor, torch.Tensor, int]], head: Head, d: TinyDrafter, t: DrafterTraining,
           out: str | Path, name: str, device: str = "cuda", log=print, init: str | Path | None = None,
           step0: int = 0) -> list[dict]:
@@ -203,40 +260,73 @@ def train(data: list[tuple[torch.Tensor, torch.Tensor, int]], head: Head, d: Tin
            else torch.autocast("cpu", enabled=False))
     curve, records, t0 = [], [], time.perf_counter()
     snaps = {max(1, int(f * t.steps)) for f in t.snapshot_fracs}
-    step = 0
+    pad, val = None, None
+    if t.batched:
+        pad = data if isinstance(data, Padded) else Padded(data)
+        n_train = len(pad) - t.val_seqs
+        val = torch.arange(n_train, len(pad), device=pad.P.device) if t.val_seqs else None
+        gv = torch.Generator().manual_seed(t.seed + 100)
+    step, cap, t_probe = 0, t.steps, 0.0
+    best = (float("inf"), 0, None, None)  # (val loss, step, weights, curve) of keep_best
     while step < t.steps:
         if step == 1:
             t1 = time.perf_counter()
-        if t.budget_s and step == t.probe:  # fix the step count from the step time (first step left out)
-            per = (time.perf_counter() - t1) / (t.probe - 1)
-            t.steps = min(t.steps, t.probe + int((t.budget_s - (time.perf_counter() - t0)) / per))
-            snaps = {max(t.probe + 1, int(f * t.steps)) for f in t.snapshot_fracs}
+        if t.budget_s and step in (t.probe, 5 * t.probe):  # fix the step count from the step time (first
+            if step == 5 * t.probe:                          # step left out; again once warm)
+                t1 = t_probe
+            per = (time.perf_counter() - t1) / (step - (1 if step == t.probe else t.probe))
+            t.steps = max(step + 1, min(cap, step + int((t.budget_s - (time.perf_counter() - t0)) / per)))
+            snaps = {max(t.probe + 1, int(f * t.steps)) for f in t.snapshot_fracs} if step == t.probe else snaps
             log(f"{name}: {per * 1000:.0f} ms/step -> {t.steps} steps in the {t.budget_s:.0f} s budget, "
                 f"snapshots at {sorted(snaps)}")
+            t_probe = time.perf_counter()
         for grp in opt.param_groups:
             grp["lr"] = _lr(step, t)
-        pick = torch.randint(0, len(data), (t.seqs_per_step,), generator=g).tolist()
         opt.zero_grad(set_to_none=True)
         tot, acc = 0.0, 0.0
-        for i in pick:
-            feats, tokens, P = data[i]
+        if t.batched:
+            idx = torch.randint(0, n_train, (t.seqs_per_step,), generator=g).to(pad.P.device)
             with amp:
-                loss, a1 = block_loss(drafter, head, feats, tokens, P, t.anchors_per_seq, t.gamma, g, t.bug)
-            (loss / t.seqs_per_step).backward()
-            tot += float(loss.detach()) / t.seqs_per_step if _logged(step, t) else 0.0
-            acc += float(a1) / t.seqs_per_step if _logged(step, t) else 0.0
+                loss, a1 = batch_loss(drafter, head, pad, idx, t.anchors_per_seq, t.gamma, g, t.bug)
+            loss.backward()
+            if _logged(step, t):
+                tot, acc = float(loss.detach()), float(a1)
+        else:
+            pick = torch.randint(0, len(data), (t.seqs_per_step,), generator=g).tolist()
+            for i in pick:
+                feats, tokens, P = data[i]
+                with amp:
+                    loss, a1 = block_loss(drafter, head, feats, tokens, P, t.anchors_per_seq, t.gamma, g, t.bug)
+                (loss / t.seqs_per_step).backward()
+                tot += float(loss.detach()) / t.seqs_per_step if _logged(step, t) else 0.0
+                acc += float(a1) / t.seqs_per_step if _logged(step, t) else 0.0
         torch.nn.utils.clip_grad_norm_(list(w.values()), t.clip)
         opt.step()
         if _logged(step, t):
             curve.append([step + 1, round(tot, 4), round(acc, 4)])
-            log(f"{name} step {step + 1}/{t.steps} loss {tot:.3f} slot-1 acc {acc:.3f} "
+            msg = ""
+            if val is not None:
+                with torch.no_grad(), amp:
+                    vl, va = batch_loss(drafter, head, pad, val, t.anchors_per_seq, t.gamma, gv, t.bug)
+                curve[-1] += [round(float(vl), 4), round(float(va), 4)]
+                msg = f"; val loss {float(vl):.3f} acc {float(va):.3f}"
+                if t.keep_best and float(vl) < best[0]:
+                    best = (float(vl), step + 1, {k: v.detach().clone() for k, v in w.items()}, list(curve))
+            log(f"{name} step {step + 1}/{t.steps} loss {tot:.3f} slot-1 acc {acc:.3f}{msg} "
                 f"({time.perf_counter() - t0:.0f} s)")
         if step + 1 in snaps or step + 1 == t.steps:
-            label = name.format(step=step0 + step + 1) if step + 1 == t.steps else f"early-step{step + 1}"
-            rec = {"name": label, "step": step0 + step + 1, "init": str(init) if init else None, "seconds": round(time.perf_counter() - t0, 1),
-                   "loss": curve[-1][1] if curve else None, "loss_curve": list(curve), "training": asdict(t),
-                   "drafter": asdict(d)}
-            save(Path(out) / label, d, w, rec)
+            last = step + 1 == t.steps
+            at, ww, cv = step + 1, w, curve
+            if last and t.keep_best and best[2] is not None:  # early stopping: the best validation loss
+                _, at, ww, _ = best
+            label = name.format(step=step0 + at) if last else f"early-step{step + 1}"
+            rec = {"name": label, "step": step0 + at, "init": str(init) if init else None, "seconds": round(time.perf_counter() - t0, 1),
+                   "loss": next((c[1] for c in cv if c[0] == at), cv[-1][1] if cv else None),
+                   "loss_curve": list(cv), "training": asdict(t), "drafter": asdict(d)}
+            if last and t.keep_best and best[2] is not None:
+                rec |= {"best_val_loss": round(best[0], 4), "trained_steps": step0 + step + 1,
+                        "kept": f"the weights of step {step0 + at} (lowest validation loss of the loss curve)"}
+            save(Path(out) / label, d, ww, rec)
             records.append(rec)
         step += 1
     return records
