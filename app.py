@@ -3,7 +3,8 @@
 Routes with st.navigation to the page scripts in pages/ (home at /, then URL paths completions, extraction,
 acceptance, compare, diagnostics, conformance); the sidebar shows the workspace, the server's readiness and the
 running jobs.
-Pages read the store and the feature cache only; long work runs as jobs (separate processes).
+Pages read the store and the feature cache only, a page run in one store session; long work runs as jobs (separate
+processes).
 """
 from __future__ import annotations
 
@@ -49,9 +50,10 @@ def server_status(url: str) -> None:
 
 with st.sidebar:
     st.markdown("**Workspace**")
-    st.code(common.workspace(), language=None)
+    st.text(common.workspace())  # not st.code: its syntax highlighter costs every page load ~0.2 s of browser time
     server_status(common.server_url())
     st.markdown("**Jobs**")
     running_jobs()
 
-page.run()
+with common.store().session():  # one store connection for the page's reads (one open, not one per query); the
+    page.run()                  # lock is held for the run, so jobs' writes wait at most one page render

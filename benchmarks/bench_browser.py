@@ -6,8 +6,11 @@
 
 Figures (`name: value`): `browser_page_s_<page>` for Overview, Acceptance (a run with its token view open),
 Compare, Completions, Extraction and Diagnostics: the median over `--reps` of the seconds from `page.goto` to
-the page's heading shown, Streamlit's script run finished (no status widget), no skeleton left, every plotly
-chart drawn and every table drawn; `browser_page_s_max` the slowest.
+the page's heading shown, Streamlit's script run finished (the app's script state `notRunning`: the status widget
+does not show in a headless browser), no skeleton left, every shown plotly chart and table drawn;
+`browser_page_s_max` the slowest. With `--sections`, also `browser_section_s_<page>_<section>`: Acceptance and
+Compare opened with an optional section shown (drawn only when chosen, `&section=...`). The notes give each page's
+times with the machine's 1-min load average before and after.
 
 Contract: reads the workspace only (the dashboard it starts is the product's own `streamlit run app.py`); it
 builds nothing. Chromium at /usr/bin/chromium (override with DFLASH_CHROMIUM).
@@ -28,7 +31,8 @@ from _common import ROOT, note, report
 CHROMIUM = os.environ.get("DFLASH_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
-DRAWN = """() => !document.querySelector('[data-testid="stStatusWidget"]')
+DRAWN = """() => document.querySelector('[data-testid=stApp]')?.dataset.testScriptState === 'notRunning'
+    && !document.querySelector('[data-testid="stStatusWidget"]')
     && !document.querySelector('[data-testid=stSkeleton]')
     && [...document.querySelectorAll('[data-testid=stPlotlyChart]')].filter(e => e.checkVisibility())
            .every(e => e.querySelector('.main-svg'))
@@ -72,15 +76,27 @@ def pages(ws: Path) -> dict[str, str]:
             "extraction": "extraction", "diagnostics": "diagnostics"}
 
 
+def sections(urls: dict[str, str]) -> dict[str, str]:
+    """The optional sections, drawn only when chosen (&section=...): figures beside the goal, not in its max."""
+    return {"acceptance_calibration": urls["acceptance"] + "&section=calibration",
+            "acceptance_patterns": urls["acceptance"] + "&section=patterns",
+            "compare_calibration": urls["compare"] + "&section=calibration"}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workspace", default=str(ROOT / "cache"))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--sections", action="store_true",
+                    help="also time Acceptance and Compare with each optional section open (browser_section_s_*)")
     a = ap.parse_args()
     from playwright.sync_api import sync_playwright
     ws = Path(a.workspace).resolve()
     urls = pages(ws)
+    goal = [f"browser_page_s_{n}" for n in urls]
+    if a.sections:
+        urls |= sections(urls)
     log = Path("/tmp") / f"bench-browser-{os.getpid()}.log"
     app = serve(ws, a.port, log)
     figs: dict = {}
@@ -89,7 +105,7 @@ def main():
             b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
             page = b.new_context(viewport={"width": 1500, "height": 1000}).new_page()
             for name, path in urls.items():
-                times = []
+                times, load0 = [], os.getloadavg()[0]
                 for rep in range(a.reps + 1):  # the first opening warms the server's caches: not timed
                     t0 = time.perf_counter()
                     page.goto(f"http://127.0.0.1:{a.port}/{path}")
@@ -101,10 +117,12 @@ def main():
                         raise RuntimeError(f"{name}: not drawn within 120 s (screenshot /tmp/bench-browser-{name}.png)")
                     if rep:
                         times.append(time.perf_counter() - t0)
-                figs[f"browser_page_s_{name}"] = statistics.median(times)
-                note(f"{name}: {' '.join(f'{t:.2f}' for t in times)} s")
+                kind = "page" if f"browser_page_s_{name}" in goal else "section"
+                figs[f"browser_{kind}_s_{name}"] = statistics.median(times)
+                note(f"{name}: {' '.join(f'{t:.2f}' for t in times)} s (1-min load average {load0:.2f} before, "
+                     f"{os.getloadavg()[0]:.2f} after)")
             b.close()
-        figs["browser_page_s_max"] = max(figs.values())
+        figs["browser_page_s_max"] = max(figs[k] for k in goal)
     finally:
         app.terminate()
         app.wait(15)

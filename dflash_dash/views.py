@@ -10,7 +10,8 @@ Metric labels and formulas come from the registry (`metrics`); the checks of the
 Numbers print one way: `fmt` (2 decimals) for tau-like values, `prob` (3 decimals) for probabilities, `ci` for a
 value with its interval; per-depth figures state the rounds behind each point and mark depths with none (n = 0).
 `compare_html` (Compare's two token views, scroll-synced) is the one HTML that carries a script: a constant that
-reads the DOM, never model text.
+reads the DOM, never model text. Importing views loads no torch: the chain walk and the drafter checks (in modules
+that import torch) are imported on first use.
 """
 from __future__ import annotations
 
@@ -23,8 +24,19 @@ import numpy as np
 import plotly.graph_objects as go
 
 from . import metrics
-from .drafter import checks, step_of
-from .replay import walk
+
+
+def walk(acc: np.ndarray, prompt_len: int, T: int) -> list[tuple[int, int, int]]:
+    """replay.walk, the chain walk, imported on first use: replay and drafter import torch (0.6 s), which the pages
+    without token views (Overview, Completions, Extraction) never need."""
+    from .replay import walk as chain_walk
+    return chain_walk(acc, prompt_len, T)
+
+
+def step_of(name: str) -> int | None:
+    """drafter.step_of, imported on first use (see walk)."""
+    from .drafter import step_of as step
+    return step(name)
 
 # ---------------------------------------------------------------------------
 # legend
@@ -246,6 +258,13 @@ def text_html(text: str) -> str:
     """Untrusted plain text (a prompt) as an escaped block."""
     return ('<div class="dfv" style="font-family:ui-monospace,monospace;font-size:13px;white-space:pre-wrap;'
             f'word-break:break-all">{esc(text or "")}</div>')
+
+
+def pre_html(text: str) -> str:
+    """Plain text (a job's log) as an escaped monospace block: the pages' light stand-in for st.code, whose syntax
+    highlighter costs the browser ~0.2 s on every page load it appears on."""
+    return ('<pre style="font-size:12px;white-space:pre-wrap;word-break:break-all;max-height:24rem;overflow:auto;'
+            f'margin:0">{html.escape(text or "", quote=True)}</pre>')
 
 
 # ---------------------------------------------------------------------------
@@ -727,9 +746,10 @@ def _show(v) -> str:
 def consistency(cfg, extraction: dict, info) -> list[dict]:
     """Drafter config (DrafterConfig) vs an extraction row and its target (TargetInfo): one row per rule of
     drafter.checks, with the problem and fix where a rule fails."""
+    from . import drafter  # on first use (see walk)
     return [{"check": k.name, "drafter": str(k.drafter), "extraction / target": str(k.other), "ok": "✓" if k.ok else "✗",
              "problem": "" if k.ok else k.problem}
-            for k in checks(cfg, info.hidden_size, info.vocab_size, info.num_layers, extraction)]
+            for k in drafter.checks(cfg, info.hidden_size, info.vocab_size, info.num_layers, extraction)]
 
 
 def backend_matters(target_path: str) -> bool:

@@ -3,8 +3,10 @@ intervals over prompts, median, outlier prompts, DDTree against a chain of the s
 per-depth curves with the rounds behind each point, the per-prompt table (outlier rows marked) and the
 token-by-token view of one prompt, the drafter's calibration and
 its failure patterns (each table downloadable as CSV); a Replay button evaluates another checkpoint as a job.
+The calibration and failure-pattern sections are drawn only when chosen in the section picker below the token
+view (their six charts and six tables would otherwise double the page's drawing time in the browser).
 URL: acceptance?run=ID&prompt=PID[&pos=START-END: positions outlined in the token view][&round=N: the round shown
-in full below the token view]."""
+in full below the token view][&section=calibration|patterns: that section shown]."""
 from __future__ import annotations
 
 import streamlit as st
@@ -165,6 +167,7 @@ def round_block(run: dict, row: dict, comp: dict, vocab: views.Vocab) -> None:
 # why drafts fail (issue 11): calibration and failure patterns of the run
 
 POOLED = "pooled over depths"
+SECTIONS = {"calibration": "Calibration", "patterns": "Failure patterns"}  # URL value: label (&section=...)
 
 
 def depth_choice(block_size: int, key: str) -> str | int:
@@ -225,7 +228,7 @@ PATTERN_TABLES = {  # table key: (title, what it answers)
 }
 
 
-def patterns_block(ws: str, run: dict, stamp: str) -> None:
+def patterns_block(ws: str, run: dict) -> None:
     B = run["summary"]["block_size"]
     st.subheader("Failure patterns")
     st.caption("Where and on what the drafter fails, over the chain-walk rounds. P(d_1 accepted) = share of "
@@ -336,9 +339,12 @@ def main() -> None:
         st.subheader(f"Token view · {pid}")
         token_view(ws, run, common.run_prompt(ws, rid, pid), common.completion(ws, run["set_name"], pid, stamp),
                    link_span(pid))
-    for block in (lambda: calibration_block(ws, run), lambda: patterns_block(ws, run, stamp)):
-        with common.guard():  # one failing analysis does not hide the rest of the page
-            block()
+    st.subheader("Why drafts fail")
+    section = common.section_param("show the run's calibration or failure patterns (drawn when chosen)", SECTIONS,
+                                   "section", "acc_section")
+    if section:
+        with common.guard():  # a failing analysis does not hide the rest of the page
+            (calibration_block if section == "calibration" else patterns_block)(ws, run)
     replay_form(exs, run["extraction_id"])
 
 

@@ -280,6 +280,25 @@ def select_param(label: str, options: list, param: str, key: str, default=None, 
     return val
 
 
+def section_param(label: str, options: dict[str, str], param: str, key: str) -> str | None:
+    """Which optional section of a page to draw (a segmented control, none chosen by default): a heavy section is
+    drawn only when asked, so the page opens fast. Its value lives in `st.query_params[param]`: a link with
+    ?param=X opens section X; choosing none removes the parameter."""
+    qv = st.query_params.get(param)
+    seen = st.session_state.get(f"_qp_{key}")
+    if qv != seen:  # a link (or the URL) chose
+        if qv is not None and qv not in options:
+            st.warning(f"The link asks for {param}={qv!r}, which this page does not have; showing none.")
+        st.session_state[key] = qv if qv in options else None
+    val = st.segmented_control(label, list(options), format_func=options.get, key=key)
+    if val is None:
+        st.query_params.pop(param, None)
+    else:
+        st.query_params[param] = val
+    st.session_state[f"_qp_{key}"] = val
+    return val
+
+
 def set_param(key: str, param: str, value) -> None:
     """Programmatic change of a URL-synced select (before the select is drawn)."""
     st.session_state[key] = value
@@ -383,6 +402,6 @@ def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
                     st_.dismiss_job(j["id"])
                     st.rerun()
                 with c3.expander("log"):
-                    st.code(jobs.log_tail(st_, j["id"]) or "(empty)", language=None)
+                    st.html(views.pre_html(jobs.log_tail(st_, j["id"]) or "(empty)"))
 
     panel()

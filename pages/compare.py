@@ -3,7 +3,8 @@ tau scatter and a sortable per-prompt delta table, overlaid per-depth curves and
 (reliability diagrams, ECE, expected vs observed tau), the two token views in one scroll-synced element with the
 positions whose outcome (accepted draft vs target token) differs outlined and a next-difference jump, the
 one-position draft lag rate per slot, configs side by side, and the training sweep (tau against step for the
-checkpoints of a training folder). URL: compare?a=ID&b=ID&prompt=PID&sweep=DIR."""
+checkpoints of a training folder). The calibration section is drawn only when chosen (two more charts and a table
+in the browser). URL: compare?a=ID&b=ID&prompt=PID&sweep=DIR[&section=calibration]."""
 from __future__ import annotations
 
 import streamlit as st
@@ -12,6 +13,8 @@ from dflash_dash import metrics, ops, views
 from pages import common
 
 common.routed()
+
+SECTIONS = {"calibration": "Calibration, A and B"}  # drawn only when chosen (&section=calibration)
 
 
 def metrics_table(a: dict, b: dict) -> list[dict]:
@@ -209,8 +212,10 @@ def main() -> None:
             c1, c2 = st.columns(2)
             c1.plotly_chart(views.depth_fig(sa | sb), width="stretch")
             c2.plotly_chart(views.hist_fig(sa | sb), width="stretch")
-            with common.guard():
-                calibration_block(ws, a, b)
+            if common.section_param("show the calibration of A and B (drawn when chosen)", SECTIONS, "section",
+                                    "cmp_section"):
+                with common.guard():
+                    calibration_block(ws, a, b)
             st.subheader("Per prompt, A vs B, and the token views aligned")
             token_views(ws, stamp, a, b, ra, rb)
             with common.guard():

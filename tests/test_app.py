@@ -115,7 +115,7 @@ def test_sidebar_shows_workspace_server_and_jobs(prepared, monkeypatch):
     at = app(prepared.workspace, monkeypatch)
     clean(at)
     assert [t.value for t in at.title] == ["dflash-dash"]  # the Overview page at /
-    assert str(prepared.workspace.resolve()) in " ".join(c.value for c in at.sidebar.code)
+    assert str(prepared.workspace.resolve()) in " ".join(c.value for c in at.sidebar.text)
     assert common.health_poller("http://127.0.0.1:30000", "SGLANG_API_KEY").wait(30)
     at.run()
     assert "not ready" in sidebar_server(at)  # nothing listens on the default URL
@@ -256,7 +256,7 @@ def test_reextract_button_adds_an_extraction(prepared, workspace_copy, monkeypat
     clean(at)
     buttons = [b for b in at.button if b.label == "Re-extract"]
     assert len(buttons) == 1
-    assert "extract (the server is not touched)" in at.code[0].value
+    assert "extract (the server is not touched)" in at.main.text[0].value
     buttons[0].click().run()
     at.checkbox(key=f"rx_{prepared.extraction}_again").check().run()  # the same as the one there: confirm
     at.button(key=f"rx_{prepared.extraction}_go").click().run()
@@ -279,11 +279,11 @@ def test_orchestration_shows_commands_from_config(prepared, workspace_copy, monk
     at = app(workspace_copy, monkeypatch, "extraction")
     at.radio(key="orch").set_value("command").run()
     clean(at)
-    plan = at.code[0].value
+    plan = at.main.text[0].value
     assert "stop: systemctl --user stop sglang" in plan and "start: systemctl --user start sglang" in plan
     assert plan.index("stop:") < plan.index("extract") < plan.index("start:")
     at.radio(key="orch").set_value("release").run()
-    assert "POST http://127.0.0.1:9/release_memory_occupation" in at.code[0].value
+    assert "POST http://127.0.0.1:9/release_memory_occupation" in at.main.text[0].value
 
 
 def test_diagnostics_parity_consistency_and_errors(prepared, workspace_copy, monkeypatch):

@@ -6,8 +6,6 @@ from __future__ import annotations
 import csv
 import io
 
-import duckdb
-
 from dflash_dash import ops, patterns, pipeline, views
 from dflash_dash.store import Store
 from test_app import app, by_label, clean, htmls, navigation_routing, wait_job  # noqa: F401  (autouse fixture)
@@ -27,9 +25,32 @@ def downloads(at) -> list[str]:
     return [d.proto.label for d in at.get("download_button")]
 
 
-def test_acceptance_shows_calibration_with_formulas(prepared, monkeypatch):
+def test_sections_are_drawn_only_when_chosen(prepared, monkeypatch):
+    """Acceptance opens without its calibration and failure-pattern sections (issue 14: the page draws fast); the
+    section picker draws the chosen one and keeps it in the URL (&section=...), and a link with it opens it."""
     rid = prepared.runs[0]
     at = app(prepared.workspace, monkeypatch, "acceptance", run=rid)
+    clean(at)
+    assert "Calibration" not in [s.value for s in at.subheader] and "reliability bins (CSV)" not in downloads(at)
+    assert not any("reliability diagram" in t or "acceptance by class" in t for t in charts(at))
+    assert "section" not in at.query_params
+    at.get("segmented_control")[0].set_value("patterns").run()
+    clean(at)
+    assert "Failure patterns" in [s.value for s in at.subheader] and "Calibration" not in [s.value for s in at.subheader]
+    assert "acceptance by class of the target token at slot 1" in charts(at)
+    assert at.query_params["section"] == "patterns"
+    at.get("segmented_control")[0].set_value(None).run()
+    clean(at)
+    assert "section" not in at.query_params and "worst spans (CSV)" not in downloads(at)
+    at = app(prepared.workspace, monkeypatch, "compare", a=prepared.runs[0], b=prepared.runs[1])
+    clean(at)
+    assert "Calibration, A and B" not in [s.value for s in at.subheader]
+    assert "one-position draft lag per slot" in " ".join(c.proto.spec for c in at.get("plotly_chart"))
+
+
+def test_acceptance_shows_calibration_with_formulas(prepared, monkeypatch):
+    rid = prepared.runs[0]
+    at = app(prepared.workspace, monkeypatch, "acceptance", run=rid, section="calibration")
     clean(at)
     st_ = Store(prepared.workspace)
     cal = views.calibration(st_.run_prompts(rid), 4, st_.run_row(rid)["tree_budget"])
@@ -50,7 +71,7 @@ def test_acceptance_shows_calibration_with_formulas(prepared, monkeypatch):
 
 def test_acceptance_shows_failure_patterns_with_downloads_and_links(prepared, monkeypatch):
     rid = prepared.runs[0]
-    at = app(prepared.workspace, monkeypatch, "acceptance", run=rid)
+    at = app(prepared.workspace, monkeypatch, "acceptance", run=rid, section="patterns")
     clean(at)
     st_ = Store(prepared.workspace)
     exp = pipeline.export(st_, rid)["patterns"]
@@ -94,23 +115,24 @@ def test_worst_span_link_opens_the_prompt_with_the_span_outlined(prepared, monke
 
 def test_run_without_draft_probabilities_says_replay_again(prepared, workspace_copy, monkeypatch):
     rid = prepared.runs[1]
-    con = duckdb.connect(str(workspace_copy / "dflash.duckdb"))
-    con.execute("UPDATE run_prompts SET draft_logp = NULL WHERE run_id = ?", [rid])
-    con.execute("DELETE FROM run_analyses WHERE run_id = ?", [rid])  # a run stored before both existed
-    con.close()
-    at = app(workspace_copy, monkeypatch, "acceptance", run=rid)
+    st_ = Store(workspace_copy)  # a run stored before draft log-probabilities and kept analyses existed
+    st_.put_prompts(rid, [dict(r, draft_logp=None) for r in st_.run_prompts(rid)])
+    st_.run("DELETE FROM run_analyses WHERE run_id = ?", [rid])
+    at = app(workspace_copy, monkeypatch, "acceptance", run=rid, section="calibration")
     clean(at)
     assert any("not recorded, replay again" in i.value for i in at.info)
     assert "calibration ECE (pooled over depths)" not in {m.label for m in at.metric}
+    at = app(workspace_copy, monkeypatch, "acceptance", run=rid, section="patterns")
+    clean(at)
     assert "acceptance by class of the target token at slot 1" in charts(at)  # patterns need no probabilities
-    at = app(workspace_copy, monkeypatch, "compare", a=prepared.runs[0], b=rid)
+    at = app(workspace_copy, monkeypatch, "compare", a=prepared.runs[0], b=rid, section="calibration")
     clean(at)
     assert any("not recorded, replay again" in i.value for i in at.info)
 
 
 def test_compare_overlays_both_runs_calibration(prepared, monkeypatch):
     a, b = prepared.runs
-    at = app(prepared.workspace, monkeypatch, "compare", a=a, b=b)
+    at = app(prepared.workspace, monkeypatch, "compare", a=a, b=b, section="calibration")
     clean(at)
     st_ = Store(prepared.workspace)
     table = next(d.value for d in at.dataframe if "metric" in d.value.columns and

@@ -109,9 +109,12 @@ def open_page(page, env, path: str, title: str):
 
 
 def settle(page) -> None:
-    """Wait until Streamlit has finished running the script (its status widget is gone)."""
+    """Wait until Streamlit has finished running the script: its status widget is gone and the app's script state
+    is no longer running (the status widget alone is not enough: a headless browser never shows it)."""
     page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]') && !['initial', 'running', "
+        "'rerunRequested', 'stopRequested'].includes(document.querySelector('[data-testid=stApp]')?.dataset"
+        ".testScriptState)", timeout=60_000)
 
 
 def drawn(page, timeout: float = 20_000) -> None:

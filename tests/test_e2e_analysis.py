@@ -1,4 +1,5 @@
-"""Issue 11 in the browser: the reliability diagram and the failure patterns on Acceptance, a worst-span link
+"""Issue 11 in the browser: the reliability diagram and the failure patterns on Acceptance (each drawn when chosen in
+the page's section picker), a worst-span link
 that opens the token view with the span outlined, and target-layer attribution started from Diagnostics with its
 bar chart (screenshots under out/screenshots/)."""
 from __future__ import annotations
@@ -32,19 +33,34 @@ def chart(page, title: str):
     return loc
 
 
+def section(page, label: str) -> None:
+    """Choose an optional section of the page (drawn only when chosen, issue 14) in its section picker."""
+    btn = page.locator("[data-testid=stButtonGroup] button").filter(has_text=label).first
+    btn.scroll_into_view_if_needed()
+    btn.click()
+
+
 def test_reliability_diagram_and_failure_patterns(env, page):
     rid = env["prepared"].runs[0]
     open_page(page, env, f"acceptance?run={rid}", "Acceptance")
+    page.get_by_text("Token view · ").first.wait_for()
+    assert page.get_by_role("heading", name="Calibration").count() == 0  # drawn only when chosen
+    assert page.locator("[data-testid=stPlotlyChart]").filter(has_text="reliability diagram").count() == 0
+    section(page, "Calibration")
     page.get_by_role("heading", name="Calibration").wait_for()
+    until(lambda: "section=calibration" in page.url, timeout=10, what="the URL to name the section")
     rel = chart(page, "reliability diagram (pooled over depths)")
     assert "perfectly calibrated" in rel.inner_text()
     page.get_by_text("calibration ECE (pooled over depths)").first.wait_for()
     drawn(page)
     shot(page, "acceptance-calibration", focus='[data-testid=stPlotlyChart]:has-text("reliability diagram")')
+    assert page.get_by_role("button", name="reliability bins (CSV)").count() == 1
+    section(page, "Failure patterns")
     page.get_by_role("heading", name="Failure patterns").wait_for()
+    until(lambda: "section=patterns" in page.url, timeout=10, what="the URL to name the section")
     chart(page, "acceptance by class of the target token at slot 1")
     shot(page, "acceptance-failure-patterns", focus='[data-testid=stPlotlyChart]:has-text("acceptance by class")')
-    for label in ("reliability bins (CSV)", "worst spans (CSV)", "by token class (CSV)"):
+    for label in ("worst spans (CSV)", "by token class (CSV)"):
         assert page.get_by_role("button", name=label).count() == 1
     # a worst span opens its prompt with the span outlined
     span = pipeline.export(Store(env["ws"]), rid)["patterns"]["worst_spans"][0]

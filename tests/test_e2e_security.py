@@ -62,7 +62,9 @@ def test_hostile_text_is_shown_as_text_everywhere(hostile, page):
     for path, title, literal in [
         (f"completions?set={quote(SET, safe='')}&prompt={pid}", "Completions", "<script>window.__pwned='text'</script>"),
         (f"acceptance?run={a}&prompt={pid}", "Acceptance", "<script>window.__pwned='id'</script>"),
+        (f"acceptance?run={a}&prompt={pid}&section=patterns", "Acceptance", "<script>window.__pwned='id'</script>"),
         (f"compare?a={a}&b={b}&prompt={pid}", "Compare", "<b>run</b>"),
+        (f"compare?a={a}&b={b}&prompt={pid}&section=calibration", "Compare", "<b>run</b>"),
         ("extraction", "Extraction", "set<i>"),
         ("diagnostics", "Diagnostics", None),
     ]:
