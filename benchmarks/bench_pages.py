@@ -21,7 +21,7 @@ as app.py would by wrapping `page.run()`).
 
 `--planted` builds the workspace without replaying (what a 2-core machine can build): completions imported, an
 extraction recorded without feature files, and per run the parent's store step of a replay (`pipeline.store_run`)
-on planted results of the replay's shapes (`planted_results`); it adds `store_step_s` (per run) and its parts
+on planted results of the replay's shapes (`tools/planted.py`); it adds `store_step_s` (per run) and its parts
 `step_<part>_s` (summarize, prompt_row, add_run, analysis).
 
 Figures (`name: value`): `build_*_s` for each step of the build, `runs_built`, `store_db_mb` (the DuckDB file,
@@ -35,14 +35,13 @@ connections the page opened and the seconds spent opening them).
 
 Contract: the build goes through `pipeline` (import, extract, sweep) exactly as the CLI does (with
 `--workers`, through the same worker runner as `--gpus`); nothing is written to the store behind the
-product's back. `build` is importable (the 1,000-prompt browser tests use it).
+product's back. The planted workspace is `tools/planted.py`'s (the 1,000-prompt browser tests build it too).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -51,38 +50,11 @@ from pathlib import Path
 from _common import ROOT, note, report
 
 PROMPTS, TOKENS, RUNS, BLOCK = 1000, 2560, 20, 16
-SET = "scale"
 GOAL_S = 1.5  # issue 12: each page's first render at this scale
 
 
 # ---------------------------------------------------------------------------
 # the workspace
-
-
-def corpus_ids(tok, need: int) -> list[int]:
-    """A long token stream of real text (the standard library's sources) for the completions."""
-    import inspect
-    import json as json_mod
-    import textwrap
-    import argparse as argparse_mod
-    import email.message
-    text = "".join(inspect.getsource(m) for m in (json_mod, textwrap, argparse_mod, inspect, email.message))
-    ids = tok.encode(text, add_special_tokens=False)
-    return (ids * (need // len(ids) + 1))[:need]
-
-
-def completions_file(work: Path, tok, prompts: int, tokens: int, seed: int = 0) -> Path:
-    """`prompts` completions of `tokens` output tokens each, cut at seeded offsets of the corpus."""
-    rng = random.Random(seed)
-    stream = corpus_ids(tok, 400_000)
-    f = work / "scale.jsonl"
-    with f.open("w") as out:
-        for i in range(prompts):
-            at = rng.randrange(0, len(stream) - tokens - 32)
-            p_ids, o_ids = stream[at:at + 24], stream[at + 24:at + 24 + tokens]
-            out.write(json.dumps({"id": f"p{i:04d}", "prompt": tok.decode(p_ids), "prompt_ids": p_ids,
-                                  "output": tok.decode(o_ids), "output_ids": o_ids}) + "\n")
-    return f
 
 
 def _mb(*paths: Path) -> float:
@@ -95,54 +67,14 @@ def store_mb(ws: Path) -> float:
     return _mb(ws / "dflash.duckdb", ws / "dflash.duckdb.wal", *(ws / ARRAYS_DIR).rglob("*"))
 
 
-def planted_results(comps: list[dict], seed: int, block_size: int, budget: int, vocab: int = 512,
-                    mean_accepted: float = 2.3) -> list:
-    """`replay.PromptResult`s of a drafter that does not exist, shaped as a real every-anchor replay's (accepted(p)
-    at every anchor, drafts [A][B-1], draft log-probabilities, the rounds' top-K blocks, a DDTree walk): per
-    anchor the first a drafts equal the target's next tokens (a geometric, mean about `mean_accepted`), the next
-    differs, the rest are seeded random ids. What `--planted` stores through `pipeline.store_run` in place of a
-    replay that this machine cannot run 20 times."""
-    import numpy as np
-
-    from dflash_dash import replay
-    rng, D, K = np.random.default_rng(seed), block_size - 1, replay.ROUND_TOPK
-    out = []
-    for c in comps:
-        toks = np.asarray(list(c["prompt_ids"]) + list(c["output_ids"]), dtype=np.int64)
-        P, T = len(c["prompt_ids"]), len(toks)
-        A = T - P
-        pos = P + 1 + np.arange(A)[:, None] + np.arange(D)[None, :]  # [A, D] positions the slots draft
-        inside = pos < T
-        tgt = np.where(inside, toks[np.minimum(pos, T - 1)], -1)
-        want = np.minimum(rng.geometric(1 / (1 + mean_accepted), A) - 1, D)
-        drafts = rng.integers(0, vocab, (A, D))
-        drafts = np.where(np.arange(D)[None, :] < want[:, None], tgt, drafts)
-        clash = (np.arange(D)[None, :] == want[:, None]) & (drafts == tgt)
-        drafts = np.where(clash, (drafts + 1) % vocab, drafts)
-        acc = np.minimum(want, inside.sum(1))
-        logp = -rng.exponential(1.0, (A, D)).astype(np.float32)
-        rounds = replay.walk(acc, P, T)
-        at = np.asarray([p for p, _, _ in rounds], dtype=np.int64) - P
-        top_ids = np.concatenate([drafts[at][..., None], rng.integers(0, vocab, (len(at), D, K - 1))], -1)
-        top_p = np.sort(rng.random((len(at), D, K)), -1)[..., ::-1] / K
-        tacc = np.minimum(acc + rng.integers(0, 2, A), inside.sum(1)) if budget else acc
-        out.append(replay.PromptResult(
-            c["prompt_id"], P, acc.tolist(), drafts.tolist(), [n for _, _, n in rounds], [p for p, _, _ in rounds],
-            tacc.tolist() if budget else [], [n for _, _, n in replay.walk(tacc, P, T)] if budget else [],
-            logp.tolist(), top_ids.tolist(), top_p.tolist()))
-    return out
-
-
 def build_planted(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS, runs: int = RUNS,
                   block_size: int = BLOCK, figs: dict | None = None, budget: int = 8) -> Path:
-    """The scale workspace with planted runs (`planted_results`): completions imported (`pipeline`), an
-    extraction recorded without feature files (`Store.add_extraction`; nothing here reads features), then per
-    checkpoint the parent's store step of a replay (`pipeline.store_run`: summary, rows, analyses) on planted
-    results. figs get `store_step_s` (per run, mean), its parts `step_<part>_s`, and the store size."""
-    from dflash_dash import pipeline
-    from dflash_dash.store import Store, new_id
-    from tools import tiny
-    from transformers import AutoTokenizer
+    """The scale workspace with planted runs (`tools.planted.build`: completions imported, an extraction recorded
+    without features, per checkpoint the parent's store step of a replay on planted results). figs get
+    `store_step_s` (per run, mean), its parts `step_<part>_s`, and the store size."""
+    from dflash_dash import pipeline, replay
+    from dflash_dash.store import Store
+    from tools import planted
 
     figs = {} if figs is None else figs
     work, t_build = Path(work), time.perf_counter()
@@ -151,29 +83,10 @@ def build_planted(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS
     if done.is_file() and {k: json.loads(done.read_text()).get(k) for k in want} == want:
         figs["runs_built"] = runs
         return ws
-    models = work / "models"
-    target = tiny.write_target(models / "target", tiny.TinyTarget())
-    tiny.write_tokenizer(target, vocab_size=512)
-    tok = AutoTokenizer.from_pretrained(target)
-    st = Store(ws)
-    t0 = time.perf_counter()
-    pipeline.import_completions(st, completions_file(work, tok, prompts, tokens), SET)
-    figs["build_import_s"] = time.perf_counter() - t0
-    note(f"build_import_s: {figs['build_import_s']:.4g}")
-    cks = models / "sweep"
-    d0 = tiny.write_drafter(cks / "step_100", tiny.TinyDrafter(seed=0, block_size=block_size))
-    layers = pipeline.layer_ids_of(str(d0), None)
-    ex = new_id("ex")
-    st.add_extraction(dict(id=ex, set_name=SET, target_path=str(target), layer_ids=layers, hidden_size=64,
-                           device="cpu", dtype="float32", backend="torch", versions={"planted": True}))
-    st.set_status("extractions", ex, "done")
-    ex_row = st.extraction(ex)
-    comps = st.completions(SET)
-    from dflash_dash import replay
     parts = {"summarize": (replay, "summarize"), "prompt_row": (pipeline, "prompt_row"), "add_run": (Store, "add_run"),
              "analysis": (pipeline, "analysis")}
     spent, orig = {k: 0.0 for k in parts}, {k: getattr(o, a) for k, (o, a) in parts.items()}
-    before, steps = store_mb(ws), []
+    steps, sizes = [], []
 
     def timed_part(name):  # each part of the store step timed where the step calls it
         def call(*a, **kw):
@@ -183,18 +96,21 @@ def build_planted(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS
             finally:
                 spent[name] += time.perf_counter() - t
         return call
+
+    def each(i, step):
+        if i == 0:
+            figs["build_import_s"] = time.perf_counter() - t_build  # models, completions, extraction record
+            note(f"build_import_s: {figs['build_import_s']:.4g}")
+            sizes.append(store_mb(ws))
+        t0 = time.perf_counter()
+        step()
+        steps.append(time.perf_counter() - t0)
+        note(f"run {i + 1}/{runs}: store step {steps[-1]:.1f} s (so far: "
+             f"{', '.join(f'{k} {v:.1f}' for k, v in spent.items())} s)")
     for name, (owner, attr) in parts.items():
         setattr(owner, attr, timed_part(name))
     try:
-        for i in range(runs):
-            ck = tiny.write_drafter(cks / f"step_{(i + 1) * 100}", tiny.TinyDrafter(seed=i, block_size=block_size))
-            res = planted_results(comps, i, block_size, budget)
-            t0 = time.perf_counter()
-            pipeline.store_run(st, ex_row, pipeline.Checkpoint(str(ck), None, None), res, budget, "cpu", "float32",
-                               "every")
-            steps.append(time.perf_counter() - t0)
-            note(f"run {i + 1}/{runs}: store step {steps[-1]:.1f} s (so far: "
-                 f"{', '.join(f'{k} {v:.1f}' for k, v in spent.items())} s)")
+        planted.build(work, prompts, tokens, runs, block_size, budget, each)
     finally:
         for name, (owner, attr) in parts.items():
             setattr(owner, attr, orig[name])
@@ -203,7 +119,7 @@ def build_planted(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS
     figs.update({f"step_{k}_s": v / runs for k, v in spent.items()})
     figs["build_total_s"] = time.perf_counter() - t_build
     figs["store_db_mb"] = store_mb(ws)
-    figs["store_mb_per_1000_prompt_run"] = (store_mb(ws) - before) / runs * 1000 / prompts
+    figs["store_mb_per_1000_prompt_run"] = (store_mb(ws) - sizes[0]) / runs * 1000 / prompts
     done.write_text(json.dumps(want | {"runs_built": runs}))
     return ws
 
@@ -214,7 +130,7 @@ def build(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS, runs: 
     """The scale workspace under `work` (reused when already complete): returns its path. With `max_build_s`,
     checkpoints are replayed in rounds while the build's time lasts (figs["runs_built"] says how many)."""
     from dflash_dash import jobs, pipeline
-    from tools import tiny
+    from tools import planted, tiny
     from dflash_dash.store import Store
     from transformers import AutoTokenizer
 
@@ -242,11 +158,11 @@ def build(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS, runs: 
     st = Store(ws)
     runner = jobs.workers(st, [device] * workers) if workers > 1 else None
     t0 = time.perf_counter()
-    pipeline.import_completions(st, completions_file(work, tok, prompts, tokens), SET)
+    pipeline.import_completions(st, planted.completions_file(work, tok, prompts, tokens), planted.SET)
     figs["build_import_s"] = time.perf_counter() - t0
     note(f"build_import_s: {figs['build_import_s']:.4g}")
     t0 = time.perf_counter()
-    ex = pipeline.extract(st, str(target), SET, pipeline.layer_ids_of(str(step(0)), None), device=device,
+    ex = pipeline.extract(st, str(target), planted.SET, pipeline.layer_ids_of(str(step(0)), None), device=device,
                           progress=lambda d, t, m: say("extract")(d, t, m) if d % 100 == 0 else None,
                           runner=runner)
     figs["build_extract_s"] = time.perf_counter() - t0

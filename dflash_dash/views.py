@@ -10,8 +10,8 @@ Metric labels and formulas come from the registry (`metrics`); the checks of the
 Numbers print one way: `fmt` (2 decimals) for tau-like values, `prob` (3 decimals) for probabilities, `ci` for a
 value with its interval; per-depth figures state the rounds behind each point and mark depths with none (n = 0).
 `compare_html` (Compare's two token views, scroll-synced) is the one HTML that carries a script: a constant that
-reads the DOM, never model text. Importing views loads no torch: the chain walk and the drafter checks (in modules
-that import torch) are imported on first use.
+reads the DOM, never model text. Importing views loads no torch and no plotly: the chain walk and the drafter checks (in
+modules that import torch) and plotly are imported on first use.
 """
 from __future__ import annotations
 
@@ -21,9 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import plotly.graph_objects as go
 
 from . import metrics
+
+
+class _Plotly:
+    """plotly.graph_objects, imported on first attribute use: the computations here that the pipeline keeps per run
+    (calibration, Vocab, attribution rows) must not need plotly (a GPU worker's image may lack it)."""
+
+    def __getattr__(self, name: str):
+        import plotly.graph_objects as graph_objects
+        return getattr(graph_objects, name)
+
+
+go = _Plotly()
 
 
 def walk(acc: np.ndarray, prompt_len: int, T: int) -> list[tuple[int, int, int]]:
