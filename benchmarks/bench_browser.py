@@ -8,7 +8,10 @@ Figures (`name: value`): `browser_page_s_<page>` for Overview, Acceptance (a run
 Compare, Completions, Extraction and Diagnostics: the median over `--reps` of the seconds from `page.goto` to
 the page's heading shown, Streamlit's script run finished (the app's script state `notRunning`: the status widget
 does not show in a headless browser), no skeleton left, every shown plotly chart and table drawn;
-`browser_page_s_max` the slowest. With `--sections`, also `browser_section_s_<page>_<section>`: Acceptance and
+`browser_page_s_max` the slowest. `browser_nav_s_<page>`: the same pages reached as a user moves between them
+in one open tab, by a click on the sidebar's link (Streamlit switches the page without reloading its scripts;
+Acceptance and Compare open with their defaults: the newest run with its lowest-tau prompt's token view, the
+newest pair), from the click to everything drawn; `browser_nav_s_max` the slowest. With `--sections`, also `browser_section_s_<page>_<section>`: Acceptance and
 Compare opened with an optional section shown (drawn only when chosen, `&section=...`). The notes give each page's
 times with the machine's 1-min load average before and after.
 
@@ -76,6 +79,36 @@ def pages(ws: Path) -> dict[str, str]:
             "extraction": "extraction", "diagnostics": "diagnostics"}
 
 
+TITLES = {"overview": ("Overview", "dflash-dash"), "acceptance": ("Acceptance", "Acceptance"),  # link, heading
+          "compare": ("Compare", "Compare"), "completions": ("Completions", "Completions"),
+          "extraction": ("Extraction", "Extraction"), "diagnostics": ("Diagnostics", "Diagnostics")}
+
+
+def drawn(page, name: str) -> None:
+    try:
+        page.wait_for_function(DRAWN, timeout=120_000)
+    except Exception:
+        page.screenshot(path=f"/tmp/bench-browser-{name}.png")
+        raise RuntimeError(f"{name}: not drawn within 120 s (screenshot /tmp/bench-browser-{name}.png)")
+
+
+def navigate(page, reps: int, figs: dict) -> None:
+    """browser_nav_s_<page>: a click on each page's sidebar link in turn, `reps` rounds after one untimed round."""
+    times: dict[str, list[float]] = {n: [] for n in TITLES}
+    for rep in range(reps + 1):
+        for name, (link, heading) in TITLES.items():
+            t0 = time.perf_counter()
+            page.locator("[data-testid=stSidebarNav] a").filter(has_text=link).first.click()
+            page.get_by_role("heading", name=heading).first.wait_for(timeout=120_000)
+            drawn(page, f"nav-{name}")
+            if rep:
+                times[name].append(time.perf_counter() - t0)
+    for name, ts in times.items():
+        figs[f"browser_nav_s_{name}"] = statistics.median(ts)
+        note(f"nav {name}: {' '.join(f'{t:.2f}' for t in ts)} s")
+    figs["browser_nav_s_max"] = max(figs[f"browser_nav_s_{n}"] for n in TITLES)
+
+
 def sections(urls: dict[str, str]) -> dict[str, str]:
     """The optional sections, drawn only when chosen (&section=...): figures beside the goal, not in its max."""
     return {"acceptance_calibration": urls["acceptance"] + "&section=calibration",
@@ -110,17 +143,16 @@ def main():
                     t0 = time.perf_counter()
                     page.goto(f"http://127.0.0.1:{a.port}/{path}")
                     page.locator("h1").first.wait_for(timeout=120_000)
-                    try:
-                        page.wait_for_function(DRAWN, timeout=120_000)
-                    except Exception:
-                        page.screenshot(path=f"/tmp/bench-browser-{name}.png")
-                        raise RuntimeError(f"{name}: not drawn within 120 s (screenshot /tmp/bench-browser-{name}.png)")
+                    drawn(page, name)
                     if rep:
                         times.append(time.perf_counter() - t0)
                 kind = "page" if f"browser_page_s_{name}" in goal else "section"
                 figs[f"browser_{kind}_s_{name}"] = statistics.median(times)
                 note(f"{name}: {' '.join(f'{t:.2f}' for t in times)} s (1-min load average {load0:.2f} before, "
                      f"{os.getloadavg()[0]:.2f} after)")
+            load0 = os.getloadavg()[0]
+            navigate(page, a.reps, figs)
+            note(f"navigation: 1-min load average {load0:.2f} before, {os.getloadavg()[0]:.2f} after")
             b.close()
         figs["browser_page_s_max"] = max(figs[k] for k in goal)
     finally:
