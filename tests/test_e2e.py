@@ -118,13 +118,15 @@ def settle(page) -> None:
 
 
 def drawn(page, timeout: float = 20_000) -> None:
-    """Wait until placeholders are replaced: no skeletons, every plotly chart drawn, every table drawn."""
+    """Wait until placeholders are replaced: no skeletons, every shown plotly chart drawn, every shown table drawn
+    (one inside a collapsed expander or an unselected tab is never drawn: it is not waited for)."""
     from playwright.sync_api import TimeoutError as PwTimeout
     try:
         page.wait_for_function("""() => !document.querySelector('[data-testid=stSkeleton]')
-            && [...document.querySelectorAll('[data-testid=stPlotlyChart]')].every(e => e.querySelector('.main-svg'))
-            && [...document.querySelectorAll('[data-testid=stDataFrame]')].every(e => e.querySelector('canvas'))""",
-                               timeout=timeout)
+            && [...document.querySelectorAll('[data-testid=stPlotlyChart]')].filter(e => e.checkVisibility())
+                   .every(e => e.querySelector('.main-svg'))
+            && [...document.querySelectorAll('[data-testid=stDataFrame]')].filter(e => e.checkVisibility())
+                   .every(e => e.querySelector('canvas'))""", timeout=timeout)
     except PwTimeout:
         pass  # a screenshot with a placeholder still shows the page; the assertions are elsewhere
 
