@@ -228,16 +228,10 @@ def _samples(ps: list[Prompt], ctx: Ctx) -> tuple | None:
     return tuple(np.concatenate([g[i] for g in got]) for i in range(3))
 
 
-def bins_of(samples: list[tuple[int, float, bool]], n: int = CAL_BINS) -> list[dict]:
-    """Reliability bins: per equal-width bin [lo, hi) of p (the last one closed) the sample count, the mean
-    predicted p (confidence) and the share accepted (observed); None for an empty bin."""
-    import numpy as np
-    return _bins(np.asarray([q for _, q, _ in samples], dtype=np.float64),
-                 np.asarray([ok for _, _, ok in samples], dtype=bool), n)
-
-
 def _bins(q, ok, n: int = CAL_BINS) -> list[dict]:
-    """`bins_of` over arrays p_k [S], accepted [S] (sums in sample order, as the loop added them)."""
+    """Reliability bins over samples p_k [S], accepted [S]: per equal-width bin [lo, hi) of p (the last one closed)
+    the sample count, the mean predicted p (confidence) and the share accepted (observed); None for an empty bin
+    (sums in sample order)."""
     import numpy as np
     b = np.minimum((q * n).astype(np.int64), n - 1)
     cnt, sp = np.bincount(b, minlength=n).tolist(), np.bincount(b, weights=q, minlength=n).tolist()

@@ -94,8 +94,8 @@ def _v7_arrays_to_files(con, store: "Store") -> None:
         by_run: dict[str, list[dict]] = {}
         for r in got:
             by_run.setdefault(r[0], []).append(dict(zip(cols, r)))
-        rows += [store._write_arrays(run_id, ps) for run_id, ps in by_run.items()]
-    for run_id, t, _ in rows:
+        rows += [store._write_arrays(run_id, ps)[0] for run_id, ps in by_run.items()]
+    for t in rows:
         store._insert_prompts(con, t)
     con.execute("DROP TABLE run_prompts_v6")
 
@@ -418,21 +418,19 @@ class Store:
         """Insert or replace run `run_id`'s per-prompt rows ({id or prompt_id, prompt_len, tau, tree_tau} and the
         ARRAYS, lists or numpy; a missing array is stored as None) in one transaction: the arrays packed into one
         new array file (written whole, then renamed into place), the rows pointing into it."""
-        if prompts:
-            with self.connect() as con:
-                self._put_prompts(con, run_id, prompts)
-
-    def _put_prompts(self, con, run_id: str, prompts: list[dict]) -> None:
-        _, t, f = self._write_arrays(run_id, prompts)
+        if not prompts:
+            return
+        t, f = self._write_arrays(run_id, prompts)
         try:
-            self._insert_prompts(con, t)
+            with self.connect() as con:
+                self._insert_prompts(con, t)
         except BaseException:
             f.unlink(missing_ok=True)
             raise
 
     def _write_arrays(self, run_id: str, prompts: list[dict]):
-        """The prompts' arrays packed into one new array file (written whole, then renamed into place): (run id,
-        the run_prompts rows pointing into it as an arrow table, the file)."""
+        """The prompts' arrays packed into one new array file (written whole, then renamed into place): (the
+        run_prompts rows pointing into it as an arrow table, the file)."""
         import pyarrow as pa
         rel = Path(ARRAYS_DIR) / run_id / f"{uuid.uuid4().hex}.arrays"
         f = self.workspace / rel
@@ -445,7 +443,7 @@ class Store:
             os.fsync(out.fileno())
         os.replace(tmp, f)
         sizes = np.fromiter(map(len, blobs), np.int64, len(blobs))
-        return run_id, pa.table({
+        return pa.table({
             "run_id": [run_id] * len(prompts), "prompt_id": [p.get("prompt_id", p.get("id")) for p in prompts],
             "prompt_len": pa.array([p["prompt_len"] for p in prompts], pa.int32()),
             "tau": pa.array([p["tau"] for p in prompts], pa.float64()),
