@@ -15,6 +15,7 @@ import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -644,7 +645,8 @@ COPIES = ("embed_tokens.weight", "lm_head.weight")  # copies of the target's emb
 
 
 def tensors(ck: Checkpoint):
-    """(file name, tensor name, getter) of a checkpoint's weights, names without `model.`/`draft_model.` prefixes.
+    """(file name, tensor name, shape, getter) of a checkpoint's weights, names without `model.`/`draft_model.`
+    prefixes; the shape is read without the tensor's data.
 
     A runtime `training_state.pt` is read with torch.load(weights_only=True) only: a file that needs arbitrary
     unpickling is refused (its code never runs)."""
@@ -652,7 +654,8 @@ def tensors(ck: Checkpoint):
         for f in ck.weights:
             with safe_open(str(f), framework="pt", device="cpu") as sf:
                 for name in sf.keys():
-                    yield f.name, _bare(name), lambda sf=sf, name=name: sf.get_tensor(name)
+                    yield (f.name, _bare(name), tuple(sf.get_slice(name).get_shape()),
+                           lambda sf=sf, name=name: sf.get_tensor(name))
         return
     f = ck.weights[0]
     try:
@@ -670,13 +673,44 @@ def tensors(ck: Checkpoint):
     for name, t in sd.items():
         if not isinstance(t, torch.Tensor):
             raise CheckpointError(f"{f}: draft_state_dict['{name}'] is {type(t).__name__}, expected a tensor")
-        yield f.name, _bare(name), lambda t=t: t
+        yield f.name, _bare(name), tuple(t.shape), lambda t=t: t
 
 
 def _bare(name: str) -> str:
     for prefix in ("draft_model.", "model."):
         name = name.removeprefix(prefix)
     return name
+
+
+def _weights(ck: Checkpoint, c: DrafterConfig, read: Callable[[torch.Tensor], torch.Tensor] | None) -> dict:
+    """Every tensor of `ck` checked against `c` (name, shape, none missing): {name: read(tensor)}, or {name: None}
+    without `read` (nothing but the files' headers is read)."""
+    want = shapes(c)
+    w: dict[str, torch.Tensor | None] = {}
+    for fname, key, shape, get in tensors(ck):
+        if key not in want:
+            if key in COPIES or key.endswith("rotary_emb.inv_freq"):
+                continue
+            raise CheckpointError(f"{ck.path / fname}: unknown tensor '{key}': not part of a DFlash drafter with "
+                                  f"this config (another drafter family, or a config that does not match the weights)")
+        if shape != want[key]:
+            raise CheckpointError(f"{fname}: tensor '{key}' has shape {shape}, expected {want[key]}")
+        w[key] = read(get()) if read else None
+    missing = [k for k in want if k not in w]
+    if missing:
+        raise CheckpointError(f"{ck.path}: missing tensor '{missing[0]}' (expected shape {want[missing[0]]})"
+                              + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+    return w
+
+
+def check(path: str | Path, sliding_block: str | None = None, draft_config: str | Path | None = None) -> DrafterConfig:
+    """Validate a checkpoint as `load` does (config, sliding semantics, every tensor's name and shape) without
+    reading its weights; returns its config. A sweep checks every checkpoint so before loading the first."""
+    ck = locate(path, draft_config)
+    c = config_of(ck)
+    sliding_semantics(c, sliding_block)
+    _weights(ck, c, None)
+    return c
 
 
 def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
@@ -687,22 +721,7 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cp
     ck = locate(path, draft_config)
     c = config_of(ck)
     sliding_semantics(c, sliding_block)  # validate the choice before reading weights
-    want = shapes(c)
-    w: dict[str, torch.Tensor] = {}
-    for fname, key, get in tensors(ck):
-        if key not in want:
-            if key in COPIES or key.endswith("rotary_emb.inv_freq"):
-                continue
-            raise CheckpointError(f"{ck.path / fname}: unknown tensor '{key}': not part of a DFlash drafter with "
-                                  f"this config (another drafter family, or a config that does not match the weights)")
-        t = get()
-        if tuple(t.shape) != want[key]:
-            raise CheckpointError(f"{fname}: tensor '{key}' has shape {tuple(t.shape)}, expected {want[key]}")
-        w[key] = t.to(device=device, dtype=dtype)
-    missing = [k for k in want if k not in w]
-    if missing:
-        raise CheckpointError(f"{ck.path}: missing tensor '{missing[0]}' (expected shape {want[missing[0]]})"
-                              + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+    w = _weights(ck, c, lambda t: t.to(device=device, dtype=dtype))
     return Drafter(c, w, str(ck.path), sliding_block)
 
 

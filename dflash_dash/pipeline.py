@@ -402,7 +402,7 @@ def here(store: Store) -> Runner:
 # replay
 
 
-SEQ_BATCH = 64  # sequences read (and replayed in lockstep) at a time
+SEQ_BATCH = 64  # sequences read from the cache at a time (`iter_sequences`)
 
 
 def iter_sequences(store: Store, extraction: dict, batch: int = SEQ_BATCH,
@@ -490,15 +490,19 @@ def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = R
     args = dict(checkpoints=[asdict(ck) for ck in checkpoints], extraction=ex["id"], budget=budget, device=device,
                 dtype=dtype, chunk=chunk, anchors=anchors)
     got: list[dict] = [{} for _ in plan]
+    out: list[dict | None] = [None for _ in plan]
     for ev in (runner or here(store))("replay", args, ids, progress):
         r = ev["result"]
         r = replay_mod.PromptResult(**r) if isinstance(r, dict) else r
-        got[ev["checkpoint"]][r.id] = r
-    out = []
-    for (ck, loc, cfg, sem), by_id in zip(plan, got):
-        if set(by_id) != set(ids):
+        j = ev["checkpoint"]
+        got[j][r.id] = r
+        if len(got[j]) == len(ids):  # complete: stored now (a worker process replays the next one meanwhile)
+            by_id, got[j] = got[j], {}
+            out[j] = store_run(store, ex, checkpoints[j], [by_id[i] for i in ids], budget, device, dtype, anchors,
+                               progress)
+    for (ck, loc, cfg, sem), o, by_id in zip(plan, out, got):
+        if o is None:
             raise RuntimeError(f"the replay of {loc.path} returned {len(by_id)} of {len(ids)} prompts")
-        out.append(store_run(store, ex, ck, [by_id[i] for i in ids], budget, device, dtype, anchors, progress))
     return out
 
 
@@ -526,28 +530,58 @@ def store_run(store: Store, ex: dict, ck: Checkpoint, res: list[replay_mod.Promp
     return {"id": run_id, "summary": summary}
 
 
+PASS_GIB = 24.0  # features held at once by a replay's worker (GiB, 2 bytes a value): a pass, read once
+
+
+def _passes(store: Store, ex: dict, ids: list[str]) -> list[list[str]]:
+    """`ids` (in set order) cut into passes of at most PASS_GIB of features each (at least one prompt a pass)."""
+    tokens = {it["prompt_id"]: it["tokens"] for it in store.items(ex["id"])}
+    width, cap = len(ex["layer_ids"]) * ex["hidden_size"] * 2, PASS_GIB * 2**30
+    out: list[list[str]] = [[]]
+    size = 0.0
+    for i in ids:
+        b = tokens[i] * width
+        if out[-1] and size + b > cap:
+            out.append([])
+            size = 0.0
+        out[-1].append(i)
+        size += b
+    return out
+
+
 def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> Iterator[dict]:
     """Replay prompts `ids` of extraction a["extraction"] with every checkpoint of a["checkpoints"] on
-    a["device"] (all loaded, and so validated, first): yields {"checkpoint": index, "result": PromptResult}."""
+    a["device"]: yields {"checkpoint": index, "result": PromptResult}.
+
+    Every checkpoint is checked (config, tensor names and shapes: `drafter.check`) before any replay. The
+    prompts are read in passes (`_passes`: each feature file once, a pass's features on the device); each
+    checkpoint replays a whole pass before the next one loads, one drafter in memory at a time. With one pass
+    a checkpoint's results are complete, and stored by the parent, while the next checkpoint replays."""
     ex = store.extraction(a["extraction"])
     device, dtype, budget = a["device"], DTYPES[a["dtype"]], a["budget"]
     cks = [Checkpoint(**c) for c in a["checkpoints"]]
-    n, done = len(ids), 0
-    loaded = []
+    n, total, done = len(ids), len(ids) * len(cks), 0
     for i, ck in enumerate(cks):
-        _tick(progress, 0, n, f"loading drafter {i + 1}/{len(cks)}: {ck.path}")
-        loaded.append(drafter_mod.load(ck.path, dtype, device, ck.sliding_block, ck.draft_config))
+        _tick(progress, 0, total, f"checking drafter {i + 1}/{len(cks)}: {ck.path}")
+        drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config)
     head = target_mod.load_head(ex["target_path"], device, dtype)
-    for batch in iter_sequences(store, ex, only=set(ids)):
-        if device.startswith("cuda") and len(loaded) > 1:  # one upload per batch, shared by every checkpoint
-            batch = [replay_mod.Sequence(s.id, s.tokens, s.prompt_len, s.features.to(device)) for s in batch]
-        for j, d in enumerate(loaded):
-            res, _ = (replay_mod.run_chain(d, head, batch, budget) if a["anchors"] == "chain"
-                      else replay_mod.run(d, head, batch, budget, a["chunk"]))
+    for part in _passes(store, ex, ids):
+        seqs = [s for batch in iter_sequences(store, ex, only=set(part)) for s in batch]
+        if device.startswith("cuda"):  # one upload per pass, shared by every checkpoint
+            seqs = [replay_mod.Sequence(s.id, s.tokens, s.prompt_len, s.features.to(device)) for s in seqs]
+        for j, ck in enumerate(cks):
+            _tick(progress, done, total, f"loading drafter {j + 1}/{len(cks)}: {ck.path}")
+            d = drafter_mod.load(ck.path, dtype, device, ck.sliding_block, ck.draft_config)
+
+            def tick(k: int, m: int, j=j, base=done) -> None:
+                _tick(progress, base + k, total, f"checkpoint {j + 1}/{len(cks)}: replayed {k}/{m} prompts"
+                      + (f" of this pass ({len(part)} of {n})" if len(part) < n else ""))
+            res, _ = (replay_mod.run_chain(d, head, seqs, budget, progress=tick) if a["anchors"] == "chain"
+                      else replay_mod.run(d, head, seqs, budget, a["chunk"], progress=tick))
+            del d  # its memory goes to the next checkpoint
             for r in res:
                 yield {"checkpoint": j, "result": r}
-        done += len(batch)
-        _tick(progress, done, n, f"replayed {done}/{n} prompts with {len(loaded)} checkpoint(s)")
+            done += len(seqs)
 
 
 def prompt_row(r: replay_mod.PromptResult, B: int, budget: int) -> dict:

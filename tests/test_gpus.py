@@ -102,7 +102,8 @@ def test_a_killed_worker_fails_the_job_and_a_rerun_resumes(prepared, store, tmp_
     assert "its stderr ends" in row["error"] and "rerun to continue" in row["error"]
     until(lambda: not workers_of(row["pid"]), 30, what="the other worker to be stopped")
     kept = {it["prompt_id"]: Path(it["file"]).stat().st_mtime_ns for it in store.items(ex)}
-    assert 1 <= len(kept) < PROMPTS and store.extraction(ex)["status"] == "failed"
+    # the killed worker may have finished its shard before the kill landed (its events were in the pipe)
+    assert 1 <= len(kept) <= PROMPTS and store.extraction(ex)["status"] == "failed"
 
     again = jobs.rerun(store, job)
     assert store.job(again)["args"]["extraction_id"] == ex and store.job(again)["args"]["gpus"] == ["cpu", "cpu"]
