@@ -288,6 +288,8 @@ def expected_rounds(p: Prompt, ctx: Ctx) -> list[float]:
         pk = np.where(np.arange(1, D + 1)[None, :] <= np.minimum(D, left - 1)[:, None], p.draft_p(D), 0.0)
         run = np.cumprod(pk, axis=1)  # products in the loop's order; 0 past the cap adds nothing
         got = np.cumsum(np.concatenate([np.ones((len(run), 1)), run], axis=1), axis=1)[:, -1].tolist()
+        if np.isnan(pk).any():  # a chain-only replay without DDTree computes no slot after the rejected one
+            got = []
         p.__dict__[("_exp", ctx.block_size)] = got
     return list(got)
 
@@ -296,9 +298,18 @@ def expected_tau(p: Prompt, ctx: Ctx) -> float | None:
     return _mean(expected_rounds(p, ctx))
 
 
+def _slots_missing(ps: list[Prompt], ctx: Ctx) -> bool:
+    """Some prompt's rounds lack slots (a chain-only replay without DDTree): no run-level expected tau."""
+    return any(recorded(p, ctx) and p.rounds and not expected_rounds(p, ctx) for p in ps)
+
+
+def expected_tau_run(ps: list[Prompt], ctx: Ctx) -> float | None:
+    return None if _slots_missing(ps, ctx) else macro(expected_tau)(ps, ctx)
+
+
 def expected_tau_pooled(ps: list[Prompt], ctx: Ctx) -> float | None:
     es = [e for p in ps for e in expected_rounds(p, ctx)]
-    return sum(es) / len(es) if es else None
+    return sum(es) / len(es) if es and not _slots_missing(ps, ctx) else None
 
 
 # ---------------------------------------------------------------------------
@@ -530,7 +541,7 @@ REGISTRY += [
            "with d_1..d_{k-1} accepted and slot k in the completion", calibration_ece, fmt=PROB),
     Metric("expected_tau", "expected tau (macro)",
            "mean over prompts of the mean over rounds of 1 + sum_{k=1}^{min(B-1, left-1)} prod_{j<=k} p_j "
-           "(left = tokens left after the anchor); compare with tau (macro)", macro(expected_tau), expected_tau),
+           "(left = tokens left after the anchor); compare with tau (macro)", expected_tau_run, expected_tau),
     Metric("expected_tau_pooled", "expected tau (pooled)",
            "all expected committed tokens / all rounds; compare with tau (pooled)", expected_tau_pooled),
     Metric("calibration_ece_depth", "calibration ECE per depth",

@@ -122,14 +122,16 @@ def top_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, 
     return logits.argmax(-1), top.indices, top.values.float() - torch.logsumexp(logits.float(), -1)[:, None]
 
 
-def _head(drafter: Drafter, head: Head, h: torch.Tensor, topk: int):
-    """Normed block states [N, B, H] -> argmax [N, B-1], top-k ids and log-probs [N, B-1, k] (on h's device).
+def _head(drafter: Drafter, head: Head, h: torch.Tensor, topk: int, slots: tuple[int, int] | None = None):
+    """Normed block states [N, B, H] -> argmax [N, S], top-k ids and log-probs [N, S, k] (on h's device) of the
+    drafted slots 1..B-1 (S = B-1), or of block positions slots[0]..slots[1]-1 only.
 
     Rows go through the LM head HEAD_ROWS at a time and the logits stay in the model dtype (no fp32
     copy of [rows, V]); `top_logp` reads them: log p = logit - logsumexp(logits), in fp32.
     """
-    N, B1 = h.shape[0], h.shape[1] - 1
-    x = h[:, 1:].reshape(N * B1, -1)
+    lo, hi = slots or (1, h.shape[1])
+    N, B1 = h.shape[0], hi - lo
+    x = h[:, lo:hi].reshape(N * B1, -1)
     w = head.lm_head.to(h.device, h.dtype)
     parts = [top_logp(x[r:r + HEAD_ROWS] @ w.T, topk) for r in range(0, x.shape[0], HEAD_ROWS)]
     drafts, ids, logp = (torch.cat([p[i] for p in parts]) for i in range(3))
@@ -364,6 +366,8 @@ CTX_SEQS = 16      # sequences whose context K/V are computed at once (bounds th
 KEY_ALIGN = 256    # context + block keys per stacked row, rounded up to this (the attention kernels' tiles)
 CHAIN_HALVES = 2   # with a tree budget: stacks whose steps alternate (host scoring overlaps the device)
 DROP_AT = 0.875    # drop finished sequences from the stack once the live ones are this share or fewer
+HEAD_STAGES = (4, 8)  # DDTree off: drafted slots split here; a later stage's LM head only for the rows whose
+                      # drafts were all accepted so far (the walk reads no slot after the first rejected one)
 
 
 @torch.inference_mode()
@@ -374,10 +378,12 @@ def run_chain(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 
     The sequences of a batch advance in lockstep over their stacked context K/V: each step drafts ONE block per
     sequence, at the smaller of its two walks' next anchors that is not computed yet (an anchor both walks
     visit is computed once; finished sequences are dropped from the stack as they end). Without a tree budget
-    the chain walk runs on the device (no host sync per step); with one, each step's top-k comes back to the
-    host for the DDTree acceptance. Rounds, drafts, acceptance, tree acceptance and the rounds' top-K at the
-    visited anchors equal the every-anchor mode's; the other anchors hold -1 (drafts, accepted) and NaN
-    (log-probabilities), so metrics that need every anchor are not computed (`metrics`)."""
+    the chain walk runs on the device (the host reads only row counts) and the LM head computes only the slots
+    the walk reads (`HEAD_STAGES`): at a visited anchor the slots after the first rejected draft hold -1 and
+    NaN. With a tree budget each step's top-k comes back to the host for the DDTree acceptance. Rounds,
+    acceptance, tree acceptance, and the drafts and rounds' top-K of every computed slot equal the every-anchor
+    mode's; the other anchors hold -1 (drafts, accepted) and NaN (log-probabilities), so metrics that need
+    every anchor (or every slot: the expected tau) are not computed (`metrics`)."""
     results: list[PromptResult] = []
     for b0 in range(0, len(seqs), batch):
         results += _chain_batch(drafter, head, seqs[b0:b0 + batch], budget)
@@ -401,9 +407,9 @@ class _Lockstep:
     sequence, `Drafter.blocks(tail=True)`), the tokens, and per-anchor result buffers [S, A+1, ...] (A = the
     longest completion; column A takes the blocks of finished sequences, which are never read)."""
 
-    def __init__(self, drafter: Drafter, head: Head, seqs: list[Sequence], k: int):
+    def __init__(self, drafter: Drafter, head: Head, seqs: list[Sequence], k: int, staged: bool = False):
         c, dev = drafter.c, drafter.device
-        self.d, self.head, self.k, self.D = drafter, head, k, c.block_size - 1
+        self.d, self.head, self.k, self.D, self.staged = drafter, head, k, c.block_size - 1, staged
         S, self.T_pad = len(seqs), max(len(s.tokens) for s in seqs)
         self.P = torch.tensor([s.prompt_len for s in seqs], device=dev)
         self.T = torch.tensor([len(s.tokens) for s in seqs], device=dev)
@@ -440,10 +446,14 @@ class _Lockstep:
         ids = torch.full((len(seq), c.block_size), c.mask_token_id, dtype=torch.long, device=seq.device)
         ids[:, 0] = self.tok[seq, anchors]
         emb = self.head.embed[ids.to(self.head.embed.device)].to(d.device, d.dtype)
-        d_tok, t_ids, t_lp = _head(d, self.head, d.blocks(self.kv, anchors, emb, tail=True), self.k)
+        h = d.blocks(self.kv, anchors, emb, tail=True)                     # [R, B, H]
         nxt = self.tok[seq[:, None], (anchors[:, None] + 1 + self.slot).clamp(max=self.T_pad - 1)]
         inside = self.slot < (self.T[seq] - 1 - anchors)[:, None]          # slot's position in the completion
-        acc = ((d_tok == nxt) & inside).long().cumprod(1).sum(1)          # accepted(p), as `accepted`
+        if self.staged:
+            d_tok, t_ids, t_lp, acc = self._staged(h, nxt, inside)
+        else:
+            d_tok, t_ids, t_lp = _head(d, self.head, h, self.k)
+            acc = ((d_tok == nxt) & inside).long().cumprod(1).sum(1)      # accepted(p), as `accepted`
         col = torch.where(record, anchors - self.P[seq], self.A)
         kk = self.top_ids.shape[-1]
         self.acc[seq, col] = acc
@@ -451,6 +461,28 @@ class _Lockstep:
         self.top_ids[seq, col] = t_ids[..., :kk]
         self.top_lp[seq, col] = t_lp[..., :kk]
         return acc, t_ids, t_lp
+
+    def _staged(self, h: torch.Tensor, nxt: torch.Tensor, inside: torch.Tensor):
+        """The LM head of `step` in HEAD_STAGES: slots 1..4 of every row, then 5..8 of the rows that accepted all
+        four (and reach slot 5), and so on. Each later stage reads its row count (a host sync; the device is
+        busy with the block's layers meanwhile). Slots not computed hold -1 (drafts, ids) and NaN
+        (log-probabilities). Returns (drafts [R, D], top ids, top log-probs [R, D, k], accepted [R])."""
+        R, D, k, dev = h.shape[0], self.D, self.k, h.device
+        d_tok = torch.full((R, D), -1, dtype=torch.long, device=dev)
+        t_ids = torch.full((R, D, k), -1, dtype=torch.long, device=dev)
+        t_lp = torch.full((R, D, k), float("nan"), dtype=torch.float32, device=dev)
+        acc, rows = torch.zeros(R, dtype=torch.long, device=dev), None
+        cuts = [0] + [c for c in HEAD_STAGES if 0 < c < D] + [D]
+        for s0, s1 in zip(cuts, cuts[1:]):
+            if s0:
+                rows = ((acc == s0) & inside[:, s0]).nonzero().squeeze(1)  # all accepted so far, slot s0 inside
+                if not len(rows):
+                    break
+            at = slice(None) if rows is None else rows
+            dt, ti, tl = _head(self.d, self.head, h[at], k, (1 + s0, 1 + s1))
+            d_tok[at, s0:s1], t_ids[at, s0:s1], t_lp[at, s0:s1] = dt, ti, tl
+            acc = ((d_tok == nxt) & inside).long().cumprod(1).sum(1)
+        return d_tok, t_ids, t_lp, acc
 
 
 class _Count:
@@ -591,7 +623,7 @@ def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int
     # with a tree budget, CHAIN_HALVES stacks alternate (host scoring of one overlaps the other's step)
     n = max(1, min(CHAIN_HALVES if budget else 1, len(seqs)))
     parts = [seqs[i * len(seqs) // n:(i + 1) * len(seqs) // n] for i in range(n)]
-    sts = [_Lockstep(drafter, head, p, k) for p in parts]
+    sts = [_Lockstep(drafter, head, p, k, staged=not budget) for p in parts]
     walks = _walk_host(sts, parts, budget) if budget else None
     if not budget:
         _walk_device(sts[0])

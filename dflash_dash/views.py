@@ -1137,14 +1137,15 @@ def round_detail(row: dict, completion: dict, block_size: int, rnd: int, vocab: 
     tree_at = row.get("tree_at") or []
     tree = int(tree_at[p - P]) if tree_budget and p - P < len(tree_at) and tree_at[p - P] >= 0 else None
     targets = [tokens[p + i] if i <= n else None for i in range(1, D + 1)]
-    strs = vocab.strings([tokens[p]] + [t for t in targets if t is not None] + [c for slot in ids for c in slot])
+    strs = vocab.strings([tokens[p]] + [t for t in targets if t is not None]
+                         + [c for slot in ids for c in slot if c >= 0])
     anchor_str, strs = strs[0], iter(strs[1:])
     target_strs = [next(strs) if t is not None else None for t in targets]
     slots = []
     for i in range(1, D + 1):
         t = targets[i - 1]
         cands = [{"id": int(c), "text": next(strs), "p": None if x is None else float(x)}
-                 for c, x in zip(ids[i - 1], ps[i - 1])]
+                 for c, x in zip(ids[i - 1], ps[i - 1]) if c >= 0]  # -1: not computed (chain-only, DDTree off)
         status = "acc" if i <= a else "rej" if i == a + 1 and i <= n else "after" if i <= n else "past"
         rank = next((r for r, c in enumerate(cands, 1) if t is not None and c["id"] == t), None)
         slots.append({"slot": i, "position": p + i, "target_id": t, "target": target_strs[i - 1], "status": status,
@@ -1179,6 +1180,9 @@ def round_html(d: dict) -> str:
                  f" · DDTree-{tb} would accept none here" if d["tree"] == 0 else
                  f" · DDTree-{tb}: not computed at this anchor")
     parts = [ROUND_CSS, f'<div class="dfr-note">{head}</div>']
+    if d["topk"] and any(not s["candidates"] for s in d["slots"] if s["status"] == "after"):
+        parts.append('<div class="dfr-note">Slots after the stop were not computed: this run was replayed chain-only '
+                     "without DDTree (a sweep), which runs the LM head only for the slots the chain walk reads.</div>")
     if not d["topk"]:
         parts.append('<div class="dfr-note"><b>Top-k candidates not recorded</b>: this run was replayed before '
                      "dflash-dash kept each round's whole block, so only the argmax draft of each slot is shown; "

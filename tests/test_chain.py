@@ -46,8 +46,9 @@ def case(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["full", "sliding"])
 @pytest.mark.parametrize("budget,batch", [(0, 4), (3, 2), (6, 64)])
-def test_chain_rounds_equal_every_anchor(case, name, budget, batch):
+def test_chain_rounds_equal_every_anchor(case, name, budget, batch, monkeypatch):
     head, models = case
+    monkeypatch.setattr(rp, "HEAD_STAGES", (1, 3))  # DDTree off: LM-head stages of slots 1 | 2..3 | 4 (B = 5)
     m, seqs = models[name]
     every, s_every = rp.run(m, head, seqs, budget=budget, chunk=7)
     chain, s_chain = rp.run_chain(m, head, seqs, budget=budget, batch=batch)
@@ -55,15 +56,21 @@ def test_chain_rounds_equal_every_anchor(case, name, budget, batch):
     visited = 0
     for a, b in zip(every, chain):
         assert (a.id, a.rounds, a.round_anchors, a.tree_rounds) == (b.id, b.rounds, b.round_anchors, b.tree_rounds)
-        for p in b.round_anchors:
-            x = p - b.prompt_len
-            assert b.accepted_at[x] == a.accepted_at[x] and b.drafts[x] == a.drafts[x]
-            assert b.draft_logp[x] == pytest.approx(a.draft_logp[x], abs=1e-4)
+        T, D = b.prompt_len + len(b.accepted_at), m.c.block_size - 1
         computed = [x for x, v in enumerate(b.accepted_at) if v >= 0]
-        assert all(b.accepted_at[x] == a.accepted_at[x] for x in computed)
-        assert all(b.drafts[x] == a.drafts[x] for x in computed)                  # every slot, not only accepted
-        assert b.round_top_ids == a.round_top_ids                                 # the rounds' top-K blocks
-        assert np.allclose(np.array(b.round_top_p, dtype=float), np.array(a.round_top_p, dtype=float), atol=1e-5)
+        for x in computed:
+            assert b.accepted_at[x] == a.accepted_at[x]
+            got = [i for i, t in enumerate(b.drafts[x]) if t >= 0]  # the slots computed there
+            # DDTree on: every slot; off: at least every slot the walk reads (up to the first rejected draft)
+            reads = D if budget else min(b.accepted_at[x] + 1, D, T - 1 - (b.prompt_len + x))
+            assert got == list(range(len(got))) and len(got) >= reads
+            assert [b.drafts[x][i] for i in got] == [a.drafts[x][i] for i in got]
+            assert [b.draft_logp[x][i] for i in got] == pytest.approx([a.draft_logp[x][i] for i in got], abs=1e-4)
+        ids, top_p = np.array(b.round_top_ids), np.array(b.round_top_p, dtype=float)
+        done = ids >= 0                                                           # the rounds' top-K blocks
+        assert (ids[done] == np.array(a.round_top_ids)[done]).all() and (budget == 0 or done.all())
+        assert np.allclose(top_p[done], np.array(a.round_top_p, dtype=float)[done], atol=1e-5)
+        assert np.isnan(top_p[~done]).all()
         if budget:  # DDTree acceptance wherever the chain mode computed it (tree and chain anchors)
             assert all(t == a.tree_at[x] for x, t in enumerate(b.tree_at) if t >= 0)
             assert all(b.tree_at[p - b.prompt_len] >= 0 for p in b.round_anchors)
@@ -73,6 +80,10 @@ def test_chain_rounds_equal_every_anchor(case, name, budget, batch):
                 "depth_marginal", "rounds", "committed"):
         assert s_chain[key] == s_every[key], key
     assert s_chain["every_anchor_tau"] is None and s_every["every_anchor_tau"] is not None  # not computed
+    for key in ("calibration_ece", "confidence_depth"):  # their samples stop at the first rejected draft
+        assert s_chain[key] == pytest.approx(s_every[key], abs=1e-6), key
+    # the expected tau needs every slot: not computed where the LM head ran only for the slots the walk reads
+    assert (s_chain["expected_tau"] is None) == (budget == 0) and s_every["expected_tau"] is not None
 
 
 @pytest.mark.parametrize("name", ["full", "sliding"])
