@@ -1,94 +1,97 @@
-"""Chain-only lockstep step on the device (issue 12): where one step's time goes, and variants.
+"""Chain-only lockstep step on the device (issue 12): one step's time by variant, and the every-anchor chunk.
 
-27B-shaped drafter (SPEC 8), bf16, 64 planted sequences x 2,560 tokens stacked as `replay._Lockstep` does; one
-block per sequence per step. Prints the step's wall and host (launch) time per key alignment and SDPA backend,
-the top kernels of three steps (torch.profiler), the drafter and LM-head shares, and the step as one CUDA graph.
+27B-shaped drafter (SPEC 8), bf16, `--rows` planted sequences x 2,560 tokens stacked as `replay._Lockstep` does;
+one block per sequence per step, anchors in the middle of the completion, planted acceptance (mean 5 drafts).
+Variants: the LM head of every slot or staged (`replay.HEAD_STAGES`: only the slots the walk reads), element-wise
+work eager or fused (`drafter.Ops(True)`, torch.compile). Prints per variant the step's wall and host (launch)
+time, its fraction of the measured matmul peak on the FLOPs the walk needs (layers + LM head of the slots read),
+and the every-anchor chunk (256 blocks of one sequence, every slot) eager and fused, with the fused states'
+largest difference from eager.
 
-    python3 benchmarks/bench_chain_step.py     # CUDA only
+    python3 benchmarks/bench_chain_step.py [--rows 200]     # CUDA only
 """
+import argparse
 import sys
 import time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
-from _common import Clock, note, report
+from _common import matmul_tflops, note, report
 from bench_replay import FULL, rand_weights
-from bench_sweep import plant
+from bench_sweep import needed_flops, plant
 from dflash_dash import drafter as dr, replay as rp, target as tg
 from tools import tiny
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--rows", type=int, default=200)
+ap.add_argument("--steps", type=int, default=10)
+a = ap.parse_args()
 dev, dtype = "cuda", torch.bfloat16
-cfg = tiny.drafter_config(tiny.TinyDrafter(**FULL)); c = dr.parse_config(cfg)
-d = dr.Drafter(c, rand_weights(dr.shapes(c), dev, dtype, 1))
+figs = {"matmul_bf16_tflops": matmul_tflops(dev, 8192)}
+peak = figs["matmul_bf16_tflops"]
+cfg = tiny.drafter_config(tiny.TinyDrafter(**FULL))
+c = dr.parse_config(cfg)
+w = rand_weights(dr.shapes(c), dev, dtype, 1)
 V, H = FULL["vocab_size"], FULL["hidden_size"]
 hw = rand_weights({"e": (V, H), "l": (V, H)}, dev, dtype, 2)
 head = tg.Head(hw["e"], hw["l"])
-S, T, P = 64, 2560, 512
+S, T, P = a.rows, 2560, 512
+eager = dr.Drafter(c, w)
 feats = torch.randn(S, T, c.K * H, device=dev, generator=torch.Generator(device=dev).manual_seed(3)).to(dtype)
-toks = plant(d, head, feats, P, 5.0, 0)
+toks = plant(eager, head, feats, P, 5.0, 0)
 seqs = [rp.Sequence(f"p{i}", toks[i], P, feats[i]) for i in range(S)]
-figs = {}
-rp.run_chain(d, head, seqs[:4], 0)
-note("warm")
+anchors = torch.full((S,), 1500, device=dev)
+rec = torch.zeros(S, dtype=torch.bool, device=dev)
 
-def steps(st, n, sync_each=False):
-    anchors = torch.full((len(st.rows),), 1500, device=dev); rec = torch.zeros(len(st.rows), dtype=torch.bool, device=dev)
-    torch.cuda.synchronize(); t0 = time.perf_counter()
-    for _ in range(n):
-        st.step(anchors, rec)
-        if sync_each: torch.cuda.synchronize()
-    t1 = time.perf_counter(); torch.cuda.synchronize(); t2 = time.perf_counter()
-    return (t1 - t0) / n * 1e3, (t2 - t0) / n * 1e3
 
-for align in (16, 256):
-    rp.KEY_ALIGN = align
-    st = rp._Lockstep(d, head, seqs, 4)
-    steps(st, 2)
-    host, wall = steps(st, 10)
-    figs[f"step64_align{align}_host_ms"], figs[f"step64_align{align}_ms"] = host, wall
-    for name, be in [("efficient", SDPBackend.EFFICIENT_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION), ("math", SDPBackend.MATH)]:
-        try:
-            with sdpa_kernel([be]):
-                steps(st, 1); figs[f"step64_align{align}_{name}_ms"] = steps(st, 5)[1]
-        except Exception as e:
-            note(f"{name}: {type(e).__name__}: {str(e)[:100]}")
-    del st
-report(figs); figs.clear()
-rp.KEY_ALIGN = 256
-st = rp._Lockstep(d, head, seqs, 4)
-anchors = torch.full((S,), 1500, device=dev); rec = torch.zeros(S, dtype=torch.bool, device=dev)
-from torch.profiler import ProfilerActivity, profile
-with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as pr:
-    for _ in range(3):
-        st.step(anchors, rec)
+def steps(st, n):
     torch.cuda.synchronize()
-print(pr.key_averages().table(sort_by="cuda_time_total", row_limit=22, max_name_column_width=60), flush=True)
-with Clock(dev) as ck:  # blocks only / head only
-    for _ in range(5):
-        emb = head.embed[torch.full((S, 16), 5, device=dev)]
-        h = d.blocks(st.kv, anchors, emb, tail=True)
-figs["blocks64_ms"] = ck.s / 5 * 1e3
-with Clock(dev) as ck:
-    for _ in range(5):
-        rp._head(d, head, h, 4)
-figs["head64_ms"] = ck.s / 5 * 1e3
-try:  # the same step as one CUDA graph (static anchors)
-    s_ = torch.cuda.Stream(); s_.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s_):
-        for _ in range(2):
-            st.step(anchors, rec)
-    torch.cuda.current_stream().wait_stream(s_)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    t0 = time.perf_counter()
+    for _ in range(n):
         out = st.step(anchors, rec)
-    g.replay(); torch.cuda.synchronize()
-    with Clock(dev) as ck:
-        for _ in range(10):
-            g.replay()
-    figs["step64_graph_ms"] = ck.s / 10 * 1e3
-    del g, out
-except Exception as e:
-    note(f"graph: {type(e).__name__}: {str(e)[:300]}")
-del st
-report(figs); figs.clear()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e3, (time.perf_counter() - t0) / n * 1e3, out[0]
+
+
+fused = dr.Drafter(c, w)
+fused.ops = dr.Ops(True)
+for name, d in [("eager", eager), ("fused", fused)]:
+    for staged in (False, True):
+        st = rp._Lockstep(d, head, seqs, 4, staged=staged)
+        t0 = time.perf_counter()
+        steps(st, 2)  # warm (the fused variant compiles here)
+        note(f"{name} staged={staged}: warm in {time.perf_counter() - t0:.1f} s")
+        host, wall, acc = steps(st, a.steps)
+        acc = acc.tolist()
+        flops = sum(needed_flops(c, 1500, V, x, T, 0 if staged else 1) for x in acc)
+        key = f"step{S}_{name}_{'staged' if staged else 'all'}"
+        figs |= {f"{key}_ms": wall, f"{key}_host_ms": host, f"{key}_fraction_of_peak": flops / wall * 1e3 / 1e12 / peak}
+        figs[f"step{S}_mean_accepted"] = sum(acc) / len(acc)
+        del st
+    report(figs)
+    figs.clear()
+
+# every-anchor: 256 blocks of one sequence, every slot (the replay's chunk)
+kv_e, kv_f = eager.context_kv(feats[0]), fused.context_kv(feats[0])
+anc = torch.arange(1280, 1536, device=dev)
+emb = rp._embed_blocks(eager, head, toks[0], anc)
+for name, d, kv in [("eager", eager, kv_e), ("fused", fused, kv_f)]:
+    for _ in range(2):
+        h = d.blocks(kv, anc, emb, max_anchor=1535)
+        rp._head(d, head, h, 8)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        h = d.blocks(kv, anc, emb, max_anchor=1535)
+        rp._head(d, head, h, 8)
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / 5
+    flops = sum(dr.flops_per_block(c, int(p), V) for p in anc.tolist())
+    figs |= {f"chunk256_{name}_ms": dt * 1e3, f"chunk256_{name}_fraction_of_peak": flops / dt / 1e12 / peak}
+    if name == "eager":
+        ref = h.float()
+    else:
+        figs["chunk256_fused_max_rel_diff"] = ((h.float() - ref).norm() / ref.norm()).item()
+        figs["chunk256_fused_argmax_agreement"] = (rp._head(d, head, h, 1)[0] == rp._head(eager, head, ref.to(dtype), 1)[0]).float().mean().item()
+report(figs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -44,6 +45,12 @@ def args_():
     ap.add_argument("--distinct", type=int, default=4, help="distinct weight files among the checkpoints")
     ap.add_argument("--budget", type=int, default=8, help="DDTree budget of the DDTree-on comparison")
     ap.add_argument("--sweep-budget", type=int, default=None, help="DDTree budget of the sweep (default --budget)")
+    ap.add_argument("--perturb", type=float, default=2e-4,
+                    help="checkpoint k's weights: base + perturb * std * noise (smaller keeps tau nearer the planted)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="sweep in this process (default: one worker process, as `sweep --gpus 0`: the parent's "
+                         "store step of a run overlaps the next checkpoint's replay)")
+    ap.add_argument("--profile", action="store_true", help="profile one chain-only replay (host time by function)")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-speed", action="store_true", help="only the sweep")
     ap.add_argument("--work", default=None)
@@ -76,6 +83,15 @@ def plant(d: dr.Drafter, head: tg.Head, feats: torch.Tensor, P: int, accept: flo
                 other = int(rng.integers(0, V - 1))
                 toks[s, p + 1 + n] = other if n == B - 1 or other != int(drafts[s, n]) else other + 1
             at[s] = p + n + 1
+
+
+def needed_flops(c: dr.DrafterConfig, anchor: int, V: int, acc: int, T: int, budget: int) -> float:
+    """FLOPs of the block at `anchor` that the walks need: its layers, plus the LM head of every drafted slot
+    with DDTree on, else of the slots the chain walk reads (up to the first rejected draft, inside the
+    completion), as the issue's arithmetic floor counts them."""
+    D = c.block_size - 1
+    slots = D if budget else min(acc + 1, D, T - 1 - anchor)
+    return dr.flops_per_block(c, anchor, 0) + 2 * slots * c.hidden_size * V
 
 
 def write_drafter(folder: Path, cfg: dict, w: dict) -> None:
@@ -144,7 +160,7 @@ def speed(a, d, head, c, T, P, n_speed, dev, peak, figs) -> None:
         note(f"budget {b}: chain {cc.s:.1f} s")
         same = all((x.rounds, x.tree_rounds) == (y.rounds, y.tree_rounds) for x, y in zip(every, chain))
         blocks = sum(sum(v >= 0 for v in r.accepted_at) for r in chain)
-        flops = sum(dr.flops_per_block(c, p, V) for r in chain for p, v in enumerate(r.accepted_at, P) if v >= 0)
+        flops = sum(needed_flops(c, p, V, v, T, b) for r in chain for p, v in enumerate(r.accepted_at, P) if v >= 0)
         figs |= {"planted_tau_pooled": s_every["tau_pooled"]} | (
             {"planted_ddtree_tau": s_every["ddtree_tau"]} if b else {})
         figs |= {f"{k}_budget{b}": v for k, v in {
@@ -156,6 +172,15 @@ def speed(a, d, head, c, T, P, n_speed, dev, peak, figs) -> None:
             "chain_fraction_of_peak": flops / cc.s / 1e12 / peak}.items()}
         report(figs)
         figs.clear()
+    if a.profile:  # where the chain-only replay's host time goes (DDTree off)
+        import cProfile
+        import pstats
+        pr = cProfile.Profile()
+        pr.enable()
+        rp.chain(d, head, seqs, 0, batch=len(seqs))
+        sync(dev)
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(14)
 
 
 def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, figs) -> None:
@@ -192,7 +217,7 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
             wk = w0
         else:
             gk = torch.Generator(device=dev).manual_seed(10 + k)
-            wk = {n: (t.float() + 1e-3 * t.float().std() * torch.randn(t.shape, device=dev, generator=gk)).to(dtype)
+            wk = {n: (t.float() + a.perturb * t.float().std() * torch.randn(t.shape, device=dev, generator=gk)).to(dtype)
                   for n, t in w0.items()}
         write_drafter(folder, cfg, wk)
         distinct.append(folder)
@@ -211,8 +236,20 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
     sync(dev)
     t0 = time.perf_counter()
     budget = a.budget if a.sweep_budget is None else a.sweep_budget
-    ids = pipeline.sweep(st, str(train), ex, device=dev, dtype="bfloat16", budget=budget,
-                         progress=lambda i, n, m: note(f"{time.perf_counter() - t0:.0f} s: {m}"))
+    from dflash_dash import jobs
+    runner = None if a.in_process else jobs.workers(st, [dev])  # reads features in its own process
+    last = [0.0]
+
+    said = []
+
+    def progress(i, n, m):  # a line every 5 s at most, and every message that is not a replay count
+        said.append(m)
+        t = time.perf_counter() - t0
+        if t - last[0] > 5 or "replayed" not in m:
+            last[0] = t
+            note(f"{t:.1f} s: [{i}/{n}] {m}")
+    ids = pipeline.sweep(st, str(train), ex, device=dev, dtype="bfloat16", budget=budget, progress=progress,
+                         runner=runner)
     sync(dev)
     dt = time.perf_counter() - t0
     cache.read = real
@@ -222,10 +259,13 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
     flops = 0.0
     for i in ids:
         for p in st.run_prompts(i):
+            T_ = p["prompt_len"] + len(p["accepted_at"])
             for q, v in enumerate(p["accepted_at"], p["prompt_len"]):
                 if v >= 0:
                     blocks += 1
-                    flops += dr.flops_per_block(c, q, V)
+                    flops += needed_flops(c, q, V, v, T_, budget)
+    if runner is not None:  # the worker's feature reads, as its progress lines count them
+        reads = [None] * sum(int(m.group(1)) for m in re.finditer(r"read the features of (\d+) prompts", "\n".join(said)))
     figs |= {f"sweep_{a.checkpoints}x{n_sweep}_s": dt, "sweep_checkpoints": len(ids),
              "sweep_feature_reads_per_sequence": len(reads) / n_sweep, "sweep_blocks": blocks,
              "sweep_blocks_per_s": blocks / dt, "sweep_fraction_of_peak": flops / dt / 1e12 / peak,

@@ -11,6 +11,7 @@ Knows nothing of files other than the checkpoint, nor of HTTP or the store.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
 from dataclasses import dataclass
@@ -438,6 +439,67 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rot * sin
 
 
+def norm_rope(x: torch.Tensor, w: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Per-head RMSNorm, then RoPE: x [..., T, n, hd] -> [..., n, T, hd]; cos/sin [..., T, hd]."""
+    return rotate(rmsnorm(x, w, eps).transpose(-2, -3), cos.unsqueeze(-3), sin.unsqueeze(-3))
+
+
+def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    return F.silu(g) * u
+
+
+def add_norm(h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the next RMSNorm: (h + x, rmsnorm(h + x))."""
+    h = h + x
+    return h, rmsnorm(h, w, eps)
+
+
+class Ops:
+    """The element-wise pieces of the batched forward (`Drafter.blocks`, `context_kv`): eager torch, or each piece
+    fused into one kernel by torch.compile (Inductor; CUDA only, compiled on first use with dynamic shapes). The
+    same arithmetic either way; fused kernels round in another order (bf16: not bit for bit)."""
+
+    def __init__(self, compiled: bool):
+        f = _compiled if compiled else (lambda fn: fn)
+        self.compiled = compiled
+        self.rmsnorm, self.norm_rope, self.silu_mul, self.add_norm = map(f, (rmsnorm, norm_rope, silu_mul, add_norm))
+
+
+def _compiled(fn):
+    """torch.compile(fn) that falls back to `fn` itself, with one warning, if compiling or running it fails."""
+    import warnings
+    fused = [torch.compile(fn, dynamic=True)]
+
+    def call(*args):
+        if fused:
+            try:
+                return fused[0](*args)
+            except Exception as e:  # noqa: BLE001  (no working Inductor here: eager is the same arithmetic)
+                warnings.warn(f"fused {fn.__name__} unavailable ({type(e).__name__}: {str(e)[:200]}); running eager")
+                fused.clear()
+        return fn(*args)
+    return call
+
+
+EAGER = Ops(False)
+FUSE_CUDA = os.environ.get("DFLASH_FUSE", "1") != "0"  # CUDA drafters use fused element-wise kernels (`Ops(True)`,
+                                                      # one per process); DFLASH_FUSE=0 turns them off
+_FUSED: list[Ops] = []
+
+
+def ops_for(device: torch.device) -> Ops:
+    """The element-wise kernels a drafter on `device` uses: fused on CUDA when FUSE_CUDA and Triton imports."""
+    if device.type != "cuda" or not FUSE_CUDA:
+        return EAGER
+    if not _FUSED:
+        try:
+            import triton  # noqa: F401  (Inductor's CUDA kernels are Triton)
+            _FUSED.append(Ops(True))
+        except ImportError:
+            _FUSED.append(EAGER)
+    return _FUSED[0]
+
+
 class Rope:
     """cos/sin tables for absolute positions, via transformers' RoPE init (handles rope_scaling)."""
 
@@ -474,6 +536,7 @@ class Drafter:
         any_w = w["fc.weight"]
         self.device, self.dtype = any_w.device, any_w.dtype
         self.rope = Rope(c, self.device, self.dtype)
+        self.ops = ops_for(self.device)  # element-wise kernels of the batched forward: eager or fused
 
     # -- shared pieces --------------------------------------------------------
 
@@ -483,26 +546,24 @@ class Drafter:
     def ctx(self, features: torch.Tensor) -> torch.Tensor:
         """features [T, K*H] -> ctx [T, H] = hidden_norm(fc(features))."""
         x = self._lin(features.to(self.device, self.dtype), "fc")
-        return rmsnorm(x, self.w["hidden_norm.weight"], self.c.rms_norm_eps)
+        return self.ops.rmsnorm(x, self.w["hidden_norm.weight"], self.c.rms_norm_eps)
 
     def _kv(self, i: int, x: torch.Tensor, cos, sin):
         """x [..., T, H] -> k [..., nkv, T, hd] (normed, roped), v [..., nkv, T, hd]."""
         c, p = self.c, f"layers.{i}.self_attn."
         k = self._lin(x, p + "k_proj").unflatten(-1, (c.num_key_value_heads, c.head_dim))
         v = self._lin(x, p + "v_proj").unflatten(-1, (c.num_key_value_heads, c.head_dim))
-        k = rmsnorm(k, self.w[p + "k_norm.weight"], c.rms_norm_eps).transpose(-2, -3)
-        return rotate(k, cos.unsqueeze(-3), sin.unsqueeze(-3)), v.transpose(-2, -3)
+        return self.ops.norm_rope(k, self.w[p + "k_norm.weight"], c.rms_norm_eps, cos, sin), v.transpose(-2, -3)
 
     def _q(self, i: int, x: torch.Tensor, cos, sin):
         """x [..., B, H] -> q [..., nh, B, hd] (normed, roped)."""
         c, p = self.c, f"layers.{i}.self_attn."
         q = self._lin(x, p + "q_proj").unflatten(-1, (c.num_attention_heads, c.head_dim))
-        q = rmsnorm(q, self.w[p + "q_norm.weight"], c.rms_norm_eps).transpose(-2, -3)
-        return rotate(q, cos.unsqueeze(-3), sin.unsqueeze(-3))
+        return self.ops.norm_rope(q, self.w[p + "q_norm.weight"], c.rms_norm_eps, cos, sin)
 
     def _mlp(self, i: int, x):
         p = f"layers.{i}.mlp."
-        return self._lin(F.silu(self._lin(x, p + "gate_proj")) * self._lin(x, p + "up_proj"), p + "down_proj")
+        return self._lin(self.ops.silu_mul(self._lin(x, p + "gate_proj"), self._lin(x, p + "up_proj")), p + "down_proj")
 
     def _kind(self, i: int) -> tuple[int | None, bool]:
         """(key window, causal inside the block) of layer i: (None, False) for full_attention layers."""
@@ -569,9 +630,11 @@ class Drafter:
         cos, sin = self.rope(qpos)                                 # [N', B, hd]
         masks = {kd: self._attn_mask(anchors, qpos, L, S, G, g, *kd) for kd in {self._kind(i) for i in
                                                                                  range(c.num_hidden_layers)}}
+        ops, eps = self.ops, c.rms_norm_eps
+        x = ops.rmsnorm(h, self.w["layers.0.input_layernorm.weight"], eps)
         for i in range(c.num_hidden_layers):
             p = f"layers.{i}."
-            x = rmsnorm(h, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
+            nxt = f"layers.{i + 1}.input_layernorm.weight" if i + 1 < c.num_hidden_layers else "norm.weight"
             q = self._q(i, x, cos, sin)                            # [N', nh, B, hd]
             q = q.view(S, G, nkv, g, B, hd).permute(0, 2, 3, 1, 4, 5).reshape(S, nkv, g * G * B, hd)
             kb, vb = (t.view(S, G, nkv, B, hd).transpose(1, 2).reshape(S, nkv, G * B, hd)
@@ -585,9 +648,10 @@ class Drafter:
                 k, v = torch.cat([kc, kb], 2), torch.cat([vc, vb], 2)  # [S, nkv, L+G*B, hd]
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=masks[self._kind(i)])
             o = o.view(S, nkv, g, G, B, hd).permute(0, 3, 4, 1, 2, 5).reshape(S * G, B, nkv * g * hd)
-            h = h + self._lin(o, p + "self_attn.o_proj")
-            h = h + self._mlp(i, rmsnorm(h, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps))
-        return rmsnorm(h, self.w["norm.weight"], c.rms_norm_eps)[:N]
+            o = self._lin(o, p + "self_attn.o_proj")
+            h, x = ops.add_norm(h, o, self.w[p + "post_attention_layernorm.weight"], eps)
+            h, x = ops.add_norm(h, self._mlp(i, x), self.w[nxt], eps)  # x: the next layer's input (or the output)
+        return x[:N]
 
     def _attn_mask(self, anchors, qpos, L: int, S: int, G: int, g: int, window: int | None,
                    causal: bool) -> torch.Tensor:

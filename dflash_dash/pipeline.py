@@ -493,7 +493,7 @@ def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = R
     out: list[dict | None] = [None for _ in plan]
     for ev in (runner or here(store))("replay", args, ids, progress):
         r = ev["result"]
-        r = replay_mod.PromptResult(**r) if isinstance(r, dict) else r
+        r = replay_mod.PromptResult(**r) if isinstance(r, dict) else replay_mod.listed(r)
         j = ev["checkpoint"]
         got[j][r.id] = r
         if len(got[j]) == len(ids):  # complete: stored now (a worker process replays the next one meanwhile)
@@ -565,8 +565,10 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
         _tick(progress, 0, total, f"checking drafter {i + 1}/{len(cks)}: {ck.path}")
         drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config)
     head = target_mod.load_head(ex["target_path"], device, dtype)
-    for part in _passes(store, ex, ids):
+    passes = _passes(store, ex, ids)
+    for k, part in enumerate(passes):
         seqs = [s for batch in iter_sequences(store, ex, only=set(part)) for s in batch]
+        _tick(progress, done, total, f"read the features of {len(seqs)} prompts (pass {k + 1}/{len(passes)})")
         if device.startswith("cuda"):  # one upload per pass, shared by every checkpoint
             seqs = [replay_mod.Sequence(s.id, s.tokens, s.prompt_len, s.features.to(device)) for s in seqs]
         for j, ck in enumerate(cks):
@@ -576,8 +578,8 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
             def tick(k: int, m: int, j=j, base=done) -> None:
                 _tick(progress, base + k, total, f"checkpoint {j + 1}/{len(cks)}: replayed {k}/{m} prompts"
                       + (f" of this pass ({len(part)} of {n})" if len(part) < n else ""))
-            res, _ = (replay_mod.run_chain(d, head, seqs, budget, progress=tick) if a["anchors"] == "chain"
-                      else replay_mod.run(d, head, seqs, budget, a["chunk"], progress=tick))
+            res = (replay_mod.chain(d, head, seqs, budget, progress=tick, arrays=True) if a["anchors"] == "chain"
+                   else replay_mod.run(d, head, seqs, budget, a["chunk"], progress=tick, summary=False)[0])
             del d  # its memory goes to the next checkpoint
             for r in res:
                 yield {"checkpoint": j, "result": r}

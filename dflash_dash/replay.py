@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 import numpy as np
@@ -287,12 +287,12 @@ class PromptResult:
 ROUND_TOPK = 4  # K: candidates kept per slot of each chain round's block (the drafts carry at least this many)
 
 
-def round_top(ids: np.ndarray, logp: np.ndarray) -> tuple[list, list]:
+def round_top(ids: np.ndarray, logp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The top-K candidates of the blocks at the chain rounds' anchors: ids and log-probs [R, B-1, k] ->
-    (ids [R][B-1][K], probabilities [R][B-1][K]), K = min(ROUND_TOPK, k), sorted by probability (slot's draft
-    first)."""
+    (ids [R, B-1, K], probabilities [R, B-1, K] in float64), K = min(ROUND_TOPK, k), sorted by probability
+    (slot's draft first)."""
     K = min(ROUND_TOPK, ids.shape[-1])
-    return ids[..., :K].tolist(), np.exp(logp[..., :K].astype(np.float64)).tolist()
+    return ids[..., :K], np.exp(logp[..., :K].astype(np.float64))
 
 
 def score(pid: str, d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int) -> PromptResult:
@@ -305,7 +305,7 @@ def score(pid: str, d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int)
     if d.top_logp.shape[-1]:  # the log-probability of each argmax draft (calibration)
         r.draft_logp = d.top_logp[:, :, 0].tolist()
         at = np.asarray(r.round_anchors, dtype=np.int64) - prompt_len  # [R] rows of the rounds' anchors
-        r.round_top_ids, r.round_top_p = round_top(d.top_ids.numpy()[at], d.top_logp.numpy()[at])
+        r.round_top_ids, r.round_top_p = (x.tolist() for x in round_top(d.top_ids.numpy()[at], d.top_logp.numpy()[at]))
     if budget:
         tacc = tree_accepted(d, tokens, prompt_len, budget)
         r.tree_at, r.tree_rounds = tacc.tolist(), [c for _, _, c in walk(tacc, prompt_len, T)]
@@ -330,8 +330,8 @@ class Sequence:
 
 
 def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chunk: int = 64,
-        progress: Callable[[int, int], None] | None = None) -> tuple[list[PromptResult], dict]:
-    """Replay every sequence (every-anchor, batched) and summarise.
+        progress: Callable[[int, int], None] | None = None, summary: bool = True) -> tuple[list[PromptResult], dict]:
+    """Replay every sequence (every-anchor, batched) and summarise (`summary`; else the summary is None).
 
     Scoring (CPU: acceptance, chain and DDTree walks) of sequence i runs on a worker thread once the
     device's queue holds sequence i+1's work, and the next features are uploaded meanwhile; results come
@@ -354,7 +354,7 @@ def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chu
         if done is not None:
             futures.append(pool.submit(score, *done))
         results = [f.result() for f in futures]
-    return results, summarize(results, drafter.c.block_size, budget)
+    return results, summarize(results, drafter.c.block_size, budget) if summary else None
 
 
 # ---------------------------------------------------------------------------
@@ -370,9 +370,16 @@ HEAD_STAGES = (4, 8)  # DDTree off: drafted slots split here; a later stage's LM
                       # drafts were all accepted so far (the walk reads no slot after the first rejected one)
 
 
-@torch.inference_mode()
 def run_chain(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, batch: int = CHAIN_BATCH,
               progress: Callable[[int, int], None] | None = None) -> tuple[list[PromptResult], dict]:
+    """`chain` and the run's metrics (`summarize`)."""
+    results = chain(drafter, head, seqs, budget, batch, progress)
+    return results, summarize(results, drafter.c.block_size, budget)
+
+
+@torch.inference_mode()
+def chain(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, batch: int = CHAIN_BATCH,
+          progress: Callable[[int, int], None] | None = None, arrays: bool = False) -> list[PromptResult]:
     """Replay computing only the anchors the chain walk (and the DDTree walk, with `budget`) visits.
 
     The sequences of a batch advance in lockstep over their stacked context K/V: each step drafts ONE block per
@@ -383,13 +390,19 @@ def run_chain(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 
     NaN. With a tree budget each step's top-k comes back to the host for the DDTree acceptance. Rounds,
     acceptance, tree acceptance, and the drafts and rounds' top-K of every computed slot equal the every-anchor
     mode's; the other anchors hold -1 (drafts, accepted) and NaN (log-probabilities), so metrics that need
-    every anchor (or every slot: the expected tau) are not computed (`metrics`)."""
+    every anchor (or every slot: the expected tau) are not computed (`metrics`). `arrays`: the results' list
+    fields are numpy arrays (no Python lists built: a worker packs them as they are; `listed` converts)."""
     results: list[PromptResult] = []
     for b0 in range(0, len(seqs), batch):
-        results += _chain_batch(drafter, head, seqs[b0:b0 + batch], budget)
+        results += _chain_batch(drafter, head, seqs[b0:b0 + batch], budget, arrays)
         if progress:
             progress(min(b0 + batch, len(seqs)), len(seqs))
-    return results, summarize(results, drafter.c.block_size, budget)
+    return results
+
+
+def listed(r: PromptResult) -> PromptResult:
+    """`r` with its numpy fields (`chain(arrays=True)`) as lists, as the metrics and the store step read them."""
+    return replace(r, **{f.name: v.tolist() for f in fields(r) if isinstance(v := getattr(r, f.name), np.ndarray)})
 
 
 def _stack_features(drafter: Drafter, seqs: list[Sequence]) -> torch.Tensor:
@@ -618,7 +631,7 @@ def _walk_host(sts: list[_Lockstep], parts: list[list[Sequence]], budget: int) -
     return walks
 
 
-def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int) -> list[PromptResult]:
+def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int, arrays: bool) -> list[PromptResult]:
     k = max(budget, ROUND_TOPK)
     # with a tree budget, CHAIN_HALVES stacks alternate (host scoring of one overlaps the other's step)
     n = max(1, min(CHAIN_HALVES if budget else 1, len(seqs)))
@@ -633,13 +646,12 @@ def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int
         for j, s in enumerate(part):
             T, P = len(s.tokens), s.prompt_len
             rounds = walk(acc[j, :T - P], P, T)
-            r = PromptResult(s.id, P, acc[j, :T - P].tolist(), drafts[j, :T - P].tolist(),
-                             [c for _, _, c in rounds], [p for p, _, _ in rounds],
-                             draft_logp=lp[j, :T - P, :, 0].tolist())
+            r = PromptResult(s.id, P, acc[j, :T - P], drafts[j, :T - P], [c for _, _, c in rounds],
+                             [p for p, _, _ in rounds], draft_logp=lp[j, :T - P, :, 0])
             if rounds:
                 at = np.asarray(r.round_anchors, dtype=np.int64) - P
                 r.round_top_ids, r.round_top_p = round_top(ids[j, at], lp[j, at])
             if budget:
-                r.tree_at, r.tree_rounds = walks[h].tacc[j].tolist(), walks[h].tree_rounds[j]
-            out.append(r)
+                r.tree_at, r.tree_rounds = walks[h].tacc[j], walks[h].tree_rounds[j]
+            out.append(r if arrays else listed(r))
     return out
