@@ -530,7 +530,7 @@ def store_run(store: Store, ex: dict, ck: Checkpoint, res: list[replay_mod.Promp
     return {"id": run_id, "summary": summary}
 
 
-PASS_GIB = 24.0  # features held at once by a replay's worker (GiB, 2 bytes a value): a pass, read once
+PASS_GIB = 32.0  # features held at once by a replay's worker (GiB, 2 bytes a value): a pass, read once
 
 
 def _passes(store: Store, ex: dict, ids: list[str]) -> list[list[str]]:
