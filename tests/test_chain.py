@@ -113,17 +113,25 @@ def test_every_anchor_metrics_absent_on_chain_rows():
     assert metrics.tau(p, metrics.Ctx(4, 0)) == pytest.approx(7 / 3)
 
 
-def test_sweep_one_pass_equals_separate_replays_and_reads_features_once(prepared, workspace_copy, monkeypatch):
+@pytest.mark.parametrize("passes", ["one", "several"])
+def test_sweep_one_pass_equals_separate_replays_and_reads_features_once(prepared, workspace_copy, monkeypatch,
+                                                                        passes):
     from dflash_dash import cache, pipeline
     from dflash_dash.store import Store
+    if passes == "several":  # a pass of one prompt each: every checkpoint replays pass after pass
+        monkeypatch.setattr(pipeline, "PASS_GIB", 1e-9)
     st = Store(workspace_copy)
+    seen = []
     reads = []
     real = cache.read
     monkeypatch.setattr(cache, "read", lambda root, ex, pid, *a, **k: reads.append(pid) or real(root, ex, pid, *a, **k))
     before = {r["checkpoint"]: r["id"] for r in st.runs()}
     st.run("DELETE FROM runs")  # the sweep must replay both checkpoints (the old runs stay as the reference)
-    ids = pipeline.sweep(st, str(prepared.train), prepared.extraction)
+    ids = pipeline.sweep(st, str(prepared.train), prepared.extraction, progress=lambda d, t, m: seen.append(m))
     assert sorted(reads) == sorted({r["prompt_id"] for r in st.items(prepared.extraction)})  # once each
+    n = len(reads)
+    assert sum(f"(pass {k}/{n if passes == 'several' else 1})" in m for m in seen for k in range(1, n + 1)) == \
+        (n if passes == "several" else 1)
     ref = Store(prepared.workspace)
     for rid in ids:
         run = st.run_row(rid)
@@ -133,3 +141,55 @@ def test_sweep_one_pass_equals_separate_replays_and_reads_features_once(prepared
             w = want[p["prompt_id"]]
             assert (p["rounds"], p["tree_rounds"]) == (w["rounds"], w["tree_rounds"])
             assert p["tau"] == pytest.approx(w["tau"])
+
+
+def test_worker_results_travel_packed_and_equal():
+    """A worker's PromptResult (numpy fields from `chain(arrays=True)`, or lists) crosses the pipe packed and
+    comes back equal, as lists; ragged and empty values pass as they are."""
+    import json
+    from dflash_dash import jobs
+    r = rp.PromptResult("p", 3, np.array([2, -1, 0]), np.array([[5, 6], [-1, -1], [7, 2**40]]), [3], [3],
+                        draft_logp=np.array([[-0.5, np.nan], [np.nan, np.nan], [-1e-8, -3.0]], dtype=np.float32),
+                        round_top_ids=[[[5, 1], [6, 2]]], round_top_p=[[[0.5, 0.25], [0.125, 1 / 3]]])
+    back = rp.PromptResult(**jobs._unpacked(json.loads(json.dumps({"result": r}, default=jobs._plain)))["result"])
+    want = rp.listed(r)
+    assert back.accepted_at == want.accepted_at == [2, -1, 0] and back.drafts == want.drafts  # int64 kept
+    assert np.array_equal(np.array(back.draft_logp), np.array(want.draft_logp), equal_nan=True)
+    assert back.round_top_p == want.round_top_p and back.round_top_ids == want.round_top_ids
+    assert back.tree_at == [] and jobs.pack([[1], [2, 3]]) == [[1], [2, 3]]
+
+
+def test_check_validates_like_load_without_reading(tmp_path, monkeypatch):
+    """`drafter.check` refuses what `load` refuses (here a tensor of the wrong shape) and reads no tensor."""
+    from safetensors.torch import load_file, save_file
+    ok = tiny.write_drafter(tmp_path / "ok", tiny.TinyDrafter(seed=1))
+    bad = tiny.write_drafter(tmp_path / "bad", tiny.TinyDrafter(seed=1))
+    f = next(bad.glob("*.safetensors"))
+    w = load_file(str(f))
+    name = next(k for k in w if k.endswith("fc.weight"))
+    w[name] = w[name][:, :-1].contiguous()
+    save_file(w, str(f))
+    with pytest.raises(dr.CheckpointError, match="fc.weight' has shape") as e_load:
+        dr.load(bad)
+    want = dr.load(ok).c
+    monkeypatch.setattr("safetensors.safe_open.get_tensor", lambda *a: pytest.fail("check read a tensor"),
+                        raising=False)
+    with pytest.raises(dr.CheckpointError) as e_check:
+        dr.check(bad)
+    assert str(e_check.value) == str(e_load.value)
+    assert dr.check(ok) == want
+
+
+def test_fused_ops_fall_back_to_eager(monkeypatch):
+    """A torch.compile that fails makes the fused element-wise ops warn once and run eager, same values."""
+    def broken(fn, **kw):
+        def call(*a):
+            raise RuntimeError("no inductor here")
+        return call
+    monkeypatch.setattr(torch, "compile", broken)
+    ops = dr.Ops(True)
+    x, w = torch.randn(3, 8), torch.randn(8)
+    with pytest.warns(UserWarning, match="fused rmsnorm unavailable"):
+        got = ops.rmsnorm(x, w, 1e-6)
+    assert torch.equal(got, dr.rmsnorm(x, w, 1e-6)) and torch.equal(ops.rmsnorm(x, w, 1e-6), got)
+    assert dr.ops_for(torch.device("cpu")) is dr.EAGER

@@ -175,6 +175,19 @@ def test_round_html_escapes_and_shows_whitespace():
     assert "not recorded" not in out
 
 
+def test_round_detail_of_a_sweep_run_shows_only_the_slots_it_computed():
+    """A chain-only replay without DDTree runs the LM head only for the slots the walk reads: slot 4 of round 1
+    (after the stop) holds -1 / NaN and is shown empty, with a note saying why."""
+    row, comp = hand_row()
+    row["round_top_ids"][6:8] = [-1, -1]
+    row["round_top_p"][6:8] = [float("nan")] * 2
+    d = views.round_detail(row, comp, 5, 1, Words(), k=2, tree_budget=0)
+    assert [len(x["candidates"]) for x in d["slots"]] == [2, 2, 2, 0] and d["slots"][3]["status"] == "after"
+    out = views.round_html(d)
+    assert "Slots after the stop were not computed" in out and "nan" not in out
+    assert "not computed" not in views.round_html(views.round_detail(*hand_row(), 5, 1, Words(), k=2))
+
+
 def test_round_detail_of_an_older_run_shows_the_argmax_block():
     row, comp = hand_row(top=False)
     d = views.round_detail(row, comp, 5, 1, Words(), tree_budget=4)
