@@ -195,8 +195,8 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
     ex = "ex-bench"
     st.add_extraction(dict(id=ex, set_name="bench", target_path=str(tgt.resolve()), layer_ids=c.target_layer_ids,
                            hidden_size=H, device=dev, dtype="bfloat16", backend="fla", versions={}, config_hash="-"))
-    for b0 in range(0, n_sweep, 25):
-        S = min(25, n_sweep - b0)
+    for b0 in range(0, n_sweep, 50):  # planted 50 sequences at a time
+        S = min(50, n_sweep - b0)
         f = torch.randn(S, T, c.K * H, device=dev, generator=gen).to(dtype)
         tk = plant(d, head, f, P, a.accept, 100 + b0)
         for i in range(S):

@@ -356,10 +356,12 @@ def pack(v):
 
 
 def unpack(v):
-    """The inverse of `pack` (lists again)."""
+    """The inverse of `pack`: a list again where it was 1-D, else a numpy array (the store step reads both:
+    lists of a prompt's 30,000 drafts and log-probabilities would cost the parent more than storing them)."""
     if isinstance(v, dict) and set(v) == {"packed"}:
         dt, shape, b = v["packed"]
-        return np.frombuffer(base64.b64decode(b), dtype=dt).reshape(shape).tolist()
+        a = np.frombuffer(base64.b64decode(b), dtype=dt).reshape(shape)
+        return a.tolist() if a.ndim == 1 else a
     return v
 
 

@@ -27,6 +27,18 @@ from typing import Any, Callable
 # data
 
 
+def flat(v: Any) -> Any:
+    """An array field of a result or row flat: [] for None, a numpy array raveled (numpy: a worker's chain-only
+    results travel as arrays, never as Python lists), nested lists joined, a flat list as it is."""
+    if v is None:
+        return []
+    if hasattr(v, "ravel"):
+        return v.ravel()
+    if len(v) and isinstance(v[0], (list, tuple)):
+        return [x for row in v for x in (flat(row) if row and isinstance(row[0], (list, tuple)) else row)]
+    return v
+
+
 @dataclass
 class Prompt:
     id: str
@@ -73,11 +85,8 @@ class Prompt:
     def of(cls, r: Any) -> "Prompt":
         """From a replay.PromptResult (attributes) or a run_prompts row (dict)."""
         get = (lambda k, d=None: r.get(k, d)) if isinstance(r, dict) else (lambda k, d=None: getattr(r, k, d))
-        lp = list(get("draft_logp") or [])
-        if lp and isinstance(lp[0], (list, tuple)):  # PromptResult: [A][B-1]; store rows: flat
-            lp = [x for row in lp for x in row]
-        return cls(get("prompt_id") or get("id"), int(get("prompt_len")), list(get("accepted_at") or []),
-                   list(get("rounds") or []), list(get("tree_rounds") or []), lp)
+        return cls(get("prompt_id") or get("id"), int(get("prompt_len")), list(flat(get("accepted_at"))),
+                   list(flat(get("rounds"))), list(flat(get("tree_rounds"))), flat(get("draft_logp")))
 
 
 @dataclass

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import urlencode
 
+from . import metrics
+
 Strings = Callable[[list[int]], list[str]]  # token ids -> their decoded texts
 
 CLASSES = ("whitespace", "identifier", "keyword", "number", "punctuation", "string", "other")
@@ -91,7 +93,7 @@ def rounds(rows: list[dict], comps: dict[str, dict], block_size: int) -> list[Ro
         if c is None:
             continue
         toks, P, acc = tokens_of(c), r["prompt_len"], r["accepted_at"] or []
-        drafts, T, p = r.get("drafts") or [], len(toks), P
+        drafts, T, p = metrics.flat(r.get("drafts")), len(toks), P
         for com in r["rounds"] or []:
             i, n = p - P, min(D, T - 1 - p)
             rd = drafts[i * D:(i + 1) * D] if len(drafts) >= (i + 1) * D else []

@@ -493,7 +493,8 @@ def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = R
     out: list[dict | None] = [None for _ in plan]
     for ev in (runner or here(store))("replay", args, ids, progress):
         r = ev["result"]
-        r = replay_mod.PromptResult(**r) if isinstance(r, dict) else replay_mod.listed(r)
+        # a worker's result (packed: its 2-D fields numpy) or this process's (the same, as `jobs.unpack` gives)
+        r = replay_mod.PromptResult(**r) if isinstance(r, dict) else replay_mod.listed(r, keep_2d=True)
         j = ev["checkpoint"]
         got[j][r.id] = r
         if len(got[j]) == len(ids):  # complete: stored now (a worker process replays the next one meanwhile)
@@ -590,10 +591,9 @@ def prompt_row(r: replay_mod.PromptResult, B: int, budget: int) -> dict:
     """A run_prompts row of one replayed prompt: its results plus the registry's per-prompt tau values."""
     m = metrics.per_prompt(r, B, budget)
     shallow = {f.name: getattr(r, f.name) for f in fields(r)}  # not asdict: it deep-copies ~10^5 list values
-    return dict(shallow, tau=m["tau_macro"], tree_tau=m["ddtree_tau"], drafts=[t for row in r.drafts for t in row],
-                draft_logp=[x for row in r.draft_logp for x in row],
-                round_top_ids=[t for rnd in r.round_top_ids for slot in rnd for t in slot],  # [R*(B-1)*K]
-                round_top_p=[x for rnd in r.round_top_p for slot in rnd for x in slot])
+    return dict(shallow, tau=m["tau_macro"], tree_tau=m["ddtree_tau"], drafts=metrics.flat(r.drafts),
+                draft_logp=metrics.flat(r.draft_logp), round_top_ids=metrics.flat(r.round_top_ids),  # [R*(B-1)*K]
+                round_top_p=metrics.flat(r.round_top_p))
 
 
 def checkpoints_in(folder: str | Path) -> tuple[list[Path], list[str]]:
@@ -800,7 +800,7 @@ def analysis(store: Store, run_id: str, name: str, rows: list[dict] | None = Non
     else:
         comps = {c["prompt_id"]: c for c in store.completions(ex["set_name"])}
         if name == "lag":
-            val = {p["prompt_id"]: list(metrics.lag_counts(p.get("drafts") or [], list(comps[p["prompt_id"]][
+            val = {p["prompt_id"]: list(metrics.lag_counts(metrics.flat(p.get("drafts")), list(comps[p["prompt_id"]][
                 "prompt_ids"]) + list(comps[p["prompt_id"]]["output_ids"]), p["prompt_len"], B))
                    for p in rows if p["prompt_id"] in comps}
         else:

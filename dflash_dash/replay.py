@@ -400,9 +400,11 @@ def chain(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, b
     return results
 
 
-def listed(r: PromptResult) -> PromptResult:
-    """`r` with its numpy fields (`chain(arrays=True)`) as lists, as the metrics and the store step read them."""
-    return replace(r, **{f.name: v.tolist() for f in fields(r) if isinstance(v := getattr(r, f.name), np.ndarray)})
+def listed(r: PromptResult, keep_2d: bool = False) -> PromptResult:
+    """`r` with its numpy fields (`chain(arrays=True)`) as lists; `keep_2d`: only the 1-D ones (the store step
+    reads the drafts, log-probabilities and round blocks as arrays too, and their lists are its largest cost)."""
+    return replace(r, **{f.name: v.tolist() for f in fields(r) if isinstance(v := getattr(r, f.name), np.ndarray)
+                         and (v.ndim == 1 or not keep_2d)})
 
 
 def _stack_features(drafter: Drafter, seqs: list[Sequence]) -> torch.Tensor:

@@ -145,7 +145,7 @@ def test_sweep_one_pass_equals_separate_replays_and_reads_features_once(prepared
 
 def test_worker_results_travel_packed_and_equal():
     """A worker's PromptResult (numpy fields from `chain(arrays=True)`, or lists) crosses the pipe packed and
-    comes back equal, as lists; ragged and empty values pass as they are."""
+    comes back equal: 1-D fields as lists, the others as numpy arrays; ragged and empty values as they are."""
     import json
     from dflash_dash import jobs
     r = rp.PromptResult("p", 3, np.array([2, -1, 0]), np.array([[5, 6], [-1, -1], [7, 2**40]]), [3], [3],
@@ -153,10 +153,11 @@ def test_worker_results_travel_packed_and_equal():
                         round_top_ids=[[[5, 1], [6, 2]]], round_top_p=[[[0.5, 0.25], [0.125, 1 / 3]]])
     back = rp.PromptResult(**jobs._unpacked(json.loads(json.dumps({"result": r}, default=jobs._plain)))["result"])
     want = rp.listed(r)
-    assert back.accepted_at == want.accepted_at == [2, -1, 0] and back.drafts == want.drafts  # int64 kept
-    assert np.array_equal(np.array(back.draft_logp), np.array(want.draft_logp), equal_nan=True)
-    assert back.round_top_p == want.round_top_p and back.round_top_ids == want.round_top_ids
+    assert back.accepted_at == want.accepted_at == [2, -1, 0] and back.drafts.tolist() == want.drafts  # int64 kept
+    assert np.array_equal(back.draft_logp, np.array(want.draft_logp), equal_nan=True)
+    assert back.round_top_p.tolist() == want.round_top_p and back.round_top_ids.tolist() == want.round_top_ids
     assert back.tree_at == [] and jobs.pack([[1], [2, 3]]) == [[1], [2, 3]]
+    assert vars(rp.listed(r, keep_2d=True)).keys() == vars(r).keys() and rp.listed(r, keep_2d=True).rounds == [3]
 
 
 def test_check_validates_like_load_without_reading(tmp_path, monkeypatch):
