@@ -152,12 +152,16 @@ def speed(a, d, head, c, T, P, n_speed, dev, peak, figs) -> None:
     note("warm")
     figs |= {"every_blocks": n_speed * (T - P)}
     for b in sorted({0, a.budget}):  # suffix _budget0: DDTree off (chain walk only); _budget8: DDTree on
+        # the replay as a worker runs it: results without the run's summary (the parent's store step makes that),
+        # the chain-only ones as numpy arrays (`chain(arrays=True)`, what `pipeline._replay_work` does)
         with Clock(dev) as ce:
-            every, s_every = rp.run(d, head, seqs, b, chunk=256)
+            every, _ = rp.run(d, head, seqs, b, chunk=256, summary=False)
         note(f"budget {b}: every-anchor {ce.s:.1f} s")
         with Clock(dev) as cc:
-            chain, s_chain = rp.run_chain(d, head, seqs, b, batch=len(seqs))
+            chain = rp.chain(d, head, seqs, b, batch=len(seqs), arrays=True)
         note(f"budget {b}: chain {cc.s:.1f} s")
+        chain = [rp.listed(r) for r in chain]
+        s_every = rp.summarize(every, c.block_size, b)
         same = all((x.rounds, x.tree_rounds) == (y.rounds, y.tree_rounds) for x, y in zip(every, chain))
         blocks = sum(sum(v >= 0 for v in r.accepted_at) for r in chain)
         flops = sum(needed_flops(c, p, V, v, T, b) for r in chain for p, v in enumerate(r.accepted_at, P) if v >= 0)
