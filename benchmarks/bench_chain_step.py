@@ -93,5 +93,6 @@ for name, d, kv in [("eager", eager, kv_e), ("fused", fused, kv_f)]:
         ref = h.float()
     else:
         figs["chunk256_fused_max_rel_diff"] = ((h.float() - ref).norm() / ref.norm()).item()
-        figs["chunk256_fused_argmax_agreement"] = (rp._head(d, head, h, 1)[0] == rp._head(eager, head, ref.to(dtype), 1)[0]).float().mean().item()
+        same = rp._head(d, head, h, 1)[0] == rp._head(eager, head, ref.to(dtype), 1)[0]
+        figs["chunk256_fused_argmax_agreement"] = same.float().mean().item()
 report(figs)

@@ -155,12 +155,12 @@ def speed(a, d, head, c, T, P, n_speed, dev, peak, figs) -> None:
         # the replay as a worker runs it: results without the run's summary (the parent's store step makes that),
         # the chain-only ones as numpy arrays (`chain(arrays=True)`, what `pipeline._replay_work` does)
         with Clock(dev) as ce:
-            every, _ = rp.run(d, head, seqs, b, chunk=256, summary=False)
+            every, _ = rp.run(d, head, seqs, b, chunk=256, arrays=True)
         note(f"budget {b}: every-anchor {ce.s:.1f} s")
         with Clock(dev) as cc:
             chain = rp.chain(d, head, seqs, b, batch=len(seqs), arrays=True)
         note(f"budget {b}: chain {cc.s:.1f} s")
-        chain = [rp.listed(r) for r in chain]
+        every, chain = [rp.listed(r) for r in every], [rp.listed(r) for r in chain]
         s_every = rp.summarize(every, c.block_size, b)
         same = all((x.rounds, x.tree_rounds) == (y.rounds, y.tree_rounds) for x, y in zip(every, chain))
         blocks = sum(sum(v >= 0 for v in r.accepted_at) for r in chain)

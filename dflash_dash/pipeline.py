@@ -531,13 +531,18 @@ def store_run(store: Store, ex: dict, ck: Checkpoint, res: list[replay_mod.Promp
     return {"id": run_id, "summary": summary}
 
 
-PASS_GIB = 32.0  # features held at once by a replay's worker (GiB, 2 bytes a value): a pass, read once
+PASS_GIB = 32.0    # features held at once by a replay's worker (GiB, 2 bytes a value): a pass, read once
+PASS_FREE = 0.4    # on CUDA also at most this share of the device's free memory (the drafter and the replay's
+                   # work need the rest)
 
 
-def _passes(store: Store, ex: dict, ids: list[str]) -> list[list[str]]:
-    """`ids` (in set order) cut into passes of at most PASS_GIB of features each (at least one prompt a pass)."""
+def _passes(store: Store, ex: dict, ids: list[str], device: str) -> list[list[str]]:
+    """`ids` (in set order) cut into passes of at most PASS_GIB of features each, on CUDA at most PASS_FREE of the
+    free device memory (at least one prompt a pass)."""
     tokens = {it["prompt_id"]: it["tokens"] for it in store.items(ex["id"])}
     width, cap = len(ex["layer_ids"]) * ex["hidden_size"] * 2, PASS_GIB * 2**30
+    if device.startswith("cuda"):
+        cap = min(cap, PASS_FREE * torch.cuda.mem_get_info(torch.device(device))[0])
     out: list[list[str]] = [[]]
     size = 0.0
     for i in ids:
@@ -566,7 +571,7 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
         _tick(progress, 0, total, f"checking drafter {i + 1}/{len(cks)}: {ck.path}")
         drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config)
     head = target_mod.load_head(ex["target_path"], device, dtype)
-    passes = _passes(store, ex, ids)
+    passes = _passes(store, ex, ids, device)
     for k, part in enumerate(passes):
         seqs = [s for batch in iter_sequences(store, ex, only=set(part)) for s in batch]
         _tick(progress, done, total, f"read the features of {len(seqs)} prompts (pass {k + 1}/{len(passes)})")
@@ -576,11 +581,11 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
             _tick(progress, done, total, f"loading drafter {j + 1}/{len(cks)}: {ck.path}")
             d = drafter_mod.load(ck.path, dtype, device, ck.sliding_block, ck.draft_config)
 
-            def tick(k: int, m: int, j=j, base=done) -> None:
-                _tick(progress, base + k, total, f"checkpoint {j + 1}/{len(cks)}: replayed {k}/{m} prompts"
+            def tick(i: int, m: int, j=j, base=done) -> None:
+                _tick(progress, base + i, total, f"checkpoint {j + 1}/{len(cks)}: replayed {i}/{m} prompts"
                       + (f" of this pass ({len(part)} of {n})" if len(part) < n else ""))
             res = (replay_mod.chain(d, head, seqs, budget, progress=tick, arrays=True) if a["anchors"] == "chain"
-                   else replay_mod.run(d, head, seqs, budget, a["chunk"], progress=tick, summary=False)[0])
+                   else replay_mod.run(d, head, seqs, budget, a["chunk"], progress=tick, arrays=True)[0])
             del d  # its memory goes to the next checkpoint
             for r in res:
                 yield {"checkpoint": j, "result": r}

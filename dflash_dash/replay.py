@@ -295,21 +295,21 @@ def round_top(ids: np.ndarray, logp: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return ids[..., :K], np.exp(logp[..., :K].astype(np.float64))
 
 
-def score(pid: str, d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int) -> PromptResult:
-    """Acceptance, chain walk and DDTree walk of one sequence from its drafts."""
+def score(pid: str, d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int, arrays: bool = False) -> PromptResult:
+    """Acceptance, chain walk and DDTree walk of one sequence from its drafts (`arrays`: the list fields as numpy
+    arrays, see `chain`)."""
     T = len(tokens)
     acc = accepted(d.tokens.numpy(), tokens, prompt_len)
     rounds = walk(acc, prompt_len, T)
-    r = PromptResult(pid, prompt_len, acc.tolist(), d.tokens.tolist(), [c for _, _, c in rounds],
-                     [p for p, _, _ in rounds])
+    r = PromptResult(pid, prompt_len, acc, d.tokens.numpy(), [c for _, _, c in rounds], [p for p, _, _ in rounds])
     if d.top_logp.shape[-1]:  # the log-probability of each argmax draft (calibration)
-        r.draft_logp = d.top_logp[:, :, 0].tolist()
+        r.draft_logp = d.top_logp[:, :, 0].numpy()
         at = np.asarray(r.round_anchors, dtype=np.int64) - prompt_len  # [R] rows of the rounds' anchors
-        r.round_top_ids, r.round_top_p = (x.tolist() for x in round_top(d.top_ids.numpy()[at], d.top_logp.numpy()[at]))
+        r.round_top_ids, r.round_top_p = round_top(d.top_ids.numpy()[at], d.top_logp.numpy()[at])
     if budget:
         tacc = tree_accepted(d, tokens, prompt_len, budget)
-        r.tree_at, r.tree_rounds = tacc.tolist(), [c for _, _, c in walk(tacc, prompt_len, T)]
-    return r
+        r.tree_at, r.tree_rounds = tacc, [c for _, _, c in walk(tacc, prompt_len, T)]
+    return r if arrays else listed(r)
 
 
 def summarize(results: list[PromptResult], B: int, budget: int) -> dict:
@@ -330,8 +330,10 @@ class Sequence:
 
 
 def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chunk: int = 64,
-        progress: Callable[[int, int], None] | None = None, summary: bool = True) -> tuple[list[PromptResult], dict]:
-    """Replay every sequence (every-anchor, batched) and summarise (`summary`; else the summary is None).
+        progress: Callable[[int, int], None] | None = None, summary: bool = True,
+        arrays: bool = False) -> tuple[list[PromptResult], dict]:
+    """Replay every sequence (every-anchor, batched) and summarise (`summary`; else the summary is None;
+    `arrays`: results as `score(arrays=True)`, no summary).
 
     Scoring (CPU: acceptance, chain and DDTree walks) of sequence i runs on a worker thread once the
     device's queue holds sequence i+1's work, and the next features are uploaded meanwhile; results come
@@ -346,7 +348,7 @@ def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chu
                 futures.append(pool.submit(score, *done))
             if i + 1 < len(seqs):
                 nxt = _upload(drafter, seqs[i + 1].features)
-            done = (s.id, _stack(parts), s.tokens.numpy(), s.prompt_len, budget)
+            done = (s.id, _stack(parts), s.tokens.numpy(), s.prompt_len, budget, arrays)
             if len(futures) > 1:
                 futures[-2].result()  # at most one sequence scoring behind; its errors surface here
             if progress:
@@ -354,7 +356,7 @@ def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chu
         if done is not None:
             futures.append(pool.submit(score, *done))
         results = [f.result() for f in futures]
-    return results, summarize(results, drafter.c.block_size, budget) if summary else None
+    return results, summarize(results, drafter.c.block_size, budget) if summary and not arrays else None
 
 
 # ---------------------------------------------------------------------------

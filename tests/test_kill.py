@@ -84,7 +84,8 @@ def test_killed_replay_reruns_to_the_same_results(store, setup):
     t, d, _, ref, ref_ex, ref_run = setup
     ex = pipeline.extract(store, str(t), "s", [1, 4])
     job = jobs.start(store, "replay", {"drafter": str(d), "extraction": ex, "tree_budget": 4})
-    kill_when(store, job, lambda: (store.job(job)["step"] or "").startswith("loading drafter"), "the replay under way")
+    kill_when(store, job, lambda: (store.job(job)["step"] or "").startswith(("checking drafter", "loading drafter")),
+              "the replay under way")
     assert store.runs() == []                     # nothing half-written
     again = jobs.rerun(store, job)
     until(lambda: store.job(again)["status"] in ("done", "failed"), 180, what="the rerun")
