@@ -465,12 +465,12 @@ def replay(store: Store, drafter: str, extraction: str = R.extraction, budget: i
 def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = R.extraction,
                 budget: int = R.tree_budget, device: str = R.device, dtype: str = R.dtype, chunk: int = R.chunk,
                 progress: Progress = None, anchors: str = R.anchors, runner: Runner | None = None) -> list[dict]:
-    """Replay several checkpoints in ONE pass over the extraction's features: each batch of sequences is read
-    once and replayed by every checkpoint (all loaded at once) before the next batch is read. Every checkpoint
-    is validated (config, tensors, target) before any replay; the runs are stored at the end, one per
-    checkpoint, with the metrics over all prompts. The per-prompt work (`work`, kind "replay") runs here, or
-    through `runner` (prompts sharded over worker processes, one per GPU). Returns [{"id", "summary"}] in the
-    order given."""
+    """Replay several checkpoints over ONE read of the extraction's features (`_replay_work`: passes of sequences,
+    each replayed by every checkpoint in turn, one drafter loaded at a time). Every checkpoint is validated
+    (config, tensors, target) before any replay; each run is stored, with the metrics over all prompts, as soon
+    as its checkpoint's results are all in (so a later failure keeps it). The per-prompt work (`work`, kind
+    "replay") runs here, or through `runner` (prompts sharded over worker processes, one per GPU). Returns
+    [{"id", "summary"}] in the order given."""
     if anchors not in ANCHORS:
         raise InputError(f"--anchors {anchors!r}: expected one of {', '.join(ANCHORS)}")
     if dtype not in DTYPES:
