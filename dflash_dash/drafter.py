@@ -461,7 +461,6 @@ class Ops:
 
     def __init__(self, compiled: bool):
         f = _compiled if compiled else (lambda fn: fn)
-        self.compiled = compiled
         self.rmsnorm, self.norm_rope, self.silu_mul, self.add_norm = map(f, (rmsnorm, norm_rope, silu_mul, add_norm))
 
 

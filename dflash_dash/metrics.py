@@ -35,7 +35,7 @@ def flat(v: Any) -> Any:
     if hasattr(v, "ravel"):
         return v.ravel()
     if len(v) and isinstance(v[0], (list, tuple)):
-        return [x for row in v for x in (flat(row) if row and isinstance(row[0], (list, tuple)) else row)]
+        return [x for row in v for x in flat(row)]
     return v
 
 

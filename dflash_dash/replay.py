@@ -330,10 +330,9 @@ class Sequence:
 
 
 def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chunk: int = 64,
-        progress: Callable[[int, int], None] | None = None, summary: bool = True,
-        arrays: bool = False) -> tuple[list[PromptResult], dict]:
-    """Replay every sequence (every-anchor, batched) and summarise (`summary`; else the summary is None;
-    `arrays`: results as `score(arrays=True)`, no summary).
+        progress: Callable[[int, int], None] | None = None, arrays: bool = False) -> tuple[list[PromptResult], dict]:
+    """Replay every sequence (every-anchor, batched) and summarise (`arrays`: results as `score(arrays=True)` and
+    no summary, None: a worker's share, summarised by the parent).
 
     Scoring (CPU: acceptance, chain and DDTree walks) of sequence i runs on a worker thread once the
     device's queue holds sequence i+1's work, and the next features are uploaded meanwhile; results come
@@ -356,7 +355,7 @@ def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chu
         if done is not None:
             futures.append(pool.submit(score, *done))
         results = [f.result() for f in futures]
-    return results, summarize(results, drafter.c.block_size, budget) if summary and not arrays else None
+    return results, summarize(results, drafter.c.block_size, budget) if not arrays else None
 
 
 # ---------------------------------------------------------------------------
@@ -524,7 +523,7 @@ class _Count:
 def _walk_device(st: _Lockstep) -> None:
     """The chain walk on the device (no tree budget): per step one block per sequence at its chain anchor, the
     acceptance and the next anchor computed there. The host reads one count per step, a step behind, to stop
-    and to drop finished sequences; the queue never drains in between."""
+    and to drop finished sequences; the staged LM head (`_Lockstep._staged`) reads its row counts mid-step."""
     pos, last = st.P.clone(), st.T - 1                   # chain anchor and last position, per stacked row
     if not bool((pos < last).any()):
         return
