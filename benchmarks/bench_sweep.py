@@ -50,7 +50,9 @@ def args_():
     ap.add_argument("--in-process", action="store_true",
                     help="sweep in this process (default: one worker process, as `sweep --gpus 0`: the parent's "
                          "store step of a run overlaps the next checkpoint's replay)")
-    ap.add_argument("--profile", action="store_true", help="profile one chain-only replay (host time by function)")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile one chain-only replay (host time by function); with --in-process the sweep's time "
+                         "by phase (load, context K/V, walk, results, store) and the device kernels of one walk")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-speed", action="store_true", help="only the sweep")
     ap.add_argument("--work", default=None)
@@ -92,6 +94,9 @@ def needed_flops(c: dr.DrafterConfig, anchor: int, V: int, acc: int, T: int, bud
     D = c.block_size - 1
     slots = D if budget else min(acc + 1, D, T - 1 - anchor)
     return dr.flops_per_block(c, anchor, 0) + 2 * slots * c.hidden_size * V
+
+
+PLANT = 100  # sequences planted at once for the sweep (features [PLANT, T, K*H] on the device)
 
 
 def write_drafter(folder: Path, cfg: dict, w: dict) -> None:
@@ -199,8 +204,8 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
     ex = "ex-bench"
     st.add_extraction(dict(id=ex, set_name="bench", target_path=str(tgt.resolve()), layer_ids=c.target_layer_ids,
                            hidden_size=H, device=dev, dtype="bfloat16", backend="fla", versions={}, config_hash="-"))
-    for b0 in range(0, n_sweep, 50):  # planted 50 sequences at a time
-        S = min(50, n_sweep - b0)
+    for b0 in range(0, n_sweep, PLANT):  # planted PLANT sequences at a time
+        S = min(PLANT, n_sweep - b0)
         f = torch.randn(S, T, c.K * H, device=dev, generator=gen).to(dtype)
         tk = plant(d, head, f, P, a.accept, 100 + b0)
         for i in range(S):
@@ -252,10 +257,14 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
         if t - last[0] > 5 or "replayed" not in m:
             last[0] = t
             note(f"{t:.1f} s: [{i}/{n}] {m}")
+    phases = phase_timers(dev) if a.profile and runner is None else None
     ids = pipeline.sweep(st, str(train), ex, device=dev, dtype="bfloat16", budget=budget, progress=progress,
                          runner=runner)
     sync(dev)
     dt = time.perf_counter() - t0
+    report({f"sweep_{a.checkpoints}x{n_sweep}_s": dt})  # printed now: the counts below take a while
+    if phases:
+        report({f"sweep_phase_{k}_s": v for k, v in phases.items()})
     cache.read = real
     runs = {r["id"]: r for r in st.runs()}
     taus = [runs[i]["summary"]["tau_pooled"] for i in ids]
@@ -263,11 +272,11 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
     flops = 0.0
     for i in ids:
         for p in st.run_prompts(i):
-            T_ = p["prompt_len"] + len(p["accepted_at"])
-            for q, v in enumerate(p["accepted_at"], p["prompt_len"]):
-                if v >= 0:
-                    blocks += 1
-                    flops += needed_flops(c, q, V, v, T_, budget)
+            acc = np.asarray(p["accepted_at"])
+            at = np.flatnonzero(acc >= 0)
+            blocks += len(at)
+            flops += sum(needed_flops(c, p["prompt_len"] + int(q), V, int(acc[q]), p["prompt_len"] + len(acc), budget)
+                         for q in at)
     if runner is not None:  # the worker's feature reads, as its progress lines count them
         reads = [None] * sum(int(m.group(1)) for m in re.finditer(r"read the features of (\d+) prompts", "\n".join(said)))
     figs |= {f"sweep_{a.checkpoints}x{n_sweep}_s": dt, "sweep_checkpoints": len(ids),
@@ -280,6 +289,39 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
          f"{len(distinct)} distinct weight files")
     if not a.work:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def phase_timers(dev) -> dict:
+    """Wrap the sweep's steps (in this process) so that their wall time, device synchronised, adds up by phase;
+    the second walk also prints its device kernels (torch.profiler)."""
+    from dflash_dash import drafter as drm, pipeline as pl
+    phases: dict = {}
+    walks = [0]
+
+    def wrap(owner, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        def timed(*args, **kw):
+            sync(dev)
+            t, key = time.perf_counter(), label
+            try:
+                if label == "walk":
+                    walks[0] += 1
+                    if walks[0] == 2:  # timed apart: the profiler slows the launches
+                        from _common import profile
+                        key = "walk_profiled"
+                        return profile(lambda: fn(*args, **kw), dev, rows=30)
+                return fn(*args, **kw)
+            finally:
+                sync(dev)
+                phases[key] = phases.get(key, 0.0) + time.perf_counter() - t
+        setattr(owner, name, timed)
+    wrap(drm, "load", "load_drafter")
+    wrap(rp._Lockstep, "__init__", "context_kv")
+    wrap(rp, "_walk_device", "walk")
+    wrap(rp, "_chain_batch", "chain_batch")  # context_kv + walk + the results' arrays
+    wrap(pl, "store_run", "store_run")
+    return phases
 
 
 def main():

@@ -454,6 +454,10 @@ def add_norm(h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: float) -> t
     return h, rmsnorm(h, w, eps)
 
 
+KEY_ALIGN = 256  # context (+ block) keys of a batched call rounded up to a multiple of this: few distinct shapes
+                 # reach the attention kernels (their per-shape plans), at most this many keys masked in vain
+
+
 class Ops:
     """The element-wise pieces of the batched forward (`Drafter.blocks`, `context_kv`): eager torch, or each piece
     fused into one kernel by torch.compile (Inductor; CUDA only, compiled on first use with dynamic shapes). The
@@ -595,11 +599,12 @@ class Drafter:
         group's queries [g*G*B] attend over [context keys ; the group's block keys] of one KV head, with an
         additive mask that keeps block n to keys < anchors[n] and to its own block. GQA is folded into the
         query rows, so K/V are never repeated per query head; scores never leave the kernel. The context
-        length is rounded up to a multiple of 256 (the extra keys are masked) so that few distinct shapes
+        length is rounded up to a multiple of KEY_ALIGN (the extra keys are masked) so that few distinct shapes
         reach the attention kernels. `max_anchor` (>= anchors.max(), optional) spares a device sync.
-        `tail` (stacked kv only): each layer's k, v [S, nkv, T + G*B, hd] end with G*B spare key slots; the
-        blocks' keys are written there in place and the attention runs over all T context keys (masked past
-        each anchor), so no per-call copy of the context K/V is made (the chain-only replay's lockstep steps).
+        `tail` (stacked kv only): each layer's k, v [S, nkv, G*B + T, hd] start with G*B spare key slots; the
+        blocks' keys are written there in place and the attention runs over them and the first L context keys,
+        L >= `max_anchor` rounded so that G*B + L is a multiple of KEY_ALIGN (all T without `max_anchor`): a
+        prefix view, so no per-call copy of the context K/V is made (the chain-only replay's lockstep steps).
         """
         c = self.c
         N, B, _ = emb.shape
@@ -619,16 +624,17 @@ class Drafter:
         T = kv[0][0].shape[-2]
         if tail:
             if not stacked:
-                raise ValueError("tail=True needs stacked context K/V [S, nkv, T + G*B, hd]")
-            T -= G * B
-            L = T                                                  # fixed shape: no sync, no copy
+                raise ValueError("tail=True needs stacked context K/V [S, nkv, G*B + T, hd]")
+            T -= G * B                                             # context slots, after the block slots
+            top = T if max_anchor is None else max_anchor          # no sync: the caller's bound or every key
+            L = min(T, -(-(G * B + top) // KEY_ALIGN) * KEY_ALIGN - G * B)
         else:
             top = int(anchors.max()) if max_anchor is None else max_anchor
-            L = min(T, -(-top // 256) * 256)                       # context keys any block can see (x256)
+            L = min(T, -(-top // KEY_ALIGN) * KEY_ALIGN)           # context keys any block can see
         qpos = anchors[:, None] + torch.arange(B, device=dev)      # [N', B]
         cos, sin = self.rope(qpos)                                 # [N', B, hd]
-        masks = {kd: self._attn_mask(anchors, qpos, L, S, G, g, *kd) for kd in {self._kind(i) for i in
-                                                                                 range(c.num_hidden_layers)}}
+        masks = {kd: self._attn_mask(anchors, qpos, L, S, G, g, *kd, blocks_first=tail)
+                 for kd in {self._kind(i) for i in range(c.num_hidden_layers)}}
         ops, eps = self.ops, c.rms_norm_eps
         x = ops.rmsnorm(h, self.w["layers.0.input_layernorm.weight"], eps)
         for i in range(c.num_hidden_layers):
@@ -640,8 +646,9 @@ class Drafter:
                       for t in self._kv(i, x, cos, sin))           # [S, nkv, G*B, hd]
             if tail:                                               # the blocks' keys into the spare slots
                 k, v = kv[i]
-                k[:, :, L:].copy_(kb)
-                v[:, :, L:].copy_(vb)
+                k[:, :, :G * B].copy_(kb)
+                v[:, :, :G * B].copy_(vb)
+                k, v = k[:, :, :G * B + L], v[:, :, :G * B + L]    # [S, nkv, G*B+L, hd] (a view)
             else:
                 kc, vc = ((t[:, :, :L] if stacked else t[:, :L].expand(S, nkv, L, hd)) for t in kv[i])
                 k, v = torch.cat([kc, kb], 2), torch.cat([vc, vb], 2)  # [S, nkv, L+G*B, hd]
@@ -653,8 +660,9 @@ class Drafter:
         return x[:N]
 
     def _attn_mask(self, anchors, qpos, L: int, S: int, G: int, g: int, window: int | None,
-                   causal: bool) -> torch.Tensor:
-        """Additive mask [S, 1, g*G*B, L+G*B] (0 or -inf) of the grouped attention in `blocks`."""
+                   causal: bool, blocks_first: bool = False) -> torch.Tensor:
+        """Additive mask [S, 1, g*G*B, L+G*B] (0 or -inf) of the grouped attention in `blocks`: keys are the L
+        context keys then the G*B block keys, or the other way round (`blocks_first`, the `tail` layout)."""
         B, dev = qpos.shape[1], qpos.device
         kpos = torch.arange(L, device=dev)
         a, qp = anchors.view(S, G), qpos.view(S, G, B)
@@ -664,7 +672,8 @@ class Drafter:
             ok_ctx = ok_ctx & ((qp[..., None] - kpos) < window)
             d = qp[:, :, :, None, None] - qp[:, None, None, :, :]               # [S, G, B, G, B] q - k
             ok_blk = ok_blk & (d < window) & ((d >= 0) if causal else True)
-        ok = torch.cat([ok_ctx, ok_blk.reshape(S, G, B, G * B)], -1)          # [S, G, B, L+G*B]
+        parts = [ok_ctx, ok_blk.reshape(S, G, B, G * B)]
+        ok = torch.cat(parts[::-1] if blocks_first else parts, -1)             # [S, G, B, L+G*B]
         ok = ok.reshape(S, 1, 1, G * B, -1).expand(S, 1, g, G * B, L + G * B).reshape(S, 1, g * G * B, -1)
         return torch.zeros(ok.shape, dtype=self.dtype, device=dev).masked_fill_(~ok, float("-inf"))
 

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from . import metrics
+from . import drafter as drafter_mod, metrics
 from .drafter import Drafter
 from .target import Head
 
@@ -364,7 +364,6 @@ def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chu
 
 CHAIN_BATCH = 256  # sequences advancing in lockstep: one block each per step (~4,000 query rows per matmul)
 CTX_SEQS = 16      # sequences whose context K/V are computed at once (bounds the fp32 temporaries)
-KEY_ALIGN = 256    # context + block keys per stacked row, rounded up to this (the attention kernels' tiles)
 CHAIN_HALVES = 2   # with a tree budget: stacks whose steps alternate (host scoring overlaps the device)
 DROP_AT = 0.875    # drop finished sequences from the stack once the live ones are this share or fewer
 HEAD_STAGES = (4, 8)  # DDTree off: drafted slots split here; a later stage's LM head only for the rows whose
@@ -419,7 +418,7 @@ def _stack_features(drafter: Drafter, seqs: list[Sequence]) -> torch.Tensor:
 
 
 class _Lockstep:
-    """Device state of one chain-only batch: the stacked context K/V (with spare key slots for one block per
+    """Device state of one chain-only batch: the stacked context K/V (after spare key slots for one block per
     sequence, `Drafter.blocks(tail=True)`), the tokens, and per-anchor result buffers [S, A+1, ...] (A = the
     longest completion; column A takes the blocks of finished sequences, which are never read)."""
 
@@ -434,14 +433,15 @@ class _Lockstep:
             tok[j, :len(s.tokens)] = s.tokens
         self.tok = tok.to(dev)
         self.A = A = max([len(s.tokens) - s.prompt_len for s in seqs] + [1])
-        keys = -(-(self.T_pad + c.block_size) // KEY_ALIGN) * KEY_ALIGN  # context slots >= T_pad, then a block
+        B, align = c.block_size, drafter_mod.KEY_ALIGN
+        keys = -(-(B + self.T_pad) // align) * align      # a block's slots, then context slots >= T_pad
         shape = (S, c.num_key_value_heads, keys, c.head_dim)
         self.kv = [(torch.zeros(shape, dtype=drafter.dtype, device=dev),
                     torch.zeros(shape, dtype=drafter.dtype, device=dev)) for _ in range(c.num_hidden_layers)]
         for s0 in range(0, S, CTX_SEQS):  # context K/V a few sequences at a time, into the stack
             for (K, V), (k_, v_) in zip(self.kv, drafter.context_kv(_stack_features(drafter, seqs[s0:s0 + CTX_SEQS]))):
-                K[s0:s0 + len(k_), :, :k_.shape[-2]] = k_
-                V[s0:s0 + len(v_), :, :v_.shape[-2]] = v_
+                K[s0:s0 + len(k_), :, B:B + k_.shape[-2]] = k_
+                V[s0:s0 + len(v_), :, B:B + v_.shape[-2]] = v_
         kk = min(ROUND_TOPK, k)
         self.acc = torch.full((S, A + 1), -1, dtype=torch.long, device=dev)
         self.drafts = torch.full((S, A + 1, self.D), -1, dtype=torch.long, device=dev)
@@ -455,16 +455,18 @@ class _Lockstep:
         self.kv = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self.kv]
         self.rows = self.rows[idx]
 
-    def step(self, anchors: torch.Tensor, record: torch.Tensor):
-        """One block per stacked row at `anchors` [R] (device); rows with `record` store their drafts,
-        acceptance and top-K at their anchor's column. Returns (accepted [R], top ids, top log-probs [R, D, k])."""
+    def step(self, anchors: torch.Tensor, record: torch.Tensor, top: int):
+        """One block per stacked row at `anchors` [R] (device, each <= `top`: the attention reads context keys
+        below it only); rows with `record` store their drafts, acceptance and top-K at their anchor's column.
+        Returns (accepted [R], top ids, top log-probs [R, D, k])."""
         d, c, seq = self.d, self.d.c, self.rows
         ids = torch.full((len(seq), c.block_size), c.mask_token_id, dtype=torch.long, device=seq.device)
         ids[:, 0] = self.tok[seq, anchors]
         emb = self.head.embed[ids.to(self.head.embed.device)].to(d.device, d.dtype)
-        h = d.blocks(self.kv, anchors, emb, tail=True)                     # [R, B, H]
+        h = d.blocks(self.kv, anchors, emb, max_anchor=top, tail=True)    # [R, B, H]
         nxt = self.tok[seq[:, None], (anchors[:, None] + 1 + self.slot).clamp(max=self.T_pad - 1)]
-        inside = self.slot < (self.T[seq] - 1 - anchors)[:, None]          # slot's position in the completion
+        inside = (self.slot < (self.T[seq] - 1 - anchors)[:, None]) & record[:, None]  # in the completion (and
+                                                                           # recorded: a spare block accepts none)
         if self.staged:
             d_tok, t_ids, t_lp, acc = self._staged(h, nxt, inside)
         else:
@@ -502,39 +504,44 @@ class _Lockstep:
 
 
 class _Count:
-    """A device count read back without stalling the queue: copied to pinned memory behind an event."""
+    """Device counts read back without stalling the queue: copied to pinned memory behind an event."""
 
     def __init__(self, t: torch.Tensor):
         self.ev = None
         if t.is_cuda:
-            self.host = torch.empty((), dtype=t.dtype, pin_memory=True)
+            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             self.host.copy_(t, non_blocking=True)
             self.ev = torch.cuda.Event()
             self.ev.record()
         else:
             self.host = t
 
-    def get(self) -> int:
+    def get(self) -> list[int]:
         if self.ev is not None:
             self.ev.synchronize()
-        return int(self.host)
+        return self.host.tolist()
 
 
 def _walk_device(st: _Lockstep) -> None:
     """The chain walk on the device (no tree budget): per step one block per sequence at its chain anchor, the
-    acceptance and the next anchor computed there. The host reads one count per step, a step behind, to stop
-    and to drop finished sequences; the staged LM head (`_Lockstep._staged`) reads its row counts mid-step."""
+    acceptance and the next anchor computed there. The host reads, a step behind, the count of walks still
+    going (to stop and to drop finished sequences) and their furthest anchor (a step advances an anchor by at
+    most B, so the host bounds the next step's anchors and the attention reads no key past them); the staged LM
+    head (`_Lockstep._staged`) reads its row counts mid-step."""
     pos, last = st.P.clone(), st.T - 1                   # chain anchor and last position, per stacked row
     if not bool((pos < last).any()):
         return
-    pending = None
+    B, p_max = st.d.c.block_size, int(st.P.max())
+    pending, hi = None, p_max                            # hi: furthest live anchor known (a step behind)
     while True:
         live = pos < last
-        acc = st.step(torch.minimum(pos, last), live)[0]  # finished rows: a spare block, not recorded
+        # finished rows draft a spare block at their prompt's end (never recorded, never past `top`)
+        acc = st.step(torch.where(live, pos, st.P[st.rows]), live, max(hi + B, p_max))[0]
         pos = torch.where(live, pos + torch.minimum(acc + 1, last - pos), pos)
-        count = _Count((pos < last).sum())
+        going = pos < last
+        count = _Count(torch.stack([going.sum(), torch.where(going, pos, 0).max()]))
         if pending is not None:
-            n = pending.get()                              # the step before this one: this one stays queued
+            n, hi = pending.get()                          # the step before this one: this one stays queued
             if n == 0:
                 return
             if n <= DROP_AT * len(pos):
@@ -597,9 +604,9 @@ class _HostWalk:
         if len(live) <= DROP_AT * len(self.rows):       # drop finished sequences from the stack
             st.keep(torch.tensor([self.rows.index(j) for j in live], device=dev))
             self.rows = live
-        anchors = torch.tensor([len(self.toks[j]) - 1 if want[j] is None else want[j] for j in self.rows], device=dev)
+        at = [self.seqs[j].prompt_len if want[j] is None else want[j] for j in self.rows]  # finished: a spare block
         record = torch.tensor([want[j] is not None for j in self.rows], device=dev)
-        acc, ids, lp = st.step(anchors, record)
+        acc, ids, lp = st.step(torch.tensor(at, device=dev), record, max(at))
         out = [acc, ids[:, :self.Dt], lp[:, :self.Dt]]
         ev = None
         if dev.type == "cuda":                          # to pinned memory without waiting

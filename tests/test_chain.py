@@ -49,6 +49,7 @@ def case(tmp_path_factory):
 def test_chain_rounds_equal_every_anchor(case, name, budget, batch, monkeypatch):
     head, models = case
     monkeypatch.setattr(rp, "HEAD_STAGES", (1, 3))  # DDTree off: LM-head stages of slots 1 | 2..3 | 4 (B = 5)
+    monkeypatch.setattr(dr, "KEY_ALIGN", 8)  # short key spans: the lockstep attention reads only keys below a bound
     m, seqs = models[name]
     every, s_every = rp.run(m, head, seqs, budget=budget, chunk=7)
     chain, s_chain = rp.run_chain(m, head, seqs, budget=budget, batch=batch)
@@ -87,9 +88,11 @@ def test_chain_rounds_equal_every_anchor(case, name, budget, batch, monkeypatch)
 
 
 @pytest.mark.parametrize("name", ["full", "sliding"])
-def test_blocks_tail_equals_concatenated_keys(case, name):
-    """`Drafter.blocks(tail=True)` (block keys written into spare slots after the stacked context, attention over
-    every context key) gives the per-call concatenation's states."""
+@pytest.mark.parametrize("align", [256, 8])
+def test_blocks_tail_equals_concatenated_keys(case, name, align, monkeypatch):
+    """`Drafter.blocks(tail=True)` (block keys written into spare slots before the stacked context, attention over
+    every context key, or only over those below `max_anchor`) gives the per-call concatenation's states."""
+    monkeypatch.setattr(dr, "KEY_ALIGN", align)
     head, models = case
     m, seqs = models[name]
     seqs = [s for s in seqs if len(s.tokens) > 20][:3]
@@ -98,13 +101,18 @@ def test_blocks_tail_equals_concatenated_keys(case, name):
                          for s in seqs])
     kv = m.context_kv(feats)
     B = m.c.block_size
-    kv_tail = [tuple(torch.cat([t, t.new_zeros(*t.shape[:2], B, t.shape[3])], 2) for t in p) for p in kv]
-    anchors = torch.tensor([len(s.tokens) - 4 for s in seqs])
+    kv_tail = [tuple(torch.cat([t.new_full((*t.shape[:2], B, t.shape[3]), float("nan")), t], 2) for t in p)
+               for p in kv]
+    anchors = torch.tensor([len(s.tokens) - 18 for s in seqs])
     emb = torch.randn(len(seqs), B, m.c.hidden_size, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         ref = m.blocks(kv, anchors, emb)
-        got = m.blocks(kv_tail, anchors, emb, tail=True)
-    assert torch.allclose(got, ref, atol=1e-5)
+        for top in (None, int(anchors.max())):
+            got = m.blocks(kv_tail, anchors, emb, max_anchor=top, tail=True)
+            assert torch.allclose(got, ref, atol=1e-5), top
+        if align < T:  # a bound below an anchor hides keys that the block sees: the bound is really used
+            assert not torch.allclose(m.blocks(kv_tail, anchors, emb, max_anchor=int(anchors.min()) - 9, tail=True),
+                                      ref, atol=1e-5)
 
 
 def test_every_anchor_metrics_absent_on_chain_rows():
