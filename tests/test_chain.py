@@ -165,6 +165,19 @@ def test_worker_results_travel_packed_and_equal():
     assert np.array_equal(back.draft_logp, np.array(want.draft_logp), equal_nan=True)
     assert back.round_top_p.tolist() == want.round_top_p and back.round_top_ids.tolist() == want.round_top_ids
     assert back.tree_at == [] and jobs.pack([[1], [2, 3]]) == [[1], [2, 3]]
+    # chain-only shape: most anchors' rows empty (-1 / NaN); only the others travel, and come back in place
+    drafts = np.full((50, 4), -1, dtype=np.int64)
+    logp = np.full((50, 4), np.nan, dtype=np.float32)
+    drafts[[0, 7, 30]] = [[3, -1, -1, -1], [0, 9, 8, 1], [-1, 4, -1, -1]]  # a row with one value is not empty
+    logp[[0, 7, 30]] = [[-0.5, np.nan, np.nan, np.nan], [-1, -2, -3, 0], [np.nan, -0.25, np.nan, np.nan]]
+    for a in (drafts, logp, drafts[:, :, None].repeat(2, 2)):
+        packed = jobs.pack(a)
+        assert len(packed["packed"]) == 4 and len(json.dumps(packed)) < len(json.dumps(jobs.pack(a[[0, 7, 30]]))) * 2
+        got = jobs.unpack(json.loads(json.dumps(packed)))
+        assert got.shape == a.shape and np.array_equal(got, a, equal_nan=True)
+    dense = drafts.copy()
+    dense[:30] = 1  # most rows filled: sent whole
+    assert len(jobs.pack(dense)["packed"]) == 3 and np.array_equal(jobs.unpack(jobs.pack(dense)), dense)
     assert vars(rp.listed(r, keep_2d=True)).keys() == vars(r).keys() and rp.listed(r, keep_2d=True).rounds == [3]
 
 
