@@ -251,10 +251,11 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
 
     said = []
 
-    def progress(i, n, m):  # a line every 5 s at most, and every message that is not a replay count
+    def progress(i, n, m):  # a line every 5 s at most, and every message that is not a replay count (each
+        # checkpoint's "loaded in ..., replayed in ..." is, from the worker's clock)
         said.append(m)
         t = time.perf_counter() - t0
-        if t - last[0] > 5 or "replayed" not in m:
+        if t - last[0] > 5 or "replayed" not in m or "replayed in" in m:
             last[0] = t
             note(f"{t:.1f} s: [{i}/{n}] {m}")
     phases = phase_timers(dev) if a.profile and runner is None else None

@@ -12,6 +12,7 @@ in one worker process per GPU and streams its events back, so N workers give the
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -579,7 +580,9 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
             seqs = [replay_mod.Sequence(s.id, s.tokens, s.prompt_len, s.features.to(device)) for s in seqs]
         for j, ck in enumerate(cks):
             _tick(progress, done, total, f"loading drafter {j + 1}/{len(cks)}: {ck.path}")
+            t0 = time.perf_counter()
             d = drafter_mod.load(ck.path, dtype, device, ck.sliding_block, ck.draft_config)
+            t1 = time.perf_counter()
 
             def tick(i: int, m: int, j=j, base=done) -> None:
                 _tick(progress, base + i, total, f"checkpoint {j + 1}/{len(cks)}: replayed {i}/{m} prompts"
@@ -587,6 +590,8 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
             res = (replay_mod.chain(d, head, seqs, budget, progress=tick, arrays=True) if a["anchors"] == "chain"
                    else replay_mod.run(d, head, seqs, budget, a["chunk"], progress=tick, arrays=True)[0])
             del d  # its memory goes to the next checkpoint
+            _tick(progress, done + len(seqs), total, f"checkpoint {j + 1}/{len(cks)}: loaded in {t1 - t0:.1f} s, "
+                  f"{len(seqs)} prompts replayed in {time.perf_counter() - t1:.1f} s")  # the job log's timing
             for r in res:
                 yield {"checkpoint": j, "result": r}
             done += len(seqs)
