@@ -31,16 +31,7 @@ from pathlib import Path
 
 from _common import ROOT, note, report
 
-CHROMIUM = os.environ.get("DFLASH_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
-DRAWN = """() => document.querySelector('[data-testid=stApp]')?.dataset.testScriptState === 'notRunning'
-    && !document.querySelector('[data-testid="stStatusWidget"]')
-    && !document.querySelector('[data-testid=stSkeleton]')
-    && [...document.querySelectorAll('[data-testid=stPlotlyChart]')].filter(e => e.checkVisibility())
-           .every(e => e.querySelector('.main-svg'))
-    && [...document.querySelectorAll('[data-testid=stDataFrame]')].filter(e => e.checkVisibility())
-           .every(e => e.querySelector('canvas'))"""  # shown ones: a collapsed expander draws nothing
+from tools.browser import ARGS, CHROMIUM, DRAWN
 
 
 def serve(ws: Path, port: int, log: Path) -> subprocess.Popen:

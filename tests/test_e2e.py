@@ -7,7 +7,6 @@ and checks that a completion holding <script> and HTML renders as text and runs 
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -20,13 +19,13 @@ import pytest
 
 from dflash_dash import pipeline, views
 from dflash_dash.store import Store
+from tools import browser as browser_mod
 
 from conftest import ROOT, SCREENSHOTS
 from serving import ENV, Served, end, free_port, until
 
-CHROMIUM = Path(os.environ.get("DFLASH_CHROMIUM", "/usr/bin/chromium"))  # override: tests of the skip policy
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+CHROMIUM = Path(browser_mod.CHROMIUM)
+ARGS = browser_mod.ARGS
 JOB_TIMEOUT = 240.0
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium "
                                 "(apt-get install -y chromium)")
@@ -122,11 +121,7 @@ def drawn(page, timeout: float = 20_000) -> None:
     (one inside a collapsed expander or an unselected tab is never drawn: it is not waited for)."""
     from playwright.sync_api import TimeoutError as PwTimeout
     try:
-        page.wait_for_function("""() => !document.querySelector('[data-testid=stSkeleton]')
-            && [...document.querySelectorAll('[data-testid=stPlotlyChart]')].filter(e => e.checkVisibility())
-                   .every(e => e.querySelector('.main-svg'))
-            && [...document.querySelectorAll('[data-testid=stDataFrame]')].filter(e => e.checkVisibility())
-                   .every(e => e.querySelector('canvas'))""", timeout=timeout)
+        page.wait_for_function(browser_mod.PLACEHOLDERS_GONE, timeout=timeout)
     except PwTimeout:
         pass  # a screenshot with a placeholder still shows the page; the assertions are elsewhere
 
