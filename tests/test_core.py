@@ -321,6 +321,14 @@ def test_cache_roundtrip_and_damage(tmp_path):
         cache.read(tmp_path, "ex1", "a/b <x>", 10, 6)
     with pytest.raises(cache.CacheError, match="missing"):
         cache.read(tmp_path, "ex1", "nope", 10, 6)
+    for bad in (float("nan"), float("inf"), float("-inf")):  # anywhere in the file
+        for at in ((0, 0), (9, 5), (4, 2)):
+            g = f.clone()
+            g[at] = bad
+            cache.write(tmp_path, "ex1", "a/b <x>", g, {})
+            with pytest.raises(cache.CacheError, match="NaN or inf.*re-extract"):
+                cache.read(tmp_path, "ex1", "a/b <x>", 10, 6)
+    assert cache.finite(torch.zeros(0, 6, dtype=torch.bfloat16))
 
 
 # ---------------------------------------------------------------------------
