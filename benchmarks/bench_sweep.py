@@ -5,8 +5,10 @@ Completions are planted from the 27B-shaped drafter's own drafts (random bf16 we
 of SPEC 8): at each anchor the next tokens are the drafter's block, cut after a random number of drafts
 (binomial, mean `--accept`) and followed by a different token, so a replay sees realistic acceptance
 (tau about `--accept` + 1). Drafts at anchor p depend only on the features before p (random, fixed) and the
-token at p, so the planted acceptance is what the replay measures. The sweep's checkpoints are perturbations
-of that drafter (a few distinct weight files linked into 20 step folders: the machine's disk holds 64 GB).
+token at p, so the planted acceptance is what the replay measures. The sweep's checkpoints are that drafter in
+a few distinct weight files linked into 20 step folders (the machine's disk holds 64 GB), by default with its
+weights unchanged, so each checkpoint replays at the planted tau as the goal asks; `--perturb` changes them a
+little (random weights have many near ties, so even 2e-4 of a tensor's std drops tau from 6 to about 4).
 
     python benchmarks/bench_sweep.py            # CUDA, reference shapes
     python benchmarks/bench_sweep.py --small    # tiny shapes on the CPU (a smoke test)
@@ -45,8 +47,9 @@ def args_():
     ap.add_argument("--distinct", type=int, default=4, help="distinct weight files among the checkpoints")
     ap.add_argument("--budget", type=int, default=8, help="DDTree budget of the DDTree-on comparison")
     ap.add_argument("--sweep-budget", type=int, default=None, help="DDTree budget of the sweep (default --budget)")
-    ap.add_argument("--perturb", type=float, default=2e-4,
-                    help="checkpoint k's weights: base + perturb * std * noise (smaller keeps tau nearer the planted)")
+    ap.add_argument("--perturb", type=float, default=0.0,
+                    help="checkpoint k's weights: base + perturb * std * noise (0: the planted drafter's, tau as "
+                         "planted; 2e-4 already drops it to about 4)")
     ap.add_argument("--in-process", action="store_true",
                     help="sweep in this process (default: one worker process, as `sweep --gpus 0`: the parent's "
                          "store step of a run overlaps the next checkpoint's replay)")
@@ -220,9 +223,9 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
     note(f"sweep inputs written in {figs['sweep_setup_s']:.1f} s")
     train = base / "train"
     distinct = []
-    for k in range(a.distinct):  # base weights plus small perturbations: later "training steps"
+    for k in range(a.distinct):  # base weights, perturbed if asked: later "training steps"
         folder = base / f"w{k}"
-        if k == 0:
+        if k == 0 or not a.perturb:
             wk = w0
         else:
             gk = torch.Generator(device=dev).manual_seed(10 + k)
