@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _common import Clock, matmul_tflops, note, peak_gib, report, sync
+from _common import Clock, matmul_tflops, note, peak_gib, profile, report, sync
 from bench_replay import FULL, SMALL, rand_weights
 from safetensors.torch import save_file
 
@@ -298,7 +298,6 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
 def phase_timers(dev) -> dict:
     """Wrap the sweep's steps (in this process) so that their wall time, device synchronised, adds up by phase;
     the second walk also prints its device kernels (torch.profiler)."""
-    from dflash_dash import drafter as drm, pipeline as pl
     phases: dict = {}
     walks = [0]
 
@@ -312,7 +311,6 @@ def phase_timers(dev) -> dict:
                 if label == "walk":
                     walks[0] += 1
                     if walks[0] == 2:  # timed apart: the profiler slows the launches
-                        from _common import profile
                         key = "walk_profiled"
                         return profile(lambda: fn(*args, **kw), dev, rows=30)
                 return fn(*args, **kw)
@@ -320,11 +318,11 @@ def phase_timers(dev) -> dict:
                 sync(dev)
                 phases[key] = phases.get(key, 0.0) + time.perf_counter() - t
         setattr(owner, name, timed)
-    wrap(drm, "load", "load_drafter")
+    wrap(dr, "load", "load_drafter")
     wrap(rp._Lockstep, "__init__", "context_kv")
     wrap(rp, "_walk_device", "walk")
     wrap(rp, "_chain_batch", "chain_batch")  # context_kv + walk + the results' arrays
-    wrap(pl, "store_run", "store_run")
+    wrap(pipeline, "store_run", "store_run")
     return phases
 
 

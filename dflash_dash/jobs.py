@@ -364,8 +364,8 @@ def pack(v):
         if a.dtype.kind in "if":
             head = [a.dtype.str, list(a.shape)]
             if a.ndim >= 2 and a.size:
-                fill = a.reshape(len(a), -1)
-                empty = (np.isnan(fill) if a.dtype.kind == "f" else fill == -1).all(1)  # [rows]
+                flat = a.reshape(len(a), -1)                                             # [rows, rest]
+                empty = (np.isnan(flat) if a.dtype.kind == "f" else flat == -1).all(1)  # [rows]
                 if 2 * int(empty.sum()) > len(a):
                     rows = np.flatnonzero(~empty).astype(np.int32)
                     return {"packed": head + [_b64(a[rows]), _b64(rows)]}
