@@ -40,7 +40,7 @@ eager = dr.Drafter(c, w)
 feats = torch.randn(S, T, c.K * H, device=dev, generator=torch.Generator(device=dev).manual_seed(3)).to(dtype)
 toks = plant(eager, head, feats, P, 5.0, 0)
 seqs = [rp.Sequence(f"p{i}", toks[i], P, feats[i]) for i in range(S)]
-anchors = torch.full((S,), 1500, device=dev)
+anchors = torch.full((S,), 1500, device=dev)  # the furthest anchor (`top`) of every step below
 rec = torch.zeros(S, dtype=torch.bool, device=dev)
 
 
@@ -48,7 +48,7 @@ def steps(st, n):
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
-        out = st.step(anchors, rec)
+        out = st.step(anchors, rec, 1500)
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     return (t1 - t0) / n * 1e3, (time.perf_counter() - t0) / n * 1e3, out[0]

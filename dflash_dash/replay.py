@@ -471,6 +471,7 @@ class _Lockstep:
             d_tok, t_ids, t_lp, acc = self._staged(h, nxt, inside)
         else:
             d_tok, t_ids, t_lp = _head(d, self.head, h, self.k)
+            nxt = self.follow(nxt, d_tok, inside, self.D)
             acc = ((d_tok == nxt) & inside).long().cumprod(1).sum(1)      # accepted(p), as `accepted`
         col = torch.where(record, anchors - self.P[seq], self.A)
         kk = self.top_ids.shape[-1]
@@ -479,6 +480,12 @@ class _Lockstep:
         self.top_ids[seq, col] = t_ids[..., :kk]
         self.top_lp[seq, col] = t_lp[..., :kk]
         return acc, t_ids, t_lp
+
+    def follow(self, nxt: torch.Tensor, d_tok: torch.Tensor, inside: torch.Tensor, upto: int) -> torch.Tensor:
+        """The tokens after each row's anchor [R, D] that the acceptance compares with the drafts, once the drafts of
+        slots < `upto` are known: `nxt` itself. (A benchmark's subclass writes planted completions here, drafts the
+        replay will reproduce exactly: `benchmarks/bench_sweep.py`.)"""
+        return nxt
 
     def _staged(self, h: torch.Tensor, nxt: torch.Tensor, inside: torch.Tensor):
         """The LM head of `step` in HEAD_STAGES: slots 1..4 of every row, then 5..8 of the rows that accepted all
@@ -499,6 +506,7 @@ class _Lockstep:
             at = slice(None) if rows is None else rows
             dt, ti, tl = _head(self.d, self.head, h[at], k, (1 + s0, 1 + s1))
             d_tok[at, s0:s1], t_ids[at, s0:s1], t_lp[at, s0:s1] = dt, ti, tl
+            nxt = self.follow(nxt, d_tok, inside, s1)
             acc = ((d_tok == nxt) & inside).long().cumprod(1).sum(1)
         return d_tok, t_ids, t_lp, acc
 
