@@ -797,6 +797,14 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cp
     return Drafter(c, w, str(ck.path), sliding_block)
 
 
+def moved(d: Drafter, device: str) -> Drafter:
+    """`d` with its weights on `device` (itself where they are already there); from pinned host memory to CUDA the
+    copies are queued without blocking the host."""
+    if d.device == torch.device(device):
+        return d
+    return Drafter(d.c, {k: v.to(device, non_blocking=True) for k, v in d.w.items()}, d.path, d.sliding_block)
+
+
 def flops_per_block(c: DrafterConfig, ctx_len: int, vocab: int) -> float:
     """Matmul FLOPs of one block over `ctx_len` context keys, LM head of B-1 slots included (for benchmarks)."""
     H, I, hd, nh, nkv, B = (c.hidden_size, c.intermediate_size, c.head_dim, c.num_attention_heads,

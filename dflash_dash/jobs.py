@@ -312,23 +312,56 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 def work_main(workspace: str) -> int:
     """A worker process's entry: read the spec {"kind", "args", "prompts"} on stdin, run `pipeline.work`, write
     {"progress": [done, total, msg]} and {"event": ...} lines on stdout. Exit 2 with `error: ...` on stderr for
-    a user error; anything else ends it with a traceback on stderr."""
+    a user error; anything else ends it with a traceback on stderr. The lines are packed and written by a
+    writer thread (`_Writer`), so a checkpoint's results travel while the next one replays."""
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # whatever else prints goes to stderr, never into the event stream
-
-    def emit(obj: dict) -> None:
-        out.write(json.dumps(obj, default=_plain) + "\n")
-
     spec = json.load(sys.stdin)
+    w = _Writer(out)
     try:
         for ev in pipeline.work(Store(workspace), spec["kind"], spec["args"], spec["prompts"],
-                                lambda d, t, m: emit({"progress": [d, t, m]})):
-            emit({"event": ev})
+                                lambda d, t, m: w.emit({"progress": [d, t, m]})):
+            w.emit({"event": ev})
     except UserError as e:
+        w.close()
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
+    except BaseException:
+        w.close(check=False)
+        raise
+    w.close()
     out.flush()
     return 0
+
+
+class _Writer:
+    """The worker's event lines, packed (`_plain`) and written in order by one thread. A failure there (a result
+    that is not JSON data, a closed pipe) is raised by the next `emit` or by `close`."""
+
+    def __init__(self, out):
+        self.out, self.q, self.error = out, queue.Queue(), None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (obj := self.q.get()) is not None:
+            if self.error is None:  # after a failure the rest is dropped, never written out of order
+                try:
+                    self.out.write(json.dumps(obj, default=_plain) + "\n")
+                except BaseException as e:  # noqa: BLE001  (raised in the producing thread)
+                    self.error = e
+
+    def emit(self, obj: dict) -> None:
+        if self.error is not None:
+            raise self.error
+        self.q.put(obj)
+
+    def close(self, check: bool = True) -> None:
+        """Write what is queued, end the thread; `check`: raise its failure."""
+        self.q.put(None)
+        self.thread.join()
+        if check and self.error is not None:
+            raise self.error
 
 
 def _plain(o):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -556,14 +557,25 @@ def _passes(store: Store, ex: dict, ids: list[str], device: str) -> list[list[st
     return out
 
 
+def _fetch(ck: Checkpoint, dtype, device: str):
+    """A checkpoint read into host memory (pinned for a CUDA device, so `drafter.moved` copies it without blocking the
+    host), on the loader thread of `_replay_work`: beside the replay of the checkpoint before it."""
+    d = drafter_mod.load(ck.path, dtype, "cpu", ck.sliding_block, ck.draft_config)
+    if device.startswith("cuda"):
+        d.w = {k: v.pin_memory() for k, v in d.w.items()}
+        drafter_mod.ops_for(torch.device(device))  # the first checkpoint imports Triton here, not on the replay's path
+    return d
+
+
 def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> Iterator[dict]:
     """Replay prompts `ids` of extraction a["extraction"] with every checkpoint of a["checkpoints"] on
     a["device"]: yields {"checkpoint": index, "result": PromptResult}.
 
     Every checkpoint is checked (config, tensor names and shapes: `drafter.check`) before any replay. The
     prompts are read in passes (`_passes`: each feature file once, a pass's features on the device); each
-    checkpoint replays a whole pass before the next one loads, one drafter in memory at a time. With one pass
-    a checkpoint's results are complete, and stored by the parent, while the next checkpoint replays."""
+    checkpoint replays a whole pass before the next one, one drafter on the device at a time, while a loader
+    thread reads the next checkpoint into host memory (`_fetch`; the first one while the features are read). With
+    one pass a checkpoint's results are complete, and stored by the parent, while the next checkpoint replays."""
     ex = store.extraction(a["extraction"])
     device, dtype, budget = a["device"], DTYPES[a["dtype"]], a["budget"]
     cks = [Checkpoint(**c) for c in a["checkpoints"]]
@@ -571,17 +583,25 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
     for i, ck in enumerate(cks):
         _tick(progress, 0, total, f"checking drafter {i + 1}/{len(cks)}: {ck.path}")
         drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config)
-    head = target_mod.load_head(ex["target_path"], device, dtype)
     passes = _passes(store, ex, ids, device)
-    for k, part in enumerate(passes):
-        seqs = [s for batch in iter_sequences(store, ex, only=set(part)) for s in batch]
-        _tick(progress, done, total, f"read the features of {len(seqs)} prompts (pass {k + 1}/{len(passes)})")
-        if device.startswith("cuda"):  # one upload per pass, shared by every checkpoint
-            seqs = [replay_mod.Sequence(s.id, s.tokens, s.prompt_len, s.features.to(device)) for s in seqs]
-        for j, ck in enumerate(cks):
+    order = [(k, j) for k in range(len(passes)) for j in range(len(cks))]  # (pass, checkpoint), in replay order
+    with ThreadPoolExecutor(1) as loader:
+        nxt = loader.submit(_fetch, cks[0], dtype, device)
+        head = target_mod.load_head(ex["target_path"], device, dtype)
+        seqs: list = []
+        for at, (k, j) in enumerate(order):
+            part, ck = passes[k], cks[j]
+            if j == 0:
+                seqs = []  # the pass before's features go first
+                seqs = [s for batch in iter_sequences(store, ex, only=set(part)) for s in batch]
+                _tick(progress, done, total, f"read the features of {len(seqs)} prompts (pass {k + 1}/{len(passes)})")
+                if device.startswith("cuda"):  # one upload per pass, shared by every checkpoint
+                    seqs = [replay_mod.Sequence(s.id, s.tokens, s.prompt_len, s.features.to(device)) for s in seqs]
             _tick(progress, done, total, f"loading drafter {j + 1}/{len(cks)}: {ck.path}")
             t0 = time.perf_counter()
-            d = drafter_mod.load(ck.path, dtype, device, ck.sliding_block, ck.draft_config)
+            d = drafter_mod.moved(nxt.result(), device)
+            if at + 1 < len(order):
+                nxt = loader.submit(_fetch, cks[order[at + 1][1]], dtype, device)
             t1 = time.perf_counter()
 
             def tick(i: int, m: int, j=j, base=done) -> None:

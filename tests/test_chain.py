@@ -185,6 +185,29 @@ def test_worker_results_travel_packed_and_equal():
     assert vars(rp.listed(r, keep_2d=True)).keys() == vars(r).keys() and rp.listed(r, keep_2d=True).rounds == [3]
 
 
+def test_worker_writer_keeps_order_and_raises_its_failure():
+    """The worker's writer thread writes every line in the order emitted; a value it cannot send fails the worker
+    (at the next emit or at close), and nothing after it is written."""
+    import io
+    import json
+    from dflash_dash import jobs
+    out = io.StringIO()
+    w = jobs._Writer(out)
+    for i in range(200):
+        w.emit({"progress": [i, 200, "x"]} if i % 2 else {"event": {"result": rp.PromptResult(str(i), 1, [i], [[i]], [1], [1])}})
+    w.close()
+    lines = [json.loads(ln) for ln in out.getvalue().splitlines()]
+    assert [ln["progress"][0] if "progress" in ln else int(ln["event"]["result"]["id"]) for ln in lines] == list(range(200))
+    out = io.StringIO()
+    w = jobs._Writer(out)
+    w.emit({"event": 1})
+    w.emit({"event": object()})  # not JSON data
+    w.emit({"event": 3})
+    with pytest.raises(TypeError):
+        w.close()
+    assert out.getvalue() == '{"event": 1}\n'
+
+
 def test_check_validates_like_load_without_reading(tmp_path, monkeypatch):
     """`drafter.check` refuses what `load` refuses (here a tensor of the wrong shape) and reads no tensor."""
     from safetensors.torch import load_file, save_file
