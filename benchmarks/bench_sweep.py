@@ -87,8 +87,8 @@ class Planter(rp._Lockstep):
         j, n = self.slot, self.n[:, None]
         write = inside & (j <= n) & (j < upto)                                # [R, D] slots planted by now
         new = torch.where(j < n, d_tok, (d_tok + self.shift) % self.V)
-        seq, pos = self.rows[:, None], (self.at[:, None] + 1 + j).clamp(max=self.T_pad - 1)
-        self.tok[seq, pos] = torch.where(write, new, self.tok[seq, pos])
+        r, k = write.nonzero().unbind(1)                                      # each written position once
+        self.tok[self.rows[r], self.at[r] + 1 + k] = new[r, k]
         return torch.where(write, new, nxt)
 
 

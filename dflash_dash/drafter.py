@@ -471,7 +471,12 @@ class Ops:
 def _compiled(fn):
     """torch.compile(fn) that falls back to `fn` itself, with one warning, if compiling or running it fails."""
     import warnings
-    fused = [torch.compile(fn, dynamic=True)]
+
+    import torch._inductor.config as inductor
+    # deterministic: no kernel configs chosen by timing them, so every process fuses with the same reductions and
+    # a replay gives the same drafts in any process (a bf16 near tie would otherwise flip between runs)
+    opts = {"deterministic": True} if hasattr(inductor, "deterministic") else None
+    fused = [torch.compile(fn, dynamic=True, options=opts)]
 
     def call(*args):
         if fused:

@@ -1,0 +1,85 @@
+"""What a fresh process pays before the chain-only replay runs at speed (issue 12: a sweep's first checkpoint).
+
+Run in a process of its own (nothing compiled or planned before): times the imports, building the 27B-shaped
+drafter (SPEC 8, random bf16 weights, fused element-wise kernels), the stacked context K/V of `--rows` sequences
+(`replay._Lockstep`), and then lockstep steps whose shapes are new, each against a second step of the same shape:
+one per key length a walk meets (`drafter.KEY_ALIGN` apart) at the full row count, then at the row counts the
+walk drops to (`replay.DROP_AT`). The difference is the per-shape first-call cost (kernel compiles, attention
+plans).
+
+    python3 benchmarks/bench_cold.py [--rows 200]      # CUDA only
+"""
+import argparse
+import time
+
+t_start = time.perf_counter()
+import torch  # noqa: E402
+from _common import note, report  # noqa: E402
+
+from dflash_dash import drafter as dr, replay as rp, target as tg  # noqa: E402
+
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--rows", type=int, default=200)
+ap.add_argument("--lengths", type=int, default=10, help="new key lengths timed at the full row count")
+a = ap.parse_args()
+dev, dtype = "cuda", torch.bfloat16
+torch.zeros(1, device=dev)
+figs = {"cold_import_s": time.perf_counter() - t_start}
+
+from bench_replay import FULL, rand_weights  # noqa: E402
+from tools import tiny  # noqa: E402
+
+c = dr.parse_config(tiny.drafter_config(tiny.TinyDrafter(**FULL)))
+w = rand_weights(dr.shapes(c), dev, dtype, 1)
+V, H = FULL["vocab_size"], FULL["hidden_size"]
+hw = rand_weights({"e": (V, H), "l": (V, H)}, dev, dtype, 2)
+head = tg.Head(hw["e"], hw["l"])
+t0 = time.perf_counter()
+d = dr.Drafter(c, w)  # Rope (transformers), fused ops (Triton/Inductor import)
+torch.cuda.synchronize()
+figs["cold_drafter_init_s"] = time.perf_counter() - t0
+S, T, P = a.rows, 2560, 512
+g = torch.Generator(device=dev).manual_seed(3)
+seqs = [rp.Sequence(f"p{i}", torch.randint(0, V, (T,)), P, torch.randn(T, c.K * H, device=dev, generator=g).to(dtype))
+        for i in range(S)]
+
+
+def timed(fn) -> float:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+with torch.inference_mode():
+    st = None
+
+    def init():
+        global st
+        st = rp._Lockstep(d, head, seqs, rp.ROUND_TOPK, staged=True)
+    figs["cold_context_kv_first_s"] = timed(init)
+    figs["cold_context_kv_second_s"] = timed(init)
+    rec = torch.ones(S, dtype=torch.bool, device=dev)
+    first, second = [], []
+    for i in range(a.lengths):  # new key lengths at S rows
+        anchors = torch.full((S,), P + 8 + i * dr.KEY_ALIGN, device=dev).clamp(max=T - 2)
+        top = int(anchors.max())
+        first.append(timed(lambda: st.step(anchors, rec, top)))
+        second.append(timed(lambda: st.step(anchors, rec, top)))
+    note("first/second step per new key length (ms): "
+         + ", ".join(f"{x * 1e3:.0f}/{y * 1e3:.0f}" for x, y in zip(first, second)))
+    figs |= {"cold_step_first_ms": first[0] * 1e3, "cold_step_warm_ms": sum(second) / len(second) * 1e3,
+             "cold_new_length_extra_ms": (sum(first[1:]) - sum(second[1:])) / max(1, len(first) - 1) * 1e3}
+    drops, n = [], S
+    while n > 1:  # the row counts the walk keeps after each drop
+        n = max(1, int(n * rp.DROP_AT))
+        st.keep(torch.arange(n, device=dev))
+        anchors = torch.full((n,), top, device=dev)  # the last key length above: only the row count is new
+        x = timed(lambda: st.step(anchors, rec[:n], top))
+        y = timed(lambda: st.step(anchors, rec[:n], top))
+        drops.append(x - y)
+        if len(drops) == 8:
+            break
+    figs |= {"cold_new_rows_extra_ms": sum(drops) / len(drops) * 1e3, "cold_first_ckpt_total_s": time.perf_counter() - t_start}
+report(figs)
