@@ -588,7 +588,6 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
     with ThreadPoolExecutor(1) as loader:
         nxt = loader.submit(_fetch, cks[0], dtype, device)
         head = target_mod.load_head(ex["target_path"], device, dtype)
-        seqs: list = []
         for at, (k, j) in enumerate(order):
             part, ck = passes[k], cks[j]
             if j == 0:
