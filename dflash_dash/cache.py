@@ -11,12 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import re
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Iterator
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from .errors import UserError
 
@@ -51,28 +54,40 @@ def write(root: str | Path, extraction: str, prompt_id: str, features: torch.Ten
     return dst
 
 
-def read(root: str | Path, extraction: str, prompt_id: str, tokens: int, width: int) -> torch.Tensor:
-    """Read and validate features; `tokens` and `width` (K*H) are what the store says they must be."""
+def read(root: str | Path, extraction: str, prompt_id: str, tokens: int, width: int,
+         out: torch.Tensor | None = None) -> torch.Tensor:
+    """Read and validate features; `tokens` and `width` (K*H) are what the store says they must be. `out` (a
+    contiguous CPU bf16 tensor of at least tokens*width elements, e.g. pinned staging): the payload is read
+    straight into it and the view [tokens, width] of its start is returned (no other copy is made)."""
     src = path(root, extraction, prompt_id)
     fix = "re-extract (python -m dflash_dash extract ... or Re-extract on the Extraction page)"
     if not src.is_file():
         raise CacheError(f"feature file for prompt {prompt_id!r} of extraction {extraction} is missing ({src}); {fix}")
     size = src.stat().st_size
-    try:  # safetensors layout: u64 header length, JSON header, payload
-        with open(src, "rb") as f:
+    with open(src, "rb", buffering=0) as f:
+        try:  # safetensors layout: u64 header length, JSON header, payload
             head = int.from_bytes(f.read(8), "little")
-            end = json.loads(f.read(head))[KEY]["data_offsets"][1] if head < size else None
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        end = None
-    if end is not None and size < 8 + head + end:
-        raise CacheError(f"feature file {src} is truncated ({size} bytes, expected {8 + head + end}); {fix}")
-    try:
-        t = load_file(str(src))[KEY]
-    except (SafetensorError, KeyError, ValueError, OSError) as e:
-        raise CacheError(f"feature file {src} is damaged ({e}); {fix}") from None
-    if t.dtype != torch.bfloat16 or tuple(t.shape) != (tokens, width):
-        raise CacheError(f"feature file {src} holds {t.dtype} {tuple(t.shape)}, expected bfloat16 "
-                         f"({tokens}, {width}); {fix}")
+            entry = json.loads(f.read(head))[KEY] if 8 + head <= size else None
+            begin, end = entry["data_offsets"]
+            dtype, shape = entry["dtype"], tuple(entry["shape"])
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            raise CacheError(f"feature file {src} is damaged (no readable safetensors header); {fix}") from None
+        if size < 8 + head + end:
+            raise CacheError(f"feature file {src} is truncated ({size} bytes, expected {8 + head + end}); {fix}")
+        if dtype != "BF16" or shape != (tokens, width):
+            raise CacheError(f"feature file {src} holds {dtype} {shape}, expected bfloat16 ({tokens}, {width}); {fix}")
+        if end - begin != tokens * width * 2:
+            raise CacheError(f"feature file {src} is damaged (payload of {end - begin} bytes for {shape}); {fix}")
+        t = (torch.empty(tokens * width, dtype=torch.bfloat16) if out is None else out.view(-1)[:tokens * width])
+        f.seek(8 + head + begin)
+        view = memoryview(t.view(torch.uint8).numpy()).cast("B")
+        got = 0
+        while got < len(view):  # an unbuffered read returns at most what one read(2) gave (2 GiB on Linux)
+            n = f.readinto(view[got:])
+            if not n:
+                raise CacheError(f"feature file {src} is truncated (the payload ends after {got} bytes); {fix}")
+            got += n
+    t = t.view(tokens, width)
     if not finite(t):
         raise CacheError(f"feature file {src} contains NaN or inf values; {fix}")
     return t
@@ -89,3 +104,49 @@ def meta(root: str | Path, extraction: str, prompt_id: str) -> dict:
     from safetensors import safe_open
     with safe_open(str(path(root, extraction, prompt_id)), framework="pt") as f:
         return json.loads(f.metadata()["meta"])
+
+
+READERS = 4  # files `read_many` reads at once (threads: a read and its checks release the GIL)
+
+
+def read_many(root: str | Path, extraction: str, wanted: list[tuple[str, int]], width: int,
+              device: str = "cpu") -> Iterator[torch.Tensor]:
+    """`read` of each (prompt id, tokens) of `wanted`, yielded in order, READERS files at a time (at most 2*READERS
+    read ahead of the consumer). On CUDA each file is read into a pinned staging buffer, checked there and copied to
+    `device` without blocking the host; a buffer is reused once its copy is done, so reads, checks and copies of
+    several files overlap and the pass is copied once (no pageable copy, no pinned copy of all of it)."""
+    cuda = str(device).startswith("cuda")
+    size = max((t * width for _, t in wanted), default=0)
+    slots: queue.Queue = queue.Queue()
+    for _ in range(READERS + 2 if cuda else 0):
+        slots.put([None, None])  # [pinned staging buffer, the event of its last copy]
+
+    def one(pid: str, tokens: int) -> torch.Tensor:
+        if not cuda:
+            return read(root, extraction, pid, tokens, width)
+        slot = slots.get()
+        try:
+            if slot[0] is None:
+                slot[0] = torch.empty(size, dtype=torch.bfloat16, pin_memory=True)
+            elif slot[1] is not None:
+                slot[1].synchronize()  # its previous copy has left the buffer
+            t = read(root, extraction, pid, tokens, width, out=slot[0])
+            dev = torch.empty(t.shape, dtype=t.dtype, device=device)
+            dev.copy_(t, non_blocking=True)
+            slot[1] = torch.cuda.current_stream(dev.device).record_event()
+            return dev
+        finally:
+            slots.put(slot)
+
+    with ThreadPoolExecutor(READERS) as pool:
+        ahead: deque = deque()
+        try:
+            for pid, tokens in wanted:
+                ahead.append(pool.submit(one, pid, tokens))
+                if len(ahead) >= 2 * READERS:
+                    yield ahead.popleft().result()
+            while ahead:
+                yield ahead.popleft().result()
+        finally:  # a failed read or a consumer that stops early: the reads not started are not made
+            for f in ahead:
+                f.cancel()

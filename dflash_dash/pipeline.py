@@ -407,25 +407,27 @@ def here(store: Store) -> Runner:
 SEQ_BATCH = 64  # sequences read from the cache at a time (`iter_sequences`)
 
 
-def iter_sequences(store: Store, extraction: dict, batch: int = SEQ_BATCH,
-                   only: set[str] | None = None) -> Iterator[list[replay_mod.Sequence]]:
+def iter_sequences(store: Store, extraction: dict, batch: int = SEQ_BATCH, only: set[str] | None = None,
+                   device: str = "cpu") -> Iterator[list[replay_mod.Sequence]]:
     """Batches of token ids from the store plus validated features from the cache (no network), in set order
-    (`only`: just these prompt ids); each feature file is read once, when its batch comes."""
+    (`only`: just these prompt ids); each feature file is read once (`cache.read_many`: several at a time, on CUDA
+    straight to `device`), its batch yielded once all of it is read."""
     comps = {r["prompt_id"]: r for r in store.completions(extraction["set_name"])}
     width = len(extraction["layer_ids"]) * extraction["hidden_size"]
     items = sorted((it for it in store.items(extraction["id"]) if only is None or it["prompt_id"] in only),
                    key=lambda r: comps[r["prompt_id"]]["idx"])
-    for b0 in range(0, len(items), batch):
-        seqs = []
-        for it in items[b0:b0 + batch]:
-            c = comps[it["prompt_id"]]
-            tokens = torch.tensor(c["prompt_ids"] + c["output_ids"])
-            if len(tokens) != it["tokens"]:
-                raise StoreError(f"prompt {c['prompt_id']!r}: the completion has {len(tokens)} tokens but extraction "
-                                 f"{extraction['id']} has {it['tokens']}; re-extract")
-            feats = cache.read(features_root(store), extraction["id"], c["prompt_id"], len(tokens), width)
-            seqs.append(replay_mod.Sequence(c["prompt_id"], tokens, len(c["prompt_ids"]), feats))
-        yield seqs
+    todo = []  # (completion, its token ids)
+    for it in items:  # every token count checked before a file is read
+        c = comps[it["prompt_id"]]
+        tokens = torch.tensor(c["prompt_ids"] + c["output_ids"])
+        if len(tokens) != it["tokens"]:
+            raise StoreError(f"prompt {c['prompt_id']!r}: the completion has {len(tokens)} tokens but extraction "
+                             f"{extraction['id']} has {it['tokens']}; re-extract")
+        todo.append((c, tokens))
+    feats = cache.read_many(features_root(store), extraction["id"], [(c["prompt_id"], len(t)) for c, t in todo],
+                            width, device)
+    for b0 in range(0, len(todo), batch):
+        yield [replay_mod.Sequence(c["prompt_id"], t, len(c["prompt_ids"]), next(feats)) for c, t in todo[b0:b0 + batch]]
 
 
 def load_sequences(store: Store, extraction: dict) -> list[replay_mod.Sequence]:
@@ -558,13 +560,14 @@ def _passes(store: Store, ex: dict, ids: list[str], device: str) -> list[list[st
 
 
 def _fetch(ck: Checkpoint, dtype, device: str):
-    """A checkpoint read into host memory (pinned for a CUDA device, so `drafter.moved` copies it without blocking the
-    host), on the loader thread of `_replay_work`: beside the replay of the checkpoint before it."""
+    """(a checkpoint read into host memory, seconds it took): pinned for a CUDA device, so `drafter.moved` copies it
+    without blocking the host; on a loader thread of `_replay_work`, beside the replay of the checkpoint before it."""
+    t = time.perf_counter()
     d = drafter_mod.load(ck.path, dtype, "cpu", ck.sliding_block, ck.draft_config)
     if device.startswith("cuda"):
         d.w = {k: v.pin_memory() for k, v in d.w.items()}
         drafter_mod.ops_for(torch.device(device))  # the first checkpoint imports Triton here, not on the replay's path
-    return d
+    return d, time.perf_counter() - t
 
 
 def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> Iterator[dict]:
@@ -574,8 +577,9 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
     Every checkpoint is checked (config, tensor names and shapes: `drafter.check`) before any replay. The
     prompts are read in passes (`_passes`: each feature file once, a pass's features on the device); each
     checkpoint replays a whole pass before the next one, one drafter on the device at a time, while a loader
-    thread reads the next checkpoint into host memory (`_fetch`; the first one while the features are read). With
-    one pass a checkpoint's results are complete, and stored by the parent, while the next checkpoint replays."""
+    thread reads the next checkpoint into host memory (`_fetch`; the first one, and the target's head, while the
+    features are read). With one pass a checkpoint's results are complete, and stored by the parent, while the
+    next checkpoint replays."""
     ex = store.extraction(a["extraction"])
     device, dtype, budget = a["device"], DTYPES[a["dtype"]], a["budget"]
     cks = [Checkpoint(**c) for c in a["checkpoints"]]
@@ -585,22 +589,22 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
         drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config)
     passes = _passes(store, ex, ids, device)
     order = [(k, j) for k in range(len(passes)) for j in range(len(cks))]  # (pass, checkpoint), in replay order
-    with ThreadPoolExecutor(1) as loader:
+    with ThreadPoolExecutor(2) as loader:  # the target's head, and one checkpoint at a time
+        heads = loader.submit(target_mod.load_head, ex["target_path"], device, dtype)
         nxt = loader.submit(_fetch, cks[0], dtype, device)
-        head = target_mod.load_head(ex["target_path"], device, dtype)
         for at, (k, j) in enumerate(order):
             part, ck = passes[k], cks[j]
             if j == 0:
                 seqs = []  # the pass before's features go first
-                seqs = [s for batch in iter_sequences(store, ex, only=set(part)) for s in batch]
-                _tick(progress, done, total, f"read the features of {len(seqs)} prompts (pass {k + 1}/{len(passes)})")
-                if device.startswith("cuda"):  # one upload per pass, shared by every checkpoint, through pinned
-                    # staging (the pageable copy ran at 2.6 GB/s on the H200 machine)
-                    seqs = [replay_mod.Sequence(s.id, s.tokens, s.prompt_len, s.features.pin_memory().to(
-                        device, non_blocking=True)) for s in seqs]
+                t0 = time.perf_counter()  # one read per pass, on CUDA straight to the device, shared by every checkpoint
+                seqs = [s for batch in iter_sequences(store, ex, only=set(part), device=device) for s in batch]
+                _tick(progress, done, total, f"read the features of {len(seqs)} prompts (pass {k + 1}/{len(passes)}) "
+                      f"in {time.perf_counter() - t0:.1f} s")
             _tick(progress, done, total, f"loading drafter {j + 1}/{len(cks)}: {ck.path}")
             t0 = time.perf_counter()
-            d = drafter_mod.moved(nxt.result(), device)
+            d, fetch_s = nxt.result()
+            d = drafter_mod.moved(d, device)
+            head = heads.result()
             if at + 1 < len(order):
                 nxt = loader.submit(_fetch, cks[order[at + 1][1]], dtype, device)
             t1 = time.perf_counter()
@@ -611,8 +615,8 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
             res = (replay_mod.chain(d, head, seqs, budget, progress=tick, arrays=True) if a["anchors"] == "chain"
                    else replay_mod.run(d, head, seqs, budget, a["chunk"], progress=tick, arrays=True)[0])
             del d  # its memory goes to the next checkpoint
-            _tick(progress, done + len(seqs), total, f"checkpoint {j + 1}/{len(cks)}: loaded in {t1 - t0:.1f} s, "
-                  f"{len(seqs)} prompts replayed in {time.perf_counter() - t1:.1f} s")  # the job log's timing
+            _tick(progress, done + len(seqs), total, f"checkpoint {j + 1}/{len(cks)}: loaded in {t1 - t0:.1f} s (read "
+                  f"beside in {fetch_s:.1f} s), {len(seqs)} prompts replayed in {time.perf_counter() - t1:.1f} s")
             for r in res:
                 yield {"checkpoint": j, "result": r}
             done += len(seqs)

@@ -331,6 +331,25 @@ def test_cache_roundtrip_and_damage(tmp_path):
     assert cache.finite(torch.zeros(0, 6, dtype=torch.bfloat16))
 
 
+def test_cache_reads_into_staging_and_many_in_order(tmp_path):
+    """`read(out=...)` fills the caller's buffer (pinned staging on CUDA); `read_many` yields in the asked order
+    with its threads reading ahead, and a bad file fails it with the file's own message."""
+    fs = {f"p{i}": torch.randn(5 + i, 6) for i in range(11)}
+    for pid, f in fs.items():
+        cache.write(tmp_path, "ex", pid, f, {})
+    buf = torch.full((100,), 7.0, dtype=torch.bfloat16)
+    got = cache.read(tmp_path, "ex", "p3", 8, 6, out=buf)
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(got, fs["p3"].to(torch.bfloat16))
+    assert torch.equal(buf[48:], torch.full((52,), 7.0, dtype=torch.bfloat16))  # nothing written past the payload
+    order = [f"p{i}" for i in (10, 0, 7, 3, 9, 1, 2, 8, 4, 6, 5)]
+    many = list(cache.read_many(tmp_path, "ex", [(p, 5 + int(p[1:])) for p in order], 6))
+    assert all(torch.equal(t, fs[p].to(torch.bfloat16)) for p, t in zip(order, many))
+    with pytest.raises(cache.CacheError, match="nope.*missing"):
+        list(cache.read_many(tmp_path, "ex", [("p0", 5), ("nope", 9)], 6))
+    with pytest.raises(cache.CacheError, match="expected bfloat16 \\(9, 6\\)"):
+        list(cache.read_many(tmp_path, "ex", [("p0", 5), ("p3", 9)], 6))
+
+
 # ---------------------------------------------------------------------------
 # CLI end to end
 
