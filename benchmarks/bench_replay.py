@@ -6,7 +6,7 @@ Measures, in one process:
   2. steady-state drafting per chunk size and the LM head's share (informative);
   3. `replay_total_s`: the product's replay steps from files, as `pipeline.replay` runs them -- load the
      checkpoint (`drafter.load`), the target's embedding and LM head (`target.load_head`), the cached
-     features (`cache.read`), then `replay.run` (every-anchor drafts, top-k for DDTree, scoring) -- the
+     features (`cache.read_many`: to the device, as the product's worker reads a pass), then `replay.run` (every-anchor drafts, top-k for DDTree, scoring) -- the
      DuckDB insert of the run is left out;
   4. the one-block-per-forward loop (context K/V cached, as a speculative decoder runs it) and the plain
      reference loop (`replay.draft_loop`, context recomputed) on sampled anchors, with their drafts compared
@@ -262,8 +262,9 @@ def measure(a, figs: dict) -> None:
     head = tg.load_head(tgt, dev, dtype)
     sync(dev)
     t2 = time.perf_counter()
-    seqs = [rp.Sequence(pid, tok, P, cache.read(work / "features", "bench", pid, T, c.K * c.hidden_size))
-            for pid, tok in items]
+    feats = cache.read_many(work / "features", "bench", [(pid, T) for pid, _ in items], c.K * c.hidden_size, dev)
+    seqs = [rp.Sequence(pid, tok, P, f) for (pid, tok), f in zip(items, feats)]  # on the device, as the worker reads
+    sync(dev)
     t3 = time.perf_counter()
     results, summary = rp.run(d, head, seqs, budget=a.budget, chunk=a.chunk)
     sync(dev)

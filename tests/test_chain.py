@@ -142,7 +142,8 @@ def test_sweep_one_pass_equals_separate_replays_and_reads_features_once(prepared
     n = len(reads)
     assert sum(f"(pass {k}/{n if passes == 'several' else 1})" in m for m in seen for k in range(1, n + 1)) == \
         (n if passes == "several" else 1)
-    timed = [m for m in seen if re.fullmatch(r"checkpoint \d/\d: loaded in [\d.]+ s, \d+ prompts replayed in [\d.]+ s", m)]
+    timed = [m for m in seen if re.fullmatch(r"checkpoint \d/\d: loaded in [\d.]+ s \(read beside in [\d.]+ s\), "
+                                             r"\d+ prompts replayed in [\d.]+ s", m)]
     assert len(timed) == len(ids) * (n if passes == "several" else 1)  # the job log times each checkpoint's pass
     ref = Store(prepared.workspace)
     for rid in ids:
