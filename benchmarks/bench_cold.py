@@ -7,7 +7,7 @@ one per key length a walk meets (`drafter.KEY_ALIGN` apart) at the full row coun
 walk drops to (`replay.DROP_AT`). The difference is the per-shape first-call cost (kernel compiles, attention
 plans).
 
-    python3 benchmarks/bench_cold.py [--rows 200]      # CUDA only
+    python3 benchmarks/bench_cold.py [--rows 200] [--fetch]     # CUDA only
 """
 import argparse
 import time
@@ -21,6 +21,8 @@ from dflash_dash import drafter as dr, replay as rp, target as tg  # noqa: E402
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--rows", type=int, default=200)
 ap.add_argument("--lengths", type=int, default=10, help="new key lengths timed at the full row count")
+ap.add_argument("--fetch", action="store_true", help="first time the sweep worker's checkpoint fetch by phase (read, "
+                "RoPE, kernels, pin; the drafter written to disk first): the drafter init below is then warm")
 a = ap.parse_args()
 dev, dtype = "cuda", torch.bfloat16
 torch.zeros(1, device=dev)
@@ -31,6 +33,42 @@ from tools import tiny  # noqa: E402
 
 c = dr.parse_config(tiny.drafter_config(tiny.TinyDrafter(**FULL)))
 w = rand_weights(dr.shapes(c), dev, dtype, 1)
+if a.fetch:  # the sweep worker's first checkpoint (`pipeline._fetch`, on its loader thread), phase by phase
+    import tempfile
+    from pathlib import Path
+
+    from bench_sweep import write_drafter
+
+    from dflash_dash import pipeline
+    folder = Path(tempfile.mkdtemp(prefix="dflash-cold-")) / "ck"
+    write_drafter(folder, tiny.drafter_config(tiny.TinyDrafter(**FULL)), w)  # not timed
+    phases: dict[str, float] = {}
+
+    def timed_fn(owner, name: str, label: str) -> None:
+        real = getattr(owner, name)
+
+        def wrapped(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return real(*args, **kw)
+            finally:
+                phases[label] = phases.get(label, 0.0) + time.perf_counter() - t
+        setattr(owner, name, wrapped)
+    timed_fn(dr, "_weights", "read")            # safetensors tensors, checked (the first: copied to the device)
+    timed_fn(dr.Rope, "__init__", "rope")       # RoPE tables (transformers imported for scaled types only)
+    timed_fn(dr, "ops_for", "kernels")          # Triton, Inductor: the fused element-wise ops
+    for first in (True, False):
+        phases.clear()
+        t0 = time.perf_counter()
+        got, _ = pipeline._fetch(pipeline.Checkpoint(str(folder), None, None), dtype, dev, first)
+        t1 = time.perf_counter()
+        dr.moved(got, dev)
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        tag = "cold_fetch" if first else "next_fetch"  # next: pinned (its first pinning)
+        figs |= {f"{tag}_s": t1 - t0, f"{tag}_to_device_s": t2 - t1} | {f"{tag}_{k}_s": v for k, v in phases.items()}
+        figs[f"{tag}_rest_s"] = t1 - t0 - sum(phases.values())  # the first: its copy to the device; then: pinning
+        del got
 V, H = FULL["vocab_size"], FULL["hidden_size"]
 hw = rand_weights({"e": (V, H), "l": (V, H)}, dev, dtype, 2)
 head = tg.Head(hw["e"], hw["l"])
@@ -82,4 +120,7 @@ with torch.inference_mode():
         if len(drops) == 8:
             break
     figs |= {"cold_new_rows_extra_ms": sum(drops) / len(drops) * 1e3, "cold_first_ckpt_total_s": time.perf_counter() - t_start}
+from torch._dynamo.utils import counters  # noqa: E402
+
+figs |= {f"inductor_{k}": v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")}
 report(figs)

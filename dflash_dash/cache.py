@@ -106,7 +106,7 @@ def meta(root: str | Path, extraction: str, prompt_id: str) -> dict:
         return json.loads(f.metadata()["meta"])
 
 
-READERS = 4  # files `read_many` reads at once (threads: a read and its checks release the GIL)
+READERS = 8  # files `read_many` reads at once (threads: a read and its checks release the GIL)
 
 
 def read_many(root: str | Path, extraction: str, wanted: list[tuple[str, int]], width: int,

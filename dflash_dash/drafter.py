@@ -509,24 +509,35 @@ def ops_for(device: torch.device) -> Ops:
 
 
 class Rope:
-    """cos/sin tables for absolute positions, via transformers' RoPE init (handles rope_scaling)."""
+    """cos/sin tables for absolute positions. Plain RoPE (no rope_scaling) is computed here exactly as transformers'
+    default init and forward compute it (bit for bit, tested); scaled types (yarn, linear, ...) go through
+    transformers' RotaryEmbedding, whose import cost 13.6 s in a fresh process on the H200 machine
+    (`bench_cold.py --fetch`), so a plain drafter never pays it."""
 
     def __init__(self, c: DrafterConfig, device, dtype):
+        self.dtype, self.emb = dtype, None
+        if c.rope_scaling is None:  # inv_freq [hd/2] = 1 / theta^(2i/hd), in float32 as transformers builds it
+            self.inv_freq = (1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float) / c.head_dim))
+                             ).to(device)
+            return
         from transformers import Qwen3Config
         from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-        rope = {"rope_type": "default"} | (c.rope_scaling or {}) | {"rope_theta": c.rope_theta}
+        rope = {"rope_type": "default"} | c.rope_scaling | {"rope_theta": c.rope_theta}
         qc = Qwen3Config(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
                          head_dim=c.head_dim, rope_parameters=rope,
                          max_position_embeddings=c.max_position_embeddings)
         self.emb = Qwen3RotaryEmbedding(qc).to(device)
-        self.dtype = dtype
 
     def __call__(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # pos [..., T] -> cos, sin [..., T, hd]
         flat = pos.reshape(1, -1)
-        dummy = torch.empty(0, dtype=self.dtype, device=pos.device)
-        cos, sin = self.emb(dummy, flat)
+        if self.emb is None:
+            freqs = flat[..., None].float() * self.inv_freq.to(pos.device)   # [1, T', hd/2]
+            ang = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = ang.cos().to(self.dtype), ang.sin().to(self.dtype)
+        else:
+            cos, sin = self.emb(torch.empty(0, dtype=self.dtype, device=pos.device), flat)
         return cos.reshape(*pos.shape, -1), sin.reshape(*pos.shape, -1)
 
 

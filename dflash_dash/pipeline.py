@@ -559,14 +559,16 @@ def _passes(store: Store, ex: dict, ids: list[str], device: str) -> list[list[st
     return out
 
 
-def _fetch(ck: Checkpoint, dtype, device: str):
-    """(a checkpoint read into host memory, seconds it took): pinned for a CUDA device, so `drafter.moved` copies it
-    without blocking the host; on a loader thread of `_replay_work`, beside the replay of the checkpoint before it."""
+def _fetch(ck: Checkpoint, dtype, device: str, first: bool = False):
+    """(a checkpoint read, seconds it took), on a loader thread of `_replay_work`. The first one goes straight to
+    `device` (nothing replays yet; pinning its gigabytes the first time took longer than the copy); the others
+    into pinned host memory beside the replay of the one before, so `drafter.moved` copies them without blocking
+    the host."""
     t = time.perf_counter()
-    d = drafter_mod.load(ck.path, dtype, "cpu", ck.sliding_block, ck.draft_config)
-    if device.startswith("cuda"):
+    cuda = device.startswith("cuda")
+    d = drafter_mod.load(ck.path, dtype, device if first or not cuda else "cpu", ck.sliding_block, ck.draft_config)
+    if cuda and not first:
         d.w = {k: v.pin_memory() for k, v in d.w.items()}
-        drafter_mod.ops_for(torch.device(device))  # the first checkpoint imports Triton here, not on the replay's path
     return d, time.perf_counter() - t
 
 
@@ -591,7 +593,7 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
     order = [(k, j) for k in range(len(passes)) for j in range(len(cks))]  # (pass, checkpoint), in replay order
     with ThreadPoolExecutor(2) as loader:  # the target's head, and one checkpoint at a time
         heads = loader.submit(target_mod.load_head, ex["target_path"], device, dtype)
-        nxt = loader.submit(_fetch, cks[0], dtype, device)
+        nxt = loader.submit(_fetch, cks[0], dtype, device, True)  # Triton and Inductor load there too (`ops_for`)
         for at, (k, j) in enumerate(order):
             part, ck = passes[k], cks[j]
             if j == 0:

@@ -143,21 +143,6 @@ def _stack(parts) -> Drafts:
     return Drafts(*(torch.cat([p[i] for p in parts]).cpu() for i in range(3)))
 
 
-def _stack_later(parts) -> Callable[[], Drafts]:
-    """`_stack` without waiting for the device: the copies are queued into pinned host memory; the returned call
-    waits for them (on another thread, while the device works on what was queued after them)."""
-    cat = [torch.cat([p[i] for p in parts]) for i in range(3)]
-    if not cat[0].is_cuda:
-        return lambda: Drafts(*cat)
-    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True) for t in cat]
-    done = torch.cuda.current_stream(cat[0].device).record_event()
-
-    def wait() -> Drafts:
-        done.synchronize()
-        return Drafts(*host)
-    return wait
-
-
 def _draft(drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.Tensor, prompt_len: int,
            topk: int, chunk: int) -> list:
     """Queue the every-anchor drafts of one sequence on the device; per-chunk results stay there."""
@@ -349,29 +334,27 @@ def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chu
     """Replay every sequence (every-anchor, batched) and summarise (`arrays`: results as `score(arrays=True)` and
     no summary, None: a worker's share, summarised by the parent).
 
-    Scoring (CPU: acceptance, chain and DDTree walks) of sequence i runs on a worker thread, which waits for
-    its drafts to reach the host while the device works on sequence i+1 (queued before the host waits for
-    anything, so the device never idles between sequences); the next features are uploaded meanwhile;
-    results come back in input order.
+    Scoring (CPU: acceptance, chain and DDTree walks) of sequence i runs on a worker thread once the
+    device's queue holds sequence i+1's work, and the next features are uploaded meanwhile; results come
+    back in input order.
     """
-    def scored(s: Sequence, drafts: Callable[[], Drafts]) -> PromptResult:
-        return score(s.id, drafts(), s.tokens.numpy(), s.prompt_len, budget, arrays)
-
     with ThreadPoolExecutor(1) as pool, torch.inference_mode():
-        futures = []
+        futures, done = [], None
         nxt = _upload(drafter, seqs[0].features) if seqs else None
         for i, s in enumerate(seqs):
             parts = _draft(drafter, head, nxt, s.tokens, s.prompt_len, max(budget, ROUND_TOPK), chunk)  # queued
+            if done is not None:  # started only now: its thread would slow the launches above (the GIL)
+                futures.append(pool.submit(score, *done))
             if i + 1 < len(seqs):
                 nxt = _upload(drafter, seqs[i + 1].features)
-            futures.append(pool.submit(scored, s, _stack_later(parts)))
-            if len(futures) > 1:  # sequence i-1 done (so sequence i runs alone on the device while i+1 is queued)
+            done = (s.id, _stack(parts), s.tokens.numpy(), s.prompt_len, budget, arrays)
+            if len(futures) > 1:
                 futures[-2].result()  # at most one sequence scoring behind; its errors surface here
-                if progress:
-                    progress(i, len(seqs))
+            if progress:
+                progress(i + 1, len(seqs))
+        if done is not None:
+            futures.append(pool.submit(score, *done))
         results = [f.result() for f in futures]
-        if progress and seqs:
-            progress(len(seqs), len(seqs))
     return results, summarize(results, drafter.c.block_size, budget) if not arrays else None
 
 

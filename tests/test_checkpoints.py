@@ -168,6 +168,24 @@ def test_yarn_rope_from_either_form_gives_the_same_drafts(tmp_path):
     assert not torch.allclose(a.rope(pos)[0], plain.rope(pos)[0])  # yarn really applied
 
 
+@pytest.mark.parametrize("theta,hd,dtype", [(1e7, 128, torch.bfloat16), (1e4, 64, torch.float32),
+                                             (5e5, 96, torch.bfloat16)])
+def test_plain_rope_equals_transformers_bit_for_bit(theta, hd, dtype):
+    """Plain RoPE is computed without importing transformers' modeling (seconds in a fresh worker): it must give
+    transformers' Qwen3 rotary embedding's cos/sin exactly, at any position."""
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+    c = dr.parse_config(tiny.drafter_config(tiny.TinyDrafter(seed=1)) | {"rope_theta": theta, "head_dim": hd})
+    assert c.rope_scaling is None
+    ref = Qwen3RotaryEmbedding(Qwen3Config(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
+                                           head_dim=hd, rope_parameters={"rope_type": "default", "rope_theta": theta}))
+    pos = torch.tensor([[0, 1, 7, 511, 2559], [4095, 20000, 32767, 3, 100]])
+    cos, sin = dr.Rope(c, "cpu", dtype)(pos)
+    rc, rs = ref(torch.empty(0, dtype=dtype), pos.reshape(1, -1))
+    assert cos.dtype == dtype and cos.shape == (2, 5, hd)
+    assert torch.equal(cos, rc.reshape(2, 5, hd)) and torch.equal(sin, rs.reshape(2, 5, hd))
+
+
 @pytest.mark.parametrize("patch,match", [
     ({"rope_theta": 1e6}, "rope_theta = 1000000.0 but rope_parameters.rope_theta = 10000000.0"),
     ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
