@@ -14,7 +14,6 @@ import json
 import os
 import pickle
 import re
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -494,44 +493,19 @@ EAGER = Ops(False)
 FUSE_CUDA = os.environ.get("DFLASH_FUSE", "1") != "0"  # CUDA drafters use fused element-wise kernels (`Ops(True)`,
                                                       # one per process); DFLASH_FUSE=0 turns them off
 _FUSED: list[Ops] = []
-_FUSING = threading.Lock()  # one `Ops(True)` per process, whichever thread asks first (`warm` runs beside a load)
 
 
 def ops_for(device: torch.device) -> Ops:
     """The element-wise kernels a drafter on `device` uses: fused on CUDA when FUSE_CUDA and Triton imports."""
     if device.type != "cuda" or not FUSE_CUDA:
         return EAGER
-    with _FUSING:
-        if not _FUSED:
-            try:
-                import triton  # noqa: F401  (Inductor's CUDA kernels are Triton)
-                _FUSED.append(Ops(True))
-            except ImportError:
-                _FUSED.append(EAGER)
+    if not _FUSED:
+        try:
+            import triton  # noqa: F401  (Inductor's CUDA kernels are Triton)
+            _FUSED.append(Ops(True))
+        except ImportError:
+            _FUSED.append(EAGER)
     return _FUSED[0]
-
-
-def warm(device: str | torch.device, dtype: torch.dtype) -> None:
-    """Load, ahead of a replay on `device`, what its first calls would otherwise load on the replay's path: the
-    fused kernels' compilers (`ops_for`: Triton, Inductor; 6 s in a fresh process on the H200 machine) and the
-    CUDA libraries of the forward (cuBLAS, the attention library), through one tiny matmul and one masked
-    attention call. Changes no result: nothing is compiled here, and the libraries pick their kernels per shape
-    at every call. Off CUDA it does nothing; a failure here is only a warning (the replay loads them itself)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return
-    try:
-        ops_for(device)
-        x = torch.ones(64, 128, dtype=dtype, device=device)
-        F.linear(x, x)                                                            # cuBLAS(Lt) handles
-        q = torch.ones(1, 8, 64, 128, dtype=dtype, device=device)                 # [S, nkv, g*G*B, hd]
-        kv = torch.ones(1, 8, 320, 128, dtype=dtype, device=device)
-        mask = torch.zeros(1, 1, 64, 320, dtype=dtype, device=device)             # additive, as `blocks` passes it
-        F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask)
-        torch.cuda.synchronize(device)
-    except Exception as e:  # noqa: BLE001  (an optimisation only)
-        import warnings
-        warnings.warn(f"warming {device} failed ({type(e).__name__}: {str(e)[:200]}); the replay loads it itself")
 
 
 class Rope:

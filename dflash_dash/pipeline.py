@@ -586,13 +586,12 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
     device, dtype, budget = a["device"], DTYPES[a["dtype"]], a["budget"]
     cks = [Checkpoint(**c) for c in a["checkpoints"]]
     n, total, done = len(ids), len(ids) * len(cks), 0
-    with ThreadPoolExecutor(3) as loader:  # compilers and CUDA libraries, the target's head, one checkpoint at a time
-        loader.submit(drafter_mod.warm, device, dtype)  # beside the checks and the feature read
-        for i, ck in enumerate(cks):
-            _tick(progress, 0, total, f"checking drafter {i + 1}/{len(cks)}: {ck.path}")
-            drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config)
-        passes = _passes(store, ex, ids, device)
-        order = [(k, j) for k in range(len(passes)) for j in range(len(cks))]  # (pass, checkpoint), in replay order
+    for i, ck in enumerate(cks):
+        _tick(progress, 0, total, f"checking drafter {i + 1}/{len(cks)}: {ck.path}")
+        drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config)
+    passes = _passes(store, ex, ids, device)
+    order = [(k, j) for k in range(len(passes)) for j in range(len(cks))]  # (pass, checkpoint), in replay order
+    with ThreadPoolExecutor(2) as loader:  # the target's head, and one checkpoint at a time
         heads = loader.submit(target_mod.load_head, ex["target_path"], device, dtype)
         nxt = loader.submit(_fetch, cks[0], dtype, device, True)  # Triton and Inductor load there too (`ops_for`)
         for at, (k, j) in enumerate(order):
