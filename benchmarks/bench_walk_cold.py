@@ -1,0 +1,143 @@
+"""Where a fresh process's first chain-only walk loses time against the same walk run again (issue 12: the sweep's
+first checkpoint replays in about 22 s, the next ones in about 10.7 s).
+
+A child process plants completions at tau about `--accept` + 1 (`bench_sweep.plant`: the product's own walk) and
+saves the tokens; this process, fresh, builds the same drafter, target head and features from the same seeds and
+walks the same batch three times (`replay._Lockstep` + `replay._walk_device`, as the sweep worker does), each
+step's start time, row count and key bound recorded (no extra device synchronisation). The walks run the very
+same steps, so step i of walk 1 against step i of walk 2 is the first-call cost of that step; it is summed by the
+kind of step: the first ones, a new row count (after a drop), a new key length (`drafter.KEY_ALIGN`), a new
+staged-head row count, or none of these.
+
+    python3 benchmarks/bench_walk_cold.py [--rows 200] [--small]      # CUDA (or --small on the CPU)
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from _common import note, report
+from bench_replay import FULL, SMALL, rand_weights
+
+from dflash_dash import drafter as dr, replay as rp, target as tg
+from tools import tiny
+
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--rows", type=int, default=200, help="sequences in the lockstep batch")
+ap.add_argument("--accept", type=float, default=5.0, help="mean planted accepted drafts per round")
+ap.add_argument("--small", action="store_true", help="tiny shapes on the CPU (a smoke run)")
+ap.add_argument("--walks", type=int, default=3)
+ap.add_argument("--sdpa", choices=("default", "efficient"), default="default",
+                help="efficient: cuDNN attention off in this process (no per-shape cuDNN graphs)")
+ap.add_argument("--plant", help=argparse.SUPPRESS)  # child: plant, save the tokens here, exit
+a = ap.parse_args()
+dev = "cpu" if a.small else "cuda"
+dtype = torch.float32 if a.small else torch.bfloat16
+T, P = (160, 32) if a.small else (2560, 512)
+
+
+def build():
+    """The drafter, head and features [S, T, K*H] (device), from fixed seeds: the same in both processes."""
+    shp = SMALL if a.small else FULL
+    c = dr.parse_config(tiny.drafter_config(tiny.TinyDrafter(**shp)))
+    d = dr.Drafter(c, rand_weights(dr.shapes(c), dev, dtype, 1))
+    hw = rand_weights({"e": (c.vocab_size, c.hidden_size), "l": (c.vocab_size, c.hidden_size)}, dev, dtype, 2)
+    g = torch.Generator(device=dev).manual_seed(3)
+    feats = torch.randn(a.rows, T, c.K * c.hidden_size, device=dev, generator=g).to(dtype)
+    return d, tg.Head(hw["e"], hw["l"]), feats
+
+
+if a.plant:
+    from bench_sweep import plant
+    d, head, feats = build()
+    torch.save(plant(d, head, feats, P, a.accept, 0), a.plant)
+    sys.exit(0)
+
+# -- 1. plant in a child process (its compiles fill Inductor's disk cache, as the sweep's planting does) -----------
+tmp = Path(tempfile.mkdtemp(prefix="dflash-walk-")) / "tokens.pt"
+t0 = time.perf_counter()
+subprocess.run([sys.executable, __file__, "--plant", str(tmp), "--rows", str(a.rows), "--accept", str(a.accept)]
+               + (["--small"] if a.small else []), check=True)
+note(f"planted {a.rows} x {T} tokens in a child process in {time.perf_counter() - t0:.1f} s")
+toks = torch.load(tmp)
+
+# -- 2. this process: the same walk, traced ------------------------------------------------------------------------
+if a.sdpa == "efficient":  # (the child planted with the default backends: the drafts may differ, `walks_same_steps`)
+    torch.backends.cuda.enable_cudnn_sdp(False)
+t0 = time.perf_counter()
+d, head, feats = build()
+seqs = [rp.Sequence(f"p{i}", toks[i], P, feats[i]) for i in range(a.rows)]
+figs = {"walk_build_s": time.perf_counter() - t0}
+trace: list = []        # per step: (start time, rows, key bound)
+heads: list = []        # per staged-head call: (step index, rows)
+step0, head0 = rp._Lockstep.step, rp._head
+
+
+def step(self, anchors, record, top):
+    trace.append((time.perf_counter(), len(anchors), -(-(d.c.block_size + top) // dr.KEY_ALIGN)))
+    return step0(self, anchors, record, top)
+
+
+def head_(drafter, hd, h, k, slots=None):
+    heads.append((len(trace) - 1, h.shape[0]))
+    return head0(drafter, hd, h, k, slots)
+
+
+rp._Lockstep.step, rp._head = step, head_
+sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+walks = []
+with torch.inference_mode():
+    for n in range(a.walks):
+        trace, heads = [], []
+        sync()
+        t0 = time.perf_counter()
+        st = rp._Lockstep(d, head, seqs, rp.ROUND_TOPK, staged=True)
+        sync()
+        t1 = time.perf_counter()
+        rp._walk_device(st)
+        sync()
+        t2 = time.perf_counter()
+        acc = st.acc.cpu()
+        walks.append(dict(ctx=t1 - t0, walk=t2 - t1, trace=trace + [(t2, 0, 0)], heads=heads, acc=acc))
+        note(f"walk {n + 1}: context K/V {t1 - t0:.2f} s, walk {t2 - t1:.2f} s, {len(trace)} steps")
+for n, w in enumerate(walks, 1):
+    figs |= {f"walk{n}_context_kv_s": w["ctx"], f"walk{n}_s": w["walk"], f"walk{n}_steps": len(w["trace"]) - 1}
+w1, w2 = walks[0], walks[1]
+same = [x[1:] for x in w1["trace"]] == [x[1:] for x in w2["trace"]] and torch.equal(w1["acc"], w2["acc"])
+figs["walks_same_steps"] = int(same)
+recorded = w1["acc"][w1["acc"] >= 0]
+figs["walk_tau"] = float((recorded.clamp(max=d.c.block_size - 1) + 1).float().mean()) if len(recorded) else 0.0
+if same:  # step by step: walk 1 - walk 2, by the kind of step
+    dt = lambda w: [b[0] - a_[0] for a_, b in zip(w["trace"], w["trace"][1:])]  # noqa: E731
+    ex = [x - y for x, y in zip(dt(w1), dt(w2))]
+    head_rows = {}
+    for i, r in w1["heads"]:
+        head_rows.setdefault(i, []).append(r)
+    seen_r, seen_k, seen_h, kinds = set(), set(), set(), {}
+    top = []
+    for i, (_, r, kb) in enumerate(w1["trace"][:-1]):
+        hr = set(head_rows.get(i, [])) - seen_h
+        kind = ("first" if i < 3 else "new_rows" if r not in seen_r else "new_keys" if kb not in seen_k
+                else "new_head_rows" if hr else "other")
+        seen_r.add(r), seen_k.add(kb), seen_h.update(hr)
+        kinds.setdefault(kind, [0, 0.0])
+        kinds[kind][0] += 1
+        kinds[kind][1] += ex[i]
+        top.append((ex[i], i, r, kb * dr.KEY_ALIGN, kind))
+    for kind, (n, s) in sorted(kinds.items()):
+        figs[f"excess_{kind}_steps"], figs[f"excess_{kind}_s"] = n, s
+    figs["distinct_head_rows"] = len(seen_h)
+    note("largest first-walk excess steps (ms, step, rows, key bound, kind): " + "; ".join(
+        f"{e * 1e3:.0f} #{i} R{r} K{k} {kd}" for e, i, r, k, kd in sorted(top, reverse=True)[:15]))
+    cum = [0.0]
+    for e in ex:
+        cum.append(cum[-1] + e)
+    n = len(ex)
+    note("cumulative excess at 0/10/25/50/75/100 % of the steps (s): " + ", ".join(
+        f"{cum[int(n * q)]:.2f}" for q in (0, 0.1, 0.25, 0.5, 0.75, 1.0)))
+report(figs)
