@@ -17,6 +17,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +35,8 @@ ap.add_argument("--small", action="store_true", help="tiny shapes on the CPU (a 
 ap.add_argument("--walks", type=int, default=3)
 ap.add_argument("--sdpa", choices=("default", "efficient"), default="default",
                 help="efficient: cuDNN attention off in this process (no per-shape cuDNN graphs)")
+ap.add_argument("--beside", action="store_true", help="during walks 1 and 2 a loader thread fetches a checkpoint into "
+                "pinned memory (`pipeline._fetch`), as the sweep worker does beside each replay; walk 3 runs alone")
 ap.add_argument("--plant", help=argparse.SUPPRESS)  # child: plant, save the tokens here, exit
 a = ap.parse_args()
 dev = "cpu" if a.small else "cuda"
@@ -52,6 +55,8 @@ def build():
     return d, tg.Head(hw["e"], hw["l"]), feats
 
 
+if a.sdpa == "efficient":  # the planting child too: both walk the same steps
+    torch.backends.cuda.enable_cudnn_sdp(False)
 if a.plant:
     from bench_sweep import plant
     d, head, feats = build()
@@ -61,18 +66,27 @@ if a.plant:
 # -- 1. plant in a child process (its compiles fill Inductor's disk cache, as the sweep's planting does) -----------
 tmp = Path(tempfile.mkdtemp(prefix="dflash-walk-")) / "tokens.pt"
 t0 = time.perf_counter()
-subprocess.run([sys.executable, __file__, "--plant", str(tmp), "--rows", str(a.rows), "--accept", str(a.accept)]
-               + (["--small"] if a.small else []), check=True)
+subprocess.run([sys.executable, __file__, "--plant", str(tmp), "--rows", str(a.rows), "--accept", str(a.accept),
+                "--sdpa", a.sdpa] + (["--small"] if a.small else []), check=True)
 note(f"planted {a.rows} x {T} tokens in a child process in {time.perf_counter() - t0:.1f} s")
 toks = torch.load(tmp)
 
 # -- 2. this process: the same walk, traced ------------------------------------------------------------------------
-if a.sdpa == "efficient":  # (the child planted with the default backends: the drafts may differ, `walks_same_steps`)
-    torch.backends.cuda.enable_cudnn_sdp(False)
 t0 = time.perf_counter()
 d, head, feats = build()
 seqs = [rp.Sequence(f"p{i}", toks[i], P, feats[i]) for i in range(a.rows)]
 figs = {"walk_build_s": time.perf_counter() - t0}
+if a.beside:  # a checkpoint on disk for the loader thread (not timed)
+    from bench_sweep import write_drafter
+
+    from dflash_dash import pipeline
+    ck = tmp.parent / "ck"
+    write_drafter(ck, tiny.drafter_config(tiny.TinyDrafter(**(SMALL if a.small else FULL))), d.w)
+    fetched: dict = {}
+
+    def fetch(n: int) -> None:
+        got, fetched[n] = pipeline._fetch(pipeline.Checkpoint(str(ck), None, None), dtype, dev)
+        del got  # its pinned blocks go back to the caching host allocator, as in the worker
 trace: list = []        # per step: (start time, rows, key bound)
 heads: list = []        # per staged-head call: (step index, rows)
 step0, head0 = rp._Lockstep.step, rp._head
@@ -99,9 +113,15 @@ with torch.inference_mode():
         st = rp._Lockstep(d, head, seqs, rp.ROUND_TOPK, staged=True)
         sync()
         t1 = time.perf_counter()
+        loader = threading.Thread(target=fetch, args=(n,)) if a.beside and n < 2 else None
+        if loader:
+            loader.start()
         rp._walk_device(st)
         sync()
         t2 = time.perf_counter()
+        if loader:
+            loader.join()
+            figs[f"walk{n + 1}_fetch_beside_s"] = fetched[n]
         acc = st.acc.cpu()
         walks.append(dict(ctx=t1 - t0, walk=t2 - t1, trace=trace + [(t2, 0, 0)], heads=heads, acc=acc))
         note(f"walk {n + 1}: context K/V {t1 - t0:.2f} s, walk {t2 - t1:.2f} s, {len(trace)} steps")

@@ -530,6 +530,15 @@ class _Count:
         return self.host.tolist()
 
 
+def _two_rows(idx: torch.Tensor, n: int) -> torch.Tensor:
+    """Stacked rows to keep, `idx`, with a finished row added when only one would be left (and `n` > 1): it drafts
+    a spare block. One row is a shape the compiled kernels specialise on (dynamic shapes except 0 and 1); its
+    recompile cost about 0.9 s on the H200 in the last steps of a process's first walk (`bench_walk_cold.py`)."""
+    if len(idx) != 1 or n < 2:
+        return idx
+    return torch.stack([idx[0], (idx[0] + 1) % n])
+
+
 def _walk_device(st: _Lockstep) -> None:
     """The chain walk on the device (no tree budget): per step one block per sequence at its chain anchor, the
     acceptance and the next anchor computed there. The host reads, a step behind, the count of walks still
@@ -556,8 +565,10 @@ def _walk_device(st: _Lockstep) -> None:
                 idx = (pos < last).nonzero().squeeze(1)
                 if not len(idx):                           # every walk ended in the step just queued
                     return
-                st.keep(idx)
-                pos, last = pos[idx], last[idx]
+                idx = _two_rows(idx, len(pos))
+                if len(idx) < len(pos):
+                    st.keep(idx)
+                    pos, last = pos[idx], last[idx]
         pending = count
 
 
@@ -610,8 +621,10 @@ class _HostWalk:
         if not live:
             return False
         if len(live) <= DROP_AT * len(self.rows):       # drop finished sequences from the stack
-            st.keep(torch.tensor([self.rows.index(j) for j in live], device=dev))
-            self.rows = live
+            idx = _two_rows(torch.tensor([self.rows.index(j) for j in live]), len(self.rows))
+            if len(idx) < len(self.rows):
+                st.keep(idx.to(dev))
+                self.rows = [self.rows[i] for i in idx.tolist()]
         at = [self.seqs[j].prompt_len if want[j] is None else want[j] for j in self.rows]  # finished: a spare block
         record = torch.tensor([want[j] is not None for j in self.rows], device=dev)
         acc, ids, lp = st.step(torch.tensor(at, device=dev), record, max(at))
