@@ -58,6 +58,9 @@ def args_():
     ap.add_argument("--profile", action="store_true",
                     help="profile one chain-only replay (host time by function); with --in-process the sweep's time "
                          "by phase (load, context K/V, walk, results, store) and the device kernels of one walk")
+    ap.add_argument("--trace", action="store_true",
+                    help="the worker traces its walks (`trace_site/sitecustomize.py`); printed after the sweep: its first "
+                         "checkpoint's walk against the same weights' walk later, step by step (`_trace.excess`)")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-speed", action="store_true", help="only the sweep")
     ap.add_argument("--work", default=None)
@@ -267,6 +270,11 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
     t0 = time.perf_counter()
     budget = a.budget if a.sweep_budget is None else a.sweep_budget
     from dflash_dash import jobs
+    trace = base / "trace.jsonl"
+    if a.trace and not a.in_process:  # the worker loads trace_site/sitecustomize.py at start-up
+        os.environ["DFLASH_BENCH_TRACE"] = str(trace)
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent / "trace_site")]
+                                                   + [p for p in [os.environ.get("PYTHONPATH")] if p])
     runner = None if a.in_process else jobs.workers(st, [dev])  # reads features in its own process
     last = [0.0]
 
@@ -287,6 +295,8 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
     report({f"sweep_{a.checkpoints}x{n_sweep}_s": dt})  # printed now: the counts below take a while
     if phases:
         report({f"sweep_phase_{k}_s": v for k, v in phases.items()})
+    if a.trace and trace.exists():
+        report_trace(trace, len(distinct) if a.checkpoints > len(distinct) else None)
     cache.read = real
     runs = {r["id"]: r for r in st.runs()}
     taus = [runs[i]["summary"]["tau_pooled"] for i in ids]
@@ -311,6 +321,24 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
          f"{len(distinct)} distinct weight files")
     if not a.work:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def report_trace(path: Path, again: int | None) -> None:
+    """The worker's traced walks (`--trace`): each checkpoint's replay (`replay.chain`), its walk and the context
+    K/V before it; the first checkpoint's walk against checkpoint `again`'s (the same weight file) step by step."""
+    import _trace
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    walks = [x for x in lines if "trace" in x]
+    chains = [x for x in lines if "chain_s" in x]
+    for n, (w, c) in enumerate(zip(walks, chains), 1):
+        note(f"checkpoint {n}: replay {c['chain_s']:.2f} s = before the walk {w['start'] - c['start']:.2f} s (context "
+             f"K/V queued in {w['ctx_host_s']:.2f} s) + walk {w['end'] - w['start']:.2f} s ({len(w['trace']) - 1} steps) "
+             f"+ after {c['start'] + c['chain_s'] - w['end']:.2f} s")
+    if again is not None and len(walks) > again:
+        figs, notes = _trace.excess(walks[0], walks[again], dr.KEY_ALIGN)
+        for line in notes:
+            note(line)
+        report({f"trace_{k}": v for k, v in figs.items()})
 
 
 def phase_timers(dev) -> dict:

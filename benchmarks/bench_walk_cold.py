@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import _trace
 import torch
 from _common import note, report
 from bench_replay import FULL, SMALL, rand_weights
@@ -87,27 +88,11 @@ if a.beside:  # a checkpoint on disk for the loader thread (not timed)
     def fetch(n: int) -> None:
         got, fetched[n] = pipeline._fetch(pipeline.Checkpoint(str(ck), None, None), dtype, dev)
         del got  # its pinned blocks go back to the caching host allocator, as in the worker
-trace: list = []        # per step: (start time, rows, key bound)
-heads: list = []        # per staged-head call: (step index, rows)
-step0, head0 = rp._Lockstep.step, rp._head
-
-
-def step(self, anchors, record, top):
-    trace.append((time.perf_counter(), len(anchors), -(-(d.c.block_size + top) // dr.KEY_ALIGN)))
-    return step0(self, anchors, record, top)
-
-
-def head_(drafter, hd, h, k, slots=None):
-    heads.append((len(trace) - 1, h.shape[0]))
-    return head0(drafter, hd, h, k, slots)
-
-
-rp._Lockstep.step, rp._head = step, head_
+traced = _trace.install()  # each walk: step start times, row counts, key bounds; staged-head row counts
 sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 walks = []
 with torch.inference_mode():
     for n in range(a.walks):
-        trace, heads = [], []
         sync()
         t0 = time.perf_counter()
         st = rp._Lockstep(d, head, seqs, rp.ROUND_TOPK, staged=True)
@@ -123,41 +108,16 @@ with torch.inference_mode():
             loader.join()
             figs[f"walk{n + 1}_fetch_beside_s"] = fetched[n]
         acc = st.acc.cpu()
-        walks.append(dict(ctx=t1 - t0, walk=t2 - t1, trace=trace + [(t2, 0, 0)], heads=heads, acc=acc))
-        note(f"walk {n + 1}: context K/V {t1 - t0:.2f} s, walk {t2 - t1:.2f} s, {len(trace)} steps")
+        walks.append(dict(traced[-1], ctx=t1 - t0, walk=t2 - t1, acc=acc))
+        note(f"walk {n + 1}: context K/V {t1 - t0:.2f} s, walk {t2 - t1:.2f} s, {len(walks[-1]['trace']) - 1} steps")
 for n, w in enumerate(walks, 1):
     figs |= {f"walk{n}_context_kv_s": w["ctx"], f"walk{n}_s": w["walk"], f"walk{n}_steps": len(w["trace"]) - 1}
 w1, w2 = walks[0], walks[1]
-same = [x[1:] for x in w1["trace"]] == [x[1:] for x in w2["trace"]] and torch.equal(w1["acc"], w2["acc"])
-figs["walks_same_steps"] = int(same)
+got, notes = _trace.excess(w1, w2, dr.KEY_ALIGN)
+figs |= got
+figs["walks_same_steps"] = int(got["walks_same_steps"] and torch.equal(w1["acc"], w2["acc"]))
 recorded = w1["acc"][w1["acc"] >= 0]
 figs["walk_tau"] = float((recorded.clamp(max=d.c.block_size - 1) + 1).float().mean()) if len(recorded) else 0.0
-if same:  # step by step: walk 1 - walk 2, by the kind of step
-    dt = lambda w: [b[0] - a_[0] for a_, b in zip(w["trace"], w["trace"][1:])]  # noqa: E731
-    ex = [x - y for x, y in zip(dt(w1), dt(w2))]
-    head_rows = {}
-    for i, r in w1["heads"]:
-        head_rows.setdefault(i, []).append(r)
-    seen_r, seen_k, seen_h, kinds = set(), set(), set(), {}
-    top = []
-    for i, (_, r, kb) in enumerate(w1["trace"][:-1]):
-        hr = set(head_rows.get(i, [])) - seen_h
-        kind = ("first" if i < 3 else "new_rows" if r not in seen_r else "new_keys" if kb not in seen_k
-                else "new_head_rows" if hr else "other")
-        seen_r.add(r), seen_k.add(kb), seen_h.update(hr)
-        kinds.setdefault(kind, [0, 0.0])
-        kinds[kind][0] += 1
-        kinds[kind][1] += ex[i]
-        top.append((ex[i], i, r, kb * dr.KEY_ALIGN, kind))
-    for kind, (n, s) in sorted(kinds.items()):
-        figs[f"excess_{kind}_steps"], figs[f"excess_{kind}_s"] = n, s
-    figs["distinct_head_rows"] = len(seen_h)
-    note("largest first-walk excess steps (ms, step, rows, key bound, kind): " + "; ".join(
-        f"{e * 1e3:.0f} #{i} R{r} K{k} {kd}" for e, i, r, k, kd in sorted(top, reverse=True)[:15]))
-    cum = [0.0]
-    for e in ex:
-        cum.append(cum[-1] + e)
-    n = len(ex)
-    note("cumulative excess at 0/10/25/50/75/100 % of the steps (s): " + ", ".join(
-        f"{cum[int(n * q)]:.2f}" for q in (0, 0.1, 0.25, 0.5, 0.75, 1.0)))
+for line in notes:
+    note(line)
 report(figs)
