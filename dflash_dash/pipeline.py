@@ -530,8 +530,7 @@ def store_run(store: Store, ex: dict, ck: Checkpoint, res: list[replay_mod.Promp
                        config_file=str(loc.config_file), step=drafter_mod.step_of(loc.path.name)), rows)
     _tick(progress, 0, 0, f"analysing run {run_id} (kept for the pages)")
     stored = [dict(r, prompt_id=r["id"]) for r in rows]  # as run_prompts reads them back
-    for name in ANALYSES:  # computed now, from the rows in hand, so no page ever scans them
-        analysis(store, run_id, name, stored)
+    _keep(store, run_id, ANALYSES, stored, summary)  # computed now, from the rows in hand, so no page ever scans them
     return {"id": run_id, "summary": summary}
 
 
@@ -830,30 +829,38 @@ def analysis(store: Store, run_id: str, name: str, rows: list[dict] | None = Non
     got = store.analysis(run_id, name)
     if got is not None:
         return got
+    return _keep(store, run_id, [name], rows)[name]
+
+
+def _keep(store: Store, run_id: str, names, rows: list[dict] | None = None, summary: dict | None = None) -> dict:
+    """The analyses `names` of run `run_id` (`analysis`) computed from one read of the run, its extraction and its
+    completions, each kept in the store; {name: value}. `summary`: the run's summary just computed from the same
+    rows (the store step), which the calibration would otherwise compute again."""
     from . import patterns, views
     r = store.run_row(run_id)
     B, budget = r["summary"]["block_size"], r["tree_budget"]
     ex = store.extraction(r["extraction_id"])
     rows = sorted(rows, key=lambda p: p["prompt_id"]) if rows is not None else store.run_prompts(run_id)
-    if name == "prompts":
-        val = metrics.prompt_rows(rows, B, budget)
-    elif name == "calibration":
-        val = views.calibration(rows, B, budget)
-    else:
-        comps = {c["prompt_id"]: c for c in store.completions(ex["set_name"])}
-        if name == "lag":
+    comps = {c["prompt_id"]: c for c in store.completions(ex["set_name"])} if {"lag", "patterns"} & set(names) else {}
+    out = {}
+    for name in names:
+        if name == "prompts":
+            val = metrics.prompt_rows(rows, B, budget)
+        elif name == "calibration":
+            val = views.calibration(rows, B, budget, summary)
+        elif name == "lag":
             val = {p["prompt_id"]: list(metrics.lag_counts(metrics.flat(p.get("drafts")), list(comps[p["prompt_id"]][
                 "prompt_ids"]) + list(comps[p["prompt_id"]]["output_ids"]), p["prompt_len"], B))
                    for p in rows if p["prompt_id"] in comps}
         else:
             order = {pid: c["idx"] for pid, c in comps.items()}
-            rows.sort(key=lambda p: (order.get(p["prompt_id"], 0), p["prompt_id"]))
             vocab = views.load_vocab(ex["target_path"])
             val = {"decoded_tokens": vocab.tok is not None,
-                   **patterns.analyse(rows, comps, B, vocab.strings, run_id)}
-    val = json.loads(json.dumps(val, default=lambda x: x.item()))  # numpy scalars -> numbers, as read back later
-    store.set_analysis(run_id, name, val)
-    return val
+                   **patterns.analyse(sorted(rows, key=lambda p: (order.get(p["prompt_id"], 0), p["prompt_id"])),
+                                      comps, B, vocab.strings, run_id)}
+        out[name] = json.loads(json.dumps(val, default=lambda x: x.item()))  # numpy scalars -> numbers, as read back
+        store.set_analysis(run_id, name, out[name])
+    return out
 
 
 def analyses(store: Store, r: dict) -> dict:
