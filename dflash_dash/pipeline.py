@@ -571,6 +571,16 @@ def _fetch(ck: Checkpoint, dtype, device: str, first: bool = False):
     return d, time.perf_counter() - t
 
 
+def _warm_pinned(ck: Checkpoint, dtype) -> None:
+    """Pinned host blocks for checkpoint `ck`'s weights, allocated and freed into torch's caching host allocator, so
+    that its fetch beside the first replay reuses them: allocating pinned memory (cudaHostAlloc) takes the driver's
+    lock and stalled that replay's launches (`bench_walk_cold.py --beside`: +1.4 s on the H200). Fetching it
+    before the first replay instead slowed the feature read and the first checkpoint's load more than it gained."""
+    bufs = [torch.empty(s, dtype=dtype, pin_memory=True)
+            for s in drafter_mod.shapes(drafter_mod.read_config(ck.path, ck.draft_config)).values()]
+    del bufs
+
+
 def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> Iterator[dict]:
     """Replay prompts `ids` of extraction a["extraction"] with every checkpoint of a["checkpoints"] on
     a["device"]: yields {"checkpoint": index, "result": PromptResult}.
@@ -578,7 +588,7 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
     Every checkpoint is checked (config, tensor names and shapes: `drafter.check`) before any replay. The
     prompts are read in passes (`_passes`: each feature file once, a pass's features on the device); each
     checkpoint replays a whole pass before the next one, one drafter on the device at a time, while a loader
-    thread reads the next checkpoint into pinned host memory (`_fetch`; the first two, and the target's head,
+    thread reads the next checkpoint into pinned host memory (`_fetch`; the first one, and the target's head,
     while the features are read). With one pass a checkpoint's results are complete, and stored by the parent, while the
     next checkpoint replays."""
     ex = store.extraction(a["extraction"])
@@ -590,13 +600,9 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
         drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config)
     passes = _passes(store, ex, ids, device)
     order = [(k, j) for k in range(len(passes)) for j in range(len(cks))]  # (pass, checkpoint), in replay order
-    with ThreadPoolExecutor(3) as loader:  # the target's head, and the checkpoints
+    with ThreadPoolExecutor(2) as loader:  # the target's head, and one checkpoint at a time
         heads = loader.submit(target_mod.load_head, ex["target_path"], device, dtype)
-        # the first checkpoint (Triton and Inductor load there too: `ops_for`), and the second before any replay:
-        # its first pinning allocates host memory (cudaHostAlloc takes the driver's lock, stalling a replay's
-        # launches); later fetches reuse those pinned blocks, one checkpoint ahead, beside the replay
-        ahead = [loader.submit(_fetch, cks[order[0][1]], dtype, device, True)]
-        ahead += [loader.submit(_fetch, cks[order[1][1]], dtype, device)] if len(order) > 1 else []
+        nxt = loader.submit(_fetch, cks[0], dtype, device, True)  # Triton and Inductor load there too (`ops_for`)
         for at, (k, j) in enumerate(order):
             part, ck = passes[k], cks[j]
             if j == 0:
@@ -607,12 +613,13 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
                       f"in {time.perf_counter() - t0:.1f} s")
             _tick(progress, done, total, f"loading drafter {j + 1}/{len(cks)}: {ck.path}")
             t0 = time.perf_counter()
-            d, fetch_s = ahead[at].result()
-            ahead[at] = None
+            if at == 0 and len(order) > 1 and device.startswith("cuda"):
+                _warm_pinned(cks[order[1][1]], dtype)  # while the first checkpoint still loads
+            d, fetch_s = nxt.result()
             d = drafter_mod.moved(d, device)
             head = heads.result()
-            if at and at + 1 < len(order):  # (the second one was fetched before the first replay)
-                ahead.append(loader.submit(_fetch, cks[order[at + 1][1]], dtype, device))
+            if at + 1 < len(order):
+                nxt = loader.submit(_fetch, cks[order[at + 1][1]], dtype, device)
             t1 = time.perf_counter()
 
             def tick(i: int, m: int, j=j, base=done) -> None:
