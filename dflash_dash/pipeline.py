@@ -576,9 +576,9 @@ def _warm_pinned(ck: Checkpoint, dtype) -> None:
     that its fetch beside the first replay reuses them: allocating pinned memory (cudaHostAlloc) takes the driver's
     lock and stalled that replay's launches (`bench_walk_cold.py --beside`: +1.4 s on the H200). Fetching it
     before the first replay instead slowed the feature read and the first checkpoint's load more than it gained."""
-    bufs = [torch.empty(s, dtype=dtype, pin_memory=True)
+    held = [torch.empty(s, dtype=dtype, pin_memory=True)  # all held at once: each block distinct, then freed
             for s in drafter_mod.shapes(drafter_mod.read_config(ck.path, ck.draft_config)).values()]
-    del bufs
+    del held
 
 
 def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> Iterator[dict]:
@@ -589,8 +589,8 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
     prompts are read in passes (`_passes`: each feature file once, a pass's features on the device); each
     checkpoint replays a whole pass before the next one, one drafter on the device at a time, while a loader
     thread reads the next checkpoint into pinned host memory (`_fetch`; the first one, and the target's head,
-    while the features are read). With one pass a checkpoint's results are complete, and stored by the parent, while the
-    next checkpoint replays."""
+    while the features are read). With one pass a checkpoint's results are complete, and stored by the parent,
+    while the next checkpoint replays."""
     ex = store.extraction(a["extraction"])
     device, dtype, budget = a["device"], DTYPES[a["dtype"]], a["budget"]
     cks = [Checkpoint(**c) for c in a["checkpoints"]]

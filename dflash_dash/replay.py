@@ -455,6 +455,18 @@ class _Lockstep:
         self.kv = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self.kv]
         self.rows = self.rows[idx]
 
+    def shrink(self, live: torch.Tensor) -> torch.Tensor | None:
+        """Drop finished rows, keeping `live` (stacked row indices), and a finished row beside a lone live one: it
+        drafts a spare block. One row is a shape the compiled kernels specialise on (dynamic shapes except 0 and
+        1), and its recompile cost about 0.9 s on the H200 in a process's first walk (`bench_walk_cold.py`).
+        Returns the rows kept, or None when nothing was dropped."""
+        n = len(self.rows)
+        idx = torch.stack([live[0], (live[0] + 1) % n]) if len(live) == 1 and n > 1 else live
+        if len(idx) == n:
+            return None
+        self.keep(idx.to(self.rows.device))
+        return idx
+
     def step(self, anchors: torch.Tensor, record: torch.Tensor, top: int):
         """One block per stacked row at `anchors` [R] (device, each <= `top`: the attention reads context keys
         below it only); rows with `record` store their drafts, acceptance and top-K at their anchor's column.
@@ -530,15 +542,6 @@ class _Count:
         return self.host.tolist()
 
 
-def _two_rows(idx: torch.Tensor, n: int) -> torch.Tensor:
-    """Stacked rows to keep, `idx`, with a finished row added when only one would be left (and `n` > 1): it drafts
-    a spare block. One row is a shape the compiled kernels specialise on (dynamic shapes except 0 and 1); its
-    recompile cost about 0.9 s on the H200 in the last steps of a process's first walk (`bench_walk_cold.py`)."""
-    if len(idx) != 1 or n < 2:
-        return idx
-    return torch.stack([idx[0], (idx[0] + 1) % n])
-
-
 def _walk_device(st: _Lockstep) -> None:
     """The chain walk on the device (no tree budget): per step one block per sequence at its chain anchor, the
     acceptance and the next anchor computed there. The host reads, a step behind, the count of walks still
@@ -565,9 +568,7 @@ def _walk_device(st: _Lockstep) -> None:
                 idx = (pos < last).nonzero().squeeze(1)
                 if not len(idx):                           # every walk ended in the step just queued
                     return
-                idx = _two_rows(idx, len(pos))
-                if len(idx) < len(pos):
-                    st.keep(idx)
+                if (idx := st.shrink(idx)) is not None:
                     pos, last = pos[idx], last[idx]
         pending = count
 
@@ -621,9 +622,7 @@ class _HostWalk:
         if not live:
             return False
         if len(live) <= DROP_AT * len(self.rows):       # drop finished sequences from the stack
-            idx = _two_rows(torch.tensor([self.rows.index(j) for j in live]), len(self.rows))
-            if len(idx) < len(self.rows):
-                st.keep(idx.to(dev))
+            if (idx := st.shrink(torch.tensor([self.rows.index(j) for j in live]))) is not None:
                 self.rows = [self.rows[i] for i in idx.tolist()]
         at = [self.seqs[j].prompt_len if want[j] is None else want[j] for j in self.rows]  # finished: a spare block
         record = torch.tensor([want[j] is not None for j in self.rows], device=dev)
