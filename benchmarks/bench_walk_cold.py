@@ -36,10 +36,9 @@ ap.add_argument("--small", action="store_true", help="tiny shapes on the CPU (a 
 ap.add_argument("--walks", type=int, default=3)
 ap.add_argument("--sdpa", choices=("default", "efficient"), default="default",
                 help="efficient: cuDNN attention off in this process (no per-shape cuDNN graphs)")
-ap.add_argument("--beside", action="store_true", help="during walks 1 and 2 a loader thread fetches a checkpoint into "
-                "pinned memory (`pipeline._fetch`), as the sweep worker does beside each replay; walk 3 runs alone")
-ap.add_argument("--warm-pinned", action="store_true", help="with --beside: first allocate and free the pinned blocks "
-                "of that checkpoint (`pipeline._warm_pinned`, as the sweep worker does while its first checkpoint loads)")
+ap.add_argument("--beside", action="store_true", help="during walks 1 and 2 a loader thread loads a checkpoint onto "
+                "the device on a side stream (`pipeline._fetch`), as the sweep worker does beside each replay; walk 3 "
+                "runs alone")
 ap.add_argument("--plant", help=argparse.SUPPRESS)  # child: plant, save the tokens here, exit
 a = ap.parse_args()
 dev = "cpu" if a.small else "cuda"
@@ -86,15 +85,11 @@ if a.beside:  # a checkpoint on disk for the loader thread (not timed)
     ck = tmp.parent / "ck"
     write_drafter(ck, tiny.drafter_config(tiny.TinyDrafter(**(SMALL if a.small else FULL))), d.w)
     fetched: dict = {}
-
-    if a.warm_pinned and dev == "cuda":
-        t0 = time.perf_counter()
-        pipeline._warm_pinned(pipeline.Checkpoint(str(ck), None, None), dtype)
-        figs["warm_pinned_s"] = time.perf_counter() - t0
+    side = torch.cuda.Stream() if dev == "cuda" else None
 
     def fetch(n: int) -> None:
-        got, fetched[n] = pipeline._fetch(pipeline.Checkpoint(str(ck), None, None), dtype, dev)
-        del got  # its pinned blocks go back to the caching host allocator, as in the worker
+        got, fetched[n] = pipeline._fetch(pipeline.Checkpoint(str(ck), None, None), dtype, dev, side)
+        del got  # its device memory goes back to the side stream's pool, as in the worker
 traced = _trace.install()  # each walk: step start times, row counts, key bounds; staged-head row counts
 sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 walks = []

@@ -14,6 +14,7 @@ import json
 import os
 import pickle
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -495,16 +496,20 @@ FUSE_CUDA = os.environ.get("DFLASH_FUSE", "1") != "0"  # CUDA drafters use fused
 _FUSED: list[Ops] = []
 
 
+_FUSING = threading.Lock()  # one Ops(True) per process, also when two threads build drafters at once
+
+
 def ops_for(device: torch.device) -> Ops:
     """The element-wise kernels a drafter on `device` uses: fused on CUDA when FUSE_CUDA and Triton imports."""
     if device.type != "cuda" or not FUSE_CUDA:
         return EAGER
-    if not _FUSED:
-        try:
-            import triton  # noqa: F401  (Inductor's CUDA kernels are Triton)
-            _FUSED.append(Ops(True))
-        except ImportError:
-            _FUSED.append(EAGER)
+    with _FUSING:
+        if not _FUSED:
+            try:
+                import triton  # noqa: F401  (Inductor's CUDA kernels are Triton)
+                _FUSED.append(Ops(True))
+            except ImportError:
+                _FUSED.append(EAGER)
     return _FUSED[0]
 
 
@@ -791,6 +796,12 @@ def _weights(ck: Checkpoint, c: DrafterConfig, read: Callable[[torch.Tensor], to
     return w
 
 
+def blank(c: DrafterConfig, dtype: torch.dtype, device: str, sliding_block: str | None = None) -> Drafter:
+    """A drafter of config `c` with zero weights: the shapes of a real one, for warming kernels (`replay.warm`)."""
+    return Drafter(c, {k: torch.zeros(s, dtype=dtype, device=device) for k, s in shapes(c).items()}, "",
+                   sliding_block)
+
+
 def check(path: str | Path, sliding_block: str | None = None, draft_config: str | Path | None = None) -> DrafterConfig:
     """Validate a checkpoint as `load` does (config, sliding semantics, every tensor's name and shape) without
     reading its weights; returns its config. A sweep checks every checkpoint so before loading the first."""
@@ -811,14 +822,6 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cp
     sliding_semantics(c, sliding_block)  # validate the choice before reading weights
     w = _weights(ck, c, lambda t: t.to(device=device, dtype=dtype))
     return Drafter(c, w, str(ck.path), sliding_block)
-
-
-def moved(d: Drafter, device: str) -> Drafter:
-    """`d` with its weights on `device` (itself where they are already there); from pinned host memory to CUDA the
-    copies are queued without blocking the host."""
-    if d.device == torch.device(device):
-        return d
-    return Drafter(d.c, {k: v.to(device, non_blocking=True) for k, v in d.w.items()}, d.path, d.sliding_block)
 
 
 def flops_per_block(c: DrafterConfig, ctx_len: int, vocab: int) -> float:

@@ -11,6 +11,7 @@ in one worker process per GPU and streams its events back, so N workers give the
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -558,27 +559,28 @@ def _passes(store: Store, ex: dict, ids: list[str], device: str) -> list[list[st
     return out
 
 
-def _fetch(ck: Checkpoint, dtype, device: str, first: bool = False):
-    """(a checkpoint read, seconds it took), on a loader thread of `_replay_work`. The first one goes straight to
-    `device` (nothing replays yet; pinning its gigabytes the first time took longer than the copy); the others
-    into pinned host memory beside the replay of the one before, so `drafter.moved` copies them without blocking
-    the host."""
+def _fetch(ck: Checkpoint, dtype, device: str, side=None):
+    """(checkpoint `ck` loaded onto `device`, seconds it took), on a loader thread of `_replay_work`. On CUDA its
+    copies run on the side stream `side`, beside the replay of the checkpoint before, straight from the mapped
+    file (no pinned host memory: allocating it takes the driver's lock, which stalled the replay's launches,
+    +1.4 s beside a first walk, and the first checkpoint's load, +5.5 s, when done while it loaded); returns once
+    they are done. The consumer marks the weights as used on its own stream (`_adopt`)."""
     t = time.perf_counter()
-    cuda = device.startswith("cuda")
-    d = drafter_mod.load(ck.path, dtype, device if first or not cuda else "cpu", ck.sliding_block, ck.draft_config)
-    if cuda and not first:
-        d.w = {k: v.pin_memory() for k, v in d.w.items()}
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        d = drafter_mod.load(ck.path, dtype, device, ck.sliding_block, ck.draft_config)
+    if side is not None:
+        side.synchronize()
     return d, time.perf_counter() - t
 
 
-def _warm_pinned(ck: Checkpoint, dtype) -> None:
-    """Pinned host blocks for checkpoint `ck`'s weights, allocated and freed into torch's caching host allocator, so
-    that its fetch beside the first replay reuses them: allocating pinned memory (cudaHostAlloc) takes the driver's
-    lock and stalled that replay's launches (`bench_walk_cold.py --beside`: +1.4 s on the H200). Fetching it
-    before the first replay instead slowed the feature read and the first checkpoint's load more than it gained."""
-    held = [torch.empty(s, dtype=dtype, pin_memory=True)  # all held at once: each block distinct, then freed
-            for s in drafter_mod.shapes(drafter_mod.read_config(ck.path, ck.draft_config)).values()]
-    del held
+def _adopt(d: drafter_mod.Drafter) -> drafter_mod.Drafter:
+    """`d`, its CUDA weights (allocated on a loader's side stream) recorded as used by this thread's stream: the
+    caching allocator then reuses their memory only once this stream's work on them is done."""
+    if d.device.type == "cuda":
+        cur = torch.cuda.current_stream(d.device)
+        for v in d.w.values():
+            v.record_stream(cur)
+    return d
 
 
 def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> Iterator[dict]:
@@ -587,22 +589,24 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
 
     Every checkpoint is checked (config, tensor names and shapes: `drafter.check`) before any replay. The
     prompts are read in passes (`_passes`: each feature file once, a pass's features on the device); each
-    checkpoint replays a whole pass before the next one, one drafter on the device at a time, while a loader
-    thread reads the next checkpoint into pinned host memory (`_fetch`; the first one, and the target's head,
-    while the features are read). With one pass a checkpoint's results are complete, and stored by the parent,
-    while the next checkpoint replays."""
+    checkpoint replays a whole pass before the next one, while a loader thread loads the next checkpoint onto the
+    device on a side stream (`_fetch`; the first one, and the target's head, while the features are read; on CUDA
+    the first chain replay's kernels are warmed meanwhile, `replay.warm`). With one pass a checkpoint's results
+    are complete, and stored by the parent, while the next checkpoint replays."""
     ex = store.extraction(a["extraction"])
     device, dtype, budget = a["device"], DTYPES[a["dtype"]], a["budget"]
     cks = [Checkpoint(**c) for c in a["checkpoints"]]
     n, total, done = len(ids), len(ids) * len(cks), 0
+    cfgs = []
     for i, ck in enumerate(cks):
         _tick(progress, 0, total, f"checking drafter {i + 1}/{len(cks)}: {ck.path}")
-        drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config)
+        cfgs.append(drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config))
     passes = _passes(store, ex, ids, device)
     order = [(k, j) for k in range(len(passes)) for j in range(len(cks))]  # (pass, checkpoint), in replay order
+    side = torch.cuda.Stream(torch.device(device)) if device.startswith("cuda") else None
     with ThreadPoolExecutor(2) as loader:  # the target's head, and one checkpoint at a time
         heads = loader.submit(target_mod.load_head, ex["target_path"], device, dtype)
-        nxt = loader.submit(_fetch, cks[0], dtype, device, True)  # Triton and Inductor load there too (`ops_for`)
+        nxt = loader.submit(_fetch, cks[0], dtype, device, side)  # Triton and Inductor load there too (`ops_for`)
         for at, (k, j) in enumerate(order):
             part, ck = passes[k], cks[j]
             if j == 0:
@@ -613,13 +617,16 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
                       f"in {time.perf_counter() - t0:.1f} s")
             _tick(progress, done, total, f"loading drafter {j + 1}/{len(cks)}: {ck.path}")
             t0 = time.perf_counter()
-            if at == 0 and len(order) > 1 and device.startswith("cuda"):
-                _warm_pinned(cks[order[1][1]], dtype)  # while the first checkpoint still loads
+            if at == 0 and side is not None and a["anchors"] == "chain":
+                # while it loads: the first replay's first step with blank weights, at its own shapes
+                replay_mod.warm(drafter_mod.blank(cfgs[j], dtype, device, ck.sliding_block), heads.result(), seqs,
+                                budget)
+                _tick(progress, done, total, f"kernels warmed in {time.perf_counter() - t0:.1f} s")
             d, fetch_s = nxt.result()
-            d = drafter_mod.moved(d, device)
+            d = _adopt(d)
             head = heads.result()
             if at + 1 < len(order):
-                nxt = loader.submit(_fetch, cks[order[at + 1][1]], dtype, device)
+                nxt = loader.submit(_fetch, cks[order[at + 1][1]], dtype, device, side)
             t1 = time.perf_counter()
 
             def tick(i: int, m: int, j=j, base=done) -> None:
