@@ -559,18 +559,44 @@ def _passes(store: Store, ex: dict, ids: list[str], device: str) -> list[list[st
     return out
 
 
+STAGE_BYTES = 2**27  # a pinned staging chunk of `_upload`: the size class the feature read's staging buffers
+                     # round to (`cache.read_many`), so torch's caching host allocator hands those back
+
+
 def _fetch(ck: Checkpoint, dtype, device: str, side=None):
-    """(checkpoint `ck` loaded onto `device`, seconds it took), on a loader thread of `_replay_work`. On CUDA its
-    copies run on the side stream `side`, beside the replay of the checkpoint before, straight from the mapped
-    file (no pinned host memory: allocating it takes the driver's lock, which stalled the replay's launches,
-    +1.4 s beside a first walk, and the first checkpoint's load, +5.5 s, when done while it loaded); returns once
-    they are done. The consumer marks the weights as used on its own stream (`_adopt`)."""
+    """(checkpoint `ck` loaded onto `device`, seconds it took), on a loader thread of `_replay_work`. On CUDA the
+    weights go from the mapped file to the device through pinned chunks, copied on the side stream `side`
+    (`_upload`), beside the replay of the checkpoint before; returns once they are there. Measured on the H200:
+    copying from pageable memory stalled the replay's launches (+0.5 s a checkpoint), and pinning a whole
+    checkpoint (3.5 GB) cost +1.4 s beside a first walk, or +5.5 s of the first load when done beside it."""
     t = time.perf_counter()
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        d = drafter_mod.load(ck.path, dtype, device, ck.sliding_block, ck.draft_config)
+    d = drafter_mod.load(ck.path, dtype, "cpu" if side is not None else device, ck.sliding_block, ck.draft_config)
     if side is not None:
-        side.synchronize()
+        d = drafter_mod.Drafter(d.c, _upload(d.w, device, side), d.path, d.sliding_block)
     return d, time.perf_counter() - t
+
+
+def _upload(w: dict, device: str, side) -> dict:
+    """CPU tensors `w` copied to `device` on CUDA stream `side` through two pinned chunks of STAGE_BYTES (a chunk
+    is refilled once its last copy is done: the host never waits on a pageable copy, nothing big is pinned);
+    returns {name: device tensor} once every copy is done."""
+    slots = [[torch.empty(STAGE_BYTES, dtype=torch.uint8, pin_memory=True), None] for _ in range(2)]
+    out, n = {}, 0
+    with torch.cuda.stream(side):
+        for k, t in w.items():
+            dst = torch.empty(t.shape, dtype=t.dtype, device=device)
+            src, to = t.contiguous().view(-1).view(torch.uint8), dst.view(-1).view(torch.uint8)
+            for o in range(0, src.numel(), STAGE_BYTES):
+                slot, m = slots[n % 2], min(STAGE_BYTES, src.numel() - o)
+                n += 1
+                if slot[1] is not None:
+                    slot[1].synchronize()  # its previous copy has left the chunk
+                slot[0][:m].copy_(src[o:o + m])
+                to[o:o + m].copy_(slot[0][:m], non_blocking=True)
+                slot[1] = side.record_event()
+            out[k] = dst
+    side.synchronize()
+    return out
 
 
 def _adopt(d: drafter_mod.Drafter) -> drafter_mod.Drafter:
@@ -590,17 +616,15 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
     Every checkpoint is checked (config, tensor names and shapes: `drafter.check`) before any replay. The
     prompts are read in passes (`_passes`: each feature file once, a pass's features on the device); each
     checkpoint replays a whole pass before the next one, while a loader thread loads the next checkpoint onto the
-    device on a side stream (`_fetch`; the first one, and the target's head, while the features are read; on CUDA
-    the first chain replay's kernels are warmed meanwhile, `replay.warm`). With one pass a checkpoint's results
-    are complete, and stored by the parent, while the next checkpoint replays."""
+    device on a side stream (`_fetch`; the first one, and the target's head, while the features are read). With
+    one pass a checkpoint's results are complete, and stored by the parent, while the next checkpoint replays."""
     ex = store.extraction(a["extraction"])
     device, dtype, budget = a["device"], DTYPES[a["dtype"]], a["budget"]
     cks = [Checkpoint(**c) for c in a["checkpoints"]]
     n, total, done = len(ids), len(ids) * len(cks), 0
-    cfgs = []
     for i, ck in enumerate(cks):
         _tick(progress, 0, total, f"checking drafter {i + 1}/{len(cks)}: {ck.path}")
-        cfgs.append(drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config))
+        drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config)
     passes = _passes(store, ex, ids, device)
     order = [(k, j) for k in range(len(passes)) for j in range(len(cks))]  # (pass, checkpoint), in replay order
     side = torch.cuda.Stream(torch.device(device)) if device.startswith("cuda") else None
@@ -617,11 +641,6 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
                       f"in {time.perf_counter() - t0:.1f} s")
             _tick(progress, done, total, f"loading drafter {j + 1}/{len(cks)}: {ck.path}")
             t0 = time.perf_counter()
-            if at == 0 and side is not None and a["anchors"] == "chain":
-                # while it loads: the first replay's first step with blank weights, at its own shapes
-                replay_mod.warm(drafter_mod.blank(cfgs[j], dtype, device, ck.sliding_block), heads.result(), seqs,
-                                budget)
-                _tick(progress, done, total, f"kernels warmed in {time.perf_counter() - t0:.1f} s")
             d, fetch_s = nxt.result()
             d = _adopt(d)
             head = heads.result()
