@@ -300,6 +300,7 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
     cache.read = real
     runs = {r["id"]: r for r in st.runs()}
     taus = [runs[i]["summary"]["tau_pooled"] for i in ids]
+    report({"sweep_tau_pooled_min": min(taus), "sweep_tau_pooled_max": max(taus)})  # now: the counts take a while
     blocks = 0
     flops = 0.0
     for i in ids:
