@@ -1,8 +1,8 @@
 """The parent's side of a sweep checkpoint (issue 12), on the CPU: a worker's chain-only results for `--prompts`
 prompts of 2,560 tokens packed as the worker sends them (`jobs._plain`), unpacked as the parent reads them
 (`jobs._unpacked`), then the parent's store step (`pipeline.store_run`: summary, rows, array file, four kept
-analyses). With one worker the parent does this while the worker replays the next checkpoint, so a sweep's
-checkpoints come no faster than this.
+analyses; the set's completions read once before, as a sweep's parent does). With one worker the parent does this
+while the worker replays the next checkpoint, so a sweep's checkpoints come no faster than this.
 
 Results are planted (`tools.planted.planted_results`, mean 5 accepted drafts) and cut to chain-only shape: -1 /
 NaN off the walk's anchors, numpy arrays as `replay.chain(arrays=True)` returns them.
@@ -21,7 +21,7 @@ import numpy as np
 
 from _common import report  # (puts the repository root on sys.path)
 
-from dflash_dash import jobs, pipeline, replay
+from dflash_dash import jobs, pipeline, replay, store
 from dflash_dash.store import Store, new_id
 from tools import planted, tiny
 
@@ -31,7 +31,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=200)
     ap.add_argument("--tokens", type=int, default=2560)
     ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--packers", type=int, default=None, help="threads packing the rows (default store.PACKERS)")
     a = ap.parse_args()
+    if a.packers:
+        store.PACKERS = a.packers
     work = Path(tempfile.mkdtemp(prefix="dflash-store-step-"))
     rng = np.random.default_rng(0)
     st = Store(work / "ws")
@@ -59,9 +62,10 @@ def main() -> None:
     lines = [json.dumps({"event": {"checkpoint": 0, "result": r}}, default=jobs._plain) for r in res]
     t1 = time.perf_counter()
     back = [replay.PromptResult(**jobs._unpacked(json.loads(ln)["event"])["result"]) for ln in lines]
+    comps = {c["prompt_id"]: c for c in st.completions(planted.SET)}  # a sweep's parent reads them once
     t2 = time.perf_counter()
     pipeline.store_run(st, st.extraction(ex), pipeline.Checkpoint(str(ck), None, None), back, 0, "cuda", "bfloat16",
-                       "chain")
+                       "chain", comps=comps)
     t3 = time.perf_counter()
     report({"store_step_prompts": a.prompts, "store_step_pack_s": t1 - t0, "store_step_wire_mb":
             sum(map(len, lines)) / 1e6, "store_step_unpack_s": t2 - t1, "store_step_store_run_s": t3 - t2,

@@ -490,8 +490,8 @@ def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = R
         cfg = drafter_mod.config_of(loc)
         check_drafter(cfg, ex, info)
         plan.append((ck, loc, cfg, drafter_mod.sliding_semantics(cfg, ck.sliding_block)))
-    comps = {c["prompt_id"]: c["idx"] for c in store.completions(ex["set_name"])}
-    ids = sorted((it["prompt_id"] for it in store.items(ex["id"])), key=comps.__getitem__)
+    comps = {c["prompt_id"]: c for c in store.completions(ex["set_name"])}  # read once: every store step needs them
+    ids = sorted((it["prompt_id"] for it in store.items(ex["id"])), key=lambda i: comps[i]["idx"])
     args = dict(checkpoints=[asdict(ck) for ck in checkpoints], extraction=ex["id"], budget=budget, device=device,
                 dtype=dtype, chunk=chunk, anchors=anchors)
     got: list[dict] = [{} for _ in plan]
@@ -505,7 +505,7 @@ def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = R
         if len(got[j]) == len(ids):  # complete: stored now (a worker process replays the next one meanwhile)
             by_id, got[j] = got[j], {}
             out[j] = store_run(store, ex, checkpoints[j], [by_id[i] for i in ids], budget, device, dtype, anchors,
-                               progress)
+                               progress, comps)
     for (ck, loc, cfg, sem), o, by_id in zip(plan, out, got):
         if o is None:
             raise RuntimeError(f"the replay of {loc.path} returned {len(by_id)} of {len(ids)} prompts")
@@ -513,9 +513,10 @@ def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = R
 
 
 def store_run(store: Store, ex: dict, ck: Checkpoint, res: list[replay_mod.PromptResult], budget: int, device: str,
-              dtype: str, anchors: str, progress: Progress = None) -> dict:
+              dtype: str, anchors: str, progress: Progress = None, comps: dict[str, dict] | None = None) -> dict:
     """The parent's store step of one replayed checkpoint: its summary over all prompts (`res`, in set order), the
-    run and its per-prompt rows stored, then every whole-run analysis kept. Returns {"id", "summary"}."""
+    run and its per-prompt rows stored, then every whole-run analysis kept. `comps`: the set's completions by
+    prompt id, when the caller has them. Returns {"id", "summary"}."""
     loc = drafter_mod.locate(ck.path, ck.draft_config)
     cfg = drafter_mod.config_of(loc)
     sem = drafter_mod.sliding_semantics(cfg, ck.sliding_block)
@@ -531,7 +532,7 @@ def store_run(store: Store, ex: dict, ck: Checkpoint, res: list[replay_mod.Promp
                        config_file=str(loc.config_file), step=drafter_mod.step_of(loc.path.name)), rows)
     _tick(progress, 0, 0, f"analysing run {run_id} (kept for the pages)")
     stored = [dict(r, prompt_id=r["id"]) for r in rows]  # as run_prompts reads them back
-    _keep(store, run_id, ANALYSES, stored, summary)  # computed now, from the rows in hand, so no page ever scans them
+    _keep(store, run_id, ANALYSES, stored, summary, comps)  # computed now, from the rows in hand: no page scans them
     return {"id": run_id, "summary": summary}
 
 
@@ -865,16 +866,20 @@ def analysis(store: Store, run_id: str, name: str, rows: list[dict] | None = Non
     return _keep(store, run_id, [name], rows)[name]
 
 
-def _keep(store: Store, run_id: str, names, rows: list[dict] | None = None, summary: dict | None = None) -> dict:
+def _keep(store: Store, run_id: str, names, rows: list[dict] | None = None, summary: dict | None = None,
+          comps: dict[str, dict] | None = None) -> dict:
     """The analyses `names` of run `run_id` (`analysis`) computed from one read of the run, its extraction and its
-    completions, each kept in the store; {name: value}. `summary`: the run's summary just computed from the same
-    rows (the store step), which the calibration would otherwise compute again."""
+    completions, then kept in the store (one connection); {name: value}. `summary`: the run's summary just computed
+    from the same rows (the store step), which the calibration would otherwise compute again; `comps`: the set's
+    completions by prompt id, when the caller has them already (a sweep's store steps)."""
     from . import patterns, views
     r = store.run_row(run_id)
     B, budget = r["summary"]["block_size"], r["tree_budget"]
     ex = store.extraction(r["extraction_id"])
     rows = sorted(rows, key=lambda p: p["prompt_id"]) if rows is not None else store.run_prompts(run_id)
-    comps = {c["prompt_id"]: c for c in store.completions(ex["set_name"])} if {"lag", "patterns"} & set(names) else {}
+    if comps is None:
+        comps = ({c["prompt_id"]: c for c in store.completions(ex["set_name"])} if {"lag", "patterns"} & set(names)
+                 else {})
     out = {}
     for name in names:
         if name == "prompts":
@@ -892,7 +897,9 @@ def _keep(store: Store, run_id: str, names, rows: list[dict] | None = None, summ
                    **patterns.analyse(sorted(rows, key=lambda p: (order.get(p["prompt_id"], 0), p["prompt_id"])),
                                       comps, B, vocab.strings, run_id)}
         out[name] = json.loads(json.dumps(val, default=lambda x: x.item()))  # numpy scalars -> numbers, as read back
-        store.set_analysis(run_id, name, out[name])
+    with store.session():
+        for name, val in out.items():
+            store.set_analysis(run_id, name, val)
     return out
 
 

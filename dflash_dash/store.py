@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
@@ -36,6 +37,7 @@ JSON_COLS = {"meta_info", "request", "versions", "config", "summary", "args", "r
 ARRAYS = ("rounds", "accepted_at", "drafts", "tree_at", "tree_rounds", "draft_logp", "round_top_ids", "round_top_p")
 REALS = frozenset({"draft_logp", "round_top_p"})
 PACK_MAGIC, PACK_LEVEL = b"DFA1", 1  # blob format tag; zlib level (1: fast, most of the gain)
+PACKERS = min(8, os.cpu_count() or 1)  # threads packing a run's rows (`_write_arrays`)
 ARRAYS_DIR = "run_arrays"  # under the workspace: {run_id}/{uuid}.arrays, the packed rows of one put_prompts
 _INTS = [np.dtype(t) for t in ("<i1", "<i2", "<i4", "<i8")]
 
@@ -435,7 +437,8 @@ class Store:
         rel = Path(ARRAYS_DIR) / run_id / f"{uuid.uuid4().hex}.arrays"
         f = self.workspace / rel
         f.parent.mkdir(parents=True, exist_ok=True)
-        blobs = [pack_arrays(p) for p in prompts]
+        with ThreadPoolExecutor(PACKERS) as pool:  # zlib and numpy release the GIL: rows pack side by side
+            blobs = list(pool.map(pack_arrays, prompts))
         tmp = f.with_suffix(".tmp")
         with open(tmp, "wb") as out:
             out.writelines(blobs)
