@@ -11,7 +11,6 @@ in one worker process per GPU and streams its events back, so N workers give the
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
