@@ -54,7 +54,7 @@ if a.fetch:  # the sweep worker's first checkpoint (`pipeline._fetch`, on its lo
             finally:
                 phases[label] = phases.get(label, 0.0) + time.perf_counter() - t
         setattr(owner, name, wrapped)
-    timed_fn(dr, "_weights", "read")            # safetensors tensors, checked (the first: copied to the device)
+    timed_fn(dr, "_weights", "read")            # safetensors tensors, checked (mapped; `_upload` copies them)
     timed_fn(dr.Rope, "__init__", "rope")       # RoPE tables (transformers imported for scaled types only)
     timed_fn(dr, "ops_for", "kernels")          # Triton, Inductor: the fused element-wise ops
     side = torch.cuda.Stream()
