@@ -65,7 +65,7 @@ if a.fetch:  # the sweep worker's first checkpoint (`pipeline._fetch`, on its lo
         t1 = time.perf_counter()
         tag = "cold_fetch" if first else "next_fetch"
         figs |= {f"{tag}_s": t1 - t0} | {f"{tag}_{k}_s": v for k, v in phases.items()}
-        figs[f"{tag}_rest_s"] = t1 - t0 - sum(phases.values())  # waiting for the side stream's copies
+        figs[f"{tag}_rest_s"] = t1 - t0 - sum(phases.values())  # the upload through pinned chunks (`_upload`)
         del got
 V, H = FULL["vocab_size"], FULL["hidden_size"]
 hw = rand_weights({"e": (V, H), "l": (V, H)}, dev, dtype, 2)
