@@ -802,14 +802,19 @@ def check(path: str | Path, sliding_block: str | None = None, draft_config: str 
 
 
 def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
-         sliding_block: str | None = None, draft_config: str | Path | None = None) -> Drafter:
+         sliding_block: str | None = None, draft_config: str | Path | None = None,
+         place: Callable[[dict], dict] | None = None) -> Drafter:
     """Load and validate a checkpoint (HF folder or SpecForge runtime folder, see `locate`). A tensor of the
     wrong shape, a missing one or an unknown one (other than a copy of the target's embedding or LM head)
-    raises CheckpointError naming it."""
+    raises CheckpointError naming it. `place`: moves the checked weights (CPU, `dtype`) to `device` all at once
+    (a loader's staged upload); by default each tensor is moved as it is read."""
     ck = locate(path, draft_config)
     c = config_of(ck)
     sliding_semantics(c, sliding_block)  # validate the choice before reading weights
-    w = _weights(ck, c, lambda t: t.to(device=device, dtype=dtype))
+    if place is None:
+        w = _weights(ck, c, lambda t: t.to(device=device, dtype=dtype))
+    else:
+        w = place(_weights(ck, c, lambda t: t.to(dtype=dtype)))
     return Drafter(c, w, str(ck.path), sliding_block)
 
 

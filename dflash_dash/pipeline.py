@@ -559,8 +559,9 @@ def _passes(store: Store, ex: dict, ids: list[str], device: str) -> list[list[st
     return out
 
 
-STAGE_BYTES = 2**27  # a pinned staging chunk of `_upload`: the size class the feature read's staging buffers
-                     # round to (`cache.read_many`), so torch's caching host allocator hands those back
+STAGE_BYTES = 2**27  # a pinned staging chunk of `_upload`: at the 27B shapes (2,560 tokens x 25,600 values) the
+                     # size class the feature read's staging buffers round to (`cache.read_many`), so torch's
+                     # caching host allocator hands those back
 
 
 def _fetch(ck: Checkpoint, dtype, device: str, side=None):
@@ -570,9 +571,8 @@ def _fetch(ck: Checkpoint, dtype, device: str, side=None):
     copying from pageable memory stalled the replay's launches (+0.5 s a checkpoint), and pinning a whole
     checkpoint (3.5 GB) cost +1.4 s beside a first walk, or +5.5 s of the first load when done beside it."""
     t = time.perf_counter()
-    d = drafter_mod.load(ck.path, dtype, "cpu" if side is not None else device, ck.sliding_block, ck.draft_config)
-    if side is not None:
-        d = drafter_mod.Drafter(d.c, _upload(d.w, device, side), d.path, d.sliding_block)
+    place = None if side is None else (lambda w: _upload(w, device, side))
+    d = drafter_mod.load(ck.path, dtype, device, ck.sliding_block, ck.draft_config, place)
     return d, time.perf_counter() - t
 
 
