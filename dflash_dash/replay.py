@@ -661,6 +661,27 @@ def _walk_host(sts: list[_Lockstep], parts: list[list[Sequence]], budget: int) -
     return walks
 
 
+def _computed(st: _Lockstep):
+    """A lockstep's results on the host, the computed anchors only (acceptance >= 0: about one anchor in tau,
+    gathered on the device so that the copy is that much smaller): (acceptance [S, A], start [S+1] (sequence j's
+    computed anchors are rows start[j]:start[j+1], in anchor order), their columns [N], drafts [N, D], top ids
+    and top log-probs [N, D, k])."""
+    acc = st.acc[:, :st.A]
+    at = (acc >= 0).nonzero()                                             # [N, 2] (sequence, column), row-major
+    seq, col = at[:, 0], at[:, 1]
+    drafts, ids, lp = (t[seq, col].cpu().numpy() for t in (st.drafts, st.top_ids, st.top_lp))
+    start = np.zeros(len(acc) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(seq.cpu().numpy(), minlength=len(acc)), out=start[1:])
+    return acc.cpu().numpy(), start, col.cpu().numpy(), drafts, ids, lp
+
+
+def _spread(x: np.ndarray, cols: np.ndarray, n: int, fill) -> np.ndarray:
+    """Rows `x` [N, ...] at columns `cols` of a new [n, ...] array, `fill` elsewhere."""
+    out = np.full((n,) + x.shape[1:], fill, dtype=x.dtype)
+    out[cols] = x
+    return out
+
+
 def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int, arrays: bool) -> list[PromptResult]:
     k = max(budget, ROUND_TOPK)
     # with a tree budget, CHAIN_HALVES stacks alternate (host scoring of one overlaps the other's step)
@@ -672,15 +693,17 @@ def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int
         _walk_device(sts[0])
     out = []
     for h, (st, part) in enumerate(zip(sts, parts)):
-        acc, drafts, ids, lp = (t[:, :st.A].cpu().numpy() for t in (st.acc, st.drafts, st.top_ids, st.top_lp))
+        acc, start, cols, drafts, ids, lp = _computed(st)
         for j, s in enumerate(part):
             T, P = len(s.tokens), s.prompt_len
+            rows = slice(start[j], start[j + 1])   # this sequence's computed anchors, in order
             rounds = walk(acc[j, :T - P], P, T)
-            r = PromptResult(s.id, P, acc[j, :T - P], drafts[j, :T - P], [c for _, _, c in rounds],
-                             [p for p, _, _ in rounds], draft_logp=lp[j, :T - P, :, 0])
+            r = PromptResult(s.id, P, acc[j, :T - P], _spread(drafts[rows], cols[rows], T - P, -1),
+                             [c for _, _, c in rounds], [p for p, _, _ in rounds],
+                             draft_logp=_spread(lp[rows, :, 0], cols[rows], T - P, np.nan))
             if rounds:
-                at = np.asarray(r.round_anchors, dtype=np.int64) - P
-                r.round_top_ids, r.round_top_p = round_top(ids[j, at], lp[j, at])
+                at = start[j] + np.searchsorted(cols[rows], np.asarray(r.round_anchors, dtype=np.int64) - P)
+                r.round_top_ids, r.round_top_p = round_top(ids[at], lp[at])
             if budget:
                 r.tree_at, r.tree_rounds = walks[h].tacc[j], walks[h].tree_rounds[j]
             out.append(r if arrays else listed(r))

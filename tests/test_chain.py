@@ -73,6 +73,8 @@ def test_chain_rounds_equal_every_anchor(case, name, budget, batch, monkeypatch)
             assert got == list(range(len(got))) and len(got) >= reads
             assert [b.drafts[x][i] for i in got] == [a.drafts[x][i] for i in got]
             assert [b.draft_logp[x][i] for i in got] == pytest.approx([a.draft_logp[x][i] for i in got], abs=1e-4)
+        skipped = [x for x in range(len(b.accepted_at)) if x not in computed]  # -1 drafts, NaN log-probabilities
+        assert all(t == -1 for x in skipped for t in b.drafts[x]) and np.isnan([b.draft_logp[x] for x in skipped]).all()
         ids, top_p = np.array(b.round_top_ids), np.array(b.round_top_p, dtype=float)
         done = ids >= 0                                                           # the rounds' top-K blocks
         assert (ids[done] == np.array(a.round_top_ids)[done]).all() and (budget == 0 or done.all())
