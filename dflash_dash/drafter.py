@@ -14,6 +14,7 @@ import json
 import os
 import pickle
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -495,16 +496,20 @@ FUSE_CUDA = os.environ.get("DFLASH_FUSE", "1") != "0"  # CUDA drafters use fused
 _FUSED: list[Ops] = []
 
 
+_FUSING = threading.Lock()  # one Ops(True) per process, also when two threads build drafters at once
+
+
 def ops_for(device: torch.device) -> Ops:
     """The element-wise kernels a drafter on `device` uses: fused on CUDA when FUSE_CUDA and Triton imports."""
     if device.type != "cuda" or not FUSE_CUDA:
         return EAGER
-    if not _FUSED:
-        try:
-            import triton  # noqa: F401  (Inductor's CUDA kernels are Triton)
-            _FUSED.append(Ops(True))
-        except ImportError:
-            _FUSED.append(EAGER)
+    with _FUSING:
+        if not _FUSED:
+            try:
+                import triton  # noqa: F401  (Inductor's CUDA kernels are Triton)
+                _FUSED.append(Ops(True))
+            except ImportError:
+                _FUSED.append(EAGER)
     return _FUSED[0]
 
 
@@ -789,6 +794,12 @@ def _weights(ck: Checkpoint, c: DrafterConfig, read: Callable[[torch.Tensor], to
         raise CheckpointError(f"{ck.path}: missing tensor '{missing[0]}' (expected shape {want[missing[0]]})"
                               + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
     return w
+
+
+def blank(c: DrafterConfig, dtype: torch.dtype, device: str, sliding_block: str | None = None) -> Drafter:
+    """A drafter of config `c` with zero weights: the shapes of a real one, for warming kernels (`replay.warm`)."""
+    return Drafter(c, {k: torch.zeros(s, dtype=dtype, device=device) for k, s in shapes(c).items()}, "",
+                   sliding_block)
 
 
 def check(path: str | Path, sliding_block: str | None = None, draft_config: str | Path | None = None) -> DrafterConfig:
