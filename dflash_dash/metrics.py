@@ -83,7 +83,10 @@ class Prompt:
 
     @classmethod
     def of(cls, r: Any) -> "Prompt":
-        """From a replay.PromptResult (attributes) or a run_prompts row (dict)."""
+        """From a replay.PromptResult (attributes) or a run_prompts row (dict); a Prompt is itself (what it computed
+        once, its walk and probabilities, is kept: a store step builds each prompt's Prompt once for every metric)."""
+        if isinstance(r, Prompt):
+            return r
         get = (lambda k, d=None: r.get(k, d)) if isinstance(r, dict) else (lambda k, d=None: getattr(r, k, d))
         return cls(get("prompt_id") or get("id"), int(get("prompt_len")), list(flat(get("accepted_at"))),
                    list(flat(get("rounds"))), list(flat(get("tree_rounds"))), flat(get("draft_logp")))
@@ -644,12 +647,15 @@ def per_prompt(row: Any, block_size: int, tree_budget: int) -> dict:
     return {m.key: m.prompt(p, ctx) for m in PER_PROMPT}
 
 
-def prompt_rows(rows: list[dict], block_size: int, tree_budget: int) -> list[dict]:
+def prompt_rows(rows: list[dict], block_size: int, tree_budget: int,
+                prompts: dict[str, Prompt] | None = None) -> list[dict]:
     """One small row per prompt of a run (run_prompts rows in): prompt_id, tau, tree_tau, prompt_len,
-    completion_tokens and every per-prompt registry metric (`rounds` the count); no token arrays."""
+    completion_tokens and every per-prompt registry metric (`rounds` the count); no token arrays. `prompts`: the
+    rows' Prompts by id, when the caller has built them."""
+    ps = prompts or {}
     return [{"prompt_id": r["prompt_id"], "tau": r["tau"], "tree_tau": r["tree_tau"], "prompt_len": r["prompt_len"],
-             "completion_tokens": len(r.get("accepted_at") or []), **per_prompt(r, block_size, tree_budget)}
-            for r in rows]
+             "completion_tokens": len(r.get("accepted_at") or []),
+             **per_prompt(ps.get(r["prompt_id"], r), block_size, tree_budget)} for r in rows]
 
 
 # ---------------------------------------------------------------------------

@@ -520,18 +520,20 @@ def store_run(store: Store, ex: dict, ck: Checkpoint, res: list[replay_mod.Promp
     cfg = drafter_mod.config_of(loc)
     sem = drafter_mod.sliding_semantics(cfg, ck.sliding_block)
     semantics = sem if "sliding_attention" in cfg.layer_types else None
-    summary = replay_mod.summarize(res, cfg.block_size, budget) | {
+    ps = [metrics.Prompt.of(r) for r in res]  # built once: every metric below reads their walks and probabilities
+    summary = replay_mod.summarize(ps, cfg.block_size, budget) | {
         "backend": ex["backend"], "extraction": ex["id"], "sliding_block": semantics, "anchors": anchors,
         "round_topk": replay_mod.ROUND_TOPK}  # K of run_prompts.round_top_ids/_p, flattened [R][B-1][K]
     run_id = new_id("run")
-    rows = [prompt_row(r, cfg.block_size, budget) for r in res]
+    rows = [prompt_row(r, cfg.block_size, budget, p) for r, p in zip(res, ps)]
     store.add_run(dict(id=run_id, extraction_id=ex["id"], checkpoint=str(loc.path),
                        name=ck.name or loc.path.name, config=drafter_mod.raw_config(loc), tree_budget=budget,
                        summary=summary, device=device, dtype=dtype, sliding_block=semantics,
                        config_file=str(loc.config_file), step=drafter_mod.step_of(loc.path.name)), rows)
     _tick(progress, 0, 0, f"analysing run {run_id} (kept for the pages)")
     stored = [dict(r, prompt_id=r["id"]) for r in rows]  # as run_prompts reads them back
-    _keep(store, run_id, ANALYSES, stored, summary, comps)  # computed now, from the rows in hand: no page scans them
+    _keep(store, run_id, ANALYSES, stored, summary, comps, {p.id: p for p in ps})  # computed now, from the rows
+                                                                                  # in hand: no page scans them
     return {"id": run_id, "summary": summary}
 
 
@@ -671,9 +673,10 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
             done += len(seqs)
 
 
-def prompt_row(r: replay_mod.PromptResult, B: int, budget: int) -> dict:
-    """A run_prompts row of one replayed prompt: its results plus the registry's per-prompt tau values."""
-    m = metrics.per_prompt(r, B, budget)
+def prompt_row(r: replay_mod.PromptResult, B: int, budget: int, p: metrics.Prompt | None = None) -> dict:
+    """A run_prompts row of one replayed prompt: its results plus the registry's per-prompt tau values (`p`: its
+    Prompt, when the caller has built it)."""
+    m = metrics.per_prompt(r if p is None else p, B, budget)
     shallow = {f.name: getattr(r, f.name) for f in fields(r)}  # not asdict: it deep-copies ~10^5 list values
     return dict(shallow, tau=m["tau_macro"], tree_tau=m["ddtree_tau"], drafts=metrics.flat(r.drafts),
                 draft_logp=metrics.flat(r.draft_logp), round_top_ids=metrics.flat(r.round_top_ids),  # [R*(B-1)*K]
@@ -876,11 +879,12 @@ def analysis(store: Store, run_id: str, name: str, rows: list[dict] | None = Non
 
 
 def _keep(store: Store, run_id: str, names, rows: list[dict] | None = None, summary: dict | None = None,
-          comps: dict[str, dict] | None = None) -> dict:
+          comps: dict[str, dict] | None = None, prompts: dict[str, metrics.Prompt] | None = None) -> dict:
     """The analyses `names` of run `run_id` (`analysis`) computed from one read of the run, its extraction and its
     completions, then kept in the store (one connection); {name: value}. `summary`: the run's summary just computed
     from the same rows (the store step), which the calibration would otherwise compute again; `comps`: the set's
-    completions by prompt id, when the caller has them already (a sweep's store steps)."""
+    completions by prompt id, when the caller has them already (a sweep's store steps); `prompts`: the rows'
+    `metrics.Prompt`s by prompt id (the store step's, which hold what the summary computed once)."""
     from . import patterns, views
     r = store.run_row(run_id)
     B, budget = r["summary"]["block_size"], r["tree_budget"]
@@ -892,9 +896,9 @@ def _keep(store: Store, run_id: str, names, rows: list[dict] | None = None, summ
     out = {}
     for name in names:
         if name == "prompts":
-            val = metrics.prompt_rows(rows, B, budget)
+            val = metrics.prompt_rows(rows, B, budget, prompts)
         elif name == "calibration":
-            val = views.calibration(rows, B, budget, summary)
+            val = views.calibration([prompts[p["prompt_id"]] for p in rows] if prompts else rows, B, budget, summary)
         elif name == "lag":
             val = {p["prompt_id"]: list(metrics.lag_counts(metrics.flat(p.get("drafts")), list(comps[p["prompt_id"]][
                 "prompt_ids"]) + list(comps[p["prompt_id"]]["output_ids"]), p["prompt_len"], B))

@@ -841,13 +841,14 @@ def csv_text(rows: list[dict]) -> str:
 CAL_KEYS = ("calibration_ece", "expected_tau", "expected_tau_pooled", "tau_macro", "tau_pooled")
 
 
-def calibration(rows: list[dict], block_size: int, tree_budget: int = 0, summary: dict | None = None) -> dict:
-    """A run's calibration from its run_prompts rows (the registry applied to them, so a run summarised before
-    these metrics existed gets them too; `summary`: metrics.summarize of these rows when the caller has just
-    computed it): {"recorded", headline values, "formula", "by_depth" rows, "reliability" rows (depth "pooled"
-    and 1..B-1), "per_prompt" expected vs observed tau rows}."""
-    s = summary if summary is not None else metrics.summarize(rows, block_size, tree_budget)
-    rel = metrics.reliability([metrics.Prompt.of(r) for r in rows], metrics.Ctx(block_size, tree_budget))
+def calibration(rows: list, block_size: int, tree_budget: int = 0, summary: dict | None = None) -> dict:
+    """A run's calibration from its run_prompts rows (or their `metrics.Prompt`s; the registry applied to them, so
+    a run summarised before these metrics existed gets them too; `summary`: metrics.summarize of these rows when
+    the caller has just computed it): {"recorded", headline values, "formula", "by_depth" rows, "reliability"
+    rows (depth "pooled" and 1..B-1), "per_prompt" expected vs observed tau rows}."""
+    ps = [metrics.Prompt.of(r) for r in rows]
+    s = summary if summary is not None else metrics.summarize(ps, block_size, tree_budget)
+    rel = metrics.reliability(ps, metrics.Ctx(block_size, tree_budget))
     out = {"recorded": rel is not None, **{k: s.get(k) for k in CAL_KEYS},
            "formula": {k: metrics.BY_KEY[k].formula for k in ("calibration_ece", "expected_tau")}
            | {"reliability": metrics.RELIABILITY_FORMULA}}
@@ -863,8 +864,7 @@ def calibration(rows: list[dict], block_size: int, tree_budget: int = 0, summary
                           for b in bins]
     ctx = metrics.Ctx(block_size, tree_budget)
     out["per_prompt"] = []
-    for r in rows:
-        p = metrics.Prompt.of(r)
+    for p in ps:
         obs, exp = metrics.tau(p, ctx), metrics.expected_tau(p, ctx)
         out["per_prompt"].append({"prompt": p.id, "rounds": len(p.rounds), "tau": _r(obs, 4),
                                   "expected_tau": _r(exp, 4),
