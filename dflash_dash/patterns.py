@@ -86,19 +86,26 @@ def tokens_of(completion: dict) -> list[int]:
 
 
 def rounds(rows: list[dict], comps: dict[str, dict], block_size: int) -> list[Round]:
-    """The chain-walk rounds of every prompt that has its completion, in row order."""
+    """The chain-walk rounds of every prompt that has its completion, in row order (each prompt's anchors,
+    accepted counts and drafts gathered at once, as Python ints)."""
+    import numpy as np
     D, out = block_size - 1, []
     for r in rows:
         c = comps.get(r["prompt_id"])
         if c is None:
             continue
-        toks, P, acc = tokens_of(c), r["prompt_len"], r["accepted_at"] or []
-        drafts, T, p = metrics.flat(r.get("drafts")), len(toks), P
-        for com in r["rounds"] or []:
-            i, n = p - P, min(D, T - 1 - p)
-            rd = drafts[i * D:(i + 1) * D] if len(drafts) >= (i + 1) * D else []
-            out.append(Round(r["prompt_id"], P, p, acc[i], com, n, toks[p + 1:p + 1 + n], rd))
-            p += com
+        toks, P, pid = tokens_of(c), r["prompt_len"], r["prompt_id"]
+        com = np.asarray(r["rounds"] if r["rounds"] is not None else [], dtype=np.int64)
+        at = np.concatenate([[0], np.cumsum(com)[:-1]]).astype(np.int64) if len(com) else com  # anchors - P
+        acc = np.asarray(r["accepted_at"], dtype=np.int64)[at].tolist()
+        drafts = np.asarray(metrics.flat(r.get("drafts")), dtype=np.int64)
+        whole = len(drafts) // D                                # anchors whose D drafts the row holds
+        rd = drafts[:whole * D].reshape(whole, D)[at[at < whole]].tolist()
+        T = len(toks)
+        for k, (i, a, cm) in enumerate(zip(at.tolist(), acc, com.tolist())):
+            p = P + i
+            n = min(D, T - 1 - p)
+            out.append(Round(pid, P, p, a, cm, n, toks[p + 1:p + 1 + n], rd[k] if i < whole else []))
     return out
 
 
