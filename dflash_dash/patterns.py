@@ -109,12 +109,19 @@ def rounds(rows: list[dict], comps: dict[str, dict], block_size: int) -> list[Ro
     return out
 
 
-def _stats(rs: list[Round]) -> dict:
-    """rounds, P(d_1 accepted), mean accepted drafts, tau (mean committed) of a group of rounds."""
-    n = len(rs)
-    return {"rounds": n, "first_slot_acceptance": _r(sum(r.accepted >= 1 for r in rs) / n) if n else None,
-            "mean_accepted": _r(sum(r.accepted for r in rs) / n) if n else None,
-            "tau": _r(sum(r.committed for r in rs) / n) if n else None}
+def _cols(rs: list[Round]):
+    """Accepted and committed counts of rounds `rs` as arrays [R] (what `_stats` reads)."""
+    import numpy as np
+    return (np.fromiter((r.accepted for r in rs), np.int64, len(rs)),
+            np.fromiter((r.committed for r in rs), np.int64, len(rs)))
+
+
+def _stats(acc, com) -> dict:
+    """rounds, P(d_1 accepted), mean accepted drafts, tau (mean committed) of a group of rounds (their accepted
+    and committed counts [n]: integer sums, then one division, as a loop over the rounds would)."""
+    n = len(acc)
+    return {"rounds": n, "first_slot_acceptance": _r(int((acc >= 1).sum()) / n) if n else None,
+            "mean_accepted": _r(int(acc.sum()) / n) if n else None, "tau": _r(int(com.sum()) / n) if n else None}
 
 
 def _r(x: float) -> float:
@@ -127,14 +134,15 @@ def _r(x: float) -> float:
 
 def by_class(rs: list[Round], strings: Strings) -> list[dict]:
     """Acceptance by the class of the target token at slot 1 (position p+1) of each round."""
+    import numpy as np
     firsts = [r.target[0] for r in rs]
     ids = sorted(set(firsts))  # a class per distinct token, not per round
     cls = dict(zip(ids, map(token_class, strings(ids))))
-    groups: dict[str, list[Round]] = {c: [] for c in CLASSES}
-    for r, t in zip(rs, firsts):
-        groups[cls[t]].append(r)
+    of = np.array([CLASSES.index(cls[t]) for t in firsts], dtype=np.int64)
+    acc, com = _cols(rs)
     n = len(rs)
-    return [{"class": c, "share_of_rounds": _r(len(g) / n) if n else None, **_stats(g)} for c, g in groups.items()]
+    return [{"class": c, "share_of_rounds": _r(int((of == k).sum()) / n) if n else None,
+             **_stats(acc[of == k], com[of == k])} for k, c in enumerate(CLASSES)]
 
 
 def nice_width(top: int, bins: int = 10) -> int:
@@ -145,14 +153,14 @@ def nice_width(top: int, bins: int = 10) -> int:
 
 
 def _binned(rs: list[Round], value: Callable[[Round], int], width: int | None, label: str) -> list[dict]:
+    import numpy as np
     if not rs:
         return []
-    w = width or nice_width(max(value(r) for r in rs) + 1)
-    groups: dict[int, list[Round]] = {}
-    for r in rs:
-        groups.setdefault(value(r) // w, []).append(r)
-    return [{label: f"{b * w}-{b * w + w - 1}", "from": b * w, "to": b * w + w - 1, **_stats(groups[b])}
-            for b in sorted(groups)]
+    v = np.fromiter(map(value, rs), np.int64, len(rs))
+    w = width or nice_width(int(v.max()) + 1)
+    b, (acc, com) = v // w, _cols(rs)
+    return [{label: f"{k * w}-{k * w + w - 1}", "from": k * w, "to": k * w + w - 1,
+             **_stats(acc[b == k], com[b == k])} for k in np.unique(b).tolist()]
 
 
 def by_position(rs: list[Round], width: int | None = None) -> list[dict]:
