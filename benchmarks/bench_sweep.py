@@ -288,11 +288,23 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
             last[0] = t
             note(f"{t:.1f} s: [{i}/{n}] {m}")
     phases = phase_timers(dev) if a.profile and runner is None else None
+    steps, store_run = [], pipeline.store_run
+
+    def timed_store_run(*x, **k):  # the parent's store step of each checkpoint, on the sweep's clock
+        t = time.perf_counter()
+        out = store_run(*x, **k)
+        steps.append((t - t0, time.perf_counter() - t0))
+        return out
+    pipeline.store_run = timed_store_run
     ids = pipeline.sweep(st, str(train), ex, device=dev, dtype="bfloat16", budget=budget, progress=progress,
                          runner=runner)
     sync(dev)
     dt = time.perf_counter() - t0
+    pipeline.store_run = store_run
     report({f"sweep_{a.checkpoints}x{n_sweep}_s": dt})  # printed now: the counts below take a while
+    if steps:  # after the last store step: the worker's exit (the parent waits for it) and the sweep's return
+        note(f"store steps (parent): {', '.join(f'{e - b:.2f}' for b, e in steps)} s; the last one ran "
+             f"{steps[-1][0]:.1f}-{steps[-1][1]:.1f} s, the sweep returned at {dt:.1f} s")
     if phases:
         report({f"sweep_phase_{k}_s": v for k, v in phases.items()})
     if a.trace and trace.exists():
