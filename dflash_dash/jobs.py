@@ -896,8 +896,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker", action="store_true", help="run the shard spec read from stdin (see `workers`)")
     p.add_argument("id", nargs="?")
     a = p.parse_args(argv)
-    if a.worker:
-        return work_main(a.workspace)
+    if a.worker:  # its lines written and flushed: exit without the interpreter's teardown (torch, Triton,
+        # Inductor's compile workers), which the parent would wait for before the work ends; a failure that is not
+        # a user error still ends through the traceback
+        rc = work_main(a.workspace)
+        sys.stderr.flush()
+        os._exit(rc)
     if not a.id:
         p.error("give the job id (or --worker)")
     return execute(Store(a.workspace), a.id)
