@@ -18,7 +18,7 @@ from dflash_dash import cache, cli, drafter, jobs, ops, pipeline
 from dflash_dash.store import Store
 from serving import stop_jobs, until
 
-PROMPTS, LEN = 8, 1200  # the kill test's set: long enough that a worker is still busy when it is killed
+PROMPTS, LEN = 16, 1200  # the kill test's set: long enough that both workers are still busy when one is killed
 
 
 @pytest.fixture
