@@ -33,11 +33,11 @@ def install(path: str | None = None) -> list[dict]:
         cur.setdefault("heads", []).append((len(cur.get("trace", [])) - 1, h.shape[0]))
         return head0(drafter, hd, h, k, slots)
 
-    def walk(st, steps=None):
+    def walk(st):
         cur.update(trace=[], heads=[])
         t = time.perf_counter()
-        walk0(st, steps)
-        w = dict(cur, start=t, end=time.perf_counter(), warm=steps is not None)  # warm: `replay.warm`'s step
+        walk0(st)
+        w = dict(cur, start=t, end=time.perf_counter())
         w["trace"] = w["trace"] + [(w["end"], 0, 0)]
         walks.append(w)
         if path:

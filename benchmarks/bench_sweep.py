@@ -341,11 +341,8 @@ def report_trace(path: Path, again: int | None) -> None:
     K/V before it; the first checkpoint's walk against checkpoint `again`'s (the same weight file) step by step."""
     import _trace
     lines = [json.loads(x) for x in path.read_text().splitlines()]
-    walks = [x for x in lines if "trace" in x and not x.get("warm")]
+    walks = [x for x in lines if "trace" in x]
     chains = [x for x in lines if "chain_s" in x]
-    for w in (x for x in lines if x.get("warm")):
-        note(f"warm-up (`replay.warm`): context K/V queued in {w['ctx_host_s']:.2f} s, {len(w['trace']) - 1} step in "
-             f"{w['end'] - w['start']:.2f} s")
     for n, (w, c) in enumerate(zip(walks, chains), 1):
         note(f"checkpoint {n}: replay {c['chain_s']:.2f} s = before the walk {w['start'] - c['start']:.2f} s (context "
              f"K/V queued in {w['ctx_host_s']:.2f} s) + walk {w['end'] - w['start']:.2f} s ({len(w['trace']) - 1} steps) "

@@ -796,12 +796,6 @@ def _weights(ck: Checkpoint, c: DrafterConfig, read: Callable[[torch.Tensor], to
     return w
 
 
-def blank(c: DrafterConfig, dtype: torch.dtype, device: str, sliding_block: str | None = None) -> Drafter:
-    """A drafter of config `c` with zero weights: the shapes of a real one, for warming kernels (`replay.warm`)."""
-    return Drafter(c, {k: torch.zeros(s, dtype=dtype, device=device) for k, s in shapes(c).items()}, "",
-                   sliding_block)
-
-
 def check(path: str | Path, sliding_block: str | None = None, draft_config: str | Path | None = None) -> DrafterConfig:
     """Validate a checkpoint as `load` does (config, sliding semantics, every tensor's name and shape) without
     reading its weights; returns its config. A sweep checks every checkpoint so before loading the first."""

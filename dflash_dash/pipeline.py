@@ -618,25 +618,24 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
     Every checkpoint is checked (config, tensor names and shapes: `drafter.check`) before any replay. The
     prompts are read in passes (`_passes`: each feature file once, a pass's features on the device); each
     checkpoint replays a whole pass before the next one, while a loader thread loads the next checkpoint onto the
-    device on a side stream (`_fetch`; the first one, and the target's head, while the features are read). On
-    CUDA a chain replay's fused kernels are imported from the start, and compiled at the first replay's own
-    shapes while the first checkpoint loads (`replay.warm` with blank weights). With one pass a checkpoint's
-    results are complete, and stored by the parent, while the next checkpoint replays."""
+    device on a side stream (`_fetch`; the first one, and the target's head, while the features are read; on
+    CUDA the fused kernels' imports start on a third thread at once). With one pass a checkpoint's results are
+    complete, and stored by the parent, while the next checkpoint replays. (A warm-up of the first replay's
+    kernels with blank weights while the first checkpoint loaded, 10964a0/5c00bd7, ended the first checkpoint
+    2.1 s later on the H200: RESULTS, stop 25.)"""
     ex = store.extraction(a["extraction"])
     device, dtype, budget = a["device"], DTYPES[a["dtype"]], a["budget"]
     cks = [Checkpoint(**c) for c in a["checkpoints"]]
     n, total, done = len(ids), len(ids) * len(cks), 0
-    cfgs = []
     for i, ck in enumerate(cks):
         _tick(progress, 0, total, f"checking drafter {i + 1}/{len(cks)}: {ck.path}")
-        cfgs.append(drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config))
+        drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config)
     passes = _passes(store, ex, ids, device)
     order = [(k, j) for k in range(len(passes)) for j in range(len(cks))]  # (pass, checkpoint), in replay order
     side = torch.cuda.Stream(torch.device(device)) if device.startswith("cuda") else None
-    warm = side is not None and a["anchors"] == "chain"
     with ThreadPoolExecutor(3) as loader:  # the target's head, one checkpoint at a time, the fused kernels' imports
         heads = loader.submit(target_mod.load_head, ex["target_path"], device, dtype)
-        if warm:  # Triton and Inductor (seconds) beside the feature read, not after the first checkpoint's upload
+        if side is not None:  # Triton and Inductor (seconds) beside the feature read and the first upload
             loader.submit(drafter_mod.ops_for, torch.device(device))
         nxt = loader.submit(_fetch, cks[0], dtype, device, side)
         for at, (k, j) in enumerate(order):
@@ -649,10 +648,6 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
                       f"in {time.perf_counter() - t0:.1f} s")
             _tick(progress, done, total, f"loading drafter {j + 1}/{len(cks)}: {ck.path}")
             t0 = time.perf_counter()
-            if at == 0 and warm:  # the first replay's first step, compiled while the checkpoint loads
-                replay_mod.warm(drafter_mod.blank(cfgs[j], dtype, device, ck.sliding_block), heads.result(), seqs,
-                                budget)
-                _tick(progress, done, total, f"kernels warmed in {time.perf_counter() - t0:.1f} s")
             d, fetch_s = nxt.result()
             d = _adopt(d)
             head = heads.result()

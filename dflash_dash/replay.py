@@ -542,12 +542,12 @@ class _Count:
         return self.host.tolist()
 
 
-def _walk_device(st: _Lockstep, steps: int | None = None) -> None:
+def _walk_device(st: _Lockstep) -> None:
     """The chain walk on the device (no tree budget): per step one block per sequence at its chain anchor, the
     acceptance and the next anchor computed there. The host reads, a step behind, the count of walks still
     going (to stop and to drop finished sequences) and their furthest anchor (a step advances an anchor by at
     most B, so the host bounds the next step's anchors and the attention reads no key past them); the staged LM
-    head (`_Lockstep._staged`) reads its row counts mid-step. `steps`: stop after that many (`warm`)."""
+    head (`_Lockstep._staged`) reads its row counts mid-step."""
     pos, last = st.P.clone(), st.T - 1                   # chain anchor and last position, per stacked row
     if not bool((pos < last).any()):
         return
@@ -557,8 +557,6 @@ def _walk_device(st: _Lockstep, steps: int | None = None) -> None:
         live = pos < last
         # finished rows draft a spare block at their prompt's end (never recorded, never past `top`)
         acc = st.step(torch.where(live, pos, st.P[st.rows]), live, max(hi + B, p_max))[0]
-        if steps is not None and (steps := steps - 1) <= 0:
-            return
         pos = torch.where(live, pos + torch.minimum(acc + 1, last - pos), pos)
         going = pos < last
         count = _Count(torch.stack([going.sum(), torch.where(going, pos, 0).max()]))
@@ -690,23 +688,6 @@ def _stacks(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int):
     n = max(1, min(CHAIN_HALVES if budget else 1, len(seqs)))
     parts = [seqs[i * len(seqs) // n:(i + 1) * len(seqs) // n] for i in range(n)]
     return [_Lockstep(drafter, head, p, max(budget, ROUND_TOPK), staged=not budget) for p in parts], parts
-
-
-@torch.inference_mode()
-def warm(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, batch: int = CHAIN_BATCH) -> None:
-    """Run the first step of `chain`'s first batch (its stacks' context K/V included) with `drafter` and throw it
-    away: what a process compiles or plans on first use (the fused element-wise kernels, the top-k kernel,
-    attention plans) is then ready. Any weights of the same config do: a sweep warms with blank ones
-    (`drafter.blank`) while its first checkpoint loads. The calls have the replay's own shapes, in its order, so
-    Inductor sizes its kernels from the same first calls and the replay computes what it would have without."""
-    sts, parts = _stacks(drafter, head, seqs[:batch], budget)
-    if not budget:
-        _walk_device(sts[0], steps=1)
-        return
-    for st, part in zip(sts, parts):
-        w = _HostWalk(st, part, budget)
-        if w.launch():
-            w.collect()
 
 
 def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int, arrays: bool) -> list[PromptResult]:

@@ -95,29 +95,6 @@ def test_chain_rounds_equal_every_anchor(case, name, budget, batch, monkeypatch)
     assert (s_chain["expected_tau"] is None) == (budget == 0) and s_every["expected_tau"] is not None
 
 
-@pytest.mark.parametrize("budget", [0, 3])
-def test_warm_runs_the_first_step_and_changes_nothing(case, budget, monkeypatch):
-    """`replay.warm` (a sweep's first replay, warmed with blank weights while its checkpoint loads) runs the first
-    batch's first step at the replay's shapes and leaves the replay's inputs and results as they were."""
-    head, models = case
-    m, seqs = models["sliding"]
-    before = rp.run_chain(m, head, seqs, budget=budget, batch=4)
-    kept = [(s.tokens.clone(), s.features.clone()) for s in seqs]
-    shapes, step = [], rp._Lockstep.step
-    monkeypatch.setattr(rp._Lockstep, "step", lambda st, anchors, *x: (shapes.append(len(anchors)),
-                                                                       step(st, anchors, *x))[1])
-    blank = dr.blank(m.c, m.dtype, "cpu", m.sliding_block)
-    assert all((w == 0).all() and w.shape == m.w[k].shape for k, w in blank.w.items())
-    rp.warm(blank, head, seqs, budget, batch=4)
-    # the first step of the first batch: one stack of 4 rows, or (DDTree on) two stacks of 2, one step each
-    assert shapes == ([4] if budget == 0 else [2, 2]), shapes
-    monkeypatch.undo()
-    assert all(torch.equal(s.tokens, t) and torch.equal(s.features, f) for s, (t, f) in zip(seqs, kept))
-    after = rp.run_chain(m, head, seqs, budget=budget, batch=4)
-    assert [r.accepted_at for r in after[0]] == [r.accepted_at for r in before[0]]
-    assert [r.rounds for r in after[0]] == [r.rounds for r in before[0]] and after[1] == before[1]
-
-
 @pytest.mark.parametrize("name", ["full", "sliding"])
 @pytest.mark.parametrize("align", [256, 8])
 def test_blocks_tail_equals_concatenated_keys(case, name, align, monkeypatch):
