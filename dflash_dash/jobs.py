@@ -900,6 +900,7 @@ def main(argv: list[str] | None = None) -> int:
         # Inductor's compile workers), which the parent would wait for before the work ends; a failure that is not
         # a user error still ends through the traceback
         rc = work_main(a.workspace)
+        sys.stdout.flush()  # fd 1 is stderr in a worker (`work_main`): what a library printed
         sys.stderr.flush()
         os._exit(rc)
     if not a.id:

@@ -95,14 +95,14 @@ def rounds(rows: list[dict], comps: dict[str, dict], block_size: int) -> list[Ro
         if c is None:
             continue
         toks, P, pid = tokens_of(c), r["prompt_len"], r["prompt_id"]
-        com = np.asarray(r["rounds"] if r["rounds"] is not None else [], dtype=np.int64)
-        at = np.concatenate([[0], np.cumsum(com)[:-1]]).astype(np.int64) if len(com) else com  # anchors - P
-        acc = np.asarray(r["accepted_at"], dtype=np.int64)[at].tolist()
+        w = metrics.Prompt.of(r)
+        anchors, acc, _ = w.walk()                              # the chain walk's anchors and accepted(p)
+        at, acc, com = anchors - P, acc.tolist(), w.rounds
         drafts = np.asarray(metrics.flat(r.get("drafts")), dtype=np.int64)
         whole = len(drafts) // D                                # anchors whose D drafts the row holds
         rd = drafts[:whole * D].reshape(whole, D)[at[at < whole]].tolist()
         T = len(toks)
-        for k, (i, a, cm) in enumerate(zip(at.tolist(), acc, com.tolist())):
+        for k, (i, a, cm) in enumerate(zip(at.tolist(), acc, com)):
             p = P + i
             n = min(D, T - 1 - p)
             out.append(Round(pid, P, p, a, cm, n, toks[p + 1:p + 1 + n], rd[k] if i < whole else []))

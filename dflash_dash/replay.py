@@ -682,16 +682,12 @@ def _spread(x: np.ndarray, cols: np.ndarray, n: int, fill) -> np.ndarray:
     return out
 
 
-def _stacks(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int):
-    """The lockstep stacks of one chain batch and their sequences: with a tree budget CHAIN_HALVES stacks that
-    alternate (the host scoring of one overlaps the other's step), else one."""
+def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int, arrays: bool) -> list[PromptResult]:
+    k = max(budget, ROUND_TOPK)
+    # with a tree budget, CHAIN_HALVES stacks alternate (host scoring of one overlaps the other's step)
     n = max(1, min(CHAIN_HALVES if budget else 1, len(seqs)))
     parts = [seqs[i * len(seqs) // n:(i + 1) * len(seqs) // n] for i in range(n)]
-    return [_Lockstep(drafter, head, p, max(budget, ROUND_TOPK), staged=not budget) for p in parts], parts
-
-
-def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int, arrays: bool) -> list[PromptResult]:
-    sts, parts = _stacks(drafter, head, seqs, budget)
+    sts = [_Lockstep(drafter, head, p, k, staged=not budget) for p in parts]
     walks = _walk_host(sts, parts, budget) if budget else None
     if not budget:
         _walk_device(sts[0])
