@@ -56,6 +56,25 @@ def test_blocks_grouped_equals_one_block(tmp_path, types, window, group):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("group,chunk", [(3, 10), (16, 40), (4, 4), (16, 7)])
+def test_every_anchor_groups_over_replicated_context(monkeypatch, tmp_path, group, chunk):
+    """draft_all drafts each call's blocks as groups of consecutive anchors over the context copied once per
+    group (`replay._replicas`; the blocks' keys written in place): equal to the one-block loop, with several
+    groups per call, a short last call (fewer groups, the last block repeated) and a sliding layer."""
+    m = dr.load(tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(
+        layer_types=["sliding_attention", "full_attention"], sliding_window=5, seed=6)), sliding_block="causal")
+    monkeypatch.setattr(rp, "GROUP", group)
+    g = torch.Generator().manual_seed(chunk)
+    head = random_head(seed=chunk)
+    T, P = 57, 6                                               # 51 anchors: no chunk size above divides them
+    tokens, feats = torch.randint(0, 512, (T,), generator=g), torch.randn(T, 128, generator=g)
+    a = rp.draft_all(m, head, feats, tokens, P, topk=4, chunk=chunk)
+    b = rp.draft_loop(m, head, feats, tokens, P, topk=4)
+    assert a.tokens.shape == (T - P, 3)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.top_ids, b.top_ids)
+    torch.testing.assert_close(a.top_logp, b.top_logp, rtol=0, atol=1e-4)
+
+
 def test_blocks_gradients_do_not_depend_on_grouping(tmp_path):
     """The demo trains through `blocks`: grouping and its padding must not change the gradients."""
     ck = tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(seed=2))
@@ -96,7 +115,8 @@ def test_head_chunks_equal_plain_log_softmax(monkeypatch, dtype):
 
 def test_triton_top_logp_matches_torch_in_interpreter():
     """The CUDA kernel's code, run by Triton's CPU interpreter: top-k values and ids equal a stable
-    descending sort's first k (so slot 0 is torch.argmax, first of equal maxima), lse equals torch's."""
+    descending sort's first k (so slot 0 is torch.argmax, first of equal maxima), lse equals torch's; with the
+    vocabulary read whole and in spans (`TOP_SPLIT`: equal values in different spans, the lower id first)."""
     code = (
         "import torch\n"
         "from dflash_dash import replay as rp\n"
@@ -104,7 +124,8 @@ def test_triton_top_logp_matches_torch_in_interpreter():
         "g = torch.Generator().manual_seed(0)\n"
         "cases = [(5000, torch.bfloat16, 8, 4.0), (4096, torch.float32, 3, 4.0), (37, torch.float32, 1, 4.0),\n"
         "         (9000, torch.bfloat16, 8, 0.0)]\n"
-        "for V, dt, k, scale in cases:\n"
+        "for (V, dt, k, scale), split in [(c, s) for c in cases for s in (1, 3, 8)]:\n"
+        "    rp.TOP_SPLIT = split\n"
         "    x = (torch.randn(3, V, generator=g) * scale).to(dt) if scale else \\\n"
         "        (torch.randint(-40, 40, (3, V), generator=g) / 8).to(dt)\n"   # many exact ties
         "    x[1, min(V - 1, 4100)] = 60.0; x[2, V - 1] = 61.0; x[2, 7] = 61.0\n"  # dominant logits, tied max
