@@ -7,13 +7,12 @@ Prints, in one process so that the variants share one machine:
   2. each matrix product of a chunk at its own shape (`gemm_*`: TFLOP/s), and the chunk's products alone
      (`chunk_gemm_floor_ms`): what the chunk would take if nothing but its products ran;
   3. `draft_all` of the sequence per variant (`seq_<variant>_fraction_of_peak`, FLOPs as bench_replay counts
-     them): the product as it is (`base`), the
-     memory-efficient attention kernel instead of cuDNN (`efficient`), the context concatenated per call as
-     before stop 26 (`concat`), the top-k read whole or in other spans (`splitN`), other chunk sizes, groups and
-     LM-head row counts; then ten sequences back to back and `replay.run` over them (`sustained10`, `run10`);
-  4. each fused element-wise piece (`drafter.Ops`) at a chunk's shapes: eager, fused (dynamic shapes, as the
-     product compiles it) and fused with static shapes, in microseconds and GB/s;
-  5. with `--profile`: the device kernels of one `draft_all` grouped by kind, and the device's busy share.
+     them): the product as it is (`base`); the context concatenated per call as before stop 26 (`concat`); the
+     element-wise kernels compiled with every dim dynamic as before stop 26 (`dynamic_compile`); the top-k over
+     tiles of 8,192 logits (`top8192`); the memory-efficient attention kernel instead of cuDNN (`efficient`);
+     then ten sequences back to back (`sustained10`) and `replay.run` over the same ten (`run10`), also with
+     Python's thread switch interval at 100 us (`run10_switch100us`) and with scoring left out (`run10_noscore`);
+  4. with `--profile`: the device kernels of one `draft_all` grouped by kind, and the device's busy share.
 
     python3 benchmarks/bench_chunk.py [--profile] [--reps 3]      # CUDA only
 """
@@ -96,24 +95,18 @@ def concat_draft(d, head, features, tokens, prompt_len, topk, chunk):
     return rp._stack(parts)
 
 
-def timed(name, d, chunk=a.chunk, ctx=contextlib.nullcontext, head_rows=None, split=None, group=None,
-          fn=None):
-    saved = rp.HEAD_ROWS, rp.TOP_SPLIT, rp.GROUP
-    rp.HEAD_ROWS, rp.TOP_SPLIT, rp.GROUP = head_rows or saved[0], split or saved[1], group or saved[2]
+def timed(name, d, chunk=a.chunk, ctx=contextlib.nullcontext, fn=None):
     fn = fn or (lambda: rp.draft_all(d, head, feats, toks, P, topk=8, chunk=chunk))
-    try:
-        with ctx(), torch.inference_mode():
-            t0 = time.perf_counter()
-            out = fn()  # warm: every shape once
-            cold = time.perf_counter() - t0
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(a.reps):
-                fn()
-            torch.cuda.synchronize()
-            s = (time.perf_counter() - t0) / a.reps
-    finally:
-        rp.HEAD_ROWS, rp.TOP_SPLIT, rp.GROUP = saved
+    with ctx(), torch.inference_mode():
+        t0 = time.perf_counter()
+        out = fn()  # warm: every shape once
+        cold = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(a.reps):
+            fn()
+        torch.cuda.synchronize()
+        s = (time.perf_counter() - t0) / a.reps
     figs[f"seq_{name}_ms"] = s * 1e3
     figs[f"seq_{name}_cold_s"] = cold
     figs[f"seq_{name}_fraction_of_peak"] = flops / s / 1e12 / peak
@@ -127,13 +120,18 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 ref = timed("base", d)
 other = timed("concat", d, fn=lambda: concat_draft(d, head, feats, toks, P, 8, a.chunk))
 figs["tail_vs_concat_draft_agreement"] = (ref.tokens == other.tokens).float().mean().item()
-for split in (1, 4, 16):
-    other = timed(f"split{split}", d, split=split)
-    figs[f"split{split}_equal_ids"] = float(torch.equal(ref.top_ids, other.top_ids))
-timed("group32", d, group=32)
+saved_ops = d.ops
+d.ops = dr.Ops(False)
+d.ops.rmsnorm, d.ops.norm_rope, d.ops.silu_mul, d.ops.add_norm = (  # as compiled before stop 26: every dim dynamic
+    torch.compile(f, dynamic=True, options={"deterministic": True})
+    for f in (dr.rmsnorm, dr.norm_rope, dr.silu_mul, dr.add_norm))
+timed("dynamic_compile", d)
+d.ops = saved_ops
+rp.TOP_BLOCK, rp.TOP_WARPS = 8192, 16
+other = timed("top8192", d)
+figs["top8192_equal_ids"] = float(torch.equal(ref.top_ids, other.top_ids))
+rp.TOP_BLOCK, rp.TOP_WARPS = 4096, 8
 timed("efficient", d, ctx=lambda: sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]))
-timed("head4096", d, head_rows=4096)
-timed("chunk512", d, chunk=512)
 
 # sustained: ten sequences back to back (clocks under a long load), then replay.run over the same ten
 n = 10
@@ -146,48 +144,30 @@ with torch.inference_mode():
         rp.draft_all(d, head, sq.features, sq.tokens, P, topk=8, chunk=a.chunk)
 torch.cuda.synchronize()
 figs["sustained10_seq_ms"] = (time.perf_counter() - t0) / n * 1e3
-t0 = time.perf_counter()
-rp.run(d, head, seqs, budget=8, chunk=a.chunk)
-torch.cuda.synchronize()
-dt = time.perf_counter() - t0
-figs |= {"run10_seq_ms": dt / n * 1e3, "run10_fraction_of_peak": flops * n / dt / 1e12 / peak}
+
+
+def run10(name):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    rp.run(d, head, seqs, budget=8, chunk=a.chunk, arrays=True)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    figs.update({f"{name}_seq_ms": dt / n * 1e3, f"{name}_fraction_of_peak": flops * n / dt / 1e12 / peak})
+
+
+run10("run10")
+switch = sys.getswitchinterval()
+sys.setswitchinterval(1e-4)
+run10("run10_switch100us")
+sys.setswitchinterval(switch)
+score = rp.score
+rp.score = lambda *args: None
+run10("run10_noscore")
+rp.score = score
 report(figs)
 figs.clear()
 
-# -- 4. element-wise pieces at a chunk's shapes: eager, fused as the product compiles them (dynamic shapes), fused
-# with static shapes; GB/s on the bytes each must read and write once
-N_ = a.chunk
-gen = torch.Generator(device=dev).manual_seed(5)
-
-
-def rnd(*shape):
-    return torch.randn(*shape, device=dev, generator=gen).to(dtype)
-
-
-pos = torch.arange(P, P + N_, device=dev)[:, None] + torch.arange(B, device=dev)
-cs, sn = d.rope(pos)
-pieces = {"silu_mul": (dr.silu_mul, (rnd(N_, B, I), rnd(N_, B, I)), 3 * N_ * B * I * 2),
-          "add_norm": (dr.add_norm, (rnd(N_, B, H), rnd(N_, B, H), rnd(H), 1e-6), 4 * N_ * B * H * 2),
-          "norm_rope": (dr.norm_rope, (rnd(N_, B, nh, hd), rnd(hd), 1e-6, cs, sn), 2 * N_ * B * nh * hd * 2),
-          "rmsnorm": (dr.rmsnorm, (rnd(N_, B, H), rnd(H), 1e-6), 2 * N_ * B * H * 2)}
-for pname, (fn, args, nbytes) in pieces.items():
-    variants = {"eager": fn, "fused": dr._compiled(fn),
-                "static": torch.compile(fn, dynamic=False, options={"deterministic": True})}
-    for vname, f in variants.items():
-        for _ in range(3):
-            f(*args)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(20):
-            f(*args)
-        torch.cuda.synchronize()
-        us = (time.perf_counter() - t0) / 20 * 1e6
-        figs[f"op_{pname}_{vname}_us"] = us
-        figs[f"op_{pname}_{vname}_gbps"] = nbytes / us / 1e3
-report(figs)
-figs.clear()
-
-# -- 5. profile ------------------------------------------------------------------------------------------
+# -- 4. profile ------------------------------------------------------------------------------------------
 
 if a.profile:
     from torch.profiler import ProfilerActivity, profile

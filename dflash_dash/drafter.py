@@ -461,8 +461,8 @@ KEY_ALIGN = 256  # context (+ block) keys of a batched call rounded up to a mult
 
 class Ops:
     """The element-wise pieces of the batched forward (`Drafter.blocks`, `context_kv`): eager torch, or each piece
-    fused into one kernel by torch.compile (Inductor; CUDA only, compiled on first use with dynamic shapes). The
-    same arithmetic either way; fused kernels round in another order (bf16: not bit for bit)."""
+    fused into one kernel by torch.compile (Inductor; CUDA only, compiled on first use, dynamic in every dim but the
+    last). The same arithmetic either way; fused kernels round in another order (bf16: not bit for bit)."""
 
     def __init__(self, compiled: bool):
         f = _compiled if compiled else (lambda fn: fn)
@@ -477,11 +477,18 @@ def _compiled(fn):
     # deterministic: no kernel configs chosen by timing them, so every process fuses with the same reductions and
     # a replay gives the same drafts in any process (a bf16 near tie would otherwise flip between runs)
     opts = {"deterministic": True} if hasattr(inductor, "deterministic") else None
-    fused = [torch.compile(fn, dynamic=True, options=opts)]
+    # every dim dynamic but the last (the hidden or head size, the reductions' length): one compile serves every
+    # row count, and the reductions are specialised to their length (with it dynamic too, Inductor reads a row
+    # twice in a loop; about 1.5x slower on the H200, bench_chunk.py)
+    fused = [torch.compile(fn, dynamic=False, options=opts)]
 
     def call(*args):
         if fused:
             try:
+                for a in args:
+                    if isinstance(a, torch.Tensor):
+                        for d in range(a.dim() - 1):
+                            torch._dynamo.maybe_mark_dynamic(a, d)
                 return fused[0](*args)
             except Exception as e:  # noqa: BLE001  (no working Inductor here: eager is the same arithmetic)
                 warnings.warn(f"fused {fn.__name__} unavailable ({type(e).__name__}: {str(e)[:200]}); running eager")

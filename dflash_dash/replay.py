@@ -47,72 +47,55 @@ def _embed_blocks(drafter: Drafter, head: Head, tokens: torch.Tensor, anchors: t
 HEAD_ROWS = 2048  # rows of the LM head computed at once: bounds the [rows, V] logits buffer
 
 
-TOP_SPLIT = 8  # CUDA top-k: each row of logits read by this many programs (one span of the vocabulary each),
-               # their partial top-k and log-sum-exp merged after: one program per row left the H200 mostly idle
+TOP_BLOCK, TOP_WARPS = 4096, 8  # logits per tile of the CUDA top-k kernel, and its warps per row
 
 
 def _top_triton():
-    """A Triton kernel reading each row of logits [R, V] once, in `TOP_SPLIT` spans of the vocabulary (one
-    program per row and span): per span the top-k (descending; among equal values the lower id first) and
-    log-sum-exp in fp32, then merged in torch, so that slot 0 is torch.argmax. Built on first use."""
+    """A Triton kernel reading each row of logits [R, V] once: top-k (descending; among equal values the
+    lower id first, so slot 0 is torch.argmax) and log-sum-exp in fp32. Built on first use."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def top_rows(x_ptr, stride, val_ptr, idx_ptr, lse_ptr, V: tl.constexpr, SPAN: tl.constexpr, K: tl.constexpr,
+    def top_rows(x_ptr, stride, val_ptr, idx_ptr, lse_ptr, V: tl.constexpr, K: tl.constexpr,
                  KP: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
-        part = tl.program_id(1)
-        parts = tl.num_programs(1)
         lanes = tl.arange(0, BLOCK)
         slots = tl.arange(0, KP)
         m = tl.full([BLOCK], -1e30, tl.float32)                  # running max per lane (finite: no inf - inf)
         s = tl.zeros([BLOCK], tl.float32)                        # running sum of exp(x - m) per lane
         bv = tl.where(slots < K, float("-inf"), float("inf"))    # best K values so far (pad slots: never out)
         bi = tl.zeros([KP], tl.int32)                            # their ids
-        lo = tl.min(bv, 0)                                       # the K-th best value so far (-inf)
-        for t in range(0, SPAN, BLOCK):                          # this program's span (the last may end past V)
-            off = part * SPAN + t
+        for off in range(0, V, BLOCK):
             x = tl.load(x_ptr + row * stride + off + lanes, mask=off + lanes < V, other=float("-inf"))
             x = x.to(tl.float32)
-            m2 = tl.maximum(m, x)
-            s = s * tl.exp(m - m2) + tl.exp(x - m2)
-            m = m2
-            top = tl.max(x, 0)
-            while top > lo:                                      # the tile's best beats the K-th best
+            e = tl.exp(-tl.abs(x - m))                           # one exp per element (x = -inf: 0)
+            s = tl.where(x > m, s * e + 1.0, s + e)              # the lane's sum, rescaled to its new max
+            m = tl.maximum(m, x)
+            while tl.max(x, 0) > tl.min(bv, 0):                  # the tile's best beats the K-th best
                 i = tl.argmax(x, 0, tie_break_left=True)
-                out = tl.argmax(tl.where(bv == lo, bi, -1), 0)   # K-th best (of equals, last id)
-                bv = tl.where(slots == out, top, bv)
+                out = tl.argmax(tl.where(bv == tl.min(bv, 0), bi, -1), 0)  # K-th best (of equals, last id)
+                bv = tl.where(slots == out, tl.max(x, 0), bv)
                 bi = tl.where(slots == out, off + i, bi)
-                lo = tl.min(bv, 0)
                 x = tl.where(lanes == i, float("-inf"), x)
-                top = tl.max(x, 0)
         mx = tl.max(m, 0)
-        at = row * parts + part
-        tl.store(lse_ptr + at, mx + tl.log(tl.sum(s * tl.exp(m - mx), 0)))
+        tl.store(lse_ptr + row, mx + tl.log(tl.sum(s * tl.exp(m - mx), 0)))
         live = slots < K
         for j in tl.static_range(K):                             # sorted: value down, then id up
             v = tl.max(tl.where(live, bv, float("-inf")), 0)
             i = tl.min(tl.where(live & (bv == v), bi, 2147483647), 0)
-            tl.store(val_ptr + at * K + j, v)
-            tl.store(idx_ptr + at * K + j, i.to(tl.int64))
+            tl.store(val_ptr + row * K + j, v)
+            tl.store(idx_ptr + row * K + j, i.to(tl.int64))
             live = live & ((bv != v) | (bi != i))
 
     def top(x: torch.Tensor, k: int):
         R, V = x.shape
-        BLOCK = 4096
-        span = -(-(-(-V // max(1, TOP_SPLIT))) // BLOCK) * BLOCK   # whole tiles per span
-        parts = -(-V // span)
-        vals = torch.empty(R, parts, k, dtype=torch.float32, device=x.device)
-        ids = torch.empty(R, parts, k, dtype=torch.long, device=x.device)
-        lse = torch.empty(R, parts, dtype=torch.float32, device=x.device)
-        top_rows[(R, parts)](x, x.stride(0), vals, ids, lse, V=V, SPAN=span, K=k, KP=max(2, triton.next_power_of_2(k)),
-                             BLOCK=BLOCK, num_warps=8)
-        if parts == 1:
-            return vals[:, 0], ids[:, 0], lse[:, 0]
-        # spans in id order, each sorted (value down, id up): a stable sort by value keeps lower ids first
-        vals, order = torch.sort(vals.view(R, -1), dim=-1, descending=True, stable=True)
-        return vals[:, :k], ids.view(R, -1).gather(1, order[:, :k]), torch.logsumexp(lse, -1)
+        vals = torch.empty(R, k, dtype=torch.float32, device=x.device)
+        ids = torch.empty(R, k, dtype=torch.long, device=x.device)
+        lse = torch.empty(R, dtype=torch.float32, device=x.device)
+        top_rows[(R,)](x, x.stride(0), vals, ids, lse, V=V, K=k, KP=max(2, triton.next_power_of_2(k)),
+                       BLOCK=TOP_BLOCK, num_warps=TOP_WARPS)
+        return vals, ids, lse
     return top
 
 

@@ -115,8 +115,8 @@ def test_head_chunks_equal_plain_log_softmax(monkeypatch, dtype):
 
 def test_triton_top_logp_matches_torch_in_interpreter():
     """The CUDA kernel's code, run by Triton's CPU interpreter: top-k values and ids equal a stable
-    descending sort's first k (so slot 0 is torch.argmax, first of equal maxima), lse equals torch's; with the
-    vocabulary read whole and in spans (`TOP_SPLIT`: equal values in different spans, the lower id first)."""
+    descending sort's first k (so slot 0 is torch.argmax, first of equal maxima), lse equals torch's; with
+    tiles of the product's size and small ones (`TOP_BLOCK`: many tiles per row, equal values in different ones)."""
     code = (
         "import torch\n"
         "from dflash_dash import replay as rp\n"
@@ -124,8 +124,8 @@ def test_triton_top_logp_matches_torch_in_interpreter():
         "g = torch.Generator().manual_seed(0)\n"
         "cases = [(5000, torch.bfloat16, 8, 4.0), (4096, torch.float32, 3, 4.0), (37, torch.float32, 1, 4.0),\n"
         "         (9000, torch.bfloat16, 8, 0.0)]\n"
-        "for (V, dt, k, scale), split in [(c, s) for c in cases for s in (1, 3, 8)]:\n"
-        "    rp.TOP_SPLIT = split\n"
+        "for (V, dt, k, scale), blk in [(c, b) for c in cases for b in (rp.TOP_BLOCK, 512)]:\n"
+        "    rp.TOP_BLOCK = blk\n"
         "    x = (torch.randn(3, V, generator=g) * scale).to(dt) if scale else \\\n"
         "        (torch.randint(-40, 40, (3, V), generator=g) / 8).to(dt)\n"   # many exact ties
         "    x[1, min(V - 1, 4100)] = 60.0; x[2, V - 1] = 61.0; x[2, 7] = 61.0\n"  # dominant logits, tied max
