@@ -236,13 +236,9 @@ def accepted(drafts: np.ndarray, tokens: np.ndarray, prompt_len: int) -> np.ndar
     """accepted(p) for p = P..T-1: leading drafts equal to tokens[p+1..], inside the completion only."""
     T = len(tokens)
     A, D = drafts.shape
-    out = np.zeros(A, dtype=np.int64)
-    for a in range(A):
-        p = prompt_len + a
-        n = min(D, T - 1 - p)
-        ok = drafts[a, :n] == tokens[p + 1 : p + 1 + n]
-        out[a] = n if ok.all() else int(np.argmin(ok))
-    return out
+    at = prompt_len + 1 + np.arange(A)[:, None] + np.arange(D)      # [A, D] position each draft guesses
+    ok = (at < T) & (drafts == np.asarray(tokens)[np.minimum(at, T - 1)])
+    return np.cumprod(ok, axis=1).sum(axis=1).astype(np.int64)    # leading matches
 
 
 def walk(acc: np.ndarray, prompt_len: int, T: int) -> list[tuple[int, int, int]]:
@@ -264,32 +260,39 @@ def tree_accept(top_ids: np.ndarray, top_logp: np.ndarray, target: np.ndarray, b
     first child (next depth, rank 0), until `budget` non-root nodes exist. Returns the length of the
     longest root path whose tokens equal `target` (the next tokens, already cut to the completion).
     """
-    D, k = top_ids.shape
+    D, k = min(top_ids.shape[0], budget), min(top_ids.shape[1], budget)  # deeper or lower ranks never pop
     if budget <= 0 or D == 0 or k == 0:
         return 0
+    ids, lp = top_ids[:D, :k].tolist(), top_logp[:D, :k].tolist()  # Python lists: no numpy scalar per read
     paths: set[tuple[int, ...]] = set()      # token paths in the tree
-    heap = [(-float(top_logp[0, 0]), (0,))]   # (-score, ranks)
+    heap = [(-lp[0][0], (0,))]                # (-score, ranks)
     while heap and len(paths) < budget:
         neg, ranks = heapq.heappop(heap)
         d, r = len(ranks), ranks[-1]
-        paths.add(tuple(int(top_ids[i, ranks[i]]) for i in range(d)))
-        base = -neg - float(top_logp[d - 1, r])
+        paths.add(tuple(ids[i][ranks[i]] for i in range(d)))
+        base = -neg - lp[d - 1][r]
         if r + 1 < k:
-            heapq.heappush(heap, (-(base + float(top_logp[d - 1, r + 1])), ranks[:-1] + (r + 1,)))
+            heapq.heappush(heap, (-(base + lp[d - 1][r + 1]), ranks[:-1] + (r + 1,)))
         if d < D:
-            heapq.heappush(heap, (neg - float(top_logp[d, 0]), ranks + (0,)))
+            heapq.heappush(heap, (neg - lp[d][0], ranks + (0,)))
+    target = [int(t) for t in target]
     n = 0
-    while n < len(target) and tuple(int(t) for t in target[: n + 1]) in paths:
+    while n < len(target) and tuple(target[: n + 1]) in paths:
         n += 1
     return n
 
 
 def tree_accepted(d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int) -> np.ndarray:
-    """DDTree acceptance at every completion anchor."""
+    """DDTree acceptance at every completion anchor (0 without a tree walk where the next token is none of the
+    first slot's candidates that a tree of `budget` nodes can hold)."""
     T = len(tokens)
     ids, logp = d.top_ids.numpy(), d.top_logp.numpy()
     out = np.zeros(len(ids), dtype=np.int64)
-    for a in range(len(ids)):
+    if not len(ids) or budget <= 0 or 0 in ids.shape[1:]:
+        return out
+    nxt = np.asarray(tokens)[np.minimum(prompt_len + 1 + np.arange(len(ids)), T - 1)]
+    live = np.flatnonzero((ids[:, 0, :budget] == nxt[:, None]).any(axis=1))  # anchors whose slot 1 can match
+    for a in live.tolist():
         p = prompt_len + a
         out[a] = tree_accept(ids[a], logp[a], tokens[p + 1 : min(T, p + ids.shape[1] + 1)], budget)
     return out

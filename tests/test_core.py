@@ -239,6 +239,46 @@ def test_ddtree_by_hand():
     assert rp.tree_accept(ids, logp, np.array([10, 20, 30]), 1) == 1
 
 
+def _plain_tree(ids, logp, target, budget):
+    """DDTree-b by its definition, no shortcuts: the `budget` best prefix-closed paths, grown best-first."""
+    import heapq
+    D, k = ids.shape
+    paths, heap = set(), [(-float(logp[0, 0]), (0,))] if budget > 0 and D and k else []
+    while heap and len(paths) < budget:
+        neg, ranks = heapq.heappop(heap)
+        d, r = len(ranks), ranks[-1]
+        paths.add(tuple(int(ids[i, ranks[i]]) for i in range(d)))
+        if r + 1 < k:
+            heapq.heappush(heap, (neg + float(logp[d - 1, r]) - float(logp[d - 1, r + 1]), ranks[:-1] + (r + 1,)))
+        if d < D:
+            heapq.heappush(heap, (neg - float(logp[d, 0]), ranks + (0,)))
+    n = 0
+    while n < len(target) and tuple(int(t) for t in target[:n + 1]) in paths:
+        n += 1
+    return n
+
+
+def test_scoring_shortcuts_equal_plain_definitions():
+    """`accepted` (vectorised), `tree_accept` (candidates cut to the budget's depth and rank) and `tree_accepted`
+    (no tree where the next token is none of slot 1's candidates) equal the plain per-anchor definitions, with
+    tied log-probabilities, tiny vocabularies (many matches) and budgets beyond the candidates."""
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        T, D, k, V = int(rng.integers(3, 120)), int(rng.integers(1, 8)), int(rng.integers(1, 6)), int(rng.integers(2, 9))
+        P = int(rng.integers(1, T))
+        tokens, A = rng.integers(0, V, T), T - P
+        ids = np.array([[rng.permutation(max(V, k))[:k] for _ in range(D)] for _ in range(A)]).reshape(A, D, k)
+        logp = np.sort(np.round(-rng.exponential(1.0, (A, D, k)), 1), -1)[..., ::-1].astype(np.float32)
+        drafts = ids[:, :, 0]
+        plain = [next((j for j in range(min(D, T - 1 - p)) if drafts[p - P, j] != tokens[p + 1 + j]),
+                      min(D, T - 1 - p)) for p in range(P, T)]
+        assert rp.accepted(drafts, tokens, P).tolist() == plain
+        d = rp.Drafts(torch.from_numpy(drafts.copy()), torch.from_numpy(ids), torch.from_numpy(logp.copy()))
+        for budget in (0, 1, 2, 5, 30):
+            want = [_plain_tree(ids[a], logp[a], tokens[P + a + 1: min(T, P + a + D + 1)], budget) for a in range(A)]
+            assert rp.tree_accepted(d, tokens, P, budget).tolist() == want, (trial, budget)
+
+
 def test_full_tree_never_below_chain(models):
     """A budget that covers every path of the top-2 candidates contains the greedy chain: tree >= chain;
     budget 1 is the first greedy draft alone."""
