@@ -147,6 +147,8 @@ def _stack(parts) -> Drafts:
 
 
 GROUP = 16  # every-anchor: consecutive blocks whose queries share one attention call's keys (`Drafter.blocks`)
+REPLICA_BYTES = 4 << 30  # every-anchor: bound on the context K/V copies of one sequence (`_replicas`); a long
+                         # sequence gets fewer groups per call (2,560 tokens at 27B shapes: 16 groups, 0.9 GiB)
 
 
 def _replicas(drafter: Drafter, kv: list, S: int, spare: int) -> list:
@@ -170,10 +172,13 @@ def _draft(drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.T
     """Queue the every-anchor drafts of one sequence on the device; per-chunk results stay there.
 
     Each call drafts `chunk` blocks as S groups of G consecutive anchors over the context replicated S times
-    (`_replicas`); a shorter last chunk uses the first groups it needs, its last block repeated to fill them."""
-    T, dev, B = len(tokens), drafter.device, drafter.c.block_size
-    G = max(1, min(GROUP, chunk))
-    S = -(-chunk // G)
+    (`_replicas`, S bounded by REPLICA_BYTES); a shorter last chunk uses the first groups it needs, its last block
+    repeated to fill them."""
+    T, dev, c = len(tokens), drafter.device, drafter.c
+    B, G = c.block_size, max(1, min(GROUP, chunk))
+    per = 2 * c.num_hidden_layers * c.num_key_value_heads * (G * B + T + drafter_mod.KEY_ALIGN) * c.head_dim
+    S = max(1, min(-(-chunk // G), REPLICA_BYTES // (per * drafter.w["fc.weight"].element_size())))
+    chunk = min(chunk, S * G)
     kv = _replicas(drafter, drafter.context_kv(features.to(dev)), S, G * B)
     tokens = tokens.to(head.embed.device)
     parts = []

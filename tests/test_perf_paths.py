@@ -56,14 +56,17 @@ def test_blocks_grouped_equals_one_block(tmp_path, types, window, group):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("group,chunk", [(3, 10), (16, 40), (4, 4), (16, 7)])
-def test_every_anchor_groups_over_replicated_context(monkeypatch, tmp_path, group, chunk):
+@pytest.mark.parametrize("group,chunk,replica_bytes", [(3, 10, 4 << 30), (16, 40, 4 << 30), (4, 4, 4 << 30),
+                                                        (16, 7, 4 << 30), (3, 10, 1)])
+def test_every_anchor_groups_over_replicated_context(monkeypatch, tmp_path, group, chunk, replica_bytes):
     """draft_all drafts each call's blocks as groups of consecutive anchors over the context copied once per
     group (`replay._replicas`; the blocks' keys written in place): equal to the one-block loop, with several
-    groups per call, a short last call (fewer groups, the last block repeated) and a sliding layer."""
+    groups per call, a short last call (fewer groups, the last block repeated), a sliding layer, and a copy
+    budget (`REPLICA_BYTES`) that leaves one group per call."""
     m = dr.load(tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(
         layer_types=["sliding_attention", "full_attention"], sliding_window=5, seed=6)), sliding_block="causal")
     monkeypatch.setattr(rp, "GROUP", group)
+    monkeypatch.setattr(rp, "REPLICA_BYTES", replica_bytes)
     g = torch.Generator().manual_seed(chunk)
     head = random_head(seed=chunk)
     T, P = 57, 6                                               # 51 anchors: no chunk size above divides them
