@@ -479,7 +479,7 @@ def _compiled(fn):
     opts = {"deterministic": True} if hasattr(inductor, "deterministic") else None
     # every dim dynamic but the last (the hidden or head size, the reductions' length): one compile serves every
     # row count, and the reductions are specialised to their length (with it dynamic too, Inductor reads a row
-    # twice in a loop; about 1.5x slower on the H200, bench_chunk.py)
+    # twice in a loop: 19.6 against 9.5 ms a 2,560-token sequence on the H200, bench_chunk.py)
     fused = [torch.compile(fn, dynamic=False, options=opts)]
 
     def call(*args):
