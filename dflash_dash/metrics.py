@@ -642,9 +642,14 @@ def complete(summary: dict, rows: list) -> dict:
 
 
 def per_prompt(row: Any, block_size: int, tree_budget: int) -> dict:
-    """Every per-prompt metric of the registry for one prompt."""
-    p, ctx = Prompt.of(row), Ctx(block_size, tree_budget)
-    return {m.key: m.prompt(p, ctx) for m in PER_PROMPT}
+    """Every per-prompt metric of the registry for one prompt (computed once per Prompt, block size and budget: a
+    run's store step asks for them twice, for its rows and for its prompts analysis)."""
+    p = Prompt.of(row)
+    got = p.__dict__.get(("_per", block_size, tree_budget))
+    if got is None:
+        ctx = Ctx(block_size, tree_budget)
+        got = p.__dict__[("_per", block_size, tree_budget)] = {m.key: m.prompt(p, ctx) for m in PER_PROMPT}
+    return dict(got)
 
 
 def prompt_rows(rows: list[dict], block_size: int, tree_budget: int,
