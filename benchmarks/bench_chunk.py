@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
-from _common import matmul_tflops, note, report  # noqa: E402
+from _common import Clock, matmul_tflops, note, report  # noqa: E402
 from bench_replay import FULL, rand_weights, run_flops  # noqa: E402
 
 from dflash_dash import drafter as dr, replay as rp, target as tg  # noqa: E402
@@ -51,12 +51,10 @@ def gemm_ms(m, n, k, reps=10):
     x, w = torch.randn(m, k, device=dev, dtype=dtype), torch.randn(n, k, device=dev, dtype=dtype)
     for _ in range(3):
         x @ w.T
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        x @ w.T
-    torch.cuda.synchronize()
-    ms = (time.perf_counter() - t0) / reps * 1e3
+    with Clock(dev) as clk:
+        for _ in range(reps):
+            x @ w.T
+    ms = clk.s / reps * 1e3
     figs[f"gemm_{m}x{n}x{k}_tflops"] = 2 * m * n * k / ms / 1e9
     return ms
 
@@ -95,18 +93,15 @@ def concat_draft(d, head, features, tokens, prompt_len, topk, chunk):
     return rp._stack(parts)
 
 
-def timed(name, d, chunk=a.chunk, ctx=contextlib.nullcontext, fn=None):
-    fn = fn or (lambda: rp.draft_all(d, head, feats, toks, P, topk=8, chunk=chunk))
+def timed(name, d, ctx=contextlib.nullcontext, fn=None):
+    fn = fn or (lambda: rp.draft_all(d, head, feats, toks, P, topk=8, chunk=a.chunk))
     with ctx(), torch.inference_mode():
-        t0 = time.perf_counter()
-        out = fn()  # warm: every shape once
-        cold = time.perf_counter() - t0
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(a.reps):
-            fn()
-        torch.cuda.synchronize()
-        s = (time.perf_counter() - t0) / a.reps
+        with Clock(dev) as first:
+            out = fn()  # warm: every shape once
+        with Clock(dev) as clk:
+            for _ in range(a.reps):
+                fn()
+    cold, s = first.s, clk.s / a.reps
     figs[f"seq_{name}_ms"] = s * 1e3
     figs[f"seq_{name}_cold_s"] = cold
     figs[f"seq_{name}_fraction_of_peak"] = flops / s / 1e12 / peak
@@ -137,21 +132,16 @@ timed("efficient", d, ctx=lambda: sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]))
 n = 10
 seqs = [rp.Sequence(f"p{i}", torch.randint(0, V, (T,), generator=torch.Generator().manual_seed(i)), P, feats)
         for i in range(n)]
-torch.cuda.synchronize()
-t0 = time.perf_counter()
-with torch.inference_mode():
+with torch.inference_mode(), Clock(dev) as clk:
     for sq in seqs:
         rp.draft_all(d, head, sq.features, sq.tokens, P, topk=8, chunk=a.chunk)
-torch.cuda.synchronize()
-figs["sustained10_seq_ms"] = (time.perf_counter() - t0) / n * 1e3
+figs["sustained10_seq_ms"] = clk.s / n * 1e3
 
 
 def run10(name):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    rp.run(d, head, seqs, budget=8, chunk=a.chunk, arrays=True)
-    torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
+    with Clock(dev) as clk:
+        rp.run(d, head, seqs, budget=8, chunk=a.chunk, arrays=True)
+    dt = clk.s
     figs.update({f"{name}_seq_ms": dt / n * 1e3, f"{name}_fraction_of_peak": flops * n / dt / 1e12 / peak})
 
 

@@ -151,19 +151,30 @@ REPLICA_BYTES = 4 << 30  # every-anchor: bound on the context K/V copies of one 
                          # sequence gets fewer groups per call (2,560 tokens at 27B shapes: 16 groups, 0.9 GiB)
 
 
+def _tail_keys(spare: int, T: int) -> int:
+    """Key slots of a `Drafter.blocks(tail=True)` stack: `spare` block slots, then >= T context slots, a multiple of
+    KEY_ALIGN in all (the extra slots stay zero and are never visible)."""
+    return -(-(spare + T) // drafter_mod.KEY_ALIGN) * drafter_mod.KEY_ALIGN
+
+
+def _tail_kv(drafter: Drafter, S: int, spare: int, T: int) -> list:
+    """Per layer zeroed (k, v) [S, nkv, _tail_keys(spare, T), hd]: the stacked context K/V that
+    `Drafter.blocks(tail=True)` takes, the context to be written from slot `spare` on."""
+    c = drafter.c
+    shape = (S, c.num_key_value_heads, _tail_keys(spare, T), c.head_dim)
+    return [tuple(torch.zeros(shape, dtype=drafter.dtype, device=drafter.device) for _ in range(2))
+            for _ in range(c.num_hidden_layers)]
+
+
 def _replicas(drafter: Drafter, kv: list, S: int, spare: int) -> list:
-    """One sequence's context K/V (per layer [nkv, T, hd]) copied into S stacked rows after `spare` key slots, as
-    `Drafter.blocks(tail=True)` takes them: [S, nkv, spare + T', hd], T' >= T so that spare + T' is a multiple of
-    KEY_ALIGN (the extra keys are zeros, never visible). The blocks' keys are then written in place at each call
-    instead of each call concatenating [context ; blocks] per group."""
-    nkv, T, hd = kv[0][0].shape
-    keys = -(-(spare + T) // drafter_mod.KEY_ALIGN) * drafter_mod.KEY_ALIGN
-    out = []
-    for k, v in kv:
-        pair = torch.zeros(2, S, nkv, keys, hd, dtype=k.dtype, device=k.device)  # [2, S, nkv, spare+T', hd]
-        pair[0, :, :, spare:spare + T] = k
-        pair[1, :, :, spare:spare + T] = v
-        out.append((pair[0], pair[1]))
+    """One sequence's context K/V (per layer [nkv, T, hd]) copied into the S rows of a `_tail_kv` stack. The
+    blocks' keys are then written in place at each call instead of each call concatenating [context ; blocks]
+    per group."""
+    T = kv[0][0].shape[1]
+    out = _tail_kv(drafter, S, spare, T)
+    for (K, V), (k, v) in zip(out, kv):
+        K[:, :, spare:spare + T] = k
+        V[:, :, spare:spare + T] = v
     return out
 
 
@@ -176,8 +187,8 @@ def _draft(drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.T
     repeated to fill them."""
     T, dev, c = len(tokens), drafter.device, drafter.c
     B, G = c.block_size, max(1, min(GROUP, chunk))
-    per = 2 * c.num_hidden_layers * c.num_key_value_heads * (G * B + T + drafter_mod.KEY_ALIGN) * c.head_dim
-    S = max(1, min(-(-chunk // G), REPLICA_BYTES // (per * drafter.w["fc.weight"].element_size())))
+    per = 2 * c.num_hidden_layers * c.num_key_value_heads * _tail_keys(G * B, T) * c.head_dim  # values a replica
+    S = max(1, min(-(-chunk // G), REPLICA_BYTES // (per * drafter.dtype.itemsize)))
     chunk = min(chunk, S * G)
     kv = _replicas(drafter, drafter.context_kv(features.to(dev)), S, G * B)
     tokens = tokens.to(head.embed.device)
@@ -471,11 +482,8 @@ class _Lockstep:
             tok[j, :len(s.tokens)] = s.tokens
         self.tok = tok.to(dev)
         self.A = A = max([len(s.tokens) - s.prompt_len for s in seqs] + [1])
-        B, align = c.block_size, drafter_mod.KEY_ALIGN
-        keys = -(-(B + self.T_pad) // align) * align      # a block's slots, then context slots >= T_pad
-        shape = (S, c.num_key_value_heads, keys, c.head_dim)
-        self.kv = [(torch.zeros(shape, dtype=drafter.dtype, device=dev),
-                    torch.zeros(shape, dtype=drafter.dtype, device=dev)) for _ in range(c.num_hidden_layers)]
+        B = c.block_size
+        self.kv = _tail_kv(drafter, S, B, self.T_pad)     # a block's slots, then context slots >= T_pad
         for s0 in range(0, S, CTX_SEQS):  # context K/V a few sequences at a time, into the stack
             for (K, V), (k_, v_) in zip(self.kv, drafter.context_kv(_stack_features(drafter, seqs[s0:s0 + CTX_SEQS]))):
                 K[s0:s0 + len(k_), :, B:B + k_.shape[-2]] = k_
