@@ -6,6 +6,7 @@ running jobs.
 Pages read the store and the feature cache only, a page run in one store session; long work runs as jobs (separate
 processes).
 """
+
 from __future__ import annotations
 
 import streamlit as st
@@ -36,8 +37,10 @@ def running_jobs() -> None:
     if not active:
         st.caption("no running jobs")
     for j in active:
-        st.progress(min(1.0, max(0.0, float(j["progress"] or 0.0))),
-                    text=f"{j['kind']} · {j['status']} · {str(j['step'] or '')[:60]}")
+        st.progress(
+            min(1.0, max(0.0, float(j["progress"] or 0.0))),
+            text=f"{j['kind']} · {j['status']} · {str(j['step'] or '')[:60]}",
+        )
 
 
 @st.fragment(run_every=3.0)
@@ -56,4 +59,4 @@ with st.sidebar:
     running_jobs()
 
 with common.store().session():  # one store connection for the page's reads (one open, not one per query); the
-    page.run()                  # lock is held for the run, so jobs' writes wait at most one page render
+    page.run()  # lock is held for the run, so jobs' writes wait at most one page render

@@ -3,6 +3,7 @@
 Contract: nothing here knows the product; each benchmark prints its figures through `report`, one
 `name: value` line each, so that RESULTS.md and CI logs can be grepped.
 """
+
 from __future__ import annotations
 
 import sys
@@ -47,11 +48,11 @@ def matmul_tflops(device, n: int = 8192, dtype=torch.bfloat16, reps: int = 10) -
     with Clock(device) as c:
         for _ in range(reps):
             a @ b
-    return 2 * n ** 3 * reps / c.s / 1e12
+    return 2 * n**3 * reps / c.s / 1e12
 
 
 def peak_gib(device) -> float:
-    return torch.cuda.max_memory_allocated(device) / 2 ** 30 if torch.device(device).type == "cuda" else 0.0
+    return torch.cuda.max_memory_allocated(device) / 2**30 if torch.device(device).type == "cuda" else 0.0
 
 
 def report(figures: dict) -> None:
@@ -64,7 +65,9 @@ def report(figures: dict) -> None:
 
 def profile(fn, device, rows: int = 25) -> None:
     """Print the top device kernels of one call of `fn` (torch.profiler), for finding where time goes."""
-    from torch.profiler import ProfilerActivity, profile as prof
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
     with prof(activities=acts) as p:
         fn()

@@ -6,6 +6,7 @@ start time, row count and key bound are recorded, plus the staged LM head's row 
 that each finished walk is appended to; with `path` each walk is also appended there as one JSON line (a worker
 process: `trace_site/sitecustomize.py`). `excess(first, again)` compares two walks that ran the same steps.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,11 +14,12 @@ import time
 
 
 def install(path: str | None = None) -> list[dict]:
-    from dflash_dash import drafter as dr, replay as rp
+    from dflash_dash import drafter as dr
+    from dflash_dash import replay as rp
+
     walks: list[dict] = []
     cur: dict = {}
-    step0, head0, walk0, init0, chain0 = (rp._Lockstep.step, rp._head, rp._walk_device, rp._Lockstep.__init__,
-                                          rp.chain)
+    step0, head0, walk0, init0, chain0 = (rp._Lockstep.step, rp._head, rp._walk_device, rp._Lockstep.__init__, rp.chain)
 
     def init(self, drafter, *a, **k):
         t = time.perf_counter()
@@ -25,8 +27,9 @@ def install(path: str | None = None) -> list[dict]:
         cur["ctx_host_s"] = time.perf_counter() - t
 
     def step(self, anchors, record, top):
-        cur.setdefault("trace", []).append((time.perf_counter(), len(anchors),
-                                            -(-(self.d.c.block_size + top) // dr.KEY_ALIGN)))
+        cur.setdefault("trace", []).append(
+            (time.perf_counter(), len(anchors), -(-(self.d.c.block_size + top) // dr.KEY_ALIGN))
+        )
         return step0(self, anchors, record, top)
 
     def head(drafter, hd, h, k, slots=None):
@@ -61,8 +64,12 @@ def excess(w1: dict, w2: dict, key_align: int) -> tuple[dict, list[str]]:
     """Step i of walk `w1` against step i of `w2` (the same steps), summed by kind of step: the first three, a new
     row count, a new key length, a new staged-head row count, other. Returns (figures, note lines)."""
     same = [tuple(x[1:]) for x in w1["trace"]] == [tuple(x[1:]) for x in w2["trace"]]
-    figs = {"walks_same_steps": int(same), "walk_first_s": w1["end"] - w1["start"],
-            "walk_again_s": w2["end"] - w2["start"], "walk_steps": len(w1["trace"]) - 1}
+    figs = {
+        "walks_same_steps": int(same),
+        "walk_first_s": w1["end"] - w1["start"],
+        "walk_again_s": w2["end"] - w2["start"],
+        "walk_steps": len(w1["trace"]) - 1,
+    }
     if not same:
         return figs, []
     dt = lambda w: [b[0] - a[0] for a, b in zip(w["trace"], w["trace"][1:])]  # noqa: E731
@@ -73,8 +80,17 @@ def excess(w1: dict, w2: dict, key_align: int) -> tuple[dict, list[str]]:
     seen_r, seen_k, seen_h, kinds, top = set(), set(), set(), {}, []
     for i, (_, r, kb) in enumerate(w1["trace"][:-1]):
         hr = set(head_rows.get(i, [])) - seen_h
-        kind = ("first" if i < 3 else "new_rows" if r not in seen_r else "new_keys" if kb not in seen_k
-                else "new_head_rows" if hr else "other")
+        kind = (
+            "first"
+            if i < 3
+            else "new_rows"
+            if r not in seen_r
+            else "new_keys"
+            if kb not in seen_k
+            else "new_head_rows"
+            if hr
+            else "other"
+        )
         seen_r.add(r), seen_k.add(kb), seen_h.update(hr)
         kinds.setdefault(kind, [0, 0.0])
         kinds[kind][0] += 1
@@ -87,8 +103,10 @@ def excess(w1: dict, w2: dict, key_align: int) -> tuple[dict, list[str]]:
     for e in ex:
         cum.append(cum[-1] + e)
     n = len(ex)
-    notes = ["largest first-walk excess steps (ms, step, rows, key bound, kind): " + "; ".join(
-        f"{e * 1e3:.0f} #{i} R{r} K{k} {kd}" for e, i, r, k, kd in sorted(top, reverse=True)[:15]),
-        "cumulative excess at 0/10/25/50/75/100 % of the steps (s): " + ", ".join(
-        f"{cum[int(n * q)]:.2f}" for q in (0, 0.1, 0.25, 0.5, 0.75, 1.0))]
+    notes = [
+        "largest first-walk excess steps (ms, step, rows, key bound, kind): "
+        + "; ".join(f"{e * 1e3:.0f} #{i} R{r} K{k} {kd}" for e, i, r, k, kd in sorted(top, reverse=True)[:15]),
+        "cumulative excess at 0/10/25/50/75/100 % of the steps (s): "
+        + ", ".join(f"{cum[int(n * q)]:.2f}" for q in (0, 0.1, 0.25, 0.5, 0.75, 1.0)),
+    ]
     return figs, notes

@@ -18,6 +18,7 @@ times with the machine's 1-min load average before and after.
 Contract: reads the workspace only (the dashboard it starts is the product's own `streamlit run app.py`); it
 builds nothing. Chromium at /usr/bin/chromium (override with DFLASH_CHROMIUM).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,9 +38,30 @@ from tools.browser import ARGS, CHROMIUM, DRAWN
 def serve(ws: Path, port: int, log: Path) -> subprocess.Popen:
     """The dashboard on `ws`, polled until /_stcore/health answers."""
     app = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-         "--", "--workspace", str(ws)], cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            "app.py",
+            "--server.headless",
+            "true",
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--browser.gatherUsageStats",
+            "false",
+            "--server.fileWatcherType",
+            "none",
+            "--",
+            "--workspace",
+            str(ws),
+        ],
+        cwd=ROOT,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if app.poll() is not None:
@@ -57,6 +79,7 @@ def serve(ws: Path, port: int, log: Path) -> subprocess.Popen:
 def pages(ws: Path) -> dict[str, str]:
     """Page name -> URL path, the Acceptance and Compare pages on real runs of the workspace."""
     from dflash_dash.store import Store
+
     st = Store(ws)
     runs = st.runs()
     if len(runs) < 2:
@@ -65,14 +88,24 @@ def pages(ws: Path) -> dict[str, str]:
     same = [r for r in runs if r["extraction_id"] == a["extraction_id"] and r["id"] != a["id"]]
     b = (same or runs[1:])[0]
     pid = st.completion_index(a["set_name"])[0]["prompt_id"]
-    return {"overview": "", "acceptance": f"acceptance?run={a['id']}&prompt={pid}",
-            "compare": f"compare?a={a['id']}&b={b['id']}&prompt={pid}", "completions": "completions",
-            "extraction": "extraction", "diagnostics": "diagnostics"}
+    return {
+        "overview": "",
+        "acceptance": f"acceptance?run={a['id']}&prompt={pid}",
+        "compare": f"compare?a={a['id']}&b={b['id']}&prompt={pid}",
+        "completions": "completions",
+        "extraction": "extraction",
+        "diagnostics": "diagnostics",
+    }
 
 
-TITLES = {"overview": ("Overview", "dflash-dash"), "acceptance": ("Acceptance", "Acceptance"),  # link, heading
-          "compare": ("Compare", "Compare"), "completions": ("Completions", "Completions"),
-          "extraction": ("Extraction", "Extraction"), "diagnostics": ("Diagnostics", "Diagnostics")}
+TITLES = {
+    "overview": ("Overview", "dflash-dash"),
+    "acceptance": ("Acceptance", "Acceptance"),  # link, heading
+    "compare": ("Compare", "Compare"),
+    "completions": ("Completions", "Completions"),
+    "extraction": ("Extraction", "Extraction"),
+    "diagnostics": ("Diagnostics", "Diagnostics"),
+}
 
 
 def drawn(page, name: str) -> None:
@@ -102,9 +135,11 @@ def navigate(page, reps: int, figs: dict) -> None:
 
 def sections(urls: dict[str, str]) -> dict[str, str]:
     """The optional sections, drawn only when chosen (&section=...): figures beside the goal, not in its max."""
-    return {"acceptance_calibration": urls["acceptance"] + "&section=calibration",
-            "acceptance_patterns": urls["acceptance"] + "&section=patterns",
-            "compare_calibration": urls["compare"] + "&section=calibration"}
+    return {
+        "acceptance_calibration": urls["acceptance"] + "&section=calibration",
+        "acceptance_patterns": urls["acceptance"] + "&section=patterns",
+        "compare_calibration": urls["compare"] + "&section=calibration",
+    }
 
 
 def main():
@@ -112,10 +147,14 @@ def main():
     ap.add_argument("--workspace", default=str(ROOT / "cache"))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--port", type=int, default=8765)
-    ap.add_argument("--sections", action="store_true",
-                    help="also time Acceptance and Compare with each optional section open (browser_section_s_*)")
+    ap.add_argument(
+        "--sections",
+        action="store_true",
+        help="also time Acceptance and Compare with each optional section open (browser_section_s_*)",
+    )
     a = ap.parse_args()
     from playwright.sync_api import sync_playwright
+
     ws = Path(a.workspace).resolve()
     urls = pages(ws)
     goal = [f"browser_page_s_{n}" for n in urls]
@@ -139,8 +178,10 @@ def main():
                         times.append(time.perf_counter() - t0)
                 kind = "page" if f"browser_page_s_{name}" in goal else "section"
                 figs[f"browser_{kind}_s_{name}"] = statistics.median(times)
-                note(f"{name}: {' '.join(f'{t:.2f}' for t in times)} s (1-min load average {load0:.2f} before, "
-                     f"{os.getloadavg()[0]:.2f} after)")
+                note(
+                    f"{name}: {' '.join(f'{t:.2f}' for t in times)} s (1-min load average {load0:.2f} before, "
+                    f"{os.getloadavg()[0]:.2f} after)"
+                )
             load0 = os.getloadavg()[0]
             navigate(page, a.reps, figs)
             note(f"navigation: 1-min load average {load0:.2f} before, {os.getloadavg()[0]:.2f} after")

@@ -10,16 +10,21 @@ largest difference from eager.
 
     python3 benchmarks/bench_chain_step.py [--rows 200]     # CUDA only
 """
+
 import argparse
 import sys
 import time
 from pathlib import Path
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from _common import matmul_tflops, note, report
 from bench_replay import FULL, rand_weights
 from bench_sweep import needed_flops, plant
-from dflash_dash import drafter as dr, replay as rp, target as tg
+
+from dflash_dash import drafter as dr
+from dflash_dash import replay as rp
+from dflash_dash import target as tg
 from tools import tiny
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

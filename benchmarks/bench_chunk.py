@@ -16,6 +16,7 @@ Prints, in one process so that the variants share one machine:
 
     python3 benchmarks/bench_chunk.py [--profile] [--reps 3]      # CUDA only
 """
+
 import argparse
 import contextlib
 import sys
@@ -27,7 +28,9 @@ import torch  # noqa: E402
 from _common import Clock, matmul_tflops, note, report  # noqa: E402
 from bench_replay import FULL, rand_weights, run_flops  # noqa: E402
 
-from dflash_dash import drafter as dr, replay as rp, target as tg  # noqa: E402
+from dflash_dash import drafter as dr  # noqa: E402
+from dflash_dash import replay as rp
+from dflash_dash import target as tg
 from tools import tiny  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -39,13 +42,21 @@ dev, dtype = "cuda", torch.bfloat16
 figs: dict = {"matmul_bf16_tflops": matmul_tflops(dev, 8192)}
 peak = figs["matmul_bf16_tflops"]
 c = dr.parse_config(tiny.drafter_config(tiny.TinyDrafter(**FULL)))
-H, I, V, nh, nkv, hd, B = (c.hidden_size, c.intermediate_size, c.vocab_size, c.num_attention_heads,
-                           c.num_key_value_heads, c.head_dim, c.block_size)
+H, I, V, nh, nkv, hd, B = (
+    c.hidden_size,
+    c.intermediate_size,
+    c.vocab_size,
+    c.num_attention_heads,
+    c.num_key_value_heads,
+    c.head_dim,
+    c.block_size,
+)
 T, P = 2560, 512
 M = a.chunk * B  # rows of a chunk's products
 
 
 # -- 2. the chunk's matrix products at their shapes -------------------------------------------------------
+
 
 def gemm_ms(m, n, k, reps=10):
     x, w = torch.randn(m, k, device=dev, dtype=dtype), torch.randn(n, k, device=dev, dtype=dtype)
@@ -59,8 +70,15 @@ def gemm_ms(m, n, k, reps=10):
     return ms
 
 
-layer = {"q": (M, nh * hd, H), "k": (M, nkv * hd, H), "v": (M, nkv * hd, H), "o": (M, H, nh * hd),
-         "gate": (M, I, H), "up": (M, I, H), "down": (M, H, I)}
+layer = {
+    "q": (M, nh * hd, H),
+    "k": (M, nkv * hd, H),
+    "v": (M, nkv * hd, H),
+    "o": (M, H, nh * hd),
+    "gate": (M, I, H),
+    "up": (M, I, H),
+    "down": (M, H, I),
+}
 ms_layers = sum(gemm_ms(*s) for s in layer.values()) * c.num_hidden_layers
 rows = a.chunk * (B - 1)
 ms_head = sum(gemm_ms(min(rp.HEAD_ROWS, rows - r), V, H) for r in range(0, rows, rp.HEAD_ROWS))
@@ -119,7 +137,8 @@ saved_ops = d.ops
 d.ops = dr.Ops(False)
 d.ops.rmsnorm, d.ops.norm_rope, d.ops.silu_mul, d.ops.add_norm = (  # as compiled before stop 26: every dim dynamic
     torch.compile(f, dynamic=True, options={"deterministic": True})
-    for f in (dr.rmsnorm, dr.norm_rope, dr.silu_mul, dr.add_norm))
+    for f in (dr.rmsnorm, dr.norm_rope, dr.silu_mul, dr.add_norm)
+)
 timed("dynamic_compile", d)
 d.ops = saved_ops
 rp.TOP_BLOCK, rp.TOP_WARPS = 8192, 16
@@ -130,8 +149,10 @@ timed("efficient", d, ctx=lambda: sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]))
 
 # sustained: ten sequences back to back (clocks under a long load), then replay.run over the same ten
 n = 10
-seqs = [rp.Sequence(f"p{i}", torch.randint(0, V, (T,), generator=torch.Generator().manual_seed(i)), P, feats)
-        for i in range(n)]
+seqs = [
+    rp.Sequence(f"p{i}", torch.randint(0, V, (T,), generator=torch.Generator().manual_seed(i)), P, feats)
+    for i in range(n)
+]
 with torch.inference_mode(), Clock(dev) as clk:
     for sq in seqs:
         rp.draft_all(d, head, sq.features, sq.tokens, P, topk=8, chunk=a.chunk)
@@ -161,6 +182,7 @@ figs.clear()
 
 if a.profile:
     from torch.profiler import ProfilerActivity, profile
+
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as pr:
         t0 = time.perf_counter()
@@ -174,16 +196,23 @@ if a.profile:
         if not us or e.device_type.name != "CUDA":
             continue
         n = e.key.lower()
-        kind = ("gemm" if any(s in n for s in ("gemm", "sm90", "cutlass", "nvjet", "xmma")) else
-                "attention" if any(s in n for s in ("cudnn", "fmha", "attention", "flash")) else
-                "top_rows" if "top_rows" in n else
-                "triton_fused" if "triton" in n else
-                "copy" if any(s in n for s in ("copy", "cat", "memcpy", "memset")) else "other")
+        kind = (
+            "gemm"
+            if any(s in n for s in ("gemm", "sm90", "cutlass", "nvjet", "xmma"))
+            else "attention"
+            if any(s in n for s in ("cudnn", "fmha", "attention", "flash"))
+            else "top_rows"
+            if "top_rows" in n
+            else "triton_fused"
+            if "triton" in n
+            else "copy"
+            if any(s in n for s in ("copy", "cat", "memcpy", "memset"))
+            else "other"
+        )
         kinds[kind] = kinds.get(kind, 0.0) + us / 1e3
         busy += us / 1e3
     figs |= {f"profile_{k}_ms": v for k, v in sorted(kinds.items())}
     figs |= {"profile_wall_ms": wall * 1e3, "profile_device_busy_ms": busy}
-    print(pr.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=90),
-          flush=True)
+    print(pr.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=90), flush=True)
 note(f"chunk {a.chunk}, {T} tokens (prompt {P}), {flops / 1e12:.1f} TFLOP counted per sequence")
 report(figs)

@@ -9,6 +9,7 @@ plans).
 
     python3 benchmarks/bench_cold.py [--rows 200] [--fetch]     # CUDA only
 """
+
 import argparse
 import time
 
@@ -16,19 +17,26 @@ t_start = time.perf_counter()
 import torch  # noqa: E402
 from _common import note, report  # noqa: E402
 
-from dflash_dash import drafter as dr, replay as rp, target as tg  # noqa: E402
+from dflash_dash import drafter as dr  # noqa: E402
+from dflash_dash import replay as rp
+from dflash_dash import target as tg
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--rows", type=int, default=200)
 ap.add_argument("--lengths", type=int, default=10, help="new key lengths timed at the full row count")
-ap.add_argument("--fetch", action="store_true", help="first time the sweep worker's checkpoint fetch by phase (read, "
-                "RoPE, kernels, copies; the drafter written to disk first): the drafter init below is then warm")
+ap.add_argument(
+    "--fetch",
+    action="store_true",
+    help="first time the sweep worker's checkpoint fetch by phase (read, "
+    "RoPE, kernels, copies; the drafter written to disk first): the drafter init below is then warm",
+)
 a = ap.parse_args()
 dev, dtype = "cuda", torch.bfloat16
 torch.zeros(1, device=dev)
 figs = {"cold_import_s": time.perf_counter() - t_start}
 
 from bench_replay import FULL, rand_weights  # noqa: E402
+
 from tools import tiny  # noqa: E402
 
 c = dr.parse_config(tiny.drafter_config(tiny.TinyDrafter(**FULL)))
@@ -40,6 +48,7 @@ if a.fetch:  # the sweep worker's first checkpoint (`pipeline._fetch`, on its lo
     from bench_sweep import write_drafter
 
     from dflash_dash import pipeline
+
     folder = Path(tempfile.mkdtemp(prefix="dflash-cold-")) / "ck"
     write_drafter(folder, tiny.drafter_config(tiny.TinyDrafter(**FULL)), w)  # not timed
     phases: dict[str, float] = {}
@@ -53,10 +62,12 @@ if a.fetch:  # the sweep worker's first checkpoint (`pipeline._fetch`, on its lo
                 return real(*args, **kw)
             finally:
                 phases[label] = phases.get(label, 0.0) + time.perf_counter() - t
+
         setattr(owner, name, wrapped)
-    timed_fn(dr, "_weights", "read")            # safetensors tensors, checked (mapped; `_upload` copies them)
-    timed_fn(dr.Rope, "__init__", "rope")       # RoPE tables (transformers imported for scaled types only)
-    timed_fn(dr, "ops_for", "kernels")          # Triton, Inductor: the fused element-wise ops
+
+    timed_fn(dr, "_weights", "read")  # safetensors tensors, checked (mapped; `_upload` copies them)
+    timed_fn(dr.Rope, "__init__", "rope")  # RoPE tables (transformers imported for scaled types only)
+    timed_fn(dr, "ops_for", "kernels")  # Triton, Inductor: the fused element-wise ops
     side = torch.cuda.Stream()
     for first in (True, False):
         phases.clear()
@@ -76,8 +87,10 @@ torch.cuda.synchronize()
 figs["cold_drafter_init_s"] = time.perf_counter() - t0
 S, T, P = a.rows, 2560, 512
 g = torch.Generator(device=dev).manual_seed(3)
-seqs = [rp.Sequence(f"p{i}", torch.randint(0, V, (T,)), P, torch.randn(T, c.K * H, device=dev, generator=g).to(dtype))
-        for i in range(S)]
+seqs = [
+    rp.Sequence(f"p{i}", torch.randint(0, V, (T,)), P, torch.randn(T, c.K * H, device=dev, generator=g).to(dtype))
+    for i in range(S)
+]
 
 
 def timed(fn) -> float:
@@ -94,6 +107,7 @@ with torch.inference_mode():
     def init():
         global st
         st = rp._Lockstep(d, head, seqs, rp.ROUND_TOPK, staged=True)
+
     figs["cold_context_kv_first_s"] = timed(init)
     figs["cold_context_kv_second_s"] = timed(init)
     rec = torch.ones(S, dtype=torch.bool, device=dev)
@@ -103,10 +117,15 @@ with torch.inference_mode():
         top = int(anchors.max())
         first.append(timed(lambda: st.step(anchors, rec, top)))
         second.append(timed(lambda: st.step(anchors, rec, top)))
-    note("first/second step per new key length (ms): "
-         + ", ".join(f"{x * 1e3:.0f}/{y * 1e3:.0f}" for x, y in zip(first, second)))
-    figs |= {"cold_step_first_ms": first[0] * 1e3, "cold_step_warm_ms": sum(second) / len(second) * 1e3,
-             "cold_new_length_extra_ms": (sum(first[1:]) - sum(second[1:])) / max(1, len(first) - 1) * 1e3}
+    note(
+        "first/second step per new key length (ms): "
+        + ", ".join(f"{x * 1e3:.0f}/{y * 1e3:.0f}" for x, y in zip(first, second))
+    )
+    figs |= {
+        "cold_step_first_ms": first[0] * 1e3,
+        "cold_step_warm_ms": sum(second) / len(second) * 1e3,
+        "cold_new_length_extra_ms": (sum(first[1:]) - sum(second[1:])) / max(1, len(first) - 1) * 1e3,
+    }
     drops, n = [], S
     while n > 1:  # the row counts the walk keeps after each drop
         n = max(1, int(n * rp.DROP_AT))
@@ -117,7 +136,10 @@ with torch.inference_mode():
         drops.append(x - y)
         if len(drops) == 8:
             break
-    figs |= {"cold_new_rows_extra_ms": sum(drops) / len(drops) * 1e3, "cold_first_ckpt_total_s": time.perf_counter() - t_start}
+    figs |= {
+        "cold_new_rows_extra_ms": sum(drops) / len(drops) * 1e3,
+        "cold_first_ckpt_total_s": time.perf_counter() - t_start,
+    }
 from torch._dynamo.utils import counters  # noqa: E402
 
 figs |= {f"inductor_{k}": v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")}

@@ -12,6 +12,7 @@
     python benchmarks/bench_cpu.py                  # both
     python benchmarks/bench_cpu.py --skip-demo      # only the page render
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,12 +41,19 @@ def args_():
 def demo(work: Path, figs: dict) -> None:
     ws = work / "demo-ws"
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "dflash_dash", "--workspace", str(ws), "demo"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=3600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    out = subprocess.run(
+        [sys.executable, "-m", "dflash_dash", "--workspace", str(ws), "demo"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     figs["demo_build_s"] = time.perf_counter() - t0
     if out.returncode:
         raise RuntimeError(f"demo build failed ({out.returncode}): {out.stderr[-2000:]}")
     from dflash_dash.store import Store
+
     st = Store(ws)
     figs["demo_runs"] = len(st.runs())
     figs["demo_completions"] = sum(e["prompts"] for e in st.extractions()[:1])
@@ -59,8 +67,8 @@ def workspace_with_long_completion(work: Path, n: int) -> tuple[Path, str, str]:
     from transformers import AutoTokenizer
 
     from dflash_dash import pipeline
-    from tools import tiny
     from dflash_dash.store import Store
+    from tools import tiny
 
     models = work / "models"
     target = tiny.write_target(models / "target", tiny.TinyTarget())
@@ -70,8 +78,13 @@ def workspace_with_long_completion(work: Path, n: int) -> tuple[Path, str, str]:
     text = "".join(inspect.getsource(m) for m in (json_mod, textwrap, inspect))  # real text with <, &, tabs
     ids = tok.encode(text, add_special_tokens=False)[:n]
     assert len(ids) == n, f"corpus too short: {len(ids)} tokens"
-    rec = {"id": "long-4k", "prompt": "Explain this code.", "prompt_ids": tok.encode("Explain this code."),
-           "output": tok.decode(ids), "output_ids": ids}
+    rec = {
+        "id": "long-4k",
+        "prompt": "Explain this code.",
+        "prompt_ids": tok.encode("Explain this code."),
+        "output": tok.decode(ids),
+        "output_ids": ids,
+    }
     f = work / "long.jsonl"
     f.write_text(json.dumps(rec) + "\n")
     ws = work / "long-ws"
@@ -96,18 +109,20 @@ def render(ws: Path, run: str, prompt: str, figs: dict) -> None:
             common.app_routing()
 
     from pages import common
+
     app_test_mod.PagesManager = Routed
     os.environ["DFLASH_WORKSPACE"] = str(ws)
-    sys.argv = sys.argv[:1]        # the app reads --workspace from argv: none of this script's options
+    sys.argv = sys.argv[:1]  # the app reads --workspace from argv: none of this script's options
     warm = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
-    warm.run()                     # imports the app's modules (a serving process has them loaded)
+    warm.run()  # imports the app's modules (a serving process has them loaded)
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
     at.run()
     at.switch_page("pages/acceptance.py")
     at.query_params["run"] = run
     at.query_params["prompt"] = prompt
     import streamlit as st
-    st.cache_data.clear()          # the page's data caches start empty
+
+    st.cache_data.clear()  # the page's data caches start empty
     t0 = time.perf_counter()
     at.run()
     figs["acceptance_page_render_s"] = time.perf_counter() - t0
@@ -116,8 +131,10 @@ def render(ws: Path, run: str, prompt: str, figs: dict) -> None:
         raise RuntimeError(f"the Acceptance page failed: {errs[:3]}")
     view = max((h.proto.body for h in at.get("html")), key=len, default="")
     if '<div class="dfv">' not in view:
-        raise RuntimeError(f"the Acceptance page showed no token view (title {[t.value for t in at.title]}, "
-                           f"warnings {[w.value[:80] for w in at.warning]}, info {[i.value[:80] for i in at.info]})")
+        raise RuntimeError(
+            f"the Acceptance page showed no token view (title {[t.value for t in at.title]}, "
+            f"warnings {[w.value[:80] for w in at.warning]}, info {[i.value[:80] for i in at.info]})"
+        )
     figs["acceptance_token_view_bytes"] = len(view)
     t0 = time.perf_counter()
     at.run()

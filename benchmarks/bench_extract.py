@@ -17,6 +17,7 @@ the full-attention layers; the Gated DeltaNet recurrence and the convolutions ar
     python benchmarks/bench_extract.py --gpus 2     # two GPUs
     python benchmarks/bench_extract.py --small      # tiny shapes on the CPU (a smoke test)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,15 +30,36 @@ from pathlib import Path
 import torch
 from _common import Clock, matmul_tflops, note, peak_gib, profile, report, sync
 
-from dflash_dash import cache, target as tg
+from dflash_dash import cache
+from dflash_dash import target as tg
 
 LAYER_IDS = [1, 16, 31, 46, 61]
-FULL = dict(vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
-            num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
-            linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128)
-SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-             linear_key_head_dim=16, linear_value_head_dim=16)
+FULL = dict(
+    vocab_size=248320,
+    hidden_size=5120,
+    intermediate_size=17408,
+    num_hidden_layers=64,
+    num_attention_heads=24,
+    num_key_value_heads=4,
+    head_dim=256,
+    linear_num_key_heads=16,
+    linear_num_value_heads=48,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+)
+SMALL = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+)
 SMALL_IDS = [1, 3, 5]
 
 
@@ -59,15 +81,24 @@ def args_():
 
 def config(shp: dict, layers: int):
     from transformers import AutoConfig
+
     types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
-    return AutoConfig.for_model("qwen3_5_text", **(shp | {"num_hidden_layers": layers}), layer_types=types,
-                                linear_conv_kernel_dim=4, max_position_embeddings=32768,
-                                tie_word_embeddings=False, pad_token_id=0, eos_token_id=1)
+    return AutoConfig.for_model(
+        "qwen3_5_text",
+        **(shp | {"num_hidden_layers": layers}),
+        layer_types=types,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
 
 
 def build(shp: dict, layers: int, device: str, dtype=torch.bfloat16):
     """A random qwen3_5_text causal LM built directly on `device`."""
     from transformers import AutoModelForCausalLM
+
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config(shp, layers), dtype=dtype)
@@ -161,6 +192,7 @@ def inputs(shp: dict, n: int, T: int):
 def transformers_default_gdn(device: str) -> str:
     """What transformers bound at import for the gated delta rule (the plain forward runs with that)."""
     import importlib
+
     mod = importlib.import_module("transformers.models.qwen3_5.modeling_qwen3_5")
     got = tg.kernel_of(mod.torch_chunk_gated_delta_rule)
     if device.startswith("cuda"):
@@ -194,8 +226,10 @@ def one(a, shp, ids, dev, figs: dict):
     figs["matmul_bf16_tflops"] = peak
     t0 = time.perf_counter()
     model = build(shp, shp["num_hidden_layers"], dev)
-    note(f"model built in {time.perf_counter() - t0:.1f} s, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B "
-         f"params; fla {tg.fla_version()}")
+    note(
+        f"model built in {time.perf_counter() - t0:.1f} s, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B "
+        f"params; fla {tg.fla_version()}"
+    )
     seqs = inputs(shp, n, T)
     tokens = n * T
     f_plain = n * flops(model.model.layers, T, model.lm_head)
@@ -205,8 +239,13 @@ def one(a, shp, ids, dev, figs: dict):
         tg.force_torch_kernels()  # fla cannot run on a CPU (transformers binds it wherever it imports)
     note(f"plain forward: transformers' own kernels (gated delta rule: {transformers_default_gdn(dev)})")
     s_plain, ref0 = plain(model, seqs, dev, ids)
-    figs |= {"plain_s": s_plain, "plain_tokens_per_s": tokens / s_plain, "plain_tflops": f_plain / s_plain / 1e12,
-             "plain_fraction_of_peak": f_plain / s_plain / 1e12 / peak, "plain_peak_mem_gib": peak_gib(dev)}
+    figs |= {
+        "plain_s": s_plain,
+        "plain_tokens_per_s": tokens / s_plain,
+        "plain_tflops": f_plain / s_plain / 1e12,
+        "plain_fraction_of_peak": f_plain / s_plain / 1e12 / peak,
+        "plain_peak_mem_gib": peak_gib(dev),
+    }
     note(f"product backend: {backend(dev)} (target.use_backend, as target.load binds it)")
     s_pk, ref = plain(model, seqs, dev, ids)
     figs["plain_product_kernels_tokens_per_s"] = tokens / s_pk
@@ -237,23 +276,31 @@ def one(a, shp, ids, dev, figs: dict):
     per_tok = sum(payload_bytes(f) for f in files) / tokens
     H = shp["hidden_size"]
     assert per_tok == len(ids) * H * 2, (per_tok, len(ids) * H * 2)
-    got = cache.read(root, "bench", seqs[0][0], T, len(ids) * H)           # the written file, validated
-    errs = [rel_l2(got[:, j * H:(j + 1) * H], r.cpu()) for j, r in enumerate(ref)]
-    errs0 = [rel_l2(got[:, j * H:(j + 1) * H], r.cpu()) for j, r in enumerate(ref0)]
-    figs |= {"extract_s": ce.s, "extract_tokens_per_s": tokens / ce.s, "extract_tflops": f_cut / ce.s / 1e12,
-             "extract_fraction_of_peak": f_cut / ce.s / 1e12 / peak,
-             "extract_speedup_vs_plain": (tokens / ce.s) / (tokens / s_plain),
-             "extract_speedup_vs_plain_product_kernels": (tokens / ce.s) / (tokens / s_pk),
-             "extract_bytes_per_token": per_tok, "extract_expected_bytes_per_token": len(ids) * H * 2,
-             "extract_file_bytes_per_token": sum(f.stat().st_size for f in files) / tokens,
-             "extract_write_mb_per_s": sum(f.stat().st_size for f in files) / wrote / 1e6,
-             "extract_vs_plain_same_kernels_max_rel_l2": max(errs),
-             "extract_vs_plain_transformers_kernels_max_rel_l2": max(errs0),
-             "extract_peak_mem_gib": peak_gib(dev)}
-    note(f"{n} x {T} tokens; features to {root} ({fs_type(root)}); counted {f_plain / n / T / 1e9:.2f} "
-         f"GFLOP/token plain, {f_cut / n / T / 1e9:.2f} cut; per-layer rel L2 vs plain, same kernels: "
-         + ", ".join(f"{e:.2e}" for e in errs) + "; vs transformers' kernels: "
-         + ", ".join(f"{e:.2e}" for e in errs0))
+    got = cache.read(root, "bench", seqs[0][0], T, len(ids) * H)  # the written file, validated
+    errs = [rel_l2(got[:, j * H : (j + 1) * H], r.cpu()) for j, r in enumerate(ref)]
+    errs0 = [rel_l2(got[:, j * H : (j + 1) * H], r.cpu()) for j, r in enumerate(ref0)]
+    figs |= {
+        "extract_s": ce.s,
+        "extract_tokens_per_s": tokens / ce.s,
+        "extract_tflops": f_cut / ce.s / 1e12,
+        "extract_fraction_of_peak": f_cut / ce.s / 1e12 / peak,
+        "extract_speedup_vs_plain": (tokens / ce.s) / (tokens / s_plain),
+        "extract_speedup_vs_plain_product_kernels": (tokens / ce.s) / (tokens / s_pk),
+        "extract_bytes_per_token": per_tok,
+        "extract_expected_bytes_per_token": len(ids) * H * 2,
+        "extract_file_bytes_per_token": sum(f.stat().st_size for f in files) / tokens,
+        "extract_write_mb_per_s": sum(f.stat().st_size for f in files) / wrote / 1e6,
+        "extract_vs_plain_same_kernels_max_rel_l2": max(errs),
+        "extract_vs_plain_transformers_kernels_max_rel_l2": max(errs0),
+        "extract_peak_mem_gib": peak_gib(dev),
+    }
+    note(
+        f"{n} x {T} tokens; features to {root} ({fs_type(root)}); counted {f_plain / n / T / 1e9:.2f} "
+        f"GFLOP/token plain, {f_cut / n / T / 1e9:.2f} cut; per-layer rel L2 vs plain, same kernels: "
+        + ", ".join(f"{e:.2e}" for e in errs)
+        + "; vs transformers' kernels: "
+        + ", ".join(f"{e:.2e}" for e in errs0)
+    )
     shutil.rmtree(root, ignore_errors=True)
     del model, decoder, ref, ref0
     check_fp32(dev, figs)
@@ -263,9 +310,19 @@ def check_fp32(dev: str, figs: dict) -> None:
     """Kernel parity in fp32 on a small random model: features of the product's kernels (fla gated delta
     rule + fla causal conv) against output_hidden_states with transformers' own (fla + torch conv) and
     with the torch reference path."""
-    shp = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=4,
-               num_key_value_heads=2, head_dim=64, linear_num_key_heads=4, linear_num_value_heads=8,
-               linear_key_head_dim=64, linear_value_head_dim=64)
+    shp = dict(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_num_key_heads=4,
+        linear_num_value_heads=8,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+    )
     ids = [1, 3, 6]
     x = torch.randint(0, 512, (300,), generator=torch.Generator().manual_seed(1))
     model = build(shp, 8, dev, torch.float32)
@@ -321,6 +378,7 @@ def worker(rank, world, a, shp, ids, dev, barrier, q):
 
 def two(a, shp, ids):
     import torch.multiprocessing as mp
+
     world = 2
     devs = ["cpu"] * world if a.small else [f"cuda:{r}" for r in range(world)]
     if not a.small:
@@ -344,9 +402,14 @@ def two(a, shp, ids):
     wall2 = max(e[3] for e in ends) - min(e[2] for e in ends)
     tokens = sum(e[4] for e in ends)
     shutil.rmtree(a.work, ignore_errors=True)
-    return {"matmul_bf16_tflops": got["peak"], "extract_1gpu_s": got["one"], "extract_2gpu_s": wall2,
-            "extract_2gpu_tokens_per_s": tokens / wall2, "extract_1gpu_tokens_per_s": tokens / got["one"],
-            "extract_2gpu_scaling": got["one"] / wall2}
+    return {
+        "matmul_bf16_tflops": got["peak"],
+        "extract_1gpu_s": got["one"],
+        "extract_2gpu_s": wall2,
+        "extract_2gpu_tokens_per_s": tokens / wall2,
+        "extract_1gpu_tokens_per_s": tokens / got["one"],
+        "extract_2gpu_scaling": got["one"] / wall2,
+    }
 
 
 def main():
@@ -361,6 +424,7 @@ def main():
         else:
             figs |= two(a, shp, ids)
         import transformers
+
         note(f"transformers {transformers.__version__}, fla {tg.fla_version()}, pid {os.getpid()}")
     finally:
         report(figs)  # what was measured, also when a later stage failed

@@ -6,6 +6,7 @@ page cache (as right after an extraction), and the finiteness check apart.
 
     python benchmarks/bench_feature_read.py [--files 8] [--tokens 2560] [--width 25600]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,10 +40,17 @@ def main() -> None:
         for _ in range(a.files):
             cache.finite(x)
         check = (time.perf_counter() - t0) / a.files
-        note(f"{a.files} files of {a.tokens} x {a.width} bf16 ({t.numel() * 2 / 1e6:.0f} MB each), "
-             f"{torch.get_num_threads()} torch threads")
-        report({"feature_read_ms_per_file": dt * 1e3, "feature_read_gb_per_s": t.numel() * 2 / dt / 1e9,
-                "feature_finite_check_ms_per_file": check * 1e3})
+        note(
+            f"{a.files} files of {a.tokens} x {a.width} bf16 ({t.numel() * 2 / 1e6:.0f} MB each), "
+            f"{torch.get_num_threads()} torch threads"
+        )
+        report(
+            {
+                "feature_read_ms_per_file": dt * 1e3,
+                "feature_read_gb_per_s": t.numel() * 2 / dt / 1e9,
+                "feature_finite_check_ms_per_file": check * 1e3,
+            }
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

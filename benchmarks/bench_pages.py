@@ -37,6 +37,7 @@ Contract: the build goes through `pipeline` (import, extract, sweep) exactly as 
 `--workers`, through the same worker runner as `--gpus`); nothing is written to the store behind the
 product's back. The planted workspace is `tools/planted.py`'s (the 1,000-prompt browser tests build it too).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,17 +59,25 @@ GOAL_S = 1.5  # issue 12: each page's first render at this scale
 
 
 def _mb(*paths: Path) -> float:
-    return sum(p.stat().st_size for p in paths if p.is_file()) / 2 ** 20
+    return sum(p.stat().st_size for p in paths if p.is_file()) / 2**20
 
 
 def store_mb(ws: Path) -> float:
     """The store's size: the DuckDB file (WAL included) and the runs' array files (`store.ARRAYS_DIR`)."""
     from dflash_dash.store import ARRAYS_DIR
+
     return _mb(ws / "dflash.duckdb", ws / "dflash.duckdb.wal", *(ws / ARRAYS_DIR).rglob("*"))
 
 
-def build_planted(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS, runs: int = RUNS,
-                  block_size: int = BLOCK, figs: dict | None = None, budget: int = 8) -> Path:
+def build_planted(
+    work: str | Path,
+    prompts: int = PROMPTS,
+    tokens: int = TOKENS,
+    runs: int = RUNS,
+    block_size: int = BLOCK,
+    figs: dict | None = None,
+    budget: int = 8,
+) -> Path:
     """The scale workspace with planted runs (`tools.planted.build`: completions imported, an extraction recorded
     without features, per checkpoint the parent's store step of a replay on planted results). figs get
     `store_step_s` (per run, mean), its parts `step_<part>_s`, and the store size."""
@@ -83,8 +92,12 @@ def build_planted(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS
     if done.is_file() and {k: json.loads(done.read_text()).get(k) for k in want} == want:
         figs["runs_built"] = runs
         return ws
-    parts = {"summarize": (replay, "summarize"), "prompt_row": (pipeline, "prompt_row"), "add_run": (Store, "add_run"),
-             "analysis": (pipeline, "analysis")}
+    parts = {
+        "summarize": (replay, "summarize"),
+        "prompt_row": (pipeline, "prompt_row"),
+        "add_run": (Store, "add_run"),
+        "analysis": (pipeline, "analysis"),
+    }
     spent, orig = {k: 0.0 for k in parts}, {k: getattr(o, a) for k, (o, a) in parts.items()}
     steps, sizes = [], []
 
@@ -95,6 +108,7 @@ def build_planted(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS
                 return orig[name](*a, **kw)
             finally:
                 spent[name] += time.perf_counter() - t
+
         return call
 
     def each(i, step):
@@ -105,8 +119,11 @@ def build_planted(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS
         t0 = time.perf_counter()
         step()
         steps.append(time.perf_counter() - t0)
-        note(f"run {i + 1}/{runs}: store step {steps[-1]:.1f} s (so far: "
-             f"{', '.join(f'{k} {v:.1f}' for k, v in spent.items())} s)")
+        note(
+            f"run {i + 1}/{runs}: store step {steps[-1]:.1f} s (so far: "
+            f"{', '.join(f'{k} {v:.1f}' for k, v in spent.items())} s)"
+        )
+
     for name, (owner, attr) in parts.items():
         setattr(owner, attr, timed_part(name))
     try:
@@ -124,21 +141,32 @@ def build_planted(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS
     return ws
 
 
-def build(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS, runs: int = RUNS,
-          block_size: int = BLOCK, figs: dict | None = None, anchors: str = "every", device: str = "cpu",
-          workers: int = 1, max_build_s: float | None = None) -> Path:
+def build(
+    work: str | Path,
+    prompts: int = PROMPTS,
+    tokens: int = TOKENS,
+    runs: int = RUNS,
+    block_size: int = BLOCK,
+    figs: dict | None = None,
+    anchors: str = "every",
+    device: str = "cpu",
+    workers: int = 1,
+    max_build_s: float | None = None,
+) -> Path:
     """The scale workspace under `work` (reused when already complete): returns its path. With `max_build_s`,
     checkpoints are replayed in rounds while the build's time lasts (figs["runs_built"] says how many)."""
-    from dflash_dash import jobs, pipeline
-    from tools import planted, tiny
-    from dflash_dash.store import Store
     from transformers import AutoTokenizer
+
+    from dflash_dash import jobs, pipeline
+    from dflash_dash.store import Store
+    from tools import planted, tiny
 
     figs = {} if figs is None else figs
     t_build = time.perf_counter()
 
     def say(step: str):  # progress notes carry the build's elapsed seconds (a run cut off still shows them)
         return lambda d, t, m: note(f"[{time.perf_counter() - t_build:.0f} s] {step} {d}/{t} {m}")
+
     work = Path(work)
     ws = work / "ws"
     done = work / "BUILT.json"
@@ -162,9 +190,15 @@ def build(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS, runs: 
     figs["build_import_s"] = time.perf_counter() - t0
     note(f"build_import_s: {figs['build_import_s']:.4g}")
     t0 = time.perf_counter()
-    ex = pipeline.extract(st, str(target), planted.SET, pipeline.layer_ids_of(str(step(0)), None), device=device,
-                          progress=lambda d, t, m: say("extract")(d, t, m) if d % 100 == 0 else None,
-                          runner=runner)
+    ex = pipeline.extract(
+        st,
+        str(target),
+        planted.SET,
+        pipeline.layer_ids_of(str(step(0)), None),
+        device=device,
+        progress=lambda d, t, m: say("extract")(d, t, m) if d % 100 == 0 else None,
+        runner=runner,
+    )
     figs["build_extract_s"] = time.perf_counter() - t0
     note(f"build_extract_s: {figs['build_extract_s']:.4g}")
     before = store_mb(ws)
@@ -184,8 +218,7 @@ def build(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS, runs: 
         for i in range(built, built + k):
             tiny.write_drafter(step(i), tiny.TinyDrafter(seed=i, block_size=block_size))
         t0 = time.perf_counter()
-        pipeline.sweep(st, str(cks), ex, progress=say("sweep"), anchors=anchors,
-                       device=device, runner=runner)
+        pipeline.sweep(st, str(cks), ex, progress=say("sweep"), anchors=anchors, device=device, runner=runner)
         s = time.perf_counter() - t0
         per_ck = s / k
         built += k
@@ -196,7 +229,7 @@ def build(work: str | Path, prompts: int = PROMPTS, tokens: int = TOKENS, runs: 
     figs["store_db_mb"] = store_mb(ws)
     figs["store_mb_per_1000_prompt_run"] = (store_mb(ws) - before) / max(built, 1) * 1000 / prompts
     feats = pipeline.features_root(st)
-    figs["features_mb"] = sum(p.stat().st_size for p in feats.rglob("*") if p.is_file()) / 2 ** 20
+    figs["features_mb"] = sum(p.stat().st_size for p in feats.rglob("*") if p.is_file()) / 2**20
     done.write_text(json.dumps(want | {"runs_built": built}))
     return ws
 
@@ -234,6 +267,7 @@ def profiled(go, name: str, rows: int = 18) -> None:
     import pstats
 
     from streamlit.navigation.page import StreamlitPage
+
     pr, run = cProfile.Profile(), StreamlitPage.run
 
     def run_profiled(self, *a, **kw):
@@ -254,7 +288,7 @@ def profiled(go, name: str, rows: int = 18) -> None:
         lines = out.getvalue().splitlines()
         at = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls")), 0)
         note(f"profile {name} by {key} (cProfile, untimed second run):")
-        for ln in lines[at:at + rows + 1]:
+        for ln in lines[at : at + rows + 1]:
             note("  " + ln.replace(str(ROOT) + "/", "").replace(sys.prefix, "<py>"))
 
 
@@ -263,6 +297,7 @@ class Connects:
 
     def __init__(self):
         import duckdb
+
         self.n, self.s, connect = 0, 0.0, duckdb.connect
 
         def counted(*a, **kw):
@@ -276,8 +311,9 @@ class Connects:
         duckdb.connect = counted
 
 
-def timed(at, page: str, params: dict, figs: dict, name: str, profile: bool = False,
-          conns: Connects | None = None) -> None:
+def timed(
+    at, page: str, params: dict, figs: dict, name: str, profile: bool = False, conns: Connects | None = None
+) -> None:
     """Seconds of the first script run of `page` with `params`, data caches cleared, then of a second one (data
     caches cleared again; resources such as the tokenizer kept); with `profile`, a page over the goal is run a
     third time (caches cleared, untimed) under cProfile. A page that fails is
@@ -317,16 +353,19 @@ def one_session(ws: Path) -> None:
     from streamlit.navigation.page import StreamlitPage
 
     from pages import common
+
     run = StreamlitPage.run
 
     def run_in_session(self, *a, **kw):
         with common.store().session():
             return run(self, *a, **kw)
+
     StreamlitPage.run = run_in_session
 
 
 def measure(ws: Path, figs: dict, profile: bool = False, session: bool = False) -> None:
     from dflash_dash.store import Store
+
     runs = Store(ws).runs()
     a, b = runs[0]["id"], runs[-1]["id"]
     conns = Connects()
@@ -334,10 +373,12 @@ def measure(ws: Path, figs: dict, profile: bool = False, session: bool = False) 
     if session:
         one_session(ws)
     folder = str(Path(runs[0]["checkpoint"]).parent)
-    for page, params, name in [("pages/overview.py", {}, "overview"),
-                               ("pages/acceptance.py", {"run": a, "prompt": "p0000"}, "acceptance"),
-                               ("pages/compare.py", {"a": a, "b": b, "prompt": "p0000"}, "compare"),
-                               ("pages/compare.py", {"a": a, "b": b, "sweep": folder}, "sweep_chart")]:
+    for page, params, name in [
+        ("pages/overview.py", {}, "overview"),
+        ("pages/acceptance.py", {"run": a, "prompt": "p0000"}, "acceptance"),
+        ("pages/compare.py", {"a": a, "b": b, "prompt": "p0000"}, "compare"),
+        ("pages/compare.py", {"a": a, "b": b, "sweep": folder}, "sweep_chart"),
+    ]:
         timed(at, page, params, figs, name, profile, conns)
 
 
@@ -345,6 +386,7 @@ def pin(cpus: list[int]) -> None:
     """This process on `cpus` alone, torch and DuckDB with as many threads (a machine of that many cores)."""
     import duckdb
     import torch
+
     os.sched_setaffinity(0, cpus)
     torch.set_num_threads(len(cpus))
     connect = duckdb.connect
@@ -383,17 +425,22 @@ def main():
                 figs["page_cpus"] = len(os.sched_getaffinity(0))
             measure(Path(a.work) / "ws", figs, a.profile, a.session)
             return
-        ws = (build_planted(a.work, a.prompts, a.tokens, a.runs, a.block_size, figs) if a.planted else
-              build(a.work, a.prompts, a.tokens, a.runs, a.block_size, figs, a.anchors, a.device, a.workers,
-                    a.max_build_s))
+        ws = (
+            build_planted(a.work, a.prompts, a.tokens, a.runs, a.block_size, figs)
+            if a.planted
+            else build(
+                a.work, a.prompts, a.tokens, a.runs, a.block_size, figs, a.anchors, a.device, a.workers, a.max_build_s
+            )
+        )
         report(figs)
         figs = {}
         if a.build_only:
             return
         if cpus:  # a fresh process: nothing of the build (threads, caches, CUDA) in it
             cmd = [sys.executable, __file__, "--work", a.work, "--pages-only", "--page-cpus", a.page_cpus]
-            subprocess.run(cmd + (["--profile"] if a.profile else []) + (["--session"] if a.session else []),
-                           check=True)
+            subprocess.run(
+                cmd + (["--profile"] if a.profile else []) + (["--session"] if a.session else []), check=True
+            )
         else:
             measure(ws, figs, a.profile, a.session)
     finally:

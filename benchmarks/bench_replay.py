@@ -17,6 +17,7 @@ projections (fc, k, v). Usage:
     python benchmarks/bench_replay.py                 # CUDA, reference shapes
     python benchmarks/bench_replay.py --small         # tiny shapes on the CPU (a smoke test)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,16 +33,39 @@ import torch
 from _common import Clock, matmul_tflops, note, peak_gib, profile, report, sync
 from safetensors.torch import save_file
 
-from dflash_dash import cache, drafter as dr, replay as rp, target as tg
+from dflash_dash import cache
+from dflash_dash import drafter as dr
+from dflash_dash import replay as rp
+from dflash_dash import target as tg
 from tools import tiny
 
 # SPEC 8: like the 27B DFlash drafter and its Qwen3.6-27B target
-FULL = dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=5, num_attention_heads=32,
-            num_key_value_heads=8, head_dim=128, vocab_size=248320, block_size=16, num_target_layers=64,
-            target_layer_ids=[1, 16, 31, 46, 61], mask_token_id=248070)
-SMALL = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=64, vocab_size=4096, block_size=16, num_target_layers=8,
-             target_layer_ids=[1, 5], mask_token_id=4000)
+FULL = dict(
+    hidden_size=5120,
+    intermediate_size=17408,
+    num_hidden_layers=5,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=248320,
+    block_size=16,
+    num_target_layers=64,
+    target_layer_ids=[1, 16, 31, 46, 61],
+    mask_token_id=248070,
+)
+SMALL = dict(
+    hidden_size=256,
+    intermediate_size=704,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    vocab_size=4096,
+    block_size=16,
+    num_target_layers=8,
+    target_layer_ids=[1, 5],
+    mask_token_id=4000,
+)
 
 
 def args_():
@@ -89,9 +113,17 @@ def write_inputs(work: Path, shp: dict, n_seq: int, T: int, device, dtype) -> tu
     V, H = shp["vocab_size"], shp["hidden_size"]
     hw = rand_weights({"model.embed_tokens.weight": (V, H), "lm_head.weight": (V, H)}, device, dtype, 2)
     save_file({k: v.cpu() for k, v in hw.items()}, str(tgt / "model.safetensors"))
-    (tgt / "config.json").write_text(json.dumps({
-        "model_type": "qwen3_5_text", "hidden_size": H, "vocab_size": V,
-        "num_hidden_layers": shp["num_target_layers"], "tie_word_embeddings": False}))
+    (tgt / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3_5_text",
+                "hidden_size": H,
+                "vocab_size": V,
+                "num_hidden_layers": shp["num_target_layers"],
+                "tie_word_embeddings": False,
+            }
+        )
+    )
     del hw
     g = torch.Generator(device=device).manual_seed(3)
     seqs = []
@@ -152,8 +184,11 @@ def agreement(batched: rp.Drafts, P: int, anchors, got) -> dict:
     same = (got[0] == ref_tok).float()
     gap = (ref_lp[..., 0] - ref_lp[..., 1]) if ref_lp.shape[-1] > 1 else torch.full(ref_tok.shape, 1e9)
     decisive = gap > 0.05  # top-1 ahead of top-2 by more than bf16 noise
-    return {"tokens": same.mean().item(), "decisive": same[decisive].mean().item() if decisive.any() else 1.0,
-            "max_logp_diff": (got[2] - ref_lp).abs().max().item() if ref_lp.numel() else 0.0}
+    return {
+        "tokens": same.mean().item(),
+        "decisive": same[decisive].mean().item() if decisive.any() else 1.0,
+        "max_logp_diff": (got[2] - ref_lp).abs().max().item() if ref_lp.numel() else 0.0,
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -162,16 +197,21 @@ def agreement(batched: rp.Drafts, P: int, anchors, got) -> dict:
 def check_fp32(dev, figs: dict) -> None:
     """On this device in fp32 (tiny drafter, sliding layer, uneven chunks): every-anchor == one-block loop."""
     with tempfile.TemporaryDirectory() as tmp:
-        ck = tiny.write_drafter(Path(tmp) / "d", tiny.TinyDrafter(
-            layer_types=["full_attention", "sliding_attention"], sliding_window=5, seed=3))
+        ck = tiny.write_drafter(
+            Path(tmp) / "d",
+            tiny.TinyDrafter(layer_types=["full_attention", "sliding_attention"], sliding_window=5, seed=3),
+        )
         m = dr.load(ck, torch.float32, dev)
     g = torch.Generator().manual_seed(0)
     head = tg.Head(torch.randn(512, 64, generator=g).to(dev), torch.randn(512, 64, generator=g).to(dev))
     tokens, feats = torch.randint(0, 512, (70,), generator=g), torch.randn(70, 128, generator=g)
     a = rp.draft_all(m, head, feats, tokens, 9, topk=4, chunk=7)
     b = rp.draft_loop(m, head, feats, tokens, 9, topk=4)
-    figs["check_fp32_batched_equals_loop"] = float(torch.equal(a.tokens, b.tokens) and torch.equal(
-        a.top_ids, b.top_ids) and torch.allclose(a.top_logp, b.top_logp, atol=1e-4))
+    figs["check_fp32_batched_equals_loop"] = float(
+        torch.equal(a.tokens, b.tokens)
+        and torch.equal(a.top_ids, b.top_ids)
+        and torch.allclose(a.top_logp, b.top_logp, atol=1e-4)
+    )
     figs["check_fp32_max_logp_diff"] = (a.top_logp - b.top_logp).abs().max().item()
 
 
@@ -189,8 +229,9 @@ def measure(a, figs: dict) -> None:
     check_fp32(dev, figs)
 
     shm = Path("/dev/shm")
-    base = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="dflash-replay-",
-                                                               dir=shm if shm.is_dir() else None))
+    base = (
+        Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="dflash-replay-", dir=shm if shm.is_dir() else None))
+    )
     work = base / "w"
     shutil.rmtree(work, ignore_errors=True)
     t0 = time.perf_counter()
@@ -208,6 +249,7 @@ def measure(a, figs: dict) -> None:
     per_seq = run_flops(c, T, P, 1)
     best = None
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
     variants = [(c, None) for c in ([16, 64] if a.small else [64, 128, 256, 512])]
     variants += [(a.chunk, SDPBackend.EFFICIENT_ATTENTION)] if not a.small else []
     if a.quick:
@@ -237,14 +279,14 @@ def measure(a, figs: dict) -> None:
         figs["chunk_blocks_ms"], figs["chunk_head_ms"] = cb.s / 3 * 1e3, ch.s / 3 * 1e3
         if a.profile:
             profile(lambda: rp._head(d, head, d.blocks(kv, anchors, emb), a.budget), dev)
-        logits = h[:64, 1:].reshape(-1, c.hidden_size) @ head.lm_head.T   # fused top-k kernel vs torch
+        logits = h[:64, 1:].reshape(-1, c.hidden_size) @ head.lm_head.T  # fused top-k kernel vs torch
         am, ids, lp = rp.top_logp(logits, a.budget)
         top = logits.topk(a.budget, dim=-1)
         ref_lp = top.values.float() - torch.logsumexp(logits.float(), -1)[:, None]
         figs["topk_argmax_equal"] = float(torch.equal(am, logits.argmax(-1)))
         figs["topk_ids_agreement"] = (ids == top.indices).float().mean().item()  # torch orders ties freely
         srt = torch.sort(logits.float(), dim=-1, descending=True, stable=True)
-        figs["topk_equals_stable_sort"] = float(torch.equal(ids, srt.indices[:, :a.budget]))
+        figs["topk_equals_stable_sort"] = float(torch.equal(ids, srt.indices[:, : a.budget]))
         del srt
         figs["topk_logp_max_abs_err"] = (lp - ref_lp).abs().max().item()
     note(f"best steady-state chunk: {best[1]}")
@@ -269,12 +311,19 @@ def measure(a, figs: dict) -> None:
     results, summary = rp.run(d, head, seqs, budget=a.budget, chunk=a.chunk)
     sync(dev)
     t4 = time.perf_counter()
-    figs |= {"replay_total_s": t4 - t0, "replay_load_drafter_s": t1 - t0, "replay_load_head_s": t2 - t1,
-             "replay_read_features_s": t3 - t2, "replay_run_s": t4 - t3, "replay_chunk": a.chunk,
-             "replay_blocks": blocks, "replay_blocks_per_s": blocks / (t4 - t3),
-             "replay_tflops": flops / (t4 - t3) / 1e12,
-             "replay_fraction_of_peak": flops / (t4 - t3) / 1e12 / peak,
-             "replay_peak_mem_gib": peak_gib(dev)}
+    figs |= {
+        "replay_total_s": t4 - t0,
+        "replay_load_drafter_s": t1 - t0,
+        "replay_load_head_s": t2 - t1,
+        "replay_read_features_s": t3 - t2,
+        "replay_run_s": t4 - t3,
+        "replay_chunk": a.chunk,
+        "replay_blocks": blocks,
+        "replay_blocks_per_s": blocks / (t4 - t3),
+        "replay_tflops": flops / (t4 - t3) / 1e12,
+        "replay_fraction_of_peak": flops / (t4 - t3) / 1e12 / peak,
+        "replay_peak_mem_gib": peak_gib(dev),
+    }
     assert len(results) == n_seq and summary["rounds"] > 0
 
     # -- 4. loops on sampled anchors, drafts compared with the every-anchor ones ---------------------
@@ -284,12 +333,15 @@ def measure(a, figs: dict) -> None:
     with Clock(dev) as cl:
         got = loop_blocks(d, head, seqs[0].features, seqs[0].tokens, anchors, a.budget)
     ag = agreement(batched, P, anchors, got)
-    figs |= {"loop_blocks_per_s": n_loop / cl.s, "loop_ms_per_block": cl.s / n_loop * 1e3,
-             "loop_fraction_of_peak": sum(dr.flops_per_block(c, p, c.vocab_size) for p in anchors)
-             / cl.s / 1e12 / peak,
-             "replay_speedup_vs_loop": figs["replay_blocks_per_s"] / (n_loop / cl.s),
-             "loop_token_agreement": ag["tokens"], "loop_decisive_agreement": ag["decisive"],
-             "loop_max_logp_diff": ag["max_logp_diff"]}
+    figs |= {
+        "loop_blocks_per_s": n_loop / cl.s,
+        "loop_ms_per_block": cl.s / n_loop * 1e3,
+        "loop_fraction_of_peak": sum(dr.flops_per_block(c, p, c.vocab_size) for p in anchors) / cl.s / 1e12 / peak,
+        "replay_speedup_vs_loop": figs["replay_blocks_per_s"] / (n_loop / cl.s),
+        "loop_token_agreement": ag["tokens"],
+        "loop_decisive_agreement": ag["decisive"],
+        "loop_max_logp_diff": ag["max_logp_diff"],
+    }
     t = time.perf_counter()
     rp.score("s", batched, seqs[0].tokens.numpy(), P, a.budget)
     figs["score_one_sequence_s"] = time.perf_counter() - t
@@ -298,14 +350,19 @@ def measure(a, figs: dict) -> None:
     with Clock(dev) as cr:
         got = reference_blocks(d, head, seqs[0].features, seqs[0].tokens, ref_anchors, a.budget)
     ag = agreement(batched, P, ref_anchors, got)
-    figs |= {"reference_loop_blocks_per_s": len(ref_anchors) / cr.s,
-             "replay_speedup_vs_reference_loop": figs["replay_blocks_per_s"] / (len(ref_anchors) / cr.s),
-             "reference_token_agreement": ag["tokens"], "reference_decisive_agreement": ag["decisive"],
-             "reference_max_logp_diff": ag["max_logp_diff"]}
+    figs |= {
+        "reference_loop_blocks_per_s": len(ref_anchors) / cr.s,
+        "replay_speedup_vs_reference_loop": figs["replay_blocks_per_s"] / (len(ref_anchors) / cr.s),
+        "reference_token_agreement": ag["tokens"],
+        "reference_decisive_agreement": ag["decisive"],
+        "reference_max_logp_diff": ag["max_logp_diff"],
+    }
     if not a.work:
         shutil.rmtree(base, ignore_errors=True)
-    note(f"{n_seq} x {T} tokens (prompt {P}), {blocks} blocks, budget {a.budget}, "
-         f"{flops / 1e15:.3f} PFLOP counted; drafter {shp['hidden_size']}x{shp['num_hidden_layers']} layers")
+    note(
+        f"{n_seq} x {T} tokens (prompt {P}), {blocks} blocks, budget {a.budget}, "
+        f"{flops / 1e15:.3f} PFLOP counted; drafter {shp['hidden_size']}x{shp['num_hidden_layers']} layers"
+    )
 
 
 def main():

@@ -9,6 +9,7 @@ NaN off the walk's anchors, numpy arrays as `replay.chain(arrays=True)` returns 
 
     python benchmarks/bench_store_step.py [--prompts 200]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from _common import report  # (puts the repository root on sys.path)
 
 from dflash_dash import jobs, pipeline, replay, store
@@ -41,14 +41,32 @@ def main() -> None:
     st.add_set(planted.SET, "bench")
     for i in range(a.prompts):
         ids = rng.integers(0, 500, a.tokens).tolist()
-        st.add_completion(planted.SET, {"id": f"p{i:04d}", "idx": i, "prompt_ids": ids[:a.prompt_len],
-                                        "output_ids": ids[a.prompt_len:], "finish_reason": "length"})
+        st.add_completion(
+            planted.SET,
+            {
+                "id": f"p{i:04d}",
+                "idx": i,
+                "prompt_ids": ids[: a.prompt_len],
+                "output_ids": ids[a.prompt_len :],
+                "finish_reason": "length",
+            },
+        )
     target = tiny.write_target(work / "models" / "target", tiny.TinyTarget())
     ck = tiny.write_drafter(work / "models" / "ck", tiny.TinyDrafter(seed=0, block_size=16))
     ex = new_id("ex")
-    st.add_extraction(dict(id=ex, set_name=planted.SET, target_path=str(target), hidden_size=64, device="cpu",
-                           layer_ids=pipeline.layer_ids_of(str(ck), None), dtype="float32", backend="torch",
-                           versions={}))
+    st.add_extraction(
+        dict(
+            id=ex,
+            set_name=planted.SET,
+            target_path=str(target),
+            hidden_size=64,
+            device="cpu",
+            layer_ids=pipeline.layer_ids_of(str(ck), None),
+            dtype="float32",
+            backend="torch",
+            versions={},
+        )
+    )
     st.set_status("extractions", ex, "done")
     res = planted.planted_results(st.completions(planted.SET), 0, 16, 0, mean_accepted=5)
     for r in res:  # chain-only shape, numpy fields
@@ -64,12 +82,28 @@ def main() -> None:
     back = [replay.PromptResult(**jobs._unpacked(json.loads(ln)["event"])["result"]) for ln in lines]
     comps = {c["prompt_id"]: c for c in st.completions(planted.SET)}  # a sweep's parent reads them once
     t2 = time.perf_counter()
-    pipeline.store_run(st, st.extraction(ex), pipeline.Checkpoint(str(ck), None, None), back, 0, "cuda", "bfloat16",
-                       "chain", comps=comps)
+    pipeline.store_run(
+        st,
+        st.extraction(ex),
+        pipeline.Checkpoint(str(ck), None, None),
+        back,
+        0,
+        "cuda",
+        "bfloat16",
+        "chain",
+        comps=comps,
+    )
     t3 = time.perf_counter()
-    report({"store_step_prompts": a.prompts, "store_step_pack_s": t1 - t0, "store_step_wire_mb":
-            sum(map(len, lines)) / 1e6, "store_step_unpack_s": t2 - t1, "store_step_store_run_s": t3 - t2,
-            "store_step_parent_s": t3 - t1})
+    report(
+        {
+            "store_step_prompts": a.prompts,
+            "store_step_pack_s": t1 - t0,
+            "store_step_wire_mb": sum(map(len, lines)) / 1e6,
+            "store_step_unpack_s": t2 - t1,
+            "store_step_store_run_s": t3 - t2,
+            "store_step_parent_s": t3 - t1,
+        }
+    )
 
 
 if __name__ == "__main__":

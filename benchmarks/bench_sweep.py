@@ -15,6 +15,7 @@ little (random weights have many near ties, so even 2e-4 of a tensor's std drops
     python benchmarks/bench_sweep.py            # CUDA, reference shapes
     python benchmarks/bench_sweep.py --small    # tiny shapes on the CPU (a smoke test)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,9 +33,13 @@ from _common import Clock, matmul_tflops, note, peak_gib, profile, report, sync
 from bench_replay import FULL, SMALL, rand_weights
 from safetensors.torch import save_file
 
-from dflash_dash import cache, drafter as dr, pipeline, replay as rp, target as tg
-from tools import tiny
+from dflash_dash import cache, pipeline
+from dflash_dash import drafter as dr
+from dflash_dash import replay as rp
+from dflash_dash import target as tg
 from dflash_dash.store import Store
+from tools import tiny
+
 
 def args_():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -49,18 +54,31 @@ def args_():
     ap.add_argument("--distinct", type=int, default=4, help="distinct weight files among the checkpoints")
     ap.add_argument("--budget", type=int, default=8, help="DDTree budget of the DDTree-on comparison")
     ap.add_argument("--sweep-budget", type=int, default=None, help="DDTree budget of the sweep (default --budget)")
-    ap.add_argument("--perturb", type=float, default=0.0,
-                    help="checkpoint k's weights: base + perturb * std * noise (0: the planted drafter's, tau as "
-                         "planted; 2e-4 already drops it to about 4)")
-    ap.add_argument("--in-process", action="store_true",
-                    help="sweep in this process (default: one worker process, as `sweep --gpus 0`: the parent's "
-                         "store step of a run overlaps the next checkpoint's replay)")
-    ap.add_argument("--profile", action="store_true",
-                    help="profile one chain-only replay (host time by function); with --in-process the sweep's time "
-                         "by phase (load, context K/V, walk, results, store) and the device kernels of one walk")
-    ap.add_argument("--trace", action="store_true",
-                    help="the worker traces its walks (`trace_site/sitecustomize.py`); printed after the sweep: its first "
-                         "checkpoint's walk against the same weights' walk later, step by step (`_trace.excess`)")
+    ap.add_argument(
+        "--perturb",
+        type=float,
+        default=0.0,
+        help="checkpoint k's weights: base + perturb * std * noise (0: the planted drafter's, tau as "
+        "planted; 2e-4 already drops it to about 4)",
+    )
+    ap.add_argument(
+        "--in-process",
+        action="store_true",
+        help="sweep in this process (default: one worker process, as `sweep --gpus 0`: the parent's "
+        "store step of a run overlaps the next checkpoint's replay)",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile one chain-only replay (host time by function); with --in-process the sweep's time "
+        "by phase (load, context K/V, walk, results, store) and the device kernels of one walk",
+    )
+    ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="the worker traces its walks (`trace_site/sitecustomize.py`); printed after the sweep: its first "
+        "checkpoint's walk against the same weights' walk later, step by step (`_trace.excess`)",
+    )
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-speed", action="store_true", help="only the sweep")
     ap.add_argument("--work", default=None)
@@ -82,15 +100,15 @@ class Planter(rp._Lockstep):
     def step(self, anchors, record, top):
         R, dev = len(anchors), anchors.device
         self.at = anchors
-        self.n = (torch.rand(R, self.D, device=dev, generator=self.gen) < self.p).sum(1)      # [R] drafts kept
+        self.n = (torch.rand(R, self.D, device=dev, generator=self.gen) < self.p).sum(1)  # [R] drafts kept
         self.shift = torch.randint(1, self.V, (R, self.D), device=dev, generator=self.gen)  # other = draft + shift
         return super().step(anchors, record, top)
 
     def follow(self, nxt, d_tok, inside, upto):
         j, n = self.slot, self.n[:, None]
-        write = inside & (j <= n) & (j < upto)                                # [R, D] slots planted by now
+        write = inside & (j <= n) & (j < upto)  # [R, D] slots planted by now
         new = torch.where(j < n, d_tok, (d_tok + self.shift) % self.V)
-        r, k = write.nonzero().unbind(1)                                      # each written position once
+        r, k = write.nonzero().unbind(1)  # each written position once
         self.tok[self.rows[r], self.at[r] + 1 + k] = new[r, k]
         return torch.where(write, new, nxt)
 
@@ -145,8 +163,16 @@ def measure(a, figs: dict) -> None:
     V, H = shp["vocab_size"], shp["hidden_size"]
     hw = rand_weights({"model.embed_tokens.weight": (V, H), "lm_head.weight": (V, H)}, dev, dtype, 2)
     save_file({k: v.cpu() for k, v in hw.items()}, str(tgt / "model.safetensors"))
-    (tgt / "config.json").write_text(json.dumps({"model_type": "qwen3_5_text", "hidden_size": H, "vocab_size": V,
-                                                 "num_hidden_layers": shp["num_target_layers"]}))
+    (tgt / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3_5_text",
+                "hidden_size": H,
+                "vocab_size": V,
+                "num_hidden_layers": shp["num_target_layers"],
+            }
+        )
+    )
     del hw
     d = dr.load(base / "base", dtype, dev)
     head = tg.load_head(tgt, dev, dtype)
@@ -192,19 +218,30 @@ def speed(a, d, head, c, T, P, n_speed, dev, peak, figs) -> None:
         # the chain replay runs the planting's steps (`Planter`): its tau is the planted one; every-anchor drafts
         # in other shapes, where bf16 near ties of random weights flip
         figs |= {"planted_tau_pooled": s_chain["tau_pooled"], "every_tau_pooled": s_every["tau_pooled"]} | (
-            {"planted_ddtree_tau": s_every["ddtree_tau"]} if b else {})
-        figs |= {f"{k}_budget{b}": v for k, v in {
-            "every_anchor_s": ce.s, "chain_s": cc.s, "chain_speedup_vs_every": ce.s / cc.s,
-            "chain_blocks": blocks, "chain_anchor_share": blocks / (n_speed * (T - P)),
-            "chain_blocks_per_s": blocks / cc.s, "chain_rounds_equal_every": float(same),
-            "chain_rounds_differing_prompts": sum((x.rounds, x.tree_rounds) != (y.rounds, y.tree_rounds)
-                                                  for x, y in zip(every, chain)),
-            "chain_fraction_of_peak": flops / cc.s / 1e12 / peak}.items()}
+            {"planted_ddtree_tau": s_every["ddtree_tau"]} if b else {}
+        )
+        figs |= {
+            f"{k}_budget{b}": v
+            for k, v in {
+                "every_anchor_s": ce.s,
+                "chain_s": cc.s,
+                "chain_speedup_vs_every": ce.s / cc.s,
+                "chain_blocks": blocks,
+                "chain_anchor_share": blocks / (n_speed * (T - P)),
+                "chain_blocks_per_s": blocks / cc.s,
+                "chain_rounds_equal_every": float(same),
+                "chain_rounds_differing_prompts": sum(
+                    (x.rounds, x.tree_rounds) != (y.rounds, y.tree_rounds) for x, y in zip(every, chain)
+                ),
+                "chain_fraction_of_peak": flops / cc.s / 1e12 / peak,
+            }.items()
+        }
         report(figs)
         figs.clear()
     if a.profile:  # where the chain-only replay's host time goes (DDTree off)
         import cProfile
         import pstats
+
         pr = cProfile.Profile()
         pr.enable()
         rp.chain(d, head, seqs, 0, batch=len(seqs))
@@ -223,8 +260,20 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
     gen = torch.Generator(device=dev).manual_seed(5)
     st.add_set("bench", "bench")
     ex = "ex-bench"
-    st.add_extraction(dict(id=ex, set_name="bench", target_path=str(tgt.resolve()), layer_ids=c.target_layer_ids,
-                           hidden_size=H, device=dev, dtype="bfloat16", backend="fla", versions={}, config_hash="-"))
+    st.add_extraction(
+        dict(
+            id=ex,
+            set_name="bench",
+            target_path=str(tgt.resolve()),
+            layer_ids=c.target_layer_ids,
+            hidden_size=H,
+            device=dev,
+            dtype="bfloat16",
+            backend="fla",
+            versions={},
+            config_hash="-",
+        )
+    )
     feats, paths = [], []
     for b0 in range(0, n_sweep, PLANT):  # features PLANT sequences at a time, kept on the device for the planting
         f = torch.randn(min(PLANT, n_sweep - b0), T, c.K * H, device=dev, generator=gen).to(dtype)
@@ -232,12 +281,24 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
             feats.append(f[i])
             paths.append(cache.write(pipeline.features_root(st), ex, f"q{b0 + i}", f[i], {"bench": True}))
         del f
-    tk = torch.cat([plant(d, head, feats[b0:b0 + rp.CHAIN_BATCH], P, a.accept, 100 + b0)  # batches as replayed
-                    for b0 in range(0, n_sweep, rp.CHAIN_BATCH)])
+    tk = torch.cat(
+        [
+            plant(d, head, feats[b0 : b0 + rp.CHAIN_BATCH], P, a.accept, 100 + b0)  # batches as replayed
+            for b0 in range(0, n_sweep, rp.CHAIN_BATCH)
+        ]
+    )
     del feats
     for i in range(n_sweep):
-        st.add_completion("bench", {"id": f"q{i}", "idx": i, "prompt_ids": tk[i, :P].tolist(),
-                                    "output_ids": tk[i, P:].tolist(), "finish_reason": "length"})
+        st.add_completion(
+            "bench",
+            {
+                "id": f"q{i}",
+                "idx": i,
+                "prompt_ids": tk[i, :P].tolist(),
+                "output_ids": tk[i, P:].tolist(),
+                "finish_reason": "length",
+            },
+        )
         st.add_item(ex, f"q{i}", T, str(paths[i]))
     st.set_status("extractions", ex, "done")
     figs["sweep_setup_s"] = time.perf_counter() - t0
@@ -250,8 +311,10 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
             wk = w0
         else:
             gk = torch.Generator(device=dev).manual_seed(10 + k)
-            wk = {n: (t.float() + a.perturb * t.float().std() * torch.randn(t.shape, device=dev, generator=gk)).to(dtype)
-                  for n, t in w0.items()}
+            wk = {
+                n: (t.float() + a.perturb * t.float().std() * torch.randn(t.shape, device=dev, generator=gk)).to(dtype)
+                for n, t in w0.items()
+            }
         write_drafter(folder, cfg, wk)
         distinct.append(folder)
     for i in range(a.checkpoints):
@@ -270,11 +333,13 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
     t0 = time.perf_counter()
     budget = a.budget if a.sweep_budget is None else a.sweep_budget
     from dflash_dash import jobs
+
     trace = base / "trace.jsonl"
     if a.trace and not a.in_process:  # the worker loads trace_site/sitecustomize.py at start-up
         os.environ["DFLASH_BENCH_TRACE"] = str(trace)
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent / "trace_site")]
-                                                   + [p for p in [os.environ.get("PYTHONPATH")] if p])
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(Path(__file__).parent / "trace_site")] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+        )
     runner = None if a.in_process else jobs.workers(st, [dev])  # reads features in its own process
     last = [0.0]
 
@@ -287,6 +352,7 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
         if t - last[0] > 5 or "replayed" not in m or "replayed in" in m:
             last[0] = t
             note(f"{t:.1f} s: [{i}/{n}] {m}")
+
     phases = phase_timers(dev) if a.profile and runner is None else None
     steps, store_run = [], pipeline.store_run
 
@@ -295,16 +361,20 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
         out = store_run(*x, **k)
         steps.append((t - t0, time.perf_counter() - t0))
         return out
+
     pipeline.store_run = timed_store_run
-    ids = pipeline.sweep(st, str(train), ex, device=dev, dtype="bfloat16", budget=budget, progress=progress,
-                         runner=runner)
+    ids = pipeline.sweep(
+        st, str(train), ex, device=dev, dtype="bfloat16", budget=budget, progress=progress, runner=runner
+    )
     sync(dev)
     dt = time.perf_counter() - t0
     pipeline.store_run = store_run
     report({f"sweep_{a.checkpoints}x{n_sweep}_s": dt})  # printed now: the counts below take a while
     if steps:  # after the last store step: the worker's exit (the parent waits for it) and the sweep's return
-        note(f"store steps (parent): {', '.join(f'{e - b:.2f}' for b, e in steps)} s; the last one ran "
-             f"{steps[-1][0]:.1f}-{steps[-1][1]:.1f} s, the sweep returned at {dt:.1f} s")
+        note(
+            f"store steps (parent): {', '.join(f'{e - b:.2f}' for b, e in steps)} s; the last one ran "
+            f"{steps[-1][0]:.1f}-{steps[-1][1]:.1f} s, the sweep returned at {dt:.1f} s"
+        )
     if phases:
         report({f"sweep_phase_{k}_s": v for k, v in phases.items()})
     if a.trace and trace.exists():
@@ -320,18 +390,30 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
             acc = np.asarray(p["accepted_at"])
             at = np.flatnonzero(acc >= 0)
             blocks += len(at)
-            flops += sum(needed_flops(c, p["prompt_len"] + int(q), V, int(acc[q]), p["prompt_len"] + len(acc), budget)
-                         for q in at)
+            flops += sum(
+                needed_flops(c, p["prompt_len"] + int(q), V, int(acc[q]), p["prompt_len"] + len(acc), budget)
+                for q in at
+            )
     if runner is not None:  # the worker's feature reads, as its progress lines count them
-        reads = [None] * sum(int(m.group(1)) for m in re.finditer(r"read the features of (\d+) prompts", "\n".join(said)))
-    figs |= {f"sweep_{a.checkpoints}x{n_sweep}_s": dt, "sweep_checkpoints": len(ids),
-             "sweep_feature_reads_per_sequence": len(reads) / n_sweep, "sweep_blocks": blocks,
-             "sweep_blocks_per_s": blocks / dt, "sweep_fraction_of_peak": flops / dt / 1e12 / peak,
-             "sweep_tau_pooled_min": min(taus), "sweep_tau_pooled_max": max(taus),
-             "sweep_peak_mem_gib": peak_gib(dev)}
+        reads = [None] * sum(
+            int(m.group(1)) for m in re.finditer(r"read the features of (\d+) prompts", "\n".join(said))
+        )
+    figs |= {
+        f"sweep_{a.checkpoints}x{n_sweep}_s": dt,
+        "sweep_checkpoints": len(ids),
+        "sweep_feature_reads_per_sequence": len(reads) / n_sweep,
+        "sweep_blocks": blocks,
+        "sweep_blocks_per_s": blocks / dt,
+        "sweep_fraction_of_peak": flops / dt / 1e12 / peak,
+        "sweep_tau_pooled_min": min(taus),
+        "sweep_tau_pooled_max": max(taus),
+        "sweep_peak_mem_gib": peak_gib(dev),
+    }
     figs["sweep_budget"] = budget
-    note(f"sweep: {len(ids)} checkpoints x {n_sweep} sequences x {T} tokens, budget {budget}, "
-         f"{len(distinct)} distinct weight files")
+    note(
+        f"sweep: {len(ids)} checkpoints x {n_sweep} sequences x {T} tokens, budget {budget}, "
+        f"{len(distinct)} distinct weight files"
+    )
     if not a.work:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -340,13 +422,16 @@ def report_trace(path: Path, again: int | None) -> None:
     """The worker's traced walks (`--trace`): each checkpoint's replay (`replay.chain`), its walk and the context
     K/V before it; the first checkpoint's walk against checkpoint `again`'s (the same weight file) step by step."""
     import _trace
+
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     walks = [x for x in lines if "trace" in x]
     chains = [x for x in lines if "chain_s" in x]
     for n, (w, c) in enumerate(zip(walks, chains), 1):
-        note(f"checkpoint {n}: replay {c['chain_s']:.2f} s = before the walk {w['start'] - c['start']:.2f} s (context "
-             f"K/V queued in {w['ctx_host_s']:.2f} s) + walk {w['end'] - w['start']:.2f} s ({len(w['trace']) - 1} steps) "
-             f"+ after {c['start'] + c['chain_s'] - w['end']:.2f} s")
+        note(
+            f"checkpoint {n}: replay {c['chain_s']:.2f} s = before the walk {w['start'] - c['start']:.2f} s (context "
+            f"K/V queued in {w['ctx_host_s']:.2f} s) + walk {w['end'] - w['start']:.2f} s ({len(w['trace']) - 1} steps) "
+            f"+ after {c['start'] + c['chain_s'] - w['end']:.2f} s"
+        )
     if again is not None and len(walks) > again:
         figs, notes = _trace.excess(walks[0], walks[again], dr.KEY_ALIGN)
         for line in notes:
@@ -376,7 +461,9 @@ def phase_timers(dev) -> dict:
             finally:
                 sync(dev)
                 phases[key] = phases.get(key, 0.0) + time.perf_counter() - t
+
         setattr(owner, name, timed)
+
     wrap(dr, "load", "load_drafter")
     wrap(rp._Lockstep, "__init__", "context_kv")
     wrap(rp, "_walk_device", "walk")

@@ -11,6 +11,7 @@ staged-head row count, or none of these.
 
     python3 benchmarks/bench_walk_cold.py [--rows 200] [--small]      # CUDA (or --small on the CPU)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,9 @@ import torch
 from _common import note, report
 from bench_replay import FULL, SMALL, rand_weights
 
-from dflash_dash import drafter as dr, replay as rp, target as tg
+from dflash_dash import drafter as dr
+from dflash_dash import replay as rp
+from dflash_dash import target as tg
 from tools import tiny
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -34,11 +37,19 @@ ap.add_argument("--rows", type=int, default=200, help="sequences in the lockstep
 ap.add_argument("--accept", type=float, default=5.0, help="mean planted accepted drafts per round")
 ap.add_argument("--small", action="store_true", help="tiny shapes on the CPU (a smoke run)")
 ap.add_argument("--walks", type=int, default=3)
-ap.add_argument("--sdpa", choices=("default", "efficient"), default="default",
-                help="efficient: cuDNN attention off in this process (no per-shape cuDNN graphs)")
-ap.add_argument("--beside", action="store_true", help="during walks 1 and 2 a loader thread loads a checkpoint onto "
-                "the device on a side stream (`pipeline._fetch`), as the sweep worker does beside each replay; walk 3 "
-                "runs alone")
+ap.add_argument(
+    "--sdpa",
+    choices=("default", "efficient"),
+    default="default",
+    help="efficient: cuDNN attention off in this process (no per-shape cuDNN graphs)",
+)
+ap.add_argument(
+    "--beside",
+    action="store_true",
+    help="during walks 1 and 2 a loader thread loads a checkpoint onto "
+    "the device on a side stream (`pipeline._fetch`), as the sweep worker does beside each replay; walk 3 "
+    "runs alone",
+)
 ap.add_argument("--plant", help=argparse.SUPPRESS)  # child: plant, save the tokens here, exit
 a = ap.parse_args()
 dev = "cpu" if a.small else "cuda"
@@ -61,6 +72,7 @@ if a.sdpa == "efficient":  # the planting child too: both walk the same steps
     torch.backends.cuda.enable_cudnn_sdp(False)
 if a.plant:
     from bench_sweep import plant
+
     d, head, feats = build()
     torch.save(plant(d, head, feats, P, a.accept, 0), a.plant)
     sys.exit(0)
@@ -68,8 +80,11 @@ if a.plant:
 # -- 1. plant in a child process (its compiles fill Inductor's disk cache, as the sweep's planting does) -----------
 tmp = Path(tempfile.mkdtemp(prefix="dflash-walk-")) / "tokens.pt"
 t0 = time.perf_counter()
-subprocess.run([sys.executable, __file__, "--plant", str(tmp), "--rows", str(a.rows), "--accept", str(a.accept),
-                "--sdpa", a.sdpa] + (["--small"] if a.small else []), check=True)
+subprocess.run(
+    [sys.executable, __file__, "--plant", str(tmp), "--rows", str(a.rows), "--accept", str(a.accept), "--sdpa", a.sdpa]
+    + (["--small"] if a.small else []),
+    check=True,
+)
 note(f"planted {a.rows} x {T} tokens in a child process in {time.perf_counter() - t0:.1f} s")
 toks = torch.load(tmp)
 
@@ -82,6 +97,7 @@ if a.beside:  # a checkpoint on disk for the loader thread (not timed)
     from bench_sweep import write_drafter
 
     from dflash_dash import pipeline
+
     ck = tmp.parent / "ck"
     write_drafter(ck, tiny.drafter_config(tiny.TinyDrafter(**(SMALL if a.small else FULL))), d.w)
     fetched: dict = {}
@@ -90,6 +106,8 @@ if a.beside:  # a checkpoint on disk for the loader thread (not timed)
     def fetch(n: int) -> None:
         got, fetched[n] = pipeline._fetch(pipeline.Checkpoint(str(ck), None, None), dtype, dev, side)
         del got  # its device memory goes back to the side stream's pool, as in the worker
+
+
 traced = _trace.install()  # each walk: step start times, row counts, key bounds; staged-head row counts
 sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 walks = []

@@ -6,6 +6,7 @@ extraction's provenance. `read` checks shape, dtype, token count and the metadat
 mismatch or damage raises `CacheError` with a message that offers re-extraction. Payload size is
 exactly K*H*2 bytes per token. Knows nothing of models, HTTP or the store.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -14,9 +15,9 @@ import os
 import queue
 import re
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from safetensors.torch import save_file
@@ -45,8 +46,7 @@ def write(root: str | Path, extraction: str, prompt_id: str, features: torch.Ten
     dst = path(root, extraction, prompt_id)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-    header = {"meta": json.dumps(meta, sort_keys=True), "prompt_id": prompt_id,
-              "tokens": str(features.shape[0])}
+    header = {"meta": json.dumps(meta, sort_keys=True), "prompt_id": prompt_id, "tokens": str(features.shape[0])}
     save_file({KEY: features.detach().to("cpu", torch.bfloat16).contiguous()}, str(tmp), metadata=header)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
@@ -54,8 +54,9 @@ def write(root: str | Path, extraction: str, prompt_id: str, features: torch.Ten
     return dst
 
 
-def read(root: str | Path, extraction: str, prompt_id: str, tokens: int, width: int,
-         out: torch.Tensor | None = None) -> torch.Tensor:
+def read(
+    root: str | Path, extraction: str, prompt_id: str, tokens: int, width: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Read and validate features; `tokens` and `width` (K*H) are what the store says they must be. `out` (a
     contiguous CPU bf16 tensor of at least tokens*width elements, e.g. pinned staging): the payload is read
     straight into it and the view [tokens, width] of its start is returned (no other copy is made)."""
@@ -78,7 +79,7 @@ def read(root: str | Path, extraction: str, prompt_id: str, tokens: int, width: 
             raise CacheError(f"feature file {src} holds {dtype} {shape}, expected bfloat16 ({tokens}, {width}); {fix}")
         if end - begin != tokens * width * 2:
             raise CacheError(f"feature file {src} is damaged (payload of {end - begin} bytes for {shape}); {fix}")
-        t = (torch.empty(tokens * width, dtype=torch.bfloat16) if out is None else out.view(-1)[:tokens * width])
+        t = torch.empty(tokens * width, dtype=torch.bfloat16) if out is None else out.view(-1)[: tokens * width]
         f.seek(8 + head + begin)
         view = memoryview(t.view(torch.uint8).numpy()).cast("B")
         got = 0
@@ -102,6 +103,7 @@ def finite(t: torch.Tensor) -> bool:
 def meta(root: str | Path, extraction: str, prompt_id: str) -> dict:
     """The metadata header of a feature file."""
     from safetensors import safe_open
+
     with safe_open(str(path(root, extraction, prompt_id)), framework="pt") as f:
         return json.loads(f.metadata()["meta"])
 
@@ -109,8 +111,9 @@ def meta(root: str | Path, extraction: str, prompt_id: str) -> dict:
 READERS = 8  # files `read_many` reads at once (threads: a read and its checks release the GIL)
 
 
-def read_many(root: str | Path, extraction: str, wanted: list[tuple[str, int]], width: int,
-              device: str = "cpu") -> Iterator[torch.Tensor]:
+def read_many(
+    root: str | Path, extraction: str, wanted: list[tuple[str, int]], width: int, device: str = "cpu"
+) -> Iterator[torch.Tensor]:
     """`read` of each (prompt id, tokens) of `wanted`, yielded in order, READERS files at a time (at most 2*READERS
     read ahead of the consumer). On CUDA each file is read into a pinned staging buffer, checked there and copied to
     `device` without blocking the host; a buffer is reused once its copy is done, so reads, checks and copies of

@@ -6,6 +6,7 @@ never a traceback. Each operation's options take their defaults from its `ops` d
 one (`op_of`), so the CLI, jobs and pages share one definition; `--gpus 0,1` (extract, replay, sweep) shards
 the prompts over one worker process per device (jobs.workers), `--gpus cpu,cpu` over CPU workers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,6 @@ from pathlib import Path
 from . import ops, pipeline
 from .errors import UserError
 from .store import Store, default_workspace
-
-
 
 _MIDLINE = [False]  # a progress bar is on stderr without its newline yet
 
@@ -80,6 +79,7 @@ def cmd_extract(a, st):
 
 def jobs_mod():
     from . import jobs
+
     return jobs
 
 
@@ -111,8 +111,21 @@ def follow(st, job_id: str, key: str, every: float = 0.3) -> int:
 
 def cmd_replay(a, st):
     op = op_of(ops.Replay, a)
-    out = pipeline.replay(st, op.drafter, op.extraction, op.tree_budget, op.devices()[0], op.dtype, op.chunk, op.name,
-                          progress, op.sliding_block, op.draft_config, op.anchors, runner(st, op))
+    out = pipeline.replay(
+        st,
+        op.drafter,
+        op.extraction,
+        op.tree_budget,
+        op.devices()[0],
+        op.dtype,
+        op.chunk,
+        op.name,
+        progress,
+        op.sliding_block,
+        op.draft_config,
+        op.anchors,
+        runner(st, op),
+    )
     if a.extraction == "latest":
         print(f"extraction latest = {out['summary']['extraction']}", file=sys.stderr)
     print(out["id"])
@@ -127,8 +140,11 @@ def cmd_sweep(a, st):
 
 def cmd_sliding_check(a, st):
     op = op_of(ops.SlidingCheck, a)
-    _print(pipeline.sliding_check(st, op.drafter, op.extraction, op.draft_config, progress, device=op.device,
-                                  dtype=op.dtype))
+    _print(
+        pipeline.sliding_check(
+            st, op.drafter, op.extraction, op.draft_config, progress, device=op.device, dtype=op.dtype
+        )
+    )
 
 
 def cmd_attribute(a, st):
@@ -151,6 +167,7 @@ def cmd_fetch(a, st):
 
 def cmd_jobs(a, st):
     from . import jobs
+
     if a.action == "list":
         return _print(jobs.recent(st, a.limit))
     if not a.id:
@@ -165,13 +182,23 @@ def cmd_jobs(a, st):
 
 def cmd_demo(a, st):
     from . import demo
+
     _print(demo.build(a.workspace, progress))
 
 
 def cmd_serve(a, st):
     from . import server
-    server.serve(a.model, a.host, a.port, a.startup_delay, health_delay=a.health_delay, api_key=a.api_key,
-                 speculative_draft=a.speculative_draft, speculative_bug=a.speculative_bug)
+
+    server.serve(
+        a.model,
+        a.host,
+        a.port,
+        a.startup_delay,
+        health_delay=a.health_delay,
+        api_key=a.api_key,
+        speculative_draft=a.speculative_draft,
+        speculative_bug=a.speculative_bug,
+    )
 
 
 def cmd_import_engine_stats(a, st):
@@ -182,11 +209,17 @@ def cmd_import_engine_stats(a, st):
 def cmd_conformance(a, st):
     out, rows, missing = pipeline.conformance(st, a.run, a.engine, a.threshold)
     if missing:
-        print(f"note: {len(missing)} prompt(s) of run {out['run']} have no {out['engine']} stats: "
-              f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}", file=sys.stderr)
+        print(
+            f"note: {len(missing)} prompt(s) of run {out['run']} have no {out['engine']} stats: "
+            f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}",
+            file=sys.stderr,
+        )
     flagged = sum(r["flagged"] for r in rows)
-    print(f"{flagged} of {len(rows)} prompt(s) flagged: engine tau = (completion_tokens - 1) / verify_steps below "
-          f"the replay's committed / rounds by more than {out['threshold']:g} x replay tau", file=sys.stderr)
+    print(
+        f"{flagged} of {len(rows)} prompt(s) flagged: engine tau = (completion_tokens - 1) / verify_steps below "
+        f"the replay's committed / rounds by more than {out['threshold']:g} x replay tau",
+        file=sys.stderr,
+    )
     _print(out)
 
 
@@ -210,8 +243,9 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     s.add_argument("--name", required=True)
     s.set_defaults(fn=cmd_export_completions)
 
-    X, R, S, C, A, F = map(ops.defaults, (ops.Extract, ops.Replay, ops.Sweep, ops.SlidingCheck, ops.Attribute,
-                                          ops.Fetch))  # every default comes from the operation's dataclass
+    X, R, S, C, A, F = map(
+        ops.defaults, (ops.Extract, ops.Replay, ops.Sweep, ops.SlidingCheck, ops.Attribute, ops.Fetch)
+    )  # every default comes from the operation's dataclass
     s = sub.add_parser("extract", help="extract target hidden states for a completion set")
     s.add_argument("--target", required=True, help="Hugging Face causal LM folder")
     s.add_argument("--completions", required=True, help="completion set name")
@@ -219,12 +253,19 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     s.add_argument("--layers", help="explicit layer ids, e.g. 1,16,31 (instead of --drafter)")
     s.add_argument("--device", default=X["device"], help="cpu or cuda[:N]")
     s.add_argument("--dtype", default=X["dtype"], choices=ops.DTYPES)
-    s.add_argument("--gpus", help="one worker process per device, the prompts sharded over them: GPU indices "
-                                  "like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); default: one process on --device")
+    s.add_argument(
+        "--gpus",
+        help="one worker process per device, the prompts sharded over them: GPU indices "
+        "like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); default: one process on --device",
+    )
     s.add_argument("--resume", help="continue this extraction id instead of starting a new one")
-    s.add_argument("--orchestrate", default=X["orchestrate"], choices=ops.ORCHESTRATE,
-                   help="free the SGLang server's GPU around the extraction (config.toml): its memory-release "
-                        "API, its stop/start commands, or leave it (default)")
+    s.add_argument(
+        "--orchestrate",
+        default=X["orchestrate"],
+        choices=ops.ORCHESTRATE,
+        help="free the SGLang server's GPU around the extraction (config.toml): its memory-release "
+        "API, its stop/start commands, or leave it (default)",
+    )
     s.set_defaults(fn=cmd_extract)
 
     s = sub.add_parser("replay", help="replay a drafter checkpoint over cached features")
@@ -233,34 +274,54 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     s.add_argument("--tree-budget", type=int, default=R["tree_budget"], help="DDTree node budget (0: no tree)")
     s.add_argument("--device", default=R["device"])
     s.add_argument("--dtype", default=R["dtype"], choices=ops.DTYPES)
-    s.add_argument("--gpus", help="one worker process per device, the prompts sharded over them: GPU indices "
-                                  "like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); default: one process on --device")
+    s.add_argument(
+        "--gpus",
+        help="one worker process per device, the prompts sharded over them: GPU indices "
+        "like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); default: one process on --device",
+    )
     s.add_argument("--chunk", type=int, default=R["chunk"], help="blocks per batched forward")
     s.add_argument("--name", help="display name (default: checkpoint folder name)")
-    s.add_argument("--anchors", default=R["anchors"], choices=ops.ANCHORS,
-                   help="every completion anchor (default: accepted(p) curves, every-anchor tau) or only the "
-                        "anchors the chain and DDTree walks visit (chain: several times faster, same rounds)")
+    s.add_argument(
+        "--anchors",
+        default=R["anchors"],
+        choices=ops.ANCHORS,
+        help="every completion anchor (default: accepted(p) curves, every-anchor tau) or only the "
+        "anchors the chain and DDTree walks visit (chain: several times faster, same rounds)",
+    )
     if not store_only:
         checkpoint_options(s)
     s.set_defaults(fn=cmd_replay)
 
     s = sub.add_parser("sweep", help="replay every checkpoint of a training output folder")
-    s.add_argument("--checkpoints", required=True, help="training output folder: epoch_E_step_S/, "
-                                                        "{run_id}-step{N}/ (SpecForge runtime), checkpoint-N/ ...")
+    s.add_argument(
+        "--checkpoints",
+        required=True,
+        help="training output folder: epoch_E_step_S/, {run_id}-step{N}/ (SpecForge runtime), checkpoint-N/ ...",
+    )
     s.add_argument("--extraction", default=S["extraction"])
-    s.add_argument("--anchors", default=S["anchors"], choices=ops.ANCHORS,
-                   help="chain (default: only the anchors the walks visit) or every")
+    s.add_argument(
+        "--anchors",
+        default=S["anchors"],
+        choices=ops.ANCHORS,
+        help="chain (default: only the anchors the walks visit) or every",
+    )
     s.add_argument("--tree-budget", type=int, default=S["tree_budget"], help="DDTree node budget (0: no tree)")
     s.add_argument("--device", default=S["device"])
     s.add_argument("--dtype", default=S["dtype"], choices=ops.DTYPES)
-    s.add_argument("--gpus", help="one worker process per device, the prompts sharded over them: GPU indices "
-                                  "like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); default: one process on --device")
+    s.add_argument(
+        "--gpus",
+        help="one worker process per device, the prompts sharded over them: GPU indices "
+        "like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); default: one process on --device",
+    )
     if not store_only:
         checkpoint_options(s)
     s.set_defaults(fn=cmd_sweep)
 
-    s = sub.add_parser("sliding-check", help="replay a sliding-layer drafter with its block causal and "
-                                             "bidirectional: the train/serve mismatch detector (JSON)")
+    s = sub.add_parser(
+        "sliding-check",
+        help="replay a sliding-layer drafter with its block causal and "
+        "bidirectional: the train/serve mismatch detector (JSON)",
+    )
     s.add_argument("--drafter", required=True)
     s.add_argument("--extraction", default=C["extraction"])
     s.add_argument("--draft-config", help="the training's draft config JSON (SpecForge runtime checkpoints)")
@@ -268,8 +329,11 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     s.add_argument("--dtype", default=C["dtype"], choices=ops.DTYPES)
     s.set_defaults(fn=cmd_sliding_check)
 
-    s = sub.add_parser("attribute", help="target-layer attribution of a run: tau lost with each target tap "
-                                         "replaced by its mean over the extraction (JSON; stored with the run)")
+    s = sub.add_parser(
+        "attribute",
+        help="target-layer attribution of a run: tau lost with each target tap "
+        "replaced by its mean over the extraction (JSON; stored with the run)",
+    )
     s.add_argument("--run", default=A["run"])
     s.add_argument("--device", default=A["device"], help="default: the run's own device")
     s.add_argument("--dtype", default=A["dtype"], choices=ops.DTYPES, help="default: the run's own dtype")
@@ -288,27 +352,40 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=30000)
     s.add_argument("--startup-delay", type=float, default=0.0)
-    s.add_argument("--health-delay", type=float, default=0.0,
-                   help="seconds GET /health takes once ready (a real one generates a token)")
+    s.add_argument(
+        "--health-delay",
+        type=float,
+        default=0.0,
+        help="seconds GET /health takes once ready (a real one generates a token)",
+    )
     s.add_argument("--api-key", help="require `Authorization: Bearer KEY` except on /health (as SGLang's --api-key)")
     if not store_only:
         from .server import speculative_args
+
         speculative_args(s)  # --speculative-draft CKPT, --speculative-bug NAME (a test aid)
     s.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("fetch", help="fetch greedy completions of a prompt set from an SGLang server")
-    s.add_argument("--server", help="server URL (default: [server] url of W/config.toml, else "
-                                    "http://127.0.0.1:30000)")
+    s.add_argument("--server", help="server URL (default: [server] url of W/config.toml, else http://127.0.0.1:30000)")
     s.add_argument("--prompt-set", required=True, help="built-in set (coding-10) or a JSONL file of {id, prompt}")
     s.add_argument("--name", required=True, help="completion set name; rerun with it to continue")
     s.add_argument("--max-new-tokens", type=int, default=F["max_new_tokens"])
-    s.add_argument("--chat", action="store_true", default=F["chat"],
-                   help="wrap prompts in the target's chat template (local)")
+    s.add_argument(
+        "--chat", action="store_true", default=F["chat"], help="wrap prompts in the target's chat template (local)"
+    )
     s.add_argument("--tokenizer", help="tokenizer folder (default: the server's tokenizer_path when readable)")
-    s.add_argument("--enable-thinking", action="store_true", default=F["enable_thinking"],
-                   help="leave Qwen3 thinking on (default off)")
-    s.add_argument("--readiness-timeout", type=float, default=F["readiness_timeout"],
-                   help="seconds to wait for /health 200 (default: the workspace config's, 600)")
+    s.add_argument(
+        "--enable-thinking",
+        action="store_true",
+        default=F["enable_thinking"],
+        help="leave Qwen3 thinking on (default off)",
+    )
+    s.add_argument(
+        "--readiness-timeout",
+        type=float,
+        default=F["readiness_timeout"],
+        help="seconds to wait for /health 200 (default: the workspace config's, 600)",
+    )
     s.set_defaults(fn=cmd_fetch)
 
     s = sub.add_parser("jobs", help="background jobs: list | cancel ID | logs ID | rerun ID")
@@ -318,19 +395,28 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     s.add_argument("--lines", type=int, default=200, help="logs: how many last lines")
     s.set_defaults(fn=cmd_jobs)
 
-    s = sub.add_parser("import-engine-stats", help="import another engine's per-prompt speculative counters "
-                                                   "(JSONL) for a completion set, for `conformance`")
+    s = sub.add_parser(
+        "import-engine-stats",
+        help="import another engine's per-prompt speculative counters (JSONL) for a completion set, for `conformance`",
+    )
     s.add_argument("file", help='JSONL: {"id", "verify_steps", "accepted_tokens"} or {"id", "accept_lengths": [...]}')
     s.add_argument("--completions", required=True, help="the completion set the engine generated (same prompt ids)")
     s.add_argument("--engine", required=True, help="engine name, e.g. vllm (sglang: stats recorded at fetch)")
     s.set_defaults(fn=cmd_import_engine_stats)
 
-    s = sub.add_parser("conformance", help="engine tau beside the replay's tau of the same drafter, per prompt; "
-                                           "flags prompts where the engine falls short by more than numeric noise")
+    s = sub.add_parser(
+        "conformance",
+        help="engine tau beside the replay's tau of the same drafter, per prompt; "
+        "flags prompts where the engine falls short by more than numeric noise",
+    )
     s.add_argument("--run", default="latest", help="replay run of the drafter the engine served")
     s.add_argument("--engine", help="engine whose stats to compare (default: sglang, or the only one)")
-    s.add_argument("--threshold", type=float, default=None,
-                   help="flag when replay tau - engine tau > THRESHOLD x replay tau (default 0.05)")
+    s.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="flag when replay tau - engine tau > THRESHOLD x replay tau (default 0.05)",
+    )
     s.set_defaults(fn=cmd_conformance)
 
     s = sub.add_parser("demo", help="build the demo workspace from the committed assets (idempotent)")
@@ -343,11 +429,17 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
 
 def checkpoint_options(s: argparse.ArgumentParser) -> None:
     """How a checkpoint is read: its draft config (SpecForge runtime checkpoints) and sliding semantics."""
-    s.add_argument("--draft-config", help="the training's draft config JSON, for SpecForge runtime checkpoints "
-                                          "({run_id}-step{N}/training_state.pt) with no config.json beside or above")
-    s.add_argument("--sliding-block", choices=ops.SLIDING_BLOCKS,
-                   help="sliding_attention layers: causal inside the block (SpecForge training, SGLang serving; "
-                        "the default unless the config sets is_causal) or bidirectional (z-lab HF reference)")
+    s.add_argument(
+        "--draft-config",
+        help="the training's draft config JSON, for SpecForge runtime checkpoints "
+        "({run_id}-step{N}/training_state.pt) with no config.json beside or above",
+    )
+    s.add_argument(
+        "--sliding-block",
+        choices=ops.SLIDING_BLOCKS,
+        help="sliding_attention layers: causal inside the block (SpecForge training, SGLang serving; "
+        "the default unless the config sets is_causal) or bidirectional (z-lab HF reference)",
+    )
 
 
 READ_ONLY = {"runs", "extractions", "export", "export-completions", "conformance"}  # never create a workspace
@@ -375,8 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     _MIDLINE[0] = False
     try:
         if a.command in READ_ONLY and not (Path(a.workspace) / "dflash.duckdb").is_file():
-            raise UserError(f"--workspace {a.workspace}: no dflash-dash workspace there (no dflash.duckdb); "
-                            "point at an existing workspace, or create one with import-completions, fetch or demo")
+            raise UserError(
+                f"--workspace {a.workspace}: no dflash-dash workspace there (no dflash.duckdb); "
+                "point at an existing workspace, or create one with import-completions, fetch or demo"
+            )
         return a.fn(a, Store(a.workspace)) or 0
     except BrokenPipeError:  # `... | head`: the reader went away; end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -18,14 +18,16 @@ sends it, and is how every Client of a workspace is made. Example:
     gpu_memory_margin_gb = 2.0
     api_key_env = "SGLANG_API_KEY"   # the NAME of the variable holding the key, never the key
 """
+
 from __future__ import annotations
 
 import os
 import re
 import shlex
-import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
+
+import tomllib
 
 from .errors import UserError
 
@@ -40,13 +42,13 @@ class ConfigError(UserError, ValueError):
 @dataclass
 class WorkspaceConfig:
     server_url: str = "http://127.0.0.1:30000"  # SGLang server the app fetches from and orchestrates
-    stop_command: list[str] | None = None       # argv that stops the server (frees the GPU), no shell
-    start_command: list[str] | None = None      # argv that starts it again; may return at once or keep running
-    readiness_timeout: float = 600.0            # seconds to wait for /health 200 (SGLang's own tests allow 600)
-    memory_release: bool = True                 # use /release_memory_occupation when the server supports it
-    gpu_memory_margin_gb: float = 2.0           # free GPU memory required beyond the target's weights
-    api_key_env: str | None = None              # NAME of the environment variable holding the server's --api-key
-                                                # (None: SGLANG_API_KEY); the key itself is never in config.toml
+    stop_command: list[str] | None = None  # argv that stops the server (frees the GPU), no shell
+    start_command: list[str] | None = None  # argv that starts it again; may return at once or keep running
+    readiness_timeout: float = 600.0  # seconds to wait for /health 200 (SGLang's own tests allow 600)
+    memory_release: bool = True  # use /release_memory_occupation when the server supports it
+    gpu_memory_margin_gb: float = 2.0  # free GPU memory required beyond the target's weights
+    api_key_env: str | None = None  # NAME of the environment variable holding the server's --api-key
+    # (None: SGLANG_API_KEY); the key itself is never in config.toml
 
 
 # toml key -> (dataclass field, expected kind)
@@ -82,16 +84,18 @@ def load(workspace: str | Path) -> WorkspaceConfig:
         raise ConfigError(f"{p}: not valid TOML: {e}") from None
     for table in data:
         if table != "server":
-            raise ConfigError(f"{p}{_line(text, table, table=True)}: unknown entry {table!r}; "
-                              "only a [server] table is read")
+            raise ConfigError(
+                f"{p}{_line(text, table, table=True)}: unknown entry {table!r}; only a [server] table is read"
+            )
     server = data.get("server", {})
     if not isinstance(server, dict):
         raise ConfigError(f"{p}{_line(text, 'server')}: 'server' must be a table ([server])")
     cfg = WorkspaceConfig()
     for key, value in server.items():
         if key not in KEYS:
-            raise ConfigError(f"{p}{_line(text, key)}: unknown key {key!r} in [server]; "
-                              f"known keys: {', '.join(sorted(KEYS))}")
+            raise ConfigError(
+                f"{p}{_line(text, key)}: unknown key {key!r} in [server]; known keys: {', '.join(sorted(KEYS))}"
+            )
         name, kind = KEYS[key]
         setattr(cfg, name, _check(value, kind, f"{p}{_line(text, key)}: [server] {key}"))
     return cfg
@@ -109,21 +113,24 @@ def _check(v, kind: str, where: str):
             except ValueError as e:
                 raise ConfigError(f"{where}: cannot split the command ({e}); write it as a list of strings") from None
         if not isinstance(v, list) or not v or not all(isinstance(s, str) and s for s in v):
-            raise ConfigError(f"{where} must be a command: a non-empty list of strings like "
-                              f"[\"systemctl\", \"stop\", \"sglang\"] (run without a shell), got {v!r}")
+            raise ConfigError(
+                f"{where} must be a command: a non-empty list of strings like "
+                f"[\"systemctl\", \"stop\", \"sglang\"] (run without a shell), got {v!r}"
+            )
         return v
     if kind == "env":
         if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
-            raise ConfigError(f"{where} must be the NAME of an environment variable (like \"SGLANG_API_KEY\") "
-                              "that holds the key, never the key itself; got a value that is not a variable name")
+            raise ConfigError(
+                f"{where} must be the NAME of an environment variable (like \"SGLANG_API_KEY\") "
+                "that holds the key, never the key itself; got a value that is not a variable name"
+            )
         return v
     if kind == "bool":
         if not isinstance(v, bool):
             raise ConfigError(f"{where} must be true or false, got {v!r}")
         return v
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (kind == "seconds" and v == 0):
-        raise ConfigError(f"{where} must be a {'positive' if kind == 'seconds' else 'non-negative'} number, "
-                          f"got {v!r}")
+        raise ConfigError(f"{where} must be a {'positive' if kind == 'seconds' else 'non-negative'} number, got {v!r}")
     return float(v)
 
 

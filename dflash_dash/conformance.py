@@ -17,6 +17,7 @@ Engine stats come from SGLang's meta_info at fetch time (`from_sglang`, engine "
 another engine (`parse_stats`): lines {"id", "verify_steps", "accepted_tokens"} or {"id", "accept_lengths": [...]}.
 The run-level figures are the CONFORMANCE block of the metric registry (`metrics`).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -50,8 +51,13 @@ def from_sglang(meta: dict, output_tokens: int) -> dict | None:
     acc = _count(meta.get("spec_accept_token_num", meta.get("spec_accepted_drafts")))
     hist = meta.get("spec_accept_histogram")
     hist = [int(h) for h in hist] if isinstance(hist, list) and all(_count(h) is not None for h in hist) else None
-    return {"verify_steps": verify, "accepted_tokens": acc, "completion_tokens": output_tokens if n is None else n,
-            "accept_lengths": None, "histogram": hist}
+    return {
+        "verify_steps": verify,
+        "accepted_tokens": acc,
+        "completion_tokens": output_tokens if n is None else n,
+        "accept_lengths": None,
+        "histogram": hist,
+    }
 
 
 def parse_stats(text: str, completion_tokens: dict[str, int], set_name: str = "the set") -> list[dict]:
@@ -73,35 +79,54 @@ def parse_stats(text: str, completion_tokens: dict[str, int], set_name: str = "t
         if "accept_lengths" in rec:
             lens = rec["accept_lengths"]
             if not isinstance(lens, list) or not lens:
-                raise StatsError(f"{at}: field 'accept_lengths' must be a non-empty list of committed tokens per "
-                                 f"verify step (integers >= 1), got {lens!r}")
+                raise StatsError(
+                    f"{at}: field 'accept_lengths' must be a non-empty list of committed tokens per "
+                    f"verify step (integers >= 1), got {lens!r}"
+                )
             for x in lens:
                 if _count(x) is None or x < 1:
-                    raise StatsError(f"{at}: field 'accept_lengths' holds {x!r}; each verify step commits an "
-                                     "integer >= 1 tokens (accepted drafts + the bonus token)")
+                    raise StatsError(
+                        f"{at}: field 'accept_lengths' holds {x!r}; each verify step commits an "
+                        "integer >= 1 tokens (accepted drafts + the bonus token)"
+                    )
             verify, acc = len(lens), sum(lens) - len(lens)
         elif has_counts:
             for key in ("verify_steps", "accepted_tokens"):
                 if key not in rec:
-                    raise StatsError(f"{at}: field '{key}' is missing (give 'verify_steps' and 'accepted_tokens', "
-                                     "or 'accept_lengths')")
+                    raise StatsError(
+                        f"{at}: field '{key}' is missing (give 'verify_steps' and 'accepted_tokens', "
+                        "or 'accept_lengths')"
+                    )
                 if _count(rec[key]) is None:
                     raise StatsError(f"{at}: field '{key}' must be an integer >= 0, got {rec[key]!r}")
             verify, acc, lens = rec["verify_steps"], rec["accepted_tokens"], None
         else:
-            raise StatsError(f"{at}: no engine counters: give 'verify_steps' and 'accepted_tokens', or "
-                             "'accept_lengths'")
+            raise StatsError(
+                f"{at}: no engine counters: give 'verify_steps' and 'accepted_tokens', or 'accept_lengths'"
+            )
         key = "accept_lengths" if lens is not None else "verify_steps"
         if verify > total or (verify == 0 and total > 1):
-            raise StatsError(f"{at}: field '{key}' gives {verify} verify steps for a completion of {total} tokens "
-                             f"(expected 1 to {total}: each step commits at least one token)")
-        out.append({"id": pid, "verify_steps": verify, "accepted_tokens": acc, "completion_tokens": total,
-                    "accept_lengths": lens, "histogram": None})
+            raise StatsError(
+                f"{at}: field '{key}' gives {verify} verify steps for a completion of {total} tokens "
+                f"(expected 1 to {total}: each step commits at least one token)"
+            )
+        out.append(
+            {
+                "id": pid,
+                "verify_steps": verify,
+                "accepted_tokens": acc,
+                "completion_tokens": total,
+                "accept_lengths": lens,
+                "histogram": None,
+            }
+        )
     if unknown:
         more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
         shown = ", ".join(repr(u) for u in unknown[:10]) + more
-        raise StatsError(f"id(s) not in completion set {set_name!r}: {shown}; the stats must be for the completions "
-                         "of that set (same prompt ids)")
+        raise StatsError(
+            f"id(s) not in completion set {set_name!r}: {shown}; the stats must be for the completions "
+            "of that set (same prompt ids)"
+        )
     if not out:
         raise StatsError("the file holds no engine stats (expected one JSON object per line)")
     return out
@@ -147,12 +172,23 @@ def compare(run_prompts: list[dict], stats: list[dict], threshold: float = THRES
             continue
         e, rp = engine_tau(s), replay_tau(r)
         gap = e - rp if e is not None and rp is not None else None
-        out.append({"id": pid, "engine_tau": e, "replay_tau": rp, "gap": gap,
-                    "gap_rel": gap / rp if gap is not None and rp else None, "flagged": flag(e, rp, threshold),
-                    "verify_steps": s.get("verify_steps"), "rounds": len(r.get("rounds") or []),
-                    "committed": sum(r.get("rounds") or []),
-                    "completion_tokens": s.get("completion_tokens"), "accepted_tokens": s.get("accepted_tokens"),
-                    "sglang_accept_length": sglang_accept_length(s), "histogram": s.get("histogram")})
+        out.append(
+            {
+                "id": pid,
+                "engine_tau": e,
+                "replay_tau": rp,
+                "gap": gap,
+                "gap_rel": gap / rp if gap is not None and rp else None,
+                "flagged": flag(e, rp, threshold),
+                "verify_steps": s.get("verify_steps"),
+                "rounds": len(r.get("rounds") or []),
+                "committed": sum(r.get("rounds") or []),
+                "completion_tokens": s.get("completion_tokens"),
+                "accepted_tokens": s.get("accepted_tokens"),
+                "sglang_accept_length": sglang_accept_length(s),
+                "histogram": s.get("histogram"),
+            }
+        )
     return out
 
 
@@ -164,9 +200,15 @@ def missing(run_prompts: list[dict], stats: list[dict]) -> list[str]:
 
 def report(run: str, engine: str, threshold: float, rows: list[dict]) -> dict:
     """The CLI's JSON: {"run", "engine", "threshold", "prompts": [{"id", "engine_tau", "replay_tau", "flagged"}]}."""
-    return {"run": run, "engine": engine, "threshold": threshold,
-            "prompts": [{"id": r["id"], "engine_tau": r["engine_tau"], "replay_tau": r["replay_tau"],
-                         "flagged": r["flagged"]} for r in rows]}
+    return {
+        "run": run,
+        "engine": engine,
+        "threshold": threshold,
+        "prompts": [
+            {"id": r["id"], "engine_tau": r["engine_tau"], "replay_tau": r["replay_tau"], "flagged": r["flagged"]}
+            for r in rows
+        ],
+    }
 
 
 def summary(rows: list[dict], threshold: float = THRESHOLD) -> dict:

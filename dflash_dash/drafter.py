@@ -8,6 +8,7 @@ states out. Two forwards exist on purpose:
   - `block`:  one block, keys = [ctx; block] concatenated, plain SDPA (the reference the tests trust).
 Knows nothing of files other than the checkpoint, nor of HTTP or the store.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,9 @@ import os
 import pickle
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,25 +37,25 @@ class CheckpointError(UserError, ValueError):
 
 @dataclass
 class DrafterConfig:
-    hidden_size: int                 # H, must equal the target's hidden size
-    intermediate_size: int           # MLP width
-    num_hidden_layers: int           # draft layers
-    num_attention_heads: int         # query heads
-    num_key_value_heads: int         # KV heads (GQA)
-    head_dim: int                    # per-head width
-    vocab_size: int                  # must equal the target's vocabulary
-    block_size: int                  # B: slot 0 is the anchor, slots 1..B-1 are drafted
-    target_layer_ids: list[int]      # target layers whose OUTPUTS are concatenated as features
-    mask_token_id: int               # id placed in slots 1..B-1
-    num_target_layers: int | None    # N of the target the checkpoint was trained against
-    layer_types: list[str]           # full_attention | sliding_attention, one per draft layer
-    sliding_window: int | None       # key window of sliding_attention layers
-    rope_theta: float                # RoPE base (required: Qwen3.5/3.6 drafters use 1e7; no silent default)
-    rms_norm_eps: float = 1e-6       # RMSNorm epsilon
+    hidden_size: int  # H, must equal the target's hidden size
+    intermediate_size: int  # MLP width
+    num_hidden_layers: int  # draft layers
+    num_attention_heads: int  # query heads
+    num_key_value_heads: int  # KV heads (GQA)
+    head_dim: int  # per-head width
+    vocab_size: int  # must equal the target's vocabulary
+    block_size: int  # B: slot 0 is the anchor, slots 1..B-1 are drafted
+    target_layer_ids: list[int]  # target layers whose OUTPUTS are concatenated as features
+    mask_token_id: int  # id placed in slots 1..B-1
+    num_target_layers: int | None  # N of the target the checkpoint was trained against
+    layer_types: list[str]  # full_attention | sliding_attention, one per draft layer
+    sliding_window: int | None  # key window of sliding_attention layers
+    rope_theta: float  # RoPE base (required: Qwen3.5/3.6 drafters use 1e7; no silent default)
+    rms_norm_eps: float = 1e-6  # RMSNorm epsilon
     rope_scaling: dict | None = None  # {"rope_type": yarn|linear|..., scaling fields} or None (default RoPE)
     max_position_embeddings: int = 32768  # for RoPE scaling
-    attention_bias: bool = False     # q/k/v/o biases
-    sliding_causal: bool = True      # the config's own sliding-block semantics (is_causal; default: causal)
+    attention_bias: bool = False  # q/k/v/o biases
+    sliding_causal: bool = True  # the config's own sliding-block semantics (is_causal; default: causal)
 
     @property
     def K(self) -> int:  # number of feature layers
@@ -113,8 +114,10 @@ def _rope(raw: dict) -> tuple[float, dict | None]:
     if new and all(isinstance(v, dict) for v in new.values()):  # per layer type: {"full_attention": {...}, ...}
         kinds = list(new.values())
         if any(k != kinds[0] for k in kinds):
-            raise CheckpointError(f"config.json: rope_parameters differ per layer type ({', '.join(new)}); "
-                                  "DFlash drafters use one RoPE for every layer")
+            raise CheckpointError(
+                f"config.json: rope_parameters differ per layer type ({', '.join(new)}); "
+                "DFlash drafters use one RoPE for every layer"
+            )
         new = kinds[0]
     new = dict(new or {})
     old_scaling = raw.get("rope_scaling")
@@ -123,43 +126,65 @@ def _rope(raw: dict) -> tuple[float, dict | None]:
     old_scaling = dict(old_scaling or {})
     old_theta, new_theta = raw.get("rope_theta"), new.pop("rope_theta", None)
     if old_theta is not None and new_theta is not None and float(old_theta) != float(new_theta):
-        raise CheckpointError(f"config.json: rope_theta = {old_theta!r} but rope_parameters.rope_theta = "
-                              f"{new_theta!r}; they must agree (keep one)")
+        raise CheckpointError(
+            f"config.json: rope_theta = {old_theta!r} but rope_parameters.rope_theta = "
+            f"{new_theta!r}; they must agree (keep one)"
+        )
     theta = new_theta if new_theta is not None else old_theta
     if theta is None:
-        raise CheckpointError("config.json: no RoPE base: neither 'rope_parameters.rope_theta' nor 'rope_theta' "
-                              "is set (Qwen3.5/3.6 DFlash drafters use 10000000); add the training's value")
+        raise CheckpointError(
+            "config.json: no RoPE base: neither 'rope_parameters.rope_theta' nor 'rope_theta' "
+            "is set (Qwen3.5/3.6 DFlash drafters use 10000000); add the training's value"
+        )
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
         raise CheckpointError(f"config.json: RoPE base {theta!r}, expected a positive number")
     old_type = old_scaling.pop("rope_type", None) or old_scaling.pop("type", None)
     new_type = new.pop("rope_type", None) or new.pop("type", None)
     if old_type and new_type and old_type != new_type:
-        raise CheckpointError(f"config.json: rope_scaling.rope_type = {old_type!r} but rope_parameters.rope_type = "
-                              f"{new_type!r}; they must agree (keep one)")
+        raise CheckpointError(
+            f"config.json: rope_scaling.rope_type = {old_type!r} but rope_parameters.rope_type = "
+            f"{new_type!r}; they must agree (keep one)"
+        )
     for k in set(old_scaling) & set(new):
         if old_scaling[k] != new[k]:
-            raise CheckpointError(f"config.json: rope_scaling.{k} = {old_scaling[k]!r} but rope_parameters.{k} = "
-                                  f"{new[k]!r}; they must agree (keep one)")
+            raise CheckpointError(
+                f"config.json: rope_scaling.{k} = {old_scaling[k]!r} but rope_parameters.{k} = "
+                f"{new[k]!r}; they must agree (keep one)"
+            )
     kind = new_type or old_type or "default"
     if kind not in ROPE_TYPES:
-        raise CheckpointError(f"config.json: rope_type {kind!r} is not supported (supported: "
-                              f"{', '.join(ROPE_TYPES)})")
+        raise CheckpointError(f"config.json: rope_type {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
     fields = old_scaling | new
     prf = fields.pop("partial_rotary_factor", 1.0)
     if prf not in (None, 1, 1.0):
-        raise CheckpointError(f"config.json: partial_rotary_factor = {prf!r}; DFlash drafter layers rotate the "
-                              "whole head (expected 1.0)")
+        raise CheckpointError(
+            f"config.json: partial_rotary_factor = {prf!r}; DFlash drafter layers rotate the whole head (expected 1.0)"
+        )
     return float(theta), (None if kind == "default" and not fields else {"rope_type": kind, **fields})
 
 
 # architectures / projector types of other drafter families -> the family's name (SpecForge, SGLang)
-FAMILIES = {"dominodraftmodel": "Domino", "dsparkdraftmodel": "DSpark", "qwen3dsparkmodel": "DSpark",
-            "llamaforcausallmeagle3": "EAGLE-3", "llamaforcausallmeagle": "EAGLE", "peagledraftmodel": "P-EAGLE",
-            "dflash2draftmodel": "DFlash2", "domino": "Domino", "dspark": "DSpark", "dflash2": "DFlash2"}
-FOREIGN_FIELDS = {"markov_rank": "DSpark (Markov head)", "markov_head_type": "DSpark (Markov head)",
-                  "enable_confidence_head": "DSpark (confidence head)", "confidence_head_alpha": "DSpark (confidence head)",
-                  "gru_hidden_dim": "Domino (prefix GRU)", "pure_draft_prefix_len": "Domino (prefix GRU)",
-                  "draft_vocab_size": "EAGLE-3 (draft vocabulary)"}
+FAMILIES = {
+    "dominodraftmodel": "Domino",
+    "dsparkdraftmodel": "DSpark",
+    "qwen3dsparkmodel": "DSpark",
+    "llamaforcausallmeagle3": "EAGLE-3",
+    "llamaforcausallmeagle": "EAGLE",
+    "peagledraftmodel": "P-EAGLE",
+    "dflash2draftmodel": "DFlash2",
+    "domino": "Domino",
+    "dspark": "DSpark",
+    "dflash2": "DFlash2",
+}
+FOREIGN_FIELDS = {
+    "markov_rank": "DSpark (Markov head)",
+    "markov_head_type": "DSpark (Markov head)",
+    "enable_confidence_head": "DSpark (confidence head)",
+    "confidence_head_alpha": "DSpark (confidence head)",
+    "gru_hidden_dim": "Domino (prefix GRU)",
+    "pure_draft_prefix_len": "Domino (prefix GRU)",
+    "draft_vocab_size": "EAGLE-3 (draft vocabulary)",
+}
 
 
 def refuse_family(raw: dict) -> None:
@@ -173,22 +198,30 @@ def refuse_family(raw: dict) -> None:
     for a in archs:
         fam = FAMILIES.get(str(a).lower())
         if str(a).endswith("ForCausalLM") and not fam:
-            raise CheckpointError(f"config.json: architectures {archs!r}: this is a target model folder (a causal "
-                                  "LM), not a DFlash drafter checkpoint; pass it as --target and the drafter as "
-                                  "--drafter")
+            raise CheckpointError(
+                f"config.json: architectures {archs!r}: this is a target model folder (a causal "
+                "LM), not a DFlash drafter checkpoint; pass it as --target and the drafter as "
+                "--drafter"
+            )
         if fam or "dflash" not in str(a).lower():
-            raise CheckpointError(f"config.json: architectures {archs!r} is {'a ' + fam if fam else 'not a DFlash'} "
-                                  "drafter; dflash-dash replays DFlash drafters (architectures DFlashDraftModel) only")
+            raise CheckpointError(
+                f"config.json: architectures {archs!r} is {'a ' + fam if fam else 'not a DFlash'} "
+                "drafter; dflash-dash replays DFlash drafters (architectures DFlashDraftModel) only"
+            )
     dcfg = raw.get("dflash_config") if isinstance(raw.get("dflash_config"), dict) else {}
     proj = dcfg.get("projector_type", raw.get("projector_type"))
     if proj not in (None, "dflash"):
         fam = FAMILIES.get(str(proj).lower(), str(proj))
-        raise CheckpointError(f"config.json: dflash_config.projector_type = {proj!r}: a {fam} drafter, not DFlash; "
-                              "dflash-dash replays DFlash drafters only")
+        raise CheckpointError(
+            f"config.json: dflash_config.projector_type = {proj!r}: a {fam} drafter, not DFlash; "
+            "dflash-dash replays DFlash drafters only"
+        )
     for key, fam in FOREIGN_FIELDS.items():
         if dcfg.get(key, raw.get(key)) not in (None, False, 0):
-            raise CheckpointError(f"config.json: field '{key}' belongs to a {fam} drafter, not DFlash; dflash-dash "
-                                  "replays DFlash drafters only")
+            raise CheckpointError(
+                f"config.json: field '{key}' belongs to a {fam} drafter, not DFlash; dflash-dash "
+                "replays DFlash drafters only"
+            )
 
 
 def parse_config(raw: dict) -> DrafterConfig:
@@ -215,14 +248,19 @@ def parse_config(raw: dict) -> DrafterConfig:
     if ids is None:
         if ntl is None:
             raise CheckpointError(
-                "config.json: missing 'dflash_config.target_layer_ids' and 'num_target_layers' (expected one of them)")
+                "config.json: missing 'dflash_config.target_layer_ids' and 'num_target_layers' (expected one of them)"
+            )
         ids = default_layer_ids(ntl, n)
-    if (not isinstance(ids, list) or not ids
-            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
+    if (
+        not isinstance(ids, list)
+        or not ids
+        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
+    ):
         raise CheckpointError(f"config.json: dflash_config.target_layer_ids = {ids!r}, expected a list of ints >= 0")
     if ntl is not None and max(ids) >= ntl:
         raise CheckpointError(
-            f"config.json: dflash_config.target_layer_ids contains {max(ids)}, expected ids < num_target_layers={ntl}")
+            f"config.json: dflash_config.target_layer_ids contains {max(ids)}, expected ids < num_target_layers={ntl}"
+        )
     V = _int(raw, "vocab_size")
     mask = _int(dcfg, "mask_token_id", lo=0, default=None, where="config.json: dflash_config")
     if mask is None:
@@ -232,28 +270,46 @@ def parse_config(raw: dict) -> DrafterConfig:
     if mask >= V:
         raise CheckpointError(f"config.json: dflash_config.mask_token_id={mask}, expected 0 <= id < vocab_size={V}")
     types = raw.get("layer_types") or ["full_attention"] * n
-    if (not isinstance(types, list) or len(types) != n
-            or any(t not in ("full_attention", "sliding_attention") for t in types)):
+    if (
+        not isinstance(types, list)
+        or len(types) != n
+        or any(t not in ("full_attention", "sliding_attention") for t in types)
+    ):
         raise CheckpointError(
-            f"config.json: layer_types = {types!r}, expected {n} entries of full_attention|sliding_attention")
+            f"config.json: layer_types = {types!r}, expected {n} entries of full_attention|sliding_attention"
+        )
     window = _int(raw, "sliding_window", default=None) if "sliding_attention" in types else None
     if "sliding_attention" in types and not window:
         raise CheckpointError("config.json: sliding_attention layers need 'sliding_window' (expected a positive int)")
     B = _both(raw, dcfg, "block_size", lo=2)
     if B is None:
-        raise CheckpointError("config.json: missing field 'block_size' (expected an integer >= 2, at the top level "
-                              "or in dflash_config)")
+        raise CheckpointError(
+            "config.json: missing field 'block_size' (expected an integer >= 2, at the top level or in dflash_config)"
+        )
     theta, scaling = _rope(raw)
     causal = raw.get("is_causal", True)
     if not isinstance(causal, bool):
         raise CheckpointError(f"config.json: is_causal = {causal!r}, expected true or false")
     return DrafterConfig(
-        hidden_size=H, intermediate_size=_int(raw, "intermediate_size"), num_hidden_layers=n,
-        num_attention_heads=nh, num_key_value_heads=nkv, head_dim=hd, vocab_size=V, block_size=B,
-        target_layer_ids=list(ids), mask_token_id=mask, num_target_layers=ntl, layer_types=list(types),
-        sliding_window=window, rms_norm_eps=_num(raw, "rms_norm_eps", 1e-6), rope_theta=theta,
-        rope_scaling=scaling, max_position_embeddings=_int(raw, "max_position_embeddings", default=32768),
-        attention_bias=bool(raw.get("attention_bias", False)), sliding_causal=causal,
+        hidden_size=H,
+        intermediate_size=_int(raw, "intermediate_size"),
+        num_hidden_layers=n,
+        num_attention_heads=nh,
+        num_key_value_heads=nkv,
+        head_dim=hd,
+        vocab_size=V,
+        block_size=B,
+        target_layer_ids=list(ids),
+        mask_token_id=mask,
+        num_target_layers=ntl,
+        layer_types=list(types),
+        sliding_window=window,
+        rms_norm_eps=_num(raw, "rms_norm_eps", 1e-6),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=_int(raw, "max_position_embeddings", default=32768),
+        attention_bias=bool(raw.get("attention_bias", False)),
+        sliding_causal=causal,
     )
 
 
@@ -275,8 +331,10 @@ def sliding_semantics(c: DrafterConfig, choice: str | None = None) -> str:
 
 
 RUNTIME_FILE = "training_state.pt"  # SpecForge runtime checkpoint: {run_id}-step{N}/training_state.pt
-_STEPS = [re.compile(p) for p in (r"epoch_(\d+)_step_(\d+)$", r"(?:^|[-_])step[-_]?(\d+)$",
-                                   r"^checkpoint-(\d+)$", r"^step(\d+)$")]
+_STEPS = [
+    re.compile(p)
+    for p in (r"epoch_(\d+)_step_(\d+)$", r"(?:^|[-_])step[-_]?(\d+)$", r"^checkpoint-(\d+)$", r"^step(\d+)$")
+]
 
 
 def step_of(name: str) -> int | None:
@@ -291,10 +349,10 @@ def step_of(name: str) -> int | None:
 
 @dataclass
 class Checkpoint:
-    path: Path               # the checkpoint folder (resolved)
-    config_file: Path        # the JSON the config is read from (beside, above, or --draft-config)
-    weights: list[Path]      # *.safetensors files, or [training_state.pt]
-    kind: str                # "hf" (safetensors folder) or "runtime" (SpecForge training_state.pt)
+    path: Path  # the checkpoint folder (resolved)
+    config_file: Path  # the JSON the config is read from (beside, above, or --draft-config)
+    weights: list[Path]  # *.safetensors files, or [training_state.pt]
+    kind: str  # "hf" (safetensors folder) or "runtime" (SpecForge training_state.pt)
 
 
 def locate(path: str | Path, draft_config: str | Path | None = None) -> Checkpoint:
@@ -311,21 +369,26 @@ def locate(path: str | Path, draft_config: str | Path | None = None) -> Checkpoi
     kind = "hf" if files else "runtime" if (p / RUNTIME_FILE).is_file() else None
     if kind is None:
         what = "a target model folder, not a drafter" if list(p.glob("*.bin")) else "no drafter weights"
-        raise CheckpointError(f"{p}: {what} (expected config.json + *.safetensors, or a SpecForge "
-                              f"{RUNTIME_FILE})")
+        raise CheckpointError(f"{p}: {what} (expected config.json + *.safetensors, or a SpecForge {RUNTIME_FILE})")
     if draft_config:
         cfg = Path(draft_config)
         if not cfg.is_file():
-            raise CheckpointError(f"--draft-config {draft_config}: no such file (expected the training's draft "
-                                  "config JSON)")
+            raise CheckpointError(
+                f"--draft-config {draft_config}: no such file (expected the training's draft config JSON)"
+            )
     else:
         near = [p] + (list(p.parents)[:2] if kind == "runtime" else [])
         cfg = next((d / "config.json" for d in near if (d / "config.json").is_file()), None)
         if cfg is None:
             raise CheckpointError(
-                f"{p}: no config.json beside the weights" + (" or above them; a SpecForge runtime checkpoint holds no "
-                "config: pass --draft-config FILE (the training's --draft-config JSON)" if kind == "runtime" else
-                " (expected a DFlash checkpoint folder)"))
+                f"{p}: no config.json beside the weights"
+                + (
+                    " or above them; a SpecForge runtime checkpoint holds no "
+                    "config: pass --draft-config FILE (the training's --draft-config JSON)"
+                    if kind == "runtime"
+                    else " (expected a DFlash checkpoint folder)"
+                )
+            )
     return Checkpoint(p, cfg.resolve(), files or [p / RUNTIME_FILE], kind)
 
 
@@ -357,65 +420,111 @@ def shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
     for i in range(c.num_hidden_layers):
         p = f"layers.{i}."
         out |= {
-            p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
-            p + "self_attn.q_proj.weight": (nh * hd, H), p + "self_attn.k_proj.weight": (nkv * hd, H),
-            p + "self_attn.v_proj.weight": (nkv * hd, H), p + "self_attn.o_proj.weight": (H, nh * hd),
-            p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
-            p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H), p + "mlp.down_proj.weight": (H, I),
+            p + "input_layernorm.weight": (H,),
+            p + "post_attention_layernorm.weight": (H,),
+            p + "self_attn.q_proj.weight": (nh * hd, H),
+            p + "self_attn.k_proj.weight": (nkv * hd, H),
+            p + "self_attn.v_proj.weight": (nkv * hd, H),
+            p + "self_attn.o_proj.weight": (H, nh * hd),
+            p + "self_attn.q_norm.weight": (hd,),
+            p + "self_attn.k_norm.weight": (hd,),
+            p + "mlp.gate_proj.weight": (I, H),
+            p + "mlp.up_proj.weight": (I, H),
+            p + "mlp.down_proj.weight": (H, I),
         }
         if c.attention_bias:
-            out |= {p + "self_attn.q_proj.bias": (nh * hd,), p + "self_attn.k_proj.bias": (nkv * hd,),
-                    p + "self_attn.v_proj.bias": (nkv * hd,), p + "self_attn.o_proj.bias": (H,)}
+            out |= {
+                p + "self_attn.q_proj.bias": (nh * hd,),
+                p + "self_attn.k_proj.bias": (nkv * hd,),
+                p + "self_attn.v_proj.bias": (nkv * hd,),
+                p + "self_attn.o_proj.bias": (H,),
+            }
     return out
 
 
 @dataclass(frozen=True)
 class Check:
-    name: str          # what is compared, e.g. "hidden size"
-    drafter: object    # the drafter's value
-    other: object      # the target's / extraction's value
-    ok: bool           # consistent
-    problem: str       # the message when not ok: names the field, what was expected and the fix
+    name: str  # what is compared, e.g. "hidden size"
+    drafter: object  # the drafter's value
+    other: object  # the target's / extraction's value
+    ok: bool  # consistent
+    problem: str  # the message when not ok: names the field, what was expected and the fix
     fatal: bool = True  # a replay cannot run (False: a warning, e.g. torch-path features)
 
 
-def checks(c: DrafterConfig, hidden_size: int, vocab_size: int, num_layers: int,
-           extraction: dict | None = None) -> list[Check]:
+def checks(
+    c: DrafterConfig, hidden_size: int, vocab_size: int, num_layers: int, extraction: dict | None = None
+) -> list[Check]:
     """THE consistency rules of a drafter against its target (hidden size, vocab, layer count) and, given an
     extraction row, against the features it holds (layer ids, hidden size, backend): one Check per rule, so
     the replay's refusal, the serving stand-in's and the Diagnostics table say the same."""
     top = max(c.target_layer_ids)
     out = [
-        Check("hidden size", c.hidden_size, hidden_size, c.hidden_size == hidden_size,
-              f"hidden_size={c.hidden_size} does not match the target (expected {hidden_size})"),
-        Check("vocab size", c.vocab_size, vocab_size, c.vocab_size == vocab_size,
-              f"vocab_size={c.vocab_size} does not match the target (expected {vocab_size})"),
-        Check("target layers", c.num_target_layers, num_layers,
-              top < num_layers and (c.num_target_layers is None or c.num_target_layers == num_layers),
-              f"dflash_config.target_layer_ids contains {top}, expected ids < {num_layers} (the target's layer count)"
-              if top >= num_layers else f"num_target_layers={c.num_target_layers} but the target has {num_layers}"),
-        Check("mask token id < vocab", c.mask_token_id, vocab_size, 0 <= c.mask_token_id < vocab_size,
-              f"mask_token_id={c.mask_token_id} is outside the target's vocabulary (size {vocab_size})"),
+        Check(
+            "hidden size",
+            c.hidden_size,
+            hidden_size,
+            c.hidden_size == hidden_size,
+            f"hidden_size={c.hidden_size} does not match the target (expected {hidden_size})",
+        ),
+        Check(
+            "vocab size",
+            c.vocab_size,
+            vocab_size,
+            c.vocab_size == vocab_size,
+            f"vocab_size={c.vocab_size} does not match the target (expected {vocab_size})",
+        ),
+        Check(
+            "target layers",
+            c.num_target_layers,
+            num_layers,
+            top < num_layers and (c.num_target_layers is None or c.num_target_layers == num_layers),
+            f"dflash_config.target_layer_ids contains {top}, expected ids < {num_layers} (the target's layer count)"
+            if top >= num_layers
+            else f"num_target_layers={c.num_target_layers} but the target has {num_layers}",
+        ),
+        Check(
+            "mask token id < vocab",
+            c.mask_token_id,
+            vocab_size,
+            0 <= c.mask_token_id < vocab_size,
+            f"mask_token_id={c.mask_token_id} is outside the target's vocabulary (size {vocab_size})",
+        ),
     ]
     if extraction is not None:
         out += [
-            Check("target layer ids", c.target_layer_ids, extraction["layer_ids"],
-                  c.target_layer_ids == extraction["layer_ids"],
-                  f"the drafter reads target layers {c.target_layer_ids} but extraction {extraction.get('id')} "
-                  f"holds layers {extraction['layer_ids']}; extract again with --drafter pointing at this checkpoint"),
-            Check("hidden size (extraction)", c.hidden_size, extraction["hidden_size"],
-                  c.hidden_size == extraction["hidden_size"],
-                  f"hidden_size={c.hidden_size} but extraction {extraction.get('id')} holds features of "
-                  f"{extraction['hidden_size']}; extract with the drafter's target"),
-            Check("extraction backend", "trained on fla", extraction["backend"], extraction["backend"] in ("fla", "n/a"),
-                  f"extraction {extraction.get('id')} ran the torch path: features differ slightly from the fla "
-                  "kernels the drafter was trained on", fatal=False),
+            Check(
+                "target layer ids",
+                c.target_layer_ids,
+                extraction["layer_ids"],
+                c.target_layer_ids == extraction["layer_ids"],
+                f"the drafter reads target layers {c.target_layer_ids} but extraction {extraction.get('id')} "
+                f"holds layers {extraction['layer_ids']}; extract again with --drafter pointing at this checkpoint",
+            ),
+            Check(
+                "hidden size (extraction)",
+                c.hidden_size,
+                extraction["hidden_size"],
+                c.hidden_size == extraction["hidden_size"],
+                f"hidden_size={c.hidden_size} but extraction {extraction.get('id')} holds features of "
+                f"{extraction['hidden_size']}; extract with the drafter's target",
+            ),
+            Check(
+                "extraction backend",
+                "trained on fla",
+                extraction["backend"],
+                extraction["backend"] in ("fla", "n/a"),
+                f"extraction {extraction.get('id')} ran the torch path: features differ slightly from the fla "
+                "kernels the drafter was trained on",
+                fatal=False,
+            ),
         ]
     return out
 
 
-def check_target(c: DrafterConfig, hidden_size: int, vocab_size: int, num_layers: int,
-                 extraction: dict | None = None) -> None:
+def check_target(
+    c: DrafterConfig, hidden_size: int, vocab_size: int, num_layers: int, extraction: dict | None = None
+) -> None:
     """Raise CheckpointError for the first fatal rule of `checks` the drafter breaks."""
     bad = next((k for k in checks(c, hidden_size, vocab_size, num_layers, extraction) if k.fatal and not k.ok), None)
     if bad:
@@ -456,7 +565,7 @@ def add_norm(h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: float) -> t
 
 
 KEY_ALIGN = 256  # context (+ block) keys of a batched call rounded up to a multiple of this: few distinct shapes
-                 # reach the attention kernels (their per-shape plans), at most this many keys masked in vain
+# reach the attention kernels (their per-shape plans), at most this many keys masked in vain
 
 
 class Ops:
@@ -474,6 +583,7 @@ def _compiled(fn):
     import warnings
 
     import torch._inductor.config as inductor
+
     # deterministic: no kernel configs chosen by timing them, so every process fuses with the same reductions and
     # a replay gives the same drafts in any process (a bf16 near tie would otherwise flip between runs)
     opts = {"deterministic": True} if hasattr(inductor, "deterministic") else None
@@ -494,12 +604,13 @@ def _compiled(fn):
                 warnings.warn(f"fused {fn.__name__} unavailable ({type(e).__name__}: {str(e)[:200]}); running eager")
                 fused.clear()
         return fn(*args)
+
     return call
 
 
 EAGER = Ops(False)
 FUSE_CUDA = os.environ.get("DFLASH_FUSE", "1") != "0"  # CUDA drafters use fused element-wise kernels (`Ops(True)`,
-                                                      # one per process); DFLASH_FUSE=0 turns them off
+# one per process); DFLASH_FUSE=0 turns them off
 _FUSED: list[Ops] = []
 
 
@@ -514,6 +625,7 @@ def ops_for(device: torch.device) -> Ops:
         if not _FUSED:
             try:
                 import triton  # noqa: F401  (Inductor's CUDA kernels are Triton)
+
                 _FUSED.append(Ops(True))
             except ImportError:
                 _FUSED.append(EAGER)
@@ -529,23 +641,28 @@ class Rope:
     def __init__(self, c: DrafterConfig, device, dtype):
         self.dtype, self.emb = dtype, None
         if c.rope_scaling is None:  # inv_freq [hd/2] = 1 / theta^(2i/hd), in float32 as transformers builds it
-            self.inv_freq = (1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float) / c.head_dim))
-                             ).to(device)
+            self.inv_freq = (
+                1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float) / c.head_dim))
+            ).to(device)
             return
         from transformers import Qwen3Config
         from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
         rope = {"rope_type": "default"} | c.rope_scaling | {"rope_theta": c.rope_theta}
-        qc = Qwen3Config(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
-                         head_dim=c.head_dim, rope_parameters=rope,
-                         max_position_embeddings=c.max_position_embeddings)
+        qc = Qwen3Config(
+            hidden_size=c.hidden_size,
+            num_attention_heads=c.num_attention_heads,
+            head_dim=c.head_dim,
+            rope_parameters=rope,
+            max_position_embeddings=c.max_position_embeddings,
+        )
         self.emb = Qwen3RotaryEmbedding(qc).to(device)
 
     def __call__(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # pos [..., T] -> cos, sin [..., T, hd]
         flat = pos.reshape(1, -1)
         if self.emb is None:
-            freqs = flat[..., None].float() * self.inv_freq.to(pos.device)   # [1, T', hd/2]
+            freqs = flat[..., None].float() * self.inv_freq.to(pos.device)  # [1, T', hd/2]
             ang = torch.cat((freqs, freqs), dim=-1)
             cos, sin = ang.cos().to(self.dtype), ang.sin().to(self.dtype)
         else:
@@ -610,8 +727,15 @@ class Drafter:
         cos, sin = self.rope(torch.arange(ctx.shape[-2], device=self.device))
         return [self._kv(i, ctx, cos, sin) for i in range(self.c.num_hidden_layers)]
 
-    def blocks(self, kv: list[tuple[torch.Tensor, torch.Tensor]], anchors: torch.Tensor,
-               emb: torch.Tensor, group: int = 16, max_anchor: int | None = None, tail: bool = False) -> torch.Tensor:
+    def blocks(
+        self,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        anchors: torch.Tensor,
+        emb: torch.Tensor,
+        group: int = 16,
+        max_anchor: int | None = None,
+        tail: bool = False,
+    ) -> torch.Tensor:
         """Draft many blocks at once: of one sequence, or of several sequences in lockstep.
 
         kv: context_kv of the sequence (per layer k, v [nkv, T, hd]), or of S sequences stacked (per layer
@@ -638,14 +762,14 @@ class Drafter:
         N, B, _ = emb.shape
         nkv, g, hd = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim
         dev = self.device
-        stacked = kv[0][0].dim() == 4                              # [S, nkv, T, hd]: one group per sequence
+        stacked = kv[0][0].dim() == 4  # [S, nkv, T, hd]: one group per sequence
         if stacked and N % kv[0][0].shape[0]:
             raise ValueError(f"{N} blocks do not split evenly over {kv[0][0].shape[0]} stacked sequences")
         G = N // kv[0][0].shape[0] if stacked else max(1, min(group, N))  # blocks per attention group
-        S = -(-N // G)                                             # groups
+        S = -(-N // G)  # groups
         anchors = anchors.to(dev)
         h = emb.to(dev, self.dtype)
-        if S * G > N:                                              # pad with copies of the last block
+        if S * G > N:  # pad with copies of the last block
             pad = S * G - N
             anchors = torch.cat([anchors, anchors[-1:].expand(pad)])
             h = torch.cat([h, h[-1:].expand(pad, -1, -1)])
@@ -653,30 +777,33 @@ class Drafter:
         if tail:
             if not stacked:
                 raise ValueError("tail=True needs stacked context K/V [S, nkv, G*B + T, hd]")
-            T -= G * B                                             # context slots, after the block slots
-            top = T if max_anchor is None else max_anchor          # no sync: the caller's bound or every key
+            T -= G * B  # context slots, after the block slots
+            top = T if max_anchor is None else max_anchor  # no sync: the caller's bound or every key
             L = min(T, -(-(G * B + top) // KEY_ALIGN) * KEY_ALIGN - G * B)
         else:
             top = int(anchors.max()) if max_anchor is None else max_anchor
-            L = min(T, -(-top // KEY_ALIGN) * KEY_ALIGN)           # context keys any block can see
-        qpos = anchors[:, None] + torch.arange(B, device=dev)      # [N', B]
-        cos, sin = self.rope(qpos)                                 # [N', B, hd]
-        masks = {kd: self._attn_mask(anchors, qpos, L, S, G, g, *kd, blocks_first=tail)
-                 for kd in {self._kind(i) for i in range(c.num_hidden_layers)}}
+            L = min(T, -(-top // KEY_ALIGN) * KEY_ALIGN)  # context keys any block can see
+        qpos = anchors[:, None] + torch.arange(B, device=dev)  # [N', B]
+        cos, sin = self.rope(qpos)  # [N', B, hd]
+        masks = {
+            kd: self._attn_mask(anchors, qpos, L, S, G, g, *kd, blocks_first=tail)
+            for kd in {self._kind(i) for i in range(c.num_hidden_layers)}
+        }
         ops, eps = self.ops, c.rms_norm_eps
         x = ops.rmsnorm(h, self.w["layers.0.input_layernorm.weight"], eps)
         for i in range(c.num_hidden_layers):
             p = f"layers.{i}."
             nxt = f"layers.{i + 1}.input_layernorm.weight" if i + 1 < c.num_hidden_layers else "norm.weight"
-            q = self._q(i, x, cos, sin)                            # [N', nh, B, hd]
+            q = self._q(i, x, cos, sin)  # [N', nh, B, hd]
             q = q.view(S, G, nkv, g, B, hd).permute(0, 2, 3, 1, 4, 5).reshape(S, nkv, g * G * B, hd)
-            kb, vb = (t.view(S, G, nkv, B, hd).transpose(1, 2).reshape(S, nkv, G * B, hd)
-                      for t in self._kv(i, x, cos, sin))           # [S, nkv, G*B, hd]
-            if tail:                                               # the blocks' keys into the spare slots
+            kb, vb = (
+                t.view(S, G, nkv, B, hd).transpose(1, 2).reshape(S, nkv, G * B, hd) for t in self._kv(i, x, cos, sin)
+            )  # [S, nkv, G*B, hd]
+            if tail:  # the blocks' keys into the spare slots
                 k, v = kv[i]
-                k[:, :, :G * B].copy_(kb)
-                v[:, :, :G * B].copy_(vb)
-                k, v = k[:, :, :G * B + L], v[:, :, :G * B + L]    # [S, nkv, G*B+L, hd] (a view)
+                k[:, :, : G * B].copy_(kb)
+                v[:, :, : G * B].copy_(vb)
+                k, v = k[:, :, : G * B + L], v[:, :, : G * B + L]  # [S, nkv, G*B+L, hd] (a view)
             else:
                 kc, vc = ((t[:, :, :L] if stacked else t[:, :L].expand(S, nkv, L, hd)) for t in kv[i])
                 k, v = torch.cat([kc, kb], 2), torch.cat([vc, vb], 2)  # [S, nkv, L+G*B, hd]
@@ -687,21 +814,31 @@ class Drafter:
             h, x = ops.add_norm(h, self._mlp(i, x), self.w[nxt], eps)  # x: the next layer's input (or the output)
         return x[:N]
 
-    def _attn_mask(self, anchors, qpos, L: int, S: int, G: int, g: int, window: int | None,
-                   causal: bool, blocks_first: bool = False) -> torch.Tensor:
+    def _attn_mask(
+        self,
+        anchors,
+        qpos,
+        L: int,
+        S: int,
+        G: int,
+        g: int,
+        window: int | None,
+        causal: bool,
+        blocks_first: bool = False,
+    ) -> torch.Tensor:
         """Additive mask [S, 1, g*G*B, L+G*B] (0 or -inf) of the grouped attention in `blocks`: keys are the L
         context keys then the G*B block keys, or the other way round (`blocks_first`, the `tail` layout)."""
         B, dev = qpos.shape[1], qpos.device
         kpos = torch.arange(L, device=dev)
         a, qp = anchors.view(S, G), qpos.view(S, G, B)
-        ok_ctx = (kpos < a[:, :, None, None]).expand(S, G, B, L)              # [S, G, B, L]
+        ok_ctx = (kpos < a[:, :, None, None]).expand(S, G, B, L)  # [S, G, B, L]
         ok_blk = torch.eye(G, dtype=torch.bool, device=dev)[None, :, None, :, None].expand(S, G, B, G, B)
         if window:
             ok_ctx = ok_ctx & ((qp[..., None] - kpos) < window)
-            d = qp[:, :, :, None, None] - qp[:, None, None, :, :]               # [S, G, B, G, B] q - k
+            d = qp[:, :, :, None, None] - qp[:, None, None, :, :]  # [S, G, B, G, B] q - k
             ok_blk = ok_blk & (d < window) & ((d >= 0) if causal else True)
         parts = [ok_ctx, ok_blk.reshape(S, G, B, G * B)]
-        ok = torch.cat(parts[::-1] if blocks_first else parts, -1)             # [S, G, B, L+G*B]
+        ok = torch.cat(parts[::-1] if blocks_first else parts, -1)  # [S, G, B, L+G*B]
         ok = ok.reshape(S, 1, 1, G * B, -1).expand(S, 1, g, G * B, L + G * B).reshape(S, 1, g * G * B, -1)
         return torch.zeros(ok.shape, dtype=self.dtype, device=dev).masked_fill_(~ok, float("-inf"))
 
@@ -723,13 +860,13 @@ class Drafter:
         for i in range(c.num_hidden_layers):
             p = f"layers.{i}."
             x = rmsnorm(h, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
-            q = self._q(i, x, cos[anchor:], sin[anchor:])           # [nh, B, hd]
-            k, v = self._kv(i, torch.cat([ctx, x]), cos, sin)       # [nkv, anchor+B, hd]
+            q = self._q(i, x, cos[anchor:], sin[anchor:])  # [nh, B, hd]
+            k, v = self._kv(i, torch.cat([ctx, x]), cos, sin)  # [nkv, anchor+B, hd]
             k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
             mask = None
             w, causal = self._kind(i)
             if w:
-                d = pos[anchor:, None] - pos[None, :]                # [B, anchor+B] q - k
+                d = pos[anchor:, None] - pos[None, :]  # [B, anchor+B] q - k
                 mask = (d < w) & (d >= 0) if causal else d < w
             o = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask).to(self.dtype)
             h = h + self._lin(o.transpose(0, 1).flatten(1), p + "self_attn.o_proj")
@@ -754,8 +891,12 @@ def tensors(ck: Checkpoint):
         for f in ck.weights:
             with safe_open(str(f), framework="pt", device="cpu") as sf:
                 for name in sf.keys():
-                    yield (f.name, _bare(name), tuple(sf.get_slice(name).get_shape()),
-                           lambda sf=sf, name=name: sf.get_tensor(name))
+                    yield (
+                        f.name,
+                        _bare(name),
+                        tuple(sf.get_slice(name).get_shape()),
+                        lambda sf=sf, name=name: sf.get_tensor(name),
+                    )
         return
     f = ck.weights[0]
     try:
@@ -763,7 +904,8 @@ def tensors(ck: Checkpoint):
     except pickle.UnpicklingError as e:
         raise CheckpointError(
             f"{f}: needs arbitrary unpickling ({str(e).splitlines()[0][:160]}), which dflash-dash refuses because it "
-            "can run code; export the checkpoint with `specforge export --to hf` and replay the exported folder") from None
+            "can run code; export the checkpoint with `specforge export --to hf` and replay the exported folder"
+        ) from None
     except (RuntimeError, OSError, EOFError) as e:
         raise CheckpointError(f"{f}: not a readable torch checkpoint ({type(e).__name__}: {e})") from None
     sd = state.get("draft_state_dict") if isinstance(state, dict) else None
@@ -791,15 +933,19 @@ def _weights(ck: Checkpoint, c: DrafterConfig, read: Callable[[torch.Tensor], to
         if key not in want:
             if key in COPIES or key.endswith("rotary_emb.inv_freq"):
                 continue
-            raise CheckpointError(f"{ck.path / fname}: unknown tensor '{key}': not part of a DFlash drafter with "
-                                  f"this config (another drafter family, or a config that does not match the weights)")
+            raise CheckpointError(
+                f"{ck.path / fname}: unknown tensor '{key}': not part of a DFlash drafter with "
+                f"this config (another drafter family, or a config that does not match the weights)"
+            )
         if shape != want[key]:
             raise CheckpointError(f"{fname}: tensor '{key}' has shape {shape}, expected {want[key]}")
         w[key] = read(get()) if read else None
     missing = [k for k in want if k not in w]
     if missing:
-        raise CheckpointError(f"{ck.path}: missing tensor '{missing[0]}' (expected shape {want[missing[0]]})"
-                              + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+        raise CheckpointError(
+            f"{ck.path}: missing tensor '{missing[0]}' (expected shape {want[missing[0]]})"
+            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+        )
     return w
 
 
@@ -813,9 +959,14 @@ def check(path: str | Path, sliding_block: str | None = None, draft_config: str 
     return c
 
 
-def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
-         sliding_block: str | None = None, draft_config: str | Path | None = None,
-         place: Callable[[dict], dict] | None = None) -> Drafter:
+def load(
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    sliding_block: str | None = None,
+    draft_config: str | Path | None = None,
+    place: Callable[[dict], dict] | None = None,
+) -> Drafter:
     """Load and validate a checkpoint (HF folder or SpecForge runtime folder, see `locate`). A tensor of the
     wrong shape, a missing one or an unknown one (other than a copy of the target's embedding or LM head)
     raises CheckpointError naming it. `place`: moves the checked weights (CPU, `dtype`) to `device` all at once
@@ -832,9 +983,14 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cp
 
 def flops_per_block(c: DrafterConfig, ctx_len: int, vocab: int) -> float:
     """Matmul FLOPs of one block over `ctx_len` context keys, LM head of B-1 slots included (for benchmarks)."""
-    H, I, hd, nh, nkv, B = (c.hidden_size, c.intermediate_size, c.head_dim, c.num_attention_heads,
-                            c.num_key_value_heads, c.block_size)
+    H, I, hd, nh, nkv, B = (
+        c.hidden_size,
+        c.intermediate_size,
+        c.head_dim,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.block_size,
+    )
     per_layer = 2 * B * (H * nh * hd * 2 + H * nkv * hd * 2 + 3 * H * I)  # q,o ; k,v ; mlp
-    per_layer += 2 * 2 * B * nh * hd * (ctx_len + B)                   # scores + weighted values
+    per_layer += 2 * 2 * B * nh * hd * (ctx_len + B)  # scores + weighted values
     return c.num_hidden_layers * per_layer + 2 * (B - 1) * H * vocab
-

@@ -4,6 +4,7 @@ Contract: a `UserError`'s message names the problem and the fix; the CLI prints 
 a job records it as its error, a page shows it with st.error; never a traceback. Each module keeps its own
 subclass (CheckpointError, ServerError, ...) so callers can still tell them apart. Imports nothing.
 """
+
 from __future__ import annotations
 
 

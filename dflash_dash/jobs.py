@@ -25,28 +25,31 @@ Contract:
   `recent(..., dismissed=False)` leaves out the failed/cancelled jobs a user dismissed (the jobs panel).
 Shell commands come only from the workspace config, run without a shell, and are logged before they run.
 """
+
 from __future__ import annotations
 
 import base64
 import json
 import os
+import queue
 import shlex
 import signal
-import queue
 import subprocess
 import sys
 import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import fields, is_dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import config as config_mod, lazy, ops, pipeline, sglang
+from . import config as config_mod
+from . import lazy, ops, pipeline, sglang
 from .errors import UserError
 from .store import Store, new_id
 
@@ -56,11 +59,11 @@ else:
     target_mod = lazy.module("dflash_dash.target")
 
 ACTIVE = ("queued", "running")
-THROTTLE_S = 0.3          # at most one progress write per this many seconds
-GRACE_S = 10.0            # cancel: SIGTERM, then SIGKILL after this long
-STOP_TIMEOUT_S = 120.0    # a stop command and the server going down must finish within this
-MEMORY_WAIT_S = 30.0      # released GPU memory may take this long to show as free
-IDLE_WAIT_S = 120.0       # before a memory release, wait this long for the server's requests to finish
+THROTTLE_S = 0.3  # at most one progress write per this many seconds
+GRACE_S = 10.0  # cancel: SIGTERM, then SIGKILL after this long
+STOP_TIMEOUT_S = 120.0  # a stop command and the server going down must finish within this
+MEMORY_WAIT_S = 30.0  # released GPU memory may take this long to show as free
+IDLE_WAIT_S = 120.0  # before a memory release, wait this long for the server's requests to finish
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 _CHILDREN: dict[str, subprocess.Popen] = {}  # jobs started by this process (reaped by refresh)
 
@@ -127,6 +130,7 @@ def run(store: Store, op: ops.Op, rep: Reporter) -> dict:
     with several `gpus` shard their prompts over worker processes (`workers`)."""
     if isinstance(op, ops.Demo):
         from . import demo
+
         out = demo.build(store.workspace, rep)
         return out if isinstance(out, dict) else {"value": out}
     if isinstance(op, ops.Extract):
@@ -201,8 +205,10 @@ def check_devices(devs: list[str]) -> None:
     n = len(have) - 1  # every entry but cpu is cuda:i
     bad = [d for d in cuda if _device(d) not in have]
     if bad:
-        raise pipeline.InputError(f"gpus: {', '.join(bad)} not on this machine ({n} CUDA device(s)"
-                                  f"{f': 0..{n - 1}' if n else ''}); give GPU indices that exist, or cpu,cpu")
+        raise pipeline.InputError(
+            f"gpus: {', '.join(bad)} not on this machine ({n} CUDA device(s)"
+            f"{f': 0..{n - 1}' if n else ''}); give GPU indices that exist, or cpu,cpu"
+        )
 
 
 def workers(store: Store, devs: list[str]) -> pipeline.Runner:
@@ -214,14 +220,17 @@ def workers(store: Store, devs: list[str]) -> pipeline.Runner:
     all too. Workers stay in this process's group, so cancelling a job's group stops them as well."""
     check_devices(devs)
     logs = store.workspace.resolve() / "logs" / "workers"
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+    )
     ncpu = sum(d == "cpu" for d in devs)
     if ncpu and "OMP_NUM_THREADS" not in os.environ:  # CPU workers share the cores instead of oversubscribing
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ncpu))
 
     def runner(kind: str, args: dict, ids: list, progress: pipeline.Progress) -> Iterator[dict]:
-        shards = [ids[i::len(devs)] for i in range(len(devs))]
+        shards = [ids[i :: len(devs)] for i in range(len(devs))]
         logs.mkdir(parents=True, exist_ok=True)
         tag = new_id("w")
         q: queue.Queue = queue.Queue()
@@ -233,9 +242,20 @@ def workers(store: Store, devs: list[str]) -> pipeline.Runner:
                     continue
                 err = logs / f"{tag}-{i}.err"
                 with open(err, "wb") as f:
-                    p = subprocess.Popen([sys.executable, "-m", "dflash_dash.jobs", "--workspace",
-                                          str(store.workspace.resolve()), "--worker"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=f, env=env)
+                    p = subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "dflash_dash.jobs",
+                            "--workspace",
+                            str(store.workspace.resolve()),
+                            "--worker",
+                        ],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=f,
+                        env=env,
+                    )
                 procs[i], state[i] = (p, dev, err), (0, len(shard))
                 p.stdin.write(json.dumps({"kind": kind, "args": args | {"device": dev}, "prompts": shard}).encode())
                 p.stdin.close()
@@ -291,8 +311,10 @@ def _worker_failed(i: int, n: int, dev: str, rc: int, err: Path, state: tuple[in
         return f"{who}: {said[-1]}"
     tail = " | ".join(lines[-4:]) or "(nothing)"
     print(f"{who} ended with {_exit_text(rc)}; its stderr ({err}) ends:\n" + "\n".join(lines[-30:]), flush=True)
-    return (f"{who} died ({_exit_text(rc)}) after {state[0]} of {state[1]} prompts; its stderr ends: {tail[-600:]} "
-            f"(all of it: {err}). What finished is kept: rerun to continue")
+    return (
+        f"{who} died ({_exit_text(rc)}) after {state[0]} of {state[1]} prompts; its stderr ends: {tail[-600:]} "
+        f"(all of it: {err}). What finished is kept: rerun to continue"
+    )
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -319,8 +341,13 @@ def work_main(workspace: str) -> int:
     spec = json.load(sys.stdin)
     w = _Writer(out)
     try:
-        for ev in pipeline.work(Store(workspace), spec["kind"], spec["args"], spec["prompts"],
-                                lambda d, t, m: w.emit({"progress": [d, t, m]})):
+        for ev in pipeline.work(
+            Store(workspace),
+            spec["kind"],
+            spec["args"],
+            spec["prompts"],
+            lambda d, t, m: w.emit({"progress": [d, t, m]}),
+        ):
             w.emit({"event": ev})
     except UserError as e:
         w.close()
@@ -392,12 +419,12 @@ def pack(v):
             a = np.ascontiguousarray(v)
         except ValueError:  # ragged
             return v
-        if a.dtype.kind == "i" and a.size and -2**31 <= a.min() and a.max() < 2**31:
+        if a.dtype.kind == "i" and a.size and -(2**31) <= a.min() and a.max() < 2**31:
             a = a.astype(np.int32)  # lossless: token ids, counts
         if a.dtype.kind in "if":
             head = [a.dtype.str, list(a.shape)]
             if a.ndim >= 2 and a.size:
-                flat = a.reshape(len(a), -1)                                             # [rows, rest]
+                flat = a.reshape(len(a), -1)  # [rows, rest]
                 empty = (np.isnan(flat) if a.dtype.kind == "f" else flat == -1).all(1)  # [rows]
                 if 2 * int(empty.sum()) > len(a):
                     rows = np.flatnonzero(~empty).astype(np.int32)
@@ -441,38 +468,52 @@ def free_gpu(client: sglang.Client, cfg: config_mod.WorkspaceConfig, mode: str, 
     if mode == "release":
         ok, state = client.health()
         if not ok and not state[:1].isdigit():
-            raise OrchestrationError(f"the server at {client.url} is not reachable ({state}), so its memory "
-                                     "cannot be released; start it, or extract with orchestrate none")
+            raise OrchestrationError(
+                f"the server at {client.url} is not reachable ({state}), so its memory "
+                "cannot be released; start it, or extract with orchestrate none"
+            )
         if cfg.memory_release and client.supports_memory_release():
             wait_idle(client, cfg, rep)
             rep.step("releasing server memory (POST /release_memory_occupation)")
             try:
                 client.release_memory()
             except sglang.ServerError as e:
-                raise OrchestrationError(f"the server at {client.url} did not release its memory: {e}. If a "
-                                         "request started meanwhile, extract again once it has finished") from None
+                raise OrchestrationError(
+                    f"the server at {client.url} did not release its memory: {e}. If a "
+                    "request started meanwhile, extract again once it has finished"
+                ) from None
             return "release"
-        why = ("memory_release = false in config.toml" if not cfg.memory_release else
-               "the server does not report enable_memory_saver (start SGLang with --enable-memory-saver)")
+        why = (
+            "memory_release = false in config.toml"
+            if not cfg.memory_release
+            else "the server does not report enable_memory_saver (start SGLang with --enable-memory-saver)"
+        )
         if not cfg.stop_command:
-            raise OrchestrationError(f"cannot free the GPU: {why}, and [server] stop_command is not set in "
-                                     f"{config_mod.path_of(rep.store.workspace)}; configure stop_command and "
-                                     "start_command, or extract with orchestrate none")
+            raise OrchestrationError(
+                f"cannot free the GPU: {why}, and [server] stop_command is not set in "
+                f"{config_mod.path_of(rep.store.workspace)}; configure stop_command and "
+                "start_command, or extract with orchestrate none"
+            )
         rep.note(f"{why}; using the stop command instead")
     if not cfg.stop_command or not cfg.start_command:
-        raise OrchestrationError(f"orchestrate command needs stop_command and start_command under [server] in "
-                                 f"{config_mod.path_of(rep.store.workspace)}")
+        raise OrchestrationError(
+            f"orchestrate command needs stop_command and start_command under [server] in "
+            f"{config_mod.path_of(rep.store.workspace)}"
+        )
     rep.step(f"stopping server: {shlex.join(cfg.stop_command)}")
     try:
         rc = subprocess.run(cfg.stop_command, stdin=subprocess.DEVNULL, timeout=STOP_TIMEOUT_S).returncode
     except FileNotFoundError:
-        raise OrchestrationError(f"stop command {cfg.stop_command[0]!r} not found; fix [server] stop_command "
-                                 "in config.toml") from None
+        raise OrchestrationError(
+            f"stop command {cfg.stop_command[0]!r} not found; fix [server] stop_command in config.toml"
+        ) from None
     except subprocess.TimeoutExpired:
         raise OrchestrationError(f"stop command did not finish within {STOP_TIMEOUT_S:g} s") from None
     if rc != 0:
-        raise OrchestrationError(f"stop command `{shlex.join(cfg.stop_command)}` exited with {rc}; see the job "
-                                 "log; the server was not stopped")
+        raise OrchestrationError(
+            f"stop command `{shlex.join(cfg.stop_command)}` exited with {rc}; see the job "
+            "log; the server was not stopped"
+        )
     rep.step("waiting for the server to stop")
     deadline = time.monotonic() + min(STOP_TIMEOUT_S, cfg.readiness_timeout)
     while True:
@@ -484,18 +525,28 @@ def free_gpu(client: sglang.Client, cfg: config_mod.WorkspaceConfig, mode: str, 
         time.sleep(0.2)
 
 
-def wait_idle(client: sglang.Client, cfg: config_mod.WorkspaceConfig, rep: Reporter, timeout: float = IDLE_WAIT_S,
-              poll: float = 0.25) -> None:
+def wait_idle(
+    client: sglang.Client,
+    cfg: config_mod.WorkspaceConfig,
+    rep: Reporter,
+    timeout: float = IDLE_WAIT_S,
+    poll: float = 0.25,
+) -> None:
     """Before a memory release: SGLang asserts its scheduler is idle, so never release under load. Raises
     OrchestrationError when a fetch job of this workspace runs against the server, or when the server still
     reports running/waiting requests after `timeout` seconds (or cannot report them at all)."""
     url = client.url.rstrip("/")
-    fetching = [j["id"] for j in active(rep.store) if j["kind"] == "fetch"
-                and ((j["args"] or {}).get("server") or cfg.server_url).rstrip("/") == url]
+    fetching = [
+        j["id"]
+        for j in active(rep.store)
+        if j["kind"] == "fetch" and ((j["args"] or {}).get("server") or cfg.server_url).rstrip("/") == url
+    ]
     if fetching:
-        raise OrchestrationError(f"fetch job {', '.join(fetching)} is running against {url}; its memory cannot be "
-                                 "released under load. Wait for the fetch to finish or cancel it (Completions page, "
-                                 "or `jobs cancel ID`), then extract again")
+        raise OrchestrationError(
+            f"fetch job {', '.join(fetching)} is running against {url}; its memory cannot be "
+            "released under load. Wait for the fetch to finish or cancel it (Completions page, "
+            "or `jobs cancel ID`), then extract again"
+        )
     rep.step("waiting for the server to be idle (GET /v1/loads)")
     t0 = time.monotonic()
     while True:
@@ -504,18 +555,22 @@ def wait_idle(client: sglang.Client, cfg: config_mod.WorkspaceConfig, rep: Repor
         except sglang.ServerError as e:
             raise OrchestrationError(f"cannot tell whether {url} is idle: {e}") from None
         if n is None:
-            raise OrchestrationError(f"the server at {url} reports no load (neither GET /v1/loads nor /get_load), "
-                                     "so it is unknown whether requests run, and SGLang may release memory only "
-                                     "when idle; upgrade SGLang, or extract with orchestrate command")
+            raise OrchestrationError(
+                f"the server at {url} reports no load (neither GET /v1/loads nor /get_load), "
+                "so it is unknown whether requests run, and SGLang may release memory only "
+                "when idle; upgrade SGLang, or extract with orchestrate command"
+            )
         if n == 0:
             rep.note("server idle: no running or waiting requests")
             return
         waited = time.monotonic() - t0
         if waited >= timeout:
-            raise OrchestrationError(f"the server at {url} still has {n} running or waiting request(s) after "
-                                     f"{timeout:g} s; SGLang releases memory only when idle, so nothing was "
-                                     "released. Let those requests finish (or stop their client) and extract "
-                                     "again, or use orchestrate command")
+            raise OrchestrationError(
+                f"the server at {url} still has {n} running or waiting request(s) after "
+                f"{timeout:g} s; SGLang releases memory only when idle, so nothing was "
+                "released. Let those requests finish (or stop their client) and extract "
+                "again, or use orchestrate command"
+            )
         rep(0, 0, f"waiting for the server to be idle: {n} request(s) running or waiting ({waited:.0f} s)")
         time.sleep(min(poll, timeout - waited))
 
@@ -528,8 +583,10 @@ def restore(client: sglang.Client, cfg: config_mod.WorkspaceConfig, freed: str, 
         try:
             proc = subprocess.Popen(cfg.start_command, stdin=subprocess.DEVNULL, start_new_session=True)
         except FileNotFoundError:
-            raise OrchestrationError(f"start command {cfg.start_command[0]!r} not found; fix [server] "
-                                     "start_command in config.toml and start the server by hand") from None
+            raise OrchestrationError(
+                f"start command {cfg.start_command[0]!r} not found; fix [server] "
+                "start_command in config.toml and start the server by hand"
+            ) from None
     try:
         old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     except ValueError:  # not the main thread
@@ -543,8 +600,9 @@ def restore(client: sglang.Client, cfg: config_mod.WorkspaceConfig, freed: str, 
         def progress(elapsed: float, state: str) -> None:
             rep(0, 0, f"waiting for /health: {state} ({elapsed:.0f} s)")
             if proc is not None and proc.poll() not in (None, 0):
-                raise OrchestrationError(f"start command `{shlex.join(cfg.start_command)}` exited with "
-                                         f"{proc.returncode}; see the job log")
+                raise OrchestrationError(
+                    f"start command `{shlex.join(cfg.start_command)}` exited with {proc.returncode}; see the job log"
+                )
 
         client.wait_ready(cfg.readiness_timeout, progress=progress)
         rep.step("server ready")
@@ -562,8 +620,12 @@ def weights_bytes(model_dir: str | Path) -> int:
 def _smi(query: str, what: str) -> list[list[str]]:
     """Rows of `nvidia-smi --query-<what>=<query> --format=csv,noheader,nounits`; [] when unavailable."""
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-{what}={query}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-{what}={query}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     if out.returncode != 0:
@@ -589,22 +651,32 @@ def gpu_memory() -> list[dict]:
     gpus = []
     for row in _smi("index,name,memory.total,memory.free,uuid", "gpu"):
         try:
-            gpus.append({"index": int(row[0]), "name": row[1], "total": int(row[2]) << 20,
-                         "free": int(row[3]) << 20, "uuid": row[4]})
+            gpus.append(
+                {
+                    "index": int(row[0]),
+                    "name": row[1],
+                    "total": int(row[2]) << 20,
+                    "free": int(row[3]) << 20,
+                    "uuid": row[4],
+                }
+            )
         except (ValueError, IndexError):
             continue
     if not gpus:
         import torch
+
         if not torch.cuda.is_available():
             return []
         for i in range(torch.cuda.device_count()):
             free, total = torch.cuda.mem_get_info(i)
-            gpus.append({"index": i, "name": torch.cuda.get_device_name(i), "total": total, "free": free,
-                         "uuid": None})
+            gpus.append({"index": i, "name": torch.cuda.get_device_name(i), "total": total, "free": free, "uuid": None})
     procs = _processes()
     for g in gpus:
-        g["processes"] = [{k: p[k] for k in ("pid", "name", "used")} for p in procs
-                          if p["gpu_uuid"] == g["uuid"] or (g["uuid"] is None and len(gpus) == 1)]
+        g["processes"] = [
+            {k: p[k] for k in ("pid", "name", "used")}
+            for p in procs
+            if p["gpu_uuid"] == g["uuid"] or (g["uuid"] is None and len(gpus) == 1)
+        ]
     return gpus
 
 
@@ -631,8 +703,9 @@ def _device(device: str) -> str:
     return "cuda:0" if device == "cuda" else device
 
 
-def check_extract(store: Store, target: str, set_name: str, layers: list[int], device: str, dtype: str,
-                  resume: str | None = None) -> list[str]:
+def check_extract(
+    store: Store, target: str, set_name: str, layers: list[int], device: str, dtype: str, resume: str | None = None
+) -> list[str]:
     """Check an extraction's device and dtype before anything starts (the Extraction page and `extract` on the
     CLI both call this, so both say the same): raises pipeline.InputError naming the field and the fix for a
     device this machine lacks (`cuda` without a CUDA GPU) or an unknown dtype. Returns one warning per existing
@@ -648,16 +721,29 @@ def check_extract(store: Store, target: str, set_name: str, layers: list[int], d
         if have == ["cpu"]:
             raise pipeline.InputError(
                 f"device {device!r}: this machine has no CUDA GPU (nvidia-smi shows none); set device to cpu "
-                "(extraction then uses the torch path of the linear-attention kernels), or extract on a GPU machine")
-        raise pipeline.InputError(f"device {device!r}: this machine has no such GPU; set device to one of "
-                                  f"{', '.join(have)}")
+                "(extraction then uses the torch path of the linear-attention kernels), or extract on a GPU machine"
+            )
+        raise pipeline.InputError(
+            f"device {device!r}: this machine has no such GPU; set device to one of {', '.join(have)}"
+        )
     path = str(Path(target).resolve())
-    same = [e for e in store.extractions() if e["id"] != resume and e["status"] in ("done", "running")
-            and e["set_name"] == set_name and e["target_path"] == path and list(e["layer_ids"] or []) == list(layers)
-            and _device(e["device"]) == dev and e["dtype"] == dtype]
-    return [f"extraction {e['id']} ({e['status']}, backend {e['backend']}) already holds set {set_name!r} from this "
-            f"target at layers {','.join(map(str, layers))} on {e['device']} in {e['dtype']}: a new one would "
-            "duplicate it" for e in same]
+    same = [
+        e
+        for e in store.extractions()
+        if e["id"] != resume
+        and e["status"] in ("done", "running")
+        and e["set_name"] == set_name
+        and e["target_path"] == path
+        and list(e["layer_ids"] or []) == list(layers)
+        and _device(e["device"]) == dev
+        and e["dtype"] == dtype
+    ]
+    return [
+        f"extraction {e['id']} ({e['status']}, backend {e['backend']}) already holds set {set_name!r} from this "
+        f"target at layers {','.join(map(str, layers))} on {e['device']} in {e['dtype']}: a new one would "
+        "duplicate it"
+        for e in same
+    ]
 
 
 def check_memory(model_dir: str, device: str, margin_gb: float, rep: Reporter) -> None:
@@ -665,6 +751,7 @@ def check_memory(model_dir: str, device: str, margin_gb: float, rep: Reporter) -
     OrchestrationError naming the processes that hold memory. Skipped (with a note) off CUDA."""
     rep.step("checking GPU memory")
     import torch
+
     if not device.startswith("cuda") or not torch.cuda.is_available():
         rep.note(f"device {device}: no CUDA device in use, GPU memory check skipped")
         return
@@ -674,20 +761,28 @@ def check_memory(model_dir: str, device: str, margin_gb: float, rep: Reporter) -
     while True:
         free, total = torch.cuda.mem_get_info(idx)
         if free >= need:
-            rep.note(f"cuda:{idx}: {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB; the target needs "
-                     f"about {need / 2**30:.1f} GiB (weights + {margin_gb:g} GiB margin)")
+            rep.note(
+                f"cuda:{idx}: {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB; the target needs "
+                f"about {need / 2**30:.1f} GiB (weights + {margin_gb:g} GiB margin)"
+            )
             return
         if time.monotonic() > deadline:
             break
         time.sleep(1.0)
     uuid = str(getattr(torch.cuda.get_device_properties(idx), "uuid", "") or "")
     procs = [p for p in _processes() if not uuid or p["gpu_uuid"].removeprefix("GPU-") == uuid.removeprefix("GPU-")]
-    held = ", ".join(f"pid {p['pid']} {p['name']} ({p['used'] / 2**30:.1f} GiB"
-                     f"{', this job' if p['pid'] == os.getpid() else ''})" for p in procs) or "unknown"
+    held = (
+        ", ".join(
+            f"pid {p['pid']} {p['name']} ({p['used'] / 2**30:.1f} GiB{', this job' if p['pid'] == os.getpid() else ''})"
+            for p in procs
+        )
+        or "unknown"
+    )
     raise OrchestrationError(
         f"cuda:{idx} has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB, but the target needs about "
         f"{need / 2**30:.1f} GiB (weights + {margin_gb:g} GiB margin); processes holding GPU memory: {held}. "
-        "Free the GPU (orchestrate release or command) or stop those processes")
+        "Free the GPU (orchestrate release or command) or stop those processes"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -707,13 +802,21 @@ def start(store: Store, op: ops.Op | str, args: dict | None = None) -> str:
     log = store.workspace.resolve() / "logs" / f"{job_id}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     store.add_job(job_id, op.kind, op.to_args(), str(log))
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+    )
     try:
         with open(log, "ab") as f:
             p = subprocess.Popen(
                 [sys.executable, "-m", "dflash_dash.jobs", "--workspace", str(store.workspace.resolve()), job_id],
-                stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+                stdin=subprocess.DEVNULL,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+            )
     except OSError as e:
         store.settle_job(job_id, "failed", f"could not start the job process: {e}")
         raise
@@ -751,8 +854,11 @@ def execute(store: Store, job_id: str) -> int:
         traceback.print_exc(file=sys.stdout)
         sys.stdout.flush()
         rep.flush()
-        store.settle_job(job_id, "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
-                                           f"(traceback in {job['log_path']})")
+        store.settle_job(
+            job_id,
+            "failed",
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} (traceback in {job['log_path']})",
+        )
         return 1
     finally:
         for s, h in old.items():
@@ -842,8 +948,12 @@ def cancel(store: Store, job_id: str, grace: float = GRACE_S) -> dict:
             deadline = time.monotonic() + 5.0
             while _gone(job) is None and time.monotonic() < deadline:
                 time.sleep(0.05)
-    store.settle_job(job_id, "cancelled", "cancelled by user" + (
-        " while the server was being restored: check that it is up (GET /health)" if killed else ""))
+    store.settle_job(
+        job_id,
+        "cancelled",
+        "cancelled by user"
+        + (" while the server was being restored: check that it is up (GET /health)" if killed else ""),
+    )
     _CHILDREN.pop(job_id, None)
     return store.job(job_id)
 
@@ -890,8 +1000,11 @@ def log_tail(store: Store, job_id: str, lines: int = 200) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    p = argparse.ArgumentParser(prog="python -m dflash_dash.jobs", description="run one recorded job, or one "
-                                "worker's shard with --worker (internal)")
+
+    p = argparse.ArgumentParser(
+        prog="python -m dflash_dash.jobs",
+        description="run one recorded job, or one worker's shard with --worker (internal)",
+    )
     p.add_argument("--workspace", required=True)
     p.add_argument("--worker", action="store_true", help="run the shard spec read from stdin (see `workers`)")
     p.add_argument("id", nargs="?")
@@ -910,4 +1023,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":  # run through the imported module, so its classes are the ones everyone catches
     from dflash_dash import jobs as _jobs
+
     sys.exit(_jobs.main())

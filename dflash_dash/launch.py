@@ -11,6 +11,7 @@ dashboard exiting, stops both and reaps them: no orphans. The server exiting ear
 its log) and the dashboard runs on. Exit status: 0 when stopped by a signal, else the dashboard's; 2 with a
 one-line message for a bad config.toml.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,13 +23,14 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from . import config as config_mod, demo
+from . import config as config_mod
+from . import demo
 from .errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # signals that stop the dashboard and the server
-GRACE_S = 10.0                                           # SIGKILL a child that outlives SIGTERM by this long
-TICK_S = 0.5                                             # how often the children are looked at
+STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # signals that stop the dashboard and the server
+GRACE_S = 10.0  # SIGKILL a child that outlives SIGTERM by this long
+TICK_S = 0.5  # how often the children are looked at
 LOCAL = ("127.0.0.1", "localhost", "::1")
 
 
@@ -49,6 +51,7 @@ def _prctl():
         return None
     try:
         import ctypes
+
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
@@ -56,8 +59,14 @@ def _prctl():
 
 def spawn(argv: list[str], **kw) -> subprocess.Popen:
     prctl, parent = _prctl(), os.getpid()
-    return subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, start_new_session=True,
-                            preexec_fn=lambda: _child_setup(parent, prctl), **kw)
+    return subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=lambda: _child_setup(parent, prctl),
+        **kw,
+    )
 
 
 def listening(host: str, port: int) -> bool:
@@ -74,20 +83,39 @@ def demo_server_argv(ws: Path, cfg: config_mod.WorkspaceConfig) -> list[str] | N
         return None
     u = urlsplit(cfg.server_url)
     if u.scheme != "http" or u.hostname not in LOCAL or not u.port:
-        say(f"[server] url {cfg.server_url} in {config_mod.path_of(ws)} is not a port on this machine; the demo "
-            "server is not started, the dashboard uses that url")
+        say(
+            f"[server] url {cfg.server_url} in {config_mod.path_of(ws)} is not a port on this machine; the demo "
+            "server is not started, the dashboard uses that url"
+        )
         return None
     if listening(u.hostname, u.port):
-        say(f"port {u.port} of {cfg.server_url} is already in use; the dashboard uses the server there (the demo "
-            f"server is not started: stop that process, or change url in {config_mod.path_of(ws)})")
+        say(
+            f"port {u.port} of {cfg.server_url} is already in use; the dashboard uses the server there (the demo "
+            f"server is not started: stop that process, or change url in {config_mod.path_of(ws)})"
+        )
         return None
     return [sys.executable, "-m", "dflash_dash", "serve", "--model", str(target.resolve()), "--port", str(u.port)]
 
 
 def app_argv(ws: Path, port: int, address: str) -> list[str]:
-    return [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", address,
-            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-            "--", "--workspace", str(ws)]
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(ROOT / "app.py"),
+        "--server.address",
+        address,
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--",
+        "--workspace",
+        str(ws),
+    ]
 
 
 def end(*procs: subprocess.Popen | None) -> None:
@@ -119,13 +147,17 @@ def run(workspace: str | Path, port: int, address: str) -> int:
             log = open(log_path, "ab")
             env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
             server = spawn(server_cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-            say(f"demo server on {cfg.server_url} (the workspace's [server] url), serving {ws / 'demo' / demo.TARGET}; "
-                f"log {log_path}; it stops with the dashboard")
+            say(
+                f"demo server on {cfg.server_url} (the workspace's [server] url), serving {ws / 'demo' / demo.TARGET}; "
+                f"log {log_path}; it stops with the dashboard"
+            )
         app = spawn(app_argv(ws, port, address))
         while not stopped and app.poll() is None:
             if server is not None and server.poll() is not None:
-                say(f"the demo server exited with status {server.returncode}; see {log_path}. The dashboard "
-                    "runs on without it")
+                say(
+                    f"the demo server exited with status {server.returncode}; see {log_path}. The dashboard "
+                    "runs on without it"
+                )
                 server = None
             try:
                 app.wait(TICK_S)

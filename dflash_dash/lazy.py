@@ -5,6 +5,7 @@ imported by the first of them (so monkeypatching through it patches the real mod
 nor put in sys.modules, before that. Importers keep the real imports under `if TYPE_CHECKING:` so readers,
 type checkers and tests/test_arrows.py still see them.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -12,6 +12,7 @@ Contract:
 Data only, torch-free (store-only commands stay light): nothing here loads a model or touches the store; it
 sits under pipeline, which imports it.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,8 +21,8 @@ from typing import ClassVar
 
 from .errors import UserError
 
-DTYPES = ("float32", "bfloat16")            # compute dtypes an operation can run in
-ANCHORS = ("every", "chain")                # every completion anchor (curves of accepted(p)) | only those walks visit
+DTYPES = ("float32", "bfloat16")  # compute dtypes an operation can run in
+ANCHORS = ("every", "chain")  # every completion anchor (curves of accepted(p)) | only those walks visit
 ORCHESTRATE = ("none", "release", "command")  # how an extraction frees the server's GPU (jobs.free_gpu)
 SLIDING_BLOCKS = ("causal", "bidirectional")  # = drafter.SLIDING_BLOCKS (tests/test_gpus.py checks), torch-free here
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
@@ -41,8 +42,10 @@ def parse_gpus(value) -> list[str]:
         x = str(x).strip()
         dev = f"cuda:{x}" if x.isdigit() else x
         if not _DEVICE.fullmatch(dev):
-            raise ArgError(f"gpus {value!r}: {x!r} is not a device; give CUDA indices like 0,1 (one worker per GPU), "
-                           "cuda:N entries, or cpu,cpu for CPU workers")
+            raise ArgError(
+                f"gpus {value!r}: {x!r} is not a device; give CUDA indices like 0,1 (one worker per GPU), "
+                "cuda:N entries, or cpu,cpu for CPU workers"
+            )
         out.append(dev)
     return out
 
@@ -50,13 +53,14 @@ def parse_gpus(value) -> list[str]:
 @dataclass
 class Op:
     """Base of the operations: record round trip and the shared checks."""
+
     kind: ClassVar[str] = ""
 
     def to_args(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_args(cls, args: dict | None) -> "Op":
+    def from_args(cls, args: dict | None) -> Op:
         args = dict(args or {})
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(args) - set(names))
@@ -64,8 +68,9 @@ class Op:
             raise ArgError(f"{cls.kind}: unknown argument {', '.join(unknown)}; expected some of {', '.join(names)}")
         for f in fields(cls):
             if f.default is MISSING and f.default_factory is MISSING and args.get(f.name) in (None, ""):
-                raise ArgError(f"{cls.kind}: {f.name} is required; give it (--{f.name.replace('_', '-')} on the "
-                               "command line)")
+                raise ArgError(
+                    f"{cls.kind}: {f.name} is required; give it (--{f.name.replace('_', '-')} on the command line)"
+                )
         return cls(**{k: v for k, v in args.items() if v is not None})
 
     # -- checks used by __post_init__
@@ -109,28 +114,32 @@ class Op:
 
 def defaults(cls: type[Op]) -> dict:
     """{field: default} of an operation (for argparse)."""
-    return {f.name: (f.default_factory() if f.default_factory is not MISSING else f.default)
-            for f in fields(cls) if f.default is not MISSING or f.default_factory is not MISSING}
+    return {
+        f.name: (f.default_factory() if f.default_factory is not MISSING else f.default)
+        for f in fields(cls)
+        if f.default is not MISSING or f.default_factory is not MISSING
+    }
 
 
 @dataclass
 class Fetch(Op):
     kind: ClassVar[str] = "fetch"
-    prompt_set: str                       # built-in set name (coding-10) or a JSONL file of {id, prompt}
-    name: str                             # completion set to fill; a rerun with it continues
-    server: str | None = None             # server URL; None: [server] url of the workspace's config.toml
-    max_new_tokens: int = 256             # greedy tokens per completion
-    chat: bool = False                    # wrap prompts in the target's chat template (applied locally)
-    tokenizer: str | None = None          # tokenizer folder or hub id; None: the server's tokenizer_path
-    enable_thinking: bool = False         # leave Qwen3 thinking on (off by default: it lowers acceptance)
+    prompt_set: str  # built-in set name (coding-10) or a JSONL file of {id, prompt}
+    name: str  # completion set to fill; a rerun with it continues
+    server: str | None = None  # server URL; None: [server] url of the workspace's config.toml
+    max_new_tokens: int = 256  # greedy tokens per completion
+    chat: bool = False  # wrap prompts in the target's chat template (applied locally)
+    tokenizer: str | None = None  # tokenizer folder or hub id; None: the server's tokenizer_path
+    enable_thinking: bool = False  # leave Qwen3 thinking on (off by default: it lowers acceptance)
     readiness_timeout: float | None = None  # seconds to wait for /health 200; None: the config's (600)
 
     def __post_init__(self):
         self._need("prompt_set", "a built-in prompt set (coding-10) or a JSONL file of {id, prompt}")
         self._need("name", "a completion set name")
         self._int("max_new_tokens", 1, "must be at least 1")
-        if self.readiness_timeout is not None and not (isinstance(self.readiness_timeout, (int, float))
-                                                       and self.readiness_timeout > 0):
+        if self.readiness_timeout is not None and not (
+            isinstance(self.readiness_timeout, (int, float)) and self.readiness_timeout > 0
+        ):
             raise ArgError(f"readiness_timeout {self.readiness_timeout!r}: give seconds > 0 (or leave it unset: 600)")
         self.chat, self.enable_thinking = bool(self.chat), bool(self.enable_thinking)
         self.server = self.server or None
@@ -139,15 +148,15 @@ class Fetch(Op):
 @dataclass
 class Extract(Op):
     kind: ClassVar[str] = "extract"
-    target: str                           # Hugging Face causal LM folder
-    completions: str                      # completion set name
-    drafter: str | None = None            # checkpoint whose target_layer_ids are extracted (or give layers)
-    layers: list[int] | None = None       # explicit target layer ids ("1,16,31" is accepted), instead of drafter
-    device: str = "cpu"                   # cpu or cuda[:N] (one process; see gpus)
-    dtype: str = "float32"                # compute dtype of the target's forward
-    orchestrate: str = "none"             # free the server's GPU around the extraction: none | release | command
-    extraction_id: str | None = None      # resume this extraction (a rerun sets it) instead of starting one
-    server: str | None = None             # server to free; None: the workspace's config.toml
+    target: str  # Hugging Face causal LM folder
+    completions: str  # completion set name
+    drafter: str | None = None  # checkpoint whose target_layer_ids are extracted (or give layers)
+    layers: list[int] | None = None  # explicit target layer ids ("1,16,31" is accepted), instead of drafter
+    device: str = "cpu"  # cpu or cuda[:N] (one process; see gpus)
+    dtype: str = "float32"  # compute dtype of the target's forward
+    orchestrate: str = "none"  # free the server's GPU around the extraction: none | release | command
+    extraction_id: str | None = None  # resume this extraction (a rerun sets it) instead of starting one
+    server: str | None = None  # server to free; None: the workspace's config.toml
     gpus: list[str] = field(default_factory=list)  # one worker process per device, prompts sharded; []: device
 
     def __post_init__(self):
@@ -161,8 +170,9 @@ class Extract(Op):
         if self.layers is not None and not all(isinstance(x, int) and not isinstance(x, bool) for x in self.layers):
             raise ArgError(f"layers {self.layers!r}: expected a list of integer layer ids like [1, 16, 31]")
         if not self.layers and not self.drafter:
-            raise ArgError("layers: give a drafter checkpoint (its target_layer_ids are used) or layer ids like "
-                           "1,16,31")
+            raise ArgError(
+                "layers: give a drafter checkpoint (its target_layer_ids are used) or layer ids like 1,16,31"
+            )
         self._device()
         self._choice("dtype", DTYPES)
         self._choice("orchestrate", ORCHESTRATE)
@@ -172,16 +182,16 @@ class Extract(Op):
 @dataclass
 class Replay(Op):
     kind: ClassVar[str] = "replay"
-    drafter: str                          # checkpoint: HF folder or SpecForge runtime {run_id}-step{N}/ folder
-    extraction: str = "latest"            # extraction id, or latest
-    tree_budget: int = 8                  # DDTree node budget (0: no tree)
-    device: str = "cpu"                   # cpu or cuda[:N] (one process; see gpus)
-    dtype: str = "float32"                # compute dtype of the drafter
-    chunk: int = 64                       # blocks per batched forward (every-anchor mode)
-    name: str | None = None               # display name; None: the checkpoint folder's name
-    anchors: str = "every"                # every (accepted(p) curves, every-anchor tau) | chain (faster, same rounds)
-    sliding_block: str | None = None      # sliding layers causal | bidirectional inside the block; None: config's
-    draft_config: str | None = None       # the training's draft config JSON (runtime checkpoints without config.json)
+    drafter: str  # checkpoint: HF folder or SpecForge runtime {run_id}-step{N}/ folder
+    extraction: str = "latest"  # extraction id, or latest
+    tree_budget: int = 8  # DDTree node budget (0: no tree)
+    device: str = "cpu"  # cpu or cuda[:N] (one process; see gpus)
+    dtype: str = "float32"  # compute dtype of the drafter
+    chunk: int = 64  # blocks per batched forward (every-anchor mode)
+    name: str | None = None  # display name; None: the checkpoint folder's name
+    anchors: str = "every"  # every (accepted(p) curves, every-anchor tau) | chain (faster, same rounds)
+    sliding_block: str | None = None  # sliding layers causal | bidirectional inside the block; None: config's
+    draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
     gpus: list[str] = field(default_factory=list)  # one worker process per device, prompts sharded; []: device
 
     def __post_init__(self):
@@ -193,14 +203,14 @@ class Replay(Op):
 @dataclass
 class Sweep(Op):
     kind: ClassVar[str] = "sweep"
-    checkpoints: str                      # training output folder (epoch_E_step_S/, {run_id}-step{N}/, ...)
-    extraction: str = "latest"            # extraction id, or latest
-    anchors: str = "chain"                # chain (only the anchors the walks visit) | every
-    tree_budget: int = 8                  # DDTree node budget (0: no tree)
-    device: str = "cpu"                   # cpu or cuda[:N] (one process; see gpus)
-    dtype: str = "float32"                # compute dtype of the drafters
-    sliding_block: str | None = None      # sliding layers causal | bidirectional inside the block; None: config's
-    draft_config: str | None = None       # the training's draft config JSON (runtime checkpoints without config.json)
+    checkpoints: str  # training output folder (epoch_E_step_S/, {run_id}-step{N}/, ...)
+    extraction: str = "latest"  # extraction id, or latest
+    anchors: str = "chain"  # chain (only the anchors the walks visit) | every
+    tree_budget: int = 8  # DDTree node budget (0: no tree)
+    device: str = "cpu"  # cpu or cuda[:N] (one process; see gpus)
+    dtype: str = "float32"  # compute dtype of the drafters
+    sliding_block: str | None = None  # sliding layers causal | bidirectional inside the block; None: config's
+    draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
     gpus: list[str] = field(default_factory=list)  # one worker process per device, prompts sharded; []: device
 
     def __post_init__(self):
@@ -211,11 +221,11 @@ class Sweep(Op):
 @dataclass
 class SlidingCheck(Op):
     kind: ClassVar[str] = "sliding-check"
-    drafter: str                          # checkpoint with sliding_attention layers
-    extraction: str = "latest"            # extraction id, or latest
-    draft_config: str | None = None       # the training's draft config JSON (runtime checkpoints without config.json)
-    device: str = "cpu"                   # cpu or cuda[:N]
-    dtype: str = "float32"                # compute dtype of the drafter
+    drafter: str  # checkpoint with sliding_attention layers
+    extraction: str = "latest"  # extraction id, or latest
+    draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
+    device: str = "cpu"  # cpu or cuda[:N]
+    dtype: str = "float32"  # compute dtype of the drafter
 
     def __post_init__(self):
         self._need("drafter", "the checkpoint folder to check")
@@ -227,9 +237,9 @@ class SlidingCheck(Op):
 @dataclass
 class Attribute(Op):
     kind: ClassVar[str] = "attribute"
-    run: str = "latest"                   # run id, or latest
-    device: str | None = None             # None: the run's own device
-    dtype: str | None = None              # None: the run's own dtype
+    run: str = "latest"  # run id, or latest
+    device: str | None = None  # None: the run's own device
+    dtype: str | None = None  # None: the run's own dtype
 
     def __post_init__(self):
         self._need("run", "a run id, or latest")
@@ -239,7 +249,7 @@ class Attribute(Op):
 
 @dataclass
 class Demo(Op):
-    kind: ClassVar[str] = "demo"          # builds the demo workspace from the committed assets (no arguments)
+    kind: ClassVar[str] = "demo"  # builds the demo workspace from the committed assets (no arguments)
 
 
 KINDS: dict[str, type[Op]] = {c.kind: c for c in (Fetch, Extract, Replay, Sweep, SlidingCheck, Attribute, Demo)}

@@ -6,6 +6,7 @@ prompts they share, layer by layer (features are K layers of H values concatenat
 - cosine = mean over tokens of cos(A_t, B_t).
 No network, no model; raises StoreError/CacheError/ValueError with a message naming the fix.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,11 +21,15 @@ def compare(store: Store, a_id: str, b_id: str, max_prompts: int | None = None) 
     {"layers": [{"layer", "rel_l2", "cosine", "max_abs"}], "prompts": n, "tokens": n, "a": row, "b": row}."""
     a, b = store.extraction(a_id), store.extraction(b_id)
     if a["layer_ids"] != b["layer_ids"] or a["hidden_size"] != b["hidden_size"]:
-        raise ValueError(f"extractions {a['id']} (layers {a['layer_ids']}) and {b['id']} (layers {b['layer_ids']}) "
-                         "hold different layers; extract both with the same drafter or --layers")
+        raise ValueError(
+            f"extractions {a['id']} (layers {a['layer_ids']}) and {b['id']} (layers {b['layer_ids']}) "
+            "hold different layers; extract both with the same drafter or --layers"
+        )
     if a["set_name"] != b["set_name"]:
-        raise ValueError(f"extractions {a['id']} and {b['id']} are of different completion sets "
-                         f"({a['set_name']!r} vs {b['set_name']!r}); extract the same set with both backends")
+        raise ValueError(
+            f"extractions {a['id']} and {b['id']} are of different completion sets "
+            f"({a['set_name']!r} vs {b['set_name']!r}); extract the same set with both backends"
+        )
     ia = {r["prompt_id"]: r["tokens"] for r in store.items(a["id"])}
     ib = {r["prompt_id"]: r["tokens"] for r in store.items(b["id"])}
     shared = sorted(p for p in ia if p in ib and ia[p] == ib[p])
@@ -50,6 +55,8 @@ def compare(store: Store, a_id: str, b_id: str, max_prompts: int | None = None) 
         n_tok += fa.shape[0]
     rel = (diff2.sqrt() / ref2.sqrt().clamp_min(1e-30)).tolist()
     cos = (cos_sum / n_tok).tolist()
-    layers = [{"layer": l, "rel_l2": rel[k], "cosine": cos[k], "max_abs": float(max_abs[k])}
-              for k, l in enumerate(a["layer_ids"])]
+    layers = [
+        {"layer": l, "rel_l2": rel[k], "cosine": cos[k], "max_abs": float(max_abs[k])}
+        for k, l in enumerate(a["layer_ids"])
+    ]
     return {"layers": layers, "prompts": len(shared), "tokens": n_tok, "a": a, "b": b}

@@ -12,6 +12,7 @@ from its decoded text alone (no parsing of the surrounding code), first match wi
 spaces, tabs, newlines: indentation), `string` (holds a quote ' " `), `keyword` (a Python keyword once
 stripped), `identifier`, `number`, `punctuation` (only ASCII punctuation), `other` (mixed, non-ASCII, ⟨id⟩).
 """
+
 from __future__ import annotations
 
 import keyword
@@ -19,8 +20,8 @@ import math
 import re
 import string
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import urlencode
 
 from . import metrics
@@ -35,20 +36,20 @@ _PUNCT = set(string.punctuation) - set("'\"`")
 @dataclass
 class Config:
     position_bin: int | None = None  # completion-position bin width in tokens (None: a round width, ~10 bins)
-    context_bin: int | None = None   # context-length bin width in tokens (None: a round width, ~10 bins)
-    pairs: int = 20                  # most frequent (draft, target) pairs kept
-    window: int = 16                 # anchors per worst-span window
-    spans: int = 10                  # worst spans kept (non-overlapping)
+    context_bin: int | None = None  # context-length bin width in tokens (None: a round width, ~10 bins)
+    pairs: int = 20  # most frequent (draft, target) pairs kept
+    window: int = 16  # anchors per worst-span window
+    spans: int = 10  # worst spans kept (non-overlapping)
 
 
 @dataclass(slots=True)
 class Round:
-    prompt: str        # prompt id
-    P: int             # prompt length
-    anchor: int        # p
-    accepted: int      # a = accepted(p)
-    committed: int     # c = min(a + 1, tokens left)
-    slots: int         # drafted slots inside the completion: min(B-1, T-1-p)
+    prompt: str  # prompt id
+    P: int  # prompt length
+    anchor: int  # p
+    accepted: int  # a = accepted(p)
+    committed: int  # c = min(a + 1, tokens left)
+    slots: int  # drafted slots inside the completion: min(B-1, T-1-p)
     target: list[int]  # the completion tokens at p+1..p+slots
     drafts: list[int]  # the drafts d_1..d_{B-1} of the round ([] when the row holds none)
 
@@ -89,6 +90,7 @@ def rounds(rows: list[dict], comps: dict[str, dict], block_size: int) -> list[Ro
     """The chain-walk rounds of every prompt that has its completion, in row order (each prompt's anchors,
     accepted counts and drafts gathered at once, as Python ints)."""
     import numpy as np
+
     D, out = block_size - 1, []
     for r in rows:
         c = comps.get(r["prompt_id"])
@@ -96,32 +98,39 @@ def rounds(rows: list[dict], comps: dict[str, dict], block_size: int) -> list[Ro
             continue
         toks, P, pid = tokens_of(c), r["prompt_len"], r["prompt_id"]
         w = metrics.Prompt.of(r)
-        anchors, acc, _ = w.walk()                              # the chain walk's anchors and accepted(p)
+        anchors, acc, _ = w.walk()  # the chain walk's anchors and accepted(p)
         at, acc, com = anchors - P, acc.tolist(), w.rounds
         drafts = np.asarray(metrics.flat(r.get("drafts")), dtype=np.int64)
-        whole = len(drafts) // D                                # anchors whose D drafts the row holds
-        rd = drafts[:whole * D].reshape(whole, D)[at[at < whole]].tolist()
+        whole = len(drafts) // D  # anchors whose D drafts the row holds
+        rd = drafts[: whole * D].reshape(whole, D)[at[at < whole]].tolist()
         T = len(toks)
         for k, (i, a, cm) in enumerate(zip(at.tolist(), acc, com)):
             p = P + i
             n = min(D, T - 1 - p)
-            out.append(Round(pid, P, p, a, cm, n, toks[p + 1:p + 1 + n], rd[k] if i < whole else []))
+            out.append(Round(pid, P, p, a, cm, n, toks[p + 1 : p + 1 + n], rd[k] if i < whole else []))
     return out
 
 
 def _cols(rs: list[Round]):
     """Accepted and committed counts of rounds `rs` as arrays [R] (what `_stats` reads)."""
     import numpy as np
-    return (np.fromiter((r.accepted for r in rs), np.int64, len(rs)),
-            np.fromiter((r.committed for r in rs), np.int64, len(rs)))
+
+    return (
+        np.fromiter((r.accepted for r in rs), np.int64, len(rs)),
+        np.fromiter((r.committed for r in rs), np.int64, len(rs)),
+    )
 
 
 def _stats(acc, com) -> dict:
     """rounds, P(d_1 accepted), mean accepted drafts, tau (mean committed) of a group of rounds (their accepted
     and committed counts [n]: integer sums, then one division, as a loop over the rounds would)."""
     n = len(acc)
-    return {"rounds": n, "first_slot_acceptance": _r(int((acc >= 1).sum()) / n) if n else None,
-            "mean_accepted": _r(int(acc.sum()) / n) if n else None, "tau": _r(int(com.sum()) / n) if n else None}
+    return {
+        "rounds": n,
+        "first_slot_acceptance": _r(int((acc >= 1).sum()) / n) if n else None,
+        "mean_accepted": _r(int(acc.sum()) / n) if n else None,
+        "tau": _r(int(com.sum()) / n) if n else None,
+    }
 
 
 def _r(x: float) -> float:
@@ -135,14 +144,21 @@ def _r(x: float) -> float:
 def by_class(rs: list[Round], strings: Strings) -> list[dict]:
     """Acceptance by the class of the target token at slot 1 (position p+1) of each round."""
     import numpy as np
+
     firsts = [r.target[0] for r in rs]
     ids = sorted(set(firsts))  # a class per distinct token, not per round
     cls = dict(zip(ids, map(token_class, strings(ids))))
     of = np.array([CLASSES.index(cls[t]) for t in firsts], dtype=np.int64)
     acc, com = _cols(rs)
     n = len(rs)
-    return [{"class": c, "share_of_rounds": _r(int((of == k).sum()) / n) if n else None,
-             **_stats(acc[of == k], com[of == k])} for k, c in enumerate(CLASSES)]
+    return [
+        {
+            "class": c,
+            "share_of_rounds": _r(int((of == k).sum()) / n) if n else None,
+            **_stats(acc[of == k], com[of == k]),
+        }
+        for k, c in enumerate(CLASSES)
+    ]
 
 
 def nice_width(top: int, bins: int = 10) -> int:
@@ -154,13 +170,16 @@ def nice_width(top: int, bins: int = 10) -> int:
 
 def _binned(rs: list[Round], value: Callable[[Round], int], width: int | None, label: str) -> list[dict]:
     import numpy as np
+
     if not rs:
         return []
     v = np.fromiter(map(value, rs), np.int64, len(rs))
     w = width or nice_width(int(v.max()) + 1)
     b, (acc, com) = v // w, _cols(rs)
-    return [{label: f"{k * w}-{k * w + w - 1}", "from": k * w, "to": k * w + w - 1,
-             **_stats(acc[b == k], com[b == k])} for k in np.unique(b).tolist()]
+    return [
+        {label: f"{k * w}-{k * w + w - 1}", "from": k * w, "to": k * w + w - 1, **_stats(acc[b == k], com[b == k])}
+        for k in np.unique(b).tolist()
+    ]
 
 
 def by_position(rs: list[Round], width: int | None = None) -> list[dict]:
@@ -176,14 +195,24 @@ def by_context(rs: list[Round], width: int | None = None) -> list[dict]:
 def rejection_pairs(rs: list[Round], strings: Strings, top: int = 20) -> list[dict]:
     """The most frequent (draft, target) pairs at the first rejected slot (a+1) of the rounds that rejected a
     draft inside the completion; ties broken by draft then target id."""
-    pairs = Counter((r.drafts[r.accepted], r.target[r.accepted]) for r in rs
-                    if r.accepted < r.slots and len(r.drafts) > r.accepted)
+    pairs = Counter(
+        (r.drafts[r.accepted], r.target[r.accepted]) for r in rs if r.accepted < r.slots and len(r.drafts) > r.accepted
+    )
     total = sum(pairs.values())
     best = sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
     ids = [i for (d, t), _ in best for i in (d, t)]
     texts = strings(ids)
-    return [{"draft": texts[2 * j], "target": texts[2 * j + 1], "draft_id": d, "target_id": t, "count": n,
-             "share_of_rejections": _r(n / total)} for j, ((d, t), n) in enumerate(best)]
+    return [
+        {
+            "draft": texts[2 * j],
+            "target": texts[2 * j + 1],
+            "draft_id": d,
+            "target_id": t,
+            "count": n,
+            "share_of_rejections": _r(n / total),
+        }
+        for j, ((d, t), n) in enumerate(best)
+    ]
 
 
 def link(run_id: str, prompt: str, start: int | None = None, end: int | None = None) -> str:
@@ -194,16 +223,18 @@ def link(run_id: str, prompt: str, start: int | None = None, end: int | None = N
 
 def _shown(texts: list[str], limit: int = 120) -> str:
     s = "".join(texts).replace("\n", "↵").replace("\t", "⇥")
-    return s if len(s) <= limit else s[:limit - 1] + "…"
+    return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
-def worst_spans(rows: list[dict], comps: dict[str, dict], run_id: str, strings: Strings, window: int = 16,
-                top: int = 10) -> list[dict]:
+def worst_spans(
+    rows: list[dict], comps: dict[str, dict], run_id: str, strings: Strings, window: int = 16, top: int = 10
+) -> list[dict]:
     """The `top` windows of `window` consecutive completion anchors (P..T-2; fewer in a shorter completion)
     with the lowest mean accepted(p) over all prompts, non-overlapping; ties: prompt order, then position.
     A chain-only run knows accepted(p) only at the anchors its walks visited (-1 elsewhere): a window's mean is
     then over its known anchors (`anchors` counts them), and a window without one is skipped."""
     import numpy as np
+
     cols: list[tuple] = []  # per prompt: (mean [S], row order, start [S], w, known [S], row) of its windows
     for o, r in enumerate(rows):
         if r["prompt_id"] not in comps:
@@ -213,7 +244,7 @@ def worst_spans(rows: list[dict], comps: dict[str, dict], run_id: str, strings: 
         if not w:
             continue
         tot = np.concatenate([[0], np.cumsum(np.maximum(acc, 0))])  # prefix sums of the known accepted(p)
-        cnt = np.concatenate([[0], np.cumsum(acc >= 0)])            # and of how many are known
+        cnt = np.concatenate([[0], np.cumsum(acc >= 0)])  # and of how many are known
         n = cnt[w:] - cnt[:-w]
         keep = n > 0
         start = np.arange(len(acc) - w + 1)[keep]
@@ -241,16 +272,30 @@ def worst_spans(rows: list[dict], comps: dict[str, dict], run_id: str, strings: 
         pid, P = r["prompt_id"], r["prompt_len"]
         toks = tokens_of(comps[pid])
         start, end = P + s, P + s + w - 1
-        out.append({"prompt": pid, "start": start, "end": end, "anchors": n, "mean_accepted": _r(mean),
-                    "every_anchor_tau": _r(mean + 1), "text": _shown(strings(toks[start:end + 1])),
-                    "link": link(run_id, pid, start, end)})
+        out.append(
+            {
+                "prompt": pid,
+                "start": start,
+                "end": end,
+                "anchors": n,
+                "mean_accepted": _r(mean),
+                "every_anchor_tau": _r(mean + 1),
+                "text": _shown(strings(toks[start : end + 1])),
+                "link": link(run_id, pid, start, end),
+            }
+        )
     return out
 
 
-def analyse(rows: list[dict], comps: dict[str, dict], block_size: int, strings: Strings, run_id: str,
-            cfg: Config = Config()) -> dict[str, list[dict]]:
+def analyse(
+    rows: list[dict], comps: dict[str, dict], block_size: int, strings: Strings, run_id: str, cfg: Config = Config()
+) -> dict[str, list[dict]]:
     """Every failure-pattern table of one run: by_class, by_position, by_context, rejection_pairs, worst_spans."""
     rs = rounds(rows, comps, block_size)
-    return {"by_class": by_class(rs, strings), "by_position": by_position(rs, cfg.position_bin),
-            "by_context": by_context(rs, cfg.context_bin), "rejection_pairs": rejection_pairs(rs, strings, cfg.pairs),
-            "worst_spans": worst_spans(rows, comps, run_id, strings, cfg.window, cfg.spans)}
+    return {
+        "by_class": by_class(rs, strings),
+        "by_position": by_position(rs, cfg.position_bin),
+        "by_context": by_context(rs, cfg.context_bin),
+        "rejection_pairs": rejection_pairs(rs, strings, cfg.pairs),
+        "worst_spans": worst_spans(rows, comps, run_id, strings, cfg.window, cfg.spans),
+    }

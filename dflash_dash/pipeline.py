@@ -9,26 +9,33 @@ Extract and replay (so sweep) split into a parent part (validate, then record in
 writes it) and a per-prompt part, `work`, run over a list of prompt ids; a `runner` (jobs.workers) runs that part
 in one worker process per GPU and streams its events back, so N workers give the same results as one.
 """
+
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
-from . import lazy, metrics, ops, prompts as prompts_mod, sglang
+from . import lazy, metrics, ops, sglang
+from . import prompts as prompts_mod
 from .errors import UserError
 from .store import Store, StoreError, new_id
 
 if TYPE_CHECKING:  # the torch-backed modules load on first use: the store-only listings never import torch
     import torch
 
-    from . import cache, drafter as drafter_mod, replay as replay_mod, target as target_mod
+    from . import cache
+    from . import drafter as drafter_mod
+    from . import replay as replay_mod
+    from . import target as target_mod
 else:
-    torch, cache, drafter_mod, replay_mod, target_mod = map(lazy.module, (
-        "torch", "dflash_dash.cache", "dflash_dash.drafter", "dflash_dash.replay", "dflash_dash.target"))
+    torch, cache, drafter_mod, replay_mod, target_mod = map(
+        lazy.module, ("torch", "dflash_dash.cache", "dflash_dash.drafter", "dflash_dash.replay", "dflash_dash.target")
+    )
 
 Progress = Callable[[int, int, str], None] | None
 # The per-prompt part of an operation, run over a list of prompt ids: (kind, args, prompt ids, progress) ->
@@ -76,13 +83,21 @@ def parse_jsonl(text: str, vocab_size: int | None = None) -> list[dict]:
                 if not isinstance(t, int) or isinstance(t, bool) or t < 0:
                     raise InputError(f"line {n} (id {pid!r}): field '{key}' holds {t!r}, expected ids >= 0")
                 if vocab_size is not None and t >= vocab_size:
-                    raise InputError(f"line {n} (id {pid!r}): token id {t} in '{key}' is outside the "
-                                     f"vocabulary (size {vocab_size})")
+                    raise InputError(
+                        f"line {n} (id {pid!r}): token id {t} in '{key}' is outside the vocabulary (size {vocab_size})"
+                    )
         for key in ("prompt", "output"):
             if key in rec and rec[key] is not None and not isinstance(rec[key], str):
                 raise InputError(f"line {n} (id {pid!r}): field '{key}' must be a string")
-        out.append({"id": pid, "prompt_ids": rec["prompt_ids"], "output_ids": rec["output_ids"],
-                    "prompt": rec.get("prompt"), "output": rec.get("output")})
+        out.append(
+            {
+                "id": pid,
+                "prompt_ids": rec["prompt_ids"],
+                "output_ids": rec["output_ids"],
+                "prompt": rec.get("prompt"),
+                "output": rec.get("output"),
+            }
+        )
     if not out:
         raise InputError("the file holds no completions (expected one JSON object per line)")
     return out
@@ -99,9 +114,17 @@ def import_completions(store: Store, file: str | Path, name: str) -> int:
     return len(recs)
 
 
-def import_features(store: Store, set_name: str, target: str | Path, layer_ids: list[int], source: str | Path,
-                    completions: list[dict], meta: dict, versions: dict, progress: Progress = None
-                    ) -> tuple[str, list[str]]:
+def import_features(
+    store: Store,
+    set_name: str,
+    target: str | Path,
+    layer_ids: list[int],
+    source: str | Path,
+    completions: list[dict],
+    meta: dict,
+    versions: dict,
+    progress: Progress = None,
+) -> tuple[str, list[str]]:
     """Import features extracted elsewhere (another machine's feature cache under `source`, `cache` layout) as
     a new extraction of `set_name`: `completions` are the source's {"id", "prompt_ids", "output_ids"}, `meta`
     its features' provenance (backend, device, dtype, config_hash, ...). Only completions whose ids equal the
@@ -109,15 +132,27 @@ def import_features(store: Store, set_name: str, target: str | Path, layer_ids: 
     InputError when the source's target differs (config hash) or no completion matches."""
     info = target_mod.describe(target)
     if meta.get("config_hash") != info.config_hash:
-        raise InputError(f"the features under {source} were extracted from a target whose config hash is "
-                         f"{meta.get('config_hash')}, but {target} has {info.config_hash}; extract them again with "
-                         "this target")
+        raise InputError(
+            f"the features under {source} were extracted from a target whose config hash is "
+            f"{meta.get('config_hash')}, but {target} has {info.config_hash}; extract them again with "
+            "this target"
+        )
     rows = {r["prompt_id"]: r for r in store.completions(set_name)}
     ex_id = new_id("ex")
-    store.add_extraction(dict(id=ex_id, set_name=set_name, target_path=str(target), layer_ids=list(layer_ids),
-                              hidden_size=info.hidden_size, device=meta.get("device", "cuda"),
-                              dtype=meta.get("dtype", "float32"), backend=meta.get("backend", "fla"),
-                              versions=versions, config_hash=info.config_hash))
+    store.add_extraction(
+        dict(
+            id=ex_id,
+            set_name=set_name,
+            target_path=str(target),
+            layer_ids=list(layer_ids),
+            hidden_size=info.hidden_size,
+            device=meta.get("device", "cuda"),
+            dtype=meta.get("dtype", "float32"),
+            backend=meta.get("backend", "fla"),
+            versions=versions,
+            config_hash=info.config_hash,
+        )
+    )
     width, bad = len(layer_ids) * info.hidden_size, []
     for i, c in enumerate(completions):
         row = rows.get(c["id"])
@@ -131,8 +166,10 @@ def import_features(store: Store, set_name: str, target: str | Path, layer_ids: 
         _tick(progress, i + 1, len(completions), f"imported features of {c['id']} ({n} tokens)")
     if len(bad) == len(completions):
         store.set_status("extractions", ex_id, "failed")
-        raise InputError(f"none of the {len(completions)} completions under {source} equals one of set "
-                         f"{set_name!r} (ids, prompt and output tokens), so their features belong to none")
+        raise InputError(
+            f"none of the {len(completions)} completions under {source} equals one of set "
+            f"{set_name!r} (ids, prompt and output tokens), so their features belong to none"
+        )
     store.set_status("extractions", ex_id, "done")
     return ex_id, bad
 
@@ -141,24 +178,36 @@ def export_completions(store: Store, name: str) -> list[dict]:
     rows = store.completions(name)
     if not rows:
         raise StoreError(f"no completion set named {name!r} (see the Completions page or `extractions`)")
-    return [{"id": r["prompt_id"], "prompt_ids": r["prompt_ids"], "output_ids": r["output_ids"],
-             "prompt": r["prompt"], "output": r["output"]} for r in rows]
+    return [
+        {
+            "id": r["prompt_id"],
+            "prompt_ids": r["prompt_ids"],
+            "output_ids": r["output_ids"],
+            "prompt": r["prompt"],
+            "output": r["output"],
+        }
+        for r in rows
+    ]
 
 
 def load_tokenizer(path: str | Path):
     """A local tokenizer folder via transformers (never downloads); raises InputError naming the folder."""
     from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # noqa: BLE001  (any loading failure is the folder's)
-        raise InputError(f"--tokenizer {path}: cannot load a tokenizer there ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}); point it at the target's folder") from None
+        raise InputError(
+            f"--tokenizer {path}: cannot load a tokenizer there ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); point it at the target's folder"
+        ) from None
 
 
 def hub_cache_dir() -> Path:
     """The local Hugging Face hub cache as huggingface_hub resolves it, read from the environment now:
     HF_HUB_CACHE, else HF_HOME/hub, else XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub."""
     import os
+
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
     home = os.environ.get("HF_HOME") or str(Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface")
@@ -170,10 +219,12 @@ def hub_snapshot(repo_id: str) -> Path | None:
     in the local Hugging Face cache, looked up offline (local_files_only, as with HF_HUB_OFFLINE=1: nothing is
     downloaded); None when it is not cached or `repo_id` is not a hub id."""
     import re
+
     if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo_id) or repo_id.startswith(".") or Path(repo_id).exists():
         return None
     try:
         from huggingface_hub import snapshot_download
+
         return Path(snapshot_download(repo_id, cache_dir=str(hub_cache_dir()), local_files_only=True))
     except Exception:  # noqa: BLE001  (not cached, not a valid id, no huggingface_hub: not found here)
         return None
@@ -183,16 +234,27 @@ def _no_tokenizer(tok_dir: str | None) -> str:
     """Why no tokenizer was found for the server's tokenizer_path `tok_dir`, and what to do."""
     if not tok_dir:
         return "the server reports no tokenizer_path: pass --tokenizer DIR (the target's folder)"
-    return (f"the server's tokenizer_path {tok_dir!r} is neither a folder here nor a Hugging Face hub id in the "
-            f"local cache {hub_cache_dir()} (looked up offline; nothing is downloaded): pass --tokenizer DIR (the "
-            "target's folder), or put the model in that cache (`huggingface-cli download ID` where there is "
-            "network, with HF_HOME or HF_HUB_CACHE pointing at the cache)")
+    return (
+        f"the server's tokenizer_path {tok_dir!r} is neither a folder here nor a Hugging Face hub id in the "
+        f"local cache {hub_cache_dir()} (looked up offline; nothing is downloaded): pass --tokenizer DIR (the "
+        "target's folder), or put the model in that cache (`huggingface-cli download ID` where there is "
+        "network, with HF_HOME or HF_HUB_CACHE pointing at the cache)"
+    )
 
 
-def fetch(store: Store, server: str, prompt_set: str, name: str, max_new_tokens: int = F.max_new_tokens,
-          chat: bool = F.chat, tokenizer: str | None = F.tokenizer, enable_thinking: bool = F.enable_thinking,
-          progress: Progress = None,
-          readiness_timeout: float = 600.0, request_timeout: float = 600.0) -> int:
+def fetch(
+    store: Store,
+    server: str,
+    prompt_set: str,
+    name: str,
+    max_new_tokens: int = F.max_new_tokens,
+    chat: bool = F.chat,
+    tokenizer: str | None = F.tokenizer,
+    enable_thinking: bool = F.enable_thinking,
+    progress: Progress = None,
+    readiness_timeout: float = 600.0,
+    request_timeout: float = 600.0,
+) -> int:
     """Greedy completions of `prompt_set` (built-in name or JSONL file) from the SGLang server at `server`,
     stored as set `name`, each committed as it arrives; prompts already in the set are skipped, so an
     interrupted fetch continues when run again. Returns how many completions were fetched now.
@@ -215,18 +277,23 @@ def fetch(store: Store, server: str, prompt_set: str, name: str, max_new_tokens:
         _tick(progress, n, n, f"set {name!r} already holds all {n} prompts of {prompt_set}")
         return 0
     from . import config as config_mod
+
     try:
         client = sglang.for_workspace(config_mod.load(store.workspace), server, timeout=request_timeout)
     except ValueError as e:
         raise InputError(f"--server: {e}") from None
-    client.wait_ready(readiness_timeout, progress=lambda t, state: _tick(
-        progress, len(done), n, f"waiting for {server}/health: {state} ({t:.0f} s)"))
+    client.wait_ready(
+        readiness_timeout,
+        progress=lambda t, state: _tick(progress, len(done), n, f"waiting for {server}/health: {state} ({t:.0f} s)"),
+    )
     info = client.model_info()
     model_path = info.get("model_path")
     earlier = {r["model_path"] for r in store.completions(name)} - {None}
     if earlier and model_path not in earlier:
-        raise InputError(f"set {name!r} was fetched from model {sorted(earlier)[0]} but {server} serves "
-                         f"{model_path}; use another --name")
+        raise InputError(
+            f"set {name!r} was fetched from model {sorted(earlier)[0]} but {server} serves "
+            f"{model_path}; use another --name"
+        )
     tok = None
     if any("prompt_ids" not in p for p in todo):
         tok_dir = tokenizer or info.get("tokenizer_path")
@@ -238,38 +305,56 @@ def fetch(store: Store, server: str, prompt_set: str, name: str, max_new_tokens:
             _tick(progress, len(done), n, f"tokenizer {tok_dir} from the local Hugging Face cache: {snap}")
             tok = load_tokenizer(snap)
         if chat and tok is None:
-            raise InputError(f"--chat needs the target's tokenizer here to apply its chat template; "
-                             f"{_no_tokenizer(tok_dir)}")
+            raise InputError(
+                f"--chat needs the target's tokenizer here to apply its chat template; {_no_tokenizer(tok_dir)}"
+            )
     store.add_set(name, prompt_set if prompt_set in prompts_mod.SETS else str(Path(prompt_set).resolve()))
     fetched = 0
     for p in todo:
         _tick(progress, len(done) + fetched, n, f"fetching {p['id']}")
         ids = p.get("prompt_ids")
         if ids is None and tok is not None:
-            ids = (sglang.chat_ids(tok, p["prompt"], enable_thinking) if chat
-                   else list(tok(p["prompt"])["input_ids"]))
+            ids = sglang.chat_ids(tok, p["prompt"], enable_thinking) if chat else list(tok(p["prompt"])["input_ids"])
         try:
-            res = (client.generate(input_ids=ids, max_new_tokens=max_new_tokens) if ids is not None
-                   else client.generate(text=p["prompt"], max_new_tokens=max_new_tokens))
+            res = (
+                client.generate(input_ids=ids, max_new_tokens=max_new_tokens)
+                if ids is not None
+                else client.generate(text=p["prompt"], max_new_tokens=max_new_tokens)
+            )
         except sglang.ServerError as e:
             kept = len(done) + fetched
             raise sglang.ServerError(
                 f"prompt {p['id']!r}: {e}. The {kept} completions fetched so far are kept in set {name!r}; "
-                "run the same fetch again to continue", status=e.status, transient=e.transient,
-                detail=e.detail) from None
+                "run the same fetch again to continue",
+                status=e.status,
+                transient=e.transient,
+                detail=e.detail,
+            ) from None
         meta = res["meta_info"]
         if ids is None:
             ids = meta.get("input_ids")
             if not isinstance(ids, list) or not ids:
-                raise InputError(f"prompt {p['id']!r}: no tokenizer is readable here and the server did not "
-                                 f"report the prompt's token ids; {_no_tokenizer(tok_dir)}")
+                raise InputError(
+                    f"prompt {p['id']!r}: no tokenizer is readable here and the server did not "
+                    f"report the prompt's token ids; {_no_tokenizer(tok_dir)}"
+                )
         fin = meta.get("finish_reason")
         record_engine_stats(store, name, p["id"], meta, len(res["output_ids"]), server)  # before: a rerun redoes both
-        store.add_completion(name, {
-            "id": p["id"], "idx": order[p["id"]], "prompt": p.get("prompt"), "output": res["text"],
-            "prompt_ids": ids, "output_ids": res["output_ids"],
-            "finish_reason": fin.get("type") if isinstance(fin, dict) else fin, "meta_info": meta,
-            "request": res["request"], "model_path": model_path})
+        store.add_completion(
+            name,
+            {
+                "id": p["id"],
+                "idx": order[p["id"]],
+                "prompt": p.get("prompt"),
+                "output": res["text"],
+                "prompt_ids": ids,
+                "output_ids": res["output_ids"],
+                "finish_reason": fin.get("type") if isinstance(fin, dict) else fin,
+                "meta_info": meta,
+                "request": res["request"],
+                "model_path": model_path,
+            },
+        )
         fetched += 1
     _tick(progress, n, n, f"fetched {fetched} completions into set {name!r}")
     return fetched
@@ -293,9 +378,17 @@ def layer_ids_of(drafter: str | None, layers: str | list[int] | None) -> list[in
     raise InputError("give --drafter CKPT (its layer ids are used) or --layers 1,16,31")
 
 
-def extract(store: Store, target: str, set_name: str, layer_ids: list[int], device: str = E.device,
-            dtype: str = E.dtype, extraction_id: str | None = E.extraction_id, progress: Progress = None,
-            runner: Runner | None = None) -> str:
+def extract(
+    store: Store,
+    target: str,
+    set_name: str,
+    layer_ids: list[int],
+    device: str = E.device,
+    dtype: str = E.dtype,
+    extraction_id: str | None = E.extraction_id,
+    progress: Progress = None,
+    runner: Runner | None = None,
+) -> str:
     """Extract features of every completion of `set_name`; resumes `extraction_id` when it exists (its items are
     kept, only the missing prompts are extracted), else creates the extraction under that id (a job records its
     id before starting). The per-prompt work (`work`, kind "extract") runs here, or through `runner` (one worker
@@ -320,8 +413,9 @@ def extract(store: Store, target: str, set_name: str, layer_ids: list[int], devi
         store.set_status("extractions", extraction_id, "running")
     extraction_id = extraction_id or new_id("ex")
     todo = [r["prompt_id"] for r in rows if r["prompt_id"] not in done]
-    args = dict(target=info.path, set_name=set_name, layer_ids=layer_ids, device=device, dtype=dtype,
-                extraction=extraction_id)
+    args = dict(
+        target=info.path, set_name=set_name, layer_ids=layer_ids, device=device, dtype=dtype, extraction=extraction_id
+    )
 
     def shifted(d: int, t: int, msg: str) -> None:  # the work counts this run's prompts; show the set's
         _tick(progress, len(done) + d, len(done) + t, msg)
@@ -331,21 +425,34 @@ def extract(store: Store, target: str, set_name: str, layer_ids: list[int], devi
         for ev in (runner or here(store))("extract", args, todo, shifted):
             if "backend" in ev:  # a worker loaded the target: record the extraction with what it bound
                 if bound is not None and ev["backend"] != bound:
-                    raise InputError(f"the workers bound different kernel backends ({bound} and {ev['backend']} "
-                                     f"on {ev['device']}); extract on devices of one kind")
+                    raise InputError(
+                        f"the workers bound different kernel backends ({bound} and {ev['backend']} "
+                        f"on {ev['device']}); extract on devices of one kind"
+                    )
                 bound = ev["backend"]
                 if not exists:
-                    store.add_extraction(dict(
-                        id=extraction_id, set_name=set_name, target_path=info.path, layer_ids=layer_ids,
-                        hidden_size=info.hidden_size, device=ev["device"], dtype=dtype, backend=bound,
-                        versions=ev["versions"] | {"fla_bound": bound == "fla"}, config_hash=info.config_hash))
+                    store.add_extraction(
+                        dict(
+                            id=extraction_id,
+                            set_name=set_name,
+                            target_path=info.path,
+                            layer_ids=layer_ids,
+                            hidden_size=info.hidden_size,
+                            device=ev["device"],
+                            dtype=dtype,
+                            backend=bound,
+                            versions=ev["versions"] | {"fla_bound": bound == "fla"},
+                            config_hash=info.config_hash,
+                        )
+                    )
                     exists = True
             else:
                 store.add_item(extraction_id, ev["item"], ev["tokens"], ev["file"])
     except BaseException as e:  # every way out leaves the record failed or cancelled, never running
         if exists:
-            store.set_status("extractions", extraction_id,
-                             "cancelled" if isinstance(e, KeyboardInterrupt) else "failed")
+            store.set_status(
+                "extractions", extraction_id, "cancelled" if isinstance(e, KeyboardInterrupt) else "failed"
+            )
         raise
     store.set_status("extractions", extraction_id, "done")
     return extraction_id
@@ -364,15 +471,25 @@ def _extract_work(store: Store, a: dict, ids: list[str], progress: Progress) -> 
     model, backend = target_mod.load(info.path, a["layer_ids"], a["device"], DTYPES[a["dtype"]])
     vers = target_mod.versions()
     yield {"backend": backend, "versions": vers, "device": a["device"]}
-    meta = dict(extraction=a["extraction"], target=info.path, config_hash=info.config_hash, layer_ids=a["layer_ids"],
-                device=a["device"], dtype=a["dtype"], backend=backend, **vers)
+    meta = dict(
+        extraction=a["extraction"],
+        target=info.path,
+        config_hash=info.config_hash,
+        layer_ids=a["layer_ids"],
+        device=a["device"],
+        dtype=a["dtype"],
+        backend=backend,
+        **vers,
+    )
 
     def todo():  # (key, ids) of the prompts, checked one by one as the extraction reaches them
         for i, r in enumerate(rows):
             tokens = torch.tensor(r["prompt_ids"] + r["output_ids"])
             if int(tokens.max()) >= info.vocab_size:
-                raise InputError(f"prompt {r['prompt_id']!r}: token id {int(tokens.max())} is outside the target's "
-                                 f"vocabulary ({info.vocab_size}); wrong target for this completion set?")
+                raise InputError(
+                    f"prompt {r['prompt_id']!r}: token id {int(tokens.max())} is outside the target's "
+                    f"vocabulary ({info.vocab_size}); wrong target for this completion set?"
+                )
             yield (i, r["prompt_id"], len(tokens)), tokens
 
     def write(key, feats):
@@ -407,27 +524,35 @@ def here(store: Store) -> Runner:
 SEQ_BATCH = 64  # sequences read from the cache at a time (`iter_sequences`)
 
 
-def iter_sequences(store: Store, extraction: dict, batch: int = SEQ_BATCH, only: set[str] | None = None,
-                   device: str = "cpu") -> Iterator[list[replay_mod.Sequence]]:
+def iter_sequences(
+    store: Store, extraction: dict, batch: int = SEQ_BATCH, only: set[str] | None = None, device: str = "cpu"
+) -> Iterator[list[replay_mod.Sequence]]:
     """Batches of token ids from the store plus validated features from the cache (no network), in set order
     (`only`: just these prompt ids); each feature file is read once (`cache.read_many`: several at a time, on CUDA
     straight to `device`), its batch yielded once all of it is read."""
     comps = {r["prompt_id"]: r for r in store.completions(extraction["set_name"])}
     width = len(extraction["layer_ids"]) * extraction["hidden_size"]
-    items = sorted((it for it in store.items(extraction["id"]) if only is None or it["prompt_id"] in only),
-                   key=lambda r: comps[r["prompt_id"]]["idx"])
+    items = sorted(
+        (it for it in store.items(extraction["id"]) if only is None or it["prompt_id"] in only),
+        key=lambda r: comps[r["prompt_id"]]["idx"],
+    )
     todo = []  # (completion, its token ids)
     for it in items:  # every token count checked before a file is read
         c = comps[it["prompt_id"]]
         tokens = torch.tensor(c["prompt_ids"] + c["output_ids"])
         if len(tokens) != it["tokens"]:
-            raise StoreError(f"prompt {c['prompt_id']!r}: the completion has {len(tokens)} tokens but extraction "
-                             f"{extraction['id']} has {it['tokens']}; re-extract")
+            raise StoreError(
+                f"prompt {c['prompt_id']!r}: the completion has {len(tokens)} tokens but extraction "
+                f"{extraction['id']} has {it['tokens']}; re-extract"
+            )
         todo.append((c, tokens))
-    feats = cache.read_many(features_root(store), extraction["id"], [(c["prompt_id"], len(t)) for c, t in todo],
-                            width, device)
+    feats = cache.read_many(
+        features_root(store), extraction["id"], [(c["prompt_id"], len(t)) for c, t in todo], width, device
+    )
     for b0 in range(0, len(todo), batch):
-        yield [replay_mod.Sequence(c["prompt_id"], t, len(c["prompt_ids"]), next(feats)) for c, t in todo[b0:b0 + batch]]
+        yield [
+            replay_mod.Sequence(c["prompt_id"], t, len(c["prompt_ids"]), next(feats)) for c, t in todo[b0 : b0 + batch]
+        ]
 
 
 def load_sequences(store: Store, extraction: dict) -> list[replay_mod.Sequence]:
@@ -445,16 +570,27 @@ ANCHORS = ops.ANCHORS  # every completion anchor (curves of accepted(p)) | only 
 
 @dataclass
 class Checkpoint:
-    path: str                      # folder (or training_state.pt) as the user gave it
-    sliding_block: str | None      # the run's choice, None: the config's own
-    draft_config: str | None       # the training's draft config JSON (SpecForge runtime checkpoints)
-    name: str | None = None        # display name (default: the folder name)
+    path: str  # folder (or training_state.pt) as the user gave it
+    sliding_block: str | None  # the run's choice, None: the config's own
+    draft_config: str | None  # the training's draft config JSON (SpecForge runtime checkpoints)
+    name: str | None = None  # display name (default: the folder name)
 
 
-def replay(store: Store, drafter: str, extraction: str = R.extraction, budget: int = R.tree_budget,
-           device: str = R.device, dtype: str = R.dtype, chunk: int = R.chunk, name: str | None = R.name,
-           progress: Progress = None, sliding_block: str | None = R.sliding_block,
-           draft_config: str | None = R.draft_config, anchors: str = R.anchors, runner: Runner | None = None) -> dict:
+def replay(
+    store: Store,
+    drafter: str,
+    extraction: str = R.extraction,
+    budget: int = R.tree_budget,
+    device: str = R.device,
+    dtype: str = R.dtype,
+    chunk: int = R.chunk,
+    name: str | None = R.name,
+    progress: Progress = None,
+    sliding_block: str | None = R.sliding_block,
+    draft_config: str | None = R.draft_config,
+    anchors: str = R.anchors,
+    runner: Runner | None = None,
+) -> dict:
     """Replay a checkpoint over a cached extraction; stores the run; returns {"id", "summary"}.
 
     `drafter` is an HF folder or a SpecForge runtime folder (`draft_config`: the training's draft config JSON
@@ -462,13 +598,32 @@ def replay(store: Store, drafter: str, extraction: str = R.extraction, budget: i
     config's own, causal) is how sliding_attention layers see their block; it is stored with the run.
     `anchors` every (default) or chain (only the anchors the walks visit: faster, no every-anchor metrics).
     A refused checkpoint (other family, unknown tensors, unsafe pickle) raises before anything is stored."""
-    return replay_many(store, [Checkpoint(drafter, sliding_block, draft_config, name)], extraction, budget, device,
-                       dtype, chunk, progress, anchors, runner)[0]
+    return replay_many(
+        store,
+        [Checkpoint(drafter, sliding_block, draft_config, name)],
+        extraction,
+        budget,
+        device,
+        dtype,
+        chunk,
+        progress,
+        anchors,
+        runner,
+    )[0]
 
 
-def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = R.extraction,
-                budget: int = R.tree_budget, device: str = R.device, dtype: str = R.dtype, chunk: int = R.chunk,
-                progress: Progress = None, anchors: str = R.anchors, runner: Runner | None = None) -> list[dict]:
+def replay_many(
+    store: Store,
+    checkpoints: list[Checkpoint],
+    extraction: str = R.extraction,
+    budget: int = R.tree_budget,
+    device: str = R.device,
+    dtype: str = R.dtype,
+    chunk: int = R.chunk,
+    progress: Progress = None,
+    anchors: str = R.anchors,
+    runner: Runner | None = None,
+) -> list[dict]:
     """Replay several checkpoints over ONE read of the extraction's features (`_replay_work`: passes of sequences,
     each replayed by every checkpoint in turn, one drafter loaded at a time). Every checkpoint is validated
     (config, tensors, target) before any replay; each run is stored, with the metrics over all prompts, as soon
@@ -491,8 +646,15 @@ def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = R
         plan.append((ck, loc, cfg, drafter_mod.sliding_semantics(cfg, ck.sliding_block)))
     comps = {c["prompt_id"]: c for c in store.completions(ex["set_name"])}  # read once: every store step needs them
     ids = sorted((it["prompt_id"] for it in store.items(ex["id"])), key=lambda i: comps[i]["idx"])
-    args = dict(checkpoints=[asdict(ck) for ck in checkpoints], extraction=ex["id"], budget=budget, device=device,
-                dtype=dtype, chunk=chunk, anchors=anchors)
+    args = dict(
+        checkpoints=[asdict(ck) for ck in checkpoints],
+        extraction=ex["id"],
+        budget=budget,
+        device=device,
+        dtype=dtype,
+        chunk=chunk,
+        anchors=anchors,
+    )
     got: list[dict] = [{} for _ in plan]
     out: list[dict | None] = [None for _ in plan]
     for ev in (runner or here(store))("replay", args, ids, progress):
@@ -503,16 +665,27 @@ def replay_many(store: Store, checkpoints: list[Checkpoint], extraction: str = R
         got[j][r.id] = r
         if len(got[j]) == len(ids):  # complete: stored now (a worker process replays the next one meanwhile)
             by_id, got[j] = got[j], {}
-            out[j] = store_run(store, ex, checkpoints[j], [by_id[i] for i in ids], budget, device, dtype, anchors,
-                               progress, comps)
+            out[j] = store_run(
+                store, ex, checkpoints[j], [by_id[i] for i in ids], budget, device, dtype, anchors, progress, comps
+            )
     for (ck, loc, cfg, sem), o, by_id in zip(plan, out, got):
         if o is None:
             raise RuntimeError(f"the replay of {loc.path} returned {len(by_id)} of {len(ids)} prompts")
     return out
 
 
-def store_run(store: Store, ex: dict, ck: Checkpoint, res: list[replay_mod.PromptResult], budget: int, device: str,
-              dtype: str, anchors: str, progress: Progress = None, comps: dict[str, dict] | None = None) -> dict:
+def store_run(
+    store: Store,
+    ex: dict,
+    ck: Checkpoint,
+    res: list[replay_mod.PromptResult],
+    budget: int,
+    device: str,
+    dtype: str,
+    anchors: str,
+    progress: Progress = None,
+    comps: dict[str, dict] | None = None,
+) -> dict:
     """The parent's store step of one replayed checkpoint: its summary over all prompts (`res`, in set order), the
     run and its per-prompt rows stored, then every whole-run analysis kept. `comps`: the set's completions by
     prompt id, when the caller has them. Returns {"id", "summary"}."""
@@ -522,24 +695,41 @@ def store_run(store: Store, ex: dict, ck: Checkpoint, res: list[replay_mod.Promp
     semantics = sem if "sliding_attention" in cfg.layer_types else None
     ps = [metrics.Prompt.of(r) for r in res]  # built once: every metric below reads their walks and probabilities
     summary = replay_mod.summarize(ps, cfg.block_size, budget) | {
-        "backend": ex["backend"], "extraction": ex["id"], "sliding_block": semantics, "anchors": anchors,
-        "round_topk": replay_mod.ROUND_TOPK}  # K of run_prompts.round_top_ids/_p, flattened [R][B-1][K]
+        "backend": ex["backend"],
+        "extraction": ex["id"],
+        "sliding_block": semantics,
+        "anchors": anchors,
+        "round_topk": replay_mod.ROUND_TOPK,
+    }  # K of run_prompts.round_top_ids/_p, flattened [R][B-1][K]
     run_id = new_id("run")
     rows = [prompt_row(r, cfg.block_size, budget, p) for r, p in zip(res, ps)]
-    store.add_run(dict(id=run_id, extraction_id=ex["id"], checkpoint=str(loc.path),
-                       name=ck.name or loc.path.name, config=drafter_mod.raw_config(loc), tree_budget=budget,
-                       summary=summary, device=device, dtype=dtype, sliding_block=semantics,
-                       config_file=str(loc.config_file), step=drafter_mod.step_of(loc.path.name)), rows)
+    store.add_run(
+        dict(
+            id=run_id,
+            extraction_id=ex["id"],
+            checkpoint=str(loc.path),
+            name=ck.name or loc.path.name,
+            config=drafter_mod.raw_config(loc),
+            tree_budget=budget,
+            summary=summary,
+            device=device,
+            dtype=dtype,
+            sliding_block=semantics,
+            config_file=str(loc.config_file),
+            step=drafter_mod.step_of(loc.path.name),
+        ),
+        rows,
+    )
     _tick(progress, 0, 0, f"analysing run {run_id} (kept for the pages)")
     stored = [dict(r, prompt_id=r["id"]) for r in rows]  # as run_prompts reads them back
     _keep(store, run_id, ANALYSES, stored, summary, comps, {p.id: p for p in ps})  # computed now, from the rows
-                                                                                  # in hand: no page scans them
+    # in hand: no page scans them
     return {"id": run_id, "summary": summary}
 
 
-PASS_GIB = 32.0    # features held at once by a replay's worker (GiB, 2 bytes a value): a pass, read once
-PASS_FREE = 0.4    # on CUDA also at most this share of the device's free memory (the drafter and the replay's
-                   # work need the rest)
+PASS_GIB = 32.0  # features held at once by a replay's worker (GiB, 2 bytes a value): a pass, read once
+PASS_FREE = 0.4  # on CUDA also at most this share of the device's free memory (the drafter and the replay's
+# work need the rest)
 
 
 def _passes(store: Store, ex: dict, ids: list[str], device: str) -> list[list[str]]:
@@ -562,8 +752,8 @@ def _passes(store: Store, ex: dict, ids: list[str], device: str) -> list[list[st
 
 
 STAGE_BYTES = 2**27  # a pinned staging chunk of `_upload`: at the 27B shapes (2,560 tokens x 25,600 values) the
-                     # size class the feature read's staging buffers round to (`cache.read_many`), so torch's
-                     # caching host allocator hands those back
+# size class the feature read's staging buffers round to (`cache.read_many`), so torch's
+# caching host allocator hands those back
 
 
 def _fetch(ck: Checkpoint, dtype, device: str, side=None):
@@ -593,8 +783,8 @@ def _upload(w: dict, device: str, side) -> dict:
                 n += 1
                 if slot[1] is not None:
                     slot[1].synchronize()  # its previous copy has left the chunk
-                slot[0][:m].copy_(src[o:o + m])
-                to[o:o + m].copy_(slot[0][:m], non_blocking=True)
+                slot[0][:m].copy_(src[o : o + m])
+                to[o : o + m].copy_(slot[0][:m], non_blocking=True)
                 slot[1] = side.record_event()
             out[k] = dst
     side.synchronize()
@@ -642,10 +832,17 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
             part, ck = passes[k], cks[j]
             if j == 0:
                 seqs = []  # the pass before's features go first
-                t0 = time.perf_counter()  # one read per pass, on CUDA straight to the device, shared by every checkpoint
+                t0 = (
+                    time.perf_counter()
+                )  # one read per pass, on CUDA straight to the device, shared by every checkpoint
                 seqs = [s for batch in iter_sequences(store, ex, only=set(part), device=device) for s in batch]
-                _tick(progress, done, total, f"read the features of {len(seqs)} prompts (pass {k + 1}/{len(passes)}) "
-                      f"in {time.perf_counter() - t0:.1f} s")
+                _tick(
+                    progress,
+                    done,
+                    total,
+                    f"read the features of {len(seqs)} prompts (pass {k + 1}/{len(passes)}) "
+                    f"in {time.perf_counter() - t0:.1f} s",
+                )
             _tick(progress, done, total, f"loading drafter {j + 1}/{len(cks)}: {ck.path}")
             t0 = time.perf_counter()
             d, fetch_s = nxt.result()
@@ -656,13 +853,27 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
             t1 = time.perf_counter()
 
             def tick(i: int, m: int, j=j, base=done) -> None:
-                _tick(progress, base + i, total, f"checkpoint {j + 1}/{len(cks)}: replayed {i}/{m} prompts"
-                      + (f" of this pass ({len(part)} of {n})" if len(part) < n else ""))
-            res = (replay_mod.chain(d, head, seqs, budget, progress=tick, arrays=True) if a["anchors"] == "chain"
-                   else replay_mod.run(d, head, seqs, budget, a["chunk"], progress=tick, arrays=True)[0])
+                _tick(
+                    progress,
+                    base + i,
+                    total,
+                    f"checkpoint {j + 1}/{len(cks)}: replayed {i}/{m} prompts"
+                    + (f" of this pass ({len(part)} of {n})" if len(part) < n else ""),
+                )
+
+            res = (
+                replay_mod.chain(d, head, seqs, budget, progress=tick, arrays=True)
+                if a["anchors"] == "chain"
+                else replay_mod.run(d, head, seqs, budget, a["chunk"], progress=tick, arrays=True)[0]
+            )
             del d  # its memory goes to the next checkpoint
-            _tick(progress, done + len(seqs), total, f"checkpoint {j + 1}/{len(cks)}: loaded in {t1 - t0:.1f} s (read "
-                  f"beside in {fetch_s:.1f} s), {len(seqs)} prompts replayed in {time.perf_counter() - t1:.1f} s")
+            _tick(
+                progress,
+                done + len(seqs),
+                total,
+                f"checkpoint {j + 1}/{len(cks)}: loaded in {t1 - t0:.1f} s (read "
+                f"beside in {fetch_s:.1f} s), {len(seqs)} prompts replayed in {time.perf_counter() - t1:.1f} s",
+            )
             for r in res:
                 yield {"checkpoint": j, "result": r}
             done += len(seqs)
@@ -673,9 +884,15 @@ def prompt_row(r: replay_mod.PromptResult, B: int, budget: int, p: metrics.Promp
     Prompt, when the caller has built it)."""
     m = metrics.per_prompt(r if p is None else p, B, budget)
     shallow = {f.name: getattr(r, f.name) for f in fields(r)}  # not asdict: it deep-copies ~10^5 list values
-    return dict(shallow, tau=m["tau_macro"], tree_tau=m["ddtree_tau"], drafts=metrics.flat(r.drafts),
-                draft_logp=metrics.flat(r.draft_logp), round_top_ids=metrics.flat(r.round_top_ids),  # [R*(B-1)*K]
-                round_top_p=metrics.flat(r.round_top_p))
+    return dict(
+        shallow,
+        tau=m["tau_macro"],
+        tree_tau=m["ddtree_tau"],
+        drafts=metrics.flat(r.drafts),
+        draft_logp=metrics.flat(r.draft_logp),
+        round_top_ids=metrics.flat(r.round_top_ids),  # [R*(B-1)*K]
+        round_top_p=metrics.flat(r.round_top_p),
+    )
 
 
 def checkpoints_in(folder: str | Path) -> tuple[list[Path], list[str]]:
@@ -697,16 +914,26 @@ def checkpoints_in(folder: str | Path) -> tuple[list[Path], list[str]]:
                 continue
         found.append(d)
     if not found:
-        raise InputError(f"{folder}: no checkpoint inside (expected epoch_E_step_S/ or {{run_id}}-step{{N}}/ "
-                         "folders)" + (f"; {'; '.join(notes)}" if notes else ""))
+        raise InputError(
+            f"{folder}: no checkpoint inside (expected epoch_E_step_S/ or {{run_id}}-step{{N}}/ "
+            "folders)" + (f"; {'; '.join(notes)}" if notes else "")
+        )
     big = 1 << 62
-    return sorted(found, key=lambda p: (drafter_mod.step_of(p.name) is None,
-                                        drafter_mod.step_of(p.name) or big, str(p))), notes
+    return sorted(
+        found, key=lambda p: (drafter_mod.step_of(p.name) is None, drafter_mod.step_of(p.name) or big, str(p))
+    ), notes
 
 
-def sweep(store: Store, checkpoints: str, extraction: str = S.extraction, progress: Progress = None,
-          sliding_block: str | None = S.sliding_block, draft_config: str | None = S.draft_config,
-          anchors: str = S.anchors, **replay_args) -> list[str]:
+def sweep(
+    store: Store,
+    checkpoints: str,
+    extraction: str = S.extraction,
+    progress: Progress = None,
+    sliding_block: str | None = S.sliding_block,
+    draft_config: str | None = S.draft_config,
+    anchors: str = S.anchors,
+    **replay_args,
+) -> list[str]:
     """Replay every checkpoint found under `checkpoints` on one extraction, in one pass over its features
     (`replay_many`, chain-only anchors by default); returns run ids in step order. A checkpoint already replayed
     on this extraction (with the same sliding semantics) is not replayed again (its latest run id is
@@ -724,33 +951,53 @@ def sweep(store: Store, checkpoints: str, extraction: str = S.extraction, progre
     have = {(r["checkpoint"], r.get("sliding_block")): r["id"] for r in store.runs() if r["extraction_id"] == ex["id"]}
     todo = [ck for ck, sem in plan if (str(ck), sem) not in have]
     _tick(progress, 0, len(cks), f"{len(cks)} checkpoints, {len(cks) - len(todo)} already replayed on {ex['id']}")
-    new = replay_many(store, [Checkpoint(str(ck), sliding_block, draft_config) for ck in todo], ex["id"],
-                      progress=progress, anchors=anchors, **replay_args) if todo else []
+    new = (
+        replay_many(
+            store,
+            [Checkpoint(str(ck), sliding_block, draft_config) for ck in todo],
+            ex["id"],
+            progress=progress,
+            anchors=anchors,
+            **replay_args,
+        )
+        if todo
+        else []
+    )
     fresh = {str(ck): r["id"] for ck, r in zip(todo, new)}
     ids = [have.get((str(ck), sem)) or fresh[str(ck)] for ck, sem in plan]
     _tick(progress, len(cks), len(cks), f"replayed {len(todo)} checkpoints")
     return ids
 
 
-def sliding_check(store: Store, drafter: str, extraction: str = ops.SlidingCheck.extraction,
-                  draft_config: str | None = ops.SlidingCheck.draft_config, progress: Progress = None,
-                  **replay_args) -> dict:
+def sliding_check(
+    store: Store,
+    drafter: str,
+    extraction: str = ops.SlidingCheck.extraction,
+    draft_config: str | None = ops.SlidingCheck.draft_config,
+    progress: Progress = None,
+    **replay_args,
+) -> dict:
     """The train/serve mismatch detector: the checkpoint replayed with its sliding layers causal inside the
     block (SpecForge training, SGLang serving) and bidirectional (z-lab HF reference) on one extraction, runs
     reused where they exist. Returns {"causal": run id, "bidirectional": run id, "tau_macro": {...}, "delta"}."""
     ex = store.extraction(extraction)
     cfg = drafter_mod.read_config(drafter, draft_config)
     if "sliding_attention" not in cfg.layer_types:
-        raise InputError(f"{drafter}: the drafter has no sliding_attention layers, so both semantics give the same "
-                         "drafts; nothing to check")
+        raise InputError(
+            f"{drafter}: the drafter has no sliding_attention layers, so both semantics give the same "
+            "drafts; nothing to check"
+        )
     ck = str(drafter_mod.locate(drafter, draft_config).path)
     have = {r.get("sliding_block"): r for r in store.runs() if r["checkpoint"] == ck and r["extraction_id"] == ex["id"]}
     out: dict = {"checkpoint": ck, "extraction": ex["id"], "tau_macro": {}}
     for i, sem in enumerate(drafter_mod.SLIDING_BLOCKS):
         _tick(progress, i, 2, f"replaying with sliding layers {sem} inside the block")
         run = have.get(sem)
-        rid = run["id"] if run else replay(store, drafter, ex["id"], sliding_block=sem, draft_config=draft_config,
-                                           **replay_args)["id"]
+        rid = (
+            run["id"]
+            if run
+            else replay(store, drafter, ex["id"], sliding_block=sem, draft_config=draft_config, **replay_args)["id"]
+        )
         out[sem] = rid
         out["tau_macro"][sem] = store.run_row(rid)["summary"].get("tau_macro")
     t = out["tau_macro"]
@@ -771,8 +1018,13 @@ def tap_means(seqs: list[replay_mod.Sequence]) -> torch.Tensor:
     return sum(s.features.sum(0, dtype=torch.float64) for s in seqs) / total
 
 
-def attribute(store: Store, run: str = ops.Attribute.run, device: str | None = ops.Attribute.device,
-              dtype: str | None = ops.Attribute.dtype, progress: Progress = None) -> dict:
+def attribute(
+    store: Store,
+    run: str = ops.Attribute.run,
+    device: str | None = ops.Attribute.device,
+    dtype: str | None = ops.Attribute.dtype,
+    progress: Progress = None,
+) -> dict:
     """Target-layer attribution of a run: its drafter (same checkpoint, config file and sliding semantics) is
     replayed on its extraction (chain-only anchors, whose tau equals every-anchor's; DDTree budget 0) once as it
     is and once per target tap with that tap replaced by its mean over the extraction (tap k =
@@ -794,16 +1046,25 @@ def attribute(store: Store, run: str = ops.Attribute.run, device: str | None = o
     _tick(progress, 0, K + 1, f"loading drafter {r['checkpoint']}")
     d = drafter_mod.load(r["checkpoint"], DTYPES[dtype], device, r.get("sliding_block"), r.get("config_file"))
     if d.c.target_layer_ids != layers:
-        raise InputError(f"the checkpoint at {r['checkpoint']} now reads target layers {d.c.target_layer_ids} but "
-                         f"extraction {ex['id']} holds {layers}; the checkpoint changed since run {r['id']}")
+        raise InputError(
+            f"the checkpoint at {r['checkpoint']} now reads target layers {d.c.target_layer_ids} but "
+            f"extraction {ex['id']} holds {layers}; the checkpoint changed since run {r['id']}"
+        )
     head = target_mod.load_head(ex["target_path"], device, DTYPES[dtype])
     seqs = load_sequences(store, ex)
     mean = tap_means(seqs)
     n = len(seqs)
 
     def tau_of(i: int, what: str) -> dict:
-        _, summ = replay_mod.run_chain(d, head, seqs, budget=0, progress=lambda j, m: _tick(
-            progress, i * n + j, (K + 1) * n, f"replay {i + 1}/{K + 1} ({what}): {seqs[j - 1].id}"))
+        _, summ = replay_mod.run_chain(
+            d,
+            head,
+            seqs,
+            budget=0,
+            progress=lambda j, m: _tick(
+                progress, i * n + j, (K + 1) * n, f"replay {i + 1}/{K + 1} ({what}): {seqs[j - 1].id}"
+            ),
+        )
         return summ
 
     base = tau_of(0, "no tap ablated")
@@ -818,8 +1079,16 @@ def attribute(store: Store, run: str = ops.Attribute.run, device: str | None = o
         finally:
             for s, v in zip(seqs, saved):
                 s.features[:, cols] = v
-        rows.append({"tap": k, "layer_id": layer, "tau_macro": summ["tau_macro"], "tau_pooled": summ["tau_pooled"],
-                     "base_tau_macro": base["tau_macro"], "base_tau_pooled": base["tau_pooled"]})
+        rows.append(
+            {
+                "tap": k,
+                "layer_id": layer,
+                "tau_macro": summ["tau_macro"],
+                "tau_pooled": summ["tau_pooled"],
+                "base_tau_macro": base["tau_macro"],
+                "base_tau_pooled": base["tau_pooled"],
+            }
+        )
     store.set_attribution(r["id"], rows)
     _tick(progress, (K + 1) * n, (K + 1) * n, f"attributed {K} taps of run {r['id']}")
     return {"run": r["id"], "base_tau_macro": base["tau_macro"], "base_tau_pooled": base["tau_pooled"], "taps": rows}
@@ -833,19 +1102,69 @@ def perform(store: Store, op: ops.Op, progress: Progress = None, runner: Runner 
     device = op.devices()[0]
     if isinstance(op, ops.Fetch):
         from . import config as config_mod
+
         cfg = config_mod.load(store.workspace)
-        n = fetch(store, op.server or cfg.server_url, op.prompt_set, op.name, op.max_new_tokens, op.chat, op.tokenizer,
-                  op.enable_thinking, progress, op.readiness_timeout or cfg.readiness_timeout)
+        n = fetch(
+            store,
+            op.server or cfg.server_url,
+            op.prompt_set,
+            op.name,
+            op.max_new_tokens,
+            op.chat,
+            op.tokenizer,
+            op.enable_thinking,
+            progress,
+            op.readiness_timeout or cfg.readiness_timeout,
+        )
         return {"set": op.name, "fetched": n}
     if isinstance(op, ops.Extract):
-        return {"extraction": extract(store, op.target, op.completions, layer_ids_of(op.drafter, op.layers), device,
-                                      op.dtype, op.extraction_id, progress, runner)}
+        return {
+            "extraction": extract(
+                store,
+                op.target,
+                op.completions,
+                layer_ids_of(op.drafter, op.layers),
+                device,
+                op.dtype,
+                op.extraction_id,
+                progress,
+                runner,
+            )
+        }
     if isinstance(op, ops.Replay):
-        return {"run": replay(store, op.drafter, op.extraction, op.tree_budget, device, op.dtype, op.chunk, op.name,
-                              progress, op.sliding_block, op.draft_config, op.anchors, runner)["id"]}
+        return {
+            "run": replay(
+                store,
+                op.drafter,
+                op.extraction,
+                op.tree_budget,
+                device,
+                op.dtype,
+                op.chunk,
+                op.name,
+                progress,
+                op.sliding_block,
+                op.draft_config,
+                op.anchors,
+                runner,
+            )["id"]
+        }
     if isinstance(op, ops.Sweep):
-        return {"runs": sweep(store, op.checkpoints, op.extraction, progress, op.sliding_block, op.draft_config,
-                              op.anchors, budget=op.tree_budget, device=device, dtype=op.dtype, runner=runner)}
+        return {
+            "runs": sweep(
+                store,
+                op.checkpoints,
+                op.extraction,
+                progress,
+                op.sliding_block,
+                op.draft_config,
+                op.anchors,
+                budget=op.tree_budget,
+                device=device,
+                dtype=op.dtype,
+                runner=runner,
+            )
+        }
     if isinstance(op, ops.SlidingCheck):
         out = sliding_check(store, op.drafter, op.extraction, op.draft_config, progress, device=device, dtype=op.dtype)
         return {"causal": out["causal"], "bidirectional": out["bidirectional"]}
@@ -873,21 +1192,30 @@ def analysis(store: Store, run_id: str, name: str, rows: list[dict] | None = Non
     return _keep(store, run_id, [name], rows)[name]
 
 
-def _keep(store: Store, run_id: str, names, rows: list[dict] | None = None, summary: dict | None = None,
-          comps: dict[str, dict] | None = None, prompts: dict[str, metrics.Prompt] | None = None) -> dict:
+def _keep(
+    store: Store,
+    run_id: str,
+    names,
+    rows: list[dict] | None = None,
+    summary: dict | None = None,
+    comps: dict[str, dict] | None = None,
+    prompts: dict[str, metrics.Prompt] | None = None,
+) -> dict:
     """The analyses `names` of run `run_id` (`analysis`) computed from one read of the run, its extraction and its
     completions, then kept in the store (one connection); {name: value}. `summary`: the run's summary just computed
     from the same rows (the store step), which the calibration would otherwise compute again; `comps`: the set's
     completions by prompt id, when the caller has them already (a sweep's store steps); `prompts`: the rows'
     `metrics.Prompt`s by prompt id (the store step's, which hold what the summary computed once)."""
     from . import patterns, views
+
     r = store.run_row(run_id)
     B, budget = r["summary"]["block_size"], r["tree_budget"]
     ex = store.extraction(r["extraction_id"])
     rows = sorted(rows, key=lambda p: p["prompt_id"]) if rows is not None else store.run_prompts(run_id)
     if comps is None:
-        comps = ({c["prompt_id"]: c for c in store.completions(ex["set_name"])} if {"lag", "patterns"} & set(names)
-                 else {})
+        comps = (
+            {c["prompt_id"]: c for c in store.completions(ex["set_name"])} if {"lag", "patterns"} & set(names) else {}
+        )
     out = {}
     for name in names:
         if name == "prompts":
@@ -895,15 +1223,31 @@ def _keep(store: Store, run_id: str, names, rows: list[dict] | None = None, summ
         elif name == "calibration":
             val = views.calibration([prompts[p["prompt_id"]] for p in rows] if prompts else rows, B, budget, summary)
         elif name == "lag":
-            val = {p["prompt_id"]: list(metrics.lag_counts(metrics.flat(p.get("drafts")), list(comps[p["prompt_id"]][
-                "prompt_ids"]) + list(comps[p["prompt_id"]]["output_ids"]), p["prompt_len"], B))
-                   for p in rows if p["prompt_id"] in comps}
+            val = {
+                p["prompt_id"]: list(
+                    metrics.lag_counts(
+                        metrics.flat(p.get("drafts")),
+                        list(comps[p["prompt_id"]]["prompt_ids"]) + list(comps[p["prompt_id"]]["output_ids"]),
+                        p["prompt_len"],
+                        B,
+                    )
+                )
+                for p in rows
+                if p["prompt_id"] in comps
+            }
         else:
             order = {pid: c["idx"] for pid, c in comps.items()}
             vocab = views.load_vocab(ex["target_path"])
-            val = {"decoded_tokens": vocab.tok is not None,
-                   **patterns.analyse(sorted(rows, key=lambda p: (order.get(p["prompt_id"], 0), p["prompt_id"])),
-                                      comps, B, vocab.strings, run_id)}
+            val = {
+                "decoded_tokens": vocab.tok is not None,
+                **patterns.analyse(
+                    sorted(rows, key=lambda p: (order.get(p["prompt_id"], 0), p["prompt_id"])),
+                    comps,
+                    B,
+                    vocab.strings,
+                    run_id,
+                ),
+            }
         out[name] = json.loads(json.dumps(val, default=lambda x: x.item()))  # numpy scalars -> numbers, as read back
     with store.session():
         for name, val in out.items():
@@ -915,6 +1259,7 @@ def analyses(store: Store, r: dict) -> dict:
     """What a run's export adds to its numbers: "calibration", "patterns" (`analysis`) and, once attributed,
     "attribution"."""
     from . import views
+
     out = {name: analysis(store, r["id"], name) for name in ("calibration", "patterns")}
     att = store.attributions(r["id"])
     if att:
@@ -926,16 +1271,17 @@ def analyses(store: Store, r: dict) -> dict:
 # engine conformance (issue 11): what a serving engine reported beside what the replay says it must reach
 
 
-def record_engine_stats(store: Store, set_name: str, prompt_id: str, meta: dict, output_tokens: int,
-                        server: str) -> None:
+def record_engine_stats(
+    store: Store, set_name: str, prompt_id: str, meta: dict, output_tokens: int, server: str
+) -> None:
     """At fetch: SGLang's per-request speculative counters (meta_info) as engine "sglang" stats of the prompt; a
     server that decoded plainly reports none and nothing is recorded. (The one way engine stats of SGLang enter
     the store; `conformance` reads engine_stats only.)"""
     from . import conformance as conformance_mod
+
     row = conformance_mod.from_sglang(meta, output_tokens)
     if row is not None:
-        store.add_engine_stats(set_name, conformance_mod.SGLANG, [row | {"id": prompt_id}],
-                               f"meta_info of {server}")
+        store.add_engine_stats(set_name, conformance_mod.SGLANG, [row | {"id": prompt_id}], f"meta_info of {server}")
 
 
 def import_engine_stats(store: Store, file: str | Path, set_name: str, engine: str) -> int:
@@ -943,6 +1289,7 @@ def import_engine_stats(store: Store, file: str | Path, set_name: str, engine: s
     "accept_lengths": [...]}) for completion set `set_name` as engine `engine`; all lines are validated before
     anything is stored. Returns the number of prompts."""
     from . import conformance as conformance_mod
+
     p = Path(file)
     if not p.is_file():
         raise InputError(f"{file}: no such file (a JSONL file of engine stats)")
@@ -951,8 +1298,7 @@ def import_engine_stats(store: Store, file: str | Path, set_name: str, engine: s
     comps = store.completions(set_name)
     if not comps:
         raise StoreError(f"no completion set named {set_name!r}; fetch or import the completions first")
-    rows = conformance_mod.parse_stats(p.read_text(), {c["prompt_id"]: len(c["output_ids"]) for c in comps},
-                                       set_name)
+    rows = conformance_mod.parse_stats(p.read_text(), {c["prompt_id"]: len(c["output_ids"]) for c in comps}, set_name)
     store.add_engine_stats(set_name, engine.strip(), rows, f"import {p.resolve()}")
     return len(rows)
 
@@ -961,26 +1307,32 @@ def engine_of(store: Store, set_name: str, engine: str | None) -> str:
     """The engine to compare: `engine` when it has stats for the set, else the only one (or sglang) there is."""
     have = store.engines(set_name)
     if not have:
-        raise InputError(f"no engine stats for completion set {set_name!r}: fetch it from a server that decodes "
-                         "speculatively (`serve --speculative-draft CKPT`, or SGLang with a DFlash drafter), or "
-                         "`import-engine-stats FILE --completions SET --engine NAME`")
+        raise InputError(
+            f"no engine stats for completion set {set_name!r}: fetch it from a server that decodes "
+            "speculatively (`serve --speculative-draft CKPT`, or SGLang with a DFlash drafter), or "
+            "`import-engine-stats FILE --completions SET --engine NAME`"
+        )
     if engine is None:
         from .conformance import SGLANG
+
         if len(have) > 1 and SGLANG not in have:
-            raise InputError(f"completion set {set_name!r} has stats of engines {', '.join(have)}: choose one "
-                             "with --engine")
+            raise InputError(
+                f"completion set {set_name!r} has stats of engines {', '.join(have)}: choose one with --engine"
+            )
         return SGLANG if SGLANG in have else have[0]
     if engine not in have:
         raise InputError(f"--engine {engine!r}: completion set {set_name!r} has stats of {', '.join(have)} only")
     return engine
 
 
-def conformance(store: Store, run: str = "latest", engine: str | None = None,
-                threshold: float | None = None) -> tuple[dict, list[dict], list[str]]:
+def conformance(
+    store: Store, run: str = "latest", engine: str | None = None, threshold: float | None = None
+) -> tuple[dict, list[dict], list[str]]:
     """Engine tau beside the replay's tau of the same drafter on the same completions, per prompt (store only,
     no network): (the CLI's JSON {"run", "engine", "threshold", "prompts": [{"id", "engine_tau", "replay_tau",
     "flagged"}]}, the full rows of `conformance.compare`, the run's prompt ids without engine stats)."""
     from . import conformance as conformance_mod
+
     thr = conformance_mod.THRESHOLD if threshold is None else threshold
     if not 0 <= thr < 1:
         raise InputError(f"--threshold {thr}: expected a fraction of the replay's tau in [0, 1), e.g. 0.05")
@@ -1004,6 +1356,7 @@ def export(store: Store, run: str = "latest") -> dict:
     (exp(draft_logp), the top-1 probability; null: not recorded) and "round_top_ids"/"round_top_p" [R][B-1][K]
     (K = summary `round_topk`; empty for runs replayed before they were kept)."""
     from . import views
+
     r = store.run_row(run)
     prompts = store.run_prompts(r["id"])
     order = {c["prompt_id"]: c["idx"] for c in store.completions(store.extraction(r["extraction_id"])["set_name"])}
@@ -1013,11 +1366,20 @@ def export(store: Store, run: str = "latest") -> dict:
         "run": {k: (str(v) if k == "created" else v) for k, v in r.items() if k != "summary"},
         "summary": r["summary"],
         "metrics": [{"key": m.key, "label": m.label, "formula": m.formula, "kind": m.kind} for m in metrics.REGISTRY],
-        "prompts": [{"id": p["prompt_id"], "tau": p["tau"], "prompt_len": p["prompt_len"], "rounds": p["rounds"],
-                     "accepted_at": p["accepted_at"], "ddtree_tau": p["tree_tau"], "ddtree_rounds": p["tree_rounds"],
-                     "metrics": metrics.per_prompt(p, B, budget)}
-                    | {k: v for k, v in views.blocks(p, B, r["summary"].get("round_topk")).items() if k != "round_topk"}
-                    for p in prompts],
+        "prompts": [
+            {
+                "id": p["prompt_id"],
+                "tau": p["tau"],
+                "prompt_len": p["prompt_len"],
+                "rounds": p["rounds"],
+                "accepted_at": p["accepted_at"],
+                "ddtree_tau": p["tree_tau"],
+                "ddtree_rounds": p["tree_rounds"],
+                "metrics": metrics.per_prompt(p, B, budget),
+            }
+            | {k: v for k, v in views.blocks(p, B, r["summary"].get("round_topk")).items() if k != "round_topk"}
+            for p in prompts
+        ],
     }
     return out | analyses(store, r)  # calibration, failure patterns, attribution (when present)
 
@@ -1025,11 +1387,34 @@ def export(store: Store, run: str = "latest") -> dict:
 def listing(store: Store, what: str) -> list[dict]:
     """`runs` / `extractions` listings for scripts."""
     if what == "runs":
-        return [{"id": r["id"], "checkpoint": r["checkpoint"], "name": r["name"], "extraction": r["extraction_id"],
-                 "completions": r["set_name"], "backend": r["backend"], "created": str(r["created"]),
-                 "sliding_block": r.get("sliding_block"), "step": r.get("step"),
-                 "summary": {m.key: r["summary"].get(m.key) for m in metrics.HEADLINE}} for r in store.runs()]
-    return [{"id": e["id"], "target": e["target_path"], "completions": e["set_name"], "backend": e["backend"],
-             "device": e["device"], "dtype": e["dtype"], "layer_ids": e["layer_ids"], "status": e["status"],
-             "prompts": e["prompts"], "created": str(e["created"]), "versions": e["versions"]}
-            for e in store.extractions()]
+        return [
+            {
+                "id": r["id"],
+                "checkpoint": r["checkpoint"],
+                "name": r["name"],
+                "extraction": r["extraction_id"],
+                "completions": r["set_name"],
+                "backend": r["backend"],
+                "created": str(r["created"]),
+                "sliding_block": r.get("sliding_block"),
+                "step": r.get("step"),
+                "summary": {m.key: r["summary"].get(m.key) for m in metrics.HEADLINE},
+            }
+            for r in store.runs()
+        ]
+    return [
+        {
+            "id": e["id"],
+            "target": e["target_path"],
+            "completions": e["set_name"],
+            "backend": e["backend"],
+            "device": e["device"],
+            "dtype": e["dtype"],
+            "layer_ids": e["layer_ids"],
+            "status": e["status"],
+            "prompts": e["prompts"],
+            "created": str(e["created"]),
+            "versions": e["versions"],
+        }
+        for e in store.extractions()
+    ]

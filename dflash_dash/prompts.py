@@ -5,6 +5,7 @@ from a built-in set (`SETS`) or a JSONL file with one such object per line; a ba
 `PromptSetError` naming the line and the fix. The built-in prompts were written for this project: each is a
 short task in a comment followed by the start of the Python code, so a small code model completes it.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,7 @@ CODING_10 = {
         "    def __init__(self):\n"
     ),
     "merge_sort": (
-        "# Sort a list with merge sort and return a new list; the sort must be stable.\n"
-        "def merge_sort(items):\n"
+        "# Sort a list with merge sort and return a new list; the sort must be stable.\ndef merge_sort(items):\n"
     ),
     "lru_cache": (
         "# A least-recently-used cache with O(1) get(key) and put(key, value); get returns None\n"
@@ -100,8 +100,9 @@ def load(name_or_path: str) -> list[dict]:
         return [dict(p) for p in SETS[name_or_path]]
     p = Path(name_or_path)
     if not p.is_file():
-        raise PromptSetError(f"prompt set {name_or_path!r}: neither a built-in set ({', '.join(SETS)}) "
-                             "nor an existing JSONL file")
+        raise PromptSetError(
+            f"prompt set {name_or_path!r}: neither a built-in set ({', '.join(SETS)}) nor an existing JSONL file"
+        )
     return parse(p.read_text(), str(p))
 
 
@@ -136,14 +137,17 @@ def parse(text: str, where: str = "prompts") -> list[dict]:
         if isinstance(rec.get("prompt_ids"), list):
             ids = rec["prompt_ids"]
             if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-                raise PromptSetError(f"{where} line {n} (id {pid!r}): 'prompt_ids' must be a non-empty list "
-                                     "of token ids >= 0")
+                raise PromptSetError(
+                    f"{where} line {n} (id {pid!r}): 'prompt_ids' must be a non-empty list of token ids >= 0"
+                )
             out.append({"id": pid, "prompt_ids": ids, "prompt": rec.get("prompt")})
         elif isinstance(rec.get("prompt"), str) and rec["prompt"]:
             out.append({"id": pid, "prompt": rec["prompt"]})
         else:
-            raise PromptSetError(f"{where} line {n} (id {pid!r}): give 'prompt' (a non-empty string) or "
-                                 "'prompt_ids' (a list of token ids)")
+            raise PromptSetError(
+                f"{where} line {n} (id {pid!r}): give 'prompt' (a non-empty string) or "
+                "'prompt_ids' (a list of token ids)"
+            )
     if not out:
         raise PromptSetError(f"{where}: no prompts (expected one JSON object per line)")
     return out

@@ -9,26 +9,28 @@ reproduces a greedy speculative decoder: anchor P first, then anchor += accepted
 also keeps its whole block: the top-K candidates of every slot with their probabilities (`round_top`, K =
 ROUND_TOPK), in both anchor modes, and with a tree budget DDTree's acceptance at its anchor (`tree_at`).
 """
+
 from __future__ import annotations
 
 import heapq
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields, replace
-from typing import Callable
 
 import numpy as np
 import torch
 
-from . import drafter as drafter_mod, metrics
+from . import drafter as drafter_mod
+from . import metrics
 from .drafter import Drafter
 from .target import Head
 
 
 @dataclass
 class Drafts:
-    tokens: torch.Tensor    # [A, B-1] argmax drafts at anchors P..T-1 (A = T-P)
-    top_ids: torch.Tensor   # [A, B-1, k] top-k tokens per slot (k = max(tree budget, ROUND_TOPK): slot 0 is the draft)
+    tokens: torch.Tensor  # [A, B-1] argmax drafts at anchors P..T-1 (A = T-P)
+    top_ids: torch.Tensor  # [A, B-1, k] top-k tokens per slot (k = max(tree budget, ROUND_TOPK): slot 0 is the draft)
     top_logp: torch.Tensor  # [A, B-1, k] their log-probabilities
 
 
@@ -57,22 +59,31 @@ def _top_triton():
     import triton.language as tl
 
     @triton.jit
-    def top_rows(x_ptr, stride, val_ptr, idx_ptr, lse_ptr, V: tl.constexpr, K: tl.constexpr,
-                 KP: tl.constexpr, BLOCK: tl.constexpr):
+    def top_rows(
+        x_ptr,
+        stride,
+        val_ptr,
+        idx_ptr,
+        lse_ptr,
+        V: tl.constexpr,
+        K: tl.constexpr,
+        KP: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         row = tl.program_id(0).to(tl.int64)
         lanes = tl.arange(0, BLOCK)
         slots = tl.arange(0, KP)
-        m = tl.full([BLOCK], -1e30, tl.float32)                  # running max per lane (finite: no inf - inf)
-        s = tl.zeros([BLOCK], tl.float32)                        # running sum of exp(x - m) per lane
-        bv = tl.where(slots < K, float("-inf"), float("inf"))    # best K values so far (pad slots: never out)
-        bi = tl.zeros([KP], tl.int32)                            # their ids
+        m = tl.full([BLOCK], -1e30, tl.float32)  # running max per lane (finite: no inf - inf)
+        s = tl.zeros([BLOCK], tl.float32)  # running sum of exp(x - m) per lane
+        bv = tl.where(slots < K, float("-inf"), float("inf"))  # best K values so far (pad slots: never out)
+        bi = tl.zeros([KP], tl.int32)  # their ids
         for off in range(0, V, BLOCK):
             x = tl.load(x_ptr + row * stride + off + lanes, mask=off + lanes < V, other=float("-inf"))
             x = x.to(tl.float32)
-            e = tl.exp(-tl.abs(x - m))                           # one exp per element (x = -inf: 0)
-            s = tl.where(x > m, s * e + 1.0, s + e)              # the lane's sum, rescaled to its new max
+            e = tl.exp(-tl.abs(x - m))  # one exp per element (x = -inf: 0)
+            s = tl.where(x > m, s * e + 1.0, s + e)  # the lane's sum, rescaled to its new max
             m = tl.maximum(m, x)
-            while tl.max(x, 0) > tl.min(bv, 0):                  # the tile's best beats the K-th best
+            while tl.max(x, 0) > tl.min(bv, 0):  # the tile's best beats the K-th best
                 i = tl.argmax(x, 0, tie_break_left=True)
                 out = tl.argmax(tl.where(bv == tl.min(bv, 0), bi, -1), 0)  # K-th best (of equals, last id)
                 bv = tl.where(slots == out, tl.max(x, 0), bv)
@@ -81,7 +92,7 @@ def _top_triton():
         mx = tl.max(m, 0)
         tl.store(lse_ptr + row, mx + tl.log(tl.sum(s * tl.exp(m - mx), 0)))
         live = slots < K
-        for j in tl.static_range(K):                             # sorted: value down, then id up
+        for j in tl.static_range(K):  # sorted: value down, then id up
             v = tl.max(tl.where(live, bv, float("-inf")), 0)
             i = tl.min(tl.where(live & (bv == v), bi, 2147483647), 0)
             tl.store(val_ptr + row * K + j, v)
@@ -93,9 +104,20 @@ def _top_triton():
         vals = torch.empty(R, k, dtype=torch.float32, device=x.device)
         ids = torch.empty(R, k, dtype=torch.long, device=x.device)
         lse = torch.empty(R, dtype=torch.float32, device=x.device)
-        top_rows[(R,)](x, x.stride(0), vals, ids, lse, V=V, K=k, KP=max(2, triton.next_power_of_2(k)),
-                       BLOCK=TOP_BLOCK, num_warps=TOP_WARPS)
+        top_rows[(R,)](
+            x,
+            x.stride(0),
+            vals,
+            ids,
+            lse,
+            V=V,
+            K=k,
+            KP=max(2, triton.next_power_of_2(k)),
+            BLOCK=TOP_BLOCK,
+            num_warps=TOP_WARPS,
+        )
         return vals, ids, lse
+
     return top
 
 
@@ -136,7 +158,7 @@ def _head(drafter: Drafter, head: Head, h: torch.Tensor, topk: int, slots: tuple
     N, B1 = h.shape[0], hi - lo
     x = h[:, lo:hi].reshape(N * B1, -1)
     w = head.lm_head.to(h.device, h.dtype)
-    parts = [top_logp(x[r:r + HEAD_ROWS] @ w.T, topk) for r in range(0, x.shape[0], HEAD_ROWS)]
+    parts = [top_logp(x[r : r + HEAD_ROWS] @ w.T, topk) for r in range(0, x.shape[0], HEAD_ROWS)]
     drafts, ids, logp = (torch.cat([p[i] for p in parts]) for i in range(3))
     return drafts.view(N, B1), ids.view(N, B1, topk), logp.view(N, B1, topk)
 
@@ -148,7 +170,7 @@ def _stack(parts) -> Drafts:
 
 GROUP = 16  # every-anchor: consecutive blocks whose queries share one attention call's keys (`Drafter.blocks`)
 REPLICA_BYTES = 4 << 30  # every-anchor: bound on the context K/V copies of one sequence (`_replicas`); a long
-                         # sequence gets fewer groups per call (2,560 tokens at 27B shapes: 16 groups, 0.9 GiB)
+# sequence gets fewer groups per call (2,560 tokens at 27B shapes: 16 groups, 0.9 GiB)
 
 
 def _tail_keys(spare: int, T: int) -> int:
@@ -162,8 +184,10 @@ def _tail_kv(drafter: Drafter, S: int, spare: int, T: int) -> list:
     `Drafter.blocks(tail=True)` takes, the context to be written from slot `spare` on."""
     c = drafter.c
     shape = (S, c.num_key_value_heads, _tail_keys(spare, T), c.head_dim)
-    return [tuple(torch.zeros(shape, dtype=drafter.dtype, device=drafter.device) for _ in range(2))
-            for _ in range(c.num_hidden_layers)]
+    return [
+        tuple(torch.zeros(shape, dtype=drafter.dtype, device=drafter.device) for _ in range(2))
+        for _ in range(c.num_hidden_layers)
+    ]
 
 
 def _replicas(drafter: Drafter, kv: list, S: int, spare: int) -> list:
@@ -173,13 +197,14 @@ def _replicas(drafter: Drafter, kv: list, S: int, spare: int) -> list:
     T = kv[0][0].shape[1]
     out = _tail_kv(drafter, S, spare, T)
     for (K, V), (k, v) in zip(out, kv):
-        K[:, :, spare:spare + T] = k
-        V[:, :, spare:spare + T] = v
+        K[:, :, spare : spare + T] = k
+        V[:, :, spare : spare + T] = v
     return out
 
 
-def _draft(drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.Tensor, prompt_len: int,
-           topk: int, chunk: int) -> list:
+def _draft(
+    drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.Tensor, prompt_len: int, topk: int, chunk: int
+) -> list:
     """Queue the every-anchor drafts of one sequence on the device; per-chunk results stay there.
 
     Each call drafts `chunk` blocks as S groups of G consecutive anchors over the context replicated S times
@@ -195,7 +220,7 @@ def _draft(drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.T
     parts = []
     for s in range(prompt_len, T, chunk):
         e = min(s + chunk, T)
-        n, s_ = e - s, -(-(e - s) // G)                            # blocks, groups used
+        n, s_ = e - s, -(-(e - s) // G)  # blocks, groups used
         anchors = torch.arange(s, s + s_ * G, device=dev).clamp(max=e - 1)  # [s_*G], the last one repeated
         emb = _embed_blocks(drafter, head, tokens, anchors)
         part = kv if s_ == S else [(k[:s_], v[:s_]) for k, v in kv]
@@ -212,15 +237,23 @@ def _upload(drafter: Drafter, features: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def draft_all(drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.Tensor, prompt_len: int,
-              topk: int = 0, chunk: int = 64) -> Drafts:
+def draft_all(
+    drafter: Drafter,
+    head: Head,
+    features: torch.Tensor,
+    tokens: torch.Tensor,
+    prompt_len: int,
+    topk: int = 0,
+    chunk: int = 64,
+) -> Drafts:
     """Every-anchor drafts of one sequence: context K/V once, then `chunk` blocks per batched call."""
     return _stack(_draft(drafter, head, features, tokens, prompt_len, topk, chunk))
 
 
 @torch.inference_mode()
-def draft_loop(drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.Tensor, prompt_len: int,
-               topk: int = 0) -> Drafts:
+def draft_loop(
+    drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.Tensor, prompt_len: int, topk: int = 0
+) -> Drafts:
     """Reference: one block per forward call, context recomputed each time. Same output as draft_all."""
     parts = []
     for p in range(prompt_len, len(tokens)):
@@ -239,7 +272,7 @@ def draft_one(drafter: Drafter, head: Head, features: torch.Tensor, anchor: int,
     kv = drafter.context_kv(features.to(dev))
     ids = torch.full((1, drafter.c.block_size), drafter.c.mask_token_id, dtype=torch.long, device=head.embed.device)
     ids[0, 0] = int(anchor_token)
-    emb = head.embed[ids].to(dev, drafter.dtype)                                   # [1, B, H]
+    emb = head.embed[ids].to(dev, drafter.dtype)  # [1, B, H]
     h = drafter.blocks(kv, torch.tensor([anchor], device=dev), emb, max_anchor=anchor)
     return _head(drafter, head, h, 1)[0][0].tolist()
 
@@ -252,9 +285,9 @@ def accepted(drafts: np.ndarray, tokens: np.ndarray, prompt_len: int) -> np.ndar
     """accepted(p) for p = P..T-1: leading drafts equal to tokens[p+1..], inside the completion only."""
     T = len(tokens)
     A, D = drafts.shape
-    at = prompt_len + 1 + np.arange(A)[:, None] + np.arange(D)      # [A, D] position each draft guesses
+    at = prompt_len + 1 + np.arange(A)[:, None] + np.arange(D)  # [A, D] position each draft guesses
     ok = (at < T) & (drafts == np.asarray(tokens)[np.minimum(at, T - 1)])
-    return np.cumprod(ok, axis=1).sum(axis=1).astype(np.int64)    # leading matches
+    return np.cumprod(ok, axis=1).sum(axis=1).astype(np.int64)  # leading matches
 
 
 def walk(acc: np.ndarray, prompt_len: int, T: int) -> list[tuple[int, int, int]]:
@@ -280,8 +313,8 @@ def tree_accept(top_ids: np.ndarray, top_logp: np.ndarray, target: np.ndarray, b
     if budget <= 0 or D == 0 or k == 0:
         return 0
     ids, lp = top_ids[:D, :k].tolist(), top_logp[:D, :k].tolist()  # Python lists: no numpy scalar per read
-    paths: set[tuple[int, ...]] = set()      # token paths in the tree
-    heap = [(-lp[0][0], (0,))]                # (-score, ranks)
+    paths: set[tuple[int, ...]] = set()  # token paths in the tree
+    heap = [(-lp[0][0], (0,))]  # (-score, ranks)
     while heap and len(paths) < budget:
         neg, ranks = heapq.heappop(heap)
         d, r = len(ranks), ranks[-1]
@@ -321,15 +354,17 @@ def tree_accepted(d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int) -
 @dataclass
 class PromptResult:
     id: str
-    prompt_len: int                 # P
-    accepted_at: list[int]          # accepted(p), p = P..T-1
-    drafts: list[list[int]]         # argmax drafts at each anchor [A][B-1]
-    rounds: list[int]               # committed per round of the chain walk
-    round_anchors: list[int]        # anchor of each round
-    tree_at: list[int] = field(default_factory=list)      # DDTree accepted(p)
+    prompt_len: int  # P
+    accepted_at: list[int]  # accepted(p), p = P..T-1
+    drafts: list[list[int]]  # argmax drafts at each anchor [A][B-1]
+    rounds: list[int]  # committed per round of the chain walk
+    round_anchors: list[int]  # anchor of each round
+    tree_at: list[int] = field(default_factory=list)  # DDTree accepted(p)
     tree_rounds: list[int] = field(default_factory=list)  # committed per round of the DDTree walk
     draft_logp: list[list[float]] = field(default_factory=list)  # [A][B-1] log-prob of each argmax draft
-    round_top_ids: list[list[list[int]]] = field(default_factory=list)  # [R][B-1][K] top-K drafts at each round's anchor
+    round_top_ids: list[list[list[int]]] = field(
+        default_factory=list
+    )  # [R][B-1][K] top-K drafts at each round's anchor
     round_top_p: list[list[list[float]]] = field(default_factory=list)  # [R][B-1][K] their probabilities
 
 
@@ -373,13 +408,20 @@ def summarize(results: list[PromptResult], B: int, budget: int) -> dict:
 @dataclass
 class Sequence:
     id: str
-    tokens: torch.Tensor    # [T] prompt + completion ids
-    prompt_len: int         # P
+    tokens: torch.Tensor  # [T] prompt + completion ids
+    prompt_len: int  # P
     features: torch.Tensor  # [T, K*H]
 
 
-def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chunk: int = 64,
-        progress: Callable[[int, int], None] | None = None, arrays: bool = False) -> tuple[list[PromptResult], dict]:
+def run(
+    drafter: Drafter,
+    head: Head,
+    seqs: list[Sequence],
+    budget: int = 8,
+    chunk: int = 64,
+    progress: Callable[[int, int], None] | None = None,
+    arrays: bool = False,
+) -> tuple[list[PromptResult], dict]:
     """Replay every sequence (every-anchor, batched) and summarise (`arrays`: results as `score(arrays=True)` and
     no summary, None: a worker's share, summarised by the parent).
 
@@ -412,23 +454,36 @@ def run(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, chu
 
 
 CHAIN_BATCH = 256  # sequences advancing in lockstep: one block each per step (~4,000 query rows per matmul)
-CTX_SEQS = 16      # sequences whose context K/V are computed at once (bounds the fp32 temporaries)
-CHAIN_HALVES = 2   # with a tree budget: stacks whose steps alternate (host scoring overlaps the device)
-DROP_AT = 0.875    # drop finished sequences from the stack once the live ones are this share or fewer
+CTX_SEQS = 16  # sequences whose context K/V are computed at once (bounds the fp32 temporaries)
+CHAIN_HALVES = 2  # with a tree budget: stacks whose steps alternate (host scoring overlaps the device)
+DROP_AT = 0.875  # drop finished sequences from the stack once the live ones are this share or fewer
 HEAD_STAGES = (4, 8)  # DDTree off: drafted slots split here; a later stage's LM head only for the rows whose
-                      # drafts were all accepted so far (the walk reads no slot after the first rejected one)
+# drafts were all accepted so far (the walk reads no slot after the first rejected one)
 
 
-def run_chain(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, batch: int = CHAIN_BATCH,
-              progress: Callable[[int, int], None] | None = None) -> tuple[list[PromptResult], dict]:
+def run_chain(
+    drafter: Drafter,
+    head: Head,
+    seqs: list[Sequence],
+    budget: int = 8,
+    batch: int = CHAIN_BATCH,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[PromptResult], dict]:
     """`chain` and the run's metrics (`summarize`)."""
     results = chain(drafter, head, seqs, budget, batch, progress)
     return results, summarize(results, drafter.c.block_size, budget)
 
 
 @torch.inference_mode()
-def chain(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, batch: int = CHAIN_BATCH,
-          progress: Callable[[int, int], None] | None = None, arrays: bool = False) -> list[PromptResult]:
+def chain(
+    drafter: Drafter,
+    head: Head,
+    seqs: list[Sequence],
+    budget: int = 8,
+    batch: int = CHAIN_BATCH,
+    progress: Callable[[int, int], None] | None = None,
+    arrays: bool = False,
+) -> list[PromptResult]:
     """Replay computing only the anchors the chain walk (and the DDTree walk, with `budget`) visits.
 
     The sequences of a batch advance in lockstep over their stacked context K/V: each step drafts ONE block per
@@ -443,7 +498,7 @@ def chain(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, b
     fields are numpy arrays (no Python lists built: a worker packs them as they are; `listed` converts)."""
     results: list[PromptResult] = []
     for b0 in range(0, len(seqs), batch):
-        results += _chain_batch(drafter, head, seqs[b0:b0 + batch], budget, arrays)
+        results += _chain_batch(drafter, head, seqs[b0 : b0 + batch], budget, arrays)
         if progress:
             progress(min(b0 + batch, len(seqs)), len(seqs))
     return results
@@ -452,17 +507,24 @@ def chain(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int = 8, b
 def listed(r: PromptResult, keep_2d: bool = False) -> PromptResult:
     """`r` with its numpy fields (`chain(arrays=True)`) as lists; `keep_2d`: only the 1-D ones (the store step
     reads the drafts, log-probabilities and round blocks as arrays too, and their lists are its largest cost)."""
-    return replace(r, **{f.name: v.tolist() for f in fields(r) if isinstance(v := getattr(r, f.name), np.ndarray)
-                         and (v.ndim == 1 or not keep_2d)})
+    return replace(
+        r,
+        **{
+            f.name: v.tolist()
+            for f in fields(r)
+            if isinstance(v := getattr(r, f.name), np.ndarray) and (v.ndim == 1 or not keep_2d)
+        },
+    )
 
 
 def _stack_features(drafter: Drafter, seqs: list[Sequence]) -> torch.Tensor:
     """Features of `seqs` padded with zeros to one length and stacked on the drafter's device: [S, T, K*H]."""
     T = max(len(s.tokens) for s in seqs)
-    out = torch.zeros(len(seqs), T, seqs[0].features.shape[1], dtype=seqs[0].features.dtype,
-                      device=seqs[0].features.device)
+    out = torch.zeros(
+        len(seqs), T, seqs[0].features.shape[1], dtype=seqs[0].features.dtype, device=seqs[0].features.device
+    )
     for j, s in enumerate(seqs):
-        out[j, :len(s.tokens)] = s.features
+        out[j, : len(s.tokens)] = s.features
     return _upload(drafter, out)
 
 
@@ -479,21 +541,23 @@ class _Lockstep:
         self.T = torch.tensor([len(s.tokens) for s in seqs], device=dev)
         tok = torch.zeros(S, self.T_pad, dtype=torch.long)
         for j, s in enumerate(seqs):
-            tok[j, :len(s.tokens)] = s.tokens
+            tok[j, : len(s.tokens)] = s.tokens
         self.tok = tok.to(dev)
         self.A = A = max([len(s.tokens) - s.prompt_len for s in seqs] + [1])
         B = c.block_size
-        self.kv = _tail_kv(drafter, S, B, self.T_pad)     # a block's slots, then context slots >= T_pad
+        self.kv = _tail_kv(drafter, S, B, self.T_pad)  # a block's slots, then context slots >= T_pad
         for s0 in range(0, S, CTX_SEQS):  # context K/V a few sequences at a time, into the stack
-            for (K, V), (k_, v_) in zip(self.kv, drafter.context_kv(_stack_features(drafter, seqs[s0:s0 + CTX_SEQS]))):
-                K[s0:s0 + len(k_), :, B:B + k_.shape[-2]] = k_
-                V[s0:s0 + len(v_), :, B:B + v_.shape[-2]] = v_
+            for (K, V), (k_, v_) in zip(
+                self.kv, drafter.context_kv(_stack_features(drafter, seqs[s0 : s0 + CTX_SEQS]))
+            ):
+                K[s0 : s0 + len(k_), :, B : B + k_.shape[-2]] = k_
+                V[s0 : s0 + len(v_), :, B : B + v_.shape[-2]] = v_
         kk = min(ROUND_TOPK, k)
         self.acc = torch.full((S, A + 1), -1, dtype=torch.long, device=dev)
         self.drafts = torch.full((S, A + 1, self.D), -1, dtype=torch.long, device=dev)
         self.top_ids = torch.full((S, A + 1, self.D, kk), -1, dtype=torch.long, device=dev)
         self.top_lp = torch.full((S, A + 1, self.D, kk), float("nan"), dtype=torch.float32, device=dev)
-        self.rows = torch.arange(S, device=dev)          # the sequence of each stacked row
+        self.rows = torch.arange(S, device=dev)  # the sequence of each stacked row
         self.slot = torch.arange(self.D, device=dev)
 
     def keep(self, idx: torch.Tensor) -> None:
@@ -521,16 +585,16 @@ class _Lockstep:
         ids = torch.full((len(seq), c.block_size), c.mask_token_id, dtype=torch.long, device=seq.device)
         ids[:, 0] = self.tok[seq, anchors]
         emb = self.head.embed[ids.to(self.head.embed.device)].to(d.device, d.dtype)
-        h = d.blocks(self.kv, anchors, emb, max_anchor=top, tail=True)    # [R, B, H]
+        h = d.blocks(self.kv, anchors, emb, max_anchor=top, tail=True)  # [R, B, H]
         nxt = self.tok[seq[:, None], (anchors[:, None] + 1 + self.slot).clamp(max=self.T_pad - 1)]
         inside = (self.slot < (self.T[seq] - 1 - anchors)[:, None]) & record[:, None]  # in the completion (and
-                                                                           # recorded: a spare block accepts none)
+        # recorded: a spare block accepts none)
         if self.staged:
             d_tok, t_ids, t_lp, acc = self._staged(h, nxt, inside)
         else:
             d_tok, t_ids, t_lp = _head(d, self.head, h, self.k)
             nxt = self.follow(nxt, d_tok, inside, self.D)
-            acc = ((d_tok == nxt) & inside).long().cumprod(1).sum(1)      # accepted(p), as `accepted`
+            acc = ((d_tok == nxt) & inside).long().cumprod(1).sum(1)  # accepted(p), as `accepted`
         col = torch.where(record, anchors - self.P[seq], self.A)
         kk = self.top_ids.shape[-1]
         self.acc[seq, col] = acc
@@ -594,11 +658,11 @@ def _walk_device(st: _Lockstep) -> None:
     going (to stop and to drop finished sequences) and their furthest anchor (a step advances an anchor by at
     most B, so the host bounds the next step's anchors and the attention reads no key past them); the staged LM
     head (`_Lockstep._staged`) reads its row counts mid-step."""
-    pos, last = st.P.clone(), st.T - 1                   # chain anchor and last position, per stacked row
+    pos, last = st.P.clone(), st.T - 1  # chain anchor and last position, per stacked row
     if not bool((pos < last).any()):
         return
     B, p_max = st.d.c.block_size, int(st.P.max())
-    pending, hi = None, p_max                            # hi: furthest live anchor known (a step behind)
+    pending, hi = None, p_max  # hi: furthest live anchor known (a step behind)
     while True:
         live = pos < last
         # finished rows draft a spare block at their prompt's end (never recorded, never past `top`)
@@ -607,12 +671,12 @@ def _walk_device(st: _Lockstep) -> None:
         going = pos < last
         count = _Count(torch.stack([going.sum(), torch.where(going, pos, 0).max()]))
         if pending is not None:
-            n, hi = pending.get()                          # the step before this one: this one stays queued
+            n, hi = pending.get()  # the step before this one: this one stays queued
             if n == 0:
                 return
             if n <= DROP_AT * len(pos):
                 idx = (pos < last).nonzero().squeeze(1)
-                if not len(idx):                           # every walk ended in the step just queued
+                if not len(idx):  # every walk ended in the step just queued
                     return
                 if (idx := st.shrink(idx)) is not None:
                     pos, last = pos[idx], last[idx]
@@ -630,17 +694,19 @@ class _HostWalk:
         self.toks = [s.tokens.numpy() for s in seqs]
         self.acc = [np.full(len(t) - s.prompt_len, -1, dtype=np.int64) for t, s in zip(self.toks, seqs)]
         self.tacc = [np.full(len(t) - s.prompt_len, -1, dtype=np.int64) for t, s in zip(self.toks, seqs)]
-        self.tops: list[dict] = [{} for _ in seqs]      # computed anchor -> top ids, log-probs [Dt, k]
+        self.tops: list[dict] = [{} for _ in seqs]  # computed anchor -> top ids, log-probs [Dt, k]
         self.chain = [s.prompt_len for s in seqs]
         self.tree = [s.prompt_len for s in seqs]
         self.tree_rounds: list[list[int]] = [[] for _ in seqs]
-        self.rows = list(range(len(seqs)))              # sequences in the stack, in kv order
+        self.rows = list(range(len(seqs)))  # sequences in the stack, in kv order
         self.pending = None
 
     def _tree_at(self, j: int, a: int) -> int:
         if self.tacc[j][a] < 0:
             p, T = a + self.seqs[j].prompt_len, len(self.toks[j])
-            self.tacc[j][a] = tree_accept(*self.tops[j][a], self.toks[j][p + 1:min(T, p + self.st.D + 1)], self.budget)
+            self.tacc[j][a] = tree_accept(
+                *self.tops[j][a], self.toks[j][p + 1 : min(T, p + self.st.D + 1)], self.budget
+            )
         return int(self.tacc[j][a])
 
     def _next(self, j: int) -> int | None:
@@ -649,7 +715,7 @@ class _HostWalk:
         while True:
             c, t = self.chain[j], self.tree[j]
             if c < T - 1 and acc[c - P] >= 0:
-                self._tree_at(j, c - P)                  # DDTree acceptance at every chain round too
+                self._tree_at(j, c - P)  # DDTree acceptance at every chain round too
                 self.chain[j] += min(int(acc[c - P]) + 1, T - 1 - c)
             elif t < T - 1 and t - P in self.tops[j]:
                 n = min(self._tree_at(j, t - P) + 1, T - 1 - t)
@@ -667,15 +733,15 @@ class _HostWalk:
         live = [j for j in self.rows if want[j] is not None]
         if not live:
             return False
-        if len(live) <= DROP_AT * len(self.rows):       # drop finished sequences from the stack
+        if len(live) <= DROP_AT * len(self.rows):  # drop finished sequences from the stack
             if (idx := st.shrink(torch.tensor([self.rows.index(j) for j in live]))) is not None:
                 self.rows = [self.rows[i] for i in idx.tolist()]
         at = [self.seqs[j].prompt_len if want[j] is None else want[j] for j in self.rows]  # finished: a spare block
         record = torch.tensor([want[j] is not None for j in self.rows], device=dev)
         acc, ids, lp = st.step(torch.tensor(at, device=dev), record, max(at))
-        out = [acc, ids[:, :self.Dt], lp[:, :self.Dt]]
+        out = [acc, ids[:, : self.Dt], lp[:, : self.Dt]]
         ev = None
-        if dev.type == "cuda":                          # to pinned memory without waiting
+        if dev.type == "cuda":  # to pinned memory without waiting
             out = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True) for t in out]
             ev = torch.cuda.Event()
             ev.record()
@@ -712,8 +778,8 @@ def _computed(st: _Lockstep):
     gathered on the device so that the copy is that much smaller): (acceptance [S, A], start [S+1] (sequence j's
     computed anchors are rows start[j]:start[j+1], in anchor order), their columns [N], drafts [N, D], top ids
     and top log-probs [N, D, k])."""
-    acc = st.acc[:, :st.A]
-    at = (acc >= 0).nonzero()                                             # [N, 2] (sequence, column), row-major
+    acc = st.acc[:, : st.A]
+    at = (acc >= 0).nonzero()  # [N, 2] (sequence, column), row-major
     seq, col = at[:, 0], at[:, 1]
     drafts, ids, lp = (t[seq, col].cpu().numpy() for t in (st.drafts, st.top_ids, st.top_lp))
     start = np.zeros(len(acc) + 1, dtype=np.int64)
@@ -732,7 +798,7 @@ def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int
     k = max(budget, ROUND_TOPK)
     # with a tree budget, CHAIN_HALVES stacks alternate (host scoring of one overlaps the other's step)
     n = max(1, min(CHAIN_HALVES if budget else 1, len(seqs)))
-    parts = [seqs[i * len(seqs) // n:(i + 1) * len(seqs) // n] for i in range(n)]
+    parts = [seqs[i * len(seqs) // n : (i + 1) * len(seqs) // n] for i in range(n)]
     sts = [_Lockstep(drafter, head, p, k, staged=not budget) for p in parts]
     walks = _walk_host(sts, parts, budget) if budget else None
     if not budget:
@@ -742,11 +808,17 @@ def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int
         acc, start, cols, drafts, ids, lp = _computed(st)
         for j, s in enumerate(part):
             T, P = len(s.tokens), s.prompt_len
-            rows = slice(start[j], start[j + 1])   # this sequence's computed anchors, in order
-            rounds = walk(acc[j, :T - P], P, T)
-            r = PromptResult(s.id, P, acc[j, :T - P], _spread(drafts[rows], cols[rows], T - P, -1),
-                             [c for _, _, c in rounds], [p for p, _, _ in rounds],
-                             draft_logp=_spread(lp[rows, :, 0], cols[rows], T - P, np.nan))
+            rows = slice(start[j], start[j + 1])  # this sequence's computed anchors, in order
+            rounds = walk(acc[j, : T - P], P, T)
+            r = PromptResult(
+                s.id,
+                P,
+                acc[j, : T - P],
+                _spread(drafts[rows], cols[rows], T - P, -1),
+                [c for _, _, c in rounds],
+                [p for p, _, _ in rounds],
+                draft_logp=_spread(lp[rows, :, 0], cols[rows], T - P, np.nan),
+            )
             if rounds:
                 at = start[j] + np.searchsorted(cols[rows], np.asarray(r.round_anchors, dtype=np.int64) - P)
                 r.round_top_ids, r.round_top_p = round_top(ids[at], lp[at])

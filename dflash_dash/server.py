@@ -42,6 +42,7 @@ step, value = steps); the first completion token comes from the prefill and no v
 reports speculative_algorithm "DFLASH", speculative_draft_model_path and speculative_num_draft_tokens (B).
 --speculative-bug NAME (a test aid, never for real use) serves a deliberately broken decoder (`specdec.BUGS`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,17 @@ from .target import force_torch_kernels
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 SAMPLING_KEYS = {
-    "temperature", "max_new_tokens", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
-    "no_stop_trim", "top_p", "top_k", "min_p", "n",
+    "temperature",
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "no_stop_trim",
+    "top_p",
+    "top_k",
+    "min_p",
+    "n",
 }
 GENERATE_KEYS = {"text", "input_ids", "sampling_params", "rid", "stream", "return_logprob"}
 
@@ -96,18 +106,18 @@ def torch_kernels() -> str:
 
 @dataclass
 class Engine:
-    model_dir: Path                    # absolute path of the model folder
-    device: str                        # "cpu" or "cuda"
-    model: Any = None                  # the loaded AutoModelForCausalLM, None while released
-    tokenizer: Any = None              # the folder's tokenizer, None when the folder has none
+    model_dir: Path  # absolute path of the model folder
+    device: str  # "cpu" or "cuda"
+    model: Any = None  # the loaded AutoModelForCausalLM, None while released
+    tokenizer: Any = None  # the folder's tokenizer, None when the folder has none
     eos_ids: set[int] = field(default_factory=set)  # the config's (and generation config's) eos ids
-    vocab_size: int = 0                # rows of the LM head; input ids must be below it
+    vocab_size: int = 0  # rows of the LM head; input ids must be below it
     lock: threading.Lock = field(default_factory=threading.Lock)  # one generation / release at a time
-    ready_at: float = float("inf")     # monotonic time after which /health answers 200
-    backend: str = "default"           # linear-attention kernel backend bound ("torch" forced on CPU)
-    health_delay: float = 0.0          # seconds a ready /health takes (a real one generates a token)
-    running: int = 0                   # generations decoding now (holding `lock`)
-    waiting: int = 0                   # generations queued for `lock`
+    ready_at: float = float("inf")  # monotonic time after which /health answers 200
+    backend: str = "default"  # linear-attention kernel backend bound ("torch" forced on CPU)
+    health_delay: float = 0.0  # seconds a ready /health takes (a real one generates a token)
+    running: int = 0  # generations decoding now (holding `lock`)
+    waiting: int = 0  # generations queued for `lock`
     count_lock: threading.Lock = field(default_factory=threading.Lock)  # guards running / waiting
     spec: specdec.Speculator | None = None  # the DFlash speculative decoder (--speculative-draft), None: plain greedy
 
@@ -162,8 +172,10 @@ class Engine:
     def _not_idle(self) -> str:
         with self.count_lock:
             running, waiting = self.running, self.waiting
-        return (f"release_memory_occupation needs an idle server: {running} request(s) running, {waiting} "
-                "waiting; SGLang asserts its scheduler is idle, so wait until GET /v1/loads reports none")
+        return (
+            f"release_memory_occupation needs an idle server: {running} request(s) running, {waiting} "
+            "waiting; SGLang asserts its scheduler is idle, so wait until GET /v1/loads reports none"
+        )
 
     @contextmanager
     def generating(self):
@@ -189,8 +201,12 @@ class Engine:
 
     def loads(self) -> dict:
         with self.count_lock:
-            return {"dp_rank": 0, "num_running_reqs": self.running, "num_waiting_reqs": self.waiting,
-                    "num_used_tokens": 0}
+            return {
+                "dp_rank": 0,
+                "num_running_reqs": self.running,
+                "num_waiting_reqs": self.waiting,
+                "num_used_tokens": 0,
+            }
 
     def resume(self) -> None:
         with self.lock:
@@ -221,7 +237,12 @@ class Engine:
 
     @torch.inference_mode()
     def greedy(
-        self, ids: list[int], max_new: int, stop_ids: set[int], stops: list[str], skip_special: bool = True,
+        self,
+        ids: list[int],
+        max_new: int,
+        stop_ids: set[int],
+        stops: list[str],
+        skip_special: bool = True,
         trim: bool = True,
     ) -> tuple[list[int], str, dict]:
         """Greedy decode with the KV cache: (output ids, text, finish_reason). Caller holds the lock."""
@@ -251,13 +272,16 @@ class Engine:
                     break
                 cache = getattr(out, "cache", None)
                 cache = out.past_key_values if cache is None else cache
-                out = model(
-                    input_ids=torch.tensor([[tok]], device=self.device), use_cache=True, **{kw: cache}
-                )
+                out = model(input_ids=torch.tensor([[tok]], device=self.device), use_cache=True, **{kw: cache})
         return out_ids, self.decode(out_ids, skip_special), finish
 
     def speculative(
-        self, ids: list[int], max_new: int, stop_ids: set[int], stops: list[str], skip_special: bool = True,
+        self,
+        ids: list[int],
+        max_new: int,
+        stop_ids: set[int],
+        stops: list[str],
+        skip_special: bool = True,
         trim: bool = True,
     ) -> tuple[list[int], str, dict, dict]:
         """Greedy decode the speculative way (`specdec`), stopping as `greedy` does: (output ids, text,
@@ -363,8 +387,13 @@ def run_generate(eng: Engine, req: Any) -> dict:
         else:
             out, text, finish = eng.greedy(ids, max_new, *how)
     meta = {
-        "id": rid, "prompt_tokens": len(ids), "completion_tokens": len(out), "cached_tokens": 0,
-        "finish_reason": finish, "e2e_latency": time.perf_counter() - t0, **spec,
+        "id": rid,
+        "prompt_tokens": len(ids),
+        "completion_tokens": len(out),
+        "cached_tokens": 0,
+        "finish_reason": finish,
+        "e2e_latency": time.perf_counter() - t0,
+        **spec,
     }
     return {"text": text, "output_ids": out, "meta_info": meta}
 
@@ -376,8 +405,12 @@ def run_chat(eng: Engine, req: Any) -> dict:
     if eng.tokenizer is None:
         raise BadRequest(f"chat completions need a tokenizer and the model folder {eng.model_dir} has none")
     msgs = req.get("messages")
-    if not isinstance(msgs, list) or not msgs or not all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in msgs
+    if (
+        not isinstance(msgs, list)
+        or not msgs
+        or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in msgs
+        )
     ):
         raise BadRequest("`messages` must be a non-empty list of {role, content} objects with string content")
     if req.get("stream"):
@@ -392,8 +425,10 @@ def run_chat(eng: Engine, req: Any) -> dict:
     max_new = 128 if max_new is None else need_int(max_new, "max_tokens")
     try:
         ids = eng.tokenizer.apply_chat_template(
-            [{"role": m["role"], "content": m["content"]} for m in msgs], add_generation_prompt=True,
-            tokenize=True, **kwargs,
+            [{"role": m["role"], "content": m["content"]} for m in msgs],
+            add_generation_prompt=True,
+            tokenize=True,
+            **kwargs,
         )
     except Exception as e:  # noqa: BLE001  (template errors are the client's)
         raise BadRequest(f"chat template failed: {e}") from None
@@ -407,13 +442,21 @@ def run_chat(eng: Engine, req: Any) -> dict:
     meta = gen["meta_info"]
     fin = meta["finish_reason"]
     return {
-        "id": meta["id"], "object": "chat.completion", "created": int(time.time()), "model": str(eng.model_dir),
-        "choices": [{
-            "index": 0, "message": {"role": "assistant", "content": gen["text"]},
-            "finish_reason": fin["type"], "matched_stop": fin.get("matched"),
-        }],
+        "id": meta["id"],
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": str(eng.model_dir),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": gen["text"]},
+                "finish_reason": fin["type"],
+                "matched_stop": fin.get("matched"),
+            }
+        ],
         "usage": {
-            "prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
+            "prompt_tokens": meta["prompt_tokens"],
+            "completion_tokens": meta["completion_tokens"],
             "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
         },
     }
@@ -495,7 +538,8 @@ class Handler(BaseHTTPRequestHandler):
         if not self.authorized(path):
             return
         info = {
-            "model_path": str(eng.model_dir), "tokenizer_path": str(eng.model_dir) if eng.tokenizer else None,
+            "model_path": str(eng.model_dir),
+            "tokenizer_path": str(eng.model_dir) if eng.tokenizer else None,
             "is_generation": True,
         }
         try:
@@ -509,26 +553,60 @@ class Handler(BaseHTTPRequestHandler):
                 else:
                     self.reply(503, text=why)
             elif path == "/v1/loads":
-                self.reply(200, {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "version": self.server_version,
-                                 "dp_rank_count": 1, "loads": [eng.loads()]})
+                self.reply(
+                    200,
+                    {
+                        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                        "version": self.server_version,
+                        "dp_rank_count": 1,
+                        "loads": [eng.loads()],
+                    },
+                )
             elif path == "/get_load":
                 ld = eng.loads()
-                self.reply(200, [{"dp_rank": 0, "num_reqs": ld["num_running_reqs"] + ld["num_waiting_reqs"],
-                                  "num_waiting_reqs": ld["num_waiting_reqs"], "num_tokens": 0}])
+                self.reply(
+                    200,
+                    [
+                        {
+                            "dp_rank": 0,
+                            "num_reqs": ld["num_running_reqs"] + ld["num_waiting_reqs"],
+                            "num_waiting_reqs": ld["num_waiting_reqs"],
+                            "num_tokens": 0,
+                        }
+                    ],
+                )
             elif path in ("/model_info", "/get_model_info"):
                 self.reply(200, info)
             elif path in ("/get_server_info", "/server_info"):
-                self.reply(200, {
-                    **info, "enable_memory_saver": True, "device": eng.device, "dtype": "float32",
-                    "kernel_backend": eng.backend,
-                    "memory_released": eng.model is None, "version": f"dflash-dash stand-in ({self.server_version})",
-                    **speculative_info(eng),
-                })
+                self.reply(
+                    200,
+                    {
+                        **info,
+                        "enable_memory_saver": True,
+                        "device": eng.device,
+                        "dtype": "float32",
+                        "kernel_backend": eng.backend,
+                        "memory_released": eng.model is None,
+                        "version": f"dflash-dash stand-in ({self.server_version})",
+                        **speculative_info(eng),
+                    },
+                )
             elif path == "/v1/models":
-                self.reply(200, {"object": "list", "data": [{
-                    "id": info["model_path"], "object": "model", "created": 0, "owned_by": "sglang",
-                    "root": info["model_path"],
-                }]})
+                self.reply(
+                    200,
+                    {
+                        "object": "list",
+                        "data": [
+                            {
+                                "id": info["model_path"],
+                                "object": "model",
+                                "created": 0,
+                                "owned_by": "sglang",
+                                "root": info["model_path"],
+                            }
+                        ],
+                    },
+                )
             else:
                 self.error(404, f"no route GET {path}")
         except Exception as e:  # noqa: BLE001  (a handler bug must not kill the server)
@@ -540,8 +618,12 @@ class Handler(BaseHTTPRequestHandler):
         if not self.authorized(path):
             return
         try:
-            if path not in ("/generate", "/v1/chat/completions", "/release_memory_occupation",
-                            "/resume_memory_occupation"):
+            if path not in (
+                "/generate",
+                "/v1/chat/completions",
+                "/release_memory_occupation",
+                "/resume_memory_occupation",
+            ):
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 return self.error(404, f"no route POST {path}")
             req = self.body()
@@ -572,9 +654,12 @@ def speculative_info(eng: Engine) -> dict:
     s = eng.spec
     if s is None:
         return {"speculative_algorithm": None, "speculative_draft_model_path": None}
-    return {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": str(Path(s.path).resolve()),
-            "speculative_num_draft_tokens": s.drafter.c.block_size if s.drafter is not None else None,
-            "speculative_bug": s.bug}
+    return {
+        "speculative_algorithm": "DFLASH",
+        "speculative_draft_model_path": str(Path(s.path).resolve()),
+        "speculative_num_draft_tokens": s.drafter.c.block_size if s.drafter is not None else None,
+        "speculative_bug": s.bug,
+    }
 
 
 class Server(ThreadingHTTPServer):
@@ -590,8 +675,14 @@ class Server(ThreadingHTTPServer):
 
 
 def serve(
-    model: str, host: str = "127.0.0.1", port: int = 30000, startup_delay: float = 0.0, device: str | None = None,
-    health_delay: float = 0.0, api_key: str | None = None, speculative_draft: str | None = None,
+    model: str,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    startup_delay: float = 0.0,
+    device: str | None = None,
+    health_delay: float = 0.0,
+    api_key: str | None = None,
+    speculative_draft: str | None = None,
     speculative_bug: str | None = None,
 ) -> None:
     """Load `model` (and the DFlash drafter `speculative_draft`, when given) and serve it until interrupted
@@ -613,8 +704,14 @@ def serve(
     except CheckpointError as e:
         raise SystemExit(f"--speculative-draft {speculative_draft}: {e}") from None
     if eng.spec is not None:
-        log(f"speculative decoding: DFLASH, drafter {eng.spec.path} (block {eng.spec.block_size})"
-            + (f"; DELIBERATELY BROKEN decoder --speculative-bug {speculative_bug} (a test aid)" if speculative_bug else ""))
+        log(
+            f"speculative decoding: DFLASH, drafter {eng.spec.path} (block {eng.spec.block_size})"
+            + (
+                f"; DELIBERATELY BROKEN decoder --speculative-bug {speculative_bug} (a test aid)"
+                if speculative_bug
+                else ""
+            )
+        )
     eng.load_tokenizer()
     log(f"linear-attention kernels: {eng.backend}")
     startup_delay = max(0.0, startup_delay)
@@ -627,9 +724,11 @@ def serve(
     httpd.api_key = api_key or None  # type: ignore[attr-defined]
     eng.ready_at = time.monotonic() + startup_delay / 2
     bound = httpd.server_address
-    log(f"loaded in {time.monotonic() - t0:.1f} s; listening on http://{bound[0]}:{bound[1]} "
+    log(
+        f"loaded in {time.monotonic() - t0:.1f} s; listening on http://{bound[0]}:{bound[1]} "
         f"(warming up {startup_delay / 2:g} s; tokenizer: {'yes' if eng.tokenizer else 'none'}; "
-        f"/health takes {eng.health_delay:g} s; API key: {'required' if api_key else 'none'})")
+        f"/health takes {eng.health_delay:g} s; API key: {'required' if api_key else 'none'})"
+    )
     try:
         httpd.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
@@ -646,28 +745,56 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", required=True, help="Hugging Face model folder (config.json + safetensors)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="port to bind (default 30000)")
-    p.add_argument("--startup-delay", type=float, default=0.0,
-                   help="extra startup seconds: first half with the port unbound, second half /health 503")
+    p.add_argument(
+        "--startup-delay",
+        type=float,
+        default=0.0,
+        help="extra startup seconds: first half with the port unbound, second half /health 503",
+    )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--health-delay", type=float, default=0.0,
-                   help="seconds GET /health takes once ready (a real one generates a token; default 0)")
-    p.add_argument("--api-key", default=None,
-                   help="require `Authorization: Bearer KEY` on every route except /health (as SGLang's --api-key)")
+    p.add_argument(
+        "--health-delay",
+        type=float,
+        default=0.0,
+        help="seconds GET /health takes once ready (a real one generates a token; default 0)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require `Authorization: Bearer KEY` on every route except /health (as SGLang's --api-key)",
+    )
     speculative_args(p)
     a = p.parse_args(argv)
-    serve(a.model, a.host, a.port, a.startup_delay, a.device, a.health_delay, a.api_key, a.speculative_draft,
-          a.speculative_bug)
+    serve(
+        a.model,
+        a.host,
+        a.port,
+        a.startup_delay,
+        a.device,
+        a.health_delay,
+        a.api_key,
+        a.speculative_draft,
+        a.speculative_bug,
+    )
 
 
 def speculative_args(p: argparse.ArgumentParser) -> None:
     """--speculative-draft / --speculative-bug (shared with `python -m dflash_dash serve`)."""
-    p.add_argument("--speculative-draft", default=None, metavar="CKPT",
-                   help="decode speculatively with this DFlash drafter (SGLang's --speculative-algorithm DFLASH "
-                        "--speculative-draft-model-path); meta_info then reports SGLang's spec_* counters")
-    p.add_argument("--speculative-bug", default=None, choices=list(specdec.BUGS),
-                   help="TEST AID: serve a deliberately broken speculative decoder, for conformance tests "
-                        f"(truncate-context: the drafter sees only the last {specdec.TRUNCATE} context positions; "
-                        "layer-off-by-one: it gets decoder layer l-1's output for target layer id l)")
+    p.add_argument(
+        "--speculative-draft",
+        default=None,
+        metavar="CKPT",
+        help="decode speculatively with this DFlash drafter (SGLang's --speculative-algorithm DFLASH "
+        "--speculative-draft-model-path); meta_info then reports SGLang's spec_* counters",
+    )
+    p.add_argument(
+        "--speculative-bug",
+        default=None,
+        choices=list(specdec.BUGS),
+        help="TEST AID: serve a deliberately broken speculative decoder, for conformance tests "
+        f"(truncate-context: the drafter sees only the last {specdec.TRUNCATE} context positions; "
+        "layer-off-by-one: it gets decoder layer l-1's output for target layer id l)",
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ only the SGLang HTTP protocol (SPEC section 4) and would behave the same against
   server's own message unchanged.
 Only the standard library is used (urllib, threading).
 """
+
 from __future__ import annotations
 
 import http.client
@@ -27,11 +28,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .errors import UserError
-
 
 HEALTH_TIMEOUT_S = 8.0  # a real /health generates one token after waiting ~1 s: allow several seconds
 DEFAULT_KEY_ENV = "SGLANG_API_KEY"  # environment variable read for the server's --api-key
@@ -99,7 +100,9 @@ def parse_generate(body: bytes) -> dict:
 def chat_ids(tokenizer, prompt: str, enable_thinking: bool = False) -> list[int]:
     """Apply `tokenizer`'s chat template to one user turn (generation prompt added) and return plain ids."""
     out = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True,
+        [{"role": "user", "content": prompt}],
+        add_generation_prompt=True,
+        tokenize=True,
         enable_thinking=enable_thinking,
     )
     if not isinstance(out, (list, tuple)) and hasattr(out, "keys") and "input_ids" in out.keys():
@@ -157,10 +160,10 @@ def _no_answer(e: BaseException) -> str | None:
 
 @dataclass
 class Client:
-    url: str               # base URL of the server, e.g. http://127.0.0.1:30000
+    url: str  # base URL of the server, e.g. http://127.0.0.1:30000
     timeout: float = 600.0  # per-request timeout in seconds (a long generation must fit)
-    retries: int = 3        # extra attempts after a transient failure (5xx, refused, reset, timeout)
-    backoff: float = 0.5    # first retry delay in seconds; doubles each attempt
+    retries: int = 3  # extra attempts after a transient failure (5xx, refused, reset, timeout)
+    backoff: float = 0.5  # first retry delay in seconds; doubles each attempt
     api_key: str | None = field(default=None, repr=False)  # sent as `Authorization: Bearer KEY`; never shown
     key_env: str = DEFAULT_KEY_ENV  # where the key comes from (an environment variable), named in 401/403 errors
 
@@ -205,7 +208,8 @@ class Client:
                     raise
                 hint = (
                     f" after {self.timeout:g} s; raise the request timeout or check the server log"
-                    if kind == "timeout" else "; is the server running and reachable? check the URL and the server log"
+                    if kind == "timeout"
+                    else "; is the server running and reachable? check the URL and the server log"
                 )
                 err = ServerError(f"{what} failed: connection {kind}{hint}", status=None, transient=True)
                 retryable = retry_sent or kind == "refused"
@@ -216,12 +220,18 @@ class Client:
                 if status >= 500:
                     err = ServerError(
                         f"{what} failed: HTTP {status}: {msg or '(empty body)'}; the server may be overloaded "
-                        "or crashed, check its log", status=status, transient=True, detail=msg,
+                        "or crashed, check its log",
+                        status=status,
+                        transient=True,
+                        detail=msg,
                     )
                     retryable = retry_sent
                 elif status in (401, 403):
-                    err = ServerError(f"{what} rejected: HTTP {status}: {msg or '(empty body)'}; "
-                                      f"{self._key_hint()}", status=status, detail=msg)
+                    err = ServerError(
+                        f"{what} rejected: HTTP {status}: {msg or '(empty body)'}; {self._key_hint()}",
+                        status=status,
+                        detail=msg,
+                    )
                     retryable = False
                 else:
                     err = ServerError(f"{what} rejected: HTTP {status}: {msg}", status=status, detail=msg)
@@ -236,20 +246,22 @@ class Client:
 
     def _key_hint(self) -> str:
         if not self.api_key:
-            return (f"the server wants an API key (it runs with --api-key): set the environment variable "
-                    f"{self.key_env} to that key where dflash-dash runs (it is read from the environment only, "
-                    "never stored)")
-        return (f"the server refused the API key taken from the environment variable {self.key_env}: set it to "
-                "the key the server was started with (--api-key)")
+            return (
+                f"the server wants an API key (it runs with --api-key): set the environment variable "
+                f"{self.key_env} to that key where dflash-dash runs (it is read from the environment only, "
+                "never stored)"
+            )
+        return (
+            f"the server refused the API key taken from the environment variable {self.key_env}: set it to "
+            "the key the server was started with (--api-key)"
+        )
 
     def _json(self, method: str, path: str, body: dict | None = None) -> Any:
         payload = self._call(method, path, body)
         try:
             return json.loads(payload) if payload.strip() else {}
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ServerError(
-                f"{method} {self.url}{path} answered malformed JSON ({e}): {_snippet(payload)}"
-            ) from None
+            raise ServerError(f"{method} {self.url}{path} answered malformed JSON ({e}): {_snippet(payload)}") from None
 
     # -- readiness
 
@@ -335,8 +347,9 @@ class Client:
                 return None
             rows, keys = (data if isinstance(data, list) else [data]), ("num_reqs",)
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-            raise ServerError(f"the load report of {self.url} is not a list of objects: "
-                              f"{_snippet(json.dumps(data).encode())}")
+            raise ServerError(
+                f"the load report of {self.url} is not a list of objects: {_snippet(json.dumps(data).encode())}"
+            )
         total = 0
         for r in rows:
             for k in keys:
@@ -408,8 +421,9 @@ class HealthPoller:
     first answer; `wait(timeout)` blocks until there is one. Polling pauses when nobody has read the state
     for `idle_after` seconds and resumes on the next read. Holds a `Client` (its key stays in memory)."""
 
-    def __init__(self, client: Client, every: float = 3.0, timeout: float = HEALTH_TIMEOUT_S,
-                 idle_after: float = 120.0):
+    def __init__(
+        self, client: Client, every: float = 3.0, timeout: float = HEALTH_TIMEOUT_S, idle_after: float = 120.0
+    ):
         self.client, self.every, self.timeout, self.idle_after = client, every, timeout, idle_after
         self._lock = threading.Lock()
         self._state: tuple[bool, str, float] | None = None  # (ok, state, monotonic time of the answer)
@@ -470,6 +484,7 @@ def for_workspace(cfg, url: str | None = None, **kw) -> Client:
     """The Client for a workspace's server (`url`, default [server] url of its config.toml), sending the API
     key from the environment (`config.api_key`). Every Client built from a workspace is made here."""
     from .config import DEFAULT_API_KEY_ENV, api_key
+
     key, name = api_key(cfg)
     hint = name if name == DEFAULT_API_KEY_ENV else f"{name} (named by api_key_env in config.toml)"
     return Client(url or cfg.server_url, api_key=key, key_env=hint, **kw)

@@ -24,19 +24,23 @@ of `model`, produced the speculative way, with SGLang's counters (`Counters.meta
     known bug of another engine).
 Slow on purpose (one full forward per verify step for the features): correctness over speed.
 """
+
 from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from . import drafter as drafter_mod, replay, target as target_mod
+from . import drafter as drafter_mod
+from . import replay
+from . import target as target_mod
 
 BUGS = ("truncate-context", "layer-off-by-one")  # deliberately broken decoders, for tests of conformance
-TRUNCATE = 4                  # truncate-context: context positions the drafter still sees
+TRUNCATE = 4  # truncate-context: context positions the drafter still sees
 
 
 # ---------------------------------------------------------------------------
@@ -45,8 +49,8 @@ TRUNCATE = 4                  # truncate-context: context positions the drafter 
 
 @dataclass
 class Counters:
-    block_size: int                                         # B: B-1 drafts proposed per verify step
-    accepted: list[int] = field(default_factory=list)       # drafts verification accepted at each step (0..B-1;
+    block_size: int  # B: B-1 drafts proposed per verify step
+    accepted: list[int] = field(default_factory=list)  # drafts verification accepted at each step (0..B-1;
     #                                                         counted before the cut at max_new / a stop, so the
     #                                                         last step's may reach past the completion)
 
@@ -62,8 +66,14 @@ class Counters:
         hist = [0] * self.block_size
         for a in self.accepted:
             hist[a] += 1
-        out = {"spec_verify_ct": n, "spec_accept_token_num": acc, "spec_draft_token_num": proposed,
-               "spec_accepted_drafts": acc, "spec_proposed_drafts": proposed, "spec_accept_histogram": hist}
+        out = {
+            "spec_verify_ct": n,
+            "spec_accept_token_num": acc,
+            "spec_draft_token_num": proposed,
+            "spec_accepted_drafts": acc,
+            "spec_proposed_drafts": proposed,
+            "spec_accept_histogram": hist,
+        }
         if n:
             out |= {"spec_accept_length": completion_tokens / n, "spec_accept_rate": acc / proposed}
         return out
@@ -75,10 +85,10 @@ class Counters:
 
 @dataclass
 class Speculator:
-    path: str                     # the DFlash checkpoint folder (--speculative-draft)
-    device: str = "cpu"           # where the drafter runs (the target's device)
-    bug: str | None = None        # one of BUGS (a test aid) or None: the correct decoder
-    drafter: Any = None           # the loaded drafter_mod.Drafter, None until `load` (and while released)
+    path: str  # the DFlash checkpoint folder (--speculative-draft)
+    device: str = "cpu"  # where the drafter runs (the target's device)
+    bug: str | None = None  # one of BUGS (a test aid) or None: the correct decoder
+    drafter: Any = None  # the loaded drafter_mod.Drafter, None until `load` (and while released)
 
     def load(self, model) -> None:
         """Load the drafter (fp32) and check it against the loaded target `model`; CheckpointError names the field."""
@@ -86,8 +96,9 @@ class Speculator:
             raise drafter_mod.CheckpointError(f"--speculative-bug {self.bug!r}: expected one of {', '.join(BUGS)}")
         d = drafter_mod.load(self.path, torch.float32, self.device)
         cfg = model.config.get_text_config()
-        drafter_mod.check_target(d.c, cfg.hidden_size, int(model.get_output_embeddings().weight.shape[0]),
-                                 cfg.num_hidden_layers)
+        drafter_mod.check_target(
+            d.c, cfg.hidden_size, int(model.get_output_embeddings().weight.shape[0]), cfg.num_hidden_layers
+        )
         self.drafter = d
 
     def release(self) -> None:
@@ -116,14 +127,15 @@ class Speculator:
         feats = self.features(model, seq[:p], total)
         if self.bug == "truncate-context":  # keep only the last TRUNCATE positions (re-positioned from 0)
             w = min(p, TRUNCATE)
-            feats, p = feats[p - w:p], w
+            feats, p = feats[p - w : p], w
         return replay.draft_one(self.drafter, head, feats, p, seq[-1])
 
     # -- the loop
 
     @torch.inference_mode()
-    def decode(self, model, ids: list[int], max_new: int,
-               stop: Callable[[list[int]], dict | None]) -> tuple[list[int], dict, Counters]:
+    def decode(
+        self, model, ids: list[int], max_new: int, stop: Callable[[list[int]], dict | None]
+    ) -> tuple[list[int], dict, Counters]:
         """Speculative greedy decode of `ids`: (output ids, finish_reason, counters). `stop(out)` says whether the
         last token of `out` ends the request (SGLang's finish_reason shape) or None."""
         B = self.block_size
@@ -153,17 +165,17 @@ class Speculator:
                     return out, hit, counters
                 if len(out) >= max_new:
                     return out, finish, counters
-            seq = ids + out                                   # anchor p = len(seq) - 1; cache holds 0..p-1
-            drafts = self.draft(model, head, seq, total)      # B-1 tokens for positions p+1..p+B-1
+            seq = ids + out  # anchor p = len(seq) - 1; cache holds 0..p-1
+            drafts = self.draft(model, head, seq, total)  # B-1 tokens for positions p+1..p+B-1
             snap = copy.deepcopy(cache)
             block = [seq[-1]] + drafts
-            logits, cache = run(block, cache)                 # verify: one forward over the block
-            greedy = logits.argmax(-1).tolist()               # the target's token after each block position
+            logits, cache = run(block, cache)  # verify: one forward over the block
+            greedy = logits.argmax(-1).tolist()  # the target's token after each block position
             a = 0
             while a < B - 1 and drafts[a] == greedy[a]:
                 a += 1
             counters.accepted.append(a)
             if a < B - 1:  # roll back to the accepted prefix: restore, re-run [token p, d_1..d_a]
                 cache = snap
-                _, cache = run(block[:a + 1], cache, keep=1)
-            pending = drafts[:a] + [greedy[a]]               # accepted drafts + the bonus token
+                _, cache = run(block[: a + 1], cache, keep=1)
+            pending = drafts[:a] + [greedy[a]]  # accepted drafts + the bonus token

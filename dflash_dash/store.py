@@ -9,6 +9,7 @@ in the feature cache, each run prompt's result arrays as one packed blob (`pack_
 its run (ARRAYS_DIR) that its run_prompts row points into, so reading one prompt of one run is a keyed read of
 scalars plus one file read, while the scalars stay SQL columns.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -19,10 +20,10 @@ import threading
 import time
 import uuid
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 import duckdb
 import numpy as np
@@ -71,8 +72,8 @@ def unpack_arrays(blob: bytes) -> dict:
     if blob[:4] != PACK_MAGIC:
         raise StoreError("a run_prompts row holds arrays in an unknown format; upgrade dflash-dash")
     n = struct.unpack("<I", blob[4:8])[0]
-    head = json.loads(blob[8:8 + n])
-    ints, reals = zlib.decompress(blob[8 + n:8 + n + head["z"]]), memoryview(blob)[8 + n + head["z"]:]
+    head = json.loads(blob[8 : 8 + n])
+    ints, reals = zlib.decompress(blob[8 + n : 8 + n + head["z"]]), memoryview(blob)[8 + n + head["z"] :]
     at, out = {False: 0, True: 0}, {}
     for k in ARRAYS:
         spec = head.get(k)
@@ -85,7 +86,7 @@ def unpack_arrays(blob: bytes) -> dict:
     return out
 
 
-def _v7_arrays_to_files(con, store: "Store") -> None:
+def _v7_arrays_to_files(con, store: Store) -> None:
     """v7: run_prompts' LIST columns move to array files (`Store.put_prompts`), in one pass over the old table: the
     files are written as its rows stream in, the rows pointing into them inserted after."""
     con.execute("ALTER TABLE run_prompts RENAME TO run_prompts_v6")
@@ -181,8 +182,8 @@ MIGRATIONS: list[str | Callable] = [
     _v7_arrays_to_files,
 ]
 VERSION = len(MIGRATIONS)
-REENTRY_S = 0.01       # a process re-locking sooner than this after its own release steps aside first
-_last_release = -1.0   # monotonic time this process last released the store lock
+REENTRY_S = 0.01  # a process re-locking sooner than this after its own release steps aside first
+_last_release = -1.0  # monotonic time this process last released the store lock
 
 
 class StoreError(UserError, RuntimeError):
@@ -282,8 +283,9 @@ class Store:
         row = con.execute("SELECT max(version) FROM schema_version").fetchone()
         have = row[0] or 0
         if have > VERSION:
-            raise StoreError(f"{self.path} has schema version {have}, newer than this dflash-dash ({VERSION}); "
-                             "upgrade dflash-dash")
+            raise StoreError(
+                f"{self.path} has schema version {have}, newer than this dflash-dash ({VERSION}); upgrade dflash-dash"
+            )
         for v in range(have, VERSION):
             with self._transaction(con):
                 step = MIGRATIONS[v]
@@ -307,12 +309,14 @@ class Store:
     def stamp(self) -> str:
         """A cheap token that changes whenever a set, completion, extraction or run is added or finishes
         (views key their caches on it so new data shows up)."""
-        r = self.rows("SELECT (SELECT count(*) || max(created) FROM completions) AS c, "
-                      "(SELECT count(*) || string_agg(status, '') FROM extractions) AS e, "
-                      "(SELECT count(*) || max(created) FROM runs) AS r, "
-                      "(SELECT count(*) FROM prompt_sets) AS s, "
-                      "(SELECT count(*) FROM extraction_items) AS i, "
-                      "(SELECT count(*) || max(created) FROM attributions) AS a")[0]
+        r = self.rows(
+            "SELECT (SELECT count(*) || max(created) FROM completions) AS c, "
+            "(SELECT count(*) || string_agg(status, '') FROM extractions) AS e, "
+            "(SELECT count(*) || max(created) FROM runs) AS r, "
+            "(SELECT count(*) FROM prompt_sets) AS s, "
+            "(SELECT count(*) FROM extraction_items) AS i, "
+            "(SELECT count(*) || max(created) FROM attributions) AS a"
+        )[0]
         return "|".join(str(v) for v in r.values())
 
     # -- completions ----------------------------------------------------------
@@ -330,6 +334,7 @@ class Store:
         if not cs:
             return
         import pyarrow as pa
+
         with self.connect() as con:
             idx = [c.get("idx") for c in cs]
             if None in idx:
@@ -337,27 +342,38 @@ class Store:
                 for i, c in enumerate(cs):
                     idx[i] = c.get("idx") if c.get("idx") is not None else n + i
             ids = pa.list_(pa.int32())
-            t = pa.table({
-                "set_name": [set_name] * len(cs), "prompt_id": [c["id"] for c in cs],
-                "idx": pa.array(idx, pa.int32()), "prompt": pa.array([c.get("prompt") for c in cs], pa.string()),
-                "output": pa.array([c.get("output") for c in cs], pa.string()),
-                "prompt_ids": pa.array([list(c["prompt_ids"]) for c in cs], ids),
-                "output_ids": pa.array([list(c["output_ids"]) for c in cs], ids),
-                "finish_reason": pa.array([c.get("finish_reason") for c in cs], pa.string()),
-                "meta_info": [json.dumps(c.get("meta_info") or {}) for c in cs],
-                "request": pa.array([json.dumps(c.get("request")) if c.get("request") is not None else None
-                                     for c in cs], pa.string()),
-                "model_path": pa.array([c.get("model_path") for c in cs], pa.string())})
+            t = pa.table(
+                {
+                    "set_name": [set_name] * len(cs),
+                    "prompt_id": [c["id"] for c in cs],
+                    "idx": pa.array(idx, pa.int32()),
+                    "prompt": pa.array([c.get("prompt") for c in cs], pa.string()),
+                    "output": pa.array([c.get("output") for c in cs], pa.string()),
+                    "prompt_ids": pa.array([list(c["prompt_ids"]) for c in cs], ids),
+                    "output_ids": pa.array([list(c["output_ids"]) for c in cs], ids),
+                    "finish_reason": pa.array([c.get("finish_reason") for c in cs], pa.string()),
+                    "meta_info": [json.dumps(c.get("meta_info") or {}) for c in cs],
+                    "request": pa.array(
+                        [json.dumps(c.get("request")) if c.get("request") is not None else None for c in cs],
+                        pa.string(),
+                    ),
+                    "model_path": pa.array([c.get("model_path") for c in cs], pa.string()),
+                }
+            )
             con.register("_add_completions", t)
             try:
-                con.execute("INSERT OR REPLACE INTO completions (set_name, prompt_id, idx, prompt, output, prompt_ids, "
-                            "output_ids, finish_reason, meta_info, request, model_path) SELECT * FROM _add_completions")
+                con.execute(
+                    "INSERT OR REPLACE INTO completions (set_name, prompt_id, idx, prompt, output, prompt_ids, "
+                    "output_ids, finish_reason, meta_info, request, model_path) SELECT * FROM _add_completions"
+                )
             finally:
                 con.unregister("_add_completions")
 
     def sets(self) -> list[dict]:
-        return self.rows("SELECT s.name, s.source, s.created, count(c.prompt_id) AS prompts FROM prompt_sets s "
-                         "LEFT JOIN completions c ON c.set_name = s.name GROUP BY ALL ORDER BY s.created")
+        return self.rows(
+            "SELECT s.name, s.source, s.created, count(c.prompt_id) AS prompts FROM prompt_sets s "
+            "LEFT JOIN completions c ON c.set_name = s.name GROUP BY ALL ORDER BY s.created"
+        )
 
     def completions(self, set_name: str) -> list[dict]:
         return self.rows("SELECT * FROM completions WHERE set_name = ? ORDER BY idx, prompt_id", [set_name])
@@ -365,27 +381,40 @@ class Store:
     def completion_index(self, set_name: str, preview: int = 160) -> list[dict]:
         """The set's completions without token ids and with text cut to `preview` characters (prompt, output),
         plus their token counts: what listings and selectors need."""
-        return self.rows("SELECT prompt_id, idx, left(prompt, ?) AS prompt, left(output, ?) AS output, "
-                         "len(prompt_ids) AS prompt_tokens, len(output_ids) AS output_tokens, finish_reason, "
-                         "meta_info, model_path FROM completions WHERE set_name = ? ORDER BY idx, prompt_id",
-                         [preview, preview, set_name])
+        return self.rows(
+            "SELECT prompt_id, idx, left(prompt, ?) AS prompt, left(output, ?) AS output, "
+            "len(prompt_ids) AS prompt_tokens, len(output_ids) AS output_tokens, finish_reason, "
+            "meta_info, model_path FROM completions WHERE set_name = ? ORDER BY idx, prompt_id",
+            [preview, preview, set_name],
+        )
 
     def completion(self, set_name: str, prompt_id: str) -> dict | None:
         got = self.rows("SELECT * FROM completions WHERE set_name = ? AND prompt_id = ?", [set_name, prompt_id])
         return got[0] if got else None
 
     def completion_ids(self, set_name: str) -> set[str]:
-        return {r["prompt_id"] for r in self.rows("SELECT prompt_id FROM completions WHERE set_name = ?",
-                                                  [set_name])}
+        return {r["prompt_id"] for r in self.rows("SELECT prompt_id FROM completions WHERE set_name = ?", [set_name])}
 
     # -- extractions ----------------------------------------------------------
 
     def add_extraction(self, e: dict) -> None:
-        self.run("INSERT INTO extractions (id, set_name, target_path, layer_ids, hidden_size, device, dtype, "
-                 "backend, versions, config_hash, status) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                 [e["id"], e["set_name"], e["target_path"], e["layer_ids"], e["hidden_size"], e["device"],
-                  e["dtype"], e["backend"], json.dumps(e.get("versions") or {}), e.get("config_hash"),
-                  e.get("status", "running")])
+        self.run(
+            "INSERT INTO extractions (id, set_name, target_path, layer_ids, hidden_size, device, dtype, "
+            "backend, versions, config_hash, status) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            [
+                e["id"],
+                e["set_name"],
+                e["target_path"],
+                e["layer_ids"],
+                e["hidden_size"],
+                e["device"],
+                e["dtype"],
+                e["backend"],
+                json.dumps(e.get("versions") or {}),
+                e.get("config_hash"),
+                e.get("status", "running"),
+            ],
+        )
 
     def add_item(self, extraction_id: str, prompt_id: str, tokens: int, file: str) -> None:
         self.run("INSERT OR REPLACE INTO extraction_items VALUES (?,?,?,?)", [extraction_id, prompt_id, tokens, file])
@@ -398,8 +427,10 @@ class Store:
         self.run(f"UPDATE {table} SET status = ? WHERE id = ?", [status, id_])
 
     def extractions(self) -> list[dict]:
-        return self.rows("SELECT e.*, (SELECT count(*) FROM extraction_items i WHERE i.extraction_id = e.id) "
-                         "AS prompts FROM extractions e ORDER BY created, id")
+        return self.rows(
+            "SELECT e.*, (SELECT count(*) FROM extraction_items i WHERE i.extraction_id = e.id) "
+            "AS prompts FROM extractions e ORDER BY created, id"
+        )
 
     def extraction(self, id_: str) -> dict:
         return self._one("extractions", id_, "extraction")
@@ -409,11 +440,25 @@ class Store:
     def add_run(self, r: dict, prompts: list[dict]) -> None:
         """Insert a finished run and its per-prompt results in one transaction."""
         with self.session(), self.connect() as con:
-            con.execute("INSERT INTO runs (id, extraction_id, checkpoint, name, config, tree_budget, summary, "
-                        "status, device, dtype, sliding_block, config_file, step) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                        [r["id"], r["extraction_id"], r["checkpoint"], r["name"], json.dumps(r["config"]),
-                         r["tree_budget"], json.dumps(r["summary"]), r.get("status", "done"), r.get("device"),
-                         r.get("dtype"), r.get("sliding_block"), r.get("config_file"), r.get("step")])
+            con.execute(
+                "INSERT INTO runs (id, extraction_id, checkpoint, name, config, tree_budget, summary, "
+                "status, device, dtype, sliding_block, config_file, step) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                [
+                    r["id"],
+                    r["extraction_id"],
+                    r["checkpoint"],
+                    r["name"],
+                    json.dumps(r["config"]),
+                    r["tree_budget"],
+                    json.dumps(r["summary"]),
+                    r.get("status", "done"),
+                    r.get("device"),
+                    r.get("dtype"),
+                    r.get("sliding_block"),
+                    r.get("config_file"),
+                    r.get("step"),
+                ],
+            )
             self.put_prompts(r["id"], prompts)
 
     def put_prompts(self, run_id: str, prompts: list[dict]) -> None:
@@ -434,6 +479,7 @@ class Store:
         """The prompts' arrays packed into one new array file (written whole, then renamed into place): (the
         run_prompts rows pointing into it as an arrow table, the file)."""
         import pyarrow as pa
+
         rel = Path(ARRAYS_DIR) / run_id / f"{uuid.uuid4().hex}.arrays"
         f = self.workspace / rel
         f.parent.mkdir(parents=True, exist_ok=True)
@@ -446,12 +492,18 @@ class Store:
             os.fsync(out.fileno())
         os.replace(tmp, f)
         sizes = np.fromiter(map(len, blobs), np.int64, len(blobs))
-        return pa.table({
-            "run_id": [run_id] * len(prompts), "prompt_id": [p.get("prompt_id", p.get("id")) for p in prompts],
-            "prompt_len": pa.array([p["prompt_len"] for p in prompts], pa.int32()),
-            "tau": pa.array([p["tau"] for p in prompts], pa.float64()),
-            "tree_tau": pa.array([p["tree_tau"] for p in prompts], pa.float64()),
-            "arrays_file": [str(rel)] * len(prompts), "arrays_at": np.cumsum(sizes) - sizes, "arrays_size": sizes}), f
+        return pa.table(
+            {
+                "run_id": [run_id] * len(prompts),
+                "prompt_id": [p.get("prompt_id", p.get("id")) for p in prompts],
+                "prompt_len": pa.array([p["prompt_len"] for p in prompts], pa.int32()),
+                "tau": pa.array([p["tau"] for p in prompts], pa.float64()),
+                "tree_tau": pa.array([p["tree_tau"] for p in prompts], pa.float64()),
+                "arrays_file": [str(rel)] * len(prompts),
+                "arrays_at": np.cumsum(sizes) - sizes,
+                "arrays_size": sizes,
+            }
+        ), f
 
     @staticmethod
     def _insert_prompts(con, t) -> None:
@@ -462,8 +514,10 @@ class Store:
             con.unregister("_put_prompts")
 
     def runs(self) -> list[dict]:
-        return self.rows("SELECT r.*, e.set_name, e.backend, e.target_path FROM runs r "
-                         "LEFT JOIN extractions e ON e.id = r.extraction_id ORDER BY r.created, r.id")
+        return self.rows(
+            "SELECT r.*, e.set_name, e.backend, e.target_path FROM runs r "
+            "LEFT JOIN extractions e ON e.id = r.extraction_id ORDER BY r.created, r.id"
+        )
 
     def run_row(self, id_: str) -> dict:
         return self._one("runs", id_, "run")
@@ -489,8 +543,10 @@ class Store:
                 files[name].seek(at)
                 out.append(r | unpack_arrays(files[name].read(size)))
         except FileNotFoundError as e:
-            raise StoreError(f"{e.filename}: the array file of run {rows[0]['run_id']} is missing from the workspace "
-                             f"(copy the whole folder {self.workspace}, {ARRAYS_DIR}/ included)") from None
+            raise StoreError(
+                f"{e.filename}: the array file of run {rows[0]['run_id']} is missing from the workspace "
+                f"(copy the whole folder {self.workspace}, {ARRAYS_DIR}/ included)"
+            ) from None
         finally:
             for f in files.values():
                 f.close()
@@ -501,8 +557,10 @@ class Store:
         return json.loads(got[0]["value"]) if got else None
 
     def set_analysis(self, run_id: str, name: str, value: dict | list) -> None:
-        self.run("INSERT OR REPLACE INTO run_analyses (run_id, name, value) VALUES (?, ?, ?)",
-                 [run_id, name, json.dumps(value)])
+        self.run(
+            "INSERT OR REPLACE INTO run_analyses (run_id, name, value) VALUES (?, ?, ?)",
+            [run_id, name, json.dumps(value)],
+        )
 
     def _one(self, table: str, id_: str, what: str) -> dict:
         if id_ == "latest":
@@ -523,10 +581,22 @@ class Store:
         with self.connect() as con:
             con.execute("DELETE FROM attributions WHERE run_id = ?", [run_id])
             if rows:
-                con.executemany("INSERT INTO attributions (run_id, tap, layer_id, tau_macro, tau_pooled, "
-                                "base_tau_macro, base_tau_pooled) VALUES (?,?,?,?,?,?,?)",
-                                [[run_id, r["tap"], r["layer_id"], r["tau_macro"], r["tau_pooled"],
-                                  r["base_tau_macro"], r["base_tau_pooled"]] for r in rows])
+                con.executemany(
+                    "INSERT INTO attributions (run_id, tap, layer_id, tau_macro, tau_pooled, "
+                    "base_tau_macro, base_tau_pooled) VALUES (?,?,?,?,?,?,?)",
+                    [
+                        [
+                            run_id,
+                            r["tap"],
+                            r["layer_id"],
+                            r["tau_macro"],
+                            r["tau_pooled"],
+                            r["base_tau_macro"],
+                            r["base_tau_pooled"],
+                        ]
+                        for r in rows
+                    ],
+                )
 
     def attributions(self, run_id: str) -> list[dict]:
         return self.rows("SELECT * FROM attributions WHERE run_id = ? ORDER BY tap", [run_id])
@@ -540,17 +610,35 @@ class Store:
             con.executemany(
                 "INSERT OR REPLACE INTO engine_stats (set_name, prompt_id, engine, verify_steps, accepted_tokens, "
                 "completion_tokens, accept_lengths, histogram, source) VALUES (?,?,?,?,?,?,?,?,?)",
-                [[set_name, r["id"], engine, r.get("verify_steps"), r.get("accepted_tokens"),
-                  r.get("completion_tokens"), r.get("accept_lengths"), r.get("histogram"), source] for r in rows])
+                [
+                    [
+                        set_name,
+                        r["id"],
+                        engine,
+                        r.get("verify_steps"),
+                        r.get("accepted_tokens"),
+                        r.get("completion_tokens"),
+                        r.get("accept_lengths"),
+                        r.get("histogram"),
+                        source,
+                    ]
+                    for r in rows
+                ],
+            )
 
     def engine_stats(self, set_name: str, engine: str) -> list[dict]:
-        return self.rows("SELECT * FROM engine_stats WHERE set_name = ? AND engine = ? ORDER BY prompt_id",
-                         [set_name, engine])
+        return self.rows(
+            "SELECT * FROM engine_stats WHERE set_name = ? AND engine = ? ORDER BY prompt_id", [set_name, engine]
+        )
 
     def engines(self, set_name: str) -> list[str]:
         """Engines with stats for set `set_name`, by name."""
-        return [r["engine"] for r in self.rows("SELECT DISTINCT engine FROM engine_stats WHERE set_name = ? "
-                                                "ORDER BY engine", [set_name])]
+        return [
+            r["engine"]
+            for r in self.rows(
+                "SELECT DISTINCT engine FROM engine_stats WHERE set_name = ? ORDER BY engine", [set_name]
+            )
+        ]
 
     def engine_stamp(self) -> str:
         """Changes whenever engine stats are added or replaced (views key their caches on it)."""
@@ -560,8 +648,10 @@ class Store:
     # -- jobs -----------------------------------------------------------------
 
     def add_job(self, job_id: str, kind: str, args: dict, log_path: str) -> None:
-        self.run("INSERT INTO jobs (id, kind, args, status, progress, step, log_path) VALUES (?,?,?,?,?,?,?)",
-                 [job_id, kind, json.dumps(args), "queued", 0.0, "queued", log_path])
+        self.run(
+            "INSERT INTO jobs (id, kind, args, status, progress, step, log_path) VALUES (?,?,?,?,?,?,?)",
+            [job_id, kind, json.dumps(args), "queued", 0.0, "queued", log_path],
+        )
 
     def update_job(self, job_id: str, **fields) -> None:
         allowed = {"status", "progress", "step", "pid", "error", "result"}
@@ -576,26 +666,34 @@ class Store:
         """Set a final `status` only while the job is still queued/running (a job that already finished keeps
         its own final state); True when this call changed it."""
         with self.connect() as con:
-            got = con.execute("UPDATE jobs SET status = ?, error = ?, updated = now() WHERE id = ? AND status "
-                              "IN ('queued', 'running') RETURNING id", [status, error, job_id]).fetchall()
+            got = con.execute(
+                "UPDATE jobs SET status = ?, error = ?, updated = now() WHERE id = ? AND status "
+                "IN ('queued', 'running') RETURNING id",
+                [status, error, job_id],
+            ).fetchall()
             return bool(got)
 
     def jobs(self, status: str | None = None, dismissed: bool = True) -> list[dict]:
         """Jobs newest first (each with `dismissed`); `dismissed=False` leaves out those a user dismissed."""
         where = (["status = ?"] if status else []) + ([] if dismissed else ["NOT coalesce(dismissed, false)"])
-        return self.rows(f"SELECT * FROM jobs {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY created DESC",
-                         [status] if status else [])
+        return self.rows(
+            f"SELECT * FROM jobs {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY created DESC",
+            [status] if status else [],
+        )
 
     def dismiss_job(self, job_id: str) -> None:
         """Hide a failed or cancelled job from the jobs panel (`jobs` on the CLI still lists it, dismissed true);
         StoreError for an unknown job or one in another state."""
         with self.connect() as con:
-            got = con.execute("UPDATE jobs SET dismissed = true WHERE id = ? AND status IN ('failed', 'cancelled') "
-                              "RETURNING id", [job_id]).fetchall()
+            got = con.execute(
+                "UPDATE jobs SET dismissed = true WHERE id = ? AND status IN ('failed', 'cancelled') RETURNING id",
+                [job_id],
+            ).fetchall()
         if not got:
             status = self.job(job_id)["status"]  # raises for an unknown id
-            raise StoreError(f"job {job_id} is {status}; only failed or cancelled jobs can be dismissed "
-                             "(cancel a running one first)")
+            raise StoreError(
+                f"job {job_id} is {status}; only failed or cancelled jobs can be dismissed (cancel a running one first)"
+            )
 
     def job(self, job_id: str) -> dict:
         got = self.rows("SELECT * FROM jobs WHERE id = ?", [job_id])

@@ -12,23 +12,24 @@ Contract (SPEC 5):
   - `load_head` reads only the embedding and LM head tensors from the target's safetensors.
 Knows nothing of the store, files other than the model folder, or HTTP.
 """
+
 from __future__ import annotations
 
 import hashlib
 import importlib
 import json
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 from safetensors import safe_open
 
 from .errors import UserError
-
 
 # modeling modules whose linear-attention kernels transformers binds to fla at import
 HYBRID_MODULES = [
@@ -36,8 +37,12 @@ HYBRID_MODULES = [
     "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
     "transformers.models.qwen3_next.modeling_qwen3_next",
 ]
-KERNEL_FUNCS = ["torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
-                "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
+KERNEL_FUNCS = [
+    "torch_chunk_gated_delta_rule",
+    "torch_recurrent_gated_delta_rule",
+    "chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+]
 CONV_FUNCS = ["causal_conv1d_fn"]  # the short causal convolution: torch conv1d unless `causal_conv1d` is installed
 _BOUND: dict[tuple[str, str], object] = {}  # (module, name) -> the function transformers bound at import
 
@@ -63,6 +68,7 @@ def fla_version() -> str | None:
     try:
         importlib.import_module("fla.ops.gated_delta_rule")
         from importlib.metadata import version
+
         for dist in ("fla-core", "flash-linear-attention"):
             try:
                 return version(dist)
@@ -104,8 +110,10 @@ def use_backend(backend: str) -> str:
                 torch_fn = getattr(orig, "__wrapped__", orig) if backend == "torch" else orig
                 setattr(mod, name, fla_conv1d if backend == "fla" and seen == {"fla"} else torch_fn)
     if backend == "fla" and seen != {"fla"}:
-        raise TargetError("fla kernels were asked for but transformers did not bind them "
-                          f"(bound: {sorted(seen) or 'none'}); install fla-core and triton on a CUDA machine")
+        raise TargetError(
+            "fla kernels were asked for but transformers did not bind them "
+            f"(bound: {sorted(seen) or 'none'}); install fla-core and triton on a CUDA machine"
+        )
     return "fla" if seen == {"fla"} else "torch"
 
 
@@ -132,11 +140,17 @@ def restore_import_bindings() -> None:
         setattr(importlib.import_module(mod_name), name, fn)
 
 
-def fla_conv1d(hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               activation: str | None = None, **_) -> torch.Tensor:
+def fla_conv1d(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    **_,
+) -> torch.Tensor:
     """transformers' `causal_conv1d_fn` ([B, D, T] in and out, weight [D, W]) computed by fla's Triton kernel
     (which reads [B, T, D]: the transposes are views of the projection output, no copies)."""
     from fla.modules.causal_conv1d import causal_conv1d
+
     y, _ = causal_conv1d(hidden_states.transpose(1, 2), weight, bias, activation=activation, backend="triton")
     return y.transpose(1, 2)
 
@@ -149,7 +163,7 @@ def force_torch_kernels() -> str:
 NO_LINEAR = "n/a"  # the backend recorded for a target without linear-attention layers (nothing to choose)
 
 
-def has_linear_attention(info: "TargetInfo", keep: int | None = None) -> bool:
+def has_linear_attention(info: TargetInfo, keep: int | None = None) -> bool:
     """Whether the target's first `keep` layers (all by default) include linear-attention (Gated DeltaNet)."""
     return "linear_attention" in (info.layer_types or [])[:keep]
 
@@ -165,12 +179,12 @@ def pick_backend(device: str) -> str:
 
 @dataclass
 class TargetInfo:
-    path: str          # absolute folder path
-    model_type: str    # e.g. qwen3_5_text
-    hidden_size: int   # H
-    vocab_size: int    # V
-    num_layers: int    # N decoder layers
-    config_hash: str   # sha256 of config.json bytes, first 16 hex
+    path: str  # absolute folder path
+    model_type: str  # e.g. qwen3_5_text
+    hidden_size: int  # H
+    vocab_size: int  # V
+    num_layers: int  # N decoder layers
+    config_hash: str  # sha256 of config.json bytes, first 16 hex
     layer_types: list[str] | None  # per-layer kind (hybrid models)
 
 
@@ -186,8 +200,15 @@ def describe(path: str | Path) -> TargetInfo:
     for key in ("hidden_size", "vocab_size", "num_hidden_layers"):
         if key not in text:
             raise TargetError(f"{f}: missing field '{key}'")
-    return TargetInfo(str(path), cfg.get("model_type", "?"), text["hidden_size"], text["vocab_size"],
-                      text["num_hidden_layers"], hashlib.sha256(raw).hexdigest()[:16], text.get("layer_types"))
+    return TargetInfo(
+        str(path),
+        cfg.get("model_type", "?"),
+        text["hidden_size"],
+        text["vocab_size"],
+        text["num_hidden_layers"],
+        hashlib.sha256(raw).hexdigest()[:16],
+        text.get("layer_types"),
+    )
 
 
 def check_layers(info: TargetInfo, layer_ids: list[int]) -> None:
@@ -195,8 +216,10 @@ def check_layers(info: TargetInfo, layer_ids: list[int]) -> None:
         raise TargetError("no target layer ids given (pass --drafter CKPT or --layers 1,16,31)")
     bad = [i for i in layer_ids if not 0 <= i < info.num_layers]
     if bad:
-        raise TargetError(f"target layer id {bad[0]} is out of range: {info.path} has {info.num_layers} "
-                          f"layers (ids 0..{info.num_layers - 1})")
+        raise TargetError(
+            f"target layer id {bad[0]} is out of range: {info.path} has {info.num_layers} "
+            f"layers (ids 0..{info.num_layers - 1})"
+        )
 
 
 def load(path: str | Path, layer_ids: list[int], device: str = "cpu", dtype: torch.dtype = torch.float32):
@@ -244,8 +267,10 @@ def extract(decoder, ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
     got: dict[int, torch.Tensor] = {}
     hooks = []
     for l in sorted(set(layer_ids)):
+
         def grab(_m, _i, out, l=l):
             got[l] = (out[0] if isinstance(out, tuple) else out)[0]
+
         hooks.append(layers[l].register_forward_hook(grab))
     try:
         dev = next(decoder.parameters()).device
@@ -256,8 +281,13 @@ def extract(decoder, ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
     return torch.cat([got[l] for l in layer_ids], dim=-1)
 
 
-def extract_stream(decoder, items: Iterable[tuple[Any, torch.Tensor]], layer_ids: list[int],
-                   write: Callable[[Any, torch.Tensor], Any], depth: int = 2) -> Iterator[tuple[Any, Any]]:
+def extract_stream(
+    decoder,
+    items: Iterable[tuple[Any, torch.Tensor]],
+    layer_ids: list[int],
+    write: Callable[[Any, torch.Tensor], Any],
+    depth: int = 2,
+) -> Iterator[tuple[Any, Any]]:
     """Extract many sequences, overlapping the device's forwards with host copies and file writes.
 
     items: (key, ids [T]) pairs; for each, `extract` runs on the device, its features are copied into
@@ -309,6 +339,7 @@ def _write_after(event, write, key, host):
 
 def versions() -> dict:
     import transformers
+
     return {"torch": torch.__version__, "transformers": transformers.__version__, "fla": fla_version()}
 
 
@@ -333,7 +364,8 @@ def _weight_files(path: Path) -> dict[str, Path]:
 @dataclass
 class Head:
     """The target's input embedding and LM head: what a drafter borrows (it has neither)."""
-    embed: torch.Tensor    # [V, H] target input embedding
+
+    embed: torch.Tensor  # [V, H] target input embedding
     lm_head: torch.Tensor  # [V, H] target LM head
 
 

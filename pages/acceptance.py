@@ -7,6 +7,7 @@ The calibration and failure-pattern sections are drawn only when chosen in the s
 view (their six charts and six tables would otherwise double the page's drawing time in the browser).
 URL: acceptance?run=ID&prompt=PID[&pos=START-END: positions outlined in the token view][&round=N: the round shown
 in full below the token view][&section=calibration|patterns: that section shown]."""
+
 from __future__ import annotations
 
 import streamlit as st
@@ -21,32 +22,56 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
     st.subheader("Replay another checkpoint")
     done = [e for e in extractions if e["status"] == "done"]
     if not done:
-        st.info("No finished extraction to replay on: extract hidden states first on the **Extraction** page "
-                "(or `python -m dflash_dash extract ...`).")
+        st.info(
+            "No finished extraction to replay on: extract hidden states first on the **Extraction** page "
+            "(or `python -m dflash_dash extract ...`)."
+        )
         return
     ids = [e["id"] for e in done]
     by_id = {e["id"]: e for e in done}
     with st.form("replay"):
-        ck = st.text_input("checkpoint folder (config.json + *.safetensors, or a SpecForge {run_id}-step{N}/ "
-                           "folder)", value=default_ck, placeholder="/path/to/epoch_0_step_1000")
+        ck = st.text_input(
+            "checkpoint folder (config.json + *.safetensors, or a SpecForge {run_id}-step{N}/ folder)",
+            value=default_ck,
+            placeholder="/path/to/epoch_0_step_1000",
+        )
         how = common.checkpoint_inputs("replay")
         c1, c2, c3, c4 = st.columns(4)
-        ex = c1.selectbox("extraction", ids, index=ids.index(default_ex) if default_ex in ids else len(ids) - 1,
-                          format_func=lambda i: f"{i} · {by_id[i]['backend']} · {by_id[i]['set_name']}")
+        ex = c1.selectbox(
+            "extraction",
+            ids,
+            index=ids.index(default_ex) if default_ex in ids else len(ids) - 1,
+            format_func=lambda i: f"{i} · {by_id[i]['backend']} · {by_id[i]['set_name']}",
+        )
         budget = c2.number_input("DDTree budget", 0, 256, 8)
         device = c3.text_input("device", "cpu")
-        gpus = c3.text_input("GPUs", "", help="one worker process per device, prompts sharded: GPU indices "
-                             "like 0,1 (cpu,cpu: CPU workers); empty: the device above")
+        gpus = c3.text_input(
+            "GPUs",
+            "",
+            help="one worker process per device, prompts sharded: GPU indices "
+            "like 0,1 (cpu,cpu: CPU workers); empty: the device above",
+        )
         dtype = c4.selectbox("dtype", ["float32", "bfloat16"])
         go = st.form_submit_button("Replay", type="primary")
     if go:
         if not ck.strip():
-            st.error("Give the checkpoint folder to replay (a folder with config.json and *.safetensors, or a "
-                     "SpecForge runtime folder with training_state.pt).")
+            st.error(
+                "Give the checkpoint folder to replay (a folder with config.json and *.safetensors, or a "
+                "SpecForge runtime folder with training_state.pt)."
+            )
         else:
             common.backend_note(by_id[ex]["backend"], f"Extraction {ex}")
-            common.start_job(ops.Replay(drafter=ck.strip(), extraction=ex, tree_budget=int(budget),
-                                        device=device.strip() or "cpu", dtype=dtype, gpus=gpus, **how))
+            common.start_job(
+                ops.Replay(
+                    drafter=ck.strip(),
+                    extraction=ex,
+                    tree_budget=int(budget),
+                    device=device.strip() or "cpu",
+                    dtype=dtype,
+                    gpus=gpus,
+                    **how,
+                )
+            )
     common.job_panel(("replay", "sweep"), key="acc")
 
 
@@ -62,9 +87,11 @@ def summary_block(s: dict, rows: list[dict], run_id: str) -> None:
     c1.plotly_chart(views.hist_fig({"run": s}), width="stretch")
     c1.caption("histogram: rounds of the chain walk by accepted drafts 0..B-1; hover: share and rounds (n)")
     c2.plotly_chart(views.depth_fig({"run": s}), width="stretch")
-    c2.caption("conditional P(d_k accepted | d_1..d_{k-1} accepted) over the rounds with d_1..d_{k-1} accepted "
-               "(bars, right axis: their count n); marginal P(d_1..d_k all accepted) over the rounds with slot k in "
-               "the completion; hover shows n. A depth no round reached is a gap marked n = 0.")
+    c2.caption(
+        "conditional P(d_k accepted | d_1..d_{k-1} accepted) over the rounds with d_1..d_{k-1} accepted "
+        "(bars, right axis: their count n); marginal P(d_1..d_k all accepted) over the rounds with slot k in "
+        "the completion; hover shows n. A depth no round reached is a gap marked n = 0."
+    )
 
 
 def stats_block(s: dict, rows: list[dict], run_id: str) -> None:
@@ -78,32 +105,50 @@ def stats_block(s: dict, rows: list[dict], run_id: str) -> None:
         col.metric(metrics.label(key, s), views.fmt(s.get(key)))
         col.caption(metrics.BY_KEY[key].formula)
     odd = views.outlier_links(s, rows, run_id)
-    st.markdown(f"**Outlier prompts: {metrics.show('tau_outlier_count', s.get('tau_outlier_count'))}** · "
-                f"fences {metrics.show('tau_fences', s.get('tau_fences'))}")
-    st.caption(metrics.TUKEY_RULE + "; tau (macro) without outliers leaves them out. Rows marked in the `outlier` "
-               "column of the per-prompt table.")
+    st.markdown(
+        f"**Outlier prompts: {metrics.show('tau_outlier_count', s.get('tau_outlier_count'))}** · "
+        f"fences {metrics.show('tau_fences', s.get('tau_fences'))}"
+    )
+    st.caption(
+        metrics.TUKEY_RULE + "; tau (macro) without outliers leaves them out. Rows marked in the `outlier` "
+        "column of the per-prompt table."
+    )
     for o in odd:
-        st.markdown(f"- `{str(o['prompt']).replace('`', '')}` · tau {views.fmt(o['tau'])} ({o['side']}) · "
-                    f"[open in the token view]({o['link']})")
+        st.markdown(
+            f"- `{str(o['prompt']).replace('`', '')}` · tau {views.fmt(o['tau'])} ({o['side']}) · "
+            f"[open in the token view]({o['link']})"
+        )
     b, B = s.get("tree_budget") or 0, s.get("block_size") or 0
     if not b:
         return
     st.markdown(f"**DDTree-{b} against a chain of the same token budget** ({b} drafts verified per round)")
     c1, c2 = st.columns(2)
-    for col, key, tree in ((c1, "chain_tau_at_budget", "ddtree_tau"), (c2, "chain_tau_at_budget_pooled",
-                                                                     "ddtree_tau_pooled")):
+    for col, key, tree in (
+        (c1, "chain_tau_at_budget", "ddtree_tau"),
+        (c2, "chain_tau_at_budget_pooled", "ddtree_tau_pooled"),
+    ):
         v, t = s.get(key), s.get(tree)
-        col.metric(metrics.label(key, s), views.fmt(v),
-                   delta=None if v is None or t is None else f"{t - v:+.2f} {metrics.label(tree, s)} − chain")
-        col.caption(metrics.BY_KEY[key].formula + (" (needs accepted(p) at every anchor: replay with every anchor)"
-                                                   if v is None else ""))
-    st.caption(f"DDTree-{b} verifies {b} drafted tokens per round, so a round commits at most {b} + 1 = {b + 1} "
-               f"tokens; the chain of block {B} verifies {B - 1} drafts and can commit up to {B}. On easy text, where "
-               f"the chain's drafts run deep, DDTree-{b} can therefore commit fewer tokens per round than the "
-               f"{B}-block chain: its budget caps it. Like with like is a chain verifying the same {b} drafts per "
-               f"round (block {b + 1}), above; the delta is DDTree − that chain."
-               + (f" Here the budget covers all {B - 1} drafts: the same-budget chain is the chain itself."
-                  if b >= B - 1 else ""))
+        col.metric(
+            metrics.label(key, s),
+            views.fmt(v),
+            delta=None if v is None or t is None else f"{t - v:+.2f} {metrics.label(tree, s)} − chain",
+        )
+        col.caption(
+            metrics.BY_KEY[key].formula
+            + (" (needs accepted(p) at every anchor: replay with every anchor)" if v is None else "")
+        )
+    st.caption(
+        f"DDTree-{b} verifies {b} drafted tokens per round, so a round commits at most {b} + 1 = {b + 1} "
+        f"tokens; the chain of block {B} verifies {B - 1} drafts and can commit up to {B}. On easy text, where "
+        f"the chain's drafts run deep, DDTree-{b} can therefore commit fewer tokens per round than the "
+        f"{B}-block chain: its budget caps it. Like with like is a chain verifying the same {b} drafts per "
+        f"round (block {b + 1}), above; the delta is DDTree − that chain."
+        + (
+            f" Here the budget covers all {B - 1} drafts: the same-budget chain is the chain itself."
+            if b >= B - 1
+            else ""
+        )
+    )
 
 
 def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] | None = None) -> None:
@@ -132,13 +177,17 @@ def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] 
     if span:  # a worst-span link (Failure patterns): outline its positions
         P, T = row["prompt_len"], row["prompt_len"] + len(row["accepted_at"])
         outline = {q - P for q in range(max(span[0], P), min(span[1], T - 1) + 1)}
-        st.caption(f"Outlined: positions {span[0]}–{span[1]} from the link (a worst span of Failure patterns: the "
-                   "lowest mean accepted(p) there)")
+        st.caption(
+            f"Outlined: positions {span[0]}–{span[1]} from the link (a worst span of Failure patterns: the "
+            "lowest mean accepted(p) there)"
+        )
     st.html(views.token_html(tr, vocab, B, superscript=sup, inline_rejects=inline, diff=outline))
     round_block(run, row, comp, vocab)
     st.plotly_chart(views.accept_curve(tr, row, B), width="stretch")
-    st.caption("accepted(p): leading drafts of the block at anchor p equal to the completion; "
-               "markers: anchors the chain walk actually visits")
+    st.caption(
+        "accepted(p): leading drafts of the block at anchor p equal to the completion; "
+        "markers: anchors the chain walk actually visits"
+    )
 
 
 def round_block(run: dict, row: dict, comp: dict, vocab: views.Vocab) -> None:
@@ -152,15 +201,23 @@ def round_block(run: dict, row: dict, comp: dict, vocab: views.Vocab) -> None:
         return
     labels = {str(o["round"]): o["label"] for o in opts}
     first_stop = next((o["round"] for o in opts if o["accepted"] < o["inside"]), 1)  # default: a rejection
-    rnd = common.select_param("round of the chain walk", list(labels), "round", "acc_round",
-                              default=str(first_stop), format_func=labels.get)
+    rnd = common.select_param(
+        "round of the chain walk", list(labels), "round", "acc_round", default=str(first_stop), format_func=labels.get
+    )
     detail = views.round_detail(row, comp, B, int(rnd), vocab, run["summary"].get("round_topk"), budget)
     st.html(views.round_html(detail))
-    st.caption("candidate j: the drafter's j-th most probable token for the slot, with its probability; green: "
-               "the target's token among them; the chain stops at the first rejected slot (committed = accepted "
-               "+ 1, the target's bonus token)" + (f"; DDTree-{budget}: the slots on the tree's longest accepted "
-               "path, which are the target's tokens" if budget else "") + ". Each block start in the token view "
-               "names its round in its tooltip.")
+    st.caption(
+        "candidate j: the drafter's j-th most probable token for the slot, with its probability; green: "
+        "the target's token among them; the chain stops at the first rejected slot (committed = accepted "
+        "+ 1, the target's bonus token)"
+        + (
+            f"; DDTree-{budget}: the slots on the tree's longest accepted path, which are the target's tokens"
+            if budget
+            else ""
+        )
+        + ". Each block start in the token view "
+        "names its round in its tooltip."
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -181,40 +238,53 @@ def calibration_block(ws: str, run: dict) -> None:
     s = run["summary"]
     B = s["block_size"]
     st.subheader("Calibration")
-    st.caption("Does the drafter know when it is right? p_k = the drafter's probability of its own top-1 draft at "
-               "slot k. A sample is a chain-walk round with slot k inside the completion and d_1..d_{k-1} accepted; "
-               "it counts as accepted when d_k is accepted too (the rounds of the per-depth conditional curve).")
+    st.caption(
+        "Does the drafter know when it is right? p_k = the drafter's probability of its own top-1 draft at "
+        "slot k. A sample is a chain-walk round with slot k inside the completion and d_1..d_{k-1} accepted; "
+        "it counts as accepted when d_k is accepted too (the rounds of the per-depth conditional curve)."
+    )
     cal = common.analysis(ws, run["id"], "calibration")
     if not cal["recorded"]:
-        st.info("Draft probabilities: not recorded, replay again. This run was replayed before dflash-dash stored "
-                "the probability of each draft; replay the same checkpoint (Replay another checkpoint, below) to "
-                "see its calibration.")
+        st.info(
+            "Draft probabilities: not recorded, replay again. This run was replayed before dflash-dash stored "
+            "the probability of each draft; replay the same checkpoint (Replay another checkpoint, below) to "
+            "see its calibration."
+        )
         return
     c = st.columns(3)
     c[0].metric(metrics.label("calibration_ece"), views.prob(cal["calibration_ece"]))
     c[0].caption("ECE = " + metrics.BY_KEY["calibration_ece"].formula)
     c[1].metric("expected tau (macro)", views.fmt(cal["expected_tau"]))
-    c[1].caption(f"observed tau (macro) {views.fmt(cal['tau_macro'])}; expected per round = "
-                 "1 + sum_{k=1}^{min(B-1, left-1)} prod_{j<=k} p_j (capped to the tokens left), observed = committed")
+    c[1].caption(
+        f"observed tau (macro) {views.fmt(cal['tau_macro'])}; expected per round = "
+        "1 + sum_{k=1}^{min(B-1, left-1)} prod_{j<=k} p_j (capped to the tokens left), observed = committed"
+    )
     c[2].metric("expected tau (pooled)", views.fmt(cal["expected_tau_pooled"]))
     c[2].caption(f"observed tau (pooled) {views.fmt(cal['tau_pooled'])}; all expected committed / all rounds")
     depth = depth_choice(B, "acc_cal_depth")
     c1, c2 = st.columns(2)
     c1.plotly_chart(views.reliability_fig({"run": cal["reliability"]}, depth), width="stretch")
-    c1.caption("x: mean p_k of the bin (predicted), y: share of its drafts accepted (observed); on the diagonal the "
-               "drafter is calibrated, below it over-confident; bars: samples per bin")
+    c1.caption(
+        "x: mean p_k of the bin (predicted), y: share of its drafts accepted (observed); on the diagonal the "
+        "drafter is calibrated, below it over-confident; bars: samples per bin"
+    )
     with c1:
         common.download("reliability bins (CSV)", cal["reliability"], f"{run['id']}-reliability.csv", "acc_dl_rel")
     c2.plotly_chart(views.confidence_fig({"run": cal["by_depth"]}), width="stretch")
     c2.caption("per depth: mean p_k against P(d_k accepted | d_1..d_{k-1} accepted), and the ECE of each depth")
     with c2:
-        common.download("per-depth calibration (CSV)", cal["by_depth"], f"{run['id']}-calibration-depth.csv",
-                        "acc_dl_depth")
+        common.download(
+            "per-depth calibration (CSV)", cal["by_depth"], f"{run['id']}-calibration-depth.csv", "acc_dl_depth"
+        )
     c1, c2 = st.columns(2)
     c1.plotly_chart(views.expected_fig({"run": cal["per_prompt"]}), width="stretch")
     with c1:
-        common.download("expected vs observed tau per prompt (CSV)", cal["per_prompt"],
-                        f"{run['id']}-expected-tau.csv", "acc_dl_exp")
+        common.download(
+            "expected vs observed tau per prompt (CSV)",
+            cal["per_prompt"],
+            f"{run['id']}-expected-tau.csv",
+            "acc_dl_exp",
+        )
     c2.dataframe(cal["by_depth"], hide_index=True, width="stretch")
     c2.caption("rounds: samples of depth k; mean_p: mean p_k; observed: P(d_k | d_<k); ece: ECE of depth k alone")
 
@@ -231,9 +301,11 @@ PATTERN_TABLES = {  # table key: (title, what it answers)
 def patterns_block(ws: str, run: dict) -> None:
     B = run["summary"]["block_size"]
     st.subheader("Failure patterns")
-    st.caption("Where and on what the drafter fails, over the chain-walk rounds. P(d_1 accepted) = share of "
-               "rounds whose first draft is accepted; tau = committed / rounds of the group. Token classes come "
-               "from the decoded token text (Python keywords for keyword; a quote makes a string token).")
+    st.caption(
+        "Where and on what the drafter fails, over the chain-walk rounds. P(d_1 accepted) = share of "
+        "rounds whose first draft is accepted; tau = committed / rounds of the group. Token classes come "
+        "from the decoded token text (Python keywords for keyword; a quote makes a string token)."
+    )
     pat = common.analysis(ws, run["id"], "patterns")
     if not pat["decoded_tokens"]:
         st.caption("The target folder has no tokenizer: tokens are shown as ⟨id⟩ and every class is `other`.")
@@ -251,23 +323,36 @@ def patterns_block(ws: str, run: dict) -> None:
     c1.plotly_chart(views.class_fig(pat["by_class"]), width="stretch")
     table("by_class", c2)
     c1, c2 = st.columns(2)
-    c1.plotly_chart(views.binned_fig(pat["by_position"], "completion_position", "acceptance by position in the "
-                                     "completion", "anchor position p - P (bin)"), width="stretch")
-    c2.plotly_chart(views.binned_fig(pat["by_context"], "context_length", "acceptance by context length",
-                                     "context length p (bin)"), width="stretch")
+    c1.plotly_chart(
+        views.binned_fig(
+            pat["by_position"],
+            "completion_position",
+            "acceptance by position in the completion",
+            "anchor position p - P (bin)",
+        ),
+        width="stretch",
+    )
+    c2.plotly_chart(
+        views.binned_fig(pat["by_context"], "context_length", "acceptance by context length", "context length p (bin)"),
+        width="stretch",
+    )
     c1, c2 = st.columns(2)
     table("by_position", c1)
     table("by_context", c2)
     table("rejection_pairs")
     table("worst_spans")
     if run["summary"].get("anchors") == "chain":
-        st.caption("A chain-only run knows accepted(p) only at the anchors its walks visited: a span's mean is over "
-                   "those (column `anchors`); replay with every anchor for the full picture.")
+        st.caption(
+            "A chain-only run knows accepted(p) only at the anchors its walks visited: a span's mean is over "
+            "those (column `anchors`); replay with every anchor for the full picture."
+        )
     if pat["worst_spans"]:
         with st.expander("open a worst span in the token view"):
             for i, sp in enumerate(pat["worst_spans"], 1):
-                st.markdown(f"{i}. `{sp['prompt']}` positions {sp['start']}–{sp['end']} · mean accepted(p) "
-                            f"{sp['mean_accepted']:.2f} · [open in the token view]({sp['link']})")
+                st.markdown(
+                    f"{i}. `{sp['prompt']}` positions {sp['start']}–{sp['end']} · mean accepted(p) "
+                    f"{sp['mean_accepted']:.2f} · [open in the token view]({sp['link']})"
+                )
 
 
 def link_span(pid: str) -> tuple[int, int] | None:
@@ -298,19 +383,25 @@ def main() -> None:
     runs = common.runs(ws, stamp)
     exs = common.extractions(ws, stamp)
     if not runs:
-        st.info("No replay runs in this workspace yet. Fetch completions (**Completions**), extract hidden "
-                "states (**Extraction**), then replay a checkpoint below or with "
-                "`python -m dflash_dash replay --drafter CKPT`.")
+        st.info(
+            "No replay runs in this workspace yet. Fetch completions (**Completions**), extract hidden "
+            "states (**Extraction**), then replay a checkpoint below or with "
+            "`python -m dflash_dash replay --drafter CKPT`."
+        )
         replay_form(exs, None)
         return
     by_id = {r["id"]: r for r in runs}
     ids = [r["id"] for r in reversed(runs)]  # newest first
-    rid = common.select_param("run (checkpoint · backend · id)", ids, "run", "acc_run", format_func=common.run_label(by_id))
+    rid = common.select_param(
+        "run (checkpoint · backend · id)", ids, "run", "acc_run", format_func=common.run_label(by_id)
+    )
     run = by_id[rid]
     s = run["summary"]
-    st.caption(f"checkpoint `{run['checkpoint']}` · extraction `{run['extraction_id']}` (backend "
-               f"**{run['backend']}**) · completions `{run['set_name']}` · block size {s.get('block_size')}"
-               + views.sliding_note(run.get("sliding_block")))
+    st.caption(
+        f"checkpoint `{run['checkpoint']}` · extraction `{run['extraction_id']}` (backend "
+        f"**{run['backend']}**) · completions `{run['set_name']}` · block size {s.get('block_size')}"
+        + views.sliding_note(run.get("sliding_block"))
+    )
     common.backend_note(run["backend"])
     rows = common.prompt_rows(ws, rid)  # per-prompt numbers only: no page loads every token of every prompt
     summary_block(common.summary(ws, run), list(rows.values()), rid)
@@ -318,13 +409,21 @@ def main() -> None:
     st.subheader("Per prompt")
     comps = common.completions(ws, run["set_name"], stamp)
     table = views.prompt_table(list(rows.values()), comps, run["tree_budget"])
-    st.caption("sorted by tau, lowest first; tau = committed / rounds; outlier = low / high outside Tukey's fences "
-               "of per-prompt tau; chain_tau_at_budget = tau of the chain verifying as many drafts as the tree "
-               "(block N+1); select a row (or the prompt below) to open its token view")
+    st.caption(
+        "sorted by tau, lowest first; tau = committed / rounds; outlier = low / high outside Tukey's fences "
+        "of per-prompt tau; chain_tau_at_budget = tau of the chain verifying as many drafts as the tree "
+        "(block N+1); select a row (or the prompt below) to open its token view"
+    )
     cfg = {c: st.column_config.NumberColumn(c, format="%.2f") for c in views.TAU_COLUMNS}
-    ev = st.dataframe(table, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row",
-                      key="acc_table", column_config=cfg | {"outlier": st.column_config.TextColumn(
-                          "outlier", help=metrics.TUKEY_RULE)})
+    ev = st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        on_select="rerun",
+        selection_mode="single-row",
+        key="acc_table",
+        column_config=cfg | {"outlier": st.column_config.TextColumn("outlier", help=metrics.TUKEY_RULE)},
+    )
     order = [t["prompt"] for t in table]
     picked = ev.selection.rows if ev is not None and hasattr(ev, "selection") else []
     if picked:
@@ -337,11 +436,13 @@ def main() -> None:
         st.error(f"prompt {pid!r} has no completion in set {run['set_name']!r} any more; re-import it.")
     else:
         st.subheader(f"Token view · {pid}")
-        token_view(ws, run, common.run_prompt(ws, rid, pid), common.completion(ws, run["set_name"], pid, stamp),
-                   link_span(pid))
+        token_view(
+            ws, run, common.run_prompt(ws, rid, pid), common.completion(ws, run["set_name"], pid, stamp), link_span(pid)
+        )
     st.subheader("Why drafts fail")
-    section = common.section_param("show the run's calibration or failure patterns (drawn when chosen)", SECTIONS,
-                                   "section", "acc_section")
+    section = common.section_param(
+        "show the run's calibration or failure patterns (drawn when chosen)", SECTIONS, "section", "acc_section"
+    )
     if section:
         with common.guard():  # a failing analysis does not hide the rest of the page
             (calibration_block if section == "calibration" else patterns_block)(ws, run)

@@ -7,6 +7,7 @@ Contract: the only other file (with app.py and the pages) that imports streamlit
 the store every second; when a job finishes the whole page reruns so new data shows up. `guard()` turns
 every error into an `st.error` message: never a traceback in the browser.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,9 +24,13 @@ from dflash_dash.errors import UserError
 from dflash_dash.store import Store, default_workspace
 
 ACTIVE = ("queued", "running")
-STATUS_ICON = {"queued": ":material/schedule:", "running": ":blue[:material/autorenew:]",
-               "done": ":green[:material/check_circle:]", "failed": ":red[:material/error:]",
-               "cancelled": ":gray[:material/stop_circle:]"}
+STATUS_ICON = {
+    "queued": ":material/schedule:",
+    "running": ":blue[:material/autorenew:]",
+    "done": ":green[:material/check_circle:]",
+    "failed": ":red[:material/error:]",
+    "cancelled": ":gray[:material/stop_circle:]",
+}
 
 
 # ---------------------------------------------------------------------------
@@ -38,6 +43,7 @@ def app_routing(force: bool = True) -> bool:
     the entry script has not yet called st.navigation. Returns whether that mode was on; `force` turns it off
     (app.py's st.navigation routing from then on)."""
     from streamlit.runtime.pages_manager import PagesManager
+
     was = bool(PagesManager.uses_pages_directory)
     if force:
         PagesManager.uses_pages_directory = False
@@ -118,6 +124,7 @@ def analysis(ws: str, run_id: str, name: str):
 @st.cache_data(max_entries=64, show_spinner="analysing the run (once; kept in the workspace)")
 def _analysis(ws: str, run_id: str, name: str):
     from dflash_dash import pipeline  # on first use: the pages that never analyse never load it
+
     return pipeline.analysis(_store(ws), run_id, name)
 
 
@@ -160,8 +167,9 @@ def attributions(ws: str, run_id: str, stamp: str) -> list[dict]:
 
 def download(label: str, rows: list[dict], file_name: str, key: str) -> None:
     """A CSV download button for one table (or figure data)."""
-    st.download_button(label, views.csv_text(rows) if rows else "", file_name=file_name, mime="text/csv", key=key,
-                       disabled=not rows)
+    st.download_button(
+        label, views.csv_text(rows) if rows else "", file_name=file_name, mime="text/csv", key=key, disabled=not rows
+    )
 
 
 def engine_stamp() -> str:
@@ -181,12 +189,14 @@ def engine_stats(ws: str, set_name: str, engine: str, stamp: str) -> list[dict]:
 
 def config():
     from dflash_dash import config as cfg_mod
+
     return cfg_mod.load(workspace())
 
 
 def server_url() -> str:
     """The server URL of the workspace's config.toml (an invalid file is reported, and the default used)."""
     from dflash_dash import config as cfg_mod
+
     try:
         return config().server_url
     except cfg_mod.ConfigError as e:
@@ -198,11 +208,13 @@ def client(url: str | None = None, **kw):
     """An `sglang.Client` for `url` (default: the workspace's server) with the API key from the environment
     (sglang.for_workspace); raises ConfigError for an invalid config.toml, ValueError for a bad URL."""
     from dflash_dash import sglang
+
     return sglang.for_workspace(config(), url, **kw)
 
 
 def _key_env() -> str:
     from dflash_dash import config as cfg_mod
+
     try:
         return cfg_mod.api_key(config())[1]
     except cfg_mod.ConfigError:
@@ -213,7 +225,9 @@ def _key_env() -> str:
 def health_poller(url: str, key_env: str):
     """One background /health poller per server URL (and key variable), shared by every session: a real
     /health takes seconds, so it never runs on the script thread. None for a URL a client cannot use."""
-    from dflash_dash import config as cfg_mod, sglang
+    from dflash_dash import config as cfg_mod
+    from dflash_dash import sglang
+
     cfg = cfg_mod.WorkspaceConfig(api_key_env=key_env)  # only the key's variable matters here
     try:
         c = sglang.for_workspace(cfg, url, timeout=sglang.HEALTH_TIMEOUT_S, retries=0)
@@ -309,20 +323,27 @@ def run_label(runs_by_id: dict[str, dict]):
     def f(rid: str) -> str:
         r = runs_by_id.get(rid, {})
         return f"{r.get('name')} · {r.get('backend')} · {rid}"
+
     return f
 
 
-SLIDING_CHOICES = {"the checkpoint's own (causal unless its config sets is_causal)": None,
-                   "causal inside the block (SpecForge training, SGLang serving)": "causal",
-                   "bidirectional inside the block (z-lab HF reference)": "bidirectional"}
+SLIDING_CHOICES = {
+    "the checkpoint's own (causal unless its config sets is_causal)": None,
+    "causal inside the block (SpecForge training, SGLang serving)": "causal",
+    "bidirectional inside the block (z-lab HF reference)": "bidirectional",
+}
 
 
 def checkpoint_inputs(key: str) -> dict:
     """The two ways a checkpoint can be read (replay and sweep forms): its draft config JSON, for SpecForge
     runtime checkpoints without a config.json, and the sliding-layer block semantics. Job arguments."""
     c1, c2 = st.columns(2)
-    cfg = c1.text_input("draft config JSON (only for SpecForge runtime checkpoints without config.json)", "",
-                        key=f"{key}_draft_config", placeholder="/path/to/draft_config.json")
+    cfg = c1.text_input(
+        "draft config JSON (only for SpecForge runtime checkpoints without config.json)",
+        "",
+        key=f"{key}_draft_config",
+        placeholder="/path/to/draft_config.json",
+    )
     how = c2.selectbox("sliding_attention layers", list(SLIDING_CHOICES), key=f"{key}_sliding")
     out = {"draft_config": cfg.strip() or None, "sliding_block": SLIDING_CHOICES[how]}
     return {k: v for k, v in out.items() if v}
@@ -331,10 +352,12 @@ def checkpoint_inputs(key: str) -> dict:
 def backend_note(backend: str | None, what: str = "This run") -> None:
     """The warning SPEC 1 asks for wherever a torch-path extraction feeds a drafter."""
     if backend == "torch":
-        st.warning(f"{what} uses a **torch-path** extraction (backend `torch`, the CPU fallback of the "
-                   "linear-attention kernels). The drafter was trained on states from the **fla** kernels; the "
-                   "two differ, so acceptance here can be lower than in serving. Compare both on the "
-                   "Diagnostics page (backend parity).")
+        st.warning(
+            f"{what} uses a **torch-path** extraction (backend `torch`, the CPU fallback of the "
+            "linear-attention kernels). The drafter was trained on states from the **fla** kernels; the "
+            "two differ, so acceptance here can be lower than in serving. Compare both on the "
+            "Diagnostics page (backend parity)."
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -343,6 +366,7 @@ def backend_note(backend: str | None, what: str = "This run") -> None:
 
 def jobs_mod():
     from dflash_dash import jobs
+
     return jobs
 
 
@@ -398,7 +422,8 @@ def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
                     jobs.rerun(st_, j["id"])
                     st.rerun()
                 if j["status"] in ("failed", "cancelled") and c4.button(
-                        "Dismiss", key=f"dismiss_{key}_{j['id']}", help="hide this job from the panel"):
+                    "Dismiss", key=f"dismiss_{key}_{j['id']}", help="hide this job from the panel"
+                ):
                     st_.dismiss_job(j["id"])
                     st.rerun()
                 with c3.expander("log"):

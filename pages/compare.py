@@ -5,6 +5,7 @@ positions whose outcome (accepted draft vs target token) differs outlined and a 
 one-position draft lag rate per slot, configs side by side, and the training sweep (tau against step for the
 checkpoints of a training folder). The calibration section is drawn only when chosen (two more charts and a table
 in the browser). URL: compare?a=ID&b=ID&prompt=PID&sweep=DIR[&section=calibration]."""
+
 from __future__ import annotations
 
 import streamlit as st
@@ -21,8 +22,15 @@ def metrics_table(a: dict, b: dict) -> list[dict]:
     out = []
     for m in metrics.HEADLINE:
         va, vb = a["summary"].get(m.key), b["summary"].get(m.key)
-        out.append({"metric": metrics.label(m.key, a["summary"]), "A": views.fmt(va), "B": views.fmt(vb),
-                    "B − A": views.fmt(vb - va) if va is not None and vb is not None else "—", "formula": m.formula})
+        out.append(
+            {
+                "metric": metrics.label(m.key, a["summary"]),
+                "A": views.fmt(va),
+                "B": views.fmt(vb),
+                "B − A": views.fmt(vb - va) if va is not None and vb is not None else "—",
+                "formula": m.formula,
+            }
+        )
     return out
 
 
@@ -36,8 +44,9 @@ def pick_prompt(a: dict, b: dict, ra: dict, rb: dict, comps: dict) -> str | None
     st.caption(views.DELTA_NOTE)
     order = [r["prompt"] for r in rows]
     pair = f"{a['id']}|{b['id']}"
-    ev = st.dataframe(rows, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row",
-                      key=f"cmp_delta_{pair}")
+    ev = st.dataframe(
+        rows, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row", key=f"cmp_delta_{pair}"
+    )
     picked = ev.selection.rows if ev is not None and hasattr(ev, "selection") else []
     prev = st.session_state.get("_cmp_pair")
     st.session_state["_cmp_pair"] = pair
@@ -47,10 +56,17 @@ def pick_prompt(a: dict, b: dict, ra: dict, rb: dict, comps: dict) -> str | None
         st.session_state["_cmp_delta_last"] = (pair, order[picked[0]])
         common.set_param("cmp_prompt", "prompt", order[picked[0]])
     by = {r["prompt"]: r for r in rows}
-    return common.select_param("prompt (largest |delta| first)", order, "prompt", "cmp_prompt",
-                               format_func=lambda p: f"{p} · A {views.fmt(by[p]['tau A'])} · B "
-                                                     f"{views.fmt(by[p]['tau B'])} · delta "
-                                                     f"{views.fmt(by[p]['delta (B − A)'])}")
+    return common.select_param(
+        "prompt (largest |delta| first)",
+        order,
+        "prompt",
+        "cmp_prompt",
+        format_func=lambda p: (
+            f"{p} · A {views.fmt(by[p]['tau A'])} · B "
+            f"{views.fmt(by[p]['tau B'])} · delta "
+            f"{views.fmt(by[p]['delta (B − A)'])}"
+        ),
+    )
 
 
 def token_views(ws: str, stamp: str, a: dict, b: dict, ra: dict, rb: dict) -> None:
@@ -63,7 +79,10 @@ def token_views(ws: str, stamp: str, a: dict, b: dict, ra: dict, rb: dict) -> No
     vocab = common.vocab(target) if target else views.Vocab()
     Ba, Bb = a["summary"]["block_size"], b["summary"]["block_size"]
     comp = common.completion(ws, a["set_name"], pid, stamp)
-    ta, tb = views.trace(common.run_prompt(ws, a["id"], pid), comp, Ba), views.trace(common.run_prompt(ws, b["id"], pid), comp, Bb)
+    ta, tb = (
+        views.trace(common.run_prompt(ws, a["id"], pid), comp, Ba),
+        views.trace(common.run_prompt(ws, b["id"], pid), comp, Bb),
+    )
     diff = views.differing(ta, tb)
     st.caption(f"{len(diff)} of {len(ta.role)} completion positions differ in outcome. {views.OUTCOME_NOTE}")
     st.html(views.legend_html(Ba, compare=True))
@@ -73,11 +92,16 @@ def token_views(ws: str, stamp: str, a: dict, b: dict, ra: dict, rb: dict) -> No
 
 def lag_block(ws: str, stamp: str, a: dict, b: dict) -> None:
     st.subheader("One-position draft lag, per slot")
-    st.caption("How often the draft at slot k is the target's token one position behind the one it should predict: "
-               "the signature of a drafter trained with the anchor's own hidden state in view. "
-               + metrics.LAG_FORMULA)
-    rows = views.lag_rows(common.analysis(ws, a["id"], "lag"), common.analysis(ws, b["id"], "lag"),
-                          a["summary"]["block_size"], b["summary"]["block_size"])
+    st.caption(
+        "How often the draft at slot k is the target's token one position behind the one it should predict: "
+        "the signature of a drafter trained with the anchor's own hidden state in view. " + metrics.LAG_FORMULA
+    )
+    rows = views.lag_rows(
+        common.analysis(ws, a["id"], "lag"),
+        common.analysis(ws, b["id"], "lag"),
+        a["summary"]["block_size"],
+        b["summary"]["block_size"],
+    )
     if not any(r["anchors A"] or r["anchors B"] for r in rows):
         st.info("No drafts to count: the runs hold no drafts for their shared prompts.")
         return
@@ -91,23 +115,27 @@ def lag_block(ws: str, stamp: str, a: dict, b: dict) -> None:
 def calibration_block(ws: str, a: dict, b: dict) -> None:
     """Calibration of A and B overlaid: ECE and expected vs observed tau, reliability diagrams, per-depth curves."""
     st.subheader("Calibration, A and B")
-    cals = {f"{side} {r['name']}": common.analysis(ws, r["id"], "calibration")
-            for side, r in (("A", a), ("B", b))}
+    cals = {f"{side} {r['name']}": common.analysis(ws, r["id"], "calibration") for side, r in (("A", a), ("B", b))}
     for name, cal in cals.items():
         if not cal["recorded"]:
             st.info(f"{name}: draft probabilities not recorded, replay again (the run predates them).")
     cals = {n: c for n, c in cals.items() if c["recorded"]}
     if not cals:
         return
-    st.dataframe([{"metric": label, **{n: views.fmt(c[key]) for n, c in cals.items()}, "formula": formula}
-                  for key, label, formula in (
-                      ("calibration_ece", "calibration ECE (pooled over depths)",
-                       metrics.BY_KEY["calibration_ece"].formula),
-                      ("expected_tau", "expected tau (macro)", metrics.BY_KEY["expected_tau"].formula),
-                      ("tau_macro", "observed tau (macro)", metrics.BY_KEY["tau_macro"].formula),
-                      ("expected_tau_pooled", "expected tau (pooled)", metrics.BY_KEY["expected_tau_pooled"].formula),
-                      ("tau_pooled", "observed tau (pooled)", metrics.BY_KEY["tau_pooled"].formula))],
-                 hide_index=True, width="stretch")
+    st.dataframe(
+        [
+            {"metric": label, **{n: views.fmt(c[key]) for n, c in cals.items()}, "formula": formula}
+            for key, label, formula in (
+                ("calibration_ece", "calibration ECE (pooled over depths)", metrics.BY_KEY["calibration_ece"].formula),
+                ("expected_tau", "expected tau (macro)", metrics.BY_KEY["expected_tau"].formula),
+                ("tau_macro", "observed tau (macro)", metrics.BY_KEY["tau_macro"].formula),
+                ("expected_tau_pooled", "expected tau (pooled)", metrics.BY_KEY["expected_tau_pooled"].formula),
+                ("tau_pooled", "observed tau (pooled)", metrics.BY_KEY["tau_pooled"].formula),
+            )
+        ],
+        hide_index=True,
+        width="stretch",
+    )
     B = max(r["summary"]["block_size"] for r in (a, b))
     opts = ["pooled over depths"] + [f"depth {k}" for k in range(1, B)]
     v = st.selectbox("reliability diagram: depth", opts, key="cmp_cal_depth")
@@ -116,13 +144,19 @@ def calibration_block(ws: str, a: dict, b: dict) -> None:
     c1.plotly_chart(views.reliability_fig({n: c["reliability"] for n, c in cals.items()}, depth), width="stretch")
     c2.plotly_chart(views.confidence_fig({n: c["by_depth"] for n, c in cals.items()}), width="stretch")
     with c1:
-        common.download("reliability bins, both runs (CSV)",
-                        [{"run": n, **r} for n, c in cals.items() for r in c["reliability"]],
-                        "compare-reliability.csv", "cmp_dl_rel")
+        common.download(
+            "reliability bins, both runs (CSV)",
+            [{"run": n, **r} for n, c in cals.items() for r in c["reliability"]],
+            "compare-reliability.csv",
+            "cmp_dl_rel",
+        )
     with c2:
-        common.download("per-depth calibration, both runs (CSV)",
-                        [{"run": n, **r} for n, c in cals.items() for r in c["by_depth"]],
-                        "compare-calibration-depth.csv", "cmp_dl_depth")
+        common.download(
+            "per-depth calibration, both runs (CSV)",
+            [{"run": n, **r} for n, c in cals.items() for r in c["by_depth"]],
+            "compare-calibration-depth.csv",
+            "cmp_dl_depth",
+        )
 
 
 def config_block(a: dict, b: dict) -> None:
@@ -133,15 +167,19 @@ def config_block(a: dict, b: dict) -> None:
 
     def mark(row):
         return ["background-color:#ffe0e0" if row["differs"] else "" for _ in row]
+
     import pandas as pd
+
     st.dataframe(pd.DataFrame(rows).style.apply(mark, axis=1), hide_index=True, width="stretch")
 
 
 def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
     st.header("Training sweep")
-    st.caption("Point at a training output folder (epoch_E_step_S/, SpecForge runtime {run_id}-step{N}/, "
-               "checkpoint-N/ folders): every checkpoint in it is replayed on one extraction, as one job, in step "
-               "order ({run_id}-latest/-best links count once); tau is plotted against step.")
+    st.caption(
+        "Point at a training output folder (epoch_E_step_S/, SpecForge runtime {run_id}-step{N}/, "
+        "checkpoint-N/ folders): every checkpoint in it is replayed on one extraction, as one job, in step "
+        "order ({run_id}-latest/-best links count once); tau is plotted against step."
+    )
     exs = [e for e in common.extractions(ws, stamp) if e["status"] == "done"]
     folder = st.text_input("training output folder", value=st.query_params.get("sweep", ""), key="sweep_folder")
     if folder.strip():
@@ -149,8 +187,13 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
     if exs:
         ids = [e["id"] for e in exs]
         by = {e["id"]: e for e in exs}
-        ex = st.selectbox("extraction", ids, index=len(ids) - 1, key="sweep_ex",
-                          format_func=lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']}")
+        ex = st.selectbox(
+            "extraction",
+            ids,
+            index=len(ids) - 1,
+            key="sweep_ex",
+            format_func=lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']}",
+        )
         how = common.checkpoint_inputs("sweep")
         if st.button("Start sweep", type="primary", disabled=not folder.strip()):
             common.backend_note(by[ex]["backend"], f"Extraction {ex}")
@@ -164,13 +207,17 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
             st.info("No run of a checkpoint inside this folder yet: start the sweep.")
             return
         st.plotly_chart(views.sweep_fig(pts), width="stretch")
-        st.caption("tau (macro): mean over prompts of committed/rounds; tau (pooled): all committed / all rounds; "
-                   "DDTree tau: the same with tree drafting")
+        st.caption(
+            "tau (macro): mean over prompts of committed/rounds; tau (pooled): all committed / all rounds; "
+            "DDTree tau: the same with tree drafting"
+        )
         for p in pts:
-            st.markdown(f"step {p['step'] if p['step'] is not None else '?'} · `{p['name']}`"
-                        f"{views.sliding_note(p['sliding_block'])} · tau {views.fmt(p['tau_macro'])} / pooled "
-                        f"{views.fmt(p['tau_pooled'])} / DDTree {views.fmt(p['ddtree_tau'])} · "
-                        f"[open in Acceptance](acceptance?run={p['run']})")
+            st.markdown(
+                f"step {p['step'] if p['step'] is not None else '?'} · `{p['name']}`"
+                f"{views.sliding_note(p['sliding_block'])} · tau {views.fmt(p['tau_macro'])} / pooled "
+                f"{views.fmt(p['tau_pooled'])} / DDTree {views.fmt(p['ddtree_tau'])} · "
+                f"[open in Acceptance](acceptance?run={p['run']})"
+            )
 
 
 def main() -> None:
@@ -179,8 +226,10 @@ def main() -> None:
     st.title("Compare")
     runs = common.runs(ws, stamp)
     if len(runs) < 2:
-        st.info("Compare needs two replay runs: replay two checkpoints on the same extraction (Acceptance page, "
-                "**Replay**, or a training sweep below).")
+        st.info(
+            "Compare needs two replay runs: replay two checkpoints on the same extraction (Acceptance page, "
+            "**Replay**, or a training sweep below)."
+        )
     else:
         by_id = {r["id"]: r for r in runs}
         ids = [r["id"] for r in reversed(runs)]
@@ -191,29 +240,37 @@ def main() -> None:
         with c2:
             b_id = common.select_param("B", ids, "b", "cmp_b", default=db, format_func=common.run_label(by_id))
         a, b = by_id[a_id], by_id[b_id]
-        st.caption(f"A: `{a['checkpoint']}` on `{a['extraction_id']}` (backend **{a['backend']}**)  \n"
-                   f"B: `{b['checkpoint']}` on `{b['extraction_id']}` (backend **{b['backend']}**)")
+        st.caption(
+            f"A: `{a['checkpoint']}` on `{a['extraction_id']}` (backend **{a['backend']}**)  \n"
+            f"B: `{b['checkpoint']}` on `{b['extraction_id']}` (backend **{b['backend']}**)"
+        )
         common.backend_note(a["backend"], "Run A")
         if b["backend"] != a["backend"]:
             common.backend_note(b["backend"], "Run B")
         if a["extraction_id"] != b["extraction_id"]:
-            st.warning(f"A and B are on different extractions ({a['extraction_id']} vs {b['extraction_id']}): "
-                       "differences may come from the hidden states, not the checkpoints. Replay both on one "
-                       "extraction for a clean comparison.")
+            st.warning(
+                f"A and B are on different extractions ({a['extraction_id']} vs {b['extraction_id']}): "
+                "differences may come from the hidden states, not the checkpoints. Replay both on one "
+                "extraction for a clean comparison."
+            )
         if a["set_name"] != b["set_name"]:
             st.error("A and B are on different completion sets; per-prompt comparisons need the same set.")
         else:
             st.dataframe(metrics_table(a, b), hide_index=True, width="stretch")
             ra, rb = common.prompt_rows(ws, a_id), common.prompt_rows(ws, b_id)  # numbers only, per prompt
-            st.plotly_chart(views.scatter_fig({p: r["tau"] for p, r in ra.items()},
-                                              {p: r["tau"] for p, r in rb.items()}, a["name"], b["name"]),
-                            width="stretch")
+            st.plotly_chart(
+                views.scatter_fig(
+                    {p: r["tau"] for p, r in ra.items()}, {p: r["tau"] for p, r in rb.items()}, a["name"], b["name"]
+                ),
+                width="stretch",
+            )
             sa, sb = {f"A {a['name']}": a["summary"]}, {f"B {b['name']}": b["summary"]}
             c1, c2 = st.columns(2)
             c1.plotly_chart(views.depth_fig(sa | sb), width="stretch")
             c2.plotly_chart(views.hist_fig(sa | sb), width="stretch")
-            if common.section_param("show the calibration of A and B (drawn when chosen)", SECTIONS, "section",
-                                    "cmp_section"):
+            if common.section_param(
+                "show the calibration of A and B (drawn when chosen)", SECTIONS, "section", "cmp_section"
+            ):
                 with common.guard():
                     calibration_block(ws, a, b)
             st.subheader("Per prompt, A vs B, and the token views aligned")

@@ -1,6 +1,7 @@
 """Completions: fetch a prompt set from an SGLang server as a job (live progress), import a completions
 JSONL, and list the completions of a set with finish reason, token counts and server-side speculative
 counters. Selecting a row shows that completion's prompt and text. URL: completions?set=NAME&prompt=PID."""
+
 from __future__ import annotations
 
 import re
@@ -28,19 +29,26 @@ def save_upload(up, folder: str) -> Path:
 
 def fetch_form() -> None:
     from dflash_dash import prompts
+
     st.subheader("Fetch completions from a server")
     url = common.server_url()
     with st.form("fetch"):
         c1, c2 = st.columns([2, 1])
-        choice = c1.selectbox("prompt set", list(prompts.SETS) + [UPLOAD],
-                              help="built-in sets, or a JSONL file of {\"id\", \"prompt\"} per line")
+        choice = c1.selectbox(
+            "prompt set",
+            list(prompts.SETS) + [UPLOAD],
+            help="built-in sets, or a JSONL file of {\"id\", \"prompt\"} per line",
+        )
         up = c1.file_uploader("prompt set JSONL (when uploading)", type=["jsonl", "json", "txt"])
         name = c2.text_input("completion set name", value="")
         c3, c4, c5 = st.columns([2, 1, 1])
         server = c3.text_input("server URL", value=url)
         max_new = c4.number_input("max new tokens", 1, 32768, 256)
-        chat = c5.toggle("chat template", value=True,
-                         help="apply the target's chat template locally (thinking off) and send input_ids")
+        chat = c5.toggle(
+            "chat template",
+            value=True,
+            help="apply the target's chat template locally (thinking off) and send input_ids",
+        )
         tok = st.text_input("tokenizer folder (for the chat template; empty: the server's tokenizer_path)", "")
         go = st.form_submit_button("Fetch", type="primary")
     if go:
@@ -54,13 +62,22 @@ def fetch_form() -> None:
         else:
             prompt_set = choice
         set_name = name.strip() or (Path(prompt_set).stem if choice == UPLOAD else choice)
-        common.start_job(ops.Fetch(server=server.strip(), prompt_set=prompt_set, name=set_name,
-                                   max_new_tokens=int(max_new), chat=bool(chat), tokenizer=tok.strip() or None))
+        common.start_job(
+            ops.Fetch(
+                server=server.strip(),
+                prompt_set=prompt_set,
+                name=set_name,
+                max_new_tokens=int(max_new),
+                chat=bool(chat),
+                tokenizer=tok.strip() or None,
+            )
+        )
     common.job_panel(("fetch",), key="fetch")
 
 
 def import_form() -> None:
     from dflash_dash import pipeline
+
     with st.expander("Import a completions JSONL ({\"id\", \"prompt_ids\", \"output_ids\"} per line)"):
         with st.form("import"):
             up = st.file_uploader("completions JSONL", type=["jsonl", "json", "txt"])
@@ -80,21 +97,30 @@ def main() -> None:
     st.title("Completions")
     sets = common.sets(ws, stamp)
     if not sets:
-        st.info("No completions yet. Start a server (e.g. `python -m dflash_dash serve --model DIR`) and fetch "
-                "a prompt set below, or import a completions JSONL.")
+        st.info(
+            "No completions yet. Start a server (e.g. `python -m dflash_dash serve --model DIR`) and fetch "
+            "a prompt set below, or import a completions JSONL."
+        )
     else:
         names = [s["name"] for s in sets]
         counts = {s["name"]: s["prompts"] for s in sets}
-        name = common.select_param("completion set", names, "set", "comp_set", default=names[-1],
-                                   format_func=lambda n: f"{n} ({counts[n]} completions)")
+        name = common.select_param(
+            "completion set",
+            names,
+            "set",
+            "comp_set",
+            default=names[-1],
+            format_func=lambda n: f"{n} ({counts[n]} completions)",
+        )
         comps = common.completions(ws, name, stamp)
         if not comps:
             st.info(f"Set {name!r} has no completions yet; a running fetch adds them as they arrive.")
         else:
             rows = views.completion_table(list(comps.values()))
             st.caption("pick a row (or the completion below) to show its prompt and completion text")
-            ev = st.dataframe(rows, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row",
-                              key="comp_table")
+            ev = st.dataframe(
+                rows, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row", key="comp_table"
+            )
             picked = ev.selection.rows if ev is not None and hasattr(ev, "selection") else []
             if picked and st.session_state.get("_comp_table_last") != rows[picked[0]]["prompt"]:
                 st.session_state["_comp_table_last"] = rows[picked[0]]["prompt"]
@@ -102,9 +128,11 @@ def main() -> None:
             if not any(k in r for r in rows for k in views.SPEC_KEYS):
                 st.caption("No server-side speculative counters: the server did not run speculative decoding.")
             else:
-                st.caption("Server-side speculative counters as SGLang reported them (those present). server_tau = "
-                           "completion_tokens / spec_verify_ct: tokens per verify step, the engine's tau for the "
-                           "request. spec_accept_histogram as accepted:count.")
+                st.caption(
+                    "Server-side speculative counters as SGLang reported them (those present). server_tau = "
+                    "completion_tokens / spec_verify_ct: tokens per verify step, the engine's tau for the "
+                    "request. spec_accept_histogram as accepted:count."
+                )
             pid = common.select_param("show completion", list(comps), "prompt", "comp_prompt")
             c = common.completion(ws, name, pid, stamp) or {}
             a, b = st.columns(2)
@@ -115,8 +143,9 @@ def main() -> None:
                 st.markdown("**completion**")
                 st.html(views.text_html(c.get("output") or ""))
             with st.expander("request and meta_info as stored"):
-                st.json({"request": c.get("request"), "meta_info": c.get("meta_info"),
-                         "model_path": c.get("model_path")})
+                st.json(
+                    {"request": c.get("request"), "meta_info": c.get("meta_info"), "model_path": c.get("model_path")}
+                )
     fetch_form()
     import_form()
 

@@ -2,6 +2,7 @@
 (same drafter, same tokens): per prompt the engine's tau against the tau the replay says a correct greedy engine
 reaches, the prompts where the engine falls short by more than numeric noise flagged, a scatter, a CSV download and
 links to each prompt's token view. URL: conformance?run=ID&engine=NAME."""
+
 from __future__ import annotations
 
 import html
@@ -14,18 +15,22 @@ from pages import common
 
 common.routed()
 
-QUESTION = ("Same drafter, accepted length 3 in the engine and 5.5 in the replay: engine or drafter? The replay "
-            "computes, from the drafter and the target's cached hidden states, the acceptance a correct greedy "
-            "speculative decoder must reach on these completions; an engine that falls short of it by more than "
-            "numeric noise is losing acceptance itself (features from the wrong layer, a truncated context, a wrong "
-            "mask, ...), not the drafter.")
-NO_STATS = ("No engine stats for completion set `{set}`. Fetch the completions from a server that decodes "
-            "speculatively with this drafter (SGLang with `--speculative-algorithm DFLASH`, or the local stand-in "
-            "`python -m dflash_dash serve --model TARGET --speculative-draft CKPT`): each request's `spec_*` counters "
-            "are recorded as engine `sglang`. Stats of another engine: `python -m dflash_dash import-engine-stats "
-            "FILE.jsonl --completions {set} --engine NAME`, lines "
-            "`{{\"id\", \"verify_steps\", \"accepted_tokens\"}}` or "
-            "`{{\"id\", \"accept_lengths\": [...]}}`. Then extract and replay the drafter on that set.")
+QUESTION = (
+    "Same drafter, accepted length 3 in the engine and 5.5 in the replay: engine or drafter? The replay "
+    "computes, from the drafter and the target's cached hidden states, the acceptance a correct greedy "
+    "speculative decoder must reach on these completions; an engine that falls short of it by more than "
+    "numeric noise is losing acceptance itself (features from the wrong layer, a truncated context, a wrong "
+    "mask, ...), not the drafter."
+)
+NO_STATS = (
+    "No engine stats for completion set `{set}`. Fetch the completions from a server that decodes "
+    "speculatively with this drafter (SGLang with `--speculative-algorithm DFLASH`, or the local stand-in "
+    "`python -m dflash_dash serve --model TARGET --speculative-draft CKPT`): each request's `spec_*` counters "
+    "are recorded as engine `sglang`. Stats of another engine: `python -m dflash_dash import-engine-stats "
+    "FILE.jsonl --completions {set} --engine NAME`, lines "
+    "`{{\"id\", \"verify_steps\", \"accepted_tokens\"}}` or "
+    "`{{\"id\", \"accept_lengths\": [...]}}`. Then extract and replay the drafter on that set."
+)
 
 
 def cards(summary: dict) -> None:
@@ -34,36 +39,56 @@ def cards(summary: dict) -> None:
         col.metric(m.label, metrics.show(m.key, summary.get(m.key)))
         col.caption(m.formula.replace("threshold", f"threshold ({summary['threshold']:g})"))
     with st.expander("all conformance figures and formulas"):
-        st.dataframe([{"figure": m.label, "value": metrics.show(m.key, summary.get(m.key)), "formula": m.formula}
-                      for m in metrics.CONFORMANCE], hide_index=True, width="stretch")
+        st.dataframe(
+            [
+                {"figure": m.label, "value": metrics.show(m.key, summary.get(m.key)), "formula": m.formula}
+                for m in metrics.CONFORMANCE
+            ],
+            hide_index=True,
+            width="stretch",
+        )
 
 
 def flagged_note(rows: list[dict], run_id: str, threshold: float) -> None:
     bad = [r for r in rows if r["flagged"]]
     if not bad:
-        st.success(f"No prompt falls short of the replay by more than {threshold:g} × its tau: the engine "
-                   "reaches the acceptance the replay says a correct engine reaches.")
+        st.success(
+            f"No prompt falls short of the replay by more than {threshold:g} × its tau: the engine "
+            "reaches the acceptance the replay says a correct engine reaches."
+        )
         return
-    links = " · ".join(f'<a href="{html.escape(views.acceptance_link(run_id, r["id"]), quote=True)}" '
-                       f'target="_self">{html.escape(str(r["id"]))}</a>' for r in bad)
-    st.warning(f"{len(bad)} of {len(rows)} prompt(s) flagged: the engine's tau is below the replay's by more than "
-               f"{threshold:g} × the replay's tau (more than numeric noise): look at the engine first.")
+    links = " · ".join(
+        f'<a href="{html.escape(views.acceptance_link(run_id, r["id"]), quote=True)}" '
+        f'target="_self">{html.escape(str(r["id"]))}</a>'
+        for r in bad
+    )
+    st.warning(
+        f"{len(bad)} of {len(rows)} prompt(s) flagged: the engine's tau is below the replay's by more than "
+        f"{threshold:g} × the replay's tau (more than numeric noise): look at the engine first."
+    )
     st.html(f'<div style="font-size:14px">flagged: {links}</div>')
 
 
 def table(rows: list[dict], run_id: str, engine: str) -> None:
     t = views.conformance_table(rows, run_id)
     df = pd.DataFrame(t)
-    style = df.style.apply(lambda row: ["background-color: #ffd7d7" if row["flagged"] else "" for _ in row],
-                           axis=1).format(precision=4, na_rep="—")
+    style = df.style.apply(
+        lambda row: ["background-color: #ffd7d7" if row["flagged"] else "" for _ in row], axis=1
+    ).format(precision=4, na_rep="—")
     cfg = {k: st.column_config.Column(help=f) for k, f in views.CONFORMANCE_COLUMNS.items()}
-    cfg["token_view"] = st.column_config.LinkColumn("token view", help=views.CONFORMANCE_COLUMNS["token_view"],
-                                                    display_text="open")
+    cfg["token_view"] = st.column_config.LinkColumn(
+        "token view", help=views.CONFORMANCE_COLUMNS["token_view"], display_text="open"
+    )
     cfg["flagged"] = st.column_config.CheckboxColumn("flagged", help=views.CONFORMANCE_COLUMNS["flagged"])
     st.dataframe(style, column_config=cfg, hide_index=True, width="stretch", key="conf_table")
     st.caption("sorted by gap (engine − replay), most negative first; flagged rows in red. " + views.CONFORMANCE_NOTE)
-    st.download_button("Download the table (CSV)", views.conformance_csv(t),
-                       file_name=f"conformance-{run_id}-{engine}.csv", mime="text/csv", icon=":material/download:")
+    st.download_button(
+        "Download the table (CSV)",
+        views.conformance_csv(t),
+        file_name=f"conformance-{run_id}-{engine}.csv",
+        mime="text/csv",
+        icon=":material/download:",
+    )
 
 
 def main() -> None:
@@ -72,14 +97,17 @@ def main() -> None:
     st.caption(QUESTION)
     runs = common.runs(ws, stamp)
     if not runs:
-        st.info("No replay runs in this workspace yet. Fetch completions from a server that decodes speculatively "
-                "(**Completions**), extract hidden states (**Extraction**), replay the drafter it serves "
-                "(**Acceptance**); then this page compares the engine's acceptance with the replay's.")
+        st.info(
+            "No replay runs in this workspace yet. Fetch completions from a server that decodes speculatively "
+            "(**Completions**), extract hidden states (**Extraction**), replay the drafter it serves "
+            "(**Acceptance**); then this page compares the engine's acceptance with the replay's."
+        )
         return
     by_id = {r["id"]: r for r in runs}
     ids = [r["id"] for r in reversed(runs)]  # newest first
-    rid = common.select_param("run (checkpoint · backend · id)", ids, "run", "conf_run",
-                              format_func=common.run_label(by_id))
+    rid = common.select_param(
+        "run (checkpoint · backend · id)", ids, "run", "conf_run", format_func=common.run_label(by_id)
+    )
     run = by_id[rid]
     set_name = run["set_name"]
     estamp = stamp + "|" + common.engine_stamp()
@@ -89,19 +117,31 @@ def main() -> None:
         return
     c1, c2 = st.columns([2, 1])
     with c1:
-        engine = common.select_param("engine (whose counters)", engines, "engine", "conf_engine",
-                                     default=conformance.SGLANG)
-    thr = c2.number_input("threshold (share of the replay tau)", min_value=0.0, max_value=0.99,
-                          value=conformance.THRESHOLD, step=0.01, format="%.2f", key="conf_thr")
-    st.caption(f"checkpoint `{run['checkpoint']}` · completions `{set_name}` · extraction `{run['extraction_id']}` "
-               f"(backend **{run['backend']}**) · flagged: replay tau − engine tau > {thr:g} × replay tau. "
-               "A correct "
-               "engine with the replay's numerics matches exactly; bf16 kernels and batch shapes move a prompt's tau "
-               "by a few percent either way (numeric noise); a broken engine costs more.")
+        engine = common.select_param(
+            "engine (whose counters)", engines, "engine", "conf_engine", default=conformance.SGLANG
+        )
+    thr = c2.number_input(
+        "threshold (share of the replay tau)",
+        min_value=0.0,
+        max_value=0.99,
+        value=conformance.THRESHOLD,
+        step=0.01,
+        format="%.2f",
+        key="conf_thr",
+    )
+    st.caption(
+        f"checkpoint `{run['checkpoint']}` · completions `{set_name}` · extraction `{run['extraction_id']}` "
+        f"(backend **{run['backend']}**) · flagged: replay tau − engine tau > {thr:g} × replay tau. "
+        "A correct "
+        "engine with the replay's numerics matches exactly; bf16 kernels and batch shapes move a prompt's tau "
+        "by a few percent either way (numeric noise); a broken engine costs more."
+    )
     common.backend_note(run["backend"])
     comps = common.completions(ws, set_name, stamp)
-    prompts = sorted(common.all_prompts(ws, rid).values(),
-                     key=lambda p: (comps.get(p["prompt_id"], {}).get("idx", 0), p["prompt_id"]))
+    prompts = sorted(
+        common.all_prompts(ws, rid).values(),
+        key=lambda p: (comps.get(p["prompt_id"], {}).get("idx", 0), p["prompt_id"]),
+    )
     stats = common.engine_stats(ws, set_name, engine, estamp)
     rows = conformance.compare(prompts, stats, thr)
     missing = conformance.missing(prompts, stats)
@@ -114,19 +154,25 @@ def main() -> None:
     cards(summary)
     flagged_note(rows, rid, thr)
     st.plotly_chart(views.conformance_fig(rows, thr, engine), width="stretch")
-    st.caption("each point is a prompt: x = replay tau (committed / rounds), y = engine tau ((completion_tokens − 1) "
-               f"/ verify_steps); dashed: engine = replay; dotted: engine = (1 − {thr:g}) × replay, below it "
-               "flagged")
+    st.caption(
+        "each point is a prompt: x = replay tau (committed / rounds), y = engine tau ((completion_tokens − 1) "
+        f"/ verify_steps); dashed: engine = replay; dotted: engine = (1 − {thr:g}) × replay, below it "
+        "flagged"
+    )
     table(rows, rid, engine)
     hist = conformance.engine_histogram(rows)
     if hist:
         B = (run["summary"] or {}).get("block_size") or len(hist)
         rep = views.replay_histogram(prompts, {r["id"] for r in rows}, B)
-        st.plotly_chart(views.hist_fig({f"engine ({engine})": {"accept_hist": hist}, "replay": {"accept_hist": rep}}),
-                        width="stretch")
-        st.caption("verify steps (engine: its spec_accept_histogram) and rounds (replay: its chain walk) by drafts "
-                   "accepted, 0..B-1, as shares; the engine counts what its verification accepted, the replay only "
-                   "what lies inside the completion, so the last step of a prompt can differ")
+        st.plotly_chart(
+            views.hist_fig({f"engine ({engine})": {"accept_hist": hist}, "replay": {"accept_hist": rep}}),
+            width="stretch",
+        )
+        st.caption(
+            "verify steps (engine: its spec_accept_histogram) and rounds (replay: its chain walk) by drafts "
+            "accepted, 0..B-1, as shares; the engine counts what its verification accepted, the replay only "
+            "what lies inside the completion, so the last step of a prompt can differ"
+        )
 
 
 with common.guard():

@@ -2,6 +2,7 @@
 and cosine, and tau of the runs on each), checkpoint-vs-extraction consistency, sliding-layer train/serve semantics (the same checkpoint replayed
 causal and bidirectional inside the block), target-layer attribution (tau lost per target tap), server health.
 URL: diagnostics?a=EXTRACTION&b=EXTRACTION&ckpt=PATH&ex=EXTRACTION&run=RUN."""
+
 from __future__ import annotations
 
 import streamlit as st
@@ -15,28 +16,34 @@ common.routed()
 @st.cache_data(max_entries=8, show_spinner="reading both extractions' features")
 def parity(ws: str, a: str, b: str) -> dict:
     from dflash_dash import parity as parity_mod
+
     out = parity_mod.compare(common._store(ws), a, b)
     return {"layers": out["layers"], "prompts": out["prompts"], "tokens": out["tokens"]}
 
 
 def parity_block(ws: str, stamp: str) -> None:
     st.header("Backend parity")
-    st.caption("The same completions extracted with the fla kernels (GPU) and with the torch path (CPU). "
-               "relative L2 = ‖A − B‖ / ‖B‖ over all shared tokens, per target layer; cosine = mean over tokens of "
-               "cos(A_t, B_t). A drafter trained on fla states can fail silently on torch-path states.")
+    st.caption(
+        "The same completions extracted with the fla kernels (GPU) and with the torch path (CPU). "
+        "relative L2 = ‖A − B‖ / ‖B‖ over all shared tokens, per target layer; cosine = mean over tokens of "
+        "cos(A_t, B_t). A drafter trained on fla states can fail silently on torch-path states."
+    )
     exs = [e for e in common.extractions(ws, stamp) if e["status"] == "done"]
     if len(exs) < 2:
-        st.info("Parity needs two finished extractions of the same completions, ideally one with backend fla "
-                "(GPU) and one with backend torch (CPU): use **Re-extract** on the Extraction page with the other "
-                "device.")
+        st.info(
+            "Parity needs two finished extractions of the same completions, ideally one with backend fla "
+            "(GPU) and one with backend torch (CPU): use **Re-extract** on the Extraction page with the other "
+            "device."
+        )
         return
     by = {e["id"]: e for e in exs}
     ids = [e["id"] for e in exs]
     fla = [i for i in ids if by[i]["backend"] == "fla"]
     torch_ = [i for i in ids if by[i]["backend"] == "torch"]
     da = torch_[-1] if torch_ else ids[-1]
-    db = next((i for i in reversed(fla) if by[i]["set_name"] == by[da]["set_name"]), None) or \
-        next((i for i in reversed(ids) if i != da and by[i]["set_name"] == by[da]["set_name"]), ids[0])
+    db = next((i for i in reversed(fla) if by[i]["set_name"] == by[da]["set_name"]), None) or next(
+        (i for i in reversed(ids) if i != da and by[i]["set_name"] == by[da]["set_name"]), ids[0]
+    )
     label = lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']} · {by[i]['device']}"  # noqa: E731
     c1, c2 = st.columns(2)
     with c1:
@@ -47,12 +54,15 @@ def parity_block(ws: str, stamp: str) -> None:
         st.info("Choose two different extractions.")
         return
     if by[a]["backend"] == by[b]["backend"]:
-        st.caption(f"Both extractions use backend {by[a]['backend']}: this measures run-to-run differences, not "
-                   "fla vs torch.")
+        st.caption(
+            f"Both extractions use backend {by[a]['backend']}: this measures run-to-run differences, not fla vs torch."
+        )
     res = parity(ws, a, b)
     st.caption(f"{res['prompts']} prompts, {res['tokens']} tokens compared")
-    rows = [{"layer": r["layer"], "relative L2": r["rel_l2"], "cosine": r["cosine"], "max |A−B|": r["max_abs"]}
-            for r in res["layers"]]
+    rows = [
+        {"layer": r["layer"], "relative L2": r["rel_l2"], "cosine": r["cosine"], "max |A−B|": r["max_abs"]}
+        for r in res["layers"]
+    ]
     c1, c2 = st.columns([1, 1])
     c1.dataframe(rows, hide_index=True, width="stretch")
     c2.plotly_chart(views.parity_fig(res["layers"]), width="stretch")
@@ -72,6 +82,7 @@ def parity_block(ws: str, stamp: str) -> None:
 
 def consistency_block(ws: str, stamp: str) -> None:
     from dflash_dash import drafter, target
+
     st.header("Checkpoint vs extraction")
     exs = [e for e in common.extractions(ws, stamp) if e["status"] == "done"]
     runs = common.runs(ws, stamp)
@@ -85,8 +96,14 @@ def consistency_block(ws: str, stamp: str) -> None:
     by = {e["id"]: e for e in exs}
     ids = [e["id"] for e in exs]
     with_runs = [r["extraction_id"] for r in runs if r["extraction_id"] in by]  # default: where runs were made
-    ex = common.select_param("extraction", ids, "ex", "diag_ex", default=(with_runs or ids)[-1],
-                             format_func=lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']}")
+    ex = common.select_param(
+        "extraction",
+        ids,
+        "ex",
+        "diag_ex",
+        default=(with_runs or ids)[-1],
+        format_func=lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']}",
+    )
     if not ck.strip():
         st.info("Give a checkpoint folder to check it against the extraction and its target.")
         return
@@ -94,31 +111,42 @@ def consistency_block(ws: str, stamp: str) -> None:
     info = target.describe(by[ex]["target_path"])
     rows = views.consistency(cfg, by[ex], info)
     bad = [r for r in rows if r["ok"] != "✓"]
-    (st.error if any(r["check"] != "extraction backend" for r in bad) else
-     st.warning if bad else st.success)(
-        f"{len(bad)} of {len(rows)} checks fail" if bad else "checkpoint and extraction are consistent")
+    (st.error if any(r["check"] != "extraction backend" for r in bad) else st.warning if bad else st.success)(
+        f"{len(bad)} of {len(rows)} checks fail" if bad else "checkpoint and extraction are consistent"
+    )
     st.dataframe(rows, hide_index=True, width="stretch")
 
 
 def sliding_block(ws: str, stamp: str) -> None:
     st.header("Sliding layers: train/serve semantics")
-    st.caption("SpecForge trains sliding_attention layers causal inside the block (slot i sees block slots 0..i) "
-               "and SGLang serves them that way; the z-lab HF reference keeps the block bidirectional. The same "
-               "checkpoint replayed both ways: a large difference means the engine and the training disagree on "
-               "what the drafter sees, and the tau you measure depends on which one you run.")
+    st.caption(
+        "SpecForge trains sliding_attention layers causal inside the block (slot i sees block slots 0..i) "
+        "and SGLang serves them that way; the z-lab HF reference keeps the block bidirectional. The same "
+        "checkpoint replayed both ways: a large difference means the engine and the training disagree on "
+        "what the drafter sees, and the tau you measure depends on which one you run."
+    )
     runs = common.runs(ws, stamp)
     exs = [e for e in common.extractions(ws, stamp) if e["status"] == "done"]
     if not exs:
         st.info("No finished extraction yet (Extraction page).")
         return
     known = views.sliding_checkpoints(runs)
-    ck = st.text_input("drafter checkpoint with sliding_attention layers", value=known[0] if known else "",
-                       key="slide_ck", placeholder="/path/to/checkpoint")
+    ck = st.text_input(
+        "drafter checkpoint with sliding_attention layers",
+        value=known[0] if known else "",
+        key="slide_ck",
+        placeholder="/path/to/checkpoint",
+    )
     by = {e["id"]: e for e in exs}
     ids = [e["id"] for e in exs]
     with_runs = [r["extraction_id"] for r in runs if r["checkpoint"] == ck.strip()]
-    ex = st.selectbox("extraction", ids, index=ids.index(with_runs[-1]) if with_runs else len(ids) - 1,
-                      key="slide_ex", format_func=lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']}")
+    ex = st.selectbox(
+        "extraction",
+        ids,
+        index=ids.index(with_runs[-1]) if with_runs else len(ids) - 1,
+        key="slide_ex",
+        format_func=lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']}",
+    )
     if not ck.strip():
         st.info("No replayed drafter with sliding layers yet: give a checkpoint folder to check it.")
         return
@@ -126,7 +154,8 @@ def sliding_block(ws: str, stamp: str) -> None:
     if len(rows) == 2:
         delta = (rows[0]["tau (macro)"] or 0) - (rows[1]["tau (macro)"] or 0)
         (st.warning if abs(delta) >= 0.05 else st.success)(
-            f"tau (macro) causal − bidirectional = {delta:+.3f} (tau = mean over prompts of committed / rounds)")
+            f"tau (macro) causal − bidirectional = {delta:+.3f} (tau = mean over prompts of committed / rounds)"
+        )
     if rows:
         st.dataframe(rows, hide_index=True, width="stretch")
     if len(rows) < 2 and st.button("Replay both ways", type="primary", key="slide_go"):
@@ -136,11 +165,13 @@ def sliding_block(ws: str, stamp: str) -> None:
 
 def attribution_block(ws: str, stamp: str) -> None:
     st.header("Target-layer attribution")
-    st.caption("Which target layers does the drafter rely on? Its run is replayed again (same checkpoint, config "
-               "and sliding semantics; DDTree off) with one target tap at a time replaced by its mean over the "
-               "extraction (tap k = features[:, k*H:(k+1)*H], averaged over every token of every prompt). "
-               "tau lost = base tau − tau with that tap ablated; a tap that costs nothing carries no information the "
-               "drafter uses.")
+    st.caption(
+        "Which target layers does the drafter rely on? Its run is replayed again (same checkpoint, config "
+        "and sliding semantics; DDTree off) with one target tap at a time replaced by its mean over the "
+        "extraction (tap k = features[:, k*H:(k+1)*H], averaged over every token of every prompt). "
+        "tau lost = base tau − tau with that tap ablated; a tap that costs nothing carries no information the "
+        "drafter uses."
+    )
     runs = common.runs(ws, stamp)
     if not runs:
         st.info("No replay run yet: replay a checkpoint first (Acceptance page, **Replay**).")
@@ -153,13 +184,17 @@ def attribution_block(ws: str, stamp: str) -> None:
         c1, c2 = st.columns([3, 2])
         c1.plotly_chart(views.attribution_fig(rows), width="stretch")
         c2.dataframe(rows, hide_index=True, width="stretch")
-        c2.caption(f"base tau (macro) {views.fmt(rows[0]['base_tau_macro'])}, (pooled) "
-                   f"{views.fmt(rows[0]['base_tau_pooled'])}: the same replay without ablation")
+        c2.caption(
+            f"base tau (macro) {views.fmt(rows[0]['base_tau_macro'])}, (pooled) "
+            f"{views.fmt(rows[0]['base_tau_pooled'])}: the same replay without ablation"
+        )
         with c2:
             common.download("attribution (CSV)", rows, f"{rid}-attribution.csv", "attr_dl")
     else:
-        st.info("This run is not attributed yet: **Attribute** replays it once per target tap (or "
-                f"`python -m dflash_dash attribute --run {rid}`).")
+        st.info(
+            "This run is not attributed yet: **Attribute** replays it once per target tap (or "
+            f"`python -m dflash_dash attribute --run {rid}`)."
+        )
     if st.button("Attribute again" if rows else "Attribute", type="primary", key="attr_go"):
         common.start_job(ops.Attribute(run=rid))
     common.job_panel(("attribute",), key="attr")
@@ -173,6 +208,7 @@ def model_info(url: str, key_env: str) -> dict:
 
 def server_block() -> None:
     from dflash_dash.sglang import ServerError
+
     st.header("Server health")
     url = st.text_input("server URL", value=common.server_url(), key="diag_url").strip()
 
@@ -208,8 +244,13 @@ def main() -> None:
     ws = common.workspace()
     stamp = common.stamp()
     st.title("Diagnostics")
-    for block in (lambda: parity_block(ws, stamp), lambda: consistency_block(ws, stamp),
-                  lambda: sliding_block(ws, stamp), lambda: attribution_block(ws, stamp), server_block):
+    for block in (
+        lambda: parity_block(ws, stamp),
+        lambda: consistency_block(ws, stamp),
+        lambda: sliding_block(ws, stamp),
+        lambda: attribution_block(ws, stamp),
+        server_block,
+    ):
         with common.guard():  # one failing check does not hide the others
             block()
 

@@ -3,6 +3,7 @@ it runs (memory-release API, the configured stop/start commands, or none); GPU m
 existing extraction with its backend and a Re-extract button that asks for device and dtype (this machine's by
 default). Both forms check before a job starts (jobs.check_extract, as `extract` on the CLI): a device the machine
 lacks is refused, a duplicate of an existing extraction needs a tick. URL: extraction (a form, no selection)."""
+
 from __future__ import annotations
 
 import streamlit as st
@@ -23,17 +24,25 @@ ORCH = {
 def orchestration_plan(choice: str) -> list[str]:
     """The exact steps/commands the job will run, from the workspace configuration only."""
     from dflash_dash import config as cfg_mod
+
     cfg = common.config()
     if choice == "release":
-        return [f"POST {cfg.server_url}/release_memory_occupation", "extract",
-                f"POST {cfg.server_url}/resume_memory_occupation",
-                f"wait for GET {cfg.server_url}/health = 200 (up to {cfg.readiness_timeout:g} s)"]
+        return [
+            f"POST {cfg.server_url}/release_memory_occupation",
+            "extract",
+            f"POST {cfg.server_url}/resume_memory_occupation",
+            f"wait for GET {cfg.server_url}/health = 200 (up to {cfg.readiness_timeout:g} s)",
+        ]
     if choice == "command":
         cmds = cfg_mod.describe_commands(cfg)
         if not cmds:
             return []
-        return ([c for c in cmds if c.startswith("stop")] + ["extract"] + [c for c in cmds if c.startswith("start")]
-                + [f"wait for GET {cfg.server_url}/health = 200 (up to {cfg.readiness_timeout:g} s)"])
+        return (
+            [c for c in cmds if c.startswith("stop")]
+            + ["extract"]
+            + [c for c in cmds if c.startswith("start")]
+            + [f"wait for GET {cfg.server_url}/health = 200 (up to {cfg.readiness_timeout:g} s)"]
+        )
     return ["extract (the server is not touched)"]
 
 
@@ -61,13 +70,18 @@ def existing(ws: str, stamp: str, orch: str) -> None:
         with st.container(border=True):
             c1, c2 = st.columns([5, 1])
             badge = {"fla": ":green[fla]", "torch": ":orange[torch]"}.get(e["backend"], e["backend"])
-            c1.markdown(f"`{e['id']}` · backend **{badge}** · set `{e['set_name']}` · {e['prompts']} prompts · "
-                        f"layers {e['layer_ids']} · {e['device']} {e['dtype']} · {e['status']}")
+            c1.markdown(
+                f"`{e['id']}` · backend **{badge}** · set `{e['set_name']}` · {e['prompts']} prompts · "
+                f"layers {e['layer_ids']} · {e['device']} {e['dtype']} · {e['status']}"
+            )
             c1.caption(f"target {e['target_path']}")
             if e["backend"] == "torch":
                 c1.caption("torch path: drafters trained on fla states may accept less on it (see Diagnostics)")
-            if c2.button("Re-extract", key=f"reextract_{e['id']}",
-                         help="a new extraction with the same target, set and layers, on a device and dtype you choose"):
+            if c2.button(
+                "Re-extract",
+                key=f"reextract_{e['id']}",
+                help="a new extraction with the same target, set and layers, on a device and dtype you choose",
+            ):
                 st.session_state["reextract"] = e["id"]
             if st.session_state.get("reextract") == e["id"]:
                 reextract_form(e, orch)
@@ -80,11 +94,13 @@ def reextract_form(e: dict, orch: str) -> None:
     jobs, key = common.jobs_mod(), f"rx_{e['id']}"
     have = jobs.devices()
     c1, c2 = st.columns(2)
-    device = c1.text_input("device", value=have[0], key=f"{key}_device",
-                           help=f"cpu, cuda or cuda:N; this machine has {', '.join(have)}").strip()
+    device = c1.text_input(
+        "device", value=have[0], key=f"{key}_device", help=f"cpu, cuda or cuda:N; this machine has {', '.join(have)}"
+    ).strip()
     dtypes = list(ops.DTYPES)
-    dtype = c2.selectbox("dtype", dtypes, index=dtypes.index("float32" if have[0] == "cpu" else "bfloat16"),
-                         key=f"{key}_dtype")
+    dtype = c2.selectbox(
+        "dtype", dtypes, index=dtypes.index("float32" if have[0] == "cpu" else "bfloat16"), key=f"{key}_dtype"
+    )
     try:
         dups = jobs.check_extract(common.store(), e["target_path"], e["set_name"], list(e["layer_ids"]), device, dtype)
     except UserError as err:
@@ -95,13 +111,24 @@ def reextract_form(e: dict, orch: str) -> None:
     again = False
     if dups:
         st.warning("\n\n".join(dups))
-        again = st.checkbox("extract again anyway", key=f"{key}_again",
-                            help="a second extraction like it, e.g. to check that extraction is reproducible")
+        again = st.checkbox(
+            "extract again anyway",
+            key=f"{key}_again",
+            help="a second extraction like it, e.g. to check that extraction is reproducible",
+        )
     b1, b2 = st.columns([1, 5])
     allowed = ok and (again or not dups)
     if b1.button("Start re-extraction", key=f"{key}_go", type="primary", disabled=not allowed) and allowed:
-        common.start_job(ops.Extract(target=e["target_path"], completions=e["set_name"],
-                                     layers=list(e["layer_ids"]), device=device, dtype=dtype, orchestrate=orch))
+        common.start_job(
+            ops.Extract(
+                target=e["target_path"],
+                completions=e["set_name"],
+                layers=list(e["layer_ids"]),
+                device=device,
+                dtype=dtype,
+                orchestrate=orch,
+            )
+        )
         st.session_state.pop("reextract", None)
     if b2.button("Close", key=f"{key}_close"):
         st.session_state.pop("reextract", None)
@@ -116,12 +143,13 @@ def main() -> None:
     exs = common.extractions(ws, stamp)
 
     st.subheader("GPU orchestration")
-    orch = st.radio("before loading the target", list(ORCH), format_func=ORCH.get, horizontal=True,
-                    index=2, key="orch")
+    orch = st.radio("before loading the target", list(ORCH), format_func=ORCH.get, horizontal=True, index=2, key="orch")
     plan = orchestration_plan(orch)
     if not plan:
-        st.warning("No stop/start commands in the workspace's config.toml ([server] stop_command, "
-                   "start_command); add them there, or choose another orchestration.")
+        st.warning(
+            "No stop/start commands in the workspace's config.toml ([server] stop_command, "
+            "start_command); add them there, or choose another orchestration."
+        )
     else:
         st.caption("the job will run exactly these steps (commands come only from config.toml):")
         st.text("\n".join(plan))  # not st.code: its syntax highlighter costs the browser ~0.2 s per page load
@@ -138,18 +166,27 @@ def main() -> None:
         with st.form("extract"):
             c1, c2 = st.columns([2, 1])
             target = c1.text_input("target model folder (Hugging Face causal LM)", value=last.get("target_path", ""))
-            set_name = c2.selectbox("completion set", names,
-                                    index=names.index(last["set_name"]) if last.get("set_name") in names else 0)
+            set_name = c2.selectbox(
+                "completion set", names, index=names.index(last["set_name"]) if last.get("set_name") in names else 0
+            )
             c3, c4 = st.columns(2)
             drafter = c3.text_input("layers from a drafter checkpoint (its target_layer_ids)", "")
-            layers = c4.text_input("…or explicit layer ids", value=",".join(map(str, last.get("layer_ids") or [])),
-                                   help="comma-separated, e.g. 1,16,31,46,61; ignored when a drafter is given")
+            layers = c4.text_input(
+                "…or explicit layer ids",
+                value=",".join(map(str, last.get("layer_ids") or [])),
+                help="comma-separated, e.g. 1,16,31,46,61; ignored when a drafter is given",
+            )
             c5, c6 = st.columns(2)
             have = common.jobs_mod().devices()
-            device = c5.text_input("device", value=have[0], help=f"cpu, cuda or cuda:N; this machine has "
-                                                                  f"{', '.join(have)}")
-            gpus = c5.text_input("GPUs", "", help="one worker process per device, prompts sharded: GPU indices "
-                                 "like 0,1 (cpu,cpu: CPU workers); empty: the device above")
+            device = c5.text_input(
+                "device", value=have[0], help=f"cpu, cuda or cuda:N; this machine has {', '.join(have)}"
+            )
+            gpus = c5.text_input(
+                "GPUs",
+                "",
+                help="one worker process per device, prompts sharded: GPU indices "
+                "like 0,1 (cpu,cpu: CPU workers); empty: the device above",
+            )
             dtype = c6.selectbox("dtype", ["bfloat16", "float32"], index=int(have[0] == "cpu"))
             again = st.checkbox("extract again even if an extraction like it exists", key="extract_again")
             go = st.form_submit_button("Extract", type="primary")
@@ -160,26 +197,41 @@ def main() -> None:
                 st.error("Give a drafter checkpoint (its layer ids are used) or explicit layer ids.")
             else:
                 from dflash_dash import pipeline
-                args = {"target": target.strip(), "completions": set_name, "device": device.strip() or "cpu",
-                        "dtype": dtype, "orchestrate": orch}
+
+                args = {
+                    "target": target.strip(),
+                    "completions": set_name,
+                    "device": device.strip() or "cpu",
+                    "dtype": dtype,
+                    "orchestrate": orch,
+                }
                 if drafter.strip():
                     args["drafter"] = drafter.strip()
                 else:
                     args["layers"] = pipeline.layer_ids_of(None, layers.strip())
                 try:
                     dups = common.jobs_mod().check_extract(
-                        common.store(), args["target"], set_name, args.get("layers") or
-                        pipeline.layer_ids_of(args["drafter"], None), args["device"], dtype)
+                        common.store(),
+                        args["target"],
+                        set_name,
+                        args.get("layers") or pipeline.layer_ids_of(args["drafter"], None),
+                        args["device"],
+                        dtype,
+                    )
                 except UserError as err:
                     st.error(str(err))
                 else:
                     if dups and not again:
-                        st.warning("\n\n".join(dups) + "\n\nTick **extract again even if an extraction like it "
-                                   "exists** and press **Extract** to make another one.")
+                        st.warning(
+                            "\n\n".join(dups) + "\n\nTick **extract again even if an extraction like it "
+                            "exists** and press **Extract** to make another one."
+                        )
                     else:
                         if args["device"] == "cpu" and views.backend_matters(args["target"]):
-                            st.warning("On CPU the torch path of the linear-attention kernels is used (backend "
-                                       "`torch`), not the fla kernels the drafter was trained on.")
+                            st.warning(
+                                "On CPU the torch path of the linear-attention kernels is used (backend "
+                                "`torch`), not the fla kernels the drafter was trained on."
+                            )
                         common.start_job(ops.Extract(**args, gpus=gpus))
     common.job_panel(("extract",), key="extract")
 

@@ -1,6 +1,7 @@
 """Overview (the app's home at /): where the workspace stands in the pipeline and what to do next, and every run
 grouped by the extraction it replayed (human column labels, the metric's formula as the column's help); a row
 opens its run on the Acceptance page (acceptance?run=ID)."""
+
 from __future__ import annotations
 
 import streamlit as st
@@ -15,22 +16,36 @@ def main() -> None:
     ws = common.workspace()
     stamp = common.stamp()
     st.title("dflash-dash")
-    st.caption("Per-prompt, per-token acceptance of DFlash drafter checkpoints against their target, from cached "
-               "target hidden states (no network at replay).")
+    st.caption(
+        "Per-prompt, per-token acceptance of DFlash drafter checkpoints against their target, from cached "
+        "target hidden states (no network at replay)."
+    )
     sets = common.sets(ws, stamp)
     exs = common.extractions(ws, stamp)
     runs = common.runs(ws, stamp)
     steps = [
-        ("1. Completions", f"{len(sets)} sets, {sum(s['prompts'] for s in sets)} completions",
-         bool(sets), "pages/completions.py", "fetch a prompt set from the SGLang server, or import a JSONL"),
-        ("2. Extraction", f"{len(exs)} extractions "
-                          f"({', '.join(sorted({views.backend_label(e['backend']) for e in exs})) or 'none'})",
-         any(e["status"] == "done" for e in exs), "pages/extraction.py",
-         "extract the target's hidden states at the drafter's layers"),
-        ("3. Replay", f"{len(runs)} runs", bool(runs), "pages/acceptance.py",
-         "replay a checkpoint over an extraction"),
-        ("4. Compare", "two runs side by side, training sweeps", len(runs) >= 2, "pages/compare.py",
-         "replay a second checkpoint on the same extraction"),
+        (
+            "1. Completions",
+            f"{len(sets)} sets, {sum(s['prompts'] for s in sets)} completions",
+            bool(sets),
+            "pages/completions.py",
+            "fetch a prompt set from the SGLang server, or import a JSONL",
+        ),
+        (
+            "2. Extraction",
+            f"{len(exs)} extractions ({', '.join(sorted({views.backend_label(e['backend']) for e in exs})) or 'none'})",
+            any(e["status"] == "done" for e in exs),
+            "pages/extraction.py",
+            "extract the target's hidden states at the drafter's layers",
+        ),
+        ("3. Replay", f"{len(runs)} runs", bool(runs), "pages/acceptance.py", "replay a checkpoint over an extraction"),
+        (
+            "4. Compare",
+            "two runs side by side, training sweeps",
+            len(runs) >= 2,
+            "pages/compare.py",
+            "replay a second checkpoint on the same extraction",
+        ),
     ]
     nxt = next((s for s in steps if not s[2]), None)
     for title, what, done, page, todo in steps:
@@ -41,22 +56,35 @@ def main() -> None:
         st.info(f"Next: {nxt[4]} (**{nxt[0][3:]}** page).")
     if runs:
         runs_block(runs, exs)
-    st.page_link("pages/diagnostics.py", label="Diagnostics: backend parity, checkpoint consistency, server",
-                 icon=":material/monitor_heart:")
+    st.page_link(
+        "pages/diagnostics.py",
+        label="Diagnostics: backend parity, checkpoint consistency, server",
+        icon=":material/monitor_heart:",
+    )
 
 
 def runs_block(runs: list[dict], exs: list[dict]) -> None:
     st.subheader("Runs")
-    st.caption("grouped by the extraction they replayed, by checkpoint within; select a row (or follow its *open* "
-               "link) to open the run on the Acceptance page")
-    config = {"open": st.column_config.LinkColumn("open", display_text="open", help="the run on the Acceptance page"),
-              **{label: st.column_config.TextColumn(label, help=formula)
-                 for label, formula in views.run_columns().items()}}
+    st.caption(
+        "grouped by the extraction they replayed, by checkpoint within; select a row (or follow its *open* "
+        "link) to open the run on the Acceptance page"
+    )
+    config = {
+        "open": st.column_config.LinkColumn("open", display_text="open", help="the run on the Acceptance page"),
+        **{label: st.column_config.TextColumn(label, help=formula) for label, formula in views.run_columns().items()},
+    }
     groups = views.run_groups(runs, exs)
     for i, g in enumerate(groups):
         with st.expander(g["title"], expanded=i == 0 or len(groups) <= 3):
-            ev = st.dataframe(g["rows"], hide_index=True, width="stretch", column_config=config, on_select="rerun",
-                              selection_mode="single-row", key=f"runs_{g['extraction']}")
+            ev = st.dataframe(
+                g["rows"],
+                hide_index=True,
+                width="stretch",
+                column_config=config,
+                on_select="rerun",
+                selection_mode="single-row",
+                key=f"runs_{g['extraction']}",
+            )
             picked = ev.selection.rows if ev is not None and hasattr(ev, "selection") else []
             if picked:
                 st.switch_page("pages/acceptance.py", query_params={"run": g["ids"][picked[0]]})

@@ -5,6 +5,7 @@ SpecForge-style training folder, three imported completions (one whose output ho
 with token ids from the tokenizer's encoding of that text; one built from drafter A's own drafts so that
 acceptance is partly high), a CPU extraction and a replay of each checkpoint.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,28 +20,33 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "out" / "screenshots"
 
-SCRIPT_TEXT = ('Here is the page:\n<script>window.__pwned = 1; alert(1)</script>\n<b>bold</b> & <img src=x '
-               'onerror="window.__pwned = 2">\n\tdone = "yes"\n')
+SCRIPT_TEXT = (
+    'Here is the page:\n<script>window.__pwned = 1; alert(1)</script>\n<b>bold</b> & <img src=x '
+    'onerror="window.__pwned = 2">\n\tdone = "yes"\n'
+)
 CODE_TEXT = 'def add(a, b):\n    """Return a + b."""\n    return a + b\n\nprint(add(1, 2))\n'
 
 
 @dataclass
 class Prepared:
-    workspace: Path        # the workspace folder (do not mutate: copy it for tests that write)
-    models: Path           # folder holding target/ and train/
-    target: Path           # tiny target + tokenizer
-    train: Path            # training output folder with two checkpoints
-    drafters: list[Path]   # [A, B] checkpoint folders
-    extraction: str        # extraction id
-    runs: list[str]        # run ids [A, B]
-    set_name: str          # completion set name
-    script_id: str         # id of the completion holding <script>
+    workspace: Path  # the workspace folder (do not mutate: copy it for tests that write)
+    models: Path  # folder holding target/ and train/
+    target: Path  # tiny target + tokenizer
+    train: Path  # training output folder with two checkpoints
+    drafters: list[Path]  # [A, B] checkpoint folders
+    extraction: str  # extraction id
+    runs: list[str]  # run ids [A, B]
+    set_name: str  # completion set name
+    script_id: str  # id of the completion holding <script>
 
 
 def _drafted(target: Path, drafter: Path, prompt: list[int], n: int, seed: int) -> list[int]:
     """A completion built from the drafter's own blocks: each round keeps k of its drafts (k random) and then
     a different token, so the replay sees a mix of full and partial acceptance."""
-    from dflash_dash import drafter as dr, replay as rp, target as tg
+    from dflash_dash import drafter as dr
+    from dflash_dash import replay as rp
+    from dflash_dash import target as tg
+
     m = dr.load(drafter)
     cfg = m.c
     head = tg.load_head(target)
@@ -56,20 +62,22 @@ def _drafted(target: Path, drafter: Path, prompt: list[int], n: int, seed: int) 
         toks += d[:k]
         other = int(rng.integers(10, 400))
         toks.append(other if k == len(d) or other != d[k] else (other + 1) % 400 + 10)
-    return toks[len(prompt):][:n]
+    return toks[len(prompt) :][:n]
 
 
 def _cli(ws: Path, *args: str) -> None:
     from dflash_dash import cli
+
     rc = cli.main(["--workspace", str(ws), *args])
     assert rc == 0, f"cli {args} exited {rc}"
 
 
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory) -> Prepared:
-    from tools import tiny
-    from dflash_dash.store import Store
     from transformers import AutoTokenizer
+
+    from dflash_dash.store import Store
+    from tools import tiny
 
     base = tmp_path_factory.mktemp("dash")
     models = base / "models"
@@ -118,11 +126,18 @@ def demo_workspace(tmp_path_factory) -> Path:
     import sys
 
     from dflash_dash import demo
+
     if not (demo.ASSETS / "MANIFEST.json").is_file():
         pytest.skip("demo assets are not in this checkout")
     ws = tmp_path_factory.mktemp("demo") / "ws"
-    p = subprocess.run([sys.executable, "-m", "dflash_dash", "--workspace", str(ws), "demo"], cwd=ROOT,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=1800)
+    p = subprocess.run(
+        [sys.executable, "-m", "dflash_dash", "--workspace", str(ws), "demo"],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return ws
 
@@ -148,12 +163,14 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session, exitstatus):
     """Under CI=true a skipped browser test fails the run: the browser tests are part of the suite."""
     import os
+
     if _BROWSER_SKIPS and os.environ.get("CI", "").lower() == "true" and session.exitstatus == 0:
         session.exitstatus = 1
 
 
 def pytest_sessionstart(session):
     import time
+
     _STARTED[0] = time.time()
 
 
@@ -161,8 +178,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Print where this run's browser screenshots are (the e2e tests write them); say loudly when the browser
     tests were skipped."""
     if _BROWSER_SKIPS:
-        terminalreporter.write_sep("!", f"{len(_BROWSER_SKIPS)} BROWSER TESTS SKIPPED: Debian chromium is missing",
-                                   red=True, bold=True)
+        terminalreporter.write_sep(
+            "!", f"{len(_BROWSER_SKIPS)} BROWSER TESTS SKIPPED: Debian chromium is missing", red=True, bold=True
+        )
         terminalreporter.write_line(f"install it with: {INSTALL_CHROMIUM}   (under CI=true this run fails)")
     if SCREENSHOTS.is_dir() and any(f.stat().st_mtime >= _STARTED[0] for f in SCREENSHOTS.glob("*.png")):
         terminalreporter.write_sep("-", "dashboard screenshots")

@@ -27,6 +27,7 @@ Faults (injected answers win over the key check and the protocol):
 Records: `seen` (method, path, body bytes) and `auth` (the Authorization header or None) of every request, in
 order of arrival; `bodies(path)` the JSON bodies sent to a path.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,12 +36,24 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Iterator
 
-ROUTES = frozenset({"/health", "/model_info", "/get_model_info", "/get_server_info", "/server_info", "/v1/loads",
-                    "/get_load", "/generate", "/release_memory_occupation", "/resume_memory_occupation"})
+ROUTES = frozenset(
+    {
+        "/health",
+        "/model_info",
+        "/get_model_info",
+        "/get_server_info",
+        "/server_info",
+        "/v1/loads",
+        "/get_load",
+        "/generate",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+    }
+)
 NO_ROUTE = b'{"error": {"message": "no route"}}'
 UNAUTHORIZED = b'{"error": "Unauthorized"}'
 DROP = "drop"
@@ -50,6 +63,7 @@ RESET = "reset"
 @dataclass(frozen=True)
 class Slow:
     """Answer after `seconds` (a slow server): `then` (a (status, body) answer) or else the protocol."""
+
     seconds: float
     then: tuple[int, bytes] | None = None
 
@@ -61,20 +75,28 @@ def default_answer(ids: list[int]) -> list[int]:
 class FakeSGLang(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, *, routes=ROUTES, model_path: str = "/models/fake", tokenizer_path: str | None = None,
-                 answer: Callable[[list[int]], list[int]] = default_answer, text: str = "",
-                 loads: list[tuple[int, int]] | None = None, memory_saver: bool = True,
-                 api_key: str | None = None):
+    def __init__(
+        self,
+        *,
+        routes=ROUTES,
+        model_path: str = "/models/fake",
+        tokenizer_path: str | None = None,
+        answer: Callable[[list[int]], list[int]] = default_answer,
+        text: str = "",
+        loads: list[tuple[int, int]] | None = None,
+        memory_saver: bool = True,
+        api_key: str | None = None,
+    ):
         super().__init__(("127.0.0.1", 0), Handler)
         self.routes = set(routes)
         self.model_path, self.tokenizer_path = model_path, tokenizer_path
         self.answer, self.text = answer, text
         self.loads = [(0, 0)] if loads is None else loads
         self.memory_saver, self.api_key = memory_saver, api_key
-        self.injected: dict[str, dict] = {}             # path -> {"answers", "left", "when"}
-        self.gates: dict[str, threading.Event] = {}     # path -> answered once the event is set
-        self.seen: list[tuple[str, str, bytes]] = []    # (method, path, body) received
-        self.auth: list[str | None] = []                # Authorization header of each request
+        self.injected: dict[str, dict] = {}  # path -> {"answers", "left", "when"}
+        self.gates: dict[str, threading.Event] = {}  # path -> answered once the event is set
+        self.seen: list[tuple[str, str, bytes]] = []  # (method, path, body) received
+        self.auth: list[str | None] = []  # Authorization header of each request
         self.lock = threading.Lock()
 
     @property
@@ -166,17 +188,30 @@ class Handler(BaseHTTPRequestHandler):
         if method == "GET" and path == "/health":
             return self.send(200)
         if method == "GET" and path in ("/model_info", "/get_model_info"):
-            return self.reply(200, {"model_path": s.model_path, "tokenizer_path": s.tokenizer_path,
-                                    "is_generation": True})
+            return self.reply(
+                200, {"model_path": s.model_path, "tokenizer_path": s.tokenizer_path, "is_generation": True}
+            )
         if method == "GET" and path in ("/get_server_info", "/server_info"):
             return self.reply(200, {"model_path": s.model_path, "enable_memory_saver": s.memory_saver})
         if method == "GET" and path == "/v1/loads":
-            return self.reply(200, {"dp_rank_count": len(s.loads), "loads": [
-                {"dp_rank": i, "num_running_reqs": r, "num_waiting_reqs": w, "num_used_tokens": 0}
-                for i, (r, w) in enumerate(s.loads)]})
+            return self.reply(
+                200,
+                {
+                    "dp_rank_count": len(s.loads),
+                    "loads": [
+                        {"dp_rank": i, "num_running_reqs": r, "num_waiting_reqs": w, "num_used_tokens": 0}
+                        for i, (r, w) in enumerate(s.loads)
+                    ],
+                },
+            )
         if method == "GET" and path == "/get_load":
-            return self.reply(200, [{"dp_rank": i, "num_reqs": r + w, "num_waiting_reqs": w, "num_tokens": 0}
-                                    for i, (r, w) in enumerate(s.loads)])
+            return self.reply(
+                200,
+                [
+                    {"dp_rank": i, "num_reqs": r + w, "num_waiting_reqs": w, "num_tokens": 0}
+                    for i, (r, w) in enumerate(s.loads)
+                ],
+            )
         if method == "POST" and path in ("/release_memory_occupation", "/resume_memory_occupation"):
             return self.reply(200, {})
         if method == "POST" and path == "/generate":
@@ -185,9 +220,18 @@ class Handler(BaseHTTPRequestHandler):
                 return self.reply(400, {"error": {"message": "this fake answers `input_ids` requests only"}})
             limit = (body.get("sampling_params") or {}).get("max_new_tokens")
             out = s.answer(ids)[:limit]
-            return self.reply(200, {"text": s.text, "output_ids": out, "meta_info": {
-                "prompt_tokens": len(ids), "completion_tokens": len(out),
-                "finish_reason": {"type": "length", "length": len(out)}}})
+            return self.reply(
+                200,
+                {
+                    "text": s.text,
+                    "output_ids": out,
+                    "meta_info": {
+                        "prompt_tokens": len(ids),
+                        "completion_tokens": len(out),
+                        "finish_reason": {"type": "length", "length": len(out)},
+                    },
+                },
+            )
         self.send(404, NO_ROUTE)
 
 

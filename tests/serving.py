@@ -5,6 +5,7 @@ serve options, e.g. --health-delay S, --api-key KEY); `.wait()` polls /health wi
 ends only that process. `until(fn, timeout)` polls a condition with a deadline (the
 tests never sleep to synchronise).
 """
+
 from __future__ import annotations
 
 import os
@@ -55,6 +56,7 @@ def until(fn, timeout: float = 60.0, every: float = 0.05, what: str = "condition
 def status_now(store, job: str) -> str:
     """The job's status after a refresh (which notices dead processes)."""
     from dflash_dash import jobs
+
     jobs.refresh(store)
     return store.job(job)["status"]
 
@@ -62,6 +64,7 @@ def status_now(store, job: str) -> str:
 def stop_jobs(store) -> None:
     """Cancel the store's jobs still running (cleanup after a failed test)."""
     from dflash_dash import jobs
+
     for j in jobs.active(store):
         jobs.cancel(store, j["id"], grace=5)
 
@@ -69,33 +72,58 @@ def stop_jobs(store) -> None:
 def tiny_model(folder: Path) -> Path:
     """A tiny hybrid target with a tokenizer (seeded)."""
     from tools import tiny
+
     tiny.write_target(folder, tiny.TinyTarget())
     tiny.write_tokenizer(folder, vocab_size=512)
     return folder
 
 
 def serve_argv(model: Path, port: int, delay: float = 0.0, extra: list[str] | None = None) -> list[str]:
-    return [sys.executable, "-m", "dflash_dash", "serve", "--model", str(model), "--port", str(port),
-            "--startup-delay", str(delay), *(extra or [])]
+    return [
+        sys.executable,
+        "-m",
+        "dflash_dash",
+        "serve",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--startup-delay",
+        str(delay),
+        *(extra or []),
+    ]
 
 
 class Served:
     """A stand-in server subprocess on a free port."""
 
-    def __init__(self, model: Path, log: Path, delay: float = 0.0, port: int | None = None,
-                 extra: list[str] | None = None, api_key: str | None = None):
+    def __init__(
+        self,
+        model: Path,
+        log: Path,
+        delay: float = 0.0,
+        port: int | None = None,
+        extra: list[str] | None = None,
+        api_key: str | None = None,
+    ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.client = Client(self.url, timeout=60, retries=0, api_key=api_key)
         extra = list(extra or []) + (["--api-key", api_key] if api_key else [])
-        self.proc = subprocess.Popen(serve_argv(model, self.port, delay, extra), cwd=ROOT, env=ENV,
-                                     stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
+        self.proc = subprocess.Popen(
+            serve_argv(model, self.port, delay, extra),
+            cwd=ROOT,
+            env=ENV,
+            stdout=subprocess.DEVNULL,
+            stderr=open(log, "ab"),
+        )
 
-    def wait(self, timeout: float = 120.0) -> "Served":
+    def wait(self, timeout: float = 120.0) -> Served:
         def check(elapsed, state):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+
         self.client.wait_ready(timeout, progress=check, poll=0.1)
         return self
 

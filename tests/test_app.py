@@ -1,6 +1,7 @@
 """Every dashboard page through streamlit.testing AppTest on the prepared workspace (and on an empty one).
 
 Jobs started from buttons are real processes; the tests poll the store with a deadline."""
+
 from __future__ import annotations
 
 import html
@@ -36,8 +37,12 @@ def test_the_one_streamlit_internal_behaves_as_pinned():
     """pages/common.app_routing flips PagesManager.uses_pages_directory: pinned Streamlit, flag present, and the
     pages-directory mode really is what Streamlit starts in when a pages/ folder exists."""
     import streamlit
-    pinned = next(l.split("==")[1] for l in (Path(APP).parent / "constraints.txt").read_text().splitlines()
-                  if l.startswith("streamlit=="))
+
+    pinned = next(
+        l.split("==")[1]
+        for l in (Path(APP).parent / "constraints.txt").read_text().splitlines()
+        if l.startswith("streamlit==")
+    )
     assert streamlit.__version__ == pinned, "Streamlit changed: re-check pages/common.app_routing"
     assert PagesManager.uses_pages_directory in (None, True, False)
     PagesManager.uses_pages_directory = None  # as a fresh server process
@@ -73,7 +78,7 @@ def htmls(at: AppTest) -> list[str]:
 
 def visible_text(view: str) -> str:
     """The text a token view shows for its tokens (rejected drafts and depth superscripts left out)."""
-    body = view[view.index('<div class="dfv">'):]
+    body = view[view.index('<div class="dfv">') :]
     body = re.sub(r'<span class="dfv-rej"[^>]*>.*?</span>|<sup>\d+</sup>|<br>', "", body)
     return html.unescape(re.sub(r"<[^>]+>", "", body)).replace("↵", "\n").replace("⇥", "")
 
@@ -112,6 +117,7 @@ def sidebar_server(at: AppTest) -> str:
 
 def test_sidebar_shows_workspace_server_and_jobs(prepared, monkeypatch):
     from pages import common
+
     at = app(prepared.workspace, monkeypatch)
     clean(at)
     assert [t.value for t in at.title] == ["dflash-dash"]  # the Overview page at /
@@ -148,6 +154,7 @@ def test_acceptance_metrics_and_formulas_match_the_store(prepared, monkeypatch):
         assert m[f"DDTree-{s['tree_budget']} tau (macro)"] == views.fmt(s["ddtree_tau"])
         captions = " ".join(c.value for c in at.caption)
         from dflash_dash import metrics
+
         for mt in metrics.HEADLINE:
             assert mt.formula in captions
         assert at.query_params["run"] == rid
@@ -275,7 +282,8 @@ def test_reextract_button_adds_an_extraction(prepared, workspace_copy, monkeypat
 def test_orchestration_shows_commands_from_config(prepared, workspace_copy, monkeypatch):
     (workspace_copy / "config.toml").write_text(
         '[server]\nurl = "http://127.0.0.1:9"\nstop_command = ["systemctl", "--user", "stop", "sglang"]\n'
-        'start_command = "systemctl --user start sglang"\n')
+        'start_command = "systemctl --user start sglang"\n'
+    )
     at = app(workspace_copy, monkeypatch, "extraction")
     at.radio(key="orch").set_value("command").run()
     clean(at)
@@ -307,7 +315,9 @@ def test_diagnostics_parity_consistency_and_errors(prepared, workspace_copy, mon
 
 def test_sweep_button_replays_the_folder_and_plots_it(prepared, workspace_copy, tmp_path, monkeypatch):
     import shutil
+
     from tools import tiny
+
     train = tmp_path / "train"
     shutil.copytree(prepared.train, train)
     tiny.write_drafter(train / "epoch_2_step_300", tiny.TinyDrafter(seed=4))
@@ -327,6 +337,7 @@ def test_sweep_button_replays_the_folder_and_plots_it(prepared, workspace_copy, 
 
 def test_running_job_shows_progress_and_can_be_cancelled(workspace_copy, monkeypatch):
     from serving import free_port
+
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: the fetch waits for readiness
     (workspace_copy / "config.toml").write_text(f'[server]\nurl = "{dead}"\nreadiness_timeout = 300\n')
     at = app(workspace_copy, monkeypatch, "completions")
@@ -357,8 +368,10 @@ def test_running_job_shows_progress_and_can_be_cancelled(workspace_copy, monkeyp
 def test_slow_health_shows_ready_not_not_ready(tmp_path, monkeypatch):
     """A real /health generates a token and takes seconds: the sidebar and Diagnostics say "checking…" (never
     "not ready") until the background poller's answer, then "ready"; no page run waits for it."""
-    from pages import common
     from serving import Served, tiny_model
+
+    from pages import common
+
     srv = Served(tiny_model(tmp_path / "model"), tmp_path / "server.log", extra=["--health-delay", "1.5"])
     try:
         srv.wait()
@@ -383,10 +396,23 @@ def test_slow_health_shows_ready_not_not_ready(tmp_path, monkeypatch):
 def test_completions_page_shows_server_counters(tmp_path, monkeypatch):
     st_ = Store(tmp_path / "ws")
     st_.add_set("spec", "test")
-    st_.add_completion("spec", {"id": "p0", "idx": 0, "prompt_ids": [1, 2], "output_ids": list(range(12)),
-                                "finish_reason": "length", "model_path": "/m", "meta_info": {
-                                    "completion_tokens": 12, "spec_verify_ct": 4, "spec_accept_length": 3.0,
-                                    "spec_accept_histogram": [1, 0, 3]}})
+    st_.add_completion(
+        "spec",
+        {
+            "id": "p0",
+            "idx": 0,
+            "prompt_ids": [1, 2],
+            "output_ids": list(range(12)),
+            "finish_reason": "length",
+            "model_path": "/m",
+            "meta_info": {
+                "completion_tokens": 12,
+                "spec_verify_ct": 4,
+                "spec_accept_length": 3.0,
+                "spec_accept_histogram": [1, 0, 3],
+            },
+        },
+    )
     at = app(tmp_path / "ws", monkeypatch, "completions")
     clean(at)
     df = at.dataframe[0].value

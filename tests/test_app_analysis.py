@@ -1,19 +1,22 @@
 """The issue-11 sections through AppTest on the prepared workspace: calibration and failure patterns on
 Acceptance (CSV downloads, worst-span links that outline their positions), calibration overlaid on Compare, and
 target-layer attribution on Diagnostics (the button starts the job, the chart follows)."""
+
 from __future__ import annotations
 
 import csv
 import io
 
+from test_app import app, by_label, clean, htmls, navigation_routing, wait_job  # noqa: F401  (autouse fixture)
+
 from dflash_dash import ops, patterns, pipeline, views
 from dflash_dash.store import Store
-from test_app import app, by_label, clean, htmls, navigation_routing, wait_job  # noqa: F401  (autouse fixture)
 
 
 def charts(at) -> list[str]:
     """The titles of the page's plotly charts."""
     import json
+
     out = []
     for c in at.get("plotly_chart"):
         spec = json.loads(c.proto.spec)
@@ -36,7 +39,9 @@ def test_sections_are_drawn_only_when_chosen(prepared, monkeypatch):
     assert "section" not in at.query_params
     at.get("segmented_control")[0].set_value("patterns").run()
     clean(at)
-    assert "Failure patterns" in [s.value for s in at.subheader] and "Calibration" not in [s.value for s in at.subheader]
+    assert "Failure patterns" in [s.value for s in at.subheader] and "Calibration" not in [
+        s.value for s in at.subheader
+    ]
     assert "acceptance by class of the target token at slot 1" in charts(at)
     assert at.query_params["section"] == "patterns"
     at.get("segmented_control")[0].set_value(None).run()
@@ -82,8 +87,13 @@ def test_acceptance_shows_failure_patterns_with_downloads_and_links(prepared, mo
     assert by_class["rounds"].sum() == st_.run_row(rid)["summary"]["rounds"]
     spans = next(f for f in frames if "link" in f.columns)
     assert list(spans["link"]) == [s["link"] for s in exp["worst_spans"]]
-    for title in ("by token class", "by position in the completion", "by context length", "most frequent rejections",
-                  "worst spans"):
+    for title in (
+        "by token class",
+        "by position in the completion",
+        "by context length",
+        "most frequent rejections",
+        "worst spans",
+    ):
         assert f"{title} (CSV)" in downloads(at)
     assert "acceptance by class of the target token at slot 1" in charts(at)
     links = [m.value for m in at.markdown if "open in the token view" in m.value]
@@ -98,8 +108,14 @@ def test_acceptance_shows_failure_patterns_with_downloads_and_links(prepared, mo
 def test_worst_span_link_opens_the_prompt_with_the_span_outlined(prepared, monkeypatch):
     rid = prepared.runs[0]
     span = pipeline.export(Store(prepared.workspace), rid)["patterns"]["worst_spans"][0]
-    at = app(prepared.workspace, monkeypatch, "acceptance", run=rid, prompt=span["prompt"],
-             pos=f"{span['start']}-{span['end']}")
+    at = app(
+        prepared.workspace,
+        monkeypatch,
+        "acceptance",
+        run=rid,
+        prompt=span["prompt"],
+        pos=f"{span['start']}-{span['end']}",
+    )
     clean(at)
     assert by_label(at.selectbox, "prompt").value == span["prompt"]
     view = next(h for h in htmls(at) if 'class="dfv"' in h and "pos " in h)
@@ -135,17 +151,25 @@ def test_compare_overlays_both_runs_calibration(prepared, monkeypatch):
     at = app(prepared.workspace, monkeypatch, "compare", a=a, b=b, section="calibration")
     clean(at)
     st_ = Store(prepared.workspace)
-    table = next(d.value for d in at.dataframe if "metric" in d.value.columns and
-                 "calibration ECE (pooled over depths)" in list(d.value["metric"]))
+    table = next(
+        d.value
+        for d in at.dataframe
+        if "metric" in d.value.columns and "calibration ECE (pooled over depths)" in list(d.value["metric"])
+    )
     names = [f"A {st_.run_row(a)['name']}", f"B {st_.run_row(b)['name']}"]
     assert list(table.columns) == ["metric", *names, "formula"]
     for rid, name in zip((a, b), names):
         cal = views.calibration(st_.run_prompts(rid), 4, 8)
-        assert table.set_index("metric").loc["calibration ECE (pooled over depths)", name] == \
-            views.fmt(cal["calibration_ece"])
+        assert table.set_index("metric").loc["calibration ECE (pooled over depths)", name] == views.fmt(
+            cal["calibration_ece"]
+        )
     import json
-    rel = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
-               if "reliability diagram" in json.dumps(json.loads(c.proto.spec).get("layout", {}).get("title")))
+
+    rel = next(
+        json.loads(c.proto.spec)
+        for c in at.get("plotly_chart")
+        if "reliability diagram" in json.dumps(json.loads(c.proto.spec).get("layout", {}).get("title"))
+    )
     traced = {t.get("name") for t in rel["data"]}
     assert {f"{n}: observed" for n in names} <= traced
     assert "reliability bins, both runs (CSV)" in downloads(at)

@@ -1,6 +1,7 @@
 """The house rules of ../shared/ARCHITECTURE.md, checked on the source: imports inside `dflash_dash` only point
 down the layer list, pages hold no torch and no SQL, only app.py and pages/ import streamlit, and nothing the app or
 the CLI runs imports the development tooling in tools/."""
+
 from __future__ import annotations
 
 import ast
@@ -11,9 +12,32 @@ ROOT = Path(__file__).resolve().parents[1]
 # outside the list: demo beside jobs, parity over pipeline, the pure conformance/patterns computations under
 # views, the stand-in's speculative decoder under the stand-in; launch, what `make run` runs, on top; ops, the
 # operations' argument dataclasses, under the pipeline whose signatures take their defaults)
-ORDER = ["__main__", "launch", "cli", "jobs", "demo", "parity", "pipeline", "ops", "views", "conformance", "patterns",
-         "store", "sglang", "server", "specdec", "cache", "replay", "metrics", "drafter", "target", "prompts",
-         "config", "lazy", "errors"]
+ORDER = [
+    "__main__",
+    "launch",
+    "cli",
+    "jobs",
+    "demo",
+    "parity",
+    "pipeline",
+    "ops",
+    "views",
+    "conformance",
+    "patterns",
+    "store",
+    "sglang",
+    "server",
+    "specdec",
+    "cache",
+    "replay",
+    "metrics",
+    "drafter",
+    "target",
+    "prompts",
+    "config",
+    "lazy",
+    "errors",
+]
 
 
 def imports(path: Path, package: str) -> set[str]:
@@ -47,8 +71,11 @@ def test_imports_point_down_the_layers():
         if me == "__init__":
             continue
         assert me in ORDER, f"{f}: module {me!r} has no place in the layer list; add it to ORDER"
-        package = "dflash_dash" + ("." + ".".join(f.relative_to(ROOT / "dflash_dash").parts[:-1])
-                                   if len(f.relative_to(ROOT / "dflash_dash").parts) > 1 else "")
+        package = "dflash_dash" + (
+            "." + ".".join(f.relative_to(ROOT / "dflash_dash").parts[:-1])
+            if len(f.relative_to(ROOT / "dflash_dash").parts) > 1
+            else ""
+        )
         for dep in imports(f, package) - {me}:
             if dep not in ORDER or ORDER.index(dep) <= ORDER.index(me):
                 bad.append(f"{f.relative_to(ROOT)} imports {dep} (layer {me} may import only lower layers)")
@@ -64,8 +91,9 @@ def test_the_checker_sees_an_upward_import(tmp_path):
 def test_pages_are_thin_and_only_they_import_streamlit():
     for f in [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py"))]:
         tree = ast.parse(f.read_text())
-        mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | \
-               {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
+            n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+        }
         assert not {m for m in mods if m.split(".")[0] in ("torch", "duckdb")}, f"{f} imports torch/duckdb"
         strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
         assert not [s for s in strings if s.lstrip().upper().startswith(("SELECT ", "INSERT ", "UPDATE "))], f
@@ -76,8 +104,9 @@ def test_pages_are_thin_and_only_they_import_streamlit():
 def top_modules(path: Path) -> set[str]:
     """Top-level names of the absolute imports in `path`, at any depth of the code."""
     tree = ast.parse(path.read_text())
-    return {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | \
-           {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    return {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
+        n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level
+    }
 
 
 def test_the_runtime_never_imports_tools():
@@ -85,8 +114,9 @@ def test_the_runtime_never_imports_tools():
     bad = [str(f.relative_to(ROOT)) for f in runtime if "tools" in top_modules(f)]
     assert not bad, f"{bad} import the development tooling in tools/; move what the runtime needs into dflash_dash/"
     assert (ROOT / "tools" / "tiny.py").is_file() and (ROOT / "tools" / "demo" / "make_assets.py").is_file()
-    assert not [f for f in (ROOT / "dflash_dash" / "demo").glob("*.py") if f.name != "__init__.py"], \
+    assert not [f for f in (ROOT / "dflash_dash" / "demo").glob("*.py") if f.name != "__init__.py"], (
         "development scripts belong in tools/demo/, not in the runtime package"
+    )
 
 
 def test_the_tools_checker_sees_an_import(tmp_path):

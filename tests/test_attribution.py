@@ -1,5 +1,6 @@
 """Target-layer attribution (pipeline.attribute, CLI `attribute`, the export's "attribution" entry): a drafter
 that ignores one tap loses no tau when that tap is replaced by its mean; the other taps cost tau."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ import json
 import pytest
 
 from dflash_dash import cli, pipeline
-from tools import tiny
 from dflash_dash.store import Store
+from tools import tiny
 
 H = tiny.TinyDrafter().hidden_size
 
@@ -24,6 +25,7 @@ def blind(prepared, tmp_path):
 
 def test_a_tap_the_drafter_ignores_costs_nothing(prepared, workspace_copy, blind, capsys, tmp_path):
     from conftest import _drafted
+
     st = Store(workspace_copy)
     # a completion made of the blind drafter's own blocks (partly accepted), extracted in the workspace copy
     prompt = st.completions(prepared.set_name)[1]["prompt_ids"]
@@ -35,7 +37,9 @@ def test_a_tap_the_drafter_ignores_costs_nothing(prepared, workspace_copy, blind
     out = pipeline.attribute(st, run)
     assert [t["layer_id"] for t in out["taps"]] == [1, 4]
     s = st.run_row(run)["summary"]  # base = the run itself (same checkpoint, features, device, dtype)
-    assert out["base_tau_macro"] == pytest.approx(s["tau_macro"]) and out["base_tau_pooled"] == pytest.approx(s["tau_pooled"])
+    assert out["base_tau_macro"] == pytest.approx(s["tau_macro"]) and out["base_tau_pooled"] == pytest.approx(
+        s["tau_pooled"]
+    )
     assert s["tau_macro"] > 1.5
     t0, t1 = out["taps"]
     assert t0["tau_macro"] == out["base_tau_macro"] and t0["tau_pooled"] == out["base_tau_pooled"]  # exactly: no loss
@@ -43,11 +47,14 @@ def test_a_tap_the_drafter_ignores_costs_nothing(prepared, workspace_copy, blind
     assert lost > 0.2, out
     stored = st.attributions(run)
     assert [(r["tap"], r["layer_id"], r["tau_macro"], r["base_tau_macro"]) for r in stored] == [
-        (t["tap"], t["layer_id"], t["tau_macro"], t["base_tau_macro"]) for t in out["taps"]]
+        (t["tap"], t["layer_id"], t["tau_macro"], t["base_tau_macro"]) for t in out["taps"]
+    ]
     # the export carries it, as tau lost per tap
     exp = pipeline.export(st, run)
     assert [(a["tap"], a["layer_id"], a["tau_lost_macro"]) for a in exp["attribution"]] == [
-        (0, 1, 0.0), (1, 4, round(lost, 4))]
+        (0, 1, 0.0),
+        (1, 4, round(lost, 4)),
+    ]
     # again from the CLI: replaces the stored rows, prints the same JSON
     capsys.readouterr()
     assert cli.main(["--workspace", str(workspace_copy), "attribute", "--run", run]) == 0

@@ -1,5 +1,6 @@
 """Cached mode: replay, export and the listings read the store and the feature cache only. Every socket
 connection and name lookup is blocked in this process while they run (API, CLI and a replay job body)."""
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,22 @@ def test_replay_and_export_make_no_network_call(prepared, workspace_copy, offlin
     assert exported["run"]["id"] == out["id"] and len(exported["prompts"]) == 3
 
     ws = str(workspace_copy)
-    assert cli.main(["--workspace", ws, "replay", "--drafter", str(prepared.drafters[0]), "--extraction",
-                     prepared.extraction, "--tree-budget", "0"]) == 0
+    assert (
+        cli.main(
+            [
+                "--workspace",
+                ws,
+                "replay",
+                "--drafter",
+                str(prepared.drafters[0]),
+                "--extraction",
+                prepared.extraction,
+                "--tree-budget",
+                "0",
+            ]
+        )
+        == 0
+    )
     run_id = capsys.readouterr().out.splitlines()[0]
     assert cli.main(["--workspace", ws, "export", "--run", run_id]) == 0
     assert json.loads(capsys.readouterr().out)["run"]["id"] == run_id
@@ -62,8 +77,12 @@ def test_replay_and_export_make_no_network_call(prepared, workspace_copy, offlin
     assert len(capsys.readouterr().out.splitlines()) == 3
 
     # the body of a replay job, run in this process
-    store.add_job("job-r", "replay", {"drafter": str(prepared.drafters[0]), "extraction": prepared.extraction,
-                                      "tree_budget": 2}, str(workspace_copy / "r.log"))
+    store.add_job(
+        "job-r",
+        "replay",
+        {"drafter": str(prepared.drafters[0]), "extraction": prepared.extraction, "tree_budget": 2},
+        str(workspace_copy / "r.log"),
+    )
     assert jobs.execute(store, "job-r") == 0, store.job("job-r")
     assert store.job("job-r")["result"]["run"] in {r["id"] for r in store.runs()}
     assert offline == []

@@ -1,5 +1,6 @@
 """Chain-only replay (issue 12): only the anchors the chain and DDTree walks visit, many sequences in lockstep;
 its rounds, drafts and acceptance equal the every-anchor mode's on the same inputs."""
+
 from __future__ import annotations
 
 import re
@@ -8,7 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_dash import drafter as dr, metrics, replay as rp, target as tg
+from dflash_dash import drafter as dr
+from dflash_dash import metrics
+from dflash_dash import replay as rp
+from dflash_dash import target as tg
 from tools import tiny
 
 
@@ -20,7 +24,7 @@ def planted(m: dr.Drafter, head: tg.Head, feats: torch.Tensor, P: int, T: int, s
     toks = [int(t) for t in rng.integers(10, 500, P + 1)]
     while len(toks) < T:
         p = len(toks) - 1
-        d = rp.draft_loop(m, head, feats[:p + 1], torch.tensor(toks), p).tokens[0].tolist()
+        d = rp.draft_loop(m, head, feats[: p + 1], torch.tensor(toks), p).tokens[0].tolist()
         keep = int(rng.integers(0, len(d) + 1))
         toks += d[:keep]
         other = int(rng.integers(10, 500))
@@ -34,10 +38,15 @@ def case(tmp_path_factory):
     g = torch.Generator().manual_seed(1)
     head = tg.Head(torch.randn(512, 64, generator=g), torch.randn(512, 64, generator=g))
     out = {}
-    for name, types, win in [("full", ["full_attention"] * 2, None),
-                             ("sliding", ["sliding_attention", "full_attention"], 6)]:
-        m = dr.load(tiny.write_drafter(base / name, tiny.TinyDrafter(seed=3, layer_types=types, sliding_window=win,
-                                                                    block_size=5)))
+    for name, types, win in [
+        ("full", ["full_attention"] * 2, None),
+        ("sliding", ["sliding_attention", "full_attention"], 6),
+    ]:
+        m = dr.load(
+            tiny.write_drafter(
+                base / name, tiny.TinyDrafter(seed=3, layer_types=types, sliding_window=win, block_size=5)
+            )
+        )
         seqs = []
         for i, (T, P) in enumerate([(60, 5), (31, 9), (47, 3), (13, 11), (2, 1), (40, 20)]):
             feats = torch.randn(T, 128, generator=g)
@@ -76,7 +85,7 @@ def test_chain_rounds_equal_every_anchor(case, name, budget, batch, monkeypatch)
         skipped = [x for x in range(len(b.accepted_at)) if x not in computed]  # -1 drafts, NaN log-probabilities
         assert all(t == -1 for x in skipped for t in b.drafts[x]) and np.isnan([b.draft_logp[x] for x in skipped]).all()
         ids, top_p = np.array(b.round_top_ids), np.array(b.round_top_p, dtype=float)
-        done = ids >= 0                                                           # the rounds' top-K blocks
+        done = ids >= 0  # the rounds' top-K blocks
         assert (ids[done] == np.array(a.round_top_ids)[done]).all() and (budget == 0 or done.all())
         assert np.allclose(top_p[done], np.array(a.round_top_p, dtype=float)[done], atol=1e-5)
         assert np.isnan(top_p[~done]).all()
@@ -85,8 +94,17 @@ def test_chain_rounds_equal_every_anchor(case, name, budget, batch, monkeypatch)
             assert all(b.tree_at[p - b.prompt_len] >= 0 for p in b.round_anchors)
         visited += len(computed)
     assert visited < sum(len(a.accepted_at) for a in every)  # really fewer anchors than every-anchor
-    for key in ("tau_macro", "tau_pooled", "ddtree_tau", "ddtree_tau_pooled", "accept_hist", "depth_conditional",
-                "depth_marginal", "rounds", "committed"):
+    for key in (
+        "tau_macro",
+        "tau_pooled",
+        "ddtree_tau",
+        "ddtree_tau_pooled",
+        "accept_hist",
+        "depth_conditional",
+        "depth_marginal",
+        "rounds",
+        "committed",
+    ):
         assert s_chain[key] == s_every[key], key
     assert s_chain["every_anchor_tau"] is None and s_every["every_anchor_tau"] is not None  # not computed
     for key in ("calibration_ece", "confidence_depth"):  # their samples stop at the first rejected draft
@@ -105,12 +123,12 @@ def test_blocks_tail_equals_concatenated_keys(case, name, align, monkeypatch):
     m, seqs = models[name]
     seqs = [s for s in seqs if len(s.tokens) > 20][:3]
     T = max(len(s.tokens) for s in seqs)
-    feats = torch.stack([torch.cat([s.features, s.features.new_zeros(T - len(s.tokens), s.features.shape[1])])
-                         for s in seqs])
+    feats = torch.stack(
+        [torch.cat([s.features, s.features.new_zeros(T - len(s.tokens), s.features.shape[1])]) for s in seqs]
+    )
     kv = m.context_kv(feats)
     B = m.c.block_size
-    kv_tail = [tuple(torch.cat([t.new_full((*t.shape[:2], B, t.shape[3]), float("nan")), t], 2) for t in p)
-               for p in kv]
+    kv_tail = [tuple(torch.cat([t.new_full((*t.shape[:2], B, t.shape[3]), float("nan")), t], 2) for t in p) for p in kv]
     anchors = torch.tensor([len(s.tokens) - 18 for s in seqs])
     emb = torch.randn(len(seqs), B, m.c.hidden_size, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
@@ -119,8 +137,9 @@ def test_blocks_tail_equals_concatenated_keys(case, name, align, monkeypatch):
             got = m.blocks(kv_tail, anchors, emb, max_anchor=top, tail=True)
             assert torch.allclose(got, ref, atol=1e-5), top
         if align < T:  # a bound below an anchor hides keys that the block sees: the bound is really used
-            assert not torch.allclose(m.blocks(kv_tail, anchors, emb, max_anchor=int(anchors.min()) - 9, tail=True),
-                                      ref, atol=1e-5)
+            assert not torch.allclose(
+                m.blocks(kv_tail, anchors, emb, max_anchor=int(anchors.min()) - 9, tail=True), ref, atol=1e-5
+            )
 
 
 def test_every_anchor_metrics_absent_on_chain_rows():
@@ -130,10 +149,10 @@ def test_every_anchor_metrics_absent_on_chain_rows():
 
 
 @pytest.mark.parametrize("passes", ["one", "several"])
-def test_sweep_one_pass_equals_separate_replays_and_reads_features_once(prepared, workspace_copy, monkeypatch,
-                                                                        passes):
+def test_sweep_one_pass_equals_separate_replays_and_reads_features_once(prepared, workspace_copy, monkeypatch, passes):
     from dflash_dash import cache, pipeline
     from dflash_dash.store import Store
+
     if passes == "several":  # a pass of one prompt each: every checkpoint replays pass after pass
         monkeypatch.setattr(pipeline, "PASS_GIB", 1e-9)
     st = Store(workspace_copy)
@@ -146,10 +165,18 @@ def test_sweep_one_pass_equals_separate_replays_and_reads_features_once(prepared
     ids = pipeline.sweep(st, str(prepared.train), prepared.extraction, progress=lambda d, t, m: seen.append(m))
     assert sorted(reads) == sorted({r["prompt_id"] for r in st.items(prepared.extraction)})  # once each
     n = len(reads)
-    assert sum(f"(pass {k}/{n if passes == 'several' else 1})" in m for m in seen for k in range(1, n + 1)) == \
-        (n if passes == "several" else 1)
-    timed = [m for m in seen if re.fullmatch(r"checkpoint \d/\d: loaded in [\d.]+ s \(read beside in [\d.]+ s\), "
-                                             r"\d+ prompts replayed in [\d.]+ s", m)]
+    assert sum(f"(pass {k}/{n if passes == 'several' else 1})" in m for m in seen for k in range(1, n + 1)) == (
+        n if passes == "several" else 1
+    )
+    timed = [
+        m
+        for m in seen
+        if re.fullmatch(
+            r"checkpoint \d/\d: loaded in [\d.]+ s \(read beside in [\d.]+ s\), "
+            r"\d+ prompts replayed in [\d.]+ s",
+            m,
+        )
+    ]
     assert len(timed) == len(ids) * (n if passes == "several" else 1)  # the job log times each checkpoint's pass
     ref = Store(prepared.workspace)
     for rid in ids:
@@ -166,10 +193,20 @@ def test_worker_results_travel_packed_and_equal():
     """A worker's PromptResult (numpy fields from `chain(arrays=True)`, or lists) crosses the pipe packed and
     comes back equal: 1-D fields as lists, the others as numpy arrays; ragged and empty values as they are."""
     import json
+
     from dflash_dash import jobs
-    r = rp.PromptResult("p", 3, np.array([2, -1, 0]), np.array([[5, 6], [-1, -1], [7, 2**40]]), [3], [3],
-                        draft_logp=np.array([[-0.5, np.nan], [np.nan, np.nan], [-1e-8, -3.0]], dtype=np.float32),
-                        round_top_ids=[[[5, 1], [6, 2]]], round_top_p=[[[0.5, 0.25], [0.125, 1 / 3]]])
+
+    r = rp.PromptResult(
+        "p",
+        3,
+        np.array([2, -1, 0]),
+        np.array([[5, 6], [-1, -1], [7, 2**40]]),
+        [3],
+        [3],
+        draft_logp=np.array([[-0.5, np.nan], [np.nan, np.nan], [-1e-8, -3.0]], dtype=np.float32),
+        round_top_ids=[[[5, 1], [6, 2]]],
+        round_top_p=[[[0.5, 0.25], [0.125, 1 / 3]]],
+    )
     back = rp.PromptResult(**jobs._unpacked(json.loads(json.dumps({"result": r}, default=jobs._plain)))["result"])
     want = rp.listed(r)
     assert back.accepted_at == want.accepted_at == [2, -1, 0] and back.drafts.tolist() == want.drafts  # int64 kept
@@ -197,14 +234,22 @@ def test_worker_writer_keeps_order_and_raises_its_failure():
     (at the next emit or at close), and nothing after it is written."""
     import io
     import json
+
     from dflash_dash import jobs
+
     out = io.StringIO()
     w = jobs._Writer(out)
     for i in range(200):
-        w.emit({"progress": [i, 200, "x"]} if i % 2 else {"event": {"result": rp.PromptResult(str(i), 1, [i], [[i]], [1], [1])}})
+        w.emit(
+            {"progress": [i, 200, "x"]}
+            if i % 2
+            else {"event": {"result": rp.PromptResult(str(i), 1, [i], [[i]], [1], [1])}}
+        )
     w.close()
     lines = [json.loads(ln) for ln in out.getvalue().splitlines()]
-    assert [ln["progress"][0] if "progress" in ln else int(ln["event"]["result"]["id"]) for ln in lines] == list(range(200))
+    assert [ln["progress"][0] if "progress" in ln else int(ln["event"]["result"]["id"]) for ln in lines] == list(
+        range(200)
+    )
     out = io.StringIO()
     w = jobs._Writer(out)
     w.emit({"event": 1})
@@ -218,6 +263,7 @@ def test_worker_writer_keeps_order_and_raises_its_failure():
 def test_check_validates_like_load_without_reading(tmp_path, monkeypatch):
     """`drafter.check` refuses what `load` refuses (here a tensor of the wrong shape) and reads no tensor."""
     from safetensors.torch import load_file, save_file
+
     ok = tiny.write_drafter(tmp_path / "ok", tiny.TinyDrafter(seed=1))
     bad = tiny.write_drafter(tmp_path / "bad", tiny.TinyDrafter(seed=1))
     f = next(bad.glob("*.safetensors"))
@@ -228,8 +274,9 @@ def test_check_validates_like_load_without_reading(tmp_path, monkeypatch):
     with pytest.raises(dr.CheckpointError, match="fc.weight' has shape") as e_load:
         dr.load(bad)
     want = dr.load(ok).c
-    monkeypatch.setattr("safetensors.safe_open.get_tensor", lambda *a: pytest.fail("check read a tensor"),
-                        raising=False)
+    monkeypatch.setattr(
+        "safetensors.safe_open.get_tensor", lambda *a: pytest.fail("check read a tensor"), raising=False
+    )
     with pytest.raises(dr.CheckpointError) as e_check:
         dr.check(bad)
     assert str(e_check.value) == str(e_load.value)
@@ -238,10 +285,13 @@ def test_check_validates_like_load_without_reading(tmp_path, monkeypatch):
 
 def test_fused_ops_fall_back_to_eager(monkeypatch):
     """A torch.compile that fails makes the fused element-wise ops warn once and run eager, same values."""
+
     def broken(fn, **kw):
         def call(*a):
             raise RuntimeError("no inductor here")
+
         return call
+
     monkeypatch.setattr(torch, "compile", broken)
     ops = dr.Ops(True)
     x, w = torch.randn(3, 8), torch.randn(8)

@@ -3,6 +3,7 @@
 unsafe pickles, other drafter families and RoPE conflicts. Checkpoints are written with the project's own
 `tiny` helpers the way SpecForge writes them; the sliding semantics is checked against an independent dense
 implementation of SpecForge's training mask."""
+
 from __future__ import annotations
 
 import json
@@ -11,18 +12,21 @@ import os
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-
-from dflash_dash import cli, drafter as dr, jobs, pipeline, replay as rp, target as tg
-from tools import tiny
-from dflash_dash.store import Store
 from serving import stop_jobs, until
 
-SLIDING = tiny.TinyDrafter(seed=5, layer_types=["sliding_attention", "full_attention"], sliding_window=5,
-                           block_size=4, rope_theta=1e7)
+from dflash_dash import cli, jobs, pipeline
+from dflash_dash import drafter as dr
+from dflash_dash import replay as rp
+from dflash_dash import target as tg
+from dflash_dash.store import Store
+from tools import tiny
+
+SLIDING = tiny.TinyDrafter(
+    seed=5, layer_types=["sliding_attention", "full_attention"], sliding_window=5, block_size=4, rope_theta=1e7
+)
 
 
 def export_hf(folder: Path, d: tiny.TinyDrafter, cfg: dict | None = None, extra: dict | None = None) -> Path:
@@ -45,8 +49,14 @@ def dense_specforge(w: dict, d: tiny.TinyDrafter, feats, tokens, anchors, embed,
     k < anchor (and, in sliding layers, q - k <= window - 1) and the keys of its own block (in sliding layers
     only slots j <= i when `causal`). Returns the argmax drafts [n, B-1] and log-probs [n, B-1, V]."""
     f64 = {k: v.double() for k, v in w.items()}
-    B, H, hd, nh, nkv, W = d.block_size, d.hidden_size, d.head_dim, d.num_attention_heads, d.num_key_value_heads, \
-        d.sliding_window
+    B, H, hd, nh, nkv, W = (
+        d.block_size,
+        d.hidden_size,
+        d.head_dim,
+        d.num_attention_heads,
+        d.num_key_value_heads,
+        d.sliding_window,
+    )
 
     def norm(x, g):
         return g * x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6)
@@ -55,15 +65,15 @@ def dense_specforge(w: dict, d: tiny.TinyDrafter, feats, tokens, anchors, embed,
         inv = 1.0 / (d.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
         ang = pos.double()[:, None] * inv[None]
         cos, sin = torch.cos(ang)[:, None], torch.sin(ang)[:, None]
-        a, b = x[..., : hd // 2], x[..., hd // 2:]
+        a, b = x[..., : hd // 2], x[..., hd // 2 :]
         return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
 
     T, n = feats.shape[0], len(anchors)
-    ctx = norm(feats.double() @ f64["fc.weight"].T, f64["hidden_norm.weight"])             # [T, H]
+    ctx = norm(feats.double() @ f64["fc.weight"].T, f64["hidden_norm.weight"])  # [T, H]
     ids = torch.full((n, B), d.mask_token_id)
     ids[:, 0] = tokens[anchors]
-    h = embed.double()[ids].reshape(n * B, H)                                                # [n*B, H]
-    qpos = (anchors[:, None] + torch.arange(B)).reshape(-1)                                  # [n*B]
+    h = embed.double()[ids].reshape(n * B, H)  # [n*B, H]
+    qpos = (anchors[:, None] + torch.arange(B)).reshape(-1)  # [n*B]
     kpos = torch.cat([torch.arange(T), qpos])
     qblk = torch.arange(n).repeat_interleave(B)
     qslot = torch.arange(B).repeat(n)
@@ -73,12 +83,12 @@ def dense_specforge(w: dict, d: tiny.TinyDrafter, feats, tokens, anchors, embed,
     anchor_q = anchors.repeat_interleave(B)[:, None]
     for i, kind in enumerate(d.layer_types):
         vis_ctx = is_ctx & (kpos[None, :] < anchor_q)
-        vis_blk = (kblk[None, :] == qblk[:, None])
+        vis_blk = kblk[None, :] == qblk[:, None]
         if kind == "sliding_attention":
             vis_ctx = vis_ctx & (kpos[None, :] >= qpos[:, None] - (W - 1))
             if causal:
                 vis_blk = vis_blk & (kslot[None, :] <= qslot[:, None])
-        mask = vis_ctx | vis_blk                                                             # [n*B, T+n*B]
+        mask = vis_ctx | vis_blk  # [n*B, T+n*B]
         p = f"layers.{i}."
         x = norm(h, f64[p + "input_layernorm.weight"])
         q = (x @ f64[p + "self_attn.q_proj.weight"].T).view(-1, nh, hd)
@@ -93,10 +103,13 @@ def dense_specforge(w: dict, d: tiny.TinyDrafter, feats, tokens, anchors, embed,
         o = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), v).reshape(-1, nh * hd)
         h = h + o @ f64[p + "self_attn.o_proj.weight"].T
         y = norm(h, f64[p + "post_attention_layernorm.weight"])
-        h = h + (torch.nn.functional.silu(y @ f64[p + "mlp.gate_proj.weight"].T) * (y @ f64[p + "mlp.up_proj.weight"].T)
-                 ) @ f64[p + "mlp.down_proj.weight"].T
+        h = (
+            h
+            + (torch.nn.functional.silu(y @ f64[p + "mlp.gate_proj.weight"].T) * (y @ f64[p + "mlp.up_proj.weight"].T))
+            @ f64[p + "mlp.down_proj.weight"].T
+        )
     out = norm(h, f64["norm.weight"]).view(n, B, H)[:, 1:]
-    logp = torch.log_softmax(out @ lm_head.double().T, -1)                                 # [n, B-1, V]
+    logp = torch.log_softmax(out @ lm_head.double().T, -1)  # [n, B-1, V]
     return logp.argmax(-1), logp
 
 
@@ -114,23 +127,39 @@ def test_sliding_drafts_equal_dense_specforge_mask(tmp_path, semantics):
     feats = torch.randn(T, 128, generator=g)
     got = rp.draft_all(m, head, feats, tokens, P, topk=3, chunk=5)
     loop = rp.draft_loop(m, head, feats, tokens, P, topk=3)
-    ref, logp = dense_specforge(tiny.weights(SLIDING), SLIDING, feats, tokens, torch.arange(P, T), head.embed,
-                                head.lm_head, causal=semantics == "causal")
+    ref, logp = dense_specforge(
+        tiny.weights(SLIDING),
+        SLIDING,
+        feats,
+        tokens,
+        torch.arange(P, T),
+        head.embed,
+        head.lm_head,
+        causal=semantics == "causal",
+    )
     assert torch.equal(got.tokens, ref) and torch.equal(loop.tokens, ref)
     top = logp.topk(3, -1)
     assert torch.allclose(got.top_logp.double(), top.values, atol=2e-4)
-    other, _ = dense_specforge(tiny.weights(SLIDING), SLIDING, feats, tokens, torch.arange(P, T), head.embed,
-                               head.lm_head, causal=semantics != "causal")
+    other, _ = dense_specforge(
+        tiny.weights(SLIDING),
+        SLIDING,
+        feats,
+        tokens,
+        torch.arange(P, T),
+        head.embed,
+        head.lm_head,
+        causal=semantics != "causal",
+    )
     assert not torch.equal(ref, other)  # the semantics matters on this drafter
 
 
 def test_sliding_default_and_is_causal(tmp_path):
     cfg = tiny.transformers5_config(SLIDING)
-    assert dr.load(export_hf(tmp_path / "a", SLIDING, cfg)).sliding_block == "causal"   # trained/served default
+    assert dr.load(export_hf(tmp_path / "a", SLIDING, cfg)).sliding_block == "causal"  # trained/served default
     cfg["is_causal"] = False
     m = dr.load(export_hf(tmp_path / "b", SLIDING, cfg))
     assert m.sliding_block == "bidirectional"
-    assert dr.load(tmp_path / "b", sliding_block="causal").sliding_block == "causal"      # the run's choice wins
+    assert dr.load(tmp_path / "b", sliding_block="causal").sliding_block == "causal"  # the run's choice wins
     with pytest.raises(dr.CheckpointError, match="--sliding-block 'both'"):
         dr.load(tmp_path / "b", sliding_block="both")
 
@@ -168,17 +197,25 @@ def test_yarn_rope_from_either_form_gives_the_same_drafts(tmp_path):
     assert not torch.allclose(a.rope(pos)[0], plain.rope(pos)[0])  # yarn really applied
 
 
-@pytest.mark.parametrize("theta,hd,dtype", [(1e7, 128, torch.bfloat16), (1e4, 64, torch.float32),
-                                             (5e5, 96, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "theta,hd,dtype", [(1e7, 128, torch.bfloat16), (1e4, 64, torch.float32), (5e5, 96, torch.bfloat16)]
+)
 def test_plain_rope_equals_transformers_bit_for_bit(theta, hd, dtype):
     """Plain RoPE is computed without importing transformers' modeling (seconds in a fresh worker): it must give
     transformers' Qwen3 rotary embedding's cos/sin exactly, at any position."""
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
     c = dr.parse_config(tiny.drafter_config(tiny.TinyDrafter(seed=1)) | {"rope_theta": theta, "head_dim": hd})
     assert c.rope_scaling is None
-    ref = Qwen3RotaryEmbedding(Qwen3Config(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
-                                           head_dim=hd, rope_parameters={"rope_type": "default", "rope_theta": theta}))
+    ref = Qwen3RotaryEmbedding(
+        Qwen3Config(
+            hidden_size=c.hidden_size,
+            num_attention_heads=c.num_attention_heads,
+            head_dim=hd,
+            rope_parameters={"rope_type": "default", "rope_theta": theta},
+        )
+    )
     pos = torch.tensor([[0, 1, 7, 511, 2559], [4095, 20000, 32767, 3, 100]])
     cos, sin = dr.Rope(c, "cpu", dtype)(pos)
     rc, rs = ref(torch.empty(0, dtype=dtype), pos.reshape(1, -1))
@@ -186,16 +223,23 @@ def test_plain_rope_equals_transformers_bit_for_bit(theta, hd, dtype):
     assert torch.equal(cos, rc.reshape(2, 5, hd)) and torch.equal(sin, rs.reshape(2, 5, hd))
 
 
-@pytest.mark.parametrize("patch,match", [
-    ({"rope_theta": 1e6}, "rope_theta = 1000000.0 but rope_parameters.rope_theta = 10000000.0"),
-    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
-     "rope_scaling.rope_type = 'linear' but rope_parameters.rope_type = 'default'"),
-    ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e7}}, "rope_type 'mrope' is not supported"),
-    ({"rope_parameters": None}, "no RoPE base"),
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}},
-     "partial_rotary_factor"),
-    ({"block_size": 8}, "block_size = 8 but dflash_config.block_size = 4"),
-])
+@pytest.mark.parametrize(
+    "patch,match",
+    [
+        ({"rope_theta": 1e6}, "rope_theta = 1000000.0 but rope_parameters.rope_theta = 10000000.0"),
+        (
+            {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+            "rope_scaling.rope_type = 'linear' but rope_parameters.rope_type = 'default'",
+        ),
+        ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e7}}, "rope_type 'mrope' is not supported"),
+        ({"rope_parameters": None}, "no RoPE base"),
+        (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}},
+            "partial_rotary_factor",
+        ),
+        ({"block_size": 8}, "block_size = 8 but dflash_config.block_size = 4"),
+    ],
+)
 def test_config_conflicts_are_refused_by_name(patch, match):
     cfg = tiny.transformers5_config(tiny.TinyDrafter(rope_theta=1e7)) | patch
     with pytest.raises(dr.CheckpointError, match=match.replace("(", r"\(").replace(")", r"\)")):
@@ -207,12 +251,26 @@ def test_config_conflicts_are_refused_by_name(patch, match):
 
 
 FAMILIES = [
-    ({"architectures": ["DominoDraftModel"], "dflash_config": {"projector_type": "domino", "target_layer_ids": [1, 4],
-                                                               "mask_token_id": 3}}, "Domino"),
+    (
+        {
+            "architectures": ["DominoDraftModel"],
+            "dflash_config": {"projector_type": "domino", "target_layer_ids": [1, 4], "mask_token_id": 3},
+        },
+        "Domino",
+    ),
     ({"architectures": ["DSparkDraftModel"]}, "DSpark"),
-    ({"architectures": ["DFlashDraftModel"], "dflash_config": {"projector_type": "dspark", "markov_rank": 8,
-                                                               "target_layer_ids": [1, 4], "mask_token_id": 3}},
-     "DSpark"),
+    (
+        {
+            "architectures": ["DFlashDraftModel"],
+            "dflash_config": {
+                "projector_type": "dspark",
+                "markov_rank": 8,
+                "target_layer_ids": [1, 4],
+                "mask_token_id": 3,
+            },
+        },
+        "DSpark",
+    ),
     ({"markov_head_type": "gated"}, "DSpark \\(Markov head\\)"),
     ({"enable_confidence_head": True}, "DSpark \\(confidence head\\)"),
     ({"architectures": ["DFlash2DraftModel"]}, "DFlash2"),
@@ -234,11 +292,13 @@ def test_other_families_refused_by_name_and_leave_no_run(prepared, workspace_cop
 
 def test_unknown_tensors_refused_but_target_copies_ignored(tmp_path):
     d = tiny.TinyDrafter(seed=1)
-    ok = export_hf(tmp_path / "ok", d, extra={"embed_tokens.weight": torch.zeros(512, 64),
-                                             "lm_head.weight": torch.zeros(512, 64)})
+    ok = export_hf(
+        tmp_path / "ok", d, extra={"embed_tokens.weight": torch.zeros(512, 64), "lm_head.weight": torch.zeros(512, 64)}
+    )
     assert dr.load(ok).c.hidden_size == 64
-    bad = export_hf(tmp_path / "bad", d, extra={"markov_head.weight": torch.zeros(4, 4),
-                                                "prefix_gru.weight_ih": torch.zeros(4, 4)})
+    bad = export_hf(
+        tmp_path / "bad", d, extra={"markov_head.weight": torch.zeros(4, 4), "prefix_gru.weight_ih": torch.zeros(4, 4)}
+    )
     with pytest.raises(dr.CheckpointError, match="unknown tensor 'markov_head.weight'"):
         dr.load(bad)
 
@@ -259,8 +319,19 @@ def test_runtime_checkpoint_replays_like_the_hf_folder(prepared, workspace_copy,
         pipeline.replay(st, str(step), prepared.extraction)
     cfg_file = tmp_path / "draft_config.json"
     cfg_file.write_text((prepared.drafters[0] / "config.json").read_text())
-    rc = cli.main(["replay", "--drafter", str(step), "--draft-config", str(cfg_file), "--workspace",
-                   str(workspace_copy), "--extraction", prepared.extraction])
+    rc = cli.main(
+        [
+            "replay",
+            "--drafter",
+            str(step),
+            "--draft-config",
+            str(cfg_file),
+            "--workspace",
+            str(workspace_copy),
+            "--extraction",
+            prepared.extraction,
+        ]
+    )
     assert rc == 0
     run = st.runs()[-1]
     assert run["checkpoint"] == str(step.resolve()) and run["config_file"] == str(cfg_file.resolve())
@@ -272,7 +343,8 @@ def test_runtime_checkpoint_replays_like_the_hf_folder(prepared, workspace_copy,
     # a config.json above the step folder (the training's output folder) is found without --draft-config
     shutil.copy(cfg_file, out / "config.json")
     assert pipeline.replay(st, str(step / "training_state.pt"), prepared.extraction, budget=0)["summary"][
-        "tau_macro"] == pytest.approx(run["summary"]["tau_macro"])
+        "tau_macro"
+    ] == pytest.approx(run["summary"]["tau_macro"])
 
 
 class Payload:
@@ -289,8 +361,10 @@ def test_unsafe_pickle_refused_and_its_payload_never_runs(prepared, workspace_co
     marker = tmp_path / "PWNED"
     step = tmp_path / "out" / "r1-step5"
     step.mkdir(parents=True)
-    torch.save({"draft_state_dict": tiny.weights(tiny.TinyDrafter(seed=1)), "args": Payload(marker)},
-               step / "training_state.pt")
+    torch.save(
+        {"draft_state_dict": tiny.weights(tiny.TinyDrafter(seed=1)), "args": Payload(marker)},
+        step / "training_state.pt",
+    )
     (tmp_path / "out" / "config.json").write_text((prepared.drafters[0] / "config.json").read_text())
     with pytest.raises(dr.CheckpointError, match="specforge export --to hf"):
         dr.load(step)
@@ -319,18 +393,41 @@ def test_sweep_orders_steps_counts_links_once_and_skips_non_drafters(prepared, w
     cks, notes = pipeline.checkpoints_in(out)
     assert [p.name for p in cks] == ["r1-step50", "r1-step200", "r1-step1000"]
     assert len(notes) == 1 and notes[0].startswith("target: skipped") and "not a DFlash drafter" in notes[0]
-    assert cli.main(["sweep", "--checkpoints", str(out), "--workspace", str(workspace_copy),
-                     "--extraction", prepared.extraction]) == 0
+    assert (
+        cli.main(
+            [
+                "sweep",
+                "--checkpoints",
+                str(out),
+                "--workspace",
+                str(workspace_copy),
+                "--extraction",
+                prepared.extraction,
+            ]
+        )
+        == 0
+    )
     ids = capsys.readouterr().out.split()
     st = Store(workspace_copy)
     by = {r["id"]: r for r in st.runs()}
     assert [by[i]["step"] for i in ids] == [50, 200, 1000]
     from dflash_dash import views
+
     assert [p["step"] for p in views.sweep_points(st.runs(), str(out), prepared.extraction)] == [50, 200, 1000]
 
 
-@pytest.mark.parametrize("name,step", [("epoch_2_step_300", 300), ("r1-step40", 40), ("checkpoint-7", 7),
-                                       ("step_12", 12), ("step9", 9), ("r1-latest", None), ("final", None)])
+@pytest.mark.parametrize(
+    "name,step",
+    [
+        ("epoch_2_step_300", 300),
+        ("r1-step40", 40),
+        ("checkpoint-7", 7),
+        ("step_12", 12),
+        ("step9", 9),
+        ("r1-latest", None),
+        ("final", None),
+    ],
+)
 def test_step_of_every_layout(name, step):
     assert dr.step_of(name) == step
 
@@ -363,6 +460,7 @@ def test_sliding_check_replays_both_ways_and_diagnostics_shows_the_gap(prepared,
         pipeline.sliding_check(st, str(prepared.drafters[0]), prepared.extraction)
     # the Diagnostics page shows both runs and the difference, with the formula
     from test_app import app, clean
+
     at = app(workspace_copy, monkeypatch, "diagnostics")
     clean(at)
     assert at.text_input(key="slide_ck").value == str(ck.resolve())
@@ -381,7 +479,10 @@ def test_target_without_linear_attention_records_no_backend(tmp_path):
     ex = pipeline.extract(st, str(t), "s", [1, 4])
     assert st.extraction(ex)["backend"] == tg.NO_LINEAR
     from dflash_dash import views
+
     info = tg.describe(t)
-    rows = {r["check"]: r for r in views.consistency(dr.parse_config(tiny.drafter_config(tiny.TinyDrafter())),
-                                                      st.extraction(ex), info)}
+    rows = {
+        r["check"]: r
+        for r in views.consistency(dr.parse_config(tiny.drafter_config(tiny.TinyDrafter())), st.extraction(ex), info)
+    }
     assert rows["extraction backend"]["ok"] == "✓" and not views.backend_matters(str(t))

@@ -2,18 +2,18 @@
 per-prompt delta table and its order, the one-position draft lag rate per slot (hand-made examples worked out
 by hand), the page through AppTest, and in the browser: scrolling pane A scrolls pane B, and "next difference"
 moves both to an outlined position."""
+
 from __future__ import annotations
 
 import re
 import shutil
 
 import pytest
-
-from dflash_dash import metrics, views
-from dflash_dash.store import Store
 from test_app import APP, app, clean, htmls, navigation_routing  # noqa: F401  (fixtures)
 from test_e2e import CHROMIUM, browser, dashboard, open_page, page  # noqa: F401  (fixtures)
 
+from dflash_dash import metrics, views
+from dflash_dash.store import Store
 
 # ---------------------------------------------------------------------------
 # outcomes: hand-made pair of traces
@@ -55,6 +55,7 @@ def test_compare_html_escapes_and_carries_one_constant_script():
     class Evil(views.Vocab):
         def _one(self, i):
             return "<script>window.__pwned=1</script>"
+
     out = views.compare_html(a, b, Evil(), (4, 4), views.differing(a, b), ("A <b>x</b>", "B <img src=x>"))
     assert out.count("<script>") == 1 and "__pwned" not in out.split("<script>")[1]
     assert "&lt;script&gt;" in out and "A &lt;b&gt;x&lt;/b&gt;" in out and "<img" not in out
@@ -74,6 +75,7 @@ def test_compare_html_escapes_and_carries_one_constant_script():
 # Second prompt, chain-only: t = [1, 2, 3], P = 0; anchor 0 not drafted (-1), anchor 1 drafts [2, -1]: slot 1
 # wants t2 = 3, previous t1 = 2 -> lag. Pooled: slot 1: 3 anchors, 2 lags, 1 on target; slot 2: 1 anchor, 1 lag.
 
+
 def test_lag_rate_by_hand():
     first = ([6, 9, 1, 7, 8, 3, -1, -1], [5, 6, 7, 7, 8], 1)
     second = ([-1, -1, 2, -1, -1, -1], [1, 2, 3], 0)
@@ -87,22 +89,36 @@ def test_lag_rate_by_hand():
 # ---------------------------------------------------------------------------
 # delta table order, default pair
 
+
 def test_delta_table_sorted_by_absolute_delta():
-    ra = {"p1": {"tau": 2.0, "tree_tau": 2.5}, "p2": {"tau": 3.0, "tree_tau": None}, "p3": {"tau": 1.5},
-          "p4": {"tau": None}, "p5": {"tau": 2.0}, "only-a": {"tau": 9.0}}
+    ra = {
+        "p1": {"tau": 2.0, "tree_tau": 2.5},
+        "p2": {"tau": 3.0, "tree_tau": None},
+        "p3": {"tau": 1.5},
+        "p4": {"tau": None},
+        "p5": {"tau": 2.0},
+        "only-a": {"tau": 9.0},
+    }
     rb = {"p1": {"tau": 2.5}, "p2": {"tau": 1.0}, "p3": {"tau": 2.5}, "p4": {"tau": 2.0}, "p5": {"tau": 1.5}}
     rows = views.delta_rows(ra, rb)
     # |delta|: p2 2.0, p3 1.0, p1 0.5, p5 0.5 (tie: by id), p4 none (last); only-a is not in B
     assert [r["prompt"] for r in rows] == ["p2", "p3", "p1", "p5", "p4"]
     assert [r["delta (B − A)"] for r in rows] == [-2.0, 1.0, 0.5, -0.5, None]
-    assert rows[2] == {"prompt": "p1", "tau A": 2.0, "tau B": 2.5, "delta (B − A)": 0.5, "DDTree tau A": 2.5,
-                       "DDTree tau B": None}
+    assert rows[2] == {
+        "prompt": "p1",
+        "tau A": 2.0,
+        "tau B": 2.5,
+        "delta (B − A)": 0.5,
+        "DDTree tau A": 2.5,
+        "DDTree tau B": None,
+    }
     assert "DDTree tau A" not in views.delta_rows({"p": {"tau": 1.0}}, {"p": {"tau": 2.0}})[0]
 
 
 def test_default_pair_is_the_newest_pair_on_one_extraction():
     def run(i, ex):
         return {"id": f"r{i}", "extraction_id": ex}
+
     assert views.default_pair([run(1, "x"), run(2, "y"), run(3, "x"), run(4, "z")]) == ("r1", "r3")
     assert views.default_pair([run(1, "x"), run(2, "x"), run(3, "y"), run(4, "y"), run(5, "x")]) == ("r2", "r5")
     assert views.default_pair([run(1, "x"), run(2, "y")]) == ("r1", "r2")  # no shared extraction: the newest two
@@ -258,8 +274,10 @@ def test_panes_scroll_together_and_next_difference_jumps(prepared, tmp_path, pag
         for _ in range(2):
             before = root.get_attribute("data-current")
             root.get_by_role("button", name="next difference ↓").click()
-            page.wait_for_function("(b) => document.querySelector('.dfcmp').dataset.current !== b",
-                                   arg=before if before is not None else "undefined")
+            page.wait_for_function(
+                "(b) => document.querySelector('.dfcmp').dataset.current !== b",
+                arg=before if before is not None else "undefined",
+            )
             i = int(root.get_attribute("data-current"))
             seen.append(i)
             for pane in (a, b):

@@ -4,6 +4,7 @@ computation and CLI, a deliberately broken decoder flagged, the Conformance page
 
 Models: the committed demo assets (a trained qwen3_5_text target and a trained DFlash drafter, fp32 on CPU) and
 tiny seeded ones. Servers are real subprocesses (tests/serving.py); nothing sleeps to synchronise."""
+
 from __future__ import annotations
 
 import contextlib
@@ -14,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from serving import Served, until
 
 from dflash_dash import cache, cli, conformance, pipeline, prompts, server, specdec, views
-from tools import tiny
 from dflash_dash.store import Store
-from serving import Served, until
+from tools import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "dflash_dash" / "demo" / "assets"
@@ -65,8 +66,9 @@ def served(tmp_path_factory):
     (started together, waited for together)."""
     base = tmp_path_factory.mktemp("spec-servers")
     good = Served(TARGET, base / "good.log", extra=["--speculative-draft", str(DRAFT)])
-    bad = Served(TARGET, base / "bad.log", extra=["--speculative-draft", str(DRAFT),
-                                                  "--speculative-bug", "truncate-context"])
+    bad = Served(
+        TARGET, base / "bad.log", extra=["--speculative-draft", str(DRAFT), "--speculative-bug", "truncate-context"]
+    )
     try:
         good.wait(180)
         bad.wait(180)
@@ -91,11 +93,22 @@ def conf(served, tmp_path_factory):
     ex = pipeline.extract(st, str(TARGET), "c4", layers)
     run = pipeline.replay(st, str(DRAFT), ex)["id"]
     bug = base / "bug-stats.jsonl"
-    bug.write_text("".join(json.dumps({"id": c["prompt_id"], "verify_steps": c["meta_info"]["spec_verify_ct"],
-                                       "accepted_tokens": c["meta_info"]["spec_accept_token_num"]}) + "\n"
-                           for c in st.completions("c4-bug")))
-    rc, out, err = run_cli("--workspace", str(ws), "import-engine-stats", str(bug), "--completions", "c4",
-                           "--engine", "bug")
+    bug.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": c["prompt_id"],
+                    "verify_steps": c["meta_info"]["spec_verify_ct"],
+                    "accepted_tokens": c["meta_info"]["spec_accept_token_num"],
+                }
+            )
+            + "\n"
+            for c in st.completions("c4-bug")
+        )
+    )
+    rc, out, err = run_cli(
+        "--workspace", str(ws), "import-engine-stats", str(bug), "--completions", "c4", "--engine", "bug"
+    )
     assert rc == 0, err
     return {"ws": ws, "store": st, "run": run, "extraction": ex, "prompts": pfile}
 
@@ -177,10 +190,14 @@ def test_speculative_stops_like_greedy(engine):
         ids = eng.encode(prompts.CODING_10["merge_sort"])
         plain, _, _ = eng.greedy(ids, 20, set(), [])
         text = eng.decode(plain)
-        stop = text[len(text) // 2: len(text) // 2 + 3]
-        for args in [(20, eng.eos_ids, [stop], True, True), (20, eng.eos_ids, [stop], True, False),
-                     (20, {plain[9]}, [], True, True), (1, eng.eos_ids, [], True, True),
-                     (13, eng.eos_ids, [], True, True)]:
+        stop = text[len(text) // 2 : len(text) // 2 + 3]
+        for args in [
+            (20, eng.eos_ids, [stop], True, True),
+            (20, eng.eos_ids, [stop], True, False),
+            (20, {plain[9]}, [], True, True),
+            (1, eng.eos_ids, [], True, True),
+            (13, eng.eos_ids, [], True, True),
+        ]:
             want = eng.greedy(ids, *args)
             out, txt, fin, meta = eng.speculative(ids, *args)
             assert (out, txt, fin) == want, args
@@ -243,7 +260,10 @@ def test_fetch_records_sglangs_counters_as_engine_stats(conf):
     for s in st.engine_stats("c4", "sglang"):
         m = comps[s["prompt_id"]]["meta_info"]
         assert (s["verify_steps"], s["accepted_tokens"], s["completion_tokens"]) == (
-            m["spec_verify_ct"], m["spec_accept_token_num"], m["completion_tokens"])
+            m["spec_verify_ct"],
+            m["spec_accept_token_num"],
+            m["completion_tokens"],
+        )
         assert s["histogram"] == m["spec_accept_histogram"] and s["accept_lengths"] is None
         assert s["source"].startswith("meta_info of http://127.0.0.1:")
 
@@ -318,11 +338,15 @@ def write(tmp_path: Path, *lines) -> str:
 
 
 def test_import_engine_stats_both_line_forms(small, tmp_path):
-    f = write(tmp_path, {"id": "a", "verify_steps": 2, "accepted_tokens": 3},
-              {"id": "b", "accept_lengths": [2, 1], "engine_version": "x"}, {"id": "c", "verify_steps": 0,
-                                                                            "accepted_tokens": 0})
-    rc, out, err = run_cli("--workspace", str(small), "import-engine-stats", f, "--completions", "s",
-                           "--engine", "vllm")
+    f = write(
+        tmp_path,
+        {"id": "a", "verify_steps": 2, "accepted_tokens": 3},
+        {"id": "b", "accept_lengths": [2, 1], "engine_version": "x"},
+        {"id": "c", "verify_steps": 0, "accepted_tokens": 0},
+    )
+    rc, out, err = run_cli(
+        "--workspace", str(small), "import-engine-stats", f, "--completions", "s", "--engine", "vllm"
+    )
     assert rc == 0, err
     assert "imported vllm stats of 3 prompts of set s" in out
     rows = {r["prompt_id"]: r for r in Store(small).engine_stats("s", "vllm")}
@@ -333,21 +357,40 @@ def test_import_engine_stats_both_line_forms(small, tmp_path):
     assert conformance.engine_tau(rows["c"]) is None and conformance.sglang_accept_length(rows["a"]) == 3.0
 
 
-@pytest.mark.parametrize("line, where, field", [
-    ('{"id": "a", "verify_steps": 2}', "line 2 (id 'a')", "'accepted_tokens' is missing"),
-    ({"id": "a", "verify_steps": -1, "accepted_tokens": 0}, "line 2 (id 'a')", "'verify_steps' must be an integer"),
-    ({"id": "a", "verify_steps": 2, "accepted_tokens": 1.5}, "line 2 (id 'a')", "'accepted_tokens' must be an integ"),
-    ({"id": "a", "verify_steps": True, "accepted_tokens": 1}, "line 2 (id 'a')", "'verify_steps' must be an integer"),
-    ({"id": "a", "accept_lengths": []}, "line 2 (id 'a')", "'accept_lengths' must be a non-empty list"),
-    ({"id": "a", "accept_lengths": [2, 0]}, "line 2 (id 'a')", "'accept_lengths' holds 0"),
-    ({"id": "a", "accept_lengths": [1], "verify_steps": 1}, "line 2 (id 'a')", "not both"),
-    ({"id": "a"}, "line 2 (id 'a')", "no engine counters"),
-    ({"id": "a", "verify_steps": 9, "accepted_tokens": 0}, "line 2 (id 'a')", "'verify_steps' gives 9 verify steps"),
-    ({"id": "a", "verify_steps": 0, "accepted_tokens": 0}, "line 2 (id 'a')", "'verify_steps' gives 0 verify steps"),
-    ('{"id": "a", "verify_steps": 2', "line 2", "not valid JSON"),
-    ({"verify_steps": 2, "accepted_tokens": 1}, "line 2", "field 'id'"),
-    ({"id": "b", "verify_steps": 1, "accepted_tokens": 1}, "line 2", "duplicate id 'b'"),
-])
+@pytest.mark.parametrize(
+    "line, where, field",
+    [
+        ('{"id": "a", "verify_steps": 2}', "line 2 (id 'a')", "'accepted_tokens' is missing"),
+        ({"id": "a", "verify_steps": -1, "accepted_tokens": 0}, "line 2 (id 'a')", "'verify_steps' must be an integer"),
+        (
+            {"id": "a", "verify_steps": 2, "accepted_tokens": 1.5},
+            "line 2 (id 'a')",
+            "'accepted_tokens' must be an integ",
+        ),
+        (
+            {"id": "a", "verify_steps": True, "accepted_tokens": 1},
+            "line 2 (id 'a')",
+            "'verify_steps' must be an integer",
+        ),
+        ({"id": "a", "accept_lengths": []}, "line 2 (id 'a')", "'accept_lengths' must be a non-empty list"),
+        ({"id": "a", "accept_lengths": [2, 0]}, "line 2 (id 'a')", "'accept_lengths' holds 0"),
+        ({"id": "a", "accept_lengths": [1], "verify_steps": 1}, "line 2 (id 'a')", "not both"),
+        ({"id": "a"}, "line 2 (id 'a')", "no engine counters"),
+        (
+            {"id": "a", "verify_steps": 9, "accepted_tokens": 0},
+            "line 2 (id 'a')",
+            "'verify_steps' gives 9 verify steps",
+        ),
+        (
+            {"id": "a", "verify_steps": 0, "accepted_tokens": 0},
+            "line 2 (id 'a')",
+            "'verify_steps' gives 0 verify steps",
+        ),
+        ('{"id": "a", "verify_steps": 2', "line 2", "not valid JSON"),
+        ({"verify_steps": 2, "accepted_tokens": 1}, "line 2", "field 'id'"),
+        ({"id": "b", "verify_steps": 1, "accepted_tokens": 1}, "line 2", "duplicate id 'b'"),
+    ],
+)
 def test_import_engine_stats_refuses_bad_lines(small, tmp_path, line, where, field):
     f = write(tmp_path, {"id": "b", "verify_steps": 1, "accepted_tokens": 1}, line)
     rc, _, err = run_cli("--workspace", str(small), "import-engine-stats", f, "--completions", "s", "--engine", "e")
@@ -356,8 +399,12 @@ def test_import_engine_stats_refuses_bad_lines(small, tmp_path, line, where, fie
 
 
 def test_import_engine_stats_refuses_unknown_ids_by_name(small, tmp_path):
-    f = write(tmp_path, {"id": "a", "verify_steps": 1, "accepted_tokens": 1},
-              {"id": "zz-top", "verify_steps": 1, "accepted_tokens": 1}, {"id": "<b>x", "accept_lengths": [1]})
+    f = write(
+        tmp_path,
+        {"id": "a", "verify_steps": 1, "accepted_tokens": 1},
+        {"id": "zz-top", "verify_steps": 1, "accepted_tokens": 1},
+        {"id": "<b>x", "accept_lengths": [1]},
+    )
     rc, _, err = run_cli("--workspace", str(small), "import-engine-stats", f, "--completions", "s", "--engine", "e")
     assert rc == 2 and "not in completion set 's'" in err and "'zz-top'" in err and "'<b>x'" in err
     rc, _, err = run_cli("--workspace", str(small), "import-engine-stats", f, "--completions", "nope", "--engine", "e")
@@ -370,22 +417,38 @@ def test_import_engine_stats_refuses_unknown_ids_by_name(small, tmp_path):
 
 
 def test_sglang_meta_to_engine_stats_and_like_with_like():
-    meta = {"completion_tokens": 12, "spec_verify_ct": 4, "spec_accept_length": 3.0, "spec_accept_token_num": 7,
-            "spec_accept_histogram": [1, 0, 3]}
+    meta = {
+        "completion_tokens": 12,
+        "spec_verify_ct": 4,
+        "spec_accept_length": 3.0,
+        "spec_accept_token_num": 7,
+        "spec_accept_histogram": [1, 0, 3],
+    }
     row = conformance.from_sglang(meta, 12)
-    assert row == {"verify_steps": 4, "accepted_tokens": 7, "completion_tokens": 12, "accept_lengths": None,
-                   "histogram": [1, 0, 3]}
+    assert row == {
+        "verify_steps": 4,
+        "accepted_tokens": 7,
+        "completion_tokens": 12,
+        "accept_lengths": None,
+        "histogram": [1, 0, 3],
+    }
     assert conformance.engine_tau(row) == 11 / 4 and conformance.sglang_accept_length(row) == 3.0
     assert conformance.from_sglang({"completion_tokens": 3}, 3) is None  # decoded plainly
     assert conformance.from_sglang({"spec_verify_ct": 2, "spec_accepted_drafts": 1}, 5)["completion_tokens"] == 5
-    replay = [{"prompt_id": "x", "prompt_len": 3, "accepted_at": [0] * 12, "rounds": [3, 3, 3, 2]},
-              {"prompt_id": "y", "prompt_len": 3, "accepted_at": [0] * 12, "rounds": [3, 3, 3, 2]},
-              {"prompt_id": "z", "prompt_len": 3, "accepted_at": [0] * 12, "rounds": [3, 3, 3, 2]}]
-    stats = [{"prompt_id": "x", "verify_steps": 4, "completion_tokens": 12},   # 2.75 = replay
-             {"prompt_id": "y", "verify_steps": 5, "completion_tokens": 12}]   # 2.2: 20 % short
+    replay = [
+        {"prompt_id": "x", "prompt_len": 3, "accepted_at": [0] * 12, "rounds": [3, 3, 3, 2]},
+        {"prompt_id": "y", "prompt_len": 3, "accepted_at": [0] * 12, "rounds": [3, 3, 3, 2]},
+        {"prompt_id": "z", "prompt_len": 3, "accepted_at": [0] * 12, "rounds": [3, 3, 3, 2]},
+    ]
+    stats = [
+        {"prompt_id": "x", "verify_steps": 4, "completion_tokens": 12},  # 2.75 = replay
+        {"prompt_id": "y", "verify_steps": 5, "completion_tokens": 12},
+    ]  # 2.2: 20 % short
     rows = conformance.compare(replay, stats, 0.05)
     assert [(r["id"], r["engine_tau"], r["replay_tau"], r["flagged"]) for r in rows] == [
-        ("x", 2.75, 2.75, False), ("y", 2.2, 2.75, True)]
+        ("x", 2.75, 2.75, False),
+        ("y", 2.2, 2.75, True),
+    ]
     assert conformance.missing(replay, stats) == ["z"]
     assert not conformance.compare(replay, stats, 0.25)[1]["flagged"]
     s = conformance.summary(rows, 0.05)
@@ -395,10 +458,24 @@ def test_sglang_meta_to_engine_stats_and_like_with_like():
 
 
 def test_views_sorted_by_gap_escaped_and_safe_csv():
-    rows = [{"id": i, "engine_tau": e, "replay_tau": 3.0, "gap": e - 3.0, "gap_rel": (e - 3.0) / 3, "flagged": f,
-             "verify_steps": 4, "rounds": 4, "committed": 12, "completion_tokens": 13, "accepted_tokens": 8,
-             "sglang_accept_length": 3.25, "histogram": None}
-            for i, e, f in (("ok", 3.0, False), ("<script>x</script>", 2.0, True), ("=cmd()", 2.9, False))]
+    rows = [
+        {
+            "id": i,
+            "engine_tau": e,
+            "replay_tau": 3.0,
+            "gap": e - 3.0,
+            "gap_rel": (e - 3.0) / 3,
+            "flagged": f,
+            "verify_steps": 4,
+            "rounds": 4,
+            "committed": 12,
+            "completion_tokens": 13,
+            "accepted_tokens": 8,
+            "sglang_accept_length": 3.25,
+            "histogram": None,
+        }
+        for i, e, f in (("ok", 3.0, False), ("<script>x</script>", 2.0, True), ("=cmd()", 2.9, False))
+    ]
     t = views.conformance_table(rows, "run-1")
     assert [r["prompt"] for r in t] == ["<script>x</script>", "=cmd()", "ok"]
     assert t[0]["token_view"] == "acceptance?run=run-1&prompt=%3Cscript%3Ex%3C%2Fscript%3E"
@@ -424,8 +501,9 @@ def test_fetch_sends_prompt_ids_as_input_ids(served, tmp_path):
     for r, c in zip(recs, st.completions("ids")):
         assert c["prompt_id"] == r["id"] and c["prompt_ids"] == r["prompt_ids"] and c["prompt"] is None
         assert c["request"]["input_ids"] == r["prompt_ids"] and "text" not in c["request"]
-        assert c["output_ids"] == served["good"].client.generate(input_ids=r["prompt_ids"], max_new_tokens=4)[
-            "output_ids"]
+        assert (
+            c["output_ids"] == served["good"].client.generate(input_ids=r["prompt_ids"], max_new_tokens=4)["output_ids"]
+        )
     assert st.engines("ids") == ["sglang"]
 
 
@@ -438,11 +516,13 @@ def routed(monkeypatch):
     """app.py's st.navigation routing, as test_app sets it up for every page test."""
     from streamlit.testing.v1 import app_test as app_test_mod
     from test_app import Routed
+
     monkeypatch.setattr(app_test_mod, "PagesManager", Routed)
 
 
 def app(ws: Path, monkeypatch, **params):
     from test_app import app as open_app
+
     return open_app(ws, monkeypatch, "conformance", **params)
 
 
@@ -480,7 +560,7 @@ def test_page_flags_the_broken_engine(conf, monkeypatch, routed):
     df = at.dataframe[-1].value
     flagged = list(df[df["flagged"]]["prompt"])
     assert flagged and list(df["gap"]) == sorted(df["gap"])  # sorted by gap, most negative first
-    assert flagged == list(df["prompt"])[:len(flagged)]
+    assert flagged == list(df["prompt"])[: len(flagged)]
     assert any(f"{len(flagged)} of {len(IDS)} prompt(s) flagged" in w.value for w in at.warning)
     body = " ".join(h.proto.body for h in at.get("html"))
     assert all(f"prompt={p}" in body for p in flagged)
@@ -503,9 +583,11 @@ def test_page_without_engine_stats_says_how_to_get_them(conf_copy, monkeypatch, 
 
 def test_browser_shows_table_scatter_and_downloads_csv(conf_copy, tmp_path):
     from test_e2e import ARGS, CHROMIUM, SCREENSHOTS, dashboard, drawn, settle, shot
+
     if not CHROMIUM.exists():
         pytest.skip(f"Debian chromium is not installed at {CHROMIUM} (apt-get install -y chromium)")
     from playwright.sync_api import sync_playwright
+
     run = Store(conf_copy).runs()[-1]["id"]
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with dashboard(conf_copy, tmp_path) as url, sync_playwright() as pw:
@@ -533,7 +615,10 @@ def test_browser_shows_table_scatter_and_downloads_csv(conf_copy, tmp_path):
             first = lines[1].split(",")[0]
             page.locator("a", has_text=first).first.click()
             page.get_by_text(f"Token view · {first}").wait_for()
-            until(lambda: "acceptance" in page.url and f"prompt={first}" in page.url, timeout=10,
-                  what="the deep link to open the Acceptance page")
+            until(
+                lambda: "acceptance" in page.url and f"prompt={first}" in page.url,
+                timeout=10,
+                what="the deep link to open the Acceptance page",
+            )
         finally:
             b.close()

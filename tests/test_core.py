@@ -1,4 +1,5 @@
 """Core (issue 2): drafter, target extraction, feature cache, every-anchor replay, metrics, CLI."""
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dflash_dash import cache, drafter as dr, replay as rp, target as tg
-from tools import tiny
+from dflash_dash import cache
+from dflash_dash import drafter as dr
+from dflash_dash import replay as rp
+from dflash_dash import target as tg
 from dflash_dash.store import Store
+from tools import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,11 +39,14 @@ def random_head(V=512, H=64, seed=0):
 # replay: batched == loop
 
 
-@pytest.mark.parametrize("types,window,chunk", [
-    (["full_attention", "full_attention"], None, 64),
-    (["full_attention", "sliding_attention"], 5, 7),
-    (["sliding_attention", "sliding_attention"], 3, 1),
-])
+@pytest.mark.parametrize(
+    "types,window,chunk",
+    [
+        (["full_attention", "full_attention"], None, 64),
+        (["full_attention", "sliding_attention"], 5, 7),
+        (["sliding_attention", "sliding_attention"], 3, 1),
+    ],
+)
 def test_batched_equals_loop(tmp_path, types, window, chunk):
     ck = tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(layer_types=types, sliding_window=window, seed=3))
     m = dr.load(ck)
@@ -61,8 +68,11 @@ def test_batched_equals_loop(tmp_path, types, window, chunk):
 def test_sliding_window_changes_drafts(tmp_path):
     """A sliding layer must actually limit what it sees: a window of 2 gives other drafts than full."""
     full = dr.load(tiny.write_drafter(tmp_path / "f", tiny.TinyDrafter(seed=3)))
-    slide = dr.load(tiny.write_drafter(tmp_path / "s", tiny.TinyDrafter(
-        seed=3, layer_types=["sliding_attention"] * 2, sliding_window=2)))
+    slide = dr.load(
+        tiny.write_drafter(
+            tmp_path / "s", tiny.TinyDrafter(seed=3, layer_types=["sliding_attention"] * 2, sliding_window=2)
+        )
+    )
     head = random_head()
     g = torch.Generator().manual_seed(2)
     tokens, feats = torch.randint(0, 512, (40,), generator=g), torch.randn(40, 128, generator=g)
@@ -81,8 +91,8 @@ def test_anchor_hidden_state_not_visible(models):
     feats2 = feats.clone()
     feats2[12] += 5.0
     b = rp.draft_all(m, head, feats2, tokens, 10, topk=3)
-    assert torch.allclose(a.top_logp[:3], b.top_logp[:3])       # anchors 10..12 do not see position 12
-    assert not torch.allclose(a.top_logp[3:], b.top_logp[3:])   # anchors >= 13 do
+    assert torch.allclose(a.top_logp[:3], b.top_logp[:3])  # anchors 10..12 do not see position 12
+    assert not torch.allclose(a.top_logp[3:], b.top_logp[3:])  # anchors >= 13 do
 
 
 # ---------------------------------------------------------------------------
@@ -117,6 +127,7 @@ def test_torch_path_forced_on_cpu_with_fla_installed(models):
     on CPU the extraction must force and record the torch path."""
     assert tg.fla_version() is not None, "fla must be importable for this test to mean anything"
     import transformers.models.qwen3_5.modeling_qwen3_5 as q
+
     tg.use_backend("torch")
     key = f"{q.__name__}.torch_chunk_gated_delta_rule"
     assert tg.bindings(at_import=True)[key] == "fla"  # what transformers picked at import
@@ -188,15 +199,18 @@ def test_default_layer_ids():
 def test_accepted_and_walk_by_hand():
     # P=2, T=10 -> anchors 2..9; drafts of 3 slots
     tokens = np.array([9, 9, 1, 2, 3, 4, 5, 6, 7, 8])
-    drafts = np.array([
-        [2, 3, 0],  # anchor 2: tokens 3.. = 2,3,4 -> accepted 2
-        [0, 0, 0], [0, 0, 0],
-        [0, 0, 0],  # anchor 5
-        [0, 0, 0],
-        [7, 8, 9],  # anchor 7: only positions 8, 9 are inside (tokens 7, 8) -> accepted 2
-        [8, 0, 0],  # anchor 8: only position 9 inside -> accepted 1
-        [8, 0, 0],  # anchor 9: nothing left -> 0
-    ])
+    drafts = np.array(
+        [
+            [2, 3, 0],  # anchor 2: tokens 3.. = 2,3,4 -> accepted 2
+            [0, 0, 0],
+            [0, 0, 0],
+            [0, 0, 0],  # anchor 5
+            [0, 0, 0],
+            [7, 8, 9],  # anchor 7: only positions 8, 9 are inside (tokens 7, 8) -> accepted 2
+            [8, 0, 0],  # anchor 8: only position 9 inside -> accepted 1
+            [8, 0, 0],  # anchor 9: nothing left -> 0
+        ]
+    )
     acc = rp.accepted(drafts, tokens, 2)
     assert acc.tolist() == [2, 0, 0, 0, 0, 2, 1, 0]
     rounds = rp.walk(acc, 2, 10)
@@ -208,6 +222,7 @@ def test_accepted_and_walk_by_hand():
 def test_depth_curves_and_summary_by_hand():
     r = rp.PromptResult("x", 2, [2, 0, 0, 0, 0, 2, 1, 0], [[0] * 3] * 8, [3, 1, 1, 2], [2, 5, 6, 7])
     from dflash_dash import metrics
+
     ps, ctx = [metrics.Prompt.of(r)], metrics.Ctx(4, 0)
     assert ps[0].anchors == r.round_anchors
     cond, marg = metrics.depth_conditional(ps, ctx), metrics.depth_marginal(ps, ctx)
@@ -224,7 +239,7 @@ def test_depth_curves_and_summary_by_hand():
 
 
 def test_ddtree_by_hand():
-    ids = np.array([[10, 11], [20, 21], [30, 31]])                 # slot candidates A/B, C/D, E/F
+    ids = np.array([[10, 11], [20, 21], [30, 31]])  # slot candidates A/B, C/D, E/F
     logp = np.array([[-0.1, -2.5], [-0.2, -1.0], [-0.3, -0.4]])
     # budget 4 pops A(-0.1), AC(-0.3), ACE(-0.6), ACF(-0.7)
     assert rp.tree_accept(ids, logp, np.array([10, 20, 31]), 4) == 3
@@ -242,6 +257,7 @@ def test_ddtree_by_hand():
 def _plain_tree(ids, logp, target, budget):
     """DDTree-b by its definition, no shortcuts: the `budget` best prefix-closed paths, grown best-first."""
     import heapq
+
     D, k = ids.shape
     paths, heap = set(), [(-float(logp[0, 0]), (0,))] if budget > 0 and D and k else []
     while heap and len(paths) < budget:
@@ -253,7 +269,7 @@ def _plain_tree(ids, logp, target, budget):
         if d < D:
             heapq.heappush(heap, (neg - float(logp[d, 0]), ranks + (0,)))
     n = 0
-    while n < len(target) and tuple(int(t) for t in target[:n + 1]) in paths:
+    while n < len(target) and tuple(int(t) for t in target[: n + 1]) in paths:
         n += 1
     return n
 
@@ -264,18 +280,25 @@ def test_scoring_shortcuts_equal_plain_definitions():
     tied log-probabilities, tiny vocabularies (many matches) and budgets beyond the candidates."""
     rng = np.random.default_rng(3)
     for trial in range(40):
-        T, D, k, V = int(rng.integers(3, 120)), int(rng.integers(1, 8)), int(rng.integers(1, 6)), int(rng.integers(2, 9))
+        T, D, k, V = (
+            int(rng.integers(3, 120)),
+            int(rng.integers(1, 8)),
+            int(rng.integers(1, 6)),
+            int(rng.integers(2, 9)),
+        )
         P = int(rng.integers(1, T))
         tokens, A = rng.integers(0, V, T), T - P
         ids = np.array([[rng.permutation(max(V, k))[:k] for _ in range(D)] for _ in range(A)]).reshape(A, D, k)
         logp = np.sort(np.round(-rng.exponential(1.0, (A, D, k)), 1), -1)[..., ::-1].astype(np.float32)
         drafts = ids[:, :, 0]
-        plain = [next((j for j in range(min(D, T - 1 - p)) if drafts[p - P, j] != tokens[p + 1 + j]),
-                      min(D, T - 1 - p)) for p in range(P, T)]
+        plain = [
+            next((j for j in range(min(D, T - 1 - p)) if drafts[p - P, j] != tokens[p + 1 + j]), min(D, T - 1 - p))
+            for p in range(P, T)
+        ]
         assert rp.accepted(drafts, tokens, P).tolist() == plain
         d = rp.Drafts(torch.from_numpy(drafts.copy()), torch.from_numpy(ids), torch.from_numpy(logp.copy()))
         for budget in (0, 1, 2, 5, 30):
-            want = [_plain_tree(ids[a], logp[a], tokens[P + a + 1: min(T, P + a + D + 1)], budget) for a in range(A)]
+            want = [_plain_tree(ids[a], logp[a], tokens[P + a + 1 : min(T, P + a + D + 1)], budget) for a in range(A)]
             assert rp.tree_accepted(d, tokens, P, budget).tolist() == want, (trial, budget)
 
 
@@ -293,7 +316,7 @@ def test_full_tree_never_below_chain(models):
     assert acc[10 - 5] == 3
     for a in range(len(acc)):
         p = 5 + a
-        ids, lp, target = d.top_ids[a].numpy(), d.top_logp[a].numpy(), tk[p + 1: p + 4]
+        ids, lp, target = d.top_ids[a].numpy(), d.top_logp[a].numpy(), tk[p + 1 : p + 4]
         assert rp.tree_accept(ids, lp, target, 2 + 4 + 8) >= acc[a]
         assert rp.tree_accept(ids, lp, target, 1) == min(acc[a], 1)
 
@@ -310,11 +333,11 @@ def self_drafted(target_dir, drafter_dir, prompt, rounds):
     dec, _ = tg.load(target_dir, ids, "cpu")
     seq = list(prompt) + [7]  # first completion token: from the target's prefill (any token works here)
     for r in range(rounds):
-        feats = tg.extract(dec, torch.tensor(seq), ids)        # re-extracted as the sequence grows
-        feats = feats.to(torch.bfloat16)                       # as the cache stores them
+        feats = tg.extract(dec, torch.tensor(seq), ids)  # re-extracted as the sequence grows
+        feats = feats.to(torch.bfloat16)  # as the cache stores them
         p = len(seq) - 1
         d = rp.draft_all(m, head, feats, torch.tensor(seq), p, topk=0)
-        seq += d.tokens[0].tolist() + [(11 * r + 5) % 512]    # drafts + bonus
+        seq += d.tokens[0].tolist() + [(11 * r + 5) % 512]  # drafts + bonus
     return seq
 
 
@@ -323,10 +346,11 @@ def test_self_drafted_completion_reaches_block_size(tmp_path, models):
     prompt = [5, 17, 200, 33, 90, 4]
     seq = self_drafted(t, d, prompt, rounds=4)
     B = dr.read_config(d).block_size
-    line = {"id": "self", "prompt_ids": prompt, "output_ids": seq[len(prompt):]}
+    line = {"id": "self", "prompt_ids": prompt, "output_ids": seq[len(prompt) :]}
     f = tmp_path / "c.jsonl"
     f.write_text(json.dumps(line) + "\n")
     from dflash_dash import pipeline
+
     st = Store(tmp_path / "ws")
     pipeline.import_completions(st, f, "self")
     ex = pipeline.extract(st, str(t), "self", dr.read_config(d).target_layer_ids)
@@ -395,8 +419,13 @@ def test_cache_reads_into_staging_and_many_in_order(tmp_path):
 
 
 def cli(ws, *args, check=True):
-    r = subprocess.run([sys.executable, "-m", "dflash_dash", "--workspace", str(ws), *args],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "dflash_dash", "--workspace", str(ws), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     if check and r.returncode != 0:
         raise AssertionError(f"{args} failed: {r.stderr[-2000:]}")
     return r
@@ -405,8 +434,15 @@ def cli(ws, *args, check=True):
 def test_cli_end_to_end(tmp_path, models):
     t, d = models
     g = np.random.default_rng(0)
-    lines = [{"id": f"p{i}", "prompt_ids": g.integers(0, 512, 6).tolist(),
-              "output_ids": g.integers(0, 512, 15).tolist(), "output": "<b>x</b>"} for i in range(3)]
+    lines = [
+        {
+            "id": f"p{i}",
+            "prompt_ids": g.integers(0, 512, 6).tolist(),
+            "output_ids": g.integers(0, 512, 15).tolist(),
+            "output": "<b>x</b>",
+        }
+        for i in range(3)
+    ]
     f = tmp_path / "c.jsonl"
     f.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     ws = tmp_path / "ws"
@@ -415,7 +451,7 @@ def test_cli_end_to_end(tmp_path, models):
     assert ex.startswith("ex-")
     out = cli(ws, "replay", "--drafter", str(d), "--extraction", ex, "--tree-budget", "4").stdout
     run_id = out.splitlines()[0]
-    summary = json.loads(out[len(run_id):])
+    summary = json.loads(out[len(run_id) :])
     exp = json.loads(cli(ws, "export", "--run", "latest").stdout)
     assert exp["run"]["id"] == run_id and exp["summary"]["tau_macro"] == summary["tau_macro"]
     assert [p["id"] for p in exp["prompts"]] == ["p0", "p1", "p2"]

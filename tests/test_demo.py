@@ -8,6 +8,7 @@ acceptance collapses at depth 1), the parity diagnostic measures a non-zero fla 
 function, ending at <|endoftext|>) rather than degenerate repeated lines, so the tau are low (final about 1.3):
 the tiny drafter accepts about one token in four at depth 1 on text the target had never seen.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,14 +23,21 @@ from dflash_dash import demo, parity
 from dflash_dash.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(not (demo.ASSETS / "MANIFEST.json").is_file(),
-                                reason="demo assets are not in this checkout")
+pytestmark = pytest.mark.skipif(
+    not (demo.ASSETS / "MANIFEST.json").is_file(), reason="demo assets are not in this checkout"
+)
 
 
 def cli(ws: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "dflash_dash", "--workspace", str(ws), *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "dflash_dash", "--workspace", str(ws), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +70,13 @@ def test_runs_and_tau(ws):
     for e in (early, final, buggy, fla):
         assert len(e["prompts"]) >= 1 and e["summary"]["block_size"] == 16
     assert len(final["prompts"]) == 10
-    tau = {k: e["summary"]["tau_macro"] for k, e in
-           {"early": early, "final": final, "buggy": buggy, "fla": fla}.items()}
+    tau = {
+        k: e["summary"]["tau_macro"] for k, e in {"early": early, "final": final, "buggy": buggy, "fla": fla}.items()
+    }
     ci = {k: e["summary"]["tau_macro_ci"] for k, e in {"early": early, "final": final, "buggy": buggy}.items()}
     assert tau["final"] >= 1.2, tau
     assert tau["early"] < tau["final"] and tau["buggy"] < tau["final"], tau
-    assert ci["final"][0] > max(ci["early"][1], ci["buggy"][1]), ci   # clearly above: the intervals apart
+    assert ci["final"][0] > max(ci["early"][1], ci["buggy"][1]), ci  # clearly above: the intervals apart
     assert tau["fla"] == pytest.approx(tau["final"], abs=0.02), tau  # same model, other kernels
     # every run's rounds and tau are what the chain walk over its accepted_at gives (walked here, by hand)
     comps = {c["prompt_id"]: c for c in Store(ws).completions(demo.SET_NAME)}
@@ -77,11 +86,12 @@ def test_runs_and_tau(ws):
             P, T = len(c["prompt_ids"]), len(c["prompt_ids"]) + len(c["output_ids"])
             assert p["prompt_len"] == P and len(p["accepted_at"]) == T - P, p["id"]
             rounds = chain_rounds(p["accepted_at"], P, T)
-            assert sum(rounds) == T - 1 - P                      # every completion token committed once
+            assert sum(rounds) == T - 1 - P  # every completion token committed once
             assert p["rounds"] == rounds, p["id"]
             assert p["tau"] == sum(rounds) / len(rounds), p["id"]
         assert e["summary"]["tau_macro"] == pytest.approx(
-            sum(p["tau"] for p in e["prompts"]) / len(e["prompts"]), rel=1e-12)
+            sum(p["tau"] for p in e["prompts"]) / len(e["prompts"]), rel=1e-12
+        )
 
 
 def chain_rounds(accepted_at: list[int], P: int, T: int) -> list[int]:
@@ -119,7 +129,7 @@ def lag(ws: Path, run_id: str, slots: tuple[int, int] = LAG_SLOTS) -> tuple[floa
     for p in store.run_prompts(run_id):
         c = comps[p["prompt_id"]]
         tok, P = c["prompt_ids"] + c["output_ids"], len(c["prompt_ids"])
-        d = [p["drafts"][k:k + 15] for k in range(0, len(p["drafts"]), 15)]
+        d = [p["drafts"][k : k + 15] for k in range(0, len(p["drafts"]), 15)]
         for a, row in enumerate(d):
             for i in range(slots[0], slots[1] + 1):
                 if P + a + i < len(tok) and tok[P + a + i] != tok[P + a + i - 1]:
@@ -133,8 +143,8 @@ def test_buggy_drafts_lag_one_position(ws):
     rs = runs(ws)
     f_right, f_behind = lag(ws, by_prefix(rs, "final")["id"])
     b_right, b_behind = lag(ws, by_prefix(rs, "buggy-")["id"])
-    assert f_right > 2 * f_behind          # the good drafter drafts the right positions
-    assert b_behind > 2 * b_right          # the buggy one drafts the token one position behind
+    assert f_right > 2 * f_behind  # the good drafter drafts the right positions
+    assert b_behind > 2 * b_right  # the buggy one drafts the token one position behind
 
 
 def test_compare_lag_rate_flags_the_buggy_checkpoint(ws):
@@ -142,6 +152,7 @@ def test_compare_lag_rate_flags_the_buggy_checkpoint(ws):
     slots 1..6 (further on both drafters are weak and the rates are noise), and pooled over LAG_SLOTS it is what
     `lag` above counts."""
     from dflash_dash import pipeline, views
+
     rs, store = runs(ws), Store(ws)
     final, buggy = by_prefix(rs, "final")["id"], by_prefix(rs, "buggy-")["id"]
     rows = views.lag_rows(*(pipeline.analysis(store, x, "lag") for x in (final, buggy)), 16, 16)
@@ -160,8 +171,8 @@ def test_parity_fla_vs_torch_measured_nonzero(ws):
     res = parity.compare(store, exs["torch"]["id"], exs["fla"]["id"])
     assert res["prompts"] >= 1
     rel = [layer["rel_l2"] for layer in res["layers"]]
-    assert all(r > 0 for r in rel), rel                 # measured, non-zero ...
-    assert all(r < 0.1 for r in rel), rel               # ... and small: same model, other kernels
+    assert all(r > 0 for r in rel), rel  # measured, non-zero ...
+    assert all(r < 0.1 for r in rel), rel  # ... and small: same model, other kernels
     assert all(layer["cosine"] > 0.99 for layer in res["layers"])
 
 
@@ -177,10 +188,11 @@ def test_demo_is_idempotent(ws):
 
 def test_config_points_at_the_demo_server(ws, tmp_path):
     from dflash_dash import config
+
     assert config.load(ws).server_url == demo.SERVER_URL and config.load(ws).memory_release
     mine = tmp_path / "config.toml"
     mine.write_text('[server]\nurl = "http://10.0.0.7:30000"\n')
-    assert demo.configure(tmp_path) is None                  # a user's config.toml is never overwritten
+    assert demo.configure(tmp_path) is None  # a user's config.toml is never overwritten
     assert config.load(tmp_path).server_url == "http://10.0.0.7:30000"
 
 

@@ -5,6 +5,7 @@ A copy of the prepared workspace, a local SGLang stand-in server (subprocess) an
 Fetch button, replays from the Replay button, re-extracts from the Re-extract button, opens Compare by URL,
 and checks that a completion holding <script> and HTML renders as text and runs nothing.
 """
+
 from __future__ import annotations
 
 import re
@@ -16,19 +17,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, SCREENSHOTS
+from serving import ENV, Served, end, free_port, until
 
 from dflash_dash import pipeline, views
 from dflash_dash.store import Store
 from tools import browser as browser_mod
 
-from conftest import ROOT, SCREENSHOTS
-from serving import ENV, Served, end, free_port, until
-
 CHROMIUM = Path(browser_mod.CHROMIUM)
 ARGS = browser_mod.ARGS
 JOB_TIMEOUT = 240.0
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium "
-                                "(apt-get install -y chromium)")
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium (apt-get install -y chromium)"
+)
 
 
 # ---------------------------------------------------------------------------
@@ -41,9 +42,31 @@ def dashboard(ws: Path, base: Path):
     port = free_port()
     log = open(base / "streamlit.log", "wb")
     app = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-         "--", "--workspace", str(ws)], cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            "app.py",
+            "--server.headless",
+            "true",
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--browser.gatherUsageStats",
+            "false",
+            "--server.fileWatcherType",
+            "none",
+            "--",
+            "--workspace",
+            str(ws),
+        ],
+        cwd=ROOT,
+        env=ENV,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
 
     def serving():
@@ -80,6 +103,7 @@ def env(prepared, tmp_path_factory):
 @pytest.fixture(scope="module")
 def browser():
     from playwright.sync_api import sync_playwright
+
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         yield b
@@ -113,13 +137,16 @@ def settle(page) -> None:
     page.wait_for_function(
         "() => !document.querySelector('[data-testid=\"stStatusWidget\"]') && !['initial', 'running', "
         "'rerunRequested', 'stopRequested'].includes(document.querySelector('[data-testid=stApp]')?.dataset"
-        ".testScriptState)", timeout=60_000)
+        ".testScriptState)",
+        timeout=60_000,
+    )
 
 
 def drawn(page, timeout: float = 20_000) -> None:
     """Wait until placeholders are replaced: no skeletons, every shown plotly chart drawn, every shown table drawn
     (one inside a collapsed expander or an unselected tab is never drawn: it is not waited for)."""
     from playwright.sync_api import TimeoutError as PwTimeout
+
     try:
         page.wait_for_function(browser_mod.PLACEHOLDERS_GONE, timeout=timeout)
     except PwTimeout:
@@ -134,8 +161,10 @@ def shot(page, name: str, focus: str | None = None) -> None:
         page.locator(focus).first.scroll_into_view_if_needed()
     else:
         drawn(page)
-        h = page.evaluate("Math.max(...[...document.querySelectorAll('[data-testid=stMain], section, main')]"
-                          ".map(e => e.scrollHeight), document.body.scrollHeight)")
+        h = page.evaluate(
+            "Math.max(...[...document.querySelectorAll('[data-testid=stMain], section, main')]"
+            ".map(e => e.scrollHeight), document.body.scrollHeight)"
+        )
         page.set_viewport_size({"width": size["width"], "height": min(int(h) + 80, 8000)})
     drawn(page)
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
@@ -148,6 +177,7 @@ def wait_job(ws: Path, kind: str, before: set[str]) -> dict:
     def finished():
         new = [j for j in st.jobs() if j["kind"] == kind and j["id"] not in before]
         return new[0] if new and new[0]["status"] not in ("queued", "running") else None
+
     return until(finished, timeout=JOB_TIMEOUT, every=0.3, what=f"the {kind} job to finish")
 
 
@@ -158,7 +188,8 @@ def job_ids(ws: Path) -> set[str]:
 def done_in_panel(page, kind: str, job_id: str):
     """The job panel shows the job as done (the fragment polls the store every second)."""
     page.locator("[data-testid=stMarkdownContainer]").filter(has_text=job_id).filter(
-        has_text=re.compile(r"·\s*done")).first.wait_for(timeout=30_000)
+        has_text=re.compile(r"·\s*done")
+    ).first.wait_for(timeout=30_000)
 
 
 # ---------------------------------------------------------------------------
@@ -179,8 +210,14 @@ def test_deep_link_opened_first_after_start(env, page):
 
 
 def test_every_page_opens(env, page):
-    for path, title in (("", "dflash-dash"), ("acceptance", "Acceptance"), ("compare", "Compare"), ("completions", "Completions"),
-                        ("extraction", "Extraction"), ("diagnostics", "Diagnostics")):
+    for path, title in (
+        ("", "dflash-dash"),
+        ("acceptance", "Acceptance"),
+        ("compare", "Compare"),
+        ("completions", "Completions"),
+        ("extraction", "Extraction"),
+        ("diagnostics", "Diagnostics"),
+    ):
         open_page(page, env, path, title)
         shot(page, path or "overview")  # waits until charts and tables are drawn
         assert page.locator("[data-testid=stException]").count() == 0, path
@@ -218,10 +255,12 @@ def test_untrusted_completion_renders_as_text_and_runs_nothing(env, page):
     assert page.get_by_text('<b>bold</b> & <img src=x onerror="window.__pwned = 2">').count() >= 1
     open_page(page, env, f"acceptance?run={p.runs[1]}&prompt={p.script_id}", "Acceptance")
     # the token view's text (rejected drafts and depth superscripts left out) is the completion, verbatim
-    page.wait_for_function("""(want) => [...document.querySelectorAll('.dfv')].some(v => {
+    page.wait_for_function(
+        """(want) => [...document.querySelectorAll('.dfv')].some(v => {
         const c = v.cloneNode(true); c.querySelectorAll('.dfv-rej, sup').forEach(e => e.remove());
         return c.textContent.replaceAll('↵', '\\n').replaceAll('⇥', '').includes(want); })""",
-        arg="<script>window.__pwned = 1; alert(1)</script>")
+        arg="<script>window.__pwned = 1; alert(1)</script>",
+    )
     shot(page, "acceptance-script", focus=".dfv >> nth=-1")
     # no element was created from the completion, no script ran, no dialog opened
     assert page.evaluate("document.querySelectorAll('.dfv script, .dfv img, .dfv b').length") == 0
@@ -282,9 +321,13 @@ def test_reextract_from_the_button(env, page):
     done_in_panel(page, "extract", job["id"])
     # the new extraction is listed, with its backend and its own Re-extract button
     page.locator("[data-testid=stMarkdownContainer]").filter(has_text=exs[-1]["id"]).filter(
-        has_text="backend").first.wait_for()
-    until(lambda: page.get_by_role("button", name="Re-extract").count() == n + 1, timeout=30,
-          what="a Re-extract button per extraction")
+        has_text="backend"
+    ).first.wait_for()
+    until(
+        lambda: page.get_by_role("button", name="Re-extract").count() == n + 1,
+        timeout=30,
+        what="a Re-extract button per extraction",
+    )
     shot(page, "extraction-reextracted")
 
 

@@ -2,16 +2,17 @@
 the page's section picker), a worst-span link
 that opens the token view with the span outlined, and target-layer attribution started from Diagnostics with its
 bar chart (screenshots under out/screenshots/)."""
+
 from __future__ import annotations
 
 import shutil
 
 import pytest
+from serving import until
+from test_e2e import CHROMIUM, JOB_TIMEOUT, browser, dashboard, drawn, open_page, page, shot  # noqa: F401  (fixtures)
 
 from dflash_dash import pipeline
 from dflash_dash.store import Store
-from serving import until
-from test_e2e import CHROMIUM, JOB_TIMEOUT, browser, dashboard, drawn, open_page, page, shot  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=f"Debian chromium is not installed at {CHROMIUM}")
 
@@ -85,8 +86,14 @@ def test_attribution_chart_from_the_button(env, page):
     page.get_by_role("heading", name="Target-layer attribution").wait_for()
     page.get_by_role("button", name="Attribute", exact=True).click()
     st = Store(ws)
-    job = until(lambda: next((j for j in st.jobs() if j["kind"] == "attribute" and j["status"] not in
-                              ("queued", "running")), None), timeout=JOB_TIMEOUT, every=0.3, what="the attribute job")
+    job = until(
+        lambda: next(
+            (j for j in st.jobs() if j["kind"] == "attribute" and j["status"] not in ("queued", "running")), None
+        ),
+        timeout=JOB_TIMEOUT,
+        every=0.3,
+        what="the attribute job",
+    )
     assert job["status"] == "done", job
     bars = chart(page, "tau lost with each target-layer tap replaced by its mean")  # the page reruns when it ends
     assert "tap 0" in bars.inner_text() and "tap 1" in bars.inner_text()

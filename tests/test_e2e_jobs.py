@@ -1,20 +1,21 @@
 """In a real browser (headless Chromium, as tests/test_e2e.py): a failed job is dismissed from the jobs panel and
 stays gone after a reload; an Overview row opens its run; a Completions row opens its completion's text."""
+
 from __future__ import annotations
 
 import shutil
 
 import pytest
-
-from dflash_dash import jobs
-from dflash_dash.store import Store
-
 from conftest import CODE_TEXT
 from serving import status_now, until
 from test_e2e import CHROMIUM, browser, dashboard, drawn, open_page, page, settle  # noqa: F401  (fixtures)
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium "
-                                "(apt-get install -y chromium)")
+from dflash_dash import jobs
+from dflash_dash.store import Store
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium (apt-get install -y chromium)"
+)
 ROW_H = 35  # glide-data-grid default row height; the header row is as tall
 
 
@@ -44,7 +45,8 @@ def test_a_failed_job_is_dismissed_and_stays_gone(env, page):
     error = st.job(job_id)["error"]
     open_page(page, env, "acceptance", "Acceptance")
     page.locator("[data-testid=stMarkdownContainer]").filter(has_text=job_id).filter(
-        has_text="· failed").first.wait_for(timeout=30_000)
+        has_text="· failed"
+    ).first.wait_for(timeout=30_000)
     assert error.splitlines()[0][:60] in page.locator("[data-testid=stMain]").inner_text()
     dismiss = page.get_by_role("button", name="Dismiss")  # the one failed job of this workspace has one
     until(lambda: dismiss.count() == 1, timeout=30, what="the Dismiss button of the failed job")
@@ -67,8 +69,11 @@ def test_an_overview_row_opens_its_run(env, page):
     open_page(page, env, "", "dflash-dash")
     click_row(page, page.locator("[data-testid=stDataFrame]").first, 1)
     page.get_by_role("heading", name="Acceptance").first.wait_for()
-    until(lambda: f"checkpoint {runs[1]['checkpoint']}" in page.locator("[data-testid=stMain]").inner_text(),
-          timeout=60, what="the Acceptance page to show the selected run")
+    until(
+        lambda: f"checkpoint {runs[1]['checkpoint']}" in page.locator("[data-testid=stMain]").inner_text(),
+        timeout=60,
+        what="the Acceptance page to show the selected run",
+    )
 
 
 def test_a_completions_row_opens_its_text(env, page):

@@ -5,16 +5,16 @@ The completions are 128 tokens (not the benchmark's 2,560) so the workspace buil
 machine; the page figures at 2,560 tokens are `benchmarks/bench_pages.py`'s. What is checked here is what
 breaks at 1,000 prompts: the per-prompt table and the prompt select hold every prompt, the last prompt's token
 view opens from the select, a deep link opens any prompt, and Compare lines up two 1,000-prompt runs."""
+
 from __future__ import annotations
 
 import pytest
+from serving import until
+from test_e2e import browser, dashboard, drawn, open_page, page, settle, shot  # noqa: F401  (fixtures)
 
 from dflash_dash import pipeline, views
 from dflash_dash.store import Store
 from tools import planted
-
-from test_e2e import browser, dashboard, drawn, open_page, page, settle, shot  # noqa: F401  (fixtures)
-from serving import until
 
 PROMPTS, TOKENS = 1000, 128
 
@@ -57,7 +57,9 @@ def test_acceptance_at_1000_prompts(scale, page):
 def test_compare_at_1000_prompts(scale, page):
     st = scale["store"]
     a, b = scale["runs"]
-    rows = views.delta_rows({r["prompt_id"]: r for r in st.run_prompts(a)}, {r["prompt_id"]: r for r in st.run_prompts(b)})
+    rows = views.delta_rows(
+        {r["prompt_id"]: r for r in st.run_prompts(a)}, {r["prompt_id"]: r for r in st.run_prompts(b)}
+    )
     assert len(rows) == PROMPTS
     open_page(page, scale, f"compare?a={a}&b={b}", "Compare")
     page.locator(".dfv").nth(1).wait_for()  # the two aligned token views

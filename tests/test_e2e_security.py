@@ -1,16 +1,17 @@
 """Issue 5, in the browser: untrusted text (prompt ids, set and run names, completion text, job logs) holding
 <script>, HTML, markdown and control characters is shown as text on every page and executes nothing."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
-from dflash_dash import cli, jobs
-from tools import tiny
-from dflash_dash.store import Store
 from serving import until
 from test_e2e import ARGS, CHROMIUM, browser, dashboard, open_page, page, settle  # noqa: F401  (fixtures)
+
+from dflash_dash import cli, jobs
+from dflash_dash.store import Store
+from tools import tiny
 
 PWN = "<img src=x onerror=\"window.__pwned='{}'\">"
 PID = "<script>window.__pwned='id'</script>" + PWN.format("id2") + " **bold** `code`\x07"
@@ -31,13 +32,17 @@ def hostile(tmp_path_factory):
     tok = AutoTokenizer.from_pretrained(target)
     enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
     f = base / "c.jsonl"
-    f.write_text(json.dumps({"id": PID, "prompt": PID, "prompt_ids": enc("def f():\n"), "output": OUT,
-                             "output_ids": enc(OUT)}) + "\n")
+    f.write_text(
+        json.dumps({"id": PID, "prompt": PID, "prompt_ids": enc("def f():\n"), "output": OUT, "output_ids": enc(OUT)})
+        + "\n"
+    )
     ws = base / "ws"
-    for args in (["import-completions", str(f), "--name", SET],
-                 ["extract", "--target", str(target), "--completions", SET, "--drafter", str(d)],
-                 ["replay", "--drafter", str(d), "--name", RUN],
-                 ["replay", "--drafter", str(d), "--tree-budget", "2"]):
+    for args in (
+        ["import-completions", str(f), "--name", SET],
+        ["extract", "--target", str(target), "--completions", SET, "--drafter", str(d)],
+        ["replay", "--drafter", str(d), "--name", RUN],
+        ["replay", "--drafter", str(d), "--tree-budget", "2"],
+    ):
         assert cli.main(["--workspace", str(ws), *args]) == 0
     st = Store(ws)
     # a job whose log and error hold hostile text: a replay of a checkpoint path that does not exist
@@ -58,9 +63,14 @@ def clean(page) -> None:
 def test_hostile_text_is_shown_as_text_everywhere(hostile, page):
     a, b = hostile["runs"]
     from urllib.parse import quote
+
     pid = quote(PID, safe="")
     for path, title, literal in [
-        (f"completions?set={quote(SET, safe='')}&prompt={pid}", "Completions", "<script>window.__pwned='text'</script>"),
+        (
+            f"completions?set={quote(SET, safe='')}&prompt={pid}",
+            "Completions",
+            "<script>window.__pwned='text'</script>",
+        ),
         (f"acceptance?run={a}&prompt={pid}", "Acceptance", "<script>window.__pwned='id'</script>"),
         (f"acceptance?run={a}&prompt={pid}&section=patterns", "Acceptance", "<script>window.__pwned='id'</script>"),
         (f"compare?a={a}&b={b}&prompt={pid}", "Compare", "<b>run</b>"),

@@ -1,14 +1,15 @@
 """Issue 5: a fetch survives every server fault with nothing lost, a clear message, and a rerun that
 fetches only the rest. The server here is the fault-injecting SGLang fake of tests/fakes.py, in a thread; the
 stand-in server's own faults are in test_server.py."""
+
 from __future__ import annotations
 
 import json
 import socket
 
+import fakes
 import pytest
 
-import fakes
 from dflash_dash import pipeline
 from dflash_dash.sglang import ServerError
 from dflash_dash.store import Store
@@ -22,10 +23,12 @@ def answer_for(ids: list[int]) -> list[int]:
 
 def faults(mode: str) -> tuple:
     """The fault each mode injects into /generate of the failing prompt."""
-    return {"500": (500, b"Internal Server Error"),
-            "badjson": (200, b'{"text": "x", "output_ids": [1, 2'),
-            "reset": fakes.RESET,              # RST in the middle of the exchange
-            "slow": fakes.Slow(1.5)}[mode]     # longer than the 0.5 s request timeout
+    return {
+        "500": (500, b"Internal Server Error"),
+        "badjson": (200, b'{"text": "x", "output_ids": [1, 2'),
+        "reset": fakes.RESET,  # RST in the middle of the exchange
+        "slow": fakes.Slow(1.5),
+    }[mode]  # longer than the 0.5 s request timeout
 
 
 def fail_prompt(body) -> bool:
@@ -52,7 +55,7 @@ def fetch(st, srv, prompts, **kw):
 
 def check_complete(st):
     rows = st.completions("set")
-    assert [r["prompt_id"] for r in rows] == [f"p{i} <b>" for i in range(N)]   # order kept, no duplicates
+    assert [r["prompt_id"] for r in rows] == [f"p{i} <b>" for i in range(N)]  # order kept, no duplicates
     for r in rows:
         assert r["output_ids"] == answer_for(r["prompt_ids"])
 
@@ -62,12 +65,15 @@ def generated(srv, since: int = 0) -> list[list[int]]:
     return [b["input_ids"] for b in srv.bodies("/generate")[since:]]
 
 
-@pytest.mark.parametrize("mode,words", [
-    ("500", "500"),
-    ("badjson", "JSON"),
-    ("reset", "reset"),
-    ("slow", "timeout"),
-])
+@pytest.mark.parametrize(
+    "mode,words",
+    [
+        ("500", "500"),
+        ("badjson", "JSON"),
+        ("reset", "reset"),
+        ("slow", "timeout"),
+    ],
+)
 def test_fault_keeps_fetched_and_rerun_fetches_the_rest(srv, prompts, tmp_path, mode, words):
     st = Store(tmp_path / "ws")
     srv.on("/generate", faults(mode), when=fail_prompt)
@@ -76,10 +82,10 @@ def test_fault_keeps_fetched_and_rerun_fetches_the_rest(srv, prompts, tmp_path, 
     msg = str(e.value)
     assert "prompt 'p3 <b>'" in msg and "kept" in msg and "run the same fetch again" in msg
     assert words.lower() in msg.lower(), msg
-    assert len(st.completions("set")) == 3                 # everything before the fault is kept
-    srv.on("/generate")                                    # the fault is over
+    assert len(st.completions("set")) == 3  # everything before the fault is kept
+    srv.on("/generate")  # the fault is over
     before = len(srv.bodies("/generate"))
-    assert fetch(st, srv, prompts) == N - 3                # the rerun fetches only the rest
+    assert fetch(st, srv, prompts) == N - 3  # the rerun fetches only the rest
     assert generated(srv, before) == [[i, 10 + i, 20] for i in range(3, N)]
     check_complete(st)
 
@@ -115,8 +121,21 @@ def test_fault_via_cli_is_one_clear_line(srv, prompts, tmp_path, capsys):
     from dflash_dash.cli import main
 
     srv.on("/generate", faults("500"), when=fail_prompt)
-    rc = main(["--workspace", str(tmp_path / "ws"), "fetch", "--server", srv.url, "--prompt-set", prompts,
-               "--name", "set", "--max-new-tokens", "5"])
+    rc = main(
+        [
+            "--workspace",
+            str(tmp_path / "ws"),
+            "fetch",
+            "--server",
+            srv.url,
+            "--prompt-set",
+            prompts,
+            "--name",
+            "set",
+            "--max-new-tokens",
+            "5",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err
     assert "error: prompt 'p3 <b>'" in err and "run the same fetch again" in err

@@ -1,5 +1,6 @@
 """Fetch against the local SGLang stand-in in a real subprocess: startup wait, ids equal to the server's own
 output, resume after a killed job without duplicates, and clear errors that keep what was fetched."""
+
 from __future__ import annotations
 
 import json
@@ -7,15 +8,25 @@ import os
 import signal
 
 import pytest
+from serving import Served, free_port, status_now, stop_jobs, tiny_model, until
 from transformers import AutoTokenizer
 
 from dflash_dash import cli, jobs, pipeline, prompts
 from dflash_dash.sglang import ServerError, chat_ids
 from dflash_dash.store import Store
-from serving import Served, free_port, status_now, stop_jobs, tiny_model, until
 
-COD10 = ["fizzbuzz", "binary_search", "linked_list_reverse", "json_parser", "async_rate_limiter",
-         "trie_autocomplete", "merge_sort", "lru_cache", "graph_bfs", "matrix_multiply"]
+COD10 = [
+    "fizzbuzz",
+    "binary_search",
+    "linked_list_reverse",
+    "json_parser",
+    "async_rate_limiter",
+    "trie_autocomplete",
+    "merge_sort",
+    "lru_cache",
+    "graph_bfs",
+    "matrix_multiply",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +47,7 @@ def fetched(srv, tmp_path_factory):
     """coding-10 fetched right after the server process was started (8 new tokens each)."""
     store = Store(tmp_path_factory.mktemp("ws"))
     seen: list[str] = []
-    n = pipeline.fetch(store, srv.url, "coding-10", "c10", max_new_tokens=8,
-                       progress=lambda d, t, m: seen.append(m))
+    n = pipeline.fetch(store, srv.url, "coding-10", "c10", max_new_tokens=8, progress=lambda d, t, m: seen.append(m))
     return store, n, seen
 
 
@@ -70,8 +80,10 @@ def test_fetched_ids_equal_the_servers_output(fetched, srv, model):
         direct = srv.client.generate(input_ids=r["prompt_ids"], max_new_tokens=8)
         assert r["output_ids"] == direct["output_ids"] and len(r["output_ids"]) == 8
         assert r["output"] == direct["text"]
-        assert r["request"] == {"input_ids": r["prompt_ids"], "sampling_params": {"temperature": 0,
-                                                                                   "max_new_tokens": 8}}
+        assert r["request"] == {
+            "input_ids": r["prompt_ids"],
+            "sampling_params": {"temperature": 0, "max_new_tokens": 8},
+        }
         assert r["model_path"] == str(model.resolve())
         assert r["finish_reason"] == "length"
         assert r["meta_info"]["completion_tokens"] == 8 and r["meta_info"]["prompt_tokens"] == len(r["prompt_ids"])
@@ -90,8 +102,24 @@ def test_export_completions_cli_prints_the_set(fetched, capsys):
 def test_refetch_fetches_nothing(fetched, srv, capsys):
     store, _, _ = fetched
     before = srv.generates()
-    assert cli.main(["--workspace", str(store.workspace), "fetch", "--server", srv.url, "--prompt-set", "coding-10",
-                     "--name", "c10", "--max-new-tokens", "8"]) == 0
+    assert (
+        cli.main(
+            [
+                "--workspace",
+                str(store.workspace),
+                "fetch",
+                "--server",
+                srv.url,
+                "--prompt-set",
+                "coding-10",
+                "--name",
+                "c10",
+                "--max-new-tokens",
+                "8",
+            ]
+        )
+        == 0
+    )
     assert "fetched 0 new completions into set c10 (10 in total)" in capsys.readouterr().out
     assert srv.generates() == before
 
@@ -107,7 +135,9 @@ def test_killed_fetch_job_resumes_without_duplicates(srv, tmp_path, monkeypatch,
     until(lambda: len(store.completion_ids("k")) >= 3, 90, what="3 completions from the job")
     os.killpg(store.job(job)["pid"], signal.SIGKILL)
 
-    until(lambda: status_now(store, job) == "failed", 30, what="refresh to see the killed job")  # SIGKILL lands asynchronously
+    until(
+        lambda: status_now(store, job) == "failed", 30, what="refresh to see the killed job"
+    )  # SIGKILL lands asynchronously
     dead = store.job(job)
     assert dead["status"] == "failed" and "process died (killed by signal 9 SIGKILL)" in dead["error"]
     kept = {r["prompt_id"]: r for r in store.completions("k")}
@@ -122,7 +152,9 @@ def test_killed_fetch_job_resumes_without_duplicates(srv, tmp_path, monkeypatch,
     assert [r["prompt_id"] for r in rows] == COD10
     for r in rows:
         if r["prompt_id"] in kept:  # not fetched again: the very same row
-            assert r["created"] == kept[r["prompt_id"]]["created"] and r["meta_info"] == kept[r["prompt_id"]]["meta_info"]
+            assert (
+                r["created"] == kept[r["prompt_id"]]["created"] and r["meta_info"] == kept[r["prompt_id"]]["meta_info"]
+            )
     assert srv.generates() - before <= 11  # ten, plus at most the one in flight when killed
 
 
@@ -133,8 +165,21 @@ def test_server_error_gives_clear_cli_error_and_keeps_what_was_fetched(srv, tmp_
     recs[3]["prompt_ids"] = [5, 6, 100000]  # outside the vocabulary: the server answers 400
     f.write_text("".join(json.dumps(r) + "\n" for r in recs))
     ws = tmp_path / "ws"
-    rc = cli.main(["--workspace", str(ws), "fetch", "--server", srv.url, "--prompt-set", str(f), "--name", "bad",
-                   "--max-new-tokens", "4"])
+    rc = cli.main(
+        [
+            "--workspace",
+            str(ws),
+            "fetch",
+            "--server",
+            srv.url,
+            "--prompt-set",
+            str(f),
+            "--name",
+            "bad",
+            "--max-new-tokens",
+            "4",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2
     line = err.strip().splitlines()[-1]
@@ -148,8 +193,21 @@ def test_server_error_gives_clear_cli_error_and_keeps_what_was_fetched(srv, tmp_
 
 def test_unreachable_server_times_out_clearly(tmp_path, capsys):
     url = f"http://127.0.0.1:{free_port()}"
-    rc = cli.main(["--workspace", str(tmp_path), "fetch", "--server", url, "--prompt-set", "coding-10", "--name", "x",
-                   "--readiness-timeout", "1"])
+    rc = cli.main(
+        [
+            "--workspace",
+            str(tmp_path),
+            "fetch",
+            "--server",
+            url,
+            "--prompt-set",
+            "coding-10",
+            "--name",
+            "x",
+            "--readiness-timeout",
+            "1",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 2 and err.startswith("error: server at") and "not ready after 1 s (last: refused)" in err
     assert Store(tmp_path).completion_ids("x") == set()
@@ -171,7 +229,18 @@ def test_chat_fetch_sends_the_chat_template_ids(srv, model, tmp_path):
 def test_bad_prompt_file_names_the_line(tmp_path, capsys):
     f = tmp_path / "p.jsonl"
     f.write_text('{"id": "a", "prompt": "x"}\n{"id": "b"}\n')
-    rc = cli.main(["--workspace", str(tmp_path / "ws"), "fetch", "--server", "http://127.0.0.1:1", "--prompt-set",
-                   str(f), "--name", "x"])
+    rc = cli.main(
+        [
+            "--workspace",
+            str(tmp_path / "ws"),
+            "fetch",
+            "--server",
+            "http://127.0.0.1:1",
+            "--prompt-set",
+            str(f),
+            "--name",
+            "x",
+        ]
+    )
     assert rc == 2
     assert "line 2 (id 'b'): give 'prompt'" in capsys.readouterr().err

@@ -3,6 +3,7 @@ worker processes (`--gpus cpu,cpu`) give the same extraction and the same run as
 mid-run fails its job with the worker's exit named, and a rerun resumes (the items written are kept) and completes
 with the one-process features. Issue 13: the operations' dataclasses round-trip through a job record, old records
 (fields missing) stay readable, and a bad field is refused by name."""
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from serving import stop_jobs, until
 
 from dflash_dash import cache, cli, drafter, jobs, ops, pipeline
 from dflash_dash.store import Store
-from serving import stop_jobs, until
 
 PROMPTS, LEN = 16, 1200  # the kill test's set: long enough that both workers are still busy when one is killed
 
@@ -32,14 +33,29 @@ def store(workspace_copy, monkeypatch):
 def features(st: Store, ex: str) -> dict[str, torch.Tensor]:
     e = st.extraction(ex)
     width = len(e["layer_ids"]) * e["hidden_size"]
-    return {it["prompt_id"]: cache.read(pipeline.features_root(st), ex, it["prompt_id"], it["tokens"], width)
-            for it in st.items(ex)}
+    return {
+        it["prompt_id"]: cache.read(pipeline.features_root(st), ex, it["prompt_id"], it["tokens"], width)
+        for it in st.items(ex)
+    }
 
 
 def test_two_cpu_workers_give_the_one_process_extraction_and_run(prepared, store, capsys):
     ws = str(store.workspace)
-    rc = cli.main(["--workspace", ws, "extract", "--target", str(prepared.target), "--completions", prepared.set_name,
-                   "--drafter", str(prepared.drafters[0]), "--gpus", "cpu,cpu"])
+    rc = cli.main(
+        [
+            "--workspace",
+            ws,
+            "extract",
+            "--target",
+            str(prepared.target),
+            "--completions",
+            prepared.set_name,
+            "--drafter",
+            str(prepared.drafters[0]),
+            "--gpus",
+            "cpu,cpu",
+        ]
+    )
     out = capsys.readouterr()
     assert rc == 0, out.err
     ex = out.out.strip()
@@ -50,8 +66,19 @@ def test_two_cpu_workers_give_the_one_process_extraction_and_run(prepared, store
     assert sorted(a) == sorted(b) and len(a) == 3
     assert all(torch.equal(a[k], b[k]) for k in a)
 
-    rc = cli.main(["--workspace", ws, "replay", "--drafter", str(prepared.drafters[0]), "--extraction",
-                   prepared.extraction, "--gpus", "cpu,cpu"])
+    rc = cli.main(
+        [
+            "--workspace",
+            ws,
+            "replay",
+            "--drafter",
+            str(prepared.drafters[0]),
+            "--extraction",
+            prepared.extraction,
+            "--gpus",
+            "cpu,cpu",
+        ]
+    )
     out = capsys.readouterr()
     assert rc == 0, out.err
     run = out.out.splitlines()[0]
@@ -82,16 +109,29 @@ def workers_of(pid: int) -> list[int]:
 def test_a_killed_worker_fails_the_job_and_a_rerun_resumes(prepared, store, tmp_path):
     g = np.random.default_rng(5)
     f = tmp_path / "long.jsonl"
-    f.write_text("\n".join(json.dumps({"id": f"p{i}", "prompt_ids": g.integers(0, 512, 20).tolist(),
-                                       "output_ids": g.integers(0, 512, LEN).tolist()}) for i in range(PROMPTS)))
+    f.write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "id": f"p{i}",
+                    "prompt_ids": g.integers(0, 512, 20).tolist(),
+                    "output_ids": g.integers(0, 512, LEN).tolist(),
+                }
+            )
+            for i in range(PROMPTS)
+        )
+    )
     pipeline.import_completions(store, f, "long")
     ref = features(store, pipeline.extract(store, str(prepared.target), "long", [1, 4]))  # one process, here
 
-    job = jobs.start(store, ops.Extract(target=str(prepared.target), completions="long", layers=[1, 4],
-                                        gpus="cpu,cpu"))
+    job = jobs.start(store, ops.Extract(target=str(prepared.target), completions="long", layers=[1, 4], gpus="cpu,cpu"))
     ex = until(lambda: (store.job(job)["result"] or {}).get("extraction"), 300, what="the extraction id")
-    until(lambda: len(store.items(ex)) >= 1 or store.job(job)["status"] not in jobs.ACTIVE, 300, 0.02,
-          "the first prompt extracted")
+    until(
+        lambda: len(store.items(ex)) >= 1 or store.job(job)["status"] not in jobs.ACTIVE,
+        300,
+        0.02,
+        "the first prompt extracted",
+    )
     pids = workers_of(store.job(job)["pid"])
     assert len(pids) == 2 and len(store.items(ex)) < PROMPTS, "the workers ended before one could be killed"
     os.kill(pids[0], signal.SIGKILL)
@@ -110,8 +150,11 @@ def test_a_killed_worker_fails_the_job_and_a_rerun_resumes(prepared, store, tmp_
     until(lambda: store.job(again)["status"] not in jobs.ACTIVE, 300, what="the rerun")
     assert store.job(again)["status"] == "done", (store.job(again)["error"], jobs.log_tail(store, again))
     assert store.job(again)["result"]["extraction"] == ex and store.extraction(ex)["status"] == "done"
-    assert all(Path(it["file"]).stat().st_mtime_ns == kept[it["prompt_id"]]
-               for it in store.items(ex) if it["prompt_id"] in kept)  # resumed: what was written is kept
+    assert all(
+        Path(it["file"]).stat().st_mtime_ns == kept[it["prompt_id"]]
+        for it in store.items(ex)
+        if it["prompt_id"] in kept
+    )  # resumed: what was written is kept
     got = features(store, ex)
     assert sorted(got) == sorted(ref) and all(torch.equal(got[k], ref[k]) for k in ref)
 
@@ -124,12 +167,14 @@ def test_operations_round_trip_and_refuse_bad_fields():
     assert old == ops.Extract(target="/t", completions="s", layers=[1, 4], device="cpu", gpus=[])
     assert ops.of("fetch", {"prompt_set": "coding-10", "name": "x", "tokenizer": None}).max_new_tokens == 256
     assert ops.defaults(ops.Sweep)["anchors"] == "chain" and ops.defaults(ops.Replay)["anchors"] == "every"
-    bad = [(ops.Replay, {"drafter": "/ck", "tree_budget": -1}, "tree_budget -1: expected 0 (no tree)"),
-           (ops.Replay, {"drafter": "/ck", "gpus": "0,x"}, "gpus '0,x': 'x' is not a device"),
-           (ops.Extract, {"target": "/t", "completions": "s"}, "layers: give a drafter checkpoint"),
-           (ops.Fetch, {"prompt_set": "coding-10", "name": "x", "max_new_tokens": "many"}, "max_new_tokens 'many'"),
-           (ops.Fetch, {"name": "x"}, "fetch: prompt_set is required"),
-           (ops.Attribute, {"run": "r", "colour": 1}, "attribute: unknown argument colour")]
+    bad = [
+        (ops.Replay, {"drafter": "/ck", "tree_budget": -1}, "tree_budget -1: expected 0 (no tree)"),
+        (ops.Replay, {"drafter": "/ck", "gpus": "0,x"}, "gpus '0,x': 'x' is not a device"),
+        (ops.Extract, {"target": "/t", "completions": "s"}, "layers: give a drafter checkpoint"),
+        (ops.Fetch, {"prompt_set": "coding-10", "name": "x", "max_new_tokens": "many"}, "max_new_tokens 'many'"),
+        (ops.Fetch, {"name": "x"}, "fetch: prompt_set is required"),
+        (ops.Attribute, {"run": "r", "colour": 1}, "attribute: unknown argument colour"),
+    ]
     for cls, args, msg in bad:
         with pytest.raises(ops.ArgError, match=msg.replace("(", r"\(").replace(")", r"\)")):
             cls.from_args(args)

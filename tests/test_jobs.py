@@ -2,6 +2,7 @@
 
 The jobs here are fetch jobs against a port nobody listens on: they sit in the readiness wait (a real
 running job) until cancelled or killed, with no model involved."""
+
 from __future__ import annotations
 
 import json
@@ -10,10 +11,10 @@ import signal
 import time
 
 import pytest
+from serving import free_port, status_now, stop_jobs, until
 
 from dflash_dash import cli, jobs, ops
 from dflash_dash.store import Store
-from serving import free_port, status_now, stop_jobs, until
 
 
 @pytest.fixture
@@ -80,8 +81,9 @@ def test_job_errors_are_recorded(store, tmp_path, capsys):
     until(lambda: store.job(job)["status"] not in jobs.ACTIVE, 90, what="the job to end")
     row = store.job(job)
     assert row["status"] == "failed"
-    assert row["error"] == (f"prompt set {str(tmp_path / 'missing.jsonl')!r}: neither a built-in set (coding-10) "
-                            "nor an existing JSONL file")
+    assert row["error"] == (
+        f"prompt set {str(tmp_path / 'missing.jsonl')!r}: neither a built-in set (coding-10) nor an existing JSONL file"
+    )
     assert "Traceback" not in jobs.log_tail(store, job) and "error: prompt set" in jobs.log_tail(store, job)
     # an unexpected error (run in this process): a one-line error in the store, the traceback in the output
     store.add_job("job-bad", "fetch", {"prompt_set": "coding-10", "name": "x"}, "x.log")

@@ -1,6 +1,7 @@
 """Issue 5: an extraction or replay job SIGKILLed halfway is marked failed within seconds, no partial feature
 file is ever visible, and a rerun completes with results equal to an uninterrupted run. A damaged
 feature file is detected on read with a message that offers re-extraction."""
+
 from __future__ import annotations
 
 import json
@@ -10,11 +11,11 @@ import signal
 import numpy as np
 import pytest
 import torch
+from serving import stop_jobs, until
 
 from dflash_dash import cache, cli, jobs, pipeline
-from tools import tiny
 from dflash_dash.store import Store
-from serving import stop_jobs, until
+from tools import tiny
 
 PROMPTS, LEN = 10, 1200
 
@@ -26,9 +27,19 @@ def setup(tmp_path_factory):
     d = tiny.write_drafter(base / "drafter", tiny.TinyDrafter(seed=2))
     g = np.random.default_rng(1)
     f = base / "c.jsonl"
-    f.write_text("\n".join(json.dumps({"id": f"p{i}", "prompt_ids": g.integers(0, 512, 20).tolist(),
-                                       "output_ids": g.integers(0, 512, LEN).tolist()}) for i in range(PROMPTS)))
-    ref = Store(base / "ref")                      # the uninterrupted run
+    f.write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "id": f"p{i}",
+                    "prompt_ids": g.integers(0, 512, 20).tolist(),
+                    "output_ids": g.integers(0, 512, LEN).tolist(),
+                }
+            )
+            for i in range(PROMPTS)
+        )
+    )
+    ref = Store(base / "ref")  # the uninterrupted run
     pipeline.import_completions(ref, f, "s")
     ex = pipeline.extract(ref, str(t), "s", [1, 4])
     run = pipeline.replay(ref, str(d), ex, budget=4)
@@ -52,7 +63,8 @@ def kill_when(store, job, ready, what):
     def failed():
         jobs.refresh(store)
         return store.job(job)["status"] == "failed"
-    until(failed, 10, what="the killed job to be marked failed")   # within seconds
+
+    until(failed, 10, what="the killed job to be marked failed")  # within seconds
     assert "SIGKILL" in store.job(job)["error"]
 
 
@@ -66,7 +78,7 @@ def test_killed_extraction_reruns_to_the_same_features(store, setup):
     root = pipeline.features_root(store)
     visible = {p.name for p in (root / ex).glob("*.safetensors")}
     assert visible <= {cache.name(f"p{i}") for i in range(PROMPTS)}
-    for i in range(PROMPTS):                      # every visible file is whole and valid
+    for i in range(PROMPTS):  # every visible file is whole and valid
         if cache.name(f"p{i}") in visible:
             assert cache.read(root, ex, f"p{i}", 20 + LEN, 128).shape == (20 + LEN, 128)
     assert store.extraction(ex)["status"] != "done"
@@ -84,9 +96,13 @@ def test_killed_replay_reruns_to_the_same_results(store, setup):
     t, d, _, ref, ref_ex, ref_run = setup
     ex = pipeline.extract(store, str(t), "s", [1, 4])
     job = jobs.start(store, "replay", {"drafter": str(d), "extraction": ex, "tree_budget": 4})
-    kill_when(store, job, lambda: (store.job(job)["step"] or "").startswith(("checking drafter", "loading drafter")),
-              "the replay under way")
-    assert store.runs() == []                     # nothing half-written
+    kill_when(
+        store,
+        job,
+        lambda: (store.job(job)["step"] or "").startswith(("checking drafter", "loading drafter")),
+        "the replay under way",
+    )
+    assert store.runs() == []  # nothing half-written
     again = jobs.rerun(store, job)
     until(lambda: store.job(again)["status"] in ("done", "failed"), 180, what="the rerun")
     assert store.job(again)["status"] == "done", store.job(again)["error"]
@@ -122,9 +138,14 @@ def test_app_reads_jobs_write_and_cli_exports_at_once(store, setup):
     while any(store.job(j)["status"] in ("queued", "running") for j in (a, b)) or len(exports) < 3:
         out, err = (store.workspace / f"export{len(exports)}.{x}" for x in ("json", "err"))
         with open(out, "w") as fo, open(err, "w") as fe:  # files, not pipes: the JSON outgrows a pipe
-            p = subprocess.Popen([sys.executable, "-m", "dflash_dash", "--workspace", str(store.workspace),
-                                  "export", "--run", "latest"], cwd=ROOT, env=ENV, stdout=fo, stderr=fe)
-            while p.poll() is None:                     # the app's reads, meanwhile
+            p = subprocess.Popen(
+                [sys.executable, "-m", "dflash_dash", "--workspace", str(store.workspace), "export", "--run", "latest"],
+                cwd=ROOT,
+                env=ENV,
+                stdout=fo,
+                stderr=fe,
+            )
+            while p.poll() is None:  # the app's reads, meanwhile
                 for r in store.runs():
                     assert len(store.run_prompts(r["id"])) == PROMPTS  # a run is never seen half-written
                 jobs.refresh(store)

@@ -6,6 +6,7 @@ on the port of the workspace's config.toml (a fetch from the Completions page's 
 extraction with `--orchestrate release` frees and restores it), and that SIGTERM to make stops the dashboard and
 the server with no process left behind. Nothing sleeps to synchronise: every wait polls a condition with a deadline.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,25 +21,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from dflash_dash.store import Store
-
 from conftest import ROOT, SCREENSHOTS
 from serving import ENV, free_port, until
 from test_e2e import ARGS, CHROMIUM, done_in_panel, job_ids, open_page, wait_job
 
-STARTUP_TIMEOUT = 300.0   # a cold start on 2 shared cores: torch imports in the server, Streamlit's own start
+from dflash_dash.store import Store
+
+STARTUP_TIMEOUT = 300.0  # a cold start on 2 shared cores: torch imports in the server, Streamlit's own start
 NOISE = re.compile(r"warning|inotify|watch", re.I)
 
 
 @dataclass
 class Product:
     ws: Path
-    url: str          # the dashboard
-    server_url: str   # the demo server: [server] url of ws/config.toml
+    url: str  # the dashboard
+    server_url: str  # the demo server: [server] url of ws/config.toml
     make: subprocess.Popen
-    log: Path         # make's stdout + stderr (the launcher's and the dashboard's output)
-    startup: str      # the log when both answered
+    log: Path  # make's stdout + stderr (the launcher's and the dashboard's output)
+    startup: str  # the log when both answered
 
 
 def answers(url: str) -> bool:
@@ -76,8 +76,15 @@ def product(demo_workspace, tmp_path_factory):
     env = {k: v for k, v in ENV.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     log = base / "make-run.log"
     out = open(log, "wb")
-    make = subprocess.Popen(["make", "-o", "demo", "run", f"WORKSPACE={ws}", f"PORT={port}"], cwd=ROOT, env=env,
-                            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    make = subprocess.Popen(
+        ["make", "-o", "demo", "run", f"WORKSPACE={ws}", f"PORT={port}"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     p = Product(ws, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{server_port}", make, log, "")
 
     def up():
@@ -105,6 +112,7 @@ def browser():
     if not CHROMIUM.exists():
         pytest.skip("Debian chromium is not installed at /usr/bin/chromium (apt-get install -y chromium)")
     from playwright.sync_api import sync_playwright
+
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         yield b
@@ -154,9 +162,29 @@ def test_fetch_from_the_demo_server_by_the_button(product, page):
 
 def test_extract_with_orchestration_frees_and_restores_the_demo_server(product):
     ws = product.ws
-    p = subprocess.run([sys.executable, "-m", "dflash_dash", "--workspace", str(ws), "extract", "--target",
-                        str(ws / "demo" / "target"), "--completions", "coding-10", "--layers", "1",
-                        "--orchestrate", "release"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dflash_dash",
+            "--workspace",
+            str(ws),
+            "extract",
+            "--target",
+            str(ws / "demo" / "target"),
+            "--completions",
+            "coding-10",
+            "--layers",
+            "1",
+            "--orchestrate",
+            "release",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     server_log = (ws / "logs" / "demo-server.log").read_text()
     assert "POST /release_memory_occupation" in server_log and "POST /resume_memory_occupation" in server_log
@@ -175,8 +203,14 @@ def test_sigterm_to_make_stops_the_dashboard_and_the_server(product):
 
 def test_launcher_refuses_a_bad_config(tmp_path):
     (tmp_path / "config.toml").write_text("[server]\nurl = 3\n")
-    p = subprocess.run([sys.executable, "-m", "dflash_dash.launch", "--workspace", str(tmp_path), "--port",
-                        str(free_port())], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "dflash_dash.launch", "--workspace", str(tmp_path), "--port", str(free_port())],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2 and "url" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
@@ -186,6 +220,7 @@ def test_launcher_leaves_a_busy_port_alone(tmp_path, capsys):
     import socket
 
     from dflash_dash import config, launch
+
     (tmp_path / "demo" / "target").mkdir(parents=True)
     (tmp_path / "demo" / "target" / "config.json").write_text("{}")
     with socket.socket() as s:

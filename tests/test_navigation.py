@@ -1,6 +1,7 @@
 """Navigation and job hygiene (issues 13, 14): dismissing failed jobs, checking a (re-)extraction before a job
 starts (page and CLI say the same), Overview's runs grouped per extraction with human labels and links, and the
 store-only CLI listings running without torch."""
+
 from __future__ import annotations
 
 import json
@@ -8,12 +9,11 @@ import subprocess
 import sys
 
 import pytest
+from serving import ENV
+from test_app import app, clean, navigation_routing  # noqa: F401  (the autouse routing fixture)
 
 from dflash_dash import cli, jobs, metrics, pipeline
 from dflash_dash.store import Store, StoreError
-
-from serving import ENV
-from test_app import app, clean, navigation_routing  # noqa: F401  (the autouse routing fixture)
 
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}  # hides every GPU from CUDA, so this machine's devices are ["cpu"]
 
@@ -35,8 +35,12 @@ def test_only_failed_or_cancelled_jobs_can_be_dismissed_and_the_cli_still_lists_
     with pytest.raises(StoreError, match="no job with id 'job-x'"):
         st.dismiss_job("job-x")
     assert {j["id"] for j in st.jobs(dismissed=False)} == {"job-b", "job-d"}
-    assert {j["id"]: j["dismissed"] for j in st.jobs()} == {"job-a": True, "job-b": False, "job-c": True,
-                                                           "job-d": False}
+    assert {j["id"]: j["dismissed"] for j in st.jobs()} == {
+        "job-a": True,
+        "job-b": False,
+        "job-c": True,
+        "job-d": False,
+    }
     assert [j["id"] for j in st.jobs("failed", dismissed=False)] == []
     capsys.readouterr()
     assert cli.main(["--workspace", str(tmp_path), "jobs"]) == 0
@@ -48,8 +52,9 @@ def test_only_failed_or_cancelled_jobs_can_be_dismissed_and_the_cli_still_lists_
 # checking an extraction before it starts
 
 
-def test_a_device_the_machine_lacks_is_refused_in_the_same_words_by_check_and_cli(prepared, workspace_copy,
-                                                                                 monkeypatch, capsys):
+def test_a_device_the_machine_lacks_is_refused_in_the_same_words_by_check_and_cli(
+    prepared, workspace_copy, monkeypatch, capsys
+):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     st = Store(workspace_copy)
     ex = st.extraction(prepared.extraction)
@@ -63,9 +68,23 @@ def test_a_device_the_machine_lacks_is_refused_in_the_same_words_by_check_and_cl
     n_ex, n_jobs = len(st.extractions()), len(st.jobs())
     capsys.readouterr()
     for orchestrate in ("none", "release"):
-        rc = cli.main(["--workspace", str(workspace_copy), "extract", "--target", ex["target_path"], "--completions",
-                       ex["set_name"], "--layers", ",".join(map(str, ex["layer_ids"])), "--device", "cuda",
-                       "--orchestrate", orchestrate])
+        rc = cli.main(
+            [
+                "--workspace",
+                str(workspace_copy),
+                "extract",
+                "--target",
+                ex["target_path"],
+                "--completions",
+                ex["set_name"],
+                "--layers",
+                ",".join(map(str, ex["layer_ids"])),
+                "--device",
+                "cuda",
+                "--orchestrate",
+                orchestrate,
+            ]
+        )
         assert rc == 2 and capsys.readouterr().err.strip() == f"error: {msg}"
     assert len(st.extractions()) == n_ex and len(st.jobs()) == n_jobs
 
@@ -86,8 +105,9 @@ def test_duplicates_are_named(prepared):
     assert len(warns) == 1 and warns[0].startswith(f"extraction {ex['id']} (done, backend {ex['backend']})")
     other = "bfloat16" if ex["dtype"] == "float32" else "float32"
     assert jobs.check_extract(*args, ex["device"], other) == []
-    assert jobs.check_extract(st, ex["target_path"], ex["set_name"], ex["layer_ids"][:-1], ex["device"],
-                              ex["dtype"]) == []
+    assert (
+        jobs.check_extract(st, ex["target_path"], ex["set_name"], ex["layer_ids"][:-1], ex["device"], ex["dtype"]) == []
+    )
     assert jobs.check_extract(*args, ex["device"], ex["dtype"], resume=ex["id"]) == []  # resuming it is no duplicate
 
 
@@ -141,7 +161,8 @@ def test_overview_groups_runs_per_extraction_with_labels_and_links(prepared, mon
     assert [x.label for x in at.expander] == [
         f"Extraction {e} · {'fla kernels (GPU)' if exs[e]['backend'] == 'fla' else 'torch path (CPU fallback)'} · "
         f"set {exs[e]['set_name']} · {exs[e]['device']} {exs[e]['dtype']} · {len(prepared.runs)} runs"
-        for e in [prepared.extraction]]
+        for e in [prepared.extraction]
+    ]
     df = at.dataframe[0].value
     headline = [metrics.BY_KEY[k].label for k in ("tau_macro", "tau_pooled", "every_anchor_tau")]
     assert set(headline) <= set(df.columns)
@@ -159,15 +180,17 @@ def test_overview_groups_runs_per_extraction_with_labels_and_links(prepared, mon
 
 
 def test_listings_never_import_torch(prepared, workspace_copy):
-    code = ("import sys, json, io, contextlib\n"
-            "from dflash_dash import cli\n"
-            "out = {}\n"
-            "for c in ('runs', 'extractions', 'jobs'):\n"
-            "    buf = io.StringIO()\n"
-            "    with contextlib.redirect_stdout(buf):\n"
-            f"        assert cli.main(['--workspace', {str(workspace_copy)!r}, c]) == 0\n"
-            "    out[c] = json.loads(buf.getvalue())\n"
-            "print(json.dumps({'torch': 'torch' in sys.modules, 'out': out}))\n")
+    code = (
+        "import sys, json, io, contextlib\n"
+        "from dflash_dash import cli\n"
+        "out = {}\n"
+        "for c in ('runs', 'extractions', 'jobs'):\n"
+        "    buf = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(buf):\n"
+        f"        assert cli.main(['--workspace', {str(workspace_copy)!r}, c]) == 0\n"
+        "    out[c] = json.loads(buf.getvalue())\n"
+        "print(json.dumps({'torch': 'torch' in sys.modules, 'out': out}))\n"
+    )
     got = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=120)
     assert got.returncode == 0, got.stderr
     res = json.loads(got.stdout)

@@ -1,23 +1,30 @@
 """Property-based tests (hypothesis) over the input parsers: JSONL completions, server responses, checkpoint
 configs. Any input gives either a valid result or the parser's own named error, never another exception."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from dflash_dash import drafter as dr, pipeline
-from tools import tiny
+from dflash_dash import drafter as dr
+from dflash_dash import pipeline
 from dflash_dash.sglang import ServerError, parse_generate
+from tools import tiny
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ids = st.lists(st.integers(0, 999), min_size=1, max_size=20)
-record = st.fixed_dictionaries({"id": st.text(min_size=1, max_size=12), "prompt_ids": ids, "output_ids": ids},
-                               optional={"prompt": st.text(max_size=30), "output": st.text(max_size=30)})
+record = st.fixed_dictionaries(
+    {"id": st.text(min_size=1, max_size=12), "prompt_ids": ids, "output_ids": ids},
+    optional={"prompt": st.text(max_size=30), "output": st.text(max_size=30)},
+)
 json_value = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=12)
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+    max_leaves=12,
+)
 
 
 # ---------------------------------------------------------------------------
@@ -34,8 +41,7 @@ def test_jsonl_valid_roundtrip(recs):
 
 
 @SETTINGS
-@given(st.lists(st.one_of(st.text(max_size=40), json_value.map(json.dumps), record.map(json.dumps)),
-                max_size=6))
+@given(st.lists(st.one_of(st.text(max_size=40), json_value.map(json.dumps), record.map(json.dumps)), max_size=6))
 def test_jsonl_garbage_named(lines):
     try:
         pipeline.parse_jsonl("\n".join(lines), vocab_size=1000)
@@ -43,16 +49,19 @@ def test_jsonl_garbage_named(lines):
         assert str(e).startswith("line ") or "no completions" in str(e)
 
 
-@pytest.mark.parametrize("line,msg", [
-    ('{"id": "a", "prompt_ids": [1], "output_ids": []}', "line 1 (id 'a'): field 'output_ids' must be a non-empty"),
-    ('{"id": "a", "prompt_ids": [1], "output_ids": [5000]}', "token id 5000 in 'output_ids' is outside"),
-    ('{"id": "a", "prompt_ids": [1]}', "field 'output_ids'"),
-    ('{"prompt_ids": [1], "output_ids": [2]}', "line 1: field 'id'"),
-    ('{"id": "a", "prompt_ids": [1], "output_ids": [2.5]}', "holds 2.5"),
-    ('{"id": "a", "prompt_ids": [true], "output_ids": [2]}', "holds True"),
-    ("{bad json", "line 1: not valid JSON"),
-    ('[1, 2]', "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "line,msg",
+    [
+        ('{"id": "a", "prompt_ids": [1], "output_ids": []}', "line 1 (id 'a'): field 'output_ids' must be a non-empty"),
+        ('{"id": "a", "prompt_ids": [1], "output_ids": [5000]}', "token id 5000 in 'output_ids' is outside"),
+        ('{"id": "a", "prompt_ids": [1]}', "field 'output_ids'"),
+        ('{"prompt_ids": [1], "output_ids": [2]}', "line 1: field 'id'"),
+        ('{"id": "a", "prompt_ids": [1], "output_ids": [2.5]}', "holds 2.5"),
+        ('{"id": "a", "prompt_ids": [true], "output_ids": [2]}', "holds True"),
+        ("{bad json", "line 1: not valid JSON"),
+        ('[1, 2]', "expected a JSON object"),
+    ],
+)
 def test_jsonl_errors_name_line_and_field(line, msg):
     with pytest.raises(pipeline.InputError) as e:
         pipeline.parse_jsonl(line, vocab_size=1000)
@@ -70,9 +79,15 @@ def test_jsonl_error_names_later_line():
 
 
 @SETTINGS
-@given(st.one_of(st.binary(max_size=60), json_value.map(lambda v: json.dumps(v).encode()),
-                 st.fixed_dictionaries({"text": json_value, "output_ids": json_value, "meta_info": json_value})
-                 .map(lambda v: json.dumps(v).encode())))
+@given(
+    st.one_of(
+        st.binary(max_size=60),
+        json_value.map(lambda v: json.dumps(v).encode()),
+        st.fixed_dictionaries({"text": json_value, "output_ids": json_value, "meta_info": json_value}).map(
+            lambda v: json.dumps(v).encode()
+        ),
+    )
+)
 def test_generate_response_garbage_named(body):
     wrong = problems(body)
     try:
@@ -85,8 +100,11 @@ def test_generate_response_garbage_named(body):
         assert not wrong, f"{wrong} accepted: {body!r}"
         data = json.loads(body)
         data = data[0] if isinstance(data, list) else data
-        want = {"text": data.get("text") or "", "output_ids": data["output_ids"],
-                "meta_info": data.get("meta_info") or {}}
+        want = {
+            "text": data.get("text") or "",
+            "output_ids": data["output_ids"],
+            "meta_info": data.get("meta_info") or {},
+        }
         assert json.dumps(out) == json.dumps(want)  # (as JSON text: a NaN in meta_info equals itself)
 
 
@@ -105,8 +123,7 @@ def problems(body: bytes) -> set[str]:
     out = set()
     if data.get("output_ids") is None:
         out.add("no `output_ids`")
-    elif not (isinstance(data["output_ids"], list)
-              and all(type(i) is int for i in data["output_ids"])):
+    elif not (isinstance(data["output_ids"], list) and all(type(i) is int for i in data["output_ids"])):
         out.add("ill-typed `output_ids`")
     if data.get("text") is not None and not isinstance(data["text"], str):
         out.add("ill-typed `text`")
@@ -135,4 +152,3 @@ def test_checkpoint_config_garbage_named(patch):
         dr.parse_config(raw)
     except dr.CheckpointError as e:
         assert "config.json" in str(e)
-

@@ -5,6 +5,7 @@ one-block reference `Drafter.block`; the chunked LM head with the one-pass log-s
 log_softmax + top-k (the Triton kernel itself runs in Triton's interpreter on the CPU); scoring on a
 worker thread against scoring in line; and the overlapped extraction stream against `extract` per item.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,11 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from dflash_dash import drafter as dr, replay as rp, target as tg
+from dflash_dash import drafter as dr
+from dflash_dash import replay as rp
+from dflash_dash import target as tg
 from tools import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,18 +38,20 @@ def target_dir(tmp_path_factory):
 # Drafter.blocks: grouped SDPA == one block at a time
 
 
-@pytest.mark.parametrize("types,window", [
-    (["full_attention", "full_attention"], None),
-    (["sliding_attention", "full_attention"], 4),
-])
+@pytest.mark.parametrize(
+    "types,window",
+    [
+        (["full_attention", "full_attention"], None),
+        (["sliding_attention", "full_attention"], 4),
+    ],
+)
 @pytest.mark.parametrize("group", [1, 2, 3, 16])
 def test_blocks_grouped_equals_one_block(tmp_path, types, window, group):
-    m = dr.load(tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(layer_types=types, sliding_window=window,
-                                                                   seed=5)))
+    m = dr.load(tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(layer_types=types, sliding_window=window, seed=5)))
     g = torch.Generator().manual_seed(group)
     T = 41
     feats = torch.randn(T, 128, generator=g)
-    anchors = torch.tensor([30, 9, 12, 1, 37, 20, 21])      # unsorted, gaps, 7 blocks (not a multiple of 2, 3)
+    anchors = torch.tensor([30, 9, 12, 1, 37, 20, 21])  # unsorted, gaps, 7 blocks (not a multiple of 2, 3)
     emb = torch.randn(len(anchors), 4, 64, generator=g)
     with torch.no_grad():
         got = m.blocks(m.context_kv(feats), anchors, emb, group=group)
@@ -56,20 +60,26 @@ def test_blocks_grouped_equals_one_block(tmp_path, types, window, group):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("group,chunk,replica_bytes", [(3, 10, 4 << 30), (16, 40, 4 << 30), (4, 4, 4 << 30),
-                                                        (16, 7, 4 << 30), (3, 10, 1)])
+@pytest.mark.parametrize(
+    "group,chunk,replica_bytes", [(3, 10, 4 << 30), (16, 40, 4 << 30), (4, 4, 4 << 30), (16, 7, 4 << 30), (3, 10, 1)]
+)
 def test_every_anchor_groups_over_replicated_context(monkeypatch, tmp_path, group, chunk, replica_bytes):
     """draft_all drafts each call's blocks as groups of consecutive anchors over the context copied once per
     group (`replay._replicas`; the blocks' keys written in place): equal to the one-block loop, with several
     groups per call, a short last call (fewer groups, the last block repeated), a sliding layer, and a copy
     budget (`REPLICA_BYTES`) that leaves one group per call."""
-    m = dr.load(tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(
-        layer_types=["sliding_attention", "full_attention"], sliding_window=5, seed=6)), sliding_block="causal")
+    m = dr.load(
+        tiny.write_drafter(
+            tmp_path / "d",
+            tiny.TinyDrafter(layer_types=["sliding_attention", "full_attention"], sliding_window=5, seed=6),
+        ),
+        sliding_block="causal",
+    )
     monkeypatch.setattr(rp, "GROUP", group)
     monkeypatch.setattr(rp, "REPLICA_BYTES", replica_bytes)
     g = torch.Generator().manual_seed(chunk)
     head = random_head(seed=chunk)
-    T, P = 57, 6                                               # 51 anchors: no chunk size above divides them
+    T, P = 57, 6  # 51 anchors: no chunk size above divides them
     tokens, feats = torch.randint(0, 512, (T,), generator=g), torch.randn(T, 128, generator=g)
     a = rp.draft_all(m, head, feats, tokens, P, topk=4, chunk=chunk)
     b = rp.draft_loop(m, head, feats, tokens, P, topk=4)
@@ -104,9 +114,9 @@ def test_blocks_gradients_do_not_depend_on_grouping(tmp_path):
 def test_head_chunks_equal_plain_log_softmax(monkeypatch, dtype):
     head = random_head(V=700, H=32, dtype=dtype)
     h = torch.randn(6, 5, 32, generator=torch.Generator().manual_seed(3)).to(dtype)
-    monkeypatch.setattr(rp, "HEAD_ROWS", 7)                  # 24 rows in 4 uneven chunks
+    monkeypatch.setattr(rp, "HEAD_ROWS", 7)  # 24 rows in 4 uneven chunks
     drafts, ids, logp = rp._head(None, head, h, topk=5)
-    logits = (h[:, 1:] @ head.lm_head.T).float()             # the plain formulation
+    logits = (h[:, 1:] @ head.lm_head.T).float()  # the plain formulation
     lp = torch.log_softmax(logits, -1)
     assert torch.equal(drafts, logits.argmax(-1))
     top = lp.topk(5, dim=-1)
@@ -130,7 +140,7 @@ def test_triton_top_logp_matches_torch_in_interpreter():
         "for (V, dt, k, scale), blk in [(c, b) for c in cases for b in (rp.TOP_BLOCK, 512)]:\n"
         "    rp.TOP_BLOCK = blk\n"
         "    x = (torch.randn(3, V, generator=g) * scale).to(dt) if scale else \\\n"
-        "        (torch.randint(-40, 40, (3, V), generator=g) / 8).to(dt)\n"   # many exact ties
+        "        (torch.randint(-40, 40, (3, V), generator=g) / 8).to(dt)\n"  # many exact ties
         "    x[1, min(V - 1, 4100)] = 60.0; x[2, V - 1] = 61.0; x[2, 7] = 61.0\n"  # dominant logits, tied max
         "    vals, ids, lse = top(x, k)\n"
         "    ref = torch.sort(x.float(), dim=-1, descending=True, stable=True)\n"
@@ -153,13 +163,23 @@ def test_run_scores_in_order_like_a_plain_loop(tmp_path):
     m = dr.load(tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(seed=4)))
     head = random_head()
     g = torch.Generator().manual_seed(9)
-    seqs = [rp.Sequence(f"s{i}", torch.randint(0, 512, (T,), generator=g), P, torch.randn(T, 128, generator=g))
-            for i, (T, P) in enumerate([(30, 5), (18, 9), (25, 3), (12, 11)])]
+    seqs = [
+        rp.Sequence(f"s{i}", torch.randint(0, 512, (T,), generator=g), P, torch.randn(T, 128, generator=g))
+        for i, (T, P) in enumerate([(30, 5), (18, 9), (25, 3), (12, 11)])
+    ]
     seen = []
     results, summary = rp.run(m, head, seqs, budget=3, chunk=4, progress=lambda i, n: seen.append((i, n)))
     k = max(3, rp.ROUND_TOPK)  # run drafts the DDTree budget's candidates, and ROUND_TOPK for the round detail
-    want = [rp.score(s.id, rp.draft_all(m, head, s.features, s.tokens, s.prompt_len, topk=k, chunk=4),
-                     s.tokens.numpy(), s.prompt_len, 3) for s in seqs]
+    want = [
+        rp.score(
+            s.id,
+            rp.draft_all(m, head, s.features, s.tokens, s.prompt_len, topk=k, chunk=4),
+            s.tokens.numpy(),
+            s.prompt_len,
+            3,
+        )
+        for s in seqs
+    ]
     assert [r.id for r in results] == ["s0", "s1", "s2", "s3"]
     assert [vars(r) for r in results] == [vars(w) for w in want]
     assert summary == rp.summarize(want, m.c.block_size, 3)
@@ -212,7 +232,6 @@ def test_extract_stream_write_error_surfaces(target_dir):
         list(tg.extract_stream(dec, enumerate([torch.arange(6)] * 3), [2], write))
 
 
-
 # ---------------------------------------------------------------------------
 # fla's causal conv in place of torch's conv1d
 
@@ -226,16 +245,16 @@ def test_fla_conv1d_adapter_matches_transformers_conv(monkeypatch):
 
     def stand_in(x, weight, bias=None, activation=None, backend=None, **_):  # x [B, T, D]
         W = weight.shape[1]
-        y = F.conv1d(x.transpose(1, 2), weight[:, None], bias, padding=W - 1, groups=x.shape[2])[..., :x.shape[1]]
+        y = F.conv1d(x.transpose(1, 2), weight[:, None], bias, padding=W - 1, groups=x.shape[2])[..., : x.shape[1]]
         return (F.silu(y) if activation in ("silu", "swish") else y).transpose(1, 2), None
 
     monkeypatch.setattr(fla_conv, "causal_conv1d", stand_in)
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 9, 24, generator=g)                 # [B, T, D] as the projection leaves it
+    x = torch.randn(2, 9, 24, generator=g)  # [B, T, D] as the projection leaves it
     w = torch.randn(24, 4, generator=g)
     got = tg.fla_conv1d(x.transpose(1, 2), w, None, activation="silu")
     tg.use_backend("torch")
-    assert q.causal_conv1d_fn is not tg.fla_conv1d        # the torch path keeps torch's conv
+    assert q.causal_conv1d_fn is not tg.fla_conv1d  # the torch path keeps torch's conv
     want = q.causal_conv1d_fn(x.transpose(1, 2), w, None, activation="silu")
     assert got.shape == want.shape == (2, 24, 9)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -1,4 +1,5 @@
 """Suite policy: a missing Chromium is said loudly, and under CI=true a skipped browser test fails the run."""
+
 from __future__ import annotations
 
 import os
@@ -11,9 +12,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_security_tests(ci: str) -> subprocess.CompletedProcess:
     env = os.environ | {"DFLASH_CHROMIUM": "/nonexistent/chromium", "CI": ci}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "tests/test_e2e_security.py"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_e2e_security.py"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_missing_chromium_is_loud_and_fails_under_ci():

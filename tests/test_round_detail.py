@@ -2,6 +2,7 @@
 modes), the store and the export carry them, views shape one round slot by slot (escaped, whitespace visible), and
 the Acceptance page shows the round a user picks with the target's tokens beside the drafter's candidates (AppTest
 and the browser)."""
+
 from __future__ import annotations
 
 import json
@@ -12,12 +13,15 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
-from dflash_dash import drafter as dr, pipeline, replay as rp, target as tg, views
-from dflash_dash.store import Store
 from test_app import app, by_label, clean, htmls, navigation_routing  # noqa: F401  (autouse fixture)
 from test_chain import planted
 from test_e2e import CHROMIUM, browser, dashboard, open_page, page, settle, shot  # noqa: F401  (fixtures)
+
+from dflash_dash import drafter as dr
+from dflash_dash import pipeline, views
+from dflash_dash import replay as rp
+from dflash_dash import target as tg
+from dflash_dash.store import Store
 from tools import tiny
 
 K = rp.ROUND_TOPK
@@ -114,8 +118,23 @@ def test_store_and_export_carry_the_blocks(prepared, workspace_copy):
 
 class Words(views.Vocab):
     """Token strings chosen by hand: whitespace and markup among them."""
-    TEXT = {1: "a", 2: "b", 10: "<script>x()</script>", 11: "\t", 12: " x", 13: "\n", 14: "if", 15: "(", 16: ")",
-            30: "<img src=x onerror=alert(1)>", 98: "q", 99: "z", 7: "m", 8: "n"}
+
+    TEXT = {
+        1: "a",
+        2: "b",
+        10: "<script>x()</script>",
+        11: "\t",
+        12: " x",
+        13: "\n",
+        14: "if",
+        15: "(",
+        16: ")",
+        30: "<img src=x onerror=alert(1)>",
+        98: "q",
+        99: "z",
+        7: "m",
+        8: "n",
+    }
 
     def _one(self, i):
         return self.TEXT.get(i, f"t{i}")
@@ -128,12 +147,18 @@ def hand_row(top: bool = True) -> tuple[dict, dict]:
     (the target's 11 12 13) and was not computed at anchor 5."""
     comp = {"prompt_ids": [1, 2], "output_ids": [10, 11, 12, 13, 14, 15, 16]}
     drafts = [[11, 12, 99, 98], [0] * 4, [0] * 4, [14, 15, 16, 0], [0] * 4, [0] * 4, [0] * 4]
-    p1 = [[.6, .2], [.5, .3], [.4, .35], [.3, .2]]
-    p2 = [[.9, .05], [.8, .1], [.7, .2], [.6, .3]]
+    p1 = [[0.6, 0.2], [0.5, 0.3], [0.4, 0.35], [0.3, 0.2]]
+    p2 = [[0.9, 0.05], [0.8, 0.1], [0.7, 0.2], [0.6, 0.3]]
     top1 = {0: [x[0] for x in p1], 3: [x[0] for x in p2]}
-    row = {"prompt_id": "h", "prompt_len": 2, "accepted_at": [2, 0, 0, 3, 0, 0, 0], "rounds": [3, 3],
-           "drafts": [t for d in drafts for t in d], "tree_at": [3, -1, -1, -1, -1, -1, -1],
-           "draft_logp": [math.log(top1[a][s]) if a in top1 else -1.0 for a in range(7) for s in range(4)]}
+    row = {
+        "prompt_id": "h",
+        "prompt_len": 2,
+        "accepted_at": [2, 0, 0, 3, 0, 0, 0],
+        "rounds": [3, 3],
+        "drafts": [t for d in drafts for t in d],
+        "tree_at": [3, -1, -1, -1, -1, -1, -1],
+        "draft_logp": [math.log(top1[a][s]) if a in top1 else -1.0 for a in range(7) for s in range(4)],
+    }
     if top:
         ids = [[[11, 7], [12, 8], [30, 13], [98, 14]], [[14, 1], [15, 1], [16, 1], [0, 1]]]
         row["round_top_ids"] = [t for r in ids for s in r for t in s]
@@ -143,18 +168,31 @@ def hand_row(top: bool = True) -> tuple[dict, dict]:
 
 def test_round_detail_slot_by_slot():
     row, comp = hand_row()
-    assert [o["label"] for o in views.round_options(row, comp, 5)] == ["round 1 · anchor 2 · accepted 2/4",
-                                                                        "round 2 · anchor 5 · accepted 3/3"]
+    assert [o["label"] for o in views.round_options(row, comp, 5)] == [
+        "round 1 · anchor 2 · accepted 2/4",
+        "round 2 · anchor 5 · accepted 3/3",
+    ]
     d = views.round_detail(row, comp, 5, 1, Words(), k=2, tree_budget=4)
-    assert (d["anchor"], d["accepted"], d["inside"], d["committed"], d["stop"], d["tree"], d["topk"]) == \
-        (2, 2, 4, 3, 3, 3, 2)
+    assert (d["anchor"], d["accepted"], d["inside"], d["committed"], d["stop"], d["tree"], d["topk"]) == (
+        2,
+        2,
+        4,
+        3,
+        3,
+        3,
+        2,
+    )
     s = d["slots"]
     assert [x["target_id"] for x in s] == [11, 12, 13, 14]
     assert [x["status"] for x in s] == ["acc", "acc", "rej", "after"]
     assert [x["target_rank"] for x in s] == [1, 1, 2, 2]
     assert [x["ddtree"] for x in s] == [True, True, True, False]
     assert [[(c["id"], c["p"]) for c in x["candidates"]] for x in s] == [
-        [(11, .6), (7, .2)], [(12, .5), (8, .3)], [(30, .4), (13, .35)], [(98, .3), (14, .2)]]
+        [(11, 0.6), (7, 0.2)],
+        [(12, 0.5), (8, 0.3)],
+        [(30, 0.4), (13, 0.35)],
+        [(98, 0.3), (14, 0.2)],
+    ]
     assert s[2]["candidates"][1]["text"] == "\n" and s[2]["target"] == "\n"
     d2 = views.round_detail(row, comp, 5, 2, Words(), tree_budget=4)  # K read from the row's lengths
     assert (d2["accepted"], d2["inside"], d2["stop"], d2["tree"], d2["topk"]) == (3, 3, None, None, 2)
@@ -193,8 +231,14 @@ def test_round_detail_of_an_older_run_shows_the_argmax_block():
     d = views.round_detail(row, comp, 5, 1, Words(), tree_budget=4)
     assert d["topk"] == 0
     assert [[(c["id"], round(c["p"], 6)) for c in x["candidates"]] for x in d["slots"]] == [
-        [(11, .6)], [(12, .5)], [(99, .4)], [(98, .3)]]
-    assert "Top-k candidates not recorded" in views.round_html(d) and "replay the checkpoint again" in views.round_html(d)
+        [(11, 0.6)],
+        [(12, 0.5)],
+        [(99, 0.4)],
+        [(98, 0.3)],
+    ]
+    assert "Top-k candidates not recorded" in views.round_html(d) and "replay the checkpoint again" in views.round_html(
+        d
+    )
 
 
 def test_token_view_rejected_drafts_readable_with_visible_whitespace():
@@ -246,11 +290,11 @@ def test_picking_a_round_shows_its_block(prepared, monkeypatch):
     B = st.run_row(rid)["summary"]["block_size"]
     detail = next(h for h in htmls(at) if 'class="dfr"' in h)
     assert f"round 3 · anchor {p} (" in detail and f"accepted {a} of " in detail
-    body = detail[detail.index("<table"):]
+    body = detail[detail.index("<table") :]
     rows = re.findall(r"<tr class=\"dfr-(\w+)\">(.*?)</tr>", body)
     assert len(rows) == B - 1
     n = min(B - 1, len(tokens) - 1 - p)
-    drafts = row["drafts"][(p - row["prompt_len"]) * (B - 1):(p - row["prompt_len"] + 1) * (B - 1)]
+    drafts = row["drafts"][(p - row["prompt_len"]) * (B - 1) : (p - row["prompt_len"] + 1) * (B - 1)]
     for i, (status, cells) in enumerate(rows, 1):
         if i <= n:  # the target's token id beside the slot, and the slot's argmax draft as candidate 1
             assert f'<span class="dfr-p">{tokens[p + i]}</span>' in cells
@@ -269,8 +313,9 @@ def test_an_older_run_shows_the_argmax_block_with_a_note(prepared, workspace_cop
     clean(at)
     detail = next(h for h in htmls(at) if 'class="dfr"' in h)
     assert "Top-k candidates not recorded" in detail and "round 2 · anchor" in detail
-    assert all(len(re.findall(r'title="token \d+"', c)) == 1 for c in re.findall(r"<tr class=\"dfr-\w+\">(.*?)</tr>",
-                                                                                detail))
+    assert all(
+        len(re.findall(r'title="token \d+"', c)) == 1 for c in re.findall(r"<tr class=\"dfr-\w+\">(.*?)</tr>", detail)
+    )
 
 
 # ---------------------------------------------------------------------------

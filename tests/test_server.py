@@ -1,6 +1,7 @@
 """The local SGLang stand-in as a real subprocess on a real port, driven by the SGLang client.
 
 Greedy output is checked against a local transformers `generate` of the same model (fp32, CPU)."""
+
 from __future__ import annotations
 
 import json
@@ -14,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from serving import end, free_port
 
 from dflash_dash import server
 from dflash_dash.sglang import Client, ServerError, chat_ids
 from tools.tiny import TinyTarget, write_target, write_tokenizer
-from serving import end, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
@@ -39,9 +40,22 @@ class Proc:
         self.client = Client(self.url, timeout=60, retries=0)
         self.states: list[str] = []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dflash_dash.server", "--model", str(model), "--port", str(self.port),
-             "--startup-delay", str(delay), "--device", "cpu"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log, "wb"),
+            [
+                sys.executable,
+                "-m",
+                "dflash_dash.server",
+                "--model",
+                str(model),
+                "--port",
+                str(self.port),
+                "--startup-delay",
+                str(delay),
+                "--device",
+                "cpu",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=open(log, "wb"),
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
 
@@ -99,7 +113,7 @@ def greedy_fn(model_dir: Path):
     def run(ids: list[int], n: int = N) -> list[int]:
         with torch.inference_mode():
             out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=0)
-        return out[0, len(ids):].tolist()
+        return out[0, len(ids) :].tolist()
 
     return run
 
@@ -165,7 +179,7 @@ def test_text_input_and_stop_strings(srv, hybrid, reference):
     assert out["text"] == tok.decode(want, skip_special_tokens=True)
 
     full = out["text"]
-    pieces = [full[i:i + 2] for i in range(len(full) // 2, len(full))]
+    pieces = [full[i : i + 2] for i in range(len(full) // 2, len(full))]
     stop = next(s for s in pieces if s.strip() and "\ufffd" not in s)  # a string the model does produce
     cut = srv.client.generate(text=text, max_new_tokens=N, stop=[stop])
     got = cut["output_ids"]
@@ -193,16 +207,19 @@ def test_400_message_passes_through_unchanged(srv):
     assert "temperature" in ei.value.detail
 
 
-@pytest.mark.parametrize("body,words", [
-    (b"{not json", "not valid JSON"),
-    ({"input_ids": [], "sampling_params": {"temperature": 0}}, "input_ids"),
-    ({"input_ids": [1]}, "temperature"),
-    ({"input_ids": [1, "x"], "sampling_params": {"temperature": 0}}, "input_ids"),
-    ({"input_ids": [99999], "sampling_params": {"temperature": 0}}, "vocabulary"),
-    ({"text": "a", "input_ids": [1], "sampling_params": {"temperature": 0}}, "exactly one"),
-    ({"input_ids": [1], "sampling_params": {"temperature": 0, "max_new_tokens": -1}}, "max_new_tokens"),
-    ({"input_ids": [1], "sampling_params": {"temperature": 0, "bogus": 1}}, "bogus"),
-])
+@pytest.mark.parametrize(
+    "body,words",
+    [
+        (b"{not json", "not valid JSON"),
+        ({"input_ids": [], "sampling_params": {"temperature": 0}}, "input_ids"),
+        ({"input_ids": [1]}, "temperature"),
+        ({"input_ids": [1, "x"], "sampling_params": {"temperature": 0}}, "input_ids"),
+        ({"input_ids": [99999], "sampling_params": {"temperature": 0}}, "vocabulary"),
+        ({"text": "a", "input_ids": [1], "sampling_params": {"temperature": 0}}, "exactly one"),
+        ({"input_ids": [1], "sampling_params": {"temperature": 0, "max_new_tokens": -1}}, "max_new_tokens"),
+        ({"input_ids": [1], "sampling_params": {"temperature": 0, "bogus": 1}}, "bogus"),
+    ],
+)
 def test_bad_requests_are_400_with_message(srv, body, words):
     status, raw = post(srv.url + "/generate", body)
     assert status == 400 and words in raw["error"]["message"]
@@ -235,10 +252,15 @@ def test_chat_completions(srv, hybrid, reference):
     tok = AutoTokenizer.from_pretrained(str(hybrid))
     ids = chat_ids(tok, "hello", enable_thinking=False)
     want = reference(ids, 8)
-    status, raw = post(srv.url + "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "hello"}], "temperature": 0, "max_tokens": 8,
-        "chat_template_kwargs": {"enable_thinking": False},
-    })
+    status, raw = post(
+        srv.url + "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hello"}],
+            "temperature": 0,
+            "max_tokens": 8,
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+    )
     assert status == 200 and raw["object"] == "chat.completion"
     content = tok.decode(want, skip_special_tokens=True)
     assert raw["choices"][0]["message"] == {"role": "assistant", "content": content}

@@ -1,15 +1,16 @@
 """The SGLang client against the fault-injecting fake server (tests/fakes.py): retries, validation, readiness,
 fallbacks."""
+
 from __future__ import annotations
 
 import json
 import threading
 
-import pytest
-
 import fakes
-from dflash_dash.sglang import Client, HealthPoller, NotReady, ServerError, chat_ids, parse_generate
+import pytest
 from serving import free_port as closed_port
+
+from dflash_dash.sglang import Client, HealthPoller, NotReady, ServerError, chat_ids, parse_generate
 
 OK = json.dumps({"text": "hi", "output_ids": [1, 2, 3], "meta_info": {"completion_tokens": 3}}).encode()
 
@@ -44,7 +45,8 @@ def test_generate_text_and_extra_merge(fake):
     fake.on("/generate", (200, OK))
     out = client(fake.url).generate(text="x", extra={"rid": "r1", "sampling_params": {"stop_token_ids": [9]}})
     assert out["request"] == {
-        "text": "x", "rid": "r1",
+        "text": "x",
+        "rid": "r1",
         "sampling_params": {"temperature": 0, "max_new_tokens": 256, "stop_token_ids": [9]},
     }
     with pytest.raises(ValueError):
@@ -83,13 +85,16 @@ def test_400_message_passes_through_without_retry(fake):
     assert len(fake.seen) == 1
 
 
-@pytest.mark.parametrize("body,words", [
-    (b'{"text": "a", "output_ids": [1, 2', "malformed JSON"),
-    (b'{"text": "a", "meta_info": {}}', "no `output_ids`"),
-    (b'{"text": "a", "output_ids": [1, "2"]}', "ill-typed `output_ids`"),
-    (b'{"text": "a", "output_ids": [1, true]}', "ill-typed `output_ids`"),
-    (b'[1, 2]', "expected an object"),
-])
+@pytest.mark.parametrize(
+    "body,words",
+    [
+        (b'{"text": "a", "output_ids": [1, 2', "malformed JSON"),
+        (b'{"text": "a", "meta_info": {}}', "no `output_ids`"),
+        (b'{"text": "a", "output_ids": [1, "2"]}', "ill-typed `output_ids`"),
+        (b'{"text": "a", "output_ids": [1, true]}', "ill-typed `output_ids`"),
+        (b'[1, 2]', "expected an object"),
+    ],
+)
 def test_bad_answers_name_the_problem(fake, body, words):
     fake.on("/generate", (200, body))
     with pytest.raises(ServerError) as ei:
@@ -181,8 +186,9 @@ def test_release_failure_is_not_retried(fake):
 
 
 def test_chat_ids_applies_template_locally(tmp_path):
-    from tools.tiny import write_tokenizer
     from transformers import AutoTokenizer
+
+    from tools.tiny import write_tokenizer
 
     tok = AutoTokenizer.from_pretrained(str(write_tokenizer(tmp_path, vocab_size=512)))
     ids = chat_ids(tok, "print(1)")
@@ -220,8 +226,14 @@ def test_api_key_is_sent_on_every_request_and_never_shown(keyed):
     assert c.running_requests() == 0
     c.release_memory()
     c.resume_memory()
-    assert [p for _, p, _ in keyed.seen] == ["/health", "/model_info", "/generate", "/v1/loads",
-                                             "/release_memory_occupation", "/resume_memory_occupation"]
+    assert [p for _, p, _ in keyed.seen] == [
+        "/health",
+        "/model_info",
+        "/generate",
+        "/v1/loads",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+    ]
     assert keyed.auth == [f"Bearer {KEY}"] * 6
     assert KEY not in repr(c)
     with pytest.raises(ServerError) as e:
@@ -248,12 +260,24 @@ def test_401_names_the_variable_to_set_and_never_the_key(keyed):
 def test_running_requests_from_v1_loads_then_get_load(fake):
     c = client(fake.url)
     assert c.running_requests() is None  # neither endpoint: cannot tell
-    fake.on("/get_load", (200, b'[{"dp_rank": 0, "num_reqs": 2, "num_waiting_reqs": 1, "num_tokens": 9}, '
-                                      b'{"dp_rank": 1, "num_reqs": 1, "num_waiting_reqs": 0, "num_tokens": 3}]'))
+    fake.on(
+        "/get_load",
+        (
+            200,
+            b'[{"dp_rank": 0, "num_reqs": 2, "num_waiting_reqs": 1, "num_tokens": 9}, '
+            b'{"dp_rank": 1, "num_reqs": 1, "num_waiting_reqs": 0, "num_tokens": 3}]',
+        ),
+    )
     assert c.running_requests() == 3  # num_reqs already counts the waiting ones
-    fake.on("/v1/loads", (200, b'{"dp_rank_count": 2, "loads": [{"dp_rank": 0, "num_running_reqs": 1, '
-                                      b'"num_waiting_reqs": 2}, {"dp_rank": 1, "num_running_reqs": 0, '
-                                      b'"num_waiting_reqs": 0}]}'))
+    fake.on(
+        "/v1/loads",
+        (
+            200,
+            b'{"dp_rank_count": 2, "loads": [{"dp_rank": 0, "num_running_reqs": 1, '
+            b'"num_waiting_reqs": 2}, {"dp_rank": 1, "num_running_reqs": 0, '
+            b'"num_waiting_reqs": 0}]}',
+        ),
+    )
     assert c.running_requests() == 3
     fake.on("/v1/loads", (200, b'{"loads": [{"num_running_reqs": "many"}]}'))
     with pytest.raises(ServerError, match="num_running_reqs"):
@@ -277,6 +301,8 @@ def test_health_poller_says_checking_until_a_slow_health_answers(fake):
 
 def test_health_default_timeout_allows_a_real_servers_slow_check():
     from dflash_dash import sglang
+
     assert sglang.HEALTH_TIMEOUT_S >= 5
     import inspect
+
     assert inspect.signature(Client.health).parameters["timeout"].default == sglang.HEALTH_TIMEOUT_S

@@ -2,6 +2,7 @@
 token), `--api-key` (the key from the environment on every request, never written anywhere), memory release
 only when idle (never under load), a tokenizer_path that is a hub id (found in the local Hugging Face cache,
 offline), and the speculative counters SGLang reports."""
+
 from __future__ import annotations
 
 import json
@@ -13,13 +14,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 import fakes
+import pytest
+from serving import ENV, ROOT, Served, status_now, stop_jobs, tiny_model, until
+
 from dflash_dash import config, jobs, pipeline, sglang, views
 from dflash_dash.sglang import Client, ServerError
 from dflash_dash.store import Store
-from serving import ENV, ROOT, Served, status_now, stop_jobs, tiny_model, until
 
 KEY = "sk-dflash-test-7f3a9c2e5b1d4086"
 PROMPTS = [{"id": "a", "prompt": "def add(a, b):\n"}, {"id": "b", "prompt": "import json\n"}]
@@ -33,8 +34,7 @@ def model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def srv(model, tmp_path_factory):
     """A stand-in that behaves like a real keyed SGLang: --api-key and a /health that takes 1.5 s."""
-    s = Served(model, tmp_path_factory.mktemp("srvlog") / "server.log", extra=["--health-delay", "1.5"],
-               api_key=KEY)
+    s = Served(model, tmp_path_factory.mktemp("srvlog") / "server.log", extra=["--health-delay", "1.5"], api_key=KEY)
     try:
         s.wait()
     except BaseException:
@@ -85,8 +85,12 @@ def test_stand_in_wants_the_key_except_on_health_and_health_is_slow(srv):
     t0 = time.monotonic()
     assert raw(srv.url + "/health") == (200, b"")  # exempt, as in SGLang
     assert time.monotonic() - t0 >= 1.4  # "generating" its health token
-    for path, body in (("/model_info", None), ("/v1/loads", None), ("/get_server_info", None),
-                       ("/generate", {"input_ids": [5, 6], "sampling_params": {"temperature": 0}})):
+    for path, body in (
+        ("/model_info", None),
+        ("/v1/loads", None),
+        ("/get_server_info", None),
+        ("/generate", {"input_ids": [5, 6], "sampling_params": {"temperature": 0}}),
+    ):
         method = "GET" if body is None else "POST"
         assert raw(srv.url + path, method, body) == (401, b'{"error": "Unauthorized"}'), path
         assert raw(srv.url + path, method, body, key="wrong")[0] == 401, path
@@ -102,8 +106,11 @@ def test_stand_in_refuses_release_while_generating_and_reports_load(srv):
     c = srv.client
     assert c.running_requests() == 0
     out: dict = {}
-    t = threading.Thread(target=lambda: out.update(c.generate(
-        input_ids=[5, 6, 7], max_new_tokens=600, extra={"sampling_params": {"ignore_eos": True}})))
+    t = threading.Thread(
+        target=lambda: out.update(
+            c.generate(input_ids=[5, 6, 7], max_new_tokens=600, extra={"sampling_params": {"ignore_eos": True}})
+        )
+    )
     t.start()
     try:
         until(lambda: c.running_requests() == 1, 30, what="the generation to run")
@@ -156,9 +163,27 @@ def test_the_key_is_written_to_no_workspace_file(srv, tmp_path, monkeypatch, no_
     finally:
         stop_jobs(store)
     monkeypatch.delenv("SGLANG_API_KEY")
-    rc = subprocess.run([sys.executable, "-m", "dflash_dash", "--workspace", str(store.workspace), "fetch",
-                         "--prompt-set", str(f), "--name", "cli", "--max-new-tokens", "4"],
-                        capture_output=True, text=True, env={**ENV, "SGLANG_API_KEY": KEY}, cwd=ROOT, timeout=300)
+    rc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dflash_dash",
+            "--workspace",
+            str(store.workspace),
+            "fetch",
+            "--prompt-set",
+            str(f),
+            "--name",
+            "cli",
+            "--max-new-tokens",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        env={**ENV, "SGLANG_API_KEY": KEY},
+        cwd=ROOT,
+        timeout=300,
+    )
     assert rc.returncode == 0, rc.stderr
     assert len(store.completions("j")) == 2 and len(store.completions("cli")) == 2
     files = [p for p in store.workspace.rglob("*") if p.is_file()]
@@ -217,8 +242,13 @@ def test_release_waits_for_idle_and_never_releases_under_load(srv, tmp_path, mon
     monkeypatch.setattr(client, "release_memory", release)
     before = srv.log.read_text().count("memory released")
     out: dict = {}
-    t = threading.Thread(target=lambda: out.update(srv.client.generate(
-        input_ids=[5, 6, 7], max_new_tokens=600, extra={"sampling_params": {"ignore_eos": True}})))
+    t = threading.Thread(
+        target=lambda: out.update(
+            srv.client.generate(
+                input_ids=[5, 6, 7], max_new_tokens=600, extra={"sampling_params": {"ignore_eos": True}}
+            )
+        )
+    )
     t.start()
     try:
         until(lambda: srv.client.running_requests() == 1, 30, what="the generation to run")
@@ -237,7 +267,8 @@ def test_release_waits_for_idle_and_never_releases_under_load(srv, tmp_path, mon
     assert released_at == [0]
     assert any(m.startswith("waiting for the server to be idle: 1 request(s)") for m in rep.lines), rep.lines
     assert rep.lines.index("server idle: no running or waiting requests") < rep.lines.index(
-        "releasing server memory (POST /release_memory_occupation)")
+        "releasing server memory (POST /release_memory_occupation)"
+    )
     assert srv.client.health() == (False, "503 memory released")
     assert srv.log.read_text().count("memory released") == before + 1
     jobs.restore(client, cfg, "release", Rep(store))
@@ -272,14 +303,16 @@ def test_release_refused_while_a_fetch_job_runs_against_the_server(srv, tmp_path
 def hub_server():
     """The SGLang fake (tests/fakes.py) whose model_path/tokenizer_path is a hub id (as `--model-path Org/Name`
     gives)."""
-    with fakes.serve(model_path="test-org/tiny-target", tokenizer_path="test-org/tiny-target",
-                     answer=lambda ids: [7, 8], text="x") as s:
+    with fakes.serve(
+        model_path="test-org/tiny-target", tokenizer_path="test-org/tiny-target", answer=lambda ids: [7, 8], text="x"
+    ) as s:
         yield s
 
 
 def fake_hf_cache(home: Path, repo: str) -> Path:
     """HF_HOME/hub/models--org--name/{refs/main, snapshots/HASH/<tokenizer files>} as huggingface_hub lays it out."""
     from tools import tiny
+
     base = home / "hub" / ("models--" + repo.replace("/", "--"))
     commit = "0123456789abcdef0123456789abcdef01234567"
     snap = tiny.write_tokenizer(base / "snapshots" / commit, vocab_size=512)
@@ -290,6 +323,7 @@ def fake_hf_cache(home: Path, repo: str) -> Path:
 
 def test_hub_id_tokenizer_found_in_the_local_cache_offline(hub_server, tmp_path, monkeypatch, no_key_env):
     from transformers import AutoTokenizer
+
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
@@ -298,12 +332,20 @@ def test_hub_id_tokenizer_found_in_the_local_cache_offline(hub_server, tmp_path,
     assert pipeline.hub_snapshot("test-org/absent") is None
     store = workspace(tmp_path, hub_server.url)
     seen: list[str] = []
-    n = pipeline.fetch(store, hub_server.url, str(prompts_file(tmp_path)), "s", max_new_tokens=2, chat=True,
-                       progress=lambda d, t, m: seen.append(m))
+    n = pipeline.fetch(
+        store,
+        hub_server.url,
+        str(prompts_file(tmp_path)),
+        "s",
+        max_new_tokens=2,
+        chat=True,
+        progress=lambda d, t, m: seen.append(m),
+    )
     assert n == 2
     assert any("from the local Hugging Face cache" in m for m in seen), seen
     tok = AutoTokenizer.from_pretrained(str(snap))
     from dflash_dash.sglang import chat_ids
+
     assert [b["input_ids"] for b in hub_server.bodies("/generate")] == [chat_ids(tok, p["prompt"]) for p in PROMPTS]
 
 
@@ -324,18 +366,36 @@ def test_hub_id_not_in_the_cache_says_both_ways_out(hub_server, tmp_path, monkey
 
 
 def test_spec_keys_are_the_names_sglang_sends():
-    assert views.SPEC_KEYS == ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_accept_token_num",
-                               "spec_draft_token_num", "spec_accepted_drafts", "spec_proposed_drafts",
-                               "spec_accept_histogram")
+    assert views.SPEC_KEYS == (
+        "spec_verify_ct",
+        "spec_accept_length",
+        "spec_accept_rate",
+        "spec_accept_token_num",
+        "spec_draft_token_num",
+        "spec_accepted_drafts",
+        "spec_proposed_drafts",
+        "spec_accept_histogram",
+    )
 
 
 def test_completion_table_shows_the_counters_present():
-    meta = {"completion_tokens": 12, "e2e_latency": 0.2, "spec_verify_ct": 4, "spec_accept_length": 3.0,
-            "spec_accept_rate": 0.5, "spec_accept_token_num": 8, "spec_draft_token_num": 16,
-            "spec_accepted_drafts": 8, "spec_proposed_drafts": 16, "spec_accept_histogram": [1, 0, 2, 1],
-            "spec_num_accepted_tokens": 99}
-    rows = [{"prompt_id": "p", "prompt_tokens": 1, "output_tokens": 12, "meta_info": meta},
-            {"prompt_id": "q", "prompt_tokens": 1, "output_tokens": 2, "meta_info": {"spec_accept_rate": 0.25}}]
+    meta = {
+        "completion_tokens": 12,
+        "e2e_latency": 0.2,
+        "spec_verify_ct": 4,
+        "spec_accept_length": 3.0,
+        "spec_accept_rate": 0.5,
+        "spec_accept_token_num": 8,
+        "spec_draft_token_num": 16,
+        "spec_accepted_drafts": 8,
+        "spec_proposed_drafts": 16,
+        "spec_accept_histogram": [1, 0, 2, 1],
+        "spec_num_accepted_tokens": 99,
+    }
+    rows = [
+        {"prompt_id": "p", "prompt_tokens": 1, "output_tokens": 12, "meta_info": meta},
+        {"prompt_id": "q", "prompt_tokens": 1, "output_tokens": 2, "meta_info": {"spec_accept_rate": 0.25}},
+    ]
     a, b = views.completion_table(rows)
     assert a["server_tau"] == pytest.approx(3.0)  # completion_tokens / spec_verify_ct
     assert a["spec_accept_histogram"] == "0:1 2:2 3:1"

@@ -2,15 +2,16 @@
 at the DDTree budget and the rounds behind each per-depth point; each checked against an independent computation
 (a plain numpy loop with the same seed, or numbers worked out by hand in the comments). Then the Acceptance page
 and the export carrying them."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_app import app, clean, navigation_routing  # noqa: F401  (autouse fixture)
 
 from dflash_dash import metrics, pipeline, views
 from dflash_dash.metrics import Ctx, Prompt
 from dflash_dash.store import Store
-from test_app import app, clean, navigation_routing  # noqa: F401  (autouse fixture)
 
 
 def walk(acc: list[int], P: int, B: int) -> list[int]:
@@ -29,8 +30,16 @@ def prompt(pid: str, rounds: list[int]) -> Prompt:
 
 
 # tau = 1.0, 2.5, 2.5, 2.75, 3.0, 3.0, 3.25, 9.0
-HAND = [("lo", [1, 1]), ("a", [2, 3]), ("b", [3, 2]), ("c", [3, 3, 3, 2]), ("d", [3]), ("e", [1, 5]),
-        ("f", [3, 3, 3, 4]), ("hi", [9])]
+HAND = [
+    ("lo", [1, 1]),
+    ("a", [2, 3]),
+    ("b", [3, 2]),
+    ("c", [3, 3, 3, 2]),
+    ("d", [3]),
+    ("e", [1, 5]),
+    ("f", [3, 3, 3, 4]),
+    ("hi", [9]),
+]
 
 
 def spread(n: int, seed: int) -> list[Prompt]:
@@ -60,8 +69,10 @@ def test_bootstrap_matches_an_independent_loop_with_the_same_seed():
 def test_interval_contains_the_estimate_and_narrows_with_more_prompts():
     ps = spread(10, 5)
     ctx = Ctx(16, 0)
-    for ci, point in ((metrics.tau_macro_ci, metrics.macro(metrics.tau)), (metrics.tau_pooled_ci,
-                                                                           metrics.pooled("rounds"))):
+    for ci, point in (
+        (metrics.tau_macro_ci, metrics.macro(metrics.tau)),
+        (metrics.tau_pooled_ci, metrics.pooled("rounds")),
+    ):
         lo, hi = ci(ps, ctx)
         assert lo < point(ps, ctx) < hi
         many = [prompt(f"{p.id}-{j}", p.rounds) for j in range(4) for p in ps]  # same spread, 4x the prompts
@@ -95,8 +106,17 @@ def test_median_and_tukey_outliers_by_hand():
 
 
 def test_prompt_table_marks_outlier_rows():
-    rows = [{"prompt_id": i, "tau": sum(r) / len(r), "tree_tau": None, "rounds": r, "accepted_at": [0] * (sum(r) + 1),
-             "prompt_len": 1} for i, r in HAND]
+    rows = [
+        {
+            "prompt_id": i,
+            "tau": sum(r) / len(r),
+            "tree_tau": None,
+            "rounds": r,
+            "accepted_at": [0] * (sum(r) + 1),
+            "prompt_len": 1,
+        }
+        for i, r in HAND
+    ]
     table = views.prompt_table(metrics.prompt_rows(rows, 4, 0), {})
     assert [t["prompt"] for t in table][0] == "lo" and table[-1]["prompt"] == "hi"
     assert {t["prompt"]: t["outlier"] for t in table if t["outlier"]} == {"lo": "low", "hi": "high"}
@@ -211,8 +231,15 @@ def test_acceptance_page_and_export_carry_the_statistics(prepared, monkeypatch):
     B, budget = st_.run_row(rid)["summary"]["block_size"], st_.run_row(rid)["tree_budget"]
     want = metrics.summarize(rows, B, budget)
     exp = pipeline.export(st_, rid)
-    for k in ("tau_macro_ci", "tau_pooled_ci", "tau_median", "tau_outliers", "tau_macro_trimmed",
-              "chain_tau_at_budget", "depth_rounds"):
+    for k in (
+        "tau_macro_ci",
+        "tau_pooled_ci",
+        "tau_median",
+        "tau_outliers",
+        "tau_macro_trimmed",
+        "chain_tau_at_budget",
+        "depth_rounds",
+    ):
         assert exp["summary"][k] == (pytest.approx(want[k]) if isinstance(want[k], float) else want[k]), k
         assert k in {m["key"] for m in exp["metrics"]}
     assert "chain_tau_at_budget" in exp["prompts"][0]["metrics"]

@@ -1,6 +1,7 @@
 """The DuckDB store: schema version and forward migrations, and several processes writing and reading one
 workspace at once (two writer processes acting as jobs, a reader process and this process) with no lock
 error and exact row counts; a writer killed while holding the lock does not wedge the workspace."""
+
 from __future__ import annotations
 
 import os
@@ -11,10 +12,10 @@ import time
 
 import duckdb
 import pytest
+from serving import ENV, ROOT, until
 
 from dflash_dash import store as store_mod
 from dflash_dash.store import Store, StoreError
-from serving import ENV, ROOT, until
 
 N = 60  # completions each writer commits (each store call is a short connection, ~20 ms)
 
@@ -47,16 +48,30 @@ print(reads)
 
 
 def spawn(code: str, *args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], cwd=ROOT, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *map(str, args)],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_fresh_store_has_the_current_schema(tmp_path):
     st = Store(tmp_path)
     assert st.version() == len(store_mod.MIGRATIONS)
     tables = {r["table_name"] for r in st.rows("SELECT table_name FROM information_schema.tables")}
-    assert {"schema_version", "prompt_sets", "completions", "extractions", "extraction_items", "runs",
-            "run_prompts", "jobs"} <= tables
+    assert {
+        "schema_version",
+        "prompt_sets",
+        "completions",
+        "extractions",
+        "extraction_items",
+        "runs",
+        "run_prompts",
+        "jobs",
+    } <= tables
 
 
 def test_forward_migration_keeps_data(tmp_path, monkeypatch):
@@ -67,8 +82,9 @@ def test_forward_migration_keeps_data(tmp_path, monkeypatch):
     monkeypatch.setattr(store_mod, "VERSION", v + 1)
     st2 = Store(tmp_path)
     assert st2.version() == v + 1
-    assert [r["version"] for r in st2.rows("SELECT version FROM schema_version ORDER BY version")] == \
-        list(range(1, v + 2))
+    assert [r["version"] for r in st2.rows("SELECT version FROM schema_version ORDER BY version")] == list(
+        range(1, v + 2)
+    )
     (job,) = st2.jobs()
     assert job["id"] == "job-1" and job["args"] == {"a": 1} and job["note"] is None
 
@@ -84,18 +100,33 @@ def test_old_schema_opens_and_migrates(tmp_path):
     con.execute("CREATE TABLE schema_version (version INTEGER)")
     con.execute(store_mod.MIGRATIONS[0])
     con.execute("INSERT INTO schema_version VALUES (1)")
-    con.execute("INSERT INTO runs (id, extraction_id, checkpoint, name, config, tree_budget, summary, status) "
-                "VALUES ('run-old', 'ex-1', '/ck', 'ck', '{}', 8, '{\"tau_macro\": 2.5}', 'done')")
+    con.execute(
+        "INSERT INTO runs (id, extraction_id, checkpoint, name, config, tree_budget, summary, status) "
+        "VALUES ('run-old', 'ex-1', '/ck', 'ck', '{}', 8, '{\"tau_macro\": 2.5}', 'done')"
+    )
     con.close()
     st = store_mod.Store(tmp_path)
     assert st.version() == store_mod.VERSION >= 2
     row = st.run_row("run-old")
     assert row["summary"] == {"tau_macro": 2.5} and row["device"] is None
-    st.add_run(dict(id="run-new", extraction_id="ex-1", checkpoint="/ck", name="ck", config={}, tree_budget=8,
-                    summary={}, device="cpu", dtype="float32"), [])
+    st.add_run(
+        dict(
+            id="run-new",
+            extraction_id="ex-1",
+            checkpoint="/ck",
+            name="ck",
+            config={},
+            tree_budget=8,
+            summary={},
+            device="cpu",
+            dtype="float32",
+        ),
+        [],
+    )
     assert st.run_row("run-new")["device"] == "cpu"
     assert [r["version"] for r in st.rows("SELECT version FROM schema_version ORDER BY 1")] == list(
-        range(1, store_mod.VERSION + 1))
+        range(1, store_mod.VERSION + 1)
+    )
 
 
 def test_newer_schema_is_refused(tmp_path):
@@ -156,8 +187,9 @@ with st.connect() as con:
     print("holding", flush=True)
     time.sleep(600)
 """
-    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True
+    )
     assert p.stdout.readline().strip() == "holding"  # it holds the lock inside an open transaction now
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
@@ -176,12 +208,16 @@ def _v6_store(path) -> None:
     for v in range(6):
         con.execute(store_mod.MIGRATIONS[v])
         con.execute("INSERT INTO schema_version VALUES (?)", [v + 1])
-    con.execute("INSERT INTO run_prompts VALUES ('run-a', 'p1', 3, 2.5, NULL, [1, 2], [0, 1, -1], [5, 6, 70000, -1], "
-                "[], [], [-0.5, -1.25, 0.1], [7, 300, 2], [0.1, 0.2, 0.7])")
+    con.execute(
+        "INSERT INTO run_prompts VALUES ('run-a', 'p1', 3, 2.5, NULL, [1, 2], [0, 1, -1], [5, 6, 70000, -1], "
+        "[], [], [-0.5, -1.25, 0.1], [7, 300, 2], [0.1, 0.2, 0.7])"
+    )
     con.execute("INSERT INTO run_prompts VALUES ('run-a', 'p0', 4, 1.0, 1.5, [], [], [], [1], [2], NULL, NULL, NULL)")
     for i in range(70):  # a second run, more rows than one migration chunk
-        con.execute("INSERT INTO run_prompts VALUES ('run-b', ?, 1, 2.0, NULL, [2], [1, ?], [3, ?], [], [], NULL, "
-                    "NULL, NULL)", [f"q{i:02d}", i, i])
+        con.execute(
+            "INSERT INTO run_prompts VALUES ('run-b', ?, 1, 2.0, NULL, [2], [1, ?], [3, ?], [], [], NULL, NULL, NULL)",
+            [f"q{i:02d}", i, i],
+        )
     con.close()
 
 
@@ -192,27 +228,53 @@ def test_v6_run_prompts_migrate_to_array_files_and_read_back(tmp_path):
     _v6_store(tmp_path)
     st = Store(tmp_path)
     assert st.version() == store_mod.VERSION >= 7
-    cols = {r["column_name"] for r in st.rows("SELECT column_name FROM information_schema.columns "
-                                             "WHERE table_name = 'run_prompts'")}
+    cols = {
+        r["column_name"]
+        for r in st.rows("SELECT column_name FROM information_schema.columns WHERE table_name = 'run_prompts'")
+    }
     assert cols == {"run_id", "prompt_id", "prompt_len", "tau", "tree_tau", "arrays_file", "arrays_at", "arrays_size"}
     p1 = st.run_prompt("run-a", "p1")
     assert list(p1) == ["run_id", "prompt_id", "prompt_len", "tau", "tree_tau", *store_mod.ARRAYS]
     assert p1 | {"draft_logp": None, "round_top_p": None} == {
-        "run_id": "run-a", "prompt_id": "p1", "prompt_len": 3, "tau": 2.5, "tree_tau": None, "rounds": [1, 2],
-        "accepted_at": [0, 1, -1], "drafts": [5, 6, 70000, -1], "tree_at": [], "tree_rounds": [],
-        "draft_logp": None, "round_top_ids": [7, 300, 2], "round_top_p": None}
+        "run_id": "run-a",
+        "prompt_id": "p1",
+        "prompt_len": 3,
+        "tau": 2.5,
+        "tree_tau": None,
+        "rounds": [1, 2],
+        "accepted_at": [0, 1, -1],
+        "drafts": [5, 6, 70000, -1],
+        "tree_at": [],
+        "tree_rounds": [],
+        "draft_logp": None,
+        "round_top_ids": [7, 300, 2],
+        "round_top_p": None,
+    }
     import numpy as np
+
     assert p1["draft_logp"] == np.float32([-0.5, -1.25, 0.1]).tolist()  # REAL values, as DuckDB gave them
     assert p1["round_top_p"] == np.float32([0.1, 0.2, 0.7]).tolist()
     assert [r["prompt_id"] for r in st.run_prompts("run-a")] == ["p0", "p1"]
     assert st.run_prompts("run-a")[0] | {} == {
-        "run_id": "run-a", "prompt_id": "p0", "prompt_len": 4, "tau": 1.0, "tree_tau": 1.5, "rounds": [],
-        "accepted_at": [], "drafts": [], "tree_at": [1], "tree_rounds": [2], "draft_logp": None,
-        "round_top_ids": None, "round_top_p": None}
+        "run_id": "run-a",
+        "prompt_id": "p0",
+        "prompt_len": 4,
+        "tau": 1.0,
+        "tree_tau": 1.5,
+        "rounds": [],
+        "accepted_at": [],
+        "drafts": [],
+        "tree_at": [1],
+        "tree_rounds": [2],
+        "draft_logp": None,
+        "round_top_ids": None,
+        "round_top_p": None,
+    }
     assert st.run_prompt("run-a", "nope") is None
     b = st.run_prompts("run-b")
     assert [(r["prompt_id"], r["accepted_at"], r["drafts"]) for r in b] == [
-        (f"q{i:02d}", [1, i], [3, i]) for i in range(70)]
+        (f"q{i:02d}", [1, i], [3, i]) for i in range(70)
+    ]
     assert {p.parent.name for p in (tmp_path / store_mod.ARRAYS_DIR).rglob("*.arrays")} == {"run-a", "run-b"}
     for f in (tmp_path / store_mod.ARRAYS_DIR / "run-b").iterdir():
         f.unlink()
@@ -222,30 +284,51 @@ def test_v6_run_prompts_migrate_to_array_files_and_read_back(tmp_path):
 
 def test_pack_arrays_round_trip_is_lossless():
     import numpy as np
+
     rng = np.random.default_rng(0)
-    row = {"rounds": [1] * 5, "accepted_at": rng.integers(-1, 16, 300).tolist(),
-           "drafts": rng.integers(-1, 40000, (300, 15)).tolist(), "tree_at": [], "tree_rounds": None,
-           "draft_logp": rng.standard_normal(300 * 15).astype(np.float32).tolist(),
-           "round_top_ids": np.array([[2 ** 40, -5]]), "round_top_p": []}
+    row = {
+        "rounds": [1] * 5,
+        "accepted_at": rng.integers(-1, 16, 300).tolist(),
+        "drafts": rng.integers(-1, 40000, (300, 15)).tolist(),
+        "tree_at": [],
+        "tree_rounds": None,
+        "draft_logp": rng.standard_normal(300 * 15).astype(np.float32).tolist(),
+        "round_top_ids": np.array([[2**40, -5]]),
+        "round_top_p": [],
+    }
     got = store_mod.unpack_arrays(store_mod.pack_arrays(row))
     assert got == {k: (np.asarray(v).ravel().tolist() if v is not None else None) for k, v in row.items()} | {
-        "drafts": [t for r in row["drafts"] for t in r]}
+        "drafts": [t for r in row["drafts"] for t in r]
+    }
     with pytest.raises(StoreError, match="unknown format"):
         store_mod.unpack_arrays(b"XXXX" + bytes(8))
 
 
 def test_put_prompts_replaces_rows_and_add_run_is_one_transaction(tmp_path):
     st = Store(tmp_path)
-    row = {"id": "p", "prompt_len": 2, "tau": 1.5, "tree_tau": None, "rounds": [1, 2], "accepted_at": [0, 1, 0],
-           "drafts": [4, 5, 6], "tree_at": [], "tree_rounds": [], "draft_logp": [-1.0] * 3}
-    st.add_run(dict(id="r", extraction_id="e", checkpoint="/ck", name="ck", config={}, tree_budget=0, summary={}),
-               [row])
+    row = {
+        "id": "p",
+        "prompt_len": 2,
+        "tau": 1.5,
+        "tree_tau": None,
+        "rounds": [1, 2],
+        "accepted_at": [0, 1, 0],
+        "drafts": [4, 5, 6],
+        "tree_at": [],
+        "tree_rounds": [],
+        "draft_logp": [-1.0] * 3,
+    }
+    st.add_run(
+        dict(id="r", extraction_id="e", checkpoint="/ck", name="ck", config={}, tree_budget=0, summary={}), [row]
+    )
     assert st.run_prompt("r", "p")["round_top_ids"] is None and st.run_prompt("r", "p")["draft_logp"] == [-1.0] * 3
     st.put_prompts("r", [dict(st.run_prompt("r", "p"), draft_logp=None)])
     assert st.run_prompt("r", "p")["draft_logp"] is None and len(st.run_prompts("r")) == 1
     with pytest.raises(duckdb.Error):  # the run's row exists: nothing of the second add is kept
-        st.add_run(dict(id="r", extraction_id="e", checkpoint="/ck", name="ck", config={}, tree_budget=0,
-                        summary={}), [dict(row, id="q")])
+        st.add_run(
+            dict(id="r", extraction_id="e", checkpoint="/ck", name="ck", config={}, tree_budget=0, summary={}),
+            [dict(row, id="q")],
+        )
     assert st.run_prompt("r", "q") is None
 
 

@@ -1,4 +1,5 @@
 """views (token roles, escaped HTML, figures, tables), parity and the sweep operation/CLI."""
+
 from __future__ import annotations
 
 import re
@@ -10,9 +11,8 @@ import pytest
 import torch
 
 from dflash_dash import cache, cli, metrics, parity, pipeline, views
-from tools import tiny
 from dflash_dash.store import Store
-
+from tools import tiny
 
 # ---------------------------------------------------------------------------
 # escaping
@@ -39,6 +39,7 @@ def test_vocab_without_tokenizer_shows_ids(tmp_path):
 def test_vocab_decodes_with_the_target_tokenizer(prepared):
     v = views.load_vocab(str(prepared.target))
     from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(prepared.target)
     ids = tok.encode("def f(x):\n    return x", add_special_tokens=False)
     assert "".join(v.strings(ids)) == tok.decode(ids)
@@ -74,16 +75,22 @@ def walked_by_hand(row: dict, comp: dict, B: int) -> dict:
     P, acc, drafts = row["prompt_len"], row["accepted_at"], row["drafts"]
     T = len(comp["prompt_ids"]) + len(comp["output_ids"])
     n = T - P
-    out = {"role": ["pre"] + ["tail"] * (n - 1), "depth": [0] * n, "round": [-1] * n, "start": [False] * n,
-           "rejected": [None] * n, "rounds": []}
+    out = {
+        "role": ["pre"] + ["tail"] * (n - 1),
+        "depth": [0] * n,
+        "round": [-1] * n,
+        "start": [False] * n,
+        "rejected": [None] * n,
+        "rounds": [],
+    }
     anchor = P
     while anchor < T - 1:
         r, a, pos = len(out["rounds"]), acc[anchor - P], anchor + 1
         out["start"][pos - P] = True
-        while pos < T and pos - anchor <= a:          # the accepted drafts
+        while pos < T and pos - anchor <= a:  # the accepted drafts
             out["role"][pos - P], out["depth"][pos - P], out["round"][pos - P] = "acc", pos - anchor, r
             pos += 1
-        if pos < T:                                   # the target's bonus token
+        if pos < T:  # the target's bonus token
             out["role"][pos - P], out["round"][pos - P] = "bonus", r
             if a < B - 1:
                 out["rejected"][pos - P] = drafts[(anchor - P) * (B - 1) + a]
@@ -94,8 +101,14 @@ def walked_by_hand(row: dict, comp: dict, B: int) -> dict:
 
 
 def as_dict(tr: views.Trace) -> dict:
-    return {"role": tr.role, "depth": tr.depth, "round": tr.round, "start": tr.start, "rejected": tr.rejected,
-            "rounds": [tuple(r) for r in tr.rounds]}
+    return {
+        "role": tr.role,
+        "depth": tr.depth,
+        "round": tr.round,
+        "start": tr.start,
+        "rejected": tr.rejected,
+        "rounds": [tuple(r) for r in tr.rounds],
+    }
 
 
 def test_trace_of_a_hand_worked_example():
@@ -157,7 +170,7 @@ def test_token_html_escapes_every_token_and_tooltip():
     B = 4
     row, comp = synthetic(B=B, seed=1)
     out = views.token_html(views.trace(row, comp, B), EvilVocab(), B)
-    body = out[out.index('<div class="dfv">'):]
+    body = out[out.index('<div class="dfv">') :]
     assert "<script" not in body and "<img" not in body
     tags = set(re.findall(r"<([a-z]+)", body))
     assert tags <= {"div", "span", "sup", "br"}
@@ -218,16 +231,26 @@ def test_hist_and_depth_figures():
 
 
 def test_prompt_table_sorted_by_tau():
-    rows = [{"prompt_id": p, "tau": t, "tree_tau": t, "rounds": [1], "accepted_at": [0, 1, 2], "prompt_len": 3}
-            for p, t in (("a", 2.5), ("b", None), ("c", 1.2), ("d", 3.0))]
+    rows = [
+        {"prompt_id": p, "tau": t, "tree_tau": t, "rounds": [1], "accepted_at": [0, 1, 2], "prompt_len": 3}
+        for p, t in (("a", 2.5), ("b", None), ("c", 1.2), ("d", 3.0))
+    ]
     out = views.prompt_table(metrics.prompt_rows(rows, 4, 0), {})
     assert [r["prompt"] for r in out] == ["c", "a", "d", "b"]
     assert out[0]["every_anchor_tau"] == pytest.approx(1.5)
 
 
 def test_summary_rows_carry_formulas():
-    s = {"tau_macro": 2.0, "tau_pooled": 1.9, "every_anchor_tau": 1.5, "ddtree_tau": 2.5, "ddtree_tau_pooled": 2.4,
-         "tree_budget": 8, "rounds": 10, "committed": 19}
+    s = {
+        "tau_macro": 2.0,
+        "tau_pooled": 1.9,
+        "every_anchor_tau": 1.5,
+        "ddtree_tau": 2.5,
+        "ddtree_tau_pooled": 2.4,
+        "tree_budget": 8,
+        "rounds": 10,
+        "committed": 19,
+    }
     rows = views.summary_rows(s)
     assert all(r["formula"] for r in rows)
     assert {r["metric"] for r in rows} >= {"tau (macro)", "tau (pooled)", "every-anchor tau", "DDTree-8 tau (macro)"}
@@ -244,9 +267,17 @@ def test_config_diff_marks_only_differences():
 
 
 def test_completion_table_server_counters():
-    rows = [{"prompt_id": "p", "prompt_tokens": 2, "output_tokens": 12, "finish_reason": "length",
-             "meta_info": {"spec_verify_ct": 4, "e2e_latency": 0.5}, "model_path": "/m"},
-            {"prompt_id": "q", "prompt_tokens": 1, "output_tokens": 1, "finish_reason": "stop", "meta_info": {}}]
+    rows = [
+        {
+            "prompt_id": "p",
+            "prompt_tokens": 2,
+            "output_tokens": 12,
+            "finish_reason": "length",
+            "meta_info": {"spec_verify_ct": 4, "e2e_latency": 0.5},
+            "model_path": "/m",
+        },
+        {"prompt_id": "q", "prompt_tokens": 1, "output_tokens": 1, "finish_reason": "stop", "meta_info": {}},
+    ]
     out = views.completion_table(rows)
     assert out[0]["server_tau"] == pytest.approx(3.0) and out[0]["spec_verify_ct"] == 4
     assert "server_tau" not in out[1] and out[1]["completion_tokens"] == 1
@@ -255,16 +286,35 @@ def test_completion_table_server_counters():
 def test_sweep_points_and_steps(tmp_path):
     root = tmp_path / "train"
     runs = [
-        {"id": "r1", "checkpoint": str(root / "epoch_0_step_200"), "name": "s200", "extraction_id": "e",
-         "summary": {"tau_macro": 2.0}},
-        {"id": "r2", "checkpoint": str(root / "epoch_0_step_100"), "name": "s100", "extraction_id": "e",
-         "summary": {"tau_macro": 1.5}},
-        {"id": "r3", "checkpoint": str(tmp_path / "other" / "epoch_0_step_50"), "name": "x", "extraction_id": "e",
-         "summary": {}},
-        {"id": "r4", "checkpoint": str(root / "epoch_0_step_200"), "name": "s200", "extraction_id": "e",
-         "summary": {"tau_macro": 2.2}},
-        {"id": "r5", "checkpoint": str(root) + "-old/epoch_9_step_1", "name": "y", "extraction_id": "e",
-         "summary": {}},
+        {
+            "id": "r1",
+            "checkpoint": str(root / "epoch_0_step_200"),
+            "name": "s200",
+            "extraction_id": "e",
+            "summary": {"tau_macro": 2.0},
+        },
+        {
+            "id": "r2",
+            "checkpoint": str(root / "epoch_0_step_100"),
+            "name": "s100",
+            "extraction_id": "e",
+            "summary": {"tau_macro": 1.5},
+        },
+        {
+            "id": "r3",
+            "checkpoint": str(tmp_path / "other" / "epoch_0_step_50"),
+            "name": "x",
+            "extraction_id": "e",
+            "summary": {},
+        },
+        {
+            "id": "r4",
+            "checkpoint": str(root / "epoch_0_step_200"),
+            "name": "s200",
+            "extraction_id": "e",
+            "summary": {"tau_macro": 2.2},
+        },
+        {"id": "r5", "checkpoint": str(root) + "-old/epoch_9_step_1", "name": "y", "extraction_id": "e", "summary": {}},
     ]
     pts = views.sweep_points(runs, str(root))
     assert [p["step"] for p in pts] == [100, 200]
@@ -275,6 +325,7 @@ def test_sweep_points_and_steps(tmp_path):
 
 def test_consistency_flags_mismatches(prepared):
     from dflash_dash import drafter, target
+
     st = Store(prepared.workspace)
     ex = st.extraction(prepared.extraction)
     info = target.describe(ex["target_path"])
@@ -312,7 +363,7 @@ def test_parity_zero_for_the_same_states_and_measured_for_perturbed(prepared, wo
     A = np.concatenate([cache.read(root, again, p, items[p], K * H).double().numpy() for p in sorted(items)])
     B = np.concatenate([cache.read(root, ex["id"], p, items[p], K * H).double().numpy() for p in sorted(items)])
     for k in range(K):
-        a, b = A[:, k * H:(k + 1) * H], B[:, k * H:(k + 1) * H]
+        a, b = A[:, k * H : (k + 1) * H], B[:, k * H : (k + 1) * H]
         rel = np.linalg.norm(a - b) / np.linalg.norm(b)
         cos = np.mean((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)))
         assert out["layers"][k]["rel_l2"] == pytest.approx(rel, rel=1e-6)

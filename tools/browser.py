@@ -4,13 +4,20 @@ path, its flags, and the page predicates they wait on.
 Contract: strings only, no Playwright import (the callers own the browser), so that tests/ and benchmarks/ share
 one definition of "the page is drawn".
 """
+
 from __future__ import annotations
 
 import os
 
 CHROMIUM = os.environ.get("DFLASH_CHROMIUM", "/usr/bin/chromium")  # override: tests of the skip policy
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 # no skeleton left, every shown plotly chart and table drawn (a collapsed expander or an unselected tab draws
 # nothing and is not waited for)

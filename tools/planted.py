@@ -9,12 +9,13 @@ rows, kept analyses) on planted results shaped as a real every-anchor replay's (
 Contract: development tooling (like `tools/tiny.py`), never imported by the app or the CLI; it writes the store
 only through `pipeline` and `Store`'s own methods.
 """
+
 from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 SET = "scale"  # the completion set's name
 
@@ -30,6 +31,7 @@ def corpus_ids(tok, need: int) -> list[int]:
     import inspect
     import json as json_mod
     import textwrap
+
     text = "".join(inspect.getsource(m) for m in (json_mod, textwrap, argparse, inspect, email.message))
     ids = tok.encode(text, add_special_tokens=False)
     return (ids * (need // len(ids) + 1))[:need]
@@ -44,9 +46,19 @@ def completions_file(work: Path, tok, prompts: int, tokens: int, seed: int = 0) 
     with f.open("w") as out:
         for i in range(prompts):
             at = rng.randrange(0, len(stream) - tokens - 32)
-            p_ids, o_ids = stream[at:at + 24], stream[at + 24:at + 24 + tokens]
-            out.write(json.dumps({"id": f"p{i:04d}", "prompt": tok.decode(p_ids), "prompt_ids": p_ids,
-                                  "output": tok.decode(o_ids), "output_ids": o_ids}) + "\n")
+            p_ids, o_ids = stream[at : at + 24], stream[at + 24 : at + 24 + tokens]
+            out.write(
+                json.dumps(
+                    {
+                        "id": f"p{i:04d}",
+                        "prompt": tok.decode(p_ids),
+                        "prompt_ids": p_ids,
+                        "output": tok.decode(o_ids),
+                        "output_ids": o_ids,
+                    }
+                )
+                + "\n"
+            )
     return f
 
 
@@ -54,8 +66,9 @@ def completions_file(work: Path, tok, prompts: int, tokens: int, seed: int = 0) 
 # planted runs
 
 
-def planted_results(comps: list[dict], seed: int, block_size: int, budget: int, vocab: int = 512,
-                    mean_accepted: float = 2.3) -> list:
+def planted_results(
+    comps: list[dict], seed: int, block_size: int, budget: int, vocab: int = 512, mean_accepted: float = 2.3
+) -> list:
     """`replay.PromptResult`s of a drafter that does not exist, shaped as a real every-anchor replay's (accepted(p)
     at every anchor, drafts [A][B-1], draft log-probabilities, the rounds' top-K blocks, a DDTree walk): per
     anchor the first a drafts equal the target's next tokens (a geometric, mean about `mean_accepted`), the next
@@ -63,6 +76,7 @@ def planted_results(comps: list[dict], seed: int, block_size: int, budget: int, 
     import numpy as np
 
     from dflash_dash import replay
+
     rng, D, K = np.random.default_rng(seed), block_size - 1, replay.ROUND_TOPK
     out = []
     for c in comps:
@@ -84,10 +98,21 @@ def planted_results(comps: list[dict], seed: int, block_size: int, budget: int, 
         top_ids = np.concatenate([drafts[at][..., None], rng.integers(0, vocab, (len(at), D, K - 1))], -1)
         top_p = np.sort(rng.random((len(at), D, K)), -1)[..., ::-1] / K
         tacc = np.minimum(acc + rng.integers(0, 2, A), inside.sum(1)) if budget else acc
-        out.append(replay.PromptResult(
-            c["prompt_id"], P, acc.tolist(), drafts.tolist(), [n for _, _, n in rounds], [p for p, _, _ in rounds],
-            tacc.tolist() if budget else [], [n for _, _, n in replay.walk(tacc, P, T)] if budget else [],
-            logp.tolist(), top_ids.tolist(), top_p.tolist()))
+        out.append(
+            replay.PromptResult(
+                c["prompt_id"],
+                P,
+                acc.tolist(),
+                drafts.tolist(),
+                [n for _, _, n in rounds],
+                [p for p, _, _ in rounds],
+                tacc.tolist() if budget else [],
+                [n for _, _, n in replay.walk(tacc, P, T)] if budget else [],
+                logp.tolist(),
+                top_ids.tolist(),
+                top_p.tolist(),
+            )
+        )
     return out
 
 
@@ -95,8 +120,15 @@ def planted_results(comps: list[dict], seed: int, block_size: int, budget: int, 
 # the workspace
 
 
-def build(work: str | Path, prompts: int, tokens: int, runs: int, block_size: int = 16, budget: int = 8,
-          each: Callable[[int, Callable[[], dict]], dict] | None = None) -> Path:
+def build(
+    work: str | Path,
+    prompts: int,
+    tokens: int,
+    runs: int,
+    block_size: int = 16,
+    budget: int = 8,
+    each: Callable[[int, Callable[[], dict]], dict] | None = None,
+) -> Path:
     """The workspace `work/ws`: tiny target and tokenizer (`work/models`), `prompts` completions of `tokens`
     tokens imported as set `SET`, one extraction recorded done without features, and `runs` planted runs of
     checkpoints `work/models/sweep/step_{100 i}` (tiny drafters, seeds 0..runs-1). `each(i, store_step)` wraps run
@@ -117,8 +149,19 @@ def build(work: str | Path, prompts: int, tokens: int, runs: int, block_size: in
     cks = models / "sweep"
     d0 = tiny.write_drafter(cks / "step_100", tiny.TinyDrafter(seed=0, block_size=block_size))
     ex = new_id("ex")
-    st.add_extraction(dict(id=ex, set_name=SET, target_path=str(target), layer_ids=pipeline.layer_ids_of(str(d0), None),
-                           hidden_size=64, device="cpu", dtype="float32", backend="torch", versions={"planted": True}))
+    st.add_extraction(
+        dict(
+            id=ex,
+            set_name=SET,
+            target_path=str(target),
+            layer_ids=pipeline.layer_ids_of(str(d0), None),
+            hidden_size=64,
+            device="cpu",
+            dtype="float32",
+            backend="torch",
+            versions={"planted": True},
+        )
+    )
     st.set_status("extractions", ex, "done")
     ex_row, comps = st.extraction(ex), st.completions(SET)
     for i in range(runs):
@@ -126,7 +169,9 @@ def build(work: str | Path, prompts: int, tokens: int, runs: int, block_size: in
         res = planted_results(comps, i, block_size, budget)
 
         def step(ck=ck, res=res):
-            return pipeline.store_run(st, ex_row, pipeline.Checkpoint(str(ck), None, None), res, budget, "cpu",
-                                      "float32", "every")
+            return pipeline.store_run(
+                st, ex_row, pipeline.Checkpoint(str(ck), None, None), res, budget, "cpu", "float32", "every"
+            )
+
         (each or (lambda _, go: go()))(i, step)
     return ws

@@ -5,6 +5,7 @@ sys.path).
 Contract: every function writes a Hugging Face style folder and returns its path; the same seed gives the
 same bytes. Nothing here is downloaded. Weights are random unless a caller trains them afterwards.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ QWEN2_SPLIT = (  # Qwen2/Qwen3's pre-tokenizer pattern: newlines are split from 
 )
 
 
-def write_tokenizer(out: str | Path, vocab_size: int = 512, corpus: list[str] | None = None,
-                    split: str = "bytelevel") -> Path:
+def write_tokenizer(
+    out: str | Path, vocab_size: int = 512, corpus: list[str] | None = None, split: str = "bytelevel"
+) -> Path:
     """Train a byte-level BPE tokenizer on `corpus` (default: a few stdlib sources) and save it to `out`.
 
     `split`: "bytelevel" pre-tokenizes with the GPT-2 pattern (its `\\s+(?!\\S)` glues a newline to the
@@ -49,13 +51,19 @@ def write_tokenizer(out: str | Path, vocab_size: int = 512, corpus: list[str] | 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if corpus is None:
-        import inspect, json as _j, textwrap as _t  # noqa: E401  (stdlib sources are the offline corpus)
+        import inspect  # noqa: E401  (stdlib sources are the offline corpus)
+        import json as _j
+        import textwrap as _t
+
         corpus = [inspect.getsource(m) for m in (_j, _t)]
     tok = Tokenizer(models.BPE())
     if split == "qwen":
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     elif split == "bytelevel":
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
@@ -80,16 +88,16 @@ def write_tokenizer(out: str | Path, vocab_size: int = 512, corpus: list[str] | 
 @dataclass
 class TinyTarget:
     model_type: str = "qwen3_5_text"  # qwen3_5_text (hybrid GDN + full attention), qwen3 or llama
-    vocab_size: int = 512             # rows of the embedding and the LM head
-    hidden_size: int = 64             # H
-    intermediate_size: int = 128      # MLP width
-    num_hidden_layers: int = 8        # N
-    num_attention_heads: int = 4      # full-attention heads
-    num_key_value_heads: int = 2      # full-attention KV heads
-    head_dim: int = 16                # per-head width
+    vocab_size: int = 512  # rows of the embedding and the LM head
+    hidden_size: int = 64  # H
+    intermediate_size: int = 128  # MLP width
+    num_hidden_layers: int = 8  # N
+    num_attention_heads: int = 4  # full-attention heads
+    num_key_value_heads: int = 2  # full-attention KV heads
+    head_dim: int = 16  # per-head width
     full_attention_interval: int = 4  # qwen3_5: every 4th layer is full attention, the rest Gated DeltaNet
-    seed: int = 0                     # weight seed
-    dtype: str = "float32"            # saved dtype
+    seed: int = 0  # weight seed
+    dtype: str = "float32"  # saved dtype
 
 
 def target_config(t: TinyTarget):
@@ -97,10 +105,18 @@ def target_config(t: TinyTarget):
     from transformers import AutoConfig
 
     common = dict(
-        vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
-        num_hidden_layers=t.num_hidden_layers, num_attention_heads=t.num_attention_heads,
-        num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim, max_position_embeddings=8192,
-        tie_word_embeddings=False, eos_token_id=2, pad_token_id=0, bos_token_id=None,
+        vocab_size=t.vocab_size,
+        hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size,
+        num_hidden_layers=t.num_hidden_layers,
+        num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads,
+        head_dim=t.head_dim,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        eos_token_id=2,
+        pad_token_id=0,
+        bos_token_id=None,
     )
     if t.model_type == "qwen3_5_text":
         types = [
@@ -108,8 +124,14 @@ def target_config(t: TinyTarget):
             for i in range(t.num_hidden_layers)
         ]
         return AutoConfig.for_model(
-            "qwen3_5_text", layer_types=types, linear_num_key_heads=2, linear_num_value_heads=4,
-            linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, **common,
+            "qwen3_5_text",
+            layer_types=types,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+            **common,
         )
     return AutoConfig.for_model(t.model_type, **common)
 
@@ -131,35 +153,45 @@ def write_target(out: str | Path, t: TinyTarget = TinyTarget()) -> Path:
 
 @dataclass
 class TinyDrafter:
-    hidden_size: int = 64                  # must equal the target's H
-    intermediate_size: int = 128           # MLP width
-    num_hidden_layers: int = 2             # draft layers
-    num_attention_heads: int = 4           # query heads
-    num_key_value_heads: int = 2           # KV heads
-    head_dim: int = 16                     # per-head width
-    vocab_size: int = 512                  # must equal the target's vocabulary
-    block_size: int = 4                    # B: anchor + B-1 drafted slots
-    num_target_layers: int = 8             # N of the target
+    hidden_size: int = 64  # must equal the target's H
+    intermediate_size: int = 128  # MLP width
+    num_hidden_layers: int = 2  # draft layers
+    num_attention_heads: int = 4  # query heads
+    num_key_value_heads: int = 2  # KV heads
+    head_dim: int = 16  # per-head width
+    vocab_size: int = 512  # must equal the target's vocabulary
+    block_size: int = 4  # B: anchor + B-1 drafted slots
+    num_target_layers: int = 8  # N of the target
     target_layer_ids: list[int] = field(default_factory=lambda: [1, 4])  # which target layers feed fc
-    mask_token_id: int = 3                 # MASK id (in the target vocabulary)
-    layer_types: list[str] | None = None   # default: all full_attention
-    sliding_window: int | None = None      # window of sliding_attention layers
-    rope_theta: float = 10000.0            # RoPE base
-    seed: int = 0                          # weight seed
-    init_scale: float = 2.0                # weight std x sqrt(fan_in): large enough for varied drafts
+    mask_token_id: int = 3  # MASK id (in the target vocabulary)
+    layer_types: list[str] | None = None  # default: all full_attention
+    sliding_window: int | None = None  # window of sliding_attention layers
+    rope_theta: float = 10000.0  # RoPE base
+    seed: int = 0  # weight seed
+    init_scale: float = 2.0  # weight std x sqrt(fan_in): large enough for varied drafts
 
 
 def drafter_config(d: TinyDrafter) -> dict:
     """The config.json dict of a DFlash checkpoint (z-lab / SpecForge format)."""
     return {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
-        "hidden_size": d.hidden_size, "intermediate_size": d.intermediate_size,
-        "num_hidden_layers": d.num_hidden_layers, "num_attention_heads": d.num_attention_heads,
-        "num_key_value_heads": d.num_key_value_heads, "head_dim": d.head_dim, "rms_norm_eps": 1e-6,
-        "rope_theta": d.rope_theta, "rope_scaling": None, "max_position_embeddings": 8192,
-        "attention_bias": False, "hidden_act": "silu", "vocab_size": d.vocab_size,
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": d.hidden_size,
+        "intermediate_size": d.intermediate_size,
+        "num_hidden_layers": d.num_hidden_layers,
+        "num_attention_heads": d.num_attention_heads,
+        "num_key_value_heads": d.num_key_value_heads,
+        "head_dim": d.head_dim,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": d.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": 8192,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "vocab_size": d.vocab_size,
         "layer_types": d.layer_types or ["full_attention"] * d.num_hidden_layers,
-        "sliding_window": d.sliding_window, "block_size": d.block_size,
+        "sliding_window": d.sliding_window,
+        "block_size": d.block_size,
         "num_target_layers": d.num_target_layers,
         "dflash_config": {"target_layer_ids": list(d.target_layer_ids), "mask_token_id": d.mask_token_id},
         "torch_dtype": "float32",
@@ -184,8 +216,12 @@ def transformers5_config(d: TinyDrafter) -> dict:
     cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.pop("rope_theta")}
     cfg.pop("rope_scaling")
     cfg["dflash_config"] |= {"block_size": cfg.pop("block_size"), "num_target_layers": cfg.pop("num_target_layers")}
-    cfg |= {"auto_map": {"AutoModel": "dflash.DFlashDraftModel"}, "use_sliding_window": d.sliding_window is not None,
-            "max_window_layers": d.num_hidden_layers, "transformers_version": "5.5.3"}
+    cfg |= {
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "use_sliding_window": d.sliding_window is not None,
+        "max_window_layers": d.num_hidden_layers,
+        "transformers_version": "5.5.3",
+    }
     return cfg
 
 
@@ -207,9 +243,21 @@ def write_runtime(out: str | Path, state: dict[str, torch.Tensor], step: int, ru
     per-rank optimizer file beside it; no config.json (the draft config is the training's JSON)."""
     folder = Path(out) / f"{run_id}-step{step}"
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save({"draft_state_dict": {k: v.clone() for k, v in state.items()}, "global_step": step, "epoch": 0,
-                "epoch_batch": step, "epoch_samples": step * 8, "strategy": "dflash", "run_id": run_id,
-                "world_size": 1}, folder / "training_state.pt")
-    torch.save({"optimizer": {"state": {}, "param_groups": []}, "rng": {"torch": torch.get_rng_state()}},
-               folder / "training_state_rank0.pt")
+    torch.save(
+        {
+            "draft_state_dict": {k: v.clone() for k, v in state.items()},
+            "global_step": step,
+            "epoch": 0,
+            "epoch_batch": step,
+            "epoch_samples": step * 8,
+            "strategy": "dflash",
+            "run_id": run_id,
+            "world_size": 1,
+        },
+        folder / "training_state.pt",
+    )
+    torch.save(
+        {"optimizer": {"state": {}, "param_groups": []}, "rng": {"torch": torch.get_rng_state()}},
+        folder / "training_state_rank0.pt",
+    )
     return folder

@@ -15,6 +15,7 @@ target beside the dashboard, so that fetching and re-extracting with orchestrati
 config.toml is never touched. The assets were made by `python -m tools.demo.make_assets` (development tooling in
 `tools/demo/`, outside this package).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,22 +25,22 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..errors import UserError
 
-ASSETS = Path(__file__).parent / "assets"   # committed assets (MANIFEST.json describes them)
-TARGET = "target"                           # target folder name (weights + tokenizer)
-CHECKPOINTS = "checkpoints"                 # drafter checkpoints: early-*, final-*, buggy-*
-FLA = "fla"                                 # shipped fla extraction of coding-10 (features/ + completions.jsonl)
-LAYER_IDS = [1, 3, 5]                       # target layers the demo drafters read
-PROMPT_SET = "coding-10"                    # built-in prompt set the demo fetches (plain text, no chat template)
-SET_NAME = "coding-10"                      # completion set name in the workspace
-MAX_NEW_TOKENS = 256                        # completion length cap of the demo fetch
-TREE_BUDGET = 8                             # DDTree-8 in every demo run
-FLA_SUFFIX = " @fla"                        # run-name suffix of the replay on the fla extraction
-SERVER_URL = "http://127.0.0.1:30100"       # where `make run` serves the demo target (not SGLang's 30000)
+ASSETS = Path(__file__).parent / "assets"  # committed assets (MANIFEST.json describes them)
+TARGET = "target"  # target folder name (weights + tokenizer)
+CHECKPOINTS = "checkpoints"  # drafter checkpoints: early-*, final-*, buggy-*
+FLA = "fla"  # shipped fla extraction of coding-10 (features/ + completions.jsonl)
+LAYER_IDS = [1, 3, 5]  # target layers the demo drafters read
+PROMPT_SET = "coding-10"  # built-in prompt set the demo fetches (plain text, no chat template)
+SET_NAME = "coding-10"  # completion set name in the workspace
+MAX_NEW_TOKENS = 256  # completion length cap of the demo fetch
+TREE_BUDGET = 8  # DDTree-8 in every demo run
+FLA_SUFFIX = " @fla"  # run-name suffix of the replay on the fla extraction
+SERVER_URL = "http://127.0.0.1:30100"  # where `make run` serves the demo target (not SGLang's 30000)
 
 Progress = Callable[[int, int, str], None] | None
 
@@ -62,16 +63,20 @@ def checkpoints(root: Path) -> list[Path]:
 def manifest(assets: Path = ASSETS) -> dict:
     f = assets / "MANIFEST.json"
     if not f.is_file():
-        raise DemoError(f"{f} is missing: the demo assets are not in this checkout (restore dflash_dash/demo/assets "
-                        "from git, or remake them with python -m tools.demo.make_assets)")
+        raise DemoError(
+            f"{f} is missing: the demo assets are not in this checkout (restore dflash_dash/demo/assets "
+            "from git, or remake them with python -m tools.demo.make_assets)"
+        )
     return json.loads(f.read_text())
 
 
 def _say(progress: Progress, step: int, steps: int, what: str, log: list[str]) -> Progress:
     """A progress callback that prefixes each message with the build step."""
+
     def tick(done: int, total: int, msg: str) -> None:
         if progress:
             progress(done, total, f"[{step}/{steps} {what}] {msg}")
+
     log.append(f"{time.strftime('%H:%M:%S')} step {step}/{steps}: {what}")
     tick(0, 1, "...")
     return tick
@@ -79,15 +84,19 @@ def _say(progress: Progress, step: int, steps: int, what: str, log: list[str]) -
 
 def _find_extraction(store, target: Path, backend: str) -> dict | None:
     for e in reversed(store.extractions()):
-        if (e["set_name"] == SET_NAME and e["target_path"] == str(target) and e["backend"] == backend
-                and e["layer_ids"] == LAYER_IDS and e["status"] == "done"):
+        if (
+            e["set_name"] == SET_NAME
+            and e["target_path"] == str(target)
+            and e["backend"] == backend
+            and e["layer_ids"] == LAYER_IDS
+            and e["status"] == "done"
+        ):
             return e
     return None
 
 
 def _has_run(store, ckpt: Path, extraction_id: str) -> bool:
-    return any(r["checkpoint"] == str(ckpt.resolve()) and r["extraction_id"] == extraction_id
-               for r in store.runs())
+    return any(r["checkpoint"] == str(ckpt.resolve()) and r["extraction_id"] == extraction_id for r in store.runs())
 
 
 def built(workspace: str | Path, assets: Path = ASSETS) -> bool:
@@ -108,8 +117,11 @@ def built(workspace: str | Path, assets: Path = ASSETS) -> bool:
         return False
     cks = checkpoints(root / CHECKPOINTS)
     final = [c for c in cks if c.name.startswith("final")]
-    return bool(cks) and all(_has_run(store, c, torch_ex["id"]) for c in cks) and all(
-        _has_run(store, c, fla_ex["id"]) for c in final)
+    return (
+        bool(cks)
+        and all(_has_run(store, c, torch_ex["id"]) for c in cks)
+        and all(_has_run(store, c, fla_ex["id"]) for c in final)
+    )
 
 
 def configure(workspace: str | Path) -> Path | None:
@@ -127,7 +139,8 @@ def configure(workspace: str | Path) -> Path | None:
         "[server]\n"
         f'url = "{SERVER_URL}"\n'
         "readiness_timeout = 120\n"
-        "memory_release = true   # the stand-in frees the target with /release_memory_occupation during extraction\n")
+        "memory_release = true   # the stand-in frees the target with /release_memory_occupation during extraction\n"
+    )
     return f
 
 
@@ -152,9 +165,13 @@ class LocalServer:
         self.log = open(log_file, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dflash_dash", "serve", "--model", str(model), "--port", str(self.port)],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=str(Path(__file__).parents[2]))
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(Path(__file__).parents[2]),
+        )
 
-    def __enter__(self) -> "LocalServer":
+    def __enter__(self) -> LocalServer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -179,8 +196,10 @@ def _copy_assets(store, assets: Path, root: Path) -> None:
     if mine.is_file() and mine.read_bytes() == (assets / "MANIFEST.json").read_bytes():
         return
     if mine.is_file() and store.completion_ids(SET_NAME):
-        raise DemoError(f"{store.workspace} holds a demo built from other demo assets; build the demo in a fresh "
-                        f"workspace (--workspace NEW), or delete {store.workspace} first")
+        raise DemoError(
+            f"{store.workspace} holds a demo built from other demo assets; build the demo in a fresh "
+            f"workspace (--workspace NEW), or delete {store.workspace} first"
+        )
     for name in (TARGET, CHECKPOINTS):
         shutil.rmtree(root / name, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
@@ -195,14 +214,18 @@ def import_fla(store, assets: Path, target: Path, man: dict, progress: Progress 
     Only completions whose prompt and output ids equal the shipped ones are imported (the features belong
     to those ids); the ids of the others are returned. Returns (extraction id, mismatched prompt ids)."""
     from .. import pipeline
+
     shipped = [json.loads(line) for line in (assets / FLA / "completions.jsonl").read_text().splitlines() if line]
     meta = dict(man["gpu"]["coding10"]["features_meta"])
     versions = {k: meta.get(k) for k in ("torch", "transformers", "fla")} | {
-        "fla_bound": True, "imported_from": "dflash_dash/demo/assets/fla (extracted with fla kernels on "
-                                            f"{man['gpu'].get('gpu') or meta.get('device')})"}
+        "fla_bound": True,
+        "imported_from": "dflash_dash/demo/assets/fla (extracted with fla kernels on "
+        f"{man['gpu'].get('gpu') or meta.get('device')})",
+    }
     try:
-        return pipeline.import_features(store, SET_NAME, target, LAYER_IDS, assets / FLA, shipped,
-                                        meta | {"backend": "fla"}, versions, progress)
+        return pipeline.import_features(
+            store, SET_NAME, target, LAYER_IDS, assets / FLA, shipped, meta | {"backend": "fla"}, versions, progress
+        )
     except pipeline.InputError as e:
         raise DemoError(f"the shipped fla features cannot be imported: {e}; remake the demo assets") from None
 
@@ -235,19 +258,35 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
     tick = _say(progress, 2, steps, "fetch coding-10 from the local server", log)
     have = store.completion_ids(SET_NAME)
     from .. import prompts
+
     if len(have) < len(prompts.load(PROMPT_SET)):
         with LocalServer(target, root / "server.log") as srv:
             tick(0, 1, f"starting {srv.url} (log {root / 'server.log'})")
-            pipeline.fetch(store, srv.url, PROMPT_SET, SET_NAME, max_new_tokens=MAX_NEW_TOKENS, chat=False,
-                           progress=tick, readiness_timeout=300)
+            pipeline.fetch(
+                store,
+                srv.url,
+                PROMPT_SET,
+                SET_NAME,
+                max_new_tokens=MAX_NEW_TOKENS,
+                chat=False,
+                progress=tick,
+                readiness_timeout=300,
+            )
 
     tick = _say(progress, 3, steps, "CPU extraction (torch path)", log)
     torch_ex = _find_extraction(store, target, "torch")
     if torch_ex is None:
-        pending = [e for e in store.extractions() if e["set_name"] == SET_NAME and e["target_path"] == str(target)
-                   and e["backend"] == "torch" and e["status"] != "done"]
-        ex_id = pipeline.extract(store, str(target), SET_NAME, LAYER_IDS, "cpu", "float32",
-                                 pending[-1]["id"] if pending else None, tick)
+        pending = [
+            e
+            for e in store.extractions()
+            if e["set_name"] == SET_NAME
+            and e["target_path"] == str(target)
+            and e["backend"] == "torch"
+            and e["status"] != "done"
+        ]
+        ex_id = pipeline.extract(
+            store, str(target), SET_NAME, LAYER_IDS, "cpu", "float32", pending[-1]["id"] if pending else None, tick
+        )
         torch_ex = store.extraction(ex_id)
 
     tick = _say(progress, 4, steps, "import the shipped fla extraction", log)
@@ -257,27 +296,45 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
         ex_id, mismatched = import_fla(store, assets, target, man, tick)
         fla_ex = store.extraction(ex_id)
         for pid in mismatched:
-            msg = (f"prompt {pid}: this machine's CPU completion differs from the shipped one; its fla features "
-                   "are left out of the fla extraction")
+            msg = (
+                f"prompt {pid}: this machine's CPU completion differs from the shipped one; its fla features "
+                "are left out of the fla extraction"
+            )
             log.append(msg)
             tick(0, 1, msg)
 
     tick = _say(progress, 5, steps, "replay", log)
     plan = [(c, torch_ex, c.name) for c in cks] + [
-        (c, fla_ex, c.name + FLA_SUFFIX) for c in cks if c.name.startswith("final")]
+        (c, fla_ex, c.name + FLA_SUFFIX) for c in cks if c.name.startswith("final")
+    ]
     runs = {}
     for i, (ck, ex, name) in enumerate(plan):
         if _has_run(store, ck, ex["id"]):
             continue
         tick(i, len(plan), f"replaying {name} on {ex['backend']} extraction {ex['id']}")
-        out = pipeline.replay(store, str(ck), ex["id"], TREE_BUDGET, "cpu", "float32", name=name,
-                              progress=lambda d, n, m, name=name: tick(d, n, f"{name}: {m}"))
+        out = pipeline.replay(
+            store,
+            str(ck),
+            ex["id"],
+            TREE_BUDGET,
+            "cpu",
+            "float32",
+            name=name,
+            progress=lambda d, n, m, name=name: tick(d, n, f"{name}: {m}"),
+        )
         runs[name] = {"id": out["id"], "tau_macro": out["summary"]["tau_macro"]}
         log.append(f"replayed {name}: tau macro {out['summary']['tau_macro']:.3f}")
     tick(len(plan), len(plan), f"{len(runs)} runs replayed")
 
-    rec = {"workspace": str(ws.resolve()), "target": str(target), "torch_extraction": torch_ex["id"],
-           "fla_extraction": fla_ex["id"], "mismatched_completions": mismatched, "runs": runs,
-           "seconds": round(time.perf_counter() - t0, 1), "log": log}
+    rec = {
+        "workspace": str(ws.resolve()),
+        "target": str(target),
+        "torch_extraction": torch_ex["id"],
+        "fla_extraction": fla_ex["id"],
+        "mismatched_completions": mismatched,
+        "runs": runs,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "log": log,
+    }
     (root / "BUILD.json").write_text(json.dumps(rec, indent=2))
     return rec

@@ -10,6 +10,7 @@ user request naming the function, the assistant answering with the source in a `
 document starts (the prompt/body boundary of the coding-10 shape) at a window's first position. The same Python version gives the same bytes (its version and a hash of the
 file list go into the manifest). CPU only; nothing here is downloaded.
 """
+
 from __future__ import annotations
 
 import ast
@@ -21,8 +22,19 @@ from pathlib import Path
 
 import numpy as np
 
-SKIP = ("test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo", "__pycache__", "ensurepip",
-        "tkinter", "pydoc_data", "encodings")
+SKIP = (
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "site-packages",
+    "turtledemo",
+    "__pycache__",
+    "ensurepip",
+    "tkinter",
+    "pydoc_data",
+    "encodings",
+)
 ASKS = [  # user-request templates of the chat samples
     "Write a Python function `{sig}`. {doc}",
     "Implement `{sig}` in Python: {doc}",
@@ -38,8 +50,7 @@ def stdlib() -> Path:
 def files() -> list[Path]:
     """The stdlib source files of the corpus, sorted."""
     root = stdlib()
-    return sorted(p for p in root.rglob("*.py")
-                  if not any(part in SKIP for part in p.relative_to(root).parts))
+    return sorted(p for p in root.rglob("*.py") if not any(part in SKIP for part in p.relative_to(root).parts))
 
 
 def fingerprint(paths: list[Path]) -> str:
@@ -75,15 +86,22 @@ def functions(src: str) -> list[dict]:
         doc = ast.get_docstring(node)
         if not doc or not 3 <= node.end_lineno - node.lineno + 1 <= 40:
             continue
-        code = textwrap.dedent("".join(lines[node.lineno - 1:node.end_lineno])).rstrip()
+        code = textwrap.dedent("".join(lines[node.lineno - 1 : node.end_lineno])).rstrip()
         bare = None
         if len(node.body) > 1:
-            head = lines[node.lineno - 1:node.body[0].lineno - 1]
-            body = lines[node.body[0].end_lineno:node.end_lineno]
+            head = lines[node.lineno - 1 : node.body[0].lineno - 1]
+            body = lines[node.body[0].end_lineno : node.end_lineno]
             bare = textwrap.dedent("".join(head + body)).rstrip()
         summary = " ".join(doc.strip().split("\n\n")[0].split())[:240]
-        out.append({"name": node.name, "sig": f"{node.name}({ast.unparse(node.args)})", "doc": summary,
-                    "code": code, "bare": bare})
+        out.append(
+            {
+                "name": node.name,
+                "sig": f"{node.name}({ast.unparse(node.args)})",
+                "doc": summary,
+                "code": code,
+                "bare": bare,
+            }
+        )
     return out
 
 
@@ -115,8 +133,12 @@ def samples(paths: list[Path], seed: int) -> tuple[list[str], list[tuple[str, st
 
 def chat_text(tokenizer, ask: str, answer: str, thinking_block: bool) -> str:
     """One chat sample in the tokenizer's template (thinking switched off, as the client sends it)."""
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": ask}], add_generation_prompt=True,
-                                           tokenize=False, enable_thinking=not thinking_block)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": ask}],
+        add_generation_prompt=True,
+        tokenize=False,
+        enable_thinking=not thinking_block,
+    )
     return prompt + answer + "<|im_end|>\n"
 
 
@@ -140,16 +162,26 @@ def strip_header(src: str) -> str:
     return src
 
 
-def stream(tokenizer, paths: list[Path], commented: list[str], pairs: list[tuple[str, str]], repeat: int,
-           seed: int, starts: bool = False):
+def stream(
+    tokenizer,
+    paths: list[Path],
+    commented: list[str],
+    pairs: list[tuple[str, str]],
+    repeat: int,
+    seed: int,
+    starts: bool = False,
+):
     """All documents tokenised into one uint16 stream: raw files once (their license headers stripped),
     comment-prompted functions and chat samples `repeat` times each, in a seeded order, each document
     followed by <|endoftext|>. With `starts`: (stream, {"raw" | "commented" | "chat": int64 array of the
     positions where such documents start}) — a document's first token, right after the <|endoftext|>."""
     eot = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     docs = [("raw", strip_header(read(p))) for p in paths] + [("commented", d) for d in commented * repeat]
-    docs += [("chat", chat_text(tokenizer, a, b, thinking_block=(i + r) % 2 == 0))
-             for r in range(repeat) for i, (a, b) in enumerate(pairs)]
+    docs += [
+        ("chat", chat_text(tokenizer, a, b, thinking_block=(i + r) % 2 == 0))
+        for r in range(repeat)
+        for i, (a, b) in enumerate(pairs)
+    ]
     random.Random(seed).shuffle(docs)
     ids: list[int] = []
     at: dict[str, list[int]] = {"raw": [], "commented": [], "chat": []}

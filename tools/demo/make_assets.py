@@ -19,6 +19,7 @@ Steps (each records seeds, arguments, versions, timings and losses for MANIFEST.
                        sequences), when the GPU time ran out before the drafters were trained enough.
   finish        (CPU)  merge the cpu-continue records into MANIFEST.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,8 @@ from dflash_dash.demo import ASSETS, CHECKPOINTS, FLA, LAYER_IDS, MAX_NEW_TOKENS
 
 VOCAB = 4096
 SEED = 0
-SPLIT = "qwen"      # the tokenizer's pre-tokenizer (tools/tiny.write_tokenizer): newlines split from indentation
-EOS = {2, 0}        # <|im_end|>, <|endoftext|>: the target's eos ids (its config), as Qwen's generation config
+SPLIT = "qwen"  # the tokenizer's pre-tokenizer (tools/tiny.write_tokenizer): newlines split from indentation
+EOS = {2, 0}  # <|im_end|>, <|endoftext|>: the target's eos ids (its config), as Qwen's generation config
 
 
 def log(msg: str) -> None:
@@ -62,8 +63,9 @@ def prepare(build: Path, n_raw: int = 3072, n_chat: int = 1024, n_comment: int =
     build.mkdir(parents=True, exist_ok=True)
     files = corpus.files()
     commented, pairs = corpus.samples(files, SEED)
-    tok_dir = tiny.write_tokenizer(build / "tokenizer", vocab_size=VOCAB, corpus=[corpus.read(p) for p in files],
-                                   split=SPLIT)
+    tok_dir = tiny.write_tokenizer(
+        build / "tokenizer", vocab_size=VOCAB, corpus=[corpus.read(p) for p in files], split=SPLIT
+    )
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     tokens, starts = corpus.stream(tok, files, commented, pairs, repeat=2, seed=SEED, starts=True)
     np.save(build / "tokens.npy", tokens)
@@ -74,31 +76,48 @@ def prepare(build: Path, n_raw: int = 3072, n_chat: int = 1024, n_comment: int =
     gen = []
     for _ in range(n_raw):
         s = rng.randrange(0, len(tokens) - 64)
-        gen.append([int(t) for t in tokens[s:s + rng.randrange(16, 64)] if t != eot] or [int(tokens[s])])
+        gen.append([int(t) for t in tokens[s : s + rng.randrange(16, 64)] if t != eot] or [int(tokens[s])])
     for d in commented[:n_comment]:
         lines = d.splitlines(keepends=True)
         head = [ln for ln in lines if ln.startswith("#")]
-        gen.append(tok("".join(head + lines[len(head):len(head) + 1]))["input_ids"])
+        gen.append(tok("".join(head + lines[len(head) : len(head) + 1]))["input_ids"])
     for ask, _ in pairs[:n_chat]:
-        gen.append(tok.apply_chat_template([{"role": "user", "content": ask}], add_generation_prompt=True,
-                                           tokenize=False, enable_thinking=False))
+        gen.append(
+            tok.apply_chat_template(
+                [{"role": "user", "content": ask}], add_generation_prompt=True, tokenize=False, enable_thinking=False
+            )
+        )
         gen[-1] = tok(gen[-1], add_special_tokens=False)["input_ids"]
     gen = [g[-96:] for g in gen]
     (build / "train_prompts.json").write_text(json.dumps(gen))
     # coding-10 exactly as pipeline.fetch tokenises a plain-text prompt
-    c10 = [{"id": p["id"], "prompt": p["prompt"], "prompt_ids": list(tok(p["prompt"])["input_ids"])}
-           for p in prompts.load(PROMPT_SET)]
+    c10 = [
+        {"id": p["id"], "prompt": p["prompt"], "prompt_ids": list(tok(p["prompt"])["input_ids"])}
+        for p in prompts.load(PROMPT_SET)
+    ]
     (build / "coding10.json").write_text(json.dumps(c10))
     rec = {
-        "python": platform.python_version(), "stdlib_files": len(files),
-        "stdlib_bytes": sum(p.stat().st_size for p in files), "stdlib_fingerprint": corpus.fingerprint(files),
-        "comment_prompted_functions": len(commented), "chat_samples": len(pairs), "sample_repeat": 2,
-        "vocab_size": len(tok), "pre_tokenizer": SPLIT, "stream_tokens": int(len(tokens)),
+        "python": platform.python_version(),
+        "stdlib_files": len(files),
+        "stdlib_bytes": sum(p.stat().st_size for p in files),
+        "stdlib_fingerprint": corpus.fingerprint(files),
+        "comment_prompted_functions": len(commented),
+        "chat_samples": len(pairs),
+        "sample_repeat": 2,
+        "vocab_size": len(tok),
+        "pre_tokenizer": SPLIT,
+        "stream_tokens": int(len(tokens)),
         "documents": {k: int(len(v)) for k, v in starts.items()},
         "license_headers_stripped": sum(corpus.strip_header(corpus.read(p)) != corpus.read(p) for p in files),
         "train_prompts": len(gen),
-        "train_prompt_kinds": {"raw": n_raw, "comment": min(n_comment, len(commented)), "chat": min(n_chat, len(pairs))},
-        "prompt_set": PROMPT_SET, "seed": SEED, "seconds": round(time.perf_counter() - t0, 1),
+        "train_prompt_kinds": {
+            "raw": n_raw,
+            "comment": min(n_comment, len(commented)),
+            "chat": min(n_chat, len(pairs)),
+        },
+        "prompt_set": PROMPT_SET,
+        "seed": SEED,
+        "seconds": round(time.perf_counter() - t0, 1),
     }
     (build / "prepare.json").write_text(json.dumps(rec, indent=2))
     log(f"prepared {build}: {rec}")
@@ -113,18 +132,24 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     import torch
     from transformers import AutoModelForCausalLM
 
-    from dflash_dash import cache, server, target as target_mod
+    from dflash_dash import cache, server
+    from dflash_dash import target as target_mod
 
     from ..tiny import TinyDrafter
-    from . import train_drafter as td, train_target as tt
+    from . import train_drafter as td
+    from . import train_target as tt
 
     t_all = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     work = Path(os.environ.get("DEMO_WORK", "/tmp/demo-work"))
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    rec: dict = {"device": device, "smoke": smoke, "versions": target_mod.versions(),
-                 "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None}
+    rec: dict = {
+        "device": device,
+        "smoke": smoke,
+        "versions": target_mod.versions(),
+        "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
+    }
     fla = device.startswith("cuda")
     backend = target_mod.use_backend("fla" if fla else "torch")
     assert backend == ("fla" if fla else "torch"), backend
@@ -140,10 +165,16 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
 
     # -- target: the Gated DeltaNet backward runs on the torch path (fla 0.6.0 refuses its gated chunk backward
     #    on Hopper with Triton < 3.7.1: wrong gradients, fla issue #640); every forward after it runs on fla
-    shape = tt.TargetShape() if not smoke else tt.TargetShape(hidden_size=64, intermediate_size=128, head_dim=16,
-                                                               linear_head_dim=16)
-    t_cfg = (tt.TargetTraining(steps=100_000, budget_s=float(os.environ.get("DEMO_TARGET_BUDGET", 170)))
-             if not smoke else tt.TargetTraining(steps=20, batch=4, seq=128, log_every=5))
+    shape = (
+        tt.TargetShape()
+        if not smoke
+        else tt.TargetShape(hidden_size=64, intermediate_size=128, head_dim=16, linear_head_dim=16)
+    )
+    t_cfg = (
+        tt.TargetTraining(steps=100_000, budget_s=float(os.environ.get("DEMO_TARGET_BUDGET", 170)))
+        if not smoke
+        else tt.TargetTraining(steps=20, batch=4, seq=128, log_every=5)
+    )
     if os.environ.get("DEMO_TARGET_STEPS"):
         t_cfg.steps, t_cfg.budget_s = int(os.environ["DEMO_TARGET_STEPS"]), None
     tgt = work / TARGET
@@ -162,7 +193,10 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
         rec["target"] = tt.train(tokens, build / "tokenizer", tgt, shape, t_cfg, device, log, starts=starts)
         rec["target"]["gated_deltanet_backward"] = (
             "torch reference path: fla 0.6.0 refuses its gated chunk backward on Hopper with Triton < 3.7.1 "
-            "(wrong gradients, fla issue #640)" if fla else "torch")
+            "(wrong gradients, fla issue #640)"
+            if fla
+            else "torch"
+        )
         assert target_mod.use_backend("fla" if fla else "torch") == backend
         log(f"target trained: {rec['target']['seconds']} s, val loss {rec['target']['val_loss']}")
     save_rec()
@@ -203,31 +237,58 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     ref = target_mod.extract(decoder, data[-1][1], LAYER_IDS).to(torch.bfloat16)
     spot = float((ref.float() - data[-1][0].float()).abs().max())
     del decoder, feats
-    rec["drafter_data"] = {"sequences": len(data), "prompts": len(prompts), "new_tokens": new,
-                           "tokens": int(sum(len(seqs[i]) for i in keep)),
-                           "completion_tokens": int(sum(len(seqs[i]) - len(prompts[i]) for i in keep)),
-                           "generate_seconds": round(t_gen, 1), "seconds": round(time.perf_counter() - t0, 1),
-                           "features_backend": backend, "features_dtype": "bfloat16 (extracted in float32)",
-                           "batched_vs_extract_max_abs": spot}
+    rec["drafter_data"] = {
+        "sequences": len(data),
+        "prompts": len(prompts),
+        "new_tokens": new,
+        "tokens": int(sum(len(seqs[i]) for i in keep)),
+        "completion_tokens": int(sum(len(seqs[i]) - len(prompts[i]) for i in keep)),
+        "generate_seconds": round(t_gen, 1),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "features_backend": backend,
+        "features_dtype": "bfloat16 (extracted in float32)",
+        "batched_vs_extract_max_abs": spot,
+    }
     log(f"drafter data: {rec['drafter_data']}")
-    (out / "train_seqs.json").write_text(json.dumps({"prompt_lens": [len(prompts[i]) for i in keep],
-                                                      "seqs": [seqs[i] for i in keep]}))
+    (out / "train_seqs.json").write_text(
+        json.dumps({"prompt_lens": [len(prompts[i]) for i in keep], "seqs": [seqs[i] for i in keep]})
+    )
 
     # -- drafters
     info = target_mod.describe(tgt)
     H = info.hidden_size
-    d = TinyDrafter(hidden_size=H, intermediate_size=2 * H, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=H // 4, vocab_size=info.vocab_size, block_size=16,
-                    num_target_layers=info.num_layers, target_layer_ids=list(LAYER_IDS),
-                    mask_token_id=3, rope_theta=10000.0, seed=SEED)
+    d = TinyDrafter(
+        hidden_size=H,
+        intermediate_size=2 * H,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=H // 4,
+        vocab_size=info.vocab_size,
+        block_size=16,
+        num_target_layers=info.num_layers,
+        target_layer_ids=list(LAYER_IDS),
+        mask_token_id=3,
+        rope_theta=10000.0,
+        seed=SEED,
+    )
     dk = work / "drafters"
     budget = float(os.environ.get("DEMO_DRAFTER_BUDGET", 120))  # final; the buggy one gets half
     # batched: 32 sequences x 64 anchors = 2048 blocks a step in one stacked blocks call (the GPU is otherwise
     # idle on a Python loop over a few sequences); the early snapshot at 2% of the steps
     # the lowest validation loss (64 held-out sequences) is kept: with ~0.3M completion tokens the drafter
     # memorises its data within a few thousand steps (an earlier run: val loss 5.5 at step 400, 15 at 7300)
-    kw = dict(steps=100_000, batched=True, seqs_per_step=32, anchors_per_seq=64, lr=2e-3, warmup=60,
-              val_seqs=64, keep_best=True, log_every=50)
+    kw = dict(
+        steps=100_000,
+        batched=True,
+        seqs_per_step=32,
+        anchors_per_seq=64,
+        lr=2e-3,
+        warmup=60,
+        val_seqs=64,
+        keep_best=True,
+        log_every=50,
+    )
     good = td.DrafterTraining(budget_s=budget, snapshot_fracs=[0.02], **kw)
     bad = td.DrafterTraining(budget_s=budget / 2, bug="anchor_visible", seed=3, **kw)
     if os.environ.get("DEMO_DRAFTER_STEPS"):
@@ -270,8 +331,16 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     t_ref = time.perf_counter() - t0
     decoder, be = target_mod.load(str(tgt), LAYER_IDS, device, torch.float32)
     assert be == backend, be
-    meta = dict(extraction="demo-fla", target=TARGET, config_hash=info.config_hash, layer_ids=LAYER_IDS,
-                device=device, dtype="float32", backend=be, **target_mod.versions())
+    meta = dict(
+        extraction="demo-fla",
+        target=TARGET,
+        config_hash=info.config_hash,
+        layer_ids=LAYER_IDS,
+        device=device,
+        dtype="float32",
+        backend=be,
+        **target_mod.versions(),
+    )
     fla_dir = work / FLA
     for c in comps:
         feats = target_mod.extract(decoder, torch.tensor(c["prompt_ids"] + c["output_ids"]), LAYER_IDS)
@@ -279,9 +348,14 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     with open(fla_dir / "completions.jsonl", "w") as f:
         for c in comps:
             f.write(json.dumps(c) + "\n")
-    rec["coding10"] = {"reference_backend": cpu_backend, "features_backend": be, "features_meta": meta,
-                       "tokens": int(sum(len(c["prompt_ids"]) + len(c["output_ids"]) for c in comps)),
-                       "reference_seconds": round(t_ref, 1), "seconds": round(time.perf_counter() - t0, 1)}
+    rec["coding10"] = {
+        "reference_backend": cpu_backend,
+        "features_backend": be,
+        "features_meta": meta,
+        "tokens": int(sum(len(c["prompt_ids"]) + len(c["output_ids"]) for c in comps)),
+        "reference_seconds": round(t_ref, 1),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     log(f"coding-10: {rec['coding10']}")
     for c in comps[:3]:
         log(f"--- {c['id']}\n" + head_text(tgt, c))
@@ -310,7 +384,7 @@ def preview(tgt: Path, build: Path, out: Path, device: str, smoke: bool) -> dict
     texts, indented, lens, stopped = [], 0, [], 0
     for c, s, p in zip(c10, seqs, prompts):
         s = td.cut(s, len(p), EOS)
-        body = tok.decode(s[len(p):])
+        body = tok.decode(s[len(p) :])
         lens.append(len(s) - len(p))
         stopped += s[-1] in EOS
         indented += body.startswith((" ", "\t"))
@@ -318,12 +392,17 @@ def preview(tgt: Path, build: Path, out: Path, device: str, smoke: bool) -> dict
     (out / "preview.txt").write_text("\n".join(texts))
     log("coding-10 preview (target, greedy, " + device + "):\n" + "\n".join(t[:700] for t in texts))
     del model
-    return {"completion_tokens": lens, "stopped_at_eos": stopped, "indented_first_line": indented,
-            "seconds": round(time.perf_counter() - t0, 1)}
+    return {
+        "completion_tokens": lens,
+        "stopped_at_eos": stopped,
+        "indented_first_line": indented,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def head_text(tgt: Path, c: dict) -> str:
     from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(tgt))
     return tok.decode(c["prompt_ids"] + c["output_ids"])
 
@@ -339,7 +418,8 @@ TOKENIZER_NOTE = (
     "used the GPT-2 pattern, whose \\s+(?!\\S) glues a newline to the indentation that follows ('\\n   ' + ' return'): "
     "a plain-text coding-10 prompt ending in ':\\n' then ends on a lone newline token that training text only ever "
     "has before column-0 text (#, class, def), so no completion started with the function's indented body. "
-    "With the Qwen split every coding-10 prompt tokenises as the prefix of prompt + body.")
+    "With the Qwen split every coding-10 prompt tokenises as the prefix of prompt + body."
+)
 
 
 def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> dict:
@@ -355,19 +435,20 @@ def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> 
     sizes = {str(p.relative_to(assets)): p.stat().st_size for p in sorted(assets.rglob("*")) if p.is_file()}
     manifest = {
         "what": "dflash-dash demo assets: a small hybrid qwen3_5_text target (Gated DeltaNet + full attention) "
-                "trained on the Python standard library, DFlash drafters trained against its hidden states, "
-                "and its coding-10 completions' hidden states extracted on GPU with fla",
+        "trained on the Python standard library, DFlash drafters trained against its hidden states, "
+        "and its coding-10 completions' hidden states extracted on GPU with fla",
         "commands": {
             "prepare": "python -m tools.demo.make_assets prepare --build .demo-build",
             "gpu": "python -m tools.demo.make_assets gpu --build .demo-build --out $OUT  (one H200, "
-                   "transformers 5.24.0, fla-core/flash-linear-attention 0.6.0)",
+            "transformers 5.24.0, fla-core/flash-linear-attention 0.6.0)",
             "unpack": "python -m tools.demo.make_assets unpack --src <gpu out> --build .demo-build",
             "gpu_call": command,
         },
         "tokenizer": TOKENIZER_NOTE,
         "prepare": json.loads((build / "prepare.json").read_text()),
         "gpu": gpu_rec,
-        "sizes": sizes, "total_bytes": sum(sizes.values()),
+        "sizes": sizes,
+        "total_bytes": sum(sizes.values()),
     }
     (assets / "MANIFEST.json").write_text(json.dumps(manifest, indent=1))
     log(f"assets in {assets}: {manifest['total_bytes'] / 2**20:.1f} MiB")
@@ -378,15 +459,22 @@ def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> 
 # cpu-continue (CPU, here)
 
 
-def cpu_continue(src: Path, which: str = "final", assets: Path = ASSETS, minutes: float = 20.0,
-                 chunk_minutes: float = 5.0, n_seqs: int = 1024) -> dict:
+def cpu_continue(
+    src: Path,
+    which: str = "final",
+    assets: Path = ASSETS,
+    minutes: float = 20.0,
+    chunk_minutes: float = 5.0,
+    n_seqs: int = 1024,
+) -> dict:
     """Continue training the `which` drafter (final or buggy-) on the CPU, on torch-path features of the
     same training sequences (the buggy one with its bug), in chunks of `chunk_minutes`, each followed by a
     coding-10 replay on a torch extraction (progress only: coding-10 is never trained on). Replaces the
     checkpoint in `assets` and writes the record to `src/cpu-<which>.json` (merged by `finish`)."""
     import torch
 
-    from dflash_dash import replay, target as target_mod
+    from dflash_dash import replay
+    from dflash_dash import target as target_mod
     from dflash_dash.drafter import load
 
     from ..tiny import TinyDrafter
@@ -414,35 +502,68 @@ def cpu_continue(src: Path, which: str = "final", assets: Path = ASSETS, minutes
     evals = []
     for c in c10:
         ids = torch.tensor(c["prompt_ids"] + c["output_ids"])
-        evals.append(replay.Sequence(c["id"], ids, len(c["prompt_ids"]),
-                                     target_mod.extract(decoder, ids, LAYER_IDS).to(torch.bfloat16)))
+        evals.append(
+            replay.Sequence(
+                c["id"], ids, len(c["prompt_ids"]), target_mod.extract(decoder, ids, LAYER_IDS).to(torch.bfloat16)
+            )
+        )
     del decoder
     name = old.name.rsplit("-step", 1)[0] + "-step{step}"
     step0, init, chunks, k = prev["step"], old, [], 0
     work = Path(os.environ.get("DEMO_WORK", "/tmp/demo-cpu")) / which
     while time.perf_counter() - t_all < minutes * 60:
-        t = td.DrafterTraining(steps=100_000, budget_s=chunk_minutes * 60, lr=5e-4, warmup=10, probe=5,
-                               seqs_per_step=4, anchors_per_seq=48, seed=10 + k, log_every=20, bug=bug)
+        t = td.DrafterTraining(
+            steps=100_000,
+            budget_s=chunk_minutes * 60,
+            lr=5e-4,
+            warmup=10,
+            probe=5,
+            seqs_per_step=4,
+            anchors_per_seq=48,
+            seed=10 + k,
+            log_every=20,
+            bug=bug,
+        )
         rec = td.train(data, head, d, t, work / f"chunk{k}", name, "cpu", log, init=init, step0=step0)[-1]
         init, step0 = work / f"chunk{k}" / rec["name"], rec["step"]
         _, summ = replay.run(load(init), head, evals, budget=0)
         rec["coding10_tau_macro_torch"] = summ["tau_macro"]
         rec["coding10_tau_pooled_torch"] = summ["tau_pooled"]
         chunks.append(rec)
-        log(f"{which} chunk {k}: {rec['name']} coding-10 tau macro {summ['tau_macro']:.3f} "
-            f"pooled {summ['tau_pooled']:.3f}")
+        log(
+            f"{which} chunk {k}: {rec['name']} coding-10 tau macro {summ['tau_macro']:.3f} "
+            f"pooled {summ['tau_pooled']:.3f}"
+        )
         k += 1
     shutil.rmtree(old)
     shutil.copytree(init, assets / CHECKPOINTS / init.name)
     out = {
         "what": f"training continued on the CPU from the GPU checkpoint {old.name}, on torch-path features of "
-                f"{len(data)} of the same training sequences (a fresh AdamW per chunk)",
-        "from": old.name, "to": init.name, "feature_seconds": round(t_feat, 1),
-        "seconds": round(time.perf_counter() - t_all, 1), "torch_threads": torch.get_num_threads(),
-        "chunks": [{k2: c[k2] for k2 in ("name", "step", "seconds", "loss", "coding10_tau_macro_torch",
-                                         "coding10_tau_pooled_torch", "training", "loss_curve")} for c in chunks],
+        f"{len(data)} of the same training sequences (a fresh AdamW per chunk)",
+        "from": old.name,
+        "to": init.name,
+        "feature_seconds": round(t_feat, 1),
+        "seconds": round(time.perf_counter() - t_all, 1),
+        "torch_threads": torch.get_num_threads(),
+        "chunks": [
+            {
+                k2: c[k2]
+                for k2 in (
+                    "name",
+                    "step",
+                    "seconds",
+                    "loss",
+                    "coding10_tau_macro_torch",
+                    "coding10_tau_pooled_torch",
+                    "training",
+                    "loss_curve",
+                )
+            }
+            for c in chunks
+        ],
         "command": f"OMP_NUM_THREADS=1 python -m tools.demo.make_assets cpu-continue --src <gpu out> "
-                   f"--which {which} --minutes {minutes} --chunk-minutes {chunk_minutes} --seqs {n_seqs}"}
+        f"--which {which} --minutes {minutes} --chunk-minutes {chunk_minutes} --seqs {n_seqs}",
+    }
     (src / f"cpu-{which}.json").write_text(json.dumps(out, indent=1))
     return out
 
@@ -455,8 +576,11 @@ def finish(src: Path, assets: Path = ASSETS) -> dict:
         man["cpu_continuation"] = cont
     if (src / "gpu_runs.json").is_file():  # the device calls, as run (commands, wall and device seconds)
         man["commands"]["gpu_runs"] = json.loads((src / "gpu_runs.json").read_text())
-    sizes = {str(p.relative_to(assets)): p.stat().st_size for p in sorted(assets.rglob("*"))
-             if p.is_file() and p.name != "MANIFEST.json"}
+    sizes = {
+        str(p.relative_to(assets)): p.stat().st_size
+        for p in sorted(assets.rglob("*"))
+        if p.is_file() and p.name != "MANIFEST.json"
+    }
     man["sizes"], man["total_bytes"] = sizes, sum(sizes.values())
     (assets / "MANIFEST.json").write_text(json.dumps(man, indent=1))
     return man

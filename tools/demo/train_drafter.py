@@ -18,6 +18,7 @@ Contract:
   - Checkpoints are written in the SPEC 2 format (config.json + bf16 model.safetensors), with the steps,
     seconds and loss curve returned for the manifest.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,24 +39,24 @@ from ..tiny import TinyDrafter, drafter_config
 
 @dataclass
 class DrafterTraining:
-    steps: int = 3000                     # optimizer steps
-    seqs_per_step: int = 4                # sequences per step (one context per sequence)
-    anchors_per_seq: int = 256            # blocks per sequence: every completion anchor, or this many at random
-    lr: float = 1e-3                      # peak AdamW learning rate (warmup, cosine to 10%)
-    warmup: int = 30                      # warmup steps
-    weight_decay: float = 0.01            # AdamW weight decay on matrices
-    clip: float = 1.0                     # gradient-norm clip
-    gamma: float = 7.0                    # position decay: slot i weighs exp(-(i-1)/gamma)
-    seed: int = 2                         # init and sampling seed
-    bug: str | None = None                # None, or "anchor_visible" (context includes the anchor)
+    steps: int = 3000  # optimizer steps
+    seqs_per_step: int = 4  # sequences per step (one context per sequence)
+    anchors_per_seq: int = 256  # blocks per sequence: every completion anchor, or this many at random
+    lr: float = 1e-3  # peak AdamW learning rate (warmup, cosine to 10%)
+    warmup: int = 30  # warmup steps
+    weight_decay: float = 0.01  # AdamW weight decay on matrices
+    clip: float = 1.0  # gradient-norm clip
+    gamma: float = 7.0  # position decay: slot i weighs exp(-(i-1)/gamma)
+    seed: int = 2  # init and sampling seed
+    bug: str | None = None  # None, or "anchor_visible" (context includes the anchor)
     snapshot_fracs: list[float] = field(default_factory=list)  # extra checkpoints at these fractions of steps
-    log_every: int = 50                   # loss-curve resolution
-    budget_s: float | None = None         # wall-clock budget: after `probe` steps, steps = what fits (<= steps)
-    probe: int = 10                       # steps timed before the budget fixes the step count (fixed again at 5x)
-    batched: bool = False                 # stack seqs_per_step sequences in one blocks call (batch_loss)
-    val_seqs: int = 0                     # batched: sequences held out for the validation loss (last ones)
-    keep_best: bool = False               # batched, with val_seqs: the named checkpoint holds the weights of the
-                                          # lowest validation loss seen at a log step (early stopping)
+    log_every: int = 50  # loss-curve resolution
+    budget_s: float | None = None  # wall-clock budget: after `probe` steps, steps = what fits (<= steps)
+    probe: int = 10  # steps timed before the budget fixes the step count (fixed again at 5x)
+    batched: bool = False  # stack seqs_per_step sequences in one blocks call (batch_loss)
+    val_seqs: int = 0  # batched: sequences held out for the validation loss (last ones)
+    keep_best: bool = False  # batched, with val_seqs: the named checkpoint holds the weights of the
+    # lowest validation loss seen at a log step (early stopping)
 
 
 # ---------------------------------------------------------------------------
@@ -67,45 +68,48 @@ def generate(model, prompts: list[list[int]], new: int, device: str, batch: int 
     """Greedy continuations: returns prompt + `new` generated ids per prompt (no early stop)."""
     out = []
     for s in range(0, len(prompts), batch):
-        group = prompts[s:s + batch]
+        group = prompts[s : s + batch]
         P = torch.tensor([len(p) for p in group], device=device)
         T = int(P.max()) + new
         seq = torch.zeros(len(group), T, dtype=torch.long, device=device)
         for i, p in enumerate(group):
-            seq[i, :len(p)] = torch.tensor(p, device=device)
+            seq[i, : len(p)] = torch.tensor(p, device=device)
         cache = None
         for t in range(T - 1):
-            o = model(input_ids=seq[:, t:t + 1], past_key_values=cache, use_cache=True)
+            o = model(input_ids=seq[:, t : t + 1], past_key_values=cache, use_cache=True)
             cache = o.past_key_values
             nxt = o.logits[:, -1].argmax(-1)
-            free = (t + 1) >= P                                  # past its prompt: take the argmax
+            free = (t + 1) >= P  # past its prompt: take the argmax
             seq[:, t + 1] = torch.where(free, nxt, seq[:, t + 1])
-        out += [seq[i, :len(p) + new].tolist() for i, p in enumerate(group)]
+        out += [seq[i, : len(p) + new].tolist() for i, p in enumerate(group)]
     return out
 
 
 @torch.no_grad()
-def features(decoder, layers, seqs: list[list[int]], layer_ids: list[int], device: str,
-             batch: int = 256, fixed: bool = False) -> list[torch.Tensor]:
+def features(
+    decoder, layers, seqs: list[list[int]], layer_ids: list[int], device: str, batch: int = 256, fixed: bool = False
+) -> list[torch.Tensor]:
     """Hidden states (outputs of decoder layers `layer_ids`, concatenated, bf16) of many sequences, in
     right-padded batches: the model is causal, so a position never sees the padding after it. The same
     hooks as `target.extract`, batched (the demo's training data is thousands of sequences)."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     got: dict[int, torch.Tensor] = {}
-    hooks = [layers[l].register_forward_hook(
-        lambda _m, _i, o, l=l: got.__setitem__(l, o[0] if isinstance(o, tuple) else o)) for l in set(layer_ids)]
+    hooks = [
+        layers[l].register_forward_hook(lambda _m, _i, o, l=l: got.__setitem__(l, o[0] if isinstance(o, tuple) else o))
+        for l in set(layer_ids)
+    ]
     res: dict[int, torch.Tensor] = {}
     try:
         for s in range(0, len(order), batch):
-            idx = order[s:s + batch]
+            idx = order[s : s + batch]
             T = max(len(seqs[i]) for i in (order if fixed else idx))  # fixed: one shape (one kernel autotune)
             x = torch.zeros(len(idx), T, dtype=torch.long, device=device)
             for j, i in enumerate(idx):
-                x[j, :len(seqs[i])] = torch.tensor(seqs[i], device=device)
+                x[j, : len(seqs[i])] = torch.tensor(seqs[i], device=device)
             decoder(input_ids=x, use_cache=False)
-            f = torch.cat([got[l] for l in layer_ids], dim=-1).to(torch.bfloat16)   # [b, T, K*H]
+            f = torch.cat([got[l] for l in layer_ids], dim=-1).to(torch.bfloat16)  # [b, T, K*H]
             for j, i in enumerate(idx):
-                res[i] = f[j, :len(seqs[i])].clone()
+                res[i] = f[j, : len(seqs[i])].clone()
     finally:
         for h in hooks:
             h.remove()
@@ -117,7 +121,7 @@ def cut(seq: list[int], prompt_len: int, eos: int | set[int]) -> list[int]:
     eos = {eos} if isinstance(eos, int) else set(eos)
     for i in range(prompt_len, len(seq)):
         if seq[i] in eos:
-            return seq[:i + 1]
+            return seq[: i + 1]
     return seq
 
 
@@ -140,8 +144,9 @@ def save(out: str | Path, d: TinyDrafter, w: dict[str, torch.Tensor], record: di
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = drafter_config(d) | {"torch_dtype": "bfloat16"}
-    save_file({k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in w.items()},
-              str(out / "model.safetensors"))
+    save_file(
+        {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in w.items()}, str(out / "model.safetensors")
+    )
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "training.json").write_text(json.dumps(record, indent=2))
     return out
@@ -158,25 +163,34 @@ def _lr(step: int, t: DrafterTraining) -> float:
     return t.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def block_loss(drafter: Drafter, head: Head, feats: torch.Tensor, tokens: torch.Tensor, prompt_len: int,
-               n: int, gamma: float, g: torch.Generator, bug: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def block_loss(
+    drafter: Drafter,
+    head: Head,
+    feats: torch.Tensor,
+    tokens: torch.Tensor,
+    prompt_len: int,
+    n: int,
+    gamma: float,
+    g: torch.Generator,
+    bug: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted CE of `n` random blocks of one sequence; also the slot-1 accuracy (for the log).
 
     feats [T, K*H] (bf16), tokens [T]; anchors: every position prompt_len..T-2, or `n` of them at random.
     """
     c, dev = drafter.c, drafter.device
     T, B = len(tokens), drafter.c.block_size
-    span = T - 1 - prompt_len                                                      # anchors P..T-2
+    span = T - 1 - prompt_len  # anchors P..T-2
     pick = torch.arange(span) if span <= n else torch.randperm(span, generator=g)[:n]
-    anchors = (prompt_len + pick).to(dev, non_blocking=True)                       # [n']
+    anchors = (prompt_len + pick).to(dev, non_blocking=True)  # [n']
     ids = torch.full((len(pick), B), c.mask_token_id, dtype=torch.long, device=dev)
     ids[:, 0] = tokens[anchors]
-    emb = head.embed[ids]                                                          # [n', B, H]
+    emb = head.embed[ids]  # [n', B, H]
     kv = drafter.context_kv(feats)
     # the bug: context visible up to AND including the anchor (queries moved one position on)
     h = drafter.blocks(kv, anchors + 1 if bug == "anchor_visible" else anchors, emb, max_anchor=T - 1)
-    logits = (h[:, 1:] @ head.lm_head.T).float()                                   # [n, B-1, V]
-    pos = anchors[:, None] + torch.arange(1, B, device=dev)                        # [n, B-1]
+    logits = (h[:, 1:] @ head.lm_head.T).float()  # [n, B-1, V]
+    pos = anchors[:, None] + torch.arange(1, B, device=dev)  # [n, B-1]
     valid = pos < T
     labels = torch.where(valid, tokens[pos.clamp(max=T - 1)], torch.full_like(pos, -100))
     ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none")
@@ -198,8 +212,8 @@ class Padded:
         self.feats = torch.zeros(len(data), T, data[0][0].shape[-1], dtype=data[0][0].dtype, device=dev)
         self.tokens = torch.zeros(len(data), T, dtype=torch.long, device=dev)
         for i, (f, tok, _) in enumerate(data):
-            self.feats[i, :len(tok)] = f
-            self.tokens[i, :len(tok)] = tok.to(dev)
+            self.feats[i, : len(tok)] = f
+            self.tokens[i, : len(tok)] = tok.to(dev)
         self.P = torch.tensor([p for _, _, p in data], device=dev)
         self.len = torch.tensor([len(tok) for _, tok, _ in data], device=dev)
 
@@ -207,24 +221,32 @@ class Padded:
         return len(self.P)
 
 
-def batch_loss(drafter: Drafter, head: Head, pad: Padded, idx: torch.Tensor, n: int, gamma: float,
-               g: torch.Generator, bug: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_loss(
+    drafter: Drafter,
+    head: Head,
+    pad: Padded,
+    idx: torch.Tensor,
+    n: int,
+    gamma: float,
+    g: torch.Generator,
+    bug: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted CE of `n` random blocks of each sequence `idx` [S] (anchors drawn uniformly, with
     replacement, in prompt_len..len-2), all in one stacked `blocks` call; also the slot-1 accuracy."""
     c, dev = drafter.c, drafter.device
     B, T, S = c.block_size, pad.T, len(idx)
-    P, L = pad.P[idx], pad.len[idx]                                                 # [S]
+    P, L = pad.P[idx], pad.len[idx]  # [S]
     u = torch.rand(S, n, generator=g).to(dev)
-    anchors = (P[:, None] + (u * (L - 1 - P)[:, None]).long()).flatten()            # [S*n], seq-major
+    anchors = (P[:, None] + (u * (L - 1 - P)[:, None]).long()).flatten()  # [S*n], seq-major
     seq = torch.arange(S, device=dev).repeat_interleave(n)
-    tokens = pad.tokens[idx]                                                        # [S, T]
+    tokens = pad.tokens[idx]  # [S, T]
     ids = torch.full((S * n, B), c.mask_token_id, dtype=torch.long, device=dev)
     ids[:, 0] = tokens[seq, anchors]
-    emb = head.embed[ids]                                                           # [S*n, B, H]
-    kv = drafter.context_kv(pad.feats[idx])                                         # per layer [S, nkv, T, hd]
+    emb = head.embed[ids]  # [S*n, B, H]
+    kv = drafter.context_kv(pad.feats[idx])  # per layer [S, nkv, T, hd]
     h = drafter.blocks(kv, anchors + 1 if bug == "anchor_visible" else anchors, emb, max_anchor=T - 1)
-    logits = (h[:, 1:] @ head.lm_head.T).float()                                    # [S*n, B-1, V]
-    pos = anchors[:, None] + torch.arange(1, B, device=dev)                         # [S*n, B-1]
+    logits = (h[:, 1:] @ head.lm_head.T).float()  # [S*n, B-1, V]
+    pos = anchors[:, None] + torch.arange(1, B, device=dev)  # [S*n, B-1]
     valid = pos < L[seq][:, None]
     labels = torch.where(valid, tokens[seq[:, None], pos.clamp(max=T - 1)], torch.full_like(pos, -100))
     ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none")
@@ -235,9 +257,18 @@ def batch_loss(drafter: Drafter, head: Head, pad: Padded, idx: torch.Tensor, n: 
     return loss, acc1
 
 
-def train(data: list[tuple[torch.Tensor, torch.Tensor, int]], head: Head, d: TinyDrafter, t: DrafterTraining,
-          out: str | Path, name: str, device: str = "cuda", log=print, init: str | Path | None = None,
-          step0: int = 0) -> list[dict]:
+def train(
+    data: list[tuple[torch.Tensor, torch.Tensor, int]],
+    head: Head,
+    d: TinyDrafter,
+    t: DrafterTraining,
+    out: str | Path,
+    name: str,
+    device: str = "cuda",
+    log=print,
+    init: str | Path | None = None,
+    step0: int = 0,
+) -> list[dict]:
     """Train one drafter on `data` = [(features [T, K*H], tokens [T], prompt_len)], all on `device`.
 
     Saves `out/<name>` (a format string; `{step}` is the last step) at the end and `out/early-step<S>` at
@@ -250,14 +281,22 @@ def train(data: list[tuple[torch.Tensor, torch.Tensor, int]], head: Head, d: Tin
     w = init_weights(c, device, t.seed)
     if init is not None:
         from dflash_dash.drafter import load
+
         w = {k: v.to(device, torch.float32).requires_grad_(True) for k, v in load(init).w.items()}
     drafter = Drafter(c, w)
     mats = [v for v in w.values() if v.ndim >= 2]
     vecs = [v for v in w.values() if v.ndim < 2]
-    opt = torch.optim.AdamW([{"params": mats, "weight_decay": t.weight_decay}, {"params": vecs, "weight_decay": 0.0}],
-                            lr=t.lr, betas=(0.9, 0.95), fused=device.startswith("cuda"))
-    amp = (torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda")
-           else torch.autocast("cpu", enabled=False))
+    opt = torch.optim.AdamW(
+        [{"params": mats, "weight_decay": t.weight_decay}, {"params": vecs, "weight_decay": 0.0}],
+        lr=t.lr,
+        betas=(0.9, 0.95),
+        fused=device.startswith("cuda"),
+    )
+    amp = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if device.startswith("cuda")
+        else torch.autocast("cpu", enabled=False)
+    )
     curve, records, t0 = [], [], time.perf_counter()
     snaps = {max(1, int(f * t.steps)) for f in t.snapshot_fracs}
     pad, val = None, None
@@ -272,13 +311,15 @@ def train(data: list[tuple[torch.Tensor, torch.Tensor, int]], head: Head, d: Tin
         if step == 1:
             t1 = time.perf_counter()
         if t.budget_s and step in (t.probe, 5 * t.probe):  # fix the step count from the step time (first
-            if step == 5 * t.probe:                          # step left out; again once warm)
+            if step == 5 * t.probe:  # step left out; again once warm)
                 t1 = t_probe
             per = (time.perf_counter() - t1) / (step - (1 if step == t.probe else t.probe))
             t.steps = max(step + 1, min(cap, step + int((t.budget_s - (time.perf_counter() - t0)) / per)))
             snaps = {max(t.probe + 1, int(f * t.steps)) for f in t.snapshot_fracs} if step == t.probe else snaps
-            log(f"{name}: {per * 1000:.0f} ms/step -> {t.steps} steps in the {t.budget_s:.0f} s budget, "
-                f"snapshots at {sorted(snaps)}")
+            log(
+                f"{name}: {per * 1000:.0f} ms/step -> {t.steps} steps in the {t.budget_s:.0f} s budget, "
+                f"snapshots at {sorted(snaps)}"
+            )
             t_probe = time.perf_counter()
         for grp in opt.param_groups:
             grp["lr"] = _lr(step, t)
@@ -312,20 +353,32 @@ def train(data: list[tuple[torch.Tensor, torch.Tensor, int]], head: Head, d: Tin
                 msg = f"; val loss {float(vl):.3f} acc {float(va):.3f}"
                 if t.keep_best and float(vl) < best[0]:
                     best = (float(vl), step + 1, {k: v.detach().clone() for k, v in w.items()}, list(curve))
-            log(f"{name} step {step + 1}/{t.steps} loss {tot:.3f} slot-1 acc {acc:.3f}{msg} "
-                f"({time.perf_counter() - t0:.0f} s)")
+            log(
+                f"{name} step {step + 1}/{t.steps} loss {tot:.3f} slot-1 acc {acc:.3f}{msg} "
+                f"({time.perf_counter() - t0:.0f} s)"
+            )
         if step + 1 in snaps or step + 1 == t.steps:
             last = step + 1 == t.steps
             at, ww, cv = step + 1, w, curve
             if last and t.keep_best and best[2] is not None:  # early stopping: the best validation loss
                 _, at, ww, _ = best
             label = name.format(step=step0 + at) if last else f"early-step{step + 1}"
-            rec = {"name": label, "step": step0 + at, "init": str(init) if init else None, "seconds": round(time.perf_counter() - t0, 1),
-                   "loss": next((c[1] for c in cv if c[0] == at), cv[-1][1] if cv else None),
-                   "loss_curve": list(cv), "training": asdict(t), "drafter": asdict(d)}
+            rec = {
+                "name": label,
+                "step": step0 + at,
+                "init": str(init) if init else None,
+                "seconds": round(time.perf_counter() - t0, 1),
+                "loss": next((c[1] for c in cv if c[0] == at), cv[-1][1] if cv else None),
+                "loss_curve": list(cv),
+                "training": asdict(t),
+                "drafter": asdict(d),
+            }
             if last and t.keep_best and best[2] is not None:
-                rec |= {"best_val_loss": round(best[0], 4), "trained_steps": step0 + step + 1,
-                        "kept": f"the weights of step {step0 + at} (lowest validation loss of the loss curve)"}
+                rec |= {
+                    "best_val_loss": round(best[0], 4),
+                    "trained_steps": step0 + step + 1,
+                    "kept": f"the weights of step {step0 + at} (lowest validation loss of the loss curve)",
+                }
             save(Path(out) / label, d, ww, rec)
             records.append(rec)
         step += 1
