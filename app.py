@@ -30,7 +30,7 @@ page = st.navigation(PAGES)
 @st.fragment(run_every=2.0)
 def running_jobs() -> None:
     try:
-        active = common.jobs_mod().active(common.store())
+        active = common.job_lifecycle().active(common.store())
     except Exception as e:  # noqa: BLE001  (the sidebar must never break the page)
         st.caption(f"jobs unavailable: {e}")
         return

@@ -8,7 +8,7 @@ with cold data caches.
         --page-cpus 0,1                 # build on a GPU machine, pages measured as on a 2-core machine
 
 Options: `--device` is where extract and sweep run (cpu, cuda); `--workers N` shards their prompts over N
-worker processes on that device (`jobs.workers`, what the CLI's `--gpus` does; 1: this process);
+worker processes on that device (`jobs.workers.pool`, what the CLI's `--gpus` does; 1: this process);
 `--max-build-s S` stops replaying checkpoints once the build has used S seconds: the sweep is run in rounds
 (the folder of checkpoints grows by as many as the rounds so far say fit, and `pipeline.sweep` replays only
 the new ones), so fewer runs than `--runs` may be built (`runs_built` says how many; the first round, one
@@ -157,7 +157,8 @@ def build(
     checkpoints are replayed in rounds while the build's time lasts (figs["runs_built"] says how many)."""
     from transformers import AutoTokenizer
 
-    from dflash_dash import jobs, pipeline
+    from dflash_dash import pipeline
+    from dflash_dash.jobs.workers import pool
     from dflash_dash.store import Store
     from tools import planted, tiny
 
@@ -184,7 +185,7 @@ def build(
     tiny.write_drafter(step(0), tiny.TinyDrafter(seed=0, block_size=block_size))
     tok = AutoTokenizer.from_pretrained(target)
     st = Store(ws)
-    runner = jobs.workers(st, [device] * workers) if workers > 1 else None
+    runner = pool(st, [device] * workers) if workers > 1 else None
     t0 = time.perf_counter()
     pipeline.import_completions(st, planted.completions_file(work, tok, prompts, tokens), planted.SET)
     figs["build_import_s"] = time.perf_counter() - t0

@@ -1,6 +1,6 @@
 """The parent's side of a sweep checkpoint (issue 12), on the CPU: a worker's chain-only results for `--prompts`
-prompts of 2,560 tokens packed as the worker sends them (`jobs._plain`), unpacked as the parent reads them
-(`jobs._unpacked`), then the parent's store step (`pipeline.store_run`: summary, rows, array file, four kept
+prompts of 2,560 tokens packed as the worker sends them (`wire.plain`), unpacked as the parent reads them
+(`wire.unpacked`), then the parent's store step (`pipeline.store_run`: summary, rows, array file, four kept
 analyses; the set's completions read once before, as a sweep's parent does). With one worker the parent does this
 while the worker replays the next checkpoint, so a sweep's checkpoints come no faster than this.
 
@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 from _common import report  # (puts the repository root on sys.path)
 
-from dflash_dash import jobs, pipeline, replay, store
+from dflash_dash import pipeline, replay, store
+from dflash_dash.jobs import wire
 from dflash_dash.store import Store, new_id
 from tools import planted, tiny
 
@@ -77,9 +78,9 @@ def main() -> None:
         r.draft_logp = np.where(off[:, None], np.nan, np.asarray(r.draft_logp, dtype=np.float32)).astype(np.float32)
         r.round_top_ids, r.round_top_p = np.asarray(r.round_top_ids), np.asarray(r.round_top_p)
     t0 = time.perf_counter()
-    lines = [json.dumps({"event": {"checkpoint": 0, "result": r}}, default=jobs._plain) for r in res]
+    lines = [json.dumps({"event": {"checkpoint": 0, "result": r}}, default=wire.plain) for r in res]
     t1 = time.perf_counter()
-    back = [replay.PromptResult(**jobs._unpacked(json.loads(ln)["event"])["result"]) for ln in lines]
+    back = [replay.PromptResult(**wire.unpacked(json.loads(ln)["event"])["result"]) for ln in lines]
     comps = {c["prompt_id"]: c for c in st.completions(planted.SET)}  # a sweep's parent reads them once
     t2 = time.perf_counter()
     pipeline.store_run(

@@ -332,7 +332,7 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
     sync(dev)
     t0 = time.perf_counter()
     budget = a.budget if a.sweep_budget is None else a.sweep_budget
-    from dflash_dash import jobs
+    from dflash_dash.jobs import workers
 
     trace = base / "trace.jsonl"
     if a.trace and not a.in_process:  # the worker loads trace_site/sitecustomize.py at start-up
@@ -340,7 +340,7 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [str(Path(__file__).parent / "trace_site")] + [p for p in [os.environ.get("PYTHONPATH")] if p]
         )
-    runner = None if a.in_process else jobs.workers(st, [dev])  # reads features in its own process
+    runner = None if a.in_process else workers.pool(st, [dev])  # reads features in its own process
     last = [0.0]
 
     said = []

@@ -4,7 +4,7 @@ Contract: a stable interface scripts rely on. Results go to stdout (ids, JSON); 
 to stderr; a user error exits with status 2 and a one-line message naming the problem and the fix,
 never a traceback. Each operation's options take their defaults from its `ops` dataclass and are turned into
 one (`op_of`), so the CLI, jobs and pages share one definition; `--gpus 0,1` (extract, replay, sweep) shards
-the prompts over one worker process per device (jobs.workers), `--gpus cpu,cpu` over CPU workers.
+the prompts over one worker process per device (jobs.workers.pool), `--gpus cpu,cpu` over CPU workers.
 """
 
 from __future__ import annotations
@@ -59,17 +59,21 @@ def op_of(cls: type[ops.Op], a: argparse.Namespace, **given) -> ops.Op:
 
 
 def runner(st, op: ops.Op):
-    """Worker processes over the op's GPUs when it names several (jobs.workers); None: work in this process."""
-    return jobs_mod().runner_for(st, op)
+    """Worker processes over the op's GPUs when it names several (jobs.workers.pool); None: work in this process."""
+    from .jobs import workers
+
+    return workers.runner_for(st, op)
 
 
 def cmd_extract(a, st):
+    from .jobs import orchestrate
+
     if a.resume:
         st.extraction(a.resume)  # must exist: a typo must not start a new extraction under that id
     op = op_of(ops.Extract, a, extraction_id=a.resume)
     op = replace(op, layers=pipeline.layer_ids_of(op.drafter, op.layers), drafter=None)
     for i, dev in enumerate(dict.fromkeys(op.devices())):
-        for w in jobs_mod().check_extract(st, op.target, op.completions, op.layers, dev, op.dtype, a.resume):
+        for w in orchestrate.check_extract(st, op.target, op.completions, op.layers, dev, op.dtype, a.resume):
             if i == 0:  # the page asks to confirm; a script asked for it explicitly
                 print(f"note: {w}", file=sys.stderr)
     if op.orchestrate != "none":  # free the server's GPU around the extraction: the job does it, we follow it
@@ -78,9 +82,9 @@ def cmd_extract(a, st):
 
 
 def jobs_mod():
-    from . import jobs
+    from .jobs import lifecycle
 
-    return jobs
+    return lifecycle
 
 
 def follow(st, job_id: str, key: str, every: float = 0.3) -> int:
@@ -166,7 +170,7 @@ def cmd_fetch(a, st):
 
 
 def cmd_jobs(a, st):
-    from . import jobs
+    from .jobs import lifecycle as jobs
 
     if a.action == "list":
         return _print(jobs.recent(st, a.limit))

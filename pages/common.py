@@ -3,7 +3,7 @@ the error guard and the live job panel.
 
 Contract: the only other file (with app.py and the pages) that imports streamlit. Reads go through
 `st.cache_data` keyed on the workspace path and `Store.stamp()` (changes when data is added), objects through
-`st.cache_resource`. Long work is started as a job (`dflash_dash.jobs`) and followed by a fragment that polls
+`st.cache_resource`. Long work is started as a job (`dflash_dash.jobs.lifecycle`) and followed by a fragment that polls
 the store every second; when a job finishes the whole page reruns so new data shows up. `guard()` turns
 every error into an `st.error` message: never a traceback in the browser.
 """
@@ -364,16 +364,17 @@ def backend_note(backend: str | None, what: str = "This run") -> None:
 # jobs
 
 
-def jobs_mod():
-    from dflash_dash import jobs
+def job_lifecycle():
+    """The job lifecycle (start, cancel, rerun, log tail, ...), imported on first use: it loads the operations."""
+    from dflash_dash.jobs import lifecycle
 
-    return jobs
+    return lifecycle
 
 
 def start_job(op) -> str:
     """Start operation `op` (a `dflash_dash.ops` dataclass) as a job (a separate process) and remember it so its
     panel follows it."""
-    job_id = jobs_mod().start(store(), op)
+    job_id = job_lifecycle().start(store(), op)
     st.session_state.setdefault("_started_jobs", []).append(job_id)
     st.toast(f"started {op.kind} job {job_id}")
     return job_id
@@ -390,7 +391,7 @@ def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
             body()
 
     def body():
-        jobs = jobs_mod()
+        jobs = job_lifecycle()
         st_ = store()
         rows = [j for j in jobs.recent(st_, 30, dismissed=False) if j["kind"] in kinds][:n]
         final = {j["id"] for j in rows if j["status"] not in ACTIVE}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dflash_dash import ops, views
+from dflash_dash.jobs import gpu
 from pages import common
 
 common.routed()
@@ -230,7 +231,7 @@ def server_block() -> None:
     status()
     st.subheader("GPU memory")
     try:
-        gpus = common.jobs_mod().gpu_memory()
+        gpus = gpu.gpu_memory()
     except Exception as e:  # noqa: BLE001
         st.caption(f"GPU memory unavailable: {e}")
         return

@@ -1,8 +1,9 @@
 """Extraction: target hidden states for a completion set, as a job with the GPU orchestration shown before
 it runs (memory-release API, the configured stop/start commands, or none); GPU memory per device; every
 existing extraction with its backend and a Re-extract button that asks for device and dtype (this machine's by
-default). Both forms check before a job starts (jobs.check_extract, as `extract` on the CLI): a device the machine
-lacks is refused, a duplicate of an existing extraction needs a tick. URL: extraction (a form, no selection)."""
+default). Both forms check before a job starts (jobs.orchestrate.check_extract, as `extract` on the CLI): a device
+the machine lacks is refused, a duplicate of an existing extraction needs a tick. URL: extraction (a form, no
+selection)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import streamlit as st
 
 from dflash_dash import ops, views
 from dflash_dash.errors import UserError
+from dflash_dash.jobs import gpu
 from pages import common
 
 common.routed()
@@ -49,7 +51,7 @@ def orchestration_plan(choice: str) -> list[str]:
 def gpu_block() -> None:
     st.subheader("GPU memory")
     try:
-        gpus = common.jobs_mod().gpu_memory()
+        gpus = gpu.gpu_memory()
     except Exception as e:  # noqa: BLE001  (no nvidia-smi, no driver: say so)
         st.caption(f"GPU memory unavailable: {e}")
         return
@@ -89,10 +91,12 @@ def existing(ws: str, stamp: str, orch: str) -> None:
 
 def reextract_form(e: dict, orch: str) -> None:
     """Device and dtype of a re-extraction (this machine's by default), checked before any job starts
-    (jobs.check_extract, as the CLI's `extract`): a device the machine lacks is refused; a duplicate of an
+    (jobs.orchestrate.check_extract, as the CLI's `extract`): a device the machine lacks is refused; a duplicate of an
     existing extraction needs a tick first."""
-    jobs, key = common.jobs_mod(), f"rx_{e['id']}"
-    have = jobs.devices()
+    from dflash_dash.jobs import orchestrate
+
+    key = f"rx_{e['id']}"
+    have = gpu.devices()
     c1, c2 = st.columns(2)
     device = c1.text_input(
         "device", value=have[0], key=f"{key}_device", help=f"cpu, cuda or cuda:N; this machine has {', '.join(have)}"
@@ -102,7 +106,9 @@ def reextract_form(e: dict, orch: str) -> None:
         "dtype", dtypes, index=dtypes.index("float32" if have[0] == "cpu" else "bfloat16"), key=f"{key}_dtype"
     )
     try:
-        dups = jobs.check_extract(common.store(), e["target_path"], e["set_name"], list(e["layer_ids"]), device, dtype)
+        dups = orchestrate.check_extract(
+            common.store(), e["target_path"], e["set_name"], list(e["layer_ids"]), device, dtype
+        )
     except UserError as err:
         st.error(str(err))
         dups, ok = [], False
@@ -177,7 +183,7 @@ def main() -> None:
                 help="comma-separated, e.g. 1,16,31,46,61; ignored when a drafter is given",
             )
             c5, c6 = st.columns(2)
-            have = common.jobs_mod().devices()
+            have = gpu.devices()
             device = c5.text_input(
                 "device", value=have[0], help=f"cpu, cuda or cuda:N; this machine has {', '.join(have)}"
             )
@@ -197,6 +203,7 @@ def main() -> None:
                 st.error("Give a drafter checkpoint (its layer ids are used) or explicit layer ids.")
             else:
                 from dflash_dash import pipeline
+                from dflash_dash.jobs import orchestrate
 
                 args = {
                     "target": target.strip(),
@@ -210,7 +217,7 @@ def main() -> None:
                 else:
                     args["layers"] = pipeline.layer_ids_of(None, layers.strip())
                 try:
-                    dups = common.jobs_mod().check_extract(
+                    dups = orchestrate.check_extract(
                         common.store(),
                         args["target"],
                         set_name,

@@ -55,18 +55,18 @@ def until(fn, timeout: float = 60.0, every: float = 0.05, what: str = "condition
 
 def status_now(store, job: str) -> str:
     """The job's status after a refresh (which notices dead processes)."""
-    from dflash_dash import jobs
+    from dflash_dash.jobs import lifecycle
 
-    jobs.refresh(store)
+    lifecycle.refresh(store)
     return store.job(job)["status"]
 
 
 def stop_jobs(store) -> None:
     """Cancel the store's jobs still running (cleanup after a failed test)."""
-    from dflash_dash import jobs
+    from dflash_dash.jobs import lifecycle
 
-    for j in jobs.active(store):
-        jobs.cancel(store, j["id"], grace=5)
+    for j in lifecycle.active(store):
+        lifecycle.cancel(store, j["id"], grace=5)
 
 
 def tiny_model(folder: Path) -> Path:

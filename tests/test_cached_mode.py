@@ -10,7 +10,8 @@ import urllib.request
 
 import pytest
 
-from dflash_dash import cli, jobs, pipeline
+from dflash_dash import cli, pipeline
+from dflash_dash.jobs import dispatch
 from dflash_dash.store import Store
 
 
@@ -83,6 +84,6 @@ def test_replay_and_export_make_no_network_call(prepared, workspace_copy, offlin
         {"drafter": str(prepared.drafters[0]), "extraction": prepared.extraction, "tree_budget": 2},
         str(workspace_copy / "r.log"),
     )
-    assert jobs.execute(store, "job-r") == 0, store.job("job-r")
+    assert dispatch.execute(store, "job-r") == 0, store.job("job-r")
     assert store.job("job-r")["result"]["run"] in {r["id"] for r in store.runs()}
     assert offline == []

@@ -194,7 +194,7 @@ def test_worker_results_travel_packed_and_equal():
     comes back equal: 1-D fields as lists, the others as numpy arrays; ragged and empty values as they are."""
     import json
 
-    from dflash_dash import jobs
+    from dflash_dash.jobs import wire
 
     r = rp.PromptResult(
         "p",
@@ -207,25 +207,25 @@ def test_worker_results_travel_packed_and_equal():
         round_top_ids=[[[5, 1], [6, 2]]],
         round_top_p=[[[0.5, 0.25], [0.125, 1 / 3]]],
     )
-    back = rp.PromptResult(**jobs._unpacked(json.loads(json.dumps({"result": r}, default=jobs._plain)))["result"])
+    back = rp.PromptResult(**wire.unpacked(json.loads(json.dumps({"result": r}, default=wire.plain)))["result"])
     want = rp.listed(r)
     assert back.accepted_at == want.accepted_at == [2, -1, 0] and back.drafts.tolist() == want.drafts  # int64 kept
     assert np.array_equal(back.draft_logp, np.array(want.draft_logp), equal_nan=True)
     assert back.round_top_p.tolist() == want.round_top_p and back.round_top_ids.tolist() == want.round_top_ids
-    assert back.tree_at == [] and jobs.pack([[1], [2, 3]]) == [[1], [2, 3]]
+    assert back.tree_at == [] and wire.pack([[1], [2, 3]]) == [[1], [2, 3]]
     # chain-only shape: most anchors' rows empty (-1 / NaN); only the others travel, and come back in place
     drafts = np.full((50, 4), -1, dtype=np.int64)
     logp = np.full((50, 4), np.nan, dtype=np.float32)
     drafts[[0, 7, 30]] = [[3, -1, -1, -1], [0, 9, 8, 1], [-1, 4, -1, -1]]  # a row with one value is not empty
     logp[[0, 7, 30]] = [[-0.5, np.nan, np.nan, np.nan], [-1, -2, -3, 0], [np.nan, -0.25, np.nan, np.nan]]
     for a in (drafts, logp, drafts[:, :, None].repeat(2, 2)):
-        packed = jobs.pack(a)
-        assert len(packed["packed"]) == 4 and len(json.dumps(packed)) < len(json.dumps(jobs.pack(a[[0, 7, 30]]))) * 2
-        got = jobs.unpack(json.loads(json.dumps(packed)))
+        packed = wire.pack(a)
+        assert len(packed["packed"]) == 4 and len(json.dumps(packed)) < len(json.dumps(wire.pack(a[[0, 7, 30]]))) * 2
+        got = wire.unpack(json.loads(json.dumps(packed)))
         assert got.shape == a.shape and np.array_equal(got, a, equal_nan=True)
     dense = drafts.copy()
     dense[:30] = 1  # most rows filled: sent whole
-    assert len(jobs.pack(dense)["packed"]) == 3 and np.array_equal(jobs.unpack(jobs.pack(dense)), dense)
+    assert len(wire.pack(dense)["packed"]) == 3 and np.array_equal(wire.unpack(wire.pack(dense)), dense)
     assert vars(rp.listed(r, keep_2d=True)).keys() == vars(r).keys() and rp.listed(r, keep_2d=True).rounds == [3]
 
 
@@ -235,10 +235,10 @@ def test_worker_writer_keeps_order_and_raises_its_failure():
     import io
     import json
 
-    from dflash_dash import jobs
+    from dflash_dash.jobs import wire
 
     out = io.StringIO()
-    w = jobs._Writer(out)
+    w = wire.Writer(out)
     for i in range(200):
         w.emit(
             {"progress": [i, 200, "x"]}
@@ -251,7 +251,7 @@ def test_worker_writer_keeps_order_and_raises_its_failure():
         range(200)
     )
     out = io.StringIO()
-    w = jobs._Writer(out)
+    w = wire.Writer(out)
     w.emit({"event": 1})
     w.emit({"event": object()})  # not JSON data
     w.emit({"event": 3})

@@ -17,10 +17,11 @@ import torch
 from safetensors.torch import save_file
 from serving import stop_jobs, until
 
-from dflash_dash import cli, jobs, pipeline
+from dflash_dash import cli, pipeline
 from dflash_dash import drafter as dr
 from dflash_dash import replay as rp
 from dflash_dash import target as tg
+from dflash_dash.jobs import lifecycle
 from dflash_dash.store import Store
 from tools import tiny
 
@@ -373,8 +374,8 @@ def test_unsafe_pickle_refused_and_its_payload_never_runs(prepared, workspace_co
     st = Store(workspace_copy)
     before = len(st.runs())
     try:
-        job = jobs.start(st, "replay", {"drafter": str(step), "extraction": prepared.extraction})
-        until(lambda: st.job(job)["status"] not in jobs.ACTIVE, 120, what="the replay job to end")
+        job = lifecycle.start(st, "replay", {"drafter": str(step), "extraction": prepared.extraction})
+        until(lambda: st.job(job)["status"] not in lifecycle.ACTIVE, 120, what="the replay job to end")
         row = st.job(job)
         assert row["status"] == "failed" and "specforge export --to hf" in row["error"]
     finally:

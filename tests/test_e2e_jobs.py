@@ -10,7 +10,7 @@ from conftest import CODE_TEXT
 from serving import status_now, until
 from test_e2e import CHROMIUM, browser, dashboard, drawn, open_page, page, settle  # noqa: F401  (fixtures)
 
-from dflash_dash import jobs
+from dflash_dash.jobs import lifecycle
 from dflash_dash.store import Store
 
 pytestmark = pytest.mark.skipif(
@@ -40,7 +40,7 @@ def test_a_failed_job_is_dismissed_and_stays_gone(env, page):
     folder.mkdir()
     (folder / "notes.txt").write_text("no config.json, no weights")
     st = Store(ws)
-    job_id = jobs.start(st, "replay", {"drafter": str(folder), "extraction": p.extraction})
+    job_id = lifecycle.start(st, "replay", {"drafter": str(folder), "extraction": p.extraction})
     until(lambda: status_now(st, job_id) == "failed", timeout=180, every=0.3, what="the replay job to fail")
     error = st.job(job_id)["error"]
     open_page(page, env, "acceptance", "Acceptance")
@@ -58,7 +58,7 @@ def test_a_failed_job_is_dismissed_and_stays_gone(env, page):
     settle(page)
     page.get_by_text("No replay / sweep jobs yet.").wait_for(timeout=30_000)  # the panel has drawn, without it
     assert job_id not in page.locator("[data-testid=stMain]").inner_text()
-    listed = {j["id"]: j["dismissed"] for j in jobs.recent(st, 50)}  # the CLI's `jobs` still lists it
+    listed = {j["id"]: j["dismissed"] for j in lifecycle.recent(st, 50)}  # the CLI's `jobs` still lists it
     assert listed[job_id] is True
 
 

@@ -9,7 +9,8 @@ import pytest
 from serving import until
 from test_e2e import ARGS, CHROMIUM, browser, dashboard, open_page, page, settle  # noqa: F401  (fixtures)
 
-from dflash_dash import cli, jobs
+from dflash_dash import cli
+from dflash_dash.jobs import lifecycle
 from dflash_dash.store import Store
 from tools import tiny
 
@@ -46,7 +47,7 @@ def hostile(tmp_path_factory):
         assert cli.main(["--workspace", str(ws), *args]) == 0
     st = Store(ws)
     # a job whose log and error hold hostile text: a replay of a checkpoint path that does not exist
-    job = jobs.start(st, "replay", {"drafter": str(base / PWN.format("log")), "extraction": "latest"})
+    job = lifecycle.start(st, "replay", {"drafter": str(base / PWN.format("log")), "extraction": "latest"})
     until(lambda: st.job(job)["status"] == "failed", 120, what="the hostile job to fail")
     runs = [r["id"] for r in st.runs()]
     with dashboard(ws, base) as url:

@@ -11,7 +11,8 @@ import pytest
 from serving import Served, free_port, status_now, stop_jobs, tiny_model, until
 from transformers import AutoTokenizer
 
-from dflash_dash import cli, jobs, pipeline, prompts
+from dflash_dash import cli, pipeline, prompts
+from dflash_dash.jobs import lifecycle
 from dflash_dash.sglang import ServerError, chat_ids
 from dflash_dash.store import Store
 
@@ -131,7 +132,7 @@ def test_killed_fetch_job_resumes_without_duplicates(srv, tmp_path, monkeypatch,
     (tmp_path / "ws" / "config.toml").write_text(f'[server]\nurl = "{srv.url}"\n')
     request.addfinalizer(lambda: stop_jobs(store))
     before = srv.generates()
-    job = jobs.start(store, "fetch", {"prompt_set": "coding-10", "name": "k", "max_new_tokens": 32})
+    job = lifecycle.start(store, "fetch", {"prompt_set": "coding-10", "name": "k", "max_new_tokens": 32})
     until(lambda: len(store.completion_ids("k")) >= 3, 90, what="3 completions from the job")
     os.killpg(store.job(job)["pid"], signal.SIGKILL)
 
@@ -143,10 +144,10 @@ def test_killed_fetch_job_resumes_without_duplicates(srv, tmp_path, monkeypatch,
     kept = {r["prompt_id"]: r for r in store.completions("k")}
     assert 3 <= len(kept) < 10, "the job finished before it was killed; the test proves nothing"
 
-    again = jobs.rerun(store, job)
-    until(lambda: store.job(again)["status"] not in jobs.ACTIVE, 90, what="the rerun job")
+    again = lifecycle.rerun(store, job)
+    until(lambda: store.job(again)["status"] not in lifecycle.ACTIVE, 90, what="the rerun job")
     done = store.job(again)
-    assert done["status"] == "done", (done, jobs.log_tail(store, again))
+    assert done["status"] == "done", (done, lifecycle.log_tail(store, again))
     assert done["result"] == {"set": "k", "fetched": 10 - len(kept)} and done["progress"] == 1.0
     rows = store.completions("k")
     assert [r["prompt_id"] for r in rows] == COD10

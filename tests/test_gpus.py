@@ -16,7 +16,8 @@ import pytest
 import torch
 from serving import stop_jobs, until
 
-from dflash_dash import cache, cli, drafter, jobs, ops, pipeline
+from dflash_dash import cache, cli, drafter, ops, pipeline
+from dflash_dash.jobs import lifecycle
 from dflash_dash.store import Store
 
 PROMPTS, LEN = 16, 1200  # the kill test's set: long enough that both workers are still busy when one is killed
@@ -124,10 +125,12 @@ def test_a_killed_worker_fails_the_job_and_a_rerun_resumes(prepared, store, tmp_
     pipeline.import_completions(store, f, "long")
     ref = features(store, pipeline.extract(store, str(prepared.target), "long", [1, 4]))  # one process, here
 
-    job = jobs.start(store, ops.Extract(target=str(prepared.target), completions="long", layers=[1, 4], gpus="cpu,cpu"))
+    job = lifecycle.start(
+        store, ops.Extract(target=str(prepared.target), completions="long", layers=[1, 4], gpus="cpu,cpu")
+    )
     ex = until(lambda: (store.job(job)["result"] or {}).get("extraction"), 300, what="the extraction id")
     until(
-        lambda: len(store.items(ex)) >= 1 or store.job(job)["status"] not in jobs.ACTIVE,
+        lambda: len(store.items(ex)) >= 1 or store.job(job)["status"] not in lifecycle.ACTIVE,
         300,
         0.02,
         "the first prompt extracted",
@@ -135,7 +138,7 @@ def test_a_killed_worker_fails_the_job_and_a_rerun_resumes(prepared, store, tmp_
     pids = workers_of(store.job(job)["pid"])
     assert len(pids) == 2 and len(store.items(ex)) < PROMPTS, "the workers ended before one could be killed"
     os.kill(pids[0], signal.SIGKILL)
-    until(lambda: store.job(job)["status"] not in jobs.ACTIVE, 60, what="the job to notice the dead worker")
+    until(lambda: store.job(job)["status"] not in lifecycle.ACTIVE, 60, what="the job to notice the dead worker")
     row = store.job(job)
     assert row["status"] == "failed"
     assert row["error"].startswith("worker ") and "died (killed by signal 9 SIGKILL)" in row["error"]
@@ -145,10 +148,10 @@ def test_a_killed_worker_fails_the_job_and_a_rerun_resumes(prepared, store, tmp_
     # the killed worker may have finished its shard before the kill landed (its events were in the pipe)
     assert 1 <= len(kept) <= PROMPTS and store.extraction(ex)["status"] == "failed"
 
-    again = jobs.rerun(store, job)
+    again = lifecycle.rerun(store, job)
     assert store.job(again)["args"]["extraction_id"] == ex and store.job(again)["args"]["gpus"] == ["cpu", "cpu"]
-    until(lambda: store.job(again)["status"] not in jobs.ACTIVE, 300, what="the rerun")
-    assert store.job(again)["status"] == "done", (store.job(again)["error"], jobs.log_tail(store, again))
+    until(lambda: store.job(again)["status"] not in lifecycle.ACTIVE, 300, what="the rerun")
+    assert store.job(again)["status"] == "done", (store.job(again)["error"], lifecycle.log_tail(store, again))
     assert store.job(again)["result"]["extraction"] == ex and store.extraction(ex)["status"] == "done"
     assert all(
         Path(it["file"]).stat().st_mtime_ns == kept[it["prompt_id"]]

@@ -13,7 +13,8 @@ import time
 import pytest
 from serving import free_port, status_now, stop_jobs, until
 
-from dflash_dash import cli, jobs, ops
+from dflash_dash import cli, ops, pipeline
+from dflash_dash.jobs import dispatch, lifecycle
 from dflash_dash.store import Store
 
 
@@ -30,7 +31,7 @@ def store(tmp_path, monkeypatch):
 
 def waiting_job(store: Store) -> str:
     """A fetch job that is running and waiting for the (absent) server."""
-    job = jobs.start(store, "fetch", {"prompt_set": "coding-10", "name": "w", "max_new_tokens": 4})
+    job = lifecycle.start(store, "fetch", {"prompt_set": "coding-10", "name": "w", "max_new_tokens": 4})
     until(lambda: (store.job(job)["step"] or "").startswith("waiting for"), 90, what="the job to wait for /health")
     assert store.job(job)["status"] == "running"
     return job
@@ -48,14 +49,14 @@ def test_cancel_stops_the_job_process(store):
     job = waiting_job(store)
     pid = store.job(job)["pid"]
     t0 = time.monotonic()
-    row = jobs.cancel(store, job)
-    assert time.monotonic() - t0 < jobs.GRACE_S  # ended by SIGTERM, no SIGKILL needed
+    row = lifecycle.cancel(store, job)
+    assert time.monotonic() - t0 < lifecycle.GRACE_S  # ended by SIGTERM, no SIGKILL needed
     assert row["status"] == "cancelled" and row["error"] == "cancelled by user"
     assert not alive(pid)
-    assert "cancelled (SIGTERM)" in jobs.log_tail(store, job)
-    assert jobs.active(store) == []
+    assert "cancelled (SIGTERM)" in lifecycle.log_tail(store, job)
+    assert lifecycle.active(store) == []
     with pytest.raises(ValueError, match="only queued or running jobs can be cancelled"):
-        jobs.cancel(store, job)
+        lifecycle.cancel(store, job)
 
 
 def test_sigkilled_job_is_marked_failed_not_left_running(store):
@@ -63,7 +64,7 @@ def test_sigkilled_job_is_marked_failed_not_left_running(store):
     # a: started by this process (its exit status is known)
     os.killpg(store.job(a)["pid"], signal.SIGKILL)
     # b: as if another process had started it: an unreaped zombie whose exit status this process cannot read
-    proc_b = jobs._CHILDREN.pop(b)
+    proc_b = lifecycle._CHILDREN.pop(b)
     os.killpg(proc_b.pid, signal.SIGKILL)
     until(lambda: open(f"/proc/{proc_b.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", 30, what="zombie")
 
@@ -71,25 +72,25 @@ def test_sigkilled_job_is_marked_failed_not_left_running(store):
     ra, rb = store.job(a), store.job(b)
     assert ra["error"].startswith("process died (killed by signal 9 SIGKILL); see the log")
     assert rb["status"] == "failed" and rb["error"].startswith("process died (exit status unknown)")
-    assert {j["id"]: j["status"] for j in jobs.recent(store)} == {a: "failed", b: "failed"}
+    assert {j["id"]: j["status"] for j in lifecycle.recent(store)} == {a: "failed", b: "failed"}
     proc_b.wait()
 
 
 def test_job_errors_are_recorded(store, tmp_path, capsys):
     # a user error, in a real job process: its message, no traceback
-    job = jobs.start(store, "fetch", {"prompt_set": str(tmp_path / "missing.jsonl"), "name": "x"})
-    until(lambda: store.job(job)["status"] not in jobs.ACTIVE, 90, what="the job to end")
+    job = lifecycle.start(store, "fetch", {"prompt_set": str(tmp_path / "missing.jsonl"), "name": "x"})
+    until(lambda: store.job(job)["status"] not in lifecycle.ACTIVE, 90, what="the job to end")
     row = store.job(job)
     assert row["status"] == "failed"
     assert row["error"] == (
         f"prompt set {str(tmp_path / 'missing.jsonl')!r}: neither a built-in set (coding-10) nor an existing JSONL file"
     )
-    assert "Traceback" not in jobs.log_tail(store, job) and "error: prompt set" in jobs.log_tail(store, job)
+    assert "Traceback" not in lifecycle.log_tail(store, job) and "error: prompt set" in lifecycle.log_tail(store, job)
     # an unexpected error (run in this process): a one-line error in the store, the traceback in the output
     store.add_job("job-bad", "fetch", {"prompt_set": "coding-10", "name": "x"}, "x.log")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(jobs.pipeline, "fetch", lambda *a, **k: int("many"))  # a bug inside the operation
-        assert jobs.execute(store, "job-bad") == 1
+        mp.setattr(pipeline, "fetch", lambda *a, **k: int("many"))  # a bug inside the operation
+        assert dispatch.execute(store, "job-bad") == 1
     row = store.job("job-bad")
     assert row["status"] == "failed" and row["error"].startswith("ValueError: invalid literal for int()")
     assert "(traceback in x.log)" in row["error"] and "\n" not in row["error"]
@@ -124,12 +125,12 @@ def test_progress_is_throttled_but_final_state_written(store, monkeypatch):
     writes = []
     real = store.update_job
     monkeypatch.setattr(store, "update_job", lambda *a, **k: (writes.append(k), real(*a, **k)))
-    rep = jobs.Reporter(store, "job-p")
+    rep = lifecycle.Reporter(store, "job-p")
     t0 = time.monotonic()
     for i in range(200):
         rep(i, 200, f"item {i}")
     elapsed = time.monotonic() - t0
-    assert len(writes) <= 2 + elapsed / jobs.THROTTLE_S
+    assert len(writes) <= 2 + elapsed / lifecycle.THROTTLE_S
     rep(200, 200, "all done")
     row = store.job("job-p")
     assert row["progress"] == 1.0 and row["step"] == "all done"
@@ -140,7 +141,7 @@ def test_progress_is_throttled_but_final_state_written(store, monkeypatch):
 
 def test_unknown_kind_and_bad_args_are_refused(store):
     with pytest.raises(ValueError, match="unknown job kind 'nope'"):
-        jobs.start(store, "nope", {})
+        lifecycle.start(store, "nope", {})
     with pytest.raises(ValueError, match="plain JSON data"):
-        jobs.start(store, "fetch", {"x": object()})
+        lifecycle.start(store, "fetch", {"x": object()})
     assert store.jobs() == []

@@ -13,7 +13,8 @@ import pytest
 import torch
 from serving import stop_jobs, until
 
-from dflash_dash import cache, cli, jobs, pipeline
+from dflash_dash import cache, cli, pipeline
+from dflash_dash.jobs import lifecycle
 from dflash_dash.store import Store
 from tools import tiny
 
@@ -61,7 +62,7 @@ def kill_when(store, job, ready, what):
     os.killpg(store.job(job)["pid"], signal.SIGKILL)
 
     def failed():
-        jobs.refresh(store)
+        lifecycle.refresh(store)
         return store.job(job)["status"] == "failed"
 
     until(failed, 10, what="the killed job to be marked failed")  # within seconds
@@ -70,7 +71,7 @@ def kill_when(store, job, ready, what):
 
 def test_killed_extraction_reruns_to_the_same_features(store, setup):
     t, d, _, ref, ref_ex, _ = setup
-    job = jobs.start(store, "extract", {"target": str(t), "completions": "s", "layers": "1,4"})
+    job = lifecycle.start(store, "extract", {"target": str(t), "completions": "s", "layers": "1,4"})
     ex = until(lambda: (store.job(job)["result"] or {}).get("extraction"), 60, what="the extraction id")
     kill_when(store, job, lambda: 2 <= len(store.items(ex)) < PROMPTS, "two prompts extracted")
     done = {r["prompt_id"] for r in store.items(ex)}
@@ -82,7 +83,7 @@ def test_killed_extraction_reruns_to_the_same_features(store, setup):
         if cache.name(f"p{i}") in visible:
             assert cache.read(root, ex, f"p{i}", 20 + LEN, 128).shape == (20 + LEN, 128)
     assert store.extraction(ex)["status"] != "done"
-    again = jobs.rerun(store, job)
+    again = lifecycle.rerun(store, job)
     until(lambda: store.job(again)["status"] in ("done", "failed"), 180, what="the rerun")
     assert store.job(again)["status"] == "done", store.job(again)["error"]
     assert store.job(again)["result"]["extraction"] == ex and store.extraction(ex)["status"] == "done"
@@ -95,7 +96,7 @@ def test_killed_extraction_reruns_to_the_same_features(store, setup):
 def test_killed_replay_reruns_to_the_same_results(store, setup):
     t, d, _, ref, ref_ex, ref_run = setup
     ex = pipeline.extract(store, str(t), "s", [1, 4])
-    job = jobs.start(store, "replay", {"drafter": str(d), "extraction": ex, "tree_budget": 4})
+    job = lifecycle.start(store, "replay", {"drafter": str(d), "extraction": ex, "tree_budget": 4})
     kill_when(
         store,
         job,
@@ -103,7 +104,7 @@ def test_killed_replay_reruns_to_the_same_results(store, setup):
         "the replay under way",
     )
     assert store.runs() == []  # nothing half-written
-    again = jobs.rerun(store, job)
+    again = lifecycle.rerun(store, job)
     until(lambda: store.job(again)["status"] in ("done", "failed"), 180, what="the rerun")
     assert store.job(again)["status"] == "done", store.job(again)["error"]
     a, b = pipeline.export(store, "latest"), pipeline.export(ref, ref_run)
@@ -132,8 +133,8 @@ def test_app_reads_jobs_write_and_cli_exports_at_once(store, setup):
     t, d, *_ = setup
     ex = pipeline.extract(store, str(t), "s", [1, 4])
     first = pipeline.replay(store, str(d), ex, budget=2)["id"]  # something to export from the start
-    a = jobs.start(store, "replay", {"drafter": str(d), "extraction": ex, "tree_budget": 4, "name": "A"})
-    b = jobs.start(store, "replay", {"drafter": str(d), "extraction": ex, "tree_budget": 8, "name": "B"})
+    a = lifecycle.start(store, "replay", {"drafter": str(d), "extraction": ex, "tree_budget": 4, "name": "A"})
+    b = lifecycle.start(store, "replay", {"drafter": str(d), "extraction": ex, "tree_budget": 8, "name": "B"})
     exports, reads = [], 0
     while any(store.job(j)["status"] in ("queued", "running") for j in (a, b)) or len(exports) < 3:
         out, err = (store.workspace / f"export{len(exports)}.{x}" for x in ("json", "err"))
@@ -148,7 +149,7 @@ def test_app_reads_jobs_write_and_cli_exports_at_once(store, setup):
             while p.poll() is None:  # the app's reads, meanwhile
                 for r in store.runs():
                     assert len(store.run_prompts(r["id"])) == PROMPTS  # a run is never seen half-written
-                jobs.refresh(store)
+                lifecycle.refresh(store)
                 reads += 1
         assert p.returncode == 0 and "lock" not in err.read_text().lower(), err.read_text()
         exports.append(json.loads(out.read_text())["run"]["id"])

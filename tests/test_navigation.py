@@ -12,7 +12,8 @@ import pytest
 from serving import ENV
 from test_app import app, clean, navigation_routing  # noqa: F401  (the autouse routing fixture)
 
-from dflash_dash import cli, jobs, metrics, pipeline
+from dflash_dash import cli, metrics, pipeline
+from dflash_dash.jobs import gpu, orchestrate
 from dflash_dash.store import Store, StoreError
 
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}  # hides every GPU from CUDA, so this machine's devices are ["cpu"]
@@ -58,13 +59,13 @@ def test_a_device_the_machine_lacks_is_refused_in_the_same_words_by_check_and_cl
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     st = Store(workspace_copy)
     ex = st.extraction(prepared.extraction)
-    assert jobs.devices() == ["cpu"]
+    assert gpu.devices() == ["cpu"]
     with pytest.raises(pipeline.InputError) as err:
-        jobs.check_extract(st, ex["target_path"], ex["set_name"], ex["layer_ids"], "cuda", "float32")
+        orchestrate.check_extract(st, ex["target_path"], ex["set_name"], ex["layer_ids"], "cuda", "float32")
     msg = str(err.value)
     assert msg.startswith("device 'cuda': this machine has no CUDA GPU") and "set device to cpu" in msg
     with pytest.raises(pipeline.InputError, match="device 'gpu0': expected cpu, cuda or cuda:N"):
-        jobs.check_extract(st, ex["target_path"], ex["set_name"], ex["layer_ids"], "gpu0", "float32")
+        orchestrate.check_extract(st, ex["target_path"], ex["set_name"], ex["layer_ids"], "gpu0", "float32")
     n_ex, n_jobs = len(st.extractions()), len(st.jobs())
     capsys.readouterr()
     for orchestrate in ("none", "release"):
@@ -92,23 +93,28 @@ def test_a_device_the_machine_lacks_is_refused_in_the_same_words_by_check_and_cl
 def test_a_gpu_index_beyond_the_machines_is_refused(prepared):
     st = Store(prepared.workspace)
     ex = st.extraction(prepared.extraction)
-    n = len(jobs.devices()) - 1  # GPUs visible here: cuda:n is one too many on any machine
+    n = len(gpu.devices()) - 1  # GPUs visible here: cuda:n is one too many on any machine
     with pytest.raises(pipeline.InputError, match=f"device 'cuda:{n}': this machine has no"):
-        jobs.check_extract(st, ex["target_path"], ex["set_name"], ex["layer_ids"], f"cuda:{n}", "float32")
+        orchestrate.check_extract(st, ex["target_path"], ex["set_name"], ex["layer_ids"], f"cuda:{n}", "float32")
 
 
 def test_duplicates_are_named(prepared):
     st = Store(prepared.workspace)
     ex = st.extraction(prepared.extraction)
     args = (st, ex["target_path"], ex["set_name"], ex["layer_ids"])
-    warns = jobs.check_extract(*args, ex["device"], ex["dtype"])
+    warns = orchestrate.check_extract(*args, ex["device"], ex["dtype"])
     assert len(warns) == 1 and warns[0].startswith(f"extraction {ex['id']} (done, backend {ex['backend']})")
     other = "bfloat16" if ex["dtype"] == "float32" else "float32"
-    assert jobs.check_extract(*args, ex["device"], other) == []
+    assert orchestrate.check_extract(*args, ex["device"], other) == []
     assert (
-        jobs.check_extract(st, ex["target_path"], ex["set_name"], ex["layer_ids"][:-1], ex["device"], ex["dtype"]) == []
+        orchestrate.check_extract(
+            st, ex["target_path"], ex["set_name"], ex["layer_ids"][:-1], ex["device"], ex["dtype"]
+        )
+        == []
     )
-    assert jobs.check_extract(*args, ex["device"], ex["dtype"], resume=ex["id"]) == []  # resuming it is no duplicate
+    assert (
+        orchestrate.check_extract(*args, ex["device"], ex["dtype"], resume=ex["id"]) == []
+    )  # resuming it is no duplicate
 
 
 def reextract(at, ex_id: str):
@@ -125,7 +131,7 @@ def test_reextract_with_a_device_the_machine_lacks_starts_no_job(prepared, works
     assert at.text_input(key=f"rx_{ex['id']}_device").value == "cpu"  # this machine's default
     at.text_input(key=f"rx_{ex['id']}_device").set_value("cuda").run()
     with pytest.raises(pipeline.InputError) as err:
-        jobs.check_extract(st, ex["target_path"], ex["set_name"], ex["layer_ids"], "cuda", "float32")
+        orchestrate.check_extract(st, ex["target_path"], ex["set_name"], ex["layer_ids"], "cuda", "float32")
     assert [e.value for e in at.error] == [str(err.value)]
     assert at.button(key=f"rx_{ex['id']}_go").disabled  # refused: nothing to press
     assert st.jobs() == [] and [e["id"] for e in st.extractions()] == [ex["id"]]

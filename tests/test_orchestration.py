@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from serving import ENV, Served, free_port, serve_argv, stop_jobs, tiny_model, until
 
-from dflash_dash import config, jobs
+from dflash_dash import config
+from dflash_dash.jobs import dispatch, gpu, lifecycle, orchestrate
 from dflash_dash.sglang import Client
 from dflash_dash.store import Store
 
@@ -104,7 +105,7 @@ def add_set(store: Store, name: str, recs: list[dict]) -> None:
 
 def finish(store: Store, job: str, watch=None) -> dict:
     """Wait for the job to end; at that very moment also record the server's health."""
-    until(lambda: store.job(job)["status"] not in jobs.ACTIVE, 180, every=0.02, what=f"job {job}")
+    until(lambda: store.job(job)["status"] not in lifecycle.ACTIVE, 180, every=0.02, what=f"job {job}")
     health = watch() if watch else None
     row = store.job(job)
     row["health_at_end"] = health
@@ -156,13 +157,13 @@ def test_release_path_frees_and_restores_the_server_also_after_a_failure(srv, mo
     released = srv.log.read_text().count("memory released")
 
     # 1. the extraction fails after the GPU was freed: the server is restored all the same
-    job = jobs.start(
+    job = lifecycle.start(
         store,
         "extract",
         {"target": str(model), "completions": "s", "layers": LAYERS, "device": "cpu", "orchestrate": "release"},
     )
     row = finish(store, job, srv.client.health)
-    log = jobs.log_tail(store, job)
+    log = lifecycle.log_tail(store, job)
     assert row["status"] == "failed", log
     assert row["error"] == (
         "prompt 'p2': token id 9999 is outside the target's vocabulary (512); wrong target for this completion set?"
@@ -183,12 +184,12 @@ def test_release_path_frees_and_restores_the_server_also_after_a_failure(srv, mo
 
     # 2. fix the bad completion and rerun: the same extraction continues with the missing prompt only
     store.add_completion("s", completions(3)[2] | {"idx": 2})
-    again = jobs.rerun(store, job)
+    again = lifecycle.rerun(store, job)
     assert store.job(again)["args"]["extraction_id"] == ex
     w = Watcher(srv.client)
     row = finish(store, again, srv.client.health)
     states = w.end()
-    log = jobs.log_tail(store, again)
+    log = lifecycle.log_tail(store, again)
     assert row["status"] == "done", log
     assert row["result"] == {"extraction": ex}
     assert row["health_at_end"] == (True, "ready")  # ready BEFORE the job reported done
@@ -221,7 +222,7 @@ def test_cancelled_extraction_restores_the_server(srv, model, tmp_path):
         "long",
         [{"id": f"p{i}", "prompt_ids": list(range(10, 110)), "output_ids": list(range(110, 210))} for i in range(40)],
     )
-    job = jobs.start(
+    job = lifecycle.start(
         store,
         "extract",
         {"target": str(model), "completions": "long", "layers": LAYERS, "device": "cpu", "orchestrate": "release"},
@@ -233,10 +234,10 @@ def test_cancelled_extraction_restores_the_server(srv, model, tmp_path):
         what="the job to extract its first prompt",
     )
     assert srv.client.health() == (False, "503 memory released")
-    row = jobs.cancel(store, job)
+    row = lifecycle.cancel(store, job)
     assert row["status"] == "cancelled" and row["error"] == "cancelled by user"
     assert srv.client.health() == (True, "ready")  # restored before the job process ended
-    log = jobs.log_tail(store, job)
+    log = lifecycle.log_tail(store, job)
     assert in_order(
         log,
         "releasing server memory",
@@ -258,7 +259,7 @@ def test_release_impossible_without_stop_command_is_a_clear_error(srv, model, tm
         {"target": str(model), "completions": "s", "layers": LAYERS, "orchestrate": "release"},
         "x.log",
     )
-    assert jobs.execute(store, "job-x") == 2
+    assert dispatch.execute(store, "job-x") == 2
     err = store.job("job-x")["error"]
     assert (
         err.startswith(
@@ -300,13 +301,13 @@ def test_command_path_stops_and_restarts_the_server(managed, model, tmp_path):
         f"stop_command = {json.dumps(argv['stop'])}\nstart_command = {json.dumps(shlex.join(argv['start']))}\n",
     )
     add_set(store, "s", completions(2))
-    job = jobs.start(
+    job = lifecycle.start(
         store,
         "extract",
         {"target": str(model), "completions": "s", "layers": LAYERS, "device": "cpu", "orchestrate": "command"},
     )
     row = finish(store, job, client.health)
-    log = jobs.log_tail(store, job)
+    log = lifecycle.log_tail(store, job)
     assert row["status"] == "done", log
     assert row["health_at_end"] == (True, "ready")  # the job waited for the new server's /health 200
     new_pid = int((state / "server.pid").read_text())
@@ -376,7 +377,7 @@ def test_gpu_memory_is_empty_without_cuda():
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine")
-    assert jobs.gpu_memory() == []
+    assert gpu.gpu_memory() == []
 
 
 def test_weights_bytes_sums_the_safetensors_else_the_bin_files(tmp_path):
@@ -395,16 +396,16 @@ def test_weights_bytes_sums_the_safetensors_else_the_bin_files(tmp_path):
         return sum(os.stat(tmp_path / name).st_size for name in sizes if name.endswith(suffix))
 
     assert on_disk(".safetensors") == 3345 and on_disk(".bin") == 4873
-    assert jobs.weights_bytes(tmp_path) == on_disk(".safetensors")  # safetensors win over .bin
-    assert jobs.weights_bytes(str(tmp_path)) == on_disk(".safetensors")
+    assert orchestrate.weights_bytes(tmp_path) == on_disk(".safetensors")  # safetensors win over .bin
+    assert orchestrate.weights_bytes(str(tmp_path)) == on_disk(".safetensors")
     for name in sizes:
         if name.endswith(".safetensors"):
             (tmp_path / name).unlink()
-    assert jobs.weights_bytes(tmp_path) == on_disk(".bin")  # else the .bin files
+    assert orchestrate.weights_bytes(tmp_path) == on_disk(".bin")  # else the .bin files
     for name in sizes:
         if name.endswith(".bin"):
             (tmp_path / name).unlink()
-    assert jobs.weights_bytes(tmp_path) == 0  # no weights: config and tokenizer only
+    assert orchestrate.weights_bytes(tmp_path) == 0  # no weights: config and tokenizer only
 
 
 def test_cli_extract_with_orchestration(srv, model, tmp_path, capsys):
@@ -439,5 +440,9 @@ def test_cli_extract_with_orchestration(srv, model, tmp_path, capsys):
     (job,) = store.jobs()
     assert job["id"] in err and job["status"] == "done"
     assert in_order(
-        jobs.log_tail(store, job["id"]), "releasing server memory", "extracting 2/2", "restoring server", "server ready"
+        lifecycle.log_tail(store, job["id"]),
+        "releasing server memory",
+        "extracting 2/2",
+        "restoring server",
+        "server ready",
     )

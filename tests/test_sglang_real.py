@@ -18,7 +18,8 @@ import fakes
 import pytest
 from serving import ENV, ROOT, Served, status_now, stop_jobs, tiny_model, until
 
-from dflash_dash import config, jobs, pipeline, sglang, views
+from dflash_dash import config, pipeline, sglang, views
+from dflash_dash.jobs import lifecycle, orchestrate
 from dflash_dash.sglang import Client, ServerError
 from dflash_dash.store import Store
 
@@ -157,9 +158,9 @@ def test_the_key_is_written_to_no_workspace_file(srv, tmp_path, monkeypatch, no_
     store = workspace(tmp_path, srv.url)
     f = prompts_file(tmp_path)
     try:  # a fetch job (a separate process: the key reaches it through the environment, not its args)
-        job = jobs.start(store, "fetch", {"prompt_set": str(f), "name": "j", "max_new_tokens": 4})
-        until(lambda: status_now(store, job) not in jobs.ACTIVE, 180, what=f"job {job}")
-        assert store.job(job)["status"] == "done", jobs.log_tail(store, job)
+        job = lifecycle.start(store, "fetch", {"prompt_set": str(f), "name": "j", "max_new_tokens": 4})
+        until(lambda: status_now(store, job) not in lifecycle.ACTIVE, 180, what=f"job {job}")
+        assert store.job(job)["status"] == "done", lifecycle.log_tail(store, job)
     finally:
         stop_jobs(store)
     monkeypatch.delenv("SGLANG_API_KEY")
@@ -254,13 +255,13 @@ def test_release_waits_for_idle_and_never_releases_under_load(srv, tmp_path, mon
         until(lambda: srv.client.running_requests() == 1, 30, what="the generation to run")
         # 1. a short wait under load: a named error, nothing released
         rep = Rep(store)
-        with pytest.raises(jobs.OrchestrationError) as e:
-            jobs.wait_idle(client, cfg, rep, timeout=0.3)
+        with pytest.raises(orchestrate.OrchestrationError) as e:
+            orchestrate.wait_idle(client, cfg, rep, timeout=0.3)
         assert "still has 1 running or waiting request(s)" in str(e.value) and "nothing was released" in str(e.value)
         assert released_at == [] and srv.client.health() == (True, "ready")
         # 2. the extraction's free_gpu waits until the generation is over, then releases
         rep = Rep(store)
-        assert jobs.free_gpu(client, cfg, "release", rep) == "release"
+        assert orchestrate.free_gpu(client, cfg, "release", rep) == "release"
     finally:
         t.join()
     assert len(out["output_ids"]) == 600  # the running generation finished undisturbed
@@ -271,7 +272,7 @@ def test_release_waits_for_idle_and_never_releases_under_load(srv, tmp_path, mon
     )
     assert srv.client.health() == (False, "503 memory released")
     assert srv.log.read_text().count("memory released") == before + 1
-    jobs.restore(client, cfg, "release", Rep(store))
+    orchestrate.restore(client, cfg, "release", Rep(store))
     assert srv.client.health() == (True, "ready")
 
 
@@ -285,9 +286,9 @@ def test_release_refused_while_a_fetch_job_runs_against_the_server(srv, tmp_path
     try:  # a fetch job of this workspace, running (its process alive), against this server
         store.add_job("job-fetching", "fetch", {"prompt_set": "coding-10", "name": "x"}, str(tmp_path / "f.log"))
         store.update_job("job-fetching", status="running", pid=holder.pid)
-        monkeypatch.setitem(jobs._CHILDREN, "job-fetching", holder)
-        with pytest.raises(jobs.OrchestrationError) as e:
-            jobs.free_gpu(client, cfg, "release", Rep(store))
+        monkeypatch.setitem(lifecycle._CHILDREN, "job-fetching", holder)
+        with pytest.raises(orchestrate.OrchestrationError) as e:
+            orchestrate.free_gpu(client, cfg, "release", Rep(store))
         assert "fetch job job-fetching is running against" in str(e.value) and "cancel" in str(e.value)
     finally:
         holder.stdin.close()
