@@ -68,7 +68,7 @@ def test_a_device_the_machine_lacks_is_refused_in_the_same_words_by_check_and_cl
         orchestrate.check_extract(st, ex["target_path"], ex["set_name"], ex["layer_ids"], "gpu0", "float32")
     n_ex, n_jobs = len(st.extractions()), len(st.jobs())
     capsys.readouterr()
-    for orchestrate in ("none", "release"):
+    for mode in ("none", "release"):
         rc = cli.main(
             [
                 "--workspace",
@@ -83,7 +83,7 @@ def test_a_device_the_machine_lacks_is_refused_in_the_same_words_by_check_and_cl
                 "--device",
                 "cuda",
                 "--orchestrate",
-                orchestrate,
+                mode,
             ]
         )
         assert rc == 2 and capsys.readouterr().err.strip() == f"error: {msg}"
