@@ -1180,7 +1180,7 @@ ANALYSES = ("prompts", "calibration", "patterns", "lag")  # whole-run analyses k
 def analysis(store: Store, run_id: str, name: str, rows: list[dict] | None = None) -> dict:
     """One whole-run analysis of a finished run, computed once from its per-prompt rows and kept in the store
     (a run never changes), so pages read a small JSON value instead of every token of every prompt:
-    "prompts" (metrics.prompt_rows: per-prompt numbers, no arrays), "calibration" (views.calibration),
+    "prompts" (metrics.prompt_rows: per-prompt numbers, no arrays), "calibration" (analysis.calibration),
     "patterns" (failure-pattern tables, tokens decoded with the target's tokenizer when it has one) or "lag"
     ({prompt_id: [anchors, lagging, on target] per slot}, metrics.lag_counts). `rows`: the run's run_prompts rows
     when the caller holds them (else read from the store)."""
@@ -1206,7 +1206,9 @@ def _keep(
     from the same rows (the store step), which the calibration would otherwise compute again; `comps`: the set's
     completions by prompt id, when the caller has them already (a sweep's store steps); `prompts`: the rows'
     `metrics.Prompt`s by prompt id (the store step's, which hold what the summary computed once)."""
-    from . import patterns, views
+    from .analysis import patterns
+    from .analysis.calibration import calibration
+    from .vocab import load_vocab
 
     r = store.run_row(run_id)
     B, budget = r["summary"]["block_size"], r["tree_budget"]
@@ -1221,7 +1223,7 @@ def _keep(
         if name == "prompts":
             val = metrics.prompt_rows(rows, B, budget, prompts)
         elif name == "calibration":
-            val = views.calibration([prompts[p["prompt_id"]] for p in rows] if prompts else rows, B, budget, summary)
+            val = calibration([prompts[p["prompt_id"]] for p in rows] if prompts else rows, B, budget, summary)
         elif name == "lag":
             val = {
                 p["prompt_id"]: list(
@@ -1237,7 +1239,7 @@ def _keep(
             }
         else:
             order = {pid: c["idx"] for pid, c in comps.items()}
-            vocab = views.load_vocab(ex["target_path"])
+            vocab = load_vocab(ex["target_path"])
             val = {
                 "decoded_tokens": vocab.tok is not None,
                 **patterns.analyse(
@@ -1258,12 +1260,12 @@ def _keep(
 def analyses(store: Store, r: dict) -> dict:
     """What a run's export adds to its numbers: "calibration", "patterns" (`analysis`) and, once attributed,
     "attribution"."""
-    from . import views
+    from .analysis.attribution import attribution_rows
 
     out = {name: analysis(store, r["id"], name) for name in ("calibration", "patterns")}
     att = store.attributions(r["id"])
     if att:
-        out["attribution"] = views.attribution_rows(att)
+        out["attribution"] = attribution_rows(att)
     return out
 
 
@@ -1277,7 +1279,7 @@ def record_engine_stats(
     """At fetch: SGLang's per-request speculative counters (meta_info) as engine "sglang" stats of the prompt; a
     server that decoded plainly reports none and nothing is recorded. (The one way engine stats of SGLang enter
     the store; `conformance` reads engine_stats only.)"""
-    from . import conformance as conformance_mod
+    from .analysis import conformance as conformance_mod
 
     row = conformance_mod.from_sglang(meta, output_tokens)
     if row is not None:
@@ -1288,7 +1290,7 @@ def import_engine_stats(store: Store, file: str | Path, set_name: str, engine: s
     """Import another engine's per-prompt stats (JSONL: {"id", "verify_steps", "accepted_tokens"} or {"id",
     "accept_lengths": [...]}) for completion set `set_name` as engine `engine`; all lines are validated before
     anything is stored. Returns the number of prompts."""
-    from . import conformance as conformance_mod
+    from .analysis import conformance as conformance_mod
 
     p = Path(file)
     if not p.is_file():
@@ -1313,7 +1315,7 @@ def engine_of(store: Store, set_name: str, engine: str | None) -> str:
             "`import-engine-stats FILE --completions SET --engine NAME`"
         )
     if engine is None:
-        from .conformance import SGLANG
+        from .analysis.conformance import SGLANG
 
         if len(have) > 1 and SGLANG not in have:
             raise InputError(
@@ -1331,7 +1333,7 @@ def conformance(
     """Engine tau beside the replay's tau of the same drafter on the same completions, per prompt (store only,
     no network): (the CLI's JSON {"run", "engine", "threshold", "prompts": [{"id", "engine_tau", "replay_tau",
     "flagged"}]}, the full rows of `conformance.compare`, the run's prompt ids without engine stats)."""
-    from . import conformance as conformance_mod
+    from .analysis import conformance as conformance_mod
 
     thr = conformance_mod.THRESHOLD if threshold is None else threshold
     if not 0 <= thr < 1:
@@ -1352,10 +1354,10 @@ def conformance(
 
 def export(store: Store, run: str = "latest") -> dict:
     """A run as JSON-able data: run row, summary and per-prompt results (store only, no network). Per prompt also
-    its blocks (`views.blocks`): "round_anchors" [R], "drafts" [A][B-1] (-1: not drafted), "draft_p" [A][B-1]
+    its blocks (`analysis.rounds.blocks`): "round_anchors" [R], "drafts" [A][B-1] (-1: not drafted), "draft_p" [A][B-1]
     (exp(draft_logp), the top-1 probability; null: not recorded) and "round_top_ids"/"round_top_p" [R][B-1][K]
     (K = summary `round_topk`; empty for runs replayed before they were kept)."""
-    from . import views
+    from .analysis.rounds import blocks
 
     r = store.run_row(run)
     prompts = store.run_prompts(r["id"])
@@ -1377,7 +1379,7 @@ def export(store: Store, run: str = "latest") -> dict:
                 "ddtree_rounds": p["tree_rounds"],
                 "metrics": metrics.per_prompt(p, B, budget),
             }
-            | {k: v for k, v in views.blocks(p, B, r["summary"].get("round_topk")).items() if k != "round_topk"}
+            | {k: v for k, v in blocks(p, B, r["summary"].get("round_topk")).items() if k != "round_topk"}
             for p in prompts
         ],
     }

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dflash_dash import metrics, ops, views
+from dflash_dash import metrics, ops
+from dflash_dash.analysis.rounds import round_detail, round_options
+from dflash_dash.analysis.trace import trace
+from dflash_dash.render.analysis_figures import binned_fig, class_fig, confidence_fig, expected_fig, reliability_fig
+from dflash_dash.render.figures import accept_curve, depth_fig, hist_fig
+from dflash_dash.render.formats import ci, fmt, prob, sliding_note
+from dflash_dash.render.tables import TAU_COLUMNS, outlier_links, prompt_table, summary_rows
+from dflash_dash.render.tokens import legend_html, round_html, text_html, token_html
+from dflash_dash.vocab import Vocab
 from pages import common
 
 common.routed()
@@ -78,15 +86,15 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
 def summary_block(s: dict, rows: list[dict], run_id: str) -> None:
     cols = st.columns(4)
     for col, m in zip(cols, metrics.HEADLINE):
-        col.metric(metrics.label(m.key, s), views.fmt(s.get(m.key)))
+        col.metric(metrics.label(m.key, s), fmt(s.get(m.key)))
         col.caption(m.formula)
     stats_block(s, rows, run_id)
     with st.expander("all run metrics and formulas"):
-        st.dataframe(views.summary_rows(s), hide_index=True, width="stretch")
+        st.dataframe(summary_rows(s), hide_index=True, width="stretch")
     c1, c2 = st.columns(2)
-    c1.plotly_chart(views.hist_fig({"run": s}), width="stretch")
+    c1.plotly_chart(hist_fig({"run": s}), width="stretch")
     c1.caption("histogram: rounds of the chain walk by accepted drafts 0..B-1; hover: share and rounds (n)")
-    c2.plotly_chart(views.depth_fig({"run": s}), width="stretch")
+    c2.plotly_chart(depth_fig({"run": s}), width="stretch")
     c2.caption(
         "conditional P(d_k accepted | d_1..d_{k-1} accepted) over the rounds with d_1..d_{k-1} accepted "
         "(bars, right axis: their count n); marginal P(d_1..d_k all accepted) over the rounds with slot k in "
@@ -99,12 +107,12 @@ def stats_block(s: dict, rows: list[dict], run_id: str) -> None:
     st.markdown("**How sure is tau?** Prompts are the sampling unit: a few odd prompts can move the macro mean.")
     c = st.columns(4)
     for col, key, point in ((c[0], "tau_macro_ci", "tau_macro"), (c[1], "tau_pooled_ci", "tau_pooled")):
-        col.metric(metrics.label(key, s), views.ci(s.get(point), s.get(key)))
+        col.metric(metrics.label(key, s), ci(s.get(point), s.get(key)))
         col.caption(f"{metrics.label(point)} [lo, hi]: {metrics.BY_KEY[key].formula}")
     for col, key in ((c[2], "tau_median"), (c[3], "tau_macro_trimmed")):
-        col.metric(metrics.label(key, s), views.fmt(s.get(key)))
+        col.metric(metrics.label(key, s), fmt(s.get(key)))
         col.caption(metrics.BY_KEY[key].formula)
-    odd = views.outlier_links(s, rows, run_id)
+    odd = outlier_links(s, rows, run_id)
     st.markdown(
         f"**Outlier prompts: {metrics.show('tau_outlier_count', s.get('tau_outlier_count'))}** · "
         f"fences {metrics.show('tau_fences', s.get('tau_fences'))}"
@@ -115,7 +123,7 @@ def stats_block(s: dict, rows: list[dict], run_id: str) -> None:
     )
     for o in odd:
         st.markdown(
-            f"- `{str(o['prompt']).replace('`', '')}` · tau {views.fmt(o['tau'])} ({o['side']}) · "
+            f"- `{str(o['prompt']).replace('`', '')}` · tau {fmt(o['tau'])} ({o['side']}) · "
             f"[open in the token view]({o['link']})"
         )
     b, B = s.get("tree_budget") or 0, s.get("block_size") or 0
@@ -130,7 +138,7 @@ def stats_block(s: dict, rows: list[dict], run_id: str) -> None:
         v, t = s.get(key), s.get(tree)
         col.metric(
             metrics.label(key, s),
-            views.fmt(v),
+            fmt(v),
             delta=None if v is None or t is None else f"{t - v:+.2f} {metrics.label(tree, s)} − chain",
         )
         col.caption(
@@ -155,22 +163,22 @@ def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] 
     B = run["summary"]["block_size"]
     ex = common.extractions(ws, common.stamp())
     target = next((e["target_path"] for e in ex if e["id"] == run["extraction_id"]), None)
-    vocab = common.vocab(target) if target else views.Vocab()
-    tr = views.trace(row, comp, B)
+    vocab = common.vocab(target) if target else Vocab()
+    tr = trace(row, comp, B)
     c = st.columns(5)
-    c[0].metric("tau (this prompt)", views.fmt(row["tau"]))
+    c[0].metric("tau (this prompt)", fmt(row["tau"]))
     c[0].caption("committed / rounds")
     c[1].metric("rounds", len(tr.rounds))
     c[2].metric("completion tokens", len(row["accepted_at"]))
-    c[3].metric(f"DDTree-{run['tree_budget']} tau (this prompt)", views.fmt(row["tree_tau"]))
+    c[3].metric(f"DDTree-{run['tree_budget']} tau (this prompt)", fmt(row["tree_tau"]))
     c[3].caption("committed / rounds of the tree walk")
     c[4].metric("rejections", sum(r is not None for r in tr.rejected))
     with st.expander("prompt"):
-        st.html(views.text_html(comp.get("prompt") or ""))
+        st.html(text_html(comp.get("prompt") or ""))
     t1, t2 = st.columns(2)
     sup = t1.toggle("depth superscripts", value=True)
     inline = t2.toggle("rejected drafts inline", value=True)
-    st.html(views.legend_html(B))
+    st.html(legend_html(B))
     if vocab.tok is None:
         st.caption("The target folder has no tokenizer: tokens are shown as ⟨id⟩.")
     outline = None
@@ -181,21 +189,21 @@ def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] 
             f"Outlined: positions {span[0]}–{span[1]} from the link (a worst span of Failure patterns: the "
             "lowest mean accepted(p) there)"
         )
-    st.html(views.token_html(tr, vocab, B, superscript=sup, inline_rejects=inline, diff=outline))
+    st.html(token_html(tr, vocab, B, superscript=sup, inline_rejects=inline, diff=outline))
     round_block(run, row, comp, vocab)
-    st.plotly_chart(views.accept_curve(tr, row, B), width="stretch")
+    st.plotly_chart(accept_curve(tr, row, B), width="stretch")
     st.caption(
         "accepted(p): leading drafts of the block at anchor p equal to the completion; "
         "markers: anchors the chain walk actually visits"
     )
 
 
-def round_block(run: dict, row: dict, comp: dict, vocab: views.Vocab) -> None:
+def round_block(run: dict, row: dict, comp: dict, vocab: Vocab) -> None:
     """One round of the chain walk in full: the drafter's B-1 slots with their top-k candidates beside the
     target's tokens, where the chain stopped and what DDTree took at that anchor (URL: &round=N)."""
     B, budget = run["summary"]["block_size"], run["tree_budget"]
     st.markdown("**Round detail** · the drafter's whole block at one round of the chain walk")
-    opts = views.round_options(row, comp, B)
+    opts = round_options(row, comp, B)
     if not opts:
         st.caption("This completion has no round: its only token comes from the target's prefill.")
         return
@@ -204,8 +212,8 @@ def round_block(run: dict, row: dict, comp: dict, vocab: views.Vocab) -> None:
     rnd = common.select_param(
         "round of the chain walk", list(labels), "round", "acc_round", default=str(first_stop), format_func=labels.get
     )
-    detail = views.round_detail(row, comp, B, int(rnd), vocab, run["summary"].get("round_topk"), budget)
-    st.html(views.round_html(detail))
+    detail = round_detail(row, comp, B, int(rnd), vocab, run["summary"].get("round_topk"), budget)
+    st.html(round_html(detail))
     st.caption(
         "candidate j: the drafter's j-th most probable token for the slot, with its probability; green: "
         "the target's token among them; the chain stops at the first rejected slot (committed = accepted "
@@ -252,32 +260,32 @@ def calibration_block(ws: str, run: dict) -> None:
         )
         return
     c = st.columns(3)
-    c[0].metric(metrics.label("calibration_ece"), views.prob(cal["calibration_ece"]))
+    c[0].metric(metrics.label("calibration_ece"), prob(cal["calibration_ece"]))
     c[0].caption("ECE = " + metrics.BY_KEY["calibration_ece"].formula)
-    c[1].metric("expected tau (macro)", views.fmt(cal["expected_tau"]))
+    c[1].metric("expected tau (macro)", fmt(cal["expected_tau"]))
     c[1].caption(
-        f"observed tau (macro) {views.fmt(cal['tau_macro'])}; expected per round = "
+        f"observed tau (macro) {fmt(cal['tau_macro'])}; expected per round = "
         "1 + sum_{k=1}^{min(B-1, left-1)} prod_{j<=k} p_j (capped to the tokens left), observed = committed"
     )
-    c[2].metric("expected tau (pooled)", views.fmt(cal["expected_tau_pooled"]))
-    c[2].caption(f"observed tau (pooled) {views.fmt(cal['tau_pooled'])}; all expected committed / all rounds")
+    c[2].metric("expected tau (pooled)", fmt(cal["expected_tau_pooled"]))
+    c[2].caption(f"observed tau (pooled) {fmt(cal['tau_pooled'])}; all expected committed / all rounds")
     depth = depth_choice(B, "acc_cal_depth")
     c1, c2 = st.columns(2)
-    c1.plotly_chart(views.reliability_fig({"run": cal["reliability"]}, depth), width="stretch")
+    c1.plotly_chart(reliability_fig({"run": cal["reliability"]}, depth), width="stretch")
     c1.caption(
         "x: mean p_k of the bin (predicted), y: share of its drafts accepted (observed); on the diagonal the "
         "drafter is calibrated, below it over-confident; bars: samples per bin"
     )
     with c1:
         common.download("reliability bins (CSV)", cal["reliability"], f"{run['id']}-reliability.csv", "acc_dl_rel")
-    c2.plotly_chart(views.confidence_fig({"run": cal["by_depth"]}), width="stretch")
+    c2.plotly_chart(confidence_fig({"run": cal["by_depth"]}), width="stretch")
     c2.caption("per depth: mean p_k against P(d_k accepted | d_1..d_{k-1} accepted), and the ECE of each depth")
     with c2:
         common.download(
             "per-depth calibration (CSV)", cal["by_depth"], f"{run['id']}-calibration-depth.csv", "acc_dl_depth"
         )
     c1, c2 = st.columns(2)
-    c1.plotly_chart(views.expected_fig({"run": cal["per_prompt"]}), width="stretch")
+    c1.plotly_chart(expected_fig({"run": cal["per_prompt"]}), width="stretch")
     with c1:
         common.download(
             "expected vs observed tau per prompt (CSV)",
@@ -320,11 +328,11 @@ def patterns_block(ws: str, run: dict) -> None:
             common.download(f"{title} (CSV)", pat[key], f"{run['id']}-{key}.csv", f"acc_dl_{key}")
 
     c1, c2 = st.columns(2)
-    c1.plotly_chart(views.class_fig(pat["by_class"]), width="stretch")
+    c1.plotly_chart(class_fig(pat["by_class"]), width="stretch")
     table("by_class", c2)
     c1, c2 = st.columns(2)
     c1.plotly_chart(
-        views.binned_fig(
+        binned_fig(
             pat["by_position"],
             "completion_position",
             "acceptance by position in the completion",
@@ -333,7 +341,7 @@ def patterns_block(ws: str, run: dict) -> None:
         width="stretch",
     )
     c2.plotly_chart(
-        views.binned_fig(pat["by_context"], "context_length", "acceptance by context length", "context length p (bin)"),
+        binned_fig(pat["by_context"], "context_length", "acceptance by context length", "context length p (bin)"),
         width="stretch",
     )
     c1, c2 = st.columns(2)
@@ -400,7 +408,7 @@ def main() -> None:
     st.caption(
         f"checkpoint `{run['checkpoint']}` · extraction `{run['extraction_id']}` (backend "
         f"**{run['backend']}**) · completions `{run['set_name']}` · block size {s.get('block_size')}"
-        + views.sliding_note(run.get("sliding_block"))
+        + sliding_note(run.get("sliding_block"))
     )
     common.backend_note(run["backend"])
     rows = common.prompt_rows(ws, rid)  # per-prompt numbers only: no page loads every token of every prompt
@@ -408,13 +416,13 @@ def main() -> None:
 
     st.subheader("Per prompt")
     comps = common.completions(ws, run["set_name"], stamp)
-    table = views.prompt_table(list(rows.values()), comps, run["tree_budget"])
+    table = prompt_table(list(rows.values()), comps, run["tree_budget"])
     st.caption(
         "sorted by tau, lowest first; tau = committed / rounds; outlier = low / high outside Tukey's fences "
         "of per-prompt tau; chain_tau_at_budget = tau of the chain verifying as many drafts as the tree "
         "(block N+1); select a row (or the prompt below) to open its token view"
     )
-    cfg = {c: st.column_config.NumberColumn(c, format="%.2f") for c in views.TAU_COLUMNS}
+    cfg = {c: st.column_config.NumberColumn(c, format="%.2f") for c in TAU_COLUMNS}
     ev = st.dataframe(
         table,
         hide_index=True,

@@ -19,9 +19,13 @@ from pathlib import Path
 
 import streamlit as st
 
-from dflash_dash import metrics, views
+from dflash_dash import metrics
+from dflash_dash.analysis.attribution import attribution_rows
 from dflash_dash.errors import UserError
+from dflash_dash.render.formats import csv_text
+from dflash_dash.render.tokens import pre_html
 from dflash_dash.store import Store, default_workspace
+from dflash_dash.vocab import Vocab, load_vocab
 
 ACTIVE = ("queued", "running")
 STATUS_ICON = {
@@ -155,20 +159,20 @@ def summary(ws: str, run: dict) -> dict:
 
 
 @st.cache_resource(max_entries=8, show_spinner="loading the tokenizer")
-def vocab(target_path: str) -> views.Vocab:
-    return views.load_vocab(target_path)
+def vocab(target_path: str) -> Vocab:
+    return load_vocab(target_path)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def attributions(ws: str, run_id: str, stamp: str) -> list[dict]:
-    """The run's target-layer attribution as views.attribution_rows ([] before one)."""
-    return views.attribution_rows(_store(ws).attributions(run_id))
+    """The run's target-layer attribution as attribution_rows ([] before one)."""
+    return attribution_rows(_store(ws).attributions(run_id))
 
 
 def download(label: str, rows: list[dict], file_name: str, key: str) -> None:
     """A CSV download button for one table (or figure data)."""
     st.download_button(
-        label, views.csv_text(rows) if rows else "", file_name=file_name, mime="text/csv", key=key, disabled=not rows
+        label, csv_text(rows) if rows else "", file_name=file_name, mime="text/csv", key=key, disabled=not rows
     )
 
 
@@ -428,6 +432,6 @@ def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
                     st_.dismiss_job(j["id"])
                     st.rerun()
                 with c3.expander("log"):
-                    st.html(views.pre_html(jobs.log_tail(st_, j["id"]) or "(empty)"))
+                    st.html(pre_html(jobs.log_tail(st_, j["id"]) or "(empty)"))
 
     panel()

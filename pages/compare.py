@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dflash_dash import metrics, ops, views
+from dflash_dash import metrics, ops
+from dflash_dash.analysis.compare import config_diff, default_pair, delta_rows, lag_rows, sweep_points
+from dflash_dash.analysis.trace import differing, trace
+from dflash_dash.render.analysis_figures import confidence_fig, reliability_fig
+from dflash_dash.render.compare import DELTA_NOTE, OUTCOME_NOTE, compare_html
+from dflash_dash.render.figures import depth_fig, hist_fig, lag_fig, scatter_fig, sweep_fig
+from dflash_dash.render.formats import fmt, sliding_note
+from dflash_dash.render.tokens import legend_html
+from dflash_dash.vocab import Vocab
 from pages import common
 
 common.routed()
@@ -25,9 +33,9 @@ def metrics_table(a: dict, b: dict) -> list[dict]:
         out.append(
             {
                 "metric": metrics.label(m.key, a["summary"]),
-                "A": views.fmt(va),
-                "B": views.fmt(vb),
-                "B − A": views.fmt(vb - va) if va is not None and vb is not None else "—",
+                "A": fmt(va),
+                "B": fmt(vb),
+                "B − A": fmt(vb - va) if va is not None and vb is not None else "—",
                 "formula": m.formula,
             }
         )
@@ -37,11 +45,11 @@ def metrics_table(a: dict, b: dict) -> list[dict]:
 def pick_prompt(a: dict, b: dict, ra: dict, rb: dict, comps: dict) -> str | None:
     """The per-prompt delta table (sortable; a selected row opens its prompt) and the prompt select, both ordered
     by |delta| descending; a new A or B re-sorts them and selects the largest difference."""
-    rows = [r for r in views.delta_rows(ra, rb) if r["prompt"] in comps]
+    rows = [r for r in delta_rows(ra, rb) if r["prompt"] in comps]
     if not rows:
         st.info("The two runs share no prompt.")
         return None
-    st.caption(views.DELTA_NOTE)
+    st.caption(DELTA_NOTE)
     order = [r["prompt"] for r in rows]
     pair = f"{a['id']}|{b['id']}"
     ev = st.dataframe(
@@ -62,9 +70,7 @@ def pick_prompt(a: dict, b: dict, ra: dict, rb: dict, comps: dict) -> str | None
         "prompt",
         "cmp_prompt",
         format_func=lambda p: (
-            f"{p} · A {views.fmt(by[p]['tau A'])} · B "
-            f"{views.fmt(by[p]['tau B'])} · delta "
-            f"{views.fmt(by[p]['delta (B − A)'])}"
+            f"{p} · A {fmt(by[p]['tau A'])} · B {fmt(by[p]['tau B'])} · delta {fmt(by[p]['delta (B − A)'])}"
         ),
     )
 
@@ -76,18 +82,18 @@ def token_views(ws: str, stamp: str, a: dict, b: dict, ra: dict, rb: dict) -> No
         return
     ex = {e["id"]: e for e in common.extractions(ws, stamp)}
     target = (ex.get(a["extraction_id"]) or {}).get("target_path")
-    vocab = common.vocab(target) if target else views.Vocab()
+    vocab = common.vocab(target) if target else Vocab()
     Ba, Bb = a["summary"]["block_size"], b["summary"]["block_size"]
     comp = common.completion(ws, a["set_name"], pid, stamp)
     ta, tb = (
-        views.trace(common.run_prompt(ws, a["id"], pid), comp, Ba),
-        views.trace(common.run_prompt(ws, b["id"], pid), comp, Bb),
+        trace(common.run_prompt(ws, a["id"], pid), comp, Ba),
+        trace(common.run_prompt(ws, b["id"], pid), comp, Bb),
     )
-    diff = views.differing(ta, tb)
-    st.caption(f"{len(diff)} of {len(ta.role)} completion positions differ in outcome. {views.OUTCOME_NOTE}")
-    st.html(views.legend_html(Ba, compare=True))
-    heads = (f"A · {a['name']} · tau {views.fmt(ra[pid]['tau'])}", f"B · {b['name']} · tau {views.fmt(rb[pid]['tau'])}")
-    st.html(views.compare_html(ta, tb, vocab, (Ba, Bb), diff, heads), unsafe_allow_javascript=True)
+    diff = differing(ta, tb)
+    st.caption(f"{len(diff)} of {len(ta.role)} completion positions differ in outcome. {OUTCOME_NOTE}")
+    st.html(legend_html(Ba, compare=True))
+    heads = (f"A · {a['name']} · tau {fmt(ra[pid]['tau'])}", f"B · {b['name']} · tau {fmt(rb[pid]['tau'])}")
+    st.html(compare_html(ta, tb, vocab, (Ba, Bb), diff, heads), unsafe_allow_javascript=True)
 
 
 def lag_block(ws: str, stamp: str, a: dict, b: dict) -> None:
@@ -96,7 +102,7 @@ def lag_block(ws: str, stamp: str, a: dict, b: dict) -> None:
         "How often the draft at slot k is the target's token one position behind the one it should predict: "
         "the signature of a drafter trained with the anchor's own hidden state in view. " + metrics.LAG_FORMULA
     )
-    rows = views.lag_rows(
+    rows = lag_rows(
         common.analysis(ws, a["id"], "lag"),
         common.analysis(ws, b["id"], "lag"),
         a["summary"]["block_size"],
@@ -106,7 +112,7 @@ def lag_block(ws: str, stamp: str, a: dict, b: dict) -> None:
         st.info("No drafts to count: the runs hold no drafts for their shared prompts.")
         return
     c1, c2 = st.columns([3, 2])
-    c1.plotly_chart(views.lag_fig(rows, a["name"], b["name"]), width="stretch")
+    c1.plotly_chart(lag_fig(rows, a["name"], b["name"]), width="stretch")
     with c2:
         st.dataframe(rows, hide_index=True, width="stretch")
         common.download("draft lag per slot, both runs (CSV)", rows, "compare-lag.csv", "cmp_dl_lag")
@@ -124,7 +130,7 @@ def calibration_block(ws: str, a: dict, b: dict) -> None:
         return
     st.dataframe(
         [
-            {"metric": label, **{n: views.fmt(c[key]) for n, c in cals.items()}, "formula": formula}
+            {"metric": label, **{n: fmt(c[key]) for n, c in cals.items()}, "formula": formula}
             for key, label, formula in (
                 ("calibration_ece", "calibration ECE (pooled over depths)", metrics.BY_KEY["calibration_ece"].formula),
                 ("expected_tau", "expected tau (macro)", metrics.BY_KEY["expected_tau"].formula),
@@ -141,8 +147,8 @@ def calibration_block(ws: str, a: dict, b: dict) -> None:
     v = st.selectbox("reliability diagram: depth", opts, key="cmp_cal_depth")
     depth = "pooled" if v == opts[0] else int(v.split()[1])
     c1, c2 = st.columns(2)
-    c1.plotly_chart(views.reliability_fig({n: c["reliability"] for n, c in cals.items()}, depth), width="stretch")
-    c2.plotly_chart(views.confidence_fig({n: c["by_depth"] for n, c in cals.items()}), width="stretch")
+    c1.plotly_chart(reliability_fig({n: c["reliability"] for n, c in cals.items()}, depth), width="stretch")
+    c2.plotly_chart(confidence_fig({n: c["by_depth"] for n, c in cals.items()}), width="stretch")
     with c1:
         common.download(
             "reliability bins, both runs (CSV)",
@@ -161,7 +167,7 @@ def calibration_block(ws: str, a: dict, b: dict) -> None:
 
 def config_block(a: dict, b: dict) -> None:
     st.subheader("Configs side by side")
-    rows = views.config_diff(a["config"], b["config"])
+    rows = config_diff(a["config"], b["config"])
     n = sum(1 for r in rows if r["differs"])
     st.caption(f"{n} {'key differs' if n == 1 else 'keys differ'} (marked ≠, listed first)")
 
@@ -202,11 +208,11 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
         st.info("No finished extraction: extract hidden states on the **Extraction** page first.")
     common.job_panel(("sweep",), key="sweep")
     if folder.strip():
-        pts = views.sweep_points(runs, folder.strip(), ex if exs else None)
+        pts = sweep_points(runs, folder.strip(), ex if exs else None)
         if not pts:
             st.info("No run of a checkpoint inside this folder yet: start the sweep.")
             return
-        st.plotly_chart(views.sweep_fig(pts), width="stretch")
+        st.plotly_chart(sweep_fig(pts), width="stretch")
         st.caption(
             "tau (macro): mean over prompts of committed/rounds; tau (pooled): all committed / all rounds; "
             "DDTree tau: the same with tree drafting"
@@ -214,8 +220,8 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
         for p in pts:
             st.markdown(
                 f"step {p['step'] if p['step'] is not None else '?'} · `{p['name']}`"
-                f"{views.sliding_note(p['sliding_block'])} · tau {views.fmt(p['tau_macro'])} / pooled "
-                f"{views.fmt(p['tau_pooled'])} / DDTree {views.fmt(p['ddtree_tau'])} · "
+                f"{sliding_note(p['sliding_block'])} · tau {fmt(p['tau_macro'])} / pooled "
+                f"{fmt(p['tau_pooled'])} / DDTree {fmt(p['ddtree_tau'])} · "
                 f"[open in Acceptance](acceptance?run={p['run']})"
             )
 
@@ -233,7 +239,7 @@ def main() -> None:
     else:
         by_id = {r["id"]: r for r in runs}
         ids = [r["id"] for r in reversed(runs)]
-        da, db = views.default_pair(runs)  # the newest two runs on one extraction
+        da, db = default_pair(runs)  # the newest two runs on one extraction
         c1, c2 = st.columns(2)
         with c1:
             a_id = common.select_param("A", ids, "a", "cmp_a", default=da, format_func=common.run_label(by_id))
@@ -259,15 +265,15 @@ def main() -> None:
             st.dataframe(metrics_table(a, b), hide_index=True, width="stretch")
             ra, rb = common.prompt_rows(ws, a_id), common.prompt_rows(ws, b_id)  # numbers only, per prompt
             st.plotly_chart(
-                views.scatter_fig(
+                scatter_fig(
                     {p: r["tau"] for p, r in ra.items()}, {p: r["tau"] for p, r in rb.items()}, a["name"], b["name"]
                 ),
                 width="stretch",
             )
             sa, sb = {f"A {a['name']}": a["summary"]}, {f"B {b['name']}": b["summary"]}
             c1, c2 = st.columns(2)
-            c1.plotly_chart(views.depth_fig(sa | sb), width="stretch")
-            c2.plotly_chart(views.hist_fig(sa | sb), width="stretch")
+            c1.plotly_chart(depth_fig(sa | sb), width="stretch")
+            c2.plotly_chart(hist_fig(sa | sb), width="stretch")
             if common.section_param(
                 "show the calibration of A and B (drawn when chosen)", SECTIONS, "section", "cmp_section"
             ):

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from dflash_dash import ops, views
+from dflash_dash import ops
+from dflash_dash.render.tables import SPEC_KEYS, completion_table
+from dflash_dash.render.tokens import text_html
 from pages import common
 
 common.routed()
@@ -116,7 +118,7 @@ def main() -> None:
         if not comps:
             st.info(f"Set {name!r} has no completions yet; a running fetch adds them as they arrive.")
         else:
-            rows = views.completion_table(list(comps.values()))
+            rows = completion_table(list(comps.values()))
             st.caption("pick a row (or the completion below) to show its prompt and completion text")
             ev = st.dataframe(
                 rows, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row", key="comp_table"
@@ -125,7 +127,7 @@ def main() -> None:
             if picked and st.session_state.get("_comp_table_last") != rows[picked[0]]["prompt"]:
                 st.session_state["_comp_table_last"] = rows[picked[0]]["prompt"]
                 common.set_param("comp_prompt", "prompt", rows[picked[0]]["prompt"])
-            if not any(k in r for r in rows for k in views.SPEC_KEYS):
+            if not any(k in r for r in rows for k in SPEC_KEYS):
                 st.caption("No server-side speculative counters: the server did not run speculative decoding.")
             else:
                 st.caption(
@@ -138,10 +140,10 @@ def main() -> None:
             a, b = st.columns(2)
             with a:
                 st.markdown("**prompt**")
-                st.html(views.text_html(c.get("prompt") or "(prompt given as token ids)"))
+                st.html(text_html(c.get("prompt") or "(prompt given as token ids)"))
             with b:
                 st.markdown("**completion**")
-                st.html(views.text_html(c.get("output") or ""))
+                st.html(text_html(c.get("output") or ""))
             with st.expander("request and meta_info as stored"):
                 st.json(
                     {"request": c.get("request"), "meta_info": c.get("meta_info"), "model_path": c.get("model_path")}

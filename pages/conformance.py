@@ -10,7 +10,11 @@ import html
 import pandas as pd
 import streamlit as st
 
-from dflash_dash import conformance, metrics, views
+from dflash_dash import metrics
+from dflash_dash.analysis import conformance
+from dflash_dash.render.figures import conformance_fig, hist_fig
+from dflash_dash.render.formats import acceptance_link
+from dflash_dash.render.tables import CONFORMANCE_COLUMNS, CONFORMANCE_NOTE, conformance_csv, conformance_table
 from pages import common
 
 common.routed()
@@ -58,7 +62,7 @@ def flagged_note(rows: list[dict], run_id: str, threshold: float) -> None:
         )
         return
     links = " · ".join(
-        f'<a href="{html.escape(views.acceptance_link(run_id, r["id"]), quote=True)}" '
+        f'<a href="{html.escape(acceptance_link(run_id, r["id"]), quote=True)}" '
         f'target="_self">{html.escape(str(r["id"]))}</a>'
         for r in bad
     )
@@ -70,21 +74,21 @@ def flagged_note(rows: list[dict], run_id: str, threshold: float) -> None:
 
 
 def table(rows: list[dict], run_id: str, engine: str) -> None:
-    t = views.conformance_table(rows, run_id)
+    t = conformance_table(rows, run_id)
     df = pd.DataFrame(t)
     style = df.style.apply(
         lambda row: ["background-color: #ffd7d7" if row["flagged"] else "" for _ in row], axis=1
     ).format(precision=4, na_rep="—")
-    cfg = {k: st.column_config.Column(help=f) for k, f in views.CONFORMANCE_COLUMNS.items()}
+    cfg = {k: st.column_config.Column(help=f) for k, f in CONFORMANCE_COLUMNS.items()}
     cfg["token_view"] = st.column_config.LinkColumn(
-        "token view", help=views.CONFORMANCE_COLUMNS["token_view"], display_text="open"
+        "token view", help=CONFORMANCE_COLUMNS["token_view"], display_text="open"
     )
-    cfg["flagged"] = st.column_config.CheckboxColumn("flagged", help=views.CONFORMANCE_COLUMNS["flagged"])
+    cfg["flagged"] = st.column_config.CheckboxColumn("flagged", help=CONFORMANCE_COLUMNS["flagged"])
     st.dataframe(style, column_config=cfg, hide_index=True, width="stretch", key="conf_table")
-    st.caption("sorted by gap (engine − replay), most negative first; flagged rows in red. " + views.CONFORMANCE_NOTE)
+    st.caption("sorted by gap (engine − replay), most negative first; flagged rows in red. " + CONFORMANCE_NOTE)
     st.download_button(
         "Download the table (CSV)",
-        views.conformance_csv(t),
+        conformance_csv(t),
         file_name=f"conformance-{run_id}-{engine}.csv",
         mime="text/csv",
         icon=":material/download:",
@@ -153,7 +157,7 @@ def main() -> None:
     summary = conformance.summary(rows, thr)
     cards(summary)
     flagged_note(rows, rid, thr)
-    st.plotly_chart(views.conformance_fig(rows, thr, engine), width="stretch")
+    st.plotly_chart(conformance_fig(rows, thr, engine), width="stretch")
     st.caption(
         "each point is a prompt: x = replay tau (committed / rounds), y = engine tau ((completion_tokens − 1) "
         f"/ verify_steps); dashed: engine = replay; dotted: engine = (1 − {thr:g}) × replay, below it "
@@ -163,9 +167,9 @@ def main() -> None:
     hist = conformance.engine_histogram(rows)
     if hist:
         B = (run["summary"] or {}).get("block_size") or len(hist)
-        rep = views.replay_histogram(prompts, {r["id"] for r in rows}, B)
+        rep = conformance.replay_histogram(prompts, {r["id"] for r in rows}, B)
         st.plotly_chart(
-            views.hist_fig({f"engine ({engine})": {"accept_hist": hist}, "replay": {"accept_hist": rep}}),
+            hist_fig({f"engine ({engine})": {"accept_hist": hist}, "replay": {"accept_hist": rep}}),
             width="stretch",
         )
         st.caption(

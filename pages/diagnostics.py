@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dflash_dash import ops, views
+from dflash_dash import ops
+from dflash_dash.analysis.checks import consistency, sliding_checkpoints, sliding_rows
 from dflash_dash.jobs import gpu
+from dflash_dash.render.figures import attribution_fig, parity_fig
+from dflash_dash.render.formats import fmt
+from dflash_dash.render.tables import gpu_table
 from pages import common
 
 common.routed()
@@ -66,7 +70,7 @@ def parity_block(ws: str, stamp: str) -> None:
     ]
     c1, c2 = st.columns([1, 1])
     c1.dataframe(rows, hide_index=True, width="stretch")
-    c2.plotly_chart(views.parity_fig(res["layers"]), width="stretch")
+    c2.plotly_chart(parity_fig(res["layers"]), width="stretch")
     st.subheader("tau of the same checkpoints on each extraction")
     runs = common.runs(ws, stamp)
     ka, kb = f"tau macro on A ({by[a]['backend']})", f"tau macro on B ({by[b]['backend']})"
@@ -110,7 +114,7 @@ def consistency_block(ws: str, stamp: str) -> None:
         return
     cfg = drafter.read_config(ck.strip())
     info = target.describe(by[ex]["target_path"])
-    rows = views.consistency(cfg, by[ex], info)
+    rows = consistency(cfg, by[ex], info)
     bad = [r for r in rows if r["ok"] != "✓"]
     (st.error if any(r["check"] != "extraction backend" for r in bad) else st.warning if bad else st.success)(
         f"{len(bad)} of {len(rows)} checks fail" if bad else "checkpoint and extraction are consistent"
@@ -131,7 +135,7 @@ def sliding_block(ws: str, stamp: str) -> None:
     if not exs:
         st.info("No finished extraction yet (Extraction page).")
         return
-    known = views.sliding_checkpoints(runs)
+    known = sliding_checkpoints(runs)
     ck = st.text_input(
         "drafter checkpoint with sliding_attention layers",
         value=known[0] if known else "",
@@ -151,7 +155,7 @@ def sliding_block(ws: str, stamp: str) -> None:
     if not ck.strip():
         st.info("No replayed drafter with sliding layers yet: give a checkpoint folder to check it.")
         return
-    rows = views.sliding_rows(runs, ck.strip(), ex)
+    rows = sliding_rows(runs, ck.strip(), ex)
     if len(rows) == 2:
         delta = (rows[0]["tau (macro)"] or 0) - (rows[1]["tau (macro)"] or 0)
         (st.warning if abs(delta) >= 0.05 else st.success)(
@@ -183,11 +187,11 @@ def attribution_block(ws: str, stamp: str) -> None:
     rows = common.attributions(ws, rid, stamp)
     if rows:
         c1, c2 = st.columns([3, 2])
-        c1.plotly_chart(views.attribution_fig(rows), width="stretch")
+        c1.plotly_chart(attribution_fig(rows), width="stretch")
         c2.dataframe(rows, hide_index=True, width="stretch")
         c2.caption(
-            f"base tau (macro) {views.fmt(rows[0]['base_tau_macro'])}, (pooled) "
-            f"{views.fmt(rows[0]['base_tau_pooled'])}: the same replay without ablation"
+            f"base tau (macro) {fmt(rows[0]['base_tau_macro'])}, (pooled) "
+            f"{fmt(rows[0]['base_tau_pooled'])}: the same replay without ablation"
         )
         with c2:
             common.download("attribution (CSV)", rows, f"{rid}-attribution.csv", "attr_dl")
@@ -236,7 +240,7 @@ def server_block() -> None:
         st.caption(f"GPU memory unavailable: {e}")
         return
     if gpus:
-        st.dataframe(views.gpu_table(gpus), hide_index=True, width="stretch")
+        st.dataframe(gpu_table(gpus), hide_index=True, width="stretch")
     else:
         st.caption("No GPU visible on this machine.")
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dflash_dash import ops, views
+from dflash_dash import ops
+from dflash_dash.analysis.checks import backend_matters
 from dflash_dash.errors import UserError
 from dflash_dash.jobs import gpu
+from dflash_dash.render.tables import extraction_table, gpu_table
 from pages import common
 
 common.routed()
@@ -58,7 +60,7 @@ def gpu_block() -> None:
     if not gpus:
         st.caption("No GPU visible on this machine (extraction runs on CPU with the torch path).")
         return
-    st.dataframe(views.gpu_table(gpus), hide_index=True, width="stretch")
+    st.dataframe(gpu_table(gpus), hide_index=True, width="stretch")
 
 
 def existing(ws: str, stamp: str, orch: str) -> None:
@@ -67,7 +69,7 @@ def existing(ws: str, stamp: str, orch: str) -> None:
     if not exs:
         st.info("No extractions yet: choose a completion set and a target below and press **Extract**.")
         return
-    st.dataframe(views.extraction_table(exs), hide_index=True, width="stretch")
+    st.dataframe(extraction_table(exs), hide_index=True, width="stretch")
     for e in reversed(exs):
         with st.container(border=True):
             c1, c2 = st.columns([5, 1])
@@ -234,7 +236,7 @@ def main() -> None:
                             "exists** and press **Extract** to make another one."
                         )
                     else:
-                        if args["device"] == "cpu" and views.backend_matters(args["target"]):
+                        if args["device"] == "cpu" and backend_matters(args["target"]):
                             st.warning(
                                 "On CPU the torch path of the linear-attention kernels is used (backend "
                                 "`torch`), not the fla kernels the drafter was trained on."

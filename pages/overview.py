@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dflash_dash import views
+from dflash_dash.render.formats import backend_label
+from dflash_dash.render.tables import run_columns, run_groups
 from pages import common
 
 common.routed()
@@ -33,7 +34,7 @@ def main() -> None:
         ),
         (
             "2. Extraction",
-            f"{len(exs)} extractions ({', '.join(sorted({views.backend_label(e['backend']) for e in exs})) or 'none'})",
+            f"{len(exs)} extractions ({', '.join(sorted({backend_label(e['backend']) for e in exs})) or 'none'})",
             any(e["status"] == "done" for e in exs),
             "pages/extraction.py",
             "extract the target's hidden states at the drafter's layers",
@@ -71,9 +72,9 @@ def runs_block(runs: list[dict], exs: list[dict]) -> None:
     )
     config = {
         "open": st.column_config.LinkColumn("open", display_text="open", help="the run on the Acceptance page"),
-        **{label: st.column_config.TextColumn(label, help=formula) for label, formula in views.run_columns().items()},
+        **{label: st.column_config.TextColumn(label, help=formula) for label, formula in run_columns().items()},
     }
-    groups = views.run_groups(runs, exs)
+    groups = run_groups(runs, exs)
     for i, g in enumerate(groups):
         with st.expander(g["title"], expanded=i == 0 or len(groups) <= 3):
             ev = st.dataframe(

@@ -14,7 +14,9 @@ from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1 import app_test as app_test_mod
 
-from dflash_dash import ops, pipeline, views
+from dflash_dash import ops, pipeline
+from dflash_dash.analysis.compare import config_diff
+from dflash_dash.render.formats import fmt
 from dflash_dash.store import Store
 from pages import common
 
@@ -148,10 +150,10 @@ def test_acceptance_metrics_and_formulas_match_the_store(prepared, monkeypatch):
         at = app(prepared.workspace, monkeypatch, "acceptance", run=rid)
         clean(at)
         m = {x.label: x.value for x in at.metric}
-        assert m["tau (macro)"] == views.fmt(s["tau_macro"])
-        assert m["tau (pooled)"] == views.fmt(s["tau_pooled"])
-        assert m["every-anchor tau"] == views.fmt(s["every_anchor_tau"])
-        assert m[f"DDTree-{s['tree_budget']} tau (macro)"] == views.fmt(s["ddtree_tau"])
+        assert m["tau (macro)"] == fmt(s["tau_macro"])
+        assert m["tau (pooled)"] == fmt(s["tau_pooled"])
+        assert m["every-anchor tau"] == fmt(s["every_anchor_tau"])
+        assert m[f"DDTree-{s['tree_budget']} tau (macro)"] == fmt(s["ddtree_tau"])
         captions = " ".join(c.value for c in at.caption)
         from dflash_dash import metrics
 
@@ -225,7 +227,7 @@ def test_compare_by_url_shows_both_checkpoints(prepared, monkeypatch):
     # the two token views, with differing positions outlined
     views_ = [h for h in htmls(at) if 'title="pos ' in h]  # one element holds both (scroll-synced)
     assert len(views_) == 1 and views_[0].count('<div class="dfv">') == 2
-    n = sum(1 for r in views.config_diff(st.run_row(a)["config"], st.run_row(b)["config"]) if r["differs"])
+    n = sum(1 for r in config_diff(st.run_row(a)["config"], st.run_row(b)["config"]) if r["differs"])
     assert n >= 1 and f"{n} key" in cap
     cfg = at.dataframe[-1].value
     cfg = cfg.data if hasattr(cfg, "data") else cfg

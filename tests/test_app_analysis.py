@@ -9,7 +9,10 @@ import io
 
 from test_app import app, by_label, clean, htmls, navigation_routing, wait_job  # noqa: F401  (autouse fixture)
 
-from dflash_dash import ops, patterns, pipeline, views
+from dflash_dash import ops, pipeline
+from dflash_dash.analysis import patterns
+from dflash_dash.analysis.calibration import calibration
+from dflash_dash.render.formats import csv_text, fmt, prob
 from dflash_dash.store import Store
 
 
@@ -58,11 +61,11 @@ def test_acceptance_shows_calibration_with_formulas(prepared, monkeypatch):
     at = app(prepared.workspace, monkeypatch, "acceptance", run=rid, section="calibration")
     clean(at)
     st_ = Store(prepared.workspace)
-    cal = views.calibration(st_.run_prompts(rid), 4, st_.run_row(rid)["tree_budget"])
+    cal = calibration(st_.run_prompts(rid), 4, st_.run_row(rid)["tree_budget"])
     m = {x.label: x.value for x in at.metric}
-    assert m["calibration ECE (pooled over depths)"] == views.prob(cal["calibration_ece"])
-    assert m["expected tau (macro)"] == views.fmt(cal["expected_tau"])
-    assert m["expected tau (pooled)"] == views.fmt(cal["expected_tau_pooled"])
+    assert m["calibration ECE (pooled over depths)"] == prob(cal["calibration_ece"])
+    assert m["expected tau (macro)"] == fmt(cal["expected_tau"])
+    assert m["expected tau (pooled)"] == fmt(cal["expected_tau_pooled"])
     captions = " ".join(c.value for c in at.caption)
     assert "(n_b / N) * |observed_b - predicted_b|" in captions and "prod_{j<=k} p_j" in captions
     titles = charts(at)
@@ -101,7 +104,7 @@ def test_acceptance_shows_failure_patterns_with_downloads_and_links(prepared, mo
     # the CSV a button offers is the table
     btn = next(d for d in at.get("download_button") if d.proto.label == "worst spans (CSV)")
     assert btn.proto.label  # the data itself is served by the media file manager; the table is checked above
-    rows = list(csv.DictReader(io.StringIO(views.csv_text(exp["worst_spans"]))))
+    rows = list(csv.DictReader(io.StringIO(csv_text(exp["worst_spans"]))))
     assert [r["link"] for r in rows] == list(spans["link"])
 
 
@@ -159,8 +162,8 @@ def test_compare_overlays_both_runs_calibration(prepared, monkeypatch):
     names = [f"A {st_.run_row(a)['name']}", f"B {st_.run_row(b)['name']}"]
     assert list(table.columns) == ["metric", *names, "formula"]
     for rid, name in zip((a, b), names):
-        cal = views.calibration(st_.run_prompts(rid), 4, 8)
-        assert table.set_index("metric").loc["calibration ECE (pooled over depths)", name] == views.fmt(
+        cal = calibration(st_.run_prompts(rid), 4, 8)
+        assert table.set_index("metric").loc["calibration ECE (pooled over depths)", name] == fmt(
             cal["calibration_ece"]
         )
     import json

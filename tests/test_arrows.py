@@ -9,9 +9,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # top to bottom: a module may import only modules listed after it (ARCHITECTURE.md, plus the modules it names
-# outside the list: demo beside jobs, parity over pipeline, the pure conformance/patterns computations under
-# views, the stand-in's speculative decoder under the stand-in; launch, what `make run` runs, on top; ops, the
-# operations' argument dataclasses, under the pipeline whose signatures take their defaults)
+# outside the list: demo beside jobs, parity over pipeline, vocab (token strings, for the pipeline's exports and
+# the pages) under analysis, the stand-in's speculative decoder under the stand-in; launch, what `make run` runs,
+# on top; ops, the operations' argument dataclasses, under the pipeline whose signatures take their defaults)
 ORDER = [
     "__main__",
     "launch",
@@ -20,10 +20,10 @@ ORDER = [
     "demo",
     "parity",
     "pipeline",
+    "render",
+    "analysis",
+    "vocab",
     "ops",
-    "views",
-    "conformance",
-    "patterns",
     "store",
     "sglang",
     "server",
@@ -84,8 +84,31 @@ def test_imports_point_down_the_layers():
 
 def test_the_checker_sees_an_upward_import(tmp_path):
     f = tmp_path / "x.py"
-    f.write_text("from .replay import Head\nfrom . import pipeline as p\nimport dflash_dash.views\n")
-    assert imports(f, "dflash_dash") == {"replay", "pipeline", "views"}
+    f.write_text("from .replay import Head\nfrom . import pipeline as p\nimport dflash_dash.render\n")
+    assert imports(f, "dflash_dash") == {"replay", "pipeline", "render"}
+
+
+def test_analysis_and_pipeline_never_import_render():
+    """`analysis` is numpy and the registry only: no render, plotly, torch or streamlit import anywhere in its
+    code (the chain walk and drafter checks, in torch modules, come through dflash_dash modules on first use); the
+    pipeline, which keeps and exports analyses, never imports render (only pages draw)."""
+    bad = []
+    for f in sorted((ROOT / "dflash_dash" / "analysis").rglob("*.py")):
+        package = "dflash_dash.analysis"
+        found = ({"render"} & imports(f, package)) | ({"plotly", "torch", "streamlit"} & top_modules(f))
+        bad += [f"{f.relative_to(ROOT)} imports {m}" for m in sorted(found)]
+    pipeline = ROOT / "dflash_dash" / "pipeline"
+    for f in sorted(pipeline.rglob("*.py")) if pipeline.is_dir() else [pipeline.with_suffix(".py")]:
+        package = "dflash_dash.pipeline" if pipeline.is_dir() else "dflash_dash"
+        if "render" in imports(f, package):
+            bad.append(f"{f.relative_to(ROOT)} imports render")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_render_checker_sees_a_nested_import(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text("def f():\n    from ..render.tokens import esc\n    import plotly.graph_objects as go\n")
+    assert imports(f, "dflash_dash.analysis") == {"render"} and top_modules(f) == {"plotly"}
 
 
 def test_pages_are_thin_and_only_they_import_streamlit():

@@ -1,5 +1,5 @@
-"""Calibration metrics of the registry (metrics.py) on a hand-made run with hand-computed answers, and the views
-tables built from them."""
+"""Calibration metrics of the registry (metrics.py) on a hand-made run with hand-computed answers, and the
+analysis and render tables built from them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import math
 
 import pytest
 
-from dflash_dash import metrics, views
+from dflash_dash import metrics
+from dflash_dash.analysis.calibration import calibration
+from dflash_dash.render.analysis_figures import reliability_fig
+from dflash_dash.render.formats import csv_text
 
 B = 3  # two drafted slots per block
 
@@ -73,7 +76,7 @@ def test_runs_without_draft_logp_are_not_recorded():
     for key in ("calibration_ece", "expected_tau", "expected_tau_pooled", "calibration_ece_depth", "confidence_depth"):
         assert s[key] is None, key
     assert metrics.reliability(ps, metrics.Ctx(B, 0)) is None
-    cal = views.calibration(
+    cal = calibration(
         [
             {
                 "prompt_id": p.id,
@@ -101,7 +104,7 @@ def test_store_rows_give_the_same_answer_and_tables():
         }
         for p in hand_prompts()
     ]
-    cal = views.calibration(rows, B)
+    cal = calibration(rows, B)
     assert cal["recorded"] and cal["calibration_ece"] == pytest.approx(0.25)
     assert [r["depth"] for r in cal["reliability"]] == ["pooled"] * 10 + [1] * 10 + [2] * 10
     assert cal["by_depth"] == [
@@ -112,9 +115,9 @@ def test_store_rows_give_the_same_answer_and_tables():
         ("x", 2.5, round((2.4256 + 1.82) / 2, 4)),
         ("y", 1.0, 1.075),
     ]
-    csv = views.csv_text(cal["reliability"])
+    csv = csv_text(cal["reliability"])
     assert csv.splitlines()[0] == "depth,lo,hi,n,predicted,observed" and len(csv.splitlines()) == 31
-    fig = views.reliability_fig({"run": cal["reliability"]}, 1)
+    fig = reliability_fig({"run": cal["reliability"]}, 1)
     assert "depth 1" in fig.layout.title.text
 
 

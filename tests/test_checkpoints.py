@@ -412,9 +412,9 @@ def test_sweep_orders_steps_counts_links_once_and_skips_non_drafters(prepared, w
     st = Store(workspace_copy)
     by = {r["id"]: r for r in st.runs()}
     assert [by[i]["step"] for i in ids] == [50, 200, 1000]
-    from dflash_dash import views
+    from dflash_dash.analysis.compare import sweep_points
 
-    assert [p["step"] for p in views.sweep_points(st.runs(), str(out), prepared.extraction)] == [50, 200, 1000]
+    assert [p["step"] for p in sweep_points(st.runs(), str(out), prepared.extraction)] == [50, 200, 1000]
 
 
 @pytest.mark.parametrize(
@@ -479,11 +479,11 @@ def test_target_without_linear_attention_records_no_backend(tmp_path):
     pipeline.import_completions(st, jsonl, "s")
     ex = pipeline.extract(st, str(t), "s", [1, 4])
     assert st.extraction(ex)["backend"] == tg.NO_LINEAR
-    from dflash_dash import views
+    from dflash_dash.analysis.checks import backend_matters, consistency
 
     info = tg.describe(t)
     rows = {
         r["check"]: r
-        for r in views.consistency(dr.parse_config(tiny.drafter_config(tiny.TinyDrafter())), st.extraction(ex), info)
+        for r in consistency(dr.parse_config(tiny.drafter_config(tiny.TinyDrafter())), st.extraction(ex), info)
     }
-    assert rows["extraction backend"]["ok"] == "✓" and not views.backend_matters(str(t))
+    assert rows["extraction backend"]["ok"] == "✓" and not backend_matters(str(t))

@@ -12,8 +12,13 @@ import pytest
 from test_app import APP, app, clean, htmls, navigation_routing  # noqa: F401  (fixtures)
 from test_e2e import CHROMIUM, browser, dashboard, open_page, page  # noqa: F401  (fixtures)
 
-from dflash_dash import metrics, views
+from dflash_dash import metrics
+from dflash_dash.analysis.compare import default_pair, delta_rows
+from dflash_dash.analysis.trace import Trace, differing, outcomes, trace
+from dflash_dash.render.compare import compare_html
+from dflash_dash.render.tokens import token_html
 from dflash_dash.store import Store
+from dflash_dash.vocab import Vocab
 
 # ---------------------------------------------------------------------------
 # outcomes: hand-made pair of traces
@@ -30,21 +35,21 @@ from dflash_dash.store import Store
 PROMPT, OUTPUT = [1, 2], [10, 11, 12, 13, 14, 15, 16, 17]
 
 
-def hand_trace(accepted_at: list[int], drafts: list[int] | None = None) -> views.Trace:
+def hand_trace(accepted_at: list[int], drafts: list[int] | None = None) -> Trace:
     row = {"prompt_len": 2, "accepted_at": accepted_at, "drafts": drafts or []}
-    return views.trace(row, {"prompt_ids": PROMPT, "output_ids": OUTPUT}, 4)
+    return trace(row, {"prompt_ids": PROMPT, "output_ids": OUTPUT}, 4)
 
 
 def test_outline_only_where_acceptance_outcome_differs():
     a = hand_trace([3, 0, 0, 0, 1, 0, 0, 0])
     b = hand_trace([0, 2, 0, 0, 2, 0, 0, 0], drafts=[99] * 24)  # B's rejected drafts differ from A's: not compared
-    assert views.outcomes(a) == ["prefill", "draft", "draft", "draft", "target", "draft", "target", "target"]
-    assert views.outcomes(b) == ["prefill", "target", "draft", "draft", "target", "draft", "draft", "target"]
-    assert views.differing(a, b) == {1, 6}
-    assert views.differing(a, a) == set() and views.differing(b, a) == {1, 6}
+    assert outcomes(a) == ["prefill", "draft", "draft", "draft", "target", "draft", "target", "target"]
+    assert outcomes(b) == ["prefill", "target", "draft", "draft", "target", "draft", "draft", "target"]
+    assert differing(a, b) == {1, 6}
+    assert differing(a, a) == set() and differing(b, a) == {1, 6}
     # depth and block starts do differ at offsets 2 and 3, and are not outlined
     assert (a.depth[2], a.depth[3]) == (2, 3) and (b.depth[2], b.depth[3]) == (1, 2) and b.start[2] and not a.start[2]
-    out = views.token_html(a, views.Vocab(), 4, diff=views.differing(a, b))
+    out = token_html(a, Vocab(), 4, diff=differing(a, b))
     outlined = [int(m) for m in re.findall(r'class="[^"]*dfv-x[^"]*" title="pos (\d+) ', out)]
     assert outlined == [3, 8]
 
@@ -52,15 +57,15 @@ def test_outline_only_where_acceptance_outcome_differs():
 def test_compare_html_escapes_and_carries_one_constant_script():
     a, b = hand_trace([3, 0, 0, 0, 1, 0, 0, 0]), hand_trace([0, 2, 0, 0, 2, 0, 0, 0])
 
-    class Evil(views.Vocab):
+    class Evil(Vocab):
         def _one(self, i):
             return "<script>window.__pwned=1</script>"
 
-    out = views.compare_html(a, b, Evil(), (4, 4), views.differing(a, b), ("A <b>x</b>", "B <img src=x>"))
+    out = compare_html(a, b, Evil(), (4, 4), differing(a, b), ("A <b>x</b>", "B <img src=x>"))
     assert out.count("<script>") == 1 and "__pwned" not in out.split("<script>")[1]
     assert "&lt;script&gt;" in out and "A &lt;b&gt;x&lt;/b&gt;" in out and "<img" not in out
     assert out.count('<div class="dfv">') == 2 and 'data-diffs="2"' in out and "2 differing positions" in out
-    same = views.compare_html(a, a, views.Vocab(), (4, 4), set(), ("A", "A"))
+    same = compare_html(a, a, Vocab(), (4, 4), set(), ("A", "A"))
     assert "dfcmp-next\" disabled" in same
 
 
@@ -100,7 +105,7 @@ def test_delta_table_sorted_by_absolute_delta():
         "only-a": {"tau": 9.0},
     }
     rb = {"p1": {"tau": 2.5}, "p2": {"tau": 1.0}, "p3": {"tau": 2.5}, "p4": {"tau": 2.0}, "p5": {"tau": 1.5}}
-    rows = views.delta_rows(ra, rb)
+    rows = delta_rows(ra, rb)
     # |delta|: p2 2.0, p3 1.0, p1 0.5, p5 0.5 (tie: by id), p4 none (last); only-a is not in B
     assert [r["prompt"] for r in rows] == ["p2", "p3", "p1", "p5", "p4"]
     assert [r["delta (B − A)"] for r in rows] == [-2.0, 1.0, 0.5, -0.5, None]
@@ -112,17 +117,17 @@ def test_delta_table_sorted_by_absolute_delta():
         "DDTree tau A": 2.5,
         "DDTree tau B": None,
     }
-    assert "DDTree tau A" not in views.delta_rows({"p": {"tau": 1.0}}, {"p": {"tau": 2.0}})[0]
+    assert "DDTree tau A" not in delta_rows({"p": {"tau": 1.0}}, {"p": {"tau": 2.0}})[0]
 
 
 def test_default_pair_is_the_newest_pair_on_one_extraction():
     def run(i, ex):
         return {"id": f"r{i}", "extraction_id": ex}
 
-    assert views.default_pair([run(1, "x"), run(2, "y"), run(3, "x"), run(4, "z")]) == ("r1", "r3")
-    assert views.default_pair([run(1, "x"), run(2, "x"), run(3, "y"), run(4, "y"), run(5, "x")]) == ("r2", "r5")
-    assert views.default_pair([run(1, "x"), run(2, "y")]) == ("r1", "r2")  # no shared extraction: the newest two
-    assert views.default_pair([run(1, "x")]) is None
+    assert default_pair([run(1, "x"), run(2, "y"), run(3, "x"), run(4, "z")]) == ("r1", "r3")
+    assert default_pair([run(1, "x"), run(2, "x"), run(3, "y"), run(4, "y"), run(5, "x")]) == ("r2", "r5")
+    assert default_pair([run(1, "x"), run(2, "y")]) == ("r1", "r2")  # no shared extraction: the newest two
+    assert default_pair([run(1, "x")]) is None
 
 
 # ---------------------------------------------------------------------------

@@ -17,7 +17,10 @@ import pytest
 import torch
 from serving import Served, until
 
-from dflash_dash import cache, cli, conformance, pipeline, prompts, server, specdec, views
+from dflash_dash import cache, cli, pipeline, prompts, server, specdec
+from dflash_dash.analysis import conformance
+from dflash_dash.render.figures import conformance_fig
+from dflash_dash.render.tables import conformance_csv, conformance_table
 from dflash_dash.store import Store
 from tools import tiny
 
@@ -476,12 +479,12 @@ def test_views_sorted_by_gap_escaped_and_safe_csv():
         }
         for i, e, f in (("ok", 3.0, False), ("<script>x</script>", 2.0, True), ("=cmd()", 2.9, False))
     ]
-    t = views.conformance_table(rows, "run-1")
+    t = conformance_table(rows, "run-1")
     assert [r["prompt"] for r in t] == ["<script>x</script>", "=cmd()", "ok"]
     assert t[0]["token_view"] == "acceptance?run=run-1&prompt=%3Cscript%3Ex%3C%2Fscript%3E"
-    csv = views.conformance_csv(t)
+    csv = conformance_csv(t)
     assert "'=cmd()" in csv.splitlines()[2] and csv.splitlines()[0].startswith("prompt,flagged,engine_tau")
-    fig = views.conformance_fig(rows, 0.05, "sglang")
+    fig = conformance_fig(rows, 0.05, "sglang")
     texts = [x for tr in fig.data for x in (tr.text or [])]
     assert "&lt;script&gt;x&lt;/script&gt;" in texts and "<script>x</script>" not in texts
     assert [len(tr.x) for tr in fig.data[:2]] == [2, 1]  # within the threshold, flagged

@@ -148,14 +148,15 @@ def test_buggy_drafts_lag_one_position(ws):
 
 
 def test_compare_lag_rate_flags_the_buggy_checkpoint(ws):
-    """Compare's per-slot lag rate (metrics.lag_rate, via views.lag_rows) is higher for the buggy checkpoint at
+    """Compare's per-slot lag rate (metrics.lag_rate, via analysis lag_rows) is higher for the buggy checkpoint at
     slots 1..6 (further on both drafters are weak and the rates are noise), and pooled over LAG_SLOTS it is what
     `lag` above counts."""
-    from dflash_dash import pipeline, views
+    from dflash_dash import pipeline
+    from dflash_dash.analysis.compare import lag_rows
 
     rs, store = runs(ws), Store(ws)
     final, buggy = by_prefix(rs, "final")["id"], by_prefix(rs, "buggy-")["id"]
-    rows = views.lag_rows(*(pipeline.analysis(store, x, "lag") for x in (final, buggy)), 16, 16)
+    rows = lag_rows(*(pipeline.analysis(store, x, "lag") for x in (final, buggy)), 16, 16)
     assert all(r["lag B"] > r["lag A"] for r in rows if r["slot k"] <= 6), rows
     for side, run in (("A", final), ("B", buggy)):
         sel = [r for r in rows if LAG_SLOTS[0] <= r["slot k"] <= LAG_SLOTS[1]]

@@ -20,7 +20,9 @@ import pytest
 from conftest import ROOT, SCREENSHOTS
 from serving import ENV, Served, end, free_port, until
 
-from dflash_dash import pipeline, views
+from dflash_dash import pipeline
+from dflash_dash.analysis.compare import config_diff
+from dflash_dash.render.tables import prompt_table
 from dflash_dash.store import Store
 from tools import browser as browser_mod
 
@@ -233,7 +235,7 @@ def test_selecting_a_table_row_opens_its_token_view(env, page):
     p = env["prepared"]
     st = Store(env["ws"])
     comps = {c["prompt_id"]: c for c in st.completions(p.set_name)}
-    order = [r["prompt"] for r in views.prompt_table(pipeline.analysis(st, p.runs[0], "prompts"), comps)]
+    order = [r["prompt"] for r in prompt_table(pipeline.analysis(st, p.runs[0], "prompts"), comps)]
     want = order[-1]  # the highest tau: not the prompt opened by default
     open_page(page, env, f"acceptance?run={p.runs[0]}", "Acceptance")
     page.get_by_text(f"Token view · {order[0]}").wait_for()
@@ -341,7 +343,7 @@ def test_compare_by_url_shows_both_checkpoints(env, page):
     for d in p.drafters:
         assert d.name in body and str(d) in body
     st = Store(env["ws"])
-    n = sum(1 for r in views.config_diff(st.run_row(a)["config"], st.run_row(b)["config"]) if r["differs"])
+    n = sum(1 for r in config_diff(st.run_row(a)["config"], st.run_row(b)["config"]) if r["differs"])
     assert f"{n} {'key differs' if n == 1 else 'keys differ'}" in body
     assert f"a={a}" in page.url and f"b={b}" in page.url
     shot(page, "compare")

@@ -12,7 +12,9 @@ import pytest
 from serving import until
 from test_e2e import browser, dashboard, drawn, open_page, page, settle, shot  # noqa: F401  (fixtures)
 
-from dflash_dash import pipeline, views
+from dflash_dash import pipeline
+from dflash_dash.analysis.compare import delta_rows
+from dflash_dash.render.tables import prompt_table
 from dflash_dash.store import Store
 from tools import planted
 
@@ -32,7 +34,7 @@ def scale(tmp_path_factory):
 def test_acceptance_at_1000_prompts(scale, page):
     st, rid = scale["store"], scale["runs"][0]
     comps = {c["prompt_id"]: c for c in st.completions(planted.SET)}
-    order = [r["prompt"] for r in views.prompt_table(pipeline.analysis(st, rid, "prompts"), comps)]
+    order = [r["prompt"] for r in prompt_table(pipeline.analysis(st, rid, "prompts"), comps)]
     assert len(order) == PROMPTS
     open_page(page, scale, f"acceptance?run={rid}", "Acceptance")
     page.get_by_text(f"Token view · {order[0]}").wait_for()  # the lowest tau opens by default
@@ -57,9 +59,7 @@ def test_acceptance_at_1000_prompts(scale, page):
 def test_compare_at_1000_prompts(scale, page):
     st = scale["store"]
     a, b = scale["runs"]
-    rows = views.delta_rows(
-        {r["prompt_id"]: r for r in st.run_prompts(a)}, {r["prompt_id"]: r for r in st.run_prompts(b)}
-    )
+    rows = delta_rows({r["prompt_id"]: r for r in st.run_prompts(a)}, {r["prompt_id"]: r for r in st.run_prompts(b)})
     assert len(rows) == PROMPTS
     open_page(page, scale, f"compare?a={a}&b={b}", "Compare")
     page.locator(".dfv").nth(1).wait_for()  # the two aligned token views

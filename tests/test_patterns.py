@@ -1,10 +1,10 @@
-"""Failure patterns (dflash_dash/patterns.py) on a hand-made run with known answers."""
+"""Failure patterns (dflash_dash/analysis/patterns.py) on a hand-made run with known answers."""
 
 from __future__ import annotations
 
 import pytest
 
-from dflash_dash import patterns
+from dflash_dash.analysis import patterns
 
 B = 3
 TEXT = {

@@ -1,7 +1,7 @@
 """Issue 14, the whole proposed block: each chain round keeps its block's top-K candidates (replay, both anchor
-modes), the store and the export carry them, views shape one round slot by slot (escaped, whitespace visible), and
-the Acceptance page shows the round a user picks with the target's tokens beside the drafter's candidates (AppTest
-and the browser)."""
+modes), the store and the export carry them, analysis and render shape one round slot by slot (escaped,
+whitespace visible), and the Acceptance page shows the round a user picks with the target's tokens beside the
+drafter's candidates (AppTest and the browser)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,14 @@ from test_chain import planted
 from test_e2e import CHROMIUM, browser, dashboard, open_page, page, settle, shot  # noqa: F401  (fixtures)
 
 from dflash_dash import drafter as dr
-from dflash_dash import pipeline, views
+from dflash_dash import pipeline
 from dflash_dash import replay as rp
 from dflash_dash import target as tg
+from dflash_dash.analysis.rounds import round_detail, round_options
+from dflash_dash.analysis.trace import trace
+from dflash_dash.render.tokens import round_html, token_html, visible
 from dflash_dash.store import Store
+from dflash_dash.vocab import Vocab
 from tools import tiny
 
 K = rp.ROUND_TOPK
@@ -113,10 +117,10 @@ def test_store_and_export_carry_the_blocks(prepared, workspace_copy):
 
 
 # ---------------------------------------------------------------------------
-# views: one round slot by slot, on a hand-built row
+# analysis.rounds and render.tokens: one round slot by slot, on a hand-built row
 
 
-class Words(views.Vocab):
+class Words(Vocab):
     """Token strings chosen by hand: whitespace and markup among them."""
 
     TEXT = {
@@ -168,11 +172,11 @@ def hand_row(top: bool = True) -> tuple[dict, dict]:
 
 def test_round_detail_slot_by_slot():
     row, comp = hand_row()
-    assert [o["label"] for o in views.round_options(row, comp, 5)] == [
+    assert [o["label"] for o in round_options(row, comp, 5)] == [
         "round 1 · anchor 2 · accepted 2/4",
         "round 2 · anchor 5 · accepted 3/3",
     ]
-    d = views.round_detail(row, comp, 5, 1, Words(), k=2, tree_budget=4)
+    d = round_detail(row, comp, 5, 1, Words(), k=2, tree_budget=4)
     assert (d["anchor"], d["accepted"], d["inside"], d["committed"], d["stop"], d["tree"], d["topk"]) == (
         2,
         2,
@@ -194,16 +198,16 @@ def test_round_detail_slot_by_slot():
         [(98, 0.3), (14, 0.2)],
     ]
     assert s[2]["candidates"][1]["text"] == "\n" and s[2]["target"] == "\n"
-    d2 = views.round_detail(row, comp, 5, 2, Words(), tree_budget=4)  # K read from the row's lengths
+    d2 = round_detail(row, comp, 5, 2, Words(), tree_budget=4)  # K read from the row's lengths
     assert (d2["accepted"], d2["inside"], d2["stop"], d2["tree"], d2["topk"]) == (3, 3, None, None, 2)
     assert [x["status"] for x in d2["slots"]] == ["acc", "acc", "acc", "past"] and d2["slots"][3]["target"] is None
     with pytest.raises(ValueError, match="rounds 1..2"):
-        views.round_detail(row, comp, 5, 3, Words())
+        round_detail(row, comp, 5, 3, Words())
 
 
 def test_round_html_escapes_and_shows_whitespace():
     row, comp = hand_row()
-    out = views.round_html(views.round_detail(row, comp, 5, 1, Words(), k=2, tree_budget=4))
+    out = round_html(round_detail(row, comp, 5, 1, Words(), k=2, tree_budget=4))
     assert "<script" not in out and "<img" not in out and "&lt;img·src=x·onerror=alert(1)&gt;" in out
     assert "the chain stops at slot 3" in out and "DDTree-4 would accept 3 here" in out
     cells = re.findall(r"<tr class=\"dfr-(\w+)\">(.*?)</tr>", out)
@@ -219,16 +223,16 @@ def test_round_detail_of_a_sweep_run_shows_only_the_slots_it_computed():
     row, comp = hand_row()
     row["round_top_ids"][6:8] = [-1, -1]
     row["round_top_p"][6:8] = [float("nan")] * 2
-    d = views.round_detail(row, comp, 5, 1, Words(), k=2, tree_budget=0)
+    d = round_detail(row, comp, 5, 1, Words(), k=2, tree_budget=0)
     assert [len(x["candidates"]) for x in d["slots"]] == [2, 2, 2, 0] and d["slots"][3]["status"] == "after"
-    out = views.round_html(d)
+    out = round_html(d)
     assert "Slots after the stop were not computed" in out and "nan" not in out
-    assert "not computed" not in views.round_html(views.round_detail(*hand_row(), 5, 1, Words(), k=2))
+    assert "not computed" not in round_html(round_detail(*hand_row(), 5, 1, Words(), k=2))
 
 
 def test_round_detail_of_an_older_run_shows_the_argmax_block():
     row, comp = hand_row(top=False)
-    d = views.round_detail(row, comp, 5, 1, Words(), tree_budget=4)
+    d = round_detail(row, comp, 5, 1, Words(), tree_budget=4)
     assert d["topk"] == 0
     assert [[(c["id"], round(c["p"], 6)) for c in x["candidates"]] for x in d["slots"]] == [
         [(11, 0.6)],
@@ -236,23 +240,21 @@ def test_round_detail_of_an_older_run_shows_the_argmax_block():
         [(99, 0.4)],
         [(98, 0.3)],
     ]
-    assert "Top-k candidates not recorded" in views.round_html(d) and "replay the checkpoint again" in views.round_html(
-        d
-    )
+    assert "Top-k candidates not recorded" in round_html(d) and "replay the checkpoint again" in round_html(d)
 
 
 def test_token_view_rejected_drafts_readable_with_visible_whitespace():
     row, comp = hand_row()
-    tr = views.trace(row, comp, 5)
+    tr = trace(row, comp, 5)
     assert tr.rejected[3] == 99  # position 5: the target's 13 (a newline) after the rejected draft 99
-    out = views.token_html(tr, Words(), 5)
+    out = token_html(tr, Words(), 5)
     rule = re.search(r"\.dfv \.dfv-rej\{([^}]*)\}", out).group(1)
     assert "font-size" not in rule and "vertical-align" not in rule  # normal size, on the line
     assert '<span class="dfv-rej" title="rejected draft 99">z</span>' in out
     tr.rejected[3] = 13  # a rejected newline: a glyph, not a struck-through blank
     words = Words()
-    assert '<span class="dfv-rej" title="rejected draft 13">⏎</span>' in views.token_html(tr, words, 5)
-    assert views.visible(" \t\n<b>") == "·→⏎&lt;b&gt;"
+    assert '<span class="dfv-rej" title="rejected draft 13">⏎</span>' in token_html(tr, words, 5)
+    assert visible(" \t\n<b>") == "·→⏎&lt;b&gt;"
     assert "round 2 starts: anchor 5, accepted 3/3" in out
 
 

@@ -18,8 +18,9 @@ import fakes
 import pytest
 from serving import ENV, ROOT, Served, status_now, stop_jobs, tiny_model, until
 
-from dflash_dash import config, pipeline, sglang, views
+from dflash_dash import config, pipeline, sglang
 from dflash_dash.jobs import lifecycle, orchestrate
+from dflash_dash.render.tables import SPEC_KEYS, completion_table
 from dflash_dash.sglang import Client, ServerError
 from dflash_dash.store import Store
 
@@ -367,7 +368,7 @@ def test_hub_id_not_in_the_cache_says_both_ways_out(hub_server, tmp_path, monkey
 
 
 def test_spec_keys_are_the_names_sglang_sends():
-    assert views.SPEC_KEYS == (
+    assert SPEC_KEYS == (
         "spec_verify_ct",
         "spec_accept_length",
         "spec_accept_rate",
@@ -397,9 +398,9 @@ def test_completion_table_shows_the_counters_present():
         {"prompt_id": "p", "prompt_tokens": 1, "output_tokens": 12, "meta_info": meta},
         {"prompt_id": "q", "prompt_tokens": 1, "output_tokens": 2, "meta_info": {"spec_accept_rate": 0.25}},
     ]
-    a, b = views.completion_table(rows)
+    a, b = completion_table(rows)
     assert a["server_tau"] == pytest.approx(3.0)  # completion_tokens / spec_verify_ct
     assert a["spec_accept_histogram"] == "0:1 2:2 3:1"
-    assert all(a[k] == meta[k] for k in views.SPEC_KEYS if k != "spec_accept_histogram")
+    assert all(a[k] == meta[k] for k in SPEC_KEYS if k != "spec_accept_histogram")
     assert "spec_num_accepted_tokens" not in a
     assert b["spec_accept_rate"] == 0.25 and "server_tau" not in b and "spec_verify_ct" not in b

@@ -9,8 +9,12 @@ import numpy as np
 import pytest
 from test_app import app, clean, navigation_routing  # noqa: F401  (autouse fixture)
 
-from dflash_dash import metrics, pipeline, views
+from dflash_dash import metrics, pipeline
 from dflash_dash.metrics import Ctx, Prompt
+from dflash_dash.render import formats
+from dflash_dash.render.figures import depth_fig
+from dflash_dash.render.formats import acceptance_link, fmt, prob
+from dflash_dash.render.tables import outlier_links, prompt_table, summary_rows
 from dflash_dash.store import Store
 
 
@@ -117,15 +121,15 @@ def test_prompt_table_marks_outlier_rows():
         }
         for i, r in HAND
     ]
-    table = views.prompt_table(metrics.prompt_rows(rows, 4, 0), {})
+    table = prompt_table(metrics.prompt_rows(rows, 4, 0), {})
     assert [t["prompt"] for t in table][0] == "lo" and table[-1]["prompt"] == "hi"
     assert {t["prompt"]: t["outlier"] for t in table if t["outlier"]} == {"lo": "low", "hi": "high"}
     assert next(t for t in table if t["prompt"] == "c")["tau"] == 2.75
     assert next(t for t in table if t["prompt"] == "f")["tau"] == 3.25  # 2 decimals
     s = metrics.summarize(rows, 16, 0)
-    links = views.outlier_links(s, rows, "run-1")
+    links = outlier_links(s, rows, "run-1")
     assert [(o["prompt"], o["side"], o["tau"]) for o in links] == [("lo", "low", 1.0), ("hi", "high", 9.0)]
-    assert links[0]["link"] == views.acceptance_link("run-1", "lo")
+    assert links[0]["link"] == acceptance_link("run-1", "lo")
 
 
 # ---------------------------------------------------------------------------
@@ -154,9 +158,9 @@ def test_chain_at_budget_by_hand():
     assert s["chain_tau_at_budget_pooled"] == pytest.approx((10 + 3) / 6)
     assert metrics.summarize([p, gap], 8, 2)["chain_tau_at_budget"] is None
     assert metrics.label("chain_tau_at_budget", s) == "chain tau at the DDTree-2 budget (macro)"
-    rows = views.summary_rows(s | {"tree_budget": 0})
+    rows = summary_rows(s | {"tree_budget": 0})
     assert not any("DDTree" in r["metric"] for r in rows)  # tree metrics only for a run with a tree
-    assert any(r["metric"] == "chain tau at the DDTree-2 budget (macro)" for r in views.summary_rows(s))
+    assert any(r["metric"] == "chain tau at the DDTree-2 budget (macro)" for r in summary_rows(s))
 
 
 # ---------------------------------------------------------------------------
@@ -183,7 +187,7 @@ def test_depth_counts_by_hand():
 
 def test_depth_figure_states_counts_and_marks_empty_depths():
     s = metrics.summarize(two_prompts(), 5, 0)
-    f = views.depth_fig({"run": s})
+    f = depth_fig({"run": s})
     by = {t.name: t for t in f.data}
     cond, marg = by["run: P(d_k | d_<k)"], by["run: P(d_1..d_k)"]
     assert list(cond.customdata) == [5, 3, 1, 0] and "n = %{customdata}" in cond.hovertemplate
@@ -194,17 +198,17 @@ def test_depth_figure_states_counts_and_marks_empty_depths():
     assert list(empty.x) == [4] and list(empty.text) == ["n = 0"]
     # a summary from before the counts were stored: '?' in the hover, no bars, the gap still announced
     old = {k: s[k] for k in ("depth_conditional", "depth_marginal")}
-    g = views.depth_fig({"old": old})
+    g = depth_fig({"old": old})
     assert list(g.data[0].customdata) == ["?"] * 4 and any("n = 0" in t.name for t in g.data)
     assert not any(t.type == "bar" for t in g.data)
 
 
 def test_formats_are_one_per_kind():
-    assert views.fmt(2.34567) == "2.35" and views.prob(0.123456) == "0.123"
-    assert views.ci(2.2, [1.954, 2.466]) == "2.20 [1.95, 2.47]" and views.ci(None, None) == "—"
-    assert metrics.show("tau_macro", 2.34567) == views.fmt(2.34567)
-    assert metrics.show("expected_tau", 2.34567) == views.fmt(2.34567)
-    assert metrics.show("calibration_ece", 0.123456) == views.prob(0.123456)
+    assert fmt(2.34567) == "2.35" and prob(0.123456) == "0.123"
+    assert formats.ci(2.2, [1.954, 2.466]) == "2.20 [1.95, 2.47]" and formats.ci(None, None) == "—"
+    assert metrics.show("tau_macro", 2.34567) == fmt(2.34567)
+    assert metrics.show("expected_tau", 2.34567) == fmt(2.34567)
+    assert metrics.show("calibration_ece", 0.123456) == prob(0.123456)
     assert metrics.show("depth_conditional", [0.5, None]) == "0.500, —"
     assert metrics.show("tau_macro_ci", [1.954, 2.466]) == "[1.95, 2.47]"
 
@@ -247,11 +251,11 @@ def test_acceptance_page_and_export_carry_the_statistics(prepared, monkeypatch):
     clean(at)
     s = st_.run_row(rid)["summary"]
     m = {x.label: x.value for x in at.metric}
-    assert m["tau (macro), 95% CI"] == views.ci(s["tau_macro"], s["tau_macro_ci"])
-    assert m["tau (pooled), 95% CI"] == views.ci(s["tau_pooled"], s["tau_pooled_ci"])
-    assert m["tau (median)"] == views.fmt(s["tau_median"])
-    assert m["tau (macro) without outliers"] == views.fmt(s["tau_macro_trimmed"])
-    assert m[f"chain tau at the DDTree-{budget} budget (macro)"] == views.fmt(s["chain_tau_at_budget"])
+    assert m["tau (macro), 95% CI"] == formats.ci(s["tau_macro"], s["tau_macro_ci"])
+    assert m["tau (pooled), 95% CI"] == formats.ci(s["tau_pooled"], s["tau_pooled_ci"])
+    assert m["tau (median)"] == fmt(s["tau_median"])
+    assert m["tau (macro) without outliers"] == fmt(s["tau_macro_trimmed"])
+    assert m[f"chain tau at the DDTree-{budget} budget (macro)"] == fmt(s["chain_tau_at_budget"])
     captions = " ".join(c.value for c in at.caption)
     assert metrics.TUKEY_RULE in captions and metrics.BY_KEY["tau_macro_ci"].formula in captions
     assert f"commits at most {budget} + 1 = {budget + 1} tokens" in captions

@@ -1,4 +1,4 @@
-"""views (token roles, escaped HTML, figures, tables), parity and the sweep operation/CLI."""
+"""analysis and render (token roles, escaped HTML, figures, tables), parity and the sweep operation/CLI."""
 
 from __future__ import annotations
 
@@ -10,8 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_dash import cache, cli, metrics, parity, pipeline, views
+from dflash_dash import cache, cli, metrics, parity, pipeline
+from dflash_dash.analysis.checks import consistency
+from dflash_dash.analysis.compare import config_diff, sweep_points
+from dflash_dash.analysis.trace import Trace, differing, trace
+from dflash_dash.render.figures import depth_fig, hist_fig, sweep_fig
+from dflash_dash.render.tables import completion_table, prompt_table, summary_rows
+from dflash_dash.render.tokens import esc, token_html
 from dflash_dash.store import Store
+from dflash_dash.vocab import Vocab, load_vocab
 from tools import tiny
 
 # ---------------------------------------------------------------------------
@@ -20,7 +27,7 @@ from tools import tiny
 
 def test_esc_makes_markup_and_control_characters_inert_and_visible():
     s = '<script>alert("x")</script>\n\tA & B\x01\x7f\u2028'
-    out = views.esc(s)
+    out = esc(s)
     assert "<script" not in out and "</script" not in out
     assert "&lt;script&gt;" in out and "&quot;x&quot;" in out and "&amp;" in out
     assert out.count("↵<br>") == 1 and "⇥" in out
@@ -31,13 +38,13 @@ def test_esc_makes_markup_and_control_characters_inert_and_visible():
 
 
 def test_vocab_without_tokenizer_shows_ids(tmp_path):
-    v = views.load_vocab(str(tmp_path))
+    v = load_vocab(str(tmp_path))
     assert v.tok is None
     assert v.strings([5, 17, 5]) == ["⟨5⟩", "⟨17⟩", "⟨5⟩"]
 
 
 def test_vocab_decodes_with_the_target_tokenizer(prepared):
-    v = views.load_vocab(str(prepared.target))
+    v = load_vocab(str(prepared.target))
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(prepared.target)
@@ -68,7 +75,7 @@ def synthetic(P=5, T=40, B=4, seed=0):
 
 
 def walked_by_hand(row: dict, comp: dict, B: int) -> dict:
-    """The trace of SPEC 2 written out here, position by position, independently of replay.walk and views: the
+    """The trace of SPEC 2 written out here, position by position, independently of replay.walk and analysis.trace: the
     first completion position comes from the prefill; a round at anchor p commits its accepted drafts (depth
     1..a), then the target's bonus token (beside it the rejected draft d_{a+1}, when a < B-1), stopping at the
     completion's end; the next round's anchor is the last committed position."""
@@ -100,7 +107,7 @@ def walked_by_hand(row: dict, comp: dict, B: int) -> dict:
     return out
 
 
-def as_dict(tr: views.Trace) -> dict:
+def as_dict(tr: Trace) -> dict:
     return {
         "role": tr.role,
         "depth": tr.depth,
@@ -119,7 +126,7 @@ def test_trace_of_a_hand_worked_example():
     #   anchor 10: accepted 1 -> position 11 drafted, the completion's end (no bonus)
     tokens = list(range(100, 112))
     row = {"prompt_len": 2, "accepted_at": [2, 1, 0, 0, 3, 2, 1, 0, 1, 0], "drafts": [900 + j for j in range(30)]}
-    tr = views.trace(row, {"prompt_ids": tokens[:2], "output_ids": tokens[2:]}, 4)
+    tr = trace(row, {"prompt_ids": tokens[:2], "output_ids": tokens[2:]}, 4)
     assert as_dict(tr) == {
         "role": ["pre", "acc", "acc", "bonus", "bonus", "acc", "acc", "acc", "bonus", "acc"],
         "depth": [0, 1, 2, 0, 0, 1, 2, 3, 0, 1],
@@ -135,7 +142,7 @@ def test_trace_of_a_hand_worked_example():
 def test_trace_roles_follow_the_chain_walk(seed):
     B = 4
     row, comp = synthetic(B=B, seed=seed)
-    tr = views.trace(row, comp, B)
+    tr = trace(row, comp, B)
     want = walked_by_hand(row, comp, B)
     assert as_dict(tr) == want
     assert "tail" not in tr.role  # every completion position after the first is committed by a round
@@ -146,8 +153,8 @@ def test_trace_roles_follow_the_chain_walk(seed):
 def test_token_html_marks_roles_depth_blocks_and_rejections():
     B = 4
     row, comp = synthetic(B=B, seed=3)
-    tr = views.trace(row, comp, B)
-    out = views.token_html(tr, views.Vocab(), B)
+    tr = trace(row, comp, B)
+    out = token_html(tr, Vocab(), B)
     spans = re.findall(r'<span class="([^"]+)" title="([^"]*)">', out)
     token_spans = [s for s in spans if not s[0].startswith("dfv-rej")]
     assert len(token_spans) == len(tr.role)
@@ -157,11 +164,11 @@ def test_token_html_marks_roles_depth_blocks_and_rejections():
     n_rej = sum(x is not None for x in tr.rejected)
     assert len([s for s in spans if s[0] == "dfv-rej"]) == n_rej
     assert out.count("<sup>") == tr.role.count("acc")
-    plain = views.token_html(tr, views.Vocab(), B, superscript=False, inline_rejects=False)
+    plain = token_html(tr, Vocab(), B, superscript=False, inline_rejects=False)
     assert "<sup>" not in plain and 'class="dfv-rej"' not in plain
 
 
-class EvilVocab(views.Vocab):
+class EvilVocab(Vocab):
     def _one(self, i):
         return ["<script>window.x=1</script>", "<img src=x onerror=alert(1)>", "a\nb", '"q"', "\t"][i % 5]
 
@@ -169,7 +176,7 @@ class EvilVocab(views.Vocab):
 def test_token_html_escapes_every_token_and_tooltip():
     B = 4
     row, comp = synthetic(B=B, seed=1)
-    out = views.token_html(views.trace(row, comp, B), EvilVocab(), B)
+    out = token_html(trace(row, comp, B), EvilVocab(), B)
     body = out[out.index('<div class="dfv">') :]
     assert "<script" not in body and "<img" not in body
     tags = set(re.findall(r"<([a-z]+)", body))
@@ -180,9 +187,9 @@ def test_token_html_escapes_every_token_and_tooltip():
 def test_token_html_is_fast_for_4000_tokens():
     B = 16
     row, comp = synthetic(P=200, T=4200, B=B, seed=5)
-    tr = views.trace(row, comp, B)
+    tr = trace(row, comp, B)
     t = time.perf_counter()
-    out = views.token_html(tr, EvilVocab(), B)
+    out = token_html(tr, EvilVocab(), B)
     took = time.perf_counter() - t
     assert out.count('title="pos ') == 4000
     assert took < 1.0, f"token view of 4,000 tokens took {took:.2f} s"
@@ -191,11 +198,11 @@ def test_token_html_is_fast_for_4000_tokens():
 def test_differing_positions():
     B = 4
     row, comp = synthetic(B=B, seed=2)
-    a = views.trace(row, comp, B)
-    assert views.differing(a, a) == set()
+    a = trace(row, comp, B)
+    assert differing(a, a) == set()
     row2 = dict(row, accepted_at=[0] * len(row["accepted_at"]))
-    b = views.trace(row2, comp, B)
-    d = views.differing(a, b)
+    b = trace(row2, comp, B)
+    d = differing(a, b)
     # B accepts nothing, so the outcome differs exactly where A committed an accepted draft (tests/test_compare.py
     # has the hand-made pair)
     assert d == {i for i in range(len(a.role)) if a.role[i] == "acc"}
@@ -208,7 +215,7 @@ def test_trace_of_a_real_run(prepared):
     comps = {c["prompt_id"]: c for c in st.completions(prepared.set_name)}
     B = run["summary"]["block_size"]
     for row in st.run_prompts(run["id"]):
-        tr = views.trace(row, comps[row["prompt_id"]], B)
+        tr = trace(row, comps[row["prompt_id"]], B)
         assert [c for _, _, c in tr.rounds] == row["rounds"]
         # every committed position has a role: accepted draft or bonus
         assert sum(1 for r in tr.role if r in ("acc", "bonus")) == sum(row["rounds"])
@@ -221,11 +228,11 @@ def test_trace_of_a_real_run(prepared):
 
 def test_hist_and_depth_figures():
     s = {"accept_hist": [5, 3, 2, 0], "depth_conditional": [0.5, 0.4, None], "depth_marginal": [0.5, 0.2, None]}
-    f = views.hist_fig({"A": s, "B": s})
+    f = hist_fig({"A": s, "B": s})
     assert len(f.data) == 2 and sum(f.data[0].y) == pytest.approx(1.0)
     assert list(f.data[0].y) == pytest.approx([0.5, 0.3, 0.2, 0.0])
     assert list(f.data[0].customdata) == [5, 3, 2, 0]  # the rounds behind each share
-    d = views.depth_fig({"A": s})
+    d = depth_fig({"A": s})
     assert len(d.data) == 3 and list(d.data[0].x) == [1, 2, 3]
     assert list(d.data[2].x) == [3] and "n = 0" in d.data[2].name  # the empty depth is announced (tests/test_stats)
 
@@ -235,7 +242,7 @@ def test_prompt_table_sorted_by_tau():
         {"prompt_id": p, "tau": t, "tree_tau": t, "rounds": [1], "accepted_at": [0, 1, 2], "prompt_len": 3}
         for p, t in (("a", 2.5), ("b", None), ("c", 1.2), ("d", 3.0))
     ]
-    out = views.prompt_table(metrics.prompt_rows(rows, 4, 0), {})
+    out = prompt_table(metrics.prompt_rows(rows, 4, 0), {})
     assert [r["prompt"] for r in out] == ["c", "a", "d", "b"]
     assert out[0]["every_anchor_tau"] == pytest.approx(1.5)
 
@@ -251,7 +258,7 @@ def test_summary_rows_carry_formulas():
         "rounds": 10,
         "committed": 19,
     }
-    rows = views.summary_rows(s)
+    rows = summary_rows(s)
     assert all(r["formula"] for r in rows)
     assert {r["metric"] for r in rows} >= {"tau (macro)", "tau (pooled)", "every-anchor tau", "DDTree-8 tau (macro)"}
 
@@ -259,11 +266,11 @@ def test_summary_rows_carry_formulas():
 def test_config_diff_marks_only_differences():
     a = {"block_size": 16, "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": 5}, "x": 1}
     b = {"block_size": 16, "dflash_config": {"target_layer_ids": [1, 3], "mask_token_id": 5}, "y": 2}
-    rows = {r["key"]: r for r in views.config_diff(a, b)}
+    rows = {r["key"]: r for r in config_diff(a, b)}
     assert rows["dflash_config.target_layer_ids"]["differs"] == "≠"
     assert rows["block_size"]["differs"] == "" and rows["dflash_config.mask_token_id"]["differs"] == ""
     assert rows["x"]["differs"] == "≠" and rows["y"]["B"] == "2" and rows["y"]["A"] == "—"
-    assert [r["differs"] for r in views.config_diff(a, b)][:3] == ["≠", "≠", "≠"]  # differences first
+    assert [r["differs"] for r in config_diff(a, b)][:3] == ["≠", "≠", "≠"]  # differences first
 
 
 def test_completion_table_server_counters():
@@ -278,7 +285,7 @@ def test_completion_table_server_counters():
         },
         {"prompt_id": "q", "prompt_tokens": 1, "output_tokens": 1, "finish_reason": "stop", "meta_info": {}},
     ]
-    out = views.completion_table(rows)
+    out = completion_table(rows)
     assert out[0]["server_tau"] == pytest.approx(3.0) and out[0]["spec_verify_ct"] == 4
     assert "server_tau" not in out[1] and out[1]["completion_tokens"] == 1
 
@@ -316,10 +323,10 @@ def test_sweep_points_and_steps(tmp_path):
         },
         {"id": "r5", "checkpoint": str(root) + "-old/epoch_9_step_1", "name": "y", "extraction_id": "e", "summary": {}},
     ]
-    pts = views.sweep_points(runs, str(root))
+    pts = sweep_points(runs, str(root))
     assert [p["step"] for p in pts] == [100, 200]
     assert [p["run"] for p in pts] == ["r2", "r4"]  # the latest run of a checkpoint wins
-    fig = views.sweep_fig(pts)
+    fig = sweep_fig(pts)
     assert list(fig.data[0].y) == [1.5, 2.2]
 
 
@@ -329,11 +336,11 @@ def test_consistency_flags_mismatches(prepared):
     st = Store(prepared.workspace)
     ex = st.extraction(prepared.extraction)
     info = target.describe(ex["target_path"])
-    ok = views.consistency(drafter.read_config(prepared.drafters[0]), ex, info)
+    ok = consistency(drafter.read_config(prepared.drafters[0]), ex, info)
     assert all(r["ok"] == "✓" for r in ok if r["check"] != "extraction backend")
     assert next(r for r in ok if r["check"] == "extraction backend")["ok"] == ("✓" if ex["backend"] == "fla" else "✗")
     bad = tiny.write_drafter(prepared.workspace.parent / "bad-layers", tiny.TinyDrafter(target_layer_ids=[2, 5]))
-    rows = {r["check"]: r for r in views.consistency(drafter.read_config(bad), ex, info)}
+    rows = {r["check"]: r for r in consistency(drafter.read_config(bad), ex, info)}
     assert rows["target layer ids"]["ok"] == "✗" and rows["vocab size"]["ok"] == "✓"
     shutil.rmtree(bad)
 
@@ -398,7 +405,7 @@ def test_sweep_replays_new_checkpoints_in_step_order(prepared, workspace_copy, t
     # a second sweep replays nothing new and returns the same runs
     assert pipeline.sweep(st, str(train), prepared.extraction) == ids
     assert len(st.runs()) == 5
-    pts = views.sweep_points(st.runs(), str(train))
+    pts = sweep_points(st.runs(), str(train))
     assert [p["run"] for p in pts] == ids
 
 

@@ -1,12 +1,12 @@
 """Failure patterns: on which tokens, where in the completion and at which context length the drafter fails,
-which drafts the target rejects most often, and the worst stretches of every completion (issue 11).
+which drafts the target rejects most often, and the worst stretches of every completion.
 
 Contract: pure functions over plain data, no torch, no store, no Streamlit: run_prompts rows (prompt_len,
 accepted_at, rounds, flat drafts [A*(B-1)]), completions ({prompt_id: {prompt_ids, output_ids}}) and
-`strings(ids) -> texts` (views.Vocab.strings: the target tokenizer's decode of each id, `⟨id⟩` without one).
+`strings(ids) -> texts` (vocab.Vocab.strings: the target tokenizer's decode of each id, `⟨id⟩` without one).
 Every table is a list of dicts: a dataframe, a CSV file and the export JSON read the same rows.
 
-Rounds are the chain-walk rounds of SPEC 2 (anchor p, accepted a, committed c); slot 1 of a round is the
+Rounds are the rounds of the chain walk (anchor p, accepted a, committed c); slot 1 of a round is the
 position p+1 (always inside the completion, since rounds start only while p < T-1). A token's class comes
 from its decoded text alone (no parsing of the surrounding code), first match wins: `whitespace` (only
 spaces, tabs, newlines: indentation), `string` (holds a quote ' " `), `keyword` (a Python keyword once
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
-from . import metrics
+from .. import metrics
 
 Strings = Callable[[list[int]], list[str]]  # token ids -> their decoded texts
 

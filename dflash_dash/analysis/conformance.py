@@ -16,14 +16,15 @@ out. Like with like, per prompt:
 Engine stats come from SGLang's meta_info at fetch time (`from_sglang`, engine "sglang") or from a JSONL file of
 another engine (`parse_stats`): lines {"id", "verify_steps", "accepted_tokens"} or {"id", "accept_lengths": [...]}.
 The run-level figures are the CONFORMANCE block of the metric registry (`metrics`).
+`replay_histogram` is the replay's side of the engine's verify steps by accepted drafts (`engine_histogram`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import metrics, prompts
-from .errors import UserError
+from .. import metrics, prompts
+from ..errors import UserError
 
 THRESHOLD = 0.05  # flag when replay_tau - engine_tau > THRESHOLD * replay_tau (more than numeric noise)
 SGLANG = "sglang"  # the engine name of the stats recorded at fetch from an SGLang server's meta_info
@@ -226,3 +227,9 @@ def engine_histogram(rows: list[dict]) -> list[int] | None:
         for i, c in enumerate(h):
             out[i] += c
     return out
+
+
+def replay_histogram(run_prompts: list[dict], ids: set[str], block_size: int) -> list[int]:
+    """The replay's rounds by accepted drafts 0..B-1 over the prompts `ids` (the compared ones)."""
+    ps = [metrics.Prompt.of(r) for r in run_prompts if r.get("prompt_id", r.get("id")) in ids]
+    return metrics.accept_hist(ps, metrics.Ctx(block_size, 0))

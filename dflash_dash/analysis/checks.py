@@ -1,0 +1,68 @@
+"""Drafter checks: is a checkpoint wired to this target and extraction, does the kernel backend matter for this
+target, and how do a checkpoint's sliding-window layers fare with each mask semantics inside the block.
+
+Contract: `consistency` applies the drafter's rules (`drafter.checks`) to a parsed config, an extraction row and
+the target's description and returns one row per rule (problem text where it fails); `sliding_rows` and
+`sliding_checkpoints` read run rows only. The drafter and target modules import torch: they are imported on
+first use, so importing this module stays light.
+"""
+
+from __future__ import annotations
+
+from . import rounded
+
+
+def consistency(cfg, extraction: dict, info) -> list[dict]:
+    """Drafter config (DrafterConfig) vs an extraction row and its target (TargetInfo): one row per rule of
+    drafter.checks, with the problem and fix where a rule fails."""
+    from .. import drafter  # on first use: its module imports torch
+
+    return [
+        {
+            "check": k.name,
+            "drafter": str(k.drafter),
+            "extraction / target": str(k.other),
+            "ok": "✓" if k.ok else "✗",
+            "problem": "" if k.ok else k.problem,
+        }
+        for k in drafter.checks(cfg, info.hidden_size, info.vocab_size, info.num_layers, extraction)
+    ]
+
+
+def backend_matters(target_path: str) -> bool:
+    """False for a target without linear-attention layers: no kernel backend to warn about."""
+    from ..target import describe, has_linear_attention  # on first use: its module imports torch
+
+    try:
+        return has_linear_attention(describe(target_path))
+    except Exception:  # noqa: BLE001  (an unreadable target is reported by the job itself)
+        return True
+
+
+def sliding_rows(runs: list[dict], checkpoint: str, extraction: str) -> list[dict]:
+    """The latest run of `checkpoint` on `extraction` per sliding semantics, for the train/serve check."""
+    best = {
+        r["sliding_block"]: r
+        for r in runs
+        if r["checkpoint"] == checkpoint and r["extraction_id"] == extraction and r.get("sliding_block")
+    }
+    return [
+        {
+            "sliding layers": f"{sem} inside the block",
+            "run": best[sem]["id"],
+            "tau (macro)": rounded(best[sem]["summary"].get("tau_macro")),
+            "tau (pooled)": rounded(best[sem]["summary"].get("tau_pooled")),
+            "every-anchor tau": rounded(best[sem]["summary"].get("every_anchor_tau")),
+        }
+        for sem in ("causal", "bidirectional")
+        if sem in best
+    ]
+
+
+def sliding_checkpoints(runs: list[dict]) -> list[str]:
+    """Checkpoints of the runs whose drafter has sliding_attention layers (newest first, once each)."""
+    out: list[str] = []
+    for r in reversed(runs):
+        if "sliding_attention" in ((r.get("config") or {}).get("layer_types") or []) and r["checkpoint"] not in out:
+            out.append(r["checkpoint"])
+    return out

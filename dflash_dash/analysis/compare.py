@@ -1,0 +1,129 @@
+"""Runs side by side: which two runs Compare opens with, per-prompt tau deltas, the one-position draft lag per slot,
+two checkpoint configs key by key, and a checkpoint sweep's tau against training step.
+
+Contract: pure functions over store rows (run rows oldest first as Store.runs lists them, run_prompts rows by
+prompt id, the kept "lag" analysis) that return plain rows with numbers rounded for tables (`analysis.rounded`);
+sorting is part of the contract (the pages show the rows as they come). Column names are the pages' headers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import metrics
+from . import rounded
+
+
+def default_pair(runs: list[dict]) -> tuple[str, str] | None:
+    """(A, B) run ids compared by default: the newest two runs on one extraction (B the newer); without such a
+    pair the two newest runs; None for fewer than two runs. `runs` oldest first, as Store.runs lists them."""
+    for j in range(len(runs) - 1, 0, -1):
+        for i in range(j - 1, -1, -1):
+            if runs[i]["extraction_id"] == runs[j]["extraction_id"]:
+                return runs[i]["id"], runs[j]["id"]
+    return (runs[-2]["id"], runs[-1]["id"]) if len(runs) >= 2 else None
+
+
+def delta_rows(ra: dict[str, dict], rb: dict[str, dict]) -> list[dict]:
+    """Per prompt of both runs (run_prompts rows by prompt id): tau A, tau B, delta = B − A, and DDTree tau of
+    each run when either has one; sorted by |delta| descending (prompts without both taus last), then by id."""
+    tree = any(r.get("tree_tau") is not None for r in (*ra.values(), *rb.values()))
+    out = []
+    for p in ra:
+        if p not in rb:
+            continue
+        ta, tb = ra[p].get("tau"), rb[p].get("tau")
+        d = None if ta is None or tb is None else tb - ta
+        row = {"prompt": p, "tau A": rounded(ta, 4), "tau B": rounded(tb, 4), "delta (B − A)": rounded(d, 4)}
+        if tree:
+            row |= {
+                "DDTree tau A": rounded(ra[p].get("tree_tau"), 4),
+                "DDTree tau B": rounded(rb[p].get("tree_tau"), 4),
+            }
+        out.append((d is None, -abs(d or 0.0), p, row))
+    return [row for *_, row in sorted(out, key=lambda x: x[:3])]
+
+
+def lag_rows(ca: dict[str, list], cb: dict[str, list], block_a: int, block_b: int) -> list[dict]:
+    """One-position draft lag per slot k (metrics.lag_pool) of run A and run B over the prompts both hold, from
+    their per-prompt `metrics.lag_counts` (the kept analysis "lag")."""
+    shared = [p for p in ca if p in cb]
+    la, lb = metrics.lag_pool([ca[p] for p in shared], block_a), metrics.lag_pool([cb[p] for p in shared], block_b)
+    out = []
+    for k in range(1, max(block_a, block_b)):
+        out.append(
+            {
+                "slot k": k,
+                "lag A": _slot(la, "lag", k),
+                "lag B": _slot(lb, "lag", k),
+                "on target A": _slot(la, "on_target", k),
+                "on target B": _slot(lb, "on_target", k),
+                "anchors A": la["anchors"][k - 1] if k <= len(la["anchors"]) else 0,
+                "anchors B": lb["anchors"][k - 1] if k <= len(lb["anchors"]) else 0,
+            }
+        )
+    return out
+
+
+def _slot(pool: dict, key: str, k: int) -> float | None:
+    """Slot k's rate `key` of a `metrics.lag_pool` (None past the run's block)."""
+    return rounded(pool[key][k - 1], 4) if k <= len(pool[key]) else None
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    """A nested config as one level of dotted keys."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_diff(a: dict, b: dict) -> list[dict]:
+    """Two checkpoint configs side by side (flattened keys); `differs` marks the keys whose values differ."""
+    fa, fb = _flat(a or {}), _flat(b or {})
+    keys = sorted(set(fa) | set(fb), key=lambda k: (fa.get(k, object()) == fb.get(k, object()), k))
+    return [
+        {"key": k, "A": _show(fa.get(k)), "B": _show(fb.get(k)), "differs": "≠" if fa.get(k) != fb.get(k) else ""}
+        for k in keys
+    ]
+
+
+def _show(v) -> str:
+    """A config value as the diff prints it ('—': absent)."""
+    return "—" if v is None else str(v)
+
+
+def sweep_points(runs: list[dict], folder: str, extraction: str | None = None) -> list[dict]:
+    """Runs whose checkpoint lies inside `folder` (latest run per checkpoint), ordered by step."""
+    from ..drafter import step_of  # on first use: its module imports torch
+
+    root = str(Path(folder).resolve())
+    best: dict[str, dict] = {}
+    for r in runs:
+        ck = r["checkpoint"] or ""
+        if not (ck == root or ck.startswith(root + "/")):
+            continue
+        if extraction and r["extraction_id"] != extraction:
+            continue
+        best[ck] = r  # runs come oldest first: the latest wins
+    pts = []
+    for ck, r in best.items():
+        step = r.get("step") if r.get("step") is not None else step_of(ck)
+        s = r.get("summary") or {}
+        pts.append(
+            {
+                "step": step,
+                "name": r["name"],
+                "run": r["id"],
+                "checkpoint": ck,
+                "sliding_block": r.get("sliding_block"),
+                "tau_macro": s.get("tau_macro"),
+                "tau_pooled": s.get("tau_pooled"),
+                "ddtree_tau": s.get("ddtree_tau"),
+            }
+        )
+    pts.sort(key=lambda p: (p["step"] is None, p["step"] or 0, p["checkpoint"]))
+    return pts

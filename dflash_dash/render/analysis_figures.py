@@ -1,0 +1,144 @@
+"""plotly figures of the kept analyses: calibration (reliability diagram, predicted against observed acceptance
+per depth, expected against observed tau per prompt) and failure patterns (acceptance by token class, by bin).
+
+Contract: each figure takes the rows of `analysis.calibration` or `analysis.patterns` (one run, or several by
+name) and returns a plotly Figure laid out like every other (`figures.layout`). Left axes of probabilities span
+[0, 1.02]; a right axis (samples, tau) keeps its own range.
+"""
+
+from __future__ import annotations
+
+from .figures import go, layout
+
+
+def reliability_fig(runs: dict[str, list[dict]], depth: str | int = "pooled") -> go.Figure:
+    """Reliability diagram: per bin of the predicted probability, mean predicted (x) against share accepted (y),
+    one line per run (`runs`: name -> calibration()["reliability"] rows); the diagonal is perfect calibration;
+    bars: samples per bin (right axis)."""
+    fig = go.Figure()
+    fig.add_scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfectly calibrated", line=dict(dash="dash", color="#999"))
+    for name, rows in runs.items():
+        bins = [b for b in rows if b["depth"] == depth]
+        full = [b for b in bins if b["n"]]
+        fig.add_bar(
+            x=[(b["lo"] + b["hi"]) / 2 for b in bins],
+            y=[b["n"] for b in bins],
+            name=f"{name}: samples",
+            yaxis="y2",
+            opacity=0.25,
+            width=0.08,
+        )
+        fig.add_scatter(
+            x=[b["predicted"] for b in full],
+            y=[b["observed"] for b in full],
+            mode="lines+markers",
+            name=f"{name}: observed",
+            text=[f"n = {b['n']}" for b in full],
+            hovertemplate="predicted %{x:.3f}<br>observed %{y:.3f}<br>%{text}",
+        )
+    fig.update_layout(barmode="group", yaxis2=dict(overlaying="y", side="right", title="samples", showgrid=False))
+    fig.update_xaxes(range=[0, 1])
+    fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
+    what = "pooled over depths" if depth == "pooled" else f"depth {depth}"
+    return layout(
+        fig,
+        f"reliability diagram ({what})",
+        "predicted: drafter's probability of its draft p_k",
+        "observed: share accepted",
+        height=380,
+    )
+
+
+def confidence_fig(runs: dict[str, list[dict]]) -> go.Figure:
+    """Per depth: mean p_k (dotted) against P(d_k accepted | d_1..d_{k-1} accepted) (solid), per run
+    (`runs`: name -> calibration()["by_depth"] rows)."""
+    fig = go.Figure()
+    for name, rows in runs.items():
+        ks = [r["depth"] for r in rows]
+        fig.add_scatter(x=ks, y=[r["observed"] for r in rows], mode="lines+markers", name=f"{name}: observed")
+        fig.add_scatter(
+            x=ks, y=[r["mean_p"] for r in rows], mode="lines+markers", name=f"{name}: mean p_k", line=dict(dash="dot")
+        )
+    fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
+    fig.update_xaxes(dtick=1)
+    return layout(
+        fig, "per depth: predicted (dotted) vs observed (solid) acceptance", "depth k", "probability", height=380
+    )
+
+
+def expected_fig(runs: dict[str, list[dict]]) -> go.Figure:
+    """Per prompt: expected tau (from the draft probabilities, x) against observed tau (y), per run
+    (`runs`: name -> calibration()["per_prompt"] rows)."""
+    fig = go.Figure()
+    vals = [1.0]
+    for name, rows in runs.items():
+        ok = [r for r in rows if r["tau"] is not None and r["expected_tau"] is not None]
+        vals += [v for r in ok for v in (r["tau"], r["expected_tau"])]
+        fig.add_scatter(
+            x=[r["expected_tau"] for r in ok],
+            y=[r["tau"] for r in ok],
+            mode="markers",
+            name=name,
+            text=[r["prompt"] for r in ok],
+            hovertemplate="%{text}<br>expected %{x:.3f}<br>observed %{y:.3f}",
+        )
+    fig.add_scatter(
+        x=[min(vals), max(vals)],
+        y=[min(vals), max(vals)],
+        mode="lines",
+        name="expected = observed",
+        line=dict(dash="dash", color="#999"),
+    )
+    return layout(
+        fig,
+        "expected vs observed tau per prompt",
+        "expected tau (mean over rounds)",
+        "observed tau (committed / rounds)",
+        height=380,
+    )
+
+
+def class_fig(rows: list[dict]) -> go.Figure:
+    """Failure patterns: slot-1 acceptance and tau by the class of the target token at slot 1."""
+    rows = [r for r in rows if r["rounds"]]
+    fig = go.Figure()
+    fig.add_bar(
+        x=[r["class"] for r in rows],
+        y=[r["first_slot_acceptance"] for r in rows],
+        name="P(d_1 accepted)",
+        hovertext=[f"{r['rounds']} rounds" for r in rows],
+    )
+    fig.add_scatter(
+        x=[r["class"] for r in rows],
+        y=[r["tau"] for r in rows],
+        name="tau (committed / round)",
+        mode="markers",
+        marker=dict(size=10),
+        yaxis="y2",
+    )
+    fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="tau", showgrid=False))
+    fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
+    return layout(fig, "acceptance by class of the target token at slot 1", "token class", "P(d_1 accepted)")
+
+
+def binned_fig(rows: list[dict], label: str, title: str, x_title: str) -> go.Figure:
+    """Failure patterns: slot-1 acceptance and tau per bin (`label`: the bin column of the rows)."""
+    fig = go.Figure()
+    fig.add_scatter(
+        x=[r[label] for r in rows],
+        y=[r["first_slot_acceptance"] for r in rows],
+        mode="lines+markers",
+        name="P(d_1 accepted)",
+        text=[f"{r['rounds']} rounds" for r in rows],
+    )
+    fig.add_scatter(
+        x=[r[label] for r in rows],
+        y=[r["tau"] for r in rows],
+        mode="lines+markers",
+        name="tau (committed / round)",
+        yaxis="y2",
+        line=dict(dash="dot"),
+    )
+    fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="tau", showgrid=False))
+    fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
+    return layout(fig, title, x_title, "P(d_1 accepted)")

@@ -1,0 +1,62 @@
+"""Numbers, labels and links printed one way on every page.
+
+Contract: `fmt` prints a tau-like value with 2 decimals (metrics.TAU), `prob` a probability with 3 (metrics.PROB),
+`ci` a value with its interval; `None` prints as '—'. Links are relative page URLs with their ids
+percent-encoded, so an id holding `&` or `#` opens the right run. `csv_text` writes rows as CSV for downloads.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from urllib.parse import quote
+
+
+def fmt(x: float | None, digits: int = 2) -> str:
+    """A tau-like number (tokens per round) as every table and card prints it: 2 decimals (metrics.TAU)."""
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def prob(x: float | None) -> str:
+    """A probability as every table and card prints it: 3 decimals (metrics.PROB)."""
+    return fmt(x, 3)
+
+
+def ci(x: float | None, interval: list[float] | None) -> str:
+    """A tau-like number with its interval: '2.20 [1.95, 2.47]' ('—' parts where missing)."""
+    return fmt(x) + (f" [{fmt(interval[0])}, {fmt(interval[1])}]" if interval else "")
+
+
+BACKEND_LABELS = {"fla": "fla kernels (GPU)", "torch": "torch path (CPU fallback)"}
+
+
+def backend_label(backend: str | None) -> str:
+    """An extraction backend for eyes: `fla` -> "fla kernels (GPU)", `torch` -> "torch path (CPU fallback)"."""
+    return BACKEND_LABELS.get(backend or "", backend or "unknown")
+
+
+def sliding_note(semantics: str | None) -> str:
+    """' · sliding layers: causal inside the block' for a run with sliding layers, '' without."""
+    return f" · sliding layers: {semantics} inside the block" if semantics else ""
+
+
+def run_link(run_id: str) -> str:
+    """The Acceptance page of a run (relative URL; id percent-encoded)."""
+    return f"acceptance?run={quote(str(run_id), safe='')}"
+
+
+def acceptance_link(run_id: str, prompt_id: str) -> str:
+    """The Acceptance page of one prompt of a run (relative URL; ids percent-encoded)."""
+    return f"acceptance?run={quote(str(run_id), safe='')}&prompt={quote(str(prompt_id), safe='')}"
+
+
+def csv_text(rows: list[dict]) -> str:
+    """Rows as CSV text (header = the union of keys, in first-seen order), for st.download_button."""
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()

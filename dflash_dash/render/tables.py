@@ -1,0 +1,268 @@
+"""Tables for eyes: a run's metrics with formulas, its prompts and outliers, completions with the engine's
+speculative counters, extractions, runs grouped by extraction, GPUs, and engine conformance per prompt.
+
+Contract: rows of the store, `metrics` and `analysis` in, lists of dicts out (a dataframe, a CSV download and a
+test read the same rows); sorting is part of the contract. Column labels and formulas come from the metric
+registry, numbers print with their metric's format, links are relative page URLs (`formats`). A CSV cell that
+starts like a spreadsheet formula is quoted (`conformance_csv`): prompt ids are untrusted.
+"""
+
+from __future__ import annotations
+
+from .. import metrics
+from ..analysis import rounded
+from .formats import acceptance_link, backend_label, csv_text, run_link
+
+
+def summary_rows(s: dict) -> list[dict]:
+    """The run's metrics with formulas, for a table next to the numbers (scalars, counts, intervals, id lists;
+    the DDTree ones only for a run with a tree), each printed with its metric's format (metrics.show)."""
+    return [
+        {"metric": metrics.label(m.key, s), "value": metrics.show(m.key, s.get(m.key)), "formula": m.formula}
+        for m in metrics.REGISTRY
+        if m.kind in ("scalar", "count", "interval", "ids")
+        and m.key in s
+        and not (metrics.tree_only(m.key) and not s.get("tree_budget"))
+    ]
+
+
+def outlier_links(s: dict, rows: list[dict], run_id: str) -> list[dict]:
+    """The run's outlier prompts (summary `tau_outliers`): id, tau, side of the fences ("low" / "high") and a link
+    to the prompt's token view; lowest tau first."""
+    taus, f = {r["prompt_id"]: r.get("tau") for r in rows}, s.get("tau_fences") or [0.0, 0.0]
+    out = [
+        {
+            "prompt": p,
+            "tau": taus.get(p),
+            "side": "low" if (taus.get(p) or 0) < f[0] else "high",
+            "link": acceptance_link(run_id, p),
+        }
+        for p in s.get("tau_outliers") or []
+    ]
+    return sorted(out, key=lambda o: (o["tau"] is None, o["tau"] or 0, o["prompt"]))
+
+
+TAU_COLUMNS = ("tau", "ddtree_tau", "chain_tau_at_budget", "every_anchor_tau")  # prompt_table: printed as fmt
+
+
+def prompt_table(rows: list[dict], completions: dict[str, dict], tree_budget: int = 0) -> list[dict]:
+    """Per-prompt results from `metrics.prompt_rows`, sorted by tau (lowest first); tau-like columns (TAU_COLUMNS)
+    at 2 decimals (like `fmt`); `outlier`: "low" / "high" for a prompt outside Tukey's fences of per-prompt tau
+    (metrics.TUKEY_RULE), else ""; with a tree budget N, `chain_tau_at_budget`: tau of the block-(N+1) chain beside
+    `ddtree_tau`."""
+    out = []
+    odd = metrics.outliers_of({r["prompt_id"]: r["tau"] for r in rows})
+    for r in rows:
+        c = completions.get(r["prompt_id"], {})
+        out.append(
+            {
+                "prompt": r["prompt_id"],
+                "tau": rounded(r["tau"], 2),
+                "outlier": odd.get(r["prompt_id"], ""),
+                "ddtree_tau": rounded(r["tree_tau"], 2),
+                **({"chain_tau_at_budget": rounded(r.get("chain_tau_at_budget"), 2)} if tree_budget else {}),
+                "rounds": r["rounds"],
+                "completion_tokens": r["completion_tokens"],
+                "prompt_tokens": r["prompt_len"],
+                "every_anchor_tau": rounded(r.get("every_anchor_tau"), 2),
+                "finish": c.get("finish_reason"),
+                "_tau": r["tau"],
+            }
+        )
+    out.sort(key=lambda x: (x["_tau"] is None, x["_tau"] if x["_tau"] is not None else 0, x["prompt"]))
+    return [{k: v for k, v in x.items() if k != "_tau"} for x in out]
+
+
+SPEC_KEYS = (
+    "spec_verify_ct",
+    "spec_accept_length",
+    "spec_accept_rate",
+    "spec_accept_token_num",
+    "spec_draft_token_num",
+    "spec_accepted_drafts",
+    "spec_proposed_drafts",
+    "spec_accept_histogram",
+)
+# the speculative-decoding counters SGLang reports in meta_info (names vary by version; shown when present)
+
+
+def compact_histogram(h) -> str:
+    """spec_accept_histogram (a list of counts, index = accepted tokens per verify step) as "0:3 1:5 2:2"
+    (zero counts left out); a dict {k: count} the same way; anything else as its text."""
+    if isinstance(h, dict):
+        items = sorted(h.items(), key=lambda kv: str(kv[0]))
+    elif isinstance(h, (list, tuple)):
+        items = list(enumerate(h))
+    else:
+        return str(h)
+    return " ".join(f"{k}:{v}" for k, v in items if v) or "—"
+
+
+def completion_table(rows: list[dict]) -> list[dict]:
+    """Completions (Store.completion_index rows: token counts, no ids) with finish reason, token counts and any
+    server-side speculative counters; `server_tau` (tokens per verify step) = completion_tokens / spec_verify_ct,
+    the engine's tau for that request."""
+    out = []
+    for r in rows:
+        meta = r.get("meta_info") or {}
+        fin = r.get("finish_reason")
+        n_out = meta.get("completion_tokens")
+        if isinstance(n_out, bool) or not isinstance(n_out, int):
+            n_out = r["output_tokens"] or 0
+        d = {
+            "prompt": r["prompt_id"],
+            "prompt_tokens": r["prompt_tokens"] or 0,
+            "completion_tokens": n_out,
+            "finish": fin,
+            "latency_s": meta.get("e2e_latency"),
+            "model": r.get("model_path"),
+        }
+        for k in SPEC_KEYS:
+            if k in meta:
+                d[k] = compact_histogram(meta[k]) if k == "spec_accept_histogram" else meta[k]
+        verify = meta.get("spec_verify_ct")
+        if isinstance(verify, (int, float)) and not isinstance(verify, bool) and verify > 0:
+            d["server_tau"] = n_out / verify
+        out.append(d)
+    return out
+
+
+def extraction_table(rows: list[dict]) -> list[dict]:
+    return [
+        {
+            "id": e["id"],
+            "backend": e["backend"],
+            "completions": e["set_name"],
+            "prompts": e.get("prompts"),
+            "layers": ",".join(map(str, e["layer_ids"] or [])),
+            "device": e["device"],
+            "dtype": e["dtype"],
+            "status": e["status"],
+            "target": e["target_path"],
+            "created": str(e["created"])[:19],
+        }
+        for e in rows
+    ]
+
+
+def run_columns() -> dict[str, str]:
+    """Column label -> formula of the headline metrics in `run_groups` rows (the metric registry's labels)."""
+    return {metrics.label(m.key): m.formula for m in metrics.HEADLINE}
+
+
+def run_groups(runs: list[dict], extractions: list[dict]) -> list[dict]:
+    """Runs grouped by the extraction they replayed (newest extraction first), each group's rows ordered by
+    checkpoint, step and creation, with human column labels (headline metrics by the registry's label, shown
+    with its format) and the run's Acceptance link: [{"extraction", "title", "ids" (run id per row), "rows"}]."""
+    exs = {e["id"]: e for e in extractions}
+    order = {e["id"]: i for i, e in enumerate(extractions)}
+    groups: dict[str, list[dict]] = {}
+    for r in runs:
+        groups.setdefault(r["extraction_id"], []).append(r)
+    out = []
+    for ex_id in sorted(groups, key=lambda x: -order.get(x, len(order))):
+        rs = sorted(
+            groups[ex_id],
+            key=lambda r: (str(r["name"] or r["checkpoint"]), r.get("step") or 0, str(r["created"]), r["id"]),
+        )
+        e = exs.get(ex_id)
+        title = (
+            f"Extraction {ex_id} · {backend_label(e['backend'])} · set {e['set_name']} · {e['device']} "
+            f"{e['dtype']} · {len(rs)} run{'s' if len(rs) != 1 else ''}"
+            if e
+            else f"Extraction {ex_id} (no longer in the store) · {len(rs)} run{'s' if len(rs) != 1 else ''}"
+        )
+        rows = []
+        for r in rs:
+            s = r.get("summary") or {}
+            rows.append(
+                {
+                    "open": run_link(r["id"]),
+                    "checkpoint": r["name"],
+                    "training step": r.get("step"),
+                    **{metrics.label(m.key): metrics.show(m.key, s.get(m.key)) for m in metrics.HEADLINE},
+                    "sliding layers": r.get("sliding_block") or "—",
+                    "checkpoint folder": r["checkpoint"],
+                    "run id": r["id"],
+                    "created": str(r["created"])[:19],
+                }
+            )
+        out.append({"extraction": ex_id, "title": title, "ids": [r["id"] for r in rs], "rows": rows})
+    return out
+
+
+def gpu_table(gpus: list[dict]) -> list[dict]:
+    """jobs.gpu_memory() rows for eyes: GiB and who holds the memory."""
+    g = 1 << 30
+    return [
+        {
+            "gpu": x.get("index"),
+            "name": x.get("name"),
+            "total_GiB": round((x.get("total") or 0) / g, 1),
+            "free_GiB": round((x.get("free") or 0) / g, 1),
+            "held by": "; ".join(
+                f"pid {p.get('pid')} {p.get('name')} ({(p.get('used') or 0) / g:.1f} GiB)"
+                for p in x.get("processes") or []
+            )
+            or "—",
+        }
+        for x in gpus
+    ]
+
+
+CONFORMANCE_NOTE = (
+    "engine tau = (completion_tokens − 1) / verify_steps: committed tokens per verify step with the "
+    "prefill's first token left out, like the replay's committed / rounds. SGLang's own "
+    "spec_accept_length = completion_tokens / spec_verify_ct counts the prefill token too (last "
+    "column, for reference only)."
+)
+
+
+def conformance_table(rows: list[dict], run_id: str) -> list[dict]:
+    """Per prompt: flagged, engine tau, replay tau, gap (engine − replay) and its share of the replay tau, the
+    counts behind them and a link to the prompt's token view; sorted by gap, most negative first."""
+    out = []
+    for r in rows:
+        out.append(
+            {
+                "prompt": r["id"],
+                "flagged": bool(r["flagged"]),
+                "engine_tau": rounded(r["engine_tau"], 4),
+                "replay_tau": rounded(r["replay_tau"], 4),
+                "gap": rounded(r["gap"], 4),
+                "gap_pct": rounded(None if r["gap_rel"] is None else 100 * r["gap_rel"], 2),
+                "verify_steps": r["verify_steps"],
+                "rounds": r["rounds"],
+                "completion_tokens": r["completion_tokens"],
+                "accepted_drafts": r["accepted_tokens"],
+                "sglang_accept_length": rounded(r["sglang_accept_length"], 4),
+                "token_view": acceptance_link(run_id, r["id"]),
+            }
+        )
+    out.sort(key=lambda x: (x["gap"] is None, x["gap"] if x["gap"] is not None else 0, x["prompt"]))
+    return out
+
+
+CONFORMANCE_COLUMNS = {  # column -> formula (help text of the table, and the CSV's meaning)
+    "flagged": "replay tau − engine tau > threshold × replay tau",
+    "engine_tau": "(completion_tokens − 1) / verify_steps",
+    "replay_tau": "committed / rounds of the replay's chain walk (bonus included, prefill token excluded)",
+    "gap": "engine tau − replay tau",
+    "gap_pct": "100 × (engine tau − replay tau) / replay tau",
+    "verify_steps": "verify steps the engine ran for the request",
+    "rounds": "rounds of the replay's chain walk",
+    "completion_tokens": "tokens of the completion (the prefill's first one included)",
+    "accepted_drafts": "draft tokens the engine accepted over its verify steps (bonus tokens not counted)",
+    "sglang_accept_length": "completion_tokens / verify_steps, as SGLang reports it (prefill token included)",
+    "token_view": "the prompt on the Acceptance page",
+}
+
+
+def _cell(v):
+    """A CSV cell that a spreadsheet will not run as a formula (untrusted ids may start with = + - @)."""
+    return "'" + v if isinstance(v, str) and v[:1] in ("=", "+", "-", "@", "\t", "\r") else v
+
+
+def conformance_csv(table: list[dict]) -> str:
+    """The conformance table as CSV text (st.download_button)."""
+    return csv_text([{k: _cell(v) for k, v in r.items()} for r in table])
