@@ -22,8 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import config as config_mod
-from .. import lazy, ops, pipeline, sglang
+from .. import config as config_mod, lazy, ops, pipeline, sglang
 from ..errors import UserError
 from ..store import Store, new_id
 from . import gpu
