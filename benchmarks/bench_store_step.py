@@ -32,10 +32,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=200)
     ap.add_argument("--tokens", type=int, default=2560)
     ap.add_argument("--prompt-len", type=int, default=512)
-    ap.add_argument("--packers", type=int, default=None, help="threads packing the rows (default store.PACKERS)")
+    ap.add_argument("--packers", type=int, default=None, help="threads packing the rows (default store.arrays.PACKERS)")
     a = ap.parse_args()
     if a.packers:
-        store.PACKERS = a.packers
+        store.arrays.PACKERS = a.packers
     work = Path(tempfile.mkdtemp(prefix="dflash-store-step-"))
     rng = np.random.default_rng(0)
     st = Store(work / "ws")

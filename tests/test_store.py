@@ -78,8 +78,9 @@ def test_forward_migration_keeps_data(tmp_path, monkeypatch):
     st = Store(tmp_path)
     st.add_job("job-1", "fetch", {"a": 1}, "l.log")
     v = st.version()
-    monkeypatch.setattr(store_mod, "MIGRATIONS", store_mod.MIGRATIONS + ["ALTER TABLE jobs ADD COLUMN note VARCHAR"])
-    monkeypatch.setattr(store_mod, "VERSION", v + 1)
+    migrations = store_mod.schema.MIGRATIONS + ["ALTER TABLE jobs ADD COLUMN note VARCHAR"]
+    monkeypatch.setattr(store_mod.schema, "MIGRATIONS", migrations)
+    monkeypatch.setattr(store_mod.schema, "VERSION", v + 1)
     st2 = Store(tmp_path)
     assert st2.version() == v + 1
     assert [r["version"] for r in st2.rows("SELECT version FROM schema_version ORDER BY version")] == list(
@@ -337,7 +338,7 @@ def test_a_session_shares_one_connection(tmp_path, monkeypatch):
     st.add_set("s", "x")
     opened = []
     connect = duckdb.connect
-    monkeypatch.setattr(store_mod.duckdb, "connect", lambda *a, **kw: opened.append(a) or connect(*a, **kw))
+    monkeypatch.setattr(duckdb, "connect", lambda *a, **kw: opened.append(a) or connect(*a, **kw))
     with st.session():
         st.add_completions("s", [{"id": f"p{i}", "prompt_ids": [1], "output_ids": [i, i]} for i in range(3)])
         assert [c["idx"] for c in st.completions("s")] == [0, 1, 2]

@@ -1,323 +1,30 @@
-"""DuckDB workspace store (SPEC 7): schema, forward migrations, queries.
+"""The workspace store's typed queries: completions, extractions, runs and their packed arrays, kept analyses,
+attributions, engine stats, jobs.
 
-Contract: every call opens a short-lived DuckDB connection under an exclusive cross-process file lock
-(`dflash.duckdb.lock`, flock), so the app, background jobs and the CLI share one file without lock errors:
-DuckDB itself allows one read-write process per file; inside `with store.session():` the calls share one
-connection (a page run, a bulk import), the lock held until the block ends. Rows come back as plain dicts;
-JSON columns are decoded. Knows nothing of torch, HTTP or Streamlit. Large arrays live outside DuckDB: features
-in the feature cache, each run prompt's result arrays as one packed blob (`pack_arrays`) in an array file of
-its run (ARRAYS_DIR) that its run_prompts row points into, so reading one prompt of one run is a keyed read of
-scalars plus one file read, while the scalars stay SQL columns.
+Contract: `Store` is a `Database` (connection, lock, migration) with one method per question the product asks;
+rows come back as plain dicts with JSON columns decoded, a run prompt's arrays unpacked from its array file.
+Knows nothing of torch, HTTP or Streamlit.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import struct
-import threading
-import time
 import uuid
-import zlib
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
-import duckdb
 import numpy as np
 
-from .errors import UserError
-
-DB_NAME = "dflash.duckdb"
-JSON_COLS = {"meta_info", "request", "versions", "config", "summary", "args", "result", "layer_ids_json"}
-
-# The per-prompt result arrays of a run_prompts row, in the order rows list them. Integers, except REALS
-# (float32, as the REAL[] columns of schema v4-v6 held them).
-ARRAYS = ("rounds", "accepted_at", "drafts", "tree_at", "tree_rounds", "draft_logp", "round_top_ids", "round_top_p")
-REALS = frozenset({"draft_logp", "round_top_p"})
-PACK_MAGIC, PACK_LEVEL = b"DFA1", 1  # blob format tag; zlib level (1: fast, most of the gain)
-PACKERS = min(8, os.cpu_count() or 1)  # threads packing a run's rows (`_write_arrays`)
-ARRAYS_DIR = "run_arrays"  # under the workspace: {run_id}/{uuid}.arrays, the packed rows of one put_prompts
-_INTS = [np.dtype(t) for t in ("<i1", "<i2", "<i4", "<i8")]
+from . import arrays
+from .arrays import ARRAYS_DIR, pack_arrays, unpack_arrays
+from .database import Database
+from .errors import StoreError
 
 
-def pack_arrays(p: dict) -> bytes:
-    """A run_prompts row's arrays (ARRAYS; lists or numpy, flat or nested; None kept as None) as one blob:
-    MAGIC, u32 header length, JSON header {name: [dtype, count] | null, "z": bytes of the zlib part}, then
-    zlib(the integer arrays' values) and the REALS' raw float32 values (random mantissas: zlib would spend its
-    time for a few percent), little-endian, in ARRAYS order. Integers take the narrowest signed type their
-    values fit (lossless)."""
-    head, ints, reals = {}, [], []
-    for k in ARRAYS:
-        v = p.get(k)
-        if v is None:
-            head[k] = None
-            continue
-        a = np.asarray(v, dtype=np.float32 if k in REALS else np.int64).ravel()
-        if k not in REALS:
-            lo, hi = (int(a.min()), int(a.max())) if a.size else (0, 0)
-            a = a.astype(next(t for t in _INTS if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max))
-        a = a.astype(a.dtype.newbyteorder("<"), copy=False)
-        head[k] = [a.dtype.str, int(a.size)]
-        (reals if k in REALS else ints).append(a.tobytes())
-    z = zlib.compress(b"".join(ints), PACK_LEVEL)
-    h = json.dumps(head | {"z": len(z)}).encode()
-    return b"".join([PACK_MAGIC, struct.pack("<I", len(h)), h, z, *reals])
-
-
-def unpack_arrays(blob: bytes) -> dict:
-    """`pack_arrays` reversed: {name: list (flat) | None} for every name of ARRAYS."""
-    if blob[:4] != PACK_MAGIC:
-        raise StoreError("a run_prompts row holds arrays in an unknown format; upgrade dflash-dash")
-    n = struct.unpack("<I", blob[4:8])[0]
-    head = json.loads(blob[8 : 8 + n])
-    ints, reals = zlib.decompress(blob[8 + n : 8 + n + head["z"]]), memoryview(blob)[8 + n + head["z"] :]
-    at, out = {False: 0, True: 0}, {}
-    for k in ARRAYS:
-        spec = head.get(k)
-        if spec is None:
-            out[k] = None
-            continue
-        dt, real = np.dtype(spec[0]), k in REALS
-        out[k] = np.frombuffer(reals if real else ints, dt, spec[1], at[real]).tolist()
-        at[real] += dt.itemsize * spec[1]
-    return out
-
-
-def _v7_arrays_to_files(con, store: Store) -> None:
-    """v7: run_prompts' LIST columns move to array files (`Store.put_prompts`), in one pass over the old table: the
-    files are written as its rows stream in, the rows pointing into them inserted after."""
-    con.execute("ALTER TABLE run_prompts RENAME TO run_prompts_v6")
-    con.execute(RUN_PROMPTS_V7)
-    cols = ["run_id", "prompt_id", "prompt_len", "tau", "tree_tau", *ARRAYS]
-    cur, rows = con.execute(f"SELECT {', '.join(cols)} FROM run_prompts_v6 ORDER BY run_id, prompt_id"), []
-    while got := cur.fetchmany(64):
-        by_run: dict[str, list[dict]] = {}
-        for r in got:
-            by_run.setdefault(r[0], []).append(dict(zip(cols, r)))
-        rows += [store._write_arrays(run_id, ps)[0] for run_id, ps in by_run.items()]
-    for t in rows:
-        store._insert_prompts(con, t)
-    con.execute("DROP TABLE run_prompts_v6")
-
-
-RUN_PROMPTS_V7 = """
-    CREATE TABLE run_prompts (
-        run_id VARCHAR, prompt_id VARCHAR, prompt_len INTEGER, tau DOUBLE, tree_tau DOUBLE,
-        arrays_file VARCHAR, arrays_at BIGINT, arrays_size BIGINT, PRIMARY KEY (run_id, prompt_id));
-"""
-
-# Each entry upgrades the schema by one version (SQL, or a function of the connection for a data rewrite);
-# never edit a released entry, append a new one.
-MIGRATIONS: list[str | Callable] = [
-    # v1: initial schema
-    """
-    CREATE TABLE prompt_sets (name VARCHAR PRIMARY KEY, source VARCHAR, created TIMESTAMP DEFAULT now());
-    CREATE TABLE completions (
-        set_name VARCHAR, prompt_id VARCHAR, idx INTEGER, prompt VARCHAR, output VARCHAR,
-        prompt_ids INTEGER[], output_ids INTEGER[], finish_reason VARCHAR, meta_info VARCHAR,
-        request VARCHAR, model_path VARCHAR, created TIMESTAMP DEFAULT now(),
-        PRIMARY KEY (set_name, prompt_id));
-    CREATE TABLE extractions (
-        id VARCHAR PRIMARY KEY, set_name VARCHAR, target_path VARCHAR, layer_ids INTEGER[],
-        hidden_size INTEGER, device VARCHAR, dtype VARCHAR, backend VARCHAR, versions VARCHAR,
-        config_hash VARCHAR, status VARCHAR, created TIMESTAMP DEFAULT now());
-    CREATE TABLE extraction_items (
-        extraction_id VARCHAR, prompt_id VARCHAR, tokens INTEGER, file VARCHAR,
-        PRIMARY KEY (extraction_id, prompt_id));
-    CREATE TABLE runs (
-        id VARCHAR PRIMARY KEY, extraction_id VARCHAR, checkpoint VARCHAR, name VARCHAR, config VARCHAR,
-        tree_budget INTEGER, summary VARCHAR, status VARCHAR, created TIMESTAMP DEFAULT now());
-    CREATE TABLE run_prompts (
-        run_id VARCHAR, prompt_id VARCHAR, prompt_len INTEGER, tau DOUBLE, tree_tau DOUBLE,
-        rounds INTEGER[], accepted_at INTEGER[], drafts INTEGER[], tree_at INTEGER[], tree_rounds INTEGER[],
-        PRIMARY KEY (run_id, prompt_id));
-    CREATE TABLE jobs (
-        id VARCHAR PRIMARY KEY, kind VARCHAR, args VARCHAR, status VARCHAR, progress DOUBLE, step VARCHAR,
-        pid INTEGER, log_path VARCHAR, error VARCHAR, result VARCHAR,
-        created TIMESTAMP DEFAULT now(), updated TIMESTAMP DEFAULT now());
-    """,
-    # v2: where a replay ran (device, dtype), next to the extraction's provenance
-    """
-    ALTER TABLE runs ADD COLUMN device VARCHAR;
-    ALTER TABLE runs ADD COLUMN dtype VARCHAR;
-    """,
-    # v3: how a run read its checkpoint: sliding-layer block semantics, the config file used, the step
-    """
-    ALTER TABLE runs ADD COLUMN sliding_block VARCHAR;
-    ALTER TABLE runs ADD COLUMN config_file VARCHAR;
-    ALTER TABLE runs ADD COLUMN step BIGINT;
-    """,
-    # v4: why drafts fail: draft log-probabilities (calibration), engine-reported acceptance (conformance),
-    # target-layer attribution
-    """
-    ALTER TABLE run_prompts ADD COLUMN draft_logp REAL[];
-    CREATE TABLE engine_stats (
-        set_name VARCHAR, prompt_id VARCHAR, engine VARCHAR, verify_steps INTEGER, accepted_tokens INTEGER,
-        completion_tokens INTEGER, accept_lengths INTEGER[], histogram INTEGER[], source VARCHAR,
-        created TIMESTAMP DEFAULT now(), PRIMARY KEY (set_name, prompt_id, engine));
-    CREATE TABLE attributions (
-        run_id VARCHAR, tap INTEGER, layer_id INTEGER, tau_macro DOUBLE, tau_pooled DOUBLE, base_tau_macro DOUBLE,
-        base_tau_pooled DOUBLE, created TIMESTAMP DEFAULT now(), PRIMARY KEY (run_id, tap));
-    """,
-    # v5: the whole proposed block of each chain round (top-k candidates per slot, flattened [R][B-1][K] with
-    # K = the run summary's `round_topk`), and failed jobs a user has dismissed from the jobs panel
-    """
-    ALTER TABLE run_prompts ADD COLUMN round_top_ids INTEGER[];
-    ALTER TABLE run_prompts ADD COLUMN round_top_p REAL[];
-    ALTER TABLE jobs ADD COLUMN dismissed BOOLEAN DEFAULT false;
-    """,
-    # v6: whole-run analyses (calibration, failure patterns, draft lag), computed once per finished run and
-    # kept, so a page never scans every token of every prompt to draw
-    """
-    CREATE TABLE run_analyses (run_id VARCHAR, name VARCHAR, value VARCHAR, created TIMESTAMP DEFAULT now(),
-        PRIMARY KEY (run_id, name));
-    """,
-    # v7: each run prompt's arrays as one packed blob (pack_arrays) in an array file of its run (ARRAYS_DIR), the
-    # row keeping (arrays_file, arrays_at, arrays_size): one prompt of one run is a keyed read of scalars and one
-    # file read (a LIST-column row, or a BLOB column, cost about a second at 1,000 prompts x 2,560 tokens: DuckDB
-    # scans the whole column)
-    _v7_arrays_to_files,
-]
-VERSION = len(MIGRATIONS)
-REENTRY_S = 0.01  # a process re-locking sooner than this after its own release steps aside first
-_last_release = -1.0  # monotonic time this process last released the store lock
-
-
-class StoreError(UserError, RuntimeError):
-    """A store problem the user must act on (e.g. an unknown id)."""
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-
-
-class Store:
-    """One workspace's DuckDB file. Cheap to construct; holds no open connection outside `session()`."""
-
-    def __init__(self, workspace: str | Path):
-        self.workspace = Path(workspace)
-        self.workspace.mkdir(parents=True, exist_ok=True)
-        self.path = self.workspace / DB_NAME
-        self.lock_path = self.workspace / (DB_NAME + ".lock")
-        self._migrated = False
-        self._local = threading.local()  # .con: this thread's session connection
-
-    # -- connection -----------------------------------------------------------
-
-    @contextmanager
-    def connect(self):
-        """An exclusive connection: flock on the lock file (blocks, no error), then DuckDB, then commit. Inside
-        `session()` (this thread), the session's connection, in a transaction of its own.
-
-        flock is not fair: a process that releases and at once re-locks (a polling loop) can starve the
-        others, so a re-entry within REENTRY_S of this process's last release first steps aside briefly.
-        """
-        held = getattr(self._local, "con", None)
-        if held is None:
-            with self._opened() as con, self._transaction(con):
-                yield con
-        elif self._local.depth:  # a call inside another's transaction (add_run -> put_prompts) joins it
-            yield held
-        else:
-            with self._transaction(held) as con:
-                self._local.depth = 1
-                try:
-                    yield con
-                finally:
-                    self._local.depth = 0
-
-    @contextmanager
-    def session(self):
-        """Every store call of this thread inside the block shares one connection (one DuckDB open instead of
-        one per call: a page run, a bulk import). The lock is held until the block ends, so keep it short: other
-        processes (jobs) wait for it. Nested sessions reuse the outer one; a call made inside another call's
-        `connect()` block joins its transaction."""
-        if getattr(self._local, "con", None) is not None:
-            yield self
-            return
-        with self._opened() as con:
-            self._local.con, self._local.depth = con, 0
-            try:
-                yield self
-            finally:
-                self._local.con = None
-
-    @contextmanager
-    def _opened(self):
-        global _last_release
-        with open(self.lock_path, "a+") as lf:
-            if time.monotonic() - _last_release < REENTRY_S:
-                time.sleep(REENTRY_S)
-            fcntl.flock(lf.fileno(), fcntl.LOCK_EX)
-            try:
-                con = duckdb.connect(str(self.path))
-                try:
-                    if not self._migrated:
-                        self._migrate(con)
-                    yield con
-                finally:
-                    con.close()
-            finally:
-                fcntl.flock(lf.fileno(), fcntl.LOCK_UN)
-                _last_release = time.monotonic()
-
-    @staticmethod
-    @contextmanager
-    def _transaction(con):
-        con.execute("BEGIN")
-        try:
-            yield con
-            con.execute("COMMIT")
-        except BaseException:
-            try:
-                con.execute("ROLLBACK")
-            except duckdb.Error:
-                pass
-            raise
-
-    def _migrate(self, con) -> None:
-        con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER)")
-        row = con.execute("SELECT max(version) FROM schema_version").fetchone()
-        have = row[0] or 0
-        if have > VERSION:
-            raise StoreError(
-                f"{self.path} has schema version {have}, newer than this dflash-dash ({VERSION}); upgrade dflash-dash"
-            )
-        for v in range(have, VERSION):
-            with self._transaction(con):
-                step = MIGRATIONS[v]
-                step(con, self) if callable(step) else con.execute(step)
-                con.execute("INSERT INTO schema_version VALUES (?)", [v + 1])
-        self._migrated = True
-
-    def rows(self, sql: str, params: list | None = None) -> list[dict]:
-        with self.connect() as con:
-            cur = con.execute(sql, params or [])
-            cols = [d[0] for d in cur.description] if cur.description else []
-            return [_decode(dict(zip(cols, r))) for r in cur.fetchall()]
-
-    def run(self, sql: str, params: list | None = None) -> None:
-        with self.connect() as con:
-            con.execute(sql, params or [])
-
-    def version(self) -> int:
-        return self.rows("SELECT max(version) AS v FROM schema_version")[0]["v"]
-
-    def stamp(self) -> str:
-        """A cheap token that changes whenever a set, completion, extraction or run is added or finishes
-        (views key their caches on it so new data shows up)."""
-        r = self.rows(
-            "SELECT (SELECT count(*) || max(created) FROM completions) AS c, "
-            "(SELECT count(*) || string_agg(status, '') FROM extractions) AS e, "
-            "(SELECT count(*) || max(created) FROM runs) AS r, "
-            "(SELECT count(*) FROM prompt_sets) AS s, "
-            "(SELECT count(*) FROM extraction_items) AS i, "
-            "(SELECT count(*) || max(created) FROM attributions) AS a"
-        )[0]
-        return "|".join(str(v) for v in r.values())
+class Store(Database):
+    """One workspace's DuckDB file and its queries. Cheap to construct; holds no open connection outside
+    `session()`."""
 
     # -- completions ----------------------------------------------------------
 
@@ -483,7 +190,7 @@ class Store:
         rel = Path(ARRAYS_DIR) / run_id / f"{uuid.uuid4().hex}.arrays"
         f = self.workspace / rel
         f.parent.mkdir(parents=True, exist_ok=True)
-        with ThreadPoolExecutor(PACKERS) as pool:  # zlib and numpy release the GIL: rows pack side by side
+        with ThreadPoolExecutor(arrays.PACKERS) as pool:  # zlib and numpy release the GIL: rows pack side by side
             blobs = list(pool.map(pack_arrays, prompts))
         tmp = f.with_suffix(".tmp")
         with open(tmp, "wb") as out:
@@ -700,13 +407,6 @@ class Store:
         if not got:
             raise StoreError(f"no job with id {job_id!r} (list them with `jobs list`)")
         return got[0]
-
-
-def _decode(row: dict) -> dict:
-    for k in JSON_COLS & row.keys():
-        if isinstance(row[k], str):
-            row[k] = json.loads(row[k])
-    return row
 
 
 def default_workspace() -> Path:
