@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import lazy, metrics, ops, sglang
+from . import engines, lazy, metrics, ops
 from . import prompts as prompts_mod
 from .errors import UserError
 from .store import Store, StoreError, new_id
@@ -262,7 +262,7 @@ def fetch(
     Prompts are tokenised locally (tokenizer from `tokenizer` or the server's `tokenizer_path`: a readable
     folder, or a hub id found in the local Hugging Face cache; with `chat`, wrapped in its chat template) and
     sent as `input_ids`; token ids come from the server. The server's API key comes from the environment
-    (`sglang.for_workspace`), never from the store."""
+    (`engines.for_workspace`), never from the store."""
     try:
         todo_all = prompts_mod.load(prompt_set)
     except prompts_mod.PromptSetError as e:
@@ -279,7 +279,7 @@ def fetch(
     from . import config as config_mod
 
     try:
-        client = sglang.for_workspace(config_mod.load(store.workspace), server, timeout=request_timeout)
+        client = engines.for_workspace(config_mod.load(store.workspace), server, timeout=request_timeout)
     except ValueError as e:
         raise InputError(f"--server: {e}") from None
     client.wait_ready(
@@ -314,16 +314,16 @@ def fetch(
         _tick(progress, len(done) + fetched, n, f"fetching {p['id']}")
         ids = p.get("prompt_ids")
         if ids is None and tok is not None:
-            ids = sglang.chat_ids(tok, p["prompt"], enable_thinking) if chat else list(tok(p["prompt"])["input_ids"])
+            ids = engines.chat_ids(tok, p["prompt"], enable_thinking) if chat else list(tok(p["prompt"])["input_ids"])
         try:
             res = (
                 client.generate(input_ids=ids, max_new_tokens=max_new_tokens)
                 if ids is not None
                 else client.generate(text=p["prompt"], max_new_tokens=max_new_tokens)
             )
-        except sglang.ServerError as e:
+        except engines.ServerError as e:
             kept = len(done) + fetched
-            raise sglang.ServerError(
+            raise engines.ServerError(
                 f"prompt {p['id']!r}: {e}. The {kept} completions fetched so far are kept in set {name!r}; "
                 "run the same fetch again to continue",
                 status=e.status,
@@ -1281,7 +1281,7 @@ def record_engine_stats(
     the store; `conformance` reads engine_stats only.)"""
     from .analysis import conformance as conformance_mod
 
-    row = conformance_mod.from_sglang(meta, output_tokens)
+    row = engines.SGLangClient.spec_stats(meta, output_tokens)
     if row is not None:
         store.add_engine_stats(set_name, conformance_mod.SGLANG, [row | {"id": prompt_id}], f"meta_info of {server}")
 

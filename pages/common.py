@@ -209,11 +209,11 @@ def server_url() -> str:
 
 
 def client(url: str | None = None, **kw):
-    """An `sglang.Client` for `url` (default: the workspace's server) with the API key from the environment
-    (sglang.for_workspace); raises ConfigError for an invalid config.toml, ValueError for a bad URL."""
-    from dflash_dash import sglang
+    """An `engines.SGLangClient` for `url` (default: the workspace's server) with the API key from the environment
+    (engines.for_workspace); raises ConfigError for an invalid config.toml, ValueError for a bad URL."""
+    from dflash_dash import engines
 
-    return sglang.for_workspace(config(), url, **kw)
+    return engines.for_workspace(config(), url, **kw)
 
 
 def _key_env() -> str:
@@ -230,14 +230,14 @@ def health_poller(url: str, key_env: str):
     """One background /health poller per server URL (and key variable), shared by every session: a real
     /health takes seconds, so it never runs on the script thread. None for a URL a client cannot use."""
     from dflash_dash import config as cfg_mod
-    from dflash_dash import sglang
+    from dflash_dash import engines
 
     cfg = cfg_mod.WorkspaceConfig(api_key_env=key_env)  # only the key's variable matters here
     try:
-        c = sglang.for_workspace(cfg, url, timeout=sglang.HEALTH_TIMEOUT_S, retries=0)
+        c = engines.for_workspace(cfg, url, timeout=engines.HEALTH_TIMEOUT_S, retries=0)
     except ValueError:
         return None
-    return sglang.HealthPoller(c, every=3.0)
+    return engines.HealthPoller(c, every=3.0)
 
 
 def health(url: str) -> tuple[bool | None, str]:

@@ -212,7 +212,7 @@ def model_info(url: str, key_env: str) -> dict:
 
 
 def server_block() -> None:
-    from dflash_dash.sglang import ServerError
+    from dflash_dash.engines import ServerError
 
     st.header("Server health")
     url = st.text_input("server URL", value=common.server_url(), key="diag_url").strip()

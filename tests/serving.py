@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from dflash_dash.sglang import Client
+from dflash_dash.engines import SGLangClient
 
 ROOT = Path(__file__).resolve().parents[1]
 # one thread per process: the 2 shared cores are oversubscribed, and torch's thread pool then slows 10x
@@ -109,7 +109,7 @@ class Served:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        self.client = Client(self.url, timeout=60, retries=0, api_key=api_key)
+        self.client = SGLangClient(self.url, timeout=60, retries=0, api_key=api_key)
         extra = list(extra or []) + (["--api-key", api_key] if api_key else [])
         self.proc = subprocess.Popen(
             serve_argv(model, self.port, delay, extra),

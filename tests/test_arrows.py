@@ -25,7 +25,7 @@ ORDER = [
     "vocab",
     "ops",
     "store",
-    "sglang",
+    "engines",
     "server",
     "specdec",
     "cache",

@@ -19,6 +19,7 @@ from serving import Served, until
 
 from dflash_dash import cache, cli, pipeline, prompts, server, specdec
 from dflash_dash.analysis import conformance
+from dflash_dash.engines import SGLangClient
 from dflash_dash.render.figures import conformance_fig
 from dflash_dash.render.tables import conformance_csv, conformance_table
 from dflash_dash.store import Store
@@ -427,7 +428,7 @@ def test_sglang_meta_to_engine_stats_and_like_with_like():
         "spec_accept_token_num": 7,
         "spec_accept_histogram": [1, 0, 3],
     }
-    row = conformance.from_sglang(meta, 12)
+    row = SGLangClient.spec_stats(meta, 12)
     assert row == {
         "verify_steps": 4,
         "accepted_tokens": 7,
@@ -436,8 +437,8 @@ def test_sglang_meta_to_engine_stats_and_like_with_like():
         "histogram": [1, 0, 3],
     }
     assert conformance.engine_tau(row) == 11 / 4 and conformance.sglang_accept_length(row) == 3.0
-    assert conformance.from_sglang({"completion_tokens": 3}, 3) is None  # decoded plainly
-    assert conformance.from_sglang({"spec_verify_ct": 2, "spec_accepted_drafts": 1}, 5)["completion_tokens"] == 5
+    assert SGLangClient.spec_stats({"completion_tokens": 3}, 3) is None  # decoded plainly
+    assert SGLangClient.spec_stats({"spec_verify_ct": 2, "spec_accepted_drafts": 1}, 5)["completion_tokens"] == 5
     replay = [
         {"prompt_id": "x", "prompt_len": 3, "accepted_at": [0] * 12, "rounds": [3, 3, 3, 2]},
         {"prompt_id": "y", "prompt_len": 3, "accepted_at": [0] * 12, "rounds": [3, 3, 3, 2]},

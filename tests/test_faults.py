@@ -11,7 +11,7 @@ import fakes
 import pytest
 
 from dflash_dash import pipeline
-from dflash_dash.sglang import ServerError
+from dflash_dash.engines import ServerError
 from dflash_dash.store import Store
 
 N = 6

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from dflash_dash import cli, pipeline, prompts
 from dflash_dash.jobs import lifecycle
-from dflash_dash.sglang import ServerError, chat_ids
+from dflash_dash.engines import ServerError, chat_ids
 from dflash_dash.store import Store
 
 COD10 = [

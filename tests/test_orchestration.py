@@ -17,7 +17,7 @@ from serving import ENV, Served, free_port, serve_argv, stop_jobs, tiny_model, u
 
 from dflash_dash import config
 from dflash_dash.jobs import dispatch, gpu, lifecycle, orchestrate
-from dflash_dash.sglang import Client
+from dflash_dash.engines import SGLangClient
 from dflash_dash.store import Store
 
 LAYERS = [1, 4]
@@ -285,7 +285,7 @@ def managed(model, tmp_path):
     ctl.write_text(CTL)
     argv = {c: [sys.executable, str(ctl), c, str(state)] for c in ("start", "stop")}
     subprocess.run(argv["start"], check=True, env=ENV)
-    client = Client(f"http://127.0.0.1:{port}", timeout=60, retries=0)
+    client = SGLangClient(f"http://127.0.0.1:{port}", timeout=60, retries=0)
     client.wait_ready(120, poll=0.1)
     yield client, argv, state
     if (state / "server.pid").exists():

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from dflash_dash import drafter as dr
 from dflash_dash import pipeline
-from dflash_dash.sglang import ServerError, parse_generate
+from dflash_dash.engines import ServerError
+from dflash_dash.engines.sglang import parse_generate
 from tools import tiny
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -18,7 +18,7 @@ import torch
 from serving import end, free_port
 
 from dflash_dash import server
-from dflash_dash.sglang import Client, ServerError, chat_ids
+from dflash_dash.engines import SGLangClient, ServerError, chat_ids
 from tools.tiny import TinyTarget, write_target, write_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +37,7 @@ class Proc:
         self.port = free_port()
         self.log = log
         self.url = f"http://127.0.0.1:{self.port}"
-        self.client = Client(self.url, timeout=60, retries=0)
+        self.client = SGLangClient(self.url, timeout=60, retries=0)
         self.states: list[str] = []
         self.proc = subprocess.Popen(
             [

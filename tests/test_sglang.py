@@ -10,7 +10,8 @@ import fakes
 import pytest
 from serving import free_port as closed_port
 
-from dflash_dash.sglang import Client, HealthPoller, NotReady, ServerError, chat_ids, parse_generate
+from dflash_dash.engines import HEALTH_TIMEOUT_S, HealthPoller, NotReady, SGLangClient, ServerError, chat_ids
+from dflash_dash.engines.sglang import parse_generate
 
 OK = json.dumps({"text": "hi", "output_ids": [1, 2, 3], "meta_info": {"completion_tokens": 3}}).encode()
 
@@ -25,8 +26,8 @@ def fake():
         yield srv
 
 
-def client(url: str, **kw) -> Client:
-    return Client(url, **({"timeout": 5.0, "retries": 3, "backoff": 0.01} | kw))
+def client(url: str, **kw) -> SGLangClient:
+    return SGLangClient(url, **({"timeout": 5.0, "retries": 3, "backoff": 0.01} | kw))
 
 
 # ---------------------------------------------------------------------------
@@ -131,9 +132,9 @@ def test_wait_ready_timeout_says_what_to_do(fake):
 
 def test_wait_ready_refused_then_timeout():
     url = f"http://127.0.0.1:{closed_port()}"
-    assert Client(url).health() == (False, "refused")
+    assert SGLangClient(url).health() == (False, "refused")
     with pytest.raises(NotReady, match="last: refused"):
-        Client(url).wait_ready(timeout=0.2, poll=0.05)
+        SGLangClient(url).wait_ready(timeout=0.2, poll=0.05)
 
 
 def test_wait_ready_passes_503_then_ready(fake):
@@ -201,7 +202,7 @@ def test_chat_ids_applies_template_locally(tmp_path):
 
 def test_url_needs_a_scheme():
     with pytest.raises(ValueError, match="http://"):
-        Client("localhost:30000")
+        SGLangClient("localhost:30000")
 
 
 # ---------------------------------------------------------------------------
@@ -300,9 +301,7 @@ def test_health_poller_says_checking_until_a_slow_health_answers(fake):
 
 
 def test_health_default_timeout_allows_a_real_servers_slow_check():
-    from dflash_dash import sglang
-
-    assert sglang.HEALTH_TIMEOUT_S >= 5
+    assert HEALTH_TIMEOUT_S >= 5
     import inspect
 
-    assert inspect.signature(Client.health).parameters["timeout"].default == sglang.HEALTH_TIMEOUT_S
+    assert inspect.signature(SGLangClient.health).parameters["timeout"].default == HEALTH_TIMEOUT_S

@@ -18,10 +18,10 @@ import fakes
 import pytest
 from serving import ENV, ROOT, Served, status_now, stop_jobs, tiny_model, until
 
-from dflash_dash import config, pipeline, sglang
+from dflash_dash import config, engines, pipeline
 from dflash_dash.jobs import lifecycle, orchestrate
 from dflash_dash.render.tables import SPEC_KEYS, completion_table
-from dflash_dash.sglang import Client, ServerError
+from dflash_dash.engines import SGLangClient, ServerError
 from dflash_dash.store import Store
 
 KEY = "sk-dflash-test-7f3a9c2e5b1d4086"
@@ -101,7 +101,7 @@ def test_stand_in_wants_the_key_except_on_health_and_health_is_slow(srv):
 
 
 def test_client_default_health_timeout_sees_a_slow_server_ready(srv):
-    assert Client(srv.url).health() == (True, "ready")  # 1.5 s: within the default, not "timeout"
+    assert SGLangClient(srv.url).health() == (True, "ready")  # 1.5 s: within the default, not "timeout"
 
 
 def test_stand_in_refuses_release_while_generating_and_reports_load(srv):
@@ -198,7 +198,7 @@ def test_the_key_is_written_to_no_workspace_file(srv, tmp_path, monkeypatch, no_
 def test_config_api_key_env_is_a_variable_name(tmp_path, monkeypatch, no_key_env):
     assert config.api_key(config.WorkspaceConfig()) == (None, "SGLANG_API_KEY")
     monkeypatch.setenv("SGLANG_API_KEY", KEY)
-    c = sglang.for_workspace(config.WorkspaceConfig(), "http://127.0.0.1:1")
+    c = engines.for_workspace(config.WorkspaceConfig(), "http://127.0.0.1:1")
     assert c.api_key == KEY and c.key_env == "SGLANG_API_KEY" and KEY not in repr(c)
     (tmp_path / "config.toml").write_text('[server]\napi_key_env = "MY_SGLANG_KEY"\n')
     cfg = config.load(tmp_path)
@@ -233,7 +233,7 @@ def test_release_waits_for_idle_and_never_releases_under_load(srv, tmp_path, mon
     monkeypatch.setenv("SGLANG_API_KEY", KEY)
     store = workspace(tmp_path, srv.url)
     cfg = config.load(store.workspace)
-    client = sglang.for_workspace(cfg)
+    client = engines.for_workspace(cfg)
     released_at: list[int | None] = []
     real_release = client.release_memory
 
@@ -281,7 +281,7 @@ def test_release_refused_while_a_fetch_job_runs_against_the_server(srv, tmp_path
     monkeypatch.setenv("SGLANG_API_KEY", KEY)
     store = workspace(tmp_path, srv.url)
     cfg = config.load(store.workspace)
-    client = sglang.for_workspace(cfg)
+    client = engines.for_workspace(cfg)
     monkeypatch.setattr(client, "release_memory", lambda: pytest.fail("released while a fetch job runs"))
     holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:  # a fetch job of this workspace, running (its process alive), against this server
@@ -346,7 +346,7 @@ def test_hub_id_tokenizer_found_in_the_local_cache_offline(hub_server, tmp_path,
     assert n == 2
     assert any("from the local Hugging Face cache" in m for m in seen), seen
     tok = AutoTokenizer.from_pretrained(str(snap))
-    from dflash_dash.sglang import chat_ids
+    from dflash_dash.engines import chat_ids
 
     assert [b["input_ids"] for b in hub_server.bodies("/generate")] == [chat_ids(tok, p["prompt"]) for p in PROMPTS]
 

@@ -13,8 +13,9 @@ out. Like with like, per prompt:
     exactly (the local stand-in does: same features, same drafter path); a real engine's bf16 kernels and batch
     shapes flip a few near-tie drafts, which moves a prompt's tau by a few percent either way (numeric noise);
     a broken engine (features from the wrong layer, truncated context, a wrong mask) costs far more.
-Engine stats come from SGLang's meta_info at fetch time (`from_sglang`, engine "sglang") or from a JSONL file of
-another engine (`parse_stats`): lines {"id", "verify_steps", "accepted_tokens"} or {"id", "accept_lengths": [...]}.
+Engine stats come from SGLang's meta_info at fetch time (`engines.sglang.spec_stats`, engine "sglang") or from a
+JSONL file of another engine (`parse_stats`): lines {"id", "verify_steps", "accepted_tokens"} or
+{"id", "accept_lengths": [...]}.
 The run-level figures are the CONFORMANCE block of the metric registry (`metrics`).
 `replay_histogram` is the replay's side of the engine's verify steps by accepted drafts (`engine_histogram`).
 """
@@ -40,25 +41,6 @@ class StatsError(UserError, ValueError):
 
 def _count(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
-
-
-def from_sglang(meta: dict, output_tokens: int) -> dict | None:
-    """An engine-stats row from SGLang's meta_info of one request (None when the server did not decode
-    speculatively: no spec_verify_ct). completion_tokens from meta_info, else the output ids' count."""
-    verify = _count((meta or {}).get("spec_verify_ct"))
-    if verify is None:
-        return None
-    n = _count(meta.get("completion_tokens"))
-    acc = _count(meta.get("spec_accept_token_num", meta.get("spec_accepted_drafts")))
-    hist = meta.get("spec_accept_histogram")
-    hist = [int(h) for h in hist] if isinstance(hist, list) and all(_count(h) is not None for h in hist) else None
-    return {
-        "verify_steps": verify,
-        "accepted_tokens": acc,
-        "completion_tokens": output_tokens if n is None else n,
-        "accept_lengths": None,
-        "histogram": hist,
-    }
 
 
 def parse_stats(text: str, completion_tokens: dict[str, int], set_name: str = "the set") -> list[dict]:

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import config as config_mod, lazy, ops, pipeline, sglang
+from .. import config as config_mod, engines, lazy, ops, pipeline
 from ..errors import UserError
 from ..store import Store, new_id
 from . import gpu
@@ -58,7 +58,7 @@ def run_extract(store: Store, op: ops.Extract, rep: Reporter) -> dict:
     if known.get(ex_id) not in (None, "done"):
         store.set_status("extractions", ex_id, "running")
     runner = runner_for(store, op)  # devices checked before the server is touched
-    client = sglang.for_workspace(cfg, op.server)
+    client = engines.for_workspace(cfg, op.server)
     freed = None
     try:
         freed = free_gpu(client, cfg, op.orchestrate, rep)
@@ -85,7 +85,7 @@ def run_extract(store: Store, op: ops.Extract, rep: Reporter) -> dict:
     return {"extraction": ex_id}
 
 
-def free_gpu(client: sglang.Client, cfg: config_mod.WorkspaceConfig, mode: str, rep: Reporter) -> str | None:
+def free_gpu(client: engines.SGLangClient, cfg: config_mod.WorkspaceConfig, mode: str, rep: Reporter) -> str | None:
     """Free the GPU the server holds: "release" (memory-release API), "command" (stop command) or None."""
     if mode == "none":
         rep.note("orchestrate none: the server is left as it is")
@@ -104,7 +104,7 @@ def free_gpu(client: sglang.Client, cfg: config_mod.WorkspaceConfig, mode: str, 
             rep.step("releasing server memory (POST /release_memory_occupation)")
             try:
                 client.release_memory()
-            except sglang.ServerError as e:
+            except engines.ServerError as e:
                 raise OrchestrationError(
                     f"the server at {client.url} did not release its memory: {e}. If a "
                     "request started meanwhile, extract again once it has finished"
@@ -153,7 +153,7 @@ def free_gpu(client: sglang.Client, cfg: config_mod.WorkspaceConfig, mode: str, 
 
 
 def wait_idle(
-    client: sglang.Client,
+    client: engines.SGLangClient,
     cfg: config_mod.WorkspaceConfig,
     rep: Reporter,
     timeout: float = IDLE_WAIT_S,
@@ -179,7 +179,7 @@ def wait_idle(
     while True:
         try:
             n = client.running_requests()
-        except sglang.ServerError as e:
+        except engines.ServerError as e:
             raise OrchestrationError(f"cannot tell whether {url} is idle: {e}") from None
         if n is None:
             raise OrchestrationError(
@@ -202,7 +202,7 @@ def wait_idle(
         time.sleep(min(poll, timeout - waited))
 
 
-def restore(client: sglang.Client, cfg: config_mod.WorkspaceConfig, freed: str, rep: Reporter) -> None:
+def restore(client: engines.SGLangClient, cfg: config_mod.WorkspaceConfig, freed: str, rep: Reporter) -> None:
     """Give the server its GPU back and wait for /health 200 (SIGTERM is ignored meanwhile)."""
     proc = None
     if freed == "command":  # spawned before SIGTERM is ignored: the server must not inherit SIG_IGN

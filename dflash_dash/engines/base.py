@@ -1,0 +1,283 @@
+"""What every serving-engine client shares: the HTTP transport with retries and API keys, readiness, errors.
+
+Contract: an engine client (`EngineClient`) answers three questions in the engine's own shapes: is the server
+ready (`health`, `wait_ready`), what does it generate greedily (`generate`), and what speculative statistics did
+it report for a request (`spec_stats`). This module holds the parts that do not depend on the engine:
+- Readiness is `/health` only: connection refused / reset and 503 mean "not ready yet", 200 means ready.
+  A real `/health` may generate one token (and wait a second first), so it is given HEALTH_TIMEOUT_S seconds.
+- API keys: with `api_key` set, every request carries `Authorization: Bearer KEY`. A 401/403 is a ServerError
+  naming the environment variable to set (`key_env`); the key itself never appears in a message or in
+  `repr(client)`.
+- Every failure is a `ServerError` whose message says what failed and what to do. Transient failures
+  (5xx, refused, reset, timeout) are retried with exponential backoff; a 4xx is reported at once with the
+  server's own message unchanged.
+- Token ids come from the server, never from re-tokenising text. To use a chat template, apply it locally with
+  `chat_ids` and send the ids.
+Knows nothing of the store, of torch, or of the local stand-in server. Only the standard library is used.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import UserError
+
+HEALTH_TIMEOUT_S = 8.0  # a real /health generates one token after waiting ~1 s: allow several seconds
+DEFAULT_KEY_ENV = "SGLANG_API_KEY"  # environment variable read for the server's --api-key
+
+
+# ---------------------------------------------------------------------------
+# errors
+
+
+class ServerError(UserError):
+    """A request to the server failed; `status` is the HTTP status (None: no answer), `transient` says
+    whether retrying later may help, `detail` is the server's own error message when it sent one."""
+
+    def __init__(self, message: str, status: int | None = None, transient: bool = False, detail: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.transient = transient
+        self.detail = detail
+
+
+class NotReady(ServerError):
+    """The server did not become ready within the allowed time."""
+
+    def __init__(self, message: str):
+        super().__init__(message, status=None, transient=True)
+
+
+def chat_ids(tokenizer, prompt: str, enable_thinking: bool = False) -> list[int]:
+    """Apply `tokenizer`'s chat template to one user turn (generation prompt added) and return plain ids."""
+    out = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}],
+        add_generation_prompt=True,
+        tokenize=True,
+        enable_thinking=enable_thinking,
+    )
+    if not isinstance(out, (list, tuple)) and hasattr(out, "keys") and "input_ids" in out.keys():
+        out = out["input_ids"]  # transformers 5: BatchEncoding
+    if hasattr(out, "tolist"):
+        out = out.tolist()
+    out = list(out)
+    if len(out) == 1 and isinstance(out[0], (list, tuple)):
+        out = list(out[0])
+    return [int(i) for i in out]
+
+
+def error_message(body: bytes) -> str:
+    """The server's own error message from an error body ({"error": {"message"}} or {"message"}), else the text."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return body.decode("utf-8", "replace").strip()
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+        if isinstance(err, str):
+            return err
+        if isinstance(data.get("message"), str):
+            return data["message"]
+        if isinstance(data.get("detail"), str):
+            return data["detail"]
+    return body.decode("utf-8", "replace").strip()
+
+
+def snippet(body: bytes, n: int = 200) -> str:
+    s = body.decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else str(body)
+    return repr(s[:n] + ("..." if len(s) > n else ""))
+
+
+def _no_answer(e: BaseException) -> str | None:
+    """'refused' / 'reset' / 'timeout' / 'unreachable: ...' when `e` means no HTTP answer came; else None."""
+    if isinstance(e, urllib.error.URLError) and not isinstance(e, urllib.error.HTTPError):
+        e = e.reason if isinstance(e.reason, BaseException) else OSError(str(e.reason))
+    if isinstance(e, ConnectionRefusedError):
+        return "refused"
+    if isinstance(e, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, http.client.RemoteDisconnected)):
+        return "reset"
+    if isinstance(e, (TimeoutError, socket.timeout)):
+        return "timeout"
+    if isinstance(e, (OSError, http.client.HTTPException)):
+        return f"unreachable: {e}"
+    return None
+
+
+
+@dataclass
+class EngineClient:
+    """The transport and readiness every engine client shares; an engine's client adds its routes (`generate`,
+    `spec_stats`, and whatever else its protocol offers)."""
+
+    url: str  # base URL of the server, e.g. http://127.0.0.1:30000
+    timeout: float = 600.0  # per-request timeout in seconds (a long generation must fit)
+    retries: int = 3  # extra attempts after a transient failure (5xx, refused, reset, timeout)
+    backoff: float = 0.5  # first retry delay in seconds; doubles each attempt
+    api_key: str | None = field(default=None, repr=False)  # sent as `Authorization: Bearer KEY`; never shown
+    key_env: str = DEFAULT_KEY_ENV  # where the key comes from (an environment variable), named in 401/403 errors
+
+    def __post_init__(self):
+        self.url = self.url.rstrip("/")
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"server URL {self.url!r} must start with http:// or https://")
+
+    # -- transport
+
+    def _once(self, method: str, path: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
+        """One HTTP exchange: (status, body) for any HTTP answer; raises OSError-like errors for no answer."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            try:
+                payload = e.read()
+            except Exception:  # noqa: BLE001  (body lost with the connection)
+                payload = b""
+            return e.code, payload
+
+    def _call(self, method: str, path: str, body: dict | None = None, retry_sent: bool = True) -> bytes:
+        """Request with bounded retries on transient failures; returns the 2xx body or raises ServerError.
+
+        `retry_sent=False` (for requests with effects) retries only when the request surely never reached
+        the server (connection refused), never a 5xx, reset or timeout."""
+        what = f"{method} {self.url}{path}"
+        delay, attempt = self.backoff, 0
+        while True:
+            try:
+                status, payload = self._once(method, path, body, self.timeout)
+            except Exception as e:  # noqa: BLE001  (classified below)
+                kind = _no_answer(e)
+                if kind is None:
+                    raise
+                hint = (
+                    f" after {self.timeout:g} s; raise the request timeout or check the server log"
+                    if kind == "timeout"
+                    else "; is the server running and reachable? check the URL and the server log"
+                )
+                err = ServerError(f"{what} failed: connection {kind}{hint}", status=None, transient=True)
+                retryable = retry_sent or kind == "refused"
+            else:
+                if 200 <= status < 300:
+                    return payload
+                msg = error_message(payload)
+                if status >= 500:
+                    err = ServerError(
+                        f"{what} failed: HTTP {status}: {msg or '(empty body)'}; the server may be overloaded "
+                        "or crashed, check its log",
+                        status=status,
+                        transient=True,
+                        detail=msg,
+                    )
+                    retryable = retry_sent
+                elif status in (401, 403):
+                    err = ServerError(
+                        f"{what} rejected: HTTP {status}: {msg or '(empty body)'}; {self._key_hint()}",
+                        status=status,
+                        detail=msg,
+                    )
+                    retryable = False
+                else:
+                    err = ServerError(f"{what} rejected: HTTP {status}: {msg}", status=status, detail=msg)
+                    retryable = False
+            if not retryable or attempt >= self.retries:
+                if attempt:
+                    err.args = (f"{err.args[0]} (gave up after {attempt + 1} attempts)",)
+                raise err
+            attempt += 1
+            time.sleep(delay)
+            delay *= 2
+
+    def _key_hint(self) -> str:
+        if not self.api_key:
+            return (
+                f"the server wants an API key (it runs with --api-key): set the environment variable "
+                f"{self.key_env} to that key where dflash-dash runs (it is read from the environment only, "
+                "never stored)"
+            )
+        return (
+            f"the server refused the API key taken from the environment variable {self.key_env}: set it to "
+            "the key the server was started with (--api-key)"
+        )
+
+    def _json(self, method: str, path: str, body: dict | None = None) -> Any:
+        payload = self._call(method, path, body)
+        try:
+            return json.loads(payload) if payload.strip() else {}
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ServerError(f"{method} {self.url}{path} answered malformed JSON ({e}): {snippet(payload)}") from None
+
+    # -- readiness
+
+    def health(self, timeout: float = HEALTH_TIMEOUT_S) -> tuple[bool, str]:
+        """(True, "ready") when GET /health answers 200; else (False, state) with state e.g. "refused",
+        "reset", "timeout", "503 warming up". Never raises. A real /health generates a token, so it may take
+        a second or more: keep `timeout` at several seconds."""
+        try:
+            status, payload = self._once("GET", "/health", None, timeout)
+        except Exception as e:  # noqa: BLE001  (never raises)
+            return False, _no_answer(e) or f"error: {e}"
+        if status == 200:
+            return True, "ready"
+        text = payload.decode("utf-8", "replace").strip().replace("\n", " ")
+        return False, f"{status} {text[:80]}".strip()
+
+    def wait_ready(
+        self, timeout: float = 600.0, progress: Callable[[float, str], None] | None = None, poll: float = 0.5
+    ) -> float:
+        """Poll GET /health until it answers 200; return the seconds waited. `progress(elapsed, state)` is
+        called after each poll. Raises NotReady after `timeout` seconds."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        state = "not polled"
+        while True:
+            left = deadline - time.monotonic()
+            ok, state = self.health(timeout=max(0.1, min(HEALTH_TIMEOUT_S, left)))
+            elapsed = time.monotonic() - t0
+            if progress is not None:
+                progress(elapsed, state)
+            if ok:
+                return elapsed
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NotReady(
+                    f"server at {self.url} not ready after {timeout:g} s (last: {state}); "
+                    "check the server log or raise readiness_timeout"
+                )
+            time.sleep(min(poll, left))
+
+
+    # -- the engine interface
+
+    def generate(
+        self,
+        input_ids: list[int] | None = None,
+        text: str | None = None,
+        max_new_tokens: int = 256,
+        stop: list[str] | None = None,
+        extra: dict | None = None,
+    ) -> dict:
+        """Greedy generation of `input_ids` or `text`: {"request": the exact body sent, "text", "output_ids",
+        "meta_info"}, the meta information in the engine's own shape. Raises ServerError."""
+        raise NotImplementedError
+
+    @staticmethod
+    def spec_stats(meta: dict, output_tokens: int) -> dict | None:
+        """An engine-stats row ({verify_steps, accepted_tokens, completion_tokens, accept_lengths, histogram})
+        from one request's meta information, None when the engine did not decode speculatively."""
+        raise NotImplementedError

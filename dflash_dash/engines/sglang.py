@@ -1,0 +1,193 @@
+"""HTTP client for an SGLang server: model info, load, greedy generation, memory release, speculative counters.
+
+Contract: `SGLangClient` speaks only the SGLang HTTP protocol on top of the shared transport and readiness of
+`base.EngineClient`, and would behave the same against a real SGLang server.
+- `/v1/models` and `/model_info` answer before the server can generate, so they are never readiness checks.
+- SGLang's `--api-key` exempts only /health and /metrics.
+- Load: `running_requests()` reads `/v1/loads` (newer SGLang) or `/get_load` (older): running plus waiting
+  requests, None when the server has neither. SGLang asserts the scheduler is idle when it releases memory.
+- Token ids come from the server's `output_ids` (`parse_generate` refuses an answer without them).
+- `spec_stats` reads SGLang's per-request speculative counters (meta_info `spec_verify_ct`, ...) into an
+  engine-stats row.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .base import EngineClient, ServerError, snippet
+
+
+def parse_generate(body: bytes) -> dict:
+    """Parse and validate the body of a `/generate` answer: {"text", "output_ids", "meta_info"}.
+
+    Raises ServerError (not transient) naming the problem when the body is not what SGLang sends."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ServerError(f"/generate answered malformed JSON ({e}): {snippet(body)}") from None
+    if isinstance(data, list) and len(data) == 1:  # a batch of one
+        data = data[0]
+    if not isinstance(data, dict):
+        raise ServerError(f"/generate answered JSON {type(data).__name__}, expected an object: {snippet(body)}")
+    ids = data.get("output_ids")
+    if ids is None:
+        raise ServerError(
+            "/generate answer has no `output_ids`; token ids must come from the server (is this SGLang? "
+            f"set skip_tokenizer_init or upgrade the server): {snippet(body)}"
+        )
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ServerError(f"/generate answer has ill-typed `output_ids` (expected a list of ints): {snippet(body)}")
+    text = data.get("text", "")
+    if text is None:
+        text = ""
+    if not isinstance(text, str):
+        raise ServerError(f"/generate answer has ill-typed `text` ({type(text).__name__}, expected a string)")
+    meta = data.get("meta_info", {})
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise ServerError(f"/generate answer has ill-typed `meta_info` ({type(meta).__name__}, expected an object)")
+    return {"text": text, "output_ids": list(ids), "meta_info": meta}
+
+
+
+def _count(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def spec_stats(meta: dict, output_tokens: int) -> dict | None:
+    """An engine-stats row from SGLang's meta_info of one request (None when the server did not decode
+    speculatively: no spec_verify_ct). completion_tokens from meta_info, else the output ids' count."""
+    verify = _count((meta or {}).get("spec_verify_ct"))
+    if verify is None:
+        return None
+    n = _count(meta.get("completion_tokens"))
+    acc = _count(meta.get("spec_accept_token_num", meta.get("spec_accepted_drafts")))
+    hist = meta.get("spec_accept_histogram")
+    hist = [int(h) for h in hist] if isinstance(hist, list) and all(_count(h) is not None for h in hist) else None
+    return {
+        "verify_steps": verify,
+        "accepted_tokens": acc,
+        "completion_tokens": output_tokens if n is None else n,
+        "accept_lengths": None,
+        "histogram": hist,
+    }
+
+
+@dataclass
+class SGLangClient(EngineClient):
+    """An SGLang server's client: `EngineClient` plus SGLang's info, load, generation and memory routes."""
+
+    spec_stats = staticmethod(spec_stats)
+
+    # -- information
+
+    def model_info(self) -> dict:
+        """GET /model_info (falling back to /get_model_info of older SGLang): model_path, tokenizer_path, ..."""
+        try:
+            data = self._json("GET", "/model_info")
+        except ServerError as e:
+            if e.status != 404:
+                raise
+            data = self._json("GET", "/get_model_info")
+        if not isinstance(data, dict):
+            raise ServerError(f"GET {self.url}/model_info answered {type(data).__name__}, expected an object")
+        return data
+
+    def server_info(self) -> dict:
+        """GET /get_server_info (falling back to /server_info): the server's arguments and state."""
+        try:
+            data = self._json("GET", "/get_server_info")
+        except ServerError as e:
+            if e.status != 404:
+                raise
+            data = self._json("GET", "/server_info")
+        if not isinstance(data, dict):
+            raise ServerError(f"GET {self.url}/get_server_info answered {type(data).__name__}, expected an object")
+        return data
+
+    def running_requests(self) -> int | None:
+        """Requests the server is running or has queued, summed over its data-parallel ranks: GET /v1/loads
+        (`loads[].num_running_reqs + num_waiting_reqs`), falling back to /get_load of older SGLang
+        (`[].num_reqs`, which counts running and waiting). None when the server has neither endpoint."""
+        try:
+            data = self._json("GET", "/v1/loads")
+            rows = data.get("loads") if isinstance(data, dict) else None
+            keys: tuple[str, ...] = ("num_running_reqs", "num_waiting_reqs")
+        except ServerError as e:
+            if e.status != 404:
+                raise
+            try:
+                data = self._json("GET", "/get_load")
+            except ServerError as e2:
+                if e2.status != 404:
+                    raise
+                return None
+            rows, keys = (data if isinstance(data, list) else [data]), ("num_reqs",)
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise ServerError(
+                f"the load report of {self.url} is not a list of objects: {snippet(json.dumps(data).encode())}"
+            )
+        total = 0
+        for r in rows:
+            for k in keys:
+                v = r.get(k, 0)
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise ServerError(f"the load report of {self.url} has ill-typed `{k}`: {v!r}")
+                total += int(v)
+        return total
+
+    def supports_memory_release(self) -> bool:
+        """True when the server says it runs with `enable_memory_saver`; False when it says otherwise or
+        cannot tell. SGLang has no capability endpoint, so this only reads info endpoints."""
+        for fetch in (self.server_info, self.model_info):
+            try:
+                info = fetch()
+            except ServerError:
+                continue
+            if info.get("enable_memory_saver") is True:
+                return True
+            args = info.get("server_args")
+            if isinstance(args, dict) and args.get("enable_memory_saver") is True:
+                return True
+        return False
+
+    # -- generation
+
+    def generate(
+        self,
+        input_ids: list[int] | None = None,
+        text: str | None = None,
+        max_new_tokens: int = 256,
+        stop: list[str] | None = None,
+        extra: dict | None = None,
+    ) -> dict:
+        """Greedy POST /generate of `input_ids` or `text`. Returns {"request": the exact JSON body sent,
+        "text", "output_ids", "meta_info"}. `extra` is merged into the body (its "sampling_params" into the
+        sampling params). Raises ServerError."""
+        if (input_ids is None) == (text is None):
+            raise ValueError("generate needs exactly one of input_ids or text")
+        params: dict[str, Any] = {"temperature": 0, "max_new_tokens": int(max_new_tokens)}
+        if stop:
+            params["stop"] = list(stop)
+        body: dict[str, Any] = {"input_ids": [int(i) for i in input_ids]} if input_ids is not None else {"text": text}
+        extra = dict(extra or {})
+        params.update(extra.pop("sampling_params", None) or {})
+        body["sampling_params"] = params
+        body.update(extra)
+        out = parse_generate(self._call("POST", "/generate", body))
+        return {"request": body, **out}
+
+    # -- memory
+
+    def release_memory(self) -> None:
+        """POST /release_memory_occupation: the server frees its GPU memory (needs --enable-memory-saver)."""
+        self._call("POST", "/release_memory_occupation", {}, retry_sent=False)
+
+    def resume_memory(self) -> None:
+        """POST /resume_memory_occupation: the server takes its GPU memory back (then wait_ready)."""
+        self._call("POST", "/resume_memory_occupation", {}, retry_sent=False)
+
