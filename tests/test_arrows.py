@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # top to bottom: a module may import only modules listed after it (ARCHITECTURE.md, plus the modules it names
 # outside the list: demo beside jobs, parity over pipeline, vocab (token strings, for the pipeline's exports and
-# the pages) under analysis, the stand-in's speculative decoder under the stand-in; launch, what `make run` runs,
+# the pages) under analysis; launch, what `make run` runs,
 # on top; ops, the operations' argument dataclasses, under the pipeline whose signatures take their defaults)
 ORDER = [
     "__main__",
@@ -27,7 +27,6 @@ ORDER = [
     "store",
     "engines",
     "server",
-    "specdec",
     "cache",
     "replay",
     "metrics",

@@ -17,11 +17,12 @@ import pytest
 import torch
 from serving import Served, until
 
-from dflash_dash import cache, cli, pipeline, prompts, server, specdec
+from dflash_dash import cache, cli, pipeline, prompts, server
 from dflash_dash.analysis import conformance
 from dflash_dash.engines import SGLangClient
 from dflash_dash.render.figures import conformance_fig
 from dflash_dash.render.tables import conformance_csv, conformance_table
+from dflash_dash.server import specdec
 from dflash_dash.store import Store
 from tools import tiny
 

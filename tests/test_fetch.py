@@ -12,8 +12,8 @@ from serving import Served, free_port, status_now, stop_jobs, tiny_model, until
 from transformers import AutoTokenizer
 
 from dflash_dash import cli, pipeline, prompts
-from dflash_dash.jobs import lifecycle
 from dflash_dash.engines import ServerError, chat_ids
+from dflash_dash.jobs import lifecycle
 from dflash_dash.store import Store
 
 COD10 = [

@@ -16,8 +16,8 @@ import pytest
 from serving import ENV, Served, free_port, serve_argv, stop_jobs, tiny_model, until
 
 from dflash_dash import config
-from dflash_dash.jobs import dispatch, gpu, lifecycle, orchestrate
 from dflash_dash.engines import SGLangClient
+from dflash_dash.jobs import dispatch, gpu, lifecycle, orchestrate
 from dflash_dash.store import Store
 
 LAYERS = [1, 4]

@@ -18,7 +18,7 @@ import torch
 from serving import end, free_port
 
 from dflash_dash import server
-from dflash_dash.engines import SGLangClient, ServerError, chat_ids
+from dflash_dash.engines import ServerError, SGLangClient, chat_ids
 from tools.tiny import TinyTarget, write_target, write_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import fakes
 import pytest
 from serving import free_port as closed_port
 
-from dflash_dash.engines import HEALTH_TIMEOUT_S, HealthPoller, NotReady, SGLangClient, ServerError, chat_ids
+from dflash_dash.engines import HEALTH_TIMEOUT_S, HealthPoller, NotReady, ServerError, SGLangClient, chat_ids
 from dflash_dash.engines.sglang import parse_generate
 
 OK = json.dumps({"text": "hi", "output_ids": [1, 2, 3], "meta_info": {"completion_tokens": 3}}).encode()

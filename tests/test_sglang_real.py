@@ -19,9 +19,9 @@ import pytest
 from serving import ENV, ROOT, Served, status_now, stop_jobs, tiny_model, until
 
 from dflash_dash import config, engines, pipeline
+from dflash_dash.engines import ServerError, SGLangClient
 from dflash_dash.jobs import lifecycle, orchestrate
 from dflash_dash.render.tables import SPEC_KEYS, completion_table
-from dflash_dash.engines import SGLangClient, ServerError
 from dflash_dash.store import Store
 
 KEY = "sk-dflash-test-7f3a9c2e5b1d4086"

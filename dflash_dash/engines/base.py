@@ -113,7 +113,6 @@ def _no_answer(e: BaseException) -> str | None:
     return None
 
 
-
 @dataclass
 class EngineClient:
     """The transport and readiness every engine client shares; an engine's client adds its routes (`generate`,
@@ -260,7 +259,6 @@ class EngineClient:
                     "check the server log or raise readiness_timeout"
                 )
             time.sleep(min(poll, left))
-
 
     # -- the engine interface
 

@@ -71,4 +71,3 @@ class HealthPoller:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-

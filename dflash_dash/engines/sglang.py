@@ -53,7 +53,6 @@ def parse_generate(body: bytes) -> dict:
     return {"text": text, "output_ids": list(ids), "meta_info": meta}
 
 
-
 def _count(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
@@ -190,4 +189,3 @@ class SGLangClient(EngineClient):
     def resume_memory(self) -> None:
         """POST /resume_memory_occupation: the server takes its GPU memory back (then wait_ready)."""
         self._call("POST", "/resume_memory_occupation", {}, retry_sent=False)
-

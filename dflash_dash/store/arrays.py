@@ -68,4 +68,3 @@ def unpack_arrays(blob: bytes) -> dict:
         out[k] = np.frombuffer(reals if real else ints, dt, spec[1], at[real]).tolist()
         at[real] += dt.itemsize * spec[1]
     return out
-

@@ -123,7 +123,8 @@ class Database:
         have = row[0] or 0
         if have > schema.VERSION:
             raise StoreError(
-                f"{self.path} has schema version {have}, newer than this dflash-dash ({schema.VERSION}); upgrade dflash-dash"
+                f"{self.path} has schema version {have}, newer than this dflash-dash ({schema.VERSION}); "
+                "upgrade dflash-dash"
             )
         for v in range(have, schema.VERSION):
             with self._transaction(con):

@@ -15,6 +15,7 @@ from .arrays import ARRAYS
 if TYPE_CHECKING:
     from .queries import Store
 
+
 def _v7_arrays_to_files(con, store: Store) -> None:
     """v7: run_prompts' LIST columns move to array files (`Store.put_prompts`), in one pass over the old table: the
     files are written as its rows stream in, the rows pointing into them inserted after."""

@@ -1,4 +1,4 @@
-"""Greedy DFlash speculative decoding for the local SGLang stand-in (`server.py` calls it, nothing else does).
+"""Greedy DFlash speculative decoding for the local SGLang stand-in (its model calls it, nothing else does).
 
 Contract: `Speculator.decode(model, prompt ids, max_new, stop)` returns the same tokens as plain greedy decoding
 of `model`, produced the speculative way, with SGLang's counters (`Counters.meta`):
@@ -18,10 +18,8 @@ of `model`, produced the speculative way, with SGLang's counters (`Counters.meta
     bit-identical to the cached ones when the completion runs to max_new (CPU, fp32; causal layers never see
     the padding). A completion that stops early was extracted over fewer tokens: its features can then differ
     in the last bf16 bit at a few positions. The drafter runs through `replay.draft_one`, the replay's path.
-  - `bug` (a test aid, never a default), the kinds of engine bug conformance must flag: "truncate-context"
-    drafts from the last `TRUNCATE` context positions only (relative positions kept); "layer-off-by-one" feeds
-    the drafter the output of decoder layer l-1 for each target layer id l (HF hidden_states[l], not [l+1]; a
-    known bug of another engine).
+  - `bug` (a test aid, never a default) plants one of the engine faults of `faults` (BUGS) that conformance must
+    flag.
 Slow on purpose (one full forward per verify step for the features): correctness over speed.
 """
 
@@ -35,13 +33,8 @@ from typing import Any
 
 import torch
 
-from . import drafter as drafter_mod
-from . import replay
-from . import target as target_mod
-
-BUGS = ("truncate-context", "layer-off-by-one")  # deliberately broken decoders, for tests of conformance
-TRUNCATE = 4  # truncate-context: context positions the drafter still sees
-
+from .. import drafter as drafter_mod, replay, target as target_mod
+from . import faults
 
 # ---------------------------------------------------------------------------
 # counters
@@ -87,13 +80,15 @@ class Counters:
 class Speculator:
     path: str  # the DFlash checkpoint folder (--speculative-draft)
     device: str = "cpu"  # where the drafter runs (the target's device)
-    bug: str | None = None  # one of BUGS (a test aid) or None: the correct decoder
+    bug: str | None = None  # one of faults.BUGS (a test aid) or None: the correct decoder
     drafter: Any = None  # the loaded drafter_mod.Drafter, None until `load` (and while released)
 
     def load(self, model) -> None:
         """Load the drafter (fp32) and check it against the loaded target `model`; CheckpointError names the field."""
-        if self.bug is not None and self.bug not in BUGS:
-            raise drafter_mod.CheckpointError(f"--speculative-bug {self.bug!r}: expected one of {', '.join(BUGS)}")
+        if self.bug is not None and self.bug not in faults.BUGS:
+            raise drafter_mod.CheckpointError(
+                f"--speculative-bug {self.bug!r}: expected one of {', '.join(faults.BUGS)}"
+            )
         d = drafter_mod.load(self.path, torch.float32, self.device)
         cfg = model.config.get_text_config()
         drafter_mod.check_target(
@@ -116,18 +111,14 @@ class Speculator:
         pad = getattr(model.config.get_text_config(), "pad_token_id", None) or 0
         ids = torch.tensor(context + [pad] * (total - len(context)))
         decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-        layers = self.drafter.c.target_layer_ids
-        if self.bug == "layer-off-by-one":  # hidden_states[l] instead of [l+1] (layer 0 stays: nothing below it)
-            layers = [max(0, l - 1) for l in layers]
+        layers = faults.feature_layers(self.bug, self.drafter.c.target_layer_ids)
         return target_mod.extract(decoder, ids, layers).to(torch.bfloat16)
 
     def draft(self, model, head: target_mod.Head, seq: list[int], total: int) -> list[int]:
         """Drafts d_1..d_{B-1} at anchor p = len(seq) - 1 from the features of positions 0..p-1."""
         p = len(seq) - 1
         feats = self.features(model, seq[:p], total)
-        if self.bug == "truncate-context":  # keep only the last TRUNCATE positions (re-positioned from 0)
-            w = min(p, TRUNCATE)
-            feats, p = feats[p - w : p], w
+        feats, p = faults.visible_context(self.bug, feats, p)
         return replay.draft_one(self.drafter, head, feats, p, seq[-1])
 
     # -- the loop

@@ -1,0 +1,309 @@
+"""The stand-in's HTTP server: routes, API keys, startup and readiness, with SGLang's shapes and behaviour.
+
+Contract: this is NOT SGLang. It exists for tests, the demo and offline use, and speaks exactly this subset of
+SGLang's HTTP protocol (`protocol` holds the request and answer shapes), with SGLang's startup behaviour:
+- Startup: while loading (model load plus the first half of --startup-delay) the port is not bound
+  (connection refused); then it binds and GET /health answers 503 for the second half ("warmup"), then
+  200 with an empty body. /health also answers 503 while the memory is released; generation during
+  warmup answers 503.
+- GET /health: a real SGLang /health generates one token (after waiting about a second), so it is slow;
+  with --health-delay S this one takes S seconds before answering 200 (503 answers at once).
+- GET /model_info and /get_model_info -> {"model_path", "tokenizer_path", "is_generation"};
+  GET /get_server_info -> {"enable_memory_saver": true, "model_path", ...}; GET /v1/models (OpenAI list).
+  With a drafter /get_server_info reports speculative_algorithm "DFLASH", speculative_draft_model_path and
+  speculative_num_draft_tokens (B).
+- Load: GET /v1/loads -> {"timestamp", "version", "dp_rank_count": 1, "loads": [{"dp_rank": 0,
+  "num_running_reqs", "num_waiting_reqs", "num_used_tokens"}]} (newer SGLang) and GET /get_load ->
+  [{"dp_rank": 0, "num_reqs" (running + waiting), "num_waiting_reqs", "num_tokens"}] (older SGLang).
+- POST /release_memory_occupation and /resume_memory_occupation (`Engine.release`, `Engine.resume`); a release
+  while a generation runs or waits answers 400 {"error": {"message": "release_memory_occupation needs an idle
+  server: ..."}} and releases nothing.
+- --api-key KEY: like SGLang's --api-key, every route except those under /health and /metrics wants
+  `Authorization: Bearer KEY`; a missing or wrong header answers 401 {"error": "Unauthorized"} (SGLang's
+  shape). The key is compared in constant time and never logged.
+- Errors: 400 {"error": {"message"}} for bad JSON, bad fields, unsupported options; 404 same shape.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..drafter import CheckpointError
+from . import faults, specdec
+from .model import Engine
+from .protocol import BadRequest, log, run_chat, run_generate
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "dflash-dash-standin/1"
+    protocol_version = "HTTP/1.1"
+
+    @property
+    def eng(self) -> Engine:
+        return self.server.engine  # type: ignore[attr-defined]
+
+    def log_message(self, fmt: str, *args) -> None:
+        log(f"{self.address_string()} {fmt % args}")
+
+    def reply(self, status: int, body: Any = None, text: str | None = None) -> None:
+        data = json.dumps(body).encode() if body is not None else (text or "").encode()
+        try:
+            self.send_response(status)
+            if body is not None:
+                self.send_header("Content-Type", "application/json")
+            elif data:
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+            log(f"client {self.address_string()} went away before the answer to {self.path}")
+            self.close_connection = True
+
+    def error(self, status: int, message: str) -> None:
+        self.reply(status, {"error": {"message": message, "code": status}})
+
+    def body(self) -> Any:
+        try:
+            n = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise BadRequest("bad Content-Length header") from None
+        raw = self.rfile.read(n) if n > 0 else b""
+        if not raw.strip():
+            raise BadRequest("the request body is empty; send a JSON object")
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise BadRequest(f"the request body is not valid JSON: {e}") from None
+
+    def ready(self) -> str | None:
+        """None when ready, else why /health answers 503."""
+        if time.monotonic() < self.eng.ready_at:
+            return "warming up"
+        if self.eng.model is None:
+            return "memory released"
+        return None
+
+    def authorized(self, path: str) -> bool:
+        """True when the request may proceed; else answers 401 as SGLang's --api-key middleware does."""
+        key = getattr(self.server, "api_key", None)
+        if not key or path.startswith(("/health", "/metrics")):
+            return True
+        got = self.headers.get("Authorization") or ""
+        if hmac.compare_digest(got.encode(), f"Bearer {key}".encode()):
+            return True
+        try:
+            n = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            n, self.close_connection = 0, True
+        if n > 0:
+            self.rfile.read(n)
+        self.reply(401, {"error": "Unauthorized"})
+        return False
+
+    def do_GET(self) -> None:  # noqa: N802
+        eng, path = self.eng, self.path.split("?", 1)[0]
+        if not self.authorized(path):
+            return
+        info = {
+            "model_path": str(eng.model_dir),
+            "tokenizer_path": str(eng.model_dir) if eng.tokenizer else None,
+            "is_generation": True,
+        }
+        try:
+            if path == "/health":
+                why = self.ready()
+                if why is None and eng.health_delay > 0:
+                    time.sleep(eng.health_delay)  # stands for SGLang generating its one health token
+                    why = self.ready()
+                if why is None:
+                    self.reply(200)
+                else:
+                    self.reply(503, text=why)
+            elif path == "/v1/loads":
+                self.reply(
+                    200,
+                    {
+                        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                        "version": self.server_version,
+                        "dp_rank_count": 1,
+                        "loads": [eng.loads()],
+                    },
+                )
+            elif path == "/get_load":
+                ld = eng.loads()
+                self.reply(
+                    200,
+                    [
+                        {
+                            "dp_rank": 0,
+                            "num_reqs": ld["num_running_reqs"] + ld["num_waiting_reqs"],
+                            "num_waiting_reqs": ld["num_waiting_reqs"],
+                            "num_tokens": 0,
+                        }
+                    ],
+                )
+            elif path in ("/model_info", "/get_model_info"):
+                self.reply(200, info)
+            elif path in ("/get_server_info", "/server_info"):
+                self.reply(
+                    200,
+                    {
+                        **info,
+                        "enable_memory_saver": True,
+                        "device": eng.device,
+                        "dtype": "float32",
+                        "kernel_backend": eng.backend,
+                        "memory_released": eng.model is None,
+                        "version": f"dflash-dash stand-in ({self.server_version})",
+                        **speculative_info(eng),
+                    },
+                )
+            elif path == "/v1/models":
+                self.reply(
+                    200,
+                    {
+                        "object": "list",
+                        "data": [
+                            {
+                                "id": info["model_path"],
+                                "object": "model",
+                                "created": 0,
+                                "owned_by": "sglang",
+                                "root": info["model_path"],
+                            }
+                        ],
+                    },
+                )
+            else:
+                self.error(404, f"no route GET {path}")
+        except Exception as e:  # noqa: BLE001  (a handler bug must not kill the server)
+            log(f"error on GET {path}: {e!r}")
+            self.error(500, f"internal error: {e}")
+
+    def do_POST(self) -> None:  # noqa: N802
+        eng, path = self.eng, self.path.split("?", 1)[0]
+        if not self.authorized(path):
+            return
+        try:
+            if path not in (
+                "/generate",
+                "/v1/chat/completions",
+                "/release_memory_occupation",
+                "/resume_memory_occupation",
+            ):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                return self.error(404, f"no route POST {path}")
+            req = self.body()
+            if path in ("/generate", "/v1/chat/completions") and time.monotonic() < eng.ready_at:
+                return self.error(503, "the server is warming up; wait until GET /health answers 200")
+            if path == "/generate":
+                self.reply(200, run_generate(eng, req))
+            elif path == "/v1/chat/completions":
+                self.reply(200, run_chat(eng, req))
+            elif path == "/release_memory_occupation":
+                eng.release()
+                log("memory released")
+                self.reply(200, {"success": True, "message": "memory released"})
+            else:
+                t0 = time.perf_counter()
+                eng.resume()
+                log(f"memory resumed in {time.perf_counter() - t0:.1f} s")
+                self.reply(200, {"success": True, "message": "memory resumed"})
+        except BadRequest as e:
+            self.error(e.status, str(e))
+        except Exception as e:  # noqa: BLE001  (a handler bug must not kill the server)
+            log(f"error on POST {path}: {e!r}")
+            self.error(500, f"internal error: {e!r}")
+
+
+def speculative_info(eng: Engine) -> dict:
+    """The speculative fields of /get_server_info, as SGLang names them (None when decoding plainly)."""
+    s = eng.spec
+    if s is None:
+        return {"speculative_algorithm": None, "speculative_draft_model_path": None}
+    return {
+        "speculative_algorithm": "DFLASH",
+        "speculative_draft_model_path": str(Path(s.path).resolve()),
+        "speculative_num_draft_tokens": s.drafter.c.block_size if s.drafter is not None else None,
+        "speculative_bug": s.bug,
+    }
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def handle_error(self, request, client_address) -> None:
+        log(f"connection error with {client_address}: {sys.exc_info()[1]!r}")
+
+
+def serve(
+    model: str,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    startup_delay: float = 0.0,
+    device: str | None = None,
+    health_delay: float = 0.0,
+    api_key: str | None = None,
+    speculative_draft: str | None = None,
+    speculative_bug: str | None = None,
+) -> None:
+    """Load `model` (and the DFlash drafter `speculative_draft`, when given) and serve it until interrupted
+    (blocking). See the module docstring for the protocol."""
+    t0 = time.monotonic()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    eng = Engine(model_dir=Path(model).resolve(), device=device, health_delay=max(0.0, health_delay))
+    if not (eng.model_dir / "config.json").exists():
+        raise SystemExit(f"no config.json in {eng.model_dir}: --model must be a Hugging Face model folder")
+    if speculative_bug and not speculative_draft:
+        raise SystemExit("--speculative-bug needs --speculative-draft CKPT (it breaks the speculative decoder)")
+    if speculative_bug and speculative_bug not in faults.BUGS:
+        raise SystemExit(f"--speculative-bug {speculative_bug!r}: expected one of {', '.join(faults.BUGS)}")
+    if speculative_draft:
+        eng.spec = specdec.Speculator(speculative_draft, device, speculative_bug)
+    log(f"loading {eng.model_dir} on {device} (port {port} not bound until loaded)")
+    try:
+        eng.load()
+    except CheckpointError as e:
+        raise SystemExit(f"--speculative-draft {speculative_draft}: {e}") from None
+    if eng.spec is not None:
+        log(
+            f"speculative decoding: DFLASH, drafter {eng.spec.path} (block {eng.spec.block_size})"
+            + (
+                f"; DELIBERATELY BROKEN decoder --speculative-bug {speculative_bug} (a test aid)"
+                if speculative_bug
+                else ""
+            )
+        )
+    eng.load_tokenizer()
+    log(f"linear-attention kernels: {eng.backend}")
+    startup_delay = max(0.0, startup_delay)
+    time.sleep(startup_delay / 2)
+    try:
+        httpd = Server((host, port), Handler)
+    except OSError as e:
+        raise SystemExit(f"cannot listen on {host}:{port}: {e}; choose another --port or stop what holds it") from None
+    httpd.engine = eng  # type: ignore[attr-defined]
+    httpd.api_key = api_key or None  # type: ignore[attr-defined]
+    eng.ready_at = time.monotonic() + startup_delay / 2
+    bound = httpd.server_address
+    log(
+        f"loaded in {time.monotonic() - t0:.1f} s; listening on http://{bound[0]}:{bound[1]} "
+        f"(warming up {startup_delay / 2:g} s; tokenizer: {'yes' if eng.tokenizer else 'none'}; "
+        f"/health takes {eng.health_delay:g} s; API key: {'required' if api_key else 'none'})"
+    )
+    try:
+        httpd.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        log("interrupted")
+    finally:
+        httpd.server_close()

@@ -1,0 +1,70 @@
+"""The stand-in server's command line: `python -m dflash_dash.server --model DIR ...` (and the speculative options
+that `python -m dflash_dash serve` shares).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from . import faults
+from .httpd import serve
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m dflash_dash.server",
+        description="Local SGLang stand-in (tests, demo, offline): one transformers model, greedy decoding.",
+    )
+    p.add_argument("--model", required=True, help="Hugging Face model folder (config.json + safetensors)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=30000, help="port to bind (default 30000)")
+    p.add_argument(
+        "--startup-delay",
+        type=float,
+        default=0.0,
+        help="extra startup seconds: first half with the port unbound, second half /health 503",
+    )
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument(
+        "--health-delay",
+        type=float,
+        default=0.0,
+        help="seconds GET /health takes once ready (a real one generates a token; default 0)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require `Authorization: Bearer KEY` on every route except /health (as SGLang's --api-key)",
+    )
+    speculative_args(p)
+    a = p.parse_args(argv)
+    serve(
+        a.model,
+        a.host,
+        a.port,
+        a.startup_delay,
+        a.device,
+        a.health_delay,
+        a.api_key,
+        a.speculative_draft,
+        a.speculative_bug,
+    )
+
+
+def speculative_args(p: argparse.ArgumentParser) -> None:
+    """--speculative-draft / --speculative-bug (shared with `python -m dflash_dash serve`)."""
+    p.add_argument(
+        "--speculative-draft",
+        default=None,
+        metavar="CKPT",
+        help="decode speculatively with this DFlash drafter (SGLang's --speculative-algorithm DFLASH "
+        "--speculative-draft-model-path); meta_info then reports SGLang's spec_* counters",
+    )
+    p.add_argument(
+        "--speculative-bug",
+        default=None,
+        choices=list(faults.BUGS),
+        help="TEST AID: serve a deliberately broken speculative decoder, for conformance tests "
+        f"(truncate-context: the drafter sees only the last {faults.TRUNCATE} context positions; "
+        "layer-off-by-one: it gets decoder layer l-1's output for target layer id l)",
+    )
