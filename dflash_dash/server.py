@@ -63,7 +63,7 @@ from typing import Any
 import torch
 
 from . import specdec
-from .drafter import CheckpointError
+from .drafters import CheckpointError
 from .target import force_torch_kernels
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")

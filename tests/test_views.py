@@ -331,7 +331,7 @@ def test_sweep_points_and_steps(tmp_path):
 
 
 def test_consistency_flags_mismatches(prepared):
-    from dflash_dash import drafter, target
+    from dflash_dash import drafters as drafter, target
 
     st = Store(prepared.workspace)
     ex = st.extraction(prepared.extraction)
