@@ -8,9 +8,12 @@ refusal, the serving stand-in's and the Diagnostics table say the same; `check_t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .config import CheckpointError, DrafterConfig
 
 
+@dataclass(frozen=True)
 class Check:
     name: str  # what is compared, e.g. "hidden size"
     drafter: object  # the drafter's value

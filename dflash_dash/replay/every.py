@@ -24,6 +24,7 @@ from .score import PromptResult, score, summarize
 
 @dataclass
 class Sequence:
+    id: str
     tokens: torch.Tensor  # [T] prompt + completion ids
     prompt_len: int  # P
     features: torch.Tensor  # [T, K*H]
