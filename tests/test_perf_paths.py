@@ -97,11 +97,11 @@ def test_blocks_gradients_do_not_depend_on_grouping(tmp_path):
     grads = []
     for group in (1, 3):
         m = dr.load(ck)
-        for t in m.w.values():
+        for t in m.w.named().values():
             t.requires_grad_(True)
         loss = m.blocks(m.context_kv(feats), anchors, emb, group=group).square().mean()
         loss.backward()
-        grads.append(torch.cat([t.grad.flatten() for t in m.w.values()]))
+        grads.append(torch.cat([t.grad.flatten() for t in m.w.named().values()]))
     assert grads[0].abs().sum() > 0 and torch.isfinite(grads[0]).all()
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
 

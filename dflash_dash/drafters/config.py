@@ -50,7 +50,7 @@ class DrafterConfig:
 
 
 def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """Evenly spaced target layer ids (SPEC 2): round(1 + i*(N-4)/(n-1)); one draft layer: N//2."""
+    """Evenly spaced target layer ids: round(1 + i*(N-4)/(n-1)); one draft layer: N//2."""
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     span = num_target_layers - 4

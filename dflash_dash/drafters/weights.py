@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every tensor a checkpoint with config `c` must hold (SPEC 2 names, no prefix)."""
+    """Name -> shape of every tensor a checkpoint with config `c` must hold (state-dict names, no prefix)."""
     H, I, hd, nh, nkv = c.hidden_size, c.intermediate_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads
     out = {"fc.weight": (H, c.K * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
     for i in range(c.num_hidden_layers):
