@@ -10,7 +10,7 @@ Prints, in one process so that the variants share one machine:
      them): the product as it is (`base`); the context concatenated per call as before stop 26 (`concat`); the
      element-wise kernels compiled with every dim dynamic as before stop 26 (`dynamic_compile`); the top-k over
      tiles of 8,192 logits (`top8192`); the memory-efficient attention kernel instead of cuDNN (`efficient`);
-     then ten sequences back to back (`sustained10`) and `replay.run` over the same ten (`run10`), also with
+     then ten sequences back to back (`sustained10`) and `replay.every_anchor` over the same ten (`run10`), also with
      Python's thread switch interval at 100 us (`run10_switch100us`) and with scoring left out (`run10_noscore`);
   4. with `--profile`: the device kernels of one `draft_all` grouped by kind, and the device's busy share.
 
@@ -149,7 +149,7 @@ figs["top8192_equal_ids"] = float(torch.equal(ref.top_ids, other.top_ids))
 rp.head.TOP_BLOCK, rp.head.TOP_WARPS = 4096, 8
 timed("efficient", d, ctx=lambda: sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]))
 
-# sustained: ten sequences back to back (clocks under a long load), then replay.run over the same ten
+# sustained: ten sequences back to back (clocks under a long load), then replay.every_anchor over the same ten
 n = 10
 seqs = [
     rp.Sequence(f"p{i}", torch.randint(0, V, (T,), generator=torch.Generator().manual_seed(i)), P, feats)

@@ -3,7 +3,7 @@
 Run in a process of its own (nothing compiled or planned before): times the imports, building the 27B-shaped
 drafter (SPEC 8, random bf16 weights, fused element-wise kernels), the stacked context K/V of `--rows` sequences
 (`replay.lockstep.Lockstep`), and then lockstep steps whose shapes are new, each against a second step of the same shape:
-one per key length a walk meets (`drafter.KEY_ALIGN` apart) at the full row count, then at the row counts the
+one per key length a walk meets (`drafters.kernels.KEY_ALIGN` apart) at the full row count, then at the row counts the
 walk drops to (`replay.lockstep.DROP_AT`). The difference is the per-shape first-call cost (kernel compiles, attention
 plans).
 

@@ -5,8 +5,8 @@ Measures, in one process:
   1. the bf16 matrix rate (8192-cube products) of this device: the ceiling the fractions refer to;
   2. steady-state drafting per chunk size and the LM head's share (informative);
   3. `replay_total_s`: the product's replay steps from files, as `pipeline.replay` runs them -- load the
-     checkpoint (`drafter.load`), the target's embedding and LM head (`target.load_head`), the cached
-     features (`cache.read_many`: to the device, as the product's worker reads a pass), then `replay.run` (every-anchor drafts, top-k for DDTree, scoring) -- the
+     checkpoint (`drafters.load`), the target's embedding and LM head (`target.load_head`), the cached
+     features (`cache.read_many`: to the device, as the product's worker reads a pass), then `replay.every_anchor` (every-anchor drafts, top-k for DDTree, scoring) -- the
      DuckDB insert of the run is left out;
   4. the one-block-per-forward loop (context K/V cached, as a speculative decoder runs it) and the plain
      reference loop (`replay.draft_loop`, context recomputed) on sampled anchors, with their drafts compared

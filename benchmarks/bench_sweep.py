@@ -420,7 +420,7 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
 
 
 def report_trace(path: Path, again: int | None) -> None:
-    """The worker's traced walks (`--trace`): each checkpoint's replay (`replay.chain`), its walk and the context
+    """The worker's traced walks (`--trace`): each checkpoint's replay (`chain_only_results`), its walk and the context
     K/V before it; the first checkpoint's walk against checkpoint `again`'s (the same weight file) step by step."""
     import _trace
 

@@ -6,7 +6,7 @@ saves the tokens; this process, fresh, builds the same drafter, target head and 
 walks the same batch three times (`replay.lockstep.Lockstep` + `replay.lockstep.walk_device`, as the sweep worker does), each
 step's start time, row count and key bound recorded (no extra device synchronisation). The walks run the very
 same steps, so step i of walk 1 against step i of walk 2 is the first-call cost of that step; it is summed by the
-kind of step: the first ones, a new row count (after a drop), a new key length (`drafter.KEY_ALIGN`), a new
+kind of step: the first ones, a new row count (after a drop), a new key length (`drafters.kernels.KEY_ALIGN`), a new
 staged-head row count, or none of these.
 
     python3 benchmarks/bench_walk_cold.py [--rows 200] [--small]      # CUDA (or --small on the CPU)

@@ -262,7 +262,7 @@ def test_worker_writer_keeps_order_and_raises_its_failure():
 
 
 def test_check_validates_like_load_without_reading(tmp_path, monkeypatch):
-    """`drafter.check` refuses what `load` refuses (here a tensor of the wrong shape) and reads no tensor."""
+    """`drafters.check` refuses what `load` refuses (here a tensor of the wrong shape) and reads no tensor."""
     from safetensors.torch import load_file, save_file
 
     ok = tiny.write_drafter(tmp_path / "ok", tiny.TinyDrafter(seed=1))

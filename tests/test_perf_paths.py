@@ -1,6 +1,6 @@
 """Performance paths (issue 6) compute the same function as the plain ones.
 
-Each optimisation of the core keeps a test here: grouped SDPA attention of `Drafter.blocks` against the
+Each optimisation of the core keeps a test here: grouped SDPA attention of `DFlash.blocks` against the
 one-block reference `Drafter.block`; the chunked LM head with the one-pass log-sum-exp against a plain
 log_softmax + top-k (the Triton kernel itself runs in Triton's interpreter on the CPU); scoring on a
 worker thread against scoring in line; and the overlapped extraction stream against `extract` per item.
@@ -35,7 +35,7 @@ def target_dir(tmp_path_factory):
 
 
 # ---------------------------------------------------------------------------
-# Drafter.blocks: grouped SDPA == one block at a time
+# DFlash.blocks: grouped SDPA == one block at a time
 
 
 @pytest.mark.parametrize(
@@ -156,7 +156,7 @@ def test_triton_top_logp_matches_torch_in_interpreter():
 
 
 # ---------------------------------------------------------------------------
-# replay.run: scoring on a worker thread == scoring in line
+# replay.every_anchor: scoring on a worker thread == scoring in line
 
 
 def test_run_scores_in_order_like_a_plain_loop(tmp_path):

@@ -13,7 +13,7 @@ from .base import Ctx, Prompt, _mean
 def budget_rounds(p: Prompt, ctx: Ctx) -> list[int] | None:
     """Committed tokens per round of a chain whose block verifies as many drafts as the DDTree budget N (block
     N+1), from the same drafts cut to their first N slots: walk from P, commit min(min(accepted(p), N) + 1,
-    T-1-p) per round (`replay.walk` with accepted capped at N). None without a tree budget, or where the walk
+    T-1-p) per round (`walks.chain_walk` with accepted capped at N). None without a tree budget, or where the walk
     reaches an anchor whose accepted(p) was not computed (chain-only replay)."""
     N = ctx.tree_budget
     if not N:
