@@ -20,7 +20,13 @@ def install(path: str | None = None) -> list[dict]:
     walks: list[dict] = []
     cur: dict = {}
     ls = rp.lockstep
-    step0, head0, walk0, init0, chain0 = (ls.Lockstep.step, ls.read_out, ls.walk_device, ls.Lockstep.__init__, rp.chain_only_results)
+    step0, head0, walk0, init0, chain0 = (
+        ls.Lockstep.step,
+        ls.read_out,
+        ls.walk_device,
+        ls.Lockstep.__init__,
+        rp.chain_only_results,
+    )
 
     def init(self, drafter, *a, **k):
         t = time.perf_counter()

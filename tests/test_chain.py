@@ -61,7 +61,9 @@ def case(tmp_path_factory):
 def test_chain_rounds_equal_every_anchor(case, name, budget, batch, monkeypatch):
     head, models = case
     monkeypatch.setattr(rp.lockstep, "HEAD_STAGES", (1, 3))  # DDTree off: LM-head stages of slots 1 | 2..3 | 4 (B = 5)
-    monkeypatch.setattr(kernels, "KEY_ALIGN", 8)  # short key spans: the lockstep attention reads only keys below a bound
+    monkeypatch.setattr(
+        kernels, "KEY_ALIGN", 8
+    )  # short key spans: the lockstep attention reads only keys below a bound
     m, seqs = models[name]
     every, s_every = rp.every_anchor(m, head, seqs, budget=budget, chunk=7)
     kept, keep = [], rp.lockstep.Lockstep.keep

@@ -300,7 +300,10 @@ def test_scoring_shortcuts_equal_plain_definitions():
         d = rp.Drafts(torch.from_numpy(drafts.copy()), torch.from_numpy(ids), torch.from_numpy(logp.copy()))
         for budget in (0, 1, 2, 5, 30):
             want = [_plain_tree(ids[a], logp[a], tokens[P + a + 1 : min(T, P + a + D + 1)], budget) for a in range(A)]
-            assert walks.tree_accepted(d.top_ids.numpy(), d.top_logp.numpy(), tokens, P, budget).tolist() == want, (trial, budget)
+            assert walks.tree_accepted(d.top_ids.numpy(), d.top_logp.numpy(), tokens, P, budget).tolist() == want, (
+                trial,
+                budget,
+            )
 
 
 def test_full_tree_never_below_chain(models):

@@ -55,7 +55,8 @@ KEY_ALIGN = 256  # context (+ block) keys of a batched call rounded up to a mult
 class Kernels:
     """The element-wise pieces of the batched forward (`DFlash.blocks`, `blocks_in_place`, `context_kv`): eager
     torch, or each piece fused into one kernel by torch.compile (Inductor; CUDA only, compiled on first use, dynamic
-    in every dim but the last). The same arithmetic either way; fused kernels round in another order (bf16: not bit for bit)."""
+    in every dim but the last). The same arithmetic either way; fused kernels round in another order (bf16: not bit
+    for bit)."""
 
     def __init__(self, compiled: bool):
         f = _compiled if compiled else (lambda fn: fn)
