@@ -1,5 +1,5 @@
-"""Step traces of the chain-only walk (`replay._walk_device`), for benchmarks: where a process's first walk loses
-time against the same walk again.
+"""Step traces of the chain-only walk (`replay.lockstep.walk_device`), for benchmarks: where a process's first walk
+loses time against the same walk again.
 
 Contract: `install()` patches `replay` in this process (no device synchronisation is added: each step's host
 start time, row count and key bound are recorded, plus the staged LM head's row counts) and returns the list
@@ -14,12 +14,19 @@ import time
 
 
 def install(path: str | None = None) -> list[dict]:
-    from dflash_dash import drafter as dr
+    from dflash_dash.drafters import kernels
     from dflash_dash import replay as rp
 
     walks: list[dict] = []
     cur: dict = {}
-    step0, head0, walk0, init0, chain0 = (rp._Lockstep.step, rp._head, rp._walk_device, rp._Lockstep.__init__, rp.chain)
+    ls = rp.lockstep
+    step0, head0, walk0, init0, chain0 = (
+        ls.Lockstep.step,
+        ls.read_out,
+        ls.walk_device,
+        ls.Lockstep.__init__,
+        rp.chain_only_results,
+    )
 
     def init(self, drafter, *a, **k):
         t = time.perf_counter()
@@ -28,7 +35,7 @@ def install(path: str | None = None) -> list[dict]:
 
     def step(self, anchors, record, top):
         cur.setdefault("trace", []).append(
-            (time.perf_counter(), len(anchors), -(-(self.d.c.block_size + top) // dr.KEY_ALIGN))
+            (time.perf_counter(), len(anchors), -(-(self.d.c.block_size + top) // kernels.KEY_ALIGN))
         )
         return step0(self, anchors, record, top)
 
@@ -56,7 +63,8 @@ def install(path: str | None = None) -> list[dict]:
                 f.write(json.dumps({"chain_s": time.perf_counter() - t, "start": t}) + "\n")
         return out
 
-    rp._Lockstep.__init__, rp._Lockstep.step, rp._head, rp._walk_device, rp.chain = init, step, head, walk, chain
+    ls.Lockstep.__init__, ls.Lockstep.step, ls.read_out, ls.walk_device = init, step, head, walk
+    rp.chain_only_results = ls.chain_only_results = chain  # the product's call (pipeline) and `chain_only`'s
     return walks
 
 

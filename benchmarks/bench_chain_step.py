@@ -1,9 +1,9 @@
 """Chain-only lockstep step on the device (issue 12): one step's time by variant, and the every-anchor chunk.
 
-27B-shaped drafter (SPEC 8), bf16, `--rows` planted sequences x 2,560 tokens stacked as `replay._Lockstep` does;
+27B-shaped drafter (SPEC 8), bf16, `--rows` planted sequences x 2,560 tokens stacked as `replay.lockstep.Lockstep` does;
 one block per sequence per step, anchors in the middle of the completion, planted acceptance (mean 5 drafts).
-Variants: the LM head of every slot or staged (`replay.HEAD_STAGES`: only the slots the walk reads), element-wise
-work eager or fused (`drafter.Ops(True)`, torch.compile). Prints per variant the step's wall and host (launch)
+Variants: the LM head of every slot or staged (`replay.lockstep.HEAD_STAGES`: only the slots the walk reads), element-wise
+work eager or fused (`kernels.Kernels(True)`, torch.compile). Prints per variant the step's wall and host (launch)
 time, its fraction of the measured matmul peak on the FLOPs the walk needs (layers + LM head of the slots read),
 and the every-anchor chunk (256 blocks of one sequence, every slot) eager and fused, with the fused states'
 largest difference from eager.
@@ -22,7 +22,9 @@ from _common import matmul_tflops, note, report
 from bench_replay import FULL, rand_weights
 from bench_sweep import needed_flops, plant
 
-from dflash_dash import drafter as dr
+from dflash_dash import drafters as dr
+from dflash_dash.drafters import kernels
+from dflash_dash.drafters.dflash import DFlash
 from dflash_dash import replay as rp
 from dflash_dash import target as tg
 from tools import tiny
@@ -41,7 +43,7 @@ V, H = FULL["vocab_size"], FULL["hidden_size"]
 hw = rand_weights({"e": (V, H), "l": (V, H)}, dev, dtype, 2)
 head = tg.Head(hw["e"], hw["l"])
 S, T, P = a.rows, 2560, 512
-eager = dr.Drafter(c, w)
+eager = DFlash(c, dr.Weights.from_named(c, w))
 feats = torch.randn(S, T, c.K * H, device=dev, generator=torch.Generator(device=dev).manual_seed(3)).to(dtype)
 toks = plant(eager, head, feats, P, 5.0, 0)
 seqs = [rp.Sequence(f"p{i}", toks[i], P, feats[i]) for i in range(S)]
@@ -59,11 +61,11 @@ def steps(st, n):
     return (t1 - t0) / n * 1e3, (time.perf_counter() - t0) / n * 1e3, out[0]
 
 
-fused = dr.Drafter(c, w)
-fused.ops = dr.Ops(True)
+fused = DFlash(c, dr.Weights.from_named(c, w))
+fused.ops = kernels.Kernels(True)
 for name, d in [("eager", eager), ("fused", fused)]:
     for staged in (False, True):
-        st = rp._Lockstep(d, head, seqs, 4, staged=staged)
+        st = rp.lockstep.Lockstep(d, head, seqs, 4, staged=staged)
         t0 = time.perf_counter()
         steps(st, 2)  # warm (the fused variant compiles here)
         note(f"{name} staged={staged}: warm in {time.perf_counter() - t0:.1f} s")
@@ -80,16 +82,16 @@ for name, d in [("eager", eager), ("fused", fused)]:
 # every-anchor: 256 blocks of one sequence, every slot (the replay's chunk)
 kv_e, kv_f = eager.context_kv(feats[0]), fused.context_kv(feats[0])
 anc = torch.arange(1280, 1536, device=dev)
-emb = rp._embed_blocks(eager, head, toks[0], anc)
+emb = rp.head.embed_blocks(eager, head, toks[0], anc)
 for name, d, kv in [("eager", eager, kv_e), ("fused", fused, kv_f)]:
     for _ in range(2):
         h = d.blocks(kv, anc, emb, max_anchor=1535)
-        rp._head(d, head, h, 8)
+        rp.head.read_out(d, head, h, 8)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(5):
         h = d.blocks(kv, anc, emb, max_anchor=1535)
-        rp._head(d, head, h, 8)
+        rp.head.read_out(d, head, h, 8)
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / 5
     flops = sum(dr.flops_per_block(c, int(p), V) for p in anc.tolist())
@@ -98,6 +100,6 @@ for name, d, kv in [("eager", eager, kv_e), ("fused", fused, kv_f)]:
         ref = h.float()
     else:
         figs["chunk256_fused_max_rel_diff"] = ((h.float() - ref).norm() / ref.norm()).item()
-        same = rp._head(d, head, h, 1)[0] == rp._head(eager, head, ref.to(dtype), 1)[0]
+        same = rp.head.read_out(d, head, h, 1)[0] == rp.head.read_out(eager, head, ref.to(dtype), 1)[0]
         figs["chunk256_fused_argmax_agreement"] = same.float().mean().item()
 report(figs)

@@ -10,7 +10,7 @@ Prints, in one process so that the variants share one machine:
      them): the product as it is (`base`); the context concatenated per call as before stop 26 (`concat`); the
      element-wise kernels compiled with every dim dynamic as before stop 26 (`dynamic_compile`); the top-k over
      tiles of 8,192 logits (`top8192`); the memory-efficient attention kernel instead of cuDNN (`efficient`);
-     then ten sequences back to back (`sustained10`) and `replay.run` over the same ten (`run10`), also with
+     then ten sequences back to back (`sustained10`) and `replay.every_anchor` over the same ten (`run10`), also with
      Python's thread switch interval at 100 us (`run10_switch100us`) and with scoring left out (`run10_noscore`);
   4. with `--profile`: the device kernels of one `draft_all` grouped by kind, and the device's busy share.
 
@@ -28,7 +28,9 @@ import torch  # noqa: E402
 from _common import Clock, matmul_tflops, note, report  # noqa: E402
 from bench_replay import FULL, rand_weights, run_flops  # noqa: E402
 
-from dflash_dash import drafter as dr  # noqa: E402
+from dflash_dash import drafters as dr  # noqa: E402
+from dflash_dash.drafters import kernels
+from dflash_dash.drafters.dflash import DFlash
 from dflash_dash import replay as rp
 from dflash_dash import target as tg
 from tools import tiny  # noqa: E402
@@ -81,8 +83,8 @@ layer = {
 }
 ms_layers = sum(gemm_ms(*s) for s in layer.values()) * c.num_hidden_layers
 rows = a.chunk * (B - 1)
-ms_head = sum(gemm_ms(min(rp.HEAD_ROWS, rows - r), V, H) for r in range(0, rows, rp.HEAD_ROWS))
-gemm_ms(V, rp.HEAD_ROWS, H)  # the LM head transposed (vocabulary rows): informative
+ms_head = sum(gemm_ms(min(rp.head.HEAD_ROWS, rows - r), V, H) for r in range(0, rows, rp.head.HEAD_ROWS))
+gemm_ms(V, rp.head.HEAD_ROWS, H)  # the LM head transposed (vocabulary rows): informative
 figs |= {"chunk_layers_gemm_ms": ms_layers, "chunk_head_gemm_ms": ms_head, "chunk_gemm_floor_ms": ms_layers + ms_head}
 report(figs)
 figs.clear()
@@ -96,7 +98,7 @@ g = torch.Generator(device=dev).manual_seed(3)
 feats = torch.randn(T, c.K * H, device=dev, generator=g).to(dtype)
 toks = torch.randint(0, V, (T,), generator=torch.Generator().manual_seed(0))
 flops = run_flops(c, T, P, 1)
-d = dr.Drafter(c, w)
+d = DFlash(c, dr.Weights.from_named(c, w))
 del w
 
 
@@ -106,9 +108,9 @@ def concat_draft(d, head, features, tokens, prompt_len, topk, chunk):
     for s in range(prompt_len, len(tokens), chunk):
         e = min(s + chunk, len(tokens))
         anchors = torch.arange(s, e, device=dev)
-        emb = rp._embed_blocks(d, head, tokens, anchors)
-        parts.append(rp._head(d, head, d.blocks(kv, anchors, emb, max_anchor=e - 1), topk))
-    return rp._stack(parts)
+        emb = rp.head.embed_blocks(d, head, tokens, anchors)
+        parts.append(rp.head.read_out(d, head, d.blocks(kv, anchors, emb, max_anchor=e - 1), topk))
+    return rp.head.to_host(parts)
 
 
 def timed(name, d, ctx=contextlib.nullcontext, fn=None):
@@ -134,20 +136,20 @@ ref = timed("base", d)
 other = timed("concat", d, fn=lambda: concat_draft(d, head, feats, toks, P, 8, a.chunk))
 figs["tail_vs_concat_draft_agreement"] = (ref.tokens == other.tokens).float().mean().item()
 saved_ops = d.ops
-d.ops = dr.Ops(False)
+d.ops = kernels.Kernels(False)
 d.ops.rmsnorm, d.ops.norm_rope, d.ops.silu_mul, d.ops.add_norm = (  # as compiled before stop 26: every dim dynamic
     torch.compile(f, dynamic=True, options={"deterministic": True})
-    for f in (dr.rmsnorm, dr.norm_rope, dr.silu_mul, dr.add_norm)
+    for f in (kernels.rmsnorm, kernels.norm_rope, kernels.silu_mul, kernels.add_norm)
 )
 timed("dynamic_compile", d)
 d.ops = saved_ops
-rp.TOP_BLOCK, rp.TOP_WARPS = 8192, 16
+rp.head.TOP_BLOCK, rp.head.TOP_WARPS = 8192, 16
 other = timed("top8192", d)
 figs["top8192_equal_ids"] = float(torch.equal(ref.top_ids, other.top_ids))
-rp.TOP_BLOCK, rp.TOP_WARPS = 4096, 8
+rp.head.TOP_BLOCK, rp.head.TOP_WARPS = 4096, 8
 timed("efficient", d, ctx=lambda: sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]))
 
-# sustained: ten sequences back to back (clocks under a long load), then replay.run over the same ten
+# sustained: ten sequences back to back (clocks under a long load), then replay.every_anchor over the same ten
 n = 10
 seqs = [
     rp.Sequence(f"p{i}", torch.randint(0, V, (T,), generator=torch.Generator().manual_seed(i)), P, feats)
@@ -161,7 +163,7 @@ figs["sustained10_seq_ms"] = clk.s / n * 1e3
 
 def run10(name):
     with Clock(dev) as clk:
-        rp.run(d, head, seqs, budget=8, chunk=a.chunk, arrays=True)
+        rp.every_anchor(d, head, seqs, budget=8, chunk=a.chunk, arrays=True)
     dt = clk.s
     figs.update({f"{name}_seq_ms": dt / n * 1e3, f"{name}_fraction_of_peak": flops * n / dt / 1e12 / peak})
 

@@ -2,9 +2,9 @@
 
 Run in a process of its own (nothing compiled or planned before): times the imports, building the 27B-shaped
 drafter (SPEC 8, random bf16 weights, fused element-wise kernels), the stacked context K/V of `--rows` sequences
-(`replay._Lockstep`), and then lockstep steps whose shapes are new, each against a second step of the same shape:
-one per key length a walk meets (`drafter.KEY_ALIGN` apart) at the full row count, then at the row counts the
-walk drops to (`replay.DROP_AT`). The difference is the per-shape first-call cost (kernel compiles, attention
+(`replay.lockstep.Lockstep`), and then lockstep steps whose shapes are new, each against a second step of the same shape:
+one per key length a walk meets (`drafters.kernels.KEY_ALIGN` apart) at the full row count, then at the row counts the
+walk drops to (`replay.lockstep.DROP_AT`). The difference is the per-shape first-call cost (kernel compiles, attention
 plans).
 
     python3 benchmarks/bench_cold.py [--rows 200] [--fetch]     # CUDA only
@@ -17,7 +17,9 @@ t_start = time.perf_counter()
 import torch  # noqa: E402
 from _common import note, report  # noqa: E402
 
-from dflash_dash import drafter as dr  # noqa: E402
+from dflash_dash import drafters as dr  # noqa: E402
+from dflash_dash.drafters import kernels
+from dflash_dash.drafters.dflash import DFlash
 from dflash_dash import replay as rp
 from dflash_dash import target as tg
 
@@ -66,7 +68,7 @@ if a.fetch:  # the sweep worker's first checkpoint (`pipeline._fetch`, on its lo
         setattr(owner, name, wrapped)
 
     timed_fn(dr, "_weights", "read")  # safetensors tensors, checked (mapped; `_upload` copies them)
-    timed_fn(dr.Rope, "__init__", "rope")  # RoPE tables (transformers imported for scaled types only)
+    timed_fn(kernels.Rope, "__init__", "rope")  # RoPE tables (transformers imported for scaled types only)
     timed_fn(dr, "ops_for", "kernels")  # Triton, Inductor: the fused element-wise ops
     side = torch.cuda.Stream()
     for first in (True, False):
@@ -82,7 +84,7 @@ V, H = FULL["vocab_size"], FULL["hidden_size"]
 hw = rand_weights({"e": (V, H), "l": (V, H)}, dev, dtype, 2)
 head = tg.Head(hw["e"], hw["l"])
 t0 = time.perf_counter()
-d = dr.Drafter(c, w)  # Rope (transformers), fused ops (Triton/Inductor import)
+d = DFlash(c, dr.Weights.from_named(c, w))  # Rope (transformers), fused ops (Triton/Inductor import)
 torch.cuda.synchronize()
 figs["cold_drafter_init_s"] = time.perf_counter() - t0
 S, T, P = a.rows, 2560, 512
@@ -106,14 +108,14 @@ with torch.inference_mode():
 
     def init():
         global st
-        st = rp._Lockstep(d, head, seqs, rp.ROUND_TOPK, staged=True)
+        st = rp.lockstep.Lockstep(d, head, seqs, rp.ROUND_TOPK, staged=True)
 
     figs["cold_context_kv_first_s"] = timed(init)
     figs["cold_context_kv_second_s"] = timed(init)
     rec = torch.ones(S, dtype=torch.bool, device=dev)
     first, second = [], []
     for i in range(a.lengths):  # new key lengths at S rows
-        anchors = torch.full((S,), P + 8 + i * dr.KEY_ALIGN, device=dev).clamp(max=T - 2)
+        anchors = torch.full((S,), P + 8 + i * kernels.KEY_ALIGN, device=dev).clamp(max=T - 2)
         top = int(anchors.max())
         first.append(timed(lambda: st.step(anchors, rec, top)))
         second.append(timed(lambda: st.step(anchors, rec, top)))
@@ -128,7 +130,7 @@ with torch.inference_mode():
     }
     drops, n = [], S
     while n > 1:  # the row counts the walk keeps after each drop
-        n = max(1, int(n * rp.DROP_AT))
+        n = max(1, int(n * rp.lockstep.DROP_AT))
         st.keep(torch.arange(n, device=dev))
         anchors = torch.full((n,), top, device=dev)  # the last key length above: only the row count is new
         x = timed(lambda: st.step(anchors, rec[:n], top))

@@ -5,8 +5,8 @@ Measures, in one process:
   1. the bf16 matrix rate (8192-cube products) of this device: the ceiling the fractions refer to;
   2. steady-state drafting per chunk size and the LM head's share (informative);
   3. `replay_total_s`: the product's replay steps from files, as `pipeline.replay` runs them -- load the
-     checkpoint (`drafter.load`), the target's embedding and LM head (`target.load_head`), the cached
-     features (`cache.read_many`: to the device, as the product's worker reads a pass), then `replay.run` (every-anchor drafts, top-k for DDTree, scoring) -- the
+     checkpoint (`drafters.load`), the target's embedding and LM head (`target.load_head`), the cached
+     features (`cache.read_many`: to the device, as the product's worker reads a pass), then `replay.every_anchor` (every-anchor drafts, top-k for DDTree, scoring) -- the
      DuckDB insert of the run is left out;
   4. the one-block-per-forward loop (context K/V cached, as a speculative decoder runs it) and the plain
      reference loop (`replay.draft_loop`, context recomputed) on sampled anchors, with their drafts compared
@@ -34,7 +34,7 @@ from _common import Clock, matmul_tflops, note, peak_gib, profile, report, sync
 from safetensors.torch import save_file
 
 from dflash_dash import cache
-from dflash_dash import drafter as dr
+from dflash_dash import drafters as dr
 from dflash_dash import replay as rp
 from dflash_dash import target as tg
 from tools import tiny
@@ -160,8 +160,8 @@ def loop_blocks(d, head, feats, tokens, anchors, topk):
     out = []
     for p in anchors:
         a = torch.tensor([p])
-        h = d.blocks(kv, a, rp._embed_blocks(d, head, tokens, a))
-        out.append([t.cpu() for t in rp._head(d, head, h, topk)])
+        h = d.blocks(kv, a, rp.head.embed_blocks(d, head, tokens, a))
+        out.append([t.cpu() for t in rp.head.read_out(d, head, h, topk)])
     return [torch.cat([o[i] for o in out]) for i in range(3)]
 
 
@@ -171,9 +171,9 @@ def reference_blocks(d, head, feats, tokens, anchors, topk):
     out = []
     feats = feats.to(d.device)
     for p in anchors:
-        emb = rp._embed_blocks(d, head, tokens, torch.tensor([p]))[0]
+        emb = rp.head.embed_blocks(d, head, tokens, torch.tensor([p]))[0]
         h = d.block(feats, p, emb)
-        out.append([t.cpu() for t in rp._head(d, head, h[None], topk)])
+        out.append([t.cpu() for t in rp.head.read_out(d, head, h[None], topk)])
     return [torch.cat([o[i] for o in out]) for i in range(3)]
 
 
@@ -267,7 +267,7 @@ def measure(a, figs: dict) -> None:
         best = max(best or (0, 0), (figs[f"{name}_fraction_of_peak"], name))
     with torch.inference_mode():  # the LM head's share at the timed chunk size
         anchors = torch.arange(P, min(P + a.chunk, T))
-        emb = rp._embed_blocks(d, head, tok0, anchors)
+        emb = rp.head.embed_blocks(d, head, tok0, anchors)
         kv = d.context_kv(feats0.to(dev))
         h = d.blocks(kv, anchors, emb)
         with Clock(dev) as cb:
@@ -275,10 +275,10 @@ def measure(a, figs: dict) -> None:
                 h = d.blocks(kv, anchors, emb)
         with Clock(dev) as ch:
             for _ in range(3):
-                rp._head(d, head, h, a.budget)
+                rp.head.read_out(d, head, h, a.budget)
         figs["chunk_blocks_ms"], figs["chunk_head_ms"] = cb.s / 3 * 1e3, ch.s / 3 * 1e3
         if a.profile:
-            profile(lambda: rp._head(d, head, d.blocks(kv, anchors, emb), a.budget), dev)
+            profile(lambda: rp.head.read_out(d, head, d.blocks(kv, anchors, emb), a.budget), dev)
         logits = h[:64, 1:].reshape(-1, c.hidden_size) @ head.lm_head.T  # fused top-k kernel vs torch
         am, ids, lp = rp.top_logp(logits, a.budget)
         top = logits.topk(a.budget, dim=-1)
@@ -308,7 +308,7 @@ def measure(a, figs: dict) -> None:
     seqs = [rp.Sequence(pid, tok, P, f) for (pid, tok), f in zip(items, feats)]  # on the device, as the worker reads
     sync(dev)
     t3 = time.perf_counter()
-    results, summary = rp.run(d, head, seqs, budget=a.budget, chunk=a.chunk)
+    results, summary = rp.every_anchor(d, head, seqs, budget=a.budget, chunk=a.chunk)
     sync(dev)
     t4 = time.perf_counter()
     figs |= {

@@ -5,7 +5,7 @@ analyses; the set's completions read once before, as a sweep's parent does). Wit
 while the worker replays the next checkpoint, so a sweep's checkpoints come no faster than this.
 
 Results are planted (`tools.planted.planted_results`, mean 5 accepted drafts) and cut to chain-only shape: -1 /
-NaN off the walk's anchors, numpy arrays as `replay.chain(arrays=True)` returns them.
+NaN off the walk's anchors, numpy arrays as `replay.chain_only_results(arrays=True)` returns them.
 
     python benchmarks/bench_store_step.py [--prompts 200]
 """

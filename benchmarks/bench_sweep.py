@@ -34,7 +34,8 @@ from bench_replay import FULL, SMALL, rand_weights
 from safetensors.torch import save_file
 
 from dflash_dash import cache, pipeline
-from dflash_dash import drafter as dr
+from dflash_dash import drafters as dr
+from dflash_dash.drafters import kernels
 from dflash_dash import replay as rp
 from dflash_dash import target as tg
 from dflash_dash.store import Store
@@ -85,8 +86,8 @@ def args_():
     return ap.parse_args()
 
 
-class Planter(rp._Lockstep):
-    """The product's lockstep walk (`replay._walk_device`) writing its own completion: at each round the tokens after
+class Planter(rp.lockstep.Lockstep):
+    """The product's lockstep walk (`replay.lockstep.walk_device`) writing its own completion: at each round the tokens after
     the anchor are the block's drafts up to a random count (binomial, mean `accept`), then a token it did not draft.
     The replay of these sequences in one batch runs the very same steps (rows, anchors, key bounds, shapes), so it
     reproduces every draft bit for bit and measures the planted tau. (Drafting the same blocks in other shapes
@@ -120,7 +121,7 @@ def plant(d: dr.Drafter, head: tg.Head, feats, P: int, accept: float, seed: int)
     S, T = len(feats), feats[0].shape[0]
     toks = torch.randint(0, head.embed.shape[0], (S, T), generator=torch.Generator().manual_seed(seed))
     pl = Planter(d, head, [rp.Sequence(f"p{i}", toks[i], P, feats[i]) for i in range(S)], accept, seed)
-    rp._walk_device(pl)
+    rp.lockstep.walk_device(pl)
     return pl.tok[:, :T].cpu()
 
 
@@ -197,18 +198,18 @@ def speed(a, d, head, c, T, P, n_speed, dev, peak, figs) -> None:
     note(f"planted {n_speed} x {T} tokens in {time.perf_counter() - t0:.1f} s")
     seqs = [rp.Sequence(f"p{i}", toks[i], P, feats[i]) for i in range(n_speed)]
     for b in sorted({0, a.budget}):  # warm-up (kernels, plans, the Triton top-k at each k)
-        rp.run_chain(d, head, seqs[:2], b)
-        rp.run(d, head, seqs[:1], b, chunk=256)
+        rp.chain_only(d, head, seqs[:2], b)
+        rp.every_anchor(d, head, seqs[:1], b, chunk=256)
     note("warm")
     figs |= {"every_blocks": n_speed * (T - P)}
     for b in sorted({0, a.budget}):  # suffix _budget0: DDTree off (chain walk only); _budget8: DDTree on
         # the replay as a worker runs it: results without the run's summary (the parent's store step makes that),
         # the chain-only ones as numpy arrays (`chain(arrays=True)`, what `pipeline._replay_work` does)
         with Clock(dev) as ce:
-            every, _ = rp.run(d, head, seqs, b, chunk=256, arrays=True)
+            every, _ = rp.every_anchor(d, head, seqs, b, chunk=256, arrays=True)
         note(f"budget {b}: every-anchor {ce.s:.1f} s")
         with Clock(dev) as cc:
-            chain = rp.chain(d, head, seqs, b, batch=len(seqs), arrays=True)
+            chain = rp.chain_only_results(d, head, seqs, b, batch=len(seqs), arrays=True)
         note(f"budget {b}: chain {cc.s:.1f} s")
         every, chain = [rp.listed(r) for r in every], [rp.listed(r) for r in chain]
         s_every, s_chain = rp.summarize(every, c.block_size, b), rp.summarize(chain, c.block_size, b)
@@ -244,7 +245,7 @@ def speed(a, d, head, c, T, P, n_speed, dev, peak, figs) -> None:
 
         pr = cProfile.Profile()
         pr.enable()
-        rp.chain(d, head, seqs, 0, batch=len(seqs))
+        rp.chain_only_results(d, head, seqs, 0, batch=len(seqs))
         sync(dev)
         pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(14)
@@ -283,8 +284,8 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
         del f
     tk = torch.cat(
         [
-            plant(d, head, feats[b0 : b0 + rp.CHAIN_BATCH], P, a.accept, 100 + b0)  # batches as replayed
-            for b0 in range(0, n_sweep, rp.CHAIN_BATCH)
+            plant(d, head, feats[b0 : b0 + rp.lockstep.CHAIN_BATCH], P, a.accept, 100 + b0)  # batches as replayed
+            for b0 in range(0, n_sweep, rp.lockstep.CHAIN_BATCH)
         ]
     )
     del feats
@@ -419,7 +420,7 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
 
 
 def report_trace(path: Path, again: int | None) -> None:
-    """The worker's traced walks (`--trace`): each checkpoint's replay (`replay.chain`), its walk and the context
+    """The worker's traced walks (`--trace`): each checkpoint's replay (`chain_only_results`), its walk and the context
     K/V before it; the first checkpoint's walk against checkpoint `again`'s (the same weight file) step by step."""
     import _trace
 
@@ -433,7 +434,7 @@ def report_trace(path: Path, again: int | None) -> None:
             f"+ after {c['start'] + c['chain_s'] - w['end']:.2f} s"
         )
     if again is not None and len(walks) > again:
-        figs, notes = _trace.excess(walks[0], walks[again], dr.KEY_ALIGN)
+        figs, notes = _trace.excess(walks[0], walks[again], kernels.KEY_ALIGN)
         for line in notes:
             note(line)
         report({f"trace_{k}": v for k, v in figs.items()})
@@ -465,7 +466,7 @@ def phase_timers(dev) -> dict:
         setattr(owner, name, timed)
 
     wrap(dr, "load", "load_drafter")
-    wrap(rp._Lockstep, "__init__", "context_kv")
+    wrap(rp.lockstep.Lockstep, "__init__", "context_kv")
     wrap(rp, "_walk_device", "walk")
     wrap(rp, "_chain_batch", "chain_batch")  # context_kv + walk + the results' arrays
     wrap(pipeline, "store_run", "store_run")

@@ -3,10 +3,10 @@ first checkpoint replays in about 22 s, the next ones in about 10.7 s).
 
 A child process plants completions at tau about `--accept` + 1 (`bench_sweep.plant`: the product's own walk) and
 saves the tokens; this process, fresh, builds the same drafter, target head and features from the same seeds and
-walks the same batch three times (`replay._Lockstep` + `replay._walk_device`, as the sweep worker does), each
+walks the same batch three times (`replay.lockstep.Lockstep` + `replay.lockstep.walk_device`, as the sweep worker does), each
 step's start time, row count and key bound recorded (no extra device synchronisation). The walks run the very
 same steps, so step i of walk 1 against step i of walk 2 is the first-call cost of that step; it is summed by the
-kind of step: the first ones, a new row count (after a drop), a new key length (`drafter.KEY_ALIGN`), a new
+kind of step: the first ones, a new row count (after a drop), a new key length (`drafters.kernels.KEY_ALIGN`), a new
 staged-head row count, or none of these.
 
     python3 benchmarks/bench_walk_cold.py [--rows 200] [--small]      # CUDA (or --small on the CPU)
@@ -27,7 +27,9 @@ import torch
 from _common import note, report
 from bench_replay import FULL, SMALL, rand_weights
 
-from dflash_dash import drafter as dr
+from dflash_dash import drafters as dr
+from dflash_dash.drafters import kernels
+from dflash_dash.drafters.dflash import DFlash
 from dflash_dash import replay as rp
 from dflash_dash import target as tg
 from tools import tiny
@@ -61,7 +63,7 @@ def build():
     """The drafter, head and features [S, T, K*H] (device), from fixed seeds: the same in both processes."""
     shp = SMALL if a.small else FULL
     c = dr.parse_config(tiny.drafter_config(tiny.TinyDrafter(**shp)))
-    d = dr.Drafter(c, rand_weights(dr.shapes(c), dev, dtype, 1))
+    d = DFlash(c, dr.Weights.from_named(c, rand_weights(dr.shapes(c), dev, dtype, 1)))
     hw = rand_weights({"e": (c.vocab_size, c.hidden_size), "l": (c.vocab_size, c.hidden_size)}, dev, dtype, 2)
     g = torch.Generator(device=dev).manual_seed(3)
     feats = torch.randn(a.rows, T, c.K * c.hidden_size, device=dev, generator=g).to(dtype)
@@ -115,13 +117,13 @@ with torch.inference_mode():
     for n in range(a.walks):
         sync()
         t0 = time.perf_counter()
-        st = rp._Lockstep(d, head, seqs, rp.ROUND_TOPK, staged=True)
+        st = rp.lockstep.Lockstep(d, head, seqs, rp.ROUND_TOPK, staged=True)
         sync()
         t1 = time.perf_counter()
         loader = threading.Thread(target=fetch, args=(n,)) if a.beside and n < 2 else None
         if loader:
             loader.start()
-        rp._walk_device(st)
+        rp.lockstep.walk_device(st)
         sync()
         t2 = time.perf_counter()
         if loader:
@@ -133,7 +135,7 @@ with torch.inference_mode():
 for n, w in enumerate(walks, 1):
     figs |= {f"walk{n}_context_kv_s": w["ctx"], f"walk{n}_s": w["walk"], f"walk{n}_steps": len(w["trace"]) - 1}
 w1, w2 = walks[0], walks[1]
-got, notes = _trace.excess(w1, w2, dr.KEY_ALIGN)
+got, notes = _trace.excess(w1, w2, kernels.KEY_ALIGN)
 figs |= got
 figs["walks_same_steps"] = int(got["walks_same_steps"] and torch.equal(w1["acc"], w2["acc"]))
 recorded = w1["acc"][w1["acc"] >= 0]

@@ -29,12 +29,12 @@ if TYPE_CHECKING:  # the torch-backed modules load on first use: the store-only 
     import torch
 
     from . import cache
-    from . import drafter as drafter_mod
+    from . import drafters as drafter_mod
     from . import replay as replay_mod
     from . import target as target_mod
 else:
     torch, cache, drafter_mod, replay_mod, target_mod = map(
-        lazy.module, ("torch", "dflash_dash.cache", "dflash_dash.drafter", "dflash_dash.replay", "dflash_dash.target")
+        lazy.module, ("torch", "dflash_dash.cache", "dflash_dash.drafters", "dflash_dash.replay", "dflash_dash.target")
     )
 
 Progress = Callable[[int, int, str], None] | None
@@ -796,7 +796,7 @@ def _adopt(d: drafter_mod.Drafter) -> drafter_mod.Drafter:
     caching allocator then reuses their memory only once this stream's work on them is done."""
     if d.device.type == "cuda":
         cur = torch.cuda.current_stream(d.device)
-        for v in d.w.values():
+        for v in d.w.named().values():
             v.record_stream(cur)
     return d
 
@@ -826,7 +826,7 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
     with ThreadPoolExecutor(3) as loader:  # the target's head, one checkpoint at a time, the fused kernels' imports
         heads = loader.submit(target_mod.load_head, ex["target_path"], device, dtype)
         if side is not None:  # Triton and Inductor (seconds) beside the feature read and the first upload
-            loader.submit(drafter_mod.ops_for, torch.device(device))
+            loader.submit(drafter_mod.kernels_for, torch.device(device))
         nxt = loader.submit(_fetch, cks[0], dtype, device, side)
         for at, (k, j) in enumerate(order):
             part, ck = passes[k], cks[j]
@@ -862,9 +862,9 @@ def _replay_work(store: Store, a: dict, ids: list[str], progress: Progress) -> I
                 )
 
             res = (
-                replay_mod.chain(d, head, seqs, budget, progress=tick, arrays=True)
+                replay_mod.chain_only_results(d, head, seqs, budget, progress=tick, arrays=True)
                 if a["anchors"] == "chain"
-                else replay_mod.run(d, head, seqs, budget, a["chunk"], progress=tick, arrays=True)[0]
+                else replay_mod.every_anchor(d, head, seqs, budget, a["chunk"], progress=tick, arrays=True)[0]
             )
             del d  # its memory goes to the next checkpoint
             _tick(
@@ -1056,7 +1056,7 @@ def attribute(
     n = len(seqs)
 
     def tau_of(i: int, what: str) -> dict:
-        _, summ = replay_mod.run_chain(
+        _, summ = replay_mod.chain_only(
             d,
             head,
             seqs,

@@ -86,7 +86,7 @@ def parity_block(ws: str, stamp: str) -> None:
 
 
 def consistency_block(ws: str, stamp: str) -> None:
-    from dflash_dash import drafter, target
+    from dflash_dash import drafters as drafter, target
 
     st.header("Checkpoint vs extraction")
     exs = [e for e in common.extractions(ws, stamp) if e["status"] == "done"]

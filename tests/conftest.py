@@ -43,7 +43,7 @@ class Prepared:
 def _drafted(target: Path, drafter: Path, prompt: list[int], n: int, seed: int) -> list[int]:
     """A completion built from the drafter's own blocks: each round keeps k of its drafts (k random) and then
     a different token, so the replay sees a mix of full and partial acceptance."""
-    from dflash_dash import drafter as dr
+    from dflash_dash import drafters as dr
     from dflash_dash import replay as rp
     from dflash_dash import target as tg
 

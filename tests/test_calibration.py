@@ -1,4 +1,4 @@
-"""Calibration metrics of the registry (metrics.py) on a hand-made run with hand-computed answers, and the
+"""Calibration metrics of the registry (metrics) on a hand-made run with hand-computed answers, and the
 analysis and render tables built from them."""
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_dash import drafter as dr
+from dflash_dash import drafters as dr
+from dflash_dash.drafters import kernels
 from dflash_dash import metrics
 from dflash_dash import replay as rp
 from dflash_dash import target as tg
@@ -59,13 +60,15 @@ def case(tmp_path_factory):
 @pytest.mark.parametrize("budget,batch", [(0, 4), (3, 2), (6, 64)])
 def test_chain_rounds_equal_every_anchor(case, name, budget, batch, monkeypatch):
     head, models = case
-    monkeypatch.setattr(rp, "HEAD_STAGES", (1, 3))  # DDTree off: LM-head stages of slots 1 | 2..3 | 4 (B = 5)
-    monkeypatch.setattr(dr, "KEY_ALIGN", 8)  # short key spans: the lockstep attention reads only keys below a bound
+    monkeypatch.setattr(rp.lockstep, "HEAD_STAGES", (1, 3))  # DDTree off: LM-head stages of slots 1 | 2..3 | 4 (B = 5)
+    monkeypatch.setattr(
+        kernels, "KEY_ALIGN", 8
+    )  # short key spans: the lockstep attention reads only keys below a bound
     m, seqs = models[name]
-    every, s_every = rp.run(m, head, seqs, budget=budget, chunk=7)
-    kept, keep = [], rp._Lockstep.keep
-    monkeypatch.setattr(rp._Lockstep, "keep", lambda st, idx: (kept.append(len(idx)), keep(st, idx))[1])
-    chain, s_chain = rp.run_chain(m, head, seqs, budget=budget, batch=batch)
+    every, s_every = rp.every_anchor(m, head, seqs, budget=budget, chunk=7)
+    kept, keep = [], rp.lockstep.Lockstep.keep
+    monkeypatch.setattr(rp.lockstep.Lockstep, "keep", lambda st, idx: (kept.append(len(idx)), keep(st, idx))[1])
+    chain, s_chain = rp.chain_only(m, head, seqs, budget=budget, batch=batch)
     # the stacks shrink as walks end, never to one row (a shape compiled kernels specialise on): a spare row stays
     assert all(k >= 2 for k in kept) and (batch < 4 or 2 in kept), kept
     assert s_every["tau_pooled"] > 1.5  # planted acceptance: the walks skip anchors
@@ -115,10 +118,10 @@ def test_chain_rounds_equal_every_anchor(case, name, budget, batch, monkeypatch)
 
 @pytest.mark.parametrize("name", ["full", "sliding"])
 @pytest.mark.parametrize("align", [256, 8])
-def test_blocks_tail_equals_concatenated_keys(case, name, align, monkeypatch):
-    """`Drafter.blocks(tail=True)` (block keys written into spare slots before the stacked context, attention over
+def test_blocks_in_place_equals_concatenated_keys(case, name, align, monkeypatch):
+    """`blocks_in_place` (block keys written into spare slots before the stacked context, attention over
     every context key, or only over those below `max_anchor`) gives the per-call concatenation's states."""
-    monkeypatch.setattr(dr, "KEY_ALIGN", align)
+    monkeypatch.setattr(kernels, "KEY_ALIGN", align)
     head, models = case
     m, seqs = models[name]
     seqs = [s for s in seqs if len(s.tokens) > 20][:3]
@@ -134,11 +137,11 @@ def test_blocks_tail_equals_concatenated_keys(case, name, align, monkeypatch):
     with torch.inference_mode():
         ref = m.blocks(kv, anchors, emb)
         for top in (None, int(anchors.max())):
-            got = m.blocks(kv_tail, anchors, emb, max_anchor=top, tail=True)
+            got = m.blocks_in_place(kv_tail, anchors, emb, max_anchor=top)
             assert torch.allclose(got, ref, atol=1e-5), top
         if align < T:  # a bound below an anchor hides keys that the block sees: the bound is really used
             assert not torch.allclose(
-                m.blocks(kv_tail, anchors, emb, max_anchor=int(anchors.min()) - 9, tail=True), ref, atol=1e-5
+                m.blocks_in_place(kv_tail, anchors, emb, max_anchor=int(anchors.min()) - 9), ref, atol=1e-5
             )
 
 
@@ -261,7 +264,7 @@ def test_worker_writer_keeps_order_and_raises_its_failure():
 
 
 def test_check_validates_like_load_without_reading(tmp_path, monkeypatch):
-    """`drafter.check` refuses what `load` refuses (here a tensor of the wrong shape) and reads no tensor."""
+    """`drafters.check` refuses what `load` refuses (here a tensor of the wrong shape) and reads no tensor."""
     from safetensors.torch import load_file, save_file
 
     ok = tiny.write_drafter(tmp_path / "ok", tiny.TinyDrafter(seed=1))
@@ -293,9 +296,9 @@ def test_fused_ops_fall_back_to_eager(monkeypatch):
         return call
 
     monkeypatch.setattr(torch, "compile", broken)
-    ops = dr.Ops(True)
+    ops = kernels.Kernels(True)
     x, w = torch.randn(3, 8), torch.randn(8)
     with pytest.warns(UserWarning, match="fused rmsnorm unavailable"):
         got = ops.rmsnorm(x, w, 1e-6)
-    assert torch.equal(got, dr.rmsnorm(x, w, 1e-6)) and torch.equal(ops.rmsnorm(x, w, 1e-6), got)
-    assert dr.ops_for(torch.device("cpu")) is dr.EAGER
+    assert torch.equal(got, kernels.rmsnorm(x, w, 1e-6)) and torch.equal(ops.rmsnorm(x, w, 1e-6), got)
+    assert kernels.kernels_for(torch.device("cpu")) is kernels.EAGER

@@ -18,7 +18,8 @@ from safetensors.torch import save_file
 from serving import stop_jobs, until
 
 from dflash_dash import cli, pipeline
-from dflash_dash import drafter as dr
+from dflash_dash import drafters as dr
+from dflash_dash.drafters import kernels
 from dflash_dash import replay as rp
 from dflash_dash import target as tg
 from dflash_dash.jobs import lifecycle
@@ -218,7 +219,7 @@ def test_plain_rope_equals_transformers_bit_for_bit(theta, hd, dtype):
         )
     )
     pos = torch.tensor([[0, 1, 7, 511, 2559], [4095, 20000, 32767, 3, 100]])
-    cos, sin = dr.Rope(c, "cpu", dtype)(pos)
+    cos, sin = kernels.Rope(c, "cpu", dtype)(pos)
     rc, rs = ref(torch.empty(0, dtype=dtype), pos.reshape(1, -1))
     assert cos.dtype == dtype and cos.shape == (2, 5, hd)
     assert torch.equal(cos, rc.reshape(2, 5, hd)) and torch.equal(sin, rs.reshape(2, 5, hd))

@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dflash_dash import cache
-from dflash_dash import drafter as dr
+from dflash_dash import drafters as dr
+from dflash_dash import walks
 from dflash_dash import replay as rp
 from dflash_dash import target as tg
 from dflash_dash.store import Store
@@ -211,9 +212,9 @@ def test_accepted_and_walk_by_hand():
             [8, 0, 0],  # anchor 9: nothing left -> 0
         ]
     )
-    acc = rp.accepted(drafts, tokens, 2)
+    acc = walks.accepted(drafts, tokens, 2)
     assert acc.tolist() == [2, 0, 0, 0, 0, 2, 1, 0]
-    rounds = rp.walk(acc, 2, 10)
+    rounds = walks.chain_walk(acc, 2, 10)
     # anchor 2 commits 3 -> 5; anchor 5 commits 1 -> 6; anchor 6 commits 1 -> 7; anchor 7: min(3, 2) = 2 -> 9
     assert rounds == [(2, 2, 3), (5, 0, 1), (6, 0, 1), (7, 2, 2)]
     assert sum(c for *_, c in rounds) == 10 - 1 - 2
@@ -242,16 +243,16 @@ def test_ddtree_by_hand():
     ids = np.array([[10, 11], [20, 21], [30, 31]])  # slot candidates A/B, C/D, E/F
     logp = np.array([[-0.1, -2.5], [-0.2, -1.0], [-0.3, -0.4]])
     # budget 4 pops A(-0.1), AC(-0.3), ACE(-0.6), ACF(-0.7)
-    assert rp.tree_accept(ids, logp, np.array([10, 20, 31]), 4) == 3
-    assert rp.tree_accept(ids, logp, np.array([10, 21, 30]), 4) == 1
-    assert rp.tree_accept(ids, logp, np.array([11, 20, 30]), 4) == 0
+    assert walks.tree_accept(ids, logp, np.array([10, 20, 31]), 4) == 3
+    assert walks.tree_accept(ids, logp, np.array([10, 21, 30]), 4) == 1
+    assert walks.tree_accept(ids, logp, np.array([11, 20, 30]), 4) == 0
     # budget 3 stops before ACF; budget 5 adds AD(-1.1) but not ADE
-    assert rp.tree_accept(ids, logp, np.array([10, 20, 31]), 3) == 2
-    assert rp.tree_accept(ids, logp, np.array([10, 21, 30]), 5) == 2
+    assert walks.tree_accept(ids, logp, np.array([10, 20, 31]), 3) == 2
+    assert walks.tree_accept(ids, logp, np.array([10, 21, 30]), 5) == 2
     # a target cut by the completion's end
-    assert rp.tree_accept(ids, logp, np.array([10]), 4) == 1
+    assert walks.tree_accept(ids, logp, np.array([10]), 4) == 1
     # budget 1 tree == greedy chain of length 1
-    assert rp.tree_accept(ids, logp, np.array([10, 20, 30]), 1) == 1
+    assert walks.tree_accept(ids, logp, np.array([10, 20, 30]), 1) == 1
 
 
 def _plain_tree(ids, logp, target, budget):
@@ -295,11 +296,14 @@ def test_scoring_shortcuts_equal_plain_definitions():
             next((j for j in range(min(D, T - 1 - p)) if drafts[p - P, j] != tokens[p + 1 + j]), min(D, T - 1 - p))
             for p in range(P, T)
         ]
-        assert rp.accepted(drafts, tokens, P).tolist() == plain
+        assert walks.accepted(drafts, tokens, P).tolist() == plain
         d = rp.Drafts(torch.from_numpy(drafts.copy()), torch.from_numpy(ids), torch.from_numpy(logp.copy()))
         for budget in (0, 1, 2, 5, 30):
             want = [_plain_tree(ids[a], logp[a], tokens[P + a + 1 : min(T, P + a + D + 1)], budget) for a in range(A)]
-            assert rp.tree_accepted(d, tokens, P, budget).tolist() == want, (trial, budget)
+            assert walks.tree_accepted(d.top_ids.numpy(), d.top_logp.numpy(), tokens, P, budget).tolist() == want, (
+                trial,
+                budget,
+            )
 
 
 def test_full_tree_never_below_chain(models):
@@ -312,13 +316,13 @@ def test_full_tree_never_below_chain(models):
     d = rp.draft_all(m, head, feats, tokens, 5, topk=2)
     tk = tokens.numpy().copy()
     tk[11:14] = d.tokens[10 - 5].numpy()  # the target agrees with the drafts at anchor 10
-    acc = rp.accepted(d.tokens.numpy(), tk, 5)
+    acc = walks.accepted(d.tokens.numpy(), tk, 5)
     assert acc[10 - 5] == 3
     for a in range(len(acc)):
         p = 5 + a
         ids, lp, target = d.top_ids[a].numpy(), d.top_logp[a].numpy(), tk[p + 1 : p + 4]
-        assert rp.tree_accept(ids, lp, target, 2 + 4 + 8) >= acc[a]
-        assert rp.tree_accept(ids, lp, target, 1) == min(acc[a], 1)
+        assert walks.tree_accept(ids, lp, target, 2 + 4 + 8) >= acc[a]
+        assert walks.tree_accept(ids, lp, target, 1) == min(acc[a], 1)
 
 
 # ---------------------------------------------------------------------------

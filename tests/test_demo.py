@@ -95,7 +95,7 @@ def test_runs_and_tau(ws):
 
 
 def chain_rounds(accepted_at: list[int], P: int, T: int) -> list[int]:
-    """Tokens committed per round of the chain walk (SPEC 2), written out here independently of replay.walk:
+    """Tokens committed per round of the chain walk (SPEC 2), written out here independently of walks.chain_walk:
     a round at anchor p commits its accepted drafts plus the target's bonus token, cut at the completion's end,
     and the next round starts after them."""
     out, anchor = [], P

@@ -16,7 +16,7 @@ import pytest
 import torch
 from serving import stop_jobs, until
 
-from dflash_dash import cache, cli, drafter, ops, pipeline
+from dflash_dash import cache, cli, drafters, ops, pipeline
 from dflash_dash.jobs import lifecycle
 from dflash_dash.store import Store
 
@@ -181,4 +181,4 @@ def test_operations_round_trip_and_refuse_bad_fields():
     for cls, args, msg in bad:
         with pytest.raises(ops.ArgError, match=msg.replace("(", r"\(").replace(")", r"\)")):
             cls.from_args(args)
-    assert ops.SLIDING_BLOCKS == drafter.SLIDING_BLOCKS and ops.DTYPES == tuple(pipeline.DTYPES)
+    assert ops.SLIDING_BLOCKS == drafters.SLIDING_BLOCKS and ops.DTYPES == tuple(pipeline.DTYPES)

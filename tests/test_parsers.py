@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dflash_dash import drafter as dr
+from dflash_dash import drafters as dr
 from dflash_dash import pipeline
 from dflash_dash.engines import ServerError
 from dflash_dash.engines.sglang import parse_generate

@@ -1,6 +1,6 @@
 """Performance paths (issue 6) compute the same function as the plain ones.
 
-Each optimisation of the core keeps a test here: grouped SDPA attention of `Drafter.blocks` against the
+Each optimisation of the core keeps a test here: grouped SDPA attention of `DFlash.blocks` against the
 one-block reference `Drafter.block`; the chunked LM head with the one-pass log-sum-exp against a plain
 log_softmax + top-k (the Triton kernel itself runs in Triton's interpreter on the CPU); scoring on a
 worker thread against scoring in line; and the overlapped extraction stream against `extract` per item.
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_dash import drafter as dr
+from dflash_dash import drafters as dr
 from dflash_dash import replay as rp
 from dflash_dash import target as tg
 from tools import tiny
@@ -35,7 +35,7 @@ def target_dir(tmp_path_factory):
 
 
 # ---------------------------------------------------------------------------
-# Drafter.blocks: grouped SDPA == one block at a time
+# DFlash.blocks: grouped SDPA == one block at a time
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,7 @@ def test_blocks_grouped_equals_one_block(tmp_path, types, window, group):
 )
 def test_every_anchor_groups_over_replicated_context(monkeypatch, tmp_path, group, chunk, replica_bytes):
     """draft_all drafts each call's blocks as groups of consecutive anchors over the context copied once per
-    group (`replay._replicas`; the blocks' keys written in place): equal to the one-block loop, with several
+    group (`replay.every._replicas`; the blocks' keys written in place): equal to the one-block loop, with several
     groups per call, a short last call (fewer groups, the last block repeated), a sliding layer, and a copy
     budget (`REPLICA_BYTES`) that leaves one group per call."""
     m = dr.load(
@@ -75,8 +75,8 @@ def test_every_anchor_groups_over_replicated_context(monkeypatch, tmp_path, grou
         ),
         sliding_block="causal",
     )
-    monkeypatch.setattr(rp, "GROUP", group)
-    monkeypatch.setattr(rp, "REPLICA_BYTES", replica_bytes)
+    monkeypatch.setattr(rp.every, "GROUP", group)
+    monkeypatch.setattr(rp.every, "REPLICA_BYTES", replica_bytes)
     g = torch.Generator().manual_seed(chunk)
     head = random_head(seed=chunk)
     T, P = 57, 6  # 51 anchors: no chunk size above divides them
@@ -97,11 +97,11 @@ def test_blocks_gradients_do_not_depend_on_grouping(tmp_path):
     grads = []
     for group in (1, 3):
         m = dr.load(ck)
-        for t in m.w.values():
+        for t in m.w.named().values():
             t.requires_grad_(True)
         loss = m.blocks(m.context_kv(feats), anchors, emb, group=group).square().mean()
         loss.backward()
-        grads.append(torch.cat([t.grad.flatten() for t in m.w.values()]))
+        grads.append(torch.cat([t.grad.flatten() for t in m.w.named().values()]))
     assert grads[0].abs().sum() > 0 and torch.isfinite(grads[0]).all()
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
 
@@ -114,15 +114,15 @@ def test_blocks_gradients_do_not_depend_on_grouping(tmp_path):
 def test_head_chunks_equal_plain_log_softmax(monkeypatch, dtype):
     head = random_head(V=700, H=32, dtype=dtype)
     h = torch.randn(6, 5, 32, generator=torch.Generator().manual_seed(3)).to(dtype)
-    monkeypatch.setattr(rp, "HEAD_ROWS", 7)  # 24 rows in 4 uneven chunks
-    drafts, ids, logp = rp._head(None, head, h, topk=5)
+    monkeypatch.setattr(rp.head, "HEAD_ROWS", 7)  # 24 rows in 4 uneven chunks
+    drafts, ids, logp = rp.head.read_out(None, head, h, topk=5)
     logits = (h[:, 1:] @ head.lm_head.T).float()  # the plain formulation
     lp = torch.log_softmax(logits, -1)
     assert torch.equal(drafts, logits.argmax(-1))
     top = lp.topk(5, dim=-1)
     assert torch.equal(ids, top.indices)
     torch.testing.assert_close(logp, top.values, rtol=0, atol=1e-5)
-    d0, i0, l0 = rp._head(None, head, h, topk=0)
+    d0, i0, l0 = rp.head.read_out(None, head, h, topk=0)
     assert torch.equal(d0, drafts) and i0.shape == l0.shape == (6, 4, 0)
 
 
@@ -133,12 +133,12 @@ def test_triton_top_logp_matches_torch_in_interpreter():
     code = (
         "import torch\n"
         "from dflash_dash import replay as rp\n"
-        "top = rp._top_triton()\n"
+        "top = rp.head._top_triton()\n"
         "g = torch.Generator().manual_seed(0)\n"
         "cases = [(5000, torch.bfloat16, 8, 4.0), (4096, torch.float32, 3, 4.0), (37, torch.float32, 1, 4.0),\n"
         "         (9000, torch.bfloat16, 8, 0.0)]\n"
-        "for (V, dt, k, scale), blk in [(c, b) for c in cases for b in (rp.TOP_BLOCK, 512)]:\n"
-        "    rp.TOP_BLOCK = blk\n"
+        "for (V, dt, k, scale), blk in [(c, b) for c in cases for b in (rp.head.TOP_BLOCK, 512)]:\n"
+        "    rp.head.TOP_BLOCK = blk\n"
         "    x = (torch.randn(3, V, generator=g) * scale).to(dt) if scale else \\\n"
         "        (torch.randint(-40, 40, (3, V), generator=g) / 8).to(dt)\n"  # many exact ties
         "    x[1, min(V - 1, 4100)] = 60.0; x[2, V - 1] = 61.0; x[2, 7] = 61.0\n"  # dominant logits, tied max
@@ -156,7 +156,7 @@ def test_triton_top_logp_matches_torch_in_interpreter():
 
 
 # ---------------------------------------------------------------------------
-# replay.run: scoring on a worker thread == scoring in line
+# replay.every_anchor: scoring on a worker thread == scoring in line
 
 
 def test_run_scores_in_order_like_a_plain_loop(tmp_path):
@@ -168,7 +168,7 @@ def test_run_scores_in_order_like_a_plain_loop(tmp_path):
         for i, (T, P) in enumerate([(30, 5), (18, 9), (25, 3), (12, 11)])
     ]
     seen = []
-    results, summary = rp.run(m, head, seqs, budget=3, chunk=4, progress=lambda i, n: seen.append((i, n)))
+    results, summary = rp.every_anchor(m, head, seqs, budget=3, chunk=4, progress=lambda i, n: seen.append((i, n)))
     k = max(3, rp.ROUND_TOPK)  # run drafts the DDTree budget's candidates, and ROUND_TOPK for the round detail
     want = [
         rp.score(

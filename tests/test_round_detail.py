@@ -17,7 +17,7 @@ from test_app import app, by_label, clean, htmls, navigation_routing  # noqa: F4
 from test_chain import planted
 from test_e2e import CHROMIUM, browser, dashboard, open_page, page, settle, shot  # noqa: F401  (fixtures)
 
-from dflash_dash import drafter as dr
+from dflash_dash import drafters as dr
 from dflash_dash import pipeline
 from dflash_dash import replay as rp
 from dflash_dash import target as tg
@@ -53,8 +53,8 @@ def case(tmp_path_factory):
 @pytest.mark.parametrize("budget", [0, 3])
 def test_round_top_is_the_block_at_each_round_anchor_in_both_modes(case, budget):
     m, head, seqs, ref = case
-    every, _ = rp.run(m, head, seqs, budget=budget, chunk=7)
-    chain, _ = rp.run_chain(m, head, seqs, budget=budget, batch=3)
+    every, _ = rp.every_anchor(m, head, seqs, budget=budget, chunk=7)
+    chain, _ = rp.chain_only(m, head, seqs, budget=budget, batch=3)
     rounds = 0
     for e, c, s in zip(every, chain, seqs):
         P, d = s.prompt_len, ref[s.id]

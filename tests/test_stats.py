@@ -19,7 +19,7 @@ from dflash_dash.store import Store
 
 
 def walk(acc: list[int], P: int, B: int) -> list[int]:
-    """Committed per round of the chain walk of block B, by hand (like replay.walk)."""
+    """Committed per round of the chain walk of block B, by hand (like walks.chain_walk)."""
     out, a, T = [], P, P + len(acc)
     while a < T - 1:
         c = min(min(acc[a - P], B - 1) + 1, T - 1 - a)

@@ -75,7 +75,7 @@ def synthetic(P=5, T=40, B=4, seed=0):
 
 
 def walked_by_hand(row: dict, comp: dict, B: int) -> dict:
-    """The trace of SPEC 2 written out here, position by position, independently of replay.walk and analysis.trace: the
+    """The trace of SPEC 2 written out here, position by position, independently of walks.chain_walk and analysis.trace: the
     first completion position comes from the prefill; a round at anchor p commits its accepted drafts (depth
     1..a), then the target's bonus token (beside it the rejected draft d_{a+1}, when a < B-1), stopping at the
     completion's end; the next round's anchor is the last committed position."""
@@ -331,7 +331,7 @@ def test_sweep_points_and_steps(tmp_path):
 
 
 def test_consistency_flags_mismatches(prepared):
-    from dflash_dash import drafter, target
+    from dflash_dash import drafters as drafter, target
 
     st = Store(prepared.workspace)
     ex = st.extraction(prepared.extraction)

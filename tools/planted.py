@@ -76,6 +76,7 @@ def planted_results(
     import numpy as np
 
     from dflash_dash import replay
+    from dflash_dash import walks
 
     rng, D, K = np.random.default_rng(seed), block_size - 1, replay.ROUND_TOPK
     out = []
@@ -93,7 +94,7 @@ def planted_results(
         drafts = np.where(clash, (drafts + 1) % vocab, drafts)
         acc = np.minimum(want, inside.sum(1))
         logp = -rng.exponential(1.0, (A, D)).astype(np.float32)
-        rounds = replay.walk(acc, P, T)
+        rounds = walks.chain_walk(acc, P, T)
         at = np.asarray([p for p, _, _ in rounds], dtype=np.int64) - P
         top_ids = np.concatenate([drafts[at][..., None], rng.integers(0, vocab, (len(at), D, K - 1))], -1)
         top_p = np.sort(rng.random((len(at), D, K)), -1)[..., ::-1] / K
@@ -107,7 +108,7 @@ def planted_results(
                 [n for _, _, n in rounds],
                 [p for p, _, _ in rounds],
                 tacc.tolist() if budget else [],
-                [n for _, _, n in replay.walk(tacc, P, T)] if budget else [],
+                [n for _, _, n in walks.chain_walk(tacc, P, T)] if budget else [],
                 logp.tolist(),
                 top_ids.tolist(),
                 top_p.tolist(),

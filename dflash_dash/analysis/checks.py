@@ -15,7 +15,7 @@ from . import rounded
 def consistency(cfg, extraction: dict, info) -> list[dict]:
     """Drafter config (DrafterConfig) vs an extraction row and its target (TargetInfo): one row per rule of
     drafter.checks, with the problem and fix where a rule fails."""
-    from .. import drafter  # on first use: its module imports torch
+    from .. import drafters as drafter
 
     return [
         {

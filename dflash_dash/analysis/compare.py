@@ -98,7 +98,7 @@ def _show(v) -> str:
 
 def sweep_points(runs: list[dict], folder: str, extraction: str | None = None) -> list[dict]:
     """Runs whose checkpoint lies inside `folder` (latest run per checkpoint), ordered by step."""
-    from ..drafter import step_of  # on first use: its module imports torch
+    from ..drafters import step_of
 
     root = str(Path(folder).resolve())
     best: dict[str, dict] = {}

@@ -20,19 +20,13 @@ import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from .. import config as config_mod, engines, lazy, ops, pipeline
+from .. import config as config_mod, engines, ops, pipeline
 from ..errors import UserError
 from ..store import Store, new_id
 from . import gpu
 from .lifecycle import Cancelled, Reporter, active
 from .workers import runner_for
-
-if TYPE_CHECKING:  # loads on first use: the checks before an extraction never import torch
-    from .. import target as target_mod
-else:
-    target_mod = lazy.module("dflash_dash.target")
 
 STOP_TIMEOUT_S = 120.0  # a stop command and the server going down must finish within this
 MEMORY_WAIT_S = 30.0  # released GPU memory may take this long to show as free
@@ -45,6 +39,8 @@ class OrchestrationError(UserError, RuntimeError):
 
 def run_extract(store: Store, op: ops.Extract, rep: Reporter) -> dict:
     """Extract with the GPU orchestrated around it (the module's contract); returns {"extraction": id}."""
+    from .. import target as target_mod  # here: the checks before an extraction never import torch
+
     cfg = config_mod.load(store.workspace)
     layers = pipeline.layer_ids_of(op.drafter, op.layers)
     info = target_mod.describe(op.target)  # fail on a bad target/set before touching the server

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ..drafter import CheckpointError
+from ..drafters import CheckpointError
 from . import faults, specdec
 from .model import Engine
 from .protocol import BadRequest, log, run_chat, run_generate

@@ -33,8 +33,9 @@ from typing import Any
 
 import torch
 
-from .. import drafter as drafter_mod, replay, target as target_mod
+from .. import drafters as drafter_mod, replay, target as target_mod
 from . import faults
+
 
 # ---------------------------------------------------------------------------
 # counters
@@ -81,7 +82,7 @@ class Speculator:
     path: str  # the DFlash checkpoint folder (--speculative-draft)
     device: str = "cpu"  # where the drafter runs (the target's device)
     bug: str | None = None  # one of faults.BUGS (a test aid) or None: the correct decoder
-    drafter: Any = None  # the loaded drafter_mod.Drafter, None until `load` (and while released)
+    drafter: Any = None  # the loaded drafters.Drafter, None until `load` (and while released)
 
     def load(self, model) -> None:
         """Load the drafter (fp32) and check it against the loaded target `model`; CheckpointError names the field."""

@@ -475,7 +475,7 @@ def cpu_continue(
 
     from dflash_dash import replay
     from dflash_dash import target as target_mod
-    from dflash_dash.drafter import load
+    from dflash_dash.drafters import load
 
     from ..tiny import TinyDrafter
     from . import train_drafter as td
@@ -526,7 +526,7 @@ def cpu_continue(
         )
         rec = td.train(data, head, d, t, work / f"chunk{k}", name, "cpu", log, init=init, step0=step0)[-1]
         init, step0 = work / f"chunk{k}" / rec["name"], rec["step"]
-        _, summ = replay.run(load(init), head, evals, budget=0)
+        _, summ = replay.every_anchor(load(init), head, evals, budget=0)
         rec["coding10_tau_macro_torch"] = summ["tau_macro"]
         rec["coding10_tau_pooled_torch"] = summ["tau_pooled"]
         chunks.append(rec)

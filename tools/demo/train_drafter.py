@@ -6,13 +6,13 @@ Contract:
     needed). The drafter learns to predict what the target itself writes, as DFlash training does.
   - `train(...)`: random anchors in the completion; the context is the target features of positions
     strictly before the anchor; the block [anchor token, MASK x (B-1)] is embedded with the frozen target
-    embedding; the drafter runs bidirectionally inside the block (`Drafter.context_kv` + `Drafter.blocks`,
+    embedding; the drafter runs bidirectionally inside the block (`DFlash.context_kv` + `DFlash.blocks`,
     the very forward the replay uses); slot i is scored against the token at anchor+i through the frozen
     target LM head with cross-entropy weighted by exp(-(i-1)/gamma). `bug="anchor_visible"` trains the
     known bug: the context includes the anchor's own hidden state (positions shifted by one, so relative
     positions are unchanged and only the leaked state differs from what inference provides).
   - `batched=True` (the GPU run): every step takes `seqs_per_step` sequences stacked (right-padded to one
-    length) with `anchors_per_seq` random completion anchors each, in one `Drafter.blocks` call over the
+    length) with `anchors_per_seq` random completion anchors each, in one `DFlash.blocks` call over the
     stacked context (`batch_loss`): the same objective, thousands of blocks per step instead of a Python
     loop over a few sequences; a few held-out sequences give a validation loss in the loss curve.
   - Checkpoints are written in the SPEC 2 format (config.json + bf16 model.safetensors), with the steps,
@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from dflash_dash.drafter import Drafter, parse_config, shapes
+from dflash_dash.drafters import Weights, parse_config, shapes
+from dflash_dash.drafters.dflash import DFlash
 from dflash_dash.target import Head
 
 from ..tiny import TinyDrafter, drafter_config
@@ -164,7 +165,7 @@ def _lr(step: int, t: DrafterTraining) -> float:
 
 
 def block_loss(
-    drafter: Drafter,
+    drafter: DFlash,
     head: Head,
     feats: torch.Tensor,
     tokens: torch.Tensor,
@@ -222,7 +223,7 @@ class Padded:
 
 
 def batch_loss(
-    drafter: Drafter,
+    drafter: DFlash,
     head: Head,
     pad: Padded,
     idx: torch.Tensor,
@@ -280,10 +281,10 @@ def train(
     c = parse_config(drafter_config(d))
     w = init_weights(c, device, t.seed)
     if init is not None:
-        from dflash_dash.drafter import load
+        from dflash_dash.drafters import load
 
-        w = {k: v.to(device, torch.float32).requires_grad_(True) for k, v in load(init).w.items()}
-    drafter = Drafter(c, w)
+        w = {k: v.to(device, torch.float32).requires_grad_(True) for k, v in load(init).w.named().items()}
+    drafter = DFlash(c, Weights.from_named(c, w))
     mats = [v for v in w.values() if v.ndim >= 2]
     vecs = [v for v in w.values() if v.ndim < 2]
     opt = torch.optim.AdamW(

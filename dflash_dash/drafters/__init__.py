@@ -1,0 +1,124 @@
+"""Drafters: the family registry, and reading, checking and loading a drafter checkpoint of any family.
+
+Contract: `read_config(path)` locates a checkpoint (HF folder or SpecForge runtime folder) and returns its
+validated `DrafterConfig`; `check(path)` validates it as `load` would (config, sliding semantics, every tensor's
+name and shape) without reading its weights; `load(path, dtype, device)` returns a `base.Drafter` of the
+checkpoint's family. A family is one module registered in `FAMILIES` (see `base` for what it provides); the
+config's `architectures` pick it (`config.family_of`), and families no module implements are refused with
+their name. This module and the config, checkpoint-locating, weights-table and consistency modules are
+torch-free, so pages read configs without torch; a family's module (torch) is imported on first load.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from .base import Drafter, Family
+from .checkpoint import RUNTIME_FILE, Checkpoint, config_of, locate, raw_config, read_config, step_of
+from .config import (
+    SLIDING_BLOCKS,
+    CheckpointError,
+    DrafterConfig,
+    default_layer_ids,
+    family_of,
+    parse_config,
+    refuse_family,
+    sliding_semantics,
+)
+from .consistency import Check, check_target, checks
+from .weights import Weights, checked, shapes
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+
+__all__ = [
+    "FAMILIES",
+    "RUNTIME_FILE",
+    "SLIDING_BLOCKS",
+    "Check",
+    "Checkpoint",
+    "CheckpointError",
+    "Drafter",
+    "DrafterConfig",
+    "Family",
+    "Weights",
+    "check",
+    "check_target",
+    "checked",
+    "checks",
+    "config_of",
+    "default_layer_ids",
+    "family_of",
+    "flops_per_block",
+    "implementation",
+    "kernels_for",
+    "load",
+    "locate",
+    "parse_config",
+    "raw_config",
+    "read_config",
+    "refuse_family",
+    "shapes",
+    "sliding_semantics",
+    "step_of",
+]
+
+FAMILIES = {"dflash": Family("DFlash", "dflash_dash.drafters.dflash", ("DFlashDraftModel",))}
+
+
+def implementation(ck: Checkpoint) -> ModuleType:
+    """The module of the family `ck`'s config describes (imported now; it imports torch)."""
+    return importlib.import_module(FAMILIES[family_of(raw_config(ck))].module)
+
+
+def check(path: str | Path, sliding_block: str | None = None, draft_config: str | Path | None = None) -> DrafterConfig:
+    """Validate a checkpoint as `load` does (config, sliding semantics, every tensor's name and shape) without
+    reading its weights; returns its config. A sweep checks every checkpoint so before loading the first."""
+    ck = locate(path, draft_config)
+    c = config_of(ck)
+    sliding_semantics(c, sliding_block)
+    checked(ck, c, None)
+    return c
+
+
+def load(
+    path: str | Path,
+    dtype: torch.dtype | None = None,
+    device: str = "cpu",
+    sliding_block: str | None = None,
+    draft_config: str | Path | None = None,
+    place: Callable[[dict], dict] | None = None,
+) -> Drafter:
+    """Load and validate a checkpoint (HF folder or SpecForge runtime folder, see `locate`) as its family's
+    drafter, in `dtype` (float32 by default). A tensor of the wrong shape, a missing one or an unknown one (other
+    than a copy of the target's embedding or LM head) raises CheckpointError naming it. `place`: moves the
+    checked weights (CPU, `dtype`) to `device` all at once (a loader's staged upload); by default each tensor is
+    moved as it is read."""
+    ck = locate(path, draft_config)
+    c = config_of(ck)
+    fam = implementation(ck)
+    if dtype is None:
+        import torch
+
+        dtype = torch.float32
+    return fam.load(ck, c, dtype, device, sliding_block, place)
+
+
+def kernels_for(device: Any):
+    """The element-wise kernels drafters on `device` use (builds the fused set on CUDA: Triton and Inductor
+    imports take seconds, so a loader starts this early)."""
+    from .kernels import kernels_for as build
+
+    return build(device)
+
+
+def flops_per_block(c: DrafterConfig, ctx_len: int, vocab: int) -> float:
+    """Matmul FLOPs of one block of a drafter with config `c` (its family's count), for benchmarks."""
+    from .dflash import flops_per_block as count
+
+    return count(c, ctx_len, vocab)

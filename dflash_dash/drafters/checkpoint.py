@@ -1,0 +1,149 @@
+"""Checkpoint layouts: where a drafter's config and weights are, and reading its tensors.
+
+Contract: `locate(path)` finds an HF folder (config.json + *.safetensors) or a SpecForge runtime folder
+(`training_state.pt`, its config beside, above, or passed as --draft-config) and returns a `Checkpoint`;
+`read_config`/`config_of` validate its config; `tensors(ck)` yields its weights by bare name. A runtime file is
+read with torch.load(weights_only=True) only: a file that needs arbitrary unpickling is refused, so its code never
+runs. Torch and safetensors are imported inside `tensors` only: locating and reading configs stay torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import CheckpointError, DrafterConfig, parse_config
+
+RUNTIME_FILE = "training_state.pt"  # SpecForge runtime checkpoint: {run_id}-step{N}/training_state.pt
+_STEPS = [
+    re.compile(p)
+    for p in (r"epoch_(\d+)_step_(\d+)$", r"(?:^|[-_])step[-_]?(\d+)$", r"^checkpoint-(\d+)$", r"^step(\d+)$")
+]
+
+
+def step_of(name: str) -> int | None:
+    """Training step of a checkpoint folder name: `epoch_E_step_S`, `{run_id}-step{N}`, `checkpoint-N`,
+    `step_N`, `stepN`; None for other names (e.g. `{run_id}-latest`)."""
+    for rx in _STEPS:
+        m = rx.search(Path(name).name)
+        if m:
+            return int(m.groups()[-1])
+    return None
+
+
+@dataclass
+class Checkpoint:
+    path: Path  # the checkpoint folder (resolved)
+    config_file: Path  # the JSON the config is read from (beside, above, or --draft-config)
+    weights: list[Path]  # *.safetensors files, or [training_state.pt]
+    kind: str  # "hf" (safetensors folder) or "runtime" (SpecForge training_state.pt)
+
+
+def locate(path: str | Path, draft_config: str | Path | None = None) -> Checkpoint:
+    """Find a checkpoint's weights and config: an HF folder (config.json + *.safetensors) or a SpecForge
+    runtime folder `{run_id}-step{N}/` (training_state.pt, config from `draft_config` or a config.json beside
+    or up to two folders above). Raises CheckpointError naming what is missing and the fix."""
+    p = Path(path)
+    if p.is_file() and p.name == RUNTIME_FILE:
+        p = p.parent
+    if not p.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint folder")
+    p = p.resolve()
+    files = sorted(p.glob("*.safetensors"))
+    kind = "hf" if files else "runtime" if (p / RUNTIME_FILE).is_file() else None
+    if kind is None:
+        what = "a target model folder, not a drafter" if list(p.glob("*.bin")) else "no drafter weights"
+        raise CheckpointError(f"{p}: {what} (expected config.json + *.safetensors, or a SpecForge {RUNTIME_FILE})")
+    if draft_config:
+        cfg = Path(draft_config)
+        if not cfg.is_file():
+            raise CheckpointError(
+                f"--draft-config {draft_config}: no such file (expected the training's draft config JSON)"
+            )
+    else:
+        near = [p] + (list(p.parents)[:2] if kind == "runtime" else [])
+        cfg = next((d / "config.json" for d in near if (d / "config.json").is_file()), None)
+        if cfg is None:
+            raise CheckpointError(
+                f"{p}: no config.json beside the weights"
+                + (
+                    " or above them; a SpecForge runtime checkpoint holds no "
+                    "config: pass --draft-config FILE (the training's --draft-config JSON)"
+                    if kind == "runtime"
+                    else " (expected a DFlash checkpoint folder)"
+                )
+            )
+    return Checkpoint(p, cfg.resolve(), files or [p / RUNTIME_FILE], kind)
+
+
+def raw_config(ck: Checkpoint) -> dict:
+    try:
+        raw = json.loads(ck.config_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{ck.config_file}: not valid JSON ({e})") from None
+    return raw
+
+
+def read_config(path: str | Path, draft_config: str | Path | None = None) -> DrafterConfig:
+    """Locate, read and validate a checkpoint's config; errors name the file they came from."""
+    return config_of(locate(path, draft_config))
+
+
+def config_of(ck: Checkpoint) -> DrafterConfig:
+    """The validated config of a located checkpoint; errors name the file they came from."""
+    try:
+        return parse_config(raw_config(ck))
+    except CheckpointError as e:
+        raise CheckpointError(str(e).replace("config.json:", f"{ck.config_file}:", 1)) from None
+
+
+COPIES = ("embed_tokens.weight", "lm_head.weight")  # copies of the target's embedding / LM head: ignored
+
+
+def tensors(ck: Checkpoint):
+    """(file name, tensor name, shape, getter) of a checkpoint's weights, names without `model.`/`draft_model.`
+    prefixes; the shape is read without the tensor's data.
+
+    A runtime `training_state.pt` is read with torch.load(weights_only=True) only: a file that needs arbitrary
+    unpickling is refused (its code never runs)."""
+    import torch
+    from safetensors import safe_open
+
+    if ck.kind == "hf":
+        for f in ck.weights:
+            with safe_open(str(f), framework="pt", device="cpu") as sf:
+                for name in sf.keys():
+                    yield (
+                        f.name,
+                        _bare(name),
+                        tuple(sf.get_slice(name).get_shape()),
+                        lambda sf=sf, name=name: sf.get_tensor(name),
+                    )
+        return
+    f = ck.weights[0]
+    try:
+        state = torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{f}: needs arbitrary unpickling ({str(e).splitlines()[0][:160]}), which dflash-dash refuses because it "
+            "can run code; export the checkpoint with `specforge export --to hf` and replay the exported folder"
+        ) from None
+    except (RuntimeError, OSError, EOFError) as e:
+        raise CheckpointError(f"{f}: not a readable torch checkpoint ({type(e).__name__}: {e})") from None
+    sd = state.get("draft_state_dict") if isinstance(state, dict) else None
+    if not isinstance(sd, dict):
+        keys = sorted(state)[:8] if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"{f}: no 'draft_state_dict' (found {keys}); expected a SpecForge runtime checkpoint")
+    for name, t in sd.items():
+        if not isinstance(t, torch.Tensor):
+            raise CheckpointError(f"{f}: draft_state_dict['{name}'] is {type(t).__name__}, expected a tensor")
+        yield f.name, _bare(name), tuple(t.shape), lambda t=t: t
+
+
+def _bare(name: str) -> str:
+    for prefix in ("draft_model.", "model."):
+        name = name.removeprefix(prefix)
+    return name

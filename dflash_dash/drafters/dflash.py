@@ -1,0 +1,300 @@
+"""DFlash, the first drafter family: the block forward over target features, one function per K/V layout.
+
+Contract: `DFlash(c, w)` holds a config and typed `Weights` (any device, any dtype; differentiable when the
+weights require grad: the demo trains through `blocks`; callers wrap inference in torch.inference_mode()).
+Its forwards (the `base.Drafter` interface) return norm(h) of each block:
+  - `blocks`: many blocks of one sequence (or of stacked sequences in lockstep) over shared context K/V,
+    [context ; block] keys concatenated per attention group (the every-anchor path);
+  - `blocks_in_place`: the same over stacked K/V whose leading spare key slots take the blocks' keys in place,
+    attention over a prefix view (the chain-only replay's lockstep steps, the every-anchor replicas);
+  - `block`: one block, keys = [ctx; block] concatenated, plain SDPA (the reference the tests trust).
+`load(ck, c, ...)` reads a located checkpoint's checked tensors into a DFlash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import kernels
+from .base import Drafter
+from .checkpoint import Checkpoint
+from .config import DrafterConfig, sliding_semantics
+from .kernels import Rope, kernels_for, rmsnorm
+from .weights import Linear, Weights, checked, shapes
+
+__all__ = ["DFlash", "load", "shapes", "flops_per_block"]
+
+
+def _lin(x: torch.Tensor, lin: Linear) -> torch.Tensor:
+    return F.linear(x, lin.weight, lin.bias)
+
+
+class DFlash(Drafter):
+    """Weights of a DFlash checkpoint plus its forwards."""
+
+    def __init__(self, c: DrafterConfig, w: Weights, path: str = "", sliding_block: str | None = None):
+        self.c, self.w, self.path = c, w, path
+        self.sliding_block = sliding_semantics(c, sliding_block)  # causal | bidirectional (sliding layers)
+        any_w = w.fc.weight
+        self.device, self.dtype = any_w.device, any_w.dtype
+        self.rope = Rope(c, self.device, self.dtype)
+        self.ops = kernels_for(self.device)  # element-wise kernels of the batched forward: eager or fused
+
+    # -- shared pieces --------------------------------------------------------
+
+    def ctx(self, features: torch.Tensor) -> torch.Tensor:
+        """features [T, K*H] -> ctx [T, H] = hidden_norm(fc(features))."""
+        x = _lin(features.to(self.device, self.dtype), self.w.fc)
+        return self.ops.rmsnorm(x, self.w.hidden_norm, self.c.rms_norm_eps)
+
+    def _kv(self, i: int, x: torch.Tensor, cos, sin):
+        """x [..., T, H] -> k [..., nkv, T, hd] (normed, roped), v [..., nkv, T, hd]."""
+        c, L = self.c, self.w.layers[i]
+        k = _lin(x, L.k_proj).unflatten(-1, (c.num_key_value_heads, c.head_dim))
+        v = _lin(x, L.v_proj).unflatten(-1, (c.num_key_value_heads, c.head_dim))
+        return self.ops.norm_rope(k, L.k_norm, c.rms_norm_eps, cos, sin), v.transpose(-2, -3)
+
+    def _q(self, i: int, x: torch.Tensor, cos, sin):
+        """x [..., B, H] -> q [..., nh, B, hd] (normed, roped)."""
+        c, L = self.c, self.w.layers[i]
+        q = _lin(x, L.q_proj).unflatten(-1, (c.num_attention_heads, c.head_dim))
+        return self.ops.norm_rope(q, L.q_norm, c.rms_norm_eps, cos, sin)
+
+    def _mlp(self, i: int, x):
+        L = self.w.layers[i]
+        return _lin(self.ops.silu_mul(_lin(x, L.gate_proj), _lin(x, L.up_proj)), L.down_proj)
+
+    def _kind(self, i: int) -> tuple[int | None, bool]:
+        """(key window, causal inside the block) of layer i: (None, False) for full_attention layers."""
+        if self.c.layer_types[i] != "sliding_attention":
+            return None, False
+        return self.c.sliding_window, self.sliding_block == "causal"
+
+    # -- batched paths --------------------------------------------------------
+
+    def context_kv(self, features: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (k, v) of the whole sequence's context, each [nkv, T, hd]; computed once per sequence."""
+        ctx = self.ctx(features)  # [T, H] (or [S, T, H]: stacked sequences, K/V [S, nkv, T, hd])
+        cos, sin = self.rope(torch.arange(ctx.shape[-2], device=self.device))
+        return [self._kv(i, ctx, cos, sin) for i in range(self.c.num_hidden_layers)]
+
+    def blocks(
+        self,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        anchors: torch.Tensor,
+        emb: torch.Tensor,
+        group: int = 16,
+        max_anchor: int | None = None,
+    ) -> torch.Tensor:
+        """Draft many blocks at once: of one sequence, or of several sequences in lockstep.
+
+        kv: context_kv of the sequence (per layer k, v [nkv, T, hd]), or of S sequences stacked (per layer
+        [S, nkv, T, hd], padded to one T) with N = S*G blocks, G consecutive blocks per sequence;
+        anchors [N] (int, the anchor position of each block);
+        emb [N, B, H]: target embeddings of [anchor token, MASK x (B-1)].
+        Block n's queries see context keys at positions < anchors[n] plus their own block: bidirectional in
+        full_attention layers; in sliding_attention layers keys with q - k < window, and only block slots
+        0..i from slot i when `sliding_block` is causal (SpecForge training, SGLang serving).
+        Returns norm(h) [N, B, H].
+
+        Attention is one fused SDPA call per layer: blocks are taken `group` at a time (S groups), each
+        group's queries [g*G*B] attend over [context keys ; the group's block keys] of one KV head, with an
+        additive mask that keeps block n to keys < anchors[n] and to its own block. GQA is folded into the
+        query rows, so K/V are never repeated per query head; scores never leave the kernel. The context
+        length is rounded up to a multiple of KEY_ALIGN (the extra keys are masked) so that few distinct shapes
+        reach the attention kernels. `max_anchor` (>= anchors.max(), optional) spares a device sync.
+        """
+        c = self.c
+        N = emb.shape[0]
+        nkv, hd = c.num_key_value_heads, c.head_dim
+        stacked = kv[0][0].dim() == 4  # [S, nkv, T, hd]: one group per sequence
+        if stacked and N % kv[0][0].shape[0]:
+            raise ValueError(f"{N} blocks do not split evenly over {kv[0][0].shape[0]} stacked sequences")
+        G = N // kv[0][0].shape[0] if stacked else max(1, min(group, N))  # blocks per attention group
+        S, anchors, h = self._grouped(anchors, emb, G)
+        T = kv[0][0].shape[-2]
+        top = int(anchors.max()) if max_anchor is None else max_anchor
+        L = min(T, -(-top // kernels.KEY_ALIGN) * kernels.KEY_ALIGN)  # context keys any block can see
+
+        def keys(i: int, kb: torch.Tensor, vb: torch.Tensor):
+            kc, vc = ((t[:, :, :L] if stacked else t[:, :L].expand(S, nkv, L, hd)) for t in kv[i])
+            return torch.cat([kc, kb], 2), torch.cat([vc, vb], 2)  # [S, nkv, L+G*B, hd]
+
+        return self._layers(anchors, h, N, S, G, L, keys, blocks_first=False)
+
+    def blocks_in_place(
+        self,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        anchors: torch.Tensor,
+        emb: torch.Tensor,
+        max_anchor: int | None = None,
+    ) -> torch.Tensor:
+        """`blocks` over stacked context K/V with spare key slots (the chain-only replay's lockstep steps).
+
+        kv: per layer k, v [S, nkv, G*B + T, hd] that start with G*B spare key slots, N = S*G blocks, G consecutive
+        blocks per sequence. The blocks' keys are written there in place and the attention runs over them and the
+        first L context keys, L >= `max_anchor` rounded so that G*B + L is a multiple of KEY_ALIGN (all T without
+        `max_anchor`): a prefix view, so no per-call copy of the context K/V is made. Visibility and the result
+        are those of `blocks`.
+        """
+        N, B, _ = emb.shape
+        if kv[0][0].dim() != 4:
+            raise ValueError("blocks_in_place needs stacked context K/V [S, nkv, G*B + T, hd]")
+        if N % kv[0][0].shape[0]:
+            raise ValueError(f"{N} blocks do not split evenly over {kv[0][0].shape[0]} stacked sequences")
+        G = N // kv[0][0].shape[0]
+        S, anchors, h = self._grouped(anchors, emb, G)
+        T = kv[0][0].shape[-2] - G * B  # context slots, after the block slots
+        top = T if max_anchor is None else max_anchor  # no sync: the caller's bound or every key
+        L = min(T, -(-(G * B + top) // kernels.KEY_ALIGN) * kernels.KEY_ALIGN - G * B)
+
+        def keys(i: int, kb: torch.Tensor, vb: torch.Tensor):
+            k, v = kv[i]
+            k[:, :, : G * B].copy_(kb)  # the blocks' keys into the spare slots
+            v[:, :, : G * B].copy_(vb)
+            return k[:, :, : G * B + L], v[:, :, : G * B + L]  # [S, nkv, G*B+L, hd] (a view)
+
+        return self._layers(anchors, h, N, S, G, L, keys, blocks_first=True)
+
+    def _grouped(self, anchors: torch.Tensor, emb: torch.Tensor, G: int):
+        """(S groups, anchors, block inputs) on the device, padded with copies of the last block to S*G blocks."""
+        N = emb.shape[0]
+        S = -(-N // G)  # groups
+        anchors = anchors.to(self.device)
+        h = emb.to(self.device, self.dtype)
+        if S * G > N:  # pad with copies of the last block
+            pad = S * G - N
+            anchors = torch.cat([anchors, anchors[-1:].expand(pad)])
+            h = torch.cat([h, h[-1:].expand(pad, -1, -1)])
+        return S, anchors, h
+
+    def _layers(self, anchors, h, N: int, S: int, G: int, L: int, keys: Callable, blocks_first: bool) -> torch.Tensor:
+        """The layers of the grouped forward: `keys(i, kb, vb)` gives layer i's keys and values [S, nkv, *, hd]
+        from the groups' block keys (context then blocks, or blocks then context: `blocks_first`)."""
+        c, dev = self.c, self.device
+        B = h.shape[1]
+        nkv, g, hd = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim
+        qpos = anchors[:, None] + torch.arange(B, device=dev)  # [N', B]
+        cos, sin = self.rope(qpos)  # [N', B, hd]
+        masks = {
+            kd: self._attn_mask(anchors, qpos, L, S, G, g, *kd, blocks_first=blocks_first)
+            for kd in {self._kind(i) for i in range(c.num_hidden_layers)}
+        }
+        ops, eps, layers = self.ops, c.rms_norm_eps, self.w.layers
+        x = ops.rmsnorm(h, layers[0].input_layernorm, eps)
+        for i in range(c.num_hidden_layers):
+            nxt = layers[i + 1].input_layernorm if i + 1 < c.num_hidden_layers else self.w.norm
+            q = self._q(i, x, cos, sin)  # [N', nh, B, hd]
+            q = q.view(S, G, nkv, g, B, hd).permute(0, 2, 3, 1, 4, 5).reshape(S, nkv, g * G * B, hd)
+            kb, vb = (
+                t.view(S, G, nkv, B, hd).transpose(1, 2).reshape(S, nkv, G * B, hd) for t in self._kv(i, x, cos, sin)
+            )  # [S, nkv, G*B, hd]
+            k, v = keys(i, kb, vb)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=masks[self._kind(i)])
+            o = o.view(S, nkv, g, G, B, hd).permute(0, 3, 4, 1, 2, 5).reshape(S * G, B, nkv * g * hd)
+            o = _lin(o, layers[i].o_proj)
+            h, x = ops.add_norm(h, o, layers[i].post_attention_layernorm, eps)
+            h, x = ops.add_norm(h, self._mlp(i, x), nxt, eps)  # x: the next layer's input (or the output)
+        return x[:N]
+
+    def _attn_mask(
+        self,
+        anchors,
+        qpos,
+        L: int,
+        S: int,
+        G: int,
+        g: int,
+        window: int | None,
+        causal: bool,
+        blocks_first: bool = False,
+    ) -> torch.Tensor:
+        """Additive mask [S, 1, g*G*B, L+G*B] (0 or -inf) of the grouped attention of `blocks`: keys are the L
+        context keys then the G*B block keys, or the other way round (`blocks_first`: `blocks_in_place`)."""
+        B, dev = qpos.shape[1], qpos.device
+        kpos = torch.arange(L, device=dev)
+        a, qp = anchors.view(S, G), qpos.view(S, G, B)
+        ok_ctx = (kpos < a[:, :, None, None]).expand(S, G, B, L)  # [S, G, B, L]
+        ok_blk = torch.eye(G, dtype=torch.bool, device=dev)[None, :, None, :, None].expand(S, G, B, G, B)
+        if window:
+            ok_ctx = ok_ctx & ((qp[..., None] - kpos) < window)
+            d = qp[:, :, :, None, None] - qp[:, None, None, :, :]  # [S, G, B, G, B] q - k
+            ok_blk = ok_blk & (d < window) & ((d >= 0) if causal else True)
+        parts = [ok_ctx, ok_blk.reshape(S, G, B, G * B)]
+        ok = torch.cat(parts[::-1] if blocks_first else parts, -1)  # [S, G, B, L+G*B]
+        ok = ok.reshape(S, 1, 1, G * B, -1).expand(S, 1, g, G * B, L + G * B).reshape(S, 1, g * G * B, -1)
+        return torch.zeros(ok.shape, dtype=self.dtype, device=dev).masked_fill_(~ok, float("-inf"))
+
+    # -- reference path -------------------------------------------------------
+
+    # -- reference path -------------------------------------------------------
+
+    def block(self, features: torch.Tensor, anchor: int, emb: torch.Tensor) -> torch.Tensor:
+        """Draft ONE block the plain way: features [anchor, K*H] of positions 0..anchor-1, emb [B, H].
+
+        Keys/values are [proj(ctx); proj(block)] concatenated, positions 0..anchor+B-1, plain SDPA.
+        Returns norm(h) [B, H]. Slow on purpose: it recomputes the context for every block.
+        """
+        c = self.c
+        B = emb.shape[0]
+        ctx = self.ctx(features[:anchor])
+        pos = torch.arange(anchor + B, device=self.device)
+        cos, sin = self.rope(pos)
+        h = emb.to(self.device, self.dtype)
+        g = c.num_attention_heads // c.num_key_value_heads
+        for i in range(c.num_hidden_layers):
+            L = self.w.layers[i]
+            x = rmsnorm(h, L.input_layernorm, c.rms_norm_eps)
+            q = self._q(i, x, cos[anchor:], sin[anchor:])  # [nh, B, hd]
+            k, v = self._kv(i, torch.cat([ctx, x]), cos, sin)  # [nkv, anchor+B, hd]
+            k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
+            mask = None
+            w, causal = self._kind(i)
+            if w:
+                d = pos[anchor:, None] - pos[None, :]  # [B, anchor+B] q - k
+                mask = (d < w) & (d >= 0) if causal else d < w
+            o = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask).to(self.dtype)
+            h = h + _lin(o.transpose(0, 1).flatten(1), L.o_proj)
+            h = h + self._mlp(i, rmsnorm(h, L.post_attention_layernorm, c.rms_norm_eps))
+        return rmsnorm(h, self.w.norm, c.rms_norm_eps)
+
+
+# ---------------------------------------------------------------------------
+# loading
+
+
+def load(
+    ck: Checkpoint,
+    c: DrafterConfig,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    sliding_block: str | None = None,
+    place: Callable[[dict], dict] | None = None,
+) -> DFlash:
+    """A DFlash from a located checkpoint with validated config `c`: every tensor checked (`weights.checked`),
+    read in `dtype` and moved to `device` as it is read, or, with `place`, all at once by `place` (a loader's
+    staged upload, {name: CPU tensor} -> {name: device tensor})."""
+    sliding_semantics(c, sliding_block)  # validate the choice before reading weights
+    if place is None:
+        w = checked(ck, c, lambda t: t.to(device=device, dtype=dtype))
+    else:
+        w = place(checked(ck, c, lambda t: t.to(dtype=dtype)))
+    return DFlash(c, Weights.from_named(c, w), str(ck.path), sliding_block)
+
+
+def flops_per_block(c: DrafterConfig, ctx_len: int, vocab: int) -> float:
+    """Matmul FLOPs of one block over `ctx_len` context keys, LM head of B-1 slots included (for benchmarks)."""
+    H, I, hd, nh, nkv, B = (
+        c.hidden_size,
+        c.intermediate_size,
+        c.head_dim,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.block_size,
+    )
+    per_layer = 2 * B * (H * nh * hd * 2 + H * nkv * hd * 2 + 3 * H * I)  # q,o ; k,v ; mlp
+    per_layer += 2 * 2 * B * nh * hd * (ctx_len + B)  # scores + weighted values
+    return c.num_hidden_layers * per_layer + 2 * (B - 1) * H * vocab

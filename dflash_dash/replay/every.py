@@ -1,0 +1,175 @@
+"""Every-anchor replay: the drafter's block at every completion anchor of every sequence, batched.
+
+Contract: tensors in, numbers out. `every_anchor(drafter, head, seqs)` drafts a block at every completion
+anchor of each `Sequence` (context K/V once per sequence, `chunk` blocks per batched call over replicas of it,
+`DFlash.blocks_in_place`), scores each sequence on a worker thread while the device drafts the next, and
+returns the per-prompt results and the run's summary. `draft_all` is one sequence's drafts, `draft_loop` the
+reference (one plain block forward per anchor), `draft_one` the drafts of one block (the speculative stand-in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from ..drafters import Drafter, kernels
+from ..target import Head
+from ..walks import ROUND_TOPK
+from .head import Drafts, embed_blocks, read_out, to_host
+from .score import PromptResult, score, summarize
+
+
+@dataclass
+class Sequence:
+    id: str
+    tokens: torch.Tensor  # [T] prompt + completion ids
+    prompt_len: int  # P
+    features: torch.Tensor  # [T, K*H]
+
+
+GROUP = 16  # every-anchor: consecutive blocks whose queries share one attention call's keys (`DFlash.blocks_in_place`)
+REPLICA_BYTES = 4 << 30  # every-anchor: bound on the context K/V copies of one sequence (`_replicas`); a long
+# sequence gets fewer groups per call (2,560 tokens at 27B shapes: 16 groups, 0.9 GiB)
+
+
+def tail_keys(spare: int, T: int) -> int:
+    """Key slots of a `DFlash.blocks_in_place` stack: `spare` block slots, then >= T context slots, a multiple of
+    KEY_ALIGN in all (the extra slots stay zero and are never visible)."""
+    return -(-(spare + T) // kernels.KEY_ALIGN) * kernels.KEY_ALIGN
+
+
+def tail_kv(drafter: Drafter, S: int, spare: int, T: int) -> list:
+    """Per layer zeroed (k, v) [S, nkv, tail_keys(spare, T), hd]: the stacked context K/V that
+    `DFlash.blocks_in_place` takes, the context to be written from slot `spare` on."""
+    c = drafter.c
+    shape = (S, c.num_key_value_heads, tail_keys(spare, T), c.head_dim)
+    return [
+        tuple(torch.zeros(shape, dtype=drafter.dtype, device=drafter.device) for _ in range(2))
+        for _ in range(c.num_hidden_layers)
+    ]
+
+
+def _replicas(drafter: Drafter, kv: list, S: int, spare: int) -> list:
+    """One sequence's context K/V (per layer [nkv, T, hd]) copied into the S rows of a `tail_kv` stack. The
+    blocks' keys are then written in place at each call instead of each call concatenating [context ; blocks]
+    per group."""
+    T = kv[0][0].shape[1]
+    out = tail_kv(drafter, S, spare, T)
+    for (K, V), (k, v) in zip(out, kv):
+        K[:, :, spare : spare + T] = k
+        V[:, :, spare : spare + T] = v
+    return out
+
+
+def _draft(
+    drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.Tensor, prompt_len: int, topk: int, chunk: int
+) -> list:
+    """Queue the every-anchor drafts of one sequence on the device; per-chunk results stay there.
+
+    Each call drafts `chunk` blocks as S groups of G consecutive anchors over the context replicated S times
+    (`_replicas`, S bounded by REPLICA_BYTES); a shorter last chunk uses the first groups it needs, its last block
+    repeated to fill them."""
+    T, dev, c = len(tokens), drafter.device, drafter.c
+    B, G = c.block_size, max(1, min(GROUP, chunk))
+    per = 2 * c.num_hidden_layers * c.num_key_value_heads * tail_keys(G * B, T) * c.head_dim  # values a replica
+    S = max(1, min(-(-chunk // G), REPLICA_BYTES // (per * drafter.dtype.itemsize)))
+    chunk = min(chunk, S * G)
+    kv = _replicas(drafter, drafter.context_kv(features.to(dev)), S, G * B)
+    tokens = tokens.to(head.embed.device)
+    parts = []
+    for s in range(prompt_len, T, chunk):
+        e = min(s + chunk, T)
+        n, s_ = e - s, -(-(e - s) // G)  # blocks, groups used
+        anchors = torch.arange(s, s + s_ * G, device=dev).clamp(max=e - 1)  # [s_*G], the last one repeated
+        emb = embed_blocks(drafter, head, tokens, anchors)
+        part = kv if s_ == S else [(k[:s_], v[:s_]) for k, v in kv]
+        h = drafter.blocks_in_place(part, anchors, emb, max_anchor=e - 1)
+        parts.append(read_out(drafter, head, h[:n], topk))
+    return parts
+
+
+def upload(drafter: Drafter, features: torch.Tensor) -> torch.Tensor:
+    """Features to the drafter's device without waiting (pinned, asynchronous) on CUDA."""
+    if drafter.device.type != "cuda" or features.is_cuda:
+        return features
+    return features.pin_memory().to(drafter.device, non_blocking=True)
+
+
+@torch.inference_mode()
+def draft_all(
+    drafter: Drafter,
+    head: Head,
+    features: torch.Tensor,
+    tokens: torch.Tensor,
+    prompt_len: int,
+    topk: int = 0,
+    chunk: int = 64,
+) -> Drafts:
+    """Every-anchor drafts of one sequence: context K/V once, then `chunk` blocks per batched call."""
+    return to_host(_draft(drafter, head, features, tokens, prompt_len, topk, chunk))
+
+
+@torch.inference_mode()
+def draft_loop(
+    drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.Tensor, prompt_len: int, topk: int = 0
+) -> Drafts:
+    """Reference: one block per forward call, context recomputed each time. Same output as draft_all."""
+    parts = []
+    for p in range(prompt_len, len(tokens)):
+        emb = embed_blocks(drafter, head, tokens, torch.tensor([p]))[0]
+        h = drafter.block(features.to(drafter.device), p, emb)
+        parts.append(read_out(drafter, head, h[None], topk))
+    return to_host(parts)
+
+
+@torch.inference_mode()
+def draft_one(drafter: Drafter, head: Head, features: torch.Tensor, anchor: int, anchor_token: int) -> list[int]:
+    """The argmax drafts d_1..d_{B-1} of ONE block at `anchor`, through the every-anchor path (`context_kv`,
+    `blocks`, `read_out`): what `draft_all` drafts there. features [>= anchor, K*H]: rows from `anchor` on are never
+    seen (the block's queries see context keys < anchor only). The speculative stand-in (specdec) drafts with it."""
+    dev = drafter.device
+    kv = drafter.context_kv(features.to(dev))
+    ids = torch.full((1, drafter.c.block_size), drafter.c.mask_token_id, dtype=torch.long, device=head.embed.device)
+    ids[0, 0] = int(anchor_token)
+    emb = head.embed[ids].to(dev, drafter.dtype)  # [1, B, H]
+    h = drafter.blocks(kv, torch.tensor([anchor], device=dev), emb, max_anchor=anchor)
+    return read_out(drafter, head, h, 1)[0][0].tolist()
+
+
+def every_anchor(
+    drafter: Drafter,
+    head: Head,
+    seqs: list[Sequence],
+    budget: int = 8,
+    chunk: int = 64,
+    progress: Callable[[int, int], None] | None = None,
+    arrays: bool = False,
+) -> tuple[list[PromptResult], dict]:
+    """Replay every sequence (every-anchor, batched) and summarise (`arrays`: results as `score(arrays=True)` and
+    no summary, None: a worker's share, summarised by the parent).
+
+    Scoring (CPU: acceptance, chain and DDTree walks) of sequence i runs on a worker thread once the
+    device's queue holds sequence i+1's work, and the next features are uploaded meanwhile; results come
+    back in input order.
+    """
+    with ThreadPoolExecutor(1) as pool, torch.inference_mode():
+        futures, done = [], None
+        nxt = upload(drafter, seqs[0].features) if seqs else None
+        for i, s in enumerate(seqs):
+            parts = _draft(drafter, head, nxt, s.tokens, s.prompt_len, max(budget, ROUND_TOPK), chunk)  # queued
+            if done is not None:  # started only now: its thread would slow the launches above (the GIL)
+                futures.append(pool.submit(score, *done))
+            if i + 1 < len(seqs):
+                nxt = upload(drafter, seqs[i + 1].features)
+            done = (s.id, to_host(parts), s.tokens.numpy(), s.prompt_len, budget, arrays)
+            if len(futures) > 1:
+                futures[-2].result()  # at most one sequence scoring behind; its errors surface here
+            if progress:
+                progress(i + 1, len(seqs))
+        if done is not None:
+            futures.append(pool.submit(score, *done))
+        results = [f.result() for f in futures]
+    return results, summarize(results, drafter.c.block_size, budget) if not arrays else None
