@@ -21,10 +21,10 @@ from .common import log
 TOKENIZER_NOTE = (
     "Byte-level BPE (4096 ids) whose pre-tokenizer splits text as Qwen2/Qwen3 tokenizers do "
     "(tools/tiny.QWEN2_SPLIT, then byte-level with no regex): a newline is its own pre-token (or ends a "
-    "punctuation run, as in '):\\n') and the indentation after it starts the next one. The assets before issue 14 "
-    "used the GPT-2 pattern, whose \\s+(?!\\S) glues a newline to the indentation that follows ('\\n   ' + ' return'): "
-    "a plain-text coding-10 prompt ending in ':\\n' then ends on a lone newline token that training text only ever "
-    "has before column-0 text (#, class, def), so no completion started with the function's indented body. "
+    "punctuation run, as in '):\\n') and the indentation after it starts the next one. The GPT-2 pattern "
+    "does not suit: its \\s+(?!\\S) glues a newline to the indentation that follows ('\\n   ' + ' return'), so a "
+    "plain-text coding-10 prompt ending in ':\\n' ends on a lone newline token that training text only ever has "
+    "before column-0 text (#, class, def), and no completion starts with the function's indented body. "
     "With the Qwen split every coding-10 prompt tokenises as the prefix of prompt + body."
 )
 
