@@ -263,7 +263,7 @@ def one(a, shp, ids, dev, figs: dict):
             sync(dev)
     figs["forward_only_tokens_per_s"] = tokens / cf.s
     if a.profile:
-        profile(lambda: tg.extract(decoder, seqs[0][1], ids), dev)
+        profile(lambda decoder=decoder: tg.extract(decoder, seqs[0][1], ids), dev)  # bound now: deleted below
     with Clock(dev) as cn:
         list(tg.extract_stream(decoder, seqs, ids, lambda k, f: None, depth=a.depth))
     figs["extract_nowrite_tokens_per_s"] = tokens / cn.s

@@ -278,7 +278,9 @@ def measure(a, figs: dict) -> None:
                 rp.head.read_out(d, head, h, a.budget)
         figs["chunk_blocks_ms"], figs["chunk_head_ms"] = cb.s / 3 * 1e3, ch.s / 3 * 1e3
         if a.profile:
-            profile(lambda: rp.head.read_out(d, head, d.blocks(kv, anchors, emb), a.budget), dev)
+            profile(  # bound now: these are deleted below
+                lambda d=d, head=head, kv=kv, emb=emb: rp.head.read_out(d, head, d.blocks(kv, anchors, emb), a.budget), dev
+            )
         logits = h[:64, 1:].reshape(-1, c.hidden_size) @ head.lm_head.T  # fused top-k kernel vs torch
         am, ids, lp = rp.top_logp(logits, a.budget)
         top = logits.topk(a.budget, dim=-1)

@@ -256,7 +256,6 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
     # -- 2. the product's sweep: 20 checkpoints x n_sweep sequences, from files ----------------------
     ws = base / "ws"
     st = Store(ws)
-    rows = []
     t0 = time.perf_counter()
     gen = torch.Generator(device=dev).manual_seed(5)
     st.add_set("bench", "bench")

@@ -7,8 +7,9 @@ user request naming the function, the assistant answering with the source in a `
 `stream(tokenizer, ...)` tokenises all of them into one uint16 token stream, documents separated by
 <|endoftext|> (raw files with their license / copyright header comments left out: `strip_header`), and
 `stream(..., starts=True)` also returns where each document starts, by kind, so that training can put
-document starts (the prompt/body boundary of the coding-10 shape) at a window's first position. The same Python version gives the same bytes (its version and a hash of the
-file list go into the manifest). CPU only; nothing here is downloaded.
+document starts (the prompt/body boundary of the coding-10 shape) at a window's first position. The same
+Python version gives the same bytes (its version and a hash of the file list go into the manifest). CPU
+only; nothing here is downloaded.
 """
 
 from __future__ import annotations

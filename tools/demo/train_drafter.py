@@ -15,7 +15,7 @@ Contract:
     length) with `anchors_per_seq` random completion anchors each, in one `DFlash.blocks` call over the
     stacked context (`batch_loss`): the same objective, thousands of blocks per step instead of a Python
     loop over a few sequences; a few held-out sequences give a validation loss in the loss curve.
-  - Checkpoints are written in the SPEC 2 format (config.json + bf16 model.safetensors), with the steps,
+  - Checkpoints are written in the DFlash checkpoint format (config.json + bf16 model.safetensors), with the steps,
     seconds and loss curve returned for the manifest.
 """
 
@@ -131,7 +131,7 @@ def cut(seq: list[int], prompt_len: int, eos: int | set[int]) -> list[int]:
 
 
 def init_weights(c, device: str, seed: int) -> dict[str, torch.Tensor]:
-    """Leaf tensors (fp32, requires_grad) for every SPEC 2 weight: norms at 1, matrices N(0, 0.02)."""
+    """Leaf tensors (fp32, requires_grad) for every DFlash checkpoint weight: norms at 1, matrices N(0, 0.02)."""
     g = torch.Generator().manual_seed(seed)
     w = {}
     for name, shape in shapes(c).items():
@@ -141,7 +141,7 @@ def init_weights(c, device: str, seed: int) -> dict[str, torch.Tensor]:
 
 
 def save(out: str | Path, d: TinyDrafter, w: dict[str, torch.Tensor], record: dict) -> Path:
-    """Write a SPEC 2 checkpoint folder (bf16 weights) plus the training record beside the config."""
+    """Write a DFlash checkpoint folder (bf16 weights) plus the training record beside the config."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = drafter_config(d) | {"torch_dtype": "bfloat16"}

@@ -1,0 +1,307 @@
+"""The `gpu` step of the demo asset build (CUDA): train the target, make the drafter's training data with it,
+train the drafters, and extract the coding-10 completions' hidden states with fla.
+
+The target's Gated DeltaNet backward runs on the torch path (fla 0.6.0 refuses its gated chunk backward on Hopper
+with Triton < 3.7.1); every forward after it runs on fla. The drafter's training data is the target's own greedy
+continuations and their hidden states; the drafters are the final one (with an early snapshot) and one trained
+with the anchor-visible bug. Coding-10 is completed greedily on the torch path on the CPU (as the local server
+does) and its completions extracted with fla in the feature-cache format.
+
+Contract: `gpu(build, out, device, smoke)` reads `prepare`'s outputs from `build` and writes target.tar,
+drafters.tar, fla.tar, train_seqs.json, preview.txt and gpu.json to `out`, each stage as soon as it is done
+(DEMO_REUSE=<earlier out> reuses a trained target; the other DEMO_* variables size the run). `device="cpu",
+smoke=True` runs every step at toy size on the torch path (development). Returns the record (gpu.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dflash_dash.demo import FLA, LAYER_IDS, MAX_NEW_TOKENS, TARGET
+
+from .common import EOS, SEED, log
+
+
+def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dflash_dash import cache, server, target as target_mod
+
+    from ..tiny import TinyDrafter
+    from . import train_drafter as td, train_target as tt
+
+    t_all = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(os.environ.get("DEMO_WORK", "/tmp/demo-work"))
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    rec: dict = {
+        "device": device,
+        "smoke": smoke,
+        "versions": target_mod.versions(),
+        "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
+    }
+    fla = device.startswith("cuda")
+    backend = target_mod.use_backend("fla" if fla else "torch")
+    assert backend == ("fla" if fla else "torch"), backend
+    log(f"backend {backend}; versions {rec['versions']}")
+    reuse = Path(os.environ["DEMO_REUSE"]) if os.environ.get("DEMO_REUSE") else None  # earlier partial outputs
+
+    def save_rec() -> None:
+        (out / "gpu.json").write_text(json.dumps(rec, indent=2))
+
+    def pack(name: str, src: Path) -> None:
+        with tarfile.open(out / f"{name}.tar", "w") as tf:
+            tf.add(src, arcname=src.name)
+
+    # -- target: the Gated DeltaNet backward runs on the torch path (fla 0.6.0 refuses its gated chunk backward
+    #    on Hopper with Triton < 3.7.1: wrong gradients, fla issue #640); every forward after it runs on fla
+    shape = (
+        tt.TargetShape()
+        if not smoke
+        else tt.TargetShape(hidden_size=64, intermediate_size=128, head_dim=16, linear_head_dim=16)
+    )
+    t_cfg = (
+        tt.TargetTraining(steps=100_000, budget_s=float(os.environ.get("DEMO_TARGET_BUDGET", 170)))
+        if not smoke
+        else tt.TargetTraining(steps=20, batch=4, seq=128, log_every=5)
+    )
+    if os.environ.get("DEMO_TARGET_STEPS"):
+        t_cfg.steps, t_cfg.budget_s = int(os.environ["DEMO_TARGET_STEPS"]), None
+    tgt = work / TARGET
+    if reuse and (reuse / "target.tar").is_file():
+        with tarfile.open(reuse / "target.tar") as tf:
+            tf.extractall(work, filter="data")
+        prev = json.loads((reuse / "gpu.json").read_text())
+        rec["target"] = prev["target"]
+        rec["target_training_backend"] = prev.get("target_training_backend")
+        rec["target_reused_from_earlier_run"] = True
+        log(f"target reused from {reuse}")
+    else:
+        rec["target_training_backend"] = target_mod.use_backend("torch")
+        tokens = np.load(build / "tokens.npy")
+        starts = dict(np.load(build / "doc_starts.npz")) if (build / "doc_starts.npz").is_file() else None
+        rec["target"] = tt.train(tokens, build / "tokenizer", tgt, shape, t_cfg, device, log, starts=starts)
+        rec["target"]["gated_deltanet_backward"] = (
+            "torch reference path: fla 0.6.0 refuses its gated chunk backward on Hopper with Triton < 3.7.1 "
+            "(wrong gradients, fla issue #640)"
+            if fla
+            else "torch"
+        )
+        assert target_mod.use_backend("fla" if fla else "torch") == backend
+        log(f"target trained: {rec['target']['seconds']} s, val loss {rec['target']['val_loss']}")
+    save_rec()
+    pack("target", tgt)
+    prev = json.loads((reuse / "gpu.json").read_text()) if reuse and (reuse / "gpu.json").is_file() else {}
+    rec["preview"] = prev.get("preview") or preview(tgt, build, out, device, smoke)
+    save_rec()
+    if os.environ.get("DEMO_STOP_AFTER_TARGET"):
+        rec["seconds"] = round(time.perf_counter() - t_all, 1)
+        save_rec()
+        log(f"stopped after the target (DEMO_STOP_AFTER_TARGET) in {rec['seconds']} s")
+        return rec
+
+    # -- drafter training data: the target's own greedy continuations and their fla hidden states
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(str(tgt), dtype=torch.float32).to(device).eval()
+    prompts = json.loads((build / "train_prompts.json").read_text())
+    prompts = prompts[::2] if not os.environ.get("DEMO_ALL_PROMPTS") else prompts  # 2048 of 4096
+    if smoke:
+        prompts = prompts[:8] + prompts[-8:]
+    if os.environ.get("DEMO_TRAIN_PROMPTS"):  # calibration runs: fewer sequences
+        k = int(os.environ["DEMO_TRAIN_PROMPTS"]) // 2
+        prompts = prompts[:k] + prompts[-k:]
+    new = int(os.environ.get("DEMO_NEW_TOKENS", 192 if not smoke else 32))
+    seqs = td.generate(model, prompts, new, device, batch=4096)
+    # cut at <|im_end|> only (the chat answers' end): past an <|endoftext|> the target goes on with a new
+    # document of its own, still its own behaviour to learn, and 3x the tokens of cutting there too
+    seqs = [td.cut(s, len(p), eos=2) for s, p in zip(seqs, prompts)]
+    keep = [i for i, (s, p) in enumerate(zip(seqs, prompts)) if len(s) >= len(p) + 2]  # >= 1 anchor
+    t_gen = time.perf_counter() - t0
+    del model
+    decoder, be = target_mod.load(str(tgt), LAYER_IDS, device, torch.float32)
+    assert be == backend, be
+    head = target_mod.load_head(str(tgt), device, torch.float32)
+    feats = td.features(decoder, decoder.layers, [seqs[i] for i in keep], LAYER_IDS, device, fixed=fla)
+    data = [(f, torch.tensor(seqs[i], device=device), len(prompts[i])) for f, i in zip(feats, keep)]
+    # spot check: the batched features equal target.extract's for one sequence
+    ref = target_mod.extract(decoder, data[-1][1], LAYER_IDS).to(torch.bfloat16)
+    spot = float((ref.float() - data[-1][0].float()).abs().max())
+    del decoder, feats
+    rec["drafter_data"] = {
+        "sequences": len(data),
+        "prompts": len(prompts),
+        "new_tokens": new,
+        "tokens": int(sum(len(seqs[i]) for i in keep)),
+        "completion_tokens": int(sum(len(seqs[i]) - len(prompts[i]) for i in keep)),
+        "generate_seconds": round(t_gen, 1),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "features_backend": backend,
+        "features_dtype": "bfloat16 (extracted in float32)",
+        "batched_vs_extract_max_abs": spot,
+    }
+    log(f"drafter data: {rec['drafter_data']}")
+    (out / "train_seqs.json").write_text(
+        json.dumps({"prompt_lens": [len(prompts[i]) for i in keep], "seqs": [seqs[i] for i in keep]})
+    )
+
+    # -- drafters
+    info = target_mod.describe(tgt)
+    H = info.hidden_size
+    d = TinyDrafter(
+        hidden_size=H,
+        intermediate_size=2 * H,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=H // 4,
+        vocab_size=info.vocab_size,
+        block_size=16,
+        num_target_layers=info.num_layers,
+        target_layer_ids=list(LAYER_IDS),
+        mask_token_id=3,
+        rope_theta=10000.0,
+        seed=SEED,
+    )
+    dk = work / "drafters"
+    budget = float(os.environ.get("DEMO_DRAFTER_BUDGET", 120))  # final; the buggy one gets half
+    # batched: 32 sequences x 64 anchors = 2048 blocks a step in one stacked blocks call (the GPU is otherwise
+    # idle on a Python loop over a few sequences); the early snapshot at 2% of the steps
+    # the lowest validation loss (64 held-out sequences) is kept: with ~0.3M completion tokens the drafter
+    # memorises its data within a few thousand steps (val loss 5.5 at step 400 can climb to 15 by step 7300)
+    kw = dict(
+        steps=100_000,
+        batched=True,
+        seqs_per_step=32,
+        anchors_per_seq=64,
+        lr=2e-3,
+        warmup=60,
+        val_seqs=64,
+        keep_best=True,
+        log_every=50,
+    )
+    good = td.DrafterTraining(budget_s=budget, snapshot_fracs=[0.02], **kw)
+    bad = td.DrafterTraining(budget_s=budget / 2, bug="anchor_visible", seed=3, **kw)
+    if os.environ.get("DEMO_DRAFTER_STEPS"):
+        good.steps, good.budget_s = int(os.environ["DEMO_DRAFTER_STEPS"]), None
+        bad.steps, bad.budget_s = max(1, good.steps // 2), None
+    if smoke:
+        for t in (good, bad):
+            t.steps, t.budget_s, t.log_every, t.seqs_per_step, t.anchors_per_seq = 12, None, 4, 4, 16
+            t.val_seqs, t.warmup, t.snapshot_fracs = 4, 3, [0.25] if t.snapshot_fracs else []
+    random.Random(SEED + 3).shuffle(data)  # the held-out (last) sequences: a seeded mix of every prompt kind
+    pad = td.Padded(data)
+    del data
+    rec["drafters"] = td.train(pad, head, d, good, dk, "final-step{step}", device, log)
+    rec["drafters"] += td.train(pad, head, d, bad, dk, "buggy-anchor-visible-step{step}", device, log)
+    save_rec()
+    pack("drafters", dk)
+    del pad
+
+    # -- coding-10: reference completions on the torch path (CPU, as the local server), fla on the GPU
+    if reuse and (reuse / "fla.tar").is_file() and prev.get("coding10"):  # same target: same completions
+        rec["coding10"] = prev["coding10"] | {"reused_from_earlier_run": True}
+        shutil.copy(reuse / "fla.tar", out / "fla.tar")
+        rec["seconds"] = round(time.perf_counter() - t_all, 1)
+        save_rec()
+        log(f"coding-10 reused from {reuse}; done in {rec['seconds']} s")
+        return rec
+    c10 = json.loads((build / "coding10.json").read_text())
+    t0 = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the demo build runs the local server: one thread
+    cpu_eng = server.Engine(model_dir=tgt.resolve(), device="cpu")
+    cpu_eng.load()
+    comps = []
+    for p in c10:
+        ids, _, fin = cpu_eng.greedy(p["prompt_ids"], MAX_NEW_TOKENS, cpu_eng.eos_ids, [])
+        comps.append({"id": p["id"], "prompt_ids": p["prompt_ids"], "output_ids": ids, "finish_reason": fin})
+    cpu_backend = cpu_eng.backend
+    del cpu_eng
+    torch.set_num_threads(threads)
+    t_ref = time.perf_counter() - t0
+    decoder, be = target_mod.load(str(tgt), LAYER_IDS, device, torch.float32)
+    assert be == backend, be
+    meta = dict(
+        extraction="demo-fla",
+        target=TARGET,
+        config_hash=info.config_hash,
+        layer_ids=LAYER_IDS,
+        device=device,
+        dtype="float32",
+        backend=be,
+        **target_mod.versions(),
+    )
+    fla_dir = work / FLA
+    for c in comps:
+        feats = target_mod.extract(decoder, torch.tensor(c["prompt_ids"] + c["output_ids"]), LAYER_IDS)
+        cache.write(fla_dir, "features", c["id"], feats, meta)
+    with open(fla_dir / "completions.jsonl", "w") as f:
+        for c in comps:
+            f.write(json.dumps(c) + "\n")
+    rec["coding10"] = {
+        "reference_backend": cpu_backend,
+        "features_backend": be,
+        "features_meta": meta,
+        "tokens": int(sum(len(c["prompt_ids"]) + len(c["output_ids"]) for c in comps)),
+        "reference_seconds": round(t_ref, 1),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    log(f"coding-10: {rec['coding10']}")
+    for c in comps[:3]:
+        log(f"--- {c['id']}\n" + head_text(tgt, c))
+
+    rec["seconds"] = round(time.perf_counter() - t_all, 1)
+    save_rec()
+    pack("fla", fla_dir)
+    log(f"done in {rec['seconds']} s; wrote {sorted(p.name for p in out.iterdir())}")
+    return rec
+
+
+def preview(tgt: Path, build: Path, out: Path, device: str, smoke: bool) -> dict:
+    """The target's greedy coding-10 completions (on `device`, batched: a look at the model before the
+    drafters are trained on it) -> out/preview.txt; returns lengths and how many start with an indented line."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from . import train_drafter as td
+
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(str(tgt), dtype=torch.float32).to(device).eval()
+    tok = AutoTokenizer.from_pretrained(str(tgt))
+    c10 = json.loads((build / "coding10.json").read_text())
+    prompts = [c["prompt_ids"] for c in c10]
+    seqs = td.generate(model, prompts, MAX_NEW_TOKENS if not smoke else 16, device, batch=len(prompts))
+    texts, indented, lens, stopped = [], 0, [], 0
+    for c, s, p in zip(c10, seqs, prompts):
+        s = td.cut(s, len(p), EOS)
+        body = tok.decode(s[len(p) :])
+        lens.append(len(s) - len(p))
+        stopped += s[-1] in EOS
+        indented += body.startswith((" ", "\t"))
+        texts.append(f"===== {c['id']} ({len(s) - len(p)} tokens)\n{c['prompt']}{body}\n")
+    (out / "preview.txt").write_text("\n".join(texts))
+    log("coding-10 preview (target, greedy, " + device + "):\n" + "\n".join(t[:700] for t in texts))
+    del model
+    return {
+        "completion_tokens": lens,
+        "stopped_at_eos": stopped,
+        "indented_first_line": indented,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def head_text(tgt: Path, c: dict) -> str:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tgt))
+    return tok.decode(c["prompt_ids"] + c["output_ids"])

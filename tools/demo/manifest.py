@@ -1,0 +1,80 @@
+"""The `unpack` and `finish` steps of the demo asset build (CPU): the GPU step's tars -> the committed assets
+directory, and MANIFEST.json, which records every step's seeds, arguments, versions, timings, losses and sizes.
+
+Contract: `unpack(src, build, assets, command)` replaces `assets` with the untarred target, drafters (renamed to
+the checkpoints directory) and fla features, and writes MANIFEST.json from build/prepare.json and src/gpu.json.
+`finish(src, assets)` merges src/cpu-*.json (the `cpu-continue` records) and src/gpu_runs.json into it and
+recounts the sizes. Both return the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+from dflash_dash.demo import ASSETS, CHECKPOINTS
+
+from .common import log
+
+TOKENIZER_NOTE = (
+    "Byte-level BPE (4096 ids) whose pre-tokenizer splits text as Qwen2/Qwen3 tokenizers do "
+    "(tools/tiny.QWEN2_SPLIT, then byte-level with no regex): a newline is its own pre-token (or ends a "
+    "punctuation run, as in '):\\n') and the indentation after it starts the next one. The GPT-2 pattern "
+    "does not suit: its \\s+(?!\\S) glues a newline to the indentation that follows ('\\n   ' + ' return'), so a "
+    "plain-text coding-10 prompt ending in ':\\n' ends on a lone newline token that training text only ever has "
+    "before column-0 text (#, class, def), and no completion starts with the function's indented body. "
+    "With the Qwen split every coding-10 prompt tokenises as the prefix of prompt + body."
+)
+
+
+def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> dict:
+    """Untar the GPU outputs into `assets` and write MANIFEST.json."""
+    if assets.exists():
+        shutil.rmtree(assets)
+    assets.mkdir(parents=True)
+    for name in ("target", "drafters", "fla"):
+        with tarfile.open(src / f"{name}.tar") as tf:
+            tf.extractall(assets, filter="data")
+    (assets / "drafters").rename(assets / CHECKPOINTS)
+    gpu_rec = json.loads((src / "gpu.json").read_text())
+    sizes = {str(p.relative_to(assets)): p.stat().st_size for p in sorted(assets.rglob("*")) if p.is_file()}
+    manifest = {
+        "what": "dflash-dash demo assets: a small hybrid qwen3_5_text target (Gated DeltaNet + full attention) "
+        "trained on the Python standard library, DFlash drafters trained against its hidden states, "
+        "and its coding-10 completions' hidden states extracted on GPU with fla",
+        "commands": {
+            "prepare": "python -m tools.demo.make_assets prepare --build .demo-build",
+            "gpu": "python -m tools.demo.make_assets gpu --build .demo-build --out $OUT  (one H200, "
+            "transformers 5.24.0, fla-core/flash-linear-attention 0.6.0)",
+            "unpack": "python -m tools.demo.make_assets unpack --src <gpu out> --build .demo-build",
+            "gpu_call": command,
+        },
+        "tokenizer": TOKENIZER_NOTE,
+        "prepare": json.loads((build / "prepare.json").read_text()),
+        "gpu": gpu_rec,
+        "sizes": sizes,
+        "total_bytes": sum(sizes.values()),
+    }
+    (assets / "MANIFEST.json").write_text(json.dumps(manifest, indent=1))
+    log(f"assets in {assets}: {manifest['total_bytes'] / 2**20:.1f} MiB")
+    return manifest
+
+
+def finish(src: Path, assets: Path = ASSETS) -> dict:
+    """Merge the CPU continuation records into MANIFEST.json and recount the asset sizes."""
+    man = json.loads((assets / "MANIFEST.json").read_text())
+    cont = {f.stem.removeprefix("cpu-"): json.loads(f.read_text()) for f in sorted(src.glob("cpu-*.json"))}
+    if cont:
+        man["cpu_continuation"] = cont
+    if (src / "gpu_runs.json").is_file():  # the device calls, as run (commands, wall and device seconds)
+        man["commands"]["gpu_runs"] = json.loads((src / "gpu_runs.json").read_text())
+    sizes = {
+        str(p.relative_to(assets)): p.stat().st_size
+        for p in sorted(assets.rglob("*"))
+        if p.is_file() and p.name != "MANIFEST.json"
+    }
+    man["sizes"], man["total_bytes"] = sizes, sum(sizes.values())
+    (assets / "MANIFEST.json").write_text(json.dumps(man, indent=1))
+    return man
