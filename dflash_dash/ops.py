@@ -164,6 +164,7 @@ class Fetch(Op):
     tokenizer: str | None = None  # tokenizer folder or hub id; None: the server's tokenizer_path
     enable_thinking: bool = False  # leave Qwen3 thinking on (off by default: it lowers acceptance)
     readiness_timeout: float | None = None  # seconds to wait for /health 200; None: the config's (600)
+    request_timeout: float = 600.0  # seconds one generate request may take before it fails
 
     def __post_init__(self):
         self._need("prompt_set", "a built-in prompt set (coding-10) or a JSONL file of {id, prompt}")
@@ -173,6 +174,8 @@ class Fetch(Op):
             isinstance(self.readiness_timeout, (int, float)) and self.readiness_timeout > 0
         ):
             raise InputError(f"readiness_timeout {self.readiness_timeout!r}: give seconds > 0 (or leave it unset: 600)")
+        if not (isinstance(self.request_timeout, (int, float)) and self.request_timeout > 0):
+            raise InputError(f"request_timeout {self.request_timeout!r}: give seconds > 0, like 600")
         self.chat, self.enable_thinking = bool(self.chat), bool(self.enable_thinking)
         self.server = self.server or None
 
@@ -189,7 +192,8 @@ class Extract(Op):
     orchestrate: str = "none"  # free the server's GPU around the extraction: none | release | command
     extraction_id: str | None = None  # resume this extraction (a rerun sets it) instead of starting one
     server: str | None = None  # server to free; None: the workspace's config.toml
-    gpus: list[str] = field(default_factory=list)  # one worker process per device, prompts sharded; []: device
+    gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
+    # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
 
     def __post_init__(self):
         self._need("target", "the target model folder (a Hugging Face causal LM)")
@@ -218,7 +222,8 @@ class Replay(Op):
     anchors: str = "every"  # every (accepted(p) curves, every-anchor tau) | chain (faster, same rounds)
     sliding_block: str | None = None  # sliding layers causal | bidirectional inside the block; None: config's
     draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
-    gpus: list[str] = field(default_factory=list)  # one worker process per device, prompts sharded; []: device
+    gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
+    # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
     max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
 
     def __post_init__(self):
@@ -238,7 +243,8 @@ class Sweep(Op):
     dtype: str = "float32"  # compute dtype of the drafters
     sliding_block: str | None = None  # sliding layers causal | bidirectional inside the block; None: config's
     draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
-    gpus: list[str] = field(default_factory=list)  # one worker process per device, prompts sharded; []: device
+    gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
+    # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
     max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
 
     def __post_init__(self):

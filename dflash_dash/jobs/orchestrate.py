@@ -262,9 +262,7 @@ def check_extract(
                 f"device {device!r}: this machine has no CUDA GPU (nvidia-smi shows none); set device to cpu "
                 "(extraction then uses the torch path of the linear-attention kernels), or extract on a GPU machine"
             )
-        raise ops.InputError(
-            f"device {device!r}: this machine has no such GPU; set device to one of {', '.join(have)}"
-        )
+        raise ops.InputError(f"device {device!r}: this machine has no such GPU; set device to one of {', '.join(have)}")
     path = str(Path(target).resolve())
     same = [
         e

@@ -18,9 +18,7 @@ from .replay import load_sequences
 if TYPE_CHECKING:
     import torch
 
-    from .. import drafter as drafter_mod
-    from .. import replay as replay_mod
-    from .. import target as target_mod
+    from .. import drafter as drafter_mod, replay as replay_mod, target as target_mod
 else:
     torch, drafter_mod, replay_mod, target_mod = map(
         lazy.module, ("torch", "dflash_dash.drafter", "dflash_dash.replay", "dflash_dash.target")
@@ -101,5 +99,3 @@ def attribute(store: Store, op: ops.Attribute, progress: Progress = None, runner
     store.set_attribution(r["id"], rows)
     tick(progress, (K + 1) * n, (K + 1) * n, f"attributed {K} taps of run {r['id']}")
     return {"run": r["id"], "base_tau_macro": base["tau_macro"], "base_tau_pooled": base["tau_pooled"], "taps": rows}
-
-

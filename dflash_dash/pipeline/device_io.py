@@ -22,9 +22,7 @@ from .replay import iter_sequences
 if TYPE_CHECKING:
     import torch
 
-    from .. import drafter as drafter_mod
-    from .. import replay as replay_mod
-    from .. import target as target_mod
+    from .. import drafter as drafter_mod, replay as replay_mod, target as target_mod
 else:
     torch, drafter_mod, replay_mod, target_mod = map(
         lazy.module, ("torch", "dflash_dash.drafter", "dflash_dash.replay", "dflash_dash.target")
@@ -105,8 +103,6 @@ def adopt(d: drafter_mod.Drafter) -> drafter_mod.Drafter:
     return d
 
 
-
-
 def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progress) -> Iterator[dict]:
     """Replay prompts `ids` of extraction a.extraction with every checkpoint of a.checkpoints on
     a.device: yields {"checkpoint": index, "result": PromptResult}.
@@ -183,5 +179,3 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
             for r in res:
                 yield {"checkpoint": j, "result": r}
             done += len(seqs)
-
-

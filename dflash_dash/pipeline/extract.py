@@ -19,9 +19,7 @@ from .base import DTYPES, Progress, Runner, features_root, here, tick
 if TYPE_CHECKING:
     import torch
 
-    from .. import cache
-    from .. import drafter as drafter_mod
-    from .. import target as target_mod
+    from .. import cache, drafter as drafter_mod, target as target_mod
 else:
     torch, cache, drafter_mod, target_mod = map(
         lazy.module, ("torch", "dflash_dash.cache", "dflash_dash.drafter", "dflash_dash.target")
@@ -150,5 +148,3 @@ def extract_work(store: Store, a: ops.ExtractWork, ids: list[str], progress: Pro
     for (i, pid, n), f in target_mod.extract_stream(model, todo(), list(a.layers), write):
         yield {"item": pid, "tokens": n, "file": str(f)}
         tick(progress, i + 1, len(rows), f"extracted {pid} ({n} tokens)")
-
-

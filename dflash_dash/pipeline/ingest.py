@@ -12,20 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import lazy, ops, sglang
-from .. import prompts as prompts_mod
+from .. import lazy, ops, prompts as prompts_mod, sglang
 from ..ops import InputError
 from ..store import Store, StoreError, new_id
 from .base import Progress, Runner, features_root, tick
 from .kept import record_engine_stats
 
 if TYPE_CHECKING:
-    from .. import cache
-    from .. import target as target_mod
+    from .. import cache, target as target_mod
 else:
     cache, target_mod = map(lazy.module, ("dflash_dash.cache", "dflash_dash.target"))
-
-REQUEST_TIMEOUT_S = 600.0  # seconds one generate request may take
 
 
 def parse_jsonl(text: str, vocab_size: int | None = None) -> list[dict]:
@@ -228,7 +224,7 @@ def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner
         tick(progress, n, n, f"set {name!r} already holds all {n} prompts of {prompt_set}")
         return 0
     try:
-        client = sglang.for_workspace(cfg, server, timeout=REQUEST_TIMEOUT_S)
+        client = sglang.for_workspace(cfg, server, timeout=op.request_timeout)
     except ValueError as e:
         raise InputError(f"--server: {e}") from None
     client.wait_ready(
@@ -307,5 +303,3 @@ def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner
         fetched += 1
     tick(progress, n, n, f"fetched {fetched} completions into set {name!r}")
     return fetched
-
-

@@ -15,7 +15,6 @@ from .. import metrics
 from ..ops import InputError
 from ..store import Store, StoreError
 
-
 ANALYSES = ("prompts", "calibration", "patterns", "lag")  # whole-run analyses kept in the store (run_analyses)
 
 

@@ -23,10 +23,7 @@ from .kept import ANALYSES, keep
 if TYPE_CHECKING:
     import torch
 
-    from .. import cache
-    from .. import drafter as drafter_mod
-    from .. import replay as replay_mod
-    from .. import target as target_mod
+    from .. import cache, drafter as drafter_mod, replay as replay_mod, target as target_mod
 else:
     torch, cache, drafter_mod, replay_mod, target_mod = map(
         lazy.module, ("torch", "dflash_dash.cache", "dflash_dash.drafter", "dflash_dash.replay", "dflash_dash.target")
@@ -282,9 +279,7 @@ def sweep(store: Store, op: ops.Sweep, progress: Progress = None, runner: Runner
     return ids
 
 
-def sliding_check(
-    store: Store, op: ops.SlidingCheck, progress: Progress = None, runner: Runner | None = None
-) -> dict:
+def sliding_check(store: Store, op: ops.SlidingCheck, progress: Progress = None, runner: Runner | None = None) -> dict:
     """The train/serve mismatch detector: checkpoint `op.drafter` replayed with its sliding layers causal inside
     the block (SpecForge training, SGLang serving) and bidirectional (z-lab HF reference) on one extraction
     (`op.tree_budget`, `op.device`, `op.dtype`), runs reused where they exist. Returns {"causal": run id,
