@@ -154,7 +154,7 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
                 nxt = loader.submit(fetch_checkpoint, cks[order[at + 1][1]], dtype, device, side)
             t1 = time.perf_counter()
 
-            def tick(i: int, m: int, j=j, base=done) -> None:
+            def replayed(i: int, m: int, j=j, base=done) -> None:
                 tick(
                     progress,
                     base + i,
@@ -164,9 +164,9 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
                 )
 
             res = (
-                replay_mod.chain(d, head, seqs, budget, progress=tick, arrays=True)
+                replay_mod.chain(d, head, seqs, budget, progress=replayed, arrays=True)
                 if a.anchors == "chain"
-                else replay_mod.run(d, head, seqs, budget, a.chunk, progress=tick, arrays=True)[0]
+                else replay_mod.run(d, head, seqs, budget, a.chunk, progress=replayed, arrays=True)[0]
             )
             del d  # its memory goes to the next checkpoint
             tick(
