@@ -154,7 +154,7 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
                 nxt = loader.submit(fetch_checkpoint, cks[order[at + 1][1]], dtype, device, side)
             t1 = time.perf_counter()
 
-            def replayed(i: int, m: int, j=j, base=done) -> None:
+            def replayed(i: int, m: int, j=j, base=done, part=part) -> None:
                 tick(
                     progress,
                     base + i,

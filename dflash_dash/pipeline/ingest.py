@@ -197,8 +197,9 @@ def _no_tokenizer(tok_dir: str | None) -> str:
 
 def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner | None = None) -> int:
     """Greedy completions of `op.prompt_set` (built-in name or JSONL file) from the SGLang server at `op.server`
-    (None: the workspace config's), stored as set `op.name`, each committed as it arrives; prompts already in the set are skipped, so an
-    interrupted fetch continues when run again. Returns how many completions were fetched now.
+    (None: the workspace config's), stored as set `op.name`, each committed as it arrives; prompts already in
+    the set are skipped, so an interrupted fetch continues when run again. Returns how many completions were
+    fetched now.
 
     Prompts are tokenised locally (tokenizer from `tokenizer` or the server's `tokenizer_path`: a readable
     folder, or a hub id found in the local Hugging Face cache; with `chat`, wrapped in its chat template) and

@@ -127,9 +127,9 @@ def record_engine_stats(
         store.add_engine_stats(set_name, conformance_mod.SGLANG, [row | {"id": prompt_id}], f"meta_info of {server}")
 
 
-def import_engine_stats(store: Store, file: str | Path, set_name: str, engine: str) -> int:
+def import_engine_stats(store: Store, file: str | Path, completions: str, engine: str) -> int:
     """Import another engine's per-prompt stats (JSONL: {"id", "verify_steps", "accepted_tokens"} or {"id",
-    "accept_lengths": [...]}) for completion set `set_name` as engine `engine`; all lines are validated before
+    "accept_lengths": [...]}) for completion set `completions` as engine `engine`; all lines are validated before
     anything is stored. Returns the number of prompts."""
     from ..analysis import conformance as conformance_mod
 
@@ -138,11 +138,13 @@ def import_engine_stats(store: Store, file: str | Path, set_name: str, engine: s
         raise InputError(f"{file}: no such file (a JSONL file of engine stats)")
     if not engine or not engine.strip() or len(engine) > 64:
         raise InputError(f"--engine {engine!r}: give the engine's name (1 to 64 characters, e.g. vllm)")
-    comps = store.completions(set_name)
+    comps = store.completions(completions)
     if not comps:
-        raise StoreError(f"no completion set named {set_name!r}; fetch or import the completions first")
-    rows = conformance_mod.parse_stats(p.read_text(), {c["prompt_id"]: len(c["output_ids"]) for c in comps}, set_name)
-    store.add_engine_stats(set_name, engine.strip(), rows, f"import {p.resolve()}")
+        raise StoreError(f"no completion set named {completions!r}; fetch or import the completions first")
+    rows = conformance_mod.parse_stats(
+        p.read_text(), {c["prompt_id"]: len(c["output_ids"]) for c in comps}, completions
+    )
+    store.add_engine_stats(completions, engine.strip(), rows, f"import {p.resolve()}")
     return len(rows)
 
 

@@ -139,7 +139,7 @@ def replay_many(
             out[j] = store_run(
                 store, ex, checkpoints[j], [by_id[i] for i in ids], tree_budget, device, dtype, anchors, progress, comps
             )
-    for (ck, loc, cfg, sem), o, by_id in zip(plan, out, got):
+    for (_ck, loc, _cfg, _sem), o, by_id in zip(plan, out, got):
         if o is None:
             raise RuntimeError(f"the replay of {loc.path} returned {len(by_id)} of {len(ids)} prompts")
     return out
