@@ -2,12 +2,13 @@
 process per device.
 
 Contract: `pool(store, devs)` is a pipeline Runner: the prompt ids are dealt round-robin into shards, worker i runs
-`pipeline.work` on shard i with device devs[i] (the worker spec with that device) (`python -m dflash_dash.jobs --worker`, entry `work_main`), and its
-events come back in the `wire` format. The calling process alone writes the store; progress is the workers' sum. A
-worker that fails or dies stops the others and raises WorkerError with the end of its stderr; leaving the
-iteration early (an error, a cancel) stops them all too, and what finished is kept, so a rerun resumes. Workers
-stay in the caller's process group, so cancelling a job's group stops them as well. `runner_for(store, op)` picks
-the pool when the op names several devices, and `check_devices` refuses devices this machine lacks first.
+`pipeline.work` on shard i with the operation's worker spec (`ops.ExtractWork`, `ops.ReplayWork`) set to device
+devs[i] (`python -m dflash_dash.jobs --worker`, entry `work_main`), and its events come back in the `wire` format.
+The calling process alone writes the store; progress is the workers' sum. A worker that fails or dies stops the
+others and raises WorkerError with the end of its stderr; leaving the iteration early (an error, a cancel) stops
+them all too, and what finished is kept, so a rerun resumes. Workers stay in the caller's process group, so
+cancelling a job's group stops them as well. `runner_for(store, op)` picks the pool when the op names several
+devices, and `check_devices` refuses devices this machine lacks first.
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def work_main(workspace: str) -> int:
-    """A worker process's entry: read the spec {"kind", "args", "prompts"} on stdin, run `pipeline.work`, write
+    """A worker process's entry: read its spec (`wire.decode_spec`) on stdin, run `pipeline.work`, write
     {"progress": [done, total, msg]} and {"event": ...} lines on stdout. Exit 2 with `error: ...` on stderr for
     a user error; anything else ends it with a traceback on stderr. The lines are packed and written by a
     writer thread (`wire.Writer`), so a checkpoint's results travel while the next one replays."""
