@@ -65,8 +65,7 @@ def report(figures: dict) -> None:
 
 def profile(fn, device, rows: int = 25) -> None:
     """Print the top device kernels of one call of `fn` (torch.profiler), for finding where time goes."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as prof
+    from torch.profiler import ProfilerActivity, profile as prof
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
     with prof(activities=acts) as p:

@@ -14,8 +14,8 @@ import time
 
 
 def install(path: str | None = None) -> list[dict]:
-    from dflash_dash.drafters import kernels
     from dflash_dash import replay as rp
+    from dflash_dash.drafters import kernels
 
     walks: list[dict] = []
     cur: dict = {}

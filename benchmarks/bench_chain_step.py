@@ -22,11 +22,9 @@ from _common import matmul_tflops, note, report
 from bench_replay import FULL, rand_weights
 from bench_sweep import needed_flops, plant
 
-from dflash_dash import drafters as dr
+from dflash_dash import drafters as dr, replay as rp, target as tg
 from dflash_dash.drafters import kernels
 from dflash_dash.drafters.dflash import DFlash
-from dflash_dash import replay as rp
-from dflash_dash import target as tg
 from tools import tiny
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -28,11 +28,13 @@ import torch  # noqa: E402
 from _common import Clock, matmul_tflops, note, report  # noqa: E402
 from bench_replay import FULL, rand_weights, run_flops  # noqa: E402
 
-from dflash_dash import drafters as dr  # noqa: E402
+from dflash_dash import (
+    drafters as dr,  # noqa: E402
+    replay as rp,
+    target as tg,
+)
 from dflash_dash.drafters import kernels
 from dflash_dash.drafters.dflash import DFlash
-from dflash_dash import replay as rp
-from dflash_dash import target as tg
 from tools import tiny  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

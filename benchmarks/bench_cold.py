@@ -17,11 +17,13 @@ t_start = time.perf_counter()
 import torch  # noqa: E402
 from _common import note, report  # noqa: E402
 
-from dflash_dash import drafters as dr  # noqa: E402
+from dflash_dash import (
+    drafters as dr,  # noqa: E402
+    replay as rp,
+    target as tg,
+)
 from dflash_dash.drafters import kernels
 from dflash_dash.drafters.dflash import DFlash
-from dflash_dash import replay as rp
-from dflash_dash import target as tg
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--rows", type=int, default=200)
@@ -43,13 +45,16 @@ from tools import tiny  # noqa: E402
 
 c = dr.parse_config(tiny.drafter_config(tiny.TinyDrafter(**FULL)))
 w = rand_weights(dr.shapes(c), dev, dtype, 1)
-if a.fetch:  # the sweep worker's first checkpoint (`pipeline._fetch`, on its loader thread), phase by phase
+if (
+    a.fetch
+):  # the sweep worker's first checkpoint (`pipeline.device_io.fetch_checkpoint`, on its loader thread), phase by phase
     import tempfile
     from pathlib import Path
 
     from bench_sweep import write_drafter
 
-    from dflash_dash import pipeline
+    from dflash_dash import ops
+    from dflash_dash.pipeline import device_io
 
     folder = Path(tempfile.mkdtemp(prefix="dflash-cold-")) / "ck"
     write_drafter(folder, tiny.drafter_config(tiny.TinyDrafter(**FULL)), w)  # not timed
@@ -67,18 +72,18 @@ if a.fetch:  # the sweep worker's first checkpoint (`pipeline._fetch`, on its lo
 
         setattr(owner, name, wrapped)
 
-    timed_fn(dr, "_weights", "read")  # safetensors tensors, checked (mapped; `_upload` copies them)
+    timed_fn(dr, "_weights", "read")  # safetensors tensors, checked (mapped; `device_io.upload` copies them)
     timed_fn(kernels.Rope, "__init__", "rope")  # RoPE tables (transformers imported for scaled types only)
     timed_fn(dr, "ops_for", "kernels")  # Triton, Inductor: the fused element-wise ops
     side = torch.cuda.Stream()
     for first in (True, False):
         phases.clear()
         t0 = time.perf_counter()
-        got, _ = pipeline._fetch(pipeline.Checkpoint(str(folder), None, None), dtype, dev, side)
+        got, _ = device_io.fetch_checkpoint(ops.CheckpointSpec(str(folder)), dtype, dev, side)
         t1 = time.perf_counter()
         tag = "cold_fetch" if first else "next_fetch"
         figs |= {f"{tag}_s": t1 - t0} | {f"{tag}_{k}_s": v for k, v in phases.items()}
-        figs[f"{tag}_rest_s"] = t1 - t0 - sum(phases.values())  # the upload through pinned chunks (`_upload`)
+        figs[f"{tag}_rest_s"] = t1 - t0 - sum(phases.values())  # the upload through pinned chunks (`device_io.upload`)
         del got
 V, H = FULL["vocab_size"], FULL["hidden_size"]
 hw = rand_weights({"e": (V, H), "l": (V, H)}, dev, dtype, 2)

@@ -66,7 +66,7 @@ def workspace_with_long_completion(work: Path, n: int) -> tuple[Path, str, str]:
 
     from transformers import AutoTokenizer
 
-    from dflash_dash import pipeline
+    from dflash_dash import ops, pipeline
     from dflash_dash.store import Store
     from tools import tiny
 
@@ -91,17 +91,18 @@ def workspace_with_long_completion(work: Path, n: int) -> tuple[Path, str, str]:
     st = Store(ws)
     pipeline.import_completions(st, f, "long")
     t0 = time.perf_counter()
-    ex = pipeline.extract(st, str(target), "long", pipeline.layer_ids_of(str(ck), None))
+    ex = pipeline.extract(
+        st, ops.Extract(target=str(target), completions="long", layers=pipeline.layers_of(str(ck), None))
+    )
     t1 = time.perf_counter()
-    run = pipeline.replay(st, str(ck), ex)
+    run = pipeline.replay(st, ops.Replay(drafter=str(ck), extraction=ex))
     note(f"{n}-token completion: CPU extraction {t1 - t0:.1f} s, replay {time.perf_counter() - t1:.1f} s")
     return ws, run["id"], rec["id"]
 
 
 def render(ws: Path, run: str, prompt: str, figs: dict) -> None:
     from streamlit.runtime.pages_manager import PagesManager
-    from streamlit.testing.v1 import AppTest
-    from streamlit.testing.v1 import app_test as app_test_mod
+    from streamlit.testing.v1 import AppTest, app_test as app_test_mod
 
     class Routed(PagesManager):  # app.py's st.navigation routing, as in a server after its first view
         def __init__(self, *a, **kw):

@@ -30,8 +30,7 @@ from pathlib import Path
 import torch
 from _common import Clock, matmul_tflops, note, peak_gib, profile, report, sync
 
-from dflash_dash import cache
-from dflash_dash import target as tg
+from dflash_dash import cache, target as tg
 
 LAYER_IDS = [1, 16, 31, 46, 61]
 FULL = dict(

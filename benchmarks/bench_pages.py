@@ -157,7 +157,7 @@ def build(
     checkpoints are replayed in rounds while the build's time lasts (figs["runs_built"] says how many)."""
     from transformers import AutoTokenizer
 
-    from dflash_dash import pipeline
+    from dflash_dash import ops, pipeline
     from dflash_dash.jobs.workers import pool
     from dflash_dash.store import Store
     from tools import planted, tiny
@@ -193,10 +193,9 @@ def build(
     t0 = time.perf_counter()
     ex = pipeline.extract(
         st,
-        str(target),
-        planted.SET,
-        pipeline.layer_ids_of(str(step(0)), None),
-        device=device,
+        ops.Extract(
+            target=str(target), completions=planted.SET, layers=pipeline.layers_of(str(step(0)), None), device=device
+        ),
         progress=lambda d, t, m: say("extract")(d, t, m) if d % 100 == 0 else None,
         runner=runner,
     )
@@ -219,7 +218,12 @@ def build(
         for i in range(built, built + k):
             tiny.write_drafter(step(i), tiny.TinyDrafter(seed=i, block_size=block_size))
         t0 = time.perf_counter()
-        pipeline.sweep(st, str(cks), ex, progress=say("sweep"), anchors=anchors, device=device, runner=runner)
+        pipeline.sweep(
+            st,
+            ops.Sweep(checkpoints=str(cks), extraction=ex, anchors=anchors, device=device),
+            progress=say("sweep"),
+            runner=runner,
+        )
         s = time.perf_counter() - t0
         per_ck = s / k
         built += k
@@ -242,8 +246,7 @@ def build(
 def apptest(ws: Path):
     """An AppTest of app.py on `ws`, routed as a server is after its first view, modules imported."""
     from streamlit.runtime.pages_manager import PagesManager
-    from streamlit.testing.v1 import AppTest
-    from streamlit.testing.v1 import app_test as app_test_mod
+    from streamlit.testing.v1 import AppTest, app_test as app_test_mod
 
     from pages import common
 

@@ -33,10 +33,7 @@ import torch
 from _common import Clock, matmul_tflops, note, peak_gib, profile, report, sync
 from safetensors.torch import save_file
 
-from dflash_dash import cache
-from dflash_dash import drafters as dr
-from dflash_dash import replay as rp
-from dflash_dash import target as tg
+from dflash_dash import cache, drafters as dr, replay as rp, target as tg
 from tools import tiny
 
 # SPEC 8: like the 27B DFlash drafter and its Qwen3.6-27B target

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from _common import report  # (puts the repository root on sys.path)
 
-from dflash_dash import pipeline, replay, store
+from dflash_dash import ops, pipeline, replay, store
 from dflash_dash.jobs import wire
 from dflash_dash.store import Store, new_id
 from tools import planted, tiny
@@ -62,7 +62,7 @@ def main() -> None:
             target_path=str(target),
             hidden_size=64,
             device="cpu",
-            layer_ids=pipeline.layer_ids_of(str(ck), None),
+            layer_ids=pipeline.layers_of(str(ck), None),
             dtype="float32",
             backend="torch",
             versions={},
@@ -86,7 +86,7 @@ def main() -> None:
     pipeline.store_run(
         st,
         st.extraction(ex),
-        pipeline.Checkpoint(str(ck), None, None),
+        ops.CheckpointSpec(str(ck)),
         back,
         0,
         "cuda",

@@ -19,6 +19,7 @@ little (random weights have many near ties, so even 2e-4 of a tensor's std drops
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -33,11 +34,8 @@ from _common import Clock, matmul_tflops, note, peak_gib, profile, report, sync
 from bench_replay import FULL, SMALL, rand_weights
 from safetensors.torch import save_file
 
-from dflash_dash import cache, pipeline
-from dflash_dash import drafters as dr
+from dflash_dash import cache, drafters as dr, ops, pipeline, replay as rp, target as tg
 from dflash_dash.drafters import kernels
-from dflash_dash import replay as rp
-from dflash_dash import target as tg
 from dflash_dash.store import Store
 from tools import tiny
 
@@ -204,7 +202,7 @@ def speed(a, d, head, c, T, P, n_speed, dev, peak, figs) -> None:
     figs |= {"every_blocks": n_speed * (T - P)}
     for b in sorted({0, a.budget}):  # suffix _budget0: DDTree off (chain walk only); _budget8: DDTree on
         # the replay as a worker runs it: results without the run's summary (the parent's store step makes that),
-        # the chain-only ones as numpy arrays (`chain(arrays=True)`, what `pipeline._replay_work` does)
+        # the chain-only ones as numpy arrays (`chain(arrays=True)`, what `pipeline.device_io.replay_work` does)
         with Clock(dev) as ce:
             every, _ = rp.every_anchor(d, head, seqs, b, chunk=256, arrays=True)
         note(f"budget {b}: every-anchor {ce.s:.1f} s")
@@ -354,7 +352,8 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
             note(f"{t:.1f} s: [{i}/{n}] {m}")
 
     phases = phase_timers(dev) if a.profile and runner is None else None
-    steps, store_run = [], pipeline.store_run
+    replaying = importlib.import_module("dflash_dash.pipeline.replay")  # the module (`pipeline.replay`: the handler)
+    steps, store_run = [], replaying.store_run
 
     def timed_store_run(*x, **k):  # the parent's store step of each checkpoint, on the sweep's clock
         t = time.perf_counter()
@@ -362,13 +361,16 @@ def sweep(a, d, head, c, cfg, w0, base, tgt, T, P, n_sweep, dev, dtype, peak, fi
         steps.append((t - t0, time.perf_counter() - t0))
         return out
 
-    pipeline.store_run = timed_store_run
+    replaying.store_run = timed_store_run
     ids = pipeline.sweep(
-        st, str(train), ex, device=dev, dtype="bfloat16", budget=budget, progress=progress, runner=runner
+        st,
+        ops.Sweep(checkpoints=str(train), extraction=ex, device=dev, dtype="bfloat16", tree_budget=budget),
+        progress=progress,
+        runner=runner,
     )
     sync(dev)
     dt = time.perf_counter() - t0
-    pipeline.store_run = store_run
+    replaying.store_run = store_run
     report({f"sweep_{a.checkpoints}x{n_sweep}_s": dt})  # printed now: the counts below take a while
     if steps:  # after the last store step: the worker's exit (the parent waits for it) and the sweep's return
         note(
@@ -468,7 +470,7 @@ def phase_timers(dev) -> dict:
     wrap(rp.lockstep.Lockstep, "__init__", "context_kv")
     wrap(rp, "_walk_device", "walk")
     wrap(rp, "_chain_batch", "chain_batch")  # context_kv + walk + the results' arrays
-    wrap(pipeline, "store_run", "store_run")
+    wrap(importlib.import_module("dflash_dash.pipeline.replay"), "store_run", "store_run")
     return phases
 
 

@@ -27,11 +27,9 @@ import torch
 from _common import note, report
 from bench_replay import FULL, SMALL, rand_weights
 
-from dflash_dash import drafters as dr
+from dflash_dash import drafters as dr, replay as rp, target as tg
 from dflash_dash.drafters import kernels
 from dflash_dash.drafters.dflash import DFlash
-from dflash_dash import replay as rp
-from dflash_dash import target as tg
 from tools import tiny
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -49,7 +47,7 @@ ap.add_argument(
     "--beside",
     action="store_true",
     help="during walks 1 and 2 a loader thread loads a checkpoint onto "
-    "the device on a side stream (`pipeline._fetch`), as the sweep worker does beside each replay; walk 3 "
+    "the device on a side stream (`pipeline.device_io.fetch_checkpoint`), as the sweep worker does beside each replay; walk 3 "
     "runs alone",
 )
 ap.add_argument("--plant", help=argparse.SUPPRESS)  # child: plant, save the tokens here, exit
@@ -98,7 +96,8 @@ figs = {"walk_build_s": time.perf_counter() - t0}
 if a.beside:  # a checkpoint on disk for the loader thread (not timed)
     from bench_sweep import write_drafter
 
-    from dflash_dash import pipeline
+    from dflash_dash import ops
+    from dflash_dash.pipeline import device_io
 
     ck = tmp.parent / "ck"
     write_drafter(ck, tiny.drafter_config(tiny.TinyDrafter(**(SMALL if a.small else FULL))), d.w)
@@ -106,7 +105,7 @@ if a.beside:  # a checkpoint on disk for the loader thread (not timed)
     side = torch.cuda.Stream() if dev == "cuda" else None
 
     def fetch(n: int) -> None:
-        got, fetched[n] = pipeline._fetch(pipeline.Checkpoint(str(ck), None, None), dtype, dev, side)
+        got, fetched[n] = device_io.fetch_checkpoint(ops.CheckpointSpec(str(ck)), dtype, dev, side)
         del got  # its device memory goes back to the side stream's pool, as in the worker
 
 

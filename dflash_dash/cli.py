@@ -2,19 +2,23 @@
 
 Contract: a stable interface scripts rely on. Results go to stdout (ids, JSON); progress and errors go
 to stderr; a user error exits with status 2 and a one-line message naming the problem and the fix,
-never a traceback. Each operation's options take their defaults from its `ops` dataclass and are turned into
-one (`op_of`), so the CLI, jobs and pages share one definition; `--gpus 0,1` (extract, replay, sweep) shards
+never a traceback. Each operation's options are generated from its `ops` dataclass (`add_op_options`: flag,
+type, choices, default and help from each field and its comment) and turned back into one (`op_of`) that the
+pipeline handler takes, so the CLI, jobs and pages share one definition; `--gpus 0,1` (extract, replay, sweep) shards
 the prompts over one worker process per device (jobs.workers.pool), `--gpus cpu,cpu` over CPU workers.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import inspect
 import json
 import os
 import sys
 import time
-from dataclasses import fields, replace
+from dataclasses import MISSING, fields, replace
+from functools import cache
 from pathlib import Path
 
 from . import ops, pipeline
@@ -68,17 +72,17 @@ def runner(st, op: ops.Op):
 def cmd_extract(a, st):
     from .jobs import orchestrate
 
-    if a.resume:
-        st.extraction(a.resume)  # must exist: a typo must not start a new extraction under that id
-    op = op_of(ops.Extract, a, extraction_id=a.resume)
-    op = replace(op, layers=pipeline.layer_ids_of(op.drafter, op.layers), drafter=None)
+    if a.extraction_id:
+        st.extraction(a.extraction_id)  # must exist: a typo must not start a new extraction under that id
+    op = op_of(ops.Extract, a)
+    op = replace(op, layers=pipeline.layers_of(op.drafter, op.layers), drafter=None)
     for i, dev in enumerate(dict.fromkeys(op.devices())):
-        for w in orchestrate.check_extract(st, op.target, op.completions, op.layers, dev, op.dtype, a.resume):
+        for w in orchestrate.check_extract(st, op.target, op.completions, op.layers, dev, op.dtype, a.extraction_id):
             if i == 0:  # the page asks to confirm; a script asked for it explicitly
                 print(f"note: {w}", file=sys.stderr)
     if op.orchestrate != "none":  # free the server's GPU around the extraction: the job does it, we follow it
         return follow(st, jobs_mod().start(st, op), "extraction")
-    print(pipeline.perform(st, op, progress, runner(st, op))["extraction"])
+    print(pipeline.extract(st, op, progress, runner(st, op)))
 
 
 def jobs_mod():
@@ -115,21 +119,7 @@ def follow(st, job_id: str, key: str, every: float = 0.3) -> int:
 
 def cmd_replay(a, st):
     op = op_of(ops.Replay, a)
-    out = pipeline.replay(
-        st,
-        op.drafter,
-        op.extraction,
-        op.tree_budget,
-        op.devices()[0],
-        op.dtype,
-        op.chunk,
-        op.name,
-        progress,
-        op.sliding_block,
-        op.draft_config,
-        op.anchors,
-        runner(st, op),
-    )
+    out = pipeline.replay(st, op, progress, runner(st, op))
     if a.extraction == "latest":
         print(f"extraction latest = {out['summary']['extraction']}", file=sys.stderr)
     print(out["id"])
@@ -138,22 +128,18 @@ def cmd_replay(a, st):
 
 def cmd_sweep(a, st):
     op = op_of(ops.Sweep, a)
-    for run_id in pipeline.perform(st, op, progress, runner(st, op))["runs"]:
+    for run_id in pipeline.sweep(st, op, progress, runner(st, op)):
         print(run_id)
 
 
 def cmd_sliding_check(a, st):
     op = op_of(ops.SlidingCheck, a)
-    _print(
-        pipeline.sliding_check(
-            st, op.drafter, op.extraction, op.draft_config, progress, device=op.device, dtype=op.dtype
-        )
-    )
+    _print(pipeline.sliding_check(st, op, progress))
 
 
 def cmd_attribute(a, st):
     op = op_of(ops.Attribute, a)
-    _print(pipeline.attribute(st, op.run, op.device, op.dtype, progress=progress))
+    _print(pipeline.attribute(st, op, progress))
 
 
 def cmd_export(a, st):
@@ -165,7 +151,7 @@ def cmd_list(a, st):
 
 
 def cmd_fetch(a, st):
-    n = pipeline.perform(st, op_of(ops.Fetch, a), progress)["fetched"]
+    n = pipeline.fetch(st, op_of(ops.Fetch, a), progress)
     print(f"fetched {n} new completions into set {a.name} ({len(st.completion_ids(a.name))} in total)")
 
 
@@ -175,7 +161,7 @@ def cmd_jobs(a, st):
     if a.action == "list":
         return _print(jobs.recent(st, a.limit))
     if not a.id:
-        raise pipeline.InputError(f"jobs {a.action} needs a job id (see `jobs list`)")
+        raise ops.InputError(f"jobs {a.action} needs a job id (see `jobs list`)")
     if a.action == "cancel":
         print(jobs.cancel(st, a.id)["status"])
     elif a.action == "logs":
@@ -232,7 +218,7 @@ def cmd_conformance(a, st):
 
 
 def parser(store_only: bool = False) -> argparse.ArgumentParser:
-    """The CLI's parser; `store_only` leaves out the options whose choices live in torch-backed modules (drafter,
+    """The CLI's parser; `store_only` leaves out the options whose choices live in torch-backed modules (the
     server), for the store-only commands (STORE_ONLY), which thereby never import torch."""
     p = argparse.ArgumentParser(prog="python -m dflash_dash", description=__doc__.splitlines()[0])
     p.add_argument("--workspace", default=str(default_workspace()), help="workspace folder (default: cache)")
@@ -247,78 +233,16 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     s.add_argument("--name", required=True)
     s.set_defaults(fn=cmd_export_completions)
 
-    X, R, S, C, A, F = map(
-        ops.defaults, (ops.Extract, ops.Replay, ops.Sweep, ops.SlidingCheck, ops.Attribute, ops.Fetch)
-    )  # every default comes from the operation's dataclass
     s = sub.add_parser("extract", help="extract target hidden states for a completion set")
-    s.add_argument("--target", required=True, help="Hugging Face causal LM folder")
-    s.add_argument("--completions", required=True, help="completion set name")
-    s.add_argument("--drafter", help="DFlash checkpoint whose target_layer_ids are extracted")
-    s.add_argument("--layers", help="explicit layer ids, e.g. 1,16,31 (instead of --drafter)")
-    s.add_argument("--device", default=X["device"], help="cpu or cuda[:N]")
-    s.add_argument("--dtype", default=X["dtype"], choices=ops.DTYPES)
-    s.add_argument(
-        "--gpus",
-        help="one worker process per device, the prompts sharded over them: GPU indices "
-        "like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); default: one process on --device",
-    )
-    s.add_argument("--resume", help="continue this extraction id instead of starting a new one")
-    s.add_argument(
-        "--orchestrate",
-        default=X["orchestrate"],
-        choices=ops.ORCHESTRATE,
-        help="free the SGLang server's GPU around the extraction (config.toml): its memory-release "
-        "API, its stop/start commands, or leave it (default)",
-    )
+    add_op_options(s, ops.Extract, flags={"extraction_id": "--resume"})
     s.set_defaults(fn=cmd_extract)
 
     s = sub.add_parser("replay", help="replay a drafter checkpoint over cached features")
-    s.add_argument("--drafter", required=True)
-    s.add_argument("--extraction", default=R["extraction"])
-    s.add_argument("--tree-budget", type=int, default=R["tree_budget"], help="DDTree node budget (0: no tree)")
-    s.add_argument("--device", default=R["device"])
-    s.add_argument("--dtype", default=R["dtype"], choices=ops.DTYPES)
-    s.add_argument(
-        "--gpus",
-        help="one worker process per device, the prompts sharded over them: GPU indices "
-        "like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); default: one process on --device",
-    )
-    s.add_argument("--chunk", type=int, default=R["chunk"], help="blocks per batched forward")
-    s.add_argument("--name", help="display name (default: checkpoint folder name)")
-    s.add_argument(
-        "--anchors",
-        default=R["anchors"],
-        choices=ops.ANCHORS,
-        help="every completion anchor (default: accepted(p) curves, every-anchor tau) or only the "
-        "anchors the chain and DDTree walks visit (chain: several times faster, same rounds)",
-    )
-    if not store_only:
-        checkpoint_options(s)
+    add_op_options(s, ops.Replay)
     s.set_defaults(fn=cmd_replay)
 
     s = sub.add_parser("sweep", help="replay every checkpoint of a training output folder")
-    s.add_argument(
-        "--checkpoints",
-        required=True,
-        help="training output folder: epoch_E_step_S/, {run_id}-step{N}/ (SpecForge runtime), checkpoint-N/ ...",
-    )
-    s.add_argument("--extraction", default=S["extraction"])
-    s.add_argument(
-        "--anchors",
-        default=S["anchors"],
-        choices=ops.ANCHORS,
-        help="chain (default: only the anchors the walks visit) or every",
-    )
-    s.add_argument("--tree-budget", type=int, default=S["tree_budget"], help="DDTree node budget (0: no tree)")
-    s.add_argument("--device", default=S["device"])
-    s.add_argument("--dtype", default=S["dtype"], choices=ops.DTYPES)
-    s.add_argument(
-        "--gpus",
-        help="one worker process per device, the prompts sharded over them: GPU indices "
-        "like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); default: one process on --device",
-    )
-    if not store_only:
-        checkpoint_options(s)
+    add_op_options(s, ops.Sweep)
     s.set_defaults(fn=cmd_sweep)
 
     s = sub.add_parser(
@@ -326,11 +250,7 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
         help="replay a sliding-layer drafter with its block causal and "
         "bidirectional: the train/serve mismatch detector (JSON)",
     )
-    s.add_argument("--drafter", required=True)
-    s.add_argument("--extraction", default=C["extraction"])
-    s.add_argument("--draft-config", help="the training's draft config JSON (SpecForge runtime checkpoints)")
-    s.add_argument("--device", default=C["device"])
-    s.add_argument("--dtype", default=C["dtype"], choices=ops.DTYPES)
+    add_op_options(s, ops.SlidingCheck)
     s.set_defaults(fn=cmd_sliding_check)
 
     s = sub.add_parser(
@@ -338,9 +258,7 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
         help="target-layer attribution of a run: tau lost with each target tap "
         "replaced by its mean over the extraction (JSON; stored with the run)",
     )
-    s.add_argument("--run", default=A["run"])
-    s.add_argument("--device", default=A["device"], help="default: the run's own device")
-    s.add_argument("--dtype", default=A["dtype"], choices=ops.DTYPES, help="default: the run's own dtype")
+    add_op_options(s, ops.Attribute)
     s.set_defaults(fn=cmd_attribute)
 
     s = sub.add_parser("export", help="print a run as JSON")
@@ -370,26 +288,7 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("fetch", help="fetch greedy completions of a prompt set from an SGLang server")
-    s.add_argument("--server", help="server URL (default: [server] url of W/config.toml, else http://127.0.0.1:30000)")
-    s.add_argument("--prompt-set", required=True, help="built-in set (coding-10) or a JSONL file of {id, prompt}")
-    s.add_argument("--name", required=True, help="completion set name; rerun with it to continue")
-    s.add_argument("--max-new-tokens", type=int, default=F["max_new_tokens"])
-    s.add_argument(
-        "--chat", action="store_true", default=F["chat"], help="wrap prompts in the target's chat template (local)"
-    )
-    s.add_argument("--tokenizer", help="tokenizer folder (default: the server's tokenizer_path when readable)")
-    s.add_argument(
-        "--enable-thinking",
-        action="store_true",
-        default=F["enable_thinking"],
-        help="leave Qwen3 thinking on (default off)",
-    )
-    s.add_argument(
-        "--readiness-timeout",
-        type=float,
-        default=F["readiness_timeout"],
-        help="seconds to wait for /health 200 (default: the workspace config's, 600)",
-    )
+    add_op_options(s, ops.Fetch)
     s.set_defaults(fn=cmd_fetch)
 
     s = sub.add_parser("jobs", help="background jobs: list | cancel ID | logs ID | rerun ID")
@@ -431,19 +330,57 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     return p
 
 
-def checkpoint_options(s: argparse.ArgumentParser) -> None:
-    """How a checkpoint is read: its draft config (SpecForge runtime checkpoints) and sliding semantics."""
-    s.add_argument(
-        "--draft-config",
-        help="the training's draft config JSON, for SpecForge runtime checkpoints "
-        "({run_id}-step{N}/training_state.pt) with no config.json beside or above",
-    )
-    s.add_argument(
-        "--sliding-block",
-        choices=ops.SLIDING_BLOCKS,
-        help="sliding_attention layers: causal inside the block (SpecForge training, SGLang serving; "
-        "the default unless the config sets is_causal) or bidirectional (z-lab HF reference)",
-    )
+CHOICES = {
+    "dtype": ops.DTYPES,
+    "anchors": ops.ANCHORS,
+    "orchestrate": ops.ORCHESTRATE,
+    "sliding_block": ops.SLIDING_BLOCKS,
+}  # fields whose values are one of a few names
+
+
+@cache
+def field_help() -> dict[str, dict[str, str]]:
+    """{operation class name: {field: its comment in ops.py}}: the help text of each generated option."""
+    src = inspect.getsource(ops)
+    lines = src.splitlines()
+    out: dict[str, dict[str, str]] = {}
+
+    def comment(n: int) -> str:  # the comment of line n (1-based) and of the comment lines right below it
+        text = [lines[n - 1].partition("  # ")[2].strip()]
+        while n < len(lines) and lines[n].strip().startswith("# "):
+            text.append(lines[n].strip()[2:])
+            n += 1
+        return " ".join(text)
+
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.ClassDef):
+            out[node.name] = {
+                st.target.id: comment(st.lineno)
+                for st in node.body
+                if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)
+            }
+    return out
+
+
+def add_op_options(s: argparse.ArgumentParser, cls: type[ops.Op], flags: dict[str, str] | None = None) -> None:
+    """One option per field of operation `cls`: --field-name (or `flags[field]`), its type (int, float, a flag for
+    bools, text for the rest: lists like "1,16,31" are parsed by the op), its choices, its default, required when
+    it has none, its help the field's comment. The parsed value lands under the field's name (`op_of`)."""
+    helps, defaults = field_help()[cls.__name__], ops.defaults(cls)
+    for f in fields(cls):
+        kind = str(f.type).split(" | ")[0]
+        kw: dict = {"dest": f.name, "help": helps.get(f.name, "").replace("%", "%%") or None}
+        if kind == "bool":
+            kw |= {"action": "store_true", "default": defaults[f.name]}
+        else:
+            kw["type"] = {"int": int, "float": float}.get(kind, str)
+            if f.name in CHOICES:
+                kw["choices"] = CHOICES[f.name]
+            if f.default is MISSING and f.default_factory is MISSING:
+                kw["required"] = True
+            elif f.default_factory is MISSING:  # list fields stay None: the op takes its own default
+                kw["default"] = defaults[f.name]
+        s.add_argument((flags or {}).get(f.name, "--" + f.name.replace("_", "-")), **kw)
 
 
 READ_ONLY = {"runs", "extractions", "export", "export-completions", "conformance"}  # never create a workspace

@@ -23,8 +23,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from . import config as config_mod
-from . import demo
+from . import config as config_mod, demo
 from .errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,13 +2,18 @@
 
 Contract:
 - One class per operation (`Fetch`, `Extract`, `Replay`, `Sweep`, `SlidingCheck`, `Attribute`, `Demo`); `kind`
-  is its job kind. Each field carries its default and a comment; `__post_init__` validates (and normalises:
-  "1,16,31" layers, "0,1" GPUs) and raises `ArgError`, a UserError naming the field and the fix.
+  is its job kind. Each field carries its default and a comment (the CLI's help text); `__post_init__`
+  validates (and normalises: "1,16,31" layers, "0,1" GPUs) and raises `InputError`, the UserError of bad input
+  naming the field and the fix. dtype, device, layers and GPUs are checked here only (`check_dtype`,
+  `check_device`, `parse_layers`, `parse_gpus`).
 - `to_args()` is the plain-JSON dict a job records; `from_args(args)` rebuilds the operation from a record:
   a missing (or None) field takes its default, so job records written before a field existed stay readable;
   an unknown field is refused by name. `of(kind, args)` does it for any kind.
-- The CLI takes its argparse defaults from these fields (`defaults`), the pages build these classes for
-  `jobs.start`, jobs records and rebuilds them, and pipeline's signatures take their defaults from them.
+- The CLI generates its options from these fields (`options`: name, default, type, help from the field's
+  comment), the pages build these classes for `jobs.start`, jobs records and rebuilds them, and every pipeline
+  handler takes one (`pipeline.perform(store, op)`).
+- Worker specs (`CheckpointSpec`, `ExtractWork`, `ReplayWork`): frozen, the per-prompt part of an operation as it
+  crosses into a worker process; `to_json()` / `work_of(kind, data)` are their round trip.
 Data only, torch-free (store-only commands stay light): nothing here loads a model or touches the store; it
 sits under pipeline, which imports it.
 """
@@ -28,8 +33,35 @@ SLIDING_BLOCKS = ("causal", "bidirectional")  # = drafter.SLIDING_BLOCKS (tests/
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
-class ArgError(UserError, ValueError):
-    """An operation's argument is invalid; the message names the field and the fix."""
+class InputError(UserError, ValueError):
+    """Bad user input (an operation's argument, a file's line); the message names the field or line and the fix."""
+
+
+def check_dtype(value, name: str = "dtype", optional: bool = False) -> None:
+    """Refuse a compute dtype that is not one of DTYPES."""
+    if not (optional and value is None) and value not in DTYPES:
+        raise InputError(f"{name} {value!r}: expected one of {', '.join(DTYPES)}")
+
+
+def check_device(value, name: str = "device", optional: bool = False) -> None:
+    """Refuse a device that is not cpu, cuda or cuda:N."""
+    if not (optional and value is None) and not (isinstance(value, str) and _DEVICE.fullmatch(value)):
+        raise InputError(f"{name} {value!r}: expected cpu, cuda or cuda:N (N = the GPU's index)")
+
+
+def parse_layers(value) -> list[int] | None:
+    """Target layer ids from "1,16,31" or a list of ints; None for none given."""
+    if value in (None, "", []):
+        return None
+    if isinstance(value, str):
+        try:
+            value = [int(x) for x in value.split(",") if x.strip()]
+        except ValueError:
+            raise InputError(f"layers {value!r}: expected comma-separated integers like 1,16,31") from None
+    value = list(value)
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        raise InputError(f"layers {value!r}: expected a list of integer layer ids like [1, 16, 31]")
+    return value or None
 
 
 def parse_gpus(value) -> list[str]:
@@ -42,7 +74,7 @@ def parse_gpus(value) -> list[str]:
         x = str(x).strip()
         dev = f"cuda:{x}" if x.isdigit() else x
         if not _DEVICE.fullmatch(dev):
-            raise ArgError(
+            raise InputError(
                 f"gpus {value!r}: {x!r} is not a device; give CUDA indices like 0,1 (one worker per GPU), "
                 "cuda:N entries, or cpu,cpu for CPU workers"
             )
@@ -65,10 +97,10 @@ class Op:
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(args) - set(names))
         if unknown:
-            raise ArgError(f"{cls.kind}: unknown argument {', '.join(unknown)}; expected some of {', '.join(names)}")
+            raise InputError(f"{cls.kind}: unknown argument {', '.join(unknown)}; expected some of {', '.join(names)}")
         for f in fields(cls):
             if f.default is MISSING and f.default_factory is MISSING and args.get(f.name) in (None, ""):
-                raise ArgError(
+                raise InputError(
                     f"{cls.kind}: {f.name} is required; give it (--{f.name.replace('_', '-')} on the command line)"
                 )
         return cls(**{k: v for k, v in args.items() if v is not None})
@@ -77,22 +109,20 @@ class Op:
     def _need(self, name: str, what: str) -> None:
         v = getattr(self, name)
         if not isinstance(v, str) or not v.strip():
-            raise ArgError(f"{name} {v!r}: give {what}")
+            raise InputError(f"{name} {v!r}: give {what}")
 
     def _int(self, name: str, lo: int, fix: str) -> None:
         v = getattr(self, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ArgError(f"{name} {v!r}: {fix}")
+            raise InputError(f"{name} {v!r}: {fix}")
 
     def _choice(self, name: str, choices: tuple, optional: bool = False) -> None:
         v = getattr(self, name)
         if not (optional and v is None) and v not in choices:
-            raise ArgError(f"{name} {v!r}: expected one of {', '.join(choices)}")
+            raise InputError(f"{name} {v!r}: expected one of {', '.join(choices)}")
 
     def _device(self, name: str = "device", optional: bool = False) -> None:
-        v = getattr(self, name)
-        if not (optional and v is None) and not (isinstance(v, str) and _DEVICE.fullmatch(v)):
-            raise ArgError(f"{name} {v!r}: expected cpu, cuda or cuda:N")
+        check_device(getattr(self, name), name, optional)
 
     def _gpus(self) -> None:
         self.gpus = parse_gpus(self.gpus)
@@ -102,9 +132,11 @@ class Op:
         self._need("extraction", "an extraction id, or latest")
         self._int("tree_budget", 0, "expected 0 (no tree) or a positive DDTree node budget like 8")
         self._device()
-        self._choice("dtype", DTYPES)
+        check_dtype(self.dtype)
         self._choice("anchors", ANCHORS)
         self._choice("sliding_block", SLIDING_BLOCKS, optional=True)
+        if self.max_prompts is not None:
+            self._int("max_prompts", 1, "expected a positive number of prompts, or leave it unset for all")
         self._gpus()
 
     def devices(self) -> list[str]:
@@ -132,6 +164,7 @@ class Fetch(Op):
     tokenizer: str | None = None  # tokenizer folder or hub id; None: the server's tokenizer_path
     enable_thinking: bool = False  # leave Qwen3 thinking on (off by default: it lowers acceptance)
     readiness_timeout: float | None = None  # seconds to wait for /health 200; None: the config's (600)
+    request_timeout: float = 600.0  # seconds one generate request may take before it fails
 
     def __post_init__(self):
         self._need("prompt_set", "a built-in prompt set (coding-10) or a JSONL file of {id, prompt}")
@@ -140,7 +173,9 @@ class Fetch(Op):
         if self.readiness_timeout is not None and not (
             isinstance(self.readiness_timeout, (int, float)) and self.readiness_timeout > 0
         ):
-            raise ArgError(f"readiness_timeout {self.readiness_timeout!r}: give seconds > 0 (or leave it unset: 600)")
+            raise InputError(f"readiness_timeout {self.readiness_timeout!r}: give seconds > 0 (or leave it unset: 600)")
+        if not (isinstance(self.request_timeout, (int, float)) and self.request_timeout > 0):
+            raise InputError(f"request_timeout {self.request_timeout!r}: give seconds > 0, like 600")
         self.chat, self.enable_thinking = bool(self.chat), bool(self.enable_thinking)
         self.server = self.server or None
 
@@ -157,24 +192,19 @@ class Extract(Op):
     orchestrate: str = "none"  # free the server's GPU around the extraction: none | release | command
     extraction_id: str | None = None  # resume this extraction (a rerun sets it) instead of starting one
     server: str | None = None  # server to free; None: the workspace's config.toml
-    gpus: list[str] = field(default_factory=list)  # one worker process per device, prompts sharded; []: device
+    gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
+    # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
 
     def __post_init__(self):
         self._need("target", "the target model folder (a Hugging Face causal LM)")
         self._need("completions", "the completion set name")
-        if isinstance(self.layers, str):
-            try:
-                self.layers = [int(x) for x in self.layers.split(",") if x.strip()] or None
-            except ValueError:
-                raise ArgError(f"layers {self.layers!r}: expected comma-separated integers like 1,16,31") from None
-        if self.layers is not None and not all(isinstance(x, int) and not isinstance(x, bool) for x in self.layers):
-            raise ArgError(f"layers {self.layers!r}: expected a list of integer layer ids like [1, 16, 31]")
+        self.layers = parse_layers(self.layers)
         if not self.layers and not self.drafter:
-            raise ArgError(
+            raise InputError(
                 "layers: give a drafter checkpoint (its target_layer_ids are used) or layer ids like 1,16,31"
             )
         self._device()
-        self._choice("dtype", DTYPES)
+        check_dtype(self.dtype)
         self._choice("orchestrate", ORCHESTRATE)
         self._gpus()
 
@@ -192,7 +222,9 @@ class Replay(Op):
     anchors: str = "every"  # every (accepted(p) curves, every-anchor tau) | chain (faster, same rounds)
     sliding_block: str | None = None  # sliding layers causal | bidirectional inside the block; None: config's
     draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
-    gpus: list[str] = field(default_factory=list)  # one worker process per device, prompts sharded; []: device
+    gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
+    # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
+    max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
 
     def __post_init__(self):
         self._need("drafter", "the checkpoint folder to replay")
@@ -211,7 +243,9 @@ class Sweep(Op):
     dtype: str = "float32"  # compute dtype of the drafters
     sliding_block: str | None = None  # sliding layers causal | bidirectional inside the block; None: config's
     draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
-    gpus: list[str] = field(default_factory=list)  # one worker process per device, prompts sharded; []: device
+    gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
+    # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
+    max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
 
     def __post_init__(self):
         self._need("checkpoints", "the training output folder")
@@ -226,12 +260,14 @@ class SlidingCheck(Op):
     draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
     device: str = "cpu"  # cpu or cuda[:N]
     dtype: str = "float32"  # compute dtype of the drafter
+    tree_budget: int = 8  # DDTree node budget of both replays (0: no tree)
 
     def __post_init__(self):
         self._need("drafter", "the checkpoint folder to check")
         self._need("extraction", "an extraction id, or latest")
+        self._int("tree_budget", 0, "expected 0 (no tree) or a positive DDTree node budget like 8")
         self._device()
-        self._choice("dtype", DTYPES)
+        check_dtype(self.dtype)
 
 
 @dataclass
@@ -244,7 +280,7 @@ class Attribute(Op):
     def __post_init__(self):
         self._need("run", "a run id, or latest")
         self._device(optional=True)
-        self._choice("dtype", DTYPES, optional=True)
+        check_dtype(self.dtype, optional=True)
 
 
 @dataclass
@@ -259,5 +295,87 @@ def of(kind: str, args: dict | None) -> Op:
     """The operation of a job record (kind + args)."""
     cls = KINDS.get(kind)
     if cls is None:
-        raise ArgError(f"unknown job kind {kind!r}; expected one of {', '.join(KINDS)}")
+        raise InputError(f"unknown job kind {kind!r}; expected one of {', '.join(KINDS)}")
     return cls.from_args(args)
+
+
+# ---------------------------------------------------------------------------
+# worker specs: the per-prompt part of an operation, as it crosses into a worker process
+
+
+@dataclass(frozen=True)
+class Work:
+    """Base of the worker specs: a frozen record with a plain-JSON round trip (`to_json`, `from_json`)."""
+
+    kind: ClassVar[str] = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Work:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec(Work):
+    """One checkpoint of a replay: where it is and how it is read."""
+
+    path: str  # folder (or training_state.pt) as the user gave it
+    sliding_block: str | None = None  # the run's choice, None: the config's own
+    draft_config: str | None = None  # the training's draft config JSON (SpecForge runtime checkpoints)
+    name: str | None = None  # display name (default: the folder name)
+
+
+@dataclass(frozen=True)
+class ExtractWork(Work):
+    """Extract the features of some prompts of `completions` into extraction `extraction` on `device`."""
+
+    kind: ClassVar[str] = "extract"
+    target: str  # the target's folder (resolved)
+    completions: str  # completion set name
+    layers: tuple[int, ...]  # target layer ids
+    device: str  # where this worker runs
+    dtype: str  # compute dtype of the target's forward
+    extraction: str  # extraction id the feature files belong to
+
+    def __post_init__(self):
+        object.__setattr__(self, "layers", tuple(self.layers))
+        check_device(self.device)
+        check_dtype(self.dtype)
+
+
+@dataclass(frozen=True)
+class ReplayWork(Work):
+    """Replay some prompts of extraction `extraction` with every checkpoint of `checkpoints` on `device`."""
+
+    kind: ClassVar[str] = "replay"
+    checkpoints: tuple[CheckpointSpec, ...]  # replayed in this order over each pass of features
+    extraction: str  # extraction id
+    tree_budget: int  # DDTree node budget (0: no tree)
+    device: str  # where this worker runs
+    dtype: str  # compute dtype of the drafters
+    chunk: int  # blocks per batched forward (every-anchor mode)
+    anchors: str  # every | chain
+
+    def __post_init__(self):
+        object.__setattr__(
+            self,
+            "checkpoints",
+            tuple(c if isinstance(c, CheckpointSpec) else CheckpointSpec.from_json(c) for c in self.checkpoints),
+        )
+        check_device(self.device)
+        check_dtype(self.dtype)
+        if self.anchors not in ANCHORS:
+            raise InputError(f"anchors {self.anchors!r}: expected one of {', '.join(ANCHORS)}")
+
+
+WORK: dict[str, type[Work]] = {c.kind: c for c in (ExtractWork, ReplayWork)}
+
+
+def work_of(kind: str, data: dict) -> Work:
+    """The worker spec of kind `kind` from its `to_json` data."""
+    cls = WORK.get(kind)
+    if cls is None:
+        raise InputError(f"no per-prompt work for {kind!r}; expected one of {', '.join(WORK)}")
+    return cls.from_json(data)

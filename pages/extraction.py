@@ -217,13 +217,13 @@ def main() -> None:
                 if drafter.strip():
                     args["drafter"] = drafter.strip()
                 else:
-                    args["layers"] = pipeline.layer_ids_of(None, layers.strip())
+                    args["layers"] = pipeline.layers_of(None, layers.strip())
                 try:
                     dups = orchestrate.check_extract(
                         common.store(),
                         args["target"],
                         set_name,
-                        args.get("layers") or pipeline.layer_ids_of(args["drafter"], None),
+                        args.get("layers") or pipeline.layers_of(args["drafter"], None),
                         args["device"],
                         dtype,
                     )

@@ -43,9 +43,7 @@ class Prepared:
 def _drafted(target: Path, drafter: Path, prompt: list[int], n: int, seed: int) -> list[int]:
     """A completion built from the drafter's own blocks: each round keeps k of its drafts (k random) and then
     a different token, so the replay sees a mix of full and partial acceptance."""
-    from dflash_dash import drafters as dr
-    from dflash_dash import replay as rp
-    from dflash_dash import target as tg
+    from dflash_dash import drafters as dr, replay as rp, target as tg
 
     m = dr.load(drafter)
     cfg = m.c

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 from streamlit.runtime.pages_manager import PagesManager
-from streamlit.testing.v1 import AppTest
-from streamlit.testing.v1 import app_test as app_test_mod
+from streamlit.testing.v1 import AppTest, app_test as app_test_mod
 
 from dflash_dash import ops, pipeline
 from dflash_dash.analysis.compare import config_diff
@@ -299,7 +298,12 @@ def test_orchestration_shows_commands_from_config(prepared, workspace_copy, monk
 def test_diagnostics_parity_consistency_and_errors(prepared, workspace_copy, monkeypatch):
     st = Store(workspace_copy)
     ex = st.extraction(prepared.extraction)
-    again = pipeline.extract(st, ex["target_path"], ex["set_name"], ex["layer_ids"], "cpu", "float32")
+    again = pipeline.extract(
+        st,
+        ops.Extract(
+            target=ex["target_path"], completions=ex["set_name"], layers=ex["layer_ids"], device="cpu", dtype="float32"
+        ),
+    )
     at = app(workspace_copy, monkeypatch, "diagnostics", a=again, b=ex["id"])
     clean(at)
     df = at.dataframe[0].value

@@ -215,7 +215,7 @@ def test_kept_analyses_equal_a_fresh_computation(prepared, workspace_copy):
     st_, copy = Store(prepared.workspace), Store(workspace_copy)
     for rid in prepared.runs[:2]:
         kept = {name: st_.analysis(rid, name) for name in pipeline.ANALYSES}
-        fresh = pipeline._keep(copy, rid, pipeline.ANALYSES)  # rows from the store, the summary recomputed
+        fresh = pipeline.keep(copy, rid, pipeline.ANALYSES)  # rows from the store, the summary recomputed
         assert all(kept.values()) and kept.keys() == fresh.keys()
         for name in pipeline.ANALYSES:
             same = rounded if name == "calibration" else (lambda x: x)

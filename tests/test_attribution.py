@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dflash_dash import cli, pipeline
+from dflash_dash import cli, ops, pipeline
 from dflash_dash.store import Store
 from tools import tiny
 
@@ -32,9 +32,9 @@ def test_a_tap_the_drafter_ignores_costs_nothing(prepared, workspace_copy, blind
     rec = {"id": "blind-drafted", "prompt_ids": prompt, "output_ids": _drafted(prepared.target, blind, prompt, 40, 3)}
     (tmp_path / "blind.jsonl").write_text(json.dumps(rec) + "\n")
     pipeline.import_completions(st, tmp_path / "blind.jsonl", "blind")
-    ex = pipeline.extract(st, str(prepared.target), "blind", [1, 4])
-    run = pipeline.replay(st, str(blind), ex, budget=0)["id"]
-    out = pipeline.attribute(st, run)
+    ex = pipeline.extract(st, ops.Extract(target=str(prepared.target), completions="blind", layers=[1, 4]))
+    run = pipeline.replay(st, ops.Replay(drafter=str(blind), extraction=ex, tree_budget=0))["id"]
+    out = pipeline.attribute(st, ops.Attribute(run=run))
     assert [t["layer_id"] for t in out["taps"]] == [1, 4]
     s = st.run_row(run)["summary"]  # base = the run itself (same checkpoint, features, device, dtype)
     assert out["base_tau_macro"] == pytest.approx(s["tau_macro"]) and out["base_tau_pooled"] == pytest.approx(

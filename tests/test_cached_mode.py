@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from dflash_dash import cli, pipeline
+from dflash_dash import cli, ops, pipeline
 from dflash_dash.jobs import dispatch
 from dflash_dash.store import Store
 
@@ -45,7 +45,9 @@ def test_the_block_works(offline):
 
 def test_replay_and_export_make_no_network_call(prepared, workspace_copy, offline, capsys):
     store = Store(workspace_copy)
-    out = pipeline.replay(store, str(prepared.drafters[1]), prepared.extraction, budget=4)
+    out = pipeline.replay(
+        store, ops.Replay(drafter=str(prepared.drafters[1]), extraction=prepared.extraction, tree_budget=4)
+    )
     assert out["summary"]["extraction"] == prepared.extraction
     exported = pipeline.export(store, out["id"])
     assert exported["run"]["id"] == out["id"] and len(exported["prompts"]) == 3

@@ -9,11 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_dash import drafters as dr
+from dflash_dash import drafters as dr, metrics, ops, replay as rp, target as tg
 from dflash_dash.drafters import kernels
-from dflash_dash import metrics
-from dflash_dash import replay as rp
-from dflash_dash import target as tg
 from tools import tiny
 
 
@@ -157,7 +154,7 @@ def test_sweep_one_pass_equals_separate_replays_and_reads_features_once(prepared
     from dflash_dash.store import Store
 
     if passes == "several":  # a pass of one prompt each: every checkpoint replays pass after pass
-        monkeypatch.setattr(pipeline, "PASS_GIB", 1e-9)
+        monkeypatch.setattr("dflash_dash.pipeline.device_io.PASS_GIB", 1e-9)
     st = Store(workspace_copy)
     seen = []
     reads = []
@@ -165,7 +162,11 @@ def test_sweep_one_pass_equals_separate_replays_and_reads_features_once(prepared
     monkeypatch.setattr(cache, "read", lambda root, ex, pid, *a, **k: reads.append(pid) or real(root, ex, pid, *a, **k))
     before = {r["checkpoint"]: r["id"] for r in st.runs()}
     st.run("DELETE FROM runs")  # the sweep must replay both checkpoints (the old runs stay as the reference)
-    ids = pipeline.sweep(st, str(prepared.train), prepared.extraction, progress=lambda d, t, m: seen.append(m))
+    ids = pipeline.sweep(
+        st,
+        ops.Sweep(checkpoints=str(prepared.train), extraction=prepared.extraction),
+        progress=lambda d, t, m: seen.append(m),
+    )
     assert sorted(reads) == sorted({r["prompt_id"] for r in st.items(prepared.extraction)})  # once each
     n = len(reads)
     assert sum(f"(pass {k}/{n if passes == 'several' else 1})" in m for m in seen for k in range(1, n + 1)) == (

@@ -17,11 +17,8 @@ import torch
 from safetensors.torch import save_file
 from serving import stop_jobs, until
 
-from dflash_dash import cli, pipeline
-from dflash_dash import drafters as dr
+from dflash_dash import cli, drafters as dr, ops, pipeline, replay as rp, target as tg
 from dflash_dash.drafters import kernels
-from dflash_dash import replay as rp
-from dflash_dash import target as tg
 from dflash_dash.jobs import lifecycle
 from dflash_dash.store import Store
 from tools import tiny
@@ -288,7 +285,7 @@ def test_other_families_refused_by_name_and_leave_no_run(prepared, workspace_cop
     st = Store(workspace_copy)
     before = len(st.runs())
     with pytest.raises(dr.CheckpointError, match=name):
-        pipeline.replay(st, str(ck), prepared.extraction, budget=0)
+        pipeline.replay(st, ops.Replay(drafter=str(ck), extraction=prepared.extraction, tree_budget=0))
     assert len(st.runs()) == before
 
 
@@ -318,7 +315,7 @@ def test_runtime_checkpoint_replays_like_the_hf_folder(prepared, workspace_copy,
     out = tmp_path / "out"
     step = tiny.write_runtime(out, state, 300, "r1")
     with pytest.raises(dr.CheckpointError, match="pass --draft-config FILE"):
-        pipeline.replay(st, str(step), prepared.extraction)
+        pipeline.replay(st, ops.Replay(drafter=str(step), extraction=prepared.extraction))
     cfg_file = tmp_path / "draft_config.json"
     cfg_file.write_text((prepared.drafters[0] / "config.json").read_text())
     rc = cli.main(
@@ -344,9 +341,9 @@ def test_runtime_checkpoint_replays_like_the_hf_folder(prepared, workspace_copy,
         assert got[pid]["accepted_at"] == hf[pid]["accepted_at"] and got[pid]["drafts"] == hf[pid]["drafts"]
     # a config.json above the step folder (the training's output folder) is found without --draft-config
     shutil.copy(cfg_file, out / "config.json")
-    assert pipeline.replay(st, str(step / "training_state.pt"), prepared.extraction, budget=0)["summary"][
-        "tau_macro"
-    ] == pytest.approx(run["summary"]["tau_macro"])
+    assert pipeline.replay(
+        st, ops.Replay(drafter=str(step / "training_state.pt"), extraction=prepared.extraction, tree_budget=0)
+    )["summary"]["tau_macro"] == pytest.approx(run["summary"]["tau_macro"])
 
 
 class Payload:
@@ -449,17 +446,19 @@ def test_sliding_check_replays_both_ways_and_diagnostics_shows_the_gap(prepared,
     d = tiny.TinyDrafter(seed=1, layer_types=["sliding_attention", "full_attention"], sliding_window=3)
     ck = export_hf(tmp_path / "slide", d, tiny.drafter_config(d))
     st = Store(workspace_copy)
-    out = pipeline.sliding_check(st, str(ck), prepared.extraction, budget=0)
+    out = pipeline.sliding_check(st, ops.SlidingCheck(drafter=str(ck), extraction=prepared.extraction, tree_budget=0))
     runs = {r["id"]: r for r in st.runs()}
     assert runs[out["causal"]]["sliding_block"] == "causal"
     assert runs[out["bidirectional"]]["sliding_block"] == "bidirectional"
     a, b = (st.run_prompts(out[k]) for k in ("causal", "bidirectional"))
     assert [p["drafts"] for p in a] != [p["drafts"] for p in b]  # the two semantics really differ here
     assert out["delta"] == pytest.approx(out["tau_macro"]["causal"] - out["tau_macro"]["bidirectional"])
-    again = pipeline.sliding_check(st, str(ck), prepared.extraction, budget=0)  # reuses both runs
+    again = pipeline.sliding_check(
+        st, ops.SlidingCheck(drafter=str(ck), extraction=prepared.extraction, tree_budget=0)
+    )  # reuses both runs
     assert again["causal"] == out["causal"] and len(st.runs()) == len(runs)
     with pytest.raises(pipeline.InputError, match="no sliding_attention layers"):
-        pipeline.sliding_check(st, str(prepared.drafters[0]), prepared.extraction)
+        pipeline.sliding_check(st, ops.SlidingCheck(drafter=str(prepared.drafters[0]), extraction=prepared.extraction))
     # the Diagnostics page shows both runs and the difference, with the formula
     from test_app import app, clean
 
@@ -478,7 +477,7 @@ def test_target_without_linear_attention_records_no_backend(tmp_path):
     jsonl = tmp_path / "c.jsonl"
     jsonl.write_text(json.dumps({"id": "a", "prompt_ids": [5, 6, 7], "output_ids": [8, 9, 10, 11]}) + "\n")
     pipeline.import_completions(st, jsonl, "s")
-    ex = pipeline.extract(st, str(t), "s", [1, 4])
+    ex = pipeline.extract(st, ops.Extract(target=str(t), completions="s", layers=[1, 4]))
     assert st.extraction(ex)["backend"] == tg.NO_LINEAR
     from dflash_dash.analysis.checks import backend_matters, consistency
 

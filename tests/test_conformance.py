@@ -17,7 +17,7 @@ import pytest
 import torch
 from serving import Served, until
 
-from dflash_dash import cache, cli, pipeline, prompts, server
+from dflash_dash import cache, cli, ops, pipeline, prompts, server
 from dflash_dash.analysis import conformance
 from dflash_dash.engines import SGLangClient
 from dflash_dash.render.figures import conformance_fig
@@ -92,11 +92,15 @@ def conf(served, tmp_path_factory):
     st = Store(ws)
     pfile = base / "prompts.jsonl"
     pfile.write_text("".join(json.dumps(p) + "\n" for p in prompts.load("coding-10") if p["id"] in IDS))
-    assert pipeline.fetch(st, served["good"].url, str(pfile), "c4", max_new_tokens=N) == len(IDS)
-    assert pipeline.fetch(st, served["bad"].url, str(pfile), "c4-bug", max_new_tokens=N) == len(IDS)
-    layers = pipeline.layer_ids_of(str(DRAFT), None)
-    ex = pipeline.extract(st, str(TARGET), "c4", layers)
-    run = pipeline.replay(st, str(DRAFT), ex)["id"]
+    assert pipeline.fetch(
+        st, ops.Fetch(server=served["good"].url, prompt_set=str(pfile), name="c4", max_new_tokens=N)
+    ) == len(IDS)
+    assert pipeline.fetch(
+        st, ops.Fetch(server=served["bad"].url, prompt_set=str(pfile), name="c4-bug", max_new_tokens=N)
+    ) == len(IDS)
+    layers = pipeline.layers_of(str(DRAFT), None)
+    ex = pipeline.extract(st, ops.Extract(target=str(TARGET), completions="c4", layers=layers))
+    run = pipeline.replay(st, ops.Replay(drafter=str(DRAFT), extraction=ex))["id"]
     bug = base / "bug-stats.jsonl"
     bug.write_text(
         "".join(
@@ -502,7 +506,9 @@ def test_fetch_sends_prompt_ids_as_input_ids(served, tmp_path):
     f = tmp_path / "ids.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in recs))
     st = Store(tmp_path / "ws")
-    assert pipeline.fetch(st, served["good"].url, str(f), "ids", max_new_tokens=4) == 2
+    assert (
+        pipeline.fetch(st, ops.Fetch(server=served["good"].url, prompt_set=str(f), name="ids", max_new_tokens=4)) == 2
+    )
     for r, c in zip(recs, st.completions("ids")):
         assert c["prompt_id"] == r["id"] and c["prompt_ids"] == r["prompt_ids"] and c["prompt"] is None
         assert c["request"]["input_ids"] == r["prompt_ids"] and "text" not in c["request"]

@@ -12,11 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dflash_dash import cache
-from dflash_dash import drafters as dr
-from dflash_dash import walks
-from dflash_dash import replay as rp
-from dflash_dash import target as tg
+from dflash_dash import cache, drafters as dr, ops, replay as rp, target as tg, walks
 from dflash_dash.store import Store
 from tools import tiny
 
@@ -357,8 +353,8 @@ def test_self_drafted_completion_reaches_block_size(tmp_path, models):
 
     st = Store(tmp_path / "ws")
     pipeline.import_completions(st, f, "self")
-    ex = pipeline.extract(st, str(t), "self", dr.read_config(d).target_layer_ids)
-    out = pipeline.replay(st, str(d), ex, budget=4)
+    ex = pipeline.extract(st, ops.Extract(target=str(t), completions="self", layers=dr.read_config(d).target_layer_ids))
+    out = pipeline.replay(st, ops.Replay(drafter=str(d), extraction=ex, tree_budget=4))
     assert out["summary"]["tau_macro"] == B
     assert 1 <= out["summary"]["ddtree_tau"] <= B  # best-first may spend the budget on siblings
     exp = pipeline.export(st, out["id"])

@@ -10,7 +10,7 @@ import socket
 import fakes
 import pytest
 
-from dflash_dash import pipeline
+from dflash_dash import ops, pipeline
 from dflash_dash.engines import ServerError
 from dflash_dash.store import Store
 
@@ -50,7 +50,9 @@ def prompts(tmp_path):
 
 
 def fetch(st, srv, prompts, **kw):
-    return pipeline.fetch(st, srv.url, prompts, "set", max_new_tokens=5, **({"readiness_timeout": 5} | kw))
+    return pipeline.fetch(
+        st, ops.Fetch(server=srv.url, prompt_set=prompts, name="set", max_new_tokens=5, **{"readiness_timeout": 5} | kw)
+    )
 
 
 def check_complete(st):
@@ -114,7 +116,16 @@ def test_refused(prompts, tmp_path):
     s.close()
     st = Store(tmp_path / "ws")
     with pytest.raises(ServerError, match=r"not ready after .*refused"):
-        pipeline.fetch(st, f"http://127.0.0.1:{port}", prompts, "set", max_new_tokens=5, readiness_timeout=1.0)
+        pipeline.fetch(
+            st,
+            ops.Fetch(
+                server=f"http://127.0.0.1:{port}",
+                prompt_set=prompts,
+                name="set",
+                max_new_tokens=5,
+                readiness_timeout=1.0,
+            ),
+        )
 
 
 def test_fault_via_cli_is_one_clear_line(srv, prompts, tmp_path, capsys):

@@ -11,7 +11,7 @@ import pytest
 from serving import Served, free_port, status_now, stop_jobs, tiny_model, until
 from transformers import AutoTokenizer
 
-from dflash_dash import cli, pipeline, prompts
+from dflash_dash import cli, ops, pipeline, prompts
 from dflash_dash.engines import ServerError, chat_ids
 from dflash_dash.jobs import lifecycle
 from dflash_dash.store import Store
@@ -48,7 +48,11 @@ def fetched(srv, tmp_path_factory):
     """coding-10 fetched right after the server process was started (8 new tokens each)."""
     store = Store(tmp_path_factory.mktemp("ws"))
     seen: list[str] = []
-    n = pipeline.fetch(store, srv.url, "coding-10", "c10", max_new_tokens=8, progress=lambda d, t, m: seen.append(m))
+    n = pipeline.fetch(
+        store,
+        ops.Fetch(server=srv.url, prompt_set="coding-10", name="c10", max_new_tokens=8),
+        progress=lambda d, t, m: seen.append(m),
+    )
     return store, n, seen
 
 
@@ -189,7 +193,7 @@ def test_server_error_gives_clear_cli_error_and_keeps_what_was_fetched(srv, tmp_
     assert "Traceback" not in err
     assert sorted(Store(ws).completion_ids("bad")) == ["p0", "p1", "p2"]
     with pytest.raises(ServerError):  # the same through the API: a ServerError, not a crash
-        pipeline.fetch(Store(ws), srv.url, str(f), "bad", max_new_tokens=4)
+        pipeline.fetch(Store(ws), ops.Fetch(server=srv.url, prompt_set=str(f), name="bad", max_new_tokens=4))
 
 
 def test_unreachable_server_times_out_clearly(tmp_path, capsys):
@@ -219,7 +223,15 @@ def test_chat_fetch_sends_the_chat_template_ids(srv, model, tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"id": "q", "prompt": "Write hello world."}) + "\n")
     store = Store(tmp_path / "ws")
-    assert pipeline.fetch(store, srv.url, str(f), "chat", max_new_tokens=4, chat=True, tokenizer=str(model)) == 1
+    assert (
+        pipeline.fetch(
+            store,
+            ops.Fetch(
+                server=srv.url, prompt_set=str(f), name="chat", max_new_tokens=4, chat=True, tokenizer=str(model)
+            ),
+        )
+        == 1
+    )
     tok = AutoTokenizer.from_pretrained(model)
     (r,) = store.completions("chat")
     assert r["prompt_ids"] == chat_ids(tok, "Write hello world.", enable_thinking=False)

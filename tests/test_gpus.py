@@ -123,7 +123,9 @@ def test_a_killed_worker_fails_the_job_and_a_rerun_resumes(prepared, store, tmp_
         )
     )
     pipeline.import_completions(store, f, "long")
-    ref = features(store, pipeline.extract(store, str(prepared.target), "long", [1, 4]))  # one process, here
+    ref = features(
+        store, pipeline.extract(store, ops.Extract(target=str(prepared.target), completions="long", layers=[1, 4]))
+    )  # one process, here
 
     job = lifecycle.start(
         store, ops.Extract(target=str(prepared.target), completions="long", layers=[1, 4], gpus="cpu,cpu")
@@ -179,6 +181,6 @@ def test_operations_round_trip_and_refuse_bad_fields():
         (ops.Attribute, {"run": "r", "colour": 1}, "attribute: unknown argument colour"),
     ]
     for cls, args, msg in bad:
-        with pytest.raises(ops.ArgError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(ops.InputError, match=msg.replace("(", r"\(").replace(")", r"\)")):
             cls.from_args(args)
     assert ops.SLIDING_BLOCKS == drafters.SLIDING_BLOCKS and ops.DTYPES == tuple(pipeline.DTYPES)

@@ -89,7 +89,7 @@ def test_job_errors_are_recorded(store, tmp_path, capsys):
     # an unexpected error (run in this process): a one-line error in the store, the traceback in the output
     store.add_job("job-bad", "fetch", {"prompt_set": "coding-10", "name": "x"}, "x.log")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pipeline, "fetch", lambda *a, **k: int("many"))  # a bug inside the operation
+        mp.setitem(pipeline.TABLE, ops.Fetch, lambda *a, **k: int("many"))  # a bug inside the operation
         assert dispatch.execute(store, "job-bad") == 1
     row = store.job("job-bad")
     assert row["status"] == "failed" and row["error"].startswith("ValueError: invalid literal for int()")

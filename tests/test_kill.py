@@ -13,7 +13,7 @@ import pytest
 import torch
 from serving import stop_jobs, until
 
-from dflash_dash import cache, cli, pipeline
+from dflash_dash import cache, cli, ops, pipeline
 from dflash_dash.jobs import lifecycle
 from dflash_dash.store import Store
 from tools import tiny
@@ -42,8 +42,8 @@ def setup(tmp_path_factory):
     )
     ref = Store(base / "ref")  # the uninterrupted run
     pipeline.import_completions(ref, f, "s")
-    ex = pipeline.extract(ref, str(t), "s", [1, 4])
-    run = pipeline.replay(ref, str(d), ex, budget=4)
+    ex = pipeline.extract(ref, ops.Extract(target=str(t), completions="s", layers=[1, 4]))
+    run = pipeline.replay(ref, ops.Replay(drafter=str(d), extraction=ex, tree_budget=4))
     return t, d, f, ref, ex, run["id"]
 
 
@@ -95,7 +95,7 @@ def test_killed_extraction_reruns_to_the_same_features(store, setup):
 
 def test_killed_replay_reruns_to_the_same_results(store, setup):
     t, d, _, ref, ref_ex, ref_run = setup
-    ex = pipeline.extract(store, str(t), "s", [1, 4])
+    ex = pipeline.extract(store, ops.Extract(target=str(t), completions="s", layers=[1, 4]))
     job = lifecycle.start(store, "replay", {"drafter": str(d), "extraction": ex, "tree_budget": 4})
     kill_when(
         store,
@@ -113,7 +113,7 @@ def test_killed_replay_reruns_to_the_same_results(store, setup):
 
 def test_damaged_feature_file_offers_reextraction(store, setup, capsys):
     t, d, *_ = setup
-    ex = pipeline.extract(store, str(t), "s", [1, 4])
+    ex = pipeline.extract(store, ops.Extract(target=str(t), completions="s", layers=[1, 4]))
     f = cache.path(pipeline.features_root(store), ex, "p3")
     f.write_bytes(f.read_bytes()[:-100])
     rc = cli.main(["--workspace", str(store.workspace), "replay", "--drafter", str(d), "--extraction", ex])
@@ -131,8 +131,10 @@ def test_app_reads_jobs_write_and_cli_exports_at_once(store, setup):
     from serving import ENV, ROOT
 
     t, d, *_ = setup
-    ex = pipeline.extract(store, str(t), "s", [1, 4])
-    first = pipeline.replay(store, str(d), ex, budget=2)["id"]  # something to export from the start
+    ex = pipeline.extract(store, ops.Extract(target=str(t), completions="s", layers=[1, 4]))
+    first = pipeline.replay(store, ops.Replay(drafter=str(d), extraction=ex, tree_budget=2))[
+        "id"
+    ]  # something to export from the start
     a = lifecycle.start(store, "replay", {"drafter": str(d), "extraction": ex, "tree_budget": 4, "name": "A"})
     b = lifecycle.start(store, "replay", {"drafter": str(d), "extraction": ex, "tree_budget": 8, "name": "B"})
     exports, reads = [], 0

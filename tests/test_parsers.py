@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from dflash_dash import drafters as dr
-from dflash_dash import pipeline
+from dflash_dash import drafters as dr, pipeline
 from dflash_dash.engines import ServerError
 from dflash_dash.engines.sglang import parse_generate
 from tools import tiny

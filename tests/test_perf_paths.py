@@ -16,9 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_dash import drafters as dr
-from dflash_dash import replay as rp
-from dflash_dash import target as tg
+from dflash_dash import drafters as dr, replay as rp, target as tg
 from tools import tiny
 
 ROOT = Path(__file__).resolve().parents[1]

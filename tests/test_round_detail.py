@@ -17,10 +17,7 @@ from test_app import app, by_label, clean, htmls, navigation_routing  # noqa: F4
 from test_chain import planted
 from test_e2e import CHROMIUM, browser, dashboard, open_page, page, settle, shot  # noqa: F401  (fixtures)
 
-from dflash_dash import drafters as dr
-from dflash_dash import pipeline
-from dflash_dash import replay as rp
-from dflash_dash import target as tg
+from dflash_dash import drafters as dr, ops, pipeline, replay as rp, target as tg
 from dflash_dash.analysis.rounds import round_detail, round_options
 from dflash_dash.analysis.trace import trace
 from dflash_dash.render.tokens import round_html, token_html, visible
@@ -107,7 +104,9 @@ def test_store_and_export_carry_the_blocks(prepared, workspace_copy):
         assert np.asarray(e["round_top_p"]).ravel() == pytest.approx(ps.ravel(), abs=1e-6)
     # a chain-only replay of the same checkpoint stores the same blocks; its export stays strict JSON (no NaN)
     ws = Store(workspace_copy)
-    new = pipeline.replay(ws, str(prepared.drafters[0]), prepared.extraction, anchors="chain")["id"]
+    new = pipeline.replay(
+        ws, ops.Replay(drafter=str(prepared.drafters[0]), extraction=prepared.extraction, anchors="chain")
+    )["id"]
     for r in ws.run_prompts(new):
         assert r["round_top_ids"] == rows[r["prompt_id"]]["round_top_ids"]
         assert r["round_top_p"] == pytest.approx(rows[r["prompt_id"]]["round_top_p"], abs=1e-4)

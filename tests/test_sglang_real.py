@@ -18,7 +18,7 @@ import fakes
 import pytest
 from serving import ENV, ROOT, Served, status_now, stop_jobs, tiny_model, until
 
-from dflash_dash import config, engines, pipeline
+from dflash_dash import config, engines, ops, pipeline
 from dflash_dash.engines import ServerError, SGLangClient
 from dflash_dash.jobs import lifecycle, orchestrate
 from dflash_dash.render.tables import SPEC_KEYS, completion_table
@@ -136,10 +136,17 @@ def test_fetch_sends_the_key_from_the_environment(srv, tmp_path, monkeypatch, no
     store = workspace(tmp_path, srv.url)
     f = prompts_file(tmp_path)
     with pytest.raises(ServerError) as e:  # no key in the environment: named, not a traceback
-        pipeline.fetch(store, srv.url, str(f), "s", max_new_tokens=4, readiness_timeout=60)
+        pipeline.fetch(
+            store, ops.Fetch(server=srv.url, prompt_set=str(f), name="s", max_new_tokens=4, readiness_timeout=60)
+        )
     assert e.value.status == 401 and "set the environment variable SGLANG_API_KEY" in str(e.value)
     monkeypatch.setenv("SGLANG_API_KEY", KEY)
-    assert pipeline.fetch(store, srv.url, str(f), "s", max_new_tokens=4, readiness_timeout=60) == 2
+    assert (
+        pipeline.fetch(
+            store, ops.Fetch(server=srv.url, prompt_set=str(f), name="s", max_new_tokens=4, readiness_timeout=60)
+        )
+        == 2
+    )
     assert [c["prompt_id"] for c in store.completions("s")] == ["a", "b"]
 
 
@@ -148,10 +155,17 @@ def test_api_key_env_names_another_variable(srv, tmp_path, monkeypatch, no_key_e
     f = prompts_file(tmp_path)
     monkeypatch.setenv("SGLANG_API_KEY", KEY)  # not the variable this workspace reads
     with pytest.raises(ServerError) as e:
-        pipeline.fetch(store, srv.url, str(f), "s", max_new_tokens=4, readiness_timeout=60)
+        pipeline.fetch(
+            store, ops.Fetch(server=srv.url, prompt_set=str(f), name="s", max_new_tokens=4, readiness_timeout=60)
+        )
     assert "MY_SGLANG_KEY" in str(e.value) and "api_key_env" in str(e.value)
     monkeypatch.setenv("MY_SGLANG_KEY", KEY)
-    assert pipeline.fetch(store, srv.url, str(f), "s", max_new_tokens=4, readiness_timeout=60) == 2
+    assert (
+        pipeline.fetch(
+            store, ops.Fetch(server=srv.url, prompt_set=str(f), name="s", max_new_tokens=4, readiness_timeout=60)
+        )
+        == 2
+    )
 
 
 def test_the_key_is_written_to_no_workspace_file(srv, tmp_path, monkeypatch, no_key_env):
@@ -336,11 +350,7 @@ def test_hub_id_tokenizer_found_in_the_local_cache_offline(hub_server, tmp_path,
     seen: list[str] = []
     n = pipeline.fetch(
         store,
-        hub_server.url,
-        str(prompts_file(tmp_path)),
-        "s",
-        max_new_tokens=2,
-        chat=True,
+        ops.Fetch(server=hub_server.url, prompt_set=str(prompts_file(tmp_path)), name="s", max_new_tokens=2, chat=True),
         progress=lambda d, t, m: seen.append(m),
     )
     assert n == 2
@@ -356,7 +366,12 @@ def test_hub_id_not_in_the_cache_says_both_ways_out(hub_server, tmp_path, monkey
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     store = workspace(tmp_path, hub_server.url)
     with pytest.raises(pipeline.InputError) as e:
-        pipeline.fetch(store, hub_server.url, str(prompts_file(tmp_path)), "s", max_new_tokens=2, chat=True)
+        pipeline.fetch(
+            store,
+            ops.Fetch(
+                server=hub_server.url, prompt_set=str(prompts_file(tmp_path)), name="s", max_new_tokens=2, chat=True
+            ),
+        )
     msg = str(e.value)
     assert "'test-org/tiny-target'" in msg and "--tokenizer DIR" in msg
     assert str(tmp_path / "empty-hf" / "hub") in msg and "Hugging Face" in msg and "nothing is downloaded" in msg

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_dash import cache, cli, metrics, parity, pipeline
+from dflash_dash import cache, cli, metrics, ops, parity, pipeline
 from dflash_dash.analysis.checks import consistency
 from dflash_dash.analysis.compare import config_diff, sweep_points
 from dflash_dash.analysis.trace import Trace, differing, trace
@@ -352,7 +352,12 @@ def test_consistency_flags_mismatches(prepared):
 def test_parity_zero_for_the_same_states_and_measured_for_perturbed(prepared, workspace_copy):
     st = Store(workspace_copy)
     ex = st.extraction(prepared.extraction)
-    again = pipeline.extract(st, ex["target_path"], ex["set_name"], ex["layer_ids"], "cpu", "float32")
+    again = pipeline.extract(
+        st,
+        ops.Extract(
+            target=ex["target_path"], completions=ex["set_name"], layers=ex["layer_ids"], device="cpu", dtype="float32"
+        ),
+    )
     same = parity.compare(st, again, ex["id"])
     assert same["prompts"] == 3
     for r in same["layers"]:
@@ -381,7 +386,10 @@ def test_parity_zero_for_the_same_states_and_measured_for_perturbed(prepared, wo
 def test_parity_refuses_different_layers(prepared, workspace_copy):
     st = Store(workspace_copy)
     ex = st.extraction(prepared.extraction)
-    other = pipeline.extract(st, ex["target_path"], ex["set_name"], [0, 3], "cpu", "float32")
+    other = pipeline.extract(
+        st,
+        ops.Extract(target=ex["target_path"], completions=ex["set_name"], layers=[0, 3], device="cpu", dtype="float32"),
+    )
     with pytest.raises(ValueError, match="different layers"):
         parity.compare(st, other, ex["id"])
 
@@ -403,7 +411,7 @@ def test_sweep_replays_new_checkpoints_in_step_order(prepared, workspace_copy, t
     assert len(ids) == 3 and len(runs) == 5  # 2 prepared + 3 new (the copies live at new paths)
     assert [runs[i]["name"] for i in ids] == ["epoch_0_step_50", "epoch_0_step_100", "epoch_1_step_200"]
     # a second sweep replays nothing new and returns the same runs
-    assert pipeline.sweep(st, str(train), prepared.extraction) == ids
+    assert pipeline.sweep(st, ops.Sweep(checkpoints=str(train), extraction=prepared.extraction)) == ids
     assert len(st.runs()) == 5
     pts = sweep_points(st.runs(), str(train))
     assert [p["run"] for p in pts] == ids

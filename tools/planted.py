@@ -75,8 +75,7 @@ def planted_results(
     differs, the rest are seeded random ids."""
     import numpy as np
 
-    from dflash_dash import replay
-    from dflash_dash import walks
+    from dflash_dash import replay, walks
 
     rng, D, K = np.random.default_rng(seed), block_size - 1, replay.ROUND_TOPK
     out = []
@@ -136,7 +135,7 @@ def build(
     i's store step (the benchmark times it); by default it is just called. Returns the workspace."""
     from transformers import AutoTokenizer
 
-    from dflash_dash import pipeline
+    from dflash_dash import ops, pipeline
     from dflash_dash.store import Store, new_id
     from tools import tiny
 
@@ -155,7 +154,7 @@ def build(
             id=ex,
             set_name=SET,
             target_path=str(target),
-            layer_ids=pipeline.layer_ids_of(str(d0), None),
+            layer_ids=pipeline.layers_of(str(d0), None),
             hidden_size=64,
             device="cpu",
             dtype="float32",
@@ -170,9 +169,7 @@ def build(
         res = planted_results(comps, i, block_size, budget)
 
         def step(ck=ck, res=res):
-            return pipeline.store_run(
-                st, ex_row, pipeline.Checkpoint(str(ck), None, None), res, budget, "cpu", "float32", "every"
-            )
+            return pipeline.store_run(st, ex_row, ops.CheckpointSpec(str(ck)), res, budget, "cpu", "float32", "every")
 
         (each or (lambda _, go: go()))(i, step)
     return ws

@@ -232,7 +232,7 @@ def import_fla(store, assets: Path, target: Path, man: dict, progress: Progress 
 
 def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSETS) -> dict:
     """Build the demo workspace (see the module docstring); returns what BUILD.json records."""
-    from .. import pipeline
+    from .. import ops, pipeline
     from ..store import Store
 
     ws = Path(workspace)
@@ -264,13 +264,15 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
             tick(0, 1, f"starting {srv.url} (log {root / 'server.log'})")
             pipeline.fetch(
                 store,
-                srv.url,
-                PROMPT_SET,
-                SET_NAME,
-                max_new_tokens=MAX_NEW_TOKENS,
-                chat=False,
-                progress=tick,
-                readiness_timeout=300,
+                ops.Fetch(
+                    server=srv.url,
+                    prompt_set=PROMPT_SET,
+                    name=SET_NAME,
+                    max_new_tokens=MAX_NEW_TOKENS,
+                    chat=False,
+                    readiness_timeout=300,
+                ),
+                tick,
             )
 
     tick = _say(progress, 3, steps, "CPU extraction (torch path)", log)
@@ -284,9 +286,15 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
             and e["backend"] == "torch"
             and e["status"] != "done"
         ]
-        ex_id = pipeline.extract(
-            store, str(target), SET_NAME, LAYER_IDS, "cpu", "float32", pending[-1]["id"] if pending else None, tick
+        op = ops.Extract(
+            target=str(target),
+            completions=SET_NAME,
+            layers=LAYER_IDS,
+            device="cpu",
+            dtype="float32",
+            extraction_id=pending[-1]["id"] if pending else None,
         )
+        ex_id = pipeline.extract(store, op, tick)
         torch_ex = store.extraction(ex_id)
 
     tick = _say(progress, 4, steps, "import the shipped fla extraction", log)
@@ -314,13 +322,10 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
         tick(i, len(plan), f"replaying {name} on {ex['backend']} extraction {ex['id']}")
         out = pipeline.replay(
             store,
-            str(ck),
-            ex["id"],
-            TREE_BUDGET,
-            "cpu",
-            "float32",
-            name=name,
-            progress=lambda d, n, m, name=name: tick(d, n, f"{name}: {m}"),
+            ops.Replay(
+                drafter=str(ck), extraction=ex["id"], tree_budget=TREE_BUDGET, device="cpu", dtype="float32", name=name
+            ),
+            lambda d, n, m, name=name: tick(d, n, f"{name}: {m}"),
         )
         runs[name] = {"id": out["id"], "tau_macro": out["summary"]["tau_macro"]}
         log.append(f"replayed {name}: tau macro {out['summary']['tau_macro']:.3f}")

@@ -28,7 +28,7 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
-from .. import ops, pipeline
+from .. import ops
 from ..store import Store, new_id
 
 ACTIVE = ("queued", "running")
@@ -99,7 +99,7 @@ def start(store: Store, op: ops.Op | str, args: dict | None = None) -> str:
         try:
             json.dumps(args)
         except (TypeError, ValueError) as e:
-            raise pipeline.InputError(f"job arguments must be plain JSON data: {e}") from None
+            raise ops.InputError(f"job arguments must be plain JSON data: {e}") from None
         op = ops.of(op, args)
     job_id = new_id("job")
     log = store.workspace.resolve() / "logs" / f"{job_id}.log"
@@ -188,7 +188,7 @@ def cancel(store: Store, job_id: str, grace: float = GRACE_S) -> dict:
     refresh(store)
     job = store.job(job_id)
     if job["status"] not in ACTIVE:
-        raise pipeline.InputError(f"job {job_id} is {job['status']}; only queued or running jobs can be cancelled")
+        raise ops.InputError(f"job {job_id} is {job['status']}; only queued or running jobs can be cancelled")
     killed = False
     if job["pid"] and _gone(job) is None:
         _signal(job["pid"], signal.SIGTERM)
@@ -228,7 +228,7 @@ def rerun(store: Store, job_id: str) -> str:
     refresh(store)
     job = store.job(job_id)
     if job["status"] in ACTIVE:
-        raise pipeline.InputError(f"job {job_id} is still {job['status']}; cancel it or wait for it to end")
+        raise ops.InputError(f"job {job_id} is still {job['status']}; cancel it or wait for it to end")
     op = ops.of(job["kind"], job["args"])
     if isinstance(op, ops.Extract) and job["status"] in ("failed", "cancelled"):
         ex = (job["result"] or {}).get("extraction") or op.extraction_id

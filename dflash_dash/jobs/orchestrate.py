@@ -42,11 +42,11 @@ def run_extract(store: Store, op: ops.Extract, rep: Reporter) -> dict:
     from .. import target as target_mod  # here: the checks before an extraction never import torch
 
     cfg = config_mod.load(store.workspace)
-    layers = pipeline.layer_ids_of(op.drafter, op.layers)
+    layers = pipeline.layers_of(op.drafter, op.layers)
     info = target_mod.describe(op.target)  # fail on a bad target/set before touching the server
     target_mod.check_layers(info, layers)
     if not store.completion_ids(op.completions):
-        raise pipeline.InputError(f"no completions in set {op.completions!r}; fetch or import them first")
+        raise ops.InputError(f"no completions in set {op.completions!r}; fetch or import them first")
     ex_id = op.extraction_id or new_id("ex")
     op = replace(op, target=info.path, layers=layers, drafter=None, extraction_id=ex_id)
     rep.result({"extraction": ex_id})  # known from the start, so a rerun resumes it
@@ -244,25 +244,21 @@ def check_extract(
     store: Store, target: str, set_name: str, layers: list[int], device: str, dtype: str, resume: str | None = None
 ) -> list[str]:
     """Check an extraction's device and dtype before anything starts (the Extraction page and `extract` on the
-    CLI both call this, so both say the same): raises pipeline.InputError naming the field and the fix for a
+    CLI both call this, so both say the same): raises ops.InputError naming the field and the fix for a
     device this machine lacks (`cuda` without a CUDA GPU) or an unknown dtype. Returns one warning per existing
     extraction (done or running, `resume` excepted) the new one would duplicate: same completion set, target,
     layers, device (so backend) and dtype."""
-    if dtype not in pipeline.DTYPES:
-        raise pipeline.InputError(f"dtype {dtype!r}: expected one of {', '.join(pipeline.DTYPES)}")
+    ops.check_dtype(dtype)
+    ops.check_device(device.strip())
     dev = gpu.normalize(device.strip())
-    if dev != "cpu" and not (dev.startswith("cuda:") and dev[5:].isdigit()):
-        raise pipeline.InputError(f"device {device!r}: expected cpu, cuda or cuda:N (N = the GPU's index)")
     have = gpu.devices()
     if dev not in have:
         if have == ["cpu"]:
-            raise pipeline.InputError(
+            raise ops.InputError(
                 f"device {device!r}: this machine has no CUDA GPU (nvidia-smi shows none); set device to cpu "
                 "(extraction then uses the torch path of the linear-attention kernels), or extract on a GPU machine"
             )
-        raise pipeline.InputError(
-            f"device {device!r}: this machine has no such GPU; set device to one of {', '.join(have)}"
-        )
+        raise ops.InputError(f"device {device!r}: this machine has no such GPU; set device to one of {', '.join(have)}")
     path = str(Path(target).resolve())
     same = [
         e

@@ -1,11 +1,12 @@
 """The wire format between the worker pool and its worker processes: the only data that crosses a process.
 
-Contract: the pool writes a worker's spec with `encode_spec` (one JSON object {"kind", "args", "prompts"} on its
-stdin) and the worker reads it back with `decode_spec`; the worker writes its events and progress as JSON lines
+Contract: the pool writes a worker's spec (an `ops` worker spec: ExtractWork, ReplayWork) with `encode_spec` (one
+JSON object {"kind", "args": its to_json(), "prompts"} on its stdin) and the worker reads it back, typed, with
+`decode_spec`; the worker writes its events and progress as JSON lines
 through a `Writer` (in order, from one thread), its dataclasses (PromptResult) as dicts whose number lists are
 `pack`ed (numpy bytes in base64, the empty rows left out), and the pool reads each event back with `unpacked`.
 `unpack(pack(x))` gives x back: a list where it was 1-D, else a numpy array; ragged lists and anything that is
-not numbers travel as they are. Numpy only: no torch, no store.
+not numbers travel as they are. Numpy and ops only: no torch, no store.
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ from typing import IO
 
 import numpy as np
 
-
-def encode_spec(kind: str, args: dict, prompts: list) -> bytes:
-    """A worker's spec as it goes to its stdin: the operation's kind, its args (the worker's device among
-    them) and the prompt ids of its shard."""
-    return json.dumps({"kind": kind, "args": args, "prompts": prompts}).encode()
+from .. import ops
 
 
-def decode_spec(stream: IO) -> tuple[str, dict, list]:
-    """The spec `encode_spec` wrote, read from `stream`: (kind, args, prompt ids)."""
-    spec = json.load(stream)
-    return spec["kind"], spec["args"], spec["prompts"]
+def encode_spec(spec: ops.Work, prompts: list) -> bytes:
+    """A worker's spec as it goes to its stdin: the work's kind, its fields (the worker's device among them) and
+    the prompt ids of its shard."""
+    return json.dumps({"kind": spec.kind, "args": spec.to_json(), "prompts": prompts}).encode()
+
+
+def decode_spec(stream: IO) -> tuple[ops.Work, list]:
+    """The spec `encode_spec` wrote, read from `stream`: (the worker spec, prompt ids)."""
+    got = json.load(stream)
+    return ops.work_of(got["kind"], got["args"]), got["prompts"]
 
 
 class Writer:

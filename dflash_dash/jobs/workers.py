@@ -2,12 +2,13 @@
 process per device.
 
 Contract: `pool(store, devs)` is a pipeline Runner: the prompt ids are dealt round-robin into shards, worker i runs
-`pipeline.work` on shard i with device devs[i] (`python -m dflash_dash.jobs --worker`, entry `work_main`), and its
-events come back in the `wire` format. The calling process alone writes the store; progress is the workers' sum. A
-worker that fails or dies stops the others and raises WorkerError with the end of its stderr; leaving the
-iteration early (an error, a cancel) stops them all too, and what finished is kept, so a rerun resumes. Workers
-stay in the caller's process group, so cancelling a job's group stops them as well. `runner_for(store, op)` picks
-the pool when the op names several devices, and `check_devices` refuses devices this machine lacks first.
+`pipeline.work` on shard i with the operation's worker spec (`ops.ExtractWork`, `ops.ReplayWork`) set to device
+devs[i] (`python -m dflash_dash.jobs --worker`, entry `work_main`), and its events come back in the `wire` format.
+The calling process alone writes the store; progress is the workers' sum. A worker that fails or dies stops the
+others and raises WorkerError with the end of its stderr; leaving the iteration early (an error, a cancel) stops
+them all too, and what finished is kept, so a rerun resumes. Workers stay in the caller's process group, so
+cancelling a job's group stops them as well. `runner_for(store, op)` picks the pool when the op names several
+devices, and `check_devices` refuses devices this machine lacks first.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from .. import ops, pipeline
@@ -51,7 +53,7 @@ def check_devices(devs: list[str]) -> None:
     n = len(have) - 1  # every entry but cpu is cuda:i
     bad = [d for d in cuda if gpu.normalize(d) not in have]
     if bad:
-        raise pipeline.InputError(
+        raise ops.InputError(
             f"gpus: {', '.join(bad)} not on this machine ({n} CUDA device(s)"
             f"{f': 0..{n - 1}' if n else ''}); give GPU indices that exist, or cpu,cpu"
         )
@@ -67,7 +69,7 @@ def pool(store: Store, devs: list[str]) -> pipeline.Runner:
     if ncpu and "OMP_NUM_THREADS" not in os.environ:  # CPU workers share the cores instead of oversubscribing
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ncpu))
 
-    def runner(kind: str, args: dict, ids: list, progress: pipeline.Progress) -> Iterator[dict]:
+    def runner(spec: ops.Work, ids: list, progress: pipeline.Progress) -> Iterator[dict]:
         shards = [ids[i :: len(devs)] for i in range(len(devs))]
         logs.mkdir(parents=True, exist_ok=True)
         tag = new_id("w")
@@ -95,7 +97,7 @@ def pool(store: Store, devs: list[str]) -> pipeline.Runner:
                         env=env,
                     )
                 procs[i], state[i] = (p, dev, err), (0, len(shard))
-                p.stdin.write(wire.encode_spec(kind, args | {"device": dev}, shard))
+                p.stdin.write(wire.encode_spec(replace(spec, device=dev), shard))
                 p.stdin.close()
                 threading.Thread(target=_pump, args=(i, p.stdout, q), daemon=True).start()
             live = set(procs)
@@ -170,16 +172,16 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def work_main(workspace: str) -> int:
-    """A worker process's entry: read the spec {"kind", "args", "prompts"} on stdin, run `pipeline.work`, write
+    """A worker process's entry: read its spec (`wire.decode_spec`) on stdin, run `pipeline.work`, write
     {"progress": [done, total, msg]} and {"event": ...} lines on stdout. Exit 2 with `error: ...` on stderr for
     a user error; anything else ends it with a traceback on stderr. The lines are packed and written by a
     writer thread (`wire.Writer`), so a checkpoint's results travel while the next one replays."""
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # whatever else prints goes to stderr, never into the event stream
-    kind, args, prompts = wire.decode_spec(sys.stdin)
+    spec, prompts = wire.decode_spec(sys.stdin)
     w = wire.Writer(out)
     try:
-        for ev in pipeline.work(Store(workspace), kind, args, prompts, lambda d, t, m: w.emit({"progress": [d, t, m]})):
+        for ev in pipeline.work(Store(workspace), spec, prompts, lambda d, t, m: w.emit({"progress": [d, t, m]})):
             w.emit({"event": ev})
     except UserError as e:
         w.close()

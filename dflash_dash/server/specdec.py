@@ -36,7 +36,6 @@ import torch
 from .. import drafters as drafter_mod, replay, target as target_mod
 from . import faults
 
-
 # ---------------------------------------------------------------------------
 # counters
 

@@ -1,0 +1,91 @@
+"""The operations users run: import, fetch, extract, replay, sweep, attribute, export. Glue between the layers
+below (target, drafter, replay, metrics, analysis) and the store; no HTML, no SQL, no math of its own.
+
+Contract: one handler per `ops` dataclass, each called as `handler(store, op, progress, runner)`; `perform` looks
+the handler up by the op's type (`TABLE`) and returns the job's result (plain JSON, `RESULT`). Every operation is
+resumable: work already recorded in the store is not redone. Replay and export never touch the network.
+The parts: `base` (progress, runner, the per-prompt `work`), `ingest` (completions in and out, fetch, tokenizers),
+`extract`, `replay` (replay, sweep, sliding check, the store step), `device_io` (passes, loader thread, pinned
+uploads: the replay worker's loop), `attribute`, `kept` (kept analyses, conformance, export, listings).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .. import ops
+from ..ops import InputError
+from ..store import Store
+from .attribute import attribute
+from .base import DTYPES, Progress, Runner, features_root, here, work
+from .extract import extract, layers_of
+from .ingest import export_completions, fetch, hub_snapshot, import_completions, import_features, parse_jsonl
+from .kept import ANALYSES, analysis, conformance, export, import_engine_stats, keep, listing
+from .replay import checkpoints_in, replay, sliding_check, store_run, sweep
+
+__all__ = [
+    "ANALYSES",
+    "DTYPES",
+    "InputError",
+    "Progress",
+    "RESULT",
+    "Runner",
+    "TABLE",
+    "analysis",
+    "attribute",
+    "checkpoints_in",
+    "conformance",
+    "export",
+    "export_completions",
+    "extract",
+    "features_root",
+    "fetch",
+    "here",
+    "hub_snapshot",
+    "import_completions",
+    "import_engine_stats",
+    "import_features",
+    "keep",
+    "layers_of",
+    "listing",
+    "parse_jsonl",
+    "perform",
+    "replay",
+    "sliding_check",
+    "store_run",
+    "sweep",
+    "work",
+]
+
+Handler = Callable[[Store, ops.Op, Progress, Runner | None], object]
+
+TABLE: dict[type[ops.Op], Handler] = {
+    ops.Fetch: fetch,
+    ops.Extract: extract,
+    ops.Replay: replay,
+    ops.Sweep: sweep,
+    ops.SlidingCheck: sliding_check,
+    ops.Attribute: attribute,
+}
+
+# what a job records of each handler's answer (plain JSON, small)
+RESULT: dict[type[ops.Op], Callable[[ops.Op, object], dict]] = {
+    ops.Fetch: lambda op, n: {"set": op.name, "fetched": n},
+    ops.Extract: lambda op, ex_id: {"extraction": ex_id},
+    ops.Replay: lambda op, out: {"run": out["id"]},
+    ops.Sweep: lambda op, ids: {"runs": ids},
+    ops.SlidingCheck: lambda op, out: {"causal": out["causal"], "bidirectional": out["bidirectional"]},
+    ops.Attribute: lambda op, out: {"run": out["run"], "taps": len(out["taps"])},
+}
+
+
+def perform(store: Store, op: ops.Op, progress: Progress = None, runner: Runner | None = None) -> dict:
+    """Run one operation given as its `ops` dataclass (what a job runs): TABLE[type(op)](store, op, progress,
+    runner), shaped as the job's result dict. `runner` shards the per-prompt work of extract, replay and sweep over
+    worker processes (jobs.workers); without it the work runs here, on the op's device (its one GPU when `gpus`
+    names one). Demo builds a workspace above the pipeline, so jobs runs it; an extraction's GPU orchestration is
+    the job's too (it calls this inside it)."""
+    handler = TABLE.get(type(op))
+    if handler is None:
+        raise InputError(f"{op.kind}: not a pipeline operation (the job runs it)")
+    return RESULT[type(op)](op, handler(store, op, progress, runner))

@@ -1,0 +1,67 @@
+"""What every pipeline part shares: the progress and runner types, the torch dtype table, the feature root, and
+`work`, the per-prompt part of an operation run over a list of prompt ids.
+
+Contract: an operation reports progress through an optional `progress(done, total, message)` callback (`tick`).
+Extract and replay split into a parent part (validate, then record in the store: only that process writes it)
+and a per-prompt part given as a worker spec (`ops.ExtractWork`, `ops.ReplayWork`); a `Runner` runs that part,
+here (`here`) or in one worker process per GPU (jobs.workers), and streams its events back, so N workers give
+the same results as one. The torch-backed modules load on first use: store-only commands never import torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import lazy, ops
+from ..store import Store
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy.module("torch")
+
+Progress = Callable[[int, int, str], None] | None
+# The per-prompt part of an operation: (worker spec, prompt ids, progress) -> events (`work`). None: here, in this
+# process; jobs.workers shards the ids over worker processes.
+Runner = Callable[[ops.Work, list, Progress], Iterator[dict]]
+
+
+class _Dtypes(dict):
+    """dtype name -> torch dtype; the names alone (validation: ops.check_dtype) need no torch."""
+
+    def __getitem__(self, name: str):
+        return getattr(torch, dict.__getitem__(self, name))
+
+
+DTYPES = _Dtypes({name: name for name in ops.DTYPES})
+
+
+def tick(progress: Progress, done: int, total: int, msg: str) -> None:
+    if progress:
+        progress(done, total, msg)
+
+
+def features_root(store: Store) -> Path:
+    return store.workspace / "features"
+
+
+def work(store: Store, spec: ops.Work, ids: list[str], progress: Progress = None) -> Iterator[dict]:
+    """The per-prompt part of an operation over prompts `ids` (what each worker process runs on its shard):
+    `ExtractWork` yields the backend bound and the items written; `ReplayWork` yields {"checkpoint": index,
+    "result": PromptResult} per checkpoint and prompt. Plain data (the results as dicts once sent between
+    processes)."""
+    from .device_io import replay_work
+    from .extract import extract_work
+
+    if isinstance(spec, ops.ExtractWork):
+        return extract_work(store, spec, ids, progress)
+    if isinstance(spec, ops.ReplayWork):
+        return replay_work(store, spec, ids, progress)
+    raise ops.InputError(f"no per-prompt work for {type(spec).__name__}; expected ExtractWork or ReplayWork")
+
+
+def here(store: Store) -> Runner:
+    """The runner that does the work in this process."""
+    return lambda spec, ids, progress: work(store, spec, ids, progress)

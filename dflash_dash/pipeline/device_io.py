@@ -1,0 +1,181 @@
+"""Device I/O of a replay worker: passes of features sized to memory, checkpoints loaded on a loader thread and
+uploaded through pinned staging chunks on a CUDA side stream, and the worker loop that overlaps them with replay.
+
+Contract: `replay_work(store, spec, ids, progress)` (given an `ops.ReplayWork`) yields {"checkpoint": index,
+"result": PromptResult} per checkpoint and prompt, with the same results on every device and schedule: the
+overlap (loader thread pool, side stream, pinned chunks) only changes when bytes move, never which. `passes`,
+`fetch_checkpoint`, `upload` and `adopt` are its parts; benchmarks time them one by one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from .. import lazy, ops
+from ..store import Store
+from .base import DTYPES, Progress, tick
+from .replay import iter_sequences
+
+if TYPE_CHECKING:
+    import torch
+
+    from .. import drafters as drafter_mod, replay as replay_mod, target as target_mod
+else:
+    torch, drafter_mod, replay_mod, target_mod = map(
+        lazy.module, ("torch", "dflash_dash.drafters", "dflash_dash.replay", "dflash_dash.target")
+    )
+
+
+PASS_GIB = 32.0  # features held at once by a replay's worker (GiB, 2 bytes a value): a pass, read once
+PASS_FREE = 0.4  # on CUDA also at most this share of the device's free memory (the drafter and the replay's
+# work need the rest)
+
+
+def passes(store: Store, ex: dict, ids: list[str], device: str) -> list[list[str]]:
+    """`ids` (in set order) cut into passes of at most PASS_GIB of features each, on CUDA at most PASS_FREE of the
+    free device memory (at least one prompt a pass)."""
+    tokens = {it["prompt_id"]: it["tokens"] for it in store.items(ex["id"])}
+    width, cap = len(ex["layer_ids"]) * ex["hidden_size"] * 2, PASS_GIB * 2**30
+    if device.startswith("cuda"):
+        cap = min(cap, PASS_FREE * torch.cuda.mem_get_info(torch.device(device))[0])
+    out: list[list[str]] = [[]]
+    size = 0.0
+    for i in ids:
+        b = tokens[i] * width
+        if out[-1] and size + b > cap:
+            out.append([])
+            size = 0.0
+        out[-1].append(i)
+        size += b
+    return out
+
+
+STAGE_BYTES = 2**27  # a pinned staging chunk of `upload`: at the 27B shapes (2,560 tokens x 25,600 values) the
+# size class the feature read's staging buffers round to (`cache.read_many`), so torch's
+# caching host allocator hands those back
+
+
+def fetch_checkpoint(ck: ops.CheckpointSpec, dtype, device: str, side=None):
+    """(checkpoint `ck` loaded onto `device`, seconds it took), on a loader thread of `replay_work`. On CUDA the
+    weights go from the mapped file to the device through pinned chunks, copied on the side stream `side`
+    (`upload`), beside the replay of the checkpoint before; returns once they are there. Measured on the H200:
+    copying from pageable memory stalled the replay's launches (+0.5 s a checkpoint), and pinning a whole
+    checkpoint (3.5 GB) cost +1.4 s beside a first walk, or +5.5 s of the first load when done beside it."""
+    t = time.perf_counter()
+    place = None if side is None else (lambda w: upload(w, device, side))
+    d = drafter_mod.load(ck.path, dtype, device, ck.sliding_block, ck.draft_config, place)
+    return d, time.perf_counter() - t
+
+
+def upload(w: dict, device: str, side) -> dict:
+    """CPU tensors `w` copied to `device` on CUDA stream `side` through two pinned chunks of STAGE_BYTES (a chunk
+    is refilled once its last copy is done: the host never waits on a pageable copy, nothing big is pinned);
+    returns {name: device tensor} once every copy is done."""
+    slots = [[torch.empty(STAGE_BYTES, dtype=torch.uint8, pin_memory=True), None] for _ in range(2)]
+    out, n = {}, 0
+    with torch.cuda.stream(side):
+        for k, t in w.items():
+            dst = torch.empty(t.shape, dtype=t.dtype, device=device)
+            src, to = t.contiguous().view(-1).view(torch.uint8), dst.view(-1).view(torch.uint8)
+            for o in range(0, src.numel(), STAGE_BYTES):
+                slot, m = slots[n % 2], min(STAGE_BYTES, src.numel() - o)
+                n += 1
+                if slot[1] is not None:
+                    slot[1].synchronize()  # its previous copy has left the chunk
+                slot[0][:m].copy_(src[o : o + m])
+                to[o : o + m].copy_(slot[0][:m], non_blocking=True)
+                slot[1] = side.record_event()
+            out[k] = dst
+    side.synchronize()
+    return out
+
+
+def adopt(d: drafter_mod.Drafter) -> drafter_mod.Drafter:
+    """`d`, its CUDA weights (allocated on a loader's side stream) recorded as used by this thread's stream: the
+    caching allocator then reuses their memory only once this stream's work on them is done."""
+    if d.device.type == "cuda":
+        cur = torch.cuda.current_stream(d.device)
+        for v in d.w.named().values():
+            v.record_stream(cur)
+    return d
+
+
+def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progress) -> Iterator[dict]:
+    """Replay prompts `ids` of extraction a.extraction with every checkpoint of a.checkpoints on
+    a.device: yields {"checkpoint": index, "result": PromptResult}.
+
+    Every checkpoint is checked (config, tensor names and shapes: `drafter.check`) before any replay. The
+    prompts are read in passes (`passes`: each feature file once, a pass's features on the device); each
+    checkpoint replays a whole pass before the next one, while a loader thread loads the next checkpoint onto the
+    device on a side stream (`fetch_checkpoint`; the first one, and the target's head, while the features are read; on
+    CUDA the fused kernels' imports start on a third thread at once). With one pass a checkpoint's results are
+    complete, and stored by the parent, while the next checkpoint replays. (A warm-up of the first replay's
+    kernels with blank weights while the first checkpoint loaded ended the first checkpoint 2.1 s later on the
+    H200, so there is none.)"""
+    ex = store.extraction(a.extraction)
+    device, dtype, budget = a.device, DTYPES[a.dtype], a.tree_budget
+    cks = list(a.checkpoints)
+    n, total, done = len(ids), len(ids) * len(cks), 0
+    for i, ck in enumerate(cks):
+        tick(progress, 0, total, f"checking drafter {i + 1}/{len(cks)}: {ck.path}")
+        drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config)
+    parts = passes(store, ex, ids, device)
+    order = [(k, j) for k in range(len(parts)) for j in range(len(cks))]  # (pass, checkpoint), in replay order
+    side = torch.cuda.Stream(torch.device(device)) if device.startswith("cuda") else None
+    with ThreadPoolExecutor(3) as loader:  # the target's head, one checkpoint at a time, the fused kernels' imports
+        heads = loader.submit(target_mod.load_head, ex["target_path"], device, dtype)
+        if side is not None:  # Triton and Inductor (seconds) beside the feature read and the first upload
+            loader.submit(drafter_mod.kernels_for, torch.device(device))
+        nxt = loader.submit(fetch_checkpoint, cks[0], dtype, device, side)
+        for at, (k, j) in enumerate(order):
+            part, ck = parts[k], cks[j]
+            if j == 0:
+                seqs = []  # the pass before's features go first
+                t0 = (
+                    time.perf_counter()
+                )  # one read per pass, on CUDA straight to the device, shared by every checkpoint
+                seqs = [s for batch in iter_sequences(store, ex, only=set(part), device=device) for s in batch]
+                tick(
+                    progress,
+                    done,
+                    total,
+                    f"read the features of {len(seqs)} prompts (pass {k + 1}/{len(parts)}) "
+                    f"in {time.perf_counter() - t0:.1f} s",
+                )
+            tick(progress, done, total, f"loading drafter {j + 1}/{len(cks)}: {ck.path}")
+            t0 = time.perf_counter()
+            d, fetch_s = nxt.result()
+            d = adopt(d)
+            head = heads.result()
+            if at + 1 < len(order):
+                nxt = loader.submit(fetch_checkpoint, cks[order[at + 1][1]], dtype, device, side)
+            t1 = time.perf_counter()
+
+            def replayed(i: int, m: int, j=j, base=done, part=part) -> None:
+                tick(
+                    progress,
+                    base + i,
+                    total,
+                    f"checkpoint {j + 1}/{len(cks)}: replayed {i}/{m} prompts"
+                    + (f" of this pass ({len(part)} of {n})" if len(part) < n else ""),
+                )
+
+            res = (
+                replay_mod.chain_only_results(d, head, seqs, budget, progress=replayed, arrays=True)
+                if a.anchors == "chain"
+                else replay_mod.every_anchor(d, head, seqs, budget, a.chunk, progress=replayed, arrays=True)[0]
+            )
+            del d  # its memory goes to the next checkpoint
+            tick(
+                progress,
+                done + len(seqs),
+                total,
+                f"checkpoint {j + 1}/{len(cks)}: loaded in {t1 - t0:.1f} s (read "
+                f"beside in {fetch_s:.1f} s), {len(seqs)} prompts replayed in {time.perf_counter() - t1:.1f} s",
+            )
+            for r in res:
+                yield {"checkpoint": j, "result": r}
+            done += len(seqs)

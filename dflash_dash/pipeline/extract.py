@@ -1,0 +1,150 @@
+"""Extraction: the target's hidden states at the drafter's layers for every completion of a set, as feature files.
+
+Contract: `extract(store, op)` validates (target, layers, completions), then runs the per-prompt part
+(`extract_work`, given an `ops.ExtractWork`) here or through a runner (one worker process per GPU); this process
+alone writes the store: the record once the first worker reports the kernel backend it bound, then each item as
+its feature file is written. Resumable: an existing extraction keeps its items, only the missing prompts run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from .. import lazy, ops
+from ..ops import InputError
+from ..store import Store, StoreError, new_id
+from .base import DTYPES, Progress, Runner, features_root, here, tick
+
+if TYPE_CHECKING:
+    import torch
+
+    from .. import cache, drafters as drafter_mod, target as target_mod
+else:
+    torch, cache, drafter_mod, target_mod = map(
+        lazy.module, ("torch", "dflash_dash.cache", "dflash_dash.drafters", "dflash_dash.target")
+    )
+
+
+def layers_of(drafter: str | None, layers: str | list[int] | None) -> list[int]:
+    """Layer ids from an explicit '1,16,31' list (ops.parse_layers), else a drafter checkpoint's."""
+    layers = ops.parse_layers(layers)
+    if layers:
+        return layers
+    if drafter:
+        return drafter_mod.read_config(drafter).target_layer_ids
+    raise InputError("give --drafter CKPT (its layer ids are used) or --layers 1,16,31")
+
+
+def extract(store: Store, op: ops.Extract, progress: Progress = None, runner: Runner | None = None) -> str:
+    """Extract features of every completion of `op.completions` at `op.layers` (or the layers `op.drafter` reads)
+    on `op`'s first device (its GPUs through `runner`); resumes `op.extraction_id` when it exists (its items are
+    kept, only the missing prompts are extracted), else creates the extraction under that id (a job records its
+    id before starting). The per-prompt work (`work`, kind "extract") runs here, or through `runner` (one worker
+    process per GPU, each with its own `device`); either way this process alone writes the store: the record
+    when the first worker reports the backend it bound, then each item as its feature file is written."""
+    set_name, layer_ids, device, dtype = op.completions, layers_of(op.drafter, op.layers), op.devices()[0], op.dtype
+    extraction_id = op.extraction_id
+    info = target_mod.describe(op.target)
+    target_mod.check_layers(info, layer_ids)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError("--device cuda: no CUDA device on this machine; use --device cpu")
+    rows = store.completions(set_name)
+    if not rows:
+        raise StoreError(f"no completions in set {set_name!r}; import or fetch them first")
+    done: set[str] = set()
+    exists = bool(extraction_id) and any(e["id"] == extraction_id for e in store.extractions())
+    if exists:
+        e = store.extraction(extraction_id)
+        if e["layer_ids"] != layer_ids or e["target_path"] != info.path:
+            raise InputError(f"extraction {extraction_id} used other layers or another target; start a new one")
+        done = {r["prompt_id"] for r in store.items(extraction_id)}
+        store.set_status("extractions", extraction_id, "running")
+    extraction_id = extraction_id or new_id("ex")
+    todo = [r["prompt_id"] for r in rows if r["prompt_id"] not in done]
+    spec = ops.ExtractWork(
+        target=info.path, completions=set_name, layers=layer_ids, device=device, dtype=dtype, extraction=extraction_id
+    )
+
+    def shifted(d: int, t: int, msg: str) -> None:  # the work counts this run's prompts; show the set's
+        tick(progress, len(done) + d, len(done) + t, msg)
+
+    bound = None
+    try:
+        for ev in (runner or here(store))(spec, todo, shifted):
+            if "backend" in ev:  # a worker loaded the target: record the extraction with what it bound
+                if bound is not None and ev["backend"] != bound:
+                    raise InputError(
+                        f"the workers bound different kernel backends ({bound} and {ev['backend']} "
+                        f"on {ev['device']}); extract on devices of one kind"
+                    )
+                bound = ev["backend"]
+                if not exists:
+                    store.add_extraction(
+                        dict(
+                            id=extraction_id,
+                            set_name=set_name,
+                            target_path=info.path,
+                            layer_ids=layer_ids,
+                            hidden_size=info.hidden_size,
+                            device=ev["device"],
+                            dtype=dtype,
+                            backend=bound,
+                            versions=ev["versions"] | {"fla_bound": bound == "fla"},
+                            config_hash=info.config_hash,
+                        )
+                    )
+                    exists = True
+            else:
+                store.add_item(extraction_id, ev["item"], ev["tokens"], ev["file"])
+    except BaseException as e:  # every way out leaves the record failed or cancelled, never running
+        if exists:
+            store.set_status(
+                "extractions", extraction_id, "cancelled" if isinstance(e, KeyboardInterrupt) else "failed"
+            )
+        raise
+    store.set_status("extractions", extraction_id, "done")
+    return extraction_id
+
+
+def extract_work(store: Store, a: ops.ExtractWork, ids: list[str], progress: Progress) -> Iterator[dict]:
+    """Extract prompts `ids` of set a.completions into extraction a.extraction on a.device: yields
+    {"backend", "versions", "device"} once the target is loaded, then {"item", "tokens", "file"} per prompt
+    whose feature file is written (the caller records it)."""
+    info = target_mod.describe(a.target)
+    want = set(ids)
+    rows = [r for r in store.completions(a.completions) if r["prompt_id"] in want]
+    tick(progress, 0, len(rows), f"loading target {info.path}")
+    if not rows:
+        return
+    model, backend = target_mod.load(info.path, list(a.layers), a.device, DTYPES[a.dtype])
+    vers = target_mod.versions()
+    yield {"backend": backend, "versions": vers, "device": a.device}
+    meta = dict(
+        extraction=a.extraction,
+        target=info.path,
+        config_hash=info.config_hash,
+        layer_ids=list(a.layers),
+        device=a.device,
+        dtype=a.dtype,
+        backend=backend,
+        **vers,
+    )
+
+    def todo():  # (key, ids) of the prompts, checked one by one as the extraction reaches them
+        for i, r in enumerate(rows):
+            tokens = torch.tensor(r["prompt_ids"] + r["output_ids"])
+            if int(tokens.max()) >= info.vocab_size:
+                raise InputError(
+                    f"prompt {r['prompt_id']!r}: token id {int(tokens.max())} is outside the target's "
+                    f"vocabulary ({info.vocab_size}); wrong target for this completion set?"
+                )
+            yield (i, r["prompt_id"], len(tokens)), tokens
+
+    def write(key, feats):
+        return cache.write(features_root(store), a.extraction, key[1], feats, meta)
+
+    # device forwards overlap the previous prompts' copies and file writes (target.extract_stream)
+    for (i, pid, n), f in target_mod.extract_stream(model, todo(), list(a.layers), write):
+        yield {"item": pid, "tokens": n, "file": str(f)}
+        tick(progress, i + 1, len(rows), f"extracted {pid} ({n} tokens)")

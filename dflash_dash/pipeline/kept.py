@@ -1,0 +1,265 @@
+"""What the store keeps of a finished run, and what leaves it: whole-run analyses computed once, engine
+statistics and conformance, exports and listings.
+
+Contract: store only, no network, no torch: a run never changes, so each analysis (`ANALYSES`) is computed once
+from its per-prompt rows (`keep`) and read back by pages as a small JSON value. Engine stats enter at fetch
+(`record_engine_stats`) or by import (`import_engine_stats`); `conformance` compares them with the replay.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .. import engines, metrics
+from ..ops import InputError
+from ..store import Store, StoreError
+
+ANALYSES = ("prompts", "calibration", "patterns", "lag")  # whole-run analyses kept in the store (run_analyses)
+
+
+def analysis(store: Store, run_id: str, name: str, rows: list[dict] | None = None) -> dict:
+    """One whole-run analysis of a finished run, computed once from its per-prompt rows and kept in the store
+    (a run never changes), so pages read a small JSON value instead of every token of every prompt:
+    "prompts" (metrics.prompt_rows: per-prompt numbers, no arrays), "calibration" (analysis.calibration),
+    "patterns" (failure-pattern tables, tokens decoded with the target's tokenizer when it has one) or "lag"
+    ({prompt_id: [anchors, lagging, on target] per slot}, metrics.lag_counts). `rows`: the run's run_prompts rows
+    when the caller holds them (else read from the store)."""
+    if name not in ANALYSES:
+        raise InputError(f"analysis {name!r}: not one of {', '.join(ANALYSES)}")
+    got = store.analysis(run_id, name)
+    if got is not None:
+        return got
+    return keep(store, run_id, [name], rows)[name]
+
+
+def keep(
+    store: Store,
+    run_id: str,
+    names,
+    rows: list[dict] | None = None,
+    summary: dict | None = None,
+    comps: dict[str, dict] | None = None,
+    prompts: dict[str, metrics.Prompt] | None = None,
+) -> dict:
+    """The analyses `names` of run `run_id` (`analysis`) computed from one read of the run, its extraction and its
+    completions, then kept in the store (one connection); {name: value}. `summary`: the run's summary just computed
+    from the same rows (the store step), which the calibration would otherwise compute again; `comps`: the set's
+    completions by prompt id, when the caller has them already (a sweep's store steps); `prompts`: the rows'
+    `metrics.Prompt`s by prompt id (the store step's, which hold what the summary computed once)."""
+    from ..analysis import patterns
+    from ..analysis.calibration import calibration
+    from ..vocab import load_vocab
+
+    r = store.run_row(run_id)
+    B, budget = r["summary"]["block_size"], r["tree_budget"]
+    ex = store.extraction(r["extraction_id"])
+    rows = sorted(rows, key=lambda p: p["prompt_id"]) if rows is not None else store.run_prompts(run_id)
+    if comps is None:
+        comps = (
+            {c["prompt_id"]: c for c in store.completions(ex["set_name"])} if {"lag", "patterns"} & set(names) else {}
+        )
+    out = {}
+    for name in names:
+        if name == "prompts":
+            val = metrics.prompt_rows(rows, B, budget, prompts)
+        elif name == "calibration":
+            val = calibration([prompts[p["prompt_id"]] for p in rows] if prompts else rows, B, budget, summary)
+        elif name == "lag":
+            val = {
+                p["prompt_id"]: list(
+                    metrics.lag_counts(
+                        metrics.flat(p.get("drafts")),
+                        list(comps[p["prompt_id"]]["prompt_ids"]) + list(comps[p["prompt_id"]]["output_ids"]),
+                        p["prompt_len"],
+                        B,
+                    )
+                )
+                for p in rows
+                if p["prompt_id"] in comps
+            }
+        else:
+            order = {pid: c["idx"] for pid, c in comps.items()}
+            vocab = load_vocab(ex["target_path"])
+            val = {
+                "decoded_tokens": vocab.tok is not None,
+                **patterns.analyse(
+                    sorted(rows, key=lambda p: (order.get(p["prompt_id"], 0), p["prompt_id"])),
+                    comps,
+                    B,
+                    vocab.strings,
+                    run_id,
+                ),
+            }
+        out[name] = json.loads(json.dumps(val, default=lambda x: x.item()))  # numpy scalars -> numbers, as read back
+    with store.session():
+        for name, val in out.items():
+            store.set_analysis(run_id, name, val)
+    return out
+
+
+def analyses(store: Store, r: dict) -> dict:
+    """What a run's export adds to its numbers: "calibration", "patterns" (`analysis`) and, once attributed,
+    "attribution"."""
+    from ..analysis.attribution import attribution_rows
+
+    out = {name: analysis(store, r["id"], name) for name in ("calibration", "patterns")}
+    att = store.attributions(r["id"])
+    if att:
+        out["attribution"] = attribution_rows(att)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# engine conformance: what a serving engine reported beside what the replay says it must reach
+
+
+def record_engine_stats(
+    store: Store, set_name: str, prompt_id: str, meta: dict, output_tokens: int, server: str
+) -> None:
+    """At fetch: SGLang's per-request speculative counters (meta_info) as engine "sglang" stats of the prompt; a
+    server that decoded plainly reports none and nothing is recorded. (The one way engine stats of SGLang enter
+    the store; `conformance` reads engine_stats only.)"""
+    from ..analysis import conformance as conformance_mod
+
+    row = engines.SGLangClient.spec_stats(meta, output_tokens)
+    if row is not None:
+        store.add_engine_stats(set_name, conformance_mod.SGLANG, [row | {"id": prompt_id}], f"meta_info of {server}")
+
+
+def import_engine_stats(store: Store, file: str | Path, completions: str, engine: str) -> int:
+    """Import another engine's per-prompt stats (JSONL: {"id", "verify_steps", "accepted_tokens"} or {"id",
+    "accept_lengths": [...]}) for completion set `completions` as engine `engine`; all lines are validated before
+    anything is stored. Returns the number of prompts."""
+    from ..analysis import conformance as conformance_mod
+
+    p = Path(file)
+    if not p.is_file():
+        raise InputError(f"{file}: no such file (a JSONL file of engine stats)")
+    if not engine or not engine.strip() or len(engine) > 64:
+        raise InputError(f"--engine {engine!r}: give the engine's name (1 to 64 characters, e.g. vllm)")
+    comps = store.completions(completions)
+    if not comps:
+        raise StoreError(f"no completion set named {completions!r}; fetch or import the completions first")
+    rows = conformance_mod.parse_stats(
+        p.read_text(), {c["prompt_id"]: len(c["output_ids"]) for c in comps}, completions
+    )
+    store.add_engine_stats(completions, engine.strip(), rows, f"import {p.resolve()}")
+    return len(rows)
+
+
+def engine_of(store: Store, set_name: str, engine: str | None) -> str:
+    """The engine to compare: `engine` when it has stats for the set, else the only one (or sglang) there is."""
+    have = store.engines(set_name)
+    if not have:
+        raise InputError(
+            f"no engine stats for completion set {set_name!r}: fetch it from a server that decodes "
+            "speculatively (`serve --speculative-draft CKPT`, or SGLang with a DFlash drafter), or "
+            "`import-engine-stats FILE --completions SET --engine NAME`"
+        )
+    if engine is None:
+        from ..analysis.conformance import SGLANG
+
+        if len(have) > 1 and SGLANG not in have:
+            raise InputError(
+                f"completion set {set_name!r} has stats of engines {', '.join(have)}: choose one with --engine"
+            )
+        return SGLANG if SGLANG in have else have[0]
+    if engine not in have:
+        raise InputError(f"--engine {engine!r}: completion set {set_name!r} has stats of {', '.join(have)} only")
+    return engine
+
+
+def conformance(
+    store: Store, run: str = "latest", engine: str | None = None, threshold: float | None = None
+) -> tuple[dict, list[dict], list[str]]:
+    """Engine tau beside the replay's tau of the same drafter on the same completions, per prompt (store only,
+    no network): (the CLI's JSON {"run", "engine", "threshold", "prompts": [{"id", "engine_tau", "replay_tau",
+    "flagged"}]}, the full rows of `conformance.compare`, the run's prompt ids without engine stats)."""
+    from ..analysis import conformance as conformance_mod
+
+    thr = conformance_mod.THRESHOLD if threshold is None else threshold
+    if not 0 <= thr < 1:
+        raise InputError(f"--threshold {thr}: expected a fraction of the replay's tau in [0, 1), e.g. 0.05")
+    r = store.run_row(run)
+    set_name = store.extraction(r["extraction_id"])["set_name"]
+    eng = engine_of(store, set_name, engine)
+    order = {c["prompt_id"]: c["idx"] for c in store.completions(set_name)}
+    prompts = sorted(store.run_prompts(r["id"]), key=lambda p: (order.get(p["prompt_id"], 0), p["prompt_id"]))
+    stats = store.engine_stats(set_name, eng)
+    rows = conformance_mod.compare(prompts, stats, thr)
+    return conformance_mod.report(r["id"], eng, thr, rows), rows, conformance_mod.missing(prompts, stats)
+
+
+# ---------------------------------------------------------------------------
+# export
+
+
+def export(store: Store, run: str = "latest") -> dict:
+    """A run as JSON-able data: run row, summary and per-prompt results (store only, no network). Per prompt also
+    its blocks (`analysis.rounds.blocks`): "round_anchors" [R], "drafts" [A][B-1] (-1: not drafted), "draft_p" [A][B-1]
+    (exp(draft_logp), the top-1 probability; null: not recorded) and "round_top_ids"/"round_top_p" [R][B-1][K]
+    (K = summary `round_topk`; empty for runs replayed before they were kept)."""
+    from ..analysis.rounds import blocks
+
+    r = store.run_row(run)
+    prompts = store.run_prompts(r["id"])
+    order = {c["prompt_id"]: c["idx"] for c in store.completions(store.extraction(r["extraction_id"])["set_name"])}
+    prompts.sort(key=lambda p: order.get(p["prompt_id"], 0))
+    B, budget = r["summary"]["block_size"], r["tree_budget"]
+    out = {
+        "run": {k: (str(v) if k == "created" else v) for k, v in r.items() if k != "summary"},
+        "summary": r["summary"],
+        "metrics": [{"key": m.key, "label": m.label, "formula": m.formula, "kind": m.kind} for m in metrics.REGISTRY],
+        "prompts": [
+            {
+                "id": p["prompt_id"],
+                "tau": p["tau"],
+                "prompt_len": p["prompt_len"],
+                "rounds": p["rounds"],
+                "accepted_at": p["accepted_at"],
+                "ddtree_tau": p["tree_tau"],
+                "ddtree_rounds": p["tree_rounds"],
+                "metrics": metrics.per_prompt(p, B, budget),
+            }
+            | {k: v for k, v in blocks(p, B, r["summary"].get("round_topk")).items() if k != "round_topk"}
+            for p in prompts
+        ],
+    }
+    return out | analyses(store, r)  # calibration, failure patterns, attribution (when present)
+
+
+def listing(store: Store, what: str) -> list[dict]:
+    """`runs` / `extractions` listings for scripts."""
+    if what == "runs":
+        return [
+            {
+                "id": r["id"],
+                "checkpoint": r["checkpoint"],
+                "name": r["name"],
+                "extraction": r["extraction_id"],
+                "completions": r["set_name"],
+                "backend": r["backend"],
+                "created": str(r["created"]),
+                "sliding_block": r.get("sliding_block"),
+                "step": r.get("step"),
+                "summary": {m.key: r["summary"].get(m.key) for m in metrics.HEADLINE},
+            }
+            for r in store.runs()
+        ]
+    return [
+        {
+            "id": e["id"],
+            "target": e["target_path"],
+            "completions": e["set_name"],
+            "backend": e["backend"],
+            "device": e["device"],
+            "dtype": e["dtype"],
+            "layer_ids": e["layer_ids"],
+            "status": e["status"],
+            "prompts": e["prompts"],
+            "created": str(e["created"]),
+            "versions": e["versions"],
+        }
+        for e in store.extractions()
+    ]

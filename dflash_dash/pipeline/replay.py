@@ -1,0 +1,316 @@
+"""Replay and sweep: drafter checkpoints replayed over a cached extraction, each run stored with its metrics.
+
+Contract: `replay(store, op)`, `sweep(store, op)` and `sliding_check(store, op)` take their `ops` dataclass;
+all three go through `replay_many`, which validates every checkpoint (config, target) before any replay, runs
+the per-prompt part (`device_io.replay_work`, given an `ops.ReplayWork`) here or through a runner, and stores
+each checkpoint's run (`store_run`: summary, per-prompt rows, kept analyses) as soon as its results are all in.
+Replay never touches the network; the math lives in replay/drafter/metrics, the SQL in store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import lazy, metrics, ops
+from ..ops import InputError
+from ..store import Store, StoreError, new_id
+from .base import Progress, Runner, features_root, here, tick
+from .kept import ANALYSES, keep
+
+if TYPE_CHECKING:
+    import torch
+
+    from .. import cache, drafters as drafter_mod, replay as replay_mod, target as target_mod
+else:
+    torch, cache, drafter_mod, replay_mod, target_mod = map(
+        lazy.module, ("torch", "dflash_dash.cache", "dflash_dash.drafters", "dflash_dash.replay", "dflash_dash.target")
+    )
+
+
+SEQ_BATCH = 64  # sequences read from the cache at a time (`iter_sequences`)
+
+
+def iter_sequences(
+    store: Store, extraction: dict, batch: int = SEQ_BATCH, only: set[str] | None = None, device: str = "cpu"
+) -> Iterator[list[replay_mod.Sequence]]:
+    """Batches of token ids from the store plus validated features from the cache (no network), in set order
+    (`only`: just these prompt ids); each feature file is read once (`cache.read_many`: several at a time, on CUDA
+    straight to `device`), its batch yielded once all of it is read."""
+    comps = {r["prompt_id"]: r for r in store.completions(extraction["set_name"])}
+    width = len(extraction["layer_ids"]) * extraction["hidden_size"]
+    items = sorted(
+        (it for it in store.items(extraction["id"]) if only is None or it["prompt_id"] in only),
+        key=lambda r: comps[r["prompt_id"]]["idx"],
+    )
+    todo = []  # (completion, its token ids)
+    for it in items:  # every token count checked before a file is read
+        c = comps[it["prompt_id"]]
+        tokens = torch.tensor(c["prompt_ids"] + c["output_ids"])
+        if len(tokens) != it["tokens"]:
+            raise StoreError(
+                f"prompt {c['prompt_id']!r}: the completion has {len(tokens)} tokens but extraction "
+                f"{extraction['id']} has {it['tokens']}; re-extract"
+            )
+        todo.append((c, tokens))
+    feats = cache.read_many(
+        features_root(store), extraction["id"], [(c["prompt_id"], len(t)) for c, t in todo], width, device
+    )
+    for b0 in range(0, len(todo), batch):
+        yield [
+            replay_mod.Sequence(c["prompt_id"], t, len(c["prompt_ids"]), next(feats)) for c, t in todo[b0 : b0 + batch]
+        ]
+
+
+def load_sequences(store: Store, extraction: dict) -> list[replay_mod.Sequence]:
+    """Every sequence of an extraction (see `iter_sequences`)."""
+    return [s for batch in iter_sequences(store, extraction) for s in batch]
+
+
+def check_drafter(cfg: drafter_mod.DrafterConfig, extraction: dict, info: target_mod.TargetInfo) -> None:
+    """Refuse a drafter that cannot replay on this extraction (drafter.checks, the one rule list)."""
+    drafter_mod.check_target(cfg, info.hidden_size, info.vocab_size, info.num_layers, extraction)
+
+
+def replay(store: Store, op: ops.Replay, progress: Progress = None, runner: Runner | None = None) -> dict:
+    """Replay checkpoint `op.drafter` over extraction `op.extraction` on `op`'s first device (its GPUs through
+    `runner`); stores the run; returns {"id", "summary"}.
+
+    `op.drafter` is an HF folder or a SpecForge runtime folder (`draft_config`: the training's draft config JSON
+    when no config.json lies beside or above it). `sliding_block` (causal | bidirectional, default: the
+    config's own, causal) is how sliding_attention layers see their block; it is stored with the run.
+    `anchors` every (default) or chain (only the anchors the walks visit: faster, no every-anchor metrics);
+    `max_prompts` N: only the first N prompts of the extraction (set order).
+    A refused checkpoint (other family, unknown tensors, unsafe pickle) raises before anything is stored."""
+    ck = ops.CheckpointSpec(op.drafter, op.sliding_block, op.draft_config, op.name)
+    return replay_many(store, [ck], op, progress, runner)[0]
+
+
+def replay_many(
+    store: Store,
+    checkpoints: list[ops.CheckpointSpec],
+    op: ops.Replay | ops.Sweep,
+    progress: Progress = None,
+    runner: Runner | None = None,
+) -> list[dict]:
+    """Replay several checkpoints over ONE read of extraction `op.extraction`'s features (`device_io.replay_work`:
+    passes of sequences, each replayed by every checkpoint in turn, one drafter loaded at a time), with `op`'s
+    tree budget, device, dtype, anchors, chunk (Sweep: the Replay default) and max_prompts. Every checkpoint is
+    validated (config, tensors, target) before any replay; each run is stored, with the metrics over all prompts,
+    as soon as its checkpoint's results are all in (so a later failure keeps it). The per-prompt work runs here,
+    or through `runner` (prompts sharded over worker processes, one per GPU). Returns [{"id", "summary"}] in the
+    order given."""
+    device, dtype, anchors, tree_budget = op.devices()[0], op.dtype, op.anchors, op.tree_budget
+    ex = store.extraction(op.extraction)
+    if ex["status"] != "done":
+        raise InputError(f"extraction {ex['id']} is {ex['status']}, not done; finish it (re-extract) first")
+    info = target_mod.describe(ex["target_path"])
+    plan = []
+    for ck in checkpoints:  # configs checked here; tensors when the work loads them, before any replay
+        loc = drafter_mod.locate(ck.path, ck.draft_config)
+        cfg = drafter_mod.config_of(loc)
+        check_drafter(cfg, ex, info)
+        plan.append((ck, loc, cfg, drafter_mod.sliding_semantics(cfg, ck.sliding_block)))
+    comps = {c["prompt_id"]: c for c in store.completions(ex["set_name"])}  # read once: every store step needs them
+    ids = sorted((it["prompt_id"] for it in store.items(ex["id"])), key=lambda i: comps[i]["idx"])
+    if op.max_prompts is not None:
+        ids = ids[: op.max_prompts]
+    spec = ops.ReplayWork(
+        checkpoints=tuple(checkpoints),
+        extraction=ex["id"],
+        tree_budget=tree_budget,
+        device=device,
+        dtype=dtype,
+        chunk=getattr(op, "chunk", ops.Replay.chunk),
+        anchors=anchors,
+    )
+    got: list[dict] = [{} for _ in plan]
+    out: list[dict | None] = [None for _ in plan]
+    for ev in (runner or here(store))(spec, ids, progress):
+        r = ev["result"]
+        # a worker's result (packed: its 2-D fields numpy) or this process's (the same, as `jobs.unpack` gives)
+        r = replay_mod.PromptResult(**r) if isinstance(r, dict) else replay_mod.listed(r, keep_2d=True)
+        j = ev["checkpoint"]
+        got[j][r.id] = r
+        if len(got[j]) == len(ids):  # complete: stored now (a worker process replays the next one meanwhile)
+            by_id, got[j] = got[j], {}
+            out[j] = store_run(
+                store, ex, checkpoints[j], [by_id[i] for i in ids], tree_budget, device, dtype, anchors, progress, comps
+            )
+    for (_ck, loc, _cfg, _sem), o, by_id in zip(plan, out, got):
+        if o is None:
+            raise RuntimeError(f"the replay of {loc.path} returned {len(by_id)} of {len(ids)} prompts")
+    return out
+
+
+def store_run(
+    store: Store,
+    ex: dict,
+    ck: ops.CheckpointSpec,
+    res: list[replay_mod.PromptResult],
+    tree_budget: int,
+    device: str,
+    dtype: str,
+    anchors: str,
+    progress: Progress = None,
+    comps: dict[str, dict] | None = None,
+) -> dict:
+    """The parent's store step of one replayed checkpoint: its summary over all prompts (`res`, in set order), the
+    run and its per-prompt rows stored, then every whole-run analysis kept. `comps`: the set's completions by
+    prompt id, when the caller has them. Returns {"id", "summary"}."""
+    loc = drafter_mod.locate(ck.path, ck.draft_config)
+    cfg = drafter_mod.config_of(loc)
+    sem = drafter_mod.sliding_semantics(cfg, ck.sliding_block)
+    semantics = sem if "sliding_attention" in cfg.layer_types else None
+    ps = [metrics.Prompt.of(r) for r in res]  # built once: every metric below reads their walks and probabilities
+    summary = replay_mod.summarize(ps, cfg.block_size, tree_budget) | {
+        "backend": ex["backend"],
+        "extraction": ex["id"],
+        "sliding_block": semantics,
+        "anchors": anchors,
+        "round_topk": replay_mod.ROUND_TOPK,
+    }  # K of run_prompts.round_top_ids/_p, flattened [R][B-1][K]
+    run_id = new_id("run")
+    rows = [prompt_row(r, cfg.block_size, tree_budget, p) for r, p in zip(res, ps)]
+    store.add_run(
+        dict(
+            id=run_id,
+            extraction_id=ex["id"],
+            checkpoint=str(loc.path),
+            name=ck.name or loc.path.name,
+            config=drafter_mod.raw_config(loc),
+            tree_budget=tree_budget,
+            summary=summary,
+            device=device,
+            dtype=dtype,
+            sliding_block=semantics,
+            config_file=str(loc.config_file),
+            step=drafter_mod.step_of(loc.path.name),
+        ),
+        rows,
+    )
+    tick(progress, 0, 0, f"analysing run {run_id} (kept for the pages)")
+    stored = [dict(r, prompt_id=r["id"]) for r in rows]  # as run_prompts reads them back
+    keep(store, run_id, ANALYSES, stored, summary, comps, {p.id: p for p in ps})  # computed now, from the rows
+    # in hand: no page scans them
+    return {"id": run_id, "summary": summary}
+
+
+def prompt_row(r: replay_mod.PromptResult, B: int, budget: int, p: metrics.Prompt | None = None) -> dict:
+    """A run_prompts row of one replayed prompt: its results plus the registry's per-prompt tau values (`p`: its
+    Prompt, when the caller has built it)."""
+    m = metrics.per_prompt(r if p is None else p, B, budget)
+    shallow = {f.name: getattr(r, f.name) for f in fields(r)}  # not asdict: it deep-copies ~10^5 list values
+    return dict(
+        shallow,
+        tau=m["tau_macro"],
+        tree_tau=m["ddtree_tau"],
+        drafts=metrics.flat(r.drafts),
+        draft_logp=metrics.flat(r.draft_logp),
+        round_top_ids=metrics.flat(r.round_top_ids),  # [R*(B-1)*K]
+        round_top_p=metrics.flat(r.round_top_p),
+    )
+
+
+def checkpoints_in(folder: str | Path) -> tuple[list[Path], list[str]]:
+    """(checkpoints, notes) under `folder` (itself included), in step order: HF folders (config.json +
+    *.safetensors; SpecForge `epoch_E_step_S/`, `checkpoint-N/`, ...) and SpecForge runtime folders
+    (`{run_id}-step{N}/training_state.pt`). Links such as `{run_id}-latest`/`-best` count once (their target);
+    folders that are not DFlash drafters (a target model, another family) are skipped with a note."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise InputError(f"--checkpoints {folder}: no such folder (point at a training output folder)")
+    dirs = {f.parent.resolve() for pat in ("*.safetensors", drafter_mod.RUNTIME_FILE) for f in root.rglob(pat)}
+    found, notes = [], []
+    for d in sorted(dirs):
+        if (d / "config.json").is_file():  # a runtime folder without one is checked with --draft-config later
+            try:
+                drafter_mod.refuse_family(drafter_mod.raw_config(drafter_mod.locate(d)))
+            except drafter_mod.CheckpointError as e:
+                notes.append(f"{d.name}: skipped ({str(e).removeprefix('config.json: ')})")
+                continue
+        found.append(d)
+    if not found:
+        raise InputError(
+            f"{folder}: no checkpoint inside (expected epoch_E_step_S/ or {{run_id}}-step{{N}}/ "
+            "folders)" + (f"; {'; '.join(notes)}" if notes else "")
+        )
+    big = 1 << 62
+    return sorted(
+        found, key=lambda p: (drafter_mod.step_of(p.name) is None, drafter_mod.step_of(p.name) or big, str(p))
+    ), notes
+
+
+def sweep(store: Store, op: ops.Sweep, progress: Progress = None, runner: Runner | None = None) -> list[str]:
+    """Replay every checkpoint found under `op.checkpoints` on one extraction, in one pass over its features
+    (`replay_many`, chain-only anchors by default); returns run ids in step order. A checkpoint already replayed
+    on this extraction (with the same sliding semantics) is not replayed again (its latest run id is
+    returned). Every checkpoint is validated before the first replay, so a refused one stops the sweep with
+    nothing stored."""
+    sliding_block, draft_config = op.sliding_block, op.draft_config
+    ex = store.extraction(op.extraction)
+    cks, notes = checkpoints_in(op.checkpoints)
+    for n in notes:
+        tick(progress, 0, len(cks), n)
+    plan = []
+    for ck in cks:
+        cfg = drafter_mod.read_config(ck, draft_config)
+        sem = drafter_mod.sliding_semantics(cfg, sliding_block) if "sliding_attention" in cfg.layer_types else None
+        plan.append((ck, sem))
+    have = {(r["checkpoint"], r.get("sliding_block")): r["id"] for r in store.runs() if r["extraction_id"] == ex["id"]}
+    todo = [ck for ck, sem in plan if (str(ck), sem) not in have]
+    tick(progress, 0, len(cks), f"{len(cks)} checkpoints, {len(cks) - len(todo)} already replayed on {ex['id']}")
+    new = (
+        replay_many(
+            store,
+            [ops.CheckpointSpec(str(ck), sliding_block, draft_config) for ck in todo],
+            replace(op, extraction=ex["id"]),
+            progress,
+            runner,
+        )
+        if todo
+        else []
+    )
+    fresh = {str(ck): r["id"] for ck, r in zip(todo, new)}
+    ids = [have.get((str(ck), sem)) or fresh[str(ck)] for ck, sem in plan]
+    tick(progress, len(cks), len(cks), f"replayed {len(todo)} checkpoints")
+    return ids
+
+
+def sliding_check(store: Store, op: ops.SlidingCheck, progress: Progress = None, runner: Runner | None = None) -> dict:
+    """The train/serve mismatch detector: checkpoint `op.drafter` replayed with its sliding layers causal inside
+    the block (SpecForge training, SGLang serving) and bidirectional (z-lab HF reference) on one extraction
+    (`op.tree_budget`, `op.device`, `op.dtype`), runs reused where they exist. Returns {"causal": run id,
+    "bidirectional": run id, "tau_macro": {...}, "delta"}."""
+    drafter, draft_config = op.drafter, op.draft_config
+    ex = store.extraction(op.extraction)
+    cfg = drafter_mod.read_config(drafter, draft_config)
+    if "sliding_attention" not in cfg.layer_types:
+        raise InputError(
+            f"{drafter}: the drafter has no sliding_attention layers, so both semantics give the same "
+            "drafts; nothing to check"
+        )
+    ck = str(drafter_mod.locate(drafter, draft_config).path)
+    have = {r.get("sliding_block"): r for r in store.runs() if r["checkpoint"] == ck and r["extraction_id"] == ex["id"]}
+    out: dict = {"checkpoint": ck, "extraction": ex["id"], "tau_macro": {}}
+    for i, sem in enumerate(drafter_mod.SLIDING_BLOCKS):
+        tick(progress, i, 2, f"replaying with sliding layers {sem} inside the block")
+        run = have.get(sem)
+        one = ops.Replay(
+            drafter=drafter,
+            extraction=ex["id"],
+            tree_budget=op.tree_budget,
+            device=op.device,
+            dtype=op.dtype,
+            sliding_block=sem,
+            draft_config=draft_config,
+        )
+        rid = run["id"] if run else replay(store, one, runner=runner)["id"]
+        out[sem] = rid
+        out["tau_macro"][sem] = store.run_row(rid)["summary"].get("tau_macro")
+    t = out["tau_macro"]
+    out["delta"] = None if None in t.values() else t["causal"] - t["bidirectional"]
+    tick(progress, 2, 2, f"tau macro causal {t['causal']} vs bidirectional {t['bidirectional']}")
+    return out
