@@ -15,16 +15,7 @@ from pages import common
 
 st.set_page_config(page_title="dflash-dash", page_icon=":material/bolt:", layout="wide")
 
-PAGES = [  # the home page is served at /; every view has its own URL path
-    st.Page("pages/overview.py", title="Overview", icon=":material/home:", default=True),
-    st.Page("pages/acceptance.py", title="Acceptance", icon=":material/track_changes:", url_path="acceptance"),
-    st.Page("pages/compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
-    st.Page("pages/completions.py", title="Completions", icon=":material/description:", url_path="completions"),
-    st.Page("pages/extraction.py", title="Extraction", icon=":material/memory:", url_path="extraction"),
-    st.Page("pages/diagnostics.py", title="Diagnostics", icon=":material/monitor_heart:", url_path="diagnostics"),
-    st.Page("pages/conformance.py", title="Conformance", icon=":material/rule:", url_path="conformance"),
-]
-page = st.navigation(PAGES)
+page = common.navigation()  # the pages and their URL paths: pages/common.PAGES
 
 
 @st.fragment(run_every=2.0)
@@ -58,5 +49,7 @@ with st.sidebar:
     st.markdown("**Jobs**")
     running_jobs()
 
-with common.store().session():  # one store connection for the page's reads (one open, not one per query); the
-    page.run()  # lock is held for the run, so jobs' writes wait at most one page render
+# one store connection for the page's reads (one open, not one per query); the lock is held for the run, so jobs'
+# writes wait at most one page render
+with common.store().session(), common.routing():
+    page.run()

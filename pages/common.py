@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,25 +41,50 @@ STATUS_ICON = {
 # ---------------------------------------------------------------------------
 # routing
 
+# (script, title, icon, URL path): the home page is served at /, every view has its own URL path (its file name)
+PAGES = [
+    ("pages/overview.py", "Overview", ":material/home:", None),
+    ("pages/acceptance.py", "Acceptance", ":material/track_changes:", "acceptance"),
+    ("pages/compare.py", "Compare", ":material/compare_arrows:", "compare"),
+    ("pages/completions.py", "Completions", ":material/description:", "completions"),
+    ("pages/extraction.py", "Extraction", ":material/memory:", "extraction"),
+    ("pages/diagnostics.py", "Diagnostics", ":material/monitor_heart:", "diagnostics"),
+    ("pages/conformance.py", "Conformance", ":material/rule:", "conformance"),
+]
+_router = threading.local()  # per script thread: set while app.py runs the chosen page
 
-def app_routing(force: bool = True) -> bool:
-    """The one place that touches a Streamlit internal (pinned in constraints.txt; tests/test_app.py checks the
-    behaviour it relies on): Streamlit runs in its old pages-directory mode while a `pages/` folder exists and
-    the entry script has not yet called st.navigation. Returns whether that mode was on; `force` turns it off
-    (app.py's st.navigation routing from then on)."""
-    from streamlit.runtime.pages_manager import PagesManager
 
-    was = bool(PagesManager.uses_pages_directory)
-    if force:
-        PagesManager.uses_pages_directory = False
-    return was
+def navigation():
+    """The app's pages declared with st.navigation (public API): returns the page the URL asks for. Declaring
+    them is also what makes Streamlit ignore its pages/-directory mode for the rest of the process."""
+    return st.navigation(
+        [
+            st.Page(path, title=title, icon=icon, default=True)
+            if url is None
+            else st.Page(path, title=title, icon=icon, url_path=url)
+            for path, title, icon, url in PAGES
+        ]
+    )
+
+
+@contextmanager
+def routing():
+    """app.py runs the chosen page inside this: `routed()` then knows the page runs under the router."""
+    _router.on = True
+    try:
+        yield
+    finally:
+        _router.on = False
 
 
 def routed() -> None:
-    """Make sure the page runs under app.py's st.navigation: a deep link such as /acceptance?run=ID opened
-    first after the server starts would otherwise run the page script alone (no sidebar, no routing). Switch
-    to app.py routing and rerun the same page."""
-    if app_routing():
+    """Make sure the page runs under app.py's st.navigation. While no script has called st.navigation yet (a
+    deep link such as /acceptance?run=ID opened first after the server starts), Streamlit treats the pages/
+    folder beside app.py as a directory of standalone pages and runs the page script alone: no sidebar, no
+    routing. Declare the navigation (which ends that mode, public API) and rerun: app.py then routes the same
+    URL path to this page."""
+    if not getattr(_router, "on", False):
+        navigation()
         st.rerun()
 
 
