@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from synthetic import random_head
 
 from dflash_dash import drafter as dr
 from dflash_dash import replay as rp
@@ -22,11 +23,6 @@ from dflash_dash import target as tg
 from tools import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def random_head(V=512, H=64, seed=0, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return tg.Head(torch.randn(V, H, generator=g).to(dtype), torch.randn(V, H, generator=g).to(dtype))
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from serving import until
-from test_e2e import browser, dashboard, drawn, open_page, page, settle, shot  # noqa: F401  (fixtures)
+from web import dashboard, drawn, open_page, settle, shot
 
 from dflash_dash import pipeline
 from dflash_dash.analysis.compare import delta_rows
