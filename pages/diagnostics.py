@@ -86,7 +86,7 @@ def parity_block(ws: str, stamp: str) -> None:
 
 
 def consistency_block(ws: str, stamp: str) -> None:
-    from dflash_dash import drafter, target
+    from dflash_dash import drafter_config, target_info
 
     st.header("Checkpoint vs extraction")
     exs = [e for e in common.extractions(ws, stamp) if e["status"] == "done"]
@@ -112,8 +112,8 @@ def consistency_block(ws: str, stamp: str) -> None:
     if not ck.strip():
         st.info("Give a checkpoint folder to check it against the extraction and its target.")
         return
-    cfg = drafter.read_config(ck.strip())
-    info = target.describe(by[ex]["target_path"])
+    cfg = drafter_config.read_config(ck.strip())
+    info = target_info.describe(by[ex]["target_path"])
     rows = consistency(cfg, by[ex], info)
     bad = [r for r in rows if r["ok"] != "✓"]
     (st.error if any(r["check"] != "extraction backend" for r in bad) else st.warning if bad else st.success)(

@@ -15,7 +15,7 @@ from . import rounded
 def consistency(cfg, extraction: dict, info) -> list[dict]:
     """Drafter config (DrafterConfig) vs an extraction row and its target (TargetInfo): one row per rule of
     drafter.checks, with the problem and fix where a rule fails."""
-    from .. import drafter  # on first use: its module imports torch
+    from .. import drafter_checks
 
     return [
         {
@@ -25,13 +25,13 @@ def consistency(cfg, extraction: dict, info) -> list[dict]:
             "ok": "✓" if k.ok else "✗",
             "problem": "" if k.ok else k.problem,
         }
-        for k in drafter.checks(cfg, info.hidden_size, info.vocab_size, info.num_layers, extraction)
+        for k in drafter_checks.checks(cfg, info.hidden_size, info.vocab_size, info.num_layers, extraction)
     ]
 
 
 def backend_matters(target_path: str) -> bool:
     """False for a target without linear-attention layers: no kernel backend to warn about."""
-    from ..target import describe, has_linear_attention  # on first use: its module imports torch
+    from ..target_info import describe, has_linear_attention
 
     try:
         return has_linear_attention(describe(target_path))

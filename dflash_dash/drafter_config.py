@@ -1,0 +1,432 @@
+"""A DFlash drafter checkpoint's config, torch-free: locating a checkpoint (HF folder or SpecForge runtime
+folder), parsing and validating its config.json into a `DrafterConfig`, the tensor shapes it implies, and the
+consistency rules against a target and an extraction live in `drafter_checks`.
+
+Contract: imports neither torch nor safetensors, so the pages and the consistency checks read configs in a
+dashboard process without loading torch; `drafter` (torch) builds and runs the model from a `DrafterConfig`.
+A wrong config raises `CheckpointError` naming the field, the expected value and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError
+
+
+class CheckpointError(UserError, ValueError):
+    """A DFlash checkpoint that cannot be used as it is; the message names the field and what was expected."""
+
+
+# ---------------------------------------------------------------------------
+# config
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int  # H, must equal the target's hidden size
+    intermediate_size: int  # MLP width
+    num_hidden_layers: int  # draft layers
+    num_attention_heads: int  # query heads
+    num_key_value_heads: int  # KV heads (GQA)
+    head_dim: int  # per-head width
+    vocab_size: int  # must equal the target's vocabulary
+    block_size: int  # B: slot 0 is the anchor, slots 1..B-1 are drafted
+    target_layer_ids: list[int]  # target layers whose OUTPUTS are concatenated as features
+    mask_token_id: int  # id placed in slots 1..B-1
+    num_target_layers: int | None  # N of the target the checkpoint was trained against
+    layer_types: list[str]  # full_attention | sliding_attention, one per draft layer
+    sliding_window: int | None  # key window of sliding_attention layers
+    rope_theta: float  # RoPE base (required: Qwen3.5/3.6 drafters use 1e7; no silent default)
+    rms_norm_eps: float = 1e-6  # RMSNorm epsilon
+    rope_scaling: dict | None = None  # {"rope_type": yarn|linear|..., scaling fields} or None (default RoPE)
+    max_position_embeddings: int = 32768  # for RoPE scaling
+    attention_bias: bool = False  # q/k/v/o biases
+    sliding_causal: bool = True  # the config's own sliding-block semantics (is_causal; default: causal)
+
+    @property
+    def K(self) -> int:  # number of feature layers
+        return len(self.target_layer_ids)
+
+
+def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """Evenly spaced target layer ids (SPEC 2): round(1 + i*(N-4)/(n-1)); one draft layer: N//2."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+def _int(raw: dict, key: str, lo: int = 1, default=..., where: str = "config.json") -> int | None:
+    """An integer field >= lo; missing -> default (or an error when there is none)."""
+    v = raw.get(key)
+    if v is None:
+        if default is ...:
+            raise CheckpointError(f"{where}: missing field '{key}' (expected an integer >= {lo})")
+        return default
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise CheckpointError(f"{where}: field '{key}' = {v!r}, expected an integer >= {lo}")
+    return v
+
+
+def _both(raw: dict, dcfg: dict, key: str, lo: int) -> int | None:
+    """An integer field read at the top level or inside dflash_config (SGLang reads both); they must agree."""
+    top = _int(raw, key, lo=lo, default=None)
+    inner = _int(dcfg, key, lo=lo, default=None, where="config.json: dflash_config")
+    if top is not None and inner is not None and top != inner:
+        raise CheckpointError(f"config.json: {key} = {top} but dflash_config.{key} = {inner}; they must agree")
+    return top if top is not None else inner
+
+
+def _num(raw: dict, key: str, default: float) -> float:
+    v = raw.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+        raise CheckpointError(f"config.json: field '{key}' = {v!r}, expected a positive number")
+    return float(v)
+
+
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")  # what `Rope` can build
+
+
+def _rope(raw: dict) -> tuple[float, dict | None]:
+    """(base, scaling) from `rope_parameters` (transformers 5) and/or `rope_theta` + `rope_scaling` (older).
+
+    Both forms present and disagreeing is an error naming both; so are an unsupported `rope_type`, a partial
+    rotary factor (DFlash layers rotate the whole head) and a config with no RoPE base at all."""
+    new = raw.get("rope_parameters")
+    if new is not None and not isinstance(new, dict):
+        raise CheckpointError(f"config.json: rope_parameters = {new!r}, expected an object")
+    if new and all(isinstance(v, dict) for v in new.values()):  # per layer type: {"full_attention": {...}, ...}
+        kinds = list(new.values())
+        if any(k != kinds[0] for k in kinds):
+            raise CheckpointError(
+                f"config.json: rope_parameters differ per layer type ({', '.join(new)}); "
+                "DFlash drafters use one RoPE for every layer"
+            )
+        new = kinds[0]
+    new = dict(new or {})
+    old_scaling = raw.get("rope_scaling")
+    if old_scaling is not None and not isinstance(old_scaling, dict):
+        raise CheckpointError(f"config.json: rope_scaling = {old_scaling!r}, expected an object or null")
+    old_scaling = dict(old_scaling or {})
+    old_theta, new_theta = raw.get("rope_theta"), new.pop("rope_theta", None)
+    if old_theta is not None and new_theta is not None and float(old_theta) != float(new_theta):
+        raise CheckpointError(
+            f"config.json: rope_theta = {old_theta!r} but rope_parameters.rope_theta = "
+            f"{new_theta!r}; they must agree (keep one)"
+        )
+    theta = new_theta if new_theta is not None else old_theta
+    if theta is None:
+        raise CheckpointError(
+            "config.json: no RoPE base: neither 'rope_parameters.rope_theta' nor 'rope_theta' "
+            "is set (Qwen3.5/3.6 DFlash drafters use 10000000); add the training's value"
+        )
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+        raise CheckpointError(f"config.json: RoPE base {theta!r}, expected a positive number")
+    old_type = old_scaling.pop("rope_type", None) or old_scaling.pop("type", None)
+    new_type = new.pop("rope_type", None) or new.pop("type", None)
+    if old_type and new_type and old_type != new_type:
+        raise CheckpointError(
+            f"config.json: rope_scaling.rope_type = {old_type!r} but rope_parameters.rope_type = "
+            f"{new_type!r}; they must agree (keep one)"
+        )
+    for k in set(old_scaling) & set(new):
+        if old_scaling[k] != new[k]:
+            raise CheckpointError(
+                f"config.json: rope_scaling.{k} = {old_scaling[k]!r} but rope_parameters.{k} = "
+                f"{new[k]!r}; they must agree (keep one)"
+            )
+    kind = new_type or old_type or "default"
+    if kind not in ROPE_TYPES:
+        raise CheckpointError(f"config.json: rope_type {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
+    fields = old_scaling | new
+    prf = fields.pop("partial_rotary_factor", 1.0)
+    if prf not in (None, 1, 1.0):
+        raise CheckpointError(
+            f"config.json: partial_rotary_factor = {prf!r}; DFlash drafter layers rotate the whole head (expected 1.0)"
+        )
+    return float(theta), (None if kind == "default" and not fields else {"rope_type": kind, **fields})
+
+
+# architectures / projector types of other drafter families -> the family's name (SpecForge, SGLang)
+FAMILIES = {
+    "dominodraftmodel": "Domino",
+    "dsparkdraftmodel": "DSpark",
+    "qwen3dsparkmodel": "DSpark",
+    "llamaforcausallmeagle3": "EAGLE-3",
+    "llamaforcausallmeagle": "EAGLE",
+    "peagledraftmodel": "P-EAGLE",
+    "dflash2draftmodel": "DFlash2",
+    "domino": "Domino",
+    "dspark": "DSpark",
+    "dflash2": "DFlash2",
+}
+FOREIGN_FIELDS = {
+    "markov_rank": "DSpark (Markov head)",
+    "markov_head_type": "DSpark (Markov head)",
+    "enable_confidence_head": "DSpark (confidence head)",
+    "confidence_head_alpha": "DSpark (confidence head)",
+    "gru_hidden_dim": "Domino (prefix GRU)",
+    "pure_draft_prefix_len": "Domino (prefix GRU)",
+    "draft_vocab_size": "EAGLE-3 (draft vocabulary)",
+}
+
+
+def refuse_family(raw: dict) -> None:
+    """Raise CheckpointError naming the family when `raw` is another drafter family than DFlash (Domino,
+    DSpark, DFlash2, EAGLE, ...): replaying those with the DFlash forward would give plausible wrong numbers."""
+    archs = raw.get("architectures") or []
+    if isinstance(archs, str):
+        archs = [archs]
+    if not isinstance(archs, list):
+        raise CheckpointError(f"config.json: architectures = {archs!r}, expected a list like [\"DFlashDraftModel\"]")
+    for a in archs:
+        fam = FAMILIES.get(str(a).lower())
+        if str(a).endswith("ForCausalLM") and not fam:
+            raise CheckpointError(
+                f"config.json: architectures {archs!r}: this is a target model folder (a causal "
+                "LM), not a DFlash drafter checkpoint; pass it as --target and the drafter as "
+                "--drafter"
+            )
+        if fam or "dflash" not in str(a).lower():
+            raise CheckpointError(
+                f"config.json: architectures {archs!r} is {'a ' + fam if fam else 'not a DFlash'} "
+                "drafter; dflash-dash replays DFlash drafters (architectures DFlashDraftModel) only"
+            )
+    dcfg = raw.get("dflash_config") if isinstance(raw.get("dflash_config"), dict) else {}
+    proj = dcfg.get("projector_type", raw.get("projector_type"))
+    if proj not in (None, "dflash"):
+        fam = FAMILIES.get(str(proj).lower(), str(proj))
+        raise CheckpointError(
+            f"config.json: dflash_config.projector_type = {proj!r}: a {fam} drafter, not DFlash; "
+            "dflash-dash replays DFlash drafters only"
+        )
+    for key, fam in FOREIGN_FIELDS.items():
+        if dcfg.get(key, raw.get(key)) not in (None, False, 0):
+            raise CheckpointError(
+                f"config.json: field '{key}' belongs to a {fam} drafter, not DFlash; dflash-dash "
+                "replays DFlash drafters only"
+            )
+
+
+def parse_config(raw: dict) -> DrafterConfig:
+    """Validate a config.json dict into a DrafterConfig; errors name the field and the expected value."""
+    if not isinstance(raw, dict):
+        raise CheckpointError("config.json: expected a JSON object")
+    refuse_family(raw)
+    n = _int(raw, "num_hidden_layers")
+    H = _int(raw, "hidden_size")
+    nh = _int(raw, "num_attention_heads")
+    nkv = _int(raw, "num_key_value_heads")
+    if nh % nkv:
+        raise CheckpointError(f"config.json: num_attention_heads={nh} must be a multiple of num_key_value_heads={nkv}")
+    hd = _int(raw, "head_dim", default=H // nh)
+    if hd % 2 or hd < 2:
+        raise CheckpointError(f"config.json: head_dim={hd}, expected an even integer (RoPE)")
+    dcfg = raw.get("dflash_config")
+    if dcfg is None:
+        dcfg = {}
+    if not isinstance(dcfg, dict):
+        raise CheckpointError(f"config.json: dflash_config = {dcfg!r}, expected an object")
+    ntl = _both(raw, dcfg, "num_target_layers", lo=1)
+    ids = dcfg.get("target_layer_ids")
+    if ids is None:
+        if ntl is None:
+            raise CheckpointError(
+                "config.json: missing 'dflash_config.target_layer_ids' and 'num_target_layers' (expected one of them)"
+            )
+        ids = default_layer_ids(ntl, n)
+    if (
+        not isinstance(ids, list)
+        or not ids
+        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
+    ):
+        raise CheckpointError(f"config.json: dflash_config.target_layer_ids = {ids!r}, expected a list of ints >= 0")
+    if ntl is not None and max(ids) >= ntl:
+        raise CheckpointError(
+            f"config.json: dflash_config.target_layer_ids contains {max(ids)}, expected ids < num_target_layers={ntl}"
+        )
+    V = _int(raw, "vocab_size")
+    mask = _int(dcfg, "mask_token_id", lo=0, default=None, where="config.json: dflash_config")
+    if mask is None:
+        mask = _int(raw, "mask_token_id", lo=0, default=None)
+    if mask is None:
+        raise CheckpointError("config.json: missing field 'dflash_config.mask_token_id' (expected an integer)")
+    if mask >= V:
+        raise CheckpointError(f"config.json: dflash_config.mask_token_id={mask}, expected 0 <= id < vocab_size={V}")
+    types = raw.get("layer_types") or ["full_attention"] * n
+    if (
+        not isinstance(types, list)
+        or len(types) != n
+        or any(t not in ("full_attention", "sliding_attention") for t in types)
+    ):
+        raise CheckpointError(
+            f"config.json: layer_types = {types!r}, expected {n} entries of full_attention|sliding_attention"
+        )
+    window = _int(raw, "sliding_window", default=None) if "sliding_attention" in types else None
+    if "sliding_attention" in types and not window:
+        raise CheckpointError("config.json: sliding_attention layers need 'sliding_window' (expected a positive int)")
+    B = _both(raw, dcfg, "block_size", lo=2)
+    if B is None:
+        raise CheckpointError(
+            "config.json: missing field 'block_size' (expected an integer >= 2, at the top level or in dflash_config)"
+        )
+    theta, scaling = _rope(raw)
+    causal = raw.get("is_causal", True)
+    if not isinstance(causal, bool):
+        raise CheckpointError(f"config.json: is_causal = {causal!r}, expected true or false")
+    return DrafterConfig(
+        hidden_size=H,
+        intermediate_size=_int(raw, "intermediate_size"),
+        num_hidden_layers=n,
+        num_attention_heads=nh,
+        num_key_value_heads=nkv,
+        head_dim=hd,
+        vocab_size=V,
+        block_size=B,
+        target_layer_ids=list(ids),
+        mask_token_id=mask,
+        num_target_layers=ntl,
+        layer_types=list(types),
+        sliding_window=window,
+        rms_norm_eps=_num(raw, "rms_norm_eps", 1e-6),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=_int(raw, "max_position_embeddings", default=32768),
+        attention_bias=bool(raw.get("attention_bias", False)),
+        sliding_causal=causal,
+    )
+
+
+SLIDING_BLOCKS = ("causal", "bidirectional")  # sliding-layer block semantics a run can choose
+
+
+def sliding_semantics(c: DrafterConfig, choice: str | None = None) -> str:
+    """The sliding-layer block semantics of a run: `choice` when given, else the config's own (`is_causal`,
+    default causal: what SpecForge trains and SGLang serves; bidirectional is the z-lab HF reference)."""
+    if choice is None:
+        return "causal" if c.sliding_causal else "bidirectional"
+    if choice not in SLIDING_BLOCKS:
+        raise CheckpointError(f"--sliding-block {choice!r}: expected one of {', '.join(SLIDING_BLOCKS)}")
+    return choice
+
+
+# ---------------------------------------------------------------------------
+# checkpoint layouts
+
+
+RUNTIME_FILE = "training_state.pt"  # SpecForge runtime checkpoint: {run_id}-step{N}/training_state.pt
+_STEPS = [
+    re.compile(p)
+    for p in (r"epoch_(\d+)_step_(\d+)$", r"(?:^|[-_])step[-_]?(\d+)$", r"^checkpoint-(\d+)$", r"^step(\d+)$")
+]
+
+
+def step_of(name: str) -> int | None:
+    """Training step of a checkpoint folder name: `epoch_E_step_S`, `{run_id}-step{N}`, `checkpoint-N`,
+    `step_N`, `stepN`; None for other names (e.g. `{run_id}-latest`)."""
+    for rx in _STEPS:
+        m = rx.search(Path(name).name)
+        if m:
+            return int(m.groups()[-1])
+    return None
+
+
+@dataclass
+class Checkpoint:
+    path: Path  # the checkpoint folder (resolved)
+    config_file: Path  # the JSON the config is read from (beside, above, or --draft-config)
+    weights: list[Path]  # *.safetensors files, or [training_state.pt]
+    kind: str  # "hf" (safetensors folder) or "runtime" (SpecForge training_state.pt)
+
+
+def locate(path: str | Path, draft_config: str | Path | None = None) -> Checkpoint:
+    """Find a checkpoint's weights and config: an HF folder (config.json + *.safetensors) or a SpecForge
+    runtime folder `{run_id}-step{N}/` (training_state.pt, config from `draft_config` or a config.json beside
+    or up to two folders above). Raises CheckpointError naming what is missing and the fix."""
+    p = Path(path)
+    if p.is_file() and p.name == RUNTIME_FILE:
+        p = p.parent
+    if not p.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint folder")
+    p = p.resolve()
+    files = sorted(p.glob("*.safetensors"))
+    kind = "hf" if files else "runtime" if (p / RUNTIME_FILE).is_file() else None
+    if kind is None:
+        what = "a target model folder, not a drafter" if list(p.glob("*.bin")) else "no drafter weights"
+        raise CheckpointError(f"{p}: {what} (expected config.json + *.safetensors, or a SpecForge {RUNTIME_FILE})")
+    if draft_config:
+        cfg = Path(draft_config)
+        if not cfg.is_file():
+            raise CheckpointError(
+                f"--draft-config {draft_config}: no such file (expected the training's draft config JSON)"
+            )
+    else:
+        near = [p] + (list(p.parents)[:2] if kind == "runtime" else [])
+        cfg = next((d / "config.json" for d in near if (d / "config.json").is_file()), None)
+        if cfg is None:
+            raise CheckpointError(
+                f"{p}: no config.json beside the weights"
+                + (
+                    " or above them; a SpecForge runtime checkpoint holds no "
+                    "config: pass --draft-config FILE (the training's --draft-config JSON)"
+                    if kind == "runtime"
+                    else " (expected a DFlash checkpoint folder)"
+                )
+            )
+    return Checkpoint(p, cfg.resolve(), files or [p / RUNTIME_FILE], kind)
+
+
+def raw_config(ck: Checkpoint) -> dict:
+    try:
+        raw = json.loads(ck.config_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{ck.config_file}: not valid JSON ({e})") from None
+    return raw
+
+
+def read_config(path: str | Path, draft_config: str | Path | None = None) -> DrafterConfig:
+    """Locate, read and validate a checkpoint's config; errors name the file they came from."""
+    return config_of(locate(path, draft_config))
+
+
+def config_of(ck: Checkpoint) -> DrafterConfig:
+    """The validated config of a located checkpoint; errors name the file they came from."""
+    try:
+        return parse_config(raw_config(ck))
+    except CheckpointError as e:
+        raise CheckpointError(str(e).replace("config.json:", f"{ck.config_file}:", 1)) from None
+
+
+def shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor a checkpoint with config `c` must hold (SPEC 2 names, no prefix)."""
+    H, I, hd, nh, nkv = c.hidden_size, c.intermediate_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads
+    out = {"fc.weight": (H, c.K * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
+    for i in range(c.num_hidden_layers):
+        p = f"layers.{i}."
+        out |= {
+            p + "input_layernorm.weight": (H,),
+            p + "post_attention_layernorm.weight": (H,),
+            p + "self_attn.q_proj.weight": (nh * hd, H),
+            p + "self_attn.k_proj.weight": (nkv * hd, H),
+            p + "self_attn.v_proj.weight": (nkv * hd, H),
+            p + "self_attn.o_proj.weight": (H, nh * hd),
+            p + "self_attn.q_norm.weight": (hd,),
+            p + "self_attn.k_norm.weight": (hd,),
+            p + "mlp.gate_proj.weight": (I, H),
+            p + "mlp.up_proj.weight": (I, H),
+            p + "mlp.down_proj.weight": (H, I),
+        }
+        if c.attention_bias:
+            out |= {
+                p + "self_attn.q_proj.bias": (nh * hd,),
+                p + "self_attn.k_proj.bias": (nkv * hd,),
+                p + "self_attn.v_proj.bias": (nkv * hd,),
+                p + "self_attn.o_proj.bias": (H,),
+            }
+    return out
