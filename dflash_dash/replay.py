@@ -25,6 +25,7 @@ from . import drafter as drafter_mod
 from . import metrics
 from .drafter import Drafter
 from .target import Head
+from .walk import walk
 
 
 @dataclass
@@ -288,17 +289,6 @@ def accepted(drafts: np.ndarray, tokens: np.ndarray, prompt_len: int) -> np.ndar
     at = prompt_len + 1 + np.arange(A)[:, None] + np.arange(D)  # [A, D] position each draft guesses
     ok = (at < T) & (drafts == np.asarray(tokens)[np.minimum(at, T - 1)])
     return np.cumprod(ok, axis=1).sum(axis=1).astype(np.int64)  # leading matches
-
-
-def walk(acc: np.ndarray, prompt_len: int, T: int) -> list[tuple[int, int, int]]:
-    """Chain walk: rounds (anchor, accepted, committed) from anchor P while anchor < T-1."""
-    rounds, p = [], prompt_len
-    while p < T - 1:
-        a = int(acc[p - prompt_len])
-        c = min(a + 1, T - 1 - p)
-        rounds.append((p, a, c))
-        p += c
-    return rounds
 
 
 def tree_accept(top_ids: np.ndarray, top_logp: np.ndarray, target: np.ndarray, budget: int) -> int:

@@ -56,7 +56,7 @@ def blocks(row: dict, block_size: int, k: int | None = None) -> dict:
 def round_options(row: dict, completion: dict, block_size: int) -> list[dict]:
     """The rounds of the chain walk of one prompt: {"round" (1-based), "anchor", "accepted", "inside" (drafts
     inside the completion, min(B-1, T-1-anchor)), "committed", "label"}."""
-    from ..replay import walk  # on first use: its module imports torch (see analysis.trace)
+    from ..walk import walk
 
     P = row["prompt_len"]
     T = P + len(completion["output_ids"])

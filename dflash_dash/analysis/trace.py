@@ -31,7 +31,7 @@ class Trace:
 
 def trace(row: dict, completion: dict, block_size: int) -> Trace:
     """Roles of every completion position from a run_prompts row and its completion."""
-    from ..replay import walk  # on first use: its module imports torch, which pages without token views never need
+    from ..walk import walk
 
     P = row["prompt_len"]
     tokens = list(completion["prompt_ids"]) + list(completion["output_ids"])
