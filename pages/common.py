@@ -57,14 +57,8 @@ _router = threading.local()  # per script thread: set while app.py runs the chos
 def navigation():
     """The app's pages declared with st.navigation (public API): returns the page the URL asks for. Declaring
     them is also what makes Streamlit ignore its pages/-directory mode for the rest of the process."""
-    return st.navigation(
-        [
-            st.Page(path, title=title, icon=icon, default=True)
-            if url is None
-            else st.Page(path, title=title, icon=icon, url_path=url)
-            for path, title, icon, url in PAGES
-        ]
-    )
+    pages = [st.Page(p, title=t, icon=i, **({"url_path": u} if u else {"default": True})) for p, t, i, u in PAGES]
+    return st.navigation(pages)
 
 
 @contextmanager
@@ -78,14 +72,53 @@ def routing():
 
 
 def routed() -> None:
-    """Make sure the page runs under app.py's st.navigation. While no script has called st.navigation yet (a
-    deep link such as /acceptance?run=ID opened first after the server starts), Streamlit treats the pages/
-    folder beside app.py as a directory of standalone pages and runs the page script alone: no sidebar, no
-    routing. Declare the navigation (which ends that mode, public API) and rerun: app.py then routes the same
-    URL path to this page."""
+    """Make sure the page runs inside the app's frame. While no script has called st.navigation yet (a deep link
+    such as /acceptance?run=ID opened first after the server starts), Streamlit treats the pages/ folder beside
+    app.py as a directory of standalone pages and runs the page script alone: no routing, no sidebar. Then declare
+    the navigation (public st.navigation, which ends that mode: app.py routes every later run) and draw the frame
+    app.py would have drawn; the page goes on in this same run (no rerun, so a click that came with it counts)."""
     if not getattr(_router, "on", False):
+        page_config()
         navigation()
-        st.rerun()
+        sidebar()
+
+
+def page_config() -> None:
+    st.set_page_config(page_title="dflash-dash", page_icon=":material/bolt:", layout="wide")
+
+
+def sidebar() -> None:
+    """The app's sidebar: the workspace, the server's readiness and the running jobs."""
+    with st.sidebar:
+        st.markdown("**Workspace**")
+        st.text(workspace())  # not st.code: its syntax highlighter costs every page load ~0.2 s of browser time
+        server_status(server_url())
+        st.markdown("**Jobs**")
+        running_jobs()
+
+
+@st.fragment(run_every=2.0)
+def running_jobs() -> None:
+    try:
+        active = job_lifecycle().active(store())
+    except Exception as e:  # noqa: BLE001  (the sidebar must never break the page)
+        st.caption(f"jobs unavailable: {e}")
+        return
+    if not active:
+        st.caption("no running jobs")
+    for j in active:
+        st.progress(
+            min(1.0, max(0.0, float(j["progress"] or 0.0))),
+            text=f"{j['kind']} · {j['status']} · {str(j['step'] or '')[:60]}",
+        )
+
+
+@st.fragment(run_every=3.0)
+def server_status(url: str) -> None:
+    """The server's readiness from its background /health poller (never blocks: a real /health takes seconds)."""
+    ok, state = health(url)
+    st.markdown(f"**Server** {health_badge(ok)}")
+    st.caption(f"{url} · {state}")
 
 
 # ---------------------------------------------------------------------------
