@@ -1,6 +1,7 @@
 """The house rules of ../shared/ARCHITECTURE.md, checked on the source: imports inside `dflash_dash` only point
-down the layer list, pages hold no torch and no SQL, only app.py and pages/ import streamlit, and nothing the app or
-the CLI runs imports the development tooling in tools/."""
+down the layer list, pages hold no torch and no SQL, only app.py and pages/ import streamlit, the pipeline and
+`analysis` never import render or streamlit, nothing the app or the CLI runs imports the development tooling in
+tools/, and, checked by running them, no page loads torch."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # top to bottom: a module may import only modules listed after it (ARCHITECTURE.md, plus the modules it names
 # outside the list: demo beside jobs, parity over pipeline, vocab (token strings, for the pipeline's exports and
 # the pages) under analysis, the stand-in's speculative decoder under the stand-in; launch, what `make run` runs,
-# on top; ops, the operations' argument dataclasses, under the pipeline whose signatures take their defaults)
+# on top; ops, the operations' argument dataclasses, under the pipeline whose signatures take their defaults; the
+# torch-free halves the pages use: walk (the numpy chain walk) under replay and metrics, drafter_checks,
+# drafter_config and target_info under drafter and target)
 ORDER = [
     "__main__",
     "launch",
