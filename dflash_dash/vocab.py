@@ -17,7 +17,7 @@ class Vocab:
     """Token strings of one target: its tokenizer's decode of each id (memoised), else `⟨id⟩`."""
 
     def __init__(self, tokenizer=None):
-        self.tok = tokenizer  # a tokenizer with decode(ids, skip_special_tokens=, clean_up_tokenization_spaces=), or None
+        self.tok = tokenizer  # decode(ids, skip_special_tokens=, clean_up_tokenization_spaces=) -> str; or None
         self.memo: dict[int, str] = {}
 
     def strings(self, ids) -> list[str]:

@@ -177,8 +177,9 @@ print(json.dumps({"title": [t.value for t in at.title], "exceptions": [e.value f
 """
 
 
-@pytest.mark.parametrize("page", ["overview", "acceptance", "compare", "completions", "extraction", "diagnostics",
-                                  "conformance"])
+@pytest.mark.parametrize(
+    "page", ["overview", "acceptance", "compare", "completions", "extraction", "diagnostics", "conformance"]
+)
 def test_no_page_loads_torch(prepared, tmp_path, page):
     """Each page run whole (a first visit, app.py routing it, on the prepared workspace: token strings, the
     checkpoint-vs-extraction check, the GPU list) in a fresh process: neither torch nor transformers gets imported.
@@ -193,7 +194,11 @@ def test_no_page_loads_torch(prepared, tmp_path, page):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DFLASH_WORKSPACE": str(ws)}
     p = subprocess.run(
         [sys.executable, "-c", PAGE_RUN, str(ROOT / "app.py"), page],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
