@@ -11,11 +11,4 @@ from __future__ import annotations
 
 from pages import common
 
-common.page_config()
-page = common.navigation()  # the pages and their URL paths: pages/common.PAGES
-common.sidebar()
-
-# one store connection for the page's reads (one open, not one per query); the lock is held for the run, so jobs'
-# writes wait at most one page render
-with common.store().session(), common.routing():
-    page.run()
+common.app()  # page config, st.navigation over pages/common.PAGES, the sidebar, the page in a store session

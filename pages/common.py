@@ -1,11 +1,10 @@
-"""Streamlit helpers shared by app.py and the pages: workspace, cached store reads, URL-synced selects,
-the error guard and the live job panel.
+"""Streamlit helpers shared by app.py and the pages: routing and the app's frame (`app`, `routed`), workspace,
+cached store reads, URL-synced selects, the error guard and the live job panel.
 
-Contract: the only other file (with app.py and the pages) that imports streamlit. Reads go through
-`st.cache_data` keyed on the workspace path and `Store.stamp()` (changes when data is added), objects through
-`st.cache_resource`. Long work is started as a job (`dflash_dash.jobs.lifecycle`) and followed by a fragment that polls
-the store every second; when a job finishes the whole page reruns so new data shows up. `guard()` turns
-every error into an `st.error` message: never a traceback in the browser.
+Contract: the only other file (with app.py and the pages) that imports streamlit. Reads go through `st.cache_data`
+keyed on the workspace path and `Store.stamp()` (changes when data is added), objects through `st.cache_resource`.
+Long work is started as a job (`dflash_dash.jobs.lifecycle`) and followed by a fragment that polls the store every
+second; when a job finishes the page reruns so new data shows up. `guard()` turns every error into an `st.error`.
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ STATUS_ICON = {
 # ---------------------------------------------------------------------------
 # routing
 
-# (script, title, icon, URL path): the home page is served at /, every view has its own URL path (its file name)
-PAGES = [
+PAGES = [  # (script, title, icon, URL path): the home page at /, every view at its file name
     ("pages/overview.py", "Overview", ":material/home:", None),
     ("pages/acceptance.py", "Acceptance", ":material/track_changes:", "acceptance"),
     ("pages/compare.py", "Compare", ":material/compare_arrows:", "compare"),
@@ -55,15 +53,14 @@ _router = threading.local()  # per script thread: set while app.py runs the chos
 
 
 def navigation():
-    """The app's pages declared with st.navigation (public API): returns the page the URL asks for. Declaring
-    them is also what makes Streamlit ignore its pages/-directory mode for the rest of the process."""
+    """st.navigation over PAGES: the page the URL asks for (declaring them ends the pages/-directory mode)."""
     pages = [st.Page(p, title=t, icon=i, **({"url_path": u} if u else {"default": True})) for p, t, i, u in PAGES]
     return st.navigation(pages)
 
 
 @contextmanager
 def routing():
-    """app.py runs the chosen page inside this: `routed()` then knows the page runs under the router."""
+    """`app()` runs the chosen page inside this: `routed()` then knows the page runs under the router."""
     _router.on = True
     try:
         yield
@@ -71,16 +68,23 @@ def routing():
         _router.on = False
 
 
+def app() -> None:
+    """One script run of the app (app.py): page config, st.navigation picking the page from the URL, the sidebar,
+    the page in one store session (one connection for its reads; jobs' writes wait at most one page render)."""
+    page_config()
+    page = navigation()
+    sidebar()
+    with store().session(), routing():
+        page.run()
+
+
 def routed() -> None:
-    """Make sure the page runs inside the app's frame. While no script has called st.navigation yet (a deep link
-    such as /acceptance?run=ID opened first after the server starts), Streamlit treats the pages/ folder beside
-    app.py as a directory of standalone pages and runs the page script alone: no routing, no sidebar. Then declare
-    the navigation (public st.navigation, which ends that mode: app.py routes every later run) and draw the frame
-    app.py would have drawn; the page goes on in this same run (no rerun, so a click that came with it counts)."""
+    """A page script run alone (a deep link opened first after the server starts: Streamlit's pages/-directory
+    mode, on until some script declares st.navigation) runs the app here instead, as app.py would, and stops the
+    bare run; same script run, so a click that came with it still counts."""
     if not getattr(_router, "on", False):
-        page_config()
-        navigation()
-        sidebar()
+        app()
+        st.stop()
 
 
 def page_config() -> None:
