@@ -292,8 +292,7 @@ def _key_env() -> str:
 def health_poller(url: str, key_env: str):
     """One background /health poller per server URL (and key variable), shared by every session: a real
     /health takes seconds, so it never runs on the script thread. None for a URL a client cannot use."""
-    from dflash_dash import config as cfg_mod
-    from dflash_dash import sglang
+    from dflash_dash import config as cfg_mod, sglang
 
     cfg = cfg_mod.WorkspaceConfig(api_key_env=key_env)  # only the key's variable matters here
     try:

@@ -1,6 +1,7 @@
 """Diagnostics: backend parity (fla vs torch extractions of the same completions: per layer relative L2
-and cosine, and tau of the runs on each), checkpoint-vs-extraction consistency, sliding-layer train/serve semantics (the same checkpoint replayed
-causal and bidirectional inside the block), target-layer attribution (tau lost per target tap), server health.
+and cosine, and tau of the runs on each), checkpoint-vs-extraction consistency, sliding-layer train/serve
+semantics (the same checkpoint replayed causal and bidirectional inside the block), target-layer attribution (tau
+lost per target tap), server health. Torch-free: configs are read by drafter_config and target_info.
 URL: diagnostics?a=EXTRACTION&b=EXTRACTION&ckpt=PATH&ex=EXTRACTION&run=RUN."""
 
 from __future__ import annotations
