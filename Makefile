@@ -1,11 +1,13 @@
-# dflash-dash: `make run` starts the dashboard on the demo workspace, `make test` runs every test.
+# dflash-dash: `make run` starts the dashboard on the demo workspace, `make test` runs every test, `make lint` checks
+# the code with ruff (lint rules and formatting, without changing a file).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 WORKSPACE ?= cache
 PORT ?= 8501
 
-.PHONY: setup run test demo clean
+.PHONY: setup run test lint demo clean
+LINTED := dflash_dash pages app.py tools tests benchmarks
 
 $(BIN)/.installed: requirements.txt constraints.txt
 	$(PY) -m venv $(VENV)
@@ -27,6 +29,10 @@ run: demo
 test: setup
 	@command -v chromium >/dev/null 2>&1 || printf '\n*** Debian chromium is missing: the browser tests will be SKIPPED.\n*** Install it with: apt-get install -y chromium\n\n'
 	$(BIN)/python -m pytest -q --durations=25 tests
+
+lint: setup
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 
 clean:
 	rm -rf $(VENV)

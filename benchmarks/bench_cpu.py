@@ -101,17 +101,8 @@ def workspace_with_long_completion(work: Path, n: int) -> tuple[Path, str, str]:
 
 
 def render(ws: Path, run: str, prompt: str, figs: dict) -> None:
-    from streamlit.runtime.pages_manager import PagesManager
-    from streamlit.testing.v1 import AppTest, app_test as app_test_mod
+    from streamlit.testing.v1 import AppTest
 
-    class Routed(PagesManager):  # app.py's st.navigation routing, as in a server after its first view
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            common.app_routing()
-
-    from pages import common
-
-    app_test_mod.PagesManager = Routed
     os.environ["DFLASH_WORKSPACE"] = str(ws)
     sys.argv = sys.argv[:1]  # the app reads --workspace from argv: none of this script's options
     warm = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)

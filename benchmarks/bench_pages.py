@@ -244,18 +244,9 @@ def build(
 
 
 def apptest(ws: Path):
-    """An AppTest of app.py on `ws`, routed as a server is after its first view, modules imported."""
-    from streamlit.runtime.pages_manager import PagesManager
-    from streamlit.testing.v1 import AppTest, app_test as app_test_mod
+    """An AppTest of app.py on `ws` (app.py's own routing, as a browser's first visit), modules imported."""
+    from streamlit.testing.v1 import AppTest
 
-    from pages import common
-
-    class Routed(PagesManager):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            common.app_routing()
-
-    app_test_mod.PagesManager = Routed
     os.environ["DFLASH_WORKSPACE"] = str(ws)
     sys.argv = sys.argv[:1]
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)

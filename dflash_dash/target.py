@@ -15,7 +15,6 @@ Knows nothing of the store, files other than the model folder, or HTTP.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 from collections import deque
@@ -29,7 +28,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from .errors import UserError
+from .target_info import TargetError, TargetInfo, describe, has_linear_attention
 
 # modeling modules whose linear-attention kernels transformers binds to fla at import
 HYBRID_MODULES = [
@@ -45,10 +44,6 @@ KERNEL_FUNCS = [
 ]
 CONV_FUNCS = ["causal_conv1d_fn"]  # the short causal convolution: torch conv1d unless `causal_conv1d` is installed
 _BOUND: dict[tuple[str, str], object] = {}  # (module, name) -> the function transformers bound at import
-
-
-class TargetError(UserError, ValueError):
-    """A target folder that cannot be used; the message names the problem and the fix."""
 
 
 # ---------------------------------------------------------------------------
@@ -163,11 +158,6 @@ def force_torch_kernels() -> str:
 NO_LINEAR = "n/a"  # the backend recorded for a target without linear-attention layers (nothing to choose)
 
 
-def has_linear_attention(info: TargetInfo, keep: int | None = None) -> bool:
-    """Whether the target's first `keep` layers (all by default) include linear-attention (Gated DeltaNet)."""
-    return "linear_attention" in (info.layer_types or [])[:keep]
-
-
 def pick_backend(device: str) -> str:
     """fla when the device is CUDA and fla imports, else torch."""
     return "fla" if device.startswith("cuda") and torch.cuda.is_available() and fla_version() else "torch"
@@ -175,40 +165,6 @@ def pick_backend(device: str) -> str:
 
 # ---------------------------------------------------------------------------
 # describing and loading
-
-
-@dataclass
-class TargetInfo:
-    path: str  # absolute folder path
-    model_type: str  # e.g. qwen3_5_text
-    hidden_size: int  # H
-    vocab_size: int  # V
-    num_layers: int  # N decoder layers
-    config_hash: str  # sha256 of config.json bytes, first 16 hex
-    layer_types: list[str] | None  # per-layer kind (hybrid models)
-
-
-def describe(path: str | Path) -> TargetInfo:
-    """Read the target's config.json (no weights)."""
-    path = Path(path).resolve()
-    f = path / "config.json"
-    if not f.is_file():
-        raise TargetError(f"{path}: no config.json (expected a Hugging Face causal LM folder)")
-    raw = f.read_bytes()
-    cfg = json.loads(raw)
-    text = cfg.get("text_config") or cfg
-    for key in ("hidden_size", "vocab_size", "num_hidden_layers"):
-        if key not in text:
-            raise TargetError(f"{f}: missing field '{key}'")
-    return TargetInfo(
-        str(path),
-        cfg.get("model_type", "?"),
-        text["hidden_size"],
-        text["vocab_size"],
-        text["num_hidden_layers"],
-        hashlib.sha256(raw).hexdigest()[:16],
-        text.get("layer_types"),
-    )
 
 
 def check_layers(info: TargetInfo, layer_ids: list[int]) -> None:

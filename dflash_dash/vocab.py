@@ -2,8 +2,9 @@
 
 Contract: `Vocab.strings(ids)` returns one string per id, memoised per id; without a tokenizer (or for an id the
 tokenizer refuses) the string is `⟨id⟩`, so a page or an export never fails on a missing or broken tokenizer.
-`load_vocab` reads the target folder's tokenizer files with transformers, imported on first use: the pipeline's
-exports and the pages both need token strings, and neither should pay for transformers before they decode.
+`load_vocab` reads the target folder's tokenizer.json with `tokenizers` (Rust, no torch: the pages decode without
+loading torch; the same decode a transformers fast tokenizer does); only a folder without tokenizer.json (a slow
+tokenizer) goes through transformers, imported on first use.
 The strings are raw model output: escape them before they go into HTML (`render.tokens.esc`).
 """
 
@@ -16,7 +17,7 @@ class Vocab:
     """Token strings of one target: its tokenizer's decode of each id (memoised), else `⟨id⟩`."""
 
     def __init__(self, tokenizer=None):
-        self.tok = tokenizer  # a transformers tokenizer or None
+        self.tok = tokenizer  # decode(ids, skip_special_tokens=, clean_up_tokenization_spaces=) -> str; or None
         self.memo: dict[int, str] = {}
 
     def strings(self, ids) -> list[str]:
@@ -45,8 +46,29 @@ def load_vocab(target_path: str | None) -> Vocab:
     ):
         return Vocab()
     try:
-        from transformers import AutoTokenizer
-
-        return Vocab(AutoTokenizer.from_pretrained(target_path))
+        return Vocab(_tokenizer(Path(target_path)))
     except Exception:  # noqa: BLE001  (a broken tokenizer must not break the page: show ids)
         return Vocab()
+
+
+class FastTokenizer:
+    """tokenizer.json read by `tokenizers`, decoding as a transformers fast tokenizer does (its decode is this
+    one's, followed by an optional clean-up that token strings never ask for)."""
+
+    def __init__(self, path: Path):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(str(path))
+
+    def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False) -> str:
+        if clean_up_tokenization_spaces:
+            raise ValueError("token strings are decoded raw: no clean-up")
+        return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def _tokenizer(path: Path):
+    if (path / "tokenizer.json").is_file():
+        return FastTokenizer(path / "tokenizer.json")
+    from transformers import AutoTokenizer  # a slow tokenizer only: transformers imports torch
+
+    return AutoTokenizer.from_pretrained(path)

@@ -307,7 +307,6 @@ PATTERN_TABLES = {  # table key: (title, what it answers)
 
 
 def patterns_block(ws: str, run: dict) -> None:
-    B = run["summary"]["block_size"]
     st.subheader("Failure patterns")
     st.caption(
         "Where and on what the drafter fails, over the chain-walk rounds. P(d_1 accepted) = share of "

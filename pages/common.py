@@ -1,11 +1,10 @@
-"""Streamlit helpers shared by app.py and the pages: workspace, cached store reads, URL-synced selects,
-the error guard and the live job panel.
+"""Streamlit helpers shared by app.py and the pages: routing and the app's frame (`app`, `routed`), workspace,
+cached store reads, URL-synced selects, the error guard and the live job panel.
 
-Contract: the only other file (with app.py and the pages) that imports streamlit. Reads go through
-`st.cache_data` keyed on the workspace path and `Store.stamp()` (changes when data is added), objects through
-`st.cache_resource`. Long work is started as a job (`dflash_dash.jobs.lifecycle`) and followed by a fragment that polls
-the store every second; when a job finishes the whole page reruns so new data shows up. `guard()` turns
-every error into an `st.error` message: never a traceback in the browser.
+Contract: the only other file (with app.py and the pages) that imports streamlit. Reads go through `st.cache_data`
+keyed on the workspace path and `Store.stamp()` (changes when data is added), objects through `st.cache_resource`.
+Long work is started as a job (`dflash_dash.jobs.lifecycle`) and followed by a fragment that polls the store every
+second; when a job finishes the page reruns so new data shows up. `guard()` turns every error into an `st.error`.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,26 +40,89 @@ STATUS_ICON = {
 # ---------------------------------------------------------------------------
 # routing
 
+PAGES = [  # (script, title, icon, URL path): the home page at /, every view at its file name
+    ("pages/overview.py", "Overview", ":material/home:", None),
+    ("pages/acceptance.py", "Acceptance", ":material/track_changes:", "acceptance"),
+    ("pages/compare.py", "Compare", ":material/compare_arrows:", "compare"),
+    ("pages/completions.py", "Completions", ":material/description:", "completions"),
+    ("pages/extraction.py", "Extraction", ":material/memory:", "extraction"),
+    ("pages/diagnostics.py", "Diagnostics", ":material/monitor_heart:", "diagnostics"),
+    ("pages/conformance.py", "Conformance", ":material/rule:", "conformance"),
+]
+_router = threading.local()  # per script thread: set while app.py runs the chosen page
 
-def app_routing(force: bool = True) -> bool:
-    """The one place that touches a Streamlit internal (pinned in constraints.txt; tests/test_app.py checks the
-    behaviour it relies on): Streamlit runs in its old pages-directory mode while a `pages/` folder exists and
-    the entry script has not yet called st.navigation. Returns whether that mode was on; `force` turns it off
-    (app.py's st.navigation routing from then on)."""
-    from streamlit.runtime.pages_manager import PagesManager
 
-    was = bool(PagesManager.uses_pages_directory)
-    if force:
-        PagesManager.uses_pages_directory = False
-    return was
+def navigation():
+    """st.navigation over PAGES: the page the URL asks for (declaring them ends the pages/-directory mode)."""
+    pages = [st.Page(p, title=t, icon=i, **({"url_path": u} if u else {"default": True})) for p, t, i, u in PAGES]
+    return st.navigation(pages)
+
+
+@contextmanager
+def routing():
+    """`app()` runs the chosen page inside this: `routed()` then knows the page runs under the router."""
+    _router.on = True
+    try:
+        yield
+    finally:
+        _router.on = False
+
+
+def app() -> None:
+    """One script run of the app (app.py): page config, st.navigation picking the page from the URL, the sidebar,
+    the page in one store session (one connection for its reads; jobs' writes wait at most one page render)."""
+    page_config()
+    page = navigation()
+    sidebar()
+    with store().session(), routing():
+        page.run()
 
 
 def routed() -> None:
-    """Make sure the page runs under app.py's st.navigation: a deep link such as /acceptance?run=ID opened
-    first after the server starts would otherwise run the page script alone (no sidebar, no routing). Switch
-    to app.py routing and rerun the same page."""
-    if app_routing():
-        st.rerun()
+    """A page script run alone (a deep link opened first after the server starts: Streamlit's pages/-directory
+    mode, on until some script declares st.navigation) runs the app here instead, as app.py would, and stops the
+    bare run; same script run, so a click that came with it still counts."""
+    if not getattr(_router, "on", False):
+        app()
+        st.stop()
+
+
+def page_config() -> None:
+    st.set_page_config(page_title="dflash-dash", page_icon=":material/bolt:", layout="wide")
+
+
+def sidebar() -> None:
+    """The app's sidebar: the workspace, the server's readiness and the running jobs."""
+    with st.sidebar:
+        st.markdown("**Workspace**")
+        st.text(workspace())  # not st.code: its syntax highlighter costs every page load ~0.2 s of browser time
+        server_status(server_url())
+        st.markdown("**Jobs**")
+        running_jobs()
+
+
+@st.fragment(run_every=2.0)
+def running_jobs() -> None:
+    try:
+        active = job_lifecycle().active(store())
+    except Exception as e:  # noqa: BLE001  (the sidebar must never break the page)
+        st.caption(f"jobs unavailable: {e}")
+        return
+    if not active:
+        st.caption("no running jobs")
+    for j in active:
+        st.progress(
+            min(1.0, max(0.0, float(j["progress"] or 0.0))),
+            text=f"{j['kind']} · {j['status']} · {str(j['step'] or '')[:60]}",
+        )
+
+
+@st.fragment(run_every=3.0)
+def server_status(url: str) -> None:
+    """The server's readiness from its background /health poller (never blocks: a real /health takes seconds)."""
+    ok, state = health(url)
+    st.markdown(f"**Server** {health_badge(ok)}")
+    st.caption(f"{url} · {state}")
 
 
 # ---------------------------------------------------------------------------

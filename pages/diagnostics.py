@@ -1,6 +1,7 @@
 """Diagnostics: backend parity (fla vs torch extractions of the same completions: per layer relative L2
-and cosine, and tau of the runs on each), checkpoint-vs-extraction consistency, sliding-layer train/serve semantics (the same checkpoint replayed
-causal and bidirectional inside the block), target-layer attribution (tau lost per target tap), server health.
+and cosine, and tau of the runs on each), checkpoint-vs-extraction consistency, sliding-layer train/serve
+semantics (the same checkpoint replayed causal and bidirectional inside the block), target-layer attribution (tau
+lost per target tap), server health. Torch-free: configs are read by drafters (config only) and target_info.
 URL: diagnostics?a=EXTRACTION&b=EXTRACTION&ckpt=PATH&ex=EXTRACTION&run=RUN."""
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def parity_block(ws: str, stamp: str) -> None:
 
 
 def consistency_block(ws: str, stamp: str) -> None:
-    from dflash_dash import drafters as drafter, target
+    from dflash_dash import drafters, target_info
 
     st.header("Checkpoint vs extraction")
     exs = [e for e in common.extractions(ws, stamp) if e["status"] == "done"]
@@ -112,8 +113,8 @@ def consistency_block(ws: str, stamp: str) -> None:
     if not ck.strip():
         st.info("Give a checkpoint folder to check it against the extraction and its target.")
         return
-    cfg = drafter.read_config(ck.strip())
-    info = target.describe(by[ex]["target_path"])
+    cfg = drafters.read_config(ck.strip())
+    info = target_info.describe(by[ex]["target_path"])
     rows = consistency(cfg, by[ex], info)
     bad = [r for r in rows if r["ok"] != "✓"]
     (st.error if any(r["check"] != "extraction backend" for r in bad) else st.warning if bad else st.success)(

@@ -10,57 +10,12 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-SCREENSHOTS = ROOT / "out" / "screenshots"
-
-SCRIPT_TEXT = (
-    'Here is the page:\n<script>window.__pwned = 1; alert(1)</script>\n<b>bold</b> & <img src=x '
-    'onerror="window.__pwned = 2">\n\tdone = "yes"\n'
-)
-CODE_TEXT = 'def add(a, b):\n    """Return a + b."""\n    return a + b\n\nprint(add(1, 2))\n'
-
-
-@dataclass
-class Prepared:
-    workspace: Path  # the workspace folder (do not mutate: copy it for tests that write)
-    models: Path  # folder holding target/ and train/
-    target: Path  # tiny target + tokenizer
-    train: Path  # training output folder with two checkpoints
-    drafters: list[Path]  # [A, B] checkpoint folders
-    extraction: str  # extraction id
-    runs: list[str]  # run ids [A, B]
-    set_name: str  # completion set name
-    script_id: str  # id of the completion holding <script>
-
-
-def _drafted(target: Path, drafter: Path, prompt: list[int], n: int, seed: int) -> list[int]:
-    """A completion built from the drafter's own blocks: each round keeps k of its drafts (k random) and then
-    a different token, so the replay sees a mix of full and partial acceptance."""
-    from dflash_dash import drafters as dr, replay as rp, target as tg
-
-    m = dr.load(drafter)
-    cfg = m.c
-    head = tg.load_head(target)
-    dec, _ = tg.load(target, cfg.target_layer_ids, "cpu", torch.float32)
-    rng = np.random.default_rng(seed)
-    toks = list(prompt) + [int(rng.integers(10, 400))]
-    while len(toks) - len(prompt) < n:
-        ids = torch.tensor(toks)
-        feats = tg.extract(dec, ids, cfg.target_layer_ids).to(torch.bfloat16).float()
-        p = len(toks) - 1
-        d = rp.draft_all(m, head, feats, ids, p, chunk=1).tokens[0].tolist()  # drafts at anchor p
-        k = int(rng.integers(0, len(d) + 1))
-        toks += d[:k]
-        other = int(rng.integers(10, 400))
-        toks.append(other if k == len(d) or other != d[k] else (other + 1) % 400 + 10)
-    return toks[len(prompt) :][:n]
+from prepared import CODE_TEXT, SCRIPT_TEXT, Prepared, drafted
+from serving import ROOT
+from web import SCREENSHOTS
 
 
 def _cli(ws: Path, *args: str) -> None:
@@ -96,7 +51,7 @@ def prepared(tmp_path_factory) -> Prepared:
     ]
     for r in recs:
         r["prompt_ids"] = enc(r["prompt"])
-        r["output_ids"] = enc(r["output"]) if r["output"] else _drafted(target, da, r["prompt_ids"], 48, seed=7)
+        r["output_ids"] = enc(r["output"]) if r["output"] else drafted(target, da, r["prompt_ids"], 48, seed=7)
         if r["output"] is None:
             r["output"] = tok.decode(r["output_ids"])
     assert tok.decode(recs[0]["output_ids"]) == SCRIPT_TEXT

@@ -4,101 +4,37 @@ Jobs started from buttons are real processes; the tests poll the store with a de
 
 from __future__ import annotations
 
-import html
 import re
 import time
-from pathlib import Path
 
 import pytest
-from streamlit.runtime.pages_manager import PagesManager
-from streamlit.testing.v1 import AppTest, app_test as app_test_mod
+from apptest import APP, PAGES, TITLES, app, by_label, clean, htmls, visible_text
+from streamlit.testing.v1 import AppTest
+from waiting import wait_job
 
 from dflash_dash import ops, pipeline
 from dflash_dash.analysis.compare import config_diff
 from dflash_dash.render.formats import fmt
 from dflash_dash.store import Store
-from pages import common
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
-PAGES = ["acceptance", "compare", "completions", "extraction", "diagnostics", "conformance"]
-TITLES = {p: p.capitalize() for p in PAGES} | {"overview": "dflash-dash"}
+# ---------------------------------------------------------------------------
+# routing
 
 
-class Routed(PagesManager):
-    """As in a running server after its first page view: app.py's st.navigation routing rather than the old
-    pages-directory mode, which AppTest re-detects before every run (the first-view case, a deep link opened
-    right after the server starts, is covered in the browser by test_e2e)."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        common.app_routing()
-
-
-def test_the_one_streamlit_internal_behaves_as_pinned():
-    """pages/common.app_routing flips PagesManager.uses_pages_directory: pinned Streamlit, flag present, and the
-    pages-directory mode really is what Streamlit starts in when a pages/ folder exists."""
-    import streamlit
-
-    pinned = next(
-        l.split("==")[1]
-        for l in (Path(APP).parent / "constraints.txt").read_text().splitlines()
-        if l.startswith("streamlit==")
-    )
-    assert streamlit.__version__ == pinned, "Streamlit changed: re-check pages/common.app_routing"
-    assert PagesManager.uses_pages_directory in (None, True, False)
-    PagesManager.uses_pages_directory = None  # as a fresh server process
-    PagesManager(str(Path(APP)))
-    assert PagesManager.uses_pages_directory is True  # pages/ next to app.py: the old mode, until routed()
-    assert common.app_routing() is True and PagesManager.uses_pages_directory is False
-
-
-@pytest.fixture(autouse=True)
-def navigation_routing(monkeypatch):
-    monkeypatch.setattr(app_test_mod, "PagesManager", Routed)
-
-
-def app(ws: Path, monkeypatch, page: str | None = None, **params) -> AppTest:
-    monkeypatch.setenv("DFLASH_WORKSPACE", str(ws))
+@pytest.mark.parametrize("page", PAGES + ["overview"])
+def test_a_deep_link_on_first_visit_renders_that_page_under_the_router(tmp_path, monkeypatch, page):
+    """Each AppTest run starts like a fresh server process (Streamlit's pages/-directory mode on, as it is while
+    no script has declared st.navigation): a deep link opened first renders that page with app.py's sidebar, not
+    the page script alone."""
+    monkeypatch.setenv("DFLASH_WORKSPACE", str(tmp_path / "ws"))
     at = AppTest.from_file(APP, default_timeout=90)
+    if page != "overview":
+        at.switch_page(f"pages/{page}.py")  # the URL path /{page}, before any run: a first visit
     at.run()
-    if page:
-        at.switch_page(f"pages/{page}.py")
-    for k, v in params.items():
-        at.query_params[k] = v
-    return at.run()
-
-
-def clean(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-
-
-def htmls(at: AppTest) -> list[str]:
-    return [h.proto.body for h in at.get("html")]
-
-
-def visible_text(view: str) -> str:
-    """The text a token view shows for its tokens (rejected drafts and depth superscripts left out)."""
-    body = view[view.index('<div class="dfv">') :]
-    body = re.sub(r'<span class="dfv-rej"[^>]*>.*?</span>|<sup>\d+</sup>|<br>', "", body)
-    return html.unescape(re.sub(r"<[^>]+>", "", body)).replace("↵", "\n").replace("⇥", "")
-
-
-def by_label(widgets, prefix: str):
-    got = [w for w in widgets if w.label.startswith(prefix)]
-    assert got, f"no widget labelled {prefix!r}: {[w.label for w in widgets]}"
-    return got[0]
-
-
-def wait_job(ws: Path, kind: str, timeout: float = 180.0) -> dict:
-    st = Store(ws)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        jobs = [j for j in st.jobs() if j["kind"] == kind]
-        if jobs and jobs[0]["status"] not in ("queued", "running"):
-            return jobs[0]
-        time.sleep(0.2)
-    raise AssertionError(f"no {kind} job finished within {timeout} s: {st.jobs()}")
+    clean(at)
+    assert [t.value for t in at.title] == [TITLES[page]]
+    assert str((tmp_path / "ws").resolve()) in " ".join(c.value for c in at.sidebar.text)  # app.py ran
+    assert at.run().title[0].value == TITLES[page]  # and the next run (the router from then on) stays there
 
 
 # ---------------------------------------------------------------------------

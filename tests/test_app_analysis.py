@@ -7,7 +7,8 @@ from __future__ import annotations
 import csv
 import io
 
-from test_app import app, by_label, clean, htmls, navigation_routing, wait_job  # noqa: F401  (autouse fixture)
+from apptest import app, by_label, clean, htmls
+from waiting import wait_job
 
 from dflash_dash import ops, pipeline
 from dflash_dash.analysis import patterns

@@ -1,17 +1,22 @@
 """The house rules of ../shared/ARCHITECTURE.md, checked on the source: imports inside `dflash_dash` only point
-down the layer list, pages hold no torch and no SQL, only app.py and pages/ import streamlit, and nothing the app or
-the CLI runs imports the development tooling in tools/."""
+down the layer list, pages hold no torch and no SQL, only app.py and pages/ import streamlit, the pipeline and
+`analysis` never import render or streamlit, nothing the app or the CLI runs imports the development tooling in
+tools/, and, checked by running them, no page loads torch."""
 
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # top to bottom: a module may import only modules listed after it (ARCHITECTURE.md, plus the modules it names
 # outside the list: demo beside jobs, parity over pipeline, vocab (token strings, for the pipeline's exports and
-# the pages) under analysis; launch, what `make run` runs,
-# on top; ops, the operations' argument dataclasses, under the pipeline whose signatures take their defaults)
+# the pages) under analysis, the stand-in's speculative decoder under the stand-in; launch, what `make run` runs,
+# on top; ops, the operations' argument dataclasses, under the pipeline whose signatures take their defaults;
+# target_info, the torch-free half of the target the pages use, under target)
 ORDER = [
     "__main__",
     "launch",
@@ -33,6 +38,7 @@ ORDER = [
     "walks",
     "drafters",
     "target",
+    "target_info",
     "prompts",
     "config",
     "lazy",
@@ -146,3 +152,52 @@ def test_the_tools_checker_sees_an_import(tmp_path):
     f = tmp_path / "x.py"
     f.write_text("def f():\n    from tools.tiny import TinyTarget\nimport tools.demo.corpus\n")
     assert top_modules(f) == {"tools"}
+
+
+def test_the_pipeline_never_imports_streamlit():
+    pipeline = ROOT / "dflash_dash" / "pipeline"
+    files = sorted(pipeline.rglob("*.py")) if pipeline.is_dir() else [pipeline.with_suffix(".py")]
+    bad = [str(f.relative_to(ROOT)) for f in files if {"streamlit", "plotly"} & top_modules(f)]
+    assert not bad, f"{bad} import streamlit/plotly: only pages draw"
+
+
+PAGE_RUN = """
+import json, sys
+from streamlit.testing.v1 import AppTest
+at = AppTest.from_file(sys.argv[1], default_timeout=300)
+if sys.argv[2] != "overview":
+    at.switch_page(f"pages/{sys.argv[2]}.py")
+at.run()
+heavy = sorted(m for m in ("torch", "transformers", "safetensors") if m in sys.modules)
+print(json.dumps({"title": [t.value for t in at.title], "exceptions": [e.value for e in at.exception], "heavy": heavy}))
+"""
+
+
+@pytest.mark.parametrize(
+    "page", ["overview", "acceptance", "compare", "completions", "extraction", "diagnostics", "conformance"]
+)
+def test_no_page_loads_torch(prepared, tmp_path, page):
+    """Each page run whole (a first visit, app.py routing it, on the prepared workspace: token strings, the
+    checkpoint-vs-extraction check, the GPU list) in a fresh process: neither torch nor transformers gets imported.
+    The pages read the store, configs and tokenizers; only jobs (separate processes) load models."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    ws = tmp_path / "ws"
+    shutil.copytree(prepared.workspace, ws, ignore=shutil.ignore_patterns("*.lock"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DFLASH_WORKSPACE": str(ws)}
+    p = subprocess.run(
+        [sys.executable, "-c", PAGE_RUN, str(ROOT / "app.py"), page],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert not got["exceptions"], got
+    assert got["title"], got  # the page rendered
+    assert got["heavy"] == [], f"pages/{page}.py loaded {got['heavy']}"

@@ -24,12 +24,12 @@ def blind(prepared, tmp_path):
 
 
 def test_a_tap_the_drafter_ignores_costs_nothing(prepared, workspace_copy, blind, capsys, tmp_path):
-    from conftest import _drafted
+    from prepared import drafted
 
     st = Store(workspace_copy)
     # a completion made of the blind drafter's own blocks (partly accepted), extracted in the workspace copy
     prompt = st.completions(prepared.set_name)[1]["prompt_ids"]
-    rec = {"id": "blind-drafted", "prompt_ids": prompt, "output_ids": _drafted(prepared.target, blind, prompt, 40, 3)}
+    rec = {"id": "blind-drafted", "prompt_ids": prompt, "output_ids": drafted(prepared.target, blind, prompt, 40, 3)}
     (tmp_path / "blind.jsonl").write_text(json.dumps(rec) + "\n")
     pipeline.import_completions(st, tmp_path / "blind.jsonl", "blind")
     ex = pipeline.extract(st, ops.Extract(target=str(prepared.target), completions="blind", layers=[1, 4]))

@@ -460,7 +460,7 @@ def test_sliding_check_replays_both_ways_and_diagnostics_shows_the_gap(prepared,
     with pytest.raises(pipeline.InputError, match="no sliding_attention layers"):
         pipeline.sliding_check(st, ops.SlidingCheck(drafter=str(prepared.drafters[0]), extraction=prepared.extraction))
     # the Diagnostics page shows both runs and the difference, with the formula
-    from test_app import app, clean
+    from apptest import app, clean
 
     at = app(workspace_copy, monkeypatch, "diagnostics")
     clean(at)

@@ -1,16 +1,14 @@
 """Issue 14, Compare that lines up: the default pair, outlines only where the acceptance outcome differs, the
 per-prompt delta table and its order, the one-position draft lag rate per slot (hand-made examples worked out
-by hand), the page through AppTest, and in the browser: scrolling pane A scrolls pane B, and "next difference"
-moves both to an outlined position."""
+by hand), and the page through AppTest (the browser half: tests/browser/test_compare_panes.py)."""
 
 from __future__ import annotations
 
 import re
-import shutil
 
 import pytest
-from test_app import APP, app, clean, htmls, navigation_routing  # noqa: F401  (fixtures)
-from test_e2e import CHROMIUM, browser, dashboard, open_page, page  # noqa: F401  (fixtures)
+from apptest import app, clean, htmls
+from chainwalk import outcome_walk
 
 from dflash_dash import metrics
 from dflash_dash.analysis.compare import default_pair, delta_rows
@@ -134,19 +132,6 @@ def test_default_pair_is_the_newest_pair_on_one_extraction():
 # independent references over the store's rows
 
 
-def outcome_walk(accepted_at: list[int], P: int, T: int) -> list[str]:
-    """Outcome per completion position, from a chain walk written out here (SPEC 2): a round at anchor p commits
-    min(accepted(p) + 1, T-1-p) tokens, the first accepted(p) of them drafts, the rest the target's."""
-    out, anchor = ["prefill"] + ["none"] * (T - P - 1), P
-    while anchor < T - 1:
-        a = accepted_at[anchor - P]
-        c = min(a + 1, T - 1 - anchor)
-        for k in range(1, c + 1):
-            out[anchor + k - P] = "draft" if k <= a else "target"
-        anchor += c
-    return out
-
-
 def lag_by_hand(rows: dict, comps: dict, B: int, shared: list[str]) -> tuple[list[int], list[int]]:
     D = B - 1
     n, lag = [0] * D, [0] * D
@@ -220,78 +205,3 @@ def test_changing_a_or_b_resorts_and_selects_the_largest_difference(prepared, mo
     assert at.selectbox(key="cmp_prompt").value == sorted(order)[0] == at.query_params["prompt"]
     at.selectbox(key="cmp_a").set_value(a_id).run()
     assert options(at) == order and at.selectbox(key="cmp_prompt").value == order[0]
-
-
-# ---------------------------------------------------------------------------
-# the browser: synced scrolling and the next-difference jump
-
-TOP = """(pane) => {  // index of the first token of a pane not entirely above its top edge
-  const toks = [...pane.children].filter(e => e.tagName === 'SPAN' && !e.classList.contains('dfv-rej'));
-  const top = pane.getBoundingClientRect().top;
-  return toks.findIndex(t => t.getBoundingClientRect().bottom > top + 2);
-}"""
-
-AT = """(pane, i) => {  // height of token i below the top edge of its pane
-  const toks = [...pane.children].filter(e => e.tagName === 'SPAN' && !e.classList.contains('dfv-rej'));
-  return toks[i].getBoundingClientRect().top - pane.getBoundingClientRect().top;
-}"""
-
-
-@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"Debian chromium is not installed at {CHROMIUM}")
-def test_panes_scroll_together_and_next_difference_jumps(prepared, tmp_path, page):
-    ws = tmp_path / "ws"
-    shutil.copytree(prepared.workspace, ws, ignore=shutil.ignore_patterns("*.lock"))
-    st_ = Store(ws)
-    a_id, b_id = prepared.runs
-    comps = {c["prompt_id"]: c for c in st_.completions(prepared.set_name)}
-    ra = {r["prompt_id"]: r for r in st_.run_prompts(a_id)}
-    rb = {r["prompt_id"]: r for r in st_.run_prompts(b_id)}
-    pid = "drafted"  # A drafted this completion itself: long accepted runs in A, not in B
-    c = comps[pid]
-    P, T = len(c["prompt_ids"]), len(c["prompt_ids"]) + len(c["output_ids"])
-    oa, ob = outcome_walk(ra[pid]["accepted_at"], P, T), outcome_walk(rb[pid]["accepted_at"], P, T)
-    diff = [i for i in range(T - P) if oa[i] != ob[i]]
-    assert len(diff) >= 2
-    with dashboard(ws, tmp_path) as url:
-        open_page(page, {"url": url}, f"compare?a={a_id}&b={b_id}&prompt={pid}", "Compare")
-        root = page.locator(".dfcmp")
-        root.wait_for()
-        page.wait_for_function("() => document.querySelectorAll('.dfcmp .dfv').length === 2")
-        # narrow, short panes, so that these few tokens overflow them and scroll
-        page.set_viewport_size({"width": 820, "height": 1000})
-        page.add_style_tag(content=".dfcmp .dfv{max-height:56px !important}")
-        a, b = root.locator(".dfv").nth(0), root.locator(".dfv").nth(1)
-        a.scroll_into_view_if_needed()
-        sizes = a.evaluate("e => [e.scrollHeight, e.clientHeight]")
-        assert sizes[0] > sizes[1] + 40, sizes
-        assert root.locator(".dfv-x").count() == 2 * len(diff)
-        # scrolling A scrolls B to the same token
-        a.evaluate("e => { e.scrollTop = e.scrollHeight / 3; }")
-        page.wait_for_function("() => document.querySelectorAll('.dfcmp .dfv')[1].scrollTop > 0")
-        i = a.evaluate(TOP)  # the token at the top of A is at the same height in B
-        ya, yb = a.evaluate(AT, i), b.evaluate(AT, i)
-        assert i > 0 and abs(ya - yb) <= 2, (i, ya, yb)
-        # and scrolling B back to the top scrolls A back
-        b.evaluate("e => { e.scrollTop = 0; }")
-        page.wait_for_function("() => document.querySelectorAll('.dfcmp .dfv')[0].scrollTop === 0")
-        # next difference: both panes move to the first outlined position, then to the next one
-        seen = []
-        for _ in range(2):
-            before = root.get_attribute("data-current")
-            root.get_by_role("button", name="next difference ↓").click()
-            page.wait_for_function(
-                "(b) => document.querySelector('.dfcmp').dataset.current !== b",
-                arg=before if before is not None else "undefined",
-            )
-            i = int(root.get_attribute("data-current"))
-            seen.append(i)
-            for pane in (a, b):
-                cur = pane.locator(".dfcmp-cur")
-                assert cur.count() == 1 and "dfv-x" in cur.get_attribute("class")
-                assert cur.get_attribute("title").startswith(f"pos {P + i} ")
-                assert pane.evaluate("""(p) => { const c = p.querySelector('.dfcmp-cur').getBoundingClientRect(),
-                    r = p.getBoundingClientRect(); return c.top >= r.top - 1 && c.bottom <= r.bottom + 1; }""")
-            assert root.locator(".dfcmp-where").inner_text().startswith(f"difference {len(seen)} of {len(diff)}")
-        assert seen == diff[:2]
-        assert a.evaluate("e => e.scrollTop") > 0 or diff[1] < 3
-        assert page.evaluate("window.__pwned") is None

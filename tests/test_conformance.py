@@ -522,17 +522,8 @@ def test_fetch_sends_prompt_ids_as_input_ids(served, tmp_path):
 # the page (AppTest)
 
 
-@pytest.fixture
-def routed(monkeypatch):
-    """app.py's st.navigation routing, as test_app sets it up for every page test."""
-    from streamlit.testing.v1 import app_test as app_test_mod
-    from test_app import Routed
-
-    monkeypatch.setattr(app_test_mod, "PagesManager", Routed)
-
-
 def app(ws: Path, monkeypatch, **params):
-    from test_app import app as open_app
+    from apptest import app as open_app
 
     return open_app(ws, monkeypatch, "conformance", **params)
 
@@ -549,7 +540,7 @@ def conf_copy(conf, tmp_path) -> Path:
     return dst
 
 
-def test_page_shows_conformant_engine(conf, monkeypatch, routed):
+def test_page_shows_conformant_engine(conf, monkeypatch):
     at = app(conf["ws"], monkeypatch, run=conf["run"])
     clean(at)
     assert [t.value for t in at.title] == ["Conformance"]
@@ -565,7 +556,7 @@ def test_page_shows_conformant_engine(conf, monkeypatch, routed):
     assert at.get("plotly_chart") and at.get("download_button")
 
 
-def test_page_flags_the_broken_engine(conf, monkeypatch, routed):
+def test_page_flags_the_broken_engine(conf, monkeypatch):
     at = app(conf["ws"], monkeypatch, run=conf["run"], engine="bug")
     clean(at)
     df = at.dataframe[-1].value
@@ -580,7 +571,7 @@ def test_page_flags_the_broken_engine(conf, monkeypatch, routed):
     assert not at.dataframe[-1].value["flagged"].any()
 
 
-def test_page_without_engine_stats_says_how_to_get_them(conf_copy, monkeypatch, routed):
+def test_page_without_engine_stats_says_how_to_get_them(conf_copy, monkeypatch):
     Store(conf_copy).run("DELETE FROM engine_stats")
     at = app(conf_copy, monkeypatch)
     clean(at)
@@ -593,7 +584,7 @@ def test_page_without_engine_stats_says_how_to_get_them(conf_copy, monkeypatch, 
 
 
 def test_browser_shows_table_scatter_and_downloads_csv(conf_copy, tmp_path):
-    from test_e2e import ARGS, CHROMIUM, SCREENSHOTS, dashboard, drawn, settle, shot
+    from web import ARGS, CHROMIUM, SCREENSHOTS, dashboard, drawn, settle, shot
 
     if not CHROMIUM.exists():
         pytest.skip(f"Debian chromium is not installed at {CHROMIUM} (apt-get install -y chromium)")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from synthetic import random_head
 
 from dflash_dash import cache, drafters as dr, ops, replay as rp, target as tg, walks
 from dflash_dash.store import Store
@@ -25,11 +26,6 @@ def models(tmp_path_factory):
     t = tiny.write_target(base / "target", tiny.TinyTarget())
     d = tiny.write_drafter(base / "drafter", tiny.TinyDrafter(seed=1))
     return t, d
-
-
-def random_head(V=512, H=64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return tg.Head(torch.randn(V, H, generator=g), torch.randn(V, H, generator=g))
 
 
 # ---------------------------------------------------------------------------

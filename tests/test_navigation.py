@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from apptest import app, clean
 from serving import ENV
-from test_app import app, clean, navigation_routing  # noqa: F401  (the autouse routing fixture)
 
 from dflash_dash import cli, metrics, pipeline
 from dflash_dash.jobs import gpu, orchestrate

@@ -1,21 +1,20 @@
 """Issue 14, the whole proposed block: each chain round keeps its block's top-K candidates (replay, both anchor
 modes), the store and the export carry them, analysis and render shape one round slot by slot (escaped,
 whitespace visible), and the Acceptance page shows the round a user picks with the target's tokens beside the
-drafter's candidates (AppTest and the browser)."""
+drafter's candidates (AppTest; the browser half: tests/browser/test_round_pick.py)."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
-import shutil
 
 import numpy as np
 import pytest
 import torch
-from test_app import app, by_label, clean, htmls, navigation_routing  # noqa: F401  (autouse fixture)
-from test_chain import planted
-from test_e2e import CHROMIUM, browser, dashboard, open_page, page, settle, shot  # noqa: F401  (fixtures)
+from apptest import app, by_label, clean, htmls
+from chainwalk import walk_by_hand
+from synthetic import planted
 
 from dflash_dash import drafters as dr, ops, pipeline, replay as rp, target as tg
 from dflash_dash.analysis.rounds import round_detail, round_options
@@ -261,17 +260,6 @@ def test_token_view_rejected_drafts_readable_with_visible_whitespace():
 # the page
 
 
-def walk_by_hand(r: dict, comp: dict) -> list[tuple[int, int]]:
-    """(anchor, accepted) per chain round, from accepted(p) (SPEC 2)."""
-    P, T = r["prompt_len"], len(comp["prompt_ids"]) + len(comp["output_ids"])
-    out, p = [], P
-    while p < T - 1:
-        a = r["accepted_at"][p - P]
-        out.append((p, a))
-        p += min(a + 1, T - 1 - p)
-    return out
-
-
 def test_picking_a_round_shows_its_block(prepared, monkeypatch):
     rid, pid = prepared.runs[0], "drafted"
     st = Store(prepared.workspace)
@@ -317,46 +305,3 @@ def test_an_older_run_shows_the_argmax_block_with_a_note(prepared, workspace_cop
     assert all(
         len(re.findall(r'title="token \d+"', c)) == 1 for c in re.findall(r"<tr class=\"dfr-\w+\">(.*?)</tr>", detail)
     )
-
-
-# ---------------------------------------------------------------------------
-# the browser
-
-
-@pytest.fixture(scope="module")
-def served(prepared, tmp_path_factory):
-    base = tmp_path_factory.mktemp("e2e-rounds")
-    ws = base / "ws"
-    shutil.copytree(prepared.workspace, ws, ignore=shutil.ignore_patterns("*.lock"))
-    with dashboard(ws, base) as url:
-        yield {"ws": ws, "url": url, "prepared": prepared}
-
-
-@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"Debian chromium is not installed at {CHROMIUM}")
-def test_browser_picks_a_round_and_sees_its_block(served, page):
-    rid, pid = served["prepared"].runs[0], "drafted"
-    st = Store(served["ws"])
-    row = {r["prompt_id"]: r for r in st.run_prompts(rid)}[pid]
-    comp = {c["prompt_id"]: c for c in st.completions(served["prepared"].set_name)}[pid]
-    tokens = comp["prompt_ids"] + comp["output_ids"]
-    rounds = walk_by_hand(row, comp)
-    T = len(tokens)
-    B = st.run_row(rid)["summary"]["block_size"]
-    default = next(i for i, (q, x) in enumerate(rounds, 1) if x < min(B - 1, T - 1 - q))  # the first rejection
-    n = 3 if default == 2 else 2  # another round than the one shown first
-    p, a = rounds[n - 1]
-    open_page(page, served, f"acceptance?run={rid}&prompt={pid}", "Acceptance")
-    page.get_by_text(f"Token view · {pid}").wait_for()
-    box = page.get_by_test_id("stSelectbox").filter(has_text="round of the chain walk")
-    box.scroll_into_view_if_needed()
-    box.locator("input").click()
-    page.get_by_role("option", name=f"round {n} · anchor {p} · accepted {a}/").click()
-    page.locator(".dfr-note", has_text=f"round {n} · anchor {p} (").wait_for()
-    settle(page)
-    first = page.locator("table.dfr tr").nth(1)  # slot 1: the target's token id beside the drafter's candidates
-    assert first.locator("td").nth(0).inner_text() == "1"
-    assert first.locator("td").nth(1).inner_text() == str(p + 1)
-    assert first.locator("td").nth(2).locator(".dfr-p").inner_text() == str(tokens[p + 1])
-    assert page.locator("table.dfr td[title^='token ']").count() == (B - 1) * K
-    assert f"round={n}" in page.url
-    shot(page, "acceptance-round-detail", focus="table.dfr")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_app import app, clean, navigation_routing  # noqa: F401  (autouse fixture)
+from apptest import app, clean
 
 from dflash_dash import metrics, pipeline
 from dflash_dash.metrics import Ctx, Prompt

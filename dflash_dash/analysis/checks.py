@@ -1,7 +1,7 @@
 """Drafter checks: is a checkpoint wired to this target and extraction, does the kernel backend matter for this
 target, and how do a checkpoint's sliding-window layers fare with each mask semantics inside the block.
 
-Contract: `consistency` applies the drafter's rules (`drafter.checks`) to a parsed config, an extraction row and
+Contract: `consistency` applies the drafter's rules (`drafters.checks`) to a parsed config, an extraction row and
 the target's description and returns one row per rule (problem text where it fails); `sliding_rows` and
 `sliding_checkpoints` read run rows only. The drafter and target modules import torch: they are imported on
 first use, so importing this module stays light.
@@ -14,8 +14,8 @@ from . import rounded
 
 def consistency(cfg, extraction: dict, info) -> list[dict]:
     """Drafter config (DrafterConfig) vs an extraction row and its target (TargetInfo): one row per rule of
-    drafter.checks, with the problem and fix where a rule fails."""
-    from .. import drafters as drafter
+    drafters.checks, with the problem and fix where a rule fails."""
+    from .. import drafters
 
     return [
         {
@@ -25,13 +25,13 @@ def consistency(cfg, extraction: dict, info) -> list[dict]:
             "ok": "✓" if k.ok else "✗",
             "problem": "" if k.ok else k.problem,
         }
-        for k in drafter.checks(cfg, info.hidden_size, info.vocab_size, info.num_layers, extraction)
+        for k in drafters.checks(cfg, info.hidden_size, info.vocab_size, info.num_layers, extraction)
     ]
 
 
 def backend_matters(target_path: str) -> bool:
     """False for a target without linear-attention layers: no kernel backend to warn about."""
-    from ..target import describe, has_linear_attention  # on first use: its module imports torch
+    from ..target_info import describe, has_linear_attention
 
     try:
         return has_linear_attention(describe(target_path))

@@ -4,8 +4,8 @@ and the extraction checks take as the list of devices this machine has.
 Contract: `gpu_memory()` gives per GPU its index, name, total and free bytes and the processes holding memory;
 `devices()` the devices an extraction can use (cuda:0..N-1 as CUDA_VISIBLE_DEVICES lets through, then cpu);
 `processes()` the compute processes nvidia-smi lists. Everything reads nvidia-smi (or the driver's /proc entry),
-which creates no CUDA context, so the app can call it. Importing this module imports neither torch nor the
-pipeline; only `gpu_memory` falls back to torch (imported there) when nvidia-smi shows no GPU.
+which creates no CUDA context, so the app can call it. Neither importing nor calling this module imports torch
+or the pipeline: the pages list GPUs in a torch-free process.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def processes() -> list[dict]:
 def gpu_memory() -> list[dict]:
     """Per GPU: index, name, total, free (bytes), processes [{pid, name, used}]; [] without CUDA.
 
-    Reads nvidia-smi when present (creates no CUDA context, so the app can call it); else torch."""
+    Reads nvidia-smi when present (creates no CUDA context, so the app can call it); else the driver's /proc
+    entries (names only: total and free are None)."""
     gpus = []
     for row in _smi("index,name,memory.total,memory.free,uuid", "gpu"):
         try:
@@ -61,14 +62,8 @@ def gpu_memory() -> list[dict]:
             )
         except (ValueError, IndexError):
             continue
-    if not gpus:
-        import torch
-
-        if not torch.cuda.is_available():
-            return []
-        for i in range(torch.cuda.device_count()):
-            free, total = torch.cuda.mem_get_info(i)
-            gpus.append({"index": i, "name": torch.cuda.get_device_name(i), "total": total, "free": free, "uuid": None})
+    if not gpus:  # no nvidia-smi: the driver's /proc entries name the GPUs (memory unknown without a CUDA context)
+        gpus = [{"index": i, "name": name, "total": None, "free": None, "uuid": None} for i, name in _proc_gpus()]
     procs = processes()
     for g in gpus:
         g["processes"] = [
@@ -77,6 +72,20 @@ def gpu_memory() -> list[dict]:
             if p["gpu_uuid"] == g["uuid"] or (g["uuid"] is None and len(gpus) == 1)
         ]
     return gpus
+
+
+def _proc_gpus() -> list[tuple[int, str]]:
+    """(index, model name) per GPU the NVIDIA driver lists under /proc/driver/nvidia/gpus (bus order)."""
+    proc = Path("/proc/driver/nvidia/gpus")
+    out = []
+    for i, d in enumerate(sorted(proc.iterdir()) if proc.is_dir() else []):
+        try:
+            info = (d / "information").read_text()
+        except OSError:
+            info = ""
+        name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("Model:")), "GPU")
+        out.append((i, name))
+    return out
 
 
 def devices() -> list[str]:

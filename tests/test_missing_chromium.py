@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_security_tests(ci: str) -> subprocess.CompletedProcess:
     env = os.environ | {"DFLASH_CHROMIUM": "/nonexistent/chromium", "CI": ci}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_e2e_security.py"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/browser/test_e2e_security.py"],
         cwd=ROOT,
         env=env,
         capture_output=True,

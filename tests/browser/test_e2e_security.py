@@ -7,7 +7,7 @@ import json
 
 import pytest
 from serving import until
-from test_e2e import ARGS, CHROMIUM, browser, dashboard, open_page, page, settle  # noqa: F401  (fixtures)
+from web import CHROMIUM, dashboard, open_page, settle
 
 from dflash_dash import cli
 from dflash_dash.jobs import lifecycle

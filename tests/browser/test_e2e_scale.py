@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from serving import until
-from test_e2e import browser, dashboard, drawn, open_page, page, settle, shot  # noqa: F401  (fixtures)
+from web import CHROMIUM, NO_CHROMIUM, dashboard, drawn, open_page, settle, shot
 
 from dflash_dash import pipeline
 from dflash_dash.analysis.compare import delta_rows
@@ -19,6 +19,7 @@ from dflash_dash.store import Store
 from tools import planted
 
 PROMPTS, TOKENS = 1000, 128
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 
 
 @pytest.fixture(scope="module")

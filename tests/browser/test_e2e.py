@@ -8,84 +8,23 @@ and checks that a completion holding <script> and HTML renders as text and runs 
 
 from __future__ import annotations
 
-import re
 import shutil
-import subprocess
-import sys
-import urllib.request
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
-from conftest import ROOT, SCREENSHOTS
-from serving import ENV, Served, end, free_port, until
+from serving import Served, until
+from waiting import job_ids, wait_job
+from web import CHROMIUM, NO_CHROMIUM, SCREENSHOTS, dashboard, done_in_panel, drawn, open_page, settle, shot
 
 from dflash_dash import pipeline
 from dflash_dash.analysis.compare import config_diff
 from dflash_dash.render.tables import prompt_table
 from dflash_dash.store import Store
-from tools import browser as browser_mod
 
-CHROMIUM = Path(browser_mod.CHROMIUM)
-ARGS = browser_mod.ARGS
-JOB_TIMEOUT = 240.0
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium (apt-get install -y chromium)"
-)
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 
 
 # ---------------------------------------------------------------------------
 # fixtures
-
-
-@contextmanager
-def dashboard(ws: Path, base: Path):
-    """`streamlit run app.py -- --workspace ws` as a subprocess, polled until it serves; yields its URL."""
-    port = free_port()
-    log = open(base / "streamlit.log", "wb")
-    app = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streamlit",
-            "run",
-            "app.py",
-            "--server.headless",
-            "true",
-            "--server.port",
-            str(port),
-            "--server.address",
-            "127.0.0.1",
-            "--browser.gatherUsageStats",
-            "false",
-            "--server.fileWatcherType",
-            "none",
-            "--",
-            "--workspace",
-            str(ws),
-        ],
-        cwd=ROOT,
-        env=ENV,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def serving():
-        if app.poll() is not None:
-            raise RuntimeError(f"streamlit exited {app.returncode}:\n{(base / 'streamlit.log').read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    try:
-        until(serving, timeout=90, every=0.2, what="streamlit to serve")
-        yield url
-    finally:
-        end(app, 15)
-        log.close()
 
 
 @pytest.fixture(scope="module")
@@ -100,98 +39,6 @@ def env(prepared, tmp_path_factory):
             yield {"ws": ws, "url": url, "server": server, "prepared": prepared, "base": base}
     finally:
         server.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser, request):
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
-    pg = ctx.new_page()
-    pg.dialogs = []
-    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
-    pg.set_default_timeout(60_000)
-    yield pg
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        pg.screenshot(path=str(SCREENSHOTS / f"FAILED-{request.node.name}.png"), full_page=True)
-    ctx.close()
-
-
-def open_page(page, env, path: str, title: str):
-    page.goto(f"{env['url']}/{path}")
-    page.get_by_role("heading", name=title).first.wait_for()
-    settle(page)
-
-
-def settle(page) -> None:
-    """Wait until Streamlit has finished running the script: its status widget is gone and the app's script state
-    is no longer running (the status widget alone is not enough: a headless browser never shows it)."""
-    page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]') && !['initial', 'running', "
-        "'rerunRequested', 'stopRequested'].includes(document.querySelector('[data-testid=stApp]')?.dataset"
-        ".testScriptState)",
-        timeout=60_000,
-    )
-
-
-def drawn(page, timeout: float = 20_000) -> None:
-    """Wait until placeholders are replaced: no skeletons, every shown plotly chart drawn, every shown table drawn
-    (one inside a collapsed expander or an unselected tab is never drawn: it is not waited for)."""
-    from playwright.sync_api import TimeoutError as PwTimeout
-
-    try:
-        page.wait_for_function(browser_mod.PLACEHOLDERS_GONE, timeout=timeout)
-    except PwTimeout:
-        pass  # a screenshot with a placeholder still shows the page; the assertions are elsewhere
-
-
-def shot(page, name: str, focus: str | None = None) -> None:
-    """A screenshot of the whole page: Streamlit scrolls inside its main section, so the viewport is grown to
-    the content's height first. `focus`: scroll that element into view instead (viewport only)."""
-    size = page.viewport_size
-    if focus:
-        page.locator(focus).first.scroll_into_view_if_needed()
-    else:
-        drawn(page)
-        h = page.evaluate(
-            "Math.max(...[...document.querySelectorAll('[data-testid=stMain], section, main')]"
-            ".map(e => e.scrollHeight), document.body.scrollHeight)"
-        )
-        page.set_viewport_size({"width": size["width"], "height": min(int(h) + 80, 8000)})
-    drawn(page)
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
-    page.set_viewport_size(size)
-
-
-def wait_job(ws: Path, kind: str, before: set[str]) -> dict:
-    st = Store(ws)
-
-    def finished():
-        new = [j for j in st.jobs() if j["kind"] == kind and j["id"] not in before]
-        return new[0] if new and new[0]["status"] not in ("queued", "running") else None
-
-    return until(finished, timeout=JOB_TIMEOUT, every=0.3, what=f"the {kind} job to finish")
-
-
-def job_ids(ws: Path) -> set[str]:
-    return {j["id"] for j in Store(ws).jobs()}
-
-
-def done_in_panel(page, kind: str, job_id: str):
-    """The job panel shows the job as done (the fragment polls the store every second)."""
-    page.locator("[data-testid=stMarkdownContainer]").filter(has_text=job_id).filter(
-        has_text=re.compile(r"·\s*done")
-    ).first.wait_for(timeout=30_000)
 
 
 # ---------------------------------------------------------------------------

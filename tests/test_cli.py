@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from conftest import ROOT
+from serving import ROOT
 
 from dflash_dash import cli
 from dflash_dash.store import Store

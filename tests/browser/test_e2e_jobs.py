@@ -6,9 +6,9 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from conftest import CODE_TEXT
+from prepared import CODE_TEXT
 from serving import status_now, until
-from test_e2e import CHROMIUM, browser, dashboard, drawn, open_page, page, settle  # noqa: F401  (fixtures)
+from web import CHROMIUM, dashboard, drawn, open_page, settle
 
 from dflash_dash.jobs import lifecycle
 from dflash_dash.store import Store

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SCREENSHOTS
-from serving import ENV, free_port, until
-from test_e2e import ARGS, CHROMIUM, done_in_panel, job_ids, open_page, wait_job
+from serving import ENV, ROOT, free_port, until
+from waiting import job_ids, wait_job
+from web import ARGS, CHROMIUM, SCREENSHOTS, done_in_panel, open_page
 
 from dflash_dash.store import Store
 

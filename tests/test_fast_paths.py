@@ -15,16 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from synthetic import random_head
 
 from dflash_dash import drafters as dr, replay as rp, target as tg
 from tools import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def random_head(V=512, H=64, seed=0, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return tg.Head(torch.randn(V, H, generator=g).to(dtype), torch.randn(V, H, generator=g).to(dtype))
 
 
 @pytest.fixture(scope="module")

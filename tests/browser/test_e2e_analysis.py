@@ -9,7 +9,8 @@ import shutil
 
 import pytest
 from serving import until
-from test_e2e import CHROMIUM, JOB_TIMEOUT, browser, dashboard, drawn, open_page, page, shot  # noqa: F401  (fixtures)
+from waiting import JOB_TIMEOUT
+from web import CHROMIUM, dashboard, drawn, open_page, shot
 
 from dflash_dash import pipeline
 from dflash_dash.store import Store
