@@ -9,11 +9,12 @@ PORT ?= 8501
 .PHONY: setup run test lint demo clean
 LINTED := dflash_dash pages app.py tools tests benchmarks
 
-$(BIN)/.installed: requirements.txt constraints.txt
+$(BIN)/.installed: requirements.txt constraints.txt pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -r requirements.txt -c constraints.txt
+	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
 setup: $(BIN)/.installed

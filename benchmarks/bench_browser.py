@@ -1,20 +1,19 @@
-"""Pages as a user feels them (issue 14): from navigation to everything drawn, in headless Debian Chromium
+"""Pages as a user feels them: from navigation to everything drawn, in headless Debian Chromium
 (Playwright) against `streamlit run app.py` on the demo workspace, warm (each page opened once before timing).
 
     python benchmarks/bench_browser.py --workspace cache        # the demo workspace `make run` uses
     python benchmarks/bench_browser.py --workspace W --reps 5
 
-Figures (`name: value`): `browser_page_s_<page>` for Overview, Acceptance (a run with its token view open),
-Compare, Completions, Extraction and Diagnostics: the median over `--reps` of the seconds from `page.goto` to
-the page's heading shown, Streamlit's script run finished (the app's script state `notRunning`: the status widget
-does not show in a headless browser), no skeleton left, every shown plotly chart and table drawn;
-`browser_page_s_max` the slowest. `browser_nav_s_<page>`: the same pages reached as a user moves between them
-in one open tab, by a click on the sidebar's link (Streamlit switches the page without reloading its scripts;
-Acceptance and Compare open with their defaults: the newest run with its lowest-tau prompt's token view, the
-newest pair), from the click to everything drawn; `browser_nav_s_max` the slowest. With `--sections`, also `browser_section_s_<page>_<section>`: Acceptance and
-Compare opened with an optional section shown (drawn only when chosen, `&section=...`). The notes give each page's
-times with the machine's 1-min load average before and after.
-
+Figures (`name: value`): `browser_page_s_<page>` for Overview, Acceptance (a run with its token view open), Compare,
+Completions, Extraction and Diagnostics: the median over `--reps` of the seconds from `page.goto` to the page's heading
+shown, Streamlit's script run finished (the app's script state `notRunning`: the status widget does not show in a
+headless browser), no skeleton left, every shown plotly chart and table drawn; `browser_page_s_max` the slowest.
+`browser_nav_s_<page>`: the same pages reached as a user moves between them in one open tab, by a click on the sidebar's
+link (Streamlit switches the page without reloading its scripts; Acceptance and Compare open with their defaults: the
+newest run with its lowest-tau prompt's token view, the newest pair), from the click to everything drawn;
+`browser_nav_s_max` the slowest. With `--sections`, also `browser_section_s_<page>_<section>`: Acceptance and Compare
+opened with an optional section shown (drawn only when chosen, `&section=...`). The notes give each page's times with
+the machine's 1-min load average before and after.
 Contract: reads the workspace only (the dashboard it starts is the product's own `streamlit run app.py`); it
 builds nothing. Chromium at /usr/bin/chromium (override with DFLASH_CHROMIUM).
 """

@@ -1,12 +1,12 @@
-"""Chain-only lockstep step on the device (issue 12): one step's time by variant, and the every-anchor chunk.
+"""Chain-only lockstep step on the device: one step's time by variant, and the every-anchor chunk.
 
-27B-shaped drafter (SPEC 8), bf16, `--rows` planted sequences x 2,560 tokens stacked as `replay.lockstep.Lockstep` does;
-one block per sequence per step, anchors in the middle of the completion, planted acceptance (mean 5 drafts).
-Variants: the LM head of every slot or staged (`replay.lockstep.HEAD_STAGES`: only the slots the walk reads), element-wise
-work eager or fused (`kernels.Kernels(True)`, torch.compile). Prints per variant the step's wall and host (launch)
-time, its fraction of the measured matmul peak on the FLOPs the walk needs (layers + LM head of the slots read),
-and the every-anchor chunk (256 blocks of one sequence, every slot) eager and fused, with the fused states'
-largest difference from eager.
+27B-shaped drafter (the reference shapes of `bench_replay.FULL`), bf16, `--rows` planted sequences x 2,560 tokens
+stacked as `replay.lockstep.Lockstep` does; one block per sequence per step, anchors in the middle of the completion,
+planted acceptance (mean 5 drafts). Variants: the LM head of every slot or staged (`replay.lockstep.HEAD_STAGES`: only
+the slots the walk reads), element-wise work eager or fused (`kernels.Kernels(True)`, torch.compile). Prints per variant
+the step's wall and host (launch) time, its fraction of the measured matmul peak on the FLOPs the walk needs (layers +
+LM head of the slots read), and the every-anchor chunk (256 blocks of one sequence, every slot) eager and fused, with
+the fused states' largest difference from eager.
 
     python3 benchmarks/bench_chain_step.py [--rows 200]     # CUDA only
 """

@@ -1,14 +1,14 @@
-"""Where the every-anchor replay's device time goes (issue 12: `replay_fraction_of_peak` >= 0.70).
+"""Where the every-anchor replay's device time goes (the goal: `replay_fraction_of_peak` >= 0.70).
 
-27B-shaped drafter (SPEC 8), bf16, random weights, one sequence of 2,560 tokens (prompt 512) drafted at every
-anchor as `replay.draft_all` does it (context K/V once, then chunks of `--chunk` blocks, LM head and top-k).
+27B-shaped drafter (`bench_replay.FULL`), bf16, random weights, one sequence of 2,560 tokens (prompt 512) drafted at
+every anchor as `replay.draft_all` does it (context K/V once, then chunks of `--chunk` blocks, LM head and top-k).
 Prints, in one process so that the variants share one machine:
   1. the bf16 matrix rate (8192-cube products): the ceiling the fractions refer to;
   2. each matrix product of a chunk at its own shape (`gemm_*`: TFLOP/s), and the chunk's products alone
      (`chunk_gemm_floor_ms`): what the chunk would take if nothing but its products ran;
   3. `draft_all` of the sequence per variant (`seq_<variant>_fraction_of_peak`, FLOPs as bench_replay counts
-     them): the product as it is (`base`); the context concatenated per call as before stop 26 (`concat`); the
-     element-wise kernels compiled with every dim dynamic as before stop 26 (`dynamic_compile`); the top-k over
+     them): the product as it is (`base`); the context concatenated per call instead of computed once (`concat`); the
+     element-wise kernels compiled with every dim dynamic, the last included (`dynamic_compile`); the top-k over
      tiles of 8,192 logits (`top8192`); the memory-efficient attention kernel instead of cuDNN (`efficient`);
      then ten sequences back to back (`sustained10`) and `replay.every_anchor` over the same ten (`run10`), also with
      Python's thread switch interval at 100 us (`run10_switch100us`) and with scoring left out (`run10_noscore`);
@@ -105,7 +105,8 @@ del w
 
 
 def concat_draft(d, head, features, tokens, prompt_len, topk, chunk):
-    """The every-anchor path before stop 26: each call concatenates [context ; blocks] per group of 16."""
+    """The every-anchor path without the context computed once: each call concatenates [context ; blocks] per group
+    of 16."""
     kv, parts = d.context_kv(features), []
     for s in range(prompt_len, len(tokens), chunk):
         e = min(s + chunk, len(tokens))
@@ -139,7 +140,7 @@ other = timed("concat", d, fn=lambda: concat_draft(d, head, feats, toks, P, 8, a
 figs["tail_vs_concat_draft_agreement"] = (ref.tokens == other.tokens).float().mean().item()
 saved_ops = d.ops
 d.ops = kernels.Kernels(False)
-d.ops.rmsnorm, d.ops.norm_rope, d.ops.silu_mul, d.ops.add_norm = (  # as compiled before stop 26: every dim dynamic
+d.ops.rmsnorm, d.ops.norm_rope, d.ops.silu_mul, d.ops.add_norm = (  # every dim dynamic, the last included
     torch.compile(f, dynamic=True, options={"deterministic": True})
     for f in (kernels.rmsnorm, kernels.norm_rope, kernels.silu_mul, kernels.add_norm)
 )

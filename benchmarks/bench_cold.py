@@ -1,11 +1,11 @@
-"""What a fresh process pays before the chain-only replay runs at speed (issue 12: a sweep's first checkpoint).
+"""What a fresh process pays before the chain-only replay runs at speed (a sweep's first checkpoint).
 
-Run in a process of its own (nothing compiled or planned before): times the imports, building the 27B-shaped
-drafter (SPEC 8, random bf16 weights, fused element-wise kernels), the stacked context K/V of `--rows` sequences
-(`replay.lockstep.Lockstep`), and then lockstep steps whose shapes are new, each against a second step of the same shape:
-one per key length a walk meets (`drafters.kernels.KEY_ALIGN` apart) at the full row count, then at the row counts the
-walk drops to (`replay.lockstep.DROP_AT`). The difference is the per-shape first-call cost (kernel compiles, attention
-plans).
+Run in a process of its own (nothing compiled or planned before): times the imports, building the 27B-shaped drafter
+(`bench_replay.FULL`, random bf16 weights, fused element-wise kernels), the stacked context K/V of `--rows` sequences
+(`replay.lockstep.Lockstep`), and then lockstep steps whose shapes are new, each against a second step of the same
+shape: one per key length a walk meets (`drafters.kernels.KEY_ALIGN` apart) at the full row count, then at the row
+counts the walk drops to (`replay.lockstep.DROP_AT`). The difference is the per-shape first-call cost (kernel compiles,
+attention plans).
 
     python3 benchmarks/bench_cold.py [--rows 200] [--fetch]     # CUDA only
 """

@@ -1,4 +1,4 @@
-"""CPU benchmark (issue 6): the demo pipeline end to end, and the server-side render of the Acceptance page.
+"""CPU benchmark: the demo pipeline end to end, and the server-side render of the Acceptance page.
 
 1. `python -m dflash_dash --workspace W demo` in a fresh workspace, as a user runs it (a subprocess: the
    imports, the local SGLang stand-in, fetch, CPU extraction, the shipped fla extraction, every replay).
@@ -47,7 +47,7 @@ def demo(work: Path, figs: dict) -> None:
         capture_output=True,
         text=True,
         timeout=3600,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        env=dict(os.environ),
     )
     figs["demo_build_s"] = time.perf_counter() - t0
     if out.returncode:

@@ -1,6 +1,6 @@
-"""Extraction benchmark (issue 6): the 27B-shaped qwen3_5_text target in bf16 over 10 x 2,560 tokens.
+"""Extraction benchmark: the 27B-shaped qwen3_5_text target in bf16 over 10 x 2,560 tokens.
 
-Random weights at the reference shapes of SPEC 8, built on the GPU from a Qwen3_5TextConfig (nothing is
+Random weights at the reference shapes (Qwen3.6-27B), built on the GPU from a Qwen3_5TextConfig (nothing is
 downloaded; speed does not depend on the values). fla kernels are asserted on CUDA. One GPU:
   - plain:   `model(input_ids, output_hidden_states=True)` of the whole model (LM head included);
   - product: the model cut after the last needed layer without LM head, exactly as `target.load` leaves

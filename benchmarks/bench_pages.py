@@ -1,4 +1,4 @@
-"""Pages at scale (issue 12): a workspace of 1,000 completions of 2,560 tokens and 20 runs, built through the
+"""Pages at scale: a workspace of 1,000 completions of 2,560 tokens and 20 runs, built through the
 product's own operations with tiny seeded models, then each page executed server-side by Streamlit's AppTest
 with cold data caches.
 
@@ -24,15 +24,14 @@ extraction recorded without feature files, and per run the parent's store step o
 on planted results of the replay's shapes (`tools/planted.py`); it adds `store_step_s` (per run) and its parts
 `step_<part>_s` (summarize, prompt_row, add_run, analysis).
 
-Figures (`name: value`): `build_*_s` for each step of the build, `runs_built`, `store_db_mb` (the DuckDB file,
-WAL included, and the runs' array files), `store_mb_per_1000_prompt_run` (its growth during the sweep per run
-built, scaled to 1,000 prompts), `features_mb` (the extraction's feature files) and `page_render_s_<page>` for Overview, Acceptance
-(per-prompt table plus the token view of one 2,560-token prompt), Compare (two runs) and the sweep chart (all
-runs), each the first script run of the page in a process that has the app's modules imported, with
-`st.cache_data` cleared (`page_rerender_s_<page>`: the next run, data caches cleared again, resources
-such as the tokenizer loaded); with each page, `page_db_connects_<page>` and `page_db_connect_s_<page>` (DuckDB
-connections the page opened and the seconds spent opening them).
-
+Figures (`name: value`): `build_*_s` for each step of the build, `runs_built`, `store_db_mb` (the DuckDB file, WAL
+included, and the runs' array files), `store_mb_per_1000_prompt_run` (its growth during the sweep per run built, scaled
+to 1,000 prompts), `features_mb` (the extraction's feature files) and `page_render_s_<page>` for Overview, Acceptance
+(per-prompt table plus the token view of one 2,560-token prompt), Compare (two runs) and the sweep chart (all runs),
+each the first script run of the page in a process that has the app's modules imported, with `st.cache_data` cleared
+(`page_rerender_s_<page>`: the next run, data caches cleared again, resources such as the tokenizer loaded); with each
+page, `page_db_connects_<page>` and `page_db_connect_s_<page>` (DuckDB connections the page opened and the seconds spent
+opening them).
 Contract: the build goes through `pipeline` (import, extract, sweep) exactly as the CLI does (with
 `--workers`, through the same worker runner as `--gpus`); nothing is written to the store behind the
 product's back. The planted workspace is `tools/planted.py`'s (the 1,000-prompt browser tests build it too).
@@ -51,7 +50,7 @@ from pathlib import Path
 from _common import ROOT, note, report
 
 PROMPTS, TOKENS, RUNS, BLOCK = 1000, 2560, 20, 16
-GOAL_S = 1.5  # issue 12: each page's first render at this scale
+GOAL_S = 1.5  # the goal for each page's first render at this scale
 
 
 # ---------------------------------------------------------------------------

@@ -1,13 +1,13 @@
-"""Replay benchmark (issue 6): the 27B-shaped DFlash drafter in bf16 over 10 sequences x 2,560 tokens.
+"""Replay benchmark: the 27B-shaped DFlash drafter in bf16 over 10 sequences x 2,560 tokens.
 
-Random weights and features at the reference shapes of SPEC 8 (speed does not depend on their values).
+Random weights and features at the reference shapes (`FULL`; speed does not depend on their values).
 Measures, in one process:
   1. the bf16 matrix rate (8192-cube products) of this device: the ceiling the fractions refer to;
   2. steady-state drafting per chunk size and the LM head's share (informative);
-  3. `replay_total_s`: the product's replay steps from files, as `pipeline.replay` runs them -- load the
-     checkpoint (`drafters.load`), the target's embedding and LM head (`target.load_head`), the cached
-     features (`cache.read_many`: to the device, as the product's worker reads a pass), then `replay.every_anchor` (every-anchor drafts, top-k for DDTree, scoring) -- the
-     DuckDB insert of the run is left out;
+  3. `replay_total_s`: the product's replay steps from files, as `pipeline.replay` runs them -- load the checkpoint
+     (`drafters.load`), the target's embedding and LM head (`target.load_head`), the cached features (`cache.read_many`:
+     to the device, as the product's worker reads a pass), then `replay.every_anchor` (every-anchor drafts, top-k for
+     DDTree, scoring) -- the DuckDB insert of the run is left out;
   4. the one-block-per-forward loop (context K/V cached, as a speculative decoder runs it) and the plain
      reference loop (`replay.draft_loop`, context recomputed) on sampled anchors, with their drafts compared
      to the every-anchor ones.
@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 from dflash_dash import cache, drafters as dr, replay as rp, target as tg
 from tools import tiny
 
-# SPEC 8: like the 27B DFlash drafter and its Qwen3.6-27B target
+# the reference shapes: like the 27B DFlash drafter and its Qwen3.6-27B target
 FULL = dict(
     hidden_size=5120,
     intermediate_size=17408,
@@ -276,7 +276,8 @@ def measure(a, figs: dict) -> None:
         figs["chunk_blocks_ms"], figs["chunk_head_ms"] = cb.s / 3 * 1e3, ch.s / 3 * 1e3
         if a.profile:
             profile(  # bound now: these are deleted below
-                lambda d=d, head=head, kv=kv, emb=emb: rp.head.read_out(d, head, d.blocks(kv, anchors, emb), a.budget), dev
+                lambda d=d, head=head, kv=kv, emb=emb: rp.head.read_out(d, head, d.blocks(kv, anchors, emb), a.budget),
+                dev,
             )
         logits = h[:64, 1:].reshape(-1, c.hidden_size) @ head.lm_head.T  # fused top-k kernel vs torch
         am, ids, lp = rp.top_logp(logits, a.budget)

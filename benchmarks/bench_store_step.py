@@ -1,4 +1,4 @@
-"""The parent's side of a sweep checkpoint (issue 12), on the CPU: a worker's chain-only results for `--prompts`
+"""The parent's side of a sweep checkpoint, on the CPU: a worker's chain-only results for `--prompts`
 prompts of 2,560 tokens packed as the worker sends them (`wire.plain`), unpacked as the parent reads them
 (`wire.unpacked`), then the parent's store step (`pipeline.store_run`: summary, rows, array file, four kept
 analyses; the set's completions read once before, as a sweep's parent does). With one worker the parent does this

@@ -1,16 +1,16 @@
-"""Sweep benchmark (issue 12): chain-only replay against every-anchor, and a 20-checkpoint sweep through the
+"""Sweep benchmark: chain-only replay against every-anchor, and a 20-checkpoint sweep through the
 product (`pipeline.sweep`: store, feature files on disk, checkpoint loading included).
 
-Completions are planted from the 27B-shaped drafter's own drafts (random bf16 weights at the reference shapes
-of SPEC 8): at each anchor the next tokens are the drafter's block, cut after a random number of drafts
-(binomial, mean `--accept`) and followed by a different token, so a replay sees realistic acceptance
-(tau about `--accept` + 1). The planting is the product's own lockstep walk writing the completion as it goes
-(`Planter`), so a chain-only replay of the same batch runs the same steps and measures the planted acceptance
-exactly; random weights have so many near ties that drafting in any other shapes loses about a quarter of the
-tau in bf16 (stop 21: a planting in other shapes, 6 planted, replayed at 4.4). The sweep's checkpoints are that drafter in
-a few distinct weight files linked into 20 step folders (the machine's disk holds 64 GB), by default with its
-weights unchanged, so each checkpoint replays at the planted tau as the goal asks; `--perturb` changes them a
-little (random weights have many near ties, so even 2e-4 of a tensor's std drops tau from 6 to about 4).
+Completions are planted from the 27B-shaped drafter's own drafts (random bf16 weights at the reference shapes of
+`bench_replay.FULL`): at each anchor the next tokens are the drafter's block, cut after a random number of drafts
+(binomial, mean `--accept`) and followed by a different token, so a replay sees realistic acceptance (tau about
+`--accept` + 1). The planting is the product's own lockstep walk writing the completion as it goes (`Planter`), so a
+chain-only replay of the same batch runs the same steps and measures the planted acceptance exactly; random weights have
+so many near ties that drafting in any other shapes loses about a quarter of the tau in bf16 (measured: a planting in
+other shapes, 6 planted, replayed at 4.4). The sweep's checkpoints are that drafter in a few distinct weight files
+linked into 20 step folders (the machine's disk holds 64 GB), by default with its weights unchanged, so each checkpoint
+replays at the planted tau as the goal asks; `--perturb` changes them a little (random weights have many near ties, so
+even 2e-4 of a tensor's std drops tau from 6 to about 4).
 
     python benchmarks/bench_sweep.py            # CUDA, reference shapes
     python benchmarks/bench_sweep.py --small    # tiny shapes on the CPU (a smoke test)
@@ -85,11 +85,11 @@ def args_():
 
 
 class Planter(rp.lockstep.Lockstep):
-    """The product's lockstep walk (`replay.lockstep.walk_device`) writing its own completion: at each round the tokens after
-    the anchor are the block's drafts up to a random count (binomial, mean `accept`), then a token it did not draft.
-    The replay of these sequences in one batch runs the very same steps (rows, anchors, key bounds, shapes), so it
-    reproduces every draft bit for bit and measures the planted tau. (Drafting the same blocks in other shapes
-    flips bf16 near ties, and random weights have many: a completion planted at tau 6 replayed at 4.4.)"""
+    """The product's lockstep walk (`replay.lockstep.walk_device`) writing its own completion: at each round the tokens
+    after the anchor are the block's drafts up to a random count (binomial, mean `accept`), then a token it did not
+    draft. The replay of these sequences in one batch runs the very same steps (rows, anchors, key bounds, shapes), so
+    it reproduces every draft bit for bit and measures the planted tau. (Drafting the same blocks in other shapes flips
+    bf16 near ties, and random weights have many: a completion planted at tau 6 replayed at 4.4.)"""
 
     def __init__(self, d: dr.Drafter, head: tg.Head, seqs: list[rp.Sequence], accept: float, seed: int):
         super().__init__(d, head, seqs, rp.ROUND_TOPK, staged=True)
@@ -126,7 +126,7 @@ def plant(d: dr.Drafter, head: tg.Head, feats, P: int, accept: float, seed: int)
 def needed_flops(c: dr.DrafterConfig, anchor: int, V: int, acc: int, T: int, budget: int) -> float:
     """FLOPs of the block at `anchor` that the walks need: its layers, plus the LM head of every drafted slot
     with DDTree on, else of the slots the chain walk reads (up to the first rejected draft, inside the
-    completion), as the issue's arithmetic floor counts them."""
+    completion): the arithmetic floor of the chain-only replay."""
     D = c.block_size - 1
     slots = D if budget else min(acc + 1, D, T - 1 - anchor)
     return dr.flops_per_block(c, anchor, 0) + 2 * slots * c.hidden_size * V
@@ -431,8 +431,8 @@ def report_trace(path: Path, again: int | None) -> None:
     for n, (w, c) in enumerate(zip(walks, chains), 1):
         note(
             f"checkpoint {n}: replay {c['chain_s']:.2f} s = before the walk {w['start'] - c['start']:.2f} s (context "
-            f"K/V queued in {w['ctx_host_s']:.2f} s) + walk {w['end'] - w['start']:.2f} s ({len(w['trace']) - 1} steps) "
-            f"+ after {c['start'] + c['chain_s'] - w['end']:.2f} s"
+            f"K/V queued in {w['ctx_host_s']:.2f} s) + walk {w['end'] - w['start']:.2f} s "
+            f"({len(w['trace']) - 1} steps) + after {c['start'] + c['chain_s'] - w['end']:.2f} s"
         )
     if again is not None and len(walks) > again:
         figs, notes = _trace.excess(walks[0], walks[again], kernels.KEY_ALIGN)

@@ -1,13 +1,13 @@
-"""Where a fresh process's first chain-only walk loses time against the same walk run again (issue 12: the sweep's
+"""Where a fresh process's first chain-only walk loses time against the same walk run again (the sweep's
 first checkpoint replays in about 22 s, the next ones in about 10.7 s).
 
-A child process plants completions at tau about `--accept` + 1 (`bench_sweep.plant`: the product's own walk) and
-saves the tokens; this process, fresh, builds the same drafter, target head and features from the same seeds and
-walks the same batch three times (`replay.lockstep.Lockstep` + `replay.lockstep.walk_device`, as the sweep worker does), each
-step's start time, row count and key bound recorded (no extra device synchronisation). The walks run the very
-same steps, so step i of walk 1 against step i of walk 2 is the first-call cost of that step; it is summed by the
-kind of step: the first ones, a new row count (after a drop), a new key length (`drafters.kernels.KEY_ALIGN`), a new
-staged-head row count, or none of these.
+A child process plants completions at tau about `--accept` + 1 (`bench_sweep.plant`: the product's own walk) and saves
+the tokens; this process, fresh, builds the same drafter, target head and features from the same seeds and walks the
+same batch three times (`replay.lockstep.Lockstep` + `replay.lockstep.walk_device`, as the sweep worker does), each
+step's start time, row count and key bound recorded (no extra device synchronisation). The walks run the very same
+steps, so step i of walk 1 against step i of walk 2 is the first-call cost of that step; it is summed by the kind of
+step: the first ones, a new row count (after a drop), a new key length (`drafters.kernels.KEY_ALIGN`), a new staged-head
+row count, or none of these.
 
     python3 benchmarks/bench_walk_cold.py [--rows 200] [--small]      # CUDA (or --small on the CPU)
 """
@@ -47,8 +47,8 @@ ap.add_argument(
     "--beside",
     action="store_true",
     help="during walks 1 and 2 a loader thread loads a checkpoint onto "
-    "the device on a side stream (`pipeline.device_io.fetch_checkpoint`), as the sweep worker does beside each replay; walk 3 "
-    "runs alone",
+    "the device on a side stream (`pipeline.device_io.fetch_checkpoint`), as the sweep worker does beside each "
+    "replay; walk 3 runs alone",
 )
 ap.add_argument("--plant", help=argparse.SUPPRESS)  # child: plant, save the tokens here, exit
 a = ap.parse_args()

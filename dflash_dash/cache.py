@@ -1,6 +1,6 @@
 """Feature files on disk: one bf16 safetensors file per (extraction, prompt), atomic write, validated read.
 
-Contract (SPEC 5): `write` puts features [T, K*H] in `<root>/<extraction>/<prompt>.safetensors` through a
+Contract: `write` puts features [T, K*H] in `<root>/<extraction>/<prompt>.safetensors` through a
 temp file + fsync + rename, so a reader never sees a partial file; the file's metadata holds the
 extraction's provenance. `read` checks shape, dtype, token count and the metadata before returning; any
 mismatch or damage raises `CacheError` with a message that offers re-extraction. Payload size is

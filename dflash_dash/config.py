@@ -4,7 +4,7 @@ Contract: `load(workspace)` reads the `[server]` table of `W/config.toml` (missi
 returns a `WorkspaceConfig`; an unknown table or key, a wrong type or a TOML syntax error raises
 `ConfigError` naming the key and its line. Commands are argv lists run WITHOUT a shell
 (`subprocess.run(list)`); a string value is split with `shlex`. They come only from this file, never from
-browser input, and `describe_commands` shows them before they run (SPEC 9).
+browser input, and `describe_commands` shows them before they run.
 The server's API key (SGLang `--api-key`) is never in this file: it is read from the environment variable
 SGLANG_API_KEY, or from the one named by `api_key_env`; `client(cfg, url)` builds the `sglang.Client` that
 sends it, and is how every Client of a workspace is made. Example:

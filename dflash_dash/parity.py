@@ -1,4 +1,4 @@
-"""Backend parity (SPEC 6): how far two extractions of the same completions differ, per target layer.
+"""Backend parity: how far two extractions of the same completions differ, per target layer.
 
 Contract: reads both extractions' feature files through `cache.read` (validated) and compares them on the
 prompts they share, layer by layer (features are K layers of H values concatenated per token):

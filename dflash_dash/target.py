@@ -1,6 +1,6 @@
 """The target model: loading, feature extraction at the drafter's layers, kernel backend, embedding/LM head.
 
-Contract (SPEC 5):
+Contract:
   - `extract(model, ids, layer_ids)` returns features [T, K*H]: the OUTPUT of decoder layer l for each l
     (Hugging Face `output_hidden_states[l+1]`), concatenated in listed order. The model is loaded cut
     after the last needed layer (`load(..., layer_ids)`), and no LM head is ever applied.

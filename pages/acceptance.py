@@ -229,7 +229,7 @@ def round_block(run: dict, row: dict, comp: dict, vocab: Vocab) -> None:
 
 
 # ---------------------------------------------------------------------------
-# why drafts fail (issue 11): calibration and failure patterns of the run
+# why drafts fail: calibration and failure patterns of the run
 
 POOLED = "pooled over depths"
 SECTIONS = {"calibration": "Calibration", "patterns": "Failure patterns"}  # URL value: label (&section=...)

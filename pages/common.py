@@ -416,7 +416,7 @@ def checkpoint_inputs(key: str) -> dict:
 
 
 def backend_note(backend: str | None, what: str = "This run") -> None:
-    """The warning SPEC 1 asks for wherever a torch-path extraction feeds a drafter."""
+    """A warning wherever a torch-path extraction feeds a drafter (trained on fla states, which differ)."""
     if backend == "torch":
         st.warning(
             f"{what} uses a **torch-path** extraction (backend `torch`, the CPU fallback of the "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 def outcome_walk(accepted_at: list[int], P: int, T: int) -> list[str]:
-    """Outcome per completion position, from a chain walk written out here (SPEC 2): a round at anchor p commits
+    """Outcome per completion position, from a chain walk written out here: a round at anchor p commits
     min(accepted(p) + 1, T-1-p) tokens, the first accepted(p) of them drafts, the rest the target's."""
     out, anchor = ["prefill"] + ["none"] * (T - P - 1), P
     while anchor < T - 1:
@@ -19,7 +19,7 @@ def outcome_walk(accepted_at: list[int], P: int, T: int) -> list[str]:
 
 
 def walk_by_hand(r: dict, comp: dict) -> list[tuple[int, int]]:
-    """(anchor, accepted) per chain round, from accepted(p) (SPEC 2)."""
+    """(anchor, accepted) per chain round, from accepted(p)."""
     P, T = r["prompt_len"], len(comp["prompt_ids"]) + len(comp["output_ids"])
     out, p = [], P
     while p < T - 1:

@@ -86,7 +86,7 @@ def demo_workspace(tmp_path_factory) -> Path:
     p = subprocess.run(
         [sys.executable, "-m", "dflash_dash", "--workspace", str(ws), "demo"],
         cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        env=dict(os.environ),
         capture_output=True,
         text=True,
         timeout=1800,
@@ -146,3 +146,23 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     setattr(item, f"rep_{rep.when}", rep)
+
+
+@pytest.fixture(scope="session")
+def spec_servers(tmp_path_factory):
+    """The demo target served with speculative decoding: {"good", "bad", "base"}, a correct stand-in and one with
+    --speculative-bug truncate-context (tests/speculative.py). Shared by the speculative decoding, conformance and
+    conformance browser tests, so the servers start once per session."""
+    from speculative import spec_servers as start
+
+    with start(tmp_path_factory.mktemp("spec-servers")) as servers:
+        yield servers
+
+
+@pytest.fixture(scope="session")
+def spec_workspace(spec_servers, tmp_path_factory) -> dict:
+    """A conformance workspace fetched from `spec_servers`, extracted and replayed (tests/speculative.py).
+    Read-only: copy it with `speculative.private_copy` to write."""
+    from speculative import spec_workspace as build
+
+    return build(spec_servers, tmp_path_factory.mktemp("spec-ws") / "ws")

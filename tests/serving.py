@@ -19,7 +19,7 @@ from dflash_dash.engines import SGLangClient
 
 ROOT = Path(__file__).resolve().parents[1]
 # one thread per process: the 2 shared cores are oversubscribed, and torch's thread pool then slows 10x
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
 def end(proc: subprocess.Popen, grace: float = 10.0) -> None:

@@ -1,4 +1,4 @@
-"""The issue-11 sections through AppTest on the prepared workspace: calibration and failure patterns on
+"""The why-drafts-fail sections through AppTest on the prepared workspace: calibration and failure patterns on
 Acceptance (CSV downloads, worst-span links that outline their positions), calibration overlaid on Compare, and
 target-layer attribution on Diagnostics (the button starts the job, the chart follows)."""
 
@@ -33,7 +33,7 @@ def downloads(at) -> list[str]:
 
 
 def test_sections_are_drawn_only_when_chosen(prepared, monkeypatch):
-    """Acceptance opens without its calibration and failure-pattern sections (issue 14: the page draws fast); the
+    """Acceptance opens without its calibration and failure-pattern sections (so the page draws fast); the
     section picker draws the chosen one and keeps it in the URL (&section=...), and a link with it opens it."""
     rid = prepared.runs[0]
     at = app(prepared.workspace, monkeypatch, "acceptance", run=rid)

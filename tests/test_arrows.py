@@ -1,4 +1,4 @@
-"""The house rules of ../shared/ARCHITECTURE.md, checked on the source: imports inside `dflash_dash` only point
+"""The house rules of docs/architecture.md, checked on the source: imports inside `dflash_dash` only point
 down the layer list, pages hold no torch and no SQL, only app.py and pages/ import streamlit, the pipeline and
 `analysis` never import render or streamlit, nothing the app or the CLI runs imports the development tooling in
 tools/, and, checked by running them, no page loads torch."""
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# top to bottom: a module may import only modules listed after it (ARCHITECTURE.md, plus the modules it names
-# outside the list: demo beside jobs, parity over pipeline, vocab (token strings, for the pipeline's exports and
+# top to bottom: a module may import only modules listed after it (docs/architecture.md's list, plus modules it
+# does not name: demo beside jobs, parity over pipeline, vocab (token strings, for the pipeline's exports and
 # the pages) under analysis, the stand-in's speculative decoder under the stand-in; launch, what `make run` runs,
 # on top; ops, the operations' argument dataclasses, under the pipeline whose signatures take their defaults;
 # target_info, the torch-free half of the target the pages use, under target)
@@ -41,7 +41,6 @@ ORDER = [
     "target_info",
     "prompts",
     "config",
-    "lazy",
     "errors",
 ]
 
@@ -187,7 +186,7 @@ def test_no_page_loads_torch(prepared, tmp_path, page):
 
     ws = tmp_path / "ws"
     shutil.copytree(prepared.workspace, ws, ignore=shutil.ignore_patterns("*.lock"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DFLASH_WORKSPACE": str(ws)}
+    env = {**os.environ, "DFLASH_WORKSPACE": str(ws)}
     p = subprocess.run(
         [sys.executable, "-c", PAGE_RUN, str(ROOT / "app.py"), page],
         cwd=ROOT,

@@ -1,4 +1,4 @@
-"""Chain-only replay (issue 12): only the anchors the chain and DDTree walks visit, many sequences in lockstep;
+"""Chain-only replay: only the anchors the chain and DDTree walks visit, many sequences in lockstep;
 its rounds, drafts and acceptance equal the every-anchor mode's on the same inputs."""
 
 from __future__ import annotations

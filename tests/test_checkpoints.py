@@ -1,4 +1,4 @@
-"""Real checkpoints (issue 10): SpecForge's HF exports (transformers-5 `rope_parameters`, sliding layers,
+"""Real checkpoints: SpecForge's HF exports (transformers-5 `rope_parameters`, sliding layers,
 `dflash_config` fields), SpecForge runtime checkpoints (`{run_id}-step{N}/training_state.pt`), sweep order,
 unsafe pickles, other drafter families and RoPE conflicts. Checkpoints are written with the project's own
 `tiny` helpers the way SpecForge writes them; the sliding semantics is checked against an independent dense

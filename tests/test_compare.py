@@ -1,4 +1,4 @@
-"""Issue 14, Compare that lines up: the default pair, outlines only where the acceptance outcome differs, the
+"""Compare that lines up: the default pair, outlines only where the acceptance outcome differs, the
 per-prompt delta table and its order, the one-position draft lag rate per slot (hand-made examples worked out
 by hand), and the page through AppTest (the browser half: tests/browser/test_compare_panes.py)."""
 

@@ -1,269 +1,34 @@
-"""Engine conformance (issue 11): the stand-in's real DFlash speculative decoding (same tokens as plain greedy,
-SGLang's counters, exactly the replay's tau), engine stats in the store (at fetch, imported), the conformance
-computation and CLI, a deliberately broken decoder flagged, the Conformance page (AppTest) and the browser.
+"""Engine conformance: whether an engine's measured acceptance (committed tokens per verify step) matches the
+replay's (committed tokens per round) on the same completions and drafter. Covered: engine stats recorded at fetch
+and imported (import-engine-stats, its refusals), the comparison and its summary, the conformance CLI, a
+deliberately broken decoder flagged, the table/CSV/figure views and the Conformance page (AppTest).
 
-Models: the committed demo assets (a trained qwen3_5_text target and a trained DFlash drafter, fp32 on CPU) and
-tiny seeded ones. Servers are real subprocesses (tests/serving.py); nothing sleeps to synchronise."""
+The workspace is the session fixture `spec_workspace` (tests/speculative.py): completions fetched from the
+speculative stand-in on the demo models, extracted and replayed, plus a broken server's counters as engine "bug".
+The page in a browser is tests/browser/test_conformance_page.py."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-import torch
-from serving import Served, until
+from apptest import app as open_app, clean
+from speculative import IDS, conformance_json, private_copy, run_cli
 
-from dflash_dash import cache, cli, ops, pipeline, prompts, server
+from dflash_dash import ops, pipeline
 from dflash_dash.analysis import conformance
 from dflash_dash.engines import SGLangClient
 from dflash_dash.render.figures import conformance_fig
 from dflash_dash.render.tables import conformance_csv, conformance_table
-from dflash_dash.server import specdec
 from dflash_dash.store import Store
-from tools import tiny
-
-ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "dflash_dash" / "demo" / "assets"
-TARGET = DEMO / "target"
-DRAFT = next((DEMO / "checkpoints").glob("final-step*"))  # the demo's trained drafter
-IDS = ["json_parser", "merge_sort", "graph_bfs", "matrix_multiply"]  # replay tau 1.07 to 1.26; two stop at EOS
-N = 40  # new tokens per prompt
-
-
-def run_cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main(list(args))
-    return rc, out.getvalue(), err.getvalue()
-
-
-# ---------------------------------------------------------------------------
-# fixtures
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread in this process, as the servers run (serving.ENV): the 2 shared cores are oversubscribed."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def engine():
-    """The demo target in-process (the stand-in's own Engine, plain greedy) and a speculator on it."""
-    eng = server.Engine(model_dir=TARGET.resolve(), device="cpu")
-    eng.load()
-    eng.load_tokenizer()
-    spec = specdec.Speculator(str(DRAFT))
-    spec.load(eng.model)
-    return eng, spec
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """Two speculative stand-ins on the demo target: a correct one and one with --speculative-bug truncate-context
-    (started together, waited for together)."""
-    base = tmp_path_factory.mktemp("spec-servers")
-    good = Served(TARGET, base / "good.log", extra=["--speculative-draft", str(DRAFT)])
-    bad = Served(
-        TARGET, base / "bad.log", extra=["--speculative-draft", str(DRAFT), "--speculative-bug", "truncate-context"]
-    )
-    try:
-        good.wait(180)
-        bad.wait(180)
-        yield {"good": good, "bad": bad, "base": base}
-    finally:
-        good.stop()
-        bad.stop()
-
-
-@pytest.fixture(scope="module")
-def conf(served, tmp_path_factory):
-    """A workspace: IDS fetched from the correct server (set c4) and from the broken one (set c4-bug), c4 extracted
-    on the CPU and the drafter replayed on it; the broken server's counters imported for c4 as engine "bug"."""
-    base = served["base"]
-    ws = tmp_path_factory.mktemp("conf") / "ws"
-    st = Store(ws)
-    pfile = base / "prompts.jsonl"
-    pfile.write_text("".join(json.dumps(p) + "\n" for p in prompts.load("coding-10") if p["id"] in IDS))
-    assert pipeline.fetch(
-        st, ops.Fetch(server=served["good"].url, prompt_set=str(pfile), name="c4", max_new_tokens=N)
-    ) == len(IDS)
-    assert pipeline.fetch(
-        st, ops.Fetch(server=served["bad"].url, prompt_set=str(pfile), name="c4-bug", max_new_tokens=N)
-    ) == len(IDS)
-    layers = pipeline.layers_of(str(DRAFT), None)
-    ex = pipeline.extract(st, ops.Extract(target=str(TARGET), completions="c4", layers=layers))
-    run = pipeline.replay(st, ops.Replay(drafter=str(DRAFT), extraction=ex))["id"]
-    bug = base / "bug-stats.jsonl"
-    bug.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "id": c["prompt_id"],
-                    "verify_steps": c["meta_info"]["spec_verify_ct"],
-                    "accepted_tokens": c["meta_info"]["spec_accept_token_num"],
-                }
-            )
-            + "\n"
-            for c in st.completions("c4-bug")
-        )
-    )
-    rc, out, err = run_cli(
-        "--workspace", str(ws), "import-engine-stats", str(bug), "--completions", "c4", "--engine", "bug"
-    )
-    assert rc == 0, err
-    return {"ws": ws, "store": st, "run": run, "extraction": ex, "prompts": pfile}
-
-
-def conformance_json(ws: Path, *extra: str) -> dict:
-    rc, out, err = run_cli("--workspace", str(ws), "conformance", *extra)
-    assert rc == 0, err
-    return json.loads(out)
-
-
-# ---------------------------------------------------------------------------
-# the speculative stand-in
-
-
-def test_speculative_tokens_equal_plain_greedy(conf, engine):
-    eng, _ = engine
-    st = conf["store"]
-    good = {c["prompt_id"]: c for c in st.completions("c4")}
-    bad = {c["prompt_id"]: c for c in st.completions("c4-bug")}
-    for p in prompts.load("coding-10"):
-        if p["id"] not in IDS:
-            continue
-        ids = eng.encode(p["prompt"])
-        plain, text, finish = eng.greedy(ids, N, eng.eos_ids, [])
-        assert good[p["id"]]["prompt_ids"] == ids
-        assert good[p["id"]]["output_ids"] == plain, p["id"]
-        assert bad[p["id"]]["output_ids"] == plain, p["id"]  # a broken drafter costs speed, never tokens
-        assert good[p["id"]]["output"] == text
-
-
-def test_meta_info_carries_sglangs_counters(conf, served):
-    B = 16
-    seen = set()
-    for c in conf["store"].completions("c4"):
-        m = c["meta_info"]
-        n, v = m["completion_tokens"], m["spec_verify_ct"]
-        assert n == len(c["output_ids"]) and 1 <= v <= n - 1
-        assert m["spec_accept_length"] == pytest.approx(n / v)  # SGLang's: all completion tokens / verify steps
-        h = m["spec_accept_histogram"]
-        assert len(h) == B and sum(h) == v
-        assert sum(i * k for i, k in enumerate(h)) == m["spec_accept_token_num"] == m["spec_accepted_drafts"]
-        assert m["spec_draft_token_num"] == m["spec_proposed_drafts"] == v * (B - 1)
-        assert m["spec_accept_rate"] == pytest.approx(m["spec_accept_token_num"] / (v * (B - 1)))
-        seen |= {i for i, k in enumerate(h) if k}
-    assert 0 in seen and seen - {0}  # rejections and accepted drafts (the demo drafter never has a whole block)
-    info = served["good"].client.server_info()
-    assert info["speculative_algorithm"] == "DFLASH" and info["speculative_num_draft_tokens"] == B
-    assert info["speculative_draft_model_path"] == str(DRAFT.resolve()) and info["speculative_bug"] is None
-    assert served["bad"].client.server_info()["speculative_bug"] == "truncate-context"
-
-
-def test_features_are_bit_identical_to_the_extraction_cache(conf, engine):
-    """What the stand-in's drafter sees at anchor p equals the cached features of positions 0..p-1 bit for bit
-    (bf16), for completions that ran to max_new_tokens."""
-    eng, spec = engine
-    st, ex = conf["store"], conf["extraction"]
-    e = st.extraction(ex)
-    width = len(e["layer_ids"]) * e["hidden_size"]
-    checked = 0
-    for c in st.completions("c4"):
-        if c["finish_reason"] != "length":
-            continue
-        seq = c["prompt_ids"] + c["output_ids"]
-        cached = cache.read(pipeline.features_root(st), ex, c["prompt_id"], len(seq), width)
-        P = len(c["prompt_ids"])
-        for p in (P, P + 7, len(seq) - 1):
-            got = spec.features(eng.model, seq[:p], P + N)
-            assert got.dtype == torch.bfloat16 and torch.equal(got[:p], cached[:p]), (c["prompt_id"], p)
-            checked += 1
-    assert checked >= 6
-
-
-def test_speculative_stops_like_greedy(engine):
-    """Stop strings (trimmed or not), stop ids and max_new_tokens end a speculative request exactly where they end
-    a plain one; one new token means no verify step."""
-    eng, spec = engine
-    eng.spec = spec
-    try:
-        ids = eng.encode(prompts.CODING_10["merge_sort"])
-        plain, _, _ = eng.greedy(ids, 20, set(), [])
-        text = eng.decode(plain)
-        stop = text[len(text) // 2 : len(text) // 2 + 3]
-        for args in [
-            (20, eng.eos_ids, [stop], True, True),
-            (20, eng.eos_ids, [stop], True, False),
-            (20, {plain[9]}, [], True, True),
-            (1, eng.eos_ids, [], True, True),
-            (13, eng.eos_ids, [], True, True),
-        ]:
-            want = eng.greedy(ids, *args)
-            out, txt, fin, meta = eng.speculative(ids, *args)
-            assert (out, txt, fin) == want, args
-            if args[0] == 1:
-                assert meta["spec_verify_ct"] == 0 and "spec_accept_length" not in meta
-            else:
-                assert meta["spec_verify_ct"] >= 1
-    finally:
-        eng.spec = None
-
-
-def test_rollback_restores_gated_deltanet_state(tmp_path):
-    """A tiny hybrid target (6 Gated DeltaNet layers) with a random drafter: nearly every verify step rejects
-    drafts, so the cache is rolled back almost every step, recurrent and conv states included; the tokens still
-    equal plain greedy's."""
-    target = tiny.write_target(tmp_path / "t", tiny.TinyTarget())
-    draft = tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(seed=3))
-    eng = server.Engine(model_dir=target.resolve(), device="cpu")
-    eng.load()
-    spec = specdec.Speculator(str(draft))
-    spec.load(eng.model)
-    for ids in ([5, 6, 7, 8, 9], [40, 41, 300, 17, 2, 9, 11, 12, 13]):
-        plain, _, _ = eng.greedy(ids, 24, set(), [])
-        out, fin, counters = spec.decode(eng.model, ids, 24, lambda o: None)
-        assert out == plain and fin == {"type": "length", "length": 24}
-        assert counters.verify_ct >= 8 and sum(a < spec.block_size - 1 for a in counters.accepted) >= 4
-
-
-def test_release_frees_the_drafter_and_resume_reloads_it(tmp_path):
-    target = tiny.write_target(tmp_path / "t", tiny.TinyTarget())
-    draft = tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(seed=3))
-    eng = server.Engine(model_dir=target.resolve(), device="cpu", spec=specdec.Speculator(str(draft)))
-    eng.load()
-    before = eng.speculative([5, 6, 7], 6, set(), [])
-    eng.release()
-    assert eng.model is None and eng.spec.drafter is None
-    with pytest.raises(server.BadRequest, match="released"):
-        eng.speculative([5, 6, 7], 6, set(), [])
-    eng.resume()
-    assert eng.speculative([5, 6, 7], 6, set(), []) == before
-    assert server.speculative_info(eng)["speculative_algorithm"] == "DFLASH"
-    assert server.speculative_info(server.Engine(model_dir=target, device="cpu"))["speculative_algorithm"] is None
-
-
-def test_broken_mode_needs_a_drafter_and_a_known_bug(tmp_path):
-    with pytest.raises(SystemExit, match="--speculative-bug needs --speculative-draft"):
-        server.serve(str(TARGET), port=0, speculative_bug="truncate-context")
-    with pytest.raises(SystemExit, match="expected one of truncate-context"):
-        server.serve(str(TARGET), port=0, speculative_draft=str(DRAFT), speculative_bug="nope")
-
 
 # ---------------------------------------------------------------------------
 # engine stats and conformance
 
 
-def test_fetch_records_sglangs_counters_as_engine_stats(conf):
-    st = conf["store"]
+def test_fetch_records_sglangs_counters_as_engine_stats(spec_workspace):
+    st = spec_workspace["store"]
     assert st.engines("c4") == ["bug", "sglang"] and st.engines("c4-bug") == ["sglang"]
     comps = {c["prompt_id"]: c for c in st.completions("c4")}
     for s in st.engine_stats("c4", "sglang"):
@@ -277,18 +42,40 @@ def test_fetch_records_sglangs_counters_as_engine_stats(conf):
         assert s["source"].startswith("meta_info of http://127.0.0.1:")
 
 
-def test_engine_tau_equals_replay_tau_exactly(conf):
+def test_fetch_sends_prompt_ids_as_input_ids(spec_servers, tmp_path):
+    """A prompt file may give token ids instead of text: they are sent as `input_ids`, unchanged."""
+    recs = [{"id": "ids-1", "prompt_ids": [6, 1071, 299, 502, 454]}, {"id": "ids-2", "prompt_ids": [202, 6, 202]}]
+    f = tmp_path / "ids.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    st = Store(tmp_path / "ws")
+    assert (
+        pipeline.fetch(st, ops.Fetch(server=spec_servers["good"].url, prompt_set=str(f), name="ids", max_new_tokens=4))
+        == 2
+    )
+    for r, c in zip(recs, st.completions("ids")):
+        assert c["prompt_id"] == r["id"] and c["prompt_ids"] == r["prompt_ids"] and c["prompt"] is None
+        assert c["request"]["input_ids"] == r["prompt_ids"] and "text" not in c["request"]
+        assert (
+            c["output_ids"]
+            == spec_servers["good"].client.generate(input_ids=r["prompt_ids"], max_new_tokens=4)["output_ids"]
+        )
+    assert st.engines("ids") == ["sglang"]
+
+
+def test_engine_tau_equals_replay_tau_exactly(spec_workspace):
     """Fetched from the speculative stand-in, extracted, replayed with the same drafter: per prompt, the engine's
     committed tokens per verify step equal the replay's committed tokens per round, exactly; nothing flagged."""
-    got = conformance_json(conf["ws"], "--run", conf["run"])
+    got = conformance_json(spec_workspace["ws"], "--run", spec_workspace["run"])
     assert list(got) == ["run", "engine", "threshold", "prompts"]
-    assert got["run"] == conf["run"] and got["engine"] == "sglang" and got["threshold"] == conformance.THRESHOLD
+    assert (
+        got["run"] == spec_workspace["run"] and got["engine"] == "sglang" and got["threshold"] == conformance.THRESHOLD
+    )
     assert [p["id"] for p in got["prompts"]] == IDS
     for p in got["prompts"]:
         assert list(p) == ["id", "engine_tau", "replay_tau", "flagged"]
         assert p["engine_tau"] == p["replay_tau"] and not p["flagged"], p
-    st = conf["store"]
-    rounds = {r["prompt_id"]: r["rounds"] for r in st.run_prompts(conf["run"])}
+    st = spec_workspace["store"]
+    rounds = {r["prompt_id"]: r["rounds"] for r in st.run_prompts(spec_workspace["run"])}
     for s in st.engine_stats("c4", "sglang"):  # verify steps = rounds; committed tokens = the completion after P
         assert s["verify_steps"] == len(rounds[s["prompt_id"]])
         assert sum(rounds[s["prompt_id"]]) == s["completion_tokens"] - 1
@@ -296,24 +83,26 @@ def test_engine_tau_equals_replay_tau_exactly(conf):
     assert 1 <= taus[0] and taus[-1] - taus[0] > 0.1  # the prompts span lower and higher acceptance
 
 
-def test_broken_decoder_is_flagged_on_every_affected_prompt(conf):
+def test_broken_decoder_is_flagged_on_every_affected_prompt(spec_workspace):
     """truncate-context (the drafter sees only the last 4 context positions): a prompt where it costs acceptance
     by more than the threshold is flagged (at least two of the four); one it costs less, or where the changed chain
     happens to do better, is not."""
-    got = conformance_json(conf["ws"], "--run", conf["run"], "--engine", "bug")
+    got = conformance_json(spec_workspace["ws"], "--run", spec_workspace["run"], "--engine", "bug")
     assert got["engine"] == "bug"
     affected = {p["id"] for p in got["prompts"] if p["engine_tau"] < p["replay_tau"]}
     flagged = {p["id"] for p in got["prompts"] if p["flagged"]}
     assert flagged <= affected and len(flagged) >= 2, got
     for p in got["prompts"]:  # flagged exactly where the loss passes the threshold
         assert p["flagged"] == (p["replay_tau"] - p["engine_tau"] > conformance.THRESHOLD * p["replay_tau"]), p
-    loose = conformance_json(conf["ws"], "--run", conf["run"], "--engine", "bug", "--threshold", "0.9")
+    loose = conformance_json(
+        spec_workspace["ws"], "--run", spec_workspace["run"], "--engine", "bug", "--threshold", "0.9"
+    )
     assert loose["threshold"] == 0.9 and not any(p["flagged"] for p in loose["prompts"])
 
 
-def test_conformance_engine_choice_and_errors(conf, tmp_path):
-    ws = str(conf["ws"])
-    assert conformance_json(conf["ws"])["engine"] == "sglang"  # latest run, default engine
+def test_conformance_engine_choice_and_errors(spec_workspace, tmp_path):
+    ws = str(spec_workspace["ws"])
+    assert conformance_json(spec_workspace["ws"])["engine"] == "sglang"  # latest run, default engine
     rc, _, err = run_cli("--workspace", ws, "conformance", "--engine", "vllm")
     assert rc == 2 and "--engine 'vllm'" in err and "bug, sglang" in err
     rc, _, err = run_cli("--workspace", ws, "conformance", "--threshold", "1.5")
@@ -497,51 +286,15 @@ def test_views_sorted_by_gap_escaped_and_safe_csv():
 
 
 # ---------------------------------------------------------------------------
-# prompt files with token ids
-
-
-def test_fetch_sends_prompt_ids_as_input_ids(served, tmp_path):
-    """A prompt file may give token ids instead of text: they are sent as `input_ids`, unchanged."""
-    recs = [{"id": "ids-1", "prompt_ids": [6, 1071, 299, 502, 454]}, {"id": "ids-2", "prompt_ids": [202, 6, 202]}]
-    f = tmp_path / "ids.jsonl"
-    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    st = Store(tmp_path / "ws")
-    assert (
-        pipeline.fetch(st, ops.Fetch(server=served["good"].url, prompt_set=str(f), name="ids", max_new_tokens=4)) == 2
-    )
-    for r, c in zip(recs, st.completions("ids")):
-        assert c["prompt_id"] == r["id"] and c["prompt_ids"] == r["prompt_ids"] and c["prompt"] is None
-        assert c["request"]["input_ids"] == r["prompt_ids"] and "text" not in c["request"]
-        assert (
-            c["output_ids"] == served["good"].client.generate(input_ids=r["prompt_ids"], max_new_tokens=4)["output_ids"]
-        )
-    assert st.engines("ids") == ["sglang"]
-
-
-# ---------------------------------------------------------------------------
 # the page (AppTest)
 
 
 def app(ws: Path, monkeypatch, **params):
-    from apptest import app as open_app
-
     return open_app(ws, monkeypatch, "conformance", **params)
 
 
-def clean(at) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-
-
-@pytest.fixture
-def conf_copy(conf, tmp_path) -> Path:
-    dst = tmp_path / "ws"
-    shutil.copytree(conf["ws"], dst, ignore=shutil.ignore_patterns("*.lock"))
-    return dst
-
-
-def test_page_shows_conformant_engine(conf, monkeypatch):
-    at = app(conf["ws"], monkeypatch, run=conf["run"])
+def test_page_shows_conformant_engine(spec_workspace, monkeypatch):
+    at = app(spec_workspace["ws"], monkeypatch, run=spec_workspace["run"])
     clean(at)
     assert [t.value for t in at.title] == ["Conformance"]
     assert any("engine or drafter" in c.value for c in at.caption)
@@ -549,15 +302,15 @@ def test_page_shows_conformant_engine(conf, monkeypatch):
     df = at.dataframe[-1].value
     assert sorted(df["prompt"]) == sorted(IDS) and not df["flagged"].any()
     assert list(df["engine_tau"]) == list(df["replay_tau"]) and list(df["gap"]) == [0.0] * len(IDS)
-    assert all(u.startswith(f"acceptance?run={conf['run']}&prompt=") for u in df["token_view"])
+    assert all(u.startswith(f"acceptance?run={spec_workspace['run']}&prompt=") for u in df["token_view"])
     assert any("No prompt falls short" in s.value for s in at.success)
     assert [m.value for m in at.metric][3] == "0"  # flagged prompts
     assert any("(completion_tokens - 1) / verify_steps" in c.value for c in at.caption)
     assert at.get("plotly_chart") and at.get("download_button")
 
 
-def test_page_flags_the_broken_engine(conf, monkeypatch):
-    at = app(conf["ws"], monkeypatch, run=conf["run"], engine="bug")
+def test_page_flags_the_broken_engine(spec_workspace, monkeypatch):
+    at = app(spec_workspace["ws"], monkeypatch, run=spec_workspace["run"], engine="bug")
     clean(at)
     df = at.dataframe[-1].value
     flagged = list(df[df["flagged"]]["prompt"])
@@ -571,56 +324,10 @@ def test_page_flags_the_broken_engine(conf, monkeypatch):
     assert not at.dataframe[-1].value["flagged"].any()
 
 
-def test_page_without_engine_stats_says_how_to_get_them(conf_copy, monkeypatch):
-    Store(conf_copy).run("DELETE FROM engine_stats")
-    at = app(conf_copy, monkeypatch)
+def test_page_without_engine_stats_says_how_to_get_them(spec_workspace, tmp_path, monkeypatch):
+    ws = private_copy(spec_workspace["ws"], tmp_path / "ws")
+    Store(ws).run("DELETE FROM engine_stats")
+    at = app(ws, monkeypatch)
     clean(at)
     text = " ".join(i.value for i in at.info)
     assert "--speculative-draft" in text and "import-engine-stats" in text
-
-
-# ---------------------------------------------------------------------------
-# the browser
-
-
-def test_browser_shows_table_scatter_and_downloads_csv(conf_copy, tmp_path):
-    from web import ARGS, CHROMIUM, SCREENSHOTS, dashboard, drawn, settle, shot
-
-    if not CHROMIUM.exists():
-        pytest.skip(f"Debian chromium is not installed at {CHROMIUM} (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-
-    run = Store(conf_copy).runs()[-1]["id"]
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with dashboard(conf_copy, tmp_path) as url, sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        try:
-            page = b.new_page(viewport={"width": 1500, "height": 1400}, accept_downloads=True)
-            page.set_default_timeout(60_000)
-            page.goto(f"{url}/conformance?run={run}&engine=bug")
-            page.get_by_role("heading", name="Conformance").first.wait_for()
-            settle(page)
-            page.get_by_text("prompt(s) flagged").first.wait_for()
-            page.locator("[data-testid=stPlotlyChart] .main-svg").first.wait_for()
-            page.locator("[data-testid=stDataFrame] canvas").first.wait_for()
-            drawn(page)
-            assert page.locator("[data-testid=stException]").count() == 0
-            shot(page, "conformance")  # the whole page, under out/screenshots/
-            with page.expect_download() as dl:
-                page.get_by_role("button", name="Download the table (CSV)").click()
-            text = Path(dl.value.path()).read_text()
-            lines = text.splitlines()
-            assert dl.value.suggested_filename == f"conformance-{run}-bug.csv"
-            assert lines[0].startswith("prompt,flagged,engine_tau,replay_tau,gap") and len(lines) == len(IDS) + 1
-            assert lines[1].split(",")[1] == "True"  # most negative gap first: a flagged prompt
-            # a flagged prompt's link opens its token view
-            first = lines[1].split(",")[0]
-            page.locator("a", has_text=first).first.click()
-            page.get_by_text(f"Token view · {first}").wait_for()
-            until(
-                lambda: "acceptance" in page.url and f"prompt={first}" in page.url,
-                timeout=10,
-                what="the deep link to open the Acceptance page",
-            )
-        finally:
-            b.close()

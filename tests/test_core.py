@@ -1,4 +1,4 @@
-"""Core (issue 2): drafter, target extraction, feature cache, every-anchor replay, metrics, CLI."""
+"""Core: drafter, target extraction, feature cache, every-anchor replay, metrics, CLI."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The demo workspace, built from the committed assets in a temporary folder through the real CLI.
 
-Checks what issues 4 and 14 promise, from `export` / `runs` and the store: the final checkpoint's tau (macro) on
+Checks what the demo promises, from `export` / `runs` and the store: the final checkpoint's tau (macro) on
 coding-10 is clearly above the early and the buggy checkpoints' (its bootstrap interval above theirs), the buggy
 one carries its signature (its drafts lag one position: slot 1 mostly drafts the anchor token itself, so its
 acceptance collapses at depth 1), the parity diagnostic measures a non-zero fla vs torch difference, and a second
-`demo` call does nothing. Since issue 14 the completions are on-task Python (an indented body of the named
+`demo` call does nothing. The completions are on-task Python (an indented body of the named
 function, ending at <|endoftext|>) rather than degenerate repeated lines, so the tau are low (final about 1.3):
 the tiny drafter accepts about one token in four at depth 1 on text the target had never seen.
 """
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def cli(ws: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ)
     return subprocess.run(
         [sys.executable, "-m", "dflash_dash", "--workspace", str(ws), *args],
         cwd=ROOT,
@@ -95,7 +95,7 @@ def test_runs_and_tau(ws):
 
 
 def chain_rounds(accepted_at: list[int], P: int, T: int) -> list[int]:
-    """Tokens committed per round of the chain walk (SPEC 2), written out here independently of walks.chain_walk:
+    """Tokens committed per round of the chain walk, written out here independently of walks.chain_walk:
     a round at anchor p commits its accepted drafts plus the target's bonus token, cut at the completion's end,
     and the next round starts after them."""
     out, anchor = [], P

@@ -1,4 +1,4 @@
-"""Issue 5: a fetch survives every server fault with nothing lost, a clear message, and a rerun that
+"""Fetch robustness: a fetch survives every server fault with nothing lost, a clear message, and a rerun that
 fetches only the rest. The server here is the fault-injecting SGLang fake of tests/fakes.py, in a thread; the
 stand-in server's own faults are in test_server.py."""
 

@@ -1,7 +1,7 @@
-"""Issue 12 (GPUs as a product feature), with CPU workers standing in for GPUs: extract and replay sharded over two
+"""GPUs as a product feature, with CPU workers standing in for GPUs: extract and replay sharded over two
 worker processes (`--gpus cpu,cpu`) give the same extraction and the same run as one process; a worker killed
 mid-run fails its job with the worker's exit named, and a rerun resumes (the items written are kept) and completes
-with the one-process features. Issue 13: the operations' dataclasses round-trip through a job record, old records
+with the one-process features. Job records: the operations' dataclasses round-trip through a job record, old records
 (fields missing) stay readable, and a bad field is refused by name."""
 
 from __future__ import annotations

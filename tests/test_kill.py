@@ -1,4 +1,4 @@
-"""Issue 5: an extraction or replay job SIGKILLed halfway is marked failed within seconds, no partial feature
+"""Crash safety: an extraction or replay job SIGKILLed halfway is marked failed within seconds, no partial feature
 file is ever visible, and a rerun completes with results equal to an uninterrupted run. A damaged
 feature file is detected on read with a message that offers re-extraction."""
 

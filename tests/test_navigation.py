@@ -1,4 +1,4 @@
-"""Navigation and job hygiene (issues 13, 14): dismissing failed jobs, checking a (re-)extraction before a job
+"""Navigation and job hygiene: dismissing failed jobs, checking a (re-)extraction before a job
 starts (page and CLI say the same), Overview's runs grouped per extraction with human labels and links, and the
 store-only CLI listings running without torch."""
 

@@ -1,4 +1,4 @@
-"""Issue 14, the whole proposed block: each chain round keeps its block's top-K candidates (replay, both anchor
+"""The whole proposed block: each chain round keeps its block's top-K candidates (replay, both anchor
 modes), the store and the export carry them, analysis and render shape one round slot by slot (escaped,
 whitespace visible), and the Acceptance page shows the round a user picks with the target's tokens beside the
 drafter's candidates (AppTest; the browser half: tests/browser/test_round_pick.py)."""

@@ -56,7 +56,7 @@ class Proc:
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=open(log, "wb"),
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env=dict(os.environ),
         )
 
     def progress(self, elapsed: float, state: str) -> None:

@@ -1,4 +1,4 @@
-"""Statistics to trust (issue 14): bootstrap intervals of tau over prompts, the median, Tukey outliers, the chain
+"""Statistics to trust: bootstrap intervals of tau over prompts, the median, Tukey outliers, the chain
 at the DDTree budget and the rounds behind each per-depth point; each checked against an independent computation
 (a plain numpy loop with the same seed, or numbers worked out by hand in the comments). Then the Acceptance page
 and the export carrying them."""

@@ -75,10 +75,10 @@ def synthetic(P=5, T=40, B=4, seed=0):
 
 
 def walked_by_hand(row: dict, comp: dict, B: int) -> dict:
-    """The trace of SPEC 2 written out here, position by position, independently of walks.chain_walk and analysis.trace: the
-    first completion position comes from the prefill; a round at anchor p commits its accepted drafts (depth
-    1..a), then the target's bonus token (beside it the rejected draft d_{a+1}, when a < B-1), stopping at the
-    completion's end; the next round's anchor is the last committed position."""
+    """The chain walk's trace written out here, position by position, independently of walks.chain_walk and
+    analysis.trace: the first completion position comes from the prefill; a round at anchor p commits its accepted
+    drafts (depth 1..a), then the target's bonus token (beside it the rejected draft d_{a+1}, when a < B-1),
+    stopping at the completion's end; the next round's anchor is the last committed position."""
     P, acc, drafts = row["prompt_len"], row["accepted_at"], row["drafts"]
     T = len(comp["prompt_ids"]) + len(comp["output_ids"])
     n = T - P

@@ -34,7 +34,6 @@ from ..store import Store, new_id
 ACTIVE = ("queued", "running")
 THROTTLE_S = 0.3  # at most one progress write per this many seconds
 GRACE_S = 10.0  # cancel: SIGTERM, then SIGKILL after this long
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding dflash_dash, on a child's PYTHONPATH
 _CHILDREN: dict[str, subprocess.Popen] = {}  # jobs started by this process (reaped by refresh)
 
 
@@ -84,12 +83,9 @@ class Reporter:
 
 
 def child_env() -> dict[str, str]:
-    """The environment of a job or worker process: this one's, unbuffered, with this package first on its path."""
-    return dict(
-        os.environ,
-        PYTHONUNBUFFERED="1",
-        PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-    )
+    """The environment of a job or worker process: this one's, unbuffered (the package is installed, so the child
+    imports it from any folder)."""
+    return dict(os.environ, PYTHONUNBUFFERED="1")
 
 
 def start(store: Store, op: ops.Op | str, args: dict | None = None) -> str:

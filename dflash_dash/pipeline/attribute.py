@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import lazy, ops
+from .. import drafters as drafter_mod, ops
 from ..ops import InputError
 from ..store import Store
 from .base import DTYPES, Progress, Runner, tick
@@ -18,15 +18,13 @@ from .replay import load_sequences
 if TYPE_CHECKING:
     import torch
 
-    from .. import drafters as drafter_mod, replay as replay_mod, target as target_mod
-else:
-    torch, drafter_mod, replay_mod, target_mod = map(
-        lazy.module, ("torch", "dflash_dash.drafters", "dflash_dash.replay", "dflash_dash.target")
-    )
+    from .. import replay as replay_mod
 
 
 def tap_means(seqs: list[replay_mod.Sequence]) -> torch.Tensor:
     """The mean feature vector [K*H] over every token of every sequence (summed in float64)."""
+    import torch
+
     total = sum(len(s.tokens) for s in seqs)
     if not total:
         raise InputError("the extraction holds no tokens; nothing to attribute")
@@ -46,6 +44,11 @@ def attribute(store: Store, op: ops.Attribute, progress: Progress = None, runner
     if ex["status"] != "done":
         raise InputError(f"extraction {ex['id']} of run {r['id']} is {ex['status']}, not done; re-extract first")
     device, dtype = op.device or r.get("device") or "cpu", op.dtype or r.get("dtype") or "float32"
+
+    import torch
+
+    from .. import replay as replay_mod, target as target_mod
+
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {device}: no CUDA device on this machine; use --device cpu")
     layers, H = ex["layer_ids"], ex["hidden_size"]

@@ -5,22 +5,17 @@ Contract: an operation reports progress through an optional `progress(done, tota
 Extract and replay split into a parent part (validate, then record in the store: only that process writes it)
 and a per-prompt part given as a worker spec (`ops.ExtractWork`, `ops.ReplayWork`); a `Runner` runs that part,
 here (`here`) or in one worker process per GPU (jobs.workers), and streams its events back, so N workers give
-the same results as one. The torch-backed modules load on first use: store-only commands never import torch.
+the same results as one. Torch and the torch-backed modules (cache, replay, target) are imported inside the
+functions that use them, so store-only commands and the job process never load torch at import.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from .. import lazy, ops
+from .. import ops
 from ..store import Store
-
-if TYPE_CHECKING:
-    import torch
-else:
-    torch = lazy.module("torch")
 
 Progress = Callable[[int, int, str], None] | None
 # The per-prompt part of an operation: (worker spec, prompt ids, progress) -> events (`work`). None: here, in this
@@ -32,6 +27,8 @@ class _Dtypes(dict):
     """dtype name -> torch dtype; the names alone (validation: ops.check_dtype) need no torch."""
 
     def __getitem__(self, name: str):
+        import torch
+
         return getattr(torch, dict.__getitem__(self, name))
 
 

@@ -12,22 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
-from .. import lazy, ops
+from .. import drafters as drafter_mod, ops
 from ..store import Store
 from .base import DTYPES, Progress, tick
 from .replay import iter_sequences
-
-if TYPE_CHECKING:
-    import torch
-
-    from .. import drafters as drafter_mod, replay as replay_mod, target as target_mod
-else:
-    torch, drafter_mod, replay_mod, target_mod = map(
-        lazy.module, ("torch", "dflash_dash.drafters", "dflash_dash.replay", "dflash_dash.target")
-    )
-
 
 PASS_GIB = 32.0  # features held at once by a replay's worker (GiB, 2 bytes a value): a pass, read once
 PASS_FREE = 0.4  # on CUDA also at most this share of the device's free memory (the drafter and the replay's
@@ -40,6 +29,8 @@ def passes(store: Store, ex: dict, ids: list[str], device: str) -> list[list[str
     tokens = {it["prompt_id"]: it["tokens"] for it in store.items(ex["id"])}
     width, cap = len(ex["layer_ids"]) * ex["hidden_size"] * 2, PASS_GIB * 2**30
     if device.startswith("cuda"):
+        import torch
+
         cap = min(cap, PASS_FREE * torch.cuda.mem_get_info(torch.device(device))[0])
     out: list[list[str]] = [[]]
     size = 0.0
@@ -74,6 +65,8 @@ def upload(w: dict, device: str, side) -> dict:
     """CPU tensors `w` copied to `device` on CUDA stream `side` through two pinned chunks of STAGE_BYTES (a chunk
     is refilled once its last copy is done: the host never waits on a pageable copy, nothing big is pinned);
     returns {name: device tensor} once every copy is done."""
+    import torch
+
     slots = [[torch.empty(STAGE_BYTES, dtype=torch.uint8, pin_memory=True), None] for _ in range(2)]
     out, n = {}, 0
     with torch.cuda.stream(side):
@@ -97,6 +90,8 @@ def adopt(d: drafter_mod.Drafter) -> drafter_mod.Drafter:
     """`d`, its CUDA weights (allocated on a loader's side stream) recorded as used by this thread's stream: the
     caching allocator then reuses their memory only once this stream's work on them is done."""
     if d.device.type == "cuda":
+        import torch
+
         cur = torch.cuda.current_stream(d.device)
         for v in d.w.named().values():
             v.record_stream(cur)
@@ -115,6 +110,10 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
     complete, and stored by the parent, while the next checkpoint replays. (A warm-up of the first replay's
     kernels with blank weights while the first checkpoint loaded ended the first checkpoint 2.1 s later on the
     H200, so there is none.)"""
+    import torch
+
+    from .. import replay as replay_mod, target as target_mod
+
     ex = store.extraction(a.extraction)
     device, dtype, budget = a.device, DTYPES[a.dtype], a.tree_budget
     cks = list(a.checkpoints)

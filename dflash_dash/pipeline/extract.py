@@ -9,21 +9,11 @@ its feature file is written. Resumable: an existing extraction keeps its items, 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
-from .. import lazy, ops
+from .. import drafters as drafter_mod, ops
 from ..ops import InputError
 from ..store import Store, StoreError, new_id
 from .base import DTYPES, Progress, Runner, features_root, here, tick
-
-if TYPE_CHECKING:
-    import torch
-
-    from .. import cache, drafters as drafter_mod, target as target_mod
-else:
-    torch, cache, drafter_mod, target_mod = map(
-        lazy.module, ("torch", "dflash_dash.cache", "dflash_dash.drafters", "dflash_dash.target")
-    )
 
 
 def layers_of(drafter: str | None, layers: str | list[int] | None) -> list[int]:
@@ -45,6 +35,11 @@ def extract(store: Store, op: ops.Extract, progress: Progress = None, runner: Ru
     when the first worker reports the backend it bound, then each item as its feature file is written."""
     set_name, layer_ids, device, dtype = op.completions, layers_of(op.drafter, op.layers), op.devices()[0], op.dtype
     extraction_id = op.extraction_id
+
+    import torch
+
+    from .. import target as target_mod
+
     info = target_mod.describe(op.target)
     target_mod.check_layers(info, layer_ids)
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -111,6 +106,10 @@ def extract_work(store: Store, a: ops.ExtractWork, ids: list[str], progress: Pro
     """Extract prompts `ids` of set a.completions into extraction a.extraction on a.device: yields
     {"backend", "versions", "device"} once the target is loaded, then {"item", "tokens", "file"} per prompt
     whose feature file is written (the caller records it)."""
+    import torch
+
+    from .. import cache, target as target_mod
+
     info = target_mod.describe(a.target)
     want = set(ids)
     rows = [r for r in store.completions(a.completions) if r["prompt_id"] in want]

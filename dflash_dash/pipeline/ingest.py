@@ -10,18 +10,12 @@ offline): nothing is ever downloaded.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from .. import engines, lazy, ops, prompts as prompts_mod
+from .. import engines, ops, prompts as prompts_mod
 from ..ops import InputError
 from ..store import Store, StoreError, new_id
 from .base import Progress, Runner, features_root, tick
 from .kept import record_engine_stats
-
-if TYPE_CHECKING:
-    from .. import cache, target as target_mod
-else:
-    cache, target_mod = map(lazy.module, ("dflash_dash.cache", "dflash_dash.target"))
 
 
 def parse_jsonl(text: str, vocab_size: int | None = None) -> list[dict]:
@@ -83,6 +77,8 @@ def import_features(
     its features' provenance (backend, device, dtype, config_hash, ...). Only completions whose ids equal the
     set's are imported (the features belong to those ids). Returns (extraction id, mismatched prompt ids);
     InputError when the source's target differs (config hash) or no completion matches."""
+    from .. import cache, target as target_mod
+
     info = target_mod.describe(target)
     if meta.get("config_hash") != info.config_hash:
         raise InputError(

@@ -199,7 +199,7 @@ def export(store: Store, run: str = "latest") -> dict:
     """A run as JSON-able data: run row, summary and per-prompt results (store only, no network). Per prompt also
     its blocks (`analysis.rounds.blocks`): "round_anchors" [R], "drafts" [A][B-1] (-1: not drafted), "draft_p" [A][B-1]
     (exp(draft_logp), the top-1 probability; null: not recorded) and "round_top_ids"/"round_top_p" [R][B-1][K]
-    (K = summary `round_topk`; empty for runs replayed before they were kept)."""
+    (K = summary `round_topk`; empty for runs stored without them)."""
     from ..analysis.rounds import blocks
 
     r = store.run_row(run)

@@ -14,20 +14,14 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import lazy, metrics, ops
+from .. import drafters as drafter_mod, metrics, ops
 from ..ops import InputError
 from ..store import Store, StoreError, new_id
 from .base import Progress, Runner, features_root, here, tick
 from .kept import ANALYSES, keep
 
 if TYPE_CHECKING:
-    import torch
-
-    from .. import cache, drafters as drafter_mod, replay as replay_mod, target as target_mod
-else:
-    torch, cache, drafter_mod, replay_mod, target_mod = map(
-        lazy.module, ("torch", "dflash_dash.cache", "dflash_dash.drafters", "dflash_dash.replay", "dflash_dash.target")
-    )
+    from .. import replay as replay_mod, target as target_mod
 
 
 SEQ_BATCH = 64  # sequences read from the cache at a time (`iter_sequences`)
@@ -39,6 +33,10 @@ def iter_sequences(
     """Batches of token ids from the store plus validated features from the cache (no network), in set order
     (`only`: just these prompt ids); each feature file is read once (`cache.read_many`: several at a time, on CUDA
     straight to `device`), its batch yielded once all of it is read."""
+    import torch
+
+    from .. import cache, replay as replay_mod
+
     comps = {r["prompt_id"]: r for r in store.completions(extraction["set_name"])}
     width = len(extraction["layer_ids"]) * extraction["hidden_size"]
     items = sorted(
@@ -106,6 +104,9 @@ def replay_many(
     ex = store.extraction(op.extraction)
     if ex["status"] != "done":
         raise InputError(f"extraction {ex['id']} is {ex['status']}, not done; finish it (re-extract) first")
+
+    from .. import replay as replay_mod, target as target_mod
+
     info = target_mod.describe(ex["target_path"])
     plan = []
     for ck in checkpoints:  # configs checked here; tensors when the work loads them, before any replay
@@ -160,6 +161,8 @@ def store_run(
     """The parent's store step of one replayed checkpoint: its summary over all prompts (`res`, in set order), the
     run and its per-prompt rows stored, then every whole-run analysis kept. `comps`: the set's completions by
     prompt id, when the caller has them. Returns {"id", "summary"}."""
+    from .. import replay as replay_mod
+
     loc = drafter_mod.locate(ck.path, ck.draft_config)
     cfg = drafter_mod.config_of(loc)
     sem = drafter_mod.sliding_semantics(cfg, ck.sliding_block)

@@ -1,7 +1,6 @@
-"""Issue 11 in the browser: the reliability diagram and the failure patterns on Acceptance (each drawn when chosen in
-the page's section picker), a worst-span link
-that opens the token view with the span outlined, and target-layer attribution started from Diagnostics with its
-bar chart (screenshots under out/screenshots/)."""
+"""Why drafts fail, in the browser: the reliability diagram and the failure patterns on Acceptance (each drawn when
+chosen in the page's section picker), a worst-span link that opens the token view with the span outlined, and
+target-layer attribution started from Diagnostics with its bar chart (screenshots under out/screenshots/)."""
 
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ def chart(page, title: str):
 
 
 def section(page, label: str) -> None:
-    """Choose an optional section of the page (drawn only when chosen, issue 14) in its section picker."""
+    """Choose an optional section of the page (drawn only when chosen, so the page draws fast) in its section picker."""
     btn = page.locator("[data-testid=stButtonGroup] button").filter(has_text=label).first
     btn.scroll_into_view_if_needed()
     btn.click()

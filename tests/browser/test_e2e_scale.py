@@ -1,4 +1,4 @@
-"""Issue 12 in the browser: Acceptance and Compare on a workspace of 1,000 completions (planted runs,
+"""Scale in the browser: Acceptance and Compare on a workspace of 1,000 completions (planted runs,
 `tools/planted.py`: completions imported by the product, each run stored by the replay's own store step).
 
 The completions are 128 tokens (not the benchmark's 2,560) so the workspace builds in about half a minute on a 2-core

@@ -1,4 +1,4 @@
-"""Issue 5, in the browser: untrusted text (prompt ids, set and run names, completion text, job logs) holding
+"""Security in the browser: untrusted text (prompt ids, set and run names, completion text, job logs) holding
 <script>, HTML, markdown and control characters is shown as text on every page and executes nothing."""
 
 from __future__ import annotations

@@ -1,0 +1,48 @@
+"""The Conformance page in the browser, on the workspace fetched from the speculative stand-in with the broken
+engine's counters imported (session fixture `spec_workspace`, tests/speculative.py): the table and the scatter are
+drawn, the CSV download holds the table sorted by gap (a flagged prompt first), and a flagged prompt's link opens
+its token view on the Acceptance page (screenshot under out/screenshots/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from serving import until
+from speculative import IDS, private_copy
+from web import CHROMIUM, NO_CHROMIUM, dashboard, drawn, settle, shot
+
+from dflash_dash.store import Store
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
+
+
+def test_browser_shows_table_scatter_and_downloads_csv(spec_workspace, page, tmp_path):
+    ws = private_copy(spec_workspace["ws"], tmp_path / "ws")
+    run = Store(ws).runs()[-1]["id"]
+    page.set_viewport_size({"width": 1500, "height": 1400})
+    with dashboard(ws, tmp_path) as url:
+        page.goto(f"{url}/conformance?run={run}&engine=bug")
+        page.get_by_role("heading", name="Conformance").first.wait_for()
+        settle(page)
+        page.get_by_text("prompt(s) flagged").first.wait_for()
+        page.locator("[data-testid=stPlotlyChart] .main-svg").first.wait_for()
+        page.locator("[data-testid=stDataFrame] canvas").first.wait_for()
+        drawn(page)
+        assert page.locator("[data-testid=stException]").count() == 0
+        shot(page, "conformance")  # the whole page, under out/screenshots/
+        with page.expect_download() as dl:
+            page.get_by_role("button", name="Download the table (CSV)").click()
+        lines = Path(dl.value.path()).read_text().splitlines()
+        assert dl.value.suggested_filename == f"conformance-{run}-bug.csv"
+        assert lines[0].startswith("prompt,flagged,engine_tau,replay_tau,gap") and len(lines) == len(IDS) + 1
+        assert lines[1].split(",")[1] == "True"  # most negative gap first: a flagged prompt
+        # a flagged prompt's link opens its token view
+        first = lines[1].split(",")[0]
+        page.locator("a", has_text=first).first.click()
+        page.get_by_text(f"Token view · {first}").wait_for()
+        until(
+            lambda: "acceptance" in page.url and f"prompt={first}" in page.url,
+            timeout=10,
+            what="the deep link to open the Acceptance page",
+        )
