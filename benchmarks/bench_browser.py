@@ -112,7 +112,7 @@ def drawn(page, name: str) -> None:
         page.wait_for_function(DRAWN, timeout=120_000)
     except Exception:
         page.screenshot(path=f"/tmp/bench-browser-{name}.png")
-        raise RuntimeError(f"{name}: not drawn within 120 s (screenshot /tmp/bench-browser-{name}.png)")
+        raise RuntimeError(f"{name}: not drawn within 120 s (screenshot /tmp/bench-browser-{name}.png)") from None
 
 
 def navigate(page, reps: int, figs: dict) -> None:

@@ -38,7 +38,7 @@ def offline(monkeypatch):
 
 
 def test_the_block_works(offline):
-    with pytest.raises(Exception):
+    with pytest.raises(NetworkCall):
         urllib.request.urlopen("http://127.0.0.1:9/health", timeout=1)
     assert offline
 

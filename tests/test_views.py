@@ -158,7 +158,7 @@ def test_token_html_marks_roles_depth_blocks_and_rejections():
     spans = re.findall(r'<span class="([^"]+)" title="([^"]*)">', out)
     token_spans = [s for s in spans if not s[0].startswith("dfv-rej")]
     assert len(token_spans) == len(tr.role)
-    for (cls, tip), role, depth, start in zip(token_spans, tr.role, tr.depth, tr.start):
+    for (cls, _tip), role, depth, start in zip(token_spans, tr.role, tr.depth, tr.start):
         assert (f"dfv-a{depth}" if role == "acc" else f"dfv-{role}") in cls.split()
         assert ("dfv-b" in cls.split()) == start
     n_rej = sum(x is not None for x in tr.rejected)

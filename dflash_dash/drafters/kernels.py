@@ -86,7 +86,9 @@ def _compiled(fn):
                             torch._dynamo.maybe_mark_dynamic(a, d)
                 return fused[0](*args)
             except Exception as e:  # noqa: BLE001  (no working Inductor here: eager is the same arithmetic)
-                warnings.warn(f"fused {fn.__name__} unavailable ({type(e).__name__}: {str(e)[:200]}); running eager")
+                warnings.warn(
+                    f"fused {fn.__name__} unavailable ({type(e).__name__}: {str(e)[:200]}); running eager", stacklevel=2
+                )
                 fused.clear()
         return fn(*args)
 

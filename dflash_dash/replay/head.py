@@ -131,7 +131,9 @@ def top_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, 
                 vals, ids, lse = _TOP[0](logits, max(k, 1))
                 return ids[:, 0], ids[:, :k], vals[:, :k] - lse[:, None]
             except Exception as e:  # noqa: BLE001  (a Triton that cannot compile it: torch below is exact)
-                warnings.warn(f"Triton top-k kernel unavailable ({type(e).__name__}: {e}); using torch.topk")
+                warnings.warn(
+                    f"Triton top-k kernel unavailable ({type(e).__name__}: {e}); using torch.topk", stacklevel=2
+                )
                 _TOP[0] = None
     top = logits.topk(k, dim=-1)
     return logits.argmax(-1), top.indices, top.values.float() - torch.logsumexp(logits.float(), -1)[:, None]

@@ -65,7 +65,6 @@ def test_a_failed_job_is_dismissed_and_stays_gone(env, page):
 def test_an_overview_row_opens_its_run(env, page):
     st = Store(env["ws"])
     runs = sorted(st.runs(), key=lambda r: r["name"])  # by checkpoint within the one extraction
-    want = runs[1]["id"]
     open_page(page, env, "", "dflash-dash")
     click_row(page, page.locator("[data-testid=stDataFrame]").first, 1)
     page.get_by_role("heading", name="Acceptance").first.wait_for()
