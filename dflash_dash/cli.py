@@ -177,18 +177,9 @@ def cmd_demo(a, st):
 
 
 def cmd_serve(a, st):
-    from . import server
+    from .server import options as server_options
 
-    server.serve(
-        a.model,
-        a.host,
-        a.port,
-        a.startup_delay,
-        health_delay=a.health_delay,
-        api_key=a.api_key,
-        speculative_draft=a.speculative_draft,
-        speculative_bug=a.speculative_bug,
-    )
+    server_options.run(a)
 
 
 def cmd_import_engine_stats(a, st):
@@ -270,21 +261,11 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
         s.set_defaults(fn=cmd_list)
 
     s = sub.add_parser("serve", help="local SGLang-compatible server (stand-in for tests and the demo)")
-    s.add_argument("--model", required=True)
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=30000)
-    s.add_argument("--startup-delay", type=float, default=0.0)
-    s.add_argument(
-        "--health-delay",
-        type=float,
-        default=0.0,
-        help="seconds GET /health takes once ready (a real one generates a token)",
-    )
-    s.add_argument("--api-key", help="require `Authorization: Bearer KEY` except on /health (as SGLang's --api-key)")
-    if not store_only:
-        from .server import speculative_args
+    if not store_only:  # the stand-in's options (its module imports torch)
+        from .server import options as server_options
 
-        speculative_args(s)  # --speculative-draft CKPT, --speculative-bug NAME (a test aid)
+        server_options.serve_args(s)
+        server_options.speculative_args(s)  # --speculative-draft CKPT, --speculative-bug NAME (a test aid)
     s.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("fetch", help="fetch greedy completions of a prompt set from an SGLang server")

@@ -35,8 +35,10 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def srv(model, tmp_path_factory):
-    """A stand-in that behaves like a real keyed SGLang: --api-key and a /health that takes 1.5 s."""
-    s = Served(model, tmp_path_factory.mktemp("srvlog") / "server.log", extra=["--health-delay", "1.5"], api_key=KEY)
+    """A stand-in that behaves like a real keyed SGLang: --api-key, a /health that takes 1.5 s, and tokens that take
+    5 ms each, so a 600-token generation is still running seconds after it started, whatever the machine."""
+    extra = ["--health-delay", "1.5", "--token-delay", "0.005"]
+    s = Served(model, tmp_path_factory.mktemp("srvlog") / "server.log", extra=extra, api_key=KEY)
     try:
         s.wait()
     except BaseException:

@@ -256,12 +256,18 @@ def serve(
     api_key: str | None = None,
     speculative_draft: str | None = None,
     speculative_bug: str | None = None,
+    token_delay: float = 0.0,
 ) -> None:
     """Load `model` (and the DFlash drafter `speculative_draft`, when given) and serve it until interrupted
     (blocking). See the module docstring for the protocol."""
     t0 = time.monotonic()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    eng = Engine(model_dir=Path(model).resolve(), device=device, health_delay=max(0.0, health_delay))
+    eng = Engine(
+        model_dir=Path(model).resolve(),
+        device=device,
+        health_delay=max(0.0, health_delay),
+        token_delay=max(0.0, token_delay),
+    )
     if not (eng.model_dir / "config.json").exists():
         raise SystemExit(f"no config.json in {eng.model_dir}: --model must be a Hugging Face model folder")
     if speculative_bug and not speculative_draft:

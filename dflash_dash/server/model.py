@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import inspect
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ class Engine:
     ready_at: float = float("inf")  # monotonic time after which /health answers 200
     backend: str = "default"  # linear-attention kernel backend bound ("torch" forced on CPU)
     health_delay: float = 0.0  # seconds a ready /health takes (a real one generates a token)
+    token_delay: float = 0.0  # extra seconds per greedy token (a big model decodes slower than the tiny one)
     running: int = 0  # generations decoding now (holding `lock`)
     waiting: int = 0  # generations queued for `lock`
     count_lock: threading.Lock = field(default_factory=threading.Lock)  # guards running / waiting
@@ -199,6 +201,8 @@ class Engine:
                         return out_ids, text, finish
                 if len(out_ids) >= max_new:
                     break
+                if self.token_delay > 0:
+                    time.sleep(self.token_delay)
                 cache = getattr(out, "cache", None)
                 cache = out.past_key_values if cache is None else cache
                 out = model(input_ids=torch.tensor([[tok]], device=self.device), use_cache=True, **{kw: cache})

@@ -15,6 +15,29 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m dflash_dash.server",
         description="Local SGLang stand-in (tests, demo, offline): one transformers model, greedy decoding.",
     )
+    serve_args(p)
+    speculative_args(p)
+    run(p.parse_args(argv))
+
+
+def run(a: argparse.Namespace) -> None:
+    """Serve with the options of `serve_args` and `speculative_args` (blocking)."""
+    serve(
+        a.model,
+        a.host,
+        a.port,
+        a.startup_delay,
+        a.device,
+        a.health_delay,
+        a.api_key,
+        a.speculative_draft,
+        a.speculative_bug,
+        a.token_delay,
+    )
+
+
+def serve_args(p: argparse.ArgumentParser) -> None:
+    """The stand-in's own options (shared with `python -m dflash_dash serve`)."""
     p.add_argument("--model", required=True, help="Hugging Face model folder (config.json + safetensors)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="port to bind (default 30000)")
@@ -32,22 +55,15 @@ def main(argv: list[str] | None = None) -> None:
         help="seconds GET /health takes once ready (a real one generates a token; default 0)",
     )
     p.add_argument(
+        "--token-delay",
+        type=float,
+        default=0.0,
+        help="extra seconds per greedily decoded token, to model a slower model (default 0)",
+    )
+    p.add_argument(
         "--api-key",
         default=None,
         help="require `Authorization: Bearer KEY` on every route except /health (as SGLang's --api-key)",
-    )
-    speculative_args(p)
-    a = p.parse_args(argv)
-    serve(
-        a.model,
-        a.host,
-        a.port,
-        a.startup_delay,
-        a.device,
-        a.health_delay,
-        a.api_key,
-        a.speculative_draft,
-        a.speculative_bug,
     )
 
 
