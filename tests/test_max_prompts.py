@@ -39,6 +39,15 @@ def test_sweep_max_prompts(prepared, workspace_copy, tmp_path, capsys):
     assert rc == 0
     (run_id,) = capsys.readouterr().out.split()
     assert sorted(r["prompt_id"] for r in st.run_prompts(run_id)) == sorted(order[:2])
+    # the same checkpoint swept again over every prompt is replayed again, not answered by the 2-prompt run
+    rc = cli.main(["--workspace", str(workspace_copy), "sweep", "--checkpoints", str(train)])
+    assert rc == 0
+    (full_id,) = capsys.readouterr().out.split()
+    assert full_id != run_id and sorted(r["prompt_id"] for r in st.run_prompts(full_id)) == sorted(order)
+    # and each is reused by a sweep over the same prompts
+    for args, want in (([], full_id), (["--max-prompts", "2"], run_id)):
+        assert cli.main(["--workspace", str(workspace_copy), "sweep", "--checkpoints", str(train), *args]) == 0
+        assert capsys.readouterr().out.split() == [want]
 
 
 def test_max_prompts_is_checked_in_ops(prepared, workspace_copy, capsys):

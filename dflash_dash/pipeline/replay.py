@@ -9,6 +9,7 @@ Replay never touches the network; the math lives in replay/drafter/metrics, the 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import fields, replace
 from pathlib import Path
@@ -249,9 +250,9 @@ def checkpoints_in(folder: str | Path) -> tuple[list[Path], list[str]]:
 def sweep(store: Store, op: ops.Sweep, progress: Progress = None, runner: Runner | None = None) -> list[str]:
     """Replay every checkpoint found under `op.checkpoints` on one extraction, in one pass over its features
     (`replay_many`, chain-only anchors by default); returns run ids in step order. A checkpoint already replayed
-    on this extraction (with the same sliding semantics) is not replayed again (its latest run id is
-    returned). Every checkpoint is validated before the first replay, so a refused one stops the sweep with
-    nothing stored."""
+    on this extraction (with the same sliding semantics and over the same prompts: `op.max_prompts`) is not
+    replayed again (its latest run id is returned). Every checkpoint is validated before the first replay, so a
+    refused one stops the sweep with nothing stored."""
     sliding_block, draft_config = op.sliding_block, op.draft_config
     ex = store.extraction(op.extraction)
     cks, notes = checkpoints_in(op.checkpoints)
@@ -262,7 +263,13 @@ def sweep(store: Store, op: ops.Sweep, progress: Progress = None, runner: Runner
         cfg = drafter_mod.read_config(ck, draft_config)
         sem = drafter_mod.sliding_semantics(cfg, sliding_block) if "sliding_attention" in cfg.layer_types else None
         plan.append((ck, sem))
-    have = {(r["checkpoint"], r.get("sliding_block")): r["id"] for r in store.runs() if r["extraction_id"] == ex["id"]}
+    n = len(store.items(ex["id"]))
+    n = n if op.max_prompts is None else min(n, op.max_prompts)  # a run of other prompts is not this sweep's
+    have = {
+        (r["checkpoint"], r.get("sliding_block")): r["id"]
+        for r in store.runs()
+        if r["extraction_id"] == ex["id"] and summary_of(r).get("prompts") == n
+    }
     todo = [ck for ck, sem in plan if (str(ck), sem) not in have]
     tick(progress, 0, len(cks), f"{len(cks)} checkpoints, {len(cks) - len(todo)} already replayed on {ex['id']}")
     new = (
@@ -280,6 +287,12 @@ def sweep(store: Store, op: ops.Sweep, progress: Progress = None, runner: Runner
     ids = [have.get((str(ck), sem)) or fresh[str(ck)] for ck, sem in plan]
     tick(progress, len(cks), len(cks), f"replayed {len(todo)} checkpoints")
     return ids
+
+
+def summary_of(run: dict) -> dict:
+    """A runs row's summary as a dict (the store keeps it as JSON text)."""
+    s = run.get("summary")
+    return json.loads(s) if isinstance(s, str) else (s or {})
 
 
 def sliding_check(store: Store, op: ops.SlidingCheck, progress: Progress = None, runner: Runner | None = None) -> dict:
