@@ -22,7 +22,7 @@ from dflash_dash import (
     replay as rp,
     target as tg,
 )
-from dflash_dash.drafters import kernels
+from dflash_dash.drafters import dflash, kernels
 from dflash_dash.drafters.dflash import DFlash
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -72,9 +72,9 @@ if (
 
         setattr(owner, name, wrapped)
 
-    timed_fn(dr, "_weights", "read")  # safetensors tensors, checked (mapped; `device_io.upload` copies them)
+    timed_fn(dflash, "checked", "read")  # safetensors tensors, checked (mapped; `device_io.upload_weights` copies them)
     timed_fn(kernels.Rope, "__init__", "rope")  # RoPE tables (transformers imported for scaled types only)
-    timed_fn(dr, "ops_for", "kernels")  # Triton, Inductor: the fused element-wise ops
+    timed_fn(dr, "kernels_for", "kernels")  # Triton, Inductor: the fused element-wise ops
     side = torch.cuda.Stream()
     for first in (True, False):
         phases.clear()
@@ -83,7 +83,7 @@ if (
         t1 = time.perf_counter()
         tag = "cold_fetch" if first else "next_fetch"
         figs |= {f"{tag}_s": t1 - t0} | {f"{tag}_{k}_s": v for k, v in phases.items()}
-        figs[f"{tag}_rest_s"] = t1 - t0 - sum(phases.values())  # the upload through pinned chunks (`device_io.upload`)
+        figs[f"{tag}_rest_s"] = t1 - t0 - sum(phases.values())  # the pinned-chunk upload (upload_weights)
         del got
 V, H = FULL["vocab_size"], FULL["hidden_size"]
 hw = rand_weights({"e": (V, H), "l": (V, H)}, dev, dtype, 2)

@@ -47,13 +47,13 @@ def _print(obj) -> None:
 # commands
 
 
-def cmd_import(a, st):
-    n = pipeline.import_completions(st, a.file, a.name)
+def cmd_import(a, store):
+    n = pipeline.import_completions(store, a.file, a.name)
     print(f"imported {n} completions into set {a.name}")
 
 
-def cmd_export_completions(a, st):
-    for r in pipeline.export_completions(st, a.name):
+def cmd_export_completions(a, store):
+    for r in pipeline.export_completions(store, a.name):
         print(json.dumps(r))
 
 
@@ -62,27 +62,27 @@ def op_of(cls: type[ops.Op], a: argparse.Namespace, **given) -> ops.Op:
     return cls.from_args({f.name: getattr(a, f.name) for f in fields(cls) if hasattr(a, f.name)} | given)
 
 
-def runner(st, op: ops.Op):
+def runner(store, op: ops.Op):
     """Worker processes over the op's GPUs when it names several (jobs.workers.pool); None: work in this process."""
     from .jobs import workers
 
-    return workers.runner_for(st, op)
+    return workers.runner_for(store, op)
 
 
-def cmd_extract(a, st):
+def cmd_extract(a, store):
     from .jobs import orchestrate
 
     if a.extraction_id:
-        st.extraction(a.extraction_id)  # must exist: a typo must not start a new extraction under that id
+        store.extraction(a.extraction_id)  # must exist: a typo must not start a new extraction under that id
     op = op_of(ops.Extract, a)
     op = replace(op, layers=pipeline.layers_of(op.drafter, op.layers), drafter=None)
     for i, dev in enumerate(dict.fromkeys(op.devices())):
-        for w in orchestrate.check_extract(st, op.target, op.completions, op.layers, dev, op.dtype, a.extraction_id):
+        for w in orchestrate.check_extract(store, op.target, op.completions, op.layers, dev, op.dtype, a.extraction_id):
             if i == 0:  # the page asks to confirm; a script asked for it explicitly
                 print(f"note: {w}", file=sys.stderr)
     if op.orchestrate != "none":  # free the server's GPU around the extraction: the job does it, we follow it
-        return follow(st, jobs_mod().start(st, op), "extraction")
-    print(pipeline.extract(st, op, progress, runner(st, op)))
+        return follow(store, jobs_mod().start(store, op), "extraction")
+    print(pipeline.extract(store, op, progress, runner(store, op)))
 
 
 def jobs_mod():
@@ -91,15 +91,15 @@ def jobs_mod():
     return lifecycle
 
 
-def follow(st, job_id: str, key: str, every: float = 0.3) -> int:
+def follow(store, job_id: str, key: str, every: float = 0.3) -> int:
     """Wait for a job, showing its steps; print result[key] when it is done. Ctrl-C cancels the job."""
     jobs = jobs_mod()
     print(f"job {job_id} (log: python -m dflash_dash jobs logs {job_id})", file=sys.stderr)
     last = None
     try:
         while True:
-            jobs.refresh(st)
-            row = st.job(job_id)
+            jobs.refresh(store)
+            row = store.job(job_id)
             if row["step"] != last:
                 progress(int(100 * (row["progress"] or 0)), 100, row["step"] or "")
                 last = row["step"]
@@ -107,7 +107,7 @@ def follow(st, job_id: str, key: str, every: float = 0.3) -> int:
                 break
             time.sleep(every)
     except KeyboardInterrupt:
-        jobs.cancel(st, job_id)
+        jobs.cancel(store, job_id)
         raise
     if row["status"] != "done":
         print(f"\nerror: job {job_id} {row['status']}: {row['error']}", file=sys.stderr)
@@ -117,78 +117,78 @@ def follow(st, job_id: str, key: str, every: float = 0.3) -> int:
     return 0
 
 
-def cmd_replay(a, st):
+def cmd_replay(a, store):
     op = op_of(ops.Replay, a)
-    out = pipeline.replay(st, op, progress, runner(st, op))
+    out = pipeline.replay(store, op, progress, runner(store, op))
     if a.extraction == "latest":
         print(f"extraction latest = {out['summary']['extraction']}", file=sys.stderr)
     print(out["id"])
     _print(out["summary"])
 
 
-def cmd_sweep(a, st):
+def cmd_sweep(a, store):
     op = op_of(ops.Sweep, a)
-    for run_id in pipeline.sweep(st, op, progress, runner(st, op)):
+    for run_id in pipeline.sweep(store, op, progress, runner(store, op)):
         print(run_id)
 
 
-def cmd_sliding_check(a, st):
+def cmd_sliding_check(a, store):
     op = op_of(ops.SlidingCheck, a)
-    _print(pipeline.sliding_check(st, op, progress))
+    _print(pipeline.sliding_check(store, op, progress))
 
 
-def cmd_attribute(a, st):
+def cmd_attribute(a, store):
     op = op_of(ops.Attribute, a)
-    _print(pipeline.attribute(st, op, progress))
+    _print(pipeline.attribute(store, op, progress))
 
 
-def cmd_export(a, st):
-    _print(pipeline.export(st, a.run))
+def cmd_export(a, store):
+    _print(pipeline.export(store, a.run))
 
 
-def cmd_list(a, st):
-    _print(pipeline.listing(st, a.command))
+def cmd_list(a, store):
+    _print(pipeline.listing(store, a.command))
 
 
-def cmd_fetch(a, st):
-    n = pipeline.fetch(st, op_of(ops.Fetch, a), progress)
-    print(f"fetched {n} new completions into set {a.name} ({len(st.completion_ids(a.name))} in total)")
+def cmd_fetch(a, store):
+    n = pipeline.fetch(store, op_of(ops.Fetch, a), progress)
+    print(f"fetched {n} new completions into set {a.name} ({len(store.completion_ids(a.name))} in total)")
 
 
-def cmd_jobs(a, st):
+def cmd_jobs(a, store):
     from .jobs import lifecycle as jobs
 
     if a.action == "list":
-        return _print(jobs.recent(st, a.limit))
+        return _print(jobs.recent(store, a.limit))
     if not a.id:
         raise ops.InputError(f"jobs {a.action} needs a job id (see `jobs list`)")
     if a.action == "cancel":
-        print(jobs.cancel(st, a.id)["status"])
+        print(jobs.cancel(store, a.id)["status"])
     elif a.action == "logs":
-        sys.stdout.write(jobs.log_tail(st, a.id, a.lines))
+        sys.stdout.write(jobs.log_tail(store, a.id, a.lines))
     else:
-        print(jobs.rerun(st, a.id))
+        print(jobs.rerun(store, a.id))
 
 
-def cmd_demo(a, st):
+def cmd_demo(a, store):
     from . import demo
 
     _print(demo.build(a.workspace, progress))
 
 
-def cmd_serve(a, st):
+def cmd_serve(a, store):
     from .server import options as server_options
 
     server_options.run(a)
 
 
-def cmd_import_engine_stats(a, st):
-    n = pipeline.import_engine_stats(st, a.file, a.completions, a.engine)
+def cmd_import_engine_stats(a, store):
+    n = pipeline.import_engine_stats(store, a.file, a.completions, a.engine)
     print(f"imported {a.engine} stats of {n} prompts of set {a.completions}")
 
 
-def cmd_conformance(a, st):
-    out, rows, missing = pipeline.conformance(st, a.run, a.engine, a.threshold)
+def cmd_conformance(a, store):
+    out, rows, missing = pipeline.conformance(store, a.run, a.engine, a.threshold)
     if missing:
         print(
             f"note: {len(missing)} prompt(s) of run {out['run']} have no {out['engine']} stats: "
@@ -336,9 +336,9 @@ def field_help() -> dict[str, dict[str, str]]:
     for node in ast.parse(src).body:
         if isinstance(node, ast.ClassDef):
             out[node.name] = {
-                st.target.id: comment(st.lineno)
-                for st in node.body
-                if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)
+                stmt.target.id: comment(stmt.lineno)
+                for stmt in node.body
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
             }
     return out
 

@@ -282,9 +282,9 @@ def test_fused_ops_fall_back_to_eager(monkeypatch):
         return call
 
     monkeypatch.setattr(torch, "compile", broken)
-    ops = kernels.Kernels(True)
+    fused = kernels.Kernels(True)
     x, w = torch.randn(3, 8), torch.randn(8)
     with pytest.warns(UserWarning, match="fused rmsnorm unavailable"):
-        got = ops.rmsnorm(x, w, 1e-6)
-    assert torch.equal(got, kernels.rmsnorm(x, w, 1e-6)) and torch.equal(ops.rmsnorm(x, w, 1e-6), got)
+        got = fused.rmsnorm(x, w, 1e-6)
+    assert torch.equal(got, kernels.rmsnorm(x, w, 1e-6)) and torch.equal(fused.rmsnorm(x, w, 1e-6), got)
     assert kernels.kernels_for(torch.device("cpu")) is kernels.EAGER

@@ -4,7 +4,7 @@ uploaded through pinned staging chunks on a CUDA side stream, and the worker loo
 Contract: `replay_work(store, spec, ids, progress)` (given an `ops.ReplayWork`) yields {"checkpoint": index,
 "result": PromptResult} per checkpoint and prompt, with the same results on every device and schedule: the
 overlap (loader thread pool, side stream, pinned chunks) only changes when bytes move, never which. `passes`,
-`fetch_checkpoint`, `upload` and `adopt` are its parts; benchmarks time them one by one.
+`fetch_checkpoint`, `upload_weights` and `adopt` are its parts; benchmarks time them one by one.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def passes(store: Store, ex: dict, ids: list[str], device: str) -> list[list[str
     return out
 
 
-STAGE_BYTES = 2**27  # a pinned staging chunk of `upload`: at the 27B shapes (2,560 tokens x 25,600 values) the
+STAGE_BYTES = 2**27  # a pinned staging chunk of `upload_weights`: at the 27B shapes (2,560 tokens x 25,600 values) the
 # size class the feature read's staging buffers round to (`cache.read_many`), so torch's
 # caching host allocator hands those back
 
@@ -52,16 +52,16 @@ STAGE_BYTES = 2**27  # a pinned staging chunk of `upload`: at the 27B shapes (2,
 def fetch_checkpoint(ck: ops.CheckpointSpec, dtype, device: str, side=None):
     """(checkpoint `ck` loaded onto `device`, seconds it took), on a loader thread of `replay_work`. On CUDA the
     weights go from the mapped file to the device through pinned chunks, copied on the side stream `side`
-    (`upload`), beside the replay of the checkpoint before; returns once they are there. Measured on the H200:
+    (`upload_weights`), beside the replay of the checkpoint before; returns once they are there. Measured on the H200:
     copying from pageable memory stalled the replay's launches (+0.5 s a checkpoint), and pinning a whole
     checkpoint (3.5 GB) cost +1.4 s beside a first walk, or +5.5 s of the first load when done beside it."""
     t = time.perf_counter()
-    place = None if side is None else (lambda w: upload(w, device, side))
+    place = None if side is None else (lambda w: upload_weights(w, device, side))
     d = drafter_mod.load(ck.path, dtype, device, ck.sliding_block, ck.draft_config, place)
     return d, time.perf_counter() - t
 
 
-def upload(w: dict, device: str, side) -> dict:
+def upload_weights(w: dict, device: str, side) -> dict:
     """CPU tensors `w` copied to `device` on CUDA stream `side` through two pinned chunks of STAGE_BYTES (a chunk
     is refilled once its last copy is done: the host never waits on a pageable copy, nothing big is pinned);
     returns {name: device tensor} once every copy is done."""

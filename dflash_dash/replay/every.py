@@ -91,7 +91,7 @@ def _draft(
     return parts
 
 
-def upload(drafter: Drafter, features: torch.Tensor) -> torch.Tensor:
+def features_to_device(drafter: Drafter, features: torch.Tensor) -> torch.Tensor:
     """Features to the drafter's device without waiting (pinned, asynchronous) on CUDA."""
     if drafter.device.type != "cuda" or features.is_cuda:
         return features
@@ -157,13 +157,13 @@ def every_anchor(
     """
     with ThreadPoolExecutor(1) as pool, torch.inference_mode():
         futures, done = [], None
-        nxt = upload(drafter, seqs[0].features) if seqs else None
+        nxt = features_to_device(drafter, seqs[0].features) if seqs else None
         for i, s in enumerate(seqs):
             parts = _draft(drafter, head, nxt, s.tokens, s.prompt_len, max(budget, ROUND_TOPK), chunk)  # queued
             if done is not None:  # started only now: its thread would slow the launches above (the GIL)
                 futures.append(pool.submit(score, *done))
             if i + 1 < len(seqs):
-                nxt = upload(drafter, seqs[i + 1].features)
+                nxt = features_to_device(drafter, seqs[i + 1].features)
             done = (s.id, to_host(parts), s.tokens.numpy(), s.prompt_len, budget, arrays)
             if len(futures) > 1:
                 futures[-2].result()  # at most one sequence scoring behind; its errors surface here

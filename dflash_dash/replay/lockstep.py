@@ -17,7 +17,7 @@ import torch
 from ..drafters import Drafter
 from ..target import Head
 from ..walks import ROUND_TOPK, chain_walk, round_top, tree_accept
-from .every import Sequence, tail_kv, upload
+from .every import Sequence, features_to_device, tail_kv
 from .head import read_out
 from .score import PromptResult, listed, summarize
 
@@ -80,7 +80,7 @@ def _stack_features(drafter: Drafter, seqs: list[Sequence]) -> torch.Tensor:
     )
     for j, s in enumerate(seqs):
         out[j, : len(s.tokens)] = s.features
-    return upload(drafter, out)
+    return features_to_device(drafter, out)
 
 
 class Lockstep:
