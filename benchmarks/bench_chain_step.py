@@ -31,6 +31,8 @@ ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--rows", type=int, default=200)
 ap.add_argument("--steps", type=int, default=10)
 a = ap.parse_args()
+if not torch.cuda.is_available():
+    sys.exit(f"bench_chain_step.py: needs a CUDA device (CUDA only by design); torch {torch.__version__} sees none")
 dev, dtype = "cuda", torch.bfloat16
 figs = {"matmul_bf16_tflops": matmul_tflops(dev, 8192)}
 peak = figs["matmul_bf16_tflops"]

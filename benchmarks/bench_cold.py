@@ -11,6 +11,7 @@ attention plans).
 """
 
 import argparse
+import sys
 import time
 
 t_start = time.perf_counter()
@@ -35,6 +36,8 @@ ap.add_argument(
     "RoPE, kernels, copies; the drafter written to disk first): the drafter init below is then warm",
 )
 a = ap.parse_args()
+if not torch.cuda.is_available():
+    sys.exit(f"bench_cold.py: needs a CUDA device (CUDA only by design); torch {torch.__version__} sees none")
 dev, dtype = "cuda", torch.bfloat16
 torch.zeros(1, device=dev)
 figs = {"cold_import_s": time.perf_counter() - t_start}
@@ -74,7 +77,7 @@ if (
 
     timed_fn(dflash, "checked", "read")  # safetensors tensors, checked (mapped; `device_io.upload_weights` copies them)
     timed_fn(kernels.Rope, "__init__", "rope")  # RoPE tables (transformers imported for scaled types only)
-    timed_fn(dr, "kernels_for", "kernels")  # Triton, Inductor: the fused element-wise ops
+    timed_fn(dflash, "kernels_for", "kernels")  # Triton, Inductor: the fused element-wise ops (`DFlash.__init__`)
     side = torch.cuda.Stream()
     for first in (True, False):
         phases.clear()

@@ -80,9 +80,13 @@ def build_planted(
     """The scale workspace with planted runs (`tools.planted.build`: completions imported, an extraction recorded
     without features, per checkpoint the parent's store step of a replay on planted results). figs get
     `store_step_s` (per run, mean), its parts `step_<part>_s`, and the store size."""
-    from dflash_dash import pipeline, replay
+    import importlib
+
+    from dflash_dash import replay
     from dflash_dash.store import Store
     from tools import planted
+
+    replaying = importlib.import_module("dflash_dash.pipeline.replay")  # the module (`pipeline.replay`: the handler)
 
     figs = {} if figs is None else figs
     work, t_build = Path(work), time.perf_counter()
@@ -93,9 +97,9 @@ def build_planted(
         return ws
     parts = {
         "summarize": (replay, "summarize"),
-        "prompt_row": (pipeline, "prompt_row"),
+        "prompt_row": (replaying, "prompt_row"),  # the store step (`pipeline.replay.store_run`) calls these
         "add_run": (Store, "add_run"),
-        "analysis": (pipeline, "analysis"),
+        "analysis": (replaying, "keep"),  # the kept analyses (`pipeline.kept.keep`)
     }
     spent, orig = {k: 0.0 for k in parts}, {k: getattr(o, a) for k, (o, a) in parts.items()}
     steps, sizes = [], []

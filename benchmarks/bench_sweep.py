@@ -468,8 +468,8 @@ def phase_timers(dev) -> dict:
 
     wrap(dr, "load", "load_drafter")
     wrap(rp.lockstep.Lockstep, "__init__", "context_kv")
-    wrap(rp, "_walk_device", "walk")
-    wrap(rp, "_chain_batch", "chain_batch")  # context_kv + walk + the results' arrays
+    wrap(rp.lockstep, "walk_device", "walk")  # looked up in `replay.lockstep` by `_chain_batch`
+    wrap(rp.lockstep, "_chain_batch", "chain_batch")  # context_kv + walk + the results' arrays
     wrap(importlib.import_module("dflash_dash.pipeline.replay"), "store_run", "store_run")
     return phases
 

@@ -100,7 +100,7 @@ if a.beside:  # a checkpoint on disk for the loader thread (not timed)
     from dflash_dash.pipeline import device_io
 
     ck = tmp.parent / "ck"
-    write_drafter(ck, tiny.drafter_config(tiny.TinyDrafter(**(SMALL if a.small else FULL))), d.w)
+    write_drafter(ck, tiny.drafter_config(tiny.TinyDrafter(**(SMALL if a.small else FULL))), d.w.named())
     fetched: dict = {}
     side = torch.cuda.Stream() if dev == "cuda" else None
 
