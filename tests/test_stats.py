@@ -232,7 +232,6 @@ def test_complete_fills_a_summary_made_before_the_statistics():
 def test_acceptance_page_and_export_carry_the_statistics(prepared, monkeypatch):
     st_ = Store(prepared.workspace)
     rid = prepared.runs[0]
-    rows = st_.run_prompts(rid)
     B, budget = st_.run_row(rid)["summary"]["block_size"], st_.run_row(rid)["tree_budget"]
     want = metrics.summarize(st_.prompts(rid), B, budget)
     exp = pipeline.export(st_, rid)

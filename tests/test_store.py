@@ -5,11 +5,11 @@ error and exact row counts; a writer killed while holding the lock does not wedg
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import duckdb
 import pytest

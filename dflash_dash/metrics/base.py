@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ def _reals() -> np.ndarray:
     return np.zeros(0, dtype=np.float32)
 
 
-@dataclass
+@dataclass(eq=False)
 class Prompt:
     id: str
     prompt_len: int  # P: position of the first completion token
@@ -60,6 +60,15 @@ class Prompt:
             v = getattr(self, k)
             if not isinstance(v, list):
                 setattr(self, k, np.asarray(v).tolist() if v is not None else [])
+
+    def __eq__(self, other: object) -> bool:
+        """The same fields (arrays: the same shape and values, NaN equal to NaN; dtypes may differ)."""
+        if not isinstance(other, Prompt):
+            return NotImplemented
+        return all(
+            np.array_equal(a, b, equal_nan=a.dtype.kind == "f") if isinstance(a, np.ndarray) else a == b
+            for a, b in ((getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+        )
 
     @classmethod
     def from_row(cls, row: dict) -> Prompt:
