@@ -168,7 +168,7 @@ figs["sustained10_seq_ms"] = clk.s / n * 1e3
 
 def run10(name):
     with Clock(dev) as clk:
-        rp.every_anchor(d, head, seqs, budget=8, chunk=a.chunk, arrays=True)
+        rp.every_anchor_results(d, head, seqs, budget=8, chunk=a.chunk)
     dt = clk.s
     figs.update({f"{name}_seq_ms": dt / n * 1e3, f"{name}_fraction_of_peak": flops * n / dt / 1e12 / peak})
 

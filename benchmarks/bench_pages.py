@@ -22,7 +22,7 @@ as app.py would by wrapping `page.run()`).
 `--planted` builds the workspace without replaying (what a 2-core machine can build): completions imported, an
 extraction recorded without feature files, and per run the parent's store step of a replay (`pipeline.store_run`)
 on planted results of the replay's shapes (`tools/planted.py`); it adds `store_step_s` (per run) and its parts
-`step_<part>_s` (summarize, prompt_row, add_run, analysis).
+`step_<part>_s` (summarize, scored, add_run, analysis).
 
 Figures (`name: value`): `build_*_s` for each step of the build, `runs_built`, `store_db_mb` (the DuckDB file, WAL
 included, and the runs' array files), `store_mb_per_1000_prompt_run` (its growth during the sweep per run built, scaled
@@ -97,7 +97,7 @@ def build_planted(
         return ws
     parts = {
         "summarize": (replay, "summarize"),
-        "prompt_row": (replaying, "prompt_row"),  # the store step (`pipeline.replay.store_run`) calls these
+        "scored": (replaying, "scored"),  # the store step (`pipeline.replay.store_run`) calls these
         "add_run": (Store, "add_run"),
         "analysis": (replaying, "keep"),  # the kept analyses (`pipeline.kept.keep`)
     }

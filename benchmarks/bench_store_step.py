@@ -5,7 +5,7 @@ analyses; the set's completions read once before, as a sweep's parent does). Wit
 while the worker replays the next checkpoint, so a sweep's checkpoints come no faster than this.
 
 Results are planted (`tools.planted.planted_results`, mean 5 accepted drafts) and cut to chain-only shape: -1 /
-NaN off the walk's anchors, numpy arrays as `replay.chain_only_results(arrays=True)` returns them.
+NaN off the walk's anchors, numpy arrays as `replay.chain_only_results` returns them.
 
     python benchmarks/bench_store_step.py [--prompts 200]
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from _common import report  # (puts the repository root on sys.path)
 
-from dflash_dash import ops, pipeline, replay, store
+from dflash_dash import ops, pipeline, store
 from dflash_dash.jobs import wire
 from dflash_dash.store import Store, new_id
 from tools import planted, tiny
@@ -80,7 +80,7 @@ def main() -> None:
     t0 = time.perf_counter()
     lines = [json.dumps({"event": {"checkpoint": 0, "result": r}}, default=wire.plain) for r in res]
     t1 = time.perf_counter()
-    back = [replay.PromptResult(**wire.unpacked(json.loads(ln)["event"])["result"]) for ln in lines]
+    back = [wire.unpacked(json.loads(ln)["event"])["result"] for ln in lines]
     comps = {c["prompt_id"]: c for c in st.completions(planted.SET)}  # a sweep's parent reads them once
     t2 = time.perf_counter()
     pipeline.store_run(

@@ -202,18 +202,19 @@ def speed(a, d, head, c, T, P, n_speed, dev, peak, figs) -> None:
     figs |= {"every_blocks": n_speed * (T - P)}
     for b in sorted({0, a.budget}):  # suffix _budget0: DDTree off (chain walk only); _budget8: DDTree on
         # the replay as a worker runs it: results without the run's summary (the parent's store step makes that),
-        # the chain-only ones as numpy arrays (`chain(arrays=True)`, what `pipeline.device_io.replay_work` does)
+        # (`every_anchor_results`, `chain_only_results`: what `pipeline.device_io.replay_work` runs)
         with Clock(dev) as ce:
-            every, _ = rp.every_anchor(d, head, seqs, b, chunk=256, arrays=True)
+            every = rp.every_anchor_results(d, head, seqs, b, chunk=256)
         note(f"budget {b}: every-anchor {ce.s:.1f} s")
         with Clock(dev) as cc:
-            chain = rp.chain_only_results(d, head, seqs, b, batch=len(seqs), arrays=True)
+            chain = rp.chain_only_results(d, head, seqs, b, batch=len(seqs))
         note(f"budget {b}: chain {cc.s:.1f} s")
-        every, chain = [rp.listed(r) for r in every], [rp.listed(r) for r in chain]
         s_every, s_chain = rp.summarize(every, c.block_size, b), rp.summarize(chain, c.block_size, b)
         same = all((x.rounds, x.tree_rounds) == (y.rounds, y.tree_rounds) for x, y in zip(every, chain))
-        blocks = sum(sum(v >= 0 for v in r.accepted_at) for r in chain)
-        flops = sum(needed_flops(c, p, V, v, T, b) for r in chain for p, v in enumerate(r.accepted_at, P) if v >= 0)
+        blocks = sum(int((r.accepted_at >= 0).sum()) for r in chain)
+        flops = sum(
+            needed_flops(c, p, V, v, T, b) for r in chain for p, v in enumerate(r.accepted_at.tolist(), P) if v >= 0
+        )
         # the chain replay runs the planting's steps (`Planter`): its tau is the planted one; every-anchor drafts
         # in other shapes, where bf16 near ties of random weights flip
         figs |= {"planted_tau_pooled": s_chain["tau_pooled"], "every_tau_pooled": s_every["tau_pooled"]} | (

@@ -218,7 +218,7 @@ def summary(ws: str, run: dict) -> dict:
     s = run["summary"]
     if all(m.key in s for m in metrics.REGISTRY):
         return s
-    return metrics.complete(s, list(all_prompts(ws, run["id"]).values()))
+    return metrics.complete(s, _store(ws).prompts(run["id"]))
 
 
 @st.cache_resource(max_entries=8, show_spinner="loading the tokenizer")

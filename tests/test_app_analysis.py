@@ -62,7 +62,7 @@ def test_acceptance_shows_calibration_with_formulas(prepared, monkeypatch):
     at = app(prepared.workspace, monkeypatch, "acceptance", run=rid, section="calibration")
     clean(at)
     st_ = Store(prepared.workspace)
-    cal = calibration(st_.run_prompts(rid), 4, st_.run_row(rid)["tree_budget"])
+    cal = calibration(st_.prompts(rid), 4, st_.run_row(rid)["tree_budget"])
     m = {x.label: x.value for x in at.metric}
     assert m["calibration ECE (pooled over depths)"] == prob(cal["calibration_ece"])
     assert m["expected tau (macro)"] == fmt(cal["expected_tau"])
@@ -163,7 +163,7 @@ def test_compare_overlays_both_runs_calibration(prepared, monkeypatch):
     names = [f"A {st_.run_row(a)['name']}", f"B {st_.run_row(b)['name']}"]
     assert list(table.columns) == ["metric", *names, "formula"]
     for rid, name in zip((a, b), names):
-        cal = calibration(st_.run_prompts(rid), 4, 8)
+        cal = calibration(st_.prompts(rid), 4, 8)
         assert table.set_index("metric").loc["calibration ECE (pooled over depths)", name] == fmt(
             cal["calibration_ece"]
         )

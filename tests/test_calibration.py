@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from dflash_dash import metrics
@@ -78,13 +79,15 @@ def test_runs_without_draft_logp_are_not_recorded():
     assert metrics.reliability(ps, metrics.Ctx(B, 0)) is None
     cal = calibration(
         [
-            {
-                "prompt_id": p.id,
-                "prompt_len": p.prompt_len,
-                "accepted_at": p.accepted_at,
-                "rounds": p.rounds,
-                "draft_logp": None,
-            }
+            metrics.Prompt.from_row(
+                {
+                    "prompt_id": p.id,
+                    "prompt_len": p.prompt_len,
+                    "accepted_at": p.accepted_at.tolist(),
+                    "rounds": p.rounds,
+                    "draft_logp": None,
+                }
+            )
             for p in ps
         ],
         B,
@@ -97,14 +100,14 @@ def test_store_rows_give_the_same_answer_and_tables():
         {
             "prompt_id": p.id,
             "prompt_len": p.prompt_len,
-            "accepted_at": p.accepted_at,
+            "accepted_at": p.accepted_at.tolist(),
             "rounds": p.rounds,
-            "draft_logp": p.draft_logp,
+            "draft_logp": p.draft_logp.tolist(),
             "tree_rounds": [],
         }
         for p in hand_prompts()
     ]
-    cal = calibration(rows, B)
+    cal = calibration([metrics.Prompt.from_row(r) for r in rows], B)
     assert cal["recorded"] and cal["calibration_ece"] == pytest.approx(0.25)
     assert [r["depth"] for r in cal["reliability"]] == ["pooled"] * 10 + [1] * 10 + [2] * 10
     assert cal["by_depth"] == [
@@ -126,8 +129,8 @@ def test_chain_only_rows_give_the_same_answer():
     nan = float("nan")
     x, y = hand_prompts()
     for p, visited in ((x, {0, 3}), (y, {0, 1})):
-        p.draft_logp = [v if i // (B - 1) in visited else nan for i, v in enumerate(p.draft_logp)]
-        p.accepted_at = [a if i in visited else -1 for i, a in enumerate(p.accepted_at)]
+        p.draft_logp = np.array([v if i // (B - 1) in visited else nan for i, v in enumerate(p.draft_logp)])
+        p.accepted_at = np.array([a if i in visited else -1 for i, a in enumerate(p.accepted_at)])
     s = metrics.summarize([x, y], B, 0)
     assert s["calibration_ece"] == pytest.approx(0.25)
     assert s["expected_tau_pooled"] == pytest.approx((2.4256 + 1.82 + 1.15 + 1.0) / 4)

@@ -179,29 +179,33 @@ def test_sweep_one_pass_equals_separate_replays_and_reads_features_once(prepared
 
 
 def test_worker_results_travel_packed_and_equal():
-    """A worker's PromptResult (numpy fields from `chain(arrays=True)`, or lists) crosses the pipe packed and
-    comes back equal: 1-D fields as lists, the others as numpy arrays; ragged and empty values as they are."""
+    """A worker's `metrics.Prompt` crosses the pipe packed and comes back an equal `metrics.Prompt`: its arrays
+    numpy (integers and NaN kept), its per-round counts lists; ragged and empty values as they are."""
     import json
 
     from dflash_dash.jobs import wire
 
-    r = rp.PromptResult(
+    r = metrics.Prompt(
         "p",
         3,
         np.array([2, -1, 0]),
-        np.array([[5, 6], [-1, -1], [7, 2**40]]),
-        [3],
         [3],
         draft_logp=np.array([[-0.5, np.nan], [np.nan, np.nan], [-1e-8, -3.0]], dtype=np.float32),
+        drafts=np.array([[5, 6], [-1, -1], [7, 2**40]]),
         round_top_ids=[[[5, 1], [6, 2]]],
         round_top_p=[[[0.5, 0.25], [0.125, 1 / 3]]],
     )
-    back = rp.PromptResult(**wire.unpacked(json.loads(json.dumps({"result": r}, default=wire.plain)))["result"])
-    want = rp.listed(r)
-    assert back.accepted_at == want.accepted_at == [2, -1, 0] and back.drafts.tolist() == want.drafts  # int64 kept
-    assert np.array_equal(back.draft_logp, np.array(want.draft_logp), equal_nan=True)
-    assert back.round_top_p.tolist() == want.round_top_p and back.round_top_ids.tolist() == want.round_top_ids
-    assert back.tree_at == [] and wire.pack([[1], [2, 3]]) == [[1], [2, 3]]
+    back = wire.unpacked(json.loads(json.dumps({"result": r}, default=wire.plain)))["result"]
+    assert isinstance(back, metrics.Prompt) and (back.id, back.prompt_len, back.rounds, back.tree_rounds) == (
+        "p",
+        3,
+        [3],
+        [],
+    )
+    assert back.accepted_at.tolist() == [2, -1, 0] and back.drafts.tolist() == r.drafts.tolist()  # int64 kept
+    assert np.array_equal(back.draft_logp, r.draft_logp, equal_nan=True)
+    assert back.round_top_p.tolist() == r.round_top_p.tolist() and back.round_top_ids.tolist() == [[[5, 1], [6, 2]]]
+    assert back.tree_at.size == 0 and back.tau is None and wire.pack([[1], [2, 3]]) == [[1], [2, 3]]
     # chain-only shape: most anchors' rows empty (-1 / NaN); only the others travel, and come back in place
     drafts = np.full((50, 4), -1, dtype=np.int64)
     logp = np.full((50, 4), np.nan, dtype=np.float32)
@@ -215,7 +219,6 @@ def test_worker_results_travel_packed_and_equal():
     dense = drafts.copy()
     dense[:30] = 1  # most rows filled: sent whole
     assert len(wire.pack(dense)["packed"]) == 3 and np.array_equal(wire.unpack(wire.pack(dense)), dense)
-    assert vars(rp.listed(r, keep_2d=True)).keys() == vars(r).keys() and rp.listed(r, keep_2d=True).rounds == [3]
 
 
 def test_worker_writer_keeps_order_and_raises_its_failure():
@@ -232,7 +235,7 @@ def test_worker_writer_keeps_order_and_raises_its_failure():
         w.emit(
             {"progress": [i, 200, "x"]}
             if i % 2
-            else {"event": {"result": rp.PromptResult(str(i), 1, [i], [[i]], [1], [1])}}
+            else {"event": {"result": metrics.Prompt(str(i), 1, [i], [1], drafts=[[i]])}}
         )
     w.close()
     lines = [json.loads(ln) for ln in out.getvalue().splitlines()]

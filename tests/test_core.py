@@ -213,11 +213,11 @@ def test_accepted_and_walk_by_hand():
 
 
 def test_depth_curves_and_summary_by_hand():
-    r = rp.PromptResult("x", 2, [2, 0, 0, 0, 0, 2, 1, 0], [[0] * 3] * 8, [3, 1, 1, 2], [2, 5, 6, 7])
     from dflash_dash import metrics
 
-    ps, ctx = [metrics.Prompt.of(r)], metrics.Ctx(4, 0)
-    assert ps[0].anchors == r.round_anchors
+    r = metrics.Prompt("x", 2, [2, 0, 0, 0, 0, 2, 1, 0], [3, 1, 1, 2], drafts=[[0] * 3] * 8)
+    ps, ctx = [r], metrics.Ctx(4, 0)
+    assert r.round_anchors == [2, 5, 6, 7]
     cond, marg = metrics.depth_conditional(ps, ctx), metrics.depth_marginal(ps, ctx)
     assert metrics.depth_samples(ps, ctx) == [4, 2, 1]
     # rounds at anchors 2,5,6,7 with accepted 2,0,0,2; anchor 7 has 2 tokens left -> depths 1,2 only

@@ -175,7 +175,7 @@ def test_run_scores_in_order_like_a_plain_loop(tmp_path):
         for s in seqs
     ]
     assert [r.id for r in results] == ["s0", "s1", "s2", "s3"]
-    assert [vars(r) for r in results] == [vars(w) for w in want]
+    assert results == want
     assert summary == rp.summarize(want, m.c.block_size, 3)
     assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from dflash_dash import metrics
 from dflash_dash.analysis import patterns
 
 B = 3
@@ -52,7 +54,7 @@ def hand_run():
             "drafts": [99, 7, 50, 50, 0, 0],
         },
     ]
-    return rows, comps
+    return [metrics.Prompt.from_row(r) for r in rows], comps
 
 
 @pytest.mark.parametrize(
@@ -151,8 +153,8 @@ def test_analyse_returns_every_table():
 
 def test_worst_spans_of_a_chain_only_run_use_the_visited_anchors():
     rows, comps = hand_run()
-    rows[0]["accepted_at"] = [2, -1, -1, 1, -1, -1]  # chain-only: only the round anchors 2 and 5 are known
-    rows[1]["accepted_at"] = [0, 0, -1]
+    rows[0].accepted_at = np.array([2, -1, -1, 1, -1, -1])  # chain-only: only the round anchors 2 and 5 are known
+    rows[1].accepted_at = np.array([0, 0, -1])
     spans = patterns.worst_spans(rows, comps, "run-1", strings, window=2, top=5)
     assert [(s["prompt"], s["start"], s["end"], s["anchors"], s["mean_accepted"]) for s in spans] == [
         ("b", 1, 2, 2, 0.0),

@@ -60,11 +60,11 @@ def test_round_top_is_the_block_at_each_round_anchor_in_both_modes(case, budget)
             assert ids.shape == ps.shape == (4, K)  # [B-1, K], K = 4 even without a tree budget
             assert ids.tolist() == d.top_ids[p - P].tolist()
             assert ps == pytest.approx(np.exp(d.top_logp[p - P].double().numpy()), abs=1e-4)
-            assert ids[:, 0].tolist() == e.drafts[p - P] == d.tokens[p - P].tolist()
+            assert ids[:, 0].tolist() == e.drafts[p - P].tolist() == d.tokens[p - P].tolist()
             assert (np.diff(ps, axis=1) <= 0).all()  # best first
             assert ps[:, 0] == pytest.approx(np.exp(np.asarray(e.draft_logp[p - P], dtype=np.float64)), abs=1e-5)
             rounds += 1
-        assert c.round_top_ids == e.round_top_ids  # chain-only replay: the same candidates
+        assert np.array_equal(c.round_top_ids, e.round_top_ids)  # chain-only replay: the same candidates
         assert np.asarray(c.round_top_p).ravel() == pytest.approx(np.asarray(e.round_top_p).ravel(), abs=1e-4)
         if budget:  # DDTree's acceptance at each chain round's anchor, also where its own walk went elsewhere
             assert [c.tree_at[p - P] for p in c.round_anchors] == [e.tree_at[p - P] for p in e.round_anchors]

@@ -121,12 +121,13 @@ def test_prompt_table_marks_outlier_rows():
         }
         for i, r in HAND
     ]
-    table = prompt_table(metrics.prompt_rows(rows, 4, 0), {})
+    ps = [Prompt.from_row(r) for r in rows]
+    table = prompt_table(metrics.prompt_rows(ps, 4, 0), {})
     assert [t["prompt"] for t in table][0] == "lo" and table[-1]["prompt"] == "hi"
     assert {t["prompt"]: t["outlier"] for t in table if t["outlier"]} == {"lo": "low", "hi": "high"}
     assert next(t for t in table if t["prompt"] == "c")["tau"] == 2.75
     assert next(t for t in table if t["prompt"] == "f")["tau"] == 3.25  # 2 decimals
-    s = metrics.summarize(rows, 16, 0)
+    s = metrics.summarize(ps, 16, 0)
     links = outlier_links(s, rows, "run-1")
     assert [(o["prompt"], o["side"], o["tau"]) for o in links] == [("lo", "low", 1.0), ("hi", "high", 9.0)]
     assert links[0]["link"] == acceptance_link("run-1", "lo")
@@ -177,7 +178,7 @@ def test_depth_counts_by_hand():
     # b: P=1, T=6, anchors 1 (acc 0, slots 1..4), 2 (acc 0, slots 1..3), 3 (acc 2, slots 1..2).
     # inside per depth 1..4: 5, 5, 3, 2; reached (d_1..d_{k-1} accepted): 5, 3, 1, 0; hit: 3, 2, 0, 0.
     ps = two_prompts()
-    assert [p.anchors for p in ps] == [[2, 5], [1, 2, 3]]
+    assert [p.round_anchors for p in ps] == [[2, 5], [1, 2, 3]]
     s = metrics.summarize(ps, 5, 0)
     assert s["depth_rounds"] == [5, 5, 3, 2]
     assert s["depth_samples"] == [5, 3, 1, 0]
@@ -231,9 +232,8 @@ def test_complete_fills_a_summary_made_before_the_statistics():
 def test_acceptance_page_and_export_carry_the_statistics(prepared, monkeypatch):
     st_ = Store(prepared.workspace)
     rid = prepared.runs[0]
-    rows = st_.run_prompts(rid)
     B, budget = st_.run_row(rid)["summary"]["block_size"], st_.run_row(rid)["tree_budget"]
-    want = metrics.summarize(rows, B, budget)
+    want = metrics.summarize(st_.prompts(rid), B, budget)
     exp = pipeline.export(st_, rid)
     for k in (
         "tau_macro_ci",
@@ -262,5 +262,5 @@ def test_acceptance_page_and_export_carry_the_statistics(prepared, monkeypatch):
     assert any(f"Outlier prompts: {s['tau_outlier_count']}" in x.value for x in at.markdown)
     table = next(d.value for d in at.dataframe if "outlier" in d.value.columns)
     assert "chain_tau_at_budget" in table.columns
-    odd = metrics.outliers([Prompt.of(r) for r in rows], metrics.Ctx(B, budget))
+    odd = metrics.outliers(st_.prompts(rid), metrics.Ctx(B, budget))
     assert {p: o for p, o in zip(table["prompt"], table["outlier"]) if o} == odd

@@ -9,12 +9,13 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import duckdb
 import pytest
 from serving import ENV, ROOT, until
 
-from dflash_dash import store as store_mod
+from dflash_dash import metrics, store as store_mod
 from dflash_dash.store import Store, StoreError
 
 N = 60  # completions each writer commits (each store call is a short connection, ~20 ms)
@@ -307,28 +308,17 @@ def test_pack_arrays_round_trip_is_lossless():
 
 def test_put_prompts_replaces_rows_and_add_run_is_one_transaction(tmp_path):
     st = Store(tmp_path)
-    row = {
-        "id": "p",
-        "prompt_len": 2,
-        "tau": 1.5,
-        "tree_tau": None,
-        "rounds": [1, 2],
-        "accepted_at": [0, 1, 0],
-        "drafts": [4, 5, 6],
-        "tree_at": [],
-        "tree_rounds": [],
-        "draft_logp": [-1.0] * 3,
-    }
+    row = metrics.Prompt("p", 2, [0, 1, 0], [1, 2], draft_logp=[-1.0] * 3, drafts=[4, 5, 6], tau=1.5)
     st.add_run(
         dict(id="r", extraction_id="e", checkpoint="/ck", name="ck", config={}, tree_budget=0, summary={}), [row]
     )
-    assert st.run_prompt("r", "p")["round_top_ids"] is None and st.run_prompt("r", "p")["draft_logp"] == [-1.0] * 3
+    assert st.run_prompt("r", "p")["round_top_ids"] == [] and st.run_prompt("r", "p")["draft_logp"] == [-1.0] * 3
     st.put_prompts("r", [dict(st.run_prompt("r", "p"), draft_logp=None)])
     assert st.run_prompt("r", "p")["draft_logp"] is None and len(st.run_prompts("r")) == 1
     with pytest.raises(duckdb.Error):  # the run's row exists: nothing of the second add is kept
         st.add_run(
             dict(id="r", extraction_id="e", checkpoint="/ck", name="ck", config={}, tree_budget=0, summary={}),
-            [dict(row, id="q")],
+            [replace(row, id="q")],
         )
     assert st.run_prompt("r", "q") is None
 

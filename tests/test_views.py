@@ -239,7 +239,7 @@ def test_hist_and_depth_figures():
 
 def test_prompt_table_sorted_by_tau():
     rows = [
-        {"prompt_id": p, "tau": t, "tree_tau": t, "rounds": [1], "accepted_at": [0, 1, 2], "prompt_len": 3}
+        metrics.Prompt(p, 3, [0, 1, 2], [1], tau=t, tree_tau=t)
         for p, t in (("a", 2.5), ("b", None), ("c", 1.2), ("d", 3.0))
     ]
     out = prompt_table(metrics.prompt_rows(rows, 4, 0), {})

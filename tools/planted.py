@@ -69,13 +69,13 @@ def completions_file(work: Path, tok, prompts: int, tokens: int, seed: int = 0) 
 def planted_results(
     comps: list[dict], seed: int, block_size: int, budget: int, vocab: int = 512, mean_accepted: float = 2.3
 ) -> list:
-    """`replay.PromptResult`s of a drafter that does not exist, shaped as a real every-anchor replay's (accepted(p)
+    """`metrics.Prompt`s of a drafter that does not exist, shaped as a real every-anchor replay's (accepted(p)
     at every anchor, drafts [A][B-1], draft log-probabilities, the rounds' top-K blocks, a DDTree walk): per
     anchor the first a drafts equal the target's next tokens (a geometric, mean about `mean_accepted`), the next
     differs, the rest are seeded random ids."""
     import numpy as np
 
-    from dflash_dash import replay, walks
+    from dflash_dash import metrics, replay, walks
 
     rng, D, K = np.random.default_rng(seed), block_size - 1, replay.ROUND_TOPK
     out = []
@@ -99,18 +99,17 @@ def planted_results(
         top_p = np.sort(rng.random((len(at), D, K)), -1)[..., ::-1] / K
         tacc = np.minimum(acc + rng.integers(0, 2, A), inside.sum(1)) if budget else acc
         out.append(
-            replay.PromptResult(
+            metrics.Prompt(
                 c["prompt_id"],
                 P,
-                acc.tolist(),
-                drafts.tolist(),
+                acc,
                 [n for _, _, n in rounds],
-                [p for p, _, _ in rounds],
-                tacc.tolist() if budget else [],
                 [n for _, _, n in walks.chain_walk(tacc, P, T)] if budget else [],
-                logp.tolist(),
-                top_ids.tolist(),
-                top_p.tolist(),
+                logp,
+                drafts=drafts,
+                tree_at=tacc if budget else None,
+                round_top_ids=top_ids,
+                round_top_p=top_p,
             )
         )
     return out

@@ -1,6 +1,6 @@
 """Calibration of a run: does the drafter's probability of its draft predict whether the target accepts it?
 
-Contract: `calibration` turns a run's run_prompts rows (or their `metrics.Prompt`s) into one JSON-able dict: the
+Contract: `calibration` turns a run's prompt rows (`metrics.Prompt`s) into one JSON-able dict: the
 headline values (ECE, expected tau, observed tau), their formulas, and three tables (per depth, reliability bins
 pooled and per depth, expected against observed tau per prompt), numbers rounded for tables. Every number comes
 from the metric registry (`metrics`), so a run summarised before these metrics existed gets them too. The
@@ -15,12 +15,11 @@ from . import rounded
 CAL_KEYS = ("calibration_ece", "expected_tau", "expected_tau_pooled", "tau_macro", "tau_pooled")
 
 
-def calibration(rows: list, block_size: int, tree_budget: int = 0, summary: dict | None = None) -> dict:
-    """A run's calibration from its run_prompts rows (or their `metrics.Prompt`s; the registry applied to them, so
+def calibration(ps: list[metrics.Prompt], block_size: int, tree_budget: int = 0, summary: dict | None = None) -> dict:
+    """A run's calibration from its prompt rows (the registry applied to them, so
     a run summarised before these metrics existed gets them too; `summary`: metrics.summarize of these rows when
     the caller has just computed it): {"recorded", headline values, "formula", "by_depth" rows, "reliability"
     rows (depth "pooled" and 1..B-1), "per_prompt" expected vs observed tau rows}."""
-    ps = [metrics.Prompt.of(r) for r in rows]
     s = summary if summary is not None else metrics.summarize(ps, block_size, tree_budget)
     rel = metrics.reliability(ps, metrics.Ctx(block_size, tree_budget))
     out = {

@@ -133,7 +133,7 @@ def sglang_accept_length(stats: dict) -> float | None:
 
 def replay_tau(row: dict) -> float | None:
     """The replay's per-prompt tau: committed / rounds of the chain walk (a run_prompts row)."""
-    return metrics.tau(metrics.Prompt.of(row), metrics.Ctx(0, 0))
+    return metrics.tau(metrics.Prompt.from_row(row), metrics.Ctx(0, 0))
 
 
 def flag(engine: float | None, replay: float | None, threshold: float = THRESHOLD) -> bool:
@@ -213,5 +213,5 @@ def engine_histogram(rows: list[dict]) -> list[int] | None:
 
 def replay_histogram(run_prompts: list[dict], ids: set[str], block_size: int) -> list[int]:
     """The replay's rounds by accepted drafts 0..B-1 over the prompts `ids` (the compared ones)."""
-    ps = [metrics.Prompt.of(r) for r in run_prompts if r.get("prompt_id", r.get("id")) in ids]
+    ps = [metrics.Prompt.from_row(r) for r in run_prompts if r["prompt_id"] in ids]
     return metrics.accept_hist(ps, metrics.Ctx(block_size, 0))

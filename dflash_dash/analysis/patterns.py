@@ -1,8 +1,9 @@
 """Failure patterns: on which tokens, where in the completion and at which context length the drafter fails,
 which drafts the target rejects most often, and the worst stretches of every completion.
 
-Contract: pure functions over plain data, no torch, no store, no Streamlit: run_prompts rows (prompt_len,
-accepted_at, rounds, flat drafts [A*(B-1)]), completions ({prompt_id: {prompt_ids, output_ids}}) and
+Contract: pure functions over plain data, no torch, no store, no Streamlit: a run's prompt rows
+(`metrics.Prompt`: prompt_len, accepted_at, rounds, drafts [A, B-1] or flat), completions
+({prompt_id: {prompt_ids, output_ids}}) and
 `strings(ids) -> texts` (vocab.Vocab.strings: the target tokenizer's decode of each id, `⟨id⟩` without one).
 Every table is a list of dicts: a dataframe, a CSV file and the export JSON read the same rows.
 
@@ -86,21 +87,20 @@ def tokens_of(completion: dict) -> list[int]:
     return list(completion["prompt_ids"]) + list(completion["output_ids"])
 
 
-def rounds(rows: list[dict], comps: dict[str, dict], block_size: int) -> list[Round]:
+def rounds(rows: list[metrics.Prompt], comps: dict[str, dict], block_size: int) -> list[Round]:
     """The chain-walk rounds of every prompt that has its completion, in row order (each prompt's anchors,
     accepted counts and drafts gathered at once, as Python ints)."""
     import numpy as np
 
     D, out = block_size - 1, []
     for r in rows:
-        c = comps.get(r["prompt_id"])
+        c = comps.get(r.id)
         if c is None:
             continue
-        toks, P, pid = tokens_of(c), r["prompt_len"], r["prompt_id"]
-        w = metrics.Prompt.of(r)
-        anchors, acc, _ = w.walk()  # the chain walk's anchors and accepted(p)
-        at, acc, com = anchors - P, acc.tolist(), w.rounds
-        drafts = np.asarray(metrics.flat(r.get("drafts")), dtype=np.int64)
+        toks, P, pid = tokens_of(c), r.prompt_len, r.id
+        anchors, acc, _ = r.walk()  # the chain walk's anchors and accepted(p)
+        at, acc, com = anchors - P, acc.tolist(), r.rounds
+        drafts = np.asarray(r.drafts, dtype=np.int64).ravel()
         whole = len(drafts) // D  # anchors whose D drafts the row holds
         rd = drafts[: whole * D].reshape(whole, D)[at[at < whole]].tolist()
         T = len(toks)
@@ -227,7 +227,7 @@ def _shown(texts: list[str], limit: int = 120) -> str:
 
 
 def worst_spans(
-    rows: list[dict], comps: dict[str, dict], run_id: str, strings: Strings, window: int = 16, top: int = 10
+    rows: list[metrics.Prompt], comps: dict[str, dict], run_id: str, strings: Strings, window: int = 16, top: int = 10
 ) -> list[dict]:
     """The `top` windows of `window` consecutive completion anchors (P..T-2; fewer in a shorter completion)
     with the lowest mean accepted(p) over all prompts, non-overlapping; ties: prompt order, then position.
@@ -237,9 +237,9 @@ def worst_spans(
 
     cols: list[tuple] = []  # per prompt: (mean [S], row order, start [S], w, known [S], row) of its windows
     for o, r in enumerate(rows):
-        if r["prompt_id"] not in comps:
+        if r.id not in comps:
             continue
-        acc = np.asarray(list(r["accepted_at"] or [])[:-1], dtype=np.int64)  # the last token drafts nothing
+        acc = np.asarray(r.accepted_at[:-1], dtype=np.int64)  # the last token drafts nothing
         w = min(window, len(acc))
         if not w:
             continue
@@ -260,7 +260,7 @@ def worst_spans(
         for j in np.lexsort((start, order, mean)).tolist():  # by mean, then prompt order, then position
             _, _, _, w, _, r = cols[which[j]]
             s = int(start[j])
-            spans = taken.setdefault(r["prompt_id"], [])
+            spans = taken.setdefault(r.id, [])
             if any(s < e and a < s + w for a, e in spans):
                 continue
             spans.append((s, s + w))
@@ -269,7 +269,7 @@ def worst_spans(
                 break
     out = []
     for mean, s, w, n, r in picked:
-        pid, P = r["prompt_id"], r["prompt_len"]
+        pid, P = r.id, r.prompt_len
         toks = tokens_of(comps[pid])
         start, end = P + s, P + s + w - 1
         out.append(
@@ -288,7 +288,12 @@ def worst_spans(
 
 
 def analyse(
-    rows: list[dict], comps: dict[str, dict], block_size: int, strings: Strings, run_id: str, cfg: Config = Config()
+    rows: list[metrics.Prompt],
+    comps: dict[str, dict],
+    block_size: int,
+    strings: Strings,
+    run_id: str,
+    cfg: Config = Config(),
 ) -> dict[str, list[dict]]:
     """Every failure-pattern table of one run: by_class, by_position, by_context, rejection_pairs, worst_spans."""
     rs = rounds(rows, comps, block_size)

@@ -3,10 +3,11 @@
 Contract: the pool writes a worker's spec (an `ops` worker spec: ExtractWork, ReplayWork) with `encode_spec` (one
 JSON object {"kind", "args": its to_json(), "prompts"} on its stdin) and the worker reads it back, typed, with
 `decode_spec`; the worker writes its events and progress as JSON lines
-through a `Writer` (in order, from one thread), its dataclasses (PromptResult) as dicts whose number lists are
-`pack`ed (numpy bytes in base64, the empty rows left out), and the pool reads each event back with `unpacked`.
-`unpack(pack(x))` gives x back: a list where it was 1-D, else a numpy array; ragged lists and anything that is
-not numbers travel as they are. Numpy and ops only: no torch, no store.
+through a `Writer` (in order, from one thread), its dataclasses (a replay's `metrics.Prompt`) as dicts whose
+arrays and number lists are `pack`ed (numpy bytes in base64, the empty rows left out), and the pool reads each
+event back with `unpacked`, its "result" a `metrics.Prompt` again. `unpack(pack(x))` gives x back as a numpy
+array; ragged lists and anything that is not numbers travel as they are. Numpy, ops and metrics only: no torch,
+no store.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import IO
 import numpy as np
 
 from .. import ops
+from ..metrics import Prompt
 
 
 def encode_spec(spec: ops.Work, prompts: list) -> bytes:
@@ -66,7 +68,7 @@ class Writer:
 
 
 def plain(o):
-    """JSON for the worker's events: dataclasses (PromptResult) as dicts, their number lists packed (`pack`)."""
+    """JSON for the worker's events: dataclasses (a `metrics.Prompt`) as dicts of their fields, packed (`pack`)."""
     if is_dataclass(o):
         return {f.name: pack(getattr(o, f.name)) for f in fields(o)}
     raise TypeError(f"{type(o).__name__} is not JSON data")
@@ -108,8 +110,8 @@ def pack(v):
 
 
 def unpack(v):
-    """The inverse of `pack`: a list again where it was 1-D, else a numpy array (the store step reads both:
-    lists of a prompt's 30,000 drafts and log-probabilities would cost the parent more than storing them)."""
+    """The inverse of `pack`: a numpy array (the store step reads arrays: lists of a prompt's 30,000 drafts and
+    log-probabilities would cost the parent more than storing them)."""
     if isinstance(v, dict) and set(v) == {"packed"}:
         dt, shape, b, *rows = v["packed"]
         a = np.frombuffer(base64.b64decode(b), dtype=dt)
@@ -118,11 +120,13 @@ def unpack(v):
             out = np.full(shape, _fill(a.dtype), dtype=dt)
             out[at] = a.reshape(len(at), *shape[1:])
             return out
-        a = a.reshape(shape)
-        return a.tolist() if a.ndim == 1 else a
+        return a.reshape(shape)
     return v
 
 
 def unpacked(ev: dict) -> dict:
-    """A worker's event with the packed fields of its dict values (a result) unpacked."""
-    return {k: {f: unpack(x) for f, x in v.items()} if isinstance(v, dict) else v for k, v in ev.items()}
+    """A worker's event with the packed fields of its dict values unpacked; its "result" a `metrics.Prompt`."""
+    out = {k: {f: unpack(x) for f, x in v.items()} if isinstance(v, dict) else v for k, v in ev.items()}
+    if isinstance(out.get("result"), dict):
+        out["result"] = Prompt(**out["result"])
+    return out

@@ -16,7 +16,6 @@ from .base import (
     Ctx,
     Metric,
     Prompt,
-    flat,
 )
 from .budget import (
     budget_rounds,
@@ -136,7 +135,6 @@ __all__ = [
     "expected_tau_run",
     "fences",
     "fences_of",
-    "flat",
     "label",
     "lag_counts",
     "lag_pool",

@@ -1,47 +1,99 @@
-"""What every metric reads and is: a prompt's walks (`Prompt`), the run's context (`Ctx`), a registry entry (`Metric`).
+"""The one prompt row (`Prompt`: one prompt's replay, what every metric reads), the run's context (`Ctx`) and a
+registry entry (`Metric`).
 
-Contract: plain per-round data in, no torch, no store. `Prompt.of` builds a `Prompt` from a replay result or a
-run_prompts row (arrays flattened by `flat`): prompt length P, accepted(p) at every completion anchor (-1 where a
-chain-only replay did not compute it), the committed tokens of each chain-walk (and DDTree) round, and the
-per-slot top-1 log-probability of the drafts where the run recorded it. `Metric` is one registry entry: key,
-label, formula, run-level and per-prompt functions, kind and print format (TAU or PROB).
+Contract: no torch, no store. A `Prompt` is one prompt of a run from replay to the store and back: its id, prompt
+length P, accepted(p) at every completion anchor (-1 where a chain-only replay did not compute it), the drafts
+and the top-1 log-probability of each drafted slot (-1 / NaN where not drafted), the committed tokens of each
+chain-walk (and DDTree) round, the rounds' top-K candidates, and, once scored, its tau values. The per-anchor and
+per-slot values are numpy arrays (integers of any width, floats), the per-round counts lists of Python ints (the
+metrics sum them exactly); the constructor makes them so. A replay builds it, the worker wire carries it
+(`jobs.wire`) and the store writes it (`Store.add_run`); `from_row` builds one from a stored run_prompts row
+(keyed `prompt_id`, arrays flat). `Metric` is one registry entry: key, label, formula, run-level and per-prompt
+functions, kind and print format (TAU or PROB).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+import numpy as np
 
-def flat(v: Any) -> Any:
-    """An array field of a result or row flat: [] for None, a numpy array raveled (numpy: a worker's chain-only
-    results travel as arrays, never as Python lists), nested lists joined, a flat list as it is."""
-    if v is None:
-        return []
-    if hasattr(v, "ravel"):
-        return v.ravel()
-    if len(v) and isinstance(v[0], (list, tuple)):
-        return [x for row in v for x in flat(row)]
-    return v
+_INT_ARRAYS = ("accepted_at", "drafts", "tree_at", "round_top_ids")
+_REAL_ARRAYS = ("draft_logp", "round_top_p")
+_ROUNDS = ("rounds", "tree_rounds")
 
 
-@dataclass
+def _ints() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
+
+
+def _reals() -> np.ndarray:
+    return np.zeros(0, dtype=np.float32)
+
+
+@dataclass(eq=False)
 class Prompt:
     id: str
     prompt_len: int  # P: position of the first completion token
-    accepted_at: list[int]  # accepted(p), p = P..T-1
+    accepted_at: np.ndarray  # [A] accepted(p), p = P..T-1 (-1: not computed)
     rounds: list[int]  # committed tokens per round of the chain walk (bonus included)
     tree_rounds: list[int] = field(default_factory=list)  # committed per round of the DDTree walk
-    draft_logp: list[float] = field(default_factory=list)  # [A*(B-1)] top-1 log-prob per anchor and slot
+    draft_logp: np.ndarray = field(default_factory=_reals)  # [A, B-1] top-1 log-prob per anchor and slot (NaN: none)
+    drafts: np.ndarray = field(default_factory=_ints)  # [A, B-1] argmax drafts at each anchor (-1: not drafted)
+    tree_at: np.ndarray = field(default_factory=_ints)  # [A] DDTree accepted(p) (-1: not computed)
+    round_top_ids: np.ndarray = field(default_factory=_ints)  # [R, B-1, K] top-K drafts at each round's anchor
+    round_top_p: np.ndarray = field(default_factory=_reals)  # [R, B-1, K] their probabilities
+    tau: float | None = None  # committed / rounds (the registry's tau_macro of this prompt), once scored
+    tree_tau: float | None = None  # the DDTree walk's, once scored
+
+    def __post_init__(self) -> None:
+        """The one form: lists become numpy arrays (an array is kept as it is, no copy), per-round arrays lists."""
+        for k in _INT_ARRAYS + _REAL_ARRAYS:
+            v = getattr(self, k)
+            if not isinstance(v, np.ndarray):
+                empty = v is None or len(v) == 0
+                setattr(self, k, (_reals() if k in _REAL_ARRAYS else _ints()) if empty else np.asarray(v))
+        for k in _ROUNDS:
+            v = getattr(self, k)
+            if not isinstance(v, list):
+                setattr(self, k, np.asarray(v).tolist() if v is not None else [])
+
+    def __eq__(self, other: object) -> bool:
+        """The same fields (arrays: the same shape and values, NaN equal to NaN; dtypes may differ)."""
+        if not isinstance(other, Prompt):
+            return NotImplemented
+        return all(
+            np.array_equal(a, b, equal_nan=a.dtype.kind == "f") if isinstance(a, np.ndarray) else a == b
+            for a, b in ((getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+        )
+
+    @classmethod
+    def from_row(cls, row: dict) -> Prompt:
+        """From a run_prompts row as the store reads it back (keyed `prompt_id`; arrays flat; None: not stored)."""
+        return cls(
+            row["prompt_id"],
+            int(row["prompt_len"]),
+            row.get("accepted_at"),
+            row.get("rounds"),
+            row.get("tree_rounds"),
+            row.get("draft_logp"),
+            row.get("drafts"),
+            row.get("tree_at"),
+            row.get("round_top_ids"),
+            row.get("round_top_p"),
+            row.get("tau"),
+            row.get("tree_tau"),
+        )
 
     @property
     def T(self) -> int:  # tokens of prompt + completion
         return self.prompt_len + len(self.accepted_at)
 
     @property
-    def anchors(self) -> list[int]:
+    def round_anchors(self) -> list[int]:
         """Anchor of each chain-walk round: P, then + committed."""
         return self.walk()[0].tolist()
 
@@ -50,8 +102,6 @@ class Prompt:
         tokens left after each anchor T-1-a [R]."""
         got = self.__dict__.get("_walk")
         if got is None:
-            import numpy as np
-
             a = (
                 self.prompt_len + np.concatenate([[0], np.cumsum(self.rounds, dtype=np.int64)[:-1]]).astype(np.int64)
                 if self.rounds
@@ -66,29 +116,11 @@ class Prompt:
         computed it), computed once per Prompt and D; call only when `recorded`."""
         got = self.__dict__.get(("_p", D))
         if got is None:
-            import numpy as np
-
             a = self.walk()[0] - self.prompt_len
             lp = np.asarray(self.draft_logp, dtype=np.float64).reshape(-1, D)[a].ravel()
             got = np.minimum(1.0, np.fromiter(map(math.exp, lp.tolist()), np.float64, len(lp))).reshape(-1, D)
             self.__dict__[("_p", D)] = got
         return got
-
-    @classmethod
-    def of(cls, r: Any) -> Prompt:
-        """From a replay.PromptResult (attributes) or a run_prompts row (dict); a Prompt is itself (what it computed
-        once, its walk and probabilities, is kept: a store step builds each prompt's Prompt once for every metric)."""
-        if isinstance(r, Prompt):
-            return r
-        get = (lambda k, d=None: r.get(k, d)) if isinstance(r, dict) else (lambda k, d=None: getattr(r, k, d))
-        return cls(
-            get("prompt_id") or get("id"),
-            int(get("prompt_len")),
-            list(flat(get("accepted_at"))),
-            list(flat(get("rounds"))),
-            list(flat(get("tree_rounds"))),
-            flat(get("draft_logp")),
-        )
 
 
 @dataclass

@@ -23,7 +23,7 @@ def budget_rounds(p: Prompt, ctx: Ctx) -> list[int] | None:
         return None if got is None else list(got)
     out, a, T, P, at = [], p.prompt_len, p.T, p.prompt_len, p.accepted_at
     while a < T - 1:
-        acc = at[a - P]
+        acc = int(at[a - P])
         if acc < 0:
             out = None
             break

@@ -17,7 +17,7 @@ CAL_BINS = 10  # equal-width bins of the predicted probability over [0, 1]
 
 def recorded(p: Prompt, ctx: Ctx) -> bool:
     """The prompt's replay stored the log-probability of every draft (A*(B-1) values)."""
-    return bool(p.accepted_at) and len(p.draft_logp) == len(p.accepted_at) * (ctx.block_size - 1)
+    return len(p.accepted_at) > 0 and p.draft_logp.size == len(p.accepted_at) * (ctx.block_size - 1)
 
 
 def cal_samples(p: Prompt, ctx: Ctx) -> list[tuple[int, float, bool]]:

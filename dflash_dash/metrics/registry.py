@@ -284,27 +284,25 @@ def show(key: str, value: Any) -> str:
     return BY_KEY[key].fmt.format(value) if key in BY_KEY else f"{value}"
 
 
-def summarize(prompts: list, block_size: int, tree_budget: int) -> dict:
-    """Every run-level metric of the registry over `prompts` (PromptResults or run_prompts rows)."""
-    ps = [Prompt.of(p) for p in prompts]
+def summarize(ps: list[Prompt], block_size: int, tree_budget: int) -> dict:
+    """Every run-level metric of the registry over a run's prompts."""
     ctx = Ctx(block_size, tree_budget)
     return {m.key: m.run(ps, ctx) for m in REGISTRY} | {"block_size": block_size, "tree_budget": tree_budget}
 
 
-def complete(summary: dict, rows: list) -> dict:
+def complete(summary: dict, ps: list[Prompt]) -> dict:
     """A stored run summary with every registry metric it lacks computed from the run's prompts (a run summarised
     before the metric existed); the stored values are kept."""
     missing = [m for m in REGISTRY if m.key not in summary]
-    if not missing or not rows or not summary.get("block_size"):
+    if not missing or not ps or not summary.get("block_size"):
         return summary
-    ps, ctx = [Prompt.of(r) for r in rows], Ctx(summary["block_size"], summary.get("tree_budget") or 0)
+    ctx = Ctx(summary["block_size"], summary.get("tree_budget") or 0)
     return summary | {m.key: m.run(ps, ctx) for m in missing}
 
 
-def per_prompt(row: Any, block_size: int, tree_budget: int) -> dict:
+def per_prompt(p: Prompt, block_size: int, tree_budget: int) -> dict:
     """Every per-prompt metric of the registry for one prompt (computed once per Prompt, block size and budget: a
     run's store step asks for them twice, for its rows and for its prompts analysis)."""
-    p = Prompt.of(row)
     got = p.__dict__.get(("_per", block_size, tree_budget))
     if got is None:
         ctx = Ctx(block_size, tree_budget)
@@ -312,23 +310,19 @@ def per_prompt(row: Any, block_size: int, tree_budget: int) -> dict:
     return dict(got)
 
 
-def prompt_rows(
-    rows: list[dict], block_size: int, tree_budget: int, prompts: dict[str, Prompt] | None = None
-) -> list[dict]:
-    """One small row per prompt of a run (run_prompts rows in): prompt_id, tau, tree_tau, prompt_len,
-    completion_tokens and every per-prompt registry metric (`rounds` the count); no token arrays. `prompts`: the
-    rows' Prompts by id, when the caller has built them."""
-    ps = prompts or {}
+def prompt_rows(ps: list[Prompt], block_size: int, tree_budget: int) -> list[dict]:
+    """One small row per prompt of a run (its scored Prompts in): prompt_id, tau, tree_tau, prompt_len,
+    completion_tokens and every per-prompt registry metric (`rounds` the count); no token arrays."""
     return [
         {
-            "prompt_id": r["prompt_id"],
-            "tau": r["tau"],
-            "tree_tau": r["tree_tau"],
-            "prompt_len": r["prompt_len"],
-            "completion_tokens": len(r.get("accepted_at") or []),
-            **per_prompt(ps.get(r["prompt_id"], r), block_size, tree_budget),
+            "prompt_id": p.id,
+            "tau": p.tau,
+            "tree_tau": p.tree_tau,
+            "prompt_len": p.prompt_len,
+            "completion_tokens": len(p.accepted_at),
+            **per_prompt(p, block_size, tree_budget),
         }
-        for r in rows
+        for p in ps
     ]
 
 

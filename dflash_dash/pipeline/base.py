@@ -47,8 +47,8 @@ def features_root(store: Store) -> Path:
 def work(store: Store, spec: ops.Work, ids: list[str], progress: Progress = None) -> Iterator[dict]:
     """The per-prompt part of an operation over prompts `ids` (what each worker process runs on its shard):
     `ExtractWork` yields the backend bound and the items written; `ReplayWork` yields {"checkpoint": index,
-    "result": PromptResult} per checkpoint and prompt. Plain data (the results as dicts once sent between
-    processes)."""
+    "result": metrics.Prompt} per checkpoint and prompt (packed as plain data between processes:
+    `jobs.wire`)."""
     from .device_io import replay_work
     from .extract import extract_work
 

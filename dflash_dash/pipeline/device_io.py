@@ -2,7 +2,7 @@
 uploaded through pinned staging chunks on a CUDA side stream, and the worker loop that overlaps them with replay.
 
 Contract: `replay_work(store, spec, ids, progress)` (given an `ops.ReplayWork`) yields {"checkpoint": index,
-"result": PromptResult} per checkpoint and prompt, with the same results on every device and schedule: the
+"result": metrics.Prompt} per checkpoint and prompt, with the same results on every device and schedule: the
 overlap (loader thread pool, side stream, pinned chunks) only changes when bytes move, never which. `passes`,
 `fetch_checkpoint`, `upload_weights` and `adopt` are its parts; benchmarks time them one by one.
 """
@@ -100,7 +100,7 @@ def adopt(d: drafter_mod.Drafter) -> drafter_mod.Drafter:
 
 def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progress) -> Iterator[dict]:
     """Replay prompts `ids` of extraction a.extraction with every checkpoint of a.checkpoints on
-    a.device: yields {"checkpoint": index, "result": PromptResult}.
+    a.device: yields {"checkpoint": index, "result": metrics.Prompt}.
 
     Every checkpoint is checked (config, tensor names and shapes: `drafter.check`) before any replay. The
     prompts are read in passes (`passes`: each feature file once, a pass's features on the device); each
@@ -163,9 +163,9 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
                 )
 
             res = (
-                replay_mod.chain_only_results(d, head, seqs, budget, progress=replayed, arrays=True)
+                replay_mod.chain_only_results(d, head, seqs, budget, progress=replayed)
                 if a.anchors == "chain"
-                else replay_mod.every_anchor(d, head, seqs, budget, a.chunk, progress=replayed, arrays=True)[0]
+                else replay_mod.every_anchor_results(d, head, seqs, budget, a.chunk, progress=replayed)
             )
             del d  # its memory goes to the next checkpoint
             tick(

@@ -18,13 +18,13 @@ from ..store import Store, StoreError
 ANALYSES = ("prompts", "calibration", "patterns", "lag")  # whole-run analyses kept in the store (run_analyses)
 
 
-def analysis(store: Store, run_id: str, name: str, rows: list[dict] | None = None) -> dict:
+def analysis(store: Store, run_id: str, name: str, rows: list[metrics.Prompt] | None = None) -> dict:
     """One whole-run analysis of a finished run, computed once from its per-prompt rows and kept in the store
     (a run never changes), so pages read a small JSON value instead of every token of every prompt:
     "prompts" (metrics.prompt_rows: per-prompt numbers, no arrays), "calibration" (analysis.calibration),
     "patterns" (failure-pattern tables, tokens decoded with the target's tokenizer when it has one) or "lag"
-    ({prompt_id: [anchors, lagging, on target] per slot}, metrics.lag_counts). `rows`: the run's run_prompts rows
-    when the caller holds them (else read from the store)."""
+    ({prompt_id: [anchors, lagging, on target] per slot}, metrics.lag_counts). `rows`: the run's scored prompt
+    rows when the caller holds them (else read from the store)."""
     if name not in ANALYSES:
         raise InputError(f"analysis {name!r}: not one of {', '.join(ANALYSES)}")
     got = store.analysis(run_id, name)
@@ -37,16 +37,15 @@ def keep(
     store: Store,
     run_id: str,
     names,
-    rows: list[dict] | None = None,
+    rows: list[metrics.Prompt] | None = None,
     summary: dict | None = None,
     comps: dict[str, dict] | None = None,
-    prompts: dict[str, metrics.Prompt] | None = None,
 ) -> dict:
     """The analyses `names` of run `run_id` (`analysis`) computed from one read of the run, its extraction and its
     completions, then kept in the store (one connection); {name: value}. `summary`: the run's summary just computed
     from the same rows (the store step), which the calibration would otherwise compute again; `comps`: the set's
-    completions by prompt id, when the caller has them already (a sweep's store steps); `prompts`: the rows'
-    `metrics.Prompt`s by prompt id (the store step's, which hold what the summary computed once)."""
+    completions by prompt id, when the caller has them already (a sweep's store steps); `rows`: the run's scored
+    prompt rows (the store step's, which hold what the summary computed once), else read from the store."""
     from ..analysis import patterns
     from ..analysis.calibration import calibration
     from ..vocab import load_vocab
@@ -54,7 +53,7 @@ def keep(
     r = store.run_row(run_id)
     B, budget = r["summary"]["block_size"], r["tree_budget"]
     ex = store.extraction(r["extraction_id"])
-    rows = sorted(rows, key=lambda p: p["prompt_id"]) if rows is not None else store.run_prompts(run_id)
+    rows = sorted(rows, key=lambda p: p.id) if rows is not None else store.prompts(run_id)
     if comps is None:
         comps = (
             {c["prompt_id"]: c for c in store.completions(ex["set_name"])} if {"lag", "patterns"} & set(names) else {}
@@ -62,21 +61,21 @@ def keep(
     out = {}
     for name in names:
         if name == "prompts":
-            val = metrics.prompt_rows(rows, B, budget, prompts)
+            val = metrics.prompt_rows(rows, B, budget)
         elif name == "calibration":
-            val = calibration([prompts[p["prompt_id"]] for p in rows] if prompts else rows, B, budget, summary)
+            val = calibration(rows, B, budget, summary)
         elif name == "lag":
             val = {
-                p["prompt_id"]: list(
+                p.id: list(
                     metrics.lag_counts(
-                        metrics.flat(p.get("drafts")),
-                        list(comps[p["prompt_id"]]["prompt_ids"]) + list(comps[p["prompt_id"]]["output_ids"]),
-                        p["prompt_len"],
+                        p.drafts.ravel(),
+                        list(comps[p.id]["prompt_ids"]) + list(comps[p.id]["output_ids"]),
+                        p.prompt_len,
                         B,
                     )
                 )
                 for p in rows
-                if p["prompt_id"] in comps
+                if p.id in comps
             }
         else:
             order = {pid: c["idx"] for pid, c in comps.items()}
@@ -84,7 +83,7 @@ def keep(
             val = {
                 "decoded_tokens": vocab.tok is not None,
                 **patterns.analyse(
-                    sorted(rows, key=lambda p: (order.get(p["prompt_id"], 0), p["prompt_id"])),
+                    sorted(rows, key=lambda p: (order.get(p.id, 0), p.id)),
                     comps,
                     B,
                     vocab.strings,
@@ -220,7 +219,7 @@ def export(store: Store, run: str = "latest") -> dict:
                 "accepted_at": p["accepted_at"],
                 "ddtree_tau": p["tree_tau"],
                 "ddtree_rounds": p["tree_rounds"],
-                "metrics": metrics.per_prompt(p, B, budget),
+                "metrics": metrics.per_prompt(metrics.Prompt.from_row(p), B, budget),
             }
             | {k: v for k, v in blocks(p, B, r["summary"].get("round_topk")).items() if k != "round_topk"}
             for p in prompts

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -106,7 +106,7 @@ def replay_many(
     if ex["status"] != "done":
         raise InputError(f"extraction {ex['id']} is {ex['status']}, not done; finish it (re-extract) first")
 
-    from .. import replay as replay_mod, target as target_mod
+    from .. import target as target_mod
 
     info = target_mod.describe(ex["target_path"])
     plan = []
@@ -131,9 +131,7 @@ def replay_many(
     got: list[dict] = [{} for _ in plan]
     out: list[dict | None] = [None for _ in plan]
     for ev in (runner or here(store))(spec, ids, progress):
-        r = ev["result"]
-        # a worker's result (packed: its 2-D fields numpy) or this process's (the same, as `jobs.unpack` gives)
-        r = replay_mod.PromptResult(**r) if isinstance(r, dict) else replay_mod.listed(r, keep_2d=True)
+        r: metrics.Prompt = ev["result"]  # this process's, or a worker's (`jobs.wire.unpacked`): the same row
         j = ev["checkpoint"]
         got[j][r.id] = r
         if len(got[j]) == len(ids):  # complete: stored now (a worker process replays the next one meanwhile)
@@ -151,7 +149,7 @@ def store_run(
     store: Store,
     ex: dict,
     ck: ops.CheckpointSpec,
-    res: list[replay_mod.PromptResult],
+    res: list[metrics.Prompt],
     tree_budget: int,
     device: str,
     dtype: str,
@@ -168,8 +166,7 @@ def store_run(
     cfg = drafter_mod.config_of(loc)
     sem = drafter_mod.sliding_semantics(cfg, ck.sliding_block)
     semantics = sem if "sliding_attention" in cfg.layer_types else None
-    ps = [metrics.Prompt.of(r) for r in res]  # built once: every metric below reads their walks and probabilities
-    summary = replay_mod.summarize(ps, cfg.block_size, tree_budget) | {
+    summary = replay_mod.summarize(res, cfg.block_size, tree_budget) | {
         "backend": ex["backend"],
         "extraction": ex["id"],
         "sliding_block": semantics,
@@ -177,7 +174,8 @@ def store_run(
         "round_topk": replay_mod.ROUND_TOPK,
     }  # K of run_prompts.round_top_ids/_p, flattened [R][B-1][K]
     run_id = new_id("run")
-    rows = [prompt_row(r, cfg.block_size, tree_budget, p) for r, p in zip(res, ps)]
+    for p in res:
+        scored(p, cfg.block_size, tree_budget)
     store.add_run(
         dict(
             id=run_id,
@@ -193,29 +191,19 @@ def store_run(
             config_file=str(loc.config_file),
             step=drafter_mod.step_of(loc.path.name),
         ),
-        rows,
+        res,
     )
     tick(progress, 0, 0, f"analysing run {run_id} (kept for the pages)")
-    stored = [dict(r, prompt_id=r["id"]) for r in rows]  # as run_prompts reads them back
-    keep(store, run_id, ANALYSES, stored, summary, comps, {p.id: p for p in ps})  # computed now, from the rows
-    # in hand: no page scans them
+    keep(store, run_id, ANALYSES, res, summary, comps)  # computed now, from the rows in hand: no page scans them
     return {"id": run_id, "summary": summary}
 
 
-def prompt_row(r: replay_mod.PromptResult, B: int, budget: int, p: metrics.Prompt | None = None) -> dict:
-    """A run_prompts row of one replayed prompt: its results plus the registry's per-prompt tau values (`p`: its
-    Prompt, when the caller has built it)."""
-    m = metrics.per_prompt(r if p is None else p, B, budget)
-    shallow = {f.name: getattr(r, f.name) for f in fields(r)}  # not asdict: it deep-copies ~10^5 list values
-    return dict(
-        shallow,
-        tau=m["tau_macro"],
-        tree_tau=m["ddtree_tau"],
-        drafts=metrics.flat(r.drafts),
-        draft_logp=metrics.flat(r.draft_logp),
-        round_top_ids=metrics.flat(r.round_top_ids),  # [R*(B-1)*K]
-        round_top_p=metrics.flat(r.round_top_p),
-    )
+def scored(p: metrics.Prompt, B: int, budget: int) -> metrics.Prompt:
+    """`p` with its tau values set: the registry's per-prompt tau_macro and ddtree_tau (what a run_prompts row
+    keeps beside the arrays)."""
+    m = metrics.per_prompt(p, B, budget)
+    p.tau, p.tree_tau = m["tau_macro"], m["ddtree_tau"]
+    return p
 
 
 def checkpoints_in(folder: str | Path) -> tuple[list[Path], list[str]]:

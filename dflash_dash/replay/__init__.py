@@ -5,22 +5,23 @@ Contract: tensors in, numbers out; no files, no HTTP, no store. A `Sequence` is 
   - `every_anchor` (module `every`): a block at every completion anchor, so every metric is computed;
   - `chain_only` (module `lockstep`): only the anchors the chain walk (and the DDTree walk) visits, many
     sequences in lockstep; metrics that need every anchor are then not computed.
-Each returns (per-prompt `PromptResult`s, the run's summary from the metric registry). The walks themselves
+Each returns (per-prompt `metrics.Prompt`s, the run's summary from the metric registry). The walks themselves
 (acceptance, chain walk, DDTree) are numpy code in `walks`; `head` reads drafted states out through the LM head.
 """
 
 from __future__ import annotations
 
+from ..metrics import Prompt
 from ..walks import ROUND_TOPK
-from .every import Sequence, draft_all, draft_loop, draft_one, every_anchor
+from .every import Sequence, draft_all, draft_loop, draft_one, every_anchor, every_anchor_results
 from .head import Drafts, top_logp
 from .lockstep import chain_only, chain_only_results
-from .score import PromptResult, listed, score, summarize
+from .score import score, summarize
 
 __all__ = [
     "ROUND_TOPK",
     "Drafts",
-    "PromptResult",
+    "Prompt",
     "Sequence",
     "chain_only",
     "chain_only_results",
@@ -28,7 +29,7 @@ __all__ = [
     "draft_loop",
     "draft_one",
     "every_anchor",
-    "listed",
+    "every_anchor_results",
     "score",
     "summarize",
     "top_logp",

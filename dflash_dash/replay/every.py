@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import torch
 
 from ..drafters import Drafter, kernels
+from ..metrics import Prompt
 from ..target import Head
 from ..walks import ROUND_TOPK
 from .head import Drafts, embed_blocks, read_out, to_host
-from .score import PromptResult, score, summarize
+from .score import score, summarize
 
 
 @dataclass
@@ -146,10 +147,22 @@ def every_anchor(
     budget: int = 8,
     chunk: int = 64,
     progress: Callable[[int, int], None] | None = None,
-    arrays: bool = False,
-) -> tuple[list[PromptResult], dict]:
-    """Replay every sequence (every-anchor, batched) and summarise (`arrays`: results as `score(arrays=True)` and
-    no summary, None: a worker's share, summarised by the parent).
+) -> tuple[list[Prompt], dict]:
+    """`every_anchor_results` and the run's metrics (`summarize`)."""
+    results = every_anchor_results(drafter, head, seqs, budget, chunk, progress)
+    return results, summarize(results, drafter.c.block_size, budget)
+
+
+def every_anchor_results(
+    drafter: Drafter,
+    head: Head,
+    seqs: list[Sequence],
+    budget: int = 8,
+    chunk: int = 64,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Prompt]:
+    """Replay every sequence (every-anchor, batched): one scored `Prompt` per sequence (a worker's share is
+    summarised by the parent).
 
     Scoring (CPU: acceptance, chain and DDTree walks) of sequence i runs on a worker thread once the
     device's queue holds sequence i+1's work, and the next features are uploaded meanwhile; results come
@@ -164,12 +177,11 @@ def every_anchor(
                 futures.append(pool.submit(score, *done))
             if i + 1 < len(seqs):
                 nxt = features_to_device(drafter, seqs[i + 1].features)
-            done = (s.id, to_host(parts), s.tokens.numpy(), s.prompt_len, budget, arrays)
+            done = (s.id, to_host(parts), s.tokens.numpy(), s.prompt_len, budget)
             if len(futures) > 1:
                 futures[-2].result()  # at most one sequence scoring behind; its errors surface here
             if progress:
                 progress(i + 1, len(seqs))
         if done is not None:
             futures.append(pool.submit(score, *done))
-        results = [f.result() for f in futures]
-    return results, summarize(results, drafter.c.block_size, budget) if not arrays else None
+        return [f.result() for f in futures]

@@ -15,11 +15,12 @@ import numpy as np
 import torch
 
 from ..drafters import Drafter
+from ..metrics import Prompt
 from ..target import Head
 from ..walks import ROUND_TOPK, chain_walk, round_top, tree_accept
 from .every import Sequence, features_to_device, tail_kv
 from .head import read_out
-from .score import PromptResult, listed, summarize
+from .score import summarize
 
 CHAIN_BATCH = 256  # sequences advancing in lockstep: one block each per step (~4,000 query rows per matmul)
 CTX_SEQS = 16  # sequences whose context K/V are computed at once (bounds the fp32 temporaries)
@@ -36,7 +37,7 @@ def chain_only(
     budget: int = 8,
     batch: int = CHAIN_BATCH,
     progress: Callable[[int, int], None] | None = None,
-) -> tuple[list[PromptResult], dict]:
+) -> tuple[list[Prompt], dict]:
     """`chain_only_results` and the run's metrics (`summarize`)."""
     results = chain_only_results(drafter, head, seqs, budget, batch, progress)
     return results, summarize(results, drafter.c.block_size, budget)
@@ -50,8 +51,7 @@ def chain_only_results(
     budget: int = 8,
     batch: int = CHAIN_BATCH,
     progress: Callable[[int, int], None] | None = None,
-    arrays: bool = False,
-) -> list[PromptResult]:
+) -> list[Prompt]:
     """Replay computing only the anchors the chain walk (and the DDTree walk, with `budget`) visits.
 
     The sequences of a batch advance in lockstep over their stacked context K/V: each step drafts ONE block per
@@ -62,11 +62,11 @@ def chain_only_results(
     NaN. With a tree budget each step's top-k comes back to the host for the DDTree acceptance. Rounds,
     acceptance, tree acceptance, and the drafts and rounds' top-K of every computed slot equal the every-anchor
     mode's; the other anchors hold -1 (drafts, accepted) and NaN (log-probabilities), so metrics that need
-    every anchor (or every slot: the expected tau) are not computed (`metrics`). `arrays`: the results' list
-    fields are numpy arrays (no Python lists built: a worker packs them as they are; `listed` converts)."""
-    results: list[PromptResult] = []
+    every anchor (or every slot: the expected tau) are not computed (`metrics`). The results hold numpy arrays
+    (no Python lists built: a worker packs them as they are)."""
+    results: list[Prompt] = []
     for b0 in range(0, len(seqs), batch):
-        results += _chain_batch(drafter, head, seqs[b0 : b0 + batch], budget, arrays)
+        results += _chain_batch(drafter, head, seqs[b0 : b0 + batch], budget)
         if progress:
             progress(min(b0 + batch, len(seqs)), len(seqs))
     return results
@@ -349,7 +349,7 @@ def _spread(x: np.ndarray, cols: np.ndarray, n: int, fill) -> np.ndarray:
     return out
 
 
-def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int, arrays: bool) -> list[PromptResult]:
+def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int) -> list[Prompt]:
     k = max(budget, ROUND_TOPK)
     # with a tree budget, CHAIN_HALVES stacks alternate (host scoring of one overlaps the other's step)
     n = max(1, min(CHAIN_HALVES if budget else 1, len(seqs)))
@@ -365,19 +365,17 @@ def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int
             T, P = len(s.tokens), s.prompt_len
             rows = slice(start[j], start[j + 1])  # this sequence's computed anchors, in order
             rounds = chain_walk(acc[j, : T - P], P, T)
-            r = PromptResult(
+            r = Prompt(
                 s.id,
                 P,
                 acc[j, : T - P],
-                _spread(drafts[rows], cols[rows], T - P, -1),
                 [c for _, _, c in rounds],
-                [p for p, _, _ in rounds],
                 draft_logp=_spread(lp[rows, :, 0], cols[rows], T - P, np.nan),
+                drafts=_spread(drafts[rows], cols[rows], T - P, -1),
             )
-            if rounds:
-                at = start[j] + np.searchsorted(cols[rows], np.asarray(r.round_anchors, dtype=np.int64) - P)
-                r.round_top_ids, r.round_top_p = round_top(ids[at], lp[at])
+            at = start[j] + np.searchsorted(cols[rows], np.asarray([p for p, _, _ in rounds], dtype=np.int64) - P)
+            r.round_top_ids, r.round_top_p = round_top(ids[at], lp[at])  # [R, D, K] (R = 0: no round)
             if budget:
                 r.tree_at, r.tree_rounds = walks[h].tacc[j], walks[h].tree_rounds[j]
-            out.append(r if arrays else listed(r))
+            out.append(r)
     return out

@@ -2,8 +2,9 @@
 attributions, engine stats, jobs.
 
 Contract: `Store` is a `Database` (connection, lock, migration) with one method per question the product asks;
-rows come back as plain dicts with JSON columns decoded, a run prompt's arrays unpacked from its array file.
-Knows nothing of torch, HTTP or Streamlit.
+rows come back as plain dicts with JSON columns decoded, a run prompt's arrays unpacked from its array file;
+a run's prompt rows go in, and come back from `prompts`, as `metrics.Prompt`s (the column `prompt_id` is their
+`id`). Knows nothing of torch, HTTP or Streamlit.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..metrics import Prompt
 from . import arrays
 from .arrays import ARRAYS_DIR, pack_arrays, unpack_arrays
 from .database import Database
@@ -144,7 +146,7 @@ class Store(Database):
 
     # -- runs -----------------------------------------------------------------
 
-    def add_run(self, r: dict, prompts: list[dict]) -> None:
+    def add_run(self, r: dict, prompts: list[Prompt]) -> None:
         """Insert a finished run and its per-prompt results in one transaction."""
         with self.session(), self.connect() as con:
             con.execute(
@@ -168,10 +170,11 @@ class Store(Database):
             )
             self.put_prompts(r["id"], prompts)
 
-    def put_prompts(self, run_id: str, prompts: list[dict]) -> None:
-        """Insert or replace run `run_id`'s per-prompt rows ({id or prompt_id, prompt_len, tau, tree_tau} and the
-        ARRAYS, lists or numpy; a missing array is stored as None) in one transaction: the arrays packed into one
-        new array file (written whole, then renamed into place), the rows pointing into it."""
+    def put_prompts(self, run_id: str, prompts: list[Prompt | dict]) -> None:
+        """Insert or replace run `run_id`'s per-prompt rows in one transaction: scored `Prompt`s, or run_prompts
+        rows as `run_prompts` reads them (keyed `prompt_id`; an array None is stored as None: a row rewritten as
+        an older run held it). The arrays are packed into one new array file (written whole, then renamed into
+        place), the rows pointing into it."""
         if not prompts:
             return
         t, f = self._write_arrays(run_id, prompts)
@@ -182,7 +185,7 @@ class Store(Database):
             f.unlink(missing_ok=True)
             raise
 
-    def _write_arrays(self, run_id: str, prompts: list[dict]):
+    def _write_arrays(self, run_id: str, prompts: list[Prompt | dict]):
         """The prompts' arrays packed into one new array file (written whole, then renamed into place): (the
         run_prompts rows pointing into it as an arrow table, the file)."""
         import pyarrow as pa
@@ -190,8 +193,9 @@ class Store(Database):
         rel = Path(ARRAYS_DIR) / run_id / f"{uuid.uuid4().hex}.arrays"
         f = self.workspace / rel
         f.parent.mkdir(parents=True, exist_ok=True)
+        rows = [p if isinstance(p, dict) else vars(p) | {"prompt_id": p.id} for p in prompts]
         with ThreadPoolExecutor(arrays.PACKERS) as pool:  # zlib and numpy release the GIL: rows pack side by side
-            blobs = list(pool.map(pack_arrays, prompts))
+            blobs = list(pool.map(pack_arrays, rows))
         tmp = f.with_suffix(".tmp")
         with open(tmp, "wb") as out:
             out.writelines(blobs)
@@ -201,11 +205,11 @@ class Store(Database):
         sizes = np.fromiter(map(len, blobs), np.int64, len(blobs))
         return pa.table(
             {
-                "run_id": [run_id] * len(prompts),
-                "prompt_id": [p.get("prompt_id", p.get("id")) for p in prompts],
-                "prompt_len": pa.array([p["prompt_len"] for p in prompts], pa.int32()),
-                "tau": pa.array([p["tau"] for p in prompts], pa.float64()),
-                "tree_tau": pa.array([p["tree_tau"] for p in prompts], pa.float64()),
+                "run_id": [run_id] * len(rows),
+                "prompt_id": [p["prompt_id"] for p in rows],
+                "prompt_len": pa.array([p["prompt_len"] for p in rows], pa.int32()),
+                "tau": pa.array([p["tau"] for p in rows], pa.float64()),
+                "tree_tau": pa.array([p["tree_tau"] for p in rows], pa.float64()),
                 "arrays_file": [str(rel)] * len(prompts),
                 "arrays_at": np.cumsum(sizes) - sizes,
                 "arrays_size": sizes,
@@ -232,6 +236,10 @@ class Store(Database):
     def run_prompts(self, run_id: str) -> list[dict]:
         """Every prompt's whole row of a run (every array, decoded), by prompt id."""
         return self._with_arrays(self.rows("SELECT * FROM run_prompts WHERE run_id = ? ORDER BY prompt_id", [run_id]))
+
+    def prompts(self, run_id: str) -> list[Prompt]:
+        """Every prompt's row of a run as a `Prompt` (the arrays flat, as stored), by prompt id."""
+        return [Prompt.from_row(r) for r in self.run_prompts(run_id)]
 
     def run_prompt(self, run_id: str, prompt_id: str) -> dict | None:
         """One prompt's whole row of a run (every array), None when the run has no such prompt: a keyed read of
