@@ -151,3 +151,23 @@ def test_checkpoint_config_garbage_named(patch):
         dr.parse_config(raw)
     except dr.CheckpointError as e:
         assert "config.json" in str(e)
+
+
+SERVED_FORMS = [  # other families as engines and exporters write them, under a DFlash architecture or none
+    ({"dflash_config": {"conv_kernel_size": 2, "conv_group_size": 16}}, "DFlash2 \\(block-local grouped"),
+    ({"dflash_config": {"selector_rank": 256, "selector_top_k": 16}}, "DFlash2 \\(candidate selector"),
+    ({"dflash_config": {"projector_type": "domino", "emb_dim": 256}}, "Domino"),
+    ({"architectures": ["Qwen3DSparkModel"], "markov_rank": 256}, "DSpark"),
+    ({"sample_from_anchor": True}, "DSpark \\(drafts from the anchor"),
+    ({"dspark_markov_rank": 64}, "DeepSeek-V4 DSpark"),
+    ({"speculators_model_type": "dflash"}, "speculators-format"),
+]
+
+
+@pytest.mark.parametrize("patch,name", SERVED_FORMS)
+def test_other_families_in_served_forms_are_named_not_replayed_as_dflash(patch, name):
+    raw = tiny.drafter_config(tiny.TinyDrafter())
+    raw = raw | patch | {"dflash_config": {**raw.get("dflash_config", {}), **patch.get("dflash_config", {})}}
+    with pytest.raises(dr.CheckpointError, match=name):
+        dr.parse_config(raw)
+    assert dr.parse_config(tiny.drafter_config(tiny.TinyDrafter())).block_size > 1  # plain DFlash still parses

@@ -168,9 +168,19 @@ FOREIGN_FIELDS = {
     "markov_head_type": "DSpark (Markov head)",
     "enable_confidence_head": "DSpark (confidence head)",
     "confidence_head_alpha": "DSpark (confidence head)",
+    "confidence_head_with_markov": "DSpark (confidence head)",
+    "sample_from_anchor": "DSpark (drafts from the anchor's slot)",
+    "dspark_markov_rank": "DeepSeek-V4 DSpark (an MTP-stack drafter)",
     "gru_hidden_dim": "Domino (prefix GRU)",
     "pure_draft_prefix_len": "Domino (prefix GRU)",
+    "emb_dim": "Domino (prefix GRU)",
+    # SGLang serves DFlash2 from these fields on a DFlashDraftModel architecture
+    "conv_kernel_size": "DFlash2 (block-local grouped convolutions)",
+    "conv_group_size": "DFlash2 (block-local grouped convolutions)",
+    "selector_rank": "DFlash2 (candidate selector)",
+    "selector_top_k": "DFlash2 (candidate selector)",
     "draft_vocab_size": "EAGLE-3 (draft vocabulary)",
+    "speculators_model_type": "speculators-format",
 }
 
 
