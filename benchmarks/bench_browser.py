@@ -24,39 +24,20 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 from _common import ROOT, note, report
 
+from dflash_dash import launch
 from tools.browser import ARGS, CHROMIUM, DRAWN
 
 
 def serve(ws: Path, port: int, log: Path) -> subprocess.Popen:
     """The dashboard on `ws`, polled until /_stcore/health answers."""
     app = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streamlit",
-            "run",
-            "app.py",
-            "--server.headless",
-            "true",
-            "--server.port",
-            str(port),
-            "--server.address",
-            "127.0.0.1",
-            "--browser.gatherUsageStats",
-            "false",
-            "--server.fileWatcherType",
-            "none",
-            "--",
-            "--workspace",
-            str(ws),
-        ],
+        launch.app_argv(ws, port, "127.0.0.1", watch=False),
         cwd=ROOT,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,

@@ -47,7 +47,6 @@ def demo(work: Path, figs: dict) -> None:
         capture_output=True,
         text=True,
         timeout=3600,
-        env=dict(os.environ),
     )
     figs["demo_build_s"] = time.perf_counter() - t0
     if out.returncode:

@@ -96,7 +96,8 @@ def demo_server_argv(ws: Path, cfg: config_mod.WorkspaceConfig) -> list[str] | N
     return [sys.executable, "-m", "dflash_dash", "serve", "--model", str(target.resolve()), "--port", str(u.port)]
 
 
-def app_argv(ws: Path, port: int, address: str) -> list[str]:
+def app_argv(ws: Path, port: int, address: str, watch: bool = True) -> list[str]:
+    """`streamlit run app.py -- --workspace ws` on address:port (`watch` False: no file watcher, for tests)."""
     return [
         sys.executable,
         "-m",
@@ -111,6 +112,7 @@ def app_argv(ws: Path, port: int, address: str) -> list[str]:
         "true",
         "--browser.gatherUsageStats",
         "false",
+        *([] if watch else ["--server.fileWatcherType", "none"]),
         "--",
         "--workspace",
         str(ws),

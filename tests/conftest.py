@@ -74,7 +74,6 @@ def prepared(tmp_path_factory) -> Prepared:
 def demo_workspace(tmp_path_factory) -> Path:
     """The demo workspace built once per session from the committed assets by the real CLI (`demo`, as `make run`
     does; a few minutes on 2 cores). Read-only: copy it (`shutil.copytree(..., ignore=*.lock)`) to write."""
-    import os
     import subprocess
     import sys
 
@@ -86,7 +85,6 @@ def demo_workspace(tmp_path_factory) -> Path:
     p = subprocess.run(
         [sys.executable, "-m", "dflash_dash", "--workspace", str(ws), "demo"],
         cwd=ROOT,
-        env=dict(os.environ),
         capture_output=True,
         text=True,
         timeout=1800,

@@ -12,7 +12,6 @@ the tiny drafter accepts about one token in four at depth 1 on text the target h
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,11 +28,9 @@ pytestmark = pytest.mark.skipif(
 
 
 def cli(ws: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
     return subprocess.run(
         [sys.executable, "-m", "dflash_dash", "--workspace", str(ws), *args],
         cwd=ROOT,
-        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -5,7 +5,6 @@ Greedy output is checked against a local transformers `generate` of the same mod
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -56,7 +55,6 @@ class Proc:
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=open(log, "wb"),
-            env=dict(os.environ),
         )
 
     def progress(self, elapsed: float, state: str) -> None:

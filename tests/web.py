@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
 from serving import ENV, ROOT, end, free_port, until
 
+from dflash_dash import launch
 from tools import browser as browser_mod
 
 CHROMIUM = Path(browser_mod.CHROMIUM)
@@ -30,26 +30,7 @@ def dashboard(ws: Path, base: Path):
     port = free_port()
     log = open(base / "streamlit.log", "wb")
     app = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streamlit",
-            "run",
-            "app.py",
-            "--server.headless",
-            "true",
-            "--server.port",
-            str(port),
-            "--server.address",
-            "127.0.0.1",
-            "--browser.gatherUsageStats",
-            "false",
-            "--server.fileWatcherType",
-            "none",
-            "--",
-            "--workspace",
-            str(ws),
-        ],
+        launch.app_argv(ws, port, "127.0.0.1", watch=False),
         cwd=ROOT,
         env=ENV,
         stdout=log,

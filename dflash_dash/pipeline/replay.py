@@ -9,7 +9,6 @@ Replay never touches the network; the math lives in replay/drafter/metrics, the 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -256,7 +255,7 @@ def sweep(store: Store, op: ops.Sweep, progress: Progress = None, runner: Runner
     have = {
         (r["checkpoint"], r.get("sliding_block")): r["id"]
         for r in store.runs()
-        if r["extraction_id"] == ex["id"] and summary_of(r).get("prompts") == n
+        if r["extraction_id"] == ex["id"] and (r["summary"] or {}).get("prompts") == n
     }
     todo = [ck for ck, sem in plan if (str(ck), sem) not in have]
     tick(progress, 0, len(cks), f"{len(cks)} checkpoints, {len(cks) - len(todo)} already replayed on {ex['id']}")
@@ -275,12 +274,6 @@ def sweep(store: Store, op: ops.Sweep, progress: Progress = None, runner: Runner
     ids = [have.get((str(ck), sem)) or fresh[str(ck)] for ck, sem in plan]
     tick(progress, len(cks), len(cks), f"replayed {len(todo)} checkpoints")
     return ids
-
-
-def summary_of(run: dict) -> dict:
-    """A runs row's summary as a dict (the store keeps it as JSON text)."""
-    s = run.get("summary")
-    return json.loads(s) if isinstance(s, str) else (s or {})
 
 
 def sliding_check(store: Store, op: ops.SlidingCheck, progress: Progress = None, runner: Runner | None = None) -> dict:
