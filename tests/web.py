@@ -61,6 +61,27 @@ def open_page(page, env, path: str, title: str):
     settle(page)
 
 
+def choose(page, box, option: str, *, exact: bool = False, typed: str | None = None) -> None:
+    """Pick `option` from the Streamlit selectbox `box`: open its list (again, if a rerun closed it before it showed),
+    optionally type `typed` to filter it, and click the option. The option is waited for, never a fixed delay."""
+    from playwright.sync_api import TimeoutError as PwTimeout
+
+    listbox = page.get_by_role("listbox")
+    for attempt in range(5):
+        settle(page)
+        box.scroll_into_view_if_needed()
+        box.locator("input").click()
+        try:
+            listbox.first.wait_for(state="visible", timeout=5_000)
+            break
+        except PwTimeout:
+            if attempt == 4:
+                raise
+    if typed:
+        page.keyboard.type(typed)
+    page.get_by_role("option", name=option, exact=exact).click()
+
+
 def settle(page) -> None:
     """Wait until Streamlit has finished running the script: its status widget is gone and the app's script state
     is no longer running (the status widget alone is not enough: a headless browser never shows it)."""

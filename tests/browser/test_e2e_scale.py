@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from serving import until
-from web import CHROMIUM, NO_CHROMIUM, dashboard, drawn, open_page, settle, shot
+from web import CHROMIUM, NO_CHROMIUM, choose, dashboard, drawn, open_page, settle, shot
 
 from dflash_dash import pipeline
 from dflash_dash.analysis.compare import delta_rows
@@ -43,9 +43,7 @@ def test_acceptance_at_1000_prompts(scale, page):
     assert page.locator("[data-testid=stException]").count() == 0
     # the prompt select holds all 1,000: the last one (highest tau) is found by typing and opens its token view
     box = page.locator("[data-testid=stSelectbox]").filter(has_text="prompt").last
-    box.click()
-    page.keyboard.type(order[-1])
-    page.get_by_role("option", name=order[-1], exact=True).click()
+    choose(page, box, order[-1], exact=True, typed=order[-1])
     page.get_by_text(f"Token view · {order[-1]}").wait_for()
     until(lambda: f"prompt={order[-1]}" in page.url, timeout=10, what="the URL to follow the select")
     settle(page)

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 from chainwalk import walk_by_hand
-from web import CHROMIUM, NO_CHROMIUM, dashboard, open_page, settle, shot
+from web import CHROMIUM, NO_CHROMIUM, choose, dashboard, open_page, settle, shot
 
 from dflash_dash import replay as rp
 from dflash_dash.store import Store
@@ -43,9 +43,7 @@ def test_browser_picks_a_round_and_sees_its_block(served, page):
     open_page(page, served, f"acceptance?run={rid}&prompt={pid}", "Acceptance")
     page.get_by_text(f"Token view · {pid}").wait_for()
     box = page.get_by_test_id("stSelectbox").filter(has_text="round of the chain walk")
-    box.scroll_into_view_if_needed()
-    box.locator("input").click()
-    page.get_by_role("option", name=f"round {n} · anchor {p} · accepted {a}/").click()
+    choose(page, box, f"round {n} · anchor {p} · accepted {a}/")
     page.locator(".dfr-note", has_text=f"round {n} · anchor {p} (").wait_for()
     settle(page)
     first = page.locator("table.dfr tr").nth(1)  # slot 1: the target's token id beside the drafter's candidates
