@@ -18,6 +18,7 @@ import torch
 from synthetic import random_head
 
 from dflash_dash import drafters as dr, replay as rp, target as tg
+from dflash_dash.drafters import readout
 from tools import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,16 +109,16 @@ def test_blocks_gradients_do_not_depend_on_grouping(tmp_path):
 def test_head_chunks_equal_plain_log_softmax(monkeypatch, dtype):
     head = random_head(V=700, H=32, dtype=dtype)
     h = torch.randn(6, 5, 32, generator=torch.Generator().manual_seed(3)).to(dtype)
-    monkeypatch.setattr(rp.head, "HEAD_ROWS", 7)  # 24 rows in 4 uneven chunks
-    drafts, ids, logp = rp.head.read_out(None, head, h, topk=5)
+    monkeypatch.setattr(readout, "HEAD_ROWS", 7)  # 24 rows in 4 uneven chunks
+    drafts, ids, logp = (t.view(6, 4, -1).squeeze(-1) for t in readout.lm_top(head, h[:, 1:].reshape(24, 32), 5))
     logits = (h[:, 1:] @ head.lm_head.T).float()  # the plain formulation
     lp = torch.log_softmax(logits, -1)
     assert torch.equal(drafts, logits.argmax(-1))
     top = lp.topk(5, dim=-1)
     assert torch.equal(ids, top.indices)
     torch.testing.assert_close(logp, top.values, rtol=0, atol=1e-5)
-    d0, i0, l0 = rp.head.read_out(None, head, h, topk=0)
-    assert torch.equal(d0, drafts) and i0.shape == l0.shape == (6, 4, 0)
+    d0, i0, l0 = readout.lm_top(head, h[:, 1:].reshape(24, 32), 0)
+    assert torch.equal(d0.view(6, 4), drafts) and i0.shape == l0.shape == (24, 0)
 
 
 def test_triton_top_logp_matches_torch_in_interpreter():
@@ -126,13 +127,13 @@ def test_triton_top_logp_matches_torch_in_interpreter():
     tiles of the product's size and small ones (`TOP_BLOCK`: many tiles per row, equal values in different ones)."""
     code = (
         "import torch\n"
-        "from dflash_dash import replay as rp\n"
-        "top = rp.head._top_triton()\n"
+        "from dflash_dash.drafters import readout as ro\n"
+        "top = ro._top_triton()\n"
         "g = torch.Generator().manual_seed(0)\n"
         "cases = [(5000, torch.bfloat16, 8, 4.0), (4096, torch.float32, 3, 4.0), (37, torch.float32, 1, 4.0),\n"
         "         (9000, torch.bfloat16, 8, 0.0)]\n"
-        "for (V, dt, k, scale), blk in [(c, b) for c in cases for b in (rp.head.TOP_BLOCK, 512)]:\n"
-        "    rp.head.TOP_BLOCK = blk\n"
+        "for (V, dt, k, scale), blk in [(c, b) for c in cases for b in (ro.TOP_BLOCK, 512)]:\n"
+        "    ro.TOP_BLOCK = blk\n"
         "    x = (torch.randn(3, V, generator=g) * scale).to(dt) if scale else \\\n"
         "        (torch.randint(-40, 40, (3, V), generator=g) / 8).to(dt)\n"  # many exact ties
         "    x[1, min(V - 1, 4100)] = 60.0; x[2, V - 1] = 61.0; x[2, 7] = 61.0\n"  # dominant logits, tied max

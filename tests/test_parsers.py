@@ -153,21 +153,51 @@ def test_checkpoint_config_garbage_named(patch):
         assert "config.json" in str(e)
 
 
-SERVED_FORMS = [  # other families as engines and exporters write them, under a DFlash architecture or none
-    ({"dflash_config": {"conv_kernel_size": 2, "conv_group_size": 16}}, "DFlash2 \\(block-local grouped"),
-    ({"dflash_config": {"selector_rank": 256, "selector_top_k": 16}}, "DFlash2 \\(candidate selector"),
-    ({"dflash_config": {"projector_type": "domino", "emb_dim": 256}}, "Domino"),
-    ({"architectures": ["Qwen3DSparkModel"], "markov_rank": 256}, "DSpark"),
-    ({"sample_from_anchor": True}, "DSpark \\(drafts from the anchor"),
+REFUSED_FORMS = [  # drafters this tool does not replay, and contradictory family configs: refused by name
+    ({"dflash_config": {"conv_kernel_size": 2, "conv_group_size": 16}}, "DFlash2 drafter needs dflash_config.selector"),
+    ({"dflash_config": {"selector_rank": 256, "selector_top_k": 16}}, "DFlash2 drafter needs dflash_config.conv"),
+    ({"markov_rank": 4}, "belongs to a DSpark drafter"),
+    ({"dflash_config": {"emb_dim": 256}}, "belongs to a Domino drafter"),
+    ({"sample_from_anchor": True}, "sample_from_anchor = true on a DFlash drafter"),
     ({"dspark_markov_rank": 64}, "DeepSeek-V4 DSpark"),
     ({"speculators_model_type": "dflash"}, "speculators-format"),
+    ({"architectures": ["LlamaForCausalLMEagle3"]}, "EAGLE-3"),
+    ({"architectures": ["PEagleDraftModel"]}, "P-EAGLE"),
+    ({"dflash_config": {"projector_type": "medusa"}}, "projector_type = 'medusa' is unknown"),
+    ({"architectures": ["DSparkDraftModel"], "dflash_config": {"projector_type": "domino"}}, "contradicts"),
+    ({"architectures": ["DSparkDraftModel"], "markov_head_type": "cond", "markov_rank": 4}, "markov_head_type"),
+    ({"architectures": ["DominoDraftModel"], "dflash_config": {"emb_dim": 8}}, "gru_hidden_dim"),
+]
+SERVED_FORMS = [  # other families as engines and exporters write them: recognised as their family
+    (  # SGLang's normalised DSpark export: Markov fields at the top level
+        {"architectures": ["Qwen3DSparkModel"], "markov_rank": 4, "markov_head_type": "Gated"},
+        "dspark",
+    ),
+    (  # SpecForge's normaliser: a Domino under a DFlash architecture, projector_type wins
+        {"dflash_config": {"projector_type": "domino", "emb_dim": 8, "gru_hidden_dim": 6}},
+        "domino",
+    ),
+    (  # SGLang: DFlash2 turned on by its fields on a DFlashDraftModel
+        {"dflash_config": {"conv_kernel_size": 2, "conv_group_size": 4, "selector_rank": 3, "selector_top_k": 4}},
+        "dflash2",
+    ),
 ]
 
 
-@pytest.mark.parametrize("patch,name", SERVED_FORMS)
-def test_other_families_in_served_forms_are_named_not_replayed_as_dflash(patch, name):
+def _patched(patch: dict) -> dict:
     raw = tiny.drafter_config(tiny.TinyDrafter())
-    raw = raw | patch | {"dflash_config": {**raw.get("dflash_config", {}), **patch.get("dflash_config", {})}}
+    return raw | patch | {"dflash_config": {**raw.get("dflash_config", {}), **patch.get("dflash_config", {})}}
+
+
+@pytest.mark.parametrize("patch,name", REFUSED_FORMS)
+def test_drafters_not_replayed_are_refused_by_name(patch, name):
     with pytest.raises(dr.CheckpointError, match=name):
-        dr.parse_config(raw)
-    assert dr.parse_config(tiny.drafter_config(tiny.TinyDrafter())).block_size > 1  # plain DFlash still parses
+        dr.parse_config(_patched(patch))
+    assert dr.parse_config(tiny.drafter_config(tiny.TinyDrafter())).family == "dflash"  # plain DFlash still parses
+
+
+@pytest.mark.parametrize("patch,family", SERVED_FORMS)
+def test_other_families_in_served_forms_are_recognised(patch, family):
+    c = dr.parse_config(_patched(patch))
+    assert c.family == family
+    assert set(dr.shapes(c)) > set(dr.shapes(dr.parse_config(tiny.drafter_config(tiny.TinyDrafter()))))

@@ -20,15 +20,14 @@ from .base import Drafter, Family
 from .checkpoint import RUNTIME_FILE, Checkpoint, config_of, locate, raw_config, read_config, step_of
 from .config import (
     SLIDING_BLOCKS,
-    CheckpointError,
     DrafterConfig,
     default_layer_ids,
-    family_of,
     parse_config,
-    refuse_family,
     sliding_semantics,
 )
 from .consistency import Check, check_target, checks
+from .errors import CheckpointError
+from .fields import FAMILY_NAMES, family_of
 from .weights import Weights, checked, shapes
 
 if TYPE_CHECKING:
@@ -38,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FAMILIES",
+    "FAMILY_NAMES",
     "RUNTIME_FILE",
     "SLIDING_BLOCKS",
     "Check",
@@ -62,13 +62,17 @@ __all__ = [
     "parse_config",
     "raw_config",
     "read_config",
-    "refuse_family",
     "shapes",
     "sliding_semantics",
     "step_of",
 ]
 
-FAMILIES = {"dflash": Family("DFlash", "dflash_dash.drafters.dflash", ("DFlashDraftModel",))}
+FAMILIES = {
+    "dflash": Family("DFlash", "dflash_dash.drafters.dflash", ("DFlashDraftModel",)),
+    "dspark": Family("DSpark", "dflash_dash.drafters.dspark", ("DSparkDraftModel", "Qwen3DSparkModel")),
+    "domino": Family("Domino", "dflash_dash.drafters.domino", ("DominoDraftModel",)),
+    "dflash2": Family("DFlash2", "dflash_dash.drafters.dflash2", ("DFlash2DraftModel",)),
+}
 
 
 def implementation(ck: Checkpoint) -> ModuleType:
@@ -119,6 +123,4 @@ def kernels_for(device: Any):
 
 def flops_per_block(c: DrafterConfig, ctx_len: int, vocab: int) -> float:
     """Matmul FLOPs of one block of a drafter with config `c` (its family's count), for benchmarks."""
-    from .dflash import flops_per_block as count
-
-    return count(c, ctx_len, vocab)
+    return importlib.import_module(FAMILIES[c.family].module).flops_per_block(c, ctx_len, vocab)

@@ -3,12 +3,18 @@
 Contract: a family is a module under `drafters/` registered in `drafters.FAMILIES`; it provides
 `shapes(c)` (the tensors a checkpoint of config `c` holds), `load(ck, c, dtype, device, sliding_block, place)`
 (a `Drafter` from a located, validated checkpoint) and `flops_per_block(c, ctx_len, vocab)`. A `Drafter` takes
-target features and block embeddings and returns normed hidden states (no embedding, no LM head: the caller
-owns those), through three forwards, one per K/V layout:
+target features and block embeddings and returns normed hidden states through three forwards, one per K/V
+layout:
   - `blocks`: many blocks over context K/V as `context_kv` returns it, [context ; block] keys per call;
   - `blocks_in_place`: many blocks over stacked context K/V with spare leading key slots the blocks' keys are
     written into (no per-call copy of the context);
-  - `block`: one block the plain way (the reference the tests trust).
+  - `block`: one block the plain way (the reference the tests trust);
+and owns both ends of them: `embed_block` (the block's inputs from the target's embedding) and `read_out` (the D
+drafts of each block, with top-k and log-probabilities, from the normed states through the target's LM head and
+the family's heads), plus `confidence` for a family that predicts its own acceptance. A `sequential` family's
+draft for a slot depends on the drafts before it (DSpark's Markov head, Domino's GRU, DFlash2's selector walk):
+its `read_out` walks each block left to right with its own drafts, as inference does, so every drafted slot is
+what the drafter really proposes (up to the first rejection they equal a walk fed the target's tokens).
 Torch-free itself: the tensor types appear in annotations only.
 """
 
@@ -39,6 +45,32 @@ class Drafter(ABC):
     device: Any  # torch.device
     dtype: Any  # torch.dtype
     sliding_block: str  # causal | bidirectional: block semantics of sliding-window layers
+    sequential: bool = False  # read_out needs whole blocks: a draft depends on the drafts before it
+
+    @property
+    def drafts(self) -> int:  # D: tokens drafted per block (config `drafts`)
+        return self.c.drafts
+
+    @property
+    def width(self) -> int:  # D + 1: the most tokens a verify step commits; the metrics' block size
+        return self.c.width
+
+    @abstractmethod
+    def embed_block(self, head: Any, anchor_ids: torch.Tensor) -> torch.Tensor:
+        """Block inputs [N, B, H] for anchor tokens [N]: [anchor, MASK x (B-1)] through the target's embedding."""
+
+    @abstractmethod
+    def read_out(
+        self, head: Any, h: torch.Tensor, anchor_ids: torch.Tensor, topk: int, slots: tuple[int, int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Normed states [N, B, H] of blocks with anchor tokens [N] -> drafts [N, S], top-k ids [N, S, k] and
+        their log-probabilities [N, S, k] (fp32) of drafts 0..D-1 (S = D), or of drafts slots[0]..slots[1]-1
+        (not for a `sequential` family). Draft j is the token proposed for position anchor + 1 + j; ids[..., 0]
+        is the draft."""
+
+    def confidence(self, head: Any, h: torch.Tensor, anchor_ids: torch.Tensor, drafts: torch.Tensor):
+        """The family's predicted acceptance [N, D] of each draft (DSpark's confidence head), or None."""
+        return None
 
     @abstractmethod
     def context_kv(self, features: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -1,22 +1,17 @@
 """Drafter config.json parsing: `DrafterConfig`, the family a config belongs to, and the errors a bad one raises.
 
 Contract: `parse_config(raw)` validates a config.json dict into a `DrafterConfig`, or raises `CheckpointError`
-naming the field and the expected value. `family_of(raw)` names the drafter family a config describes (from
-`architectures`, `projector_type` and family-only fields) and refuses the families no module here replays:
-replaying those with the DFlash forward would give plausible wrong numbers. Torch-free: pages read configs
-without loading torch.
+naming the field and the expected value; the family (`fields.family_of`: from `architectures`, `projector_type`
+and family-only fields) and its own fields (`DrafterConfig.head`) are part of it, so a drafter no module here
+replays is refused by name rather than replayed as another family. Torch-free: pages read configs without torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ..errors import UserError
-
-
-class CheckpointError(UserError, ValueError):
-    """A DFlash checkpoint that cannot be used as it is; the message names the field and what was expected."""
-
+from .errors import CheckpointError
+from .fields import FAMILY_NAMES, family_of, head_fields
 
 # ---------------------------------------------------------------------------
 # config
@@ -43,10 +38,34 @@ class DrafterConfig:
     max_position_embeddings: int = 32768  # for RoPE scaling
     attention_bias: bool = False  # q/k/v/o biases
     sliding_causal: bool = True  # the config's own sliding-block semantics (is_causal; default: causal)
+    family: str = "dflash"  # drafter family: dflash | dspark | domino | dflash2 (`fields.family_of`)
+    head: dict = field(default_factory=dict)  # the family's own validated fields (`fields.head_fields`)
 
     @property
     def K(self) -> int:  # number of feature layers
         return len(self.target_layer_ids)
+
+    @property
+    def family_name(self) -> str:  # shown to users: DFlash, DSpark, Domino, DFlash2
+        return FAMILY_NAMES[self.family]
+
+    @property
+    def first_slot(self) -> int:
+        """The block slot whose state drafts the token at anchor + 1: 1 (DFlash), 0 for the families that draft
+        from the anchor's slot (DSpark with sample_from_anchor, Domino with shift_label)."""
+        h = self.head
+        return 0 if h.get("sample_from_anchor") or h.get("shift_label") else 1
+
+    @property
+    def drafts(self) -> int:
+        """D: tokens drafted per block: B-1, or B for DSpark drafting from the anchor's slot (slots 0..B-1)."""
+        return self.block_size if self.head.get("sample_from_anchor") else self.block_size - 1
+
+    @property
+    def width(self) -> int:
+        """D + 1: the most tokens one verify step commits (the drafts and the target's bonus token). Every metric
+        and walk takes this as its block size."""
+        return self.drafts + 1
 
 
 def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -150,88 +169,11 @@ def _rope(raw: dict) -> tuple[float, dict | None]:
     return float(theta), (None if kind == "default" and not fields else {"rope_type": kind, **fields})
 
 
-# architectures / projector types of other drafter families -> the family's name (SpecForge, SGLang)
-FOREIGN_FAMILIES = {
-    "dominodraftmodel": "Domino",
-    "dsparkdraftmodel": "DSpark",
-    "qwen3dsparkmodel": "DSpark",
-    "llamaforcausallmeagle3": "EAGLE-3",
-    "llamaforcausallmeagle": "EAGLE",
-    "peagledraftmodel": "P-EAGLE",
-    "dflash2draftmodel": "DFlash2",
-    "domino": "Domino",
-    "dspark": "DSpark",
-    "dflash2": "DFlash2",
-}
-FOREIGN_FIELDS = {
-    "markov_rank": "DSpark (Markov head)",
-    "markov_head_type": "DSpark (Markov head)",
-    "enable_confidence_head": "DSpark (confidence head)",
-    "confidence_head_alpha": "DSpark (confidence head)",
-    "confidence_head_with_markov": "DSpark (confidence head)",
-    "sample_from_anchor": "DSpark (drafts from the anchor's slot)",
-    "dspark_markov_rank": "DeepSeek-V4 DSpark (an MTP-stack drafter)",
-    "gru_hidden_dim": "Domino (prefix GRU)",
-    "pure_draft_prefix_len": "Domino (prefix GRU)",
-    "emb_dim": "Domino (prefix GRU)",
-    # SGLang serves DFlash2 from these fields on a DFlashDraftModel architecture
-    "conv_kernel_size": "DFlash2 (block-local grouped convolutions)",
-    "conv_group_size": "DFlash2 (block-local grouped convolutions)",
-    "selector_rank": "DFlash2 (candidate selector)",
-    "selector_top_k": "DFlash2 (candidate selector)",
-    "draft_vocab_size": "EAGLE-3 (draft vocabulary)",
-    "speculators_model_type": "speculators-format",
-}
-
-
-def refuse_family(raw: dict) -> None:
-    """Raise CheckpointError naming the family when `raw` is another drafter family than DFlash (Domino,
-    DSpark, DFlash2, EAGLE, ...): replaying those with the DFlash forward would give plausible wrong numbers."""
-    archs = raw.get("architectures") or []
-    if isinstance(archs, str):
-        archs = [archs]
-    if not isinstance(archs, list):
-        raise CheckpointError(f"config.json: architectures = {archs!r}, expected a list like [\"DFlashDraftModel\"]")
-    for a in archs:
-        fam = FOREIGN_FAMILIES.get(str(a).lower())
-        if str(a).endswith("ForCausalLM") and not fam:
-            raise CheckpointError(
-                f"config.json: architectures {archs!r}: this is a target model folder (a causal "
-                "LM), not a DFlash drafter checkpoint; pass it as --target and the drafter as "
-                "--drafter"
-            )
-        if fam or "dflash" not in str(a).lower():
-            raise CheckpointError(
-                f"config.json: architectures {archs!r} is {'a ' + fam if fam else 'not a DFlash'} "
-                "drafter; dflash-dash replays DFlash drafters (architectures DFlashDraftModel) only"
-            )
-    dcfg = raw.get("dflash_config") if isinstance(raw.get("dflash_config"), dict) else {}
-    proj = dcfg.get("projector_type", raw.get("projector_type"))
-    if proj not in (None, "dflash"):
-        fam = FOREIGN_FAMILIES.get(str(proj).lower(), str(proj))
-        raise CheckpointError(
-            f"config.json: dflash_config.projector_type = {proj!r}: a {fam} drafter, not DFlash; "
-            "dflash-dash replays DFlash drafters only"
-        )
-    for key, fam in FOREIGN_FIELDS.items():
-        if dcfg.get(key, raw.get(key)) not in (None, False, 0):
-            raise CheckpointError(
-                f"config.json: field '{key}' belongs to a {fam} drafter, not DFlash; dflash-dash "
-                "replays DFlash drafters only"
-            )
-
-
-def family_of(raw: dict) -> str:
-    """The registry key of the drafter family `raw` describes ("dflash"); CheckpointError for any other family."""
-    refuse_family(raw)
-    return "dflash"
-
-
 def parse_config(raw: dict) -> DrafterConfig:
     """Validate a config.json dict into a DrafterConfig; errors name the field and the expected value."""
     if not isinstance(raw, dict):
         raise CheckpointError("config.json: expected a JSON object")
-    refuse_family(raw)
+    family = family_of(raw)
     n = _int(raw, "num_hidden_layers")
     H = _int(raw, "hidden_size")
     nh = _int(raw, "num_attention_heads")
@@ -313,6 +255,8 @@ def parse_config(raw: dict) -> DrafterConfig:
         max_position_embeddings=_int(raw, "max_position_embeddings", default=32768),
         attention_bias=bool(raw.get("attention_bias", False)),
         sliding_causal=causal,
+        family=family,
+        head=head_fields(family, raw, dcfg, H, V, B, nh, nkv),
     )
 
 

@@ -23,9 +23,12 @@ from .base import Drafter
 from .checkpoint import Checkpoint
 from .config import DrafterConfig, sliding_semantics
 from .kernels import Rope, kernels_for, rmsnorm
+from .readout import lm_top
 from .weights import Linear, Weights, checked, shapes
 
 __all__ = ["DFlash", "load", "shapes", "flops_per_block"]
+
+ATTN, MLP = "attention_conv", "mlp_conv"  # a layer's two sublayers (DFlash2's convolutions are named after them)
 
 
 def _lin(x: torch.Tensor, lin: Linear) -> torch.Tensor:
@@ -42,6 +45,23 @@ class DFlash(Drafter):
         self.device, self.dtype = any_w.device, any_w.dtype
         self.rope = Rope(c, self.device, self.dtype)
         self.ops = kernels_for(self.device)  # element-wise kernels of the batched forward: eager or fused
+
+    # -- the block's two ends --------------------------------------------------
+
+    def embed_block(self, head, anchor_ids: torch.Tensor) -> torch.Tensor:
+        """[anchor, MASK x (B-1)] through the target's embedding -> [N, B, H] in the drafter's dtype."""
+        c = self.c
+        ids = torch.full((len(anchor_ids), c.block_size), c.mask_token_id, dtype=torch.long, device=head.embed.device)
+        ids[:, 0] = anchor_ids.to(ids.device)
+        return head.embed[ids].to(self.device, self.dtype)
+
+    def read_out(self, head, h: torch.Tensor, anchor_ids: torch.Tensor, topk: int, slots=None):
+        """Drafts j = 0..D-1 from block slots first_slot + j through the LM head (argmax, top-k, log-probs)."""
+        lo, hi = slots or (0, self.c.drafts)
+        f = self.c.first_slot
+        N, S = h.shape[0], hi - lo
+        drafts, ids, logp = lm_top(head, h[:, f + lo : f + hi].reshape(N * S, -1), topk)
+        return drafts.view(N, S), ids.view(N, S, topk), logp.view(N, S, topk)
 
     # -- shared pieces --------------------------------------------------------
 
@@ -66,6 +86,15 @@ class DFlash(Drafter):
     def _mlp(self, i: int, x):
         L = self.w.layers[i]
         return _lin(self.ops.silu_mul(_lin(x, L.gate_proj), _lin(x, L.up_proj)), L.down_proj)
+
+    def _mix_in(self, i: int, part: str, x: torch.Tensor):
+        """Layer i's sublayer `part` (ATTN | MLP) input [..., B, H] as the sublayer reads it, and what its output
+        side needs: DFlash reads it as it is (DFlash2 convolves it inside each block)."""
+        return x, None
+
+    def _mix_out(self, i: int, part: str, y: torch.Tensor, mix) -> torch.Tensor:
+        """Layer i's sublayer `part` output [..., B, H] as it joins the residual stream (DFlash: as it is)."""
+        return y
 
     def _kind(self, i: int) -> tuple[int | None, bool]:
         """(key window, causal inside the block) of layer i: (None, False) for full_attention layers."""
@@ -187,6 +216,7 @@ class DFlash(Drafter):
         x = ops.rmsnorm(h, layers[0].input_layernorm, eps)
         for i in range(c.num_hidden_layers):
             nxt = layers[i + 1].input_layernorm if i + 1 < c.num_hidden_layers else self.w.norm
+            x, mix = self._mix_in(i, ATTN, x)  # [N', B, H]
             q = self._q(i, x, cos, sin)  # [N', nh, B, hd]
             q = q.view(S, G, nkv, g, B, hd).permute(0, 2, 3, 1, 4, 5).reshape(S, nkv, g * G * B, hd)
             kb, vb = (
@@ -195,9 +225,10 @@ class DFlash(Drafter):
             k, v = keys(i, kb, vb)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=masks[self._kind(i)])
             o = o.view(S, nkv, g, G, B, hd).permute(0, 3, 4, 1, 2, 5).reshape(S * G, B, nkv * g * hd)
-            o = _lin(o, layers[i].o_proj)
+            o = self._mix_out(i, ATTN, _lin(o, layers[i].o_proj), mix)
             h, x = ops.add_norm(h, o, layers[i].post_attention_layernorm, eps)
-            h, x = ops.add_norm(h, self._mlp(i, x), nxt, eps)  # x: the next layer's input (or the output)
+            x, mix = self._mix_in(i, MLP, x)
+            h, x = ops.add_norm(h, self._mix_out(i, MLP, self._mlp(i, x), mix), nxt, eps)  # x: the next layer's input
         return x[:N]
 
     def _attn_mask(
@@ -230,8 +261,6 @@ class DFlash(Drafter):
 
     # -- reference path -------------------------------------------------------
 
-    # -- reference path -------------------------------------------------------
-
     def block(self, features: torch.Tensor, anchor: int, emb: torch.Tensor) -> torch.Tensor:
         """Draft ONE block the plain way: features [anchor, K*H] of positions 0..anchor-1, emb [B, H].
 
@@ -247,7 +276,7 @@ class DFlash(Drafter):
         g = c.num_attention_heads // c.num_key_value_heads
         for i in range(c.num_hidden_layers):
             L = self.w.layers[i]
-            x = rmsnorm(h, L.input_layernorm, c.rms_norm_eps)
+            x, mix = self._mix_in(i, ATTN, rmsnorm(h, L.input_layernorm, c.rms_norm_eps))
             q = self._q(i, x, cos[anchor:], sin[anchor:])  # [nh, B, hd]
             k, v = self._kv(i, torch.cat([ctx, x]), cos, sin)  # [nkv, anchor+B, hd]
             k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
@@ -257,8 +286,9 @@ class DFlash(Drafter):
                 d = pos[anchor:, None] - pos[None, :]  # [B, anchor+B] q - k
                 mask = (d < w) & (d >= 0) if causal else d < w
             o = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask).to(self.dtype)
-            h = h + _lin(o.transpose(0, 1).flatten(1), L.o_proj)
-            h = h + self._mlp(i, rmsnorm(h, L.post_attention_layernorm, c.rms_norm_eps))
+            h = h + self._mix_out(i, ATTN, _lin(o.transpose(0, 1).flatten(1), L.o_proj), mix)
+            x, mix = self._mix_in(i, MLP, rmsnorm(h, L.post_attention_layernorm, c.rms_norm_eps))
+            h = h + self._mix_out(i, MLP, self._mlp(i, x), mix)
         return rmsnorm(h, self.w.norm, c.rms_norm_eps)
 
 
@@ -273,16 +303,18 @@ def load(
     device: str = "cpu",
     sliding_block: str | None = None,
     place: Callable[[dict], dict] | None = None,
+    cls: type[DFlash] | None = None,
 ) -> DFlash:
     """A DFlash from a located checkpoint with validated config `c`: every tensor checked (`weights.checked`),
     read in `dtype` and moved to `device` as it is read, or, with `place`, all at once by `place` (a loader's
-    staged upload, {name: CPU tensor} -> {name: device tensor})."""
+    staged upload, {name: CPU tensor} -> {name: device tensor}). `cls`: the family's subclass of DFlash (the
+    families share DFlash's backbone and loading)."""
     sliding_semantics(c, sliding_block)  # validate the choice before reading weights
     if place is None:
         w = checked(ck, c, lambda t: t.to(device=device, dtype=dtype))
     else:
         w = place(checked(ck, c, lambda t: t.to(dtype=dtype)))
-    return DFlash(c, Weights.from_named(c, w), str(ck.path), sliding_block)
+    return (cls or DFlash)(c, Weights.from_named(c, w), str(ck.path), sliding_block)
 
 
 def flops_per_block(c: DrafterConfig, ctx_len: int, vocab: int) -> float:

@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from .checkpoint import COPIES, Checkpoint, tensors
 from .config import CheckpointError, DrafterConfig
+from .fields import extra_shapes, rename_legacy
 
 if TYPE_CHECKING:
     import torch
 
 
 def shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every tensor a checkpoint with config `c` must hold (state-dict names, no prefix)."""
+    """Name -> shape of every tensor a checkpoint with config `c` must hold (state-dict names, no prefix): DFlash's
+    backbone, then what `c`'s family adds (`fields.extra_shapes`)."""
     H, I, hd, nh, nkv = c.hidden_size, c.intermediate_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads
     out = {"fc.weight": (H, c.K * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
     for i in range(c.num_hidden_layers):
@@ -47,7 +49,7 @@ def shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
                 p + "self_attn.v_proj.bias": (nkv * hd,),
                 p + "self_attn.o_proj.bias": (H,),
             }
-    return out
+    return out | extra_shapes(c)
 
 
 @dataclass
@@ -79,12 +81,14 @@ _MLP = ("gate_proj", "up_proj", "down_proj")
 
 @dataclass
 class Weights:
-    """A DFlash drafter's tensors: fc + hidden_norm (features -> context), the layers, the final norm."""
+    """A drafter's tensors: fc + hidden_norm (features -> context), the layers, the final norm (the DFlash
+    backbone every family shares), and the family's own tensors by state-dict name (`fields.extra_shapes`)."""
 
     fc: Linear  # [H, K*H]
     hidden_norm: Any  # [H]
     norm: Any  # [H]
     layers: list[Layer] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)  # {state-dict name: tensor} of the family's heads and convolutions
 
     @classmethod
     def from_named(cls, c: DrafterConfig, w: dict) -> Weights:
@@ -106,7 +110,8 @@ class Weights:
                     **{k: lin(p + "mlp." + k) for k in _MLP},
                 )
             )
-        return cls(lin("fc"), w["hidden_norm.weight"], w["norm.weight"], layers)
+        extra = {k: w[k] for k in extra_shapes(c)}
+        return cls(lin("fc"), w["hidden_norm.weight"], w["norm.weight"], layers, extra)
 
     def named(self) -> dict[str, torch.Tensor]:
         """{state-dict name: tensor}: the names `shapes` lists, the same tensor objects."""
@@ -125,24 +130,34 @@ class Weights:
                         out[p + group + k + ".bias"] = lin.bias
             out[p + "self_attn.q_norm.weight"] = L.q_norm
             out[p + "self_attn.k_norm.weight"] = L.k_norm
-        return out
+        return out | self.extra
 
 
 def checked(ck: Checkpoint, c: DrafterConfig, read: Callable[[torch.Tensor], torch.Tensor] | None) -> dict:
     """Every tensor of `ck` checked against `c` (name, shape, none missing): {name: read(tensor)}, or {name: None}
-    without `read` (nothing but the files' headers is read)."""
+    without `read` (nothing but the files' headers is read). Legacy names are read under their current name
+    (`fields.rename_legacy`); a tensor present under both names is kept once, the current one (SpecForge's
+    loader does the same)."""
     want = shapes(c)
     w: dict[str, torch.Tensor | None] = {}
-    for fname, key, shape, get in tensors(ck):
+    legacy: dict[str, str] = {}  # current name -> the legacy name it was read from
+    for fname, raw_key, shape, get in tensors(ck):
+        key = rename_legacy(raw_key)
         if key not in want:
             if key in COPIES or key.endswith("rotary_emb.inv_freq"):
                 continue
             raise CheckpointError(
-                f"{ck.path / fname}: unknown tensor '{key}': not part of a DFlash drafter with "
+                f"{ck.path / fname}: unknown tensor '{raw_key}': not part of a {c.family_name} drafter with "
                 f"this config (another drafter family, or a config that does not match the weights)"
             )
         if shape != want[key]:
-            raise CheckpointError(f"{fname}: tensor '{key}' has shape {shape}, expected {want[key]}")
+            raise CheckpointError(f"{fname}: tensor '{raw_key}' has shape {shape}, expected {want[key]}")
+        if key in w and (key != raw_key or key not in legacy):
+            continue  # the legacy copy of a tensor already read under its current name
+        if key != raw_key:
+            legacy[key] = raw_key
+        else:
+            legacy.pop(key, None)
         w[key] = read(get()) if read else None
     missing = [k for k in want if k not in w]
     if missing:

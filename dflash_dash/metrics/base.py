@@ -4,7 +4,8 @@ registry entry (`Metric`).
 Contract: no torch, no store. A `Prompt` is one prompt of a run from replay to the store and back: its id, prompt
 length P, accepted(p) at every completion anchor (-1 where a chain-only replay did not compute it), the drafts
 and the top-1 log-probability of each drafted slot (-1 / NaN where not drafted), the committed tokens of each
-chain-walk (and DDTree) round, the rounds' top-K candidates, and, once scored, its tau values. The per-anchor and
+chain-walk (and DDTree) round, the rounds' top-K candidates, the rank of the target's token among each slot's
+top-K, the family's confidence where it has one, and, once scored, its tau values. The per-anchor and
 per-slot values are numpy arrays (integers of any width, floats), the per-round counts lists of Python ints (the
 metrics sum them exactly); the constructor makes them so. A replay builds it, the worker wire carries it
 (`jobs.wire`) and the store writes it (`Store.add_run`); `from_row` builds one from a stored run_prompts row
@@ -21,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-_INT_ARRAYS = ("accepted_at", "drafts", "tree_at", "round_top_ids")
-_REAL_ARRAYS = ("draft_logp", "round_top_p")
+_INT_ARRAYS = ("accepted_at", "drafts", "tree_at", "round_top_ids", "target_rank")
+_REAL_ARRAYS = ("draft_logp", "round_top_p", "confidence")
 _ROUNDS = ("rounds", "tree_rounds")
 
 
@@ -48,6 +49,9 @@ class Prompt:
     round_top_p: np.ndarray = field(default_factory=_reals)  # [R, B-1, K] their probabilities
     tau: float | None = None  # committed / rounds (the registry's tau_macro of this prompt), once scored
     tree_tau: float | None = None  # the DDTree walk's, once scored
+    confidence: np.ndarray = field(default_factory=_reals)  # [A, D] the family's predicted acceptance (DSpark)
+    target_rank: np.ndarray = field(default_factory=_ints)  # [A, D] rank of the target's token among the slot's
+    # top-K candidates (K: not among them; -1: not computed): top-K headroom
 
     def __post_init__(self) -> None:
         """The one form: lists become numpy arrays (an array is kept as it is, no copy), per-round arrays lists."""
@@ -86,6 +90,8 @@ class Prompt:
             row.get("round_top_p"),
             row.get("tau"),
             row.get("tree_tau"),
+            confidence=row.get("confidence"),
+            target_rank=row.get("target_rank"),
         )
 
     @property

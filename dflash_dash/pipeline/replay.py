@@ -165,7 +165,9 @@ def store_run(
     cfg = drafter_mod.config_of(loc)
     sem = drafter_mod.sliding_semantics(cfg, ck.sliding_block)
     semantics = sem if "sliding_attention" in cfg.layer_types else None
-    summary = replay_mod.summarize(res, cfg.block_size, tree_budget) | {
+    summary = replay_mod.summarize(res, cfg.width, tree_budget) | {
+        "family": cfg.family_name,  # the drafter family (block_size is its width: drafts per step + 1)
+        "drafter_block": cfg.block_size,  # the config's block size (the backbone's slots)
         "backend": ex["backend"],
         "extraction": ex["id"],
         "sliding_block": semantics,
@@ -174,7 +176,7 @@ def store_run(
     }  # K of run_prompts.round_top_ids/_p, flattened [R][B-1][K]
     run_id = new_id("run")
     for p in res:
-        scored(p, cfg.block_size, tree_budget)
+        scored(p, cfg.width, tree_budget)
     store.add_run(
         dict(
             id=run_id,
@@ -209,7 +211,7 @@ def checkpoints_in(folder: str | Path) -> tuple[list[Path], list[str]]:
     """(checkpoints, notes) under `folder` (itself included), in step order: HF folders (config.json +
     *.safetensors; SpecForge `epoch_E_step_S/`, `checkpoint-N/`, ...) and SpecForge runtime folders
     (`{run_id}-step{N}/training_state.pt`). Links such as `{run_id}-latest`/`-best` count once (their target);
-    folders that are not DFlash drafters (a target model, another family) are skipped with a note."""
+    folders that are not block drafters (a target model, EAGLE, ...) are skipped with a note."""
     root = Path(folder)
     if not root.is_dir():
         raise InputError(f"--checkpoints {folder}: no such folder (point at a training output folder)")
@@ -218,7 +220,7 @@ def checkpoints_in(folder: str | Path) -> tuple[list[Path], list[str]]:
     for d in sorted(dirs):
         if (d / "config.json").is_file():  # a runtime folder without one is checked with --draft-config later
             try:
-                drafter_mod.refuse_family(drafter_mod.raw_config(drafter_mod.locate(d)))
+                drafter_mod.family_of(drafter_mod.raw_config(drafter_mod.locate(d)))
             except drafter_mod.CheckpointError as e:
                 notes.append(f"{d.name}: skipped ({str(e).removeprefix('config.json: ')})")
                 continue

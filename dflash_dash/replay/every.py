@@ -88,7 +88,7 @@ def _draft(
         emb = embed_blocks(drafter, head, tokens, anchors)
         part = kv if s_ == S else [(k[:s_], v[:s_]) for k, v in kv]
         h = drafter.blocks_in_place(part, anchors, emb, max_anchor=e - 1)
-        parts.append(read_out(drafter, head, h[:n], topk))
+        parts.append(read_out(drafter, head, h[:n], tokens[anchors[:n].to(tokens.device)], topk, confidence=True))
     return parts
 
 
@@ -122,22 +122,21 @@ def draft_loop(
     for p in range(prompt_len, len(tokens)):
         emb = embed_blocks(drafter, head, tokens, torch.tensor([p]))[0]
         h = drafter.block(features.to(drafter.device), p, emb)
-        parts.append(read_out(drafter, head, h[None], topk))
+        parts.append(read_out(drafter, head, h[None], tokens[p : p + 1], topk, confidence=True))
     return to_host(parts)
 
 
 @torch.inference_mode()
 def draft_one(drafter: Drafter, head: Head, features: torch.Tensor, anchor: int, anchor_token: int) -> list[int]:
-    """The argmax drafts d_1..d_{B-1} of ONE block at `anchor`, through the every-anchor path (`context_kv`,
+    """The D drafts of ONE block at `anchor`, through the every-anchor path (`context_kv`,
     `blocks`, `read_out`): what `draft_all` drafts there. features [>= anchor, K*H]: rows from `anchor` on are never
     seen (the block's queries see context keys < anchor only). The speculative stand-in (specdec) drafts with it."""
     dev = drafter.device
     kv = drafter.context_kv(features.to(dev))
-    ids = torch.full((1, drafter.c.block_size), drafter.c.mask_token_id, dtype=torch.long, device=head.embed.device)
-    ids[0, 0] = int(anchor_token)
-    emb = head.embed[ids].to(dev, drafter.dtype)  # [1, B, H]
+    first = torch.tensor([int(anchor_token)])
+    emb = drafter.embed_block(head, first)  # [1, B, H]
     h = drafter.blocks(kv, torch.tensor([anchor], device=dev), emb, max_anchor=anchor)
-    return read_out(drafter, head, h, 1)[0][0].tolist()
+    return read_out(drafter, head, h, first, 1)[0][0].tolist()
 
 
 def every_anchor(
@@ -150,7 +149,7 @@ def every_anchor(
 ) -> tuple[list[Prompt], dict]:
     """`every_anchor_results` and the run's metrics (`summarize`)."""
     results = every_anchor_results(drafter, head, seqs, budget, chunk, progress)
-    return results, summarize(results, drafter.c.block_size, budget)
+    return results, summarize(results, drafter.width, budget)
 
 
 def every_anchor_results(

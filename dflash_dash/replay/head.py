@@ -1,27 +1,32 @@
-"""The drafted blocks read out: embedding a block's inputs, the LM head and the top-k of each drafted slot.
+"""The drafted blocks read out: a block's inputs embedded, and each drafted slot's draft, top-k and
+log-probabilities, through the drafter family's own read-out.
 
-Contract: tensors in, tensors out. `embed_blocks` builds a block's input ([anchor token, MASK x (B-1)] through
-the target's embedding); `read_out` turns normed block states into each drafted slot's argmax, top-k ids and
-log-probabilities, HEAD_ROWS rows of the LM head at a time, through `top_logp` (one Triton pass over the logits
-on CUDA, torch elsewhere: the same values); `to_host` gathers per-chunk results into `Drafts` on the CPU.
+Contract: tensors in, tensors out. `embed_blocks` builds the blocks at given anchors of a sequence (the family's
+`embed_block`: [anchor token, MASK x (B-1)] through the target's embedding); `read_out` gives the D drafted slots'
+drafts, top-k ids and log-probabilities (the family's `read_out`: DFlash's LM head, DSpark's Markov head, Domino's
+prefix GRU, DFlash2's candidate selector) and, where the family has one, its confidence; `to_host` gathers
+per-chunk results into `Drafts` on the CPU. `top_logp` and HEAD_ROWS live in `drafters.readout`.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
 
 from ..drafters import Drafter
+from ..drafters.readout import HEAD_ROWS, top_logp
 from ..target import Head
+
+__all__ = ["HEAD_ROWS", "Drafts", "embed_blocks", "read_out", "to_host", "top_logp"]
 
 
 @dataclass
 class Drafts:
-    tokens: torch.Tensor  # [A, B-1] argmax drafts at anchors P..T-1 (A = T-P)
-    top_ids: torch.Tensor  # [A, B-1, k] top-k tokens per slot (k = max(tree budget, ROUND_TOPK): slot 0 is the draft)
-    top_logp: torch.Tensor  # [A, B-1, k] their log-probabilities
+    tokens: torch.Tensor  # [A, D] drafts at anchors P..T-1 (A = T-P, D = the drafter's drafts per block)
+    top_ids: torch.Tensor  # [A, D, k] top-k tokens per slot (k = max(tree budget, ROUND_TOPK): slot 0 is the draft)
+    top_logp: torch.Tensor  # [A, D, k] their log-probabilities
+    confidence: torch.Tensor | None = None  # [A, D] the family's predicted acceptance per slot (DSpark), or None
 
 
 # ---------------------------------------------------------------------------
@@ -29,132 +34,30 @@ class Drafts:
 
 
 def embed_blocks(drafter: Drafter, head: Head, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-    """[anchor token, MASK x (B-1)] embedded with the target embedding -> [N, B, H]."""
-    B = drafter.c.block_size
-    ids = torch.full((len(anchors), B), drafter.c.mask_token_id, dtype=torch.long, device=head.embed.device)
-    ids[:, 0] = tokens.to(ids.device)[anchors.to(ids.device)]
-    return head.embed[ids].to(drafter.device, drafter.dtype)
+    """The blocks at `anchors` of a sequence `tokens` [T], as the family feeds them -> [N, B, H]."""
+    return drafter.embed_block(head, tokens.to(head.embed.device)[anchors.to(head.embed.device)])
 
 
-HEAD_ROWS = 2048  # rows of the LM head computed at once: bounds the [rows, V] logits buffer
-
-
-TOP_BLOCK, TOP_WARPS = 4096, 8  # logits per tile of the CUDA top-k kernel, and its warps per row
-
-
-def _top_triton():
-    """A Triton kernel reading each row of logits [R, V] once: top-k (descending; among equal values the
-    lower id first, so slot 0 is torch.argmax) and log-sum-exp in fp32. Built on first use."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def top_rows(
-        x_ptr,
-        stride,
-        val_ptr,
-        idx_ptr,
-        lse_ptr,
-        V: tl.constexpr,
-        K: tl.constexpr,
-        KP: tl.constexpr,
-        BLOCK: tl.constexpr,
-    ):
-        row = tl.program_id(0).to(tl.int64)
-        lanes = tl.arange(0, BLOCK)
-        slots = tl.arange(0, KP)
-        m = tl.full([BLOCK], -1e30, tl.float32)  # running max per lane (finite: no inf - inf)
-        s = tl.zeros([BLOCK], tl.float32)  # running sum of exp(x - m) per lane
-        bv = tl.where(slots < K, float("-inf"), float("inf"))  # best K values so far (pad slots: never out)
-        bi = tl.zeros([KP], tl.int32)  # their ids
-        for off in range(0, V, BLOCK):
-            x = tl.load(x_ptr + row * stride + off + lanes, mask=off + lanes < V, other=float("-inf"))
-            x = x.to(tl.float32)
-            e = tl.exp(-tl.abs(x - m))  # one exp per element (x = -inf: 0)
-            s = tl.where(x > m, s * e + 1.0, s + e)  # the lane's sum, rescaled to its new max
-            m = tl.maximum(m, x)
-            while tl.max(x, 0) > tl.min(bv, 0):  # the tile's best beats the K-th best
-                i = tl.argmax(x, 0, tie_break_left=True)
-                out = tl.argmax(tl.where(bv == tl.min(bv, 0), bi, -1), 0)  # K-th best (of equals, last id)
-                bv = tl.where(slots == out, tl.max(x, 0), bv)
-                bi = tl.where(slots == out, off + i, bi)
-                x = tl.where(lanes == i, float("-inf"), x)
-        mx = tl.max(m, 0)
-        tl.store(lse_ptr + row, mx + tl.log(tl.sum(s * tl.exp(m - mx), 0)))
-        live = slots < K
-        for j in tl.static_range(K):  # sorted: value down, then id up
-            v = tl.max(tl.where(live, bv, float("-inf")), 0)
-            i = tl.min(tl.where(live & (bv == v), bi, 2147483647), 0)
-            tl.store(val_ptr + row * K + j, v)
-            tl.store(idx_ptr + row * K + j, i.to(tl.int64))
-            live = live & ((bv != v) | (bi != i))
-
-    def top(x: torch.Tensor, k: int):
-        R, V = x.shape
-        vals = torch.empty(R, k, dtype=torch.float32, device=x.device)
-        ids = torch.empty(R, k, dtype=torch.long, device=x.device)
-        lse = torch.empty(R, dtype=torch.float32, device=x.device)
-        top_rows[(R,)](
-            x,
-            x.stride(0),
-            vals,
-            ids,
-            lse,
-            V=V,
-            K=k,
-            KP=max(2, triton.next_power_of_2(k)),
-            BLOCK=TOP_BLOCK,
-            num_warps=TOP_WARPS,
-        )
-        return vals, ids, lse
-
-    return top
-
-
-_TOP: list = []  # [the built Triton kernel, or None where Triton cannot run]
-
-
-def top_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Logits [R, V] -> argmax [R], top-k ids [R, k] and their log-probabilities [R, k] (fp32).
-
-    On CUDA one Triton pass over the logits; elsewhere torch (argmax, topk, logsumexp of an fp32 copy).
-    Same values either way; only the order of exactly equal logits inside the top-k may differ.
-    """
-    if logits.is_cuda and logits.stride(1) == 1:
-        if not _TOP:
-            try:
-                _TOP.append(_top_triton())
-            except Exception:  # noqa: BLE001  (no Triton here: the torch path below is exact too)
-                _TOP.append(None)
-        if _TOP[0] is not None:
-            try:
-                vals, ids, lse = _TOP[0](logits, max(k, 1))
-                return ids[:, 0], ids[:, :k], vals[:, :k] - lse[:, None]
-            except Exception as e:  # noqa: BLE001  (a Triton that cannot compile it: torch below is exact)
-                warnings.warn(
-                    f"Triton top-k kernel unavailable ({type(e).__name__}: {e}); using torch.topk", stacklevel=2
-                )
-                _TOP[0] = None
-    top = logits.topk(k, dim=-1)
-    return logits.argmax(-1), top.indices, top.values.float() - torch.logsumexp(logits.float(), -1)[:, None]
-
-
-def read_out(drafter: Drafter, head: Head, h: torch.Tensor, topk: int, slots: tuple[int, int] | None = None):
-    """Normed block states [N, B, H] -> argmax [N, S], top-k ids and log-probs [N, S, k] (on h's device) of the
-    drafted slots 1..B-1 (S = B-1), or of block positions slots[0]..slots[1]-1 only.
-
-    Rows go through the LM head HEAD_ROWS at a time and the logits stay in the model dtype (no fp32
-    copy of [rows, V]); `top_logp` reads them: log p = logit - logsumexp(logits), in fp32.
-    """
-    lo, hi = slots or (1, h.shape[1])
-    N, B1 = h.shape[0], hi - lo
-    x = h[:, lo:hi].reshape(N * B1, -1)
-    w = head.lm_head.to(h.device, h.dtype)
-    parts = [top_logp(x[r : r + HEAD_ROWS] @ w.T, topk) for r in range(0, x.shape[0], HEAD_ROWS)]
-    drafts, ids, logp = (torch.cat([p[i] for p in parts]) for i in range(3))
-    return drafts.view(N, B1), ids.view(N, B1, topk), logp.view(N, B1, topk)
+def read_out(
+    drafter: Drafter,
+    head: Head,
+    h: torch.Tensor,
+    anchor_ids: torch.Tensor,
+    topk: int,
+    slots: tuple[int, int] | None = None,
+    confidence: bool = False,
+) -> tuple:
+    """Normed block states [N, B, H] of blocks whose anchor tokens are `anchor_ids` [N] -> drafts [N, S], top-k
+    ids and log-probs [N, S, k] of the D drafted slots (S = D), or of drafts slots[0]..slots[1]-1 only (a family
+    that is not `sequential`); with `confidence`, a 4th item: the family's confidence [N, D] or None."""
+    out = drafter.read_out(head, h, anchor_ids, topk, slots)
+    if not confidence:
+        return out
+    return (*out, drafter.confidence(head, h, anchor_ids, out[0]))
 
 
 def to_host(parts) -> Drafts:
-    """Concatenate per-chunk (drafts, ids, logp) and copy them to the CPU once."""
-    return Drafts(*(torch.cat([p[i] for p in parts]).cpu() for i in range(3)))
+    """Concatenate per-chunk (drafts, ids, logp[, confidence]) and copy them to the CPU once."""
+    got = [torch.cat([p[i] for p in parts]).cpu() for i in range(3)]
+    conf = [p[3] for p in parts if len(p) > 3 and p[3] is not None]
+    return Drafts(*got, torch.cat(conf).float().cpu() if conf and len(conf) == len(parts) else None)

@@ -40,7 +40,7 @@ def chain_only(
 ) -> tuple[list[Prompt], dict]:
     """`chain_only_results` and the run's metrics (`summarize`)."""
     results = chain_only_results(drafter, head, seqs, budget, batch, progress)
-    return results, summarize(results, drafter.c.block_size, budget)
+    return results, summarize(results, drafter.width, budget)
 
 
 @torch.inference_mode()
@@ -90,7 +90,8 @@ class Lockstep:
 
     def __init__(self, drafter: Drafter, head: Head, seqs: list[Sequence], k: int, staged: bool = False):
         c, dev = drafter.c, drafter.device
-        self.d, self.head, self.k, self.D, self.staged = drafter, head, k, c.block_size - 1, staged
+        self.d, self.head, self.k, self.D = drafter, head, k, drafter.drafts
+        self.staged = staged and not drafter.sequential  # a sequential family reads whole blocks out
         S, self.T_pad = len(seqs), max(len(s.tokens) for s in seqs)
         self.P = torch.tensor([s.prompt_len for s in seqs], device=dev)
         self.T = torch.tensor([len(s.tokens) for s in seqs], device=dev)
@@ -136,18 +137,16 @@ class Lockstep:
         """One block per stacked row at `anchors` [R] (device, each <= `top`: the attention reads context keys
         below it only); rows with `record` store their drafts, acceptance and top-K at their anchor's column.
         Returns (accepted [R], top ids, top log-probs [R, D, k])."""
-        d, c, seq = self.d, self.d.c, self.rows
-        ids = torch.full((len(seq), c.block_size), c.mask_token_id, dtype=torch.long, device=seq.device)
-        ids[:, 0] = self.tok[seq, anchors]
-        emb = self.head.embed[ids.to(self.head.embed.device)].to(d.device, d.dtype)
-        h = d.blocks_in_place(self.kv, anchors, emb, max_anchor=top)  # [R, B, H]
+        d, seq = self.d, self.rows
+        first = self.tok[seq, anchors]  # [R] anchor tokens
+        h = d.blocks_in_place(self.kv, anchors, d.embed_block(self.head, first), max_anchor=top)  # [R, B, H]
         nxt = self.tok[seq[:, None], (anchors[:, None] + 1 + self.slot).clamp(max=self.T_pad - 1)]
         inside = (self.slot < (self.T[seq] - 1 - anchors)[:, None]) & record[:, None]  # in the completion (and
         # recorded: a spare block accepts none)
         if self.staged:
-            d_tok, t_ids, t_lp, acc = self._staged(h, nxt, inside)
+            d_tok, t_ids, t_lp, acc = self._staged(h, first, nxt, inside)
         else:
-            d_tok, t_ids, t_lp = read_out(d, self.head, h, self.k)
+            d_tok, t_ids, t_lp = read_out(d, self.head, h, first, self.k)
             nxt = self.follow(nxt, d_tok, inside, self.D)
             acc = ((d_tok == nxt) & inside).long().cumprod(1).sum(1)  # accepted(p), as `accepted`
         col = torch.where(record, anchors - self.P[seq], self.A)
@@ -164,7 +163,7 @@ class Lockstep:
         replay will reproduce exactly: `benchmarks/bench_sweep.py`.)"""
         return nxt
 
-    def _staged(self, h: torch.Tensor, nxt: torch.Tensor, inside: torch.Tensor):
+    def _staged(self, h: torch.Tensor, first: torch.Tensor, nxt: torch.Tensor, inside: torch.Tensor):
         """The LM head of `step` in HEAD_STAGES: slots 1..4 of every row, then 5..8 of the rows that accepted all
         four (and reach slot 5), and so on. Each later stage reads its row count (a host sync; the device is
         busy with the block's layers meanwhile). Slots not computed hold -1 (drafts, ids) and NaN
@@ -181,7 +180,7 @@ class Lockstep:
                 if not len(rows):
                     break
             at = slice(None) if rows is None else rows
-            dt, ti, tl = read_out(self.d, self.head, h[at], k, (1 + s0, 1 + s1))
+            dt, ti, tl = read_out(self.d, self.head, h[at], first[at], k, (s0, s1))
             d_tok[at, s0:s1], t_ids[at, s0:s1], t_lp[at, s0:s1] = dt, ti, tl
             nxt = self.follow(nxt, d_tok, inside, s1)
             acc = ((d_tok == nxt) & inside).long().cumprod(1).sum(1)
@@ -216,7 +215,7 @@ def walk_device(st: Lockstep) -> None:
     pos, last = st.P.clone(), st.T - 1  # chain anchor and last position, per stacked row
     if not bool((pos < last).any()):
         return
-    B, p_max = st.d.c.block_size, int(st.P.max())
+    B, p_max = st.d.width, int(st.P.max())  # a step commits at most B tokens
     pending, hi = None, p_max  # hi: furthest live anchor known (a step behind)
     while True:
         live = pos < last

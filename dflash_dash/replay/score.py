@@ -28,10 +28,26 @@ def score(pid: str, d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int)
         r.draft_logp = d.top_logp[:, :, 0].numpy()
         at = np.asarray([p for p, _, _ in rounds], dtype=np.int64) - prompt_len  # [R] rows of the rounds' anchors
         r.round_top_ids, r.round_top_p = round_top(d.top_ids.numpy()[at], d.top_logp.numpy()[at])
+        r.target_rank = target_rank(d.top_ids.numpy(), tokens, prompt_len)
+    if d.confidence is not None:
+        r.confidence = d.confidence.numpy()
     if budget:
         tacc = tree_accepted(d.top_ids.numpy(), d.top_logp.numpy(), tokens, prompt_len, budget)
         r.tree_at, r.tree_rounds = tacc, [c for _, _, c in chain_walk(tacc, prompt_len, T)]
     return r
+
+
+def target_rank(top_ids: np.ndarray, tokens: np.ndarray, prompt_len: int) -> np.ndarray:
+    """[A, D] rank of the target's token x_{p+1+j} among the top-K candidates of draft j at anchor p (K when it
+    is not among them, -1 past the sequence's end or where the slot was not drafted)."""
+    A, D, K = top_ids.shape
+    T = len(tokens)
+    pos = prompt_len + np.arange(A)[:, None] + 1 + np.arange(D)[None, :]  # [A, D] the drafted positions
+    inside = pos < T
+    want = np.asarray(tokens)[np.minimum(pos, T - 1)]
+    hit = top_ids == want[..., None]  # [A, D, K]
+    rank = np.where(hit.any(-1), hit.argmax(-1), K)
+    return np.where(inside & (top_ids[..., 0] >= 0), rank, -1).astype(np.int64)
 
 
 def summarize(results: list[Prompt], B: int, budget: int) -> dict:

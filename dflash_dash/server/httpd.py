@@ -233,7 +233,7 @@ def speculative_info(eng: Engine) -> dict:
     return {
         "speculative_algorithm": "DFLASH",
         "speculative_draft_model_path": str(Path(s.path).resolve()),
-        "speculative_num_draft_tokens": s.drafter.c.block_size if s.drafter is not None else None,
+        "speculative_num_draft_tokens": s.drafter.width if s.drafter is not None else None,
         "speculative_bug": s.bug,
     }
 
@@ -283,7 +283,8 @@ def serve(
         raise SystemExit(f"--speculative-draft {speculative_draft}: {e}") from None
     if eng.spec is not None:
         log(
-            f"speculative decoding: DFLASH, drafter {eng.spec.path} (block {eng.spec.block_size})"
+            f"speculative decoding: {eng.spec.drafter.c.family.upper()}, drafter {eng.spec.path} "
+            f"(block {eng.spec.block_size})"
             + (
                 f"; DELIBERATELY BROKEN decoder --speculative-bug {speculative_bug} (a test aid)"
                 if speculative_bug

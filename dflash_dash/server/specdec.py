@@ -100,8 +100,8 @@ class Speculator:
         self.drafter = None
 
     @property
-    def block_size(self) -> int:
-        return self.drafter.c.block_size
+    def block_size(self) -> int:  # drafts per verify step + 1 (the drafter family's width)
+        return self.drafter.width
 
     # -- pieces
 
@@ -115,7 +115,8 @@ class Speculator:
         return target_mod.extract(decoder, ids, layers).to(torch.bfloat16)
 
     def draft(self, model, head: target_mod.Head, seq: list[int], total: int) -> list[int]:
-        """Drafts d_1..d_{B-1} at anchor p = len(seq) - 1 from the features of positions 0..p-1."""
+        """The drafter's D drafts for positions p+1..p+D at anchor p = len(seq) - 1 from the features of positions
+        0..p-1 (D = B-1, or B for DSpark drafting from the anchor's slot)."""
         p = len(seq) - 1
         feats = self.features(model, seq[:p], total)
         feats, p = faults.visible_context(self.bug, feats, p)
@@ -157,7 +158,7 @@ class Speculator:
                 if len(out) >= max_new:
                     return out, finish, counters
             seq = ids + out  # anchor p = len(seq) - 1; cache holds 0..p-1
-            drafts = self.draft(model, head, seq, total)  # B-1 tokens for positions p+1..p+B-1
+            drafts = self.draft(model, head, seq, total)  # B-1 tokens for positions p+1..p+B-1 (B: the width)
             snap = copy.deepcopy(cache)
             block = [seq[-1]] + drafts
             logits, cache = run(block, cache)  # verify: one forward over the block

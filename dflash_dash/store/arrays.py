@@ -19,8 +19,20 @@ from .errors import StoreError
 
 # The per-prompt result arrays of a run_prompts row, in the order rows list them. Integers, except REALS
 # (float32, as the REAL[] columns of schema v4-v6 held them).
-ARRAYS = ("rounds", "accepted_at", "drafts", "tree_at", "tree_rounds", "draft_logp", "round_top_ids", "round_top_p")
-REALS = frozenset({"draft_logp", "round_top_p"})
+ARRAYS = (
+    "rounds",
+    "accepted_at",
+    "drafts",
+    "tree_at",
+    "tree_rounds",
+    "draft_logp",
+    "round_top_ids",
+    "round_top_p",
+    "confidence",
+    "target_rank",
+)  # a blob without a later name (written before it existed) reads it back as None
+REALS = frozenset({"draft_logp", "round_top_p", "confidence"})
+V7_ARRAYS = ARRAYS[:8]  # the LIST columns of schema v6 (the v7 migration reads those)
 PACK_MAGIC, PACK_LEVEL = b"DFA1", 1  # blob format tag; zlib level (1: fast, most of the gain)
 PACKERS = min(8, os.cpu_count() or 1)  # threads packing a run's rows (`_write_arrays`)
 ARRAYS_DIR = "run_arrays"  # under the workspace: {run_id}/{uuid}.arrays, the packed rows of one put_prompts

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .arrays import ARRAYS
+from .arrays import V7_ARRAYS
 
 if TYPE_CHECKING:
     from .queries import Store
@@ -21,7 +21,7 @@ def _v7_arrays_to_files(con, store: Store) -> None:
     files are written as its rows stream in, the rows pointing into them inserted after."""
     con.execute("ALTER TABLE run_prompts RENAME TO run_prompts_v6")
     con.execute(RUN_PROMPTS_V7)
-    cols = ["run_id", "prompt_id", "prompt_len", "tau", "tree_tau", *ARRAYS]
+    cols = ["run_id", "prompt_id", "prompt_len", "tau", "tree_tau", *V7_ARRAYS]
     cur, rows = con.execute(f"SELECT {', '.join(cols)} FROM run_prompts_v6 ORDER BY run_id, prompt_id"), []
     while got := cur.fetchmany(64):
         by_run: dict[str, list[dict]] = {}
