@@ -169,12 +169,15 @@ class TinyDrafter:
     rope_theta: float = 10000.0  # RoPE base
     seed: int = 0  # weight seed
     init_scale: float = 2.0  # weight std x sqrt(fan_in): large enough for varied drafts
+    architecture: str = "DFlashDraftModel"  # the family's architecture (DSparkDraftModel, DominoDraftModel, ...)
+    family_fields: dict = field(default_factory=dict)  # the family's own dflash_config fields (markov_rank, ...)
 
 
 def drafter_config(d: TinyDrafter) -> dict:
-    """The config.json dict of a DFlash checkpoint (z-lab / SpecForge format)."""
+    """The config.json dict of a drafter checkpoint (z-lab / SpecForge format; the family's fields in
+    dflash_config)."""
     return {
-        "architectures": ["DFlashDraftModel"],
+        "architectures": [d.architecture],
         "model_type": "qwen3",
         "hidden_size": d.hidden_size,
         "intermediate_size": d.intermediate_size,
@@ -193,7 +196,11 @@ def drafter_config(d: TinyDrafter) -> dict:
         "sliding_window": d.sliding_window,
         "block_size": d.block_size,
         "num_target_layers": d.num_target_layers,
-        "dflash_config": {"target_layer_ids": list(d.target_layer_ids), "mask_token_id": d.mask_token_id},
+        "dflash_config": {
+            "target_layer_ids": list(d.target_layer_ids),
+            "mask_token_id": d.mask_token_id,
+            **d.family_fields,
+        },
         "torch_dtype": "float32",
     }
 
@@ -237,7 +244,9 @@ def weights(d: TinyDrafter) -> dict[str, torch.Tensor]:
     return state
 
 
-def write_runtime(out: str | Path, state: dict[str, torch.Tensor], step: int, run_id: str = "run") -> Path:
+def write_runtime(
+    out: str | Path, state: dict[str, torch.Tensor], step: int, run_id: str = "run", strategy: str = "dflash"
+) -> Path:
     """A SpecForge runtime checkpoint folder `out/{run_id}-step{step}/`: training_state.pt holding the draft
     weights under `draft_state_dict` (no prefix, no embedding) with the training's counters, and a
     per-rank optimizer file beside it; no config.json (the draft config is the training's JSON)."""
@@ -250,7 +259,7 @@ def write_runtime(out: str | Path, state: dict[str, torch.Tensor], step: int, ru
             "epoch": 0,
             "epoch_batch": step,
             "epoch_samples": step * 8,
-            "strategy": "dflash",
+            "strategy": strategy,
             "run_id": run_id,
             "world_size": 1,
         },
