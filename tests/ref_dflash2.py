@@ -41,18 +41,44 @@ def conv(x, delta, base, group):
     return out
 
 
+def _attn(f: dict, pre: str, a, ctx, vis, qpos, kpos, cfg: dict):
+    """Attention of the block's (convolved) inputs a [B, H] over [context ; block] keys visible in `vis`."""
+    B, H, nh, nkv = a.shape[0], cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd, eps = cfg.get("head_dim", H // nh), cfg.get("rms_norm_eps", 1e-6)
+    theta = cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"]
+    q = (a @ f[pre + "self_attn.q_proj.weight"].T).view(B, nh, hd)
+    kin = torch.cat([ctx, a])
+    k = (kin @ f[pre + "self_attn.k_proj.weight"].T).view(-1, nkv, hd)
+    v = (kin @ f[pre + "self_attn.v_proj.weight"].T).view(-1, nkv, hd)
+    q = _rope(_norm(q, f[pre + "self_attn.q_norm.weight"], eps), qpos, theta)
+    k = _rope(_norm(k, f[pre + "self_attn.k_norm.weight"], eps), kpos, theta)
+    k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
+    s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd)
+    s = s.masked_fill(~vis[None], float("-inf"))
+    o = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), v).reshape(B, nh * hd)
+    return o @ f[pre + "self_attn.o_proj.weight"].T
+
+
+def _mlp(f: dict, pre: str, a):
+    g = torch.nn.functional.silu(a @ f[pre + "mlp.gate_proj.weight"].T)
+    return (g * (a @ f[pre + "mlp.up_proj.weight"].T)) @ f[pre + "mlp.down_proj.weight"].T
+
+
+def _wrapped(f: dict, pre: str, part: str, h, a, body, cfg: dict):
+    """h + conv(body(conv(a, delta0, base0)), delta1, base1): one sublayer inside its convolution (section 5.4)."""
+    B, T, group = a.shape[0], _get(cfg, "conv_kernel_size"), _get(cfg, "conv_group_size")
+    delta = (a @ f[pre + part + ".kernel_projection.weight"].T).view(B, 2, T, -1)  # from the sublayer's input
+    base = f[pre + part + ".base_kernel"]
+    return h + conv(body(conv(a, delta[:, 0], base[0], group)), delta[:, 1], base[1], group)
+
+
 def block_states(w: dict, cfg: dict, feats, token: int, p: int, embed, causal_sliding: bool):
     """Normed final states [B, H] of the block at anchor p (context = features of positions 0..p-1)."""
     f = {k: v.double() for k, v in w.items()}
-    B = _get(cfg, "block_size")
-    H, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd, eps = cfg.get("head_dim", H // nh), cfg.get("rms_norm_eps", 1e-6)
-    theta = cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"]
-    T, group = _get(cfg, "conv_kernel_size"), _get(cfg, "conv_group_size")
+    B, eps = _get(cfg, "block_size"), cfg.get("rms_norm_eps", 1e-6)
     scale, window = _get(cfg, "input_embedding_scale", 1.0), cfg.get("sliding_window")
-    mask_id = _get(cfg, "mask_token_id")
     ctx = _norm(feats[:p].double() @ f["fc.weight"].T, f["hidden_norm.weight"], eps)  # [p, H]
-    ids = torch.tensor([token] + [mask_id] * (B - 1))
+    ids = torch.tensor([token] + [_get(cfg, "mask_token_id")] * (B - 1))
     h = embed.double()[ids] * scale  # [B, H]
     qpos, kpos = torch.arange(p, p + B), torch.arange(p + B)
     for i, kind in enumerate(cfg["layer_types"]):
@@ -63,33 +89,10 @@ def block_states(w: dict, cfg: dict, feats, token: int, p: int, embed, causal_sl
             vis = d < window
             if causal_sliding:
                 vis &= (kpos[None, :] < p) | (d >= 0)
-
-        def sub(h, part, norm_name, body):
-            a = _norm(h, f[pre + norm_name], eps)
-            delta = (a @ f[pre + part + ".kernel_projection.weight"].T).view(B, 2, T, -1)
-            base = f[pre + part + ".base_kernel"]
-            y = body(conv(a, delta[:, 0], base[0], group))
-            return h + conv(y, delta[:, 1], base[1], group)
-
-        def attn(a):
-            q = (a @ f[pre + "self_attn.q_proj.weight"].T).view(B, nh, hd)
-            kin = torch.cat([ctx, a])
-            k = (kin @ f[pre + "self_attn.k_proj.weight"].T).view(-1, nkv, hd)
-            v = (kin @ f[pre + "self_attn.v_proj.weight"].T).view(-1, nkv, hd)
-            q = _rope(_norm(q, f[pre + "self_attn.q_norm.weight"], eps), qpos, theta)
-            k = _rope(_norm(k, f[pre + "self_attn.k_norm.weight"], eps), kpos, theta)
-            k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
-            s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd)
-            s = s.masked_fill(~vis[None], float("-inf"))
-            o = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), v).reshape(B, nh * hd)
-            return o @ f[pre + "self_attn.o_proj.weight"].T
-
-        def mlp(a):
-            g = torch.nn.functional.silu(a @ f[pre + "mlp.gate_proj.weight"].T)
-            return (g * (a @ f[pre + "mlp.up_proj.weight"].T)) @ f[pre + "mlp.down_proj.weight"].T
-
-        h = sub(h, "attention_conv", "input_layernorm.weight", attn)
-        h = sub(h, "mlp_conv", "post_attention_layernorm.weight", mlp)
+        a = _norm(h, f[pre + "input_layernorm.weight"], eps)
+        h = _wrapped(f, pre, "attention_conv", h, a, lambda x: _attn(f, pre, x, ctx, vis, qpos, kpos, cfg), cfg)  # noqa: B023
+        a = _norm(h, f[pre + "post_attention_layernorm.weight"], eps)
+        h = _wrapped(f, pre, "mlp_conv", h, a, lambda x: _mlp(f, pre, x), cfg)  # noqa: B023
     return _norm(h, f["norm.weight"], eps)
 
 
