@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from prepared import drafted
 from ref_dflash2 import block_states, unary_argmax, walk
 from safetensors.torch import load_file, save_file
 from synthetic import planted
@@ -100,7 +101,7 @@ def test_drafts_equal_float64_reference_at_every_anchor(tmp_path, name):
     assert (got.top_ids[:, :, 6:] == -1).all() and torch.isinf(got.top_logp[:, :, 6:]).all()
     assert unary_differs  # the selector's transitions change drafts (not just the unary argmax)
     # plain DFlash with the same backbone weights drafts differently: the convolutions and selector are applied
-    plain_cfg = {k: v for k, v in tiny.drafter_config(d).items()} | {"architectures": ["DFlashDraftModel"]}
+    plain_cfg = tiny.drafter_config(d) | {"architectures": ["DFlashDraftModel"]}
     plain_cfg["dflash_config"] = {k: v for k, v in plain_cfg["dflash_config"].items() if k not in FIELDS}
     plain = dr.load(write(tmp_path / "plain", plain_cfg, backbone_only(state)))
     assert plain.c.family == "dflash"
@@ -272,8 +273,9 @@ def test_flops_count_the_family_matmuls():
 
 def test_sweep_over_a_run_folder(tmp_path, capsys):
     """A SpecForge run folder of DFlash2 runtime checkpoints (config.json above them) sweeps through the CLI; each
-    step's per-prompt acceptance equals a replay of the same weights as an HF export."""
-    d, cfg = form("released")
+    step's per-prompt acceptance equals a replay of the same weights as an HF export. One completion is made of
+    step 10's own drafts, so its acceptance is partly high there and the two steps differ."""
+    _, cfg = form("released")
     target = tiny.write_target(tmp_path / "target", tiny.TinyTarget(model_type="qwen3"))
     out = tmp_path / "train"
     states = {step: tiny.weights(drafter(seed=seed)) for step, seed in ((20, 11), (10, 12))}
@@ -282,14 +284,9 @@ def test_sweep_over_a_run_folder(tmp_path, capsys):
     (out / "config.json").write_text(json.dumps(cfg))
     hf = write(tmp_path / "hf", cfg, states[10])
     rng = np.random.default_rng(0)
-    recs = [
-        {
-            "id": f"p{i}",
-            "prompt_ids": rng.integers(10, 500, 6).tolist(),
-            "output_ids": rng.integers(10, 500, 14).tolist(),
-        }
-        for i in range(2)
-    ]
+    recs = [{"id": f"p{i}", "prompt_ids": rng.integers(10, 500, 6).tolist()} for i in range(2)]
+    recs[0]["output_ids"] = drafted(target, hf, recs[0]["prompt_ids"], 16, seed=3)
+    recs[1]["output_ids"] = rng.integers(10, 500, 14).tolist()
     (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     ws = tmp_path / "ws"
 
@@ -312,3 +309,5 @@ def test_sweep_over_a_run_folder(tmp_path, capsys):
         assert swept[pid]["rounds"] == plain[pid]["rounds"]
         done = [x for x, v in enumerate(swept[pid]["accepted_at"]) if v >= 0]  # the anchors the chain visited
         assert done and [swept[pid]["accepted_at"][x] for x in done] == [plain[pid]["accepted_at"][x] for x in done]
+    assert max(swept["p0"]["accepted_at"]) >= 2  # the drafted completion is accepted in part
+    assert by[ids[0]]["summary"]["tau_macro"] > by[ids[1]]["summary"]["tau_macro"]
