@@ -388,7 +388,7 @@ def set_param(key: str, param: str, value) -> None:
 def run_label(runs_by_id: dict[str, dict]):
     def f(rid: str) -> str:
         r = runs_by_id.get(rid, {})
-        return f"{r.get('name')} · {r.get('backend')} · {rid}"
+        return f"{r.get('name')} · {(r.get('summary') or {}).get('family', 'DFlash')} · {r.get('backend')} · {rid}"
 
     return f
 
