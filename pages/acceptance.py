@@ -412,7 +412,7 @@ def main() -> None:
     run = by_id[rid]
     s = run["summary"]
     st.caption(
-        f"**{s.get('family', 'DFlash')}** checkpoint `{run['checkpoint']}` · extraction `{run['extraction_id']}` "
+        f"**{common.family(run)}** checkpoint `{run['checkpoint']}` · extraction `{run['extraction_id']}` "
         f"(backend **{run['backend']}**) · completions `{run['set_name']}` · {s.get('block_size', 1) - 1} drafts "
         "per step" + sliding_note(run.get("sliding_block"))
     )
