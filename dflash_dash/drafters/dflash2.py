@@ -101,13 +101,14 @@ class DFlash2(DFlash):
             raise ValueError(f"DFlash2 reads whole blocks out (its walk is sequential), not drafts {slots}")
         hs = h[:, self.c.first_slot : self.c.first_slot + D]  # [N, D, H]
         U, C = self._unary_top(head, hs)  # [N, D, K] fp32, [N, D, K]
-        sigma = F.linear(hs, self.hproj.to(hs.dtype))  # [N, D, R]
-        succ = self.succ[C]  # [N, D, K, R]
+        # the transitions in fp32 (SpecForge: the model dtype): the lattice score adds no bf16 rounding of its own
+        sigma = F.linear(hs.float(), self.hproj.float())  # [N, D, R]
+        succ = self.succ[C].float()  # [N, D, K, R]
         prev = anchor_ids.to(h.device)  # [N]
         drafts, scores = [], []
         for k in range(D):  # the walk: slot k's predecessor is slot k-1's draft
-            ctx = self.pred[prev] * sigma[:, k]  # [N, R]
-            s = U[:, k] + torch.einsum("nr,nkr->nk", ctx, succ[:, k]).float()  # [N, K]
+            ctx = self.pred[prev].float() * sigma[:, k]  # [N, R]
+            s = U[:, k] + (succ[:, k] @ ctx[:, :, None])[..., 0]  # [N, K]
             prev = C[:, k].gather(1, s.argmax(-1, keepdim=True))[:, 0]
             drafts.append(prev)
             scores.append(s)
