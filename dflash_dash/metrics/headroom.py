@@ -7,9 +7,10 @@ round and a depth k with slot k inside the completion and d_1..d_{k-1} accepted 
 `depth_conditional`): along the target's own path, so the candidates are what the drafter had there, for every
 family. The oracle walk commits, at each anchor, the leading slots whose candidates hold the target's token
 (plus the bonus token): the tau of a drafter whose selector always picks the target's token when it can. For
-DFlash and DFlash2 (candidates that do not depend on earlier picks) it is exact; for DSpark and Domino the slots
-after the drafter's own first miss hold the candidates of its own path, an approximation. None for runs without
-ranks (chain-only replays, runs replayed before ranks were stored).
+DFlash (candidates that do not depend on earlier picks) it is exact; for the sequential families (DSpark, Domino,
+DFlash2, whose kept candidates are ranked by scores that depend on the previous draft) the slots after the
+drafter's own first miss hold the candidates of its own path, an approximation. None for runs without ranks
+(chain-only replays, runs replayed before ranks were stored).
 """
 
 from __future__ import annotations

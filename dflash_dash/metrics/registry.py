@@ -277,9 +277,9 @@ REGISTRY += [
         "oracle_tau",
         "oracle tau over the top-K (macro)",
         "chain walk committing, per anchor, the leading slots whose top-K candidates hold the target's token, "
-        "plus the bonus token: a perfect selector among the candidates (exact for DFlash and DFlash2; for DSpark "
-        "and Domino slots after the drafter's own first miss hold its own path's candidates); mean over prompts "
-        "of committed / rounds",
+        "plus the bonus token: a perfect selector among the candidates (exact for DFlash; for DSpark, Domino and "
+        "DFlash2, whose candidates depend on the previous draft, slots after the drafter's own first miss hold its "
+        "own path's candidates); mean over prompts of committed / rounds",
         oracle_tau_run,
         oracle_tau,
     ),
