@@ -145,6 +145,8 @@ def test_batched_equals_loop_and_chain_equals_every(tmp_path, name):
         assert torch.allclose(a.top_logp, b.top_logp, atol=1e-4)
         assert (a.confidence is None) == (b.confidence is None)
         assert a.confidence is None or torch.allclose(a.confidence, b.confidence, atol=1e-5)
+    for p in (P, P + 3, len(tokens) - 1):  # the speculative stand-in's one block: what the replay drafts there
+        assert rp.draft_one(m, head, feats, p, int(tokens[p])) == a.tokens[p - P].tolist()
     g = torch.Generator().manual_seed(5)
     seqs = []
     for i, (T, P) in enumerate([(32, 5), (20, 9), (6, 4)]):
@@ -232,6 +234,22 @@ def test_markov_fields_read_from_either_place():
     assert (a.first_slot, a.drafts) == (0, d.block_size)
     off = dr.parse_config(tiny.drafter_config(tiny_dspark(anchor=False)))
     assert (off.first_slot, off.drafts) == (1, d.block_size - 1)
+
+
+def test_flops_count_the_heads():
+    """DFlash's backbone count, the LM head of all D drafted slots, and more for every head the config adds."""
+    plain = tiny.drafter_config(tiny.TinyDrafter())
+    n = {
+        name: dr.flops_per_block(dr.parse_config(tiny.drafter_config(d)), 100, 512)
+        for name, d in [
+            ("rank0", tiny_dspark(rank=0, conf=False)),
+            *[(k, tiny_dspark(kind=k, conf=False)) for k in ("vanilla", "gated", "rnn")],
+            ("conf", tiny_dspark(kind="rnn")),
+        ]
+    }
+    base = dr.flops_per_block(dr.parse_config(plain), 100, 512)
+    assert n["rank0"] - base == 2 * 64 * 512  # one more LM-head row: B drafts, not B-1
+    assert n["rank0"] < n["vanilla"] < n["gated"] < n["rnn"] < n["conf"]
 
 
 # ---------------------------------------------------------------------------
