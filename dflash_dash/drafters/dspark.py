@@ -41,11 +41,13 @@ class DSpark(DFlash):
     """A DSpark checkpoint: DFlash's backbone, the Markov head (rank r, may be 0) and the optional confidence
     head."""
 
+    sequential = True  # a slot's Markov bias reads the draft before it (an instance without the head: False)
+
     def __init__(self, c: DrafterConfig, w: Weights, path: str = "", sliding_block: str | None = None):
         super().__init__(c, w, path, sliding_block)
         x, f = w.extra, c.head
         self.rank, self.kind = f["markov_rank"], f["markov_head_type"]
-        self.sequential = self.rank > 0  # the bias reads the previous slot's draft
+        self.sequential = self.rank > 0  # rank 0: plain LM-head drafts, any slots may be read out alone
         self.w1 = x.get(MARKOV + "markov_w1.weight")  # [V, r] previous-token embedding
         self.w2 = x.get(MARKOV + "markov_w2.weight")  # [V, r] r -> V, no bias
         self.gate = (x.get(MARKOV + "gate_proj.weight"), x.get(MARKOV + "gate_proj.bias"))  # [r, H+r], [r]
