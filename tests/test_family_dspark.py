@@ -231,6 +231,9 @@ def test_markov_fields_read_from_either_place():
     top["dflash_config"] = {k: v for k, v in top["dflash_config"].items() if k not in d.family_fields}
     b = dr.parse_config(top)
     assert a.family == b.family == "dspark" and a.head == b.head and a.head["markov_head_type"] == "rnn"
+    newer = tiny.drafter_config(d)  # SpecForge's newer spelling: the fields in a dspark_config dict
+    newer["dspark_config"] = {k: newer["dflash_config"].pop(k) for k in d.family_fields}
+    assert dr.parse_config(newer).head == a.head
     assert (a.first_slot, a.drafts) == (0, d.block_size)
     off = dr.parse_config(tiny.drafter_config(tiny_dspark(anchor=False)))
     assert (off.first_slot, off.drafts) == (1, d.block_size - 1)
