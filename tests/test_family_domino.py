@@ -222,7 +222,9 @@ def test_sweep_over_a_domino_run_folder(prepared, workspace_copy, tmp_path):
         tiny.write_runtime(out, state_of(spec(True, 1, seed=seed)), step, "r1", strategy="domino")
     (out / "config.json").write_text(json.dumps(tiny.drafter_config(spec(True, 1))))
     st = Store(workspace_copy)
-    ids = pipeline.perform(st, ops.Sweep(checkpoints=str(out), extraction=prepared.extraction, tree_budget=2))["runs"]
+    ids = pipeline.perform(
+        st, ops.Sweep(checkpoints=str(out), extraction=prepared.extraction, tree_budget=2, max_prompts=2)
+    )["runs"]
     runs = [st.run_row(i) for i in ids]
     assert [r["step"] for r in runs] == [100, 200]
     assert all(r["summary"]["anchors"] == "chain" and r["summary"]["family"] == "Domino" for r in runs)
@@ -235,6 +237,7 @@ def test_sweep_over_a_domino_run_folder(prepared, workspace_copy, tmp_path):
             extraction=prepared.extraction,
             draft_config=str(tmp_path / "cfg.json"),
             tree_budget=2,
+            max_prompts=2,
         ),
     )
     assert every["summary"]["tau_macro"] == pytest.approx(runs[0]["summary"]["tau_macro"])
