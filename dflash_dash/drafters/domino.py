@@ -72,9 +72,7 @@ class Domino(dflash.DFlash):
         G = c.head["gru_hidden_dim"]
         lm = _LMHead(head.lm_head.to(h.device, h.dtype))  # cast once, not per slot
         hs = h[:, f : f + D]  # [N, D, H]: the states that draft anchor + 1 .. anchor + D
-        W1 = self.w.extra[PROJ_IN]  # [E, H + G]
-        W1h, W1q = W1[:, : c.hidden_size], W1[:, c.hidden_size :]
-        a_h = F.linear(hs, W1h)  # [N, D, E]: the state's half of embed_proj.0, all slots at once
+        W1, W2 = self.w.extra[PROJ_IN], self.w.extra[PROJ_OUT]  # [E, H + G], [V, E]
         q = h.new_zeros(N, G)  # GRU state before the anchor
         prev = anchor_ids
         drafts, ids, logp = [], [], []
@@ -82,8 +80,8 @@ class Domino(dflash.DFlash):
             q = self.gru_step(self._embed(head, prev), q)  # q_{k-1}: has read the anchor and d_1..d_{k-1}
             extra = None
             if j + 1 > P:
-                a = a_h[:, j] + F.linear(q, W1q)  # [N, E]
-                extra = _correction(a, self.w.extra[PROJ_OUT])
+                a = F.linear(torch.cat([hs[:, j], q], -1), W1)  # [N, E]: one matmul over [h_s ; q], as trained
+                extra = _correction(a, W2)
             d, i, lp = lm_top(lm, hs[:, j], topk, extra)  # [N], [N, k], [N, k]
             drafts.append(d)
             ids.append(i)
