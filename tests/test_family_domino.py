@@ -182,6 +182,10 @@ def test_every_form_replays_identically(tmp_path):
             lambda cfg, st: st.update({"prefix_gru.bias_ih_l0": torch.zeros(72)}),
             "unknown tensor 'prefix_gru.bias_ih_l0'",
         ),
+        (  # a later SpecForge's optional hidden_proj head: not replayed, refused by its tensor
+            lambda cfg, st: st.update({"hidden_proj.0.weight": torch.zeros(16, 88)}),
+            "unknown tensor 'hidden_proj.0.weight'",
+        ),
         (lambda cfg, st: cfg["dflash_config"].pop("gru_hidden_dim"), "dflash_config.gru_hidden_dim"),
         (lambda cfg, st: cfg["dflash_config"].update(pure_draft_prefix_len=4), "pure_draft_prefix_len = 4"),
         (lambda cfg, st: cfg["dflash_config"].update(shift_label="yes"), "shift_label = 'yes'"),
