@@ -86,12 +86,12 @@ emb = rp.head.embed_blocks(eager, head, toks[0], anc)
 for name, d, kv in [("eager", eager, kv_e), ("fused", fused, kv_f)]:
     for _ in range(2):
         h = d.blocks(kv, anc, emb, max_anchor=1535)
-        rp.head.read_out(d, head, h, 8)
+        rp.head.read_out(d, head, h, toks[0][anc], 8)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(5):
         h = d.blocks(kv, anc, emb, max_anchor=1535)
-        rp.head.read_out(d, head, h, 8)
+        rp.head.read_out(d, head, h, toks[0][anc], 8)
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / 5
     flops = sum(dr.flops_per_block(c, int(p), V) for p in anc.tolist())
@@ -100,6 +100,7 @@ for name, d, kv in [("eager", eager, kv_e), ("fused", fused, kv_f)]:
         ref = h.float()
     else:
         figs["chunk256_fused_max_rel_diff"] = ((h.float() - ref).norm() / ref.norm()).item()
-        same = rp.head.read_out(d, head, h, 1)[0] == rp.head.read_out(eager, head, ref.to(dtype), 1)[0]
+        first = toks[0][anc]
+        same = rp.head.read_out(d, head, h, first, 1)[0] == rp.head.read_out(eager, head, ref.to(dtype), first, 1)[0]
         figs["chunk256_fused_argmax_agreement"] = same.float().mean().item()
 report(figs)

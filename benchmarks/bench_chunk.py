@@ -33,7 +33,7 @@ from dflash_dash import (
     replay as rp,
     target as tg,
 )
-from dflash_dash.drafters import kernels
+from dflash_dash.drafters import kernels, readout
 from dflash_dash.drafters.dflash import DFlash
 from tools import tiny  # noqa: E402
 
@@ -87,8 +87,8 @@ layer = {
 }
 ms_layers = sum(gemm_ms(*s) for s in layer.values()) * c.num_hidden_layers
 rows = a.chunk * (B - 1)
-ms_head = sum(gemm_ms(min(rp.head.HEAD_ROWS, rows - r), V, H) for r in range(0, rows, rp.head.HEAD_ROWS))
-gemm_ms(V, rp.head.HEAD_ROWS, H)  # the LM head transposed (vocabulary rows): informative
+ms_head = sum(gemm_ms(min(readout.HEAD_ROWS, rows - r), V, H) for r in range(0, rows, readout.HEAD_ROWS))
+gemm_ms(V, readout.HEAD_ROWS, H)  # the LM head transposed (vocabulary rows): informative
 figs |= {"chunk_layers_gemm_ms": ms_layers, "chunk_head_gemm_ms": ms_head, "chunk_gemm_floor_ms": ms_layers + ms_head}
 report(figs)
 figs.clear()
@@ -114,7 +114,8 @@ def concat_draft(d, head, features, tokens, prompt_len, topk, chunk):
         e = min(s + chunk, len(tokens))
         anchors = torch.arange(s, e, device=dev)
         emb = rp.head.embed_blocks(d, head, tokens, anchors)
-        parts.append(rp.head.read_out(d, head, d.blocks(kv, anchors, emb, max_anchor=e - 1), topk))
+        h = d.blocks(kv, anchors, emb, max_anchor=e - 1)
+        parts.append(rp.head.read_out(d, head, h, tokens.to(anchors.device)[anchors], topk))
     return rp.head.to_host(parts)
 
 
@@ -148,10 +149,10 @@ d.ops.rmsnorm, d.ops.norm_rope, d.ops.silu_mul, d.ops.add_norm = (  # every dim 
 )
 timed("dynamic_compile", d)
 d.ops = saved_ops
-rp.head.TOP_BLOCK, rp.head.TOP_WARPS = 8192, 16
+readout.TOP_BLOCK, readout.TOP_WARPS = 8192, 16
 other = timed("top8192", d)
 figs["top8192_equal_ids"] = float(torch.equal(ref.top_ids, other.top_ids))
-rp.head.TOP_BLOCK, rp.head.TOP_WARPS = 4096, 8
+readout.TOP_BLOCK, readout.TOP_WARPS = 4096, 8
 timed("efficient", d, ctx=lambda: sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]))
 
 # sustained: ten sequences back to back (clocks under a long load), then replay.every_anchor over the same ten

@@ -1,4 +1,4 @@
-"""Replay benchmark: the 27B-shaped DFlash drafter in bf16 over 10 sequences x 2,560 tokens.
+"""Replay benchmark: the 27B-shaped drafter of a family (DFlash by default) in bf16 over 10 sequences x 2,560 tokens.
 
 Random weights and features at the reference shapes (`FULL`; speed does not depend on their values).
 Measures, in one process:
@@ -16,6 +16,8 @@ projections (fc, k, v). Usage:
 
     python benchmarks/bench_replay.py                 # CUDA, reference shapes
     python benchmarks/bench_replay.py --small         # tiny shapes on the CPU (a smoke test)
+    python benchmarks/bench_replay.py --family dspark  # DSpark, DFlash2 or Domino at their published 27B configs
+                                                      # (figures named with a _dspark suffix)
 """
 
 from __future__ import annotations
@@ -50,6 +52,59 @@ FULL = dict(
     target_layer_ids=[1, 16, 31, 46, 61],
     mask_token_id=248070,
 )
+# each family's published Qwen3.6-27B config over FULL (SpecForge configs/qwen3.6-27b-{dspark,domino-full-attention,
+# dflash2}.json); `small`: the same fields at SMALL's scale
+FAMILIES = {
+    "dflash": ({}, {}),
+    "dspark": (
+        dict(
+            architecture="DSparkDraftModel",
+            target_layer_ids=[2, 17, 32, 47, 62],
+            family_fields=dict(
+                projector_type="dspark",
+                markov_rank=256,
+                markov_head_type="vanilla",
+                enable_confidence_head=True,
+                confidence_head_with_markov=True,
+            ),
+        ),
+        dict(markov_rank=16),
+    ),
+    "domino": (
+        dict(
+            family_fields=dict(
+                projector_type="domino", pure_draft_prefix_len=1, emb_dim=256, gru_hidden_dim=1024, shift_label=False
+            )
+        ),
+        dict(emb_dim=32, gru_hidden_dim=64),
+    ),
+    "dflash2": (
+        dict(
+            architecture="DFlash2DraftModel",
+            block_size=8,
+            target_layer_ids=[5, 19, 33, 47, 61],
+            layer_types=["sliding_attention"] * 5,
+            sliding_window=2048,
+            family_fields=dict(conv_kernel_size=2, conv_group_size=16, selector_rank=256, selector_top_k=16),
+        ),
+        dict(selector_rank=16),
+    ),
+}
+
+
+def family_shapes(shp: dict, family: str, small: bool) -> dict:
+    """`shp` with a family's published fields (at SMALL's scale with `small`); layer lists cut to shp's layers."""
+    over, small_fields = FAMILIES[family]
+    out = shp | {k: v for k, v in over.items() if k != "family_fields"}
+    if "family_fields" in over:
+        out["family_fields"] = over["family_fields"] | (small_fields if small else {})
+    n, N = out["num_hidden_layers"], out["num_target_layers"]
+    if "layer_types" in out:
+        out["layer_types"] = out["layer_types"][:n]
+    out["target_layer_ids"] = [min(i, N - 1) for i in out["target_layer_ids"]][: max(n, 2)]
+    return out
+
+
 SMALL = dict(
     hidden_size=256,
     intermediate_size=704,
@@ -78,6 +133,7 @@ def args_():
     ap.add_argument("--profile", action="store_true", help="print the top kernels of one chunk")
     ap.add_argument("--quick", action="store_true", help="steady state at --chunk only (no chunk/backend sweep)")
     ap.add_argument("--work", default=None, help="folder for the checkpoint, head and features")
+    ap.add_argument("--family", default="dflash", choices=list(FAMILIES), help="drafter family (published config)")
     return ap.parse_args()
 
 
@@ -98,6 +154,8 @@ def write_inputs(work: Path, shp: dict, n_seq: int, T: int, device, dtype) -> tu
     """Checkpoint folder, target folder (config + embedding + LM head only), features in the cache."""
     cfg = tiny.drafter_config(tiny.TinyDrafter(**shp))
     cfg["torch_dtype"] = "bfloat16"
+    if shp.get("architecture") == "DFlash2DraftModel":
+        cfg["is_causal"] = False  # the released DFlash2: bidirectional blocks in every (sliding) layer
     c = dr.parse_config(cfg)
     ck = work / "drafter"
     ck.mkdir(parents=True)
@@ -158,7 +216,7 @@ def loop_blocks(d, head, feats, tokens, anchors, topk):
     for p in anchors:
         a = torch.tensor([p])
         h = d.blocks(kv, a, rp.head.embed_blocks(d, head, tokens, a))
-        out.append([t.cpu() for t in rp.head.read_out(d, head, h, topk)])
+        out.append([t.cpu() for t in rp.head.read_out(d, head, h, tokens[a], topk)])
     return [torch.cat([o[i] for o in out]) for i in range(3)]
 
 
@@ -170,7 +228,7 @@ def reference_blocks(d, head, feats, tokens, anchors, topk):
     for p in anchors:
         emb = rp.head.embed_blocks(d, head, tokens, torch.tensor([p]))[0]
         h = d.block(feats, p, emb)
-        out.append([t.cpu() for t in rp.head.read_out(d, head, h[None], topk)])
+        out.append([t.cpu() for t in rp.head.read_out(d, head, h[None], tokens[p : p + 1], topk)])
     return [torch.cat([o[i] for o in out]) for i in range(3)]
 
 
@@ -213,7 +271,7 @@ def check_fp32(dev, figs: dict) -> None:
 
 
 def measure(a, figs: dict) -> None:
-    shp = SMALL if a.small else FULL
+    shp = family_shapes(SMALL if a.small else FULL, a.family, a.small)
     dev = a.device or ("cpu" if a.small else "cuda")
     n_seq, T = a.seqs or (3 if a.small else 10), a.tokens or (160 if a.small else 2560)
     P = a.prompt or (32 if a.small else 512)
@@ -272,14 +330,17 @@ def measure(a, figs: dict) -> None:
                 h = d.blocks(kv, anchors, emb)
         with Clock(dev) as ch:
             for _ in range(3):
-                rp.head.read_out(d, head, h, a.budget)
+                rp.head.read_out(d, head, h, tok0[anchors], a.budget)
         figs["chunk_blocks_ms"], figs["chunk_head_ms"] = cb.s / 3 * 1e3, ch.s / 3 * 1e3
         if a.profile:
             profile(  # bound now: these are deleted below
-                lambda d=d, head=head, kv=kv, emb=emb: rp.head.read_out(d, head, d.blocks(kv, anchors, emb), a.budget),
+                lambda d=d, head=head, kv=kv, emb=emb: rp.head.read_out(
+                    d, head, d.blocks(kv, anchors, emb), tok0[anchors], a.budget
+                ),
                 dev,
             )
-        logits = h[:64, 1:].reshape(-1, c.hidden_size) @ head.lm_head.T  # fused top-k kernel vs torch
+        drafted = h[:64, c.first_slot : c.first_slot + c.drafts]  # fused top-k kernel vs torch
+        logits = drafted.reshape(-1, c.hidden_size) @ head.lm_head.T
         am, ids, lp = rp.top_logp(logits, a.budget)
         top = logits.topk(a.budget, dim=-1)
         ref_lp = top.values.float() - torch.logsumexp(logits.float(), -1)[:, None]
@@ -367,9 +428,13 @@ def measure(a, figs: dict) -> None:
 
 def main():
     figs: dict = {}
+    a = args_()
     try:
-        measure(args_(), figs)
+        measure(a, figs)
     finally:
+        if a.family != "dflash":  # the family's figures beside DFlash's in RESULTS
+            keep = ("matmul_bf16_tflops", "check_fp32")
+            figs = {(k if k.startswith(keep) else f"{k}_{a.family}"): v for k, v in figs.items()}
         report(figs)  # what was measured, also when a later stage failed
 
 

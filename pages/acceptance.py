@@ -22,6 +22,7 @@ from dflash_dash.render.tables import TAU_COLUMNS, outlier_links, prompt_table, 
 from dflash_dash.render.tokens import legend_html, round_html, text_html, token_html
 from dflash_dash.vocab import Vocab
 from pages import common
+from pages.heads_view import confidence_block, headroom_block
 
 common.routed()
 
@@ -232,7 +233,13 @@ def round_block(run: dict, row: dict, comp: dict, vocab: Vocab) -> None:
 # why drafts fail: calibration and failure patterns of the run
 
 POOLED = "pooled over depths"
-SECTIONS = {"calibration": "Calibration", "patterns": "Failure patterns"}  # URL value: label (&section=...)
+SECTIONS = {  # URL value: label (&section=...)
+    "calibration": "Calibration",
+    "patterns": "Failure patterns",
+    "headroom": "Top-K headroom",
+    "confidence": "Confidence head",
+}
+BLOCKS = {"headroom": headroom_block, "confidence": confidence_block}  # sections drawn by pages/heads_view.py
 
 
 def depth_choice(block_size: int, key: str) -> str | int:
@@ -400,14 +407,14 @@ def main() -> None:
     by_id = {r["id"]: r for r in runs}
     ids = [r["id"] for r in reversed(runs)]  # newest first
     rid = common.select_param(
-        "run (checkpoint · backend · id)", ids, "run", "acc_run", format_func=common.run_label(by_id)
+        "run (checkpoint · family · backend · id)", ids, "run", "acc_run", format_func=common.run_label(by_id)
     )
     run = by_id[rid]
     s = run["summary"]
     st.caption(
-        f"checkpoint `{run['checkpoint']}` · extraction `{run['extraction_id']}` (backend "
-        f"**{run['backend']}**) · completions `{run['set_name']}` · block size {s.get('block_size')}"
-        + sliding_note(run.get("sliding_block"))
+        f"**{common.family(run)}** checkpoint `{run['checkpoint']}` · extraction `{run['extraction_id']}` "
+        f"(backend **{run['backend']}**) · completions `{run['set_name']}` · {s.get('block_size', 1) - 1} drafts "
+        "per step" + sliding_note(run.get("sliding_block"))
     )
     common.backend_note(run["backend"])
     rows = common.prompt_rows(ws, rid)  # per-prompt numbers only: no page loads every token of every prompt
@@ -448,11 +455,14 @@ def main() -> None:
         )
     st.subheader("Why drafts fail")
     section = common.section_param(
-        "show the run's calibration or failure patterns (drawn when chosen)", SECTIONS, "section", "acc_section"
+        "show the run's calibration, failure patterns, top-K headroom or confidence head (drawn when chosen)",
+        SECTIONS,
+        "section",
+        "acc_section",
     )
     if section:
         with common.guard():  # a failing analysis does not hide the rest of the page
-            (calibration_block if section == "calibration" else patterns_block)(ws, run)
+            BLOCKS.get(section, calibration_block if section == "calibration" else patterns_block)(ws, run)
     replay_form(exs, run["extraction_id"])
 
 

@@ -385,10 +385,15 @@ def set_param(key: str, param: str, value) -> None:
     st.query_params[param] = value
 
 
+def family(run: dict) -> str:
+    """The drafter family of a run (DFlash for runs replayed before families were recorded)."""
+    return (run.get("summary") or {}).get("family", "DFlash")
+
+
 def run_label(runs_by_id: dict[str, dict]):
     def f(rid: str) -> str:
         r = runs_by_id.get(rid, {})
-        return f"{r.get('name')} · {r.get('backend')} · {rid}"
+        return f"{r.get('name')} · {family(r)} · {r.get('backend')} · {rid}"
 
     return f
 

@@ -92,7 +92,10 @@ def token_views(ws: str, stamp: str, a: dict, b: dict, ra: dict, rb: dict) -> No
     diff = differing(ta, tb)
     st.caption(f"{len(diff)} of {len(ta.role)} completion positions differ in outcome. {OUTCOME_NOTE}")
     st.html(legend_html(Ba, compare=True))
-    heads = (f"A · {a['name']} · tau {fmt(ra[pid]['tau'])}", f"B · {b['name']} · tau {fmt(rb[pid]['tau'])}")
+    heads = (
+        f"A · {a['name']} ({common.family(a)}) · tau {fmt(ra[pid]['tau'])}",
+        f"B · {b['name']} ({common.family(b)}) · tau {fmt(rb[pid]['tau'])}",
+    )
     st.html(compare_html(ta, tb, vocab, (Ba, Bb), diff, heads), unsafe_allow_javascript=True)
 
 
@@ -270,7 +273,8 @@ def main() -> None:
                 ),
                 width="stretch",
             )
-            sa, sb = {f"A {a['name']}": a["summary"]}, {f"B {b['name']}": b["summary"]}
+            sa = {f"A {a['name']} ({common.family(a)})": a["summary"]}
+            sb = {f"B {b['name']} ({common.family(b)})": b["summary"]}
             c1, c2 = st.columns(2)
             c1.plotly_chart(depth_fig(sa | sb), width="stretch")
             c2.plotly_chart(hist_fig(sa | sb), width="stretch")

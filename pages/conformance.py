@@ -110,7 +110,7 @@ def main() -> None:
     by_id = {r["id"]: r for r in runs}
     ids = [r["id"] for r in reversed(runs)]  # newest first
     rid = common.select_param(
-        "run (checkpoint · backend · id)", ids, "run", "conf_run", format_func=common.run_label(by_id)
+        "run (checkpoint · family · backend · id)", ids, "run", "conf_run", format_func=common.run_label(by_id)
     )
     run = by_id[rid]
     set_name = run["set_name"]

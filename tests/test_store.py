@@ -251,6 +251,8 @@ def test_v6_run_prompts_migrate_to_array_files_and_read_back(tmp_path):
         "draft_logp": None,
         "round_top_ids": [7, 300, 2],
         "round_top_p": None,
+        "confidence": None,  # arrays named after the migration read back as None (not stored)
+        "target_rank": None,
     }
     import numpy as np
 
@@ -271,6 +273,8 @@ def test_v6_run_prompts_migrate_to_array_files_and_read_back(tmp_path):
         "draft_logp": None,
         "round_top_ids": None,
         "round_top_p": None,
+        "confidence": None,
+        "target_rank": None,
     }
     assert st.run_prompt("run-a", "nope") is None
     b = st.run_prompts("run-b")
@@ -297,7 +301,10 @@ def test_pack_arrays_round_trip_is_lossless():
         "draft_logp": rng.standard_normal(300 * 15).astype(np.float32).tolist(),
         "round_top_ids": np.array([[2**40, -5]]),
         "round_top_p": [],
+        "confidence": rng.random((300, 15)).astype(np.float32),
+        "target_rank": rng.integers(-2, 8, (300, 15)),
     }
+    assert set(row) == set(store_mod.ARRAYS)
     got = store_mod.unpack_arrays(store_mod.pack_arrays(row))
     assert got == {k: (np.asarray(v).ravel().tolist() if v is not None else None) for k, v in row.items()} | {
         "drafts": [t for r in row["drafts"] for t in r]

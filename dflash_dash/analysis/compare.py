@@ -117,6 +117,7 @@ def sweep_points(runs: list[dict], folder: str, extraction: str | None = None) -
             {
                 "step": step,
                 "name": r["name"],
+                "family": s.get("family", "DFlash"),
                 "run": r["id"],
                 "checkpoint": ck,
                 "sliding_block": r.get("sliding_block"),

@@ -59,18 +59,25 @@ LEGACY = {  # SpecForge `normalize_draft_head_checkpoint_keys`: early Domino/DSp
 }
 
 
+def _places(raw: dict, dcfg: dict) -> list[tuple[str, dict]]:
+    """Where a family field may be written: dflash_config, SpecForge's newer dspark_config, the top level (engines
+    and exporters write any of them)."""
+    dsp = raw.get("dspark_config") if isinstance(raw.get("dspark_config"), dict) else {}
+    return [("dflash_config.", dcfg), ("dspark_config.", dsp), ("", raw)]
+
+
 def _get(raw: dict, dcfg: dict, key: str, default: Any = None) -> Any:
-    """A field read inside dflash_config or at the top level (engines and exporters write either); both present
-    and different is an error naming both."""
-    inner, top = dcfg.get(key), raw.get(key)
-    if inner is not None and top is not None and inner != top:
-        raise CheckpointError(f"config.json: {key} = {top!r} but dflash_config.{key} = {inner!r}; they must agree")
-    v = inner if inner is not None else top
-    return default if v is None else v
+    """A field read wherever it is written (`_places`); two places with different values is an error naming
+    both."""
+    found = [(where + key, d[key]) for where, d in _places(raw, dcfg) if d.get(key) is not None]
+    for name, v in found[1:]:
+        if v != found[0][1]:
+            raise CheckpointError(f"config.json: {found[0][0]} = {found[0][1]!r} but {name} = {v!r}; they must agree")
+    return found[0][1] if found else default
 
 
 def _present(raw: dict, dcfg: dict, key: str) -> bool:
-    return dcfg.get(key, raw.get(key)) is not None
+    return any(d.get(key) is not None for _, d in _places(raw, dcfg))
 
 
 # ---------------------------------------------------------------------------
@@ -125,14 +132,14 @@ def family_of(raw: dict) -> str:
     if fam == "dflash" and any(_present(raw, dcfg, k) for k in DFLASH2_FIELDS):
         fam = "dflash2"  # SGLang serves DFlash2 from these fields on a DFlashDraftModel architecture
     for other, keys in OWN_FIELDS.items():
-        hit = next((k for k in keys if other != fam and dcfg.get(k, raw.get(k)) not in (None, False, 0)), None)
+        hit = next((k for k in keys if other != fam and _get(raw, dcfg, k) not in (None, False, 0)), None)
         if hit:
             raise CheckpointError(
                 f"config.json: field '{hit}' belongs to a {FAMILY_NAMES[other]} drafter but the config describes "
                 f"{FAMILY_NAMES[fam]} (architectures {archs!r}); set architectures or dflash_config.projector_type "
                 f"to the drafter's family"
             )
-    if fam == "dflash" and dcfg.get("sample_from_anchor", raw.get("sample_from_anchor")):
+    if fam == "dflash" and _get(raw, dcfg, "sample_from_anchor"):
         raise CheckpointError(
             "config.json: sample_from_anchor = true on a DFlash drafter (DeepSpec's convention: drafts from the "
             "anchor's slot); dflash-dash replays DFlash with slot k drafting anchor + k only"

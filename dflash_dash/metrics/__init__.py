@@ -37,6 +37,7 @@ from .calibration import (
     recorded,
     reliability,
 )
+from .confidence import THRESHOLDS, confidence_reliability, stop_curve
 from .core import (
     accept_hist,
     depth_conditional,
@@ -53,6 +54,7 @@ from .core import (
 from .engine import (
     CONFORMANCE,
 )
+from .headroom import MISSED
 from .lag import (
     LAG_FORMULA,
     lag_counts,
@@ -101,6 +103,7 @@ __all__ = [
     "Ctx",
     "HEADLINE",
     "LAG_FORMULA",
+    "MISSED",
     "Metric",
     "PER_PROMPT",
     "PROB",
@@ -108,6 +111,7 @@ __all__ = [
     "REGISTRY",
     "RELIABILITY_FORMULA",
     "TAU",
+    "THRESHOLDS",
     "TUKEY_K",
     "TUKEY_MIN",
     "TUKEY_RULE",
@@ -121,6 +125,7 @@ __all__ = [
     "chain_tau_at_budget_pooled",
     "chain_tau_at_budget_run",
     "complete",
+    "confidence_reliability",
     "confidence_depth",
     "depth_conditional",
     "depth_counts",
@@ -148,6 +153,7 @@ __all__ = [
     "recorded",
     "reliability",
     "show",
+    "stop_curve",
     "summarize",
     "tau",
     "tau_macro_ci",

@@ -51,7 +51,7 @@ class Prompt:
     tree_tau: float | None = None  # the DDTree walk's, once scored
     confidence: np.ndarray = field(default_factory=_reals)  # [A, D] the family's predicted acceptance (DSpark)
     target_rank: np.ndarray = field(default_factory=_ints)  # [A, D] rank of the target's token among the slot's
-    # top-K candidates (K: not among them; -1: not computed): top-K headroom
+    # top-K candidates (-2: not among them; -1: not computed): top-K headroom
 
     def __post_init__(self) -> None:
         """The one form: lists become numpy arrays (an array is kept as it is, no copy), per-round arrays lists."""

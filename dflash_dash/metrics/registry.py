@@ -24,6 +24,7 @@ from .calibration import (
     expected_tau_pooled,
     expected_tau_run,
 )
+from .confidence import confidence_ece
 from .core import (
     accept_hist,
     depth_conditional,
@@ -38,6 +39,7 @@ from .core import (
     tree_tau,
 )
 from .engine import CONFORMANCE
+from .headroom import oracle_tau, oracle_tau_run, recall_depth, recall_pooled
 from .spread import (
     BOOT_LEVEL,
     BOOT_N,
@@ -244,6 +246,54 @@ REGISTRY += [
         "chain tau at the DDTree budget (pooled)",
         "all committed / all rounds of that block-(N+1) chain walk",
         chain_tau_at_budget_pooled,
+    ),
+]
+# -- top-K headroom: None for chain-only runs and runs replayed before ranks were stored
+_RECALL = "over the rounds with d_1..d_{k-1} accepted and slot k in the completion (the target's own path)"
+REGISTRY += [
+    Metric(
+        "recall_top1",
+        "top-1 recall",
+        f"share of slots whose draft (the top-1 candidate) is the target's token, {_RECALL}",
+        lambda ps, c: recall_pooled(ps, c, top1=True),
+        fmt=PROB,
+    ),
+    Metric(
+        "recall_topk",
+        "top-K recall",
+        f"share of slots whose top-K candidates hold the target's token (K = max(tree budget, 4)), {_RECALL}",
+        recall_pooled,
+        fmt=PROB,
+    ),
+    Metric(
+        "recall_topk_depth",
+        "top-K recall per depth",
+        f"top-K recall at depth k = 1..B-1, {_RECALL}",
+        recall_depth,
+        kind="curve",
+        fmt=PROB,
+    ),
+    Metric(
+        "oracle_tau",
+        "oracle tau over the top-K (macro)",
+        "chain walk committing, per anchor, the leading slots whose top-K candidates hold the target's token, "
+        "plus the bonus token: a perfect selector among the candidates (exact for DFlash and DFlash2; for DSpark "
+        "and Domino slots after the drafter's own first miss hold its own path's candidates); mean over prompts "
+        "of committed / rounds",
+        oracle_tau_run,
+        oracle_tau,
+    ),
+]
+# -- a confidence head (DSpark): None for runs without one
+REGISTRY += [
+    Metric(
+        "confidence_head_ece",
+        "confidence head ECE",
+        "sum over 10 equal-width bins b of c_k of (n_b / N) * |observed_b - predicted_b|; c_k = the confidence "
+        "head's predicted acceptance of draft k, observed = share of those drafts accepted, over the rounds with "
+        "d_1..d_{k-1} accepted and slot k in the completion",
+        confidence_ece,
+        fmt=PROB,
     ),
 ]
 RELIABILITY_FORMULA = (

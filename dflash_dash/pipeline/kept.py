@@ -15,7 +15,7 @@ from .. import engines, metrics
 from ..ops import InputError
 from ..store import Store, StoreError
 
-ANALYSES = ("prompts", "calibration", "patterns", "lag")  # whole-run analyses kept in the store (run_analyses)
+ANALYSES = ("prompts", "calibration", "patterns", "lag", "heads")  # whole-run analyses kept (run_analyses)
 
 
 def analysis(store: Store, run_id: str, name: str, rows: list[metrics.Prompt] | None = None) -> dict:
@@ -23,7 +23,8 @@ def analysis(store: Store, run_id: str, name: str, rows: list[metrics.Prompt] | 
     (a run never changes), so pages read a small JSON value instead of every token of every prompt:
     "prompts" (metrics.prompt_rows: per-prompt numbers, no arrays), "calibration" (analysis.calibration),
     "patterns" (failure-pattern tables, tokens decoded with the target's tokenizer when it has one) or "lag"
-    ({prompt_id: [anchors, lagging, on target] per slot}, metrics.lag_counts). `rows`: the run's scored prompt
+    ({prompt_id: [anchors, lagging, on target] per slot}, metrics.lag_counts) or "heads" (analysis.heads: top-K
+    headroom and a confidence head's view). `rows`: the run's scored prompt
     rows when the caller holds them (else read from the store)."""
     if name not in ANALYSES:
         raise InputError(f"analysis {name!r}: not one of {', '.join(ANALYSES)}")
@@ -48,6 +49,7 @@ def keep(
     prompt rows (the store step's, which hold what the summary computed once), else read from the store."""
     from ..analysis import patterns
     from ..analysis.calibration import calibration
+    from ..analysis.heads import heads
     from ..vocab import load_vocab
 
     r = store.run_row(run_id)
@@ -64,6 +66,8 @@ def keep(
             val = metrics.prompt_rows(rows, B, budget)
         elif name == "calibration":
             val = calibration(rows, B, budget, summary)
+        elif name == "heads":
+            val = heads(rows, B, budget, summary)
         elif name == "lag":
             val = {
                 p.id: list(

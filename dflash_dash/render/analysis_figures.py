@@ -142,3 +142,37 @@ def binned_fig(rows: list[dict], label: str, title: str, x_title: str) -> go.Fig
     fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="tau", showgrid=False))
     fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
     return layout(fig, title, x_title, "P(d_1 accepted)")
+
+
+def headroom_fig(rows: list[dict], k: int) -> go.Figure:
+    """Per depth: the draft is the target's token (top-1 recall, the conditional acceptance) against the target's
+    token is among the top-K candidates (`rows`: analysis.heads()["headroom"]["by_depth"])."""
+    fig = go.Figure()
+    ks = [r["depth"] for r in rows]
+    fig.add_scatter(x=ks, y=[r["top1"] for r in rows], mode="lines+markers", name="top-1 (the draft)")
+    fig.add_scatter(
+        x=ks, y=[r["topk"] for r in rows], mode="lines+markers", name=f"top-{k} candidates", line=dict(dash="dot")
+    )
+    fig.update_layout(yaxis_range=[0, 1.02])
+    fig.update_xaxes(dtick=1)
+    return layout(fig, f"per depth: target's token is the draft vs among the top-{k}", "depth k", "share", height=360)
+
+
+def stop_fig(rows: list[dict], threshold: float) -> go.Figure:
+    """Per stop threshold t: tau of the walk verifying only drafts with confidence >= t (left) and drafts verified
+    per round (right); a vertical line at the chosen t (`rows`: analysis.heads()["confidence"]["stop"])."""
+    fig = go.Figure()
+    ts = [r["threshold"] for r in rows]
+    fig.add_scatter(x=ts, y=[r["tau"] for r in rows], mode="lines+markers", name="tau (macro)")
+    fig.add_scatter(
+        x=ts,
+        y=[r["verified_per_round"] for r in rows],
+        mode="lines+markers",
+        name="drafts verified per round",
+        yaxis="y2",
+        line=dict(dash="dot"),
+    )
+    fig.add_vline(x=threshold, line=dict(color="#999", dash="dash"))
+    fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="drafts verified", showgrid=False))
+    fig.update_xaxes(range=[0, 1])
+    return layout(fig, "verify only while confidence >= t", "threshold t", "tau (macro)", height=360)

@@ -176,7 +176,7 @@ def sweep_fig(points: list[dict]) -> go.Figure:
             y=[p.get(key) for p in points],
             mode="lines+markers",
             name=metrics.BY_KEY[key].label,
-            text=[p["name"] for p in points],
+            text=[f"{p['name']} ({p.get('family', 'DFlash')})" for p in points],
         )
     return layout(fig, "tau against training step", "step", "tau", height=360)
 

@@ -179,6 +179,7 @@ def run_groups(runs: list[dict], extractions: list[dict]) -> list[dict]:
                 {
                     "open": run_link(r["id"]),
                     "checkpoint": r["name"],
+                    "family": s.get("family", "DFlash"),
                     "training step": r.get("step"),
                     **{metrics.label(m.key): metrics.show(m.key, s.get(m.key)) for m in metrics.HEADLINE},
                     "sliding layers": r.get("sliding_block") or "—",

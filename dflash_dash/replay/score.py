@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import metrics
 from ..metrics import Prompt
+from ..metrics.headroom import MISSED
 from ..walks import accepted, chain_walk, round_top, tree_accepted
 
 if TYPE_CHECKING:
@@ -38,15 +39,15 @@ def score(pid: str, d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int)
 
 
 def target_rank(top_ids: np.ndarray, tokens: np.ndarray, prompt_len: int) -> np.ndarray:
-    """[A, D] rank of the target's token x_{p+1+j} among the top-K candidates of draft j at anchor p (K when it
+    """[A, D] rank of the target's token x_{p+1+j} among the top-K candidates of draft j at anchor p (MISSED when it
     is not among them, -1 past the sequence's end or where the slot was not drafted)."""
-    A, D, K = top_ids.shape
+    A, D, _ = top_ids.shape
     T = len(tokens)
     pos = prompt_len + np.arange(A)[:, None] + 1 + np.arange(D)[None, :]  # [A, D] the drafted positions
     inside = pos < T
     want = np.asarray(tokens)[np.minimum(pos, T - 1)]
     hit = top_ids == want[..., None]  # [A, D, K]
-    rank = np.where(hit.any(-1), hit.argmax(-1), K)
+    rank = np.where(hit.any(-1), hit.argmax(-1), MISSED)
     return np.where(inside & (top_ids[..., 0] >= 0), rank, -1).astype(np.int64)
 
 

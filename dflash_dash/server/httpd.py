@@ -10,7 +10,8 @@ SGLang's HTTP protocol (`protocol` holds the request and answer shapes), with SG
   with --health-delay S this one takes S seconds before answering 200 (503 answers at once).
 - GET /model_info and /get_model_info -> {"model_path", "tokenizer_path", "is_generation"};
   GET /get_server_info -> {"enable_memory_saver": true, "model_path", ...}; GET /v1/models (OpenAI list).
-  With a drafter /get_server_info reports speculative_algorithm "DFLASH", speculative_draft_model_path and
+  With a drafter /get_server_info reports speculative_algorithm (SGLang's name of the drafter's family: DFLASH,
+  DSPARK, DOMINO, DFLASH2), speculative_draft_model_path and
   speculative_num_draft_tokens (B).
 - Load: GET /v1/loads -> {"timestamp", "version", "dp_rank_count": 1, "loads": [{"dp_rank": 0,
   "num_running_reqs", "num_waiting_reqs", "num_used_tokens"}]} (newer SGLang) and GET /get_load ->
@@ -36,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ..drafters import CheckpointError
+from ..drafters import CheckpointError, read_config
 from . import faults, specdec
 from .model import Engine
 from .protocol import BadRequest, log, run_chat, run_generate
@@ -231,7 +232,7 @@ def speculative_info(eng: Engine) -> dict:
     if s is None:
         return {"speculative_algorithm": None, "speculative_draft_model_path": None}
     return {
-        "speculative_algorithm": "DFLASH",
+        "speculative_algorithm": read_config(s.path).family.upper(),
         "speculative_draft_model_path": str(Path(s.path).resolve()),
         "speculative_num_draft_tokens": s.drafter.width if s.drafter is not None else None,
         "speculative_bug": s.bug,

@@ -73,7 +73,7 @@ def speculative_args(p: argparse.ArgumentParser) -> None:
         "--speculative-draft",
         default=None,
         metavar="CKPT",
-        help="decode speculatively with this DFlash drafter (SGLang's --speculative-algorithm DFLASH "
+        help="decode speculatively with this drafter of any family (SGLang's --speculative-algorithm DFLASH "
         "--speculative-draft-model-path); meta_info then reports SGLang's spec_* counters",
     )
     p.add_argument(
