@@ -360,3 +360,17 @@ def test_sweep_over_a_dspark_run_folder(tmp_path):
         assert a[pid]["rounds"] == b[pid]["rounds"]
         assert len(a[pid]["drafts"]) == len(a[pid]["accepted_at"]) * d.block_size  # B drafts per anchor (stored flat)
     assert by[sweep200]["summary"]["tau_macro"] == pytest.approx(every["summary"]["tau_macro"])
+
+
+def test_runtime_strategy_must_train_the_configs_family(tmp_path):
+    """A runtime checkpoint trained with strategy 'domino' read with a DSpark config is refused naming both; the
+    family's own strategy and DFlash's (which also trains DFlash2) are read."""
+    d = tiny_dspark(kind="vanilla")
+    out = tmp_path / "out"
+    cfg = tmp_path / "draft.json"
+    cfg.write_text(json.dumps(tiny.drafter_config(d)))
+    bad = tiny.write_runtime(out, tiny.weights(d), 100, "r1", strategy="domino")
+    with pytest.raises(dr.CheckpointError, match="strategy 'domino' but its config .* describes a dspark drafter"):
+        dr.check(bad, draft_config=cfg)
+    good = tiny.write_runtime(out, tiny.weights(d), 200, "r1", strategy="dspark")
+    assert dr.check(good, draft_config=cfg).family == "dspark"

@@ -101,14 +101,17 @@ def config_of(ck: Checkpoint) -> DrafterConfig:
 
 
 COPIES = ("embed_tokens.weight", "lm_head.weight")  # copies of the target's embedding / LM head: ignored
+STRATEGIES = {"dflash": ("dflash", "dflash2"), "dspark": ("dspark",), "domino": ("domino",)}  # a runtime
+# checkpoint's SpecForge training `strategy` -> the families it trains (DFlash2 trains through DFlash's)
 
 
-def tensors(ck: Checkpoint):
+def tensors(ck: Checkpoint, family: str | None = None):
     """(file name, tensor name, shape, getter) of a checkpoint's weights, names without `model.`/`draft_model.`
     prefixes; the shape is read without the tensor's data.
 
     A runtime `training_state.pt` is read with torch.load(weights_only=True) only: a file that needs arbitrary
-    unpickling is refused (its code never runs)."""
+    unpickling is refused (its code never runs). Its training `strategy`, when known, must train `family` (the
+    config's): a DSpark run read with a Domino config is refused naming both."""
     import torch
     from safetensors import safe_open
 
@@ -137,6 +140,12 @@ def tensors(ck: Checkpoint):
     if not isinstance(sd, dict):
         keys = sorted(state)[:8] if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"{f}: no 'draft_state_dict' (found {keys}); expected a SpecForge runtime checkpoint")
+    strategy = state.get("strategy")
+    if family and strategy in STRATEGIES and family not in STRATEGIES[strategy]:
+        raise CheckpointError(
+            f"{f}: trained with strategy '{strategy}' but its config ({ck.config_file}) describes a {family} drafter; "
+            "pass the training's own draft config (--draft-config)"
+        )
     for name, t in sd.items():
         if not isinstance(t, torch.Tensor):
             raise CheckpointError(f"{f}: draft_state_dict['{name}'] is {type(t).__name__}, expected a tensor")

@@ -141,7 +141,7 @@ def checked(ck: Checkpoint, c: DrafterConfig, read: Callable[[torch.Tensor], tor
     want = shapes(c)
     w: dict[str, torch.Tensor | None] = {}
     legacy: dict[str, str] = {}  # current name -> the legacy name it was read from
-    for fname, raw_key, shape, get in tensors(ck):
+    for fname, raw_key, shape, get in tensors(ck, c.family):
         key = rename_legacy(raw_key)
         if key not in want:
             if key in COPIES or key.endswith("rotary_emb.inv_freq"):
