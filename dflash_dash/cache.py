@@ -111,14 +111,33 @@ def meta(root: str | Path, extraction: str, prompt_id: str) -> dict:
 READERS = 8  # files `read_many` reads at once (threads: a read and its checks release the GIL)
 
 
+def blocks(t: torch.Tensor, index: torch.Tensor | None, block: int) -> torch.Tensor:
+    """Columns of features `t` [T, K*H] kept by block: blocks `index` (on t's device) of `block` (H) values each, in
+    that order, as a new [T, len(index)*H] tensor (a gather: the values are copied bit for bit); `t` itself when
+    `index` is None."""
+    if index is None:
+        return t
+    return t.view(t.shape[0], -1, block).index_select(1, index).view(t.shape[0], -1)
+
+
 def read_many(
-    root: str | Path, extraction: str, wanted: list[tuple[str, int]], width: int, device: str = "cpu"
+    root: str | Path,
+    extraction: str,
+    wanted: list[tuple[str, int]],
+    width: int,
+    device: str = "cpu",
+    keep: list[int] | None = None,
+    block: int = 0,
 ) -> Iterator[torch.Tensor]:
     """`read` of each (prompt id, tokens) of `wanted`, yielded in order, READERS files at a time (at most 2*READERS
     read ahead of the consumer). On CUDA each file is read into a pinned staging buffer, checked there and copied to
     `device` without blocking the host; a buffer is reused once its copy is done, so reads, checks and copies of
-    several files overlap and the pass is copied once (no pageable copy, no pinned copy of all of it)."""
+    several files overlap and the pass is copied once (no pageable copy, no pinned copy of all of it).
+    `keep`: only these column blocks of `block` values each, in this order (`blocks`), selected where the file
+    lands (on CUDA on the device right after its upload, on the read's stream; on CPU after the read), so only the
+    kept columns stay held; None: every column, no copy."""
     cuda = str(device).startswith("cuda")
+    index = None if keep is None else torch.tensor(keep, dtype=torch.long, device=device)
     size = max((t * width for _, t in wanted), default=0)
     slots: queue.Queue = queue.Queue()
     for _ in range(READERS + 2 if cuda else 0):
@@ -126,7 +145,7 @@ def read_many(
 
     def one(pid: str, tokens: int) -> torch.Tensor:
         if not cuda:
-            return read(root, extraction, pid, tokens, width)
+            return blocks(read(root, extraction, pid, tokens, width), index, block)
         slot = slots.get()
         try:
             if slot[0] is None:
@@ -137,7 +156,7 @@ def read_many(
             dev = torch.empty(t.shape, dtype=t.dtype, device=device)
             dev.copy_(t, non_blocking=True)
             slot[1] = torch.cuda.current_stream(dev.device).record_event()
-            return dev
+            return blocks(dev, index, block)  # queued after the copy on the same stream; the full upload is freed
         finally:
             slots.put(slot)
 

@@ -5,7 +5,8 @@ to stderr; a user error exits with status 2 and a one-line message naming the pr
 never a traceback. Each operation's options are generated from its `ops` dataclass (`add_op_options`: flag,
 type, choices, default and help from each field and its comment) and turned back into one (`op_of`) that the
 pipeline handler takes, so the CLI, jobs and pages share one definition; `--gpus 0,1` (extract, replay, sweep) shards
-the prompts over one worker process per device (jobs.workers.pool), `--gpus cpu,cpu` over CPU workers.
+the prompts over one worker process per device (jobs.workers.pool), `--gpus cpu,cpu` over CPU workers; `extract
+--drafter A --drafter B` extracts the union of both drafters' layers (each replays on its own columns).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def cmd_extract(a, store):
     if a.extraction_id:
         store.extraction(a.extraction_id)  # must exist: a typo must not start a new extraction under that id
     op = op_of(ops.Extract, a)
-    op = replace(op, layers=pipeline.layers_of(op.drafter, op.layers), drafter=None)
+    op = replace(op, layers=pipeline.layers_of(op.drafter, op.layers), drafter=[])
     for i, dev in enumerate(dict.fromkeys(op.devices())):
         for w in orchestrate.check_extract(store, op.target, op.completions, op.layers, dev, op.dtype, a.extraction_id):
             if i == 0:  # the page asks to confirm; a script asked for it explicitly
@@ -345,14 +346,17 @@ def field_help() -> dict[str, dict[str, str]]:
 
 def add_op_options(s: argparse.ArgumentParser, cls: type[ops.Op], flags: dict[str, str] | None = None) -> None:
     """One option per field of operation `cls`: --field-name (or `flags[field]`), its type (int, float, a flag for
-    bools, text for the rest: lists like "1,16,31" are parsed by the op), its choices, its default, required when
-    it has none, its help the field's comment. The parsed value lands under the field's name (`op_of`)."""
+    bools, text for the rest: lists like "1,16,31" are parsed by the op; a field with metadata {"repeat": True} is
+    given once per value, e.g. --drafter A --drafter B), its choices, its default, required when it has none, its
+    help the field's comment. The parsed value lands under the field's name (`op_of`)."""
     helps, defaults = field_help()[cls.__name__], ops.defaults(cls)
     for f in fields(cls):
         kind = str(f.type).split(" | ")[0]
         kw: dict = {"dest": f.name, "help": helps.get(f.name, "").replace("%", "%%") or None}
         if kind == "bool":
             kw |= {"action": "store_true", "default": defaults[f.name]}
+        elif f.metadata.get("repeat"):  # given once per value (--drafter A --drafter B); none: the op's default
+            kw |= {"action": "append", "default": None}
         else:
             kw["type"] = {"int": int, "float": float}.get(kind, str)
             if f.name in CHOICES:

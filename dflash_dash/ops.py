@@ -64,6 +64,34 @@ def parse_layers(value) -> list[int] | None:
     return value or None
 
 
+def parse_paths(value, name: str = "drafter") -> list[str]:
+    """Checkpoint folders from one path (a job record written before the field was a list) or a list of paths;
+    [] for none. Paths are kept as given (a comma may be part of one)."""
+    if value in (None, ""):
+        return []
+    items = [value] if isinstance(value, str) else list(value)
+    if not all(isinstance(x, str) for x in items):
+        raise InputError(f"{name} {value!r}: expected checkpoint folders (paths), one per --{name}")
+    return [x.strip() for x in items if x.strip()]
+
+
+def missing_layers(have: list[int], need: list[int]) -> list[int]:
+    """The layer ids of `need` that `have` (an extraction's layers) lacks, in `need`'s order."""
+    held = set(have)
+    return [x for x in need if x not in held]
+
+
+def layer_blocks(have: list[int], need: list[int]) -> list[int] | None:
+    """Where each layer of `need` sits in `have` (features [T, K*H] hold K blocks of H values in `have`'s order):
+    None when `need` equals `have` (every column, in order: nothing to select), else the block index of each needed
+    layer in `need`'s order. Every layer of `need` must be in `have` (`missing_layers` first)."""
+    have, need = list(have), list(need)
+    if need == have:
+        return None
+    at = {x: i for i, x in enumerate(have)}
+    return [at[x] for x in need]
+
+
 def parse_gpus(value) -> list[str]:
     """Worker devices from "0,1" (CUDA indices), "cuda:0,cuda:1", "cpu,cpu" or a list of those; [] for none."""
     if value in (None, ""):
@@ -185,7 +213,9 @@ class Extract(Op):
     kind: ClassVar[str] = "extract"
     target: str  # Hugging Face causal LM folder
     completions: str  # completion set name
-    drafter: str | None = None  # checkpoint whose target_layer_ids are extracted (or give layers)
+    drafter: list[str] = field(default_factory=list, metadata={"repeat": True})  # checkpoint whose target_layer_ids
+    # are extracted; repeat it for several drafters (families tap different layers): the union of their layers,
+    # sorted, serves each of them (or give layers)
     layers: list[int] | None = None  # explicit target layer ids ("1,16,31" is accepted), instead of drafter
     device: str = "cpu"  # cpu or cuda[:N] (one process; see gpus)
     dtype: str = "float32"  # compute dtype of the target's forward
@@ -199,6 +229,7 @@ class Extract(Op):
         self._need("target", "the target model folder (a Hugging Face causal LM)")
         self._need("completions", "the completion set name")
         self.layers = parse_layers(self.layers)
+        self.drafter = parse_paths(self.drafter)
         if not self.layers and not self.drafter:
             raise InputError(
                 "layers: give a drafter checkpoint (its target_layer_ids are used) or layer ids like 1,16,31"

@@ -50,7 +50,7 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
             "extraction",
             ids,
             index=ids.index(default_ex) if default_ex in ids else len(ids) - 1,
-            format_func=lambda i: f"{i} · {by_id[i]['backend']} · {by_id[i]['set_name']}",
+            format_func=common.extraction_label(by_id),
         )
         budget = c2.number_input("DDTree budget", 0, 256, 8)
         device = c3.text_input("device", "cpu")

@@ -390,6 +390,17 @@ def family(run: dict) -> str:
     return (run.get("summary") or {}).get("family", "DFlash")
 
 
+def extraction_label(by_id: dict[str, dict]):
+    """An extraction selectbox's label: id, backend, completion set and the target layers it holds (a drafter
+    replays on any extraction holding its layers)."""
+
+    def f(i: str) -> str:
+        e = by_id[i]
+        return f"{i} · {e['backend']} · {e['set_name']} · layers {','.join(map(str, e['layer_ids'] or []))}"
+
+    return f
+
+
 def run_label(runs_by_id: dict[str, dict]):
     def f(rid: str) -> str:
         r = runs_by_id.get(rid, {})

@@ -201,7 +201,7 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
             ids,
             index=len(ids) - 1,
             key="sweep_ex",
-            format_func=lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']}",
+            format_func=common.extraction_label(by),
         )
         how = common.checkpoint_inputs("sweep")
         if st.button("Start sweep", type="primary", disabled=not folder.strip()):

@@ -108,7 +108,7 @@ def consistency_block(ws: str, stamp: str) -> None:
         "ex",
         "diag_ex",
         default=(with_runs or ids)[-1],
-        format_func=lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']}",
+        format_func=common.extraction_label(by),
     )
     if not ck.strip():
         st.info("Give a checkpoint folder to check it against the extraction and its target.")
@@ -151,7 +151,7 @@ def sliding_block(ws: str, stamp: str) -> None:
         ids,
         index=ids.index(with_runs[-1]) if with_runs else len(ids) - 1,
         key="slide_ex",
-        format_func=lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']}",
+        format_func=common.extraction_label(by),
     )
     if not ck.strip():
         st.info("No replayed drafter with sliding layers yet: give a checkpoint folder to check it.")

@@ -1,9 +1,10 @@
 """Extraction: target hidden states for a completion set, as a job with the GPU orchestration shown before
 it runs (memory-release API, the configured stop/start commands, or none); GPU memory per device; every
 existing extraction with its backend and a Re-extract button that asks for device and dtype (this machine's by
-default). Both forms check before a job starts (jobs.orchestrate.check_extract, as `extract` on the CLI): a device
-the machine lacks is refused, a duplicate of an existing extraction needs a tick. URL: extraction (a form, no
-selection)."""
+default). The new-extraction form takes several drafter checkpoints (one a line): the extraction holds the union
+of their layers and serves each of them. Both forms check before a job starts (jobs.orchestrate.check_extract, as
+`extract` on the CLI): a device the machine lacks is refused, a duplicate of an existing extraction (one holding
+the layers asked for) needs a tick. URL: extraction (a form, no selection)."""
 
 from __future__ import annotations
 
@@ -178,7 +179,13 @@ def main() -> None:
                 "completion set", names, index=names.index(last["set_name"]) if last.get("set_name") in names else 0
             )
             c3, c4 = st.columns(2)
-            drafter = c3.text_input("layers from a drafter checkpoint (its target_layer_ids)", "")
+            drafter = c3.text_area(
+                "layers from drafter checkpoints (their target_layer_ids)",
+                "",
+                key="extract_drafters",
+                help="one checkpoint folder per line; several drafters (DFlash, DSpark, DFlash2 tap different "
+                "layers) get one extraction holding the union of their layers, and each replays on its own",
+            )
             layers = c4.text_input(
                 "…or explicit layer ids",
                 value=",".join(map(str, last.get("layer_ids") or [])),
@@ -215,7 +222,7 @@ def main() -> None:
                     "orchestrate": orch,
                 }
                 if drafter.strip():
-                    args["drafter"] = drafter.strip()
+                    args["drafter"] = drafter.splitlines()  # ops.parse_paths: one folder a line, blanks dropped
                 else:
                     args["layers"] = pipeline.layers_of(None, layers.strip())
                 try:

@@ -2,31 +2,48 @@
 target, and how do a checkpoint's sliding-window layers fare with each mask semantics inside the block.
 
 Contract: `consistency` applies the drafter's rules (`drafters.checks`) to a parsed config, an extraction row and
-the target's description and returns one row per rule (problem text where it fails); `sliding_rows` and
-`sliding_checkpoints` read run rows only. The drafter and target modules import torch: they are imported on
-first use, so importing this module stays light.
+the target's description and returns one row per rule (problem text where it fails; an extraction holding more
+layers than the drafter reads is consistent); `sliding_rows` and `sliding_checkpoints` read run rows only. The
+drafter and target modules import torch: they are imported on first use, so importing this module stays light.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from . import rounded
 
 
 def consistency(cfg, extraction: dict, info) -> list[dict]:
     """Drafter config (DrafterConfig) vs an extraction row and its target (TargetInfo): one row per rule of
-    drafters.checks, with the problem and fix where a rule fails."""
-    from .. import drafters
+    drafters.checks, with the problem and fix where a rule fails. The target layer ids hold when the extraction
+    holds every layer the drafter reads (it may hold more: several drafters' union; the replay reads the drafter's
+    own columns), so the rules see the extraction as the drafter reads it; the row shows every layer it holds."""
+    from .. import drafters, ops
 
-    return [
-        {
-            "check": k.name,
-            "drafter": str(k.drafter),
-            "extraction / target": str(k.other),
-            "ok": "✓" if k.ok else "✗",
-            "problem": "" if k.ok else k.problem,
-        }
-        for k in drafters.checks(cfg, info.hidden_size, info.vocab_size, info.num_layers, extraction)
-    ]
+    have, need = list(extraction["layer_ids"]), list(cfg.target_layer_ids)
+    lack = ops.missing_layers(have, need)
+    seen = extraction if lack else extraction | {"layer_ids": need}
+    rows = []
+    for k in drafters.checks(cfg, info.hidden_size, info.vocab_size, info.num_layers, seen):
+        problem = k.problem
+        if k.name == "target layer ids":
+            problem = (
+                f"the drafter reads target layers {need} but extraction {extraction.get('id')} holds layers {have} "
+                f"(missing {lack}); extract its set again with --drafter pointing at this checkpoint (repeat "
+                "--drafter for every drafter one extraction should serve) or --layers naming all of them"
+            )
+            k = replace(k, other=have)
+        rows.append(
+            {
+                "check": k.name,
+                "drafter": str(k.drafter),
+                "extraction / target": str(k.other),
+                "ok": "✓" if k.ok else "✗",
+                "problem": "" if k.ok else problem,
+            }
+        )
+    return rows
 
 
 def backend_matters(target_path: str) -> bool:

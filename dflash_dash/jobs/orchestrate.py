@@ -48,7 +48,7 @@ def run_extract(store: Store, op: ops.Extract, rep: Reporter) -> dict:
     if not store.completion_ids(op.completions):
         raise ops.InputError(f"no completions in set {op.completions!r}; fetch or import them first")
     ex_id = op.extraction_id or new_id("ex")
-    op = replace(op, target=info.path, layers=layers, drafter=None, extraction_id=ex_id)
+    op = replace(op, target=info.path, layers=layers, drafter=[], extraction_id=ex_id)
     rep.result({"extraction": ex_id})  # known from the start, so a rerun resumes it
     known = {e["id"]: e["status"] for e in store.extractions()}
     if known.get(ex_id) not in (None, "done"):
@@ -247,7 +247,8 @@ def check_extract(
     CLI both call this, so both say the same): raises ops.InputError naming the field and the fix for a
     device this machine lacks (`cuda` without a CUDA GPU) or an unknown dtype. Returns one warning per existing
     extraction (done or running, `resume` excepted) the new one would duplicate: same completion set, target,
-    layers, device (so backend) and dtype."""
+    device (so backend) and dtype, holding every one of `layers` (a drafter replays on any extraction holding its
+    layers, so a superset serves it too)."""
     ops.check_dtype(dtype)
     ops.check_device(device.strip())
     dev = gpu.normalize(device.strip())
@@ -267,14 +268,15 @@ def check_extract(
         and e["status"] in ("done", "running")
         and e["set_name"] == set_name
         and e["target_path"] == path
-        and list(e["layer_ids"] or []) == list(layers)
+        and not ops.missing_layers(list(e["layer_ids"] or []), list(layers))
         and gpu.normalize(e["device"]) == dev
         and e["dtype"] == dtype
     ]
     return [
         f"extraction {e['id']} ({e['status']}, backend {e['backend']}) already holds set {set_name!r} from this "
-        f"target at layers {','.join(map(str, layers))} on {e['device']} in {e['dtype']}: a new one would "
-        "duplicate it"
+        f"target at layers {','.join(map(str, e['layer_ids']))} on {e['device']} in {e['dtype']}: a new one at "
+        f"layers {','.join(map(str, layers))} would duplicate it"
+        + ("" if list(e["layer_ids"]) == list(layers) else " (each drafter replays on its own layers of it)")
         for e in same
     ]
 

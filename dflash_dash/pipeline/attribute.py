@@ -2,7 +2,8 @@
 
 Contract: `attribute(store, op)` (an `ops.Attribute`) replays the run's own drafter on its own extraction, once as
 it is and once per tap ablated, chain-only (whose tau equals every-anchor's), and stores the rows with the run.
-The features are restored after each ablation, so the sequences read once serve every replay.
+The features are restored after each ablation, so the sequences read once serve every replay. The taps are the
+drafter's own target layers (its columns of an extraction that may hold more).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from .. import drafters as drafter_mod, ops
 from ..ops import InputError
 from ..store import Store
 from .base import DTYPES, Progress, Runner, tick
-from .replay import load_sequences
+from .replay import columns, load_sequences
 
 if TYPE_CHECKING:
     import torch
@@ -51,17 +52,14 @@ def attribute(store: Store, op: ops.Attribute, progress: Progress = None, runner
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {device}: no CUDA device on this machine; use --device cpu")
-    layers, H = ex["layer_ids"], ex["hidden_size"]
-    K = len(layers)
-    tick(progress, 0, K + 1, f"loading drafter {r['checkpoint']}")
+    H = ex["hidden_size"]
+    tick(progress, 0, 1, f"loading drafter {r['checkpoint']}")
     d = drafter_mod.load(r["checkpoint"], DTYPES[dtype], device, r.get("sliding_block"), r.get("config_file"))
-    if d.c.target_layer_ids != layers:
-        raise InputError(
-            f"the checkpoint at {r['checkpoint']} now reads target layers {d.c.target_layer_ids} but "
-            f"extraction {ex['id']} holds {layers}; the checkpoint changed since run {r['id']}"
-        )
+    layers = list(d.c.target_layer_ids)  # its taps: its own columns of the extraction, which may hold more layers
+    K = len(layers)
+    columns(store, ex, layers, f"the checkpoint at {r['checkpoint']} (changed since run {r['id']}?)")
     head = target_mod.load_head(ex["target_path"], device, DTYPES[dtype])
-    seqs = load_sequences(store, ex)
+    seqs = load_sequences(store, ex, layers)
     mean = tap_means(seqs)
     n = len(seqs)
 

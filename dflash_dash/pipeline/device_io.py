@@ -1,10 +1,12 @@
 """Device I/O of a replay worker: passes of features sized to memory, checkpoints loaded on a loader thread and
-uploaded through pinned staging chunks on a CUDA side stream, and the worker loop that overlaps them with replay.
+uploaded through pinned staging chunks on a CUDA side stream, and the worker loop that overlaps them with replay;
+each checkpoint replays on the columns of its own target layers (an extraction may hold several drafters' union).
 
 Contract: `replay_work(store, spec, ids, progress)` (given an `ops.ReplayWork`) yields {"checkpoint": index,
 "result": metrics.Prompt} per checkpoint and prompt, with the same results on every device and schedule: the
 overlap (loader thread pool, side stream, pinned chunks) only changes when bytes move, never which. `passes`,
-`fetch_checkpoint`, `upload_weights` and `adopt` are its parts; benchmarks time them one by one.
+`read_layers`, `own_columns`, `fetch_checkpoint`, `upload_weights` and `adopt` are its parts; benchmarks time them
+one by one.
 """
 
 from __future__ import annotations
@@ -12,22 +14,24 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from .. import drafters as drafter_mod, ops
 from ..store import Store
 from .base import DTYPES, Progress, tick
-from .replay import iter_sequences
+from .replay import columns, iter_sequences
 
 PASS_GIB = 32.0  # features held at once by a replay's worker (GiB, 2 bytes a value): a pass, read once
 PASS_FREE = 0.4  # on CUDA also at most this share of the device's free memory (the drafter and the replay's
 # work need the rest)
 
 
-def passes(store: Store, ex: dict, ids: list[str], device: str) -> list[list[str]]:
+def passes(store: Store, ex: dict, ids: list[str], device: str, blocks: int | None = None) -> list[list[str]]:
     """`ids` (in set order) cut into passes of at most PASS_GIB of features each, on CUDA at most PASS_FREE of the
-    free device memory (at least one prompt a pass)."""
+    free device memory (at least one prompt a pass). `blocks`: layer blocks of H values held per token (the columns
+    read plus a checkpoint's selection of them, `read_layers`); None: the extraction's layer count."""
     tokens = {it["prompt_id"]: it["tokens"] for it in store.items(ex["id"])}
-    width, cap = len(ex["layer_ids"]) * ex["hidden_size"] * 2, PASS_GIB * 2**30
+    width, cap = (blocks or len(ex["layer_ids"])) * ex["hidden_size"] * 2, PASS_GIB * 2**30
     if device.startswith("cuda"):
         import torch
 
@@ -98,11 +102,39 @@ def adopt(d: drafter_mod.Drafter) -> drafter_mod.Drafter:
     return d
 
 
+def read_layers(ex: dict, needs: list[list[int]]) -> list[int]:
+    """The layers a worker reads of extraction `ex` for checkpoints reading `needs`: their one list when they all
+    read the same (each then replays on the read features as they are), else every layer any of them reads, in
+    the extraction's order (each checkpoint then gathers its own from them: `own_columns`)."""
+    if all(n == needs[0] for n in needs):
+        return list(needs[0])
+    wanted = {x for n in needs for x in n}
+    return [x for x in ex["layer_ids"] if x in wanted]
+
+
+def own_columns(seqs: list, read: list[int], need: list[int], H: int) -> list:
+    """Sequences `seqs` (features of layers `read`) with the features of layers `need` in that order: `seqs` itself
+    when `need` is `read`, else a gather of the needed H-blocks on the features' device (`cache.blocks`)."""
+    import torch
+
+    from .. import cache
+
+    at = ops.layer_blocks(read, need)
+    if at is None:
+        return seqs
+    index = torch.tensor(at, dtype=torch.long, device=seqs[0].features.device) if seqs else None
+    return [replace(s, features=cache.blocks(s.features, index, H)) for s in seqs]
+
+
 def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progress) -> Iterator[dict]:
     """Replay prompts `ids` of extraction a.extraction with every checkpoint of a.checkpoints on
     a.device: yields {"checkpoint": index, "result": metrics.Prompt}.
 
-    Every checkpoint is checked (config, tensor names and shapes: `drafter.check`) before any replay. The
+    Every checkpoint is checked (config, tensor names and shapes: `drafter.check`; its target layers held by the
+    extraction: `replay.columns`) before any replay. Each replays on its own layers' columns: the pass reads the
+    columns the checkpoints need (`read_layers`: when they all read the same layers, just those, gathered as each
+    file lands, and nothing when those are the extraction's own), and a checkpoint whose layers differ from the
+    columns read gathers its own on the device (`own_columns`). The
     prompts are read in passes (`passes`: each feature file once, a pass's features on the device); each
     checkpoint replays a whole pass before the next one, while a loader thread loads the next checkpoint onto the
     device on a side stream (`fetch_checkpoint`; the first one, and the target's head, while the features are read; on
@@ -118,10 +150,14 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
     device, dtype, budget = a.device, DTYPES[a.dtype], a.tree_budget
     cks = list(a.checkpoints)
     n, total, done = len(ids), len(ids) * len(cks), 0
+    needs = []
     for i, ck in enumerate(cks):
         tick(progress, 0, total, f"checking drafter {i + 1}/{len(cks)}: {ck.path}")
-        drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config)
-    parts = passes(store, ex, ids, device)
+        needs.append(list(drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config).target_layer_ids))
+        columns(store, ex, needs[-1], f"drafter {ck.path}")  # a layer the extraction lacks: refused before any work
+    read, H = read_layers(ex, needs), ex["hidden_size"]
+    gathered = max((len(n) for n in needs if n != read), default=0)  # a checkpoint's own copy beside the pass
+    parts = passes(store, ex, ids, device, len(read) + gathered)
     order = [(k, j) for k in range(len(parts)) for j in range(len(cks))]  # (pass, checkpoint), in replay order
     side = torch.cuda.Stream(torch.device(device)) if device.startswith("cuda") else None
     with ThreadPoolExecutor(3) as loader:  # the target's head, one checkpoint at a time, the fused kernels' imports
@@ -136,7 +172,9 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
                 t0 = (
                     time.perf_counter()
                 )  # one read per pass, on CUDA straight to the device, shared by every checkpoint
-                seqs = [s for batch in iter_sequences(store, ex, only=set(part), device=device) for s in batch]
+                seqs = [
+                    s for batch in iter_sequences(store, ex, only=set(part), device=device, layers=read) for s in batch
+                ]
                 tick(
                     progress,
                     done,
@@ -162,12 +200,13 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
                     + (f" of this pass ({len(part)} of {n})" if len(part) < n else ""),
                 )
 
+            own = own_columns(seqs, read, needs[j], H)  # this checkpoint's layers: `seqs` itself unless they differ
             res = (
-                replay_mod.chain_only_results(d, head, seqs, budget, progress=replayed)
+                replay_mod.chain_only_results(d, head, own, budget, progress=replayed)
                 if a.anchors == "chain"
-                else replay_mod.every_anchor_results(d, head, seqs, budget, a.chunk, progress=replayed)
+                else replay_mod.every_anchor_results(d, head, own, budget, a.chunk, progress=replayed)
             )
-            del d  # its memory goes to the next checkpoint
+            del d, own  # their memory goes to the next checkpoint
             tick(
                 progress,
                 done + len(seqs),

@@ -1,9 +1,11 @@
-"""Extraction: the target's hidden states at the drafter's layers for every completion of a set, as feature files.
+"""Extraction: the target's hidden states at the drafters' layers for every completion of a set, as feature files.
 
-Contract: `extract(store, op)` validates (target, layers, completions), then runs the per-prompt part
-(`extract_work`, given an `ops.ExtractWork`) here or through a runner (one worker process per GPU); this process
-alone writes the store: the record once the first worker reports the kernel backend it bound, then each item as
-its feature file is written. Resumable: an existing extraction keeps its items, only the missing prompts run.
+Contract: `layers_of` names the layers: explicit ids, one drafter's, or the union of several drafters' (one
+extraction serves every drafter family whose layers it holds). `extract(store, op)` validates (target, layers,
+completions), then runs the per-prompt part (`extract_work`, given an `ops.ExtractWork`) here or through a runner
+(one worker process per GPU); this process alone writes the store: the record once the first worker reports the
+kernel backend it bound, then each item as its feature file is written. Resumable: an existing extraction keeps its
+items, only the missing prompts run.
 """
 
 from __future__ import annotations
@@ -16,23 +18,29 @@ from ..store import Store, StoreError, new_id
 from .base import DTYPES, Progress, Runner, features_root, here, tick
 
 
-def layers_of(drafter: str | None, layers: str | list[int] | None) -> list[int]:
-    """Layer ids from an explicit '1,16,31' list (ops.parse_layers), else a drafter checkpoint's."""
+def layers_of(drafter: str | list[str] | None, layers: str | list[int] | None) -> list[int]:
+    """Layer ids from an explicit '1,16,31' list (ops.parse_layers), else the drafter checkpoints': one drafter's
+    target_layer_ids as it lists them (its replay then reads every column in place), several drafters' union,
+    sorted and deduplicated (each replays on its own columns of it: `ops.layer_blocks`)."""
     layers = ops.parse_layers(layers)
     if layers:
         return layers
-    if drafter:
-        return drafter_mod.read_config(drafter).target_layer_ids
-    raise InputError("give --drafter CKPT (its layer ids are used) or --layers 1,16,31")
+    paths = ops.parse_paths(drafter)
+    if len(paths) == 1:
+        return list(drafter_mod.read_config(paths[0]).target_layer_ids)
+    if paths:
+        return sorted({x for p in paths for x in drafter_mod.read_config(p).target_layer_ids})
+    raise InputError("give --drafter CKPT (its layer ids are used; repeat it for several drafters) or --layers 1,16,31")
 
 
 def extract(store: Store, op: ops.Extract, progress: Progress = None, runner: Runner | None = None) -> str:
-    """Extract features of every completion of `op.completions` at `op.layers` (or the layers `op.drafter` reads)
-    on `op`'s first device (its GPUs through `runner`); resumes `op.extraction_id` when it exists (its items are
-    kept, only the missing prompts are extracted), else creates the extraction under that id (a job records its
-    id before starting). The per-prompt work (`work`, kind "extract") runs here, or through `runner` (one worker
-    process per GPU, each with its own `device`); either way this process alone writes the store: the record
-    when the first worker reports the backend it bound, then each item as its feature file is written."""
+    """Extract features of every completion of `op.completions` at `op.layers` (or the layers the drafters of
+    `op.drafter` read: `layers_of`) on `op`'s first device (its GPUs through `runner`); resumes `op.extraction_id`
+    when it exists (its items are kept, only the missing prompts are extracted), else creates the extraction under
+    that id (a job records its id before starting). The per-prompt work (`work`, kind "extract") runs here, or
+    through `runner` (one worker process per GPU, each with its own `device`); either way this process alone writes
+    the store: the record when the first worker reports the backend it bound, then each item as its feature file is
+    written."""
     set_name, layer_ids, device, dtype = op.completions, layers_of(op.drafter, op.layers), op.devices()[0], op.dtype
     extraction_id = op.extraction_id
 

@@ -4,11 +4,15 @@ Contract: `replay(store, op)`, `sweep(store, op)` and `sliding_check(store, op)`
 all three go through `replay_many`, which validates every checkpoint (config, target) before any replay, runs
 the per-prompt part (`device_io.replay_work`, given an `ops.ReplayWork`) here or through a runner, and stores
 each checkpoint's run (`store_run`: summary, per-prompt rows, kept analyses) as soon as its results are all in.
+A drafter replays on any extraction holding its target layers (an extraction of several drafters' union): it reads
+its own columns (`columns`, `iter_sequences`' layers), and one needing a layer the extraction lacks is refused
+before any work (`LayersMissing`: the layers needed, the layers held, the extract command that adds them).
 Replay never touches the network; the math lives in replay/drafter/metrics, the SQL in store.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -28,17 +32,25 @@ SEQ_BATCH = 64  # sequences read from the cache at a time (`iter_sequences`)
 
 
 def iter_sequences(
-    store: Store, extraction: dict, batch: int = SEQ_BATCH, only: set[str] | None = None, device: str = "cpu"
+    store: Store,
+    extraction: dict,
+    batch: int = SEQ_BATCH,
+    only: set[str] | None = None,
+    device: str = "cpu",
+    layers: list[int] | None = None,
 ) -> Iterator[list[replay_mod.Sequence]]:
     """Batches of token ids from the store plus validated features from the cache (no network), in set order
     (`only`: just these prompt ids); each feature file is read once (`cache.read_many`: several at a time, on CUDA
-    straight to `device`), its batch yielded once all of it is read."""
+    straight to `device`), its batch yielded once all of it is read. `layers`: the features of just these layers of
+    the extraction, in this order (a drafter's target_layer_ids: its columns, selected as each file lands,
+    `cache.read_many`'s keep); None, or the extraction's own layers: every column as stored, no copy."""
     import torch
 
     from .. import cache, replay as replay_mod
 
     comps = {r["prompt_id"]: r for r in store.completions(extraction["set_name"])}
     width = len(extraction["layer_ids"]) * extraction["hidden_size"]
+    keep = None if layers is None else columns(store, extraction, layers, "the replay")
     items = sorted(
         (it for it in store.items(extraction["id"]) if only is None or it["prompt_id"] in only),
         key=lambda r: comps[r["prompt_id"]]["idx"],
@@ -54,7 +66,13 @@ def iter_sequences(
             )
         todo.append((c, tokens))
     feats = cache.read_many(
-        features_root(store), extraction["id"], [(c["prompt_id"], len(t)) for c, t in todo], width, device
+        features_root(store),
+        extraction["id"],
+        [(c["prompt_id"], len(t)) for c, t in todo],
+        width,
+        device,
+        keep,
+        extraction["hidden_size"],
     )
     for b0 in range(0, len(todo), batch):
         yield [
@@ -62,14 +80,49 @@ def iter_sequences(
         ]
 
 
-def load_sequences(store: Store, extraction: dict) -> list[replay_mod.Sequence]:
-    """Every sequence of an extraction (see `iter_sequences`)."""
-    return [s for batch in iter_sequences(store, extraction) for s in batch]
+def load_sequences(store: Store, extraction: dict, layers: list[int] | None = None) -> list[replay_mod.Sequence]:
+    """Every sequence of an extraction, with the features of `layers` (see `iter_sequences`)."""
+    return [s for batch in iter_sequences(store, extraction, layers=layers) for s in batch]
 
 
-def check_drafter(cfg: drafter_mod.DrafterConfig, extraction: dict, info: target_mod.TargetInfo) -> None:
-    """Refuse a drafter that cannot replay on this extraction (drafter.checks, the one rule list)."""
-    drafter_mod.check_target(cfg, info.hidden_size, info.vocab_size, info.num_layers, extraction)
+def columns(store: Store, extraction: dict, need: list[int], who: str) -> list[int] | None:
+    """The blocks of `extraction`'s features that a drafter reading target layers `need` replays on
+    (`ops.layer_blocks`: None when they are the extraction's layers in its order, so nothing is copied). A drafter
+    needing a layer the extraction lacks is refused with `LayersMissing` (`who` names it)."""
+    have = list(extraction["layer_ids"])
+    lack = ops.missing_layers(have, need)
+    if lack:
+        raise LayersMissing(store, extraction, need, lack, who)
+    return ops.layer_blocks(have, need)
+
+
+class LayersMissing(InputError):
+    """A drafter reads target layers an extraction does not hold: the message names the layers it needs, the ones
+    the extraction has, and the extract command that makes an extraction holding both."""
+
+    def __init__(self, store: Store, extraction: dict, need: list[int], lack: list[int], who: str):
+        have = list(extraction["layer_ids"])
+        both = ",".join(map(str, sorted(set(have) | set(need))))
+        cmd = (
+            f"python -m dflash_dash --workspace {shlex.quote(str(store.workspace))} extract --target "
+            f"{shlex.quote(str(extraction['target_path']))} --completions {shlex.quote(extraction['set_name'])} "
+            f"--layers {both}"
+        )
+        super().__init__(
+            f"{who} reads target layers {list(need)} but extraction {extraction['id']} holds layers {have} "
+            f"(missing {lack}); extract an extraction holding both: {cmd} (or --drafter CKPT once per drafter "
+            "it must serve), then replay on it"
+        )
+
+
+def check_drafter(
+    cfg: drafter_mod.DrafterConfig, extraction: dict, info: target_mod.TargetInfo, store: Store, who: str
+) -> None:
+    """Refuse a drafter that cannot replay on this extraction: layers the extraction lacks (`columns`), then
+    drafter.checks, the one rule list, on the extraction as the drafter reads it (its own layers' columns)."""
+    columns(store, extraction, cfg.target_layer_ids, who)
+    seen = extraction | {"layer_ids": list(cfg.target_layer_ids)}
+    drafter_mod.check_target(cfg, info.hidden_size, info.vocab_size, info.num_layers, seen)
 
 
 def replay(store: Store, op: ops.Replay, progress: Progress = None, runner: Runner | None = None) -> dict:
@@ -112,7 +165,7 @@ def replay_many(
     for ck in checkpoints:  # configs checked here; tensors when the work loads them, before any replay
         loc = drafter_mod.locate(ck.path, ck.draft_config)
         cfg = drafter_mod.config_of(loc)
-        check_drafter(cfg, ex, info)
+        check_drafter(cfg, ex, info, store, f"drafter {loc.path}")
         plan.append((ck, loc, cfg, drafter_mod.sliding_semantics(cfg, ck.sliding_block)))
     comps = {c["prompt_id"]: c for c in store.completions(ex["set_name"])}  # read once: every store step needs them
     ids = sorted((it["prompt_id"] for it in store.items(ex["id"])), key=lambda i: comps[i]["idx"])
