@@ -259,3 +259,29 @@ def test_an_extraction_holding_the_layers_is_a_duplicate(union):
     assert any(w.startswith(f"extraction {union.union} ") and "at layers 1,2,4,6" in w for w in warns)
     warns = orchestrate.check_extract(st, ex["target_path"], "s", [0, 1], ex["device"], ex["dtype"])
     assert warns == []  # layer 0 is in none of them
+
+
+# ---------------------------------------------------------------------------
+# the dashboard's extract form
+
+
+def test_extract_form_takes_several_drafters_and_extracts_their_union(prepared, workspace_copy, monkeypatch):
+    from apptest import app, by_label, clean
+    from waiting import wait_job
+
+    from tools import tiny
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # this machine's defaults: cpu, float32
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # inherited by the job process (2 shared cores)
+    other = tiny.write_drafter(workspace_copy.parent / "other", tiny.TinyDrafter(target_layer_ids=[5, 2]))
+    at = app(workspace_copy, monkeypatch, "extraction")
+    clean(at)
+    at.text_area(key="extract_drafters").input(f"{prepared.drafters[0]}\n\n{other}\n")  # sent with the form
+    by_label(at.button, "Extract").click().run()
+    assert not [w.value for w in at.warning if "duplicate" in w.value]  # no extraction holds 2 and 5
+    clean(at)
+    job = wait_job(workspace_copy, "extract")
+    assert job["status"] == "done", job
+    assert job["args"]["drafter"] == [str(prepared.drafters[0]), str(other)]  # one folder a line, blanks dropped
+    ex = Store(workspace_copy).extraction(job["result"]["extraction"])
+    assert ex["layer_ids"] == [1, 2, 4, 5] and ex["status"] == "done"

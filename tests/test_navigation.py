@@ -106,12 +106,12 @@ def test_duplicates_are_named(prepared):
     assert len(warns) == 1 and warns[0].startswith(f"extraction {ex['id']} (done, backend {ex['backend']})")
     other = "bfloat16" if ex["dtype"] == "float32" else "float32"
     assert orchestrate.check_extract(*args, ex["device"], other) == []
-    assert (
-        orchestrate.check_extract(
-            st, ex["target_path"], ex["set_name"], ex["layer_ids"][:-1], ex["device"], ex["dtype"]
-        )
-        == []
+    sub = orchestrate.check_extract(
+        st, ex["target_path"], ex["set_name"], ex["layer_ids"][:-1], ex["device"], ex["dtype"]
     )
+    assert len(sub) == 1 and "would duplicate it (each drafter replays on its own layers of it)" in sub[0]
+    absent = [max(ex["layer_ids"]) + 1]  # a layer it does not hold
+    assert orchestrate.check_extract(st, ex["target_path"], ex["set_name"], absent, ex["device"], ex["dtype"]) == []
     assert (
         orchestrate.check_extract(*args, ex["device"], ex["dtype"], resume=ex["id"]) == []
     )  # resuming it is no duplicate
