@@ -1,7 +1,8 @@
 """Backend parity: how far two extractions of the same completions differ, per target layer.
 
 Contract: reads both extractions' feature files through `cache.read` (validated) and compares them on the
-prompts they share, layer by layer (features are K layers of H values concatenated per token):
+prompts and the target layers they share (an extraction of several drafters' union against one of a single
+drafter's layers compares those), layer by layer (features are K layers of H values concatenated per token):
 - relative L2 = ||A - B|| / ||B|| over all shared tokens (B is the reference, normally the fla extraction);
 - cosine = mean over tokens of cos(A_t, B_t).
 No network, no model; raises StoreError/CacheError/ValueError with a message naming the fix.
@@ -11,19 +12,20 @@ from __future__ import annotations
 
 import torch
 
-from . import cache
+from . import cache, ops
 from .pipeline import features_root
 from .store import Store, StoreError
 
 
 def compare(store: Store, a_id: str, b_id: str, max_prompts: int | None = None) -> dict:
-    """Per-layer relative L2 and cosine of extraction A against reference B. Returns
+    """Per-layer relative L2 and cosine of extraction A against reference B, over the layers both hold. Returns
     {"layers": [{"layer", "rel_l2", "cosine", "max_abs"}], "prompts": n, "tokens": n, "a": row, "b": row}."""
     a, b = store.extraction(a_id), store.extraction(b_id)
-    if a["layer_ids"] != b["layer_ids"] or a["hidden_size"] != b["hidden_size"]:
+    layer_ids = [x for x in a["layer_ids"] if x in set(b["layer_ids"])]  # the layers both hold, in A's order
+    if not layer_ids or a["hidden_size"] != b["hidden_size"]:
         raise ValueError(
             f"extractions {a['id']} (layers {a['layer_ids']}) and {b['id']} (layers {b['layer_ids']}) "
-            "hold different layers; extract both with the same drafter or --layers"
+            "hold different layers, none in common; extract both with the same drafter or --layers"
         )
     if a["set_name"] != b["set_name"]:
         raise ValueError(
@@ -37,7 +39,9 @@ def compare(store: Store, a_id: str, b_id: str, max_prompts: int | None = None) 
         raise StoreError(f"extractions {a['id']} and {b['id']} share no extracted prompt")
     if max_prompts:
         shared = shared[:max_prompts]
-    K, H = len(a["layer_ids"]), a["hidden_size"]
+    K, H = len(layer_ids), a["hidden_size"]
+    ka, kb = (ops.layer_blocks(e["layer_ids"], layer_ids) for e in (a, b))  # None: every block, as stored
+    ka, kb = (None if k is None else torch.tensor(k) for k in (ka, kb))
     diff2 = torch.zeros(K, dtype=torch.float64)
     ref2 = torch.zeros(K, dtype=torch.float64)
     cos_sum = torch.zeros(K, dtype=torch.float64)
@@ -45,8 +49,10 @@ def compare(store: Store, a_id: str, b_id: str, max_prompts: int | None = None) 
     n_tok = 0
     root = features_root(store)
     for pid in shared:
-        fa = cache.read(root, a["id"], pid, ia[pid], K * H).double().view(-1, K, H)  # [T, K, H]
-        fb = cache.read(root, b["id"], pid, ib[pid], K * H).double().view(-1, K, H)
+        fa = cache.read(root, a["id"], pid, ia[pid], len(a["layer_ids"]) * H)
+        fb = cache.read(root, b["id"], pid, ib[pid], len(b["layer_ids"]) * H)
+        fa = cache.blocks(fa, ka, H).double().view(-1, K, H)  # [T, K, H] of the shared layers
+        fb = cache.blocks(fb, kb, H).double().view(-1, K, H)
         d = fa - fb
         diff2 += d.pow(2).sum((0, 2))
         ref2 += fb.pow(2).sum((0, 2))
@@ -56,7 +62,6 @@ def compare(store: Store, a_id: str, b_id: str, max_prompts: int | None = None) 
     rel = (diff2.sqrt() / ref2.sqrt().clamp_min(1e-30)).tolist()
     cos = (cos_sum / n_tok).tolist()
     layers = [
-        {"layer": l, "rel_l2": rel[k], "cosine": cos[k], "max_abs": float(max_abs[k])}
-        for k, l in enumerate(a["layer_ids"])
+        {"layer": l, "rel_l2": rel[k], "cosine": cos[k], "max_abs": float(max_abs[k])} for k, l in enumerate(layer_ids)
     ]
     return {"layers": layers, "prompts": len(shared), "tokens": n_tok, "a": a, "b": b}

@@ -204,6 +204,17 @@ def test_attribution_on_the_union_ablates_the_drafters_own_taps(union):
     assert a["taps"] == b["taps"] and a["base_tau_macro"] == b["base_tau_macro"]
 
 
+def test_parity_compares_the_layers_both_extractions_hold(union):
+    from dflash_dash import parity
+
+    st = Store(union.ws)
+    out = parity.compare(st, union.union, union.own["c"])  # layers [1, 2, 4, 6] against [4, 1]
+    assert [r["layer"] for r in out["layers"]] == [1, 4] and out["prompts"] == 3
+    assert all(r["rel_l2"] == 0.0 and r["max_abs"] == 0.0 for r in out["layers"])  # the same states, bit for bit
+    with pytest.raises(ValueError, match=r"\[4, 1\].*\[2, 6\].*none in common"):
+        parity.compare(st, union.own["c"], union.own["b"])
+
+
 # ---------------------------------------------------------------------------
 # refused before any work
 
