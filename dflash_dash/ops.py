@@ -4,8 +4,12 @@ Contract:
 - One class per operation (`Fetch`, `Extract`, `Replay`, `Sweep`, `SlidingCheck`, `Attribute`, `Demo`); `kind`
   is its job kind. Each field carries its default and a comment (the CLI's help text); `__post_init__`
   validates (and normalises: "1,16,31" layers, "0,1" GPUs) and raises `InputError`, the UserError of bad input
-  naming the field and the fix. dtype, device, layers and GPUs are checked here only (`check_dtype`,
-  `check_device`, `parse_layers`, `parse_gpus`).
+  naming the field and the fix. dtype, device, layers, checkpoint lists and GPUs are checked here only
+  (`check_dtype`, `check_device`, `parse_layers`, `parse_paths`, `parse_gpus`). A drafter's layers meet an
+  extraction's through `missing_layers` (what the drafter needs that the extraction lacks) and `layer_blocks` (where
+  the drafter's layers sit in the extraction's features, None when they are its layers in its order).
+- A field with metadata {"repeat": True} (Extract's `drafter`) is a list given once per value on the command
+  line (--drafter A --drafter B); a single value is accepted for it too (records written before it was a list).
 - `to_args()` is the plain-JSON dict a job records; `from_args(args)` rebuilds the operation from a record:
   a missing (or None) field takes its default, so job records written before a field existed stay readable;
   an unknown field is refused by name. `of(kind, args)` does it for any kind.
