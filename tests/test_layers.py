@@ -170,14 +170,15 @@ def test_sequences_read_a_drafters_columns_in_its_order(union):
 
 def test_sweep_of_mixed_layers_on_the_union_equals_own_replays(union, tmp_path):
     st = Store(union.ws)
-    train = tmp_path / "train"  # a folder of checkpoints of different layers, one sweep over the union
-    shutil.copytree(union.ck["a"], train / "epoch_0_step_100")
-    shutil.copytree(union.ck["b"], train / "epoch_0_step_200")
+    train = tmp_path / "train"  # checkpoints of different layers (two alike in a row: one gather), one sweep
+    order = ("a", "a", "c", "b")
+    for step, name in enumerate(order):
+        shutil.copytree(union.ck[name], train / f"epoch_0_step_{100 * (step + 1)}")
     rc, out, err = run(union.ws, "sweep", "--checkpoints", str(train), "--extraction", union.union)
     assert rc == 0, err
     runs = out.split()
-    assert len(runs) == 2
-    for rid, name in zip(runs, ("a", "b")):
+    assert len(runs) == len(order)
+    for rid, name in zip(runs, order):
         own = pipeline.replay(st, ops.Replay(drafter=str(union.ck[name]), extraction=union.own[name], anchors="chain"))
         same_runs(st, rid, own["id"])
 

@@ -133,8 +133,9 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
     Every checkpoint is checked (config, tensor names and shapes: `drafter.check`; its target layers held by the
     extraction: `replay.columns`) before any replay. Each replays on its own layers' columns: the pass reads the
     columns the checkpoints need (`read_layers`: when they all read the same layers, just those, gathered as each
-    file lands, and nothing when those are the extraction's own), and a checkpoint whose layers differ from the
-    columns read gathers its own on the device (`own_columns`). The
+    file lands, or no copy at all when those are the extraction's own), and checkpoints whose layers differ from
+    the columns read gather their own on the device (`own_columns`, once for consecutive ones of the same layers).
+    The
     prompts are read in passes (`passes`: each feature file once, a pass's features on the device); each
     checkpoint replays a whole pass before the next one, while a loader thread loads the next checkpoint onto the
     device on a side stream (`fetch_checkpoint`; the first one, and the target's head, while the features are read; on
@@ -168,7 +169,8 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
         for at, (k, j) in enumerate(order):
             part, ck = parts[k], cks[j]
             if j == 0:
-                seqs = []  # the pass before's features go first
+                seqs, own = [], None  # the pass before's features (and a checkpoint's gather of them) go first
+                own_of: tuple | None = None  # the layers `own` holds
                 t0 = (
                     time.perf_counter()
                 )  # one read per pass, on CUDA straight to the device, shared by every checkpoint
@@ -200,13 +202,15 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
                     + (f" of this pass ({len(part)} of {n})" if len(part) < n else ""),
                 )
 
-            own = own_columns(seqs, read, needs[j], H)  # this checkpoint's layers: `seqs` itself unless they differ
+            if own_of != tuple(needs[j]):  # this checkpoint's layers: `seqs` itself unless they differ; a gather
+                own = None  # is kept for the next checkpoints of the pass reading the same layers
+                own, own_of = own_columns(seqs, read, needs[j], H), tuple(needs[j])
             res = (
                 replay_mod.chain_only_results(d, head, own, budget, progress=replayed)
                 if a.anchors == "chain"
                 else replay_mod.every_anchor_results(d, head, own, budget, a.chunk, progress=replayed)
             )
-            del d, own  # their memory goes to the next checkpoint
+            del d  # its memory goes to the next checkpoint
             tick(
                 progress,
                 done + len(seqs),
