@@ -18,7 +18,8 @@ from prepared import drafted
 from dflash_dash import cache, cli, ops, pipeline
 from dflash_dash.store import Store
 
-A_LAYERS, B_LAYERS, C_LAYERS, D_LAYERS = [1, 4], [2, 6], [4, 1], [3, 5]  # C: A's layers in another order
+# A: DFlash; B: DSpark; C: DFlash2 on A's layers in another order; D: DFlash on layers no extraction here holds
+A_LAYERS, B_LAYERS, C_LAYERS, D_LAYERS = [1, 4], [2, 6], [4, 1], [3, 5]
 
 
 @dataclass
@@ -47,13 +48,35 @@ def union(tmp_path_factory) -> Union:
 
     base = tmp_path_factory.mktemp("layers")
     target = tiny.write_target(base / "target", tiny.TinyTarget())
+    dspark = dict(  # a DSpark drafter (Markov and confidence heads) at the tiny scale
+        architecture="DSparkDraftModel",
+        family_fields=dict(
+            projector_type="dspark",
+            markov_rank=4,
+            markov_head_type="vanilla",
+            enable_confidence_head=True,
+            confidence_head_with_markov=True,
+        ),
+    )
+    dflash2 = dict(  # a DFlash2 drafter (block-local convolutions, candidate selector, sliding layers)
+        architecture="DFlash2DraftModel",
+        block_size=8,
+        layer_types=["sliding_attention"] * 2,
+        sliding_window=16,
+        family_fields=dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4),
+    )
     ck = {
-        name: tiny.write_drafter(base / "ck" / name, tiny.TinyDrafter(seed=seed, target_layer_ids=layers))
-        for name, seed, layers in (("a", 1, A_LAYERS), ("b", 2, B_LAYERS), ("c", 3, C_LAYERS), ("d", 4, D_LAYERS))
+        name: tiny.write_drafter(base / "ck" / name, tiny.TinyDrafter(seed=seed, target_layer_ids=layers, **family))
+        for name, seed, layers, family in (
+            ("a", 1, A_LAYERS, {}),
+            ("b", 2, B_LAYERS, dspark),
+            ("c", 3, C_LAYERS, dflash2),
+            ("d", 4, D_LAYERS, {}),
+        )
     }
     rng = np.random.default_rng(0)
     recs = []
-    for i, src in enumerate(("a", "b", None)):  # two completions of the drafters' own blocks (partial acceptance)
+    for i, src in enumerate(("a", "a", None)):  # two completions of A's own blocks (partial acceptance), one random
         prompt = [int(x) for x in rng.integers(10, 400, 6 + i)]
         out = drafted(target, ck[src], prompt, 24, seed=i) if src else [int(x) for x in rng.integers(10, 400, 20)]
         recs.append({"id": f"p{i}", "prompt_ids": prompt, "output_ids": out})
