@@ -66,7 +66,9 @@ def confidence_block(ws: str, run: dict) -> None:
     )
     c1, c2 = st.columns(2)
     rel = [r | {"depth": "pooled"} for r in c["reliability"]]
-    c1.plotly_chart(reliability_fig({"confidence head": rel}), width="stretch")
+    c1.plotly_chart(
+        reliability_fig({"confidence head": rel}, predicted="predicted: the confidence head's c_k"), width="stretch"
+    )
     c1.caption("x: mean c_k of the bin, y: share of its drafts accepted; below the diagonal: over-confident")
     c2.plotly_chart(stop_fig(c["stop"], t), width="stretch")
     with c2:

@@ -11,7 +11,11 @@ from __future__ import annotations
 from .figures import go, layout
 
 
-def reliability_fig(runs: dict[str, list[dict]], depth: str | int = "pooled") -> go.Figure:
+def reliability_fig(
+    runs: dict[str, list[dict]],
+    depth: str | int = "pooled",
+    predicted: str = "predicted: drafter's probability of its draft p_k",
+) -> go.Figure:
     """Reliability diagram: per bin of the predicted probability, mean predicted (x) against share accepted (y),
     one line per run (`runs`: name -> calibration()["reliability"] rows); the diagonal is perfect calibration;
     bars: samples per bin (right axis)."""
@@ -43,7 +47,7 @@ def reliability_fig(runs: dict[str, list[dict]], depth: str | int = "pooled") ->
     return layout(
         fig,
         f"reliability diagram ({what})",
-        "predicted: drafter's probability of its draft p_k",
+        predicted,
         "observed: share accepted",
         height=380,
     )
