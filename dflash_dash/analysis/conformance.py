@@ -13,8 +13,9 @@ out. Like with like, per prompt:
     exactly (the local stand-in does: same features, same drafter path); a real engine's bf16 kernels and batch
     shapes flip a few near-tie drafts, which moves a prompt's tau by a few percent either way (numeric noise);
     a broken engine (features from the wrong layer, truncated context, a wrong mask) costs far more.
-Engine stats come from SGLang's meta_info at fetch time (`engines.sglang.spec_stats`, engine "sglang") or from a
-JSONL file of another engine (`parse_stats`): lines {"id", "verify_steps", "accepted_tokens"} or
+Engine stats come from the engine's answers at fetch time (`engines.<engine>.spec_stats`: engine "sglang", "vllm"
+or "llamacpp"; `metrics.engine_tau` converts each engine's numbers, its own figure beside) or from a JSONL file of
+another engine (`parse_stats`): lines {"id", "verify_steps", "accepted_tokens"} or
 {"id", "accept_lengths": [...]}.
 The run-level figures are the CONFORMANCE block of the metric registry (`metrics`).
 `replay_histogram` is the replay's side of the engine's verify steps by accepted drafts (`engine_histogram`).
@@ -120,9 +121,9 @@ def parse_stats(text: str, completion_tokens: dict[str, int], set_name: str = "t
 
 
 def engine_tau(stats: dict) -> float | None:
-    """(completion_tokens - 1) / verify_steps: committed tokens per verify step, the prefill token left out."""
-    v, n = stats.get("verify_steps"), stats.get("completion_tokens")
-    return (n - 1) / v if v and n is not None else None
+    """(completion_tokens - 1) / verify_steps: committed tokens per verify step, the prefill token left out (the one
+    definition across engines, `metrics.engine_tau`)."""
+    return metrics.engine_replay_tau(stats.get("verify_steps"), stats.get("completion_tokens"))
 
 
 def sglang_accept_length(stats: dict) -> float | None:
