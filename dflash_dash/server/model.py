@@ -51,6 +51,9 @@ class Engine:
     waiting: int = 0  # generations queued for `lock`
     count_lock: threading.Lock = field(default_factory=threading.Lock)  # guards running / waiting
     spec: specdec.Speculator | None = None  # the DFlash speculative decoder (--speculative-draft), None: plain greedy
+    spec_stats: str = "none"  # per-request speculative statistics in answers: none | summary | detailed (the
+    #                           engines' own switches: SGLang --speculative-decoding-stats, vLLM
+    #                           --per-request-spec-decode-metrics)
 
     # -- loading
 
@@ -216,9 +219,9 @@ class Engine:
         stops: list[str],
         skip_special: bool = True,
         trim: bool = True,
-    ) -> tuple[list[int], str, dict, dict]:
+    ) -> tuple[list[int], str, dict, specdec.Counters]:
         """Greedy decode the speculative way (`specdec`), stopping as `greedy` does: (output ids, text,
-        finish_reason, SGLang's speculative counters). Caller holds the lock."""
+        finish_reason, the speculative counters, which each protocol shapes its own way). Caller holds the lock."""
         model = self.live_model()
 
         def stop(out: list[int]) -> dict | None:
@@ -235,4 +238,4 @@ class Engine:
         text = self.decode(out, skip_special)
         if trim and isinstance(finish.get("matched"), str):
             text = text[: text.find(finish["matched"])]
-        return out, text, finish, counters.meta(len(out))
+        return out, text, finish, counters
