@@ -235,6 +235,8 @@ class Engine:
             return None
 
         out, finish, counters = self.spec.decode(model, ids, max_new, stop)
+        if self.token_delay > 0:  # a slower model: the delay per verify step, as greedy decoding's per token
+            time.sleep(self.token_delay * counters.verify_ct)
         text = self.decode(out, skip_special)
         if trim and isinstance(finish.get("matched"), str):
             text = text[: text.find(finish["matched"])]

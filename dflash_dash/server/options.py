@@ -68,7 +68,8 @@ def serve_args(p: argparse.ArgumentParser) -> None:
         "--token-delay",
         type=float,
         default=0.0,
-        help="extra seconds per greedily decoded token, to model a slower model (default 0)",
+        help="extra seconds per greedily decoded token (per verify step when decoding speculatively), to model a "
+        "slower model (default 0)",
     )
     p.add_argument(
         "--api-key",
