@@ -263,6 +263,7 @@ class EngineClient:
     # -- the engine interface
 
     name = "engine"  # the engine's name in ENGINES, recorded with every completion and engine-stats row
+    stats_source = "answer"  # where its answers carry the speculative statistics (the stats rows' source)
 
     def model_info(self) -> dict:
         """What the server serves: {"model_path", "tokenizer_path" (None when the engine has no tokenizer folder),

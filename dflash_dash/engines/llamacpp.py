@@ -111,6 +111,7 @@ class LlamaCppClient(EngineClient):
     key_env: str = "LLAMA_API_KEY"  # where the key comes from, named in 401/403 errors
 
     name = "llamacpp"
+    stats_source = "timings"
     spec_stats = staticmethod(spec_stats)
 
     def model_info(self) -> dict:

@@ -123,6 +123,7 @@ class SGLangClient(EngineClient):
     """An SGLang server's client: `EngineClient` plus SGLang's info, load, generation and memory routes."""
 
     name = "sglang"
+    stats_source = "meta_info"
     spec_stats = staticmethod(spec_stats)
 
     # -- information

@@ -121,6 +121,7 @@ class VLLMClient(EngineClient):
     served: str | None = field(default=None, repr=False)  # the served model's id (GET /v1/models), once read
 
     name = "vllm"
+    stats_source = "metrics.speculative_decoding"
     spec_stats = staticmethod(spec_stats)
 
     def model_info(self) -> dict:

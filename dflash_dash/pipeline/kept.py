@@ -124,7 +124,7 @@ def record_engine_stats(store: Store, set_name: str, prompt_id: str, res: dict, 
     `conformance` reads engine_stats only.)"""
     row = client.spec_stats(res["meta_info"], len(res["output_ids"]))
     if row is not None:
-        store.add_engine_stats(set_name, client.name, [row | {"id": prompt_id}], f"{client.name} answer of {server}")
+        store.add_engine_stats(set_name, client.name, [row | {"id": prompt_id}], f"{client.stats_source} of {server}")
 
 
 def import_engine_stats(store: Store, file: str | Path, completions: str, engine: str) -> int:
