@@ -308,3 +308,14 @@ def test_workspace_config_picks_the_engine(tmp_path, monkeypatch):
     (tmp_path / "config.toml").write_text('[server]\nengine = "tgi"\n')
     with pytest.raises(config.ConfigError, match=r"line 2: \[server\] engine must be one of 'sglang', 'vllm'"):
         config.load(tmp_path)
+
+
+def test_conformance_rows_keep_the_engines_own_figure_beside():
+    from dflash_dash.analysis import conformance
+
+    replay = [{"prompt_id": "x", "prompt_len": 3, "accepted_at": [0] * 9, "rounds": [1, 4, 3]}]  # 8 committed
+    stats = [{"prompt_id": "x", "verify_steps": 4, "accepted_tokens": 8, "completion_tokens": 9, "missing": []}]
+    (row,) = conformance.compare(replay, stats, 0.05, "vllm")
+    assert row["engine_tau"] == 2.0 and row["replay_tau"] == 8 / 3  # (9 - 1) / 4 beside 8 / 3 rounds
+    assert row["engine_figure"] == 3.0 and row["engine_figure_label"] == "mean_acceptance_length"
+    assert row["flagged"]  # the engine's own 3.0 is never what is compared

@@ -142,11 +142,14 @@ def flag(engine: float | None, replay: float | None, threshold: float = THRESHOL
     return engine is not None and replay is not None and replay - engine > threshold * replay
 
 
-def compare(run_prompts: list[dict], stats: list[dict], threshold: float = THRESHOLD) -> list[dict]:
+def compare(
+    run_prompts: list[dict], stats: list[dict], threshold: float = THRESHOLD, engine: str = SGLANG
+) -> list[dict]:
     """One row per prompt that has both a replay row and engine stats, in `run_prompts` order: id, engine_tau,
     replay_tau, gap (engine - replay), gap_rel (gap / replay), flagged, verify_steps, rounds (replay), committed
     (replay), completion_tokens, accepted_tokens, sglang_accept_length, histogram (the engine's, when it reported
-    one)."""
+    one), and `engine`'s own figure beside, never compared (`metrics.convert_engine_tau`): engine_figure,
+    engine_figure_label, engine_figure_formula, engine_missing (what it did not report)."""
     by_id = {s.get("prompt_id", s.get("id")): s for s in stats}
     out = []
     for r in run_prompts:
@@ -155,6 +158,7 @@ def compare(run_prompts: list[dict], stats: list[dict], threshold: float = THRES
         if s is None:
             continue
         e, rp = engine_tau(s), replay_tau(r)
+        conv = metrics.convert_engine_tau(engine, s)
         gap = e - rp if e is not None and rp is not None else None
         out.append(
             {
@@ -171,6 +175,10 @@ def compare(run_prompts: list[dict], stats: list[dict], threshold: float = THRES
                 "accepted_tokens": s.get("accepted_tokens"),
                 "sglang_accept_length": sglang_accept_length(s),
                 "histogram": s.get("histogram"),
+                "engine_figure": conv.engine_figure,
+                "engine_figure_label": conv.engine_label,
+                "engine_figure_formula": conv.engine_formula,
+                "engine_missing": conv.missing,
             }
         )
     return out

@@ -187,7 +187,7 @@ def conformance(
     order = {c["prompt_id"]: c["idx"] for c in store.completions(set_name)}
     prompts = sorted(store.run_prompts(r["id"]), key=lambda p: (order.get(p["prompt_id"], 0), p["prompt_id"]))
     stats = store.engine_stats(set_name, eng)
-    rows = conformance_mod.compare(prompts, stats, thr)
+    rows = conformance_mod.compare(prompts, stats, thr, eng)
     return conformance_mod.report(r["id"], eng, thr, rows), rows, conformance_mod.missing(prompts, stats)
 
 
