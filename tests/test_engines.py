@@ -319,3 +319,32 @@ def test_conformance_rows_keep_the_engines_own_figure_beside():
     assert row["engine_tau"] == 2.0 and row["replay_tau"] == 8 / 3  # (9 - 1) / 4 beside 8 / 3 rounds
     assert row["engine_figure"] == 3.0 and row["engine_figure_label"] == "mean_acceptance_length"
     assert row["flagged"]  # the engine's own 3.0 is never what is compared
+
+
+def test_vllm_prometheus_counters_and_per_position():
+    # vllm-project/vllm vllm/v1/spec_decode/metrics.py, SpecDecodingProm: counters named
+    # vllm:spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens / _num_accepted_tokens_per_pos
+    # (label position), exported by prometheus_client with the _total suffix; two engines summed
+    text = "\n".join(
+        [
+            "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.",
+            "# TYPE vllm:spec_decode_num_drafts_total counter",
+            'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 3.0',
+            'vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 1.0',
+            'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 12.0',
+            'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 8.0',
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 3.0',
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 3.0',
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 2.0',
+            'vllm:num_requests_running{engine="0",model_name="m"} 0.0',
+        ]
+    )
+    c = vllm_mod.parse_prometheus(text)
+    assert c == {"num_drafts": 4.0, "num_draft_tokens": 12.0, "num_accepted_tokens": 8.0, "accepted_per_pos": [3, 3, 2]}
+    assert vllm_mod.per_position_of(c) == [0.75, 0.75, 0.5]  # the same steps as the detailed arrays above
+    assert vllm_mod.parse_prometheus("") == {
+        "num_drafts": None,
+        "num_draft_tokens": None,
+        "num_accepted_tokens": None,
+        "accepted_per_pos": [],
+    }

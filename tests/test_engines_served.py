@@ -161,3 +161,18 @@ def test_keys_and_errors_in_each_engines_shape(srv):
     with pytest.raises(ServerError) as e:  # through the client: the server's message, unchanged
         srv.client.generate(input_ids=[5, 100000], max_new_tokens=2)
     assert e.value.status == 400 and "out of the vocabulary" in e.value.detail
+
+
+def test_vllm_prometheus_counters_count_the_request(srv):
+    if srv.engine != "vllm":
+        pytest.skip("vLLM's /metrics counters")
+    srv.wait()
+    before = srv.client.spec_counters()
+    res = srv.client.generate(input_ids=[5, 6, 7, 8], max_new_tokens=N)
+    after = srv.client.spec_counters()
+    sd = res["meta_info"]["metrics"]["speculative_decoding"]
+    assert after["num_drafts"] - (before["num_drafts"] or 0) == sd["num_spec_steps"]
+    assert after["num_accepted_tokens"] - (before["num_accepted_tokens"] or 0) == sd["num_accepted_draft_tokens"]
+    was = before["accepted_per_pos"] or [0.0] * len(after["accepted_per_pos"])
+    got = [a - b for a, b in zip(after["accepted_per_pos"], was)]
+    assert got == [sum(a > k for a in sd["per_step_accepted"]) for k in range(sd["num_spec_tokens"])]

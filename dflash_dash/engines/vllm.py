@@ -14,6 +14,11 @@ readiness of `base.EngineClient`, and would behave the same against a real vLLM 
   SpeculativeDecodingMetrics; the server started with --per-request-spec-decode-metrics summary|detailed):
   num_spec_steps, num_accepted_draft_tokens, num_draft_tokens, acceptance_histogram and, with `detailed`, the
   per-step arrays per_step_accepted / per_step_drafted.
+- `spec_counters` reads the server-wide Prometheus counters of GET /metrics (vllm/v1/spec_decode/metrics.py,
+  SpecDecodingProm): vllm:spec_decode_num_drafts_total, _num_draft_tokens_total, _num_accepted_tokens_total and
+  _num_accepted_tokens_per_pos_total{position="k"}, summed over engines; per-position acceptance =
+  accepted at position k / drafts. They count every request, so per request only as the difference around it on
+  an otherwise idle server.
 - Errors: vLLM answers {"error": {"message", "type", "param", "code"}} (older: {"object": "error", "message"});
   `base.error_message` reads both.
 """
@@ -21,6 +26,7 @@ readiness of `base.EngineClient`, and would behave the same against a real vLLM 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +119,40 @@ def per_position(meta: dict) -> list[float] | None:
     return out
 
 
+PROM = "vllm:spec_decode_"  # the prefix of vLLM's speculative-decoding Prometheus counters
+PROM_LINE = re.compile(r"^(vllm:spec_decode_[a-z_]+?)(?:_total)?(\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$")
+
+
+def parse_prometheus(text: str) -> dict:
+    """vLLM's speculative-decoding counters from a /metrics text: {"num_drafts", "num_draft_tokens",
+    "num_accepted_tokens", "accepted_per_pos": [position 0, 1, ...]}, each summed over label sets (engines); a
+    counter the text lacks is None (accepted_per_pos: [])."""
+    out: dict = {"num_drafts": None, "num_draft_tokens": None, "num_accepted_tokens": None}
+    per: dict[int, float] = {}
+    for line in text.splitlines():
+        m = PROM_LINE.match(line.strip())
+        if not m or m.group(3) == "NaN":
+            continue
+        name, labels, value = m.group(1)[len(PROM) :], m.group(2) or "", float(m.group(3))
+        if name == "num_accepted_tokens_per_pos":
+            pos = re.search(r'position="(\d+)"', labels)
+            if pos:
+                per[int(pos.group(1))] = per.get(int(pos.group(1)), 0.0) + value
+        elif name in out:
+            out[name] = (out[name] or 0.0) + value
+    out["accepted_per_pos"] = [per.get(k, 0.0) for k in range(max(per) + 1)] if per else []
+    return out
+
+
+def per_position_of(counters: dict) -> list[float] | None:
+    """Per-position acceptance from the Prometheus counters (`parse_prometheus`): accepted at position k / drafts,
+    k = 0.. (vLLM's own definition, SpecDecodingLogging); None without drafts."""
+    n = counters.get("num_drafts")
+    if not n:
+        return None
+    return [a / n for a in counters.get("accepted_per_pos") or []]
+
+
 @dataclass
 class VLLMClient(EngineClient):
     """A vLLM server's client: `EngineClient` plus vLLM's model list and completions."""
@@ -135,6 +175,10 @@ class VLLMClient(EngineClient):
         self.served = m["id"]
         root = m.get("root") or m["id"]
         return {"model_path": root, "tokenizer_path": root, "served_model_name": m["id"]}
+
+    def spec_counters(self) -> dict:
+        """The server-wide speculative-decoding counters of GET /metrics (`parse_prometheus`). Raises ServerError."""
+        return parse_prometheus(self._call("GET", "/metrics").decode("utf-8", "replace"))
 
     def generate(
         self,

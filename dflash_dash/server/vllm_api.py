@@ -19,6 +19,9 @@ shapes vLLM's own code writes (the source beside each):
   mean_acceptance_length, draft_acceptance_rate, acceptance_histogram, num_spec_steps,
   num_accepted_draft_tokens, num_draft_tokens, num_spec_tokens; detailed adds per_step_accepted /
   per_step_drafted. Without it, "metrics" is null.
+- GET /metrics: the Prometheus counters vllm:spec_decode_num_drafts_total, _num_draft_tokens_total,
+  _num_accepted_tokens_total and _num_accepted_tokens_per_pos_total{position} (vllm/v1/spec_decode/metrics.py,
+  SpecDecodingProm), summed over every request served (with a drafter).
 - --api-key: every route under /v1 wants `Authorization: Bearer KEY`, else 401 {"error": "Unauthorized"}
   (vLLM's AuthenticationMiddleware); /health is open.
 - Errors: 400 {"error": {"message", "type": "BadRequestError", "param": null, "code": 400}} (ErrorResponse);
@@ -85,8 +88,48 @@ def models(eng: Engine) -> dict:
     }
 
 
+def count(eng: Engine, counters) -> None:
+    """Add one request's steps to the server's Prometheus counters (eng.totals)."""
+    if counters is None:
+        return
+    k = counters.block_size - 1
+    with eng.count_lock:
+        t = eng.totals
+        t["num_drafts"] = t.get("num_drafts", 0) + counters.verify_ct
+        t["num_draft_tokens"] = t.get("num_draft_tokens", 0) + counters.verify_ct * k
+        t["num_accepted_tokens"] = t.get("num_accepted_tokens", 0) + sum(counters.accepted)
+        pos = t.setdefault("per_pos", [0] * k)
+        for a in counters.accepted:
+            for j in range(a):
+                pos[j] += 1
+
+
+def prometheus(eng: Engine) -> str:
+    """The speculative-decoding counters in Prometheus' text format, as vLLM's /metrics writes them."""
+    if eng.spec is None:
+        return ""
+    labels = f'engine="0",model_name="{served_id(eng)}"'
+    with eng.count_lock:
+        t = dict(eng.totals)
+        pos = list(t.get("per_pos") or [0] * (eng.spec.block_size - 1))
+    lines = []
+    for name, help_ in (
+        ("num_drafts", "Number of spec decoding drafts."),
+        ("num_draft_tokens", "Number of draft tokens."),
+        ("num_accepted_tokens", "Number of accepted tokens."),
+    ):
+        full = f"vllm:spec_decode_{name}_total"
+        lines += [f"# HELP {full} {help_}", f"# TYPE {full} counter", f"{full}{{{labels}}} {float(t.get(name, 0))}"]
+    full = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    lines += [f"# HELP {full} Accepted tokens per draft position.", f"# TYPE {full} counter"]
+    lines += [f'{full}{{{labels},position="{j}"}} {float(a)}' for j, a in enumerate(pos)]
+    return "\n".join(lines) + "\n"
+
+
 def get(eng: Engine, path: str) -> tuple[int, Any] | None:
-    """(status, JSON body) of a GET route, None when there is none."""
+    """(status, JSON body, or text for /metrics) of a GET route, None when there is none."""
+    if path == "/metrics":
+        return 200, None, prometheus(eng)
     if path == "/v1/models":
         return 200, models(eng)
     if path == "/version":
@@ -152,6 +195,7 @@ def run_completion(eng: Engine, req: Any) -> dict:
     out, text, finish, counters = decode(
         eng, ids, max_new, eos | stop_tok, stops, bool(req.get("skip_special_tokens", True))
     )
+    count(eng, counters)
     matched = finish.get("matched")
     with_ids = bool(req.get("return_token_ids"))
     spec = spec_metrics(counters, eng.spec_stats)
