@@ -176,3 +176,41 @@ def test_vllm_prometheus_counters_count_the_request(srv):
     was = before["accepted_per_pos"] or [0.0] * len(after["accepted_per_pos"])
     got = [a - b for a, b in zip(after["accepted_per_pos"], was)]
     assert got == [sum(a > k for a in sd["per_step_accepted"]) for k in range(sd["num_spec_tokens"])]
+
+
+def test_speculative_bug_shows_in_every_protocols_statistics():
+    """--speculative-bug truncate-context (the drafter sees 4 context positions) on the demo target and drafter:
+    the same greedy tokens, fewer accepted drafts, in vLLM's metrics.speculative_decoding and llama.cpp's timings
+    alike (in process: the protocol modules over one Engine each)."""
+    import torch
+    from speculative import DRAFT, TARGET
+
+    from dflash_dash import server
+    from dflash_dash.server import llamacpp_api, specdec, vllm_api
+
+    torch.set_num_threads(1)
+    got = {}
+    for bug in (None, "truncate-context"):
+        eng = server.Engine(
+            model_dir=TARGET.resolve(),
+            device="cpu",
+            spec=specdec.Speculator(str(DRAFT), "cpu", bug),
+            spec_stats="summary",
+        )
+        eng.load()
+        eng.load_tokenizer()
+        for pid in ("graph_bfs", "matrix_multiply"):  # prompts where the truncated context costs acceptance
+            ids = eng.encode(prompts.CODING_10[pid])
+            v = vllm_api.run_completion(
+                eng, {"prompt": ids, "max_tokens": 40, "temperature": 0, "return_token_ids": True}
+            )
+            c = llamacpp_api.run_completion(
+                eng, {"prompt": ids, "n_predict": 40, "temperature": 0, "return_tokens": True}
+            )
+            sd = v["metrics"]["speculative_decoding"]
+            assert v["choices"][0]["token_ids"] == c["tokens"]
+            assert c["timings"]["draft_n_accepted"] == sd["num_accepted_draft_tokens"]
+            got[bug, pid] = (c["tokens"], sd["num_accepted_draft_tokens"])
+    for pid in ("graph_bfs", "matrix_multiply"):
+        assert got[None, pid][0] == got["truncate-context", pid][0]  # greedy: the same tokens
+        assert got["truncate-context", pid][1] < got[None, pid][1]  # fewer drafts accepted
