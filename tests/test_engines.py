@@ -80,6 +80,10 @@ def test_sglang_detailed_stats_carry_per_step_lengths():
     row = SGLangClient.spec_stats(meta, 8)
     assert row["verify_steps"] == 2 and row["accepted_tokens"] == 5 and row["drafted_tokens"] == 9
     assert row["accept_lengths"] == [4, 3] and row["missing"] == []
+    arrays_only = {"completion_tokens": 8, "verify_lengths": [6, 5], "accept_lengths": [4, 3]}  # per-step only
+    row = SGLangClient.spec_stats(arrays_only, 8)
+    assert (row["verify_steps"], row["accepted_tokens"], row["drafted_tokens"]) == (2, 5, 9)
+    assert row["raw"] == {"verify_lengths": [6, 5], "accept_lengths": [4, 3]}
 
 
 def test_sglang_partial_payload_is_kept_and_the_gaps_named():

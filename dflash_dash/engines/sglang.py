@@ -60,6 +60,7 @@ VERIFY_KEYS = ("spec_verify_ct",)
 ACCEPTED_KEYS = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")  # new, alias, old
 DRAFTED_KEYS = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")  # new, alias, old
 HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")  # new, old alias
+STEP_KEYS = ("verify_lengths", "accept_lengths")  # per-step arrays, where the server gives them
 STATS_KEY = "speculative_decoding_stats"  # newer SGLang (--speculative-decoding-stats summary|detailed): an object
 
 
@@ -71,16 +72,18 @@ def _first(meta: dict, keys: tuple[str, ...], parse=count):
 
 
 def _speculative(meta: dict) -> dict:
-    """The speculative part of `meta` as it came: every spec_* key and the speculative_decoding_stats object."""
-    return {k: v for k, v in meta.items() if k.startswith("spec_") or k == STATS_KEY}
+    """The speculative part of `meta` as it came: every spec_* key, the speculative_decoding_stats object and
+    per-step verify_lengths / accept_lengths."""
+    return {k: v for k, v in meta.items() if k.startswith("spec_") or k in (STATS_KEY, *STEP_KEYS)}
 
 
 def spec_stats(meta: dict, output_tokens: int) -> dict | None:
     """An engine-stats row (`base.stats_row`) from SGLang's meta_info of one request, None when the server did not
     decode speculatively (no spec_* key, no speculative_decoding_stats). Counters are read under all their names
     (VERIFY_KEYS, ACCEPTED_KEYS, DRAFTED_KEYS, HISTOGRAM_KEYS), else from speculative_decoding_stats
-    (num_verification_steps, num_accepted_draft_tokens, num_verified_draft_tokens); per-step `accept_lengths`
-    (committed tokens per verify step, bonus included) from speculative_decoding_stats or meta_info itself.
+    (num_verification_steps, num_accepted_draft_tokens, num_verified_draft_tokens), else from the per-step
+    `accept_lengths` (committed tokens per verify step, bonus included) and `verify_lengths` (drafts verified + 1)
+    of speculative_decoding_stats or meta_info itself.
     completion_tokens from meta_info, else the output ids' count. What SGLang did not report is named in
     `missing`, never guessed."""
     raw = _speculative(meta or {})
@@ -101,6 +104,9 @@ def spec_stats(meta: dict, output_tokens: int) -> dict | None:
         verify = len(lens)
     if lens is not None and acc is None:
         acc = sum(lens) - len(lens)
+    vlens = counts(det.get("verify_lengths", meta.get("verify_lengths")))  # drafts verified per step + 1
+    if vlens is not None and drafted is None:
+        drafted = sum(vlens) - len(vlens)
     n = count(meta.get("completion_tokens"))
     return stats_row(
         verify_steps=verify,
