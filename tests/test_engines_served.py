@@ -84,6 +84,12 @@ def test_fetch_waits_through_startup_and_records_the_engine(srv, tmp_path, monke
         else:  # per-step arrays (--speculative-stats detailed): one per verify step, bonus included
             assert len(s["accept_lengths"]) == s["verify_steps"] and min(s["accept_lengths"]) >= 1
             assert sum(s["accept_lengths"]) - s["verify_steps"] == s["accepted_tokens"]
+    other = next(e for e in ENV if e != srv.engine)  # the same set refilled from another engine: refused by name
+    (tmp_path / "ws" / "config.toml").write_text(f'[server]\nurl = "{srv.url}"\nengine = "{other}"\n')
+    f.write_text("".join(json.dumps(p) + "\n" for p in prompts.load("coding-10")[:4]))
+    with pytest.raises(ops.InputError, match=f"set 'w' was fetched from engine {srv.engine} but .* is {other}"):
+        pipeline.fetch(store, ops.Fetch(prompt_set=str(f), name="w", max_new_tokens=N))
+    assert len(store.completions("w")) == 3
 
 
 def test_killed_fetch_job_resumes_without_duplicates(srv, tmp_path, monkeypatch, request):

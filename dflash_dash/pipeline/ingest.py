@@ -225,24 +225,24 @@ def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner
         client = engines.for_workspace(cfg, server, timeout=op.request_timeout)
     except ValueError as e:
         raise InputError(f"--server: {e}") from None
+    kept = store.completions(name)
+    engine_was = {r.get("engine") or engines.DEFAULT_ENGINE for r in kept}
+    if engine_was and client.name not in engine_was:  # known before the server is asked anything
+        raise InputError(
+            f"set {name!r} was fetched from engine {sorted(engine_was)[0]} but the workspace's server is "
+            f"{client.name} ([server] engine in config.toml); use another --name"
+        )
     client.wait_ready(
         readiness_timeout,
         progress=lambda t, state: tick(progress, len(done), n, f"waiting for {server}/health: {state} ({t:.0f} s)"),
     )
     info = client.model_info()
     model_path = info.get("model_path")
-    kept = store.completions(name)
     earlier = {r["model_path"] for r in kept} - {None}
     if earlier and model_path not in earlier:
         raise InputError(
             f"set {name!r} was fetched from model {sorted(earlier)[0]} but {server} serves "
             f"{model_path}; use another --name"
-        )
-    engine_was = {r.get("engine") or engines.DEFAULT_ENGINE for r in kept}
-    if engine_was and client.name not in engine_was:
-        raise InputError(
-            f"set {name!r} was fetched from engine {sorted(engine_was)[0]} but the workspace's server is "
-            f"{client.name} ([server] engine in config.toml); use another --name"
         )
     tok = None
     if any("prompt_ids" not in p for p in todo):
