@@ -261,7 +261,9 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
         s = sub.add_parser(what, help=f"list {what} as JSON")
         s.set_defaults(fn=cmd_list)
 
-    s = sub.add_parser("serve", help="local SGLang-compatible server (stand-in for tests and the demo)")
+    s = sub.add_parser(
+        "serve", help="local stand-in for an SGLang, vLLM or llama.cpp server (--protocol; tests and the demo)"
+    )
     if not store_only:  # the stand-in's options (its module imports torch)
         from .server import options as server_options
 
@@ -269,7 +271,7 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
         server_options.speculative_args(s)  # --speculative-draft CKPT, --speculative-bug NAME (a test aid)
     s.set_defaults(fn=cmd_serve)
 
-    s = sub.add_parser("fetch", help="fetch greedy completions of a prompt set from an SGLang server")
+    s = sub.add_parser("fetch", help="fetch greedy completions of a prompt set from the serving engine")
     add_op_options(s, ops.Fetch)
     s.set_defaults(fn=cmd_fetch)
 

@@ -5,12 +5,14 @@ returns a `WorkspaceConfig`; an unknown table or key, a wrong type or a TOML syn
 `ConfigError` naming the key and its line. Commands are argv lists run WITHOUT a shell
 (`subprocess.run(list)`); a string value is split with `shlex`. They come only from this file, never from
 browser input, and `describe_commands` shows them before they run.
-The server's API key (SGLang `--api-key`) is never in this file: it is read from the environment variable
-SGLANG_API_KEY, or from the one named by `api_key_env`; `client(cfg, url)` builds the `sglang.Client` that
-sends it, and is how every Client of a workspace is made. Example:
+`engine` names the serving engine the server is (sglang, the default; vllm; llamacpp), which picks the client
+(`engines.for_workspace`). The server's API key (`--api-key`) is never in this file: it is read from the
+environment variable the engine itself uses (SGLANG_API_KEY, VLLM_API_KEY, LLAMA_API_KEY), or from the one named by
+`api_key_env`. Example:
 
     [server]
     url = "http://127.0.0.1:30000"
+    engine = "sglang"                # or "vllm" (vllm serve), "llamacpp" (llama-server)
     stop_command = ["systemctl", "--user", "stop", "sglang"]
     start_command = "systemctl --user start sglang"
     readiness_timeout = 600
@@ -33,6 +35,9 @@ from .errors import UserError
 
 FILE_NAME = "config.toml"
 DEFAULT_API_KEY_ENV = "SGLANG_API_KEY"
+ENGINE_NAMES = ("sglang", "vllm", "llamacpp")  # the engines `engines.ENGINES` has clients for
+DEFAULT_ENGINE = "sglang"
+KEY_ENVS = {"sglang": "SGLANG_API_KEY", "vllm": "VLLM_API_KEY", "llamacpp": "LLAMA_API_KEY"}  # each engine's own
 
 
 class ConfigError(UserError, ValueError):
@@ -41,20 +46,22 @@ class ConfigError(UserError, ValueError):
 
 @dataclass
 class WorkspaceConfig:
-    server_url: str = "http://127.0.0.1:30000"  # SGLang server the app fetches from and orchestrates
+    server_url: str = "http://127.0.0.1:30000"  # serving engine the app fetches from and orchestrates
+    engine: str = DEFAULT_ENGINE  # which engine that server is: one of ENGINE_NAMES (picks the client)
     stop_command: list[str] | None = None  # argv that stops the server (frees the GPU), no shell
     start_command: list[str] | None = None  # argv that starts it again; may return at once or keep running
     readiness_timeout: float = 600.0  # seconds to wait for /health 200 (SGLang's own tests allow 600)
     memory_release: bool = True  # use /release_memory_occupation when the server supports it
     gpu_memory_margin_gb: float = 2.0  # free GPU memory required beyond the target's weights
     api_key_env: str | None = None  # NAME of the environment variable holding the server's --api-key
-    # (None: SGLANG_API_KEY); the key itself is never in config.toml
+    # (None: the engine's own, KEY_ENVS); the key itself is never in config.toml
 
 
 # toml key -> (dataclass field, expected kind)
 KEYS = {
     "url": ("server_url", "url"),
     "server_url": ("server_url", "url"),
+    "engine": ("engine", "engine"),
     "stop_command": ("stop_command", "command"),
     "start_command": ("start_command", "command"),
     "readiness_timeout": ("readiness_timeout", "seconds"),
@@ -118,6 +125,10 @@ def _check(v, kind: str, where: str):
                 f"[\"systemctl\", \"stop\", \"sglang\"] (run without a shell), got {v!r}"
             )
         return v
+    if kind == "engine":
+        if v not in ENGINE_NAMES:
+            raise ConfigError(f"{where} must be one of {', '.join(repr(e) for e in ENGINE_NAMES)}, got {v!r}")
+        return v
     if kind == "env":
         if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
             raise ConfigError(
@@ -160,8 +171,14 @@ def describe_commands(cfg: WorkspaceConfig) -> list[str]:
 # the server's API key and client
 
 
+def default_key_env(cfg: WorkspaceConfig) -> str:
+    """The environment variable the workspace's engine itself reads its key from (KEY_ENVS)."""
+    return KEY_ENVS.get(cfg.engine, DEFAULT_API_KEY_ENV)
+
+
 def api_key(cfg: WorkspaceConfig) -> tuple[str | None, str]:
-    """(key or None, the environment variable it is read from): `api_key_env` of config.toml, else
-    SGLANG_API_KEY. The key lives only in the environment (and in memory): never store or log it."""
-    name = cfg.api_key_env or DEFAULT_API_KEY_ENV
+    """(key or None, the environment variable it is read from): `api_key_env` of config.toml, else the engine's
+    own (`default_key_env`: SGLANG_API_KEY, VLLM_API_KEY, LLAMA_API_KEY). The key lives only in the environment
+    (and in memory): never store or log it."""
+    name = cfg.api_key_env or default_key_env(cfg)
     return os.environ.get(name) or None, name

@@ -193,7 +193,7 @@ class Fetch(Op):
     server: str | None = None  # server URL; None: [server] url of the workspace's config.toml
     max_new_tokens: int = 256  # greedy tokens per completion
     chat: bool = False  # wrap prompts in the target's chat template (applied locally)
-    tokenizer: str | None = None  # tokenizer folder or hub id; None: the server's tokenizer_path
+    tokenizer: str | None = None  # tokenizer folder or hub id; None: the server's (llama.cpp serves a GGUF: give it)
     enable_thinking: bool = False  # leave Qwen3 thinking on (off by default: it lowers acceptance)
     readiness_timeout: float | None = None  # seconds to wait for /health 200; None: the config's (600)
     request_timeout: float = 600.0  # seconds one generate request may take before it fails

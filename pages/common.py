@@ -272,8 +272,9 @@ def server_url() -> str:
 
 
 def client(url: str | None = None, **kw):
-    """An `engines.SGLangClient` for `url` (default: the workspace's server) with the API key from the environment
-    (engines.for_workspace); raises ConfigError for an invalid config.toml, ValueError for a bad URL."""
+    """The client of the workspace's engine (config.toml [server] engine) for `url` (default: the workspace's server)
+    with the API key from the environment (engines.for_workspace); raises ConfigError for an invalid config.toml,
+    ValueError for a bad URL."""
     from dflash_dash import engines
 
     return engines.for_workspace(config(), url, **kw)

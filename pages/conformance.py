@@ -147,7 +147,7 @@ def main() -> None:
         key=lambda p: (comps.get(p["prompt_id"], {}).get("idx", 0), p["prompt_id"]),
     )
     stats = common.engine_stats(ws, set_name, engine, estamp)
-    rows = conformance.compare(prompts, stats, thr)
+    rows = conformance.compare(prompts, stats, thr, engine)
     missing = conformance.missing(prompts, stats)
     if missing:
         st.caption(f"{len(missing)} prompt(s) of the run have no `{engine}` stats and are left out.")

@@ -1,8 +1,9 @@
 """Test helpers (not tests): the local SGLang stand-in as a real subprocess, tiny model folders, polling.
 
-`Served(model, log, delay, extra=[...])` starts `python -m dflash_dash serve` on a free port (`extra`: more
-serve options, e.g. --health-delay S, --api-key KEY); `.wait()` polls /health with a deadline; `.stop()`
-ends only that process. `until(fn, timeout)` polls a condition with a deadline (the
+`Served(model, log, delay, extra=[...], engine=...)` starts `python -m dflash_dash serve` on a free port speaking
+`engine`'s protocol (sglang, vllm, llamacpp; `extra`: more serve options, e.g. --health-delay S, --api-key KEY) with
+that engine's client; `.wait()` polls /health with a deadline; `.stop()` ends only that process.
+`until(fn, timeout)` polls a condition with a deadline (the
 tests never sleep to synchronise).
 """
 
@@ -15,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from dflash_dash.engines import SGLangClient
+from dflash_dash.engines import ENGINES
 
 ROOT = Path(__file__).resolve().parents[1]
 # one thread per process: the 2 shared cores are oversubscribed, and torch's thread pool then slows 10x
@@ -105,12 +106,14 @@ class Served:
         port: int | None = None,
         extra: list[str] | None = None,
         api_key: str | None = None,
+        engine: str = "sglang",
     ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        self.client = SGLangClient(self.url, timeout=60, retries=0, api_key=api_key)
-        extra = list(extra or []) + (["--api-key", api_key] if api_key else [])
+        self.engine = engine
+        self.client = ENGINES[engine](self.url, timeout=60, retries=0, api_key=api_key)
+        extra = list(extra or []) + (["--api-key", api_key] if api_key else []) + ["--protocol", engine]
         self.proc = subprocess.Popen(
             serve_argv(model, self.port, delay, extra),
             cwd=ROOT,
@@ -131,5 +134,6 @@ class Served:
         end(self.proc)
 
     def generates(self) -> int:
-        """How many POST /generate the server has answered (from its log)."""
-        return self.log.read_text().count('"POST /generate')
+        """How many generation requests the server has answered (from its log): its engine's POST route."""
+        route = {"sglang": "/generate", "vllm": "/v1/completions", "llamacpp": "/completion"}[self.engine]
+        return self.log.read_text().count(f'"POST {route} ')

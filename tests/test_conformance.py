@@ -226,9 +226,12 @@ def test_sglang_meta_to_engine_stats_and_like_with_like():
     assert row == {
         "verify_steps": 4,
         "accepted_tokens": 7,
+        "drafted_tokens": None,
         "completion_tokens": 12,
         "accept_lengths": None,
         "histogram": [1, 0, 3],
+        "raw": {k: v for k, v in meta.items() if k != "completion_tokens"},
+        "missing": ["drafted_tokens: none of spec_num_proposed_drafts, spec_proposed_drafts, spec_draft_token_num"],
     }
     assert conformance.engine_tau(row) == 11 / 4 and conformance.sglang_accept_length(row) == 3.0
     assert SGLangClient.spec_stats({"completion_tokens": 3}, 3) is None  # decoded plainly

@@ -13,8 +13,9 @@ out. Like with like, per prompt:
     exactly (the local stand-in does: same features, same drafter path); a real engine's bf16 kernels and batch
     shapes flip a few near-tie drafts, which moves a prompt's tau by a few percent either way (numeric noise);
     a broken engine (features from the wrong layer, truncated context, a wrong mask) costs far more.
-Engine stats come from SGLang's meta_info at fetch time (`engines.sglang.spec_stats`, engine "sglang") or from a
-JSONL file of another engine (`parse_stats`): lines {"id", "verify_steps", "accepted_tokens"} or
+Engine stats come from the engine's answers at fetch time (`engines.<engine>.spec_stats`: engine "sglang", "vllm"
+or "llamacpp"; `metrics.engine_tau` converts each engine's numbers, its own figure beside) or from a JSONL file of
+another engine (`parse_stats`): lines {"id", "verify_steps", "accepted_tokens"} or
 {"id", "accept_lengths": [...]}.
 The run-level figures are the CONFORMANCE block of the metric registry (`metrics`).
 `replay_histogram` is the replay's side of the engine's verify steps by accepted drafts (`engine_histogram`).
@@ -120,9 +121,9 @@ def parse_stats(text: str, completion_tokens: dict[str, int], set_name: str = "t
 
 
 def engine_tau(stats: dict) -> float | None:
-    """(completion_tokens - 1) / verify_steps: committed tokens per verify step, the prefill token left out."""
-    v, n = stats.get("verify_steps"), stats.get("completion_tokens")
-    return (n - 1) / v if v and n is not None else None
+    """(completion_tokens - 1) / verify_steps: committed tokens per verify step, the prefill token left out (the one
+    definition across engines, `metrics.engine_tau`)."""
+    return metrics.engine_replay_tau(stats.get("verify_steps"), stats.get("completion_tokens"))
 
 
 def sglang_accept_length(stats: dict) -> float | None:
@@ -141,11 +142,14 @@ def flag(engine: float | None, replay: float | None, threshold: float = THRESHOL
     return engine is not None and replay is not None and replay - engine > threshold * replay
 
 
-def compare(run_prompts: list[dict], stats: list[dict], threshold: float = THRESHOLD) -> list[dict]:
+def compare(
+    run_prompts: list[dict], stats: list[dict], threshold: float = THRESHOLD, engine: str = SGLANG
+) -> list[dict]:
     """One row per prompt that has both a replay row and engine stats, in `run_prompts` order: id, engine_tau,
     replay_tau, gap (engine - replay), gap_rel (gap / replay), flagged, verify_steps, rounds (replay), committed
     (replay), completion_tokens, accepted_tokens, sglang_accept_length, histogram (the engine's, when it reported
-    one)."""
+    one), and `engine`'s own figure beside, never compared (`metrics.convert_engine_tau`): engine_figure,
+    engine_figure_label, engine_figure_formula, engine_missing (what it did not report)."""
     by_id = {s.get("prompt_id", s.get("id")): s for s in stats}
     out = []
     for r in run_prompts:
@@ -154,6 +158,7 @@ def compare(run_prompts: list[dict], stats: list[dict], threshold: float = THRES
         if s is None:
             continue
         e, rp = engine_tau(s), replay_tau(r)
+        conv = metrics.convert_engine_tau(engine, s)
         gap = e - rp if e is not None and rp is not None else None
         out.append(
             {
@@ -170,6 +175,10 @@ def compare(run_prompts: list[dict], stats: list[dict], threshold: float = THRES
                 "accepted_tokens": s.get("accepted_tokens"),
                 "sglang_accept_length": sglang_accept_length(s),
                 "histogram": s.get("histogram"),
+                "engine_figure": conv.engine_figure,
+                "engine_figure_label": conv.engine_label,
+                "engine_figure_formula": conv.engine_formula,
+                "engine_missing": conv.missing,
             }
         )
     return out

@@ -1,20 +1,25 @@
 """Serving-engine clients, one per engine, behind one interface (`base.EngineClient`): readiness, greedy
 generation, speculative statistics in the engine's own shapes.
 
-Contract: ENGINES maps an engine's name to its client class; `for_workspace(cfg)` builds the client of a
-workspace's server with the API key from the environment, and is how every client of a workspace is made.
+Contract: ENGINES maps an engine's name to its client class (sglang, vllm, llamacpp: the names a workspace's
+config.toml may give as [server] engine); `for_workspace(cfg)` builds the client of a workspace's server (the
+engine its config names) with the API key from the environment, and is how every client of a workspace is made.
+Each client's `spec_stats` reads its engine's speculative statistics in the shapes they come in;
+`metrics.engine_tau` turns them into the replay's tau.
 `health.HealthPoller` polls readiness in the background for callers that must not block.
 """
 
 from __future__ import annotations
 
-from ..config import DEFAULT_API_KEY_ENV, api_key
+from ..config import DEFAULT_ENGINE, ENGINE_NAMES, api_key, default_key_env
 from .base import HEALTH_TIMEOUT_S, EngineClient, NotReady, ServerError, chat_ids
 from .health import HealthPoller
+from .llamacpp import LlamaCppClient
 from .sglang import SGLangClient
+from .vllm import VLLMClient
 
-ENGINES: dict[str, type[EngineClient]] = {"sglang": SGLangClient}
-DEFAULT_ENGINE = "sglang"  # the engine a workspace's server speaks
+ENGINES: dict[str, type[EngineClient]] = {"sglang": SGLangClient, "vllm": VLLMClient, "llamacpp": LlamaCppClient}
+assert tuple(ENGINES) == ENGINE_NAMES, "config.ENGINE_NAMES must list the registry's engines"
 
 __all__ = [
     "DEFAULT_ENGINE",
@@ -22,17 +27,20 @@ __all__ = [
     "HEALTH_TIMEOUT_S",
     "EngineClient",
     "HealthPoller",
+    "LlamaCppClient",
     "NotReady",
     "SGLangClient",
     "ServerError",
+    "VLLMClient",
     "chat_ids",
     "for_workspace",
 ]
 
 
-def for_workspace(cfg, url: str | None = None, engine: str = DEFAULT_ENGINE, **kw) -> SGLangClient:
-    """The client for a workspace's server (`url`, default [server] url of its config.toml), sending the API
-    key from the environment (`config.api_key`). Every client built from a workspace is made here."""
+def for_workspace(cfg, url: str | None = None, engine: str | None = None, **kw) -> EngineClient:
+    """The client for a workspace's server (`url`, default [server] url of its config.toml) speaking `engine`'s
+    protocol (default [server] engine), sending the API key from the environment (`config.api_key`). Every client
+    built from a workspace is made here."""
     key, name = api_key(cfg)
-    hint = name if name == DEFAULT_API_KEY_ENV else f"{name} (named by api_key_env in config.toml)"
-    return ENGINES[engine](url or cfg.server_url, api_key=key, key_env=hint, **kw)
+    hint = name if name == default_key_env(cfg) else f"{name} (named by api_key_env in config.toml)"
+    return ENGINES[engine or cfg.engine](url or cfg.server_url, api_key=key, key_env=hint, **kw)

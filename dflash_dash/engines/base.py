@@ -262,6 +262,31 @@ class EngineClient:
 
     # -- the engine interface
 
+    name = "engine"  # the engine's name in ENGINES, recorded with every completion and engine-stats row
+    stats_source = "answer"  # where its answers carry the speculative statistics (the stats rows' source)
+
+    def model_info(self) -> dict:
+        """What the server serves: {"model_path", "tokenizer_path" (None when the engine has no tokenizer folder),
+        ...}. Raises ServerError."""
+        raise NotImplementedError
+
+    def supports_memory_release(self) -> bool:
+        """Whether the server can free its GPU memory on request (`release_memory`); False unless an engine says so."""
+        return False
+
+    def running_requests(self) -> int | None:
+        """Requests the server runs or queues; None when the engine has no load report."""
+        return None
+
+    def release_memory(self) -> None:
+        raise ServerError(
+            f"{self.name} has no memory-release API here: set [server] stop_command and start_command in "
+            "config.toml, or extract with orchestrate none"
+        )
+
+    def resume_memory(self) -> None:
+        self.release_memory()
+
     def generate(
         self,
         input_ids: list[int] | None = None,
@@ -271,11 +296,56 @@ class EngineClient:
         extra: dict | None = None,
     ) -> dict:
         """Greedy generation of `input_ids` or `text`: {"request": the exact body sent, "text", "output_ids",
-        "meta_info"}, the meta information in the engine's own shape. Raises ServerError."""
+        "meta_info", and "prompt_ids" when the server reported the prompt's ids}, the meta information in the
+        engine's own shape (`meta_info["finish_reason"]` a string or SGLang's {"type", ...}). Raises ServerError."""
         raise NotImplementedError
 
     @staticmethod
     def spec_stats(meta: dict, output_tokens: int) -> dict | None:
-        """An engine-stats row ({verify_steps, accepted_tokens, completion_tokens, accept_lengths, histogram})
-        from one request's meta information, None when the engine did not decode speculatively."""
+        """An engine-stats row (`stats_row`) from one request's meta information in the engine's own shape, None
+        when the engine did not decode speculatively (or reported nothing of it)."""
         raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------
+# engine-stats rows: what every engine's speculative statistics become
+
+
+def count(v: Any) -> int | None:
+    """`v` when it is an integer >= 0 (not a bool), else None."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def counts(v: Any) -> list[int] | None:
+    """`v` when it is a list of integers >= 0, else None."""
+    return [int(x) for x in v] if isinstance(v, list) and all(count(x) is not None for x in v) else None
+
+
+def stats_row(
+    *,
+    verify_steps: int | None,
+    accepted_tokens: int | None,
+    completion_tokens: int | None,
+    drafted_tokens: int | None = None,
+    accept_lengths: list[int] | None = None,
+    histogram: list[int] | None = None,
+    raw: Any = None,
+    wanted: tuple[str, ...] = ("verify_steps", "accepted_tokens", "drafted_tokens"),
+    why: dict[str, str] | None = None,
+) -> dict:
+    """One engine-stats row: verify steps, draft tokens accepted over them (bonus tokens not counted), draft tokens
+    proposed, completion tokens, committed tokens per verify step (`accept_lengths`, bonus included, where the engine
+    gives per-step arrays), the histogram of steps by accepted drafts, the engine's payload as it came (`raw`) and
+    `missing`: "field: why" for each of `wanted` the engine did not report (never guessed)."""
+    row = {
+        "verify_steps": verify_steps,
+        "accepted_tokens": accepted_tokens,
+        "drafted_tokens": drafted_tokens,
+        "completion_tokens": completion_tokens,
+        "accept_lengths": accept_lengths,
+        "histogram": histogram,
+        "raw": raw,
+    }
+    why = why or {}
+    row["missing"] = [f"{k}: {why.get(k, 'not reported')}" for k in wanted if row.get(k) is None]
+    return row

@@ -7,8 +7,9 @@ Contract: `SGLangClient` speaks only the SGLang HTTP protocol on top of the shar
 - Load: `running_requests()` reads `/v1/loads` (newer SGLang) or `/get_load` (older): running plus waiting
   requests, None when the server has neither. SGLang asserts the scheduler is idle when it releases memory.
 - Token ids come from the server's `output_ids` (`parse_generate` refuses an answer without them).
-- `spec_stats` reads SGLang's per-request speculative counters (meta_info `spec_verify_ct`, ...) into an
-  engine-stats row.
+- `spec_stats` reads SGLang's per-request speculative counters (meta_info `spec_verify_ct`, ... under all
+  their names across versions, and `speculative_decoding_stats` with per-step `accept_lengths`) into an
+  engine-stats row; what is not reported is named, never guessed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .base import EngineClient, ServerError, snippet
+from .base import EngineClient, ServerError, count, counts, snippet, stats_row
 
 
 def parse_generate(body: bytes) -> dict:
@@ -53,33 +54,82 @@ def parse_generate(body: bytes) -> dict:
     return {"text": text, "output_ids": list(ids), "meta_info": meta}
 
 
-def _count(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+# SGLang's per-request speculative counters under every name they have had (python/sglang/srt/managers/
+# tokenizer_manager.py, TokenizerManager._calculate_spec_decoding_metrics): the first name found wins.
+VERIFY_KEYS = ("spec_verify_ct",)
+ACCEPTED_KEYS = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")  # new, alias, old
+DRAFTED_KEYS = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")  # new, alias, old
+HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")  # new, old alias
+STEP_KEYS = ("verify_lengths", "accept_lengths")  # per-step arrays, where the server gives them
+STATS_KEY = "speculative_decoding_stats"  # newer SGLang (--speculative-decoding-stats summary|detailed): an object
+
+
+def _first(meta: dict, keys: tuple[str, ...], parse=count):
+    for k in keys:
+        if k in meta:
+            return parse(meta[k])
+    return None
+
+
+def _speculative(meta: dict) -> dict:
+    """The speculative part of `meta` as it came: every spec_* key, the speculative_decoding_stats object and
+    per-step verify_lengths / accept_lengths."""
+    return {k: v for k, v in meta.items() if k.startswith("spec_") or k in (STATS_KEY, *STEP_KEYS)}
 
 
 def spec_stats(meta: dict, output_tokens: int) -> dict | None:
-    """An engine-stats row from SGLang's meta_info of one request (None when the server did not decode
-    speculatively: no spec_verify_ct). completion_tokens from meta_info, else the output ids' count."""
-    verify = _count((meta or {}).get("spec_verify_ct"))
-    if verify is None:
+    """An engine-stats row (`base.stats_row`) from SGLang's meta_info of one request, None when the server did not
+    decode speculatively (no spec_* key, no speculative_decoding_stats). Counters are read under all their names
+    (VERIFY_KEYS, ACCEPTED_KEYS, DRAFTED_KEYS, HISTOGRAM_KEYS), else from speculative_decoding_stats
+    (num_verification_steps, num_accepted_draft_tokens, num_verified_draft_tokens), else from the per-step
+    `accept_lengths` (committed tokens per verify step, bonus included) and `verify_lengths` (drafts verified + 1)
+    of speculative_decoding_stats or meta_info itself.
+    completion_tokens from meta_info, else the output ids' count. What SGLang did not report is named in
+    `missing`, never guessed."""
+    raw = _speculative(meta or {})
+    if not raw:
         return None
-    n = _count(meta.get("completion_tokens"))
-    acc = _count(meta.get("spec_accept_token_num", meta.get("spec_accepted_drafts")))
-    hist = meta.get("spec_accept_histogram")
-    hist = [int(h) for h in hist] if isinstance(hist, list) and all(_count(h) is not None for h in hist) else None
-    return {
-        "verify_steps": verify,
-        "accepted_tokens": acc,
-        "completion_tokens": output_tokens if n is None else n,
-        "accept_lengths": None,
-        "histogram": hist,
-    }
+    det = meta.get(STATS_KEY) if isinstance(meta.get(STATS_KEY), dict) else {}
+    verify = _first(meta, VERIFY_KEYS)
+    if verify is None:
+        verify = count(det.get("num_verification_steps"))
+    acc = _first(meta, ACCEPTED_KEYS)
+    if acc is None:
+        acc = count(det.get("num_accepted_draft_tokens"))
+    drafted = _first(meta, DRAFTED_KEYS)
+    if drafted is None:
+        drafted = count(det.get("num_verified_draft_tokens"))
+    lens = counts(det.get("accept_lengths", meta.get("accept_lengths")))
+    if lens is not None and verify is None:
+        verify = len(lens)
+    if lens is not None and acc is None:
+        acc = sum(lens) - len(lens)
+    vlens = counts(det.get("verify_lengths", meta.get("verify_lengths")))  # drafts verified per step + 1
+    if vlens is not None and drafted is None:
+        drafted = sum(vlens) - len(vlens)
+    n = count(meta.get("completion_tokens"))
+    return stats_row(
+        verify_steps=verify,
+        accepted_tokens=acc,
+        drafted_tokens=drafted,
+        completion_tokens=output_tokens if n is None else n,
+        accept_lengths=lens,
+        histogram=_first(meta, HISTOGRAM_KEYS, counts),
+        raw=raw,
+        why={
+            "verify_steps": "no spec_verify_ct or speculative_decoding_stats.num_verification_steps",
+            "accepted_tokens": f"none of {', '.join(ACCEPTED_KEYS)}",
+            "drafted_tokens": f"none of {', '.join(DRAFTED_KEYS)}",
+        },
+    )
 
 
 @dataclass
 class SGLangClient(EngineClient):
     """An SGLang server's client: `EngineClient` plus SGLang's info, load, generation and memory routes."""
 
+    name = "sglang"
+    stats_source = "meta_info"
     spec_stats = staticmethod(spec_stats)
 
     # -- information

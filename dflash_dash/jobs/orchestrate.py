@@ -81,7 +81,7 @@ def run_extract(store: Store, op: ops.Extract, rep: Reporter) -> dict:
     return {"extraction": ex_id}
 
 
-def free_gpu(client: engines.SGLangClient, cfg: config_mod.WorkspaceConfig, mode: str, rep: Reporter) -> str | None:
+def free_gpu(client: engines.EngineClient, cfg: config_mod.WorkspaceConfig, mode: str, rep: Reporter) -> str | None:
     """Free the GPU the server holds: "release" (memory-release API), "command" (stop command) or None."""
     if mode == "none":
         rep.note("orchestrate none: the server is left as it is")
@@ -109,6 +109,8 @@ def free_gpu(client: engines.SGLangClient, cfg: config_mod.WorkspaceConfig, mode
         why = (
             "memory_release = false in config.toml"
             if not cfg.memory_release
+            else f"{client.name} offers no memory release here"
+            if client.name != "sglang"
             else "the server does not report enable_memory_saver (start SGLang with --enable-memory-saver)"
         )
         if not cfg.stop_command:
@@ -149,7 +151,7 @@ def free_gpu(client: engines.SGLangClient, cfg: config_mod.WorkspaceConfig, mode
 
 
 def wait_idle(
-    client: engines.SGLangClient,
+    client: engines.EngineClient,
     cfg: config_mod.WorkspaceConfig,
     rep: Reporter,
     timeout: float = IDLE_WAIT_S,
@@ -198,7 +200,7 @@ def wait_idle(
         time.sleep(min(poll, timeout - waited))
 
 
-def restore(client: engines.SGLangClient, cfg: config_mod.WorkspaceConfig, freed: str, rep: Reporter) -> None:
+def restore(client: engines.EngineClient, cfg: config_mod.WorkspaceConfig, freed: str, rep: Reporter) -> None:
     """Give the server its GPU back and wait for /health 200 (SIGTERM is ignored meanwhile)."""
     proc = None
     if freed == "command":  # spawned before SIGTERM is ignored: the server must not inherit SIG_IGN

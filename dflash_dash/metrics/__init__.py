@@ -3,7 +3,8 @@
 Contract: plain per-round data in, numbers out (no torch, no store, no Streamlit). `registry` holds THE registry
 (`REGISTRY`, `BY_KEY`, `summarize`, `show`, `label`, ...): adding a metric is one entry there, its function in
 its topic's module (`core`: tau and acceptance by depth; `calibration`; `spread`: statistics over prompts;
-`budget`: a chain at the DDTree budget; `lag`: one-position draft lag; `engine`: engine conformance) and its
+`budget`: a chain at the DDTree budget; `lag`: one-position draft lag; `engine`: engine conformance;
+`engine_tau`: each serving engine's numbers as the replay's tau) and its
 test. `base` holds what every metric reads (`Prompt`, `Ctx`) and the `Metric` entry. This package's public API is
 the names below: callers write `metrics.X`.
 """
@@ -54,6 +55,13 @@ from .core import (
 from .engine import (
     CONFORMANCE,
 )
+from .engine_tau import (
+    REPLAY_FORMULA as ENGINE_TAU_FORMULA,
+    EngineTau,
+    convert as convert_engine_tau,
+    own_figure as engine_own_figure,
+    replay_tau as engine_replay_tau,
+)
 from .headroom import MISSED
 from .lag import (
     LAG_FORMULA,
@@ -101,6 +109,8 @@ __all__ = [
     "CAL_BINS",
     "CONFORMANCE",
     "Ctx",
+    "ENGINE_TAU_FORMULA",
+    "EngineTau",
     "HEADLINE",
     "LAG_FORMULA",
     "MISSED",
@@ -126,12 +136,15 @@ __all__ = [
     "chain_tau_at_budget_run",
     "complete",
     "confidence_reliability",
+    "convert_engine_tau",
     "confidence_depth",
     "depth_conditional",
     "depth_counts",
     "depth_marginal",
     "depth_samples",
     "ece_of",
+    "engine_own_figure",
+    "engine_replay_tau",
     "every_anchor",
     "every_anchor_run",
     "expected_rounds",

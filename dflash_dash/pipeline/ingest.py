@@ -192,10 +192,11 @@ def _no_tokenizer(tok_dir: str | None) -> str:
 
 
 def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner | None = None) -> int:
-    """Greedy completions of `op.prompt_set` (built-in name or JSONL file) from the SGLang server at `op.server`
-    (None: the workspace config's), stored as set `op.name`, each committed as it arrives; prompts already in
-    the set are skipped, so an interrupted fetch continues when run again. Returns how many completions were
-    fetched now.
+    """Greedy completions of `op.prompt_set` (built-in name or JSONL file) from the serving engine at `op.server`
+    (None: the workspace config's; the engine its [server] engine names: sglang, vllm or llamacpp), stored as set
+    `op.name` with the engine's name, each committed as it arrives; prompts already in the set are skipped, so an
+    interrupted fetch continues when run again (from the same engine and model only). Returns how many
+    completions were fetched now.
 
     Prompts are tokenised locally (tokenizer from `tokenizer` or the server's `tokenizer_path`: a readable
     folder, or a hub id found in the local Hugging Face cache; with `chat`, wrapped in its chat template) and
@@ -224,13 +225,20 @@ def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner
         client = engines.for_workspace(cfg, server, timeout=op.request_timeout)
     except ValueError as e:
         raise InputError(f"--server: {e}") from None
+    kept = store.completions(name)
+    engine_was = {r.get("engine") or engines.DEFAULT_ENGINE for r in kept}
+    if engine_was and client.name not in engine_was:  # known before the server is asked anything
+        raise InputError(
+            f"set {name!r} was fetched from engine {sorted(engine_was)[0]} but the workspace's server is "
+            f"{client.name} ([server] engine in config.toml); use another --name"
+        )
     client.wait_ready(
         readiness_timeout,
         progress=lambda t, state: tick(progress, len(done), n, f"waiting for {server}/health: {state} ({t:.0f} s)"),
     )
     info = client.model_info()
     model_path = info.get("model_path")
-    earlier = {r["model_path"] for r in store.completions(name)} - {None}
+    earlier = {r["model_path"] for r in kept} - {None}
     if earlier and model_path not in earlier:
         raise InputError(
             f"set {name!r} was fetched from model {sorted(earlier)[0]} but {server} serves "
@@ -274,14 +282,14 @@ def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner
             ) from None
         meta = res["meta_info"]
         if ids is None:
-            ids = meta.get("input_ids")
+            ids = res.get("prompt_ids") or meta.get("input_ids")
             if not isinstance(ids, list) or not ids:
                 raise InputError(
                     f"prompt {p['id']!r}: no tokenizer is readable here and the server did not "
                     f"report the prompt's token ids; {_no_tokenizer(tok_dir)}"
                 )
         fin = meta.get("finish_reason")
-        record_engine_stats(store, name, p["id"], meta, len(res["output_ids"]), server)  # before: a rerun redoes both
+        record_engine_stats(store, name, p["id"], res, client, server)  # before: a rerun redoes both
         store.add_completion(
             name,
             {
@@ -295,6 +303,7 @@ def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner
                 "meta_info": meta,
                 "request": res["request"],
                 "model_path": model_path,
+                "engine": client.name,
             },
         )
         fetched += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import engines, metrics
+from .. import metrics
 from ..ops import InputError
 from ..store import Store, StoreError
 
@@ -117,17 +117,14 @@ def analyses(store: Store, r: dict) -> dict:
 # engine conformance: what a serving engine reported beside what the replay says it must reach
 
 
-def record_engine_stats(
-    store: Store, set_name: str, prompt_id: str, meta: dict, output_tokens: int, server: str
-) -> None:
-    """At fetch: SGLang's per-request speculative counters (meta_info) as engine "sglang" stats of the prompt; a
-    server that decoded plainly reports none and nothing is recorded. (The one way engine stats of SGLang enter
-    the store; `conformance` reads engine_stats only.)"""
-    from ..analysis import conformance as conformance_mod
-
-    row = engines.SGLangClient.spec_stats(meta, output_tokens)
+def record_engine_stats(store: Store, set_name: str, prompt_id: str, res: dict, client, server: str) -> None:
+    """At fetch: the per-request speculative statistics of one answer (`res` of `client.generate`), read in the
+    engine's own shape (`client.spec_stats`), as stats of engine `client.name` for the prompt; a server that
+    decoded plainly reports none and nothing is recorded. (The one way engine stats of a fetch enter the store;
+    `conformance` reads engine_stats only.)"""
+    row = client.spec_stats(res["meta_info"], len(res["output_ids"]))
     if row is not None:
-        store.add_engine_stats(set_name, conformance_mod.SGLANG, [row | {"id": prompt_id}], f"meta_info of {server}")
+        store.add_engine_stats(set_name, client.name, [row | {"id": prompt_id}], f"{client.stats_source} of {server}")
 
 
 def import_engine_stats(store: Store, file: str | Path, completions: str, engine: str) -> int:
@@ -190,7 +187,7 @@ def conformance(
     order = {c["prompt_id"]: c["idx"] for c in store.completions(set_name)}
     prompts = sorted(store.run_prompts(r["id"]), key=lambda p: (order.get(p["prompt_id"], 0), p["prompt_id"]))
     stats = store.engine_stats(set_name, eng)
-    rows = conformance_mod.compare(prompts, stats, thr)
+    rows = conformance_mod.compare(prompts, stats, thr, eng)
     return conformance_mod.report(r["id"], eng, thr, rows), rows, conformance_mod.missing(prompts, stats)
 
 

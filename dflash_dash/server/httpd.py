@@ -1,4 +1,7 @@
-"""The stand-in's HTTP server: routes, API keys, startup and readiness, with SGLang's shapes and behaviour.
+"""The stand-in's HTTP server: routes, API keys, startup and readiness, in the shapes and behaviour of the engine
+named by --protocol: SGLang (default, below), vLLM (`vllm_api`) or llama.cpp (`llamacpp_api`), whose modules hold
+their routes, shapes and startup. Every protocol decodes through `protocol.decode` (greedy, or speculatively with
+--speculative-draft, --speculative-bug faults included).
 
 Contract: this is NOT SGLang. It exists for tests, the demo and offline use, and speaks exactly this subset of
 SGLang's HTTP protocol (`protocol` holds the request and answer shapes), with SGLang's startup behaviour:
@@ -30,6 +33,7 @@ from __future__ import annotations
 import hmac
 import json
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -38,7 +42,7 @@ from typing import Any
 import torch
 
 from ..drafters import CheckpointError, read_config
-from . import faults, specdec
+from . import faults, llamacpp_api, specdec, vllm_api
 from .model import Engine
 from .protocol import BadRequest, log, run_chat, run_generate
 
@@ -50,6 +54,11 @@ class Handler(BaseHTTPRequestHandler):
     @property
     def eng(self) -> Engine:
         return self.server.engine  # type: ignore[attr-defined]
+
+    @property
+    def proto(self):
+        """The protocol module of --protocol vllm | llamacpp (`vllm_api`, `llamacpp_api`); None: SGLang's, here."""
+        return getattr(self.server, "protocol", None)
 
     def log_message(self, fmt: str, *args) -> None:
         log(f"{self.address_string()} {fmt % args}")
@@ -70,7 +79,8 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def error(self, status: int, message: str) -> None:
-        self.reply(status, {"error": {"message": message, "code": status}})
+        body = self.proto.error(status, message) if self.proto else {"error": {"message": message, "code": status}}
+        self.reply(status, body)
 
     def body(self) -> Any:
         try:
@@ -96,7 +106,8 @@ class Handler(BaseHTTPRequestHandler):
     def authorized(self, path: str) -> bool:
         """True when the request may proceed; else answers 401 as SGLang's --api-key middleware does."""
         key = getattr(self.server, "api_key", None)
-        if not key or path.startswith(("/health", "/metrics")):
+        exempt = self.proto.open_path(path) if self.proto else path.startswith(("/health", "/metrics"))
+        if not key or exempt:
             return True
         got = self.headers.get("Authorization") or ""
         if hmac.compare_digest(got.encode(), f"Bearer {key}".encode()):
@@ -107,13 +118,51 @@ class Handler(BaseHTTPRequestHandler):
             n, self.close_connection = 0, True
         if n > 0:
             self.rfile.read(n)
-        self.reply(401, {"error": "Unauthorized"})
+        self.reply(401, self.proto.unauthorized() if self.proto else {"error": "Unauthorized"})
         return False
+
+    def loading(self) -> bool:
+        """llama-server answers every route 503 "Loading model" until loaded: True when it answered so."""
+        if self.proto is None or self.proto.NAME != "llamacpp" or self.ready() is None:
+            return False
+        try:
+            n = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            n, self.close_connection = 0, True
+        if n > 0:
+            self.rfile.read(n)
+        self.error(503, self.proto.LOADING)
+        return True
+
+    def other_get(self, path: str) -> None:
+        """GET in the vLLM or llama.cpp protocol (`self.proto`)."""
+        if path == "/health" and self.proto.NAME == "vllm":
+            return self.reply(200) if self.ready() is None else self.error(503, "the engine is not running")
+        got = self.proto.get(self.eng, path)
+        if got is None:
+            return self.reply(404, self.proto.not_found(path))
+        self.reply(*got)
+
+    def other_post(self, path: str) -> None:
+        """POST in the vLLM or llama.cpp protocol (`self.proto`)."""
+        req = self.body()
+        got = self.proto.post(self.eng, path, req)
+        if got is None:
+            return self.reply(404, self.proto.not_found(path))
+        self.reply(*got)
 
     def do_GET(self) -> None:  # noqa: N802
         eng, path = self.eng, self.path.split("?", 1)[0]
-        if not self.authorized(path):
+        if self.loading() or not self.authorized(path):
             return
+        if self.proto is not None:
+            try:
+                return self.other_get(path)
+            except BadRequest as e:
+                return self.error(e.status, str(e))
+            except Exception as e:  # noqa: BLE001  (a handler bug must not kill the server)
+                log(f"error on GET {path}: {e!r}")
+                return self.error(500, f"internal error: {e}")
         info = {
             "model_path": str(eng.model_dir),
             "tokenizer_path": str(eng.model_dir) if eng.tokenizer else None,
@@ -192,8 +241,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         eng, path = self.eng, self.path.split("?", 1)[0]
-        if not self.authorized(path):
+        if self.loading() or not self.authorized(path):
             return
+        if self.proto is not None:
+            try:
+                return self.other_post(path)
+            except BadRequest as e:
+                return self.error(e.status, str(e))
+            except Exception as e:  # noqa: BLE001  (a handler bug must not kill the server)
+                log(f"error on POST {path}: {e!r}")
+                return self.error(500, f"internal error: {e!r}")
         try:
             if path not in (
                 "/generate",
@@ -247,37 +304,22 @@ class Server(ThreadingHTTPServer):
         log(f"connection error with {client_address}: {sys.exc_info()[1]!r}")
 
 
-def serve(
-    model: str,
-    host: str = "127.0.0.1",
-    port: int = 30000,
-    startup_delay: float = 0.0,
-    device: str | None = None,
-    health_delay: float = 0.0,
-    api_key: str | None = None,
-    speculative_draft: str | None = None,
-    speculative_bug: str | None = None,
-    token_delay: float = 0.0,
-) -> None:
-    """Load `model` (and the DFlash drafter `speculative_draft`, when given) and serve it until interrupted
-    (blocking). See the module docstring for the protocol."""
-    t0 = time.monotonic()
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    eng = Engine(
-        model_dir=Path(model).resolve(),
-        device=device,
-        health_delay=max(0.0, health_delay),
-        token_delay=max(0.0, token_delay),
-    )
-    if not (eng.model_dir / "config.json").exists():
-        raise SystemExit(f"no config.json in {eng.model_dir}: --model must be a Hugging Face model folder")
-    if speculative_bug and not speculative_draft:
-        raise SystemExit("--speculative-bug needs --speculative-draft CKPT (it breaks the speculative decoder)")
-    if speculative_bug and speculative_bug not in faults.BUGS:
-        raise SystemExit(f"--speculative-bug {speculative_bug!r}: expected one of {', '.join(faults.BUGS)}")
-    if speculative_draft:
-        eng.spec = specdec.Speculator(speculative_draft, device, speculative_bug)
-    log(f"loading {eng.model_dir} on {device} (port {port} not bound until loaded)")
+PROTOCOLS = ("sglang", "vllm", "llamacpp")  # --protocol: the engine whose HTTP protocol the stand-in speaks
+
+
+def bind(host: str, port: int, eng: Engine, api_key: str | None, protocol: str) -> Server:
+    try:
+        httpd = Server((host, port), Handler)
+    except OSError as e:
+        raise SystemExit(f"cannot listen on {host}:{port}: {e}; choose another --port or stop what holds it") from None
+    httpd.engine = eng  # type: ignore[attr-defined]
+    httpd.api_key = api_key or None  # type: ignore[attr-defined]
+    httpd.protocol = {"vllm": vllm_api, "llamacpp": llamacpp_api}.get(protocol)  # type: ignore[attr-defined]
+    return httpd
+
+
+def load(eng: Engine, speculative_draft: str | None, speculative_bug: str | None) -> None:
+    """Load the model, the drafter and the tokenizer (SystemExit naming a bad drafter)."""
     try:
         eng.load()
     except CheckpointError as e:
@@ -294,21 +336,76 @@ def serve(
         )
     eng.load_tokenizer()
     log(f"linear-attention kernels: {eng.backend}")
+
+
+def serve(
+    model: str,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    startup_delay: float = 0.0,
+    device: str | None = None,
+    health_delay: float = 0.0,
+    api_key: str | None = None,
+    speculative_draft: str | None = None,
+    speculative_bug: str | None = None,
+    token_delay: float = 0.0,
+    protocol: str = "sglang",
+    speculative_stats: str = "none",
+) -> None:
+    """Load `model` (and the DFlash drafter `speculative_draft`, when given) and serve it in `protocol`'s shapes
+    until interrupted (blocking), starting up as that engine does: SGLang binds after loading and answers /health
+    503 for the second half of `startup_delay`; vLLM binds only after loading and the whole delay; llama.cpp binds
+    first and answers 503 "Loading model" while loading and for the delay. See the module docstrings."""
+    t0 = time.monotonic()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if protocol not in PROTOCOLS:
+        raise SystemExit(f"--protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+    eng = Engine(
+        model_dir=Path(model).resolve(),
+        device=device,
+        health_delay=max(0.0, health_delay),
+        token_delay=max(0.0, token_delay),
+        spec_stats=speculative_stats,
+    )
+    if not (eng.model_dir / "config.json").exists():
+        raise SystemExit(f"no config.json in {eng.model_dir}: --model must be a Hugging Face model folder")
+    if speculative_bug and not speculative_draft:
+        raise SystemExit("--speculative-bug needs --speculative-draft CKPT (it breaks the speculative decoder)")
+    if speculative_bug and speculative_bug not in faults.BUGS:
+        raise SystemExit(f"--speculative-bug {speculative_bug!r}: expected one of {', '.join(faults.BUGS)}")
+    if speculative_draft:
+        eng.spec = specdec.Speculator(speculative_draft, device, speculative_bug)
     startup_delay = max(0.0, startup_delay)
-    time.sleep(startup_delay / 2)
-    try:
-        httpd = Server((host, port), Handler)
-    except OSError as e:
-        raise SystemExit(f"cannot listen on {host}:{port}: {e}; choose another --port or stop what holds it") from None
-    httpd.engine = eng  # type: ignore[attr-defined]
-    httpd.api_key = api_key or None  # type: ignore[attr-defined]
-    eng.ready_at = time.monotonic() + startup_delay / 2
+    if protocol == "llamacpp":  # bound first, 503 "Loading model" until loaded and the delay is over
+        httpd = bind(host, port, eng, api_key, protocol)
+        log(f"{protocol} protocol on {host}:{port}; loading {eng.model_dir} on {device} (/health 503 until loaded)")
+        loader = threading.Thread(target=run_forever, args=(httpd,), name="serve", daemon=True)
+        loader.start()
+        load(eng, speculative_draft, speculative_bug)
+        eng.ready_at = time.monotonic() + startup_delay
+        log(f"loaded in {time.monotonic() - t0:.1f} s; ready in {startup_delay:g} s")
+        try:
+            while loader.is_alive():
+                loader.join(0.5)
+        except KeyboardInterrupt:
+            log("interrupted")
+        return
+    log(f"loading {eng.model_dir} on {device} (port {port} not bound until loaded)")
+    load(eng, speculative_draft, speculative_bug)
+    warmup = startup_delay / 2 if protocol == "sglang" else 0.0  # vLLM: no /health 503 phase once bound
+    time.sleep(startup_delay - warmup)
+    httpd = bind(host, port, eng, api_key, protocol)
+    eng.ready_at = time.monotonic() + warmup
     bound = httpd.server_address
     log(
-        f"loaded in {time.monotonic() - t0:.1f} s; listening on http://{bound[0]}:{bound[1]} "
-        f"(warming up {startup_delay / 2:g} s; tokenizer: {'yes' if eng.tokenizer else 'none'}; "
+        f"loaded in {time.monotonic() - t0:.1f} s; {protocol} protocol on http://{bound[0]}:{bound[1]} "
+        f"(warming up {warmup:g} s; tokenizer: {'yes' if eng.tokenizer else 'none'}; "
         f"/health takes {eng.health_delay:g} s; API key: {'required' if api_key else 'none'})"
     )
+    run_forever(httpd)
+
+
+def run_forever(httpd: Server) -> None:
     try:
         httpd.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:

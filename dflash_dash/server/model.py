@@ -51,6 +51,10 @@ class Engine:
     waiting: int = 0  # generations queued for `lock`
     count_lock: threading.Lock = field(default_factory=threading.Lock)  # guards running / waiting
     spec: specdec.Speculator | None = None  # the DFlash speculative decoder (--speculative-draft), None: plain greedy
+    totals: dict = field(default_factory=dict)  # server-wide speculative counters (vLLM's /metrics), count_lock
+    spec_stats: str = "none"  # per-request speculative statistics in answers: none | summary | detailed (the
+    #                           engines' own switches: SGLang --speculative-decoding-stats, vLLM
+    #                           --per-request-spec-decode-metrics)
 
     # -- loading
 
@@ -216,9 +220,9 @@ class Engine:
         stops: list[str],
         skip_special: bool = True,
         trim: bool = True,
-    ) -> tuple[list[int], str, dict, dict]:
+    ) -> tuple[list[int], str, dict, specdec.Counters]:
         """Greedy decode the speculative way (`specdec`), stopping as `greedy` does: (output ids, text,
-        finish_reason, SGLang's speculative counters). Caller holds the lock."""
+        finish_reason, the speculative counters, which each protocol shapes its own way). Caller holds the lock."""
         model = self.live_model()
 
         def stop(out: list[int]) -> dict | None:
@@ -232,7 +236,9 @@ class Engine:
             return None
 
         out, finish, counters = self.spec.decode(model, ids, max_new, stop)
+        if self.token_delay > 0:  # a slower model: the delay per verify step, as greedy decoding's per token
+            time.sleep(self.token_delay * counters.verify_ct)
         text = self.decode(out, skip_special)
         if trim and isinstance(finish.get("matched"), str):
             text = text[: text.find(finish["matched"])]
-        return out, text, finish, counters.meta(len(out))
+        return out, text, finish, counters

@@ -7,13 +7,14 @@ from __future__ import annotations
 import argparse
 
 from . import faults
-from .httpd import serve
+from .httpd import PROTOCOLS, serve
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="python -m dflash_dash.server",
-        description="Local SGLang stand-in (tests, demo, offline): one transformers model, greedy decoding.",
+        description="Local stand-in for an SGLang, vLLM or llama.cpp server (tests, demo, offline): one "
+        "transformers model, greedy decoding.",
     )
     serve_args(p)
     speculative_args(p)
@@ -33,12 +34,21 @@ def run(a: argparse.Namespace) -> None:
         a.speculative_draft,
         a.speculative_bug,
         a.token_delay,
+        a.protocol,
+        a.speculative_stats,
     )
 
 
 def serve_args(p: argparse.ArgumentParser) -> None:
     """The stand-in's own options (shared with `python -m dflash_dash serve`)."""
     p.add_argument("--model", required=True, help="Hugging Face model folder (config.json + safetensors)")
+    p.add_argument(
+        "--protocol",
+        default="sglang",
+        choices=list(PROTOCOLS),
+        help="the engine whose HTTP protocol, startup, errors and speculative statistics to speak: sglang "
+        "(/generate), vllm (/v1/completions), llamacpp (/completion) (default sglang)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="port to bind (default 30000)")
     p.add_argument(
@@ -58,7 +68,8 @@ def serve_args(p: argparse.ArgumentParser) -> None:
         "--token-delay",
         type=float,
         default=0.0,
-        help="extra seconds per greedily decoded token, to model a slower model (default 0)",
+        help="extra seconds per greedily decoded token (per verify step when decoding speculatively), to model a "
+        "slower model (default 0)",
     )
     p.add_argument(
         "--api-key",
@@ -83,4 +94,13 @@ def speculative_args(p: argparse.ArgumentParser) -> None:
         help="TEST AID: serve a deliberately broken speculative decoder, for conformance tests "
         f"(truncate-context: the drafter sees only the last {faults.TRUNCATE} context positions; "
         "layer-off-by-one: it gets decoder layer l-1's output for target layer id l)",
+    )
+    p.add_argument(
+        "--speculative-stats",
+        default="none",
+        choices=["none", "summary", "detailed"],
+        help="per-request speculative statistics in answers, as the engine's own switch gives them (SGLang "
+        "--speculative-decoding-stats: speculative_decoding_stats; vLLM --per-request-spec-decode-metrics: "
+        "metrics.speculative_decoding); detailed adds per-step arrays. SGLang's spec_* counters and llama.cpp's "
+        "draft counts come regardless (default none)",
     )

@@ -78,6 +78,46 @@ def check_greedy(temperature: Any, top_k: Any = None) -> None:
         )
 
 
+def decode(
+    eng: Engine,
+    ids: list[int],
+    max_new: int,
+    stop_ids: set[int],
+    stops: list[str],
+    skip: bool = True,
+    trim: bool = True,
+) -> tuple[list[int], str, dict, Any]:
+    """Decode `ids` greedily under the generation lock, speculatively when a drafter is loaded: (output ids, text,
+    finish_reason {"type": "stop", "matched"} | {"type": "length", "length"}, the speculative counters or None).
+    Every protocol decodes through here. An id outside the vocabulary answers 400."""
+    with eng.generating():
+        if eng.vocab_size and max(ids) >= eng.vocab_size:
+            raise BadRequest(f"input id {max(ids)} is out of the vocabulary (size {eng.vocab_size})")
+        if eng.spec is not None:
+            return eng.speculative(ids, max_new, stop_ids, stops, skip, trim)
+        return (*eng.greedy(ids, max_new, stop_ids, stops, skip, trim), None)
+
+
+def sglang_stats(counters, completion_tokens: int, level: str) -> dict:
+    """SGLang's speculative meta_info: its spec_* counters (`specdec.Counters.meta`) and, at level summary or
+    detailed, the speculative_decoding_stats object (detailed: per-step verify_lengths / accept_lengths, drafts + 1)
+    as TokenizerManager._calculate_spec_decoding_metrics writes them."""
+    out = counters.meta(completion_tokens)
+    if level == "none":
+        return out
+    n, acc, k = counters.verify_ct, sum(counters.accepted), counters.block_size - 1
+    stats = {
+        "num_verification_steps": n,
+        "num_verified_draft_tokens": n * k,
+        "num_accepted_draft_tokens": acc,
+        "draft_acceptance_rate": acc / (n * k) if n else 0.0,
+        "mean_accept_length": (acc + n) / n if n else 0.0,
+    }
+    if level == "detailed":
+        stats |= {"verify_lengths": [k + 1] * n, "accept_lengths": [a + 1 for a in counters.accepted]}
+    return out | {"speculative_decoding_stats": stats}
+
+
 def run_generate(eng: Engine, req: Any) -> dict:
     """POST /generate: validate `req`, decode, answer in SGLang's shape."""
     t0 = time.perf_counter()
@@ -119,16 +159,10 @@ def run_generate(eng: Engine, req: Any) -> dict:
     rid = req.get("rid") or uuid.uuid4().hex
     if not isinstance(rid, str):
         raise BadRequest("`rid` must be a string")
-    with eng.generating():
-        if eng.vocab_size and max(ids) >= eng.vocab_size:
-            raise BadRequest(f"input id {max(ids)} is out of the vocabulary (size {eng.vocab_size})")
-        eos = set() if sp.get("ignore_eos") else eng.eos_ids
-        how = (eos | set(stop_tok), stops, bool(sp.get("skip_special_tokens", True)), not sp.get("no_stop_trim", False))
-        spec: dict = {}
-        if eng.spec is not None:
-            out, text, finish, spec = eng.speculative(ids, max_new, *how)
-        else:
-            out, text, finish = eng.greedy(ids, max_new, *how)
+    eos = set() if sp.get("ignore_eos") else eng.eos_ids
+    how = (eos | set(stop_tok), stops, bool(sp.get("skip_special_tokens", True)), not sp.get("no_stop_trim", False))
+    out, text, finish, counters = decode(eng, ids, max_new, *how)
+    spec = sglang_stats(counters, len(out), eng.spec_stats) if counters is not None else {}
     meta = {
         "id": rid,
         "prompt_tokens": len(ids),

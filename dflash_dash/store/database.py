@@ -23,7 +23,7 @@ from . import schema
 from .errors import StoreError
 
 DB_NAME = "dflash.duckdb"
-JSON_COLS = {"meta_info", "request", "versions", "config", "summary", "args", "result", "layer_ids_json"}
+JSON_COLS = {"meta_info", "request", "versions", "config", "summary", "args", "result", "layer_ids_json", "raw"}
 REENTRY_S = 0.01  # a process re-locking sooner than this after its own release steps aside first
 _last_release = -1.0  # monotonic time this process last released the store lock
 

@@ -67,13 +67,14 @@ class Store(Database):
                         pa.string(),
                     ),
                     "model_path": pa.array([c.get("model_path") for c in cs], pa.string()),
+                    "engine": pa.array([c.get("engine") for c in cs], pa.string()),
                 }
             )
             con.register("_add_completions", t)
             try:
                 con.execute(
                     "INSERT OR REPLACE INTO completions (set_name, prompt_id, idx, prompt, output, prompt_ids, "
-                    "output_ids, finish_reason, meta_info, request, model_path) SELECT * FROM _add_completions"
+                    "output_ids, finish_reason, meta_info, request, model_path, engine) SELECT * FROM _add_completions"
                 )
             finally:
                 con.unregister("_add_completions")
@@ -320,11 +321,13 @@ class Store(Database):
 
     def add_engine_stats(self, set_name: str, engine: str, rows: list[dict], source: str) -> None:
         """Insert or replace engine `engine`'s stats of prompts of set `set_name` in one transaction; rows hold
-        id, verify_steps, accepted_tokens, completion_tokens, accept_lengths, histogram (None where unknown)."""
+        id, verify_steps, accepted_tokens, completion_tokens, accept_lengths, histogram, drafted_tokens, missing
+        (the fields the engine did not report) and raw (its payload as it came), None where unknown."""
         with self.connect() as con:
             con.executemany(
                 "INSERT OR REPLACE INTO engine_stats (set_name, prompt_id, engine, verify_steps, accepted_tokens, "
-                "completion_tokens, accept_lengths, histogram, source) VALUES (?,?,?,?,?,?,?,?,?)",
+                "completion_tokens, accept_lengths, histogram, source, drafted_tokens, missing, raw) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 [
                     [
                         set_name,
@@ -336,6 +339,9 @@ class Store(Database):
                         r.get("accept_lengths"),
                         r.get("histogram"),
                         source,
+                        r.get("drafted_tokens"),
+                        r.get("missing") or None,
+                        json.dumps(r["raw"]) if r.get("raw") is not None else None,
                     ]
                     for r in rows
                 ],

@@ -110,5 +110,14 @@ MIGRATIONS: list[str | Callable] = [
     # file read (a LIST-column row, or a BLOB column, cost about a second at 1,000 prompts x 2,560 tokens: DuckDB
     # scans the whole column)
     _v7_arrays_to_files,
+    # v8: several serving engines: the engine each completion came from (sglang, vllm, llamacpp), and engine stats
+    # kept in the engine's own terms: draft tokens proposed, the fields the engine did not report (never guessed),
+    # and the engine's speculative payload as it came (JSON)
+    """
+    ALTER TABLE completions ADD COLUMN engine VARCHAR;
+    ALTER TABLE engine_stats ADD COLUMN drafted_tokens INTEGER;
+    ALTER TABLE engine_stats ADD COLUMN missing VARCHAR[];
+    ALTER TABLE engine_stats ADD COLUMN raw VARCHAR;
+    """,
 ]
 VERSION = len(MIGRATIONS)

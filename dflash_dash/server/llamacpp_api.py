@@ -1,0 +1,177 @@
+"""llama.cpp's HTTP protocol as the local stand-in speaks it (`serve --protocol llamacpp`): routes, request
+validation, answer shapes, API keys, errors.
+
+Contract: this is NOT llama-server; it speaks exactly this subset of llama-server's native protocol, in the shapes
+llama.cpp's own code writes (ggml-org/llama.cpp tools/server/; the source beside each):
+- Startup: llama-server binds its port first and loads the model after; while loading (and for --startup-delay
+  after) every route answers 503 {"error": {"code": 503, "message": "Loading model", "type":
+  "unavailable_error"}}; then GET /health answers 200 {"status": "ok"}.
+- GET /props -> {"default_generation_settings", "total_slots": 1, "model_path", "chat_template", "build_info"};
+  GET /v1/models (OpenAI list).
+- POST /completion (server-task.cpp, params_from_json_cmpl): "prompt" a list of token ids or a string, "n_predict"
+  (-1: until end of generation, capped here at MAX_PREDICT), "temperature" <= 0 or "top_k" 1 (greedy only),
+  "stop" (strings), "ignore_eos", "return_tokens", "cache_prompt", "stream" (false). Answer
+  (server_task_result_cmpl_final::to_json_non_oaicompat): {"index", "content", "tokens" (the generated ids with
+  return_tokens, else []), "id_slot", "stop": true, "model", "tokens_predicted", "tokens_evaluated",
+  "generation_settings", "prompt", "has_new_line", "truncated", "stop_type" ("eos" | "word" | "limit"),
+  "stopping_word", "tokens_cached", "timings"}; timings (result_timings::to_json) carry draft_n and
+  draft_n_accepted when a drafter made drafts. generation_settings carry speculative.n_max and speculative.n_min,
+  both B-1 with the DFlash drafter (every block drafts B-1 tokens).
+- --api-key: every route except /health, /v1/health, /models and /v1/models wants `Authorization: Bearer KEY`,
+  else 401 {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}}.
+- Errors: {"error": {"code", "message", "type"}}: 400 invalid_request_error, 404 not_found_error.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from .protocol import BadRequest, decode, need_int, need_strs
+
+if TYPE_CHECKING:
+    from .model import Engine
+
+NAME = "llamacpp"
+MAX_PREDICT = 4096  # n_predict -1 (generate until the end) stops here at the latest
+OPEN = {"/health", "/v1/health", "/models", "/v1/models"}  # routes without the API key (llama-server's public ones)
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 503: "unavailable_error"}
+LOADING = "Loading model"  # the 503 message while the model loads
+
+
+def open_path(path: str) -> bool:
+    return path in OPEN
+
+
+def unauthorized() -> dict:
+    return error(401, "Invalid API Key")
+
+
+def error(status: int, message: str) -> dict:
+    return {"error": {"code": status, "message": message, "type": TYPES.get(status, "server_error")}}
+
+
+def not_found(path: str) -> dict:
+    return error(404, "File Not Found")
+
+
+def settings(eng: Engine, n_predict: int = -1) -> dict:
+    """generation_settings (task_params::to_json), the fields a greedy request sets and the speculative ones."""
+    k = eng.spec.block_size - 1 if eng.spec is not None and eng.spec.drafter is not None else None
+    return {
+        "seed": 4294967295,
+        "temperature": 0.0,
+        "top_k": 1,
+        "top_p": 1.0,
+        "min_p": 0.0,
+        "max_tokens": n_predict,
+        "n_predict": n_predict,
+        "ignore_eos": False,
+        "stream": False,
+        "speculative.n_max": k if k else 16,  # llama.cpp's default n_max without a drafter
+        "speculative.n_min": k if k else 0,
+        "speculative.p_min": 0.75,
+        "speculative.type": "dflash" if k else "none",
+    }
+
+
+def models(eng: Engine) -> dict:
+    name = str(eng.model_dir)
+    return {
+        "object": "list",
+        "data": [{"id": name, "object": "model", "created": int(time.time()), "owned_by": "llamacpp"}],
+    }
+
+
+def get(eng: Engine, path: str) -> tuple[int, Any] | None:
+    if path == "/health" or path == "/v1/health":
+        return 200, {"status": "ok"}
+    if path == "/props":
+        return 200, {
+            "default_generation_settings": settings(eng),
+            "total_slots": 1,
+            "model_path": str(eng.model_dir),
+            "chat_template": "",
+            "build_info": "dflash-dash stand-in",
+        }
+    if path in ("/models", "/v1/models"):
+        return 200, models(eng)
+    return None
+
+
+def post(eng: Engine, path: str, req: Any) -> tuple[int, Any] | None:
+    if path in ("/completion", "/completions"):
+        return 200, run_completion(eng, req)
+    return None
+
+
+def prompt_ids(eng: Engine, prompt: Any) -> list[int]:
+    if isinstance(prompt, str) and prompt:
+        return eng.encode(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+        return [need_int(i, "prompt") for i in prompt]
+    raise BadRequest("\"prompt\" must be a non-empty string or a non-empty list of token ids")
+
+
+def check_greedy(req: dict) -> None:
+    t, k = req.get("temperature", 0.8), req.get("top_k", 40)
+    if k == 1 or (isinstance(t, (int, float)) and not isinstance(t, bool) and t <= 0):
+        return
+    raise BadRequest(
+        f"this stand-in server decodes greedily only: temperature must be <= 0 or top_k 1, got temperature {t!r} "
+        "(llama-server's default is 0.8, so send temperature 0 explicitly)"
+    )
+
+
+def run_completion(eng: Engine, req: Any) -> dict:
+    """POST /completion: validate `req`, decode, answer as llama-server's native completion."""
+    t0 = time.perf_counter()
+    if not isinstance(req, dict):
+        raise BadRequest("the body must be a JSON object")
+    if req.get("stream"):
+        raise BadRequest("\"stream\" is not supported by this stand-in server")
+    check_greedy(req)
+    ids = prompt_ids(eng, req.get("prompt"))
+    n_predict = req.get("n_predict", req.get("max_tokens", -1))
+    if n_predict != -1:
+        n_predict = need_int(n_predict, "n_predict")
+    stops = need_strs(req.get("stop"), "stop")
+    eos = set() if req.get("ignore_eos") else eng.eos_ids
+    limit = MAX_PREDICT if n_predict == -1 else n_predict
+    t1 = time.perf_counter()
+    out, text, finish, counters = decode(eng, ids, limit, eos, stops)
+    t2 = time.perf_counter()
+    matched = finish.get("matched")
+    stop_type = "limit" if finish["type"] == "length" else ("word" if isinstance(matched, str) else "eos")
+    timings = {
+        "cache_n": 0,
+        "prompt_n": len(ids),
+        "prompt_ms": (t1 - t0) * 1000,
+        "prompt_per_token_ms": (t1 - t0) * 1000 / len(ids),
+        "prompt_per_second": len(ids) / max(t1 - t0, 1e-9),
+        "predicted_n": len(out),
+        "predicted_ms": (t2 - t1) * 1000,
+        "predicted_per_token_ms": (t2 - t1) * 1000 / max(len(out), 1),
+        "predicted_per_second": len(out) / max(t2 - t1, 1e-9),
+    }
+    if counters is not None and counters.verify_ct:
+        timings["draft_n"] = counters.verify_ct * (counters.block_size - 1)
+        timings["draft_n_accepted"] = sum(counters.accepted)
+    return {
+        "index": 0,
+        "content": text,
+        "tokens": out if req.get("return_tokens") else [],
+        "id_slot": 0,
+        "stop": True,
+        "model": str(eng.model_dir),
+        "tokens_predicted": len(out),
+        "tokens_evaluated": len(ids),
+        "generation_settings": settings(eng, n_predict),
+        "prompt": "",
+        "has_new_line": "\n" in text,
+        "truncated": False,
+        "stop_type": stop_type,
+        "stopping_word": matched if isinstance(matched, str) else "",
+        "tokens_cached": len(ids) + len(out),
+        "timings": timings,
+    }
