@@ -261,7 +261,8 @@ REGISTRY += [
     Metric(
         "recall_topk",
         "top-K recall",
-        f"share of slots whose top-K candidates hold the target's token (K = max(tree budget, 4)), {_RECALL}",
+        f"share of slots whose top-K candidates hold the target's token (K = max(tree budget, 4, a selector's "
+        f"candidate count)), {_RECALL}",
         recall_pooled,
         fmt=PROB,
     ),
