@@ -11,7 +11,14 @@ from __future__ import annotations
 import streamlit as st
 
 from dflash_dash import metrics, ops
-from dflash_dash.analysis.compare import config_diff, default_pair, delta_rows, lag_rows, sweep_points
+from dflash_dash.analysis.compare import (
+    config_diff,
+    default_pair,
+    delta_rows,
+    lag_rows,
+    sweep_extraction,
+    sweep_points,
+)
 from dflash_dash.analysis.trace import differing, trace
 from dflash_dash.render.analysis_figures import confidence_fig, reliability_fig
 from dflash_dash.render.compare import DELTA_NOTE, OUTCOME_NOTE, compare_html
@@ -199,7 +206,7 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
         ex = st.selectbox(
             "extraction",
             ids,
-            index=len(ids) - 1,
+            index=ids.index(sweep_extraction(runs, folder.strip(), ids)),  # the newest with the folder's runs
             key="sweep_ex",
             format_func=common.extraction_label(by),
         )

@@ -255,6 +255,30 @@ def test_diagnostics_parity_consistency_and_errors(prepared, workspace_copy, mon
     assert any("no such checkpoint folder" in e.value for e in at.error)
 
 
+def test_defaults_skip_a_newer_extraction_without_runs(prepared, workspace_copy, monkeypatch):
+    """Issue 30: after a Re-extract (a newer extraction, no runs yet) the sweep chart said "No run ... yet" while the
+    folder's runs existed, and Diagnostics' parity opened with tau None on A. Both open where the runs are."""
+    st = Store(workspace_copy)
+    ex = st.extraction(prepared.extraction)
+    again = pipeline.extract(
+        st,
+        ops.Extract(
+            target=ex["target_path"], completions=ex["set_name"], layers=ex["layer_ids"], device="cpu", dtype="float32"
+        ),
+    )
+    assert st.extractions()[-1]["id"] == again
+    at = app(workspace_copy, monkeypatch, "compare", sweep=str(prepared.train))
+    clean(at)
+    assert at.selectbox(key="sweep_ex").value == prepared.extraction
+    assert not [i.value for i in at.info if "No run of a checkpoint" in i.value]
+    assert len([m.value for m in at.markdown if "open in Acceptance" in m.value]) == 2
+    at = app(workspace_copy, monkeypatch, "diagnostics")
+    clean(at)
+    assert at.selectbox(key="par_a").value == prepared.extraction and at.selectbox(key="par_b").value == again
+    taus = at.dataframe[1].value
+    assert taus.columns[1].startswith("tau macro on A") and taus.iloc[:, 1].notna().all()
+
+
 def test_sweep_button_replays_the_folder_and_plots_it(prepared, workspace_copy, tmp_path, monkeypatch):
     import shutil
 
