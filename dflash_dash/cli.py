@@ -123,8 +123,14 @@ def cmd_replay(a, store):
     out = pipeline.replay(store, op, progress, runner(store, op))
     if a.extraction == "latest":
         print(f"extraction latest = {out['summary']['extraction']}", file=sys.stderr)
-    print(out["id"])
-    _print(out["summary"])
+    if out["reused"]:
+        print(
+            f"note: run {out['id']} already replayed {a.drafter} on extraction {out['summary']['extraction']} with "
+            "these settings; not replayed again (pass --force to store a new run)",
+            file=sys.stderr,
+        )
+    print(f"run {out['id']}", file=sys.stderr)
+    _print(out)  # {"id", "summary", "reused"}: stdout is one JSON document
 
 
 def cmd_sweep(a, store):

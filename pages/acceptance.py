@@ -78,6 +78,7 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
                     device=device.strip() or "cpu",
                     dtype=dtype,
                     gpus=gpus,
+                    force=True,  # a click on Replay asks for a new run (the run list shows any earlier one)
                     **how,
                 )
             )

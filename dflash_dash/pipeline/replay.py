@@ -134,9 +134,41 @@ def replay(store: Store, op: ops.Replay, progress: Progress = None, runner: Runn
     config's own, causal) is how sliding_attention layers see their block; it is stored with the run.
     `anchors` every (default) or chain (only the anchors the walks visit: faster, no every-anchor metrics);
     `max_prompts` N: only the first N prompts of the extraction (set order).
-    A refused checkpoint (other family, unknown tensors, unsafe pickle) raises before anything is stored."""
+    A refused checkpoint (other family, unknown tensors, unsafe pickle) raises before anything is stored.
+    A run that `same_run` finds is returned instead (with "reused": True) unless `op.force`: replaying it again
+    would store a duplicate."""
+    if not op.force and (old := same_run(store, op)):
+        tick(progress, 1, 1, f"run {old['id']} already replayed this checkpoint with these settings: reused")
+        return {"id": old["id"], "summary": old["summary"], "reused": True}
     ck = ops.CheckpointSpec(op.drafter, op.sliding_block, op.draft_config, op.name)
-    return replay_many(store, [ck], op, progress, runner)[0]
+    return replay_many(store, [ck], op, progress, runner)[0] | {"reused": False}
+
+
+def same_run(store: Store, op: ops.Replay) -> dict | None:
+    """The newest stored run that `op` would repeat: the same checkpoint on the same extraction (`latest`
+    resolved), with the same tree budget, anchors, sliding semantics, dtype, device kind (cpu or cuda) and
+    number of prompts; None when there is none. The display name and the GPU sharding do not change a result."""
+    ex = store.extraction(op.extraction)
+    loc = drafter_mod.locate(op.drafter, op.draft_config)
+    cfg = drafter_mod.config_of(loc)
+    sem = drafter_mod.sliding_semantics(cfg, op.sliding_block) if "sliding_attention" in cfg.layer_types else None
+    n = len(store.items(ex["id"]))
+    n = n if op.max_prompts is None else min(n, op.max_prompts)
+    kind = op.devices()[0].split(":")[0]
+    for r in reversed(store.runs()):
+        s = r["summary"] or {}
+        if (
+            r["checkpoint"] == str(loc.path)
+            and r["extraction_id"] == ex["id"]
+            and r["tree_budget"] == op.tree_budget
+            and s.get("anchors") == op.anchors
+            and r.get("sliding_block") == sem
+            and r.get("dtype") == op.dtype
+            and (r.get("device") or "cpu").split(":")[0] == kind
+            and s.get("prompts") == n
+        ):
+            return r
+    return None
 
 
 def replay_many(
