@@ -194,6 +194,16 @@ def test_completions_table_and_escaped_text(prepared, monkeypatch):
     assert by_label(at.button, "Fetch")
 
 
+def test_fetch_with_an_empty_set_name_is_refused_in_the_page(prepared, workspace_copy, monkeypatch):
+    """Issue 30: an empty set name fell back to the prompt set's name, silently reused that set and fetched 0."""
+    at = app(workspace_copy, monkeypatch, "completions")
+    assert by_label(at.text_input, "completion set name").value == ""
+    by_label(at.button, "Fetch").click().run()
+    assert not at.exception
+    assert [e.value for e in at.error if e.value.startswith("completion set name is empty: give the new set a name")]
+    assert Store(workspace_copy).jobs() == []
+
+
 def test_reextract_button_adds_an_extraction(prepared, workspace_copy, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # this machine's defaults: cpu, float32 (a duplicate)
     at = app(workspace_copy, monkeypatch, "extraction")
