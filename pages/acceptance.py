@@ -69,9 +69,11 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
                 "SpecForge runtime folder with training_state.pt)."
             )
         else:
+            from dflash_dash import pipeline
+
             common.backend_note(by_id[ex]["backend"], f"Extraction {ex}")
-            common.start_job(
-                ops.Replay(
+            with common.guard():  # a mistyped folder or a drafter this extraction cannot feed: said here, no job
+                op = ops.Replay(
                     drafter=ck.strip(),
                     extraction=ex,
                     tree_budget=int(budget),
@@ -81,7 +83,8 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
                     force=True,  # a click on Replay asks for a new run (the run list shows any earlier one)
                     **how,
                 )
-            )
+                pipeline.check_replay(common.store(), op)
+                common.start_job(op)
     common.job_panel(("replay", "sweep"), key="acc")
 
 

@@ -22,7 +22,7 @@ import streamlit as st
 from dflash_dash import metrics
 from dflash_dash.analysis.attribution import attribution_rows
 from dflash_dash.errors import UserError
-from dflash_dash.render.formats import csv_text
+from dflash_dash.render.formats import csv_text, job_result
 from dflash_dash.render.tokens import pre_html
 from dflash_dash.store import Store, default_workspace
 from dflash_dash.vocab import Vocab, load_vocab
@@ -495,7 +495,7 @@ def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
                 else:
                     st.caption(str(j["step"] or ""))
                 if j["status"] == "done" and j.get("result"):
-                    st.caption("result: " + ", ".join(f"{k} `{v}`" for k, v in (j["result"] or {}).items()))
+                    st.caption(job_result(j["result"]))  # run ids link to their Acceptance page
                 if j.get("error"):
                     (st.error if j["status"] == "failed" else st.caption)(j["error"])
                 c1, c2, c4, c3 = st.columns([1, 1, 1, 3])

@@ -142,6 +142,25 @@ def test_replay_button_starts_a_job_that_adds_a_run(prepared, workspace_copy, mo
     assert len(runs) == 3 and runs[-1]["id"] == job["result"]["run"]
     at.run()
     assert at.query_params["run"] in {r["id"] for r in runs}
+    # the job's result links to its run's Acceptance page (issue 30)
+    link = f"[`{runs[-1]['id']}`](acceptance?run={runs[-1]['id']})"
+    assert any(c.value == f"result: run {link}" for c in at.caption), [c.value for c in at.caption]
+
+
+def test_replay_form_refuses_a_mistyped_checkpoint_before_any_job(prepared, workspace_copy, monkeypatch):
+    """Issue 30: a mistyped checkpoint path started a job that failed seconds later; the form says so at once, in
+    the page, without a traceback, and starts nothing."""
+    at = app(workspace_copy, monkeypatch, "acceptance")
+    typo = str(prepared.drafters[1]) + "x"
+    by_label(at.text_input, "checkpoint folder").input(typo)
+    by_label(at.button, "Replay").click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [f"{typo}: no such checkpoint folder"]
+    assert Store(workspace_copy).jobs() == []
+    by_label(at.text_input, "checkpoint folder").input(str(prepared.target))  # a target, not a drafter
+    by_label(at.button, "Replay").click().run()
+    assert any("a target model folder" in e.value for e in at.error), [e.value for e in at.error]
+    assert Store(workspace_copy).jobs() == []
 
 
 # ---------------------------------------------------------------------------

@@ -424,3 +424,14 @@ def test_sweep_errors_name_the_fix(prepared, workspace_copy, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert cli.main(["--workspace", ws, "sweep", "--checkpoints", str(tmp_path / "empty")]) == 2
     assert "no checkpoint inside" in capsys.readouterr().err
+
+
+def test_job_result_links_every_run_to_its_acceptance_page():
+    from dflash_dash.render.formats import job_result
+
+    assert job_result({"run": "run-1"}) == "result: run [`run-1`](acceptance?run=run-1)"
+    assert (
+        job_result({"runs": ["r-1", "r&2"]})
+        == "result: runs [`r-1`](acceptance?run=r-1), [`r&2`](acceptance?run=r%262)"
+    )
+    assert job_result({"set": "s`x", "fetched": 3}) == "result: set `sx`, fetched `3`"  # no link, no stray backtick

@@ -125,6 +125,21 @@ def check_drafter(
     drafter_mod.check_target(cfg, info.hidden_size, info.vocab_size, info.num_layers, seen)
 
 
+def check_replay(store: Store, op: ops.Replay) -> None:
+    """What `replay` would refuse before any work, checked without torch, so a page can refuse a form at once
+    rather than start a job that fails seconds later: the extraction exists and is done, the checkpoint is a
+    readable drafter config of a known family (`drafters.read_config`: a mistyped folder is named), its sliding
+    semantics, and its wiring to the extraction's target (`check_drafter`). Raises the UserError naming the fix."""
+    from .. import target_info
+
+    ex = store.extraction(op.extraction)
+    if ex["status"] != "done":
+        raise InputError(f"extraction {ex['id']} is {ex['status']}, not done; finish it (re-extract) first")
+    cfg = drafter_mod.read_config(op.drafter, op.draft_config)
+    drafter_mod.sliding_semantics(cfg, op.sliding_block)
+    check_drafter(cfg, ex, target_info.describe(ex["target_path"]))
+
+
 def replay(store: Store, op: ops.Replay, progress: Progress = None, runner: Runner | None = None) -> dict:
     """Replay checkpoint `op.drafter` over extraction `op.extraction` on `op`'s first device (its GPUs through
     `runner`); stores the run; returns {"id", "summary"}.
