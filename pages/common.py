@@ -88,7 +88,9 @@ def routed() -> None:
 
 
 def page_config() -> None:
-    st.set_page_config(page_title="dflash-dash", page_icon=":material/bolt:", layout="wide")
+    # an emoji icon: the browser draws it as an inline SVG (data: URL); a :material/...: icon would be fetched from
+    # fonts.gstatic.com (console errors offline, a request off this machine)
+    st.set_page_config(page_title="dflash-dash", page_icon="⚡", layout="wide")
 
 
 def sidebar() -> None:
