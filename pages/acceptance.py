@@ -18,7 +18,7 @@ from dflash_dash.analysis.trace import trace
 from dflash_dash.render.analysis_figures import binned_fig, class_fig, confidence_fig, expected_fig, reliability_fig
 from dflash_dash.render.figures import accept_curve, depth_fig, hist_fig
 from dflash_dash.render.formats import ci, fmt, prob, sliding_note
-from dflash_dash.render.tables import TAU_COLUMNS, outlier_links, prompt_table, summary_rows
+from dflash_dash.render.tables import TAU_COLUMNS, outlier_links, pattern_rows, prompt_table, summary_rows
 from dflash_dash.render.tokens import legend_html, round_html, text_html, token_html
 from dflash_dash.vocab import Vocab
 from pages import common
@@ -304,7 +304,7 @@ def calibration_block(ws: str, run: dict) -> None:
             f"{run['id']}-expected-tau.csv",
             "acc_dl_exp",
         )
-    c2.dataframe(cal["by_depth"], hide_index=True, width="stretch")
+    c2.dataframe(cal["by_depth"], hide_index=True, width="stretch", column_config=common.numbers(cal["by_depth"]))
     c2.caption("rounds: samples of depth k; mean_p: mean p_k; observed: P(d_k | d_<k); ece: ECE of depth k alone")
 
 
@@ -333,7 +333,8 @@ def patterns_block(ws: str, run: dict) -> None:
         title, what = PATTERN_TABLES[key]
         col.markdown(f"**{title}** · {what}")
         cfg = {"link": st.column_config.LinkColumn("token view", display_text="open")} if key == "worst_spans" else None
-        col.dataframe(pat[key], hide_index=True, width="stretch", column_config=cfg)
+        rows = pattern_rows(key, pat[key])  # token cells with their whitespace visible
+        col.dataframe(rows, hide_index=True, width="stretch", column_config=common.numbers(rows, **(cfg or {})))
         with col:
             common.download(f"{title} (CSV)", pat[key], f"{run['id']}-{key}.csv", f"acc_dl_{key}")
 

@@ -23,6 +23,7 @@ from dflash_dash import metrics
 from dflash_dash.analysis.attribution import attribution_rows
 from dflash_dash.errors import UserError
 from dflash_dash.render.formats import csv_text, job_result
+from dflash_dash.render.tables import number_formats
 from dflash_dash.render.tokens import pre_html
 from dflash_dash.store import Store, default_workspace
 from dflash_dash.vocab import Vocab, load_vocab
@@ -232,6 +233,13 @@ def vocab(target_path: str) -> Vocab:
 def attributions(ws: str, run_id: str, stamp: str) -> list[dict]:
     """The run's target-layer attribution as attribution_rows ([] before one)."""
     return attribution_rows(_store(ws).attributions(run_id))
+
+
+def numbers(rows: list[dict], **config) -> dict:
+    """A dataframe's column_config printing its float columns one way per kind of number (render.tables
+    number_formats: tau-like 2 decimals, probabilities 3), plus `config`."""
+    fmts = number_formats(rows)
+    return {c: st.column_config.NumberColumn(format=f) for c, f in fmts.items()} | config
 
 
 def download(label: str, rows: list[dict], file_name: str, key: str) -> None:

@@ -60,7 +60,13 @@ def pick_prompt(a: dict, b: dict, ra: dict, rb: dict, comps: dict) -> str | None
     order = [r["prompt"] for r in rows]
     pair = f"{a['id']}|{b['id']}"
     ev = st.dataframe(
-        rows, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row", key=f"cmp_delta_{pair}"
+        rows,
+        hide_index=True,
+        width="stretch",
+        column_config=common.numbers(rows),
+        on_select="rerun",
+        selection_mode="single-row",
+        key=f"cmp_delta_{pair}",
     )
     picked = ev.selection.rows if ev is not None and hasattr(ev, "selection") else []
     prev = st.session_state.get("_cmp_pair")
@@ -124,7 +130,7 @@ def lag_block(ws: str, stamp: str, a: dict, b: dict) -> None:
     c1, c2 = st.columns([3, 2])
     c1.plotly_chart(lag_fig(rows, a["name"], b["name"]), width="stretch")
     with c2:
-        st.dataframe(rows, hide_index=True, width="stretch")
+        st.dataframe(rows, hide_index=True, width="stretch", column_config=common.numbers(rows))
         common.download("draft lag per slot, both runs (CSV)", rows, "compare-lag.csv", "cmp_dl_lag")
 
 

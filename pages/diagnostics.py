@@ -76,7 +76,8 @@ def parity_block(ws: str, stamp: str) -> None:
             row = table.setdefault(r["checkpoint"], {"checkpoint": r["name"], ka: None, kb: None})
             row[ka if r["extraction_id"] == a else kb] = r["summary"].get("tau_macro")
     if table:
-        st.dataframe(list(table.values()), hide_index=True, width="stretch")
+        taus = list(table.values())
+        st.dataframe(taus, hide_index=True, width="stretch", column_config=common.numbers(taus))
     else:
         st.info("No run on these extractions yet: replay a checkpoint on each (Acceptance page, **Replay**).")
 
@@ -155,10 +156,10 @@ def sliding_block(ws: str, stamp: str) -> None:
     if len(rows) == 2:
         delta = (rows[0]["tau (macro)"] or 0) - (rows[1]["tau (macro)"] or 0)
         (st.warning if abs(delta) >= 0.05 else st.success)(
-            f"tau (macro) causal − bidirectional = {delta:+.3f} (tau = mean over prompts of committed / rounds)"
+            f"tau (macro) causal − bidirectional = {delta:+.2f} (tau = mean over prompts of committed / rounds)"
         )
     if rows:
-        st.dataframe(rows, hide_index=True, width="stretch")
+        st.dataframe(rows, hide_index=True, width="stretch", column_config=common.numbers(rows))
     if len(rows) < 2 and st.button("Replay both ways", type="primary", key="slide_go"):
         common.start_job(ops.SlidingCheck(drafter=ck.strip(), extraction=ex))
     common.job_panel(("sliding-check",), key="slide")

@@ -190,6 +190,11 @@ def test_compare_page_defaults_table_views_and_lag(prepared, monkeypatch):
     want = sorted(ra, key=lambda p: (-abs(rb[p]["tau"] - ra[p]["tau"]), p))
     table = next(d.value for d in at.dataframe if "delta (B − A)" in d.value.columns)
     assert list(table["prompt"]) == want
+    # tau and its deltas print as every card does (2 decimals), the formulas as plain text (issue 30)
+    config = next(d.proto.columns for d in at.dataframe if "delta (B − A)" in d.value.columns)
+    assert all(f'"{c}": {{"type_config": {{"type": "number", "format": "%.2f"}}' in config for c in ("tau A", "tau B"))
+    formulas = next(d.value for d in at.dataframe if "formula" in d.value.columns)["formula"]
+    assert formulas.str.contains("tree budget").any() and not formulas.str.contains("`").any()
     assert list(table["delta (B − A)"]) == pytest.approx([rb[p]["tau"] - ra[p]["tau"] for p in want], abs=1e-4)
     assert at.selectbox(key="cmp_prompt").value == want[0]
     assert options(at) == want

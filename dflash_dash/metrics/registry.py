@@ -76,7 +76,7 @@ REGISTRY: list[Metric] = [
     Metric(
         "ddtree_tau",
         "DDTree tau (macro)",
-        "tree of `tree_budget` nodes per round; mean over prompts of committed / rounds",
+        "tree of b nodes per round (b: the run's tree budget); mean over prompts of committed / rounds",
         macro(tree_tau),
         tree_tau,
         headline=True,
