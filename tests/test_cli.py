@@ -83,3 +83,16 @@ def test_replay_again_with_the_same_settings_reuses_the_run_unless_forced(prepar
     # another setting (the tree budget) is another run, not a duplicate
     assert cli.main(["--workspace", ws, "replay", "--drafter", drafter, "--tree-budget", "3"]) == 0
     assert json.loads(capsys.readouterr().out)["reused"] is False
+
+
+def test_progress_keeps_whole_messages(capsys, monkeypatch):
+    """Issue 30: progress lines were cut mid-path at a fixed column. Off a terminal every new message is one whole
+    line; on one, a message is fitted to the width by cutting its middle, so a path keeps its end."""
+    path = "/a/very/long/workspace/folder/name/that/goes/on/demo/target/and/ends/here/config.json"
+    cli.progress(0, 2, f"loading {path}")
+    cli.progress(0, 2, f"loading {path}")  # the same message again: no second line
+    cli.progress(2, 2, "done")
+    assert capsys.readouterr().err == f"[0/2] loading {path}\n[2/2] done\n"
+    short = cli.fit(f"loading {path}", 40)
+    assert len(short) == 40 and short.endswith("here/config.json") and short.startswith("loading") and "…" in short
+    assert cli.fit("short", 40) == "short"

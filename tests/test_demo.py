@@ -191,6 +191,10 @@ def test_demo_leaves_a_later_extraction_alone(tmp_path):
     mine = tmp_path / "ws"
     p = cli(mine, "demo")
     assert p.returncode == 0, p.stderr[-3000:]
+    assert "Warning" not in p.stderr, p.stderr  # no library warning in the build's progress (issue 30)
+    assert p.stdout.splitlines() == [
+        f"demo workspace ready: {mine.resolve()} (4 runs; the build's record: {mine.resolve() / 'demo' / 'BUILD.json'})"
+    ]  # one line, no JSON dump
     target = str((mine / "demo" / demo.TARGET).resolve())
     p = cli(mine, "extract", "--target", target, "--completions", demo.SET_NAME, "--layers", "1,3,5", "--device", "cpu")
     assert p.returncode == 0, p.stderr
