@@ -150,6 +150,15 @@ def test_sweep_and_parity_defaults_skip_newer_extractions_without_runs():
     assert parity_pair([ex(1)], []) is None
 
 
+def test_conformance_opens_on_the_newest_run_with_engine_stats():
+    from dflash_dash.analysis.conformance import default_run
+
+    runs = [{"id": "r1", "set_name": "served"}, {"id": "r2", "set_name": "served"}, {"id": "r3", "set_name": "plain"}]
+    assert default_run(runs, {"served"}) == "r2"  # r3 is newer, but no engine reported on its set
+    assert default_run(runs, set()) == "r3"
+    assert default_run([], {"served"}) is None
+
+
 # ---------------------------------------------------------------------------
 # independent references over the store's rows
 
