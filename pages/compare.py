@@ -218,8 +218,12 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
         )
         how = common.checkpoint_inputs("sweep")
         if st.button("Start sweep", type="primary", disabled=not folder.strip()):
+            from dflash_dash import pipeline
+
             common.backend_note(by[ex]["backend"], f"Extraction {ex}")
-            common.start_job(ops.Sweep(checkpoints=folder.strip(), extraction=ex, **how))
+            with common.guard():  # a mistyped folder, or one without a checkpoint: said here, no job
+                pipeline.checkpoints_in(folder.strip())
+                common.start_job(ops.Sweep(checkpoints=folder.strip(), extraction=ex, **how))
     else:
         st.info("No finished extraction: extract hidden states on the **Extraction** page first.")
     common.job_panel(("sweep",), key="sweep")

@@ -308,6 +308,16 @@ def test_defaults_skip_a_newer_extraction_without_runs(prepared, workspace_copy,
     assert taus.columns[1].startswith("tau macro on A") and taus.iloc[:, 1].notna().all()
 
 
+def test_sweep_form_refuses_a_folder_without_checkpoints_before_any_job(prepared, workspace_copy, monkeypatch):
+    """Issue 30 (jobs): a mistyped folder is named in the page at once, not by a job failing seconds later."""
+    typo = str(prepared.train) + "x"
+    at = app(workspace_copy, monkeypatch, "compare", sweep=typo)
+    by_label(at.button, "Start sweep").click().run()
+    assert not at.exception
+    assert [e.value for e in at.error if e.value.startswith(f"--checkpoints {typo}: no such folder")]
+    assert Store(workspace_copy).jobs() == []
+
+
 def test_sweep_button_replays_the_folder_and_plots_it(prepared, workspace_copy, tmp_path, monkeypatch):
     import shutil
 
