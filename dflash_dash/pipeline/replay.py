@@ -137,7 +137,7 @@ def check_replay(store: Store, op: ops.Replay) -> None:
         raise InputError(f"extraction {ex['id']} is {ex['status']}, not done; finish it (re-extract) first")
     cfg = drafter_mod.read_config(op.drafter, op.draft_config)
     drafter_mod.sliding_semantics(cfg, op.sliding_block)
-    check_drafter(cfg, ex, target_info.describe(ex["target_path"]))
+    check_drafter(cfg, ex, target_info.describe(ex["target_path"]), store, f"drafter {op.drafter}")
 
 
 def replay(store: Store, op: ops.Replay, progress: Progress = None, runner: Runner | None = None) -> dict:
