@@ -11,7 +11,9 @@ replay walks the chain like a greedy engine (anchor P, then + committed) and giv
   - draft-tokens: the replay's own acceptance cut at k drafts a step, k = 1..D-1 (the best k kept).
   - context-window: the drafter sees only the last W context positions (W in WINDOWS, shorter than the context).
   - prefill-count: the replay's rounds with the prefill counted as a verify step of one token.
-  - numerics: the drafter in bf16 (the run's own replay is fp32).
+  - numerics: the drafter in bf16 when the run replayed in fp32 (else fp32); every other variant uses the run's
+    dtype.
+Variants run on the CPU (the ranking is a diagnosis of one run's prompts, not a sweep).
 Parametric faults keep the parameter that reproduces the engine best (`detail` names it).
 The result is kept as run analysis `faults:<engine>` (`kept_name`); `faults` reads it back or None.
 """
@@ -26,7 +28,7 @@ from .. import drafters as drafter_mod, walks
 from ..analysis import steps as steps_mod
 from ..ops import InputError
 from ..store import Store
-from .base import Progress, tick
+from .base import DTYPES, Progress, tick
 
 WINDOWS = (4, 16, 64)  # context-window: the drafter's visible context positions tried
 
@@ -144,12 +146,16 @@ def rank_faults(store: Store, run: str, engine: str | None = None, progress: Pro
     seqs = [s for s in load_sequences(store, ex) if s.id in clean]
     head = target_mod.load_head(ex["target_path"], "cpu", torch.float32)
     own = [have.index(l) for l in need]
-    d = drafter_mod.load(ck, torch.float32, "cpu", sliding, dc)
+    # the run's own numerics for every variant but `numerics`
+    dtype = DTYPES[r["dtype"]] if r.get("dtype") in DTYPES else torch.float32
+    d = drafter_mod.load(ck, dtype, "cpu", sliding, dc)
     tick(progress, 2, 6, "context-window: the drafter sees the last W positions only")
-    ctx = min(p["prompt_len"] for p in prompts.values())
-    variants["context-window"] = best(
-        erows, {f"last {w} context positions": windowed(d, head, seqs, own, H, w) for w in WINDOWS if w < ctx}
-    ) or skipped.setdefault("context-window", "every prompt is shorter than the smallest window")
+    ctx = max(p["prompt_len"] for p in prompts.values())
+    windows = {f"last {w} context positions": windowed(d, head, seqs, own, H, w) for w in WINDOWS if w < ctx}
+    if windows:
+        variants["context-window"] = best(erows, windows)
+    else:
+        skipped["context-window"] = f"every prompt is shorter than the smallest window ({WINDOWS[0]} positions)"
     tick(progress, 3, 6, "layer-shift: features of the neighbouring target layers")
     shifts = {}
     for delta in (1, -1):
@@ -166,18 +172,19 @@ def rank_faults(store: Store, run: str, engine: str | None = None, progress: Pro
         )
     tick(progress, 4, 6, "sliding-window faults")
     if "sliding_attention" in c.layer_types:
-        bi = drafter_mod.load(ck, torch.float32, "cpu", "bidirectional", dc)
+        bi = drafter_mod.load(ck, dtype, "cpu", "bidirectional", dc)
         variants["sliding-bidirectional"] = {"steps": every(bi, head, seqs, own, H), "detail": "bidirectional"}
-        full = drafter_mod.load(ck, torch.float32, "cpu", sliding, dc)
+        full = drafter_mod.load(ck, dtype, "cpu", sliding, dc)
         full.c = dataclasses.replace(full.c, sliding_window=1 << 30)  # the window wider than any context
         variants["sliding-ignored"] = {"steps": every(full, head, seqs, own, H), "detail": "full context"}
     else:
         for f in ("sliding-ignored", "sliding-bidirectional"):
             skipped[f] = "the drafter has no sliding-window layers, so this fault changes nothing"
-    tick(progress, 5, 6, "numerics: the drafter in bf16")
-    bf = drafter_mod.load(ck, torch.bfloat16, "cpu", sliding, dc)
-    variants["numerics"] = {"steps": every(bf, head, seqs, own, H), "detail": "drafter in bf16"}
-    variants = {k: v for k, v in variants.items() if isinstance(v, dict)}
+    other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16  # the numerics the run did not use
+    name = str(other).removeprefix("torch.")
+    tick(progress, 5, 6, f"numerics: the drafter in {name}")
+    alt = drafter_mod.load(ck, other, "cpu", sliding, dc)
+    variants["numerics"] = {"steps": every(alt, head, seqs, own, H), "detail": f"the drafter in {name}"}
     out = {"run": r["id"], "engine": eng} | steps_mod.rank(erows, variants, skipped)
     out["steps"] = {f: v["steps"] for f, v in variants.items()}  # the evidence: each variant's rounds per prompt
     store.set_analysis(r["id"], kept_name(eng), out)
