@@ -208,7 +208,8 @@ def cmd_conformance(a, store):
 def cmd_diagnose(a, store):
     from .pipeline import diagnose
 
-    got = diagnose.rank_faults(store, a.run, a.engine, progress)
+    op = op_of(ops.Diagnose, a)
+    got = diagnose.rank_faults(store, op.run, op.engine, progress)
     _print({k: v for k, v in got.items() if k != "steps"})  # the variants' rounds stay in the store (the page)
 
 
@@ -318,8 +319,7 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
         help="engine or drafter? replay the run's checkpoint under each known engine fault and rank the faults by "
         "how well they reproduce the engine's per-step (or per-prompt) acceptance; kept for conformance (JSON)",
     )
-    s.add_argument("--run", default="latest", help="replay run of the drafter the engine served")
-    s.add_argument("--engine", help="engine whose stats to explain (default: sglang, or the only one)")
+    add_op_options(s, ops.Diagnose)
     s.set_defaults(fn=cmd_diagnose)
 
     s = sub.add_parser("demo", help="build the demo workspace from the committed assets (idempotent)")

@@ -12,7 +12,7 @@ import html
 import pandas as pd
 import streamlit as st
 
-from dflash_dash import metrics
+from dflash_dash import metrics, ops
 from dflash_dash.analysis import conformance, steps
 from dflash_dash.render.figures import conformance_fig, hist_fig
 from dflash_dash.render.formats import acceptance_link
@@ -157,8 +157,11 @@ def fault_ranking(ws: str, run_id: str, engine: str) -> None:
         st.caption(
             "Not ranked yet. The ranking replays this checkpoint under each known engine fault (layers shifted "
             "by one, sliding-window faults, fewer draft tokens verified, a context window, the prefill counted, "
-            f"bf16 numerics) and scores each against the engine's numbers: `{html.escape(cmd)}`"
+            f"bf16 numerics) and scores each against the engine's numbers: the button below, or `{cmd}`"
         )
+        if st.button("Rank the faults (a job: replays on the CPU)", key="conf_diag"):
+            common.start_job(ops.Diagnose(run=run_id, engine=engine))
+        common.job_panel(("diagnose",), key="diag")
         return
     best = ranking.get("explained_by")
     how = (

@@ -99,3 +99,13 @@ def test_cli_diagnose_then_conformance_reports_the_fault_and_first_divergence(ws
 def test_planted_faults_are_named_for_the_ranking():
     assert set(faults.FAULT_OF.values()) <= set(steps.FAULTS)
     assert set(PLANTED) <= set(faults.BUGS)
+
+
+def test_the_ranking_runs_as_a_job_operation(ws, planted):
+    op = ops.of("diagnose", {"run": ws["run"], "engine": planted(None)})
+    assert isinstance(op, ops.Diagnose) and op.devices() == ["cpu"]
+    with one_torch_thread():
+        got = pipeline.perform(ws["store"], op)
+    assert got == {"run": ws["run"], "engine": "bug-none", "explained_by": None}
+    with pytest.raises(ops.InputError, match="run"):
+        ops.Diagnose(run="")
