@@ -235,6 +235,14 @@ def cmd_conformance(a, store):
     _print(out)
 
 
+def cmd_diagnose(a, store):
+    from .pipeline import diagnose
+
+    op = op_of(ops.Diagnose, a)
+    got = diagnose.rank_faults(store, op.run, op.engine, progress)
+    _print({k: v for k, v in got.items() if k != "steps"})  # the variants' rounds stay in the store (the page)
+
+
 # ---------------------------------------------------------------------------
 # parser
 
@@ -335,6 +343,14 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
         help="flag when replay tau - engine tau > THRESHOLD x replay tau (default 0.05)",
     )
     s.set_defaults(fn=cmd_conformance)
+
+    s = sub.add_parser(
+        "diagnose",
+        help="engine or drafter? replay the run's checkpoint under each known engine fault and rank the faults by "
+        "how well they reproduce the engine's per-step (or per-prompt) acceptance; kept for conformance (JSON)",
+    )
+    add_op_options(s, ops.Diagnose)
+    s.set_defaults(fn=cmd_diagnose)
 
     s = sub.add_parser("demo", help="build the demo workspace from the committed assets (idempotent)")
     s.set_defaults(fn=cmd_demo)

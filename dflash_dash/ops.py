@@ -1,7 +1,8 @@
 """The arguments of the operations users run, one typed dataclass per operation: the one place their defaults live.
 
 Contract:
-- One class per operation (`Fetch`, `Extract`, `Replay`, `Sweep`, `SlidingCheck`, `Attribute`, `Demo`); `kind`
+- One class per operation (`Fetch`, `Extract`, `Replay`, `Sweep`, `SlidingCheck`, `Attribute`, `Diagnose`, `Demo`);
+  `kind`
   is its job kind. Each field carries its default and a comment (the CLI's help text); `__post_init__`
   validates (and normalises: "1,16,31" layers, "0,1" GPUs) and raises `InputError`, the UserError of bad input
   naming the field and the fix. dtype, device, layers, checkpoint lists and GPUs are checked here only
@@ -321,11 +322,23 @@ class Attribute(Op):
 
 
 @dataclass
+class Diagnose(Op):
+    kind: ClassVar[str] = "diagnose"
+    run: str = "latest"  # replay run of the drafter the engine served (run id, or latest)
+    engine: str | None = None  # engine whose stats to explain (None: sglang, or the only one)
+
+    def __post_init__(self):
+        self._need("run", "a run id, or latest")
+
+
+@dataclass
 class Demo(Op):
     kind: ClassVar[str] = "demo"  # builds the demo workspace from the committed assets (no arguments)
 
 
-KINDS: dict[str, type[Op]] = {c.kind: c for c in (Fetch, Extract, Replay, Sweep, SlidingCheck, Attribute, Demo)}
+KINDS: dict[str, type[Op]] = {
+    c.kind: c for c in (Fetch, Extract, Replay, Sweep, SlidingCheck, Attribute, Diagnose, Demo)
+}
 
 
 def of(kind: str, args: dict | None) -> Op:

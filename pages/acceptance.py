@@ -193,7 +193,8 @@ def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] 
         outline = {q - P for q in range(max(span[0], P), min(span[1], T - 1) + 1)}
         st.caption(
             f"Outlined: positions {span[0]}–{span[1]} from the link (a worst span of Failure patterns: the "
-            "lowest mean accepted(p) there)"
+            "lowest mean accepted(p) there; or, from Conformance, the first verify step where the engine's "
+            "steps leave the replay's rounds)"
         )
     st.html(token_html(tr, vocab, B, superscript=sup, inline_rejects=inline, diff=outline))
     round_block(run, row, comp, vocab)

@@ -259,6 +259,12 @@ def engines(ws: str, set_name: str, stamp: str) -> list[str]:
     return _store(ws).engines(set_name)
 
 
+def kept(ws: str, run_id: str, name: str):
+    """A value kept for a run by a CLI or job operation (e.g. the fault ranking), read each time: a new ranking
+    changes no stamp, and the read is one small row."""
+    return _store(ws).analysis(run_id, name)
+
+
 @st.cache_data(max_entries=32, show_spinner=False)
 def engine_stats(ws: str, set_name: str, engine: str, stamp: str) -> list[dict]:
     return _store(ws).engine_stats(set_name, engine)

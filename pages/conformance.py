@@ -1,7 +1,9 @@
 """Conformance: engine or drafter? One replay run beside what a serving engine reported for the same completions
 (same drafter, same tokens): per prompt the engine's tau against the tau the replay says a correct greedy engine
 reaches, the prompts where the engine falls short by more than numeric noise flagged, a scatter, a CSV download and
-links to each prompt's token view. URL: conformance?run=ID&engine=NAME."""
+links to each prompt's token view; where the engine gave per-step lengths, round by round: the first step where the
+engine's verify steps leave the replay's rounds, linked to the token view; and the fault ranking (`diagnose`, kept in
+the store): which known engine fault reproduces the engine's numbers. URL: conformance?run=ID&engine=NAME."""
 
 from __future__ import annotations
 
@@ -10,11 +12,19 @@ import html
 import pandas as pd
 import streamlit as st
 
-from dflash_dash import metrics
-from dflash_dash.analysis import conformance
+from dflash_dash import metrics, ops
+from dflash_dash.analysis import conformance, steps
 from dflash_dash.render.figures import conformance_fig, hist_fig
 from dflash_dash.render.formats import acceptance_link
-from dflash_dash.render.tables import CONFORMANCE_COLUMNS, CONFORMANCE_NOTE, conformance_csv, conformance_table
+from dflash_dash.render.tables import (
+    CONFORMANCE_COLUMNS,
+    CONFORMANCE_NOTE,
+    DIVERGENCE_COLUMNS,
+    conformance_csv,
+    conformance_table,
+    divergence_table,
+    fault_table,
+)
 from pages import common
 
 common.routed()
@@ -95,6 +105,82 @@ def table(rows: list[dict], run_id: str, engine: str) -> None:
     )
 
 
+def round_by_round(rows: list[dict], prompts: list[dict], run_id: str) -> None:
+    """The engine's verify steps beside the replay's rounds, where it gave per-step lengths."""
+    st.subheader("Round by round")
+    summ = conformance.step_summary(rows)
+    if summ is None:
+        st.caption(
+            "The engine gave no per-step lengths (SGLang `--speculative-decoding-stats detailed`: accept_lengths; "
+            "vLLM `--per-request-spec-decode-metrics detailed`: per_step_accepted), so its steps cannot be "
+            "aligned with the replay's rounds; the fault ranking then scores per-prompt tau."
+        )
+        return
+    c = st.columns(4)
+    c[0].metric("steps equal", f"{summ['steps_equal']}")
+    c[0].caption("verify steps committing exactly the replay's round, before each prompt's first difference")
+    c[1].metric("prompts diverging", f"{summ['diverging']} of {summ['prompts']}")
+    c[1].caption("prompts with a step that differs from the replay's round")
+    med = summ["first_divergence_median"]
+    c[2].metric("first divergence (median)", "—" if med is None else f"token {med}")
+    c[2].caption("completion token index where the first differing step starts")
+    c[3].metric("engine above / below", f"{summ['above']} / {summ['below']}")
+    c[3].caption("at the first difference: the engine's step commits more / fewer tokens than the replay's")
+    flagged = any(r["flagged"] for r in rows)
+    t = divergence_table(rows, run_id, {p["prompt_id"]: p["prompt_len"] for p in prompts}, only_flagged=flagged)
+    if not t:
+        st.success("Every verify step of the engine commits exactly the replay's round.")
+        return
+    cfg = {k: st.column_config.Column(help=f) for k, f in DIVERGENCE_COLUMNS.items()}
+    cfg["token_view"] = st.column_config.LinkColumn(
+        "token view", help=DIVERGENCE_COLUMNS["token_view"], display_text="open step"
+    )
+    st.dataframe(pd.DataFrame(t), column_config=cfg, hide_index=True, width="stretch", key="conf_steps")
+    links = " · ".join(
+        f'<a href="{html.escape(r["token_view"], quote=True)}" target="_self">'
+        f"{html.escape(str(r['prompt']))}: step {r['steps_equal'] + 1}, token {r['first_divergence']}</a>"
+        for r in t
+    )
+    st.html(f'<div style="font-size:14px">open the first divergent step: {links}</div>')
+    st.caption(
+        ("flagged prompts" if flagged else "prompts whose steps differ")
+        + ", earliest first divergence first; open step: the token view with that step outlined"
+    )
+
+
+def fault_ranking(ws: str, run_id: str, engine: str) -> None:
+    """The kept ranking of known engine faults (CLI `diagnose`), with the evidence in words."""
+    st.subheader("Which fault explains the gap?")
+    ranking = common.kept(ws, run_id, f"faults:{engine}")
+    if ranking is None:
+        cmd = f"python -m dflash_dash --workspace {ws} diagnose --run {run_id} --engine {engine}"
+        st.caption(
+            "Not ranked yet. The ranking replays this checkpoint under each known engine fault (layers shifted "
+            "by one, sliding-window faults, fewer draft tokens verified, a context window, the prefill counted, "
+            f"bf16 numerics) and scores each against the engine's numbers: the button below, or `{cmd}`"
+        )
+        if st.button("Rank the faults (a job: replays on the CPU)", key="conf_diag"):
+            common.start_job(ops.Diagnose(run=run_id, engine=engine))
+        common.job_panel(("diagnose",), key="diag")
+        return
+    best = ranking.get("explained_by")
+    how = (
+        "per-step: mean overlap of the step boundaries"
+        if ranking.get("mode") == "steps"
+        else "per-prompt: 1 − mean |engine tau − variant tau| / mean engine tau"
+    )
+    rule = (
+        f"named when it removes at least {ranking.get('share', steps.SHARE):g} of the clean replay's "
+        "disagreement and ties no other fault"
+    )
+    if best:
+        st.error(f"**{html.escape(best)}**: {html.escape(steps.EVIDENCE.get(best, ''))}.")
+    else:
+        st.info(steps.NONE_EXPLAINS.capitalize() + ".")
+    st.dataframe(pd.DataFrame(fault_table(ranking)), hide_index=True, width="stretch", key="conf_faults")
+    st.caption(f"score in [0, 1], 1: the variant reproduces the engine exactly ({how}); a fault is {rule}.")
+
+
 def main() -> None:
     ws, stamp = common.workspace(), common.stamp()
     st.title("Conformance")
@@ -170,6 +256,8 @@ def main() -> None:
         "flagged"
     )
     table(rows, rid, engine)
+    round_by_round(rows, prompts, rid)
+    fault_ranking(ws, rid, engine)
     hist = conformance.engine_histogram(rows)
     if hist:
         B = (run["summary"] or {}).get("block_size") or len(hist)

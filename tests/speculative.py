@@ -1,6 +1,6 @@
 """Test helpers (not tests): the stand-in serving the demo target with speculative decoding, and a conformance
 workspace fetched from it. The session fixtures `spec_servers` and `spec_workspace` (tests/conftest.py) build these
-once for test_specdec.py, test_conformance.py and browser/test_conformance_page.py.
+once for test_specdec.py, test_conformance.py, test_engine_faults.py and browser/test_conformance_page.py.
 
 Models: the committed demo assets, a trained qwen3_5_text target and its trained DFlash drafter (fp32 on CPU).
 
@@ -9,6 +9,8 @@ Contract: `spec_servers(base)` yields {"good", "bad", "base"}: a correct specula
 `spec_workspace(servers, ws)` fetches IDS (N new tokens each) from both into set c4 (correct) and c4-bug (broken),
 extracts and replays c4 with the drafter, and imports the broken server's counters for c4 as engine "bug"; it
 returns {"ws", "store", "run", "extraction", "prompts"}. Read-only: copy it with `private_copy` to write.
+`plant(store, bug, engine, ids)` decodes prompts of c4 in-process under a planted engine fault and stores its
+per-step counters as `engine` (for the fault ranking's tests).
 """
 
 from __future__ import annotations
@@ -112,6 +114,30 @@ def spec_workspace(servers: dict, ws: Path) -> dict:
     )
     assert rc == 0, err
     return {"ws": ws, "store": st, "run": run, "extraction": ex, "prompts": pfile}
+
+
+def plant(st, bug: str | None, engine: str, ids: list[str]) -> None:
+    """Decode prompts `ids` of set c4 in-process with the stand-in's own Engine and Speculator under
+    `--speculative-bug bug` (None: the correct decoder) and store its counters for c4 as engine `engine`, as a
+    server at --speculative-stats detailed answers them (SGLang's per-step accept_lengths included)."""
+    from dflash_dash import server
+    from dflash_dash.engines import sglang
+    from dflash_dash.server import protocol, specdec
+
+    eng = server.Engine(model_dir=TARGET.resolve(), device="cpu")
+    eng.load()
+    eng.spec = specdec.Speculator(str(DRAFT), bug=bug)
+    eng.spec.load(eng.model)
+    comps = {c["prompt_id"]: c for c in st.completions("c4")}
+    rows = []
+    with one_torch_thread():
+        for pid in ids:
+            c = comps[pid]
+            out, _, _, counters = eng.speculative(list(c["prompt_ids"]), N, set(eng.eos_ids), [])
+            assert out == list(c["output_ids"]), (bug, pid)  # a broken decoder costs speed, never tokens
+            meta = {"completion_tokens": len(out)} | protocol.sglang_stats(counters, len(out), "detailed")
+            rows.append(sglang.spec_stats(meta, len(out)) | {"id": pid})
+    st.add_engine_stats("c4", engine, rows, f"in-process stand-in, bug {bug}")
 
 
 def private_copy(ws: Path, dst: Path) -> Path:

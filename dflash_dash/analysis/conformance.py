@@ -27,8 +27,10 @@ from typing import Any
 
 from .. import metrics, prompts
 from ..errors import UserError
+from . import steps as steps_mod
 
 THRESHOLD = 0.05  # flag when replay_tau - engine_tau > THRESHOLD * replay_tau (more than numeric noise)
+ALIGNED = ("steps_equal", "first_divergence", "direction", "engine_step", "replay_step")  # compare's per-step keys
 SGLANG = "sglang"  # the engine name of the stats recorded at fetch from an SGLang server's meta_info
 
 
@@ -157,7 +159,9 @@ def compare(
     replay_tau, gap (engine - replay), gap_rel (gap / replay), flagged, verify_steps, rounds (replay), committed
     (replay), completion_tokens, accepted_tokens, sglang_accept_length, histogram (the engine's, when it reported
     one), and `engine`'s own figure beside, never compared (`metrics.convert_engine_tau`): engine_figure,
-    engine_figure_label, engine_figure_formula, engine_missing (what it did not report)."""
+    engine_figure_label, engine_figure_formula, engine_missing (what it did not report), and where the engine gave
+    per-step lengths the round-by-round alignment (`steps.align`: steps_equal, first_divergence (completion token
+    index), direction, engine_step, replay_step; None without per-step lengths)."""
     by_id = {s.get("prompt_id", s.get("id")): s for s in stats}
     out = []
     for r in run_prompts:
@@ -167,6 +171,8 @@ def compare(
             continue
         e, rp = engine_tau(s), replay_tau(r)
         conv = metrics.convert_engine_tau(engine, s)
+        lens, rounds = s.get("accept_lengths"), list(r.get("rounds") or [])
+        al = steps_mod.align(list(lens), rounds) if lens and rounds else {}
         gap = e - rp if e is not None and rp is not None else None
         out.append(
             {
@@ -187,6 +193,7 @@ def compare(
                 "engine_figure_label": conv.engine_label,
                 "engine_figure_formula": conv.engine_formula,
                 "engine_missing": conv.missing,
+                **{k: al.get(k) for k in ALIGNED},
             }
         )
     return out
@@ -198,16 +205,46 @@ def missing(run_prompts: list[dict], stats: list[dict]) -> list[str]:
     return [pid for r in run_prompts if (pid := r.get("prompt_id", r.get("id"))) not in have]
 
 
-def report(run: str, engine: str, threshold: float, rows: list[dict]) -> dict:
-    """The CLI's JSON: {"run", "engine", "threshold", "prompts": [{"id", "engine_tau", "replay_tau", "flagged"}]}."""
-    return {
+def report(run: str, engine: str, threshold: float, rows: list[dict], ranking: dict | None = None) -> dict:
+    """The CLI's JSON: {"run", "engine", "threshold", "prompts": [{"id", "engine_tau", "replay_tau", "flagged",
+    "first_divergence"}], "steps" (`step_summary`), and when the fault ranking was computed (`diagnose`)
+    "faults": [{"fault", "score"}] best first and "explained_by" (a fault name or null)}."""
+    out = {
         "run": run,
         "engine": engine,
         "threshold": threshold,
         "prompts": [
-            {"id": r["id"], "engine_tau": r["engine_tau"], "replay_tau": r["replay_tau"], "flagged": r["flagged"]}
+            {
+                "id": r["id"],
+                "engine_tau": r["engine_tau"],
+                "replay_tau": r["replay_tau"],
+                "flagged": r["flagged"],
+                "first_divergence": r.get("first_divergence"),
+            }
             for r in rows
         ],
+        "steps": step_summary(rows),
+    }
+    if ranking is not None:
+        out["faults"] = [{"fault": f["fault"], "score": f["score"]} for f in ranking["faults"]]
+        out["explained_by"] = ranking["explained_by"]
+    return out
+
+
+def step_summary(rows: list[dict]) -> dict | None:
+    """Round by round over the prompts with per-step lengths (None without): {"prompts", "steps_equal",
+    "diverging", "first_divergence_median", "above", "below"}."""
+    al = [r for r in rows if r.get("steps_equal") is not None]
+    if not al:
+        return None
+    firsts = sorted(r["first_divergence"] for r in al if r["first_divergence"] is not None)
+    return {
+        "prompts": len(al),
+        "steps_equal": sum(r["steps_equal"] for r in al),
+        "diverging": len(firsts),
+        "first_divergence_median": firsts[len(firsts) // 2] if firsts else None,
+        "above": sum(r["direction"] == "above" for r in al),
+        "below": sum(r["direction"] == "below" for r in al),
     }
 
 

@@ -59,6 +59,13 @@ __all__ = [
     "work",
 ]
 
+
+def _diagnose(store: Store, op: ops.Diagnose, progress: Progress):
+    from .diagnose import rank_faults  # torch on first use only
+
+    return rank_faults(store, op.run, op.engine, progress)
+
+
 Handler = Callable[[Store, ops.Op, Progress, Runner | None], object]
 
 TABLE: dict[type[ops.Op], Handler] = {
@@ -68,6 +75,7 @@ TABLE: dict[type[ops.Op], Handler] = {
     ops.Sweep: sweep,
     ops.SlidingCheck: sliding_check,
     ops.Attribute: attribute,
+    ops.Diagnose: lambda store, op, progress, runner: _diagnose(store, op, progress),
 }
 
 # what a job records of each handler's answer (plain JSON, small)
@@ -78,6 +86,7 @@ RESULT: dict[type[ops.Op], Callable[[ops.Op, object], dict]] = {
     ops.Sweep: lambda op, ids: {"runs": ids},
     ops.SlidingCheck: lambda op, out: {"causal": out["causal"], "bidirectional": out["bidirectional"]},
     ops.Attribute: lambda op, out: {"run": out["run"], "taps": len(out["taps"])},
+    ops.Diagnose: lambda op, out: {"run": out["run"], "engine": out["engine"], "explained_by": out["explained_by"]},
 }
 
 

@@ -174,8 +174,9 @@ def conformance(
     store: Store, run: str = "latest", engine: str | None = None, threshold: float | None = None
 ) -> tuple[dict, list[dict], list[str]]:
     """Engine tau beside the replay's tau of the same drafter on the same completions, per prompt (store only,
-    no network): (the CLI's JSON {"run", "engine", "threshold", "prompts": [{"id", "engine_tau", "replay_tau",
-    "flagged"}]}, the full rows of `conformance.compare`, the run's prompt ids without engine stats)."""
+    no network): (the CLI's JSON `conformance.report`: per prompt id, engine_tau, replay_tau, flagged,
+    first_divergence; the per-step summary; the kept fault ranking's faults and explained_by when `diagnose` ran,
+    the full rows of `conformance.compare`, the run's prompt ids without engine stats)."""
     from ..analysis import conformance as conformance_mod
 
     thr = conformance_mod.THRESHOLD if threshold is None else threshold
@@ -188,7 +189,9 @@ def conformance(
     prompts = sorted(store.run_prompts(r["id"]), key=lambda p: (order.get(p["prompt_id"], 0), p["prompt_id"]))
     stats = store.engine_stats(set_name, eng)
     rows = conformance_mod.compare(prompts, stats, thr, eng)
-    return conformance_mod.report(r["id"], eng, thr, rows), rows, conformance_mod.missing(prompts, stats)
+    ranking = store.analysis(r["id"], f"faults:{eng}")  # pipeline.diagnose.kept_name
+    out = conformance_mod.report(r["id"], eng, thr, rows, ranking)
+    return out, rows, conformance_mod.missing(prompts, stats)
 
 
 # ---------------------------------------------------------------------------

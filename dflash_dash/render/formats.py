@@ -65,6 +65,14 @@ def acceptance_link(run_id: str, prompt_id: str) -> str:
     return f"acceptance?run={quote(str(run_id), safe='')}&prompt={quote(str(prompt_id), safe='')}"
 
 
+def divergence_link(run_id: str, prompt_id: str, prompt_len: int, first: int, length: int, round_no: int) -> str:
+    """The Acceptance token view of one prompt with the first divergent step outlined: the completion token index
+    `first` (the first token the step commits) for `length` tokens, as absolute positions (`pos=START-END`), and
+    that round of the replay's chain walk (`round`, 1-based) shown in full."""
+    a = prompt_len + first
+    return f"{acceptance_link(run_id, prompt_id)}&pos={a}-{a + max(1, length) - 1}&round={round_no}"
+
+
 def csv_text(rows: list[dict]) -> str:
     """Rows as CSV text (header = the union of keys, in first-seen order), for st.download_button."""
     keys: list[str] = []

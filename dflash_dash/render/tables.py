@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .. import metrics
 from ..analysis import rounded
-from .formats import acceptance_link, backend_label, csv_text, run_link
+from .formats import acceptance_link, backend_label, csv_text, divergence_link, run_link
 
 TAU_WORDS = ("tau", "delta", "mean_accepted", "gap", "lost", "minus")  # columns of tokens per round (or their change)
 PROB_WORDS = ("share", "acceptance", "observed", "mean_p", "ece", "predicted", "lag", "target", "rate", "P(")
@@ -275,6 +275,58 @@ def conformance_table(rows: list[dict], run_id: str) -> list[dict]:
             }
         )
     out.sort(key=lambda x: (x["gap"] is None, x["gap"] if x["gap"] is not None else 0, x["prompt"]))
+    return out
+
+
+def divergence_table(rows: list[dict], run_id: str, prompt_lens: dict[str, int], only_flagged: bool) -> list[dict]:
+    """Per prompt whose engine steps leave the replay's rounds (`conformance.compare` rows with per-step lengths;
+    `only_flagged`: just the flagged prompts): the steps equal before it, the completion token index where the
+    first divergent step starts, what the engine and the replay committed there, and a link that opens that step
+    in the token view (`divergence_link`); earliest divergence first."""
+    out = []
+    for r in rows:
+        if r.get("first_divergence") is None or (only_flagged and not r["flagged"]):
+            continue
+        n = max(r["engine_step"] or 0, r["replay_step"] or 0)
+        out.append(
+            {
+                "prompt": r["id"],
+                "flagged": bool(r["flagged"]),
+                "steps_equal": r["steps_equal"],
+                "first_divergence": r["first_divergence"],
+                "engine_step": r["engine_step"],
+                "replay_step": r["replay_step"],
+                "engine": r["direction"],
+                "token_view": divergence_link(
+                    run_id, r["id"], prompt_lens.get(r["id"], 0), r["first_divergence"], n, r["steps_equal"] + 1
+                ),
+            }
+        )
+    out.sort(key=lambda x: (x["first_divergence"], x["prompt"]))
+    return out
+
+
+DIVERGENCE_COLUMNS = {  # column -> meaning (help text of the round-by-round table)
+    "steps_equal": "verify steps that commit exactly the replay's rounds before the first that differs",
+    "first_divergence": "completion token index where the first differing step starts (0: the prefill's token)",
+    "engine_step": "tokens the engine's step commits there (accepted drafts + bonus)",
+    "replay_step": "tokens the replay's round commits there",
+    "engine": "above: the engine's step commits more than the replay's round; below: fewer",
+    "token_view": "the prompt on the Acceptance page, that step outlined and its round shown",
+}
+
+
+def fault_table(ranking: dict) -> list[dict]:
+    """The fault ranking (`pipeline.diagnose`) as rows: the clean replay first, then the faults best first, each
+    with its score and the variant it was scored on; skipped faults last with why."""
+    out = [{"variant": "clean replay", "score": rounded(ranking.get("clean_score"), 4), "detail": "the run's own"}]
+    out += [
+        {"variant": f["fault"], "score": rounded(f["score"], 4), "detail": f.get("detail", "")}
+        for f in ranking["faults"]
+    ]
+    out += [
+        {"variant": f, "score": None, "detail": f"skipped: {why}"} for f, why in (ranking.get("skipped") or {}).items()
+    ]
     return out
 
 

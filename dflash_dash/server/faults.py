@@ -1,29 +1,62 @@
 """Planted engine faults of the stand-in's speculative decoder: the kinds of engine bug conformance must flag.
 
 Contract: a test aid, never a default. `--speculative-bug NAME` serves a deliberately broken decoder; each fault is
-one small function the decoder (`specdec.Speculator`) applies, the correct decoder applying none:
-  - "truncate-context" drafts from the last `TRUNCATE` context positions only (relative positions kept):
-    `visible_context`.
-  - "layer-off-by-one" feeds the drafter the output of decoder layer l-1 for each target layer id l (HF
-    hidden_states[l], not [l+1]; a known bug of another engine): `feature_layers`.
+one small function the decoder (`specdec.Speculator`) applies, the correct decoder applying none. `FAULT_OF` names
+the fault of `analysis.steps.FAULTS` each bug plants (the ranking must put it first):
+  - "truncate-context" / "context-window": the drafter sees the last `TRUNCATE` context positions only (relative
+    positions kept): `visible_context`.
+  - "layer-off-by-one": the drafter is fed the output of decoder layer l-1 for each target layer id l (HF
+    hidden_states[l], not [l+1]; a known bug of another engine); "layer-shift": layer l+1: `feature_layers`.
+  - "draft-tokens": each verify step checks only the first `VERIFIED` drafts of the block: `verified`.
+  - "prefill-count": the prefill is counted as a verify step that accepted no draft: `counts_prefill`.
+  - "numerics": the drafter runs in bf16 instead of fp32: `drafter_dtype`.
 """
 
 from __future__ import annotations
 
-BUGS = ("truncate-context", "layer-off-by-one")  # deliberately broken decoders, for tests of conformance
-TRUNCATE = 4  # truncate-context: context positions the drafter still sees
+FAULT_OF = {
+    "truncate-context": "context-window",
+    "context-window": "context-window",
+    "layer-off-by-one": "layer-shift",
+    "layer-shift": "layer-shift",
+    "draft-tokens": "draft-tokens",
+    "prefill-count": "prefill-count",
+    "numerics": "numerics",
+}
+BUGS = tuple(FAULT_OF)  # deliberately broken decoders, for tests of conformance
+TRUNCATE = 4  # truncate-context / context-window: context positions the drafter still sees
+VERIFIED = 1  # draft-tokens: drafts verified per step
 
 
 def feature_layers(bug: str | None, layers: list[int]) -> list[int]:
     """The target layer ids the drafter's features are read from under `bug`."""
     if bug == "layer-off-by-one":  # hidden_states[l] instead of [l+1] (layer 0 stays: nothing below it)
         layers = [max(0, l - 1) for l in layers]
+    elif bug == "layer-shift":  # the next layer's output
+        layers = [l + 1 for l in layers]
     return layers
 
 
 def visible_context(bug: str | None, feats, p: int):
     """(features, anchor position) the drafter sees of the context's `feats` [p, ...] at anchor `p` under `bug`."""
-    if bug == "truncate-context":  # keep only the last TRUNCATE positions (re-positioned from 0)
+    if FAULT_OF.get(bug or "") == "context-window":  # keep only the last TRUNCATE positions (re-positioned from 0)
         w = min(p, TRUNCATE)
         feats, p = feats[p - w : p], w
     return feats, p
+
+
+def verified(bug: str | None, drafts: int) -> int:
+    """Drafts a verify step checks of the block's `drafts`."""
+    return min(drafts, VERIFIED) if bug == "draft-tokens" else drafts
+
+
+def counts_prefill(bug: str | None) -> bool:
+    """Whether the prefill is counted as a verify step."""
+    return bug == "prefill-count"
+
+
+def drafter_dtype(bug: str | None, dtype):
+    """The drafter's dtype under `bug` (`dtype`: the correct decoder's)."""
+    import torch
+
+    return torch.bfloat16 if bug == "numerics" else dtype

@@ -93,7 +93,9 @@ def speculative_args(p: argparse.ArgumentParser) -> None:
         choices=list(faults.BUGS),
         help="TEST AID: serve a deliberately broken speculative decoder, for conformance tests "
         f"(truncate-context: the drafter sees only the last {faults.TRUNCATE} context positions; "
-        "layer-off-by-one: it gets decoder layer l-1's output for target layer id l)",
+        "layer-off-by-one: it gets decoder layer l-1's output for target layer id l; layer-shift: layer l+1's; "
+        f"context-window: as truncate-context; draft-tokens: each step verifies {faults.VERIFIED} draft(s) only; "
+        "prefill-count: the prefill counted as a verify step; numerics: the drafter in bf16)",
     )
     p.add_argument(
         "--speculative-stats",

@@ -89,7 +89,7 @@ class Speculator:
             raise drafter_mod.CheckpointError(
                 f"--speculative-bug {self.bug!r}: expected one of {', '.join(faults.BUGS)}"
             )
-        d = drafter_mod.load(self.path, torch.float32, self.device)
+        d = drafter_mod.load(self.path, faults.drafter_dtype(self.bug, torch.float32), self.device)
         cfg = model.config.get_text_config()
         drafter_mod.check_target(
             d.c, cfg.hidden_size, int(model.get_output_embeddings().weight.shape[0]), cfg.num_hidden_layers
@@ -149,6 +149,9 @@ class Speculator:
 
         logits, cache = run(ids, None, keep=1)  # prefill: the first completion token
         pending = [int(logits[-1].argmax())]
+        if faults.counts_prefill(self.bug):  # planted: the prefill counted as a verify step
+            counters.accepted.append(0)
+        checked = faults.verified(self.bug, B - 1)  # drafts each verify step checks (B-1 unless planted)
         while True:
             for t in pending:  # commit, cut at a stop or at max_new
                 out.append(t)
@@ -164,7 +167,7 @@ class Speculator:
             logits, cache = run(block, cache)  # verify: one forward over the block
             greedy = logits.argmax(-1).tolist()  # the target's token after each block position
             a = 0
-            while a < B - 1 and drafts[a] == greedy[a]:
+            while a < checked and drafts[a] == greedy[a]:
                 a += 1
             counters.accepted.append(a)
             if a < B - 1:  # roll back to the accepted prefix: restore, re-run [token p, d_1..d_a]

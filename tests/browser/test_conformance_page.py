@@ -46,3 +46,40 @@ def test_browser_shows_table_scatter_and_downloads_csv(spec_workspace, page, tmp
             timeout=10,
             what="the deep link to open the Acceptance page",
         )
+
+
+def test_browser_round_by_round_and_fault_ranking_open_the_divergent_step(spec_workspace, page, tmp_path):
+    """An engine with a planted fault (the stand-in's context-window bug, per-step counters): the page shows the
+    round-by-round summary, the fault ranking naming context-window with its evidence, and a flagged prompt's
+    first divergent step opens in the token view with that step outlined."""
+    from speculative import one_torch_thread, plant
+
+    from dflash_dash.analysis import steps
+    from dflash_dash.pipeline import diagnose
+
+    ws = private_copy(spec_workspace["ws"], tmp_path / "ws")
+    st = Store(ws)
+    run = st.runs()[-1]["id"]
+    plant(st, "context-window", "broken", IDS[:2])
+    with one_torch_thread():
+        got = diagnose.rank_faults(st, run, "broken")
+    assert got["explained_by"] == "context-window"
+    page.set_viewport_size({"width": 1500, "height": 1400})
+    with dashboard(ws, tmp_path) as url:
+        page.goto(f"{url}/conformance?run={run}&engine=broken")
+        page.get_by_role("heading", name="Round by round").wait_for()
+        settle(page)
+        page.get_by_text(steps.EVIDENCE["context-window"]).first.wait_for()
+        page.get_by_text("prompts diverging").first.wait_for()
+        assert page.locator("[data-testid=stException]").count() == 0
+        shot(page, "conformance-faults")
+        link = page.locator("a", has_text="step ").filter(has_text="token ").first
+        href = link.get_attribute("href")
+        assert "pos=" in href and "round=" in href
+        pid = link.inner_text().split(":")[0]
+        link.click()
+        page.get_by_text(f"Token view · {pid}").wait_for()
+        page.get_by_text("Outlined: positions").first.wait_for()
+        until(lambda: f"prompt={pid}" in page.url, timeout=10, what="the link to open the Acceptance page")
+        assert page.locator("[data-testid=stException]").count() == 0
+        shot(page, "conformance-divergent-step")
