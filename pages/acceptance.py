@@ -15,7 +15,14 @@ import streamlit as st
 from dflash_dash import metrics, ops
 from dflash_dash.analysis.rounds import round_detail, round_options
 from dflash_dash.analysis.trace import trace
-from dflash_dash.render.analysis_figures import binned_fig, class_fig, confidence_fig, expected_fig, reliability_fig
+from dflash_dash.render.analysis_figures import (
+    binned_fig,
+    class_fig,
+    confidence_fig,
+    context_position_fig,
+    expected_fig,
+    reliability_fig,
+)
 from dflash_dash.render.figures import accept_curve, depth_fig, hist_fig
 from dflash_dash.render.formats import ci, fmt, prob, sliding_note
 from dflash_dash.render.tables import TAU_COLUMNS, outlier_links, prompt_table, summary_rows
@@ -308,6 +315,11 @@ PATTERN_TABLES = {  # table key: (title, what it answers)
     "by_class": ("by token class", "acceptance by the class of the target token at slot 1 (position anchor+1)"),
     "by_position": ("by position in the completion", "acceptance by the anchor's position p - P in the completion"),
     "by_context": ("by context length", "acceptance by the anchor p: the drafter sees the p tokens before it"),
+    "context_position": (
+        "against context position",
+        "per bin of anchor positions p (1,000 a bin for long traces), pooled over prompts: samples and mean "
+        "accepted(p)+1 over every anchor, rounds and tau = committed / rounds of the chain walk",
+    ),
     "rejection_pairs": ("most frequent rejections", "(draft, target) pairs at the first rejected slot of a round"),
     "worst_spans": ("worst spans", "windows of consecutive anchors with the lowest mean accepted(p), all prompts"),
 }
@@ -353,6 +365,14 @@ def patterns_block(ws: str, run: dict) -> None:
     c1, c2 = st.columns(2)
     table("by_position", c1)
     table("by_context", c2)
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(context_position_fig(pat["context_position"]), width="stretch")
+    c1.caption(
+        "Long traces: does acceptance fall as the context grows? x: the bin's first anchor position in thousands; "
+        "solid: mean accepted(p)+1 over every anchor of the bin (a chain-only run: the anchors its walks visited); "
+        "dotted: the chain walk's tau over the rounds anchored in the bin; bars: samples per bin"
+    )
+    table("context_position", c2)
     table("rejection_pairs")
     table("worst_spans")
     if run["summary"].get("anchors") == "chain":
