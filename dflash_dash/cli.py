@@ -125,7 +125,9 @@ def follow(store, job_id: str, key: str, every: float = 0.3) -> int:
 def cmd_replay(a, store):
     op = op_of(ops.Replay, a)
     out = pipeline.replay(store, op, progress, runner(store, op))
-    if a.extraction == "latest":
+    if op.stream:
+        print(f"streamed extraction = {out['summary']['extraction']} (no feature files)", file=sys.stderr)
+    elif a.extraction == "latest":
         print(f"extraction latest = {out['summary']['extraction']}", file=sys.stderr)
     print(out["id"])
     _print(out["summary"])

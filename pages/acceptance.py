@@ -77,6 +77,12 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
             )
         else:
             common.backend_note(by_id[ex]["backend"], f"Extraction {ex}")
+            e = by_id[ex]
+            stream = (  # no feature files: the job runs the target again over the set (one process)
+                dict(stream=True, target=e["target_path"], completions=e["set_name"]) if common.streamed(e) else {}
+            )
+            if stream:
+                st.info(f"Extraction {ex} was streamed (no feature files): this replay runs the target again.")
             common.start_job(
                 ops.Replay(
                     drafter=ck.strip(),
@@ -86,6 +92,7 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
                     dtype=dtype,
                     gpus=gpus,
                     **how,
+                    **stream,
                 )
             )
     common.job_panel(("replay", "sweep"), key="acc")
@@ -437,6 +444,7 @@ def main() -> None:
         "per step" + sliding_note(run.get("sliding_block"))
     )
     common.backend_note(run["backend"])
+    common.streamed_note(next((e for e in exs if e["id"] == run["extraction_id"]), None))
     rows = common.prompt_rows(ws, rid)  # per-prompt numbers only: no page loads every token of every prompt
     summary_block(common.summary(ws, run), list(rows.values()), rid)
 

@@ -206,7 +206,11 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
         how = common.checkpoint_inputs("sweep")
         if st.button("Start sweep", type="primary", disabled=not folder.strip()):
             common.backend_note(by[ex]["backend"], f"Extraction {ex}")
-            common.start_job(ops.Sweep(checkpoints=folder.strip(), extraction=ex, **how))
+            e = by[ex]
+            stream = (  # no feature files: the sweep runs the target again over the set
+                dict(stream=True, target=e["target_path"], completions=e["set_name"]) if common.streamed(e) else {}
+            )
+            common.start_job(ops.Sweep(checkpoints=folder.strip(), extraction=ex, **how, **stream))
     else:
         st.info("No finished extraction: extract hidden states on the **Extraction** page first.")
     common.job_panel(("sweep",), key="sweep")

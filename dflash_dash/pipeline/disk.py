@@ -88,5 +88,5 @@ def check(p: DiskPlan) -> DiskPlan:
         f"extraction needs {size(p.need)} for {p.prompts} prompts ({p.tokens} tokens x {p.width * 2} bytes, margin "
         f"included) but {p.folder} has {size(p.free)} free; extract fewer prompts (a smaller completion set), "
         "put the workspace on another disk (--workspace DIR), or evaluate without feature files "
-        "(sweep --stream, once it exists)"
+        "(sweep --stream --target DIR --completions SET --checkpoints DIR, or replay --stream)"
     )

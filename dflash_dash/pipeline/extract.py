@@ -62,6 +62,11 @@ def extract(store: Store, op: ops.Extract, progress: Progress = None, runner: Ru
     exists = bool(extraction_id) and any(e["id"] == extraction_id for e in store.extractions())
     if exists:
         e = store.extraction(extraction_id)
+        if (e.get("versions") or {}).get("streamed"):
+            raise InputError(
+                f"extraction {extraction_id} was streamed (replay/sweep --stream keep no feature files), so it cannot "
+                "be resumed; extract the set as a new extraction (without --resume)"
+            )
         if e["layer_ids"] != layer_ids or e["target_path"] != info.path:
             raise InputError(f"extraction {extraction_id} used other layers or another target; start a new one")
         done = {r["prompt_id"] for r in store.items(extraction_id)}

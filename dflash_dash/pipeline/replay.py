@@ -7,6 +7,8 @@ each checkpoint's run (`store_run`: summary, per-prompt rows, kept analyses) as 
 A drafter replays on any extraction holding its target layers (an extraction of several drafters' union): it reads
 its own columns (`columns`, `iter_sequences`' layers), and one needing a layer the extraction lacks is refused
 before any work (`LayersMissing`: the layers needed, the layers held, the extract command that adds them).
+With `stream` (replay --stream, sweep --stream) the features come from the target instead of an extraction's
+files (`stream.stream`: no file written), and a replay on a streamed extraction is refused (`stream.require_files`).
 Replay never touches the network; the math lives in replay/drafter/metrics, the SQL in store.
 """
 
@@ -136,6 +138,10 @@ def replay(store: Store, op: ops.Replay, progress: Progress = None, runner: Runn
     `max_prompts` N: only the first N prompts of the extraction (set order).
     A refused checkpoint (other family, unknown tensors, unsafe pickle) raises before anything is stored."""
     ck = ops.CheckpointSpec(op.drafter, op.sliding_block, op.draft_config, op.name)
+    if op.stream:  # the target computes the features as the replay needs them: no extraction's files
+        from .stream import stream
+
+        return stream(store, op, [ck], progress)[0]
     return replay_many(store, [ck], op, progress, runner)[0]
 
 
@@ -157,6 +163,9 @@ def replay_many(
     ex = store.extraction(op.extraction)
     if ex["status"] != "done":
         raise InputError(f"extraction {ex['id']} is {ex['status']}, not done; finish it (re-extract) first")
+    from .stream import require_files
+
+    require_files(store, ex, "a replay on it")
 
     from .. import target as target_mod
 
@@ -296,10 +305,17 @@ def sweep(store: Store, op: ops.Sweep, progress: Progress = None, runner: Runner
     replayed again (its latest run id is returned). Every checkpoint is validated before the first replay, so a
     refused one stops the sweep with nothing stored."""
     sliding_block, draft_config = op.sliding_block, op.draft_config
-    ex = store.extraction(op.extraction)
     cks, notes = checkpoints_in(op.checkpoints)
     for n in notes:
         tick(progress, 0, len(cks), n)
+    if op.stream:  # every checkpoint on each pass of the target's features, in memory: a new streamed extraction
+        from .stream import stream
+
+        specs = [ops.CheckpointSpec(str(ck), sliding_block, draft_config) for ck in cks]
+        ids = [r["id"] for r in stream(store, op, specs, progress)]
+        tick(progress, len(cks), len(cks), f"replayed {len(cks)} checkpoints on the target's streamed features")
+        return ids
+    ex = store.extraction(op.extraction)
     plan = []
     for ck in cks:
         cfg = drafter_mod.read_config(ck, draft_config)
