@@ -277,7 +277,8 @@ class Replay(Op):
     # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
     max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
     stream: bool = False  # compute the features with the target (target, completions) instead of reading an
-    # extraction's files: the target runs over each pass of sequences, no feature file is written
+    # extraction's files: the target runs over each pass of sequences (in dtype, as the drafters), no feature file
+    # is written
     target: str | None = None  # with stream: the target model folder (a Hugging Face causal LM)
     completions: str | None = None  # with stream: the completion set to evaluate
 
@@ -302,7 +303,8 @@ class Sweep(Op):
     # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
     max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
     stream: bool = False  # compute the features with the target (target, completions) instead of reading an
-    # extraction's files: the target runs over each pass of sequences, no feature file is written
+    # extraction's files: the target runs over each pass of sequences (in dtype, as the drafters), no feature file
+    # is written
     target: str | None = None  # with stream: the target model folder (a Hugging Face causal LM)
     completions: str | None = None  # with stream: the completion set to evaluate
 

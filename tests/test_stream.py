@@ -110,6 +110,13 @@ def test_replay_stream_equals_extract_then_replay_and_writes_no_feature_file(set
     rc, _, err = run(ws, "replay", "--drafter", str(ck), "--extraction", sx["id"])
     assert rc == 2 and "was streamed (no feature files were written)" in err
     assert f"--stream --target {setup.target.resolve()} --completions s" in err
+    # and so do an attribution of the streamed run and a backend parity against its extraction
+    rc, _, err = run(ws, "attribute", "--run", streamed)
+    assert rc == 2 and f"so an attribution of run {streamed} needs the target again" in err
+    from dflash_dash import parity
+
+    with pytest.raises(ops.InputError, match="so backend parity needs the target again"):
+        parity.compare(st, ex, sx["id"])
 
 
 def test_sweep_stream_equals_extract_then_sweep_for_drafters_of_other_layers(setup):
