@@ -196,3 +196,38 @@ def test_the_pages_say_a_streamed_run_needs_the_target_again(setup, monkeypatch)
         ws, "extract", "--target", str(setup.target), "--completions", "s", "--layers", "1,4", "--resume", ex
     )
     assert rc == 2 and f"extraction {ex} was streamed" in err and "without --resume" in err
+
+
+def test_the_replay_button_streams_again_on_a_streamed_extraction(prepared, workspace_copy, monkeypatch):
+    """The Acceptance page's Replay on a streamed extraction starts a --stream job (the target runs again) whose
+    run equals the streamed one it repeats."""
+    from apptest import app, by_label, clean
+    from waiting import wait_job
+
+    ws, ck = workspace_copy, prepared.drafters[0]
+    rc, out, err = run(
+        ws, "replay", "--stream", "--target", str(prepared.target), "--completions", prepared.set_name,
+        "--drafter", str(ck),
+    )  # fmt: skip
+    assert rc == 0, err
+    first = out.splitlines()[0]
+    st = Store(ws)
+    ex = st.run_row(first)["extraction_id"]
+    at = app(ws, monkeypatch, "acceptance", run=first)
+    by_label(at.text_input, "checkpoint folder").input(str(ck))
+    by_label(at.selectbox, "extraction").set_value(ex)
+    by_label(at.button, "Replay").click().run()
+    clean(at)
+    assert any("this replay runs the target again" in i.value for i in at.info)
+    job = wait_job(ws, "replay")
+    assert job["status"] == "done", job
+    args = job["args"]
+    assert (
+        args["stream"] is True and args["target"] == str(prepared.target.resolve()) and args["completions"] == "tiny3"
+    )
+    again = job["result"]["run"]
+    assert st.run_row(again)["extraction_id"] != ex and stream.is_streamed(
+        st.extraction(st.run_row(again)["extraction_id"])
+    )
+    a, b = st.prompts(first), st.prompts(again)
+    assert a == b
