@@ -16,6 +16,7 @@ import ast
 import inspect
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import MISSING, fields, replace
@@ -28,13 +29,33 @@ from .pipeline import disk
 from .store import Store, default_workspace
 
 _MIDLINE = [False]  # a progress bar is on stderr without its newline yet
+_SAID = [""]  # the last progress line written off a terminal
+BAR = 24  # characters of the progress bar
+
+
+def fit(msg: str, width: int) -> str:
+    """`msg` in at most `width` characters: cut in the middle (head … tail), so a long path keeps its end."""
+    if len(msg) <= width:
+        return msg
+    tail = (width - 1) * 2 // 3
+    return msg[: width - 1 - tail] + "…" + msg[len(msg) - tail :]
 
 
 def progress(done: int, total: int, msg: str) -> None:
-    """A one-line progress bar on stderr."""
-    width = 24
-    fill = int(width * done / total) if total else 0
-    sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {msg[:70]:<70}")
+    """Progress on stderr. On a terminal: one bar line rewritten in place, the message fitted to the terminal's
+    width (`fit`: never wrapped, never cut mid-path at a fixed column). Elsewhere (a log file, a pipe): one whole
+    line per new message, without carriage returns."""
+    head = f"{done}/{total}"
+    if not sys.stderr.isatty():
+        line = f"[{head}] {msg}"
+        if line != _SAID[0]:
+            sys.stderr.write(line + "\n")
+            _SAID[0] = line
+        sys.stderr.flush()
+        return
+    fill = int(BAR * done / total) if total else 0
+    room = shutil.get_terminal_size((100, 24)).columns - BAR - len(head) - 5
+    sys.stderr.write(f"\r[{'#' * fill}{'.' * (BAR - fill)}] {head} {fit(msg, max(room, 10)):<{max(room, 10)}}")
     _MIDLINE[0] = done < total
     if done >= total:
         sys.stderr.write("\n")
@@ -129,8 +150,14 @@ def cmd_replay(a, store):
         print(f"streamed extraction = {out['summary']['extraction']} (no feature files)", file=sys.stderr)
     elif a.extraction == "latest":
         print(f"extraction latest = {out['summary']['extraction']}", file=sys.stderr)
-    print(out["id"])
-    _print(out["summary"])
+    if out["reused"]:
+        print(
+            f"note: run {out['id']} already replayed {a.drafter} on extraction {out['summary']['extraction']} with "
+            "these settings; not replayed again (pass --force to store a new run)",
+            file=sys.stderr,
+        )
+    print(f"run {out['id']}", file=sys.stderr)
+    _print(out)  # {"id", "summary", "reused"}: stdout is one JSON document
 
 
 def cmd_sweep(a, store):
@@ -180,7 +207,10 @@ def cmd_jobs(a, store):
 def cmd_demo(a, store):
     from . import demo
 
-    _print(demo.build(a.workspace, progress))
+    demo.build(a.workspace, progress)
+    ws = Path(a.workspace).resolve()
+    # one line (`make run` ends with the dashboard's URL, not a JSON dump): what was built is in BUILD.json
+    print(f"demo workspace ready: {ws} ({len(store.runs())} runs; the build's record: {ws / 'demo' / 'BUILD.json'})")
 
 
 def cmd_serve(a, store):

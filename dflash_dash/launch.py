@@ -8,7 +8,8 @@ of `[server] url` in `W/config.toml` (written by `demo.configure` when absent), 
 listens on its port (the dashboard then uses what is there; one line says so). Both children run in their own
 sessions and get SIGTERM if this process dies (Linux); SIGINT (Ctrl-C), SIGTERM or SIGHUP to this process, or the
 dashboard exiting, stops both and reaps them: no orphans. The server exiting early is reported (one line naming
-its log) and the dashboard runs on. Exit status: 0 when stopped by a signal, else the dashboard's; 2 with a
+its log) and the dashboard runs on. Once the dashboard answers, the last two lines are its URL and where to
+start. Exit status: 0 when stopped by a signal, else the dashboard's; 2 with a
 one-line message for a bad config.toml.
 """
 
@@ -119,6 +120,27 @@ def app_argv(ws: Path, port: int, address: str, watch: bool = True) -> list[str]
     ]
 
 
+START_HERE = (
+    "start on Overview (the demo's runs by extraction), then Compare: the final checkpoint against the buggy one; "
+    "Ctrl-C stops the dashboard and the demo server"
+)  # the last line `make run` prints on a demo workspace
+
+
+def url_of(address: str, port: int) -> str:
+    return f"http://{'127.0.0.1' if address in ('0.0.0.0', '::') else address}:{port}"
+
+
+def serving(address: str, port: int) -> bool:
+    """True once the dashboard answers /_stcore/health with 200 (its own startup lines are printed by then)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url_of(address, port) + "/_stcore/health", timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 def end(*procs: subprocess.Popen | None) -> None:
     """SIGTERM to every live process at once, then SIGKILL to any that outlives GRACE_S; reaps them."""
     live = [p for p in procs if p is not None and p.poll() is None]
@@ -153,7 +175,11 @@ def run(workspace: str | Path, port: int, address: str) -> int:
                 f"log {log_path}; it stops with the dashboard"
             )
         app = spawn(app_argv(ws, port, address))
+        started = False
         while not stopped and app.poll() is None:
+            if not started and (started := serving(address, port)):
+                say(f"the dashboard is ready: {url_of(address, port)}")
+                say(START_HERE if (ws / "demo" / demo.TARGET).is_dir() else "start on Overview; Ctrl-C stops it")
             if server is not None and server.poll() is not None:
                 say(
                     f"the demo server exited with status {server.returncode}; see {log_path}. The dashboard "

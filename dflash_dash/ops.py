@@ -276,6 +276,8 @@ class Replay(Op):
     gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
     # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
     max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
+    force: bool = False  # replay even when a run of this checkpoint on this extraction with the same settings exists
+    # (without it that run is reused and named)
     stream: bool = False  # compute the features with the target (target, completions) instead of reading an
     # extraction's files: the target runs over each pass of sequences (in dtype, as the drafters), no feature file
     # is written

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,10 @@ import torch
 from safetensors import safe_open
 
 from .target_info import TargetError, TargetInfo, describe, has_linear_attention
+
+# fla warns at import on a machine where Triton cannot run ("roll back to CPU"): the backend is forced and recorded
+# here (`use_backend`), so the library's line would only break a progress bar and mislead
+warnings.filterwarnings("ignore", message="Triton is not supported on current platform", category=UserWarning)
 
 # modeling modules whose linear-attention kernels transformers binds to fla at import
 HYBRID_MODULES = [

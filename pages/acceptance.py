@@ -25,7 +25,7 @@ from dflash_dash.render.analysis_figures import (
 )
 from dflash_dash.render.figures import accept_curve, depth_fig, hist_fig
 from dflash_dash.render.formats import ci, fmt, prob, sliding_note
-from dflash_dash.render.tables import TAU_COLUMNS, outlier_links, prompt_table, summary_rows
+from dflash_dash.render.tables import TAU_COLUMNS, outlier_links, pattern_rows, prompt_table, summary_rows
 from dflash_dash.render.tokens import legend_html, round_html, text_html, token_html
 from dflash_dash.vocab import Vocab
 from pages import common
@@ -76,6 +76,8 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
                 "SpecForge runtime folder with training_state.pt)."
             )
         else:
+            from dflash_dash import pipeline
+
             common.backend_note(by_id[ex]["backend"], f"Extraction {ex}")
             e = by_id[ex]
             stream = (  # no feature files: the job runs the target again over the set (one process)
@@ -83,18 +85,20 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
             )
             if stream:
                 st.info(f"Extraction {ex} was streamed (no feature files): this replay runs the target again.")
-            common.start_job(
-                ops.Replay(
+            with common.guard():  # a mistyped folder or a drafter this extraction cannot feed: said here, no job
+                op = ops.Replay(
                     drafter=ck.strip(),
                     extraction=ex,
                     tree_budget=int(budget),
                     device=device.strip() or "cpu",
                     dtype=dtype,
                     gpus=gpus,
+                    force=True,  # a click on Replay asks for a new run (the run list shows any earlier one)
                     **how,
                     **stream,
                 )
-            )
+                pipeline.check_replay(common.store(), op)
+                common.start_job(op)
     common.job_panel(("replay", "sweep"), key="acc")
 
 
@@ -120,11 +124,12 @@ def summary_block(s: dict, rows: list[dict], run_id: str) -> None:
 def stats_block(s: dict, rows: list[dict], run_id: str) -> None:
     """How sure tau is: bootstrap intervals, median, outlier prompts, DDTree against a same-budget chain."""
     st.markdown("**How sure is tau?** Prompts are the sampling unit: a few odd prompts can move the macro mean.")
-    c = st.columns(4)
+    c = st.columns(2)  # an interval ('1.28 [1.19, 1.38]') needs half the row: a quarter cut it below 1,440 px
     for col, key, point in ((c[0], "tau_macro_ci", "tau_macro"), (c[1], "tau_pooled_ci", "tau_pooled")):
         col.metric(metrics.label(key, s), ci(s.get(point), s.get(key)))
         col.caption(f"{metrics.label(point)} [lo, hi]: {metrics.BY_KEY[key].formula}")
-    for col, key in ((c[2], "tau_median"), (c[3], "tau_macro_trimmed")):
+    c = st.columns(4)
+    for col, key in ((c[0], "tau_median"), (c[1], "tau_macro_trimmed")):
         col.metric(metrics.label(key, s), fmt(s.get(key)))
         col.caption(metrics.BY_KEY[key].formula)
     odd = outlier_links(s, rows, run_id)
@@ -314,7 +319,7 @@ def calibration_block(ws: str, run: dict) -> None:
             f"{run['id']}-expected-tau.csv",
             "acc_dl_exp",
         )
-    c2.dataframe(cal["by_depth"], hide_index=True, width="stretch")
+    c2.dataframe(cal["by_depth"], hide_index=True, width="stretch", column_config=common.numbers(cal["by_depth"]))
     c2.caption("rounds: samples of depth k; mean_p: mean p_k; observed: P(d_k | d_<k); ece: ECE of depth k alone")
 
 
@@ -348,7 +353,8 @@ def patterns_block(ws: str, run: dict) -> None:
         title, what = PATTERN_TABLES[key]
         col.markdown(f"**{title}** · {what}")
         cfg = {"link": st.column_config.LinkColumn("token view", display_text="open")} if key == "worst_spans" else None
-        col.dataframe(pat[key], hide_index=True, width="stretch", column_config=cfg)
+        rows = pattern_rows(key, pat[key])  # token cells with their whitespace visible
+        col.dataframe(rows, hide_index=True, width="stretch", column_config=common.numbers(rows, **(cfg or {})))
         with col:
             common.download(f"{title} (CSV)", pat[key], f"{run['id']}-{key}.csv", f"acc_dl_{key}")
 

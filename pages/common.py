@@ -22,7 +22,8 @@ import streamlit as st
 from dflash_dash import metrics
 from dflash_dash.analysis.attribution import attribution_rows
 from dflash_dash.errors import UserError
-from dflash_dash.render.formats import csv_text
+from dflash_dash.render.formats import csv_text, job_result
+from dflash_dash.render.tables import number_formats
 from dflash_dash.render.tokens import pre_html
 from dflash_dash.store import Store, default_workspace
 from dflash_dash.vocab import Vocab, load_vocab
@@ -88,7 +89,9 @@ def routed() -> None:
 
 
 def page_config() -> None:
-    st.set_page_config(page_title="dflash-dash", page_icon=":material/bolt:", layout="wide")
+    # an emoji icon: the browser draws it as an inline SVG (data: URL); a :material/...: icon would be fetched from
+    # fonts.gstatic.com (console errors offline, a request off this machine)
+    st.set_page_config(page_title="dflash-dash", page_icon="⚡", layout="wide")
 
 
 def sidebar() -> None:
@@ -230,6 +233,13 @@ def vocab(target_path: str) -> Vocab:
 def attributions(ws: str, run_id: str, stamp: str) -> list[dict]:
     """The run's target-layer attribution as attribution_rows ([] before one)."""
     return attribution_rows(_store(ws).attributions(run_id))
+
+
+def numbers(rows: list[dict], **config) -> dict:
+    """A dataframe's column_config printing its float columns one way per kind of number (render.tables
+    number_formats: tau-like 2 decimals, probabilities 3), plus `config`."""
+    fmts = number_formats(rows)
+    return {c: st.column_config.NumberColumn(format=f) for c, f in fmts.items()} | config
 
 
 def download(label: str, rows: list[dict], file_name: str, key: str) -> None:
@@ -513,7 +523,7 @@ def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
                 else:
                     st.caption(str(j["step"] or ""))
                 if j["status"] == "done" and j.get("result"):
-                    st.caption("result: " + ", ".join(f"{k} `{v}`" for k, v in (j["result"] or {}).items()))
+                    st.caption(job_result(j["result"]))  # run ids link to their Acceptance page
                 if j.get("error"):
                     (st.error if j["status"] == "failed" else st.caption)(j["error"])
                 c1, c2, c4, c3 = st.columns([1, 1, 1, 3])

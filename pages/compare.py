@@ -11,7 +11,14 @@ from __future__ import annotations
 import streamlit as st
 
 from dflash_dash import metrics, ops
-from dflash_dash.analysis.compare import config_diff, default_pair, delta_rows, lag_rows, sweep_points
+from dflash_dash.analysis.compare import (
+    config_diff,
+    default_pair,
+    delta_rows,
+    lag_rows,
+    sweep_extraction,
+    sweep_points,
+)
 from dflash_dash.analysis.trace import differing, trace
 from dflash_dash.render.analysis_figures import confidence_fig, reliability_fig
 from dflash_dash.render.compare import DELTA_NOTE, OUTCOME_NOTE, compare_html
@@ -53,7 +60,13 @@ def pick_prompt(a: dict, b: dict, ra: dict, rb: dict, comps: dict) -> str | None
     order = [r["prompt"] for r in rows]
     pair = f"{a['id']}|{b['id']}"
     ev = st.dataframe(
-        rows, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row", key=f"cmp_delta_{pair}"
+        rows,
+        hide_index=True,
+        width="stretch",
+        column_config=common.numbers(rows),
+        on_select="rerun",
+        selection_mode="single-row",
+        key=f"cmp_delta_{pair}",
     )
     picked = ev.selection.rows if ev is not None and hasattr(ev, "selection") else []
     prev = st.session_state.get("_cmp_pair")
@@ -117,7 +130,7 @@ def lag_block(ws: str, stamp: str, a: dict, b: dict) -> None:
     c1, c2 = st.columns([3, 2])
     c1.plotly_chart(lag_fig(rows, a["name"], b["name"]), width="stretch")
     with c2:
-        st.dataframe(rows, hide_index=True, width="stretch")
+        st.dataframe(rows, hide_index=True, width="stretch", column_config=common.numbers(rows))
         common.download("draft lag per slot, both runs (CSV)", rows, "compare-lag.csv", "cmp_dl_lag")
 
 
@@ -199,18 +212,22 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
         ex = st.selectbox(
             "extraction",
             ids,
-            index=len(ids) - 1,
+            index=ids.index(sweep_extraction(runs, folder.strip(), ids)),  # the newest with the folder's runs
             key="sweep_ex",
             format_func=common.extraction_label(by),
         )
         how = common.checkpoint_inputs("sweep")
         if st.button("Start sweep", type="primary", disabled=not folder.strip()):
+            from dflash_dash import pipeline
+
             common.backend_note(by[ex]["backend"], f"Extraction {ex}")
             e = by[ex]
             stream = (  # no feature files: the sweep runs the target again over the set
                 dict(stream=True, target=e["target_path"], completions=e["set_name"]) if common.streamed(e) else {}
             )
-            common.start_job(ops.Sweep(checkpoints=folder.strip(), extraction=ex, **how, **stream))
+            with common.guard():  # a mistyped folder, or one without a checkpoint: said here, no job
+                pipeline.checkpoints_in(folder.strip())
+                common.start_job(ops.Sweep(checkpoints=folder.strip(), extraction=ex, **how, **stream))
     else:
         st.info("No finished extraction: extract hidden states on the **Extraction** page first.")
     common.job_panel(("sweep",), key="sweep")

@@ -54,6 +54,13 @@ def fetch_form() -> None:
         tok = st.text_input("tokenizer folder (for the chat template; empty: the server's tokenizer_path)", "")
         go = st.form_submit_button("Fetch", type="primary")
     if go:
+        if not name.strip():  # never a default: the prompt set's name may be a set already fetched otherwise
+            example = (choice if choice != UPLOAD else "my-prompts") + ("-chat" if chat else "-plain")
+            st.error(
+                f"completion set name is empty: give the new set a name (for example {example}); type an existing "
+                "set's name only to continue fetching that set (with the settings it was fetched with)."
+            )
+            return
         if choice == UPLOAD:
             if up is None:
                 st.error("Choose a prompt-set JSONL file to upload, or pick a built-in set.")
@@ -63,7 +70,7 @@ def fetch_form() -> None:
             prompt_set = str(f)
         else:
             prompt_set = choice
-        set_name = name.strip() or (Path(prompt_set).stem if choice == UPLOAD else choice)
+        set_name = name.strip()
         common.start_job(
             ops.Fetch(
                 server=server.strip(),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dflash_dash import ops
-from dflash_dash.analysis.checks import consistency, sliding_checkpoints, sliding_rows
+from dflash_dash.analysis.checks import consistency, parity_pair, sliding_checkpoints, sliding_rows
 from dflash_dash.jobs import gpu
 from dflash_dash.render.figures import attribution_fig, parity_fig
 from dflash_dash.render.formats import fmt
@@ -44,12 +44,8 @@ def parity_block(ws: str, stamp: str) -> None:
         return
     by = {e["id"]: e for e in exs}
     ids = [e["id"] for e in exs]
-    fla = [i for i in ids if by[i]["backend"] == "fla"]
-    torch_ = [i for i in ids if by[i]["backend"] == "torch"]
-    da = torch_[-1] if torch_ else ids[-1]
-    db = next((i for i in reversed(fla) if by[i]["set_name"] == by[da]["set_name"]), None) or next(
-        (i for i in reversed(ids) if i != da and by[i]["set_name"] == by[da]["set_name"]), ids[0]
-    )
+    runs = common.runs(ws, stamp)
+    da, db = parity_pair(exs, runs)  # the newest torch and fla extractions of one set that hold runs
     label = lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']} · {by[i]['device']}"  # noqa: E731
     c1, c2 = st.columns(2)
     with c1:
@@ -73,7 +69,6 @@ def parity_block(ws: str, stamp: str) -> None:
     c1.dataframe(rows, hide_index=True, width="stretch")
     c2.plotly_chart(parity_fig(res["layers"]), width="stretch")
     st.subheader("tau of the same checkpoints on each extraction")
-    runs = common.runs(ws, stamp)
     ka, kb = f"tau macro on A ({by[a]['backend']})", f"tau macro on B ({by[b]['backend']})"
     table: dict[str, dict] = {}
     for r in runs:
@@ -81,7 +76,8 @@ def parity_block(ws: str, stamp: str) -> None:
             row = table.setdefault(r["checkpoint"], {"checkpoint": r["name"], ka: None, kb: None})
             row[ka if r["extraction_id"] == a else kb] = r["summary"].get("tau_macro")
     if table:
-        st.dataframe(list(table.values()), hide_index=True, width="stretch")
+        taus = list(table.values())
+        st.dataframe(taus, hide_index=True, width="stretch", column_config=common.numbers(taus))
     else:
         st.info("No run on these extractions yet: replay a checkpoint on each (Acceptance page, **Replay**).")
 
@@ -160,10 +156,10 @@ def sliding_block(ws: str, stamp: str) -> None:
     if len(rows) == 2:
         delta = (rows[0]["tau (macro)"] or 0) - (rows[1]["tau (macro)"] or 0)
         (st.warning if abs(delta) >= 0.05 else st.success)(
-            f"tau (macro) causal − bidirectional = {delta:+.3f} (tau = mean over prompts of committed / rounds)"
+            f"tau (macro) causal − bidirectional = {delta:+.2f} (tau = mean over prompts of committed / rounds)"
         )
     if rows:
-        st.dataframe(rows, hide_index=True, width="stretch")
+        st.dataframe(rows, hide_index=True, width="stretch", column_config=common.numbers(rows))
     if len(rows) < 2 and st.button("Replay both ways", type="primary", key="slide_go"):
         common.start_job(ops.SlidingCheck(drafter=ck.strip(), extraction=ex))
     common.job_panel(("sliding-check",), key="slide")

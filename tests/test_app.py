@@ -142,6 +142,25 @@ def test_replay_button_starts_a_job_that_adds_a_run(prepared, workspace_copy, mo
     assert len(runs) == 3 and runs[-1]["id"] == job["result"]["run"]
     at.run()
     assert at.query_params["run"] in {r["id"] for r in runs}
+    # the job's result links to its run's Acceptance page (issue 30)
+    link = f"[`{runs[-1]['id']}`](acceptance?run={runs[-1]['id']})"
+    assert any(c.value == f"result: run {link}" for c in at.caption), [c.value for c in at.caption]
+
+
+def test_replay_form_refuses_a_mistyped_checkpoint_before_any_job(prepared, workspace_copy, monkeypatch):
+    """Issue 30: a mistyped checkpoint path started a job that failed seconds later; the form says so at once, in
+    the page, without a traceback, and starts nothing."""
+    at = app(workspace_copy, monkeypatch, "acceptance")
+    typo = str(prepared.drafters[1]) + "x"
+    by_label(at.text_input, "checkpoint folder").input(typo)
+    by_label(at.button, "Replay").click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [f"{typo}: no such checkpoint folder"]
+    assert Store(workspace_copy).jobs() == []
+    by_label(at.text_input, "checkpoint folder").input(str(prepared.target))  # a target, not a drafter
+    by_label(at.button, "Replay").click().run()
+    assert any("a target model folder" in e.value for e in at.error), [e.value for e in at.error]
+    assert Store(workspace_copy).jobs() == []
 
 
 # ---------------------------------------------------------------------------
@@ -192,6 +211,16 @@ def test_completions_table_and_escaped_text(prepared, monkeypatch):
     body = " ".join(htmls(at))
     assert "&lt;script&gt;window.__pwned" in body and "<script" not in body
     assert by_label(at.button, "Fetch")
+
+
+def test_fetch_with_an_empty_set_name_is_refused_in_the_page(prepared, workspace_copy, monkeypatch):
+    """Issue 30: an empty set name fell back to the prompt set's name, silently reused that set and fetched 0."""
+    at = app(workspace_copy, monkeypatch, "completions")
+    assert by_label(at.text_input, "completion set name").value == ""
+    by_label(at.button, "Fetch").click().run()
+    assert not at.exception
+    assert [e.value for e in at.error if e.value.startswith("completion set name is empty: give the new set a name")]
+    assert Store(workspace_copy).jobs() == []
 
 
 def test_reextract_button_adds_an_extraction(prepared, workspace_copy, monkeypatch):
@@ -253,6 +282,40 @@ def test_diagnostics_parity_consistency_and_errors(prepared, workspace_copy, mon
     by_label(at.text_input, "drafter checkpoint folder").input(str(workspace_copy / "nope")).run()
     assert not at.exception
     assert any("no such checkpoint folder" in e.value for e in at.error)
+
+
+def test_defaults_skip_a_newer_extraction_without_runs(prepared, workspace_copy, monkeypatch):
+    """Issue 30: after a Re-extract (a newer extraction, no runs yet) the sweep chart said "No run ... yet" while the
+    folder's runs existed, and Diagnostics' parity opened with tau None on A. Both open where the runs are."""
+    st = Store(workspace_copy)
+    ex = st.extraction(prepared.extraction)
+    again = pipeline.extract(
+        st,
+        ops.Extract(
+            target=ex["target_path"], completions=ex["set_name"], layers=ex["layer_ids"], device="cpu", dtype="float32"
+        ),
+    )
+    assert st.extractions()[-1]["id"] == again
+    at = app(workspace_copy, monkeypatch, "compare", sweep=str(prepared.train))
+    clean(at)
+    assert at.selectbox(key="sweep_ex").value == prepared.extraction
+    assert not [i.value for i in at.info if "No run of a checkpoint" in i.value]
+    assert len([m.value for m in at.markdown if "open in Acceptance" in m.value]) == 2
+    at = app(workspace_copy, monkeypatch, "diagnostics")
+    clean(at)
+    assert at.selectbox(key="par_a").value == prepared.extraction and at.selectbox(key="par_b").value == again
+    taus = at.dataframe[1].value
+    assert taus.columns[1].startswith("tau macro on A") and taus.iloc[:, 1].notna().all()
+
+
+def test_sweep_form_refuses_a_folder_without_checkpoints_before_any_job(prepared, workspace_copy, monkeypatch):
+    """Issue 30 (jobs): a mistyped folder is named in the page at once, not by a job failing seconds later."""
+    typo = str(prepared.train) + "x"
+    at = app(workspace_copy, monkeypatch, "compare", sweep=typo)
+    by_label(at.button, "Start sweep").click().run()
+    assert not at.exception
+    assert [e.value for e in at.error if e.value.startswith(f"--checkpoints {typo}: no such folder")]
+    assert Store(workspace_copy).jobs() == []
 
 
 def test_sweep_button_replays_the_folder_and_plots_it(prepared, workspace_copy, tmp_path, monkeypatch):

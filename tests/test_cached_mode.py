@@ -69,7 +69,7 @@ def test_replay_and_export_make_no_network_call(prepared, workspace_copy, offlin
         )
         == 0
     )
-    run_id = capsys.readouterr().out.splitlines()[0]
+    run_id = json.loads(capsys.readouterr().out)["id"]
     assert cli.main(["--workspace", ws, "export", "--run", run_id]) == 0
     assert json.loads(capsys.readouterr().out)["run"]["id"] == run_id
     assert cli.main(["--workspace", ws, "runs"]) == 0

@@ -11,7 +11,7 @@ from apptest import app, clean, htmls
 from chainwalk import outcome_walk
 
 from dflash_dash import metrics
-from dflash_dash.analysis.compare import default_pair, delta_rows
+from dflash_dash.analysis.compare import default_pair, delta_rows, sweep_extraction
 from dflash_dash.analysis.trace import Trace, differing, outcomes, trace
 from dflash_dash.render.compare import compare_html
 from dflash_dash.render.tokens import token_html
@@ -128,6 +128,37 @@ def test_default_pair_is_the_newest_pair_on_one_extraction():
     assert default_pair([run(1, "x")]) is None
 
 
+def test_sweep_and_parity_defaults_skip_newer_extractions_without_runs():
+    """Issue 30: defaults that followed "the newest" opened on a Re-extract's empty extraction."""
+    from dflash_dash.analysis.checks import parity_pair
+
+    def ex(i, backend="torch", set_name="s"):
+        return {"id": f"e{i}", "backend": backend, "set_name": set_name}
+
+    def run(ex_id, ck="/train/epoch_0_step_1"):
+        return {"id": f"r-{ex_id}", "extraction_id": ex_id, "checkpoint": ck, "name": "n", "summary": {}}
+
+    runs = [run("e1"), run("e2", "/elsewhere/ck")]
+    assert sweep_extraction(runs, "/train", ["e1", "e2", "e3"]) == "e1"  # the folder's runs are on e1
+    assert sweep_extraction(runs, "", ["e1", "e2", "e3"]) == "e2"  # no folder: the newest with any run
+    assert sweep_extraction([], "/train", ["e1", "e2"]) == "e2"  # no run anywhere: the newest
+    assert sweep_extraction([], "", []) is None
+    exs = [ex(1), ex(2, "fla"), ex(3), ex(4, "fla"), ex(5, "torch", "other")]
+    assert parity_pair(exs, [run("e1"), run("e2")]) == ("e1", "e2")  # e3, e4 and e5 hold no run
+    assert parity_pair(exs, [run("e3")]) == ("e3", "e4")  # B: the newest fla of e3's set (none has runs)
+    assert parity_pair(exs, []) == ("e5", "e1")  # no run: the newest torch; no other of its set: the oldest
+    assert parity_pair([ex(1)], []) is None
+
+
+def test_conformance_opens_on_the_newest_run_with_engine_stats():
+    from dflash_dash.analysis.conformance import default_run
+
+    runs = [{"id": "r1", "set_name": "served"}, {"id": "r2", "set_name": "served"}, {"id": "r3", "set_name": "plain"}]
+    assert default_run(runs, {"served"}) == "r2"  # r3 is newer, but no engine reported on its set
+    assert default_run(runs, set()) == "r3"
+    assert default_run([], {"served"}) is None
+
+
 # ---------------------------------------------------------------------------
 # independent references over the store's rows
 
@@ -168,6 +199,11 @@ def test_compare_page_defaults_table_views_and_lag(prepared, monkeypatch):
     want = sorted(ra, key=lambda p: (-abs(rb[p]["tau"] - ra[p]["tau"]), p))
     table = next(d.value for d in at.dataframe if "delta (B − A)" in d.value.columns)
     assert list(table["prompt"]) == want
+    # tau and its deltas print as every card does (2 decimals), the formulas as plain text (issue 30)
+    config = next(d.proto.columns for d in at.dataframe if "delta (B − A)" in d.value.columns)
+    assert all(f'"{c}": {{"type_config": {{"type": "number", "format": "%.2f"}}' in config for c in ("tau A", "tau B"))
+    formulas = next(d.value for d in at.dataframe if "formula" in d.value.columns)["formula"]
+    assert formulas.str.contains("tree budget").any() and not formulas.str.contains("`").any()
     assert list(table["delta (B − A)"]) == pytest.approx([rb[p]["tau"] - ra[p]["tau"] for p in want], abs=1e-4)
     assert at.selectbox(key="cmp_prompt").value == want[0]
     assert options(at) == want

@@ -446,8 +446,7 @@ def test_cli_end_to_end(tmp_path, models):
     ex = cli(ws, "extract", "--target", str(t), "--completions", "s", "--drafter", str(d)).stdout.strip()
     assert ex.startswith("ex-")
     out = cli(ws, "replay", "--drafter", str(d), "--extraction", ex, "--tree-budget", "4").stdout
-    run_id = out.splitlines()[0]
-    summary = json.loads(out[len(run_id) :])
+    run_id, summary = json.loads(out)["id"], json.loads(out)["summary"]
     exp = json.loads(cli(ws, "export", "--run", "latest").stdout)
     assert exp["run"]["id"] == run_id and exp["summary"]["tau_macro"] == summary["tau_macro"]
     assert [p["id"] for p in exp["prompts"]] == ["p0", "p1", "p2"]

@@ -184,6 +184,30 @@ def test_demo_is_idempotent(ws):
     assert demo.built(ws)
 
 
+def test_demo_leaves_a_later_extraction_alone(tmp_path):
+    """Issue 30: after one Re-extract (a newer extraction of the demo set, same target, layers and backend), the next
+    `make run` (`demo`) took it for the demo's and replayed every demo checkpoint onto it. A built demo workspace is
+    left as it is. Built here (the session's demo workspace is read-only, and a copy's paths point elsewhere)."""
+    mine = tmp_path / "ws"
+    p = cli(mine, "demo")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "Warning" not in p.stderr, p.stderr  # no library warning in the build's progress (issue 30)
+    assert p.stdout.splitlines() == [
+        f"demo workspace ready: {mine.resolve()} (4 runs; the build's record: {mine.resolve() / 'demo' / 'BUILD.json'})"
+    ]  # one line, no JSON dump
+    target = str((mine / "demo" / demo.TARGET).resolve())
+    p = cli(mine, "extract", "--target", target, "--completions", demo.SET_NAME, "--layers", "1,3,5", "--device", "cpu")
+    assert p.returncode == 0, p.stderr
+    newer = p.stdout.strip().splitlines()[-1]
+    before = {(r["id"], r["extraction_id"]) for r in Store(mine).runs()}
+    assert newer in {e["id"] for e in Store(mine).extractions()} and newer not in {x for _, x in before}
+    assert demo.built(mine)
+    p = cli(mine, "demo", timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "already built" in p.stderr
+    assert {(r["id"], r["extraction_id"]) for r in Store(mine).runs()} == before
+
+
 def test_config_points_at_the_demo_server(ws, tmp_path):
     from dflash_dash import config
 

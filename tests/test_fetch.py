@@ -257,3 +257,20 @@ def test_bad_prompt_file_names_the_line(tmp_path, capsys):
     )
     assert rc == 2
     assert "line 2 (id 'b'): give 'prompt'" in capsys.readouterr().err
+
+
+def test_fetch_into_a_set_with_other_settings_is_refused(fetched, srv, model, capsys):
+    """Issue 30: fetching into an existing set with the chat template on while the set was fetched as plain text
+    (or with another max_new_tokens) mixed settings silently. Refused, naming the setting and both values; nothing
+    is sent."""
+    store, _, _ = fetched
+    before = srv.generates()
+    base = ["--workspace", str(store.workspace), "fetch", "--server", srv.url, "--prompt-set", "coding-10"]
+    assert cli.main([*base, "--name", "c10", "--max-new-tokens", "8", "--chat", "--tokenizer", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert "chat: set 'c10' was fetched with chat template off" in err and "asks for chat template on" in err
+    assert "another completion set name" in err
+    assert cli.main([*base, "--name", "c10", "--max-new-tokens", "16"]) == 2
+    err = capsys.readouterr().err
+    assert "max_new_tokens 8" in err and "asks for 16" in err
+    assert srv.generates() == before and len(store.completions("c10")) == 10

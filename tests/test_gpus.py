@@ -78,11 +78,12 @@ def test_two_cpu_workers_give_the_one_process_extraction_and_run(prepared, store
             prepared.extraction,
             "--gpus",
             "cpu,cpu",
+            "--force",  # the fixture's run has these settings: a new one, made by the workers
         ]
     )
     out = capsys.readouterr()
     assert rc == 0, out.err
-    run = out.out.splitlines()[0]
+    run = json.loads(out.out)["id"]
     assert "[worker 1, cpu]" in out.err and "[worker 2, cpu]" in out.err
     mine, ref = pipeline.export(store, run), pipeline.export(store, prepared.runs[0])  # the fixture's one-process run
     assert [p["id"] for p in mine["prompts"]] == [p["id"] for p in ref["prompts"]]

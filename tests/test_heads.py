@@ -85,3 +85,25 @@ def test_confidence_stop_walk_by_hand():
 def test_runs_without_confidence_have_no_confidence_view():
     p = row([0, 0, 0], [[0, 0, 0]] * 3)
     assert metrics.summarize([p], 4, 0)["confidence_head_ece"] is None and heads([p], 4)["confidence"] is None
+
+
+def test_a_selector_keeps_its_candidates_for_headroom(tmp_path):
+    """DFlash2's replay keeps selector_top_k candidates per slot (more than the tree budget and ROUND_TOPK), so its
+    headroom is recall@1 against recall@selector_top_k."""
+    import torch
+    from synthetic import random_head
+
+    from dflash_dash import drafters as dr, replay as rp
+    from tools import tiny
+
+    d = tiny.TinyDrafter(
+        architecture="DFlash2DraftModel",
+        seed=2,
+        family_fields=dict(conv_kernel_size=2, conv_group_size=16, selector_rank=4, selector_top_k=8),
+    )
+    m = dr.load(tiny.write_drafter(tmp_path / "d2", d))
+    assert rp.every.topk_of(m, 0) == 8 and rp.every.topk_of(m, 12) == 12
+    g = torch.Generator().manual_seed(0)
+    seq = rp.Sequence("s", torch.randint(0, 512, (24,), generator=g), 6, torch.randn(24, 128, generator=g))
+    (p,), s = rp.every_anchor(m, random_head(V=512, H=64), [seq], budget=0)
+    assert p.target_rank.shape == (18, 3) and int(p.target_rank.max()) < 8 and s["recall_topk"] is not None

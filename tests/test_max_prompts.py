@@ -3,6 +3,7 @@ and the run's numbers are those of the same prompts in a full replay."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -26,7 +27,7 @@ def test_replay_max_prompts_replays_the_first_prompts_only(prepared, workspace_c
         ["--workspace", str(workspace_copy), "replay", "--drafter", str(prepared.drafters[0]), "--max-prompts", "1"]
     )
     assert rc == 0
-    run_id = capsys.readouterr().out.split()[0]
+    run_id = json.loads(capsys.readouterr().out)["id"]
     assert [r["prompt_id"] for r in st.run_prompts(run_id)] == order[:1]
 
 

@@ -85,13 +85,13 @@ def test_replay_stream_equals_extract_then_replay_and_writes_no_feature_file(set
     ex = out.strip()
     rc, out, err = run(ws, "replay", "--drafter", str(ck), "--extraction", ex)
     assert rc == 0, err
-    cached = out.splitlines()[0]
+    cached = json.loads(out)["id"]
     before = files(ws)
     rc, out, err = run(
         ws, "replay", "--stream", "--target", str(setup.target), "--completions", "s", "--drafter", str(ck)
     )
     assert rc == 0, err
-    streamed = out.splitlines()[0]
+    streamed = json.loads(out)["id"]
     assert files(ws) == before  # no feature file, not even a folder for the streamed extraction
     st = Store(ws)
     same_runs(st, cached, streamed)
@@ -107,7 +107,9 @@ def test_replay_stream_equals_extract_then_replay_and_writes_no_feature_file(set
     ]
     assert not (ws / "features" / sx["id"]).exists()
     # a later replay of it needs the target again: refused before any work, naming the command
-    rc, _, err = run(ws, "replay", "--drafter", str(ck), "--extraction", sx["id"])
+    rc, out, err = run(ws, "replay", "--drafter", str(ck), "--extraction", sx["id"])
+    assert rc == 0 and json.loads(out)["reused"] and json.loads(out)["id"] == streamed  # the stored run: no work
+    rc, _, err = run(ws, "replay", "--drafter", str(ck), "--extraction", sx["id"], "--force")
     assert rc == 2 and "was streamed (no feature files were written)" in err
     assert f"--stream --target {setup.target.resolve()} --completions s" in err
     # and so do an attribution of the streamed run and a backend parity against its extraction
@@ -151,7 +153,7 @@ def test_stream_max_prompts_and_the_options_it_needs(setup):
     args = ["replay", "--stream", "--target", str(setup.target), "--completions", "s", "--drafter", str(ck)]
     rc, out, err = run(ws, *args, "--max-prompts", "2", "--anchors", "chain")
     assert rc == 0, err
-    assert [p.id for p in Store(ws).prompts(out.splitlines()[0])] == ["p0", "p1"]
+    assert [p.id for p in Store(ws).prompts(json.loads(out)["id"])] == ["p0", "p1"]
     with pytest.raises(ops.InputError, match="target None: give with --stream, the target model folder"):
         ops.Replay(drafter=str(ck), stream=True, completions="s")
     with pytest.raises(ops.InputError, match="completions None: give with --stream"):
@@ -179,7 +181,7 @@ def test_the_pages_say_a_streamed_run_needs_the_target_again(setup, monkeypatch)
     )
     assert rc == 0, err
     st = Store(ws)
-    rid = out.splitlines()[0]
+    rid = json.loads(out)["id"]
     ex = st.run_row(rid)["extraction_id"]
     at = app(ws, monkeypatch, "acceptance", run=rid)
     clean(at)
@@ -210,7 +212,7 @@ def test_the_replay_button_streams_again_on_a_streamed_extraction(prepared, work
         "--drafter", str(ck),
     )  # fmt: skip
     assert rc == 0, err
-    first = out.splitlines()[0]
+    first = json.loads(out)["id"]
     st = Store(ws)
     ex = st.run_row(first)["extraction_id"]
     at = app(ws, monkeypatch, "acceptance", run=first)

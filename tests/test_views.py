@@ -424,3 +424,65 @@ def test_sweep_errors_name_the_fix(prepared, workspace_copy, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert cli.main(["--workspace", ws, "sweep", "--checkpoints", str(tmp_path / "empty")]) == 2
     assert "no checkpoint inside" in capsys.readouterr().err
+
+
+def test_job_result_links_every_run_to_its_acceptance_page():
+    from dflash_dash.render.formats import job_result
+
+    assert job_result({"run": "run-1"}) == "result: run [`run-1`](acceptance?run=run-1)"
+    assert (
+        job_result({"runs": ["r-1", "r&2"]})
+        == "result: runs [`r-1`](acceptance?run=r-1), [`r&2`](acceptance?run=r%262)"
+    )
+    assert job_result({"set": "s`x", "fetched": 3}) == "result: set `sx`, fetched `3`"  # no link, no stray backtick
+
+
+def test_formulas_are_plain_text_for_tables():
+    """Issue 30: Compare's formula column showed raw markdown backticks (a dataframe draws text, not markdown)."""
+    from dflash_dash import metrics
+
+    assert [m.key for m in metrics.REGISTRY if "`" in m.formula] == []
+
+
+def test_tau_axes_print_two_decimals_over_a_readable_range():
+    """Issue 30: a narrow tau range on a right axis got ticks like 1.2081."""
+    from dflash_dash.render.analysis_figures import binned_fig, class_fig
+    from dflash_dash.render.figures import TAU_SPAN, sweep_fig
+
+    rows = [
+        {"class": c, "bin": i, "rounds": 5, "first_slot_acceptance": 0.3, "tau": t}
+        for i, (c, t) in enumerate((("a", 1.2081), ("b", 1.2085)))
+    ]
+    pts = [{"step": s, "name": "n", "tau_macro": 1.2081, "tau_pooled": 1.2083, "ddtree_tau": None} for s in (1, 2)]
+    for axis in (
+        class_fig(rows).layout.yaxis2,
+        binned_fig(rows, "bin", "t", "x").layout.yaxis2,
+        sweep_fig(pts).layout.yaxis,
+    ):
+        lo, hi = axis.range
+        assert axis.tickformat == ".2f" and hi - lo >= TAU_SPAN - 1e-9 and lo < 1.2081 and hi > 1.2085
+
+
+def test_token_cells_show_whitespace_and_stay_plain_text():
+    """Issue 30: whitespace tokens were blank cells in "most frequent rejections"."""
+    import html
+
+    from dflash_dash.render.tables import pattern_rows
+    from dflash_dash.render.tokens import shown, visible
+
+    assert shown(" ") == "·" and shown("\n") == "⏎" and shown("\t") == "→" and shown("\x1b") == "\\x1b"
+    assert shown("<b>") == "<b>"  # a dataframe draws text: entities would show as typed
+    for s in (" ", "\n  x", "<script>&", "\x1b\r", "a\u2028b"):
+        assert visible(s) == html.escape(shown(s), quote=True)  # one mapping, the HTML view escaped
+    rows = [{"draft": " ", "target": "\n", "draft_id": 1, "target_id": 2, "count": 3, "share_of_rejections": 0.5}]
+    assert pattern_rows("rejection_pairs", rows) == [rows[0] | {"draft": "·", "target": "⏎"}]
+    assert pattern_rows("by_class", [{"class": " "}]) == [{"class": " "}]
+
+
+def test_one_number_format_per_kind_of_number():
+    """Issue 30: tables printed 1.6558 beside a card's 1.66."""
+    from dflash_dash.render.tables import number_formats
+
+    rows = [{"prompt": "p", "tau A": 1.6558, "delta (B − A)": -0.1, "share_of_rejections": 0.25, "count": 3}]
+    rows.append({"prompt": "q", "tau A": None, "delta (B − A)": None, "share_of_rejections": 0.5, "count": 1})
+    assert number_formats(rows) == {"tau A": "%.2f", "delta (B − A)": "%.2f", "share_of_rejections": "%.3f"}

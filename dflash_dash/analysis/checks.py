@@ -56,6 +56,25 @@ def backend_matters(target_path: str) -> bool:
         return True
 
 
+def parity_pair(exs: list[dict], runs: list[dict]) -> tuple[str, str] | None:
+    """Default (A, B) extraction ids of the backend parity check, `exs` finished extraction rows oldest first: A the
+    newest torch-path extraction, B the newest fla extraction of the same completion set (else the newest other
+    extraction of that set, else the oldest other one); at each choice one that has runs comes before a newer one
+    without (the tau table under the parity reads runs: a Re-extract must not open it on empty columns). None for
+    fewer than two extractions."""
+    if len(exs) < 2:
+        return None
+    used = {r["extraction_id"] for r in runs}
+
+    def newest(rows: list[dict]) -> dict | None:  # the newest with runs, else the newest
+        return ([e for e in rows if e["id"] in used] or rows or [None])[-1]
+
+    a = newest([e for e in exs if e["backend"] == "torch"]) or newest(exs)
+    same = [e for e in exs if e["id"] != a["id"] and e["set_name"] == a["set_name"]]
+    b = newest([e for e in same if e["backend"] == "fla"]) or newest(same) or next(e for e in exs if e is not a)
+    return a["id"], b["id"]
+
+
 def sliding_rows(runs: list[dict], checkpoint: str, extraction: str) -> list[dict]:
     """The latest run of `checkpoint` on `extraction` per sliding semantics, for the train/serve check."""
     best = {

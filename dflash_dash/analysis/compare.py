@@ -96,6 +96,18 @@ def _show(v) -> str:
     return "—" if v is None else str(v)
 
 
+def sweep_extraction(runs: list[dict], folder: str, ids: list[str]) -> str | None:
+    """The extraction the sweep chart opens on, among `ids` (oldest first): the newest one holding a run of a
+    checkpoint inside `folder`, else the newest holding any run, else the newest. Never a newer extraction without
+    runs (a Re-extract) while the folder's runs sit on an older one."""
+    with_runs = {r["extraction_id"] for r in runs}
+    for want in (lambda i: bool(folder and sweep_points(runs, folder, i)), lambda i: i in with_runs):
+        got = [i for i in ids if want(i)]
+        if got:
+            return got[-1]
+    return ids[-1] if ids else None
+
+
 def sweep_points(runs: list[dict], folder: str, extraction: str | None = None) -> list[dict]:
     """Runs whose checkpoint lies inside `folder` (latest run per checkpoint), ordered by step."""
     from ..drafters import step_of

@@ -120,6 +120,14 @@ def parse_stats(text: str, completion_tokens: dict[str, int], set_name: str = "t
 # comparison
 
 
+def default_run(runs: list[dict], with_stats: set[str]) -> str | None:
+    """The run the Conformance page opens on (`runs` oldest first): the newest one on a completion set that has
+    engine stats (`with_stats`: set names), else the newest; None without runs. The newest run alone may sit on a
+    set no engine reported on, where the page has nothing to compare."""
+    on = [r["id"] for r in runs if r["set_name"] in with_stats]
+    return (on or [r["id"] for r in runs] or [None])[-1]
+
+
 def engine_tau(stats: dict) -> float | None:
     """(completion_tokens - 1) / verify_steps: committed tokens per verify step, the prefill token left out (the one
     definition across engines, `metrics.engine_tau`)."""

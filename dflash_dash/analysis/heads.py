@@ -19,7 +19,7 @@ from . import rounded
 def heads(ps: list[metrics.Prompt], block_size: int, tree_budget: int = 0, summary: dict | None = None) -> dict:
     s = summary if summary is not None else metrics.summarize(ps, block_size, tree_budget)
     ctx = metrics.Ctx(block_size, tree_budget)
-    K = max(tree_budget, ROUND_TOPK)  # candidates the replay keeps per slot
+    K = s.get("topk") or max(tree_budget, ROUND_TOPK)  # candidates the replay kept per slot
     recall = s.get("recall_topk_depth")
     headroom = None
     if recall is not None:

@@ -8,7 +8,8 @@ that were extracted on a GPU with fla kernels are imported as a second extractio
 completions whose token ids equal the shipped ones (any that differ are left out and named in
 `<workspace>/demo/BUILD.json` and the log); then every demo checkpoint is replayed on the torch extraction and
 the final one on the fla extraction too. Idempotent and resumable: what the store already holds is not redone,
-and a workspace that has all the demo runs is left as it is. No network beyond the local server on 127.0.0.1.
+and a workspace that has all the demo runs is left as it is (the demo's extractions are the oldest of their kind:
+one the user adds later, e.g. by Re-extract, gets no demo runs). No network beyond the local server on 127.0.0.1.
 `configure(workspace)` (called by `build`, also on a built workspace) writes `<workspace>/config.toml` when there is
 none, pointing `[server] url` at `SERVER_URL`: the port where `make run` (`dflash_dash.launch`) serves the demo
 target beside the dashboard, so that fetching and re-extracting with orchestration work from the pages. An existing
@@ -83,7 +84,10 @@ def _say(progress: Progress, step: int, steps: int, what: str, log: list[str]) -
 
 
 def _find_extraction(store, target: Path, backend: str) -> dict | None:
-    for e in reversed(store.extractions()):
+    """The demo's own extraction with this backend: the OLDEST finished one of the demo set, target and layers. A
+    later one with the same settings (a Re-extract from the dashboard) is the user's, never the demo's: taking the
+    newest would make the next `make run` replay every demo checkpoint onto it."""
+    for e in store.extractions():  # oldest first
         if (
             e["set_name"] == SET_NAME
             and e["target_path"] == str(target)

@@ -62,6 +62,12 @@ class DrafterConfig:
         return self.block_size if self.head.get("sample_from_anchor") else self.block_size - 1
 
     @property
+    def candidates(self) -> int:
+        """Top-k candidates a replay keeps per slot at least: a selector's candidate count (DFlash2's
+        selector_top_k, so that top-K headroom asks its own question: recall@1 against recall@K), else 0."""
+        return self.head.get("selector_top_k", 0)
+
+    @property
     def width(self) -> int:
         """D + 1: the most tokens one verify step commits (the drafts and the target's bonus token). Every metric
         and walk takes this as its block size."""

@@ -76,7 +76,7 @@ REGISTRY: list[Metric] = [
     Metric(
         "ddtree_tau",
         "DDTree tau (macro)",
-        "tree of `tree_budget` nodes per round; mean over prompts of committed / rounds",
+        "tree of b nodes per round (b: the run's tree budget); mean over prompts of committed / rounds",
         macro(tree_tau),
         tree_tau,
         headline=True,
@@ -261,7 +261,8 @@ REGISTRY += [
     Metric(
         "recall_topk",
         "top-K recall",
-        f"share of slots whose top-K candidates hold the target's token (K = max(tree budget, 4)), {_RECALL}",
+        f"share of slots whose top-K candidates hold the target's token (K = max(tree budget, 4, a selector's "
+        f"candidate count)), {_RECALL}",
         recall_pooled,
         fmt=PROB,
     ),

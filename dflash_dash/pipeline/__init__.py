@@ -22,7 +22,7 @@ from .base import DTYPES, Progress, Runner, features_root, here, work
 from .extract import extract, layers_of
 from .ingest import export_completions, fetch, hub_snapshot, import_completions, import_features, parse_jsonl
 from .kept import ANALYSES, analysis, conformance, export, import_engine_stats, keep, listing
-from .replay import LayersMissing, checkpoints_in, replay, sliding_check, store_run, sweep
+from .replay import LayersMissing, check_replay, checkpoints_in, replay, sliding_check, store_run, sweep
 
 __all__ = [
     "ANALYSES",
@@ -35,6 +35,7 @@ __all__ = [
     "TABLE",
     "analysis",
     "attribute",
+    "check_replay",
     "checkpoints_in",
     "conformance",
     "export",

@@ -179,6 +179,49 @@ def hub_snapshot(repo_id: str) -> Path | None:
         return None
 
 
+def check_same_settings(store: Store, op: ops.Fetch, prompt_set: list[dict]) -> None:
+    """Refuse to fetch into an existing set with other settings than it was fetched with (a set of mixed
+    prompts or lengths measures nothing): raises InputError naming the setting, both values and the fix. Checked
+    from what the set holds, without the server: max_new_tokens from the stored requests; the chat template (and
+    thinking) by encoding a stored prompt's text (one `prompt_set` gives as text, not ids) with this fetch's settings
+    and the tokenizer of `op.tokenizer` or the set's model_path (skipped when neither is a readable folder here)."""
+    rows = store.completions(op.name)
+    if not rows:
+        return
+    fix = f"fetch into a new set (another completion set name than {op.name!r}), or use the set's settings"
+    sent = {(r["request"] or {}).get("sampling_params", {}).get("max_new_tokens") for r in rows} - {None}
+    if sent and op.max_new_tokens not in sent:
+        raise InputError(
+            f"max_new_tokens: set {op.name!r} was fetched with max_new_tokens {min(sent)}, this fetch asks for "
+            f"{op.max_new_tokens}; {fix}"
+        )
+    texts = {p["id"] for p in prompt_set if "prompt_ids" not in p}
+    sent_ids = [r for r in rows if r["prompt_id"] in texts and r["prompt"] and "input_ids" in (r["request"] or {})]
+    row = sent_ids[0] if sent_ids else None
+    folder = op.tokenizer or (row or {}).get("model_path")
+    if row is None or not folder or not Path(folder).is_dir():
+        return
+    tok = load_tokenizer(folder)
+
+    def ids(chat: bool, thinking: bool) -> list[int]:
+        return engines.chat_ids(tok, row["prompt"], thinking) if chat else list(tok(row["prompt"])["input_ids"])
+
+    def said(chat: bool, thinking: bool) -> str:
+        thought = f", thinking {'on' if thinking else 'off'}" if chat else ""
+        return f"chat template {'on' if chat else 'off'}{thought}"
+
+    if ids(op.chat, op.enable_thinking) == row["prompt_ids"]:
+        return
+    was = next(
+        (said(c, t) for c in (False, True) for t in (False, True) if (c or not t) and ids(c, t) == row["prompt_ids"]),
+        "other prompt settings (another tokenizer?)",
+    )
+    raise InputError(
+        f"chat: set {op.name!r} was fetched with {was}, this fetch asks for {said(op.chat, op.enable_thinking)} "
+        f"(prompt {row['prompt_id']!r} would be sent as other token ids); {fix}"
+    )
+
+
 def _no_tokenizer(tok_dir: str | None) -> str:
     """Why no tokenizer was found for the server's tokenizer_path `tok_dir`, and what to do."""
     if not tok_dir:
@@ -214,6 +257,7 @@ def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner
         raise InputError(str(e)) from None
     if max_new_tokens < 1:
         raise InputError(f"--max-new-tokens {max_new_tokens}: must be at least 1")
+    check_same_settings(store, op, todo_all)
     done = store.completion_ids(name)
     order = {p["id"]: i for i, p in enumerate(todo_all)}
     todo = [p for p in todo_all if p["id"] not in done]

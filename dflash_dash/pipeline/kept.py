@@ -68,7 +68,7 @@ def keep(
         elif name == "calibration":
             val = calibration(rows, B, budget, summary)
         elif name == "heads":
-            val = heads(rows, B, budget, summary)
+            val = heads(rows, B, budget, summary if summary is not None else metrics.complete(r["summary"], rows))
         elif name == "lag":
             val = {
                 p.id: list(

@@ -127,6 +127,27 @@ def check_drafter(
     drafter_mod.check_target(cfg, info.hidden_size, info.vocab_size, info.num_layers, seen)
 
 
+def check_replay(store: Store, op: ops.Replay) -> None:
+    """What `replay` would refuse before any work, checked without torch, so a page can refuse a form at once
+    rather than start a job that fails seconds later: the extraction exists and is done, the checkpoint is a
+    readable drafter config of a known family (`drafters.read_config`: a mistyped folder is named), its sliding
+    semantics, and its wiring to the extraction's target (`check_drafter`). Raises the UserError naming the fix."""
+    from .. import target_info
+
+    if op.stream:  # the target will compute the drafter's own layers: checked against the target alone
+        cfg = drafter_mod.read_config(op.drafter, op.draft_config)
+        drafter_mod.sliding_semantics(cfg, op.sliding_block)
+        info = target_info.describe(op.target)
+        drafter_mod.check_target(cfg, info.hidden_size, info.vocab_size, info.num_layers)
+        return
+    ex = store.extraction(op.extraction)
+    if ex["status"] != "done":
+        raise InputError(f"extraction {ex['id']} is {ex['status']}, not done; finish it (re-extract) first")
+    cfg = drafter_mod.read_config(op.drafter, op.draft_config)
+    drafter_mod.sliding_semantics(cfg, op.sliding_block)
+    check_drafter(cfg, ex, target_info.describe(ex["target_path"]), store, f"drafter {op.drafter}")
+
+
 def replay(store: Store, op: ops.Replay, progress: Progress = None, runner: Runner | None = None) -> dict:
     """Replay checkpoint `op.drafter` over extraction `op.extraction` on `op`'s first device (its GPUs through
     `runner`); stores the run; returns {"id", "summary"}.
@@ -136,13 +157,45 @@ def replay(store: Store, op: ops.Replay, progress: Progress = None, runner: Runn
     config's own, causal) is how sliding_attention layers see their block; it is stored with the run.
     `anchors` every (default) or chain (only the anchors the walks visit: faster, no every-anchor metrics);
     `max_prompts` N: only the first N prompts of the extraction (set order).
-    A refused checkpoint (other family, unknown tensors, unsafe pickle) raises before anything is stored."""
+    A refused checkpoint (other family, unknown tensors, unsafe pickle) raises before anything is stored.
+    A run that `same_run` finds is returned instead (with "reused": True) unless `op.force`: replaying it again
+    would store a duplicate."""
     ck = ops.CheckpointSpec(op.drafter, op.sliding_block, op.draft_config, op.name)
-    if op.stream:  # the target computes the features as the replay needs them: no extraction's files
+    if op.stream:  # the target computes the features as the replay needs them: a new streamed extraction
         from .stream import stream
 
-        return stream(store, op, [ck], progress)[0]
-    return replay_many(store, [ck], op, progress, runner)[0]
+        return stream(store, op, [ck], progress)[0] | {"reused": False}
+    if not op.force and (old := same_run(store, op)):
+        tick(progress, 1, 1, f"run {old['id']} already replayed this checkpoint with these settings: reused")
+        return {"id": old["id"], "summary": old["summary"], "reused": True}
+    return replay_many(store, [ck], op, progress, runner)[0] | {"reused": False}
+
+
+def same_run(store: Store, op: ops.Replay) -> dict | None:
+    """The newest stored run that `op` would repeat: the same checkpoint on the same extraction (`latest`
+    resolved), with the same tree budget, anchors, sliding semantics, dtype, device kind (cpu or cuda) and
+    number of prompts; None when there is none. The display name and the GPU sharding do not change a result."""
+    ex = store.extraction(op.extraction)
+    loc = drafter_mod.locate(op.drafter, op.draft_config)
+    cfg = drafter_mod.config_of(loc)
+    sem = drafter_mod.sliding_semantics(cfg, op.sliding_block) if "sliding_attention" in cfg.layer_types else None
+    n = len(store.items(ex["id"]))
+    n = n if op.max_prompts is None else min(n, op.max_prompts)
+    kind = op.devices()[0].split(":")[0]
+    for r in reversed(store.runs()):
+        s = r["summary"] or {}
+        if (
+            r["checkpoint"] == str(loc.path)
+            and r["extraction_id"] == ex["id"]
+            and r["tree_budget"] == op.tree_budget
+            and s.get("anchors") == op.anchors
+            and r.get("sliding_block") == sem
+            and r.get("dtype") == op.dtype
+            and (r.get("device") or "cpu").split(":")[0] == kind
+            and s.get("prompts") == n
+        ):
+            return r
+    return None
 
 
 def replay_many(
@@ -235,6 +288,7 @@ def store_run(
         "sliding_block": semantics,
         "anchors": anchors,
         "round_topk": replay_mod.ROUND_TOPK,
+        "topk": max(tree_budget, replay_mod.ROUND_TOPK, cfg.candidates),  # candidates kept per slot (headroom's K)
     }  # K of run_prompts.round_top_ids/_p, flattened [R][B-1][K]
     run_id = new_id("run")
     for p in res:

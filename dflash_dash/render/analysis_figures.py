@@ -4,12 +4,12 @@ context position).
 
 Contract: each figure takes the rows of `analysis.calibration` or `analysis.patterns` (one run, or several by
 name) and returns a plotly Figure laid out like every other (`figures.layout`). Left axes of probabilities span
-[0, 1.02]; a right axis (samples, tau) keeps its own range.
+[0, 1.02]; a right axis keeps its own range (a tau axis: `figures.tau_axis`, ticks with 2 decimals).
 """
 
 from __future__ import annotations
 
-from .figures import go, layout
+from .figures import go, layout, tau_axis
 
 
 def reliability_fig(
@@ -121,7 +121,9 @@ def class_fig(rows: list[dict]) -> go.Figure:
         marker=dict(size=10),
         yaxis="y2",
     )
-    fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="tau", showgrid=False))
+    fig.update_layout(
+        yaxis2=tau_axis([r["tau"] for r in rows], overlaying="y", side="right", title="tau", showgrid=False)
+    )
     fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
     return layout(fig, "acceptance by class of the target token at slot 1", "token class", "P(d_1 accepted)")
 
@@ -144,7 +146,9 @@ def binned_fig(rows: list[dict], label: str, title: str, x_title: str) -> go.Fig
         yaxis="y2",
         line=dict(dash="dot"),
     )
-    fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="tau", showgrid=False))
+    fig.update_layout(
+        yaxis2=tau_axis([r["tau"] for r in rows], overlaying="y", side="right", title="tau", showgrid=False)
+    )
     fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
     return layout(fig, title, x_title, "P(d_1 accepted)")
 

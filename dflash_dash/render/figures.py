@@ -45,6 +45,19 @@ def layout(fig: go.Figure, title: str, x: str, y: str, height: int = 320) -> go.
     return fig
 
 
+TAU_SPAN = 0.2  # the least range a tau axis spans: its ticks then fall on distinct 2-decimal values
+
+
+def tau_axis(values: list[float | None], **kw) -> dict:
+    """A tau axis (tokens per round) as every figure draws one: ticks printed like metrics.TAU (2 decimals), the
+    range around `values` padded to at least TAU_SPAN, so a narrow range never gets ticks like 1.2081; `kw` adds
+    axis settings (side, overlaying, ...)."""
+    v = [float(x) for x in values if x is not None]
+    lo, hi = (min(v), max(v)) if v else (1.0, 1.0 + TAU_SPAN)
+    pad = max(0.05 * (hi - lo), (TAU_SPAN - (hi - lo)) / 2, 0.0)
+    return dict(tickformat=".2f", range=[lo - pad, hi + pad], **kw)
+
+
 def accept_curve(tr: Trace, row: dict, block_size: int, name: str = "accepted(p)") -> go.Figure:
     """accepted(p) at every completion anchor, with the chain walk's round anchors marked."""
     P = tr.prompt_len
@@ -178,6 +191,7 @@ def sweep_fig(points: list[dict]) -> go.Figure:
             name=metrics.BY_KEY[key].label,
             text=[f"{p['name']} ({p.get('family', 'DFlash')})" for p in points],
         )
+    fig.update_layout(yaxis=tau_axis([p.get(k) for p in points for k in SWEEP_KEYS]))
     return layout(fig, "tau against training step", "step", "tau", height=360)
 
 

@@ -45,6 +45,21 @@ def run_link(run_id: str) -> str:
     return f"acceptance?run={quote(str(run_id), safe='')}"
 
 
+RUN_RESULTS = ("run", "runs", "causal", "bidirectional")  # the job result keys whose values are run ids
+
+
+def job_result(result: dict) -> str:
+    """A finished job's result as one markdown line: every run id a link to its Acceptance page (`run_link`),
+    other values as code: 'result: run [`run-1`](acceptance?run=run-1)'. Backticks in a value are dropped."""
+
+    def one(key: str, v) -> str:
+        text = f"`{str(v).replace('`', '')}`"
+        return f"[{text}]({run_link(v)})" if key in RUN_RESULTS else text
+
+    parts = [f"{k} " + ", ".join(one(k, v) for v in (vs if isinstance(vs, list) else [vs])) for k, vs in result.items()]
+    return "result: " + ", ".join(parts)
+
+
 def acceptance_link(run_id: str, prompt_id: str) -> str:
     """The Acceptance page of one prompt of a run (relative URL; ids percent-encoded)."""
     return f"acceptance?run={quote(str(run_id), safe='')}&prompt={quote(str(prompt_id), safe='')}"

@@ -13,6 +13,40 @@ from .. import metrics
 from ..analysis import rounded
 from .formats import acceptance_link, backend_label, csv_text, run_link
 
+TAU_WORDS = ("tau", "delta", "mean_accepted", "gap", "lost", "minus")  # columns of tokens per round (or their change)
+PROB_WORDS = ("share", "acceptance", "observed", "mean_p", "ece", "predicted", "lag", "target", "rate", "P(")
+TOKEN_CELLS = {"rejection_pairs": ("draft", "target")}  # pattern tables whose cells are tokens
+
+
+def printf(spec: str) -> str:
+    """A metrics format ("{:.2f}") as the printf format a dataframe column takes ("%.2f")."""
+    return spec.replace("{:", "%").replace("}", "")
+
+
+def number_formats(rows: list[dict]) -> dict[str, str]:
+    """{column: printf format} for the float columns of `rows`, one format per kind of number: a tau-like column
+    (tokens per round, or a difference of them) as metrics.TAU, a probability or share as metrics.PROB; so a table
+    never prints 1.6558 beside a card's 1.66. Integer and text columns are left as they are."""
+    out: dict[str, str] = {}
+    for col in dict.fromkeys(k for r in rows for k in r):
+        if not any(isinstance(r.get(col), float) for r in rows):
+            continue
+        name = col.lower()
+        if any(w.lower() in name for w in TAU_WORDS):
+            out[col] = printf(metrics.TAU)
+        elif any(w.lower() in name for w in PROB_WORDS):
+            out[col] = printf(metrics.PROB)
+    return out
+
+
+def pattern_rows(key: str, rows: list[dict]) -> list[dict]:
+    """A failure-pattern table as a page shows it: token cells with their whitespace visible (`tokens.shown`), so a
+    space or newline token is never a blank cell. Downloads keep the raw rows."""
+    from .tokens import shown
+
+    cols = TOKEN_CELLS.get(key, ())
+    return [{k: shown(v) if k in cols else v for k, v in r.items()} for r in rows]
+
 
 def summary_rows(s: dict) -> list[dict]:
     """The run's metrics with formulas, for a table next to the numbers (scalars, counts, intervals, id lists;

@@ -26,14 +26,29 @@ def esc(s: str, breaks: bool = True) -> str:
     """Escape one token for HTML: entities, newline -> ↵ (+ <br> when `breaks`), tab -> ⇥, other control
     chars as \\xNN."""
     s = html.escape(s, quote=True)
-    s = _CTRL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}", s)
+    s = _CTRL.sub(_hex, s)
     return s.replace("\r", "␍").replace("\t", "⇥\t").replace("\n", "↵<br>" if breaks else "↵")
 
 
 def visible(s: str) -> str:
     """One token as escaped HTML on one line with its whitespace made visible: space ·, newline ⏎, tab →
     (`esc` for markup and the other control characters)."""
-    return esc(s.replace(" ", "·").replace("\t", "→").replace("\n", "⏎"), breaks=False)
+    return esc(_marked(s), breaks=False)
+
+
+def _marked(s: str) -> str:
+    return s.replace(" ", "·").replace("\t", "→").replace("\n", "⏎")
+
+
+def shown(s: str | None) -> str | None:
+    """One token as `visible` shows it, for a table cell that draws plain text (st.dataframe never renders HTML, so
+    entities would show as typed): whitespace marked (space ·, newline ⏎, tab →), control characters as \\xNN; a
+    whitespace-only token is never a blank cell."""
+    return None if s is None else _CTRL.sub(_hex, _marked(s))
+
+
+def _hex(m: re.Match) -> str:
+    return f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}"
 
 
 def _shade(k: int, D: int) -> str:

@@ -92,6 +92,12 @@ def _draft(
     return parts
 
 
+def topk_of(drafter: Drafter, budget: int) -> int:
+    """Candidates kept per drafted slot: the tree budget, the rounds' ROUND_TOPK and the drafter's own candidate
+    count (DFlash2's selector), whichever is largest."""
+    return max(budget, ROUND_TOPK, drafter.c.candidates)
+
+
 def features_to_device(drafter: Drafter, features: torch.Tensor) -> torch.Tensor:
     """Features to the drafter's device without waiting (pinned, asynchronous) on CUDA."""
     if drafter.device.type != "cuda" or features.is_cuda:
@@ -171,7 +177,7 @@ def every_anchor_results(
         futures, done = [], None
         nxt = features_to_device(drafter, seqs[0].features) if seqs else None
         for i, s in enumerate(seqs):
-            parts = _draft(drafter, head, nxt, s.tokens, s.prompt_len, max(budget, ROUND_TOPK), chunk)  # queued
+            parts = _draft(drafter, head, nxt, s.tokens, s.prompt_len, topk_of(drafter, budget), chunk)  # queued
             if done is not None:  # started only now: its thread would slow the launches above (the GIL)
                 futures.append(pool.submit(score, *done))
             if i + 1 < len(seqs):

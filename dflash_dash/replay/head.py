@@ -24,7 +24,7 @@ __all__ = ["HEAD_ROWS", "Drafts", "embed_blocks", "read_out", "to_host", "top_lo
 @dataclass
 class Drafts:
     tokens: torch.Tensor  # [A, D] drafts at anchors P..T-1 (A = T-P, D = the drafter's drafts per block)
-    top_ids: torch.Tensor  # [A, D, k] top-k tokens per slot (k = max(tree budget, ROUND_TOPK): slot 0 is the draft)
+    top_ids: torch.Tensor  # [A, D, k] top-k tokens per slot (k: `every.topk_of`): slot 0 is the draft
     top_logp: torch.Tensor  # [A, D, k] their log-probabilities
     confidence: torch.Tensor | None = None  # [A, D] the family's predicted acceptance per slot (DSpark), or None
 

@@ -45,6 +45,25 @@ def env(prepared, tmp_path_factory):
 # tests
 
 
+def test_no_request_leaves_this_machine(env, page):
+    """Issue 30: the favicon came from a font server (console errors offline). Every request a page makes, the
+    favicon included, goes to the dashboard itself (or is an inline data: URL)."""
+    from urllib.parse import urlsplit
+
+    urls: list[str] = []
+    page.on("request", lambda r: urls.append(r.url))
+    open_page(page, env, "", "dflash-dash")
+    drawn(page)
+    page.wait_for_function(  # the page's own icon replaced Streamlit's default favicon.png
+        "[...document.querySelectorAll('link[rel~=icon]')].some(l => !l.href.endsWith('/favicon.png'))",
+        timeout=20_000,
+    )
+    icons = page.eval_on_selector_all("link[rel~=icon]", "ls => ls.map(l => l.href)")
+    assert all(urlsplit(u).scheme == "data" or urlsplit(u).hostname == "127.0.0.1" for u in icons), icons
+    away = [u for u in urls if urlsplit(u).scheme != "data" and urlsplit(u).hostname != "127.0.0.1"]
+    assert away == [], away
+
+
 def test_deep_link_opened_first_after_start(env, page):
     """The first view after the server starts is a deep link: it must run under app.py's routing (sidebar,
     navigation) and honour the selection in the URL."""

@@ -41,6 +41,23 @@ def section(page, label: str) -> None:
     btn.click()
 
 
+TRUNCATED = """() => [...document.querySelectorAll('[data-testid=stMetricValue]')]
+    .filter(m => [m, ...m.querySelectorAll('*')].some(e => e.scrollWidth > e.clientWidth + 1))
+    .map(m => m.innerText)"""
+
+
+@pytest.mark.parametrize("width", [1280, 1400, 1440])
+def test_every_metric_value_fits_its_card(env, page, width):
+    """Issue 30: at 1,400-1,440 px the tau interval was cut (`1.28 [1.19, 1.…`). No metric card clips its value."""
+    page.set_viewport_size({"width": width, "height": 1000})
+    open_page(page, env, f"acceptance?run={env['prepared'].runs[0]}", "Acceptance")
+    page.get_by_text("How sure is tau?").wait_for()
+    drawn(page)
+    values = page.locator("[data-testid=stMetricValue]")
+    assert values.count() >= 8 and "[" in values.all_inner_texts()[4]  # the cards, an interval among them
+    assert page.evaluate(TRUNCATED) == []
+
+
 def test_reliability_diagram_and_failure_patterns(env, page):
     rid = env["prepared"].runs[0]
     open_page(page, env, f"acceptance?run={rid}", "Acceptance")

@@ -143,6 +143,16 @@ def test_startup_output_is_quiet(product):
     assert any(product.url in line for line in lines), product.startup  # Streamlit says where it serves
 
 
+def test_startup_ends_with_the_url_and_where_to_start(product):
+    """Issue 30: `make run` ended with a JSON dump and library lines. Once the dashboard answers, its output ends
+    with the URL and one line on where to start."""
+    from dflash_dash import launch
+
+    until(lambda: launch.START_HERE in product.log.read_text(), timeout=60, every=0.2, what="the where-to-start line")
+    lines = [line.strip() for line in product.log.read_text().splitlines() if line.strip()]
+    assert lines[-2:] == [f"dflash-dash: the dashboard is ready: {product.url}", f"dflash-dash: {launch.START_HERE}"]
+
+
 def test_fetch_from_the_demo_server_by_the_button(product, page):
     ws = product.ws
     open_page(page, {"url": product.url}, "completions", "Completions")
