@@ -179,8 +179,11 @@ def context_position_fig(rows: list[dict]) -> go.Figure:
         text=[f"{r['context_length']}: {r['rounds']} rounds, {r['committed']} committed" for r in rows],
     )
     fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="samples", showgrid=False), barmode="overlay")
-    fig.update_layout(yaxis_rangemode="tozero")
-    return layout(fig, "acceptance against context position", "anchor position p (bin start, thousands)", "tokens")
+    taus = [r["every_anchor_tau"] for r in rows] + [r["tau"] for r in rows]
+    fig.update_layout(yaxis=tau_axis(taus))  # tokens per round or per anchor: a tau axis, 2-decimal ticks
+    return layout(
+        fig, "acceptance against context position", "anchor position p (bin start, thousands)", "tokens (tau)"
+    )
 
 
 def headroom_fig(rows: list[dict], k: int) -> go.Figure:
