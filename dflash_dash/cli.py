@@ -25,6 +25,7 @@ from pathlib import Path
 
 from . import ops, pipeline
 from .errors import UserError
+from .pipeline import disk
 from .store import Store, default_workspace
 
 _MIDLINE = [False]  # a progress bar is on stderr without its newline yet
@@ -102,6 +103,9 @@ def cmd_extract(a, store):
         for w in orchestrate.check_extract(store, op.target, op.completions, op.layers, dev, op.dtype, a.extraction_id):
             if i == 0:  # the page asks to confirm; a script asked for it explicitly
                 print(f"note: {w}", file=sys.stderr)
+    space = disk.plan(store, op.completions, op.layers, op.target, a.extraction_id)
+    print(space.line(), file=sys.stderr)  # both figures, in full, before any work; refused when it will not fit
+    disk.check(space)
     if op.orchestrate != "none":  # free the server's GPU around the extraction: the job does it, we follow it
         return follow(store, jobs_mod().start(store, op), "extraction")
     print(pipeline.extract(store, op, progress, runner(store, op)))
@@ -142,7 +146,9 @@ def follow(store, job_id: str, key: str, every: float = 0.3) -> int:
 def cmd_replay(a, store):
     op = op_of(ops.Replay, a)
     out = pipeline.replay(store, op, progress, runner(store, op))
-    if a.extraction == "latest":
+    if op.stream:
+        print(f"streamed extraction = {out['summary']['extraction']} (no feature files)", file=sys.stderr)
+    elif a.extraction == "latest":
         print(f"extraction latest = {out['summary']['extraction']}", file=sys.stderr)
     if out["reused"]:
         print(

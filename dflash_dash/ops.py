@@ -171,6 +171,22 @@ class Op:
         if self.max_prompts is not None:
             self._int("max_prompts", 1, "expected a positive number of prompts, or leave it unset for all")
         self._gpus()
+        self._stream()
+
+    def _stream(self) -> None:
+        """stream needs target and completions, runs in one process; target and completions need stream."""
+        if not isinstance(self.stream, bool):
+            raise InputError(f"stream: expected true or false, got {self.stream!r}")
+        if self.stream:
+            self._need("target", "with --stream, the target model folder the features are computed with")
+            self._need("completions", "with --stream, the completion set to evaluate")
+            if self.gpus:
+                raise InputError("gpus: --stream runs in one process; give --device cuda:N instead of --gpus")
+        elif self.target or self.completions:
+            raise InputError(
+                "target/completions: they name what --stream computes; add --stream, or drop them to replay an "
+                "extraction (--extraction ID)"
+            )
 
     def devices(self) -> list[str]:
         """Where the work runs: one worker per entry of `gpus`, else this process on `device`."""
@@ -263,6 +279,11 @@ class Replay(Op):
     max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
     force: bool = False  # replay even when a run of this checkpoint on this extraction with the same settings exists
     # (without it that run is reused and named)
+    stream: bool = False  # compute the features with the target (target, completions) instead of reading an
+    # extraction's files: the target runs over each pass of sequences (in dtype, as the drafters), no feature file
+    # is written
+    target: str | None = None  # with stream: the target model folder (a Hugging Face causal LM)
+    completions: str | None = None  # with stream: the completion set to evaluate
 
     def __post_init__(self):
         self._need("drafter", "the checkpoint folder to replay")
@@ -284,6 +305,11 @@ class Sweep(Op):
     gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
     # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
     max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
+    stream: bool = False  # compute the features with the target (target, completions) instead of reading an
+    # extraction's files: the target runs over each pass of sequences (in dtype, as the drafters), no feature file
+    # is written
+    target: str | None = None  # with stream: the target model folder (a Hugging Face causal LM)
+    completions: str | None = None  # with stream: the completion set to evaluate
 
     def __post_init__(self):
         self._need("checkpoints", "the training output folder")

@@ -14,6 +14,7 @@ import torch
 
 from . import cache, ops
 from .pipeline import features_root
+from .pipeline.stream import require_files
 from .store import Store, StoreError
 
 
@@ -21,6 +22,8 @@ def compare(store: Store, a_id: str, b_id: str, max_prompts: int | None = None) 
     """Per-layer relative L2 and cosine of extraction A against reference B, over the layers both hold. Returns
     {"layers": [{"layer", "rel_l2", "cosine", "max_abs"}], "prompts": n, "tokens": n, "a": row, "b": row}."""
     a, b = store.extraction(a_id), store.extraction(b_id)
+    for e in (a, b):  # a streamed extraction kept no feature file to compare
+        require_files(store, e, "backend parity")
     layer_ids = [x for x in a["layer_ids"] if x in set(b["layer_ids"])]  # the layers both hold, in A's order
     if not layer_ids or a["hidden_size"] != b["hidden_size"]:
         raise ValueError(

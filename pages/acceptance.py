@@ -15,7 +15,14 @@ import streamlit as st
 from dflash_dash import metrics, ops
 from dflash_dash.analysis.rounds import round_detail, round_options
 from dflash_dash.analysis.trace import trace
-from dflash_dash.render.analysis_figures import binned_fig, class_fig, confidence_fig, expected_fig, reliability_fig
+from dflash_dash.render.analysis_figures import (
+    binned_fig,
+    class_fig,
+    confidence_fig,
+    context_position_fig,
+    expected_fig,
+    reliability_fig,
+)
 from dflash_dash.render.figures import accept_curve, depth_fig, hist_fig
 from dflash_dash.render.formats import ci, fmt, prob, sliding_note
 from dflash_dash.render.tables import TAU_COLUMNS, outlier_links, pattern_rows, prompt_table, summary_rows
@@ -72,6 +79,12 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
             from dflash_dash import pipeline
 
             common.backend_note(by_id[ex]["backend"], f"Extraction {ex}")
+            e = by_id[ex]
+            stream = (  # no feature files: the job runs the target again over the set (one process)
+                dict(stream=True, target=e["target_path"], completions=e["set_name"]) if common.streamed(e) else {}
+            )
+            if stream:
+                st.info(f"Extraction {ex} was streamed (no feature files): this replay runs the target again.")
             with common.guard():  # a mistyped folder or a drafter this extraction cannot feed: said here, no job
                 op = ops.Replay(
                     drafter=ck.strip(),
@@ -82,6 +95,7 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
                     gpus=gpus,
                     force=True,  # a click on Replay asks for a new run (the run list shows any earlier one)
                     **how,
+                    **stream,
                 )
                 pipeline.check_replay(common.store(), op)
                 common.start_job(op)
@@ -314,6 +328,11 @@ PATTERN_TABLES = {  # table key: (title, what it answers)
     "by_class": ("by token class", "acceptance by the class of the target token at slot 1 (position anchor+1)"),
     "by_position": ("by position in the completion", "acceptance by the anchor's position p - P in the completion"),
     "by_context": ("by context length", "acceptance by the anchor p: the drafter sees the p tokens before it"),
+    "context_position": (
+        "against context position",
+        "per bin of anchor positions p (1,000 a bin for long traces), pooled over prompts: samples and mean "
+        "accepted(p)+1 over every anchor, rounds and tau = committed / rounds of the chain walk",
+    ),
     "rejection_pairs": ("most frequent rejections", "(draft, target) pairs at the first rejected slot of a round"),
     "worst_spans": ("worst spans", "windows of consecutive anchors with the lowest mean accepted(p), all prompts"),
 }
@@ -360,6 +379,14 @@ def patterns_block(ws: str, run: dict) -> None:
     c1, c2 = st.columns(2)
     table("by_position", c1)
     table("by_context", c2)
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(context_position_fig(pat["context_position"]), width="stretch")
+    c1.caption(
+        "Long traces: does acceptance fall as the context grows? x: the bin's first anchor position in thousands; "
+        "solid: mean accepted(p)+1 over every anchor of the bin (a chain-only run: the anchors its walks visited); "
+        "dotted: the chain walk's tau over the rounds anchored in the bin; bars: samples per bin"
+    )
+    table("context_position", c2)
     table("rejection_pairs")
     table("worst_spans")
     if run["summary"].get("anchors") == "chain":
@@ -424,6 +451,7 @@ def main() -> None:
         "per step" + sliding_note(run.get("sliding_block"))
     )
     common.backend_note(run["backend"])
+    common.streamed_note(next((e for e in exs if e["id"] == run["extraction_id"]), None))
     rows = common.prompt_rows(ws, rid)  # per-prompt numbers only: no page loads every token of every prompt
     summary_block(common.summary(ws, run), list(rows.values()), rid)
 

@@ -413,9 +413,27 @@ def extraction_label(by_id: dict[str, dict]):
 
     def f(i: str) -> str:
         e = by_id[i]
-        return f"{i} · {e['backend']} · {e['set_name']} · layers {','.join(map(str, e['layer_ids'] or []))}"
+        label = f"{i} · {e['backend']} · {e['set_name']} · layers {','.join(map(str, e['layer_ids'] or []))}"
+        return label + (" · streamed: a replay runs the target again" if streamed(e) else "")
 
     return f
+
+
+def streamed(e: dict | None) -> bool:
+    """Whether an extraction row was computed by streaming (replay/sweep --stream): no feature file was written."""
+    return bool(e and (e.get("versions") or {}).get("streamed"))
+
+
+def streamed_note(e: dict | None, what: str = "This run") -> None:
+    """Say so where a streamed extraction's runs are shown: a replay on it runs the target again."""
+    if streamed(e):
+        st.info(
+            f"{what} was computed by **streaming**: the target `{e['target_path']}` ran over set `{e['set_name']}` "
+            f"({e['backend']}, {e['device']} {e['dtype']}) and the drafter replayed on the features in memory; no "
+            f"feature file was written. A replay on extraction `{e['id']}` needs the target again: the Replay "
+            f"button below streams it (CLI: `replay --stream --target {e['target_path']} --completions "
+            f"{e['set_name']} --drafter CKPT`)."
+        )
 
 
 def run_label(runs_by_id: dict[str, dict]):

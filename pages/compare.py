@@ -221,9 +221,13 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
             from dflash_dash import pipeline
 
             common.backend_note(by[ex]["backend"], f"Extraction {ex}")
+            e = by[ex]
+            stream = (  # no feature files: the sweep runs the target again over the set
+                dict(stream=True, target=e["target_path"], completions=e["set_name"]) if common.streamed(e) else {}
+            )
             with common.guard():  # a mistyped folder, or one without a checkpoint: said here, no job
                 pipeline.checkpoints_in(folder.strip())
-                common.start_job(ops.Sweep(checkpoints=folder.strip(), extraction=ex, **how))
+                common.start_job(ops.Sweep(checkpoints=folder.strip(), extraction=ex, **how, **stream))
     else:
         st.info("No finished extraction: extract hidden states on the **Extraction** page first.")
     common.job_panel(("sweep",), key="sweep")

@@ -95,11 +95,17 @@ def test_acceptance_shows_failure_patterns_with_downloads_and_links(prepared, mo
         "by token class",
         "by position in the completion",
         "by context length",
+        "against context position",
         "most frequent rejections",
         "worst spans",
     ):
         assert f"{title} (CSV)" in downloads(at)
     assert "acceptance by class of the target token at slot 1" in charts(at)
+    assert "acceptance against context position" in charts(at)
+    ctx = next(f for f in frames if "from_thousands" in f.columns)
+    assert list(ctx["samples"]) == [r["samples"] for r in exp["context_position"]]
+    assert ctx["samples"].sum() == sum(int((p.accepted_at[:-1] >= 0).sum()) for p in st_.prompts(rid))
+    assert ctx["rounds"].sum() == st_.run_row(rid)["summary"]["rounds"]
     links = [m.value for m in at.markdown if "open in the token view" in m.value]
     assert len(links) == len(exp["worst_spans"]) and exp["worst_spans"][0]["link"] in links[0]
     # the CSV a button offers is the table
@@ -221,3 +227,14 @@ def test_kept_analyses_equal_a_fresh_computation(prepared, workspace_copy):
         for name in pipeline.ANALYSES:
             same = rounded if name == "calibration" else (lambda x: x)
             assert same(kept[name]) == same(fresh[name]), name
+
+
+def test_a_patterns_analysis_kept_before_the_context_view_is_computed_again(prepared, workspace_copy):
+    st_ = Store(workspace_copy)
+    rid = prepared.runs[0]
+    kept = pipeline.analysis(st_, rid, "patterns")
+    old = {k: v for k, v in kept.items() if k != "context_position"}
+    st_.set_analysis(rid, "patterns", old)
+    again = pipeline.analysis(st_, rid, "patterns")
+    assert again["context_position"] == kept["context_position"] and again["context_position"]
+    assert "context_position" in st_.analysis(rid, "patterns")  # kept again, with the new table

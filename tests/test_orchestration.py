@@ -196,6 +196,8 @@ def test_release_path_frees_and_restores_the_server_also_after_a_failure(srv, mo
     assert "503 memory released" in states  # the server really had no model while the job extracted
     assert in_order(
         log,
+        "disk: writes ",  # the bytes of the one prompt left and the free space, before the server is touched
+        "over 1 prompts, margin included",
         "releasing server memory (POST /release_memory_occupation)",
         "checking GPU memory",
         "device cpu: no CUDA device in use, GPU memory check skipped",

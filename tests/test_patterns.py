@@ -147,7 +147,7 @@ def test_worst_spans_are_the_lowest_windows_without_overlap_and_link_to_the_toke
 def test_analyse_returns_every_table():
     rows, comps = hand_run()
     out = patterns.analyse(rows, comps, B, strings, "run-1")
-    assert set(out) == {"by_class", "by_position", "by_context", "rejection_pairs", "worst_spans"}
+    assert set(out) == {"by_class", "by_position", "by_context", "context_position", "rejection_pairs", "worst_spans"}
     assert sum(r["rounds"] for r in out["by_position"]) == 4 == sum(r["rounds"] for r in out["by_context"])
 
 
@@ -161,3 +161,75 @@ def test_worst_spans_of_a_chain_only_run_use_the_visited_anchors():
         ("a", 4, 5, 1, 1.0),
         ("a", 2, 3, 1, 2.0),
     ]
+
+
+def test_context_bins_pool_every_anchor_and_the_rounds():
+    """a's anchors 2..6 accept 2,0,0,1,0 and b's anchors 1..2 accept 0,0 (the last token drafts nothing); rounds:
+    b@1 (1 committed), a@2 (3), b@2 (1), a@5 (2)."""
+    rows, comps = hand_run()
+    rs = patterns.rounds(rows, comps, B)
+    ctx = patterns.by_context(rs, width=2, rows=rows)
+    got = [
+        (r["context_length"], r["samples"], r["every_anchor_tau"], r["rounds"], r["tau"], r["committed"]) for r in ctx
+    ]
+    assert got == [
+        ("0-1", 1, 1.0, 1, 1.0, 1),
+        ("2-3", 3, 1.6667, 2, 2.0, 4),
+        ("4-5", 2, 1.5, 1, 2.0, 2),
+        ("6-7", 1, 1.0, 0, None, 0),  # anchors but no round: kept
+    ]
+    assert [r["from_thousands"] for r in ctx] == [0.0, 0.002, 0.004, 0.006]
+    # pooled over the bins: the run's every-anchor tau and its committed tokens
+    n = sum(r["samples"] for r in ctx)
+    pooled = sum(r["every_anchor_tau"] * r["samples"] for r in ctx) / n
+    assert n == 7 and pooled == pytest.approx(metrics.core.every_anchor_run(rows, None), abs=1e-4)
+    assert sum(r["committed"] for r in ctx) == sum(sum(p.rounds) for p in rows)
+    # without rows it is the rounds-only table of before
+    assert [r["context_length"] for r in patterns.by_context(rs, width=2)] == ["0-1", "2-3", "4-5"]
+
+
+def long_prompt(pid: str, P: int, n: int, acc) -> metrics.Prompt:
+    """A prompt row of `n` completion positions whose accepted(p) is acc(p), with its chain walk's rounds."""
+    from dflash_dash import walks
+
+    a = np.array([acc(P + i) for i in range(n)], dtype=np.int64)
+    return metrics.Prompt(id=pid, prompt_len=P, accepted_at=a, rounds=[c for _, _, c in walks.chain_walk(a, P, P + n)])
+
+
+def test_long_traces_bin_by_thousands_of_positions():
+    """Acceptance that falls with the context (accepted(p) = 3 before position 1,000, 1 before 2,000, 0 after)
+    shows as a falling curve in bins of 1,000 positions, pooled over two prompts of different lengths."""
+
+    def acc(p):
+        return 3 if p < 1000 else 1 if p < 2000 else 0
+
+    rows = [long_prompt("long", 100, 3000, acc), long_prompt("short", 50, 1500, acc)]
+    assert patterns.context_width(rows) == 1000
+    comps = {
+        r.id: {"prompt_ids": [0] * r.prompt_len, "output_ids": [1] * len(r.accepted_at)} for r in rows
+    }  # token ids play no part in the bins
+    ctx = patterns.by_context(patterns.rounds(rows, comps, 16), patterns.context_width(rows), rows)
+    assert [r["context_length"] for r in ctx] == ["0-999", "1000-1999", "2000-2999", "3000-3999"]
+    # samples: anchors P..T-2 of each prompt in the bin
+    assert [r["samples"] for r in ctx] == [900 + 950, 1000 + 549, 1000, 99]
+    assert [r["every_anchor_tau"] for r in ctx] == [4.0, 2.0, 1.0, 1.0]
+    assert [r["from_thousands"] for r in ctx] == [0.0, 1.0, 2.0, 3.0]
+    assert ctx[0]["tau"] == 4.0 and ctx[2]["tau"] == 1.0 and ctx[0]["rounds"] == 225 + 238
+    assert sum(r["rounds"] for r in ctx) == sum(len(p.rounds) for p in rows)
+    out = patterns.analyse(rows, comps, 16, strings, "run-1")
+    assert out["context_position"] == ctx  # the kept table, at 1,000 positions a bin
+
+
+def test_short_traces_get_a_round_width_and_chain_only_rows_use_their_known_anchors():
+    rows = [long_prompt("a", 10, 300, lambda p: p % 3)]
+    assert patterns.context_width(rows) == patterns.nice_width(310) == 50  # one bin of 1,000 would say nothing
+    assert patterns.context_width(rows, width=100) == 100  # 310 positions span two bins of 100
+    rows[0].accepted_at[1::2] = -1  # chain-only: half the anchors not computed
+    ctx = patterns.by_context([], 50, rows)
+    known = [p for p in range(10, 309) if (p - 10) % 2 == 0]
+    assert sum(r["samples"] for r in ctx) == len(known)
+    first = [p for p in known if p < 50]
+    assert ctx[0]["samples"] == len(first) and ctx[0]["every_anchor_tau"] == round(
+        (sum(p % 3 for p in first) + len(first)) / len(first), 4
+    )
+    assert patterns.by_context([], None, []) == []

@@ -1,4 +1,5 @@
-"""Failure patterns: on which tokens, where in the completion and at which context length the drafter fails,
+"""Failure patterns: on which tokens, where in the completion and at which context length the drafter fails
+(for long traces, every anchor's accepted(p) and the rounds in bins of 1,000 context positions, pooled over prompts),
 which drafts the target rejects most often, and the worst stretches of every completion.
 
 Contract: pure functions over plain data, no torch, no store, no Streamlit: a run's prompt rows
@@ -38,6 +39,8 @@ _PUNCT = set(string.punctuation) - set("'\"`")
 class Config:
     position_bin: int | None = None  # completion-position bin width in tokens (None: a round width, ~10 bins)
     context_bin: int | None = None  # context-length bin width in tokens (None: a round width, ~10 bins)
+    context_position_bin: int | None = None  # positions per bin of context_position (None: context_width, 1,000
+    # positions unless the traces are shorter than two such bins)
     pairs: int = 20  # most frequent (draft, target) pairs kept
     window: int = 16  # anchors per worst-span window
     spans: int = 10  # worst spans kept (non-overlapping)
@@ -187,9 +190,66 @@ def by_position(rs: list[Round], width: int | None = None) -> list[dict]:
     return _binned(rs, lambda r: r.anchor - r.P, width, "completion_position")
 
 
-def by_context(rs: list[Round], width: int | None = None) -> list[dict]:
-    """Acceptance by context length: the anchor p (the drafter sees positions 0..p-1)."""
-    return _binned(rs, lambda r: r.anchor, width, "context_length")
+def by_context(rs: list[Round], width: int | None = None, rows: list[metrics.Prompt] | None = None) -> list[dict]:
+    """Acceptance by context length: the anchor p (the drafter sees positions 0..p-1). With `rows` (the run's
+    prompt rows), each bin also pools accepted(p) of every known completion anchor p in it over all prompts
+    (`_anchor_stats`: samples, mean accepted(p) + 1), and a bin holding anchors but no round is kept."""
+    if rows is None:
+        return _binned(rs, lambda r: r.anchor, width, "context_length")
+    import numpy as np
+
+    pos, acc = _anchors(rows)
+    if not len(pos) and not rs:
+        return []
+    top = max(int(pos.max()) if len(pos) else 0, max((r.anchor for r in rs), default=0))
+    w = width or nice_width(top + 1)
+    rb = np.fromiter((r.anchor // w for r in rs), np.int64, len(rs))
+    ab, (racc, rcom) = pos // w, _cols(rs)
+    return [
+        {
+            "context_length": f"{k * w}-{k * w + w - 1}",
+            "from": k * w,
+            "to": k * w + w - 1,
+            "from_thousands": _r(k * w / 1000),
+            **_anchor_stats(acc[ab == k]),
+            **_stats(racc[rb == k], rcom[rb == k]),
+            "committed": int(rcom[rb == k].sum()),
+        }
+        for k in np.union1d(np.unique(ab), np.unique(rb)).tolist()
+    ]
+
+
+def _anchors(rows: list[metrics.Prompt]):
+    """(anchor p, accepted(p)) as arrays over every prompt's completion anchors P..T-2 whose accepted(p) is known
+    (a chain-only run holds -1 off its walks; the last token drafts nothing)."""
+    import numpy as np
+
+    pos, acc = [], []
+    for r in rows:
+        a = np.asarray(r.accepted_at[:-1], dtype=np.int64)
+        known = a >= 0
+        pos.append(r.prompt_len + np.flatnonzero(known))
+        acc.append(a[known])
+    if not pos:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(pos).astype(np.int64), np.concatenate(acc)
+
+
+def _anchor_stats(acc) -> dict:
+    """samples and the every-anchor tau (mean accepted(p) + 1: integer sum, then one division) of anchors `acc`."""
+    n = len(acc)
+    return {"samples": n, "every_anchor_tau": _r((int(acc.sum()) + n) / n) if n else None}
+
+
+CONTEXT_BIN = 1000  # positions per bin of acceptance against context position (long traces)
+
+
+def context_width(rows: list[metrics.Prompt], width: int = CONTEXT_BIN) -> int:
+    """The bin width of `by_context(..., rows=...)` over a run: `width` positions when the longest trace (prompt
+    + completion) spans at least two such bins, else a round width giving about 10 bins over the longest trace (a
+    short trace would otherwise be one bin)."""
+    top = max((r.prompt_len + len(r.accepted_at) for r in rows), default=0)
+    return width if top >= 2 * width else nice_width(max(top, 1))
 
 
 def rejection_pairs(rs: list[Round], strings: Strings, top: int = 20) -> list[dict]:
@@ -295,12 +355,14 @@ def analyse(
     run_id: str,
     cfg: Config = Config(),
 ) -> dict[str, list[dict]]:
-    """Every failure-pattern table of one run: by_class, by_position, by_context, rejection_pairs, worst_spans."""
+    """Every failure-pattern table of one run: by_class, by_position, by_context, context_position (by_context with
+    every anchor's accepted(p), in bins of 1,000 positions for long traces), rejection_pairs, worst_spans."""
     rs = rounds(rows, comps, block_size)
     return {
         "by_class": by_class(rs, strings),
         "by_position": by_position(rs, cfg.position_bin),
         "by_context": by_context(rs, cfg.context_bin),
+        "context_position": by_context(rs, cfg.context_position_bin or context_width(rows), rows),
         "rejection_pairs": rejection_pairs(rs, strings, cfg.pairs),
         "worst_spans": worst_spans(rows, comps, run_id, strings, cfg.window, cfg.spans),
     }

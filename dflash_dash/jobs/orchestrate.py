@@ -7,7 +7,9 @@ Contract: `run_extract` restores the server also when the extraction fails or is
 restoring fails too); a memory release waits for the server to be idle first and never runs while a fetch job
 of this workspace uses the server (`wait_idle`). Before an extraction starts, `check_extract` (torch-free, over
 `gpu.devices()`) refuses a device this machine lacks or an unknown dtype and names the existing extractions it
-would duplicate; the Extraction page and `extract` on the CLI both call it. Shell commands come only from the
+would duplicate; the Extraction page and `extract` on the CLI both call it. The bytes the extraction will write and
+the free disk space are the job's first step (`pipeline.disk`), refused before the server is touched when they do
+not fit. Shell commands come only from the
 workspace config, run without a shell, and are logged before they run.
 """
 
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from .. import config as config_mod, engines, ops, pipeline
 from ..errors import UserError
+from ..pipeline import disk
 from ..store import Store, new_id
 from . import gpu
 from .lifecycle import Cancelled, Reporter, active
@@ -47,6 +50,9 @@ def run_extract(store: Store, op: ops.Extract, rep: Reporter) -> dict:
     target_mod.check_layers(info, layers)
     if not store.completion_ids(op.completions):
         raise ops.InputError(f"no completions in set {op.completions!r}; fetch or import them first")
+    space = disk.plan(store, op.completions, layers, info.path, op.extraction_id)
+    rep.step(space.line())  # both figures on the job's progress line, before the server is touched
+    disk.check(space)
     ex_id = op.extraction_id or new_id("ex")
     op = replace(op, target=info.path, layers=layers, drafter=[], extraction_id=ex_id)
     rep.result({"extraction": ex_id})  # known from the start, so a rerun resumes it

@@ -5,8 +5,9 @@ Contract: one handler per `ops` dataclass, each called as `handler(store, op, pr
 the handler up by the op's type (`TABLE`) and returns the job's result (plain JSON, `RESULT`). Every operation is
 resumable: work already recorded in the store is not redone. Replay and export never touch the network.
 The parts: `base` (progress, runner, the per-prompt `work`), `ingest` (completions in and out, fetch, tokenizers),
-`extract`, `replay` (replay, sweep, sliding check, the store step), `device_io` (passes, loader thread, pinned
-uploads: the replay worker's loop), `attribute`, `kept` (kept analyses, conformance, export, listings).
+`extract` (its `disk` check first), `replay` (replay, sweep, sliding check, the store step; `stream` for --stream),
+`device_io` (passes, loader thread, pinned uploads: the replay worker's loop), `attribute`, `kept` (kept analyses,
+conformance, export, listings).
 """
 
 from __future__ import annotations

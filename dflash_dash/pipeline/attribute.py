@@ -15,6 +15,7 @@ from ..ops import InputError
 from ..store import Store
 from .base import DTYPES, Progress, Runner, tick
 from .replay import columns, load_sequences
+from .stream import require_files
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +45,7 @@ def attribute(store: Store, op: ops.Attribute, progress: Progress = None, runner
     ex = store.extraction(r["extraction_id"])
     if ex["status"] != "done":
         raise InputError(f"extraction {ex['id']} of run {r['id']} is {ex['status']}, not done; re-extract first")
+    require_files(store, ex, f"an attribution of run {r['id']}")  # a streamed run's features were never kept
     device, dtype = op.device or r.get("device") or "cpu", op.dtype or r.get("dtype") or "float32"
 
     import torch

@@ -4,8 +4,10 @@ Contract: `layers_of` names the layers: explicit ids, one drafter's, or the unio
 extraction serves every drafter family whose layers it holds). `extract(store, op)` validates (target, layers,
 completions), then runs the per-prompt part (`extract_work`, given an `ops.ExtractWork`) here or through a runner
 (one worker process per GPU); this process alone writes the store: the record once the first worker reports the
-kernel backend it bound, then each item as its feature file is written. Resumable: an existing extraction keeps its
-items, only the missing prompts run.
+kernel backend it bound, then each item as its feature file is written. Before any of it, the bytes the
+extraction will write and the free space under the feature folder are stated and checked (`disk`: refused, with
+both figures, when they do not fit). Resumable: an existing extraction keeps its items, only the missing prompts
+run.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 from .. import drafters as drafter_mod, ops
 from ..ops import InputError
 from ..store import Store, StoreError, new_id
+from . import disk
 from .base import DTYPES, Progress, Runner, features_root, here, tick
 
 
@@ -59,9 +62,17 @@ def extract(store: Store, op: ops.Extract, progress: Progress = None, runner: Ru
     exists = bool(extraction_id) and any(e["id"] == extraction_id for e in store.extractions())
     if exists:
         e = store.extraction(extraction_id)
+        if (e.get("versions") or {}).get("streamed"):
+            raise InputError(
+                f"extraction {extraction_id} was streamed (replay/sweep --stream keep no feature files), so it cannot "
+                "be resumed; extract the set as a new extraction (without --resume)"
+            )
         if e["layer_ids"] != layer_ids or e["target_path"] != info.path:
             raise InputError(f"extraction {extraction_id} used other layers or another target; start a new one")
         done = {r["prompt_id"] for r in store.items(extraction_id)}
+    space = disk.check(disk.plan(store, set_name, layer_ids, info.path, extraction_id))  # before any work or row
+    tick(progress, len(done), len(rows), space.line())
+    if exists:
         store.set_status("extractions", extraction_id, "running")
     extraction_id = extraction_id or new_id("ex")
     todo = [r["prompt_id"] for r in rows if r["prompt_id"] not in done]

@@ -16,6 +16,7 @@ from ..ops import InputError
 from ..store import Store, StoreError
 
 ANALYSES = ("prompts", "calibration", "patterns", "lag", "heads")  # whole-run analyses kept (run_analyses)
+NEWEST = {"patterns": "context_position"}  # the newest key of an analysis: one kept before it is computed again
 
 
 def analysis(store: Store, run_id: str, name: str, rows: list[metrics.Prompt] | None = None) -> dict:
@@ -29,7 +30,7 @@ def analysis(store: Store, run_id: str, name: str, rows: list[metrics.Prompt] | 
     if name not in ANALYSES:
         raise InputError(f"analysis {name!r}: not one of {', '.join(ANALYSES)}")
     got = store.analysis(run_id, name)
-    if got is not None:
+    if got is not None and (name not in NEWEST or NEWEST[name] in got):
         return got
     return keep(store, run_id, [name], rows)[name]
 

@@ -7,6 +7,8 @@ each checkpoint's run (`store_run`: summary, per-prompt rows, kept analyses) as 
 A drafter replays on any extraction holding its target layers (an extraction of several drafters' union): it reads
 its own columns (`columns`, `iter_sequences`' layers), and one needing a layer the extraction lacks is refused
 before any work (`LayersMissing`: the layers needed, the layers held, the extract command that adds them).
+With `stream` (replay --stream, sweep --stream) the features come from the target instead of an extraction's
+files (`stream.stream`: no file written), and a replay on a streamed extraction is refused (`stream.require_files`).
 Replay never touches the network; the math lives in replay/drafter/metrics, the SQL in store.
 """
 
@@ -132,6 +134,12 @@ def check_replay(store: Store, op: ops.Replay) -> None:
     semantics, and its wiring to the extraction's target (`check_drafter`). Raises the UserError naming the fix."""
     from .. import target_info
 
+    if op.stream:  # the target will compute the drafter's own layers: checked against the target alone
+        cfg = drafter_mod.read_config(op.drafter, op.draft_config)
+        drafter_mod.sliding_semantics(cfg, op.sliding_block)
+        info = target_info.describe(op.target)
+        drafter_mod.check_target(cfg, info.hidden_size, info.vocab_size, info.num_layers)
+        return
     ex = store.extraction(op.extraction)
     if ex["status"] != "done":
         raise InputError(f"extraction {ex['id']} is {ex['status']}, not done; finish it (re-extract) first")
@@ -152,10 +160,14 @@ def replay(store: Store, op: ops.Replay, progress: Progress = None, runner: Runn
     A refused checkpoint (other family, unknown tensors, unsafe pickle) raises before anything is stored.
     A run that `same_run` finds is returned instead (with "reused": True) unless `op.force`: replaying it again
     would store a duplicate."""
+    ck = ops.CheckpointSpec(op.drafter, op.sliding_block, op.draft_config, op.name)
+    if op.stream:  # the target computes the features as the replay needs them: a new streamed extraction
+        from .stream import stream
+
+        return stream(store, op, [ck], progress)[0] | {"reused": False}
     if not op.force and (old := same_run(store, op)):
         tick(progress, 1, 1, f"run {old['id']} already replayed this checkpoint with these settings: reused")
         return {"id": old["id"], "summary": old["summary"], "reused": True}
-    ck = ops.CheckpointSpec(op.drafter, op.sliding_block, op.draft_config, op.name)
     return replay_many(store, [ck], op, progress, runner)[0] | {"reused": False}
 
 
@@ -204,6 +216,9 @@ def replay_many(
     ex = store.extraction(op.extraction)
     if ex["status"] != "done":
         raise InputError(f"extraction {ex['id']} is {ex['status']}, not done; finish it (re-extract) first")
+    from .stream import require_files
+
+    require_files(store, ex, "a replay on it")
 
     from .. import target as target_mod
 
@@ -344,10 +359,17 @@ def sweep(store: Store, op: ops.Sweep, progress: Progress = None, runner: Runner
     replayed again (its latest run id is returned). Every checkpoint is validated before the first replay, so a
     refused one stops the sweep with nothing stored."""
     sliding_block, draft_config = op.sliding_block, op.draft_config
-    ex = store.extraction(op.extraction)
     cks, notes = checkpoints_in(op.checkpoints)
     for n in notes:
         tick(progress, 0, len(cks), n)
+    if op.stream:  # every checkpoint on each pass of the target's features, in memory: a new streamed extraction
+        from .stream import stream
+
+        specs = [ops.CheckpointSpec(str(ck), sliding_block, draft_config) for ck in cks]
+        ids = [r["id"] for r in stream(store, op, specs, progress)]
+        tick(progress, len(cks), len(cks), f"replayed {len(cks)} checkpoints on the target's streamed features")
+        return ids
+    ex = store.extraction(op.extraction)
     plan = []
     for ck in cks:
         cfg = drafter_mod.read_config(ck, draft_config)

@@ -1,5 +1,6 @@
 """plotly figures of the kept analyses: calibration (reliability diagram, predicted against observed acceptance
-per depth, expected against observed tau per prompt) and failure patterns (acceptance by token class, by bin).
+per depth, expected against observed tau per prompt) and failure patterns (acceptance by token class, by bin, against
+context position).
 
 Contract: each figure takes the rows of `analysis.calibration` or `analysis.patterns` (one run, or several by
 name) and returns a plotly Figure laid out like every other (`figures.layout`). Left axes of probabilities span
@@ -150,6 +151,39 @@ def binned_fig(rows: list[dict], label: str, title: str, x_title: str) -> go.Fig
     )
     fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
     return layout(fig, title, x_title, "P(d_1 accepted)")
+
+
+def context_position_fig(rows: list[dict]) -> go.Figure:
+    """Acceptance against context position (`rows`: patterns.by_context with every anchor, one row per bin of
+    anchor positions): mean accepted(p) + 1 over every known anchor of the bin (hover: samples) and the chain walk's
+    tau (committed / rounds of the rounds anchored in it; hover: rounds, committed), at each bin's start in
+    thousands of positions; bars: samples per bin (right axis)."""
+    x = [r["from_thousands"] for r in rows]
+    fig = go.Figure()
+    fig.add_bar(
+        x=x, y=[r["samples"] for r in rows], name="samples (anchors)", yaxis="y2", marker_color="#ddd", opacity=0.6
+    )
+    fig.add_scatter(
+        x=x,
+        y=[r["every_anchor_tau"] for r in rows],
+        mode="lines+markers",
+        name="mean accepted(p)+1 (every anchor)",
+        text=[f"{r['context_length']}: {r['samples']} anchors" for r in rows],
+    )
+    fig.add_scatter(
+        x=x,
+        y=[r["tau"] for r in rows],
+        mode="lines+markers",
+        name="tau (chain walk: committed / rounds)",
+        line=dict(dash="dot"),
+        text=[f"{r['context_length']}: {r['rounds']} rounds, {r['committed']} committed" for r in rows],
+    )
+    fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="samples", showgrid=False), barmode="overlay")
+    taus = [r["every_anchor_tau"] for r in rows] + [r["tau"] for r in rows]
+    fig.update_layout(yaxis=tau_axis(taus))  # tokens per round or per anchor: a tau axis, 2-decimal ticks
+    return layout(
+        fig, "acceptance against context position", "anchor position p (bin start, thousands)", "tokens (tau)"
+    )
 
 
 def headroom_fig(rows: list[dict], k: int) -> go.Figure:

@@ -172,6 +172,7 @@ def extraction_table(rows: list[dict]) -> list[dict]:
             "device": e["device"],
             "dtype": e["dtype"],
             "status": e["status"],
+            "features": "none: streamed" if (e.get("versions") or {}).get("streamed") else "files",  # replay --stream
             "target": e["target_path"],
             "created": str(e["created"])[:19],
         }

@@ -1,0 +1,92 @@
+"""Disk space of an extraction, known before any work starts.
+
+Contract: `plan(store, completions, layers, target, extraction_id)` computes the bytes an extraction will write
+(tokens x K*H*2 over the prompts it still has to extract, plus `margin`) and the free space of the filesystem
+holding the workspace's feature folder (`free_bytes`, `shutil.disk_usage` of the folder or its nearest existing
+parent), as a `DiskPlan` whose `line` states both; `check` raises `DiskFull` (an `InputError`) naming both figures
+and the ways out when it does not fit. Torch-free: the CLI, the job's orchestration and `extract` call it before
+the target is loaded, a server freed or an extraction row written.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..ops import InputError
+from ..store import Store
+from ..target_info import describe
+from .base import features_root
+
+MARGIN_FRACTION = 0.01  # of the payload: filesystem blocks, the header of each file
+MARGIN_BYTES = 16 << 20  # fixed part of the margin (16 MiB): the store's own growth, a temp file being renamed
+
+
+class DiskFull(InputError):
+    """An extraction whose feature files would not fit on the workspace's disk."""
+
+
+@dataclass
+class DiskPlan:
+    folder: Path  # the workspace's feature folder
+    prompts: int  # prompts still to extract
+    tokens: int  # their tokens (prompt + completion)
+    width: int  # K*H values per token, 2 bytes each (bf16)
+    need: int  # bytes to write: tokens * width * 2 plus the margin
+    free: int  # bytes free on the folder's filesystem
+
+    @property
+    def fits(self) -> bool:
+        return self.need <= self.free
+
+    def line(self) -> str:
+        """Both figures in one line (the CLI's stderr, the job's progress line)."""
+        return (
+            f"disk: writes {size(self.need)} ({self.tokens} tokens x {self.width * 2} bytes over {self.prompts} "
+            f"prompts, margin included) to {self.folder}; {size(self.free)} free there"
+        )
+
+
+def size(n: int) -> str:
+    """Bytes for eyes: GiB from 1 GiB up, else MiB."""
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def free_bytes(folder: Path) -> int:
+    """Free bytes of the filesystem holding `folder` (its nearest existing parent while it does not exist yet)."""
+    p = Path(folder).resolve()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def margin(payload: int) -> int:
+    """The bytes added to a payload of feature values: MARGIN_FRACTION of it plus MARGIN_BYTES."""
+    return int(payload * MARGIN_FRACTION) + MARGIN_BYTES
+
+
+def plan(store: Store, completions: str, layers: list[int], target: str, extraction_id: str | None = None) -> DiskPlan:
+    """The bytes an extraction of set `completions` at target layers `layers` of `target` will write (the prompts
+    extraction `extraction_id` already holds are not counted) against the free space under the feature folder."""
+    width = len(layers) * describe(target).hidden_size
+    held = set()
+    if extraction_id and any(e["id"] == extraction_id for e in store.extractions()):
+        held = {r["prompt_id"] for r in store.items(extraction_id)}
+    rows = [r for r in store.completions(completions) if r["prompt_id"] not in held]
+    tokens = sum(len(r["prompt_ids"]) + len(r["output_ids"]) for r in rows)
+    payload = tokens * width * 2
+    folder = features_root(store)
+    return DiskPlan(folder, len(rows), tokens, width, payload + margin(payload), free_bytes(folder))
+
+
+def check(p: DiskPlan) -> DiskPlan:
+    """`p` when it fits; else DiskFull naming both figures and the ways out."""
+    if p.fits:
+        return p
+    raise DiskFull(
+        f"extraction needs {size(p.need)} for {p.prompts} prompts ({p.tokens} tokens x {p.width * 2} bytes, margin "
+        f"included) but {p.folder} has {size(p.free)} free; extract fewer prompts (a smaller completion set), "
+        "put the workspace on another disk (--workspace DIR), or evaluate without feature files "
+        "(sweep --stream --target DIR --completions SET --checkpoints DIR, or replay --stream)"
+    )

@@ -1,0 +1,151 @@
+"""Streaming evaluation: the target runs over each pass of sequences and every checkpoint replays on the features
+while they are in memory; no feature file is written.
+
+Contract: `stream(store, op, checkpoints, progress)` (replay --stream, sweep --stream: `op.target`,
+`op.completions`) validates the target, the set and every checkpoint (config, tensors, target) before any work,
+records an extraction row marked streamed (`versions["streamed"]`: target, layers, device, dtype and the kernel
+backend it bound, as an extraction records them, with one item per prompt and no file), and stores one run per
+checkpoint on it (`replay.store_run`), so the pages treat these runs as any other. The features are what an
+extraction writes (the same forward, `target.extract`, cast to bf16), so the runs equal extract-then-replay's
+exactly. A later replay on a streamed extraction is refused with the command that streams again (`require_files`).
+"""
+
+from __future__ import annotations
+
+from .. import drafters as drafter_mod, ops
+from ..ops import InputError
+from ..store import Store, StoreError, new_id
+from .base import DTYPES, Progress, tick
+
+STREAMED = "streamed"  # the versions key that marks an extraction computed by streaming (no feature files)
+
+
+def is_streamed(extraction: dict) -> bool:
+    """Whether an extraction row was computed by streaming (its features were never written)."""
+    return bool((extraction.get("versions") or {}).get(STREAMED))
+
+
+def require_files(store: Store, extraction: dict, who: str) -> None:
+    """Refuse to read the features of a streamed extraction: none were written, so the target must run again."""
+    if is_streamed(extraction):
+        raise InputError(
+            f"extraction {extraction['id']} was streamed (no feature files were written), so {who} needs the target "
+            f"again: add --stream --target {extraction['target_path']} --completions {extraction['set_name']} "
+            "(or extract the set first, then replay on that extraction)"
+        )
+
+
+def layers_for(cfgs: list) -> list[int]:
+    """The target layers a stream computes for drafters `cfgs`: one drafter's (or several reading the same) in its
+    order, else the sorted union (each replays on its own columns, as on an extraction of the union)."""
+    needs = [list(c.target_layer_ids) for c in cfgs]
+    if all(n == needs[0] for n in needs):
+        return needs[0]
+    return sorted({x for n in needs for x in n})
+
+
+def stream(
+    store: Store, op: ops.Replay | ops.Sweep, checkpoints: list[ops.CheckpointSpec], progress: Progress = None
+) -> list[dict]:
+    """Run the target over the completions of `op.completions` (the first `op.max_prompts`) on `op.device` in
+    passes, replay every checkpoint of `checkpoints` on each pass's features while they are in memory, and store
+    one run per checkpoint on a streamed extraction row; returns [{"id", "summary"}] in the order given."""
+    import torch
+
+    from .. import cache, metrics, replay as replay_mod, target as target_mod
+    from .device_io import PASS_FREE, PASS_GIB
+    from .replay import check_drafter, store_run
+
+    device, dtype = op.device, op.dtype
+    info = target_mod.describe(op.target)
+    rows = store.completions(op.completions)
+    if not rows:
+        raise StoreError(f"completions: no completions in set {op.completions!r}; import or fetch them first")
+    rows = rows[: op.max_prompts] if op.max_prompts is not None else rows
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError("--device cuda: no CUDA device on this machine; use --device cpu")
+    locs = [drafter_mod.locate(ck.path, ck.draft_config) for ck in checkpoints]
+    cfgs = [drafter_mod.config_of(loc) for loc in locs]
+    layers = layers_for(cfgs)
+    target_mod.check_layers(info, layers)
+    ex = dict(
+        id=new_id("ex"),
+        set_name=op.completions,
+        target_path=info.path,
+        layer_ids=layers,
+        hidden_size=info.hidden_size,
+        device=device,
+        dtype=dtype,
+        config_hash=info.config_hash,
+        status="done",
+    )
+    for ck, loc, cfg in zip(checkpoints, locs, cfgs):  # every checkpoint checked before the target is loaded
+        check_drafter(cfg, ex | {"backend": None, "versions": {}}, info, store, f"drafter {loc.path}")
+        drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config)
+    for r in rows:
+        if max(r["prompt_ids"] + r["output_ids"]) >= info.vocab_size:
+            raise InputError(
+                f"prompt {r['prompt_id']!r}: a token id is outside the target's vocabulary ({info.vocab_size}); "
+                "wrong target for this completion set?"
+            )
+    tick(progress, 0, len(rows), f"loading target {info.path} (streaming: no feature file is written)")
+    model, backend = target_mod.load(info.path, layers, device, DTYPES[dtype])
+    ex |= dict(backend=backend, versions=target_mod.versions() | {"fla_bound": backend == "fla", STREAMED: True})
+    head = target_mod.load_head(info.path, device, DTYPES[dtype])
+    H, width, chunk = info.hidden_size, len(layers) * info.hidden_size, getattr(op, "chunk", ops.Replay.chunk)
+    index = [ops.layer_blocks(layers, list(c.target_layer_ids)) for c in cfgs]
+    got: list[list[metrics.Prompt]] = [[] for _ in checkpoints]
+    done = 0
+    cap = PASS_GIB * 2**30
+    if device.startswith("cuda"):  # the target stays loaded beside the pass: a share of what it leaves free
+        cap = min(cap, PASS_FREE * torch.cuda.mem_get_info(torch.device(device))[0])
+    for part in _passes(rows, width * 2, cap):
+        seqs = []
+        for r in part:  # the extraction's forward and its bf16 cast: the features a feature file would hold
+            tokens = torch.tensor(r["prompt_ids"] + r["output_ids"])
+            feats = target_mod.extract(model, tokens, layers).to(torch.bfloat16)
+            seqs.append(replay_mod.Sequence(r["prompt_id"], tokens, len(r["prompt_ids"]), feats))
+            tick(progress, done, len(rows), f"target forward over {r['prompt_id']} ({len(tokens)} tokens)")
+        for j, ck in enumerate(checkpoints):
+            tick(progress, done, len(rows), f"replaying checkpoint {j + 1}/{len(checkpoints)} on {len(seqs)} prompts")
+            d = drafter_mod.load(ck.path, DTYPES[dtype], device, ck.sliding_block, ck.draft_config)
+            at = None if index[j] is None else torch.tensor(index[j], dtype=torch.long, device=seqs[0].features.device)
+            own = [s if at is None else _with(s, cache.blocks(s.features, at, H)) for s in seqs]
+            got[j] += (
+                replay_mod.chain_only_results(d, head, own, op.tree_budget)
+                if op.anchors == "chain"
+                else replay_mod.every_anchor_results(d, head, own, op.tree_budget, chunk)
+            )
+            del d
+        done += len(part)
+        del seqs
+    store.add_extraction(ex)
+    with store.session():
+        for r in rows:  # the prompts it holds, without files (a replay of it is refused: `require_files`)
+            store.add_item(ex["id"], r["prompt_id"], len(r["prompt_ids"]) + len(r["output_ids"]), "")
+    comps = {c["prompt_id"]: c for c in rows}
+    stored = store.extraction(ex["id"])
+    return [
+        store_run(store, stored, ck, res, op.tree_budget, device, dtype, op.anchors, progress, comps)
+        for ck, res in zip(checkpoints, got)
+    ]
+
+
+def _with(seq, features):
+    from dataclasses import replace
+
+    return replace(seq, features=features)
+
+
+def _passes(rows: list[dict], bytes_per_token: int, cap: float) -> list[list[dict]]:
+    """`rows` in set order cut into passes of at most `cap` bytes of features (at least one prompt a pass)."""
+    out: list[list[dict]] = [[]]
+    size = 0
+    for r in rows:
+        b = (len(r["prompt_ids"]) + len(r["output_ids"])) * bytes_per_token
+        if out[-1] and size + b > cap:
+            out.append([])
+            size = 0
+        out[-1].append(r)
+        size += b
+    return [p for p in out if p]
