@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dflash_dash import metrics, ops
+from dflash_dash import metrics
 from dflash_dash.analysis.rounds import round_detail, round_options
 from dflash_dash.analysis.trace import trace
 from dflash_dash.render.analysis_figures import (
@@ -28,78 +28,10 @@ from dflash_dash.render.formats import ci, fmt, prob, sliding_note
 from dflash_dash.render.tables import TAU_COLUMNS, outlier_links, pattern_rows, prompt_table, summary_rows
 from dflash_dash.render.tokens import legend_html, round_html, text_html, token_html
 from dflash_dash.vocab import Vocab
-from pages import common
+from pages import common, jobs_view
 from pages.heads_view import confidence_block, headroom_block
 
 common.routed()
-
-
-def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str = "") -> None:
-    st.subheader("Replay another checkpoint")
-    done = [e for e in extractions if e["status"] == "done"]
-    if not done:
-        st.info(
-            "No finished extraction to replay on: extract hidden states first on the **Extraction** page "
-            "(or `python -m dflash_dash extract ...`)."
-        )
-        return
-    ids = [e["id"] for e in done]
-    by_id = {e["id"]: e for e in done}
-    with st.form("replay"):
-        ck = st.text_input(
-            "checkpoint folder (config.json + *.safetensors, or a SpecForge {run_id}-step{N}/ folder)",
-            value=default_ck,
-            placeholder="/path/to/epoch_0_step_1000",
-        )
-        how = common.checkpoint_inputs("replay")
-        c1, c2, c3, c4 = st.columns(4)
-        ex = c1.selectbox(
-            "extraction",
-            ids,
-            index=ids.index(default_ex) if default_ex in ids else len(ids) - 1,
-            format_func=common.extraction_label(by_id),
-        )
-        budget = c2.number_input("DDTree budget", 0, 256, 8)
-        device = c3.text_input("device", "cpu")
-        gpus = c3.text_input(
-            "GPUs",
-            "",
-            help="one worker process per device, prompts sharded: GPU indices "
-            "like 0,1 (cpu,cpu: CPU workers); empty: the device above",
-        )
-        dtype = c4.selectbox("dtype", ["float32", "bfloat16"])
-        go = st.form_submit_button("Replay", type="primary")
-    if go:
-        if not ck.strip():
-            st.error(
-                "Give the checkpoint folder to replay (a folder with config.json and *.safetensors, or a "
-                "SpecForge runtime folder with training_state.pt)."
-            )
-        else:
-            from dflash_dash import pipeline
-
-            common.backend_note(by_id[ex]["backend"], f"Extraction {ex}")
-            e = by_id[ex]
-            stream = (  # no feature files: the job runs the target again over the set (one process)
-                dict(stream=True, target=e["target_path"], completions=e["set_name"]) if common.streamed(e) else {}
-            )
-            if stream:
-                st.info(f"Extraction {ex} was streamed (no feature files): this replay runs the target again.")
-            with common.guard():  # a mistyped folder or a drafter this extraction cannot feed: said here, no job
-                op = ops.Replay(
-                    drafter=ck.strip(),
-                    extraction=ex,
-                    tree_budget=int(budget),
-                    device=device.strip() or "cpu",
-                    dtype=dtype,
-                    gpus=gpus,
-                    force=True,  # a click on Replay asks for a new run (the run list shows any earlier one)
-                    **how,
-                    **stream,
-                )
-                pipeline.check_replay(common.store(), op)
-                common.start_job(op)
-    common.job_panel(("replay", "sweep"), key="acc")
 
 
 def summary_block(s: dict, rows: list[dict], run_id: str) -> None:
@@ -436,7 +368,7 @@ def main() -> None:
             "states (**Extraction**), then replay a checkpoint below or with "
             "`python -m dflash_dash replay --drafter CKPT`."
         )
-        replay_form(exs, None)
+        jobs_view.replay_form(exs, None)
         return
     by_id = {r["id"]: r for r in runs}
     ids = [r["id"] for r in reversed(runs)]  # newest first
@@ -498,7 +430,7 @@ def main() -> None:
     if section:
         with common.guard():  # a failing analysis does not hide the rest of the page
             BLOCKS.get(section, calibration_block if section == "calibration" else patterns_block)(ws, run)
-    replay_form(exs, run["extraction_id"])
+    jobs_view.replay_form(exs, run["extraction_id"])
 
 
 with common.guard():

@@ -22,9 +22,8 @@ import streamlit as st
 from dflash_dash import metrics
 from dflash_dash.analysis.attribution import attribution_rows
 from dflash_dash.errors import UserError
-from dflash_dash.render.formats import csv_text, job_result
+from dflash_dash.render.formats import csv_text
 from dflash_dash.render.tables import number_formats
-from dflash_dash.render.tokens import pre_html
 from dflash_dash.store import Store, default_workspace
 from dflash_dash.vocab import Vocab, load_vocab
 
@@ -444,28 +443,6 @@ def run_label(runs_by_id: dict[str, dict]):
     return f
 
 
-SLIDING_CHOICES = {
-    "the checkpoint's own (causal unless its config sets is_causal)": None,
-    "causal inside the block (SpecForge training, SGLang serving)": "causal",
-    "bidirectional inside the block (z-lab HF reference)": "bidirectional",
-}
-
-
-def checkpoint_inputs(key: str) -> dict:
-    """The two ways a checkpoint can be read (replay and sweep forms): its draft config JSON, for SpecForge
-    runtime checkpoints without a config.json, and the sliding-layer block semantics. Job arguments."""
-    c1, c2 = st.columns(2)
-    cfg = c1.text_input(
-        "draft config JSON (only for SpecForge runtime checkpoints without config.json)",
-        "",
-        key=f"{key}_draft_config",
-        placeholder="/path/to/draft_config.json",
-    )
-    how = c2.selectbox("sliding_attention layers", list(SLIDING_CHOICES), key=f"{key}_sliding")
-    out = {"draft_config": cfg.strip() or None, "sliding_block": SLIDING_CHOICES[how]}
-    return {k: v for k, v in out.items() if v}
-
-
 def backend_note(backend: str | None, what: str = "This run") -> None:
     """A warning wherever a torch-path extraction feeds a drafter (trained on fla states, which differ)."""
     if backend == "torch":
@@ -486,65 +463,3 @@ def job_lifecycle():
     from dflash_dash.jobs import lifecycle
 
     return lifecycle
-
-
-def start_job(op) -> str:
-    """Start operation `op` (a `dflash_dash.ops` dataclass) as a job (a separate process) and remember it so its
-    panel follows it."""
-    job_id = job_lifecycle().start(store(), op)
-    st.session_state.setdefault("_started_jobs", []).append(job_id)
-    st.toast(f"started {op.kind} job {job_id}")
-    return job_id
-
-
-def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
-    """Live list of the recent jobs of `kinds`: status, step, progress bar, error, log tail, cancel/rerun, and
-    dismiss for a failed or cancelled job (hidden from the panel from then on; `jobs` on the CLI still lists it).
-    Polls every second; when a job reaches a final state the whole page reruns to show its result."""
-
-    @st.fragment(run_every=1.0)
-    def panel():
-        with guard():
-            body()
-
-    def body():
-        jobs = job_lifecycle()
-        st_ = store()
-        rows = [j for j in jobs.recent(st_, 30, dismissed=False) if j["kind"] in kinds][:n]
-        final = {j["id"] for j in rows if j["status"] not in ACTIVE}
-        seen_key = f"_final_{key}"
-        seen = st.session_state.get(seen_key)
-        st.session_state[seen_key] = final
-        if seen is not None and final - seen:
-            st.rerun()  # a job finished: rerun the page so its result is listed
-        if not rows:
-            st.caption(f"No {' / '.join(kinds)} jobs yet.")
-            return
-        for j in rows:
-            with st.container(border=True):
-                icon = STATUS_ICON.get(j["status"], "")
-                st.markdown(f"{icon} **{j['kind']}** `{j['id']}` · {j['status']}")
-                if j["status"] in ACTIVE:
-                    st.progress(min(1.0, max(0.0, float(j["progress"] or 0.0))), text=str(j["step"] or ""))
-                else:
-                    st.caption(str(j["step"] or ""))
-                if j["status"] == "done" and j.get("result"):
-                    st.caption(job_result(j["result"]))  # run ids link to their Acceptance page
-                if j.get("error"):
-                    (st.error if j["status"] == "failed" else st.caption)(j["error"])
-                c1, c2, c4, c3 = st.columns([1, 1, 1, 3])
-                if j["status"] in ACTIVE and c1.button("Cancel", key=f"cancel_{key}_{j['id']}"):
-                    jobs.cancel(st_, j["id"])
-                    st.rerun()
-                if j["status"] in ("failed", "cancelled") and c2.button("Rerun", key=f"rerun_{key}_{j['id']}"):
-                    jobs.rerun(st_, j["id"])
-                    st.rerun()
-                if j["status"] in ("failed", "cancelled") and c4.button(
-                    "Dismiss", key=f"dismiss_{key}_{j['id']}", help="hide this job from the panel"
-                ):
-                    st_.dismiss_job(j["id"])
-                    st.rerun()
-                with c3.expander("log"):
-                    st.html(pre_html(jobs.log_tail(st_, j["id"]) or "(empty)"))
-
-    panel()

@@ -26,7 +26,7 @@ from dflash_dash.render.figures import depth_fig, hist_fig, lag_fig, scatter_fig
 from dflash_dash.render.formats import fmt, sliding_note
 from dflash_dash.render.tokens import legend_html
 from dflash_dash.vocab import Vocab
-from pages import common
+from pages import common, jobs_view
 
 common.routed()
 
@@ -216,7 +216,7 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
             key="sweep_ex",
             format_func=common.extraction_label(by),
         )
-        how = common.checkpoint_inputs("sweep")
+        how = jobs_view.checkpoint_inputs("sweep")
         if st.button("Start sweep", type="primary", disabled=not folder.strip()):
             from dflash_dash import pipeline
 
@@ -227,10 +227,10 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
             )
             with common.guard():  # a mistyped folder, or one without a checkpoint: said here, no job
                 pipeline.checkpoints_in(folder.strip())
-                common.start_job(ops.Sweep(checkpoints=folder.strip(), extraction=ex, **how, **stream))
+                jobs_view.start_job(ops.Sweep(checkpoints=folder.strip(), extraction=ex, **how, **stream))
     else:
         st.info("No finished extraction: extract hidden states on the **Extraction** page first.")
-    common.job_panel(("sweep",), key="sweep")
+    jobs_view.job_panel(("sweep",), key="sweep")
     if folder.strip():
         pts = sweep_points(runs, folder.strip(), ex if exs else None)
         if not pts:

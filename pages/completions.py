@@ -12,7 +12,7 @@ import streamlit as st
 from dflash_dash import ops
 from dflash_dash.render.tables import SPEC_KEYS, completion_table
 from dflash_dash.render.tokens import text_html
-from pages import common
+from pages import common, jobs_view
 
 common.routed()
 
@@ -71,7 +71,7 @@ def fetch_form() -> None:
         else:
             prompt_set = choice
         set_name = name.strip()
-        common.start_job(
+        jobs_view.start_job(
             ops.Fetch(
                 server=server.strip(),
                 prompt_set=prompt_set,
@@ -81,7 +81,7 @@ def fetch_form() -> None:
                 tokenizer=tok.strip() or None,
             )
         )
-    common.job_panel(("fetch",), key="fetch")
+    jobs_view.job_panel(("fetch",), key="fetch")
 
 
 def import_form() -> None:

@@ -25,7 +25,7 @@ from dflash_dash.render.tables import (
     divergence_table,
     fault_table,
 )
-from pages import common
+from pages import common, jobs_view
 
 common.routed()
 
@@ -160,8 +160,8 @@ def fault_ranking(ws: str, run_id: str, engine: str) -> None:
             f"bf16 numerics) and scores each against the engine's numbers: the button below, or `{cmd}`"
         )
         if st.button("Rank the faults (a job: replays on the CPU)", key="conf_diag"):
-            common.start_job(ops.Diagnose(run=run_id, engine=engine))
-        common.job_panel(("diagnose",), key="diag")
+            jobs_view.start_job(ops.Diagnose(run=run_id, engine=engine))
+        jobs_view.job_panel(("diagnose",), key="diag")
         return
     best = ranking.get("explained_by")
     how = (

@@ -14,7 +14,7 @@ from dflash_dash.jobs import gpu
 from dflash_dash.render.figures import attribution_fig, parity_fig
 from dflash_dash.render.formats import fmt
 from dflash_dash.render.tables import gpu_table
-from pages import common
+from pages import common, jobs_view
 
 common.routed()
 
@@ -161,8 +161,8 @@ def sliding_block(ws: str, stamp: str) -> None:
     if rows:
         st.dataframe(rows, hide_index=True, width="stretch", column_config=common.numbers(rows))
     if len(rows) < 2 and st.button("Replay both ways", type="primary", key="slide_go"):
-        common.start_job(ops.SlidingCheck(drafter=ck.strip(), extraction=ex))
-    common.job_panel(("sliding-check",), key="slide")
+        jobs_view.start_job(ops.SlidingCheck(drafter=ck.strip(), extraction=ex))
+    jobs_view.job_panel(("sliding-check",), key="slide")
 
 
 def attribution_block(ws: str, stamp: str) -> None:
@@ -198,8 +198,8 @@ def attribution_block(ws: str, stamp: str) -> None:
             f"`python -m dflash_dash attribute --run {rid}`)."
         )
     if st.button("Attribute again" if rows else "Attribute", type="primary", key="attr_go"):
-        common.start_job(ops.Attribute(run=rid))
-    common.job_panel(("attribute",), key="attr")
+        jobs_view.start_job(ops.Attribute(run=rid))
+    jobs_view.job_panel(("attribute",), key="attr")
 
 
 @st.cache_data(ttl=30, show_spinner=False)

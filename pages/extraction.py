@@ -15,7 +15,7 @@ from dflash_dash.analysis.checks import backend_matters
 from dflash_dash.errors import UserError
 from dflash_dash.jobs import gpu
 from dflash_dash.render.tables import extraction_table, gpu_table
-from pages import common
+from pages import common, jobs_view
 
 common.routed()
 
@@ -128,7 +128,7 @@ def reextract_form(e: dict, orch: str) -> None:
     b1, b2 = st.columns([1, 5])
     allowed = ok and (again or not dups)
     if b1.button("Start re-extraction", key=f"{key}_go", type="primary", disabled=not allowed) and allowed:
-        common.start_job(
+        jobs_view.start_job(
             ops.Extract(
                 target=e["target_path"],
                 completions=e["set_name"],
@@ -248,8 +248,8 @@ def main() -> None:
                                 "On CPU the torch path of the linear-attention kernels is used (backend "
                                 "`torch`), not the fla kernels the drafter was trained on."
                             )
-                        common.start_job(ops.Extract(**args, gpus=gpus))
-    common.job_panel(("extract",), key="extract")
+                        jobs_view.start_job(ops.Extract(**args, gpus=gpus))
+    jobs_view.job_panel(("extract",), key="extract")
 
 
 with common.guard():

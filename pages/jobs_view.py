@@ -1,0 +1,163 @@
+"""The pages' job helpers: starting an operation as a job, the live job panel, the checkpoint inputs the replay and
+sweep forms share, and Acceptance's Replay form. Helpers of the page scripts, not a page (no torch, no SQL)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dflash_dash import ops
+from dflash_dash.render.formats import job_result
+from dflash_dash.render.tokens import pre_html
+from pages import common
+from pages.common import ACTIVE, STATUS_ICON, guard, job_lifecycle, store
+
+SLIDING_CHOICES = {
+    "the checkpoint's own (causal unless its config sets is_causal)": None,
+    "causal inside the block (SpecForge training, SGLang serving)": "causal",
+    "bidirectional inside the block (z-lab HF reference)": "bidirectional",
+}
+
+
+def checkpoint_inputs(key: str) -> dict:
+    """The two ways a checkpoint can be read (replay and sweep forms): its draft config JSON, for SpecForge
+    runtime checkpoints without a config.json, and the sliding-layer block semantics. Job arguments."""
+    c1, c2 = st.columns(2)
+    cfg = c1.text_input(
+        "draft config JSON (only for SpecForge runtime checkpoints without config.json)",
+        "",
+        key=f"{key}_draft_config",
+        placeholder="/path/to/draft_config.json",
+    )
+    how = c2.selectbox("sliding_attention layers", list(SLIDING_CHOICES), key=f"{key}_sliding")
+    out = {"draft_config": cfg.strip() or None, "sliding_block": SLIDING_CHOICES[how]}
+    return {k: v for k, v in out.items() if v}
+
+
+def start_job(op) -> str:
+    """Start operation `op` (a `dflash_dash.ops` dataclass) as a job (a separate process) and remember it so its
+    panel follows it."""
+    job_id = job_lifecycle().start(store(), op)
+    st.session_state.setdefault("_started_jobs", []).append(job_id)
+    st.toast(f"started {op.kind} job {job_id}")
+    return job_id
+
+
+def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
+    """Live list of the recent jobs of `kinds`: status, step, progress bar, error, log tail, cancel/rerun, and
+    dismiss for a failed or cancelled job (hidden from the panel from then on; `jobs` on the CLI still lists it).
+    Polls every second; when a job reaches a final state the whole page reruns to show its result."""
+
+    @st.fragment(run_every=1.0)
+    def panel():
+        with guard():
+            body()
+
+    def body():
+        jobs = job_lifecycle()
+        st_ = store()
+        rows = [j for j in jobs.recent(st_, 30, dismissed=False) if j["kind"] in kinds][:n]
+        final = {j["id"] for j in rows if j["status"] not in ACTIVE}
+        seen_key = f"_final_{key}"
+        seen = st.session_state.get(seen_key)
+        st.session_state[seen_key] = final
+        if seen is not None and final - seen:
+            st.rerun()  # a job finished: rerun the page so its result is listed
+        if not rows:
+            st.caption(f"No {' / '.join(kinds)} jobs yet.")
+            return
+        for j in rows:
+            with st.container(border=True):
+                icon = STATUS_ICON.get(j["status"], "")
+                st.markdown(f"{icon} **{j['kind']}** `{j['id']}` · {j['status']}")
+                if j["status"] in ACTIVE:
+                    st.progress(min(1.0, max(0.0, float(j["progress"] or 0.0))), text=str(j["step"] or ""))
+                else:
+                    st.caption(str(j["step"] or ""))
+                if j["status"] == "done" and j.get("result"):
+                    st.caption(job_result(j["result"]))  # run ids link to their Acceptance page
+                if j.get("error"):
+                    (st.error if j["status"] == "failed" else st.caption)(j["error"])
+                c1, c2, c4, c3 = st.columns([1, 1, 1, 3])
+                if j["status"] in ACTIVE and c1.button("Cancel", key=f"cancel_{key}_{j['id']}"):
+                    jobs.cancel(st_, j["id"])
+                    st.rerun()
+                if j["status"] in ("failed", "cancelled") and c2.button("Rerun", key=f"rerun_{key}_{j['id']}"):
+                    jobs.rerun(st_, j["id"])
+                    st.rerun()
+                if j["status"] in ("failed", "cancelled") and c4.button(
+                    "Dismiss", key=f"dismiss_{key}_{j['id']}", help="hide this job from the panel"
+                ):
+                    st_.dismiss_job(j["id"])
+                    st.rerun()
+                with c3.expander("log"):
+                    st.html(pre_html(jobs.log_tail(st_, j["id"]) or "(empty)"))
+
+    panel()
+
+
+def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str = "") -> None:
+    st.subheader("Replay another checkpoint")
+    done = [e for e in extractions if e["status"] == "done"]
+    if not done:
+        st.info(
+            "No finished extraction to replay on: extract hidden states first on the **Extraction** page "
+            "(or `python -m dflash_dash extract ...`)."
+        )
+        return
+    ids = [e["id"] for e in done]
+    by_id = {e["id"]: e for e in done}
+    with st.form("replay"):
+        ck = st.text_input(
+            "checkpoint folder (config.json + *.safetensors, or a SpecForge {run_id}-step{N}/ folder)",
+            value=default_ck,
+            placeholder="/path/to/epoch_0_step_1000",
+        )
+        how = checkpoint_inputs("replay")
+        c1, c2, c3, c4 = st.columns(4)
+        ex = c1.selectbox(
+            "extraction",
+            ids,
+            index=ids.index(default_ex) if default_ex in ids else len(ids) - 1,
+            format_func=common.extraction_label(by_id),
+        )
+        budget = c2.number_input("DDTree budget", 0, 256, 8)
+        device = c3.text_input("device", "cpu")
+        gpus = c3.text_input(
+            "GPUs",
+            "",
+            help="one worker process per device, prompts sharded: GPU indices "
+            "like 0,1 (cpu,cpu: CPU workers); empty: the device above",
+        )
+        dtype = c4.selectbox("dtype", ["float32", "bfloat16"])
+        go = st.form_submit_button("Replay", type="primary")
+    if go:
+        if not ck.strip():
+            st.error(
+                "Give the checkpoint folder to replay (a folder with config.json and *.safetensors, or a "
+                "SpecForge runtime folder with training_state.pt)."
+            )
+        else:
+            from dflash_dash import pipeline
+
+            common.backend_note(by_id[ex]["backend"], f"Extraction {ex}")
+            e = by_id[ex]
+            stream = (  # no feature files: the job runs the target again over the set (one process)
+                dict(stream=True, target=e["target_path"], completions=e["set_name"]) if common.streamed(e) else {}
+            )
+            if stream:
+                st.info(f"Extraction {ex} was streamed (no feature files): this replay runs the target again.")
+            with common.guard():  # a mistyped folder or a drafter this extraction cannot feed: said here, no job
+                op = ops.Replay(
+                    drafter=ck.strip(),
+                    extraction=ex,
+                    tree_budget=int(budget),
+                    device=device.strip() or "cpu",
+                    dtype=dtype,
+                    gpus=gpus,
+                    force=True,  # a click on Replay asks for a new run (the run list shows any earlier one)
+                    **how,
+                    **stream,
+                )
+                pipeline.check_replay(common.store(), op)
+                start_job(op)
+    job_panel(("replay", "sweep"), key="acc")
