@@ -215,7 +215,7 @@ def test_cpu_workers_replay_their_columns_of_the_union(union, monkeypatch):
     assert rc == 0, err
     assert "[worker 1, cpu]" in err and "[worker 2, cpu]" in err
     own = pipeline.replay(st, ops.Replay(drafter=str(union.ck["b"]), extraction=union.own["b"]))
-    same_runs(st, out.split()[0], own["id"])
+    same_runs(st, json.loads(out)["id"], own["id"])  # replay's stdout is one JSON document
 
 
 def test_attribution_on_the_union_ablates_the_drafters_own_taps(union):
