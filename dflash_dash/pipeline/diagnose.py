@@ -6,8 +6,9 @@ Contract: torch work, run by the CLI (`conformance --faults`) or a job, never by
 replay walks the chain like a greedy engine (anchor P, then + committed) and gives the committed tokens per round:
   - layer-shift: the drafter's features read from target layers l+1 (and l-1; the better one is kept), when the
     run's extraction holds them; else skipped, naming the extract command's --layers.
-  - sliding-ignored / sliding-bidirectional: the checkpoint's sliding-window layers over the full context /
-    bidirectional inside the block; skipped when the drafter has no sliding-window layers.
+  - sliding-ignored / sliding-bidirectional: the checkpoint's sliding-window layers over the full context (a copy
+    of its config with a window wider than any context) / bidirectional inside the block; skipped when the drafter
+    has no sliding-window layers (sliding-bidirectional also when the run replayed them bidirectionally).
   - draft-tokens: the replay's own acceptance cut at k drafts a step, k = 1..D-1 (the best k kept).
   - context-window: the drafter sees only the last W context positions (W in WINDOWS, shorter than the context).
   - prefill-count: the replay's rounds with the prefill counted as a verify step of one token.
@@ -172,8 +173,11 @@ def rank_faults(store: Store, run: str, engine: str | None = None, progress: Pro
         )
     tick(progress, 4, 6, "sliding-window faults")
     if "sliding_attention" in c.layer_types:
-        bi = drafter_mod.load(ck, dtype, "cpu", "bidirectional", dc)
-        variants["sliding-bidirectional"] = {"steps": every(bi, head, seqs, own, H), "detail": "bidirectional"}
+        if drafter_mod.sliding_semantics(c, sliding) == "bidirectional":
+            skipped["sliding-bidirectional"] = "the run replayed its sliding-window layers bidirectionally already"
+        else:
+            bi = drafter_mod.load(ck, dtype, "cpu", "bidirectional", dc)
+            variants["sliding-bidirectional"] = {"steps": every(bi, head, seqs, own, H), "detail": "bidirectional"}
         full = drafter_mod.load(ck, dtype, "cpu", sliding, dc)
         full.c = dataclasses.replace(full.c, sliding_window=1 << 30)  # the window wider than any context
         variants["sliding-ignored"] = {"steps": every(full, head, seqs, own, H), "detail": "full context"}

@@ -10,9 +10,15 @@ the fault of `analysis.steps.FAULTS` each bug plants (the ranking must put it fi
   - "draft-tokens": each verify step checks only the first `VERIFIED` drafts of the block: `verified`.
   - "prefill-count": the prefill is counted as a verify step that accepted no draft: `counts_prefill`.
   - "numerics": the drafter runs in bf16 instead of fp32: `drafter_dtype`.
+  - "sliding-ignored": the drafter's sliding_attention layers attend over the whole context (a copy of its
+    config whose `sliding_window` covers every position); "sliding-bidirectional": its sliding layers are
+    bidirectional inside the block (`sliding_block="bidirectional"`, whatever the config says): `drafter_variant`.
+    Both change nothing for a drafter without sliding-window layers.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 FAULT_OF = {
     "truncate-context": "context-window",
@@ -22,10 +28,13 @@ FAULT_OF = {
     "draft-tokens": "draft-tokens",
     "prefill-count": "prefill-count",
     "numerics": "numerics",
+    "sliding-ignored": "sliding-ignored",
+    "sliding-bidirectional": "sliding-bidirectional",
 }
 BUGS = tuple(FAULT_OF)  # deliberately broken decoders, for tests of conformance
 TRUNCATE = 4  # truncate-context / context-window: context positions the drafter still sees
 VERIFIED = 1  # draft-tokens: drafts verified per step
+FULL = 1 << 30  # sliding-ignored: a key window wider than any context
 
 
 def feature_layers(bug: str | None, layers: list[int]) -> list[int]:
@@ -60,3 +69,12 @@ def drafter_dtype(bug: str | None, dtype):
     import torch
 
     return torch.bfloat16 if bug == "numerics" else dtype
+
+
+def drafter_variant(bug: str | None, d):
+    """The loaded drafter `d` as the decoder runs it under `bug` (`d` itself, changed in place)."""
+    if bug == "sliding-ignored":  # the window read by every sliding layer's mask (`DFlash._kind`)
+        d.c = dataclasses.replace(d.c, sliding_window=FULL)
+    elif bug == "sliding-bidirectional":
+        d.sliding_block = "bidirectional"
+    return d

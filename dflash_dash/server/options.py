@@ -95,7 +95,9 @@ def speculative_args(p: argparse.ArgumentParser) -> None:
         f"(truncate-context: the drafter sees only the last {faults.TRUNCATE} context positions; "
         "layer-off-by-one: it gets decoder layer l-1's output for target layer id l; layer-shift: layer l+1's; "
         f"context-window: as truncate-context; draft-tokens: each step verifies {faults.VERIFIED} draft(s) only; "
-        "prefill-count: the prefill counted as a verify step; numerics: the drafter in bf16)",
+        "prefill-count: the prefill counted as a verify step; numerics: the drafter in bf16; sliding-ignored: the "
+        "drafter's sliding-window layers see the whole context; sliding-bidirectional: they are bidirectional "
+        "inside the block)",
     )
     p.add_argument(
         "--speculative-stats",

@@ -94,7 +94,7 @@ class Speculator:
         drafter_mod.check_target(
             d.c, cfg.hidden_size, int(model.get_output_embeddings().weight.shape[0]), cfg.num_hidden_layers
         )
-        self.drafter = d
+        self.drafter = faults.drafter_variant(self.bug, d)
 
     def release(self) -> None:
         self.drafter = None
