@@ -52,3 +52,18 @@ def drafted(target: Path, drafter: Path, prompt: list[int], n: int, seed: int) -
         other = int(rng.integers(10, 400))
         toks.append(other if k == len(d) or other != d[k] else (other + 1) % 400 + 10)
     return toks[len(prompt) :][:n]
+
+
+def drafted_set(target: Path, drafter: Path, out: Path) -> Path:
+    """A completions JSONL of three prompts (p0, p1: completions of `drafter`'s own blocks, partial acceptance;
+    p2: random tokens), written to `out`."""
+    import json
+
+    rng = np.random.default_rng(0)
+    recs = []
+    for i, own in enumerate((True, True, False)):
+        prompt = [int(x) for x in rng.integers(10, 400, 6 + i)]
+        ids = drafted(target, drafter, prompt, 24, seed=i) if own else [int(x) for x in rng.integers(10, 400, 20)]
+        recs.append({"id": f"p{i}", "prompt_ids": prompt, "output_ids": ids})
+    out.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return out

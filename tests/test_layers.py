@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from prepared import drafted
+from prepared import drafted_set
 
 from dflash_dash import cache, cli, ops, pipeline
 from dflash_dash.store import Store
@@ -74,14 +74,7 @@ def union(tmp_path_factory) -> Union:
             ("d", 4, D_LAYERS, {}),
         )
     }
-    rng = np.random.default_rng(0)
-    recs = []
-    for i, src in enumerate(("a", "a", None)):  # two completions of A's own blocks (partial acceptance), one random
-        prompt = [int(x) for x in rng.integers(10, 400, 6 + i)]
-        out = drafted(target, ck[src], prompt, 24, seed=i) if src else [int(x) for x in rng.integers(10, 400, 20)]
-        recs.append({"id": f"p{i}", "prompt_ids": prompt, "output_ids": out})
-    jsonl = base / "c.jsonl"
-    jsonl.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    jsonl = drafted_set(target, ck["a"], base / "c.jsonl")
     ws = base / "ws"
     assert run(ws, "import-completions", str(jsonl), "--name", "s")[0] == 0
     ext = ["extract", "--target", str(target), "--completions", "s"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from prepared import drafted
+from prepared import drafted_set
 
 from dflash_dash import cli, ops
 from dflash_dash.pipeline import stream
@@ -49,14 +49,7 @@ def setup(tmp_path_factory) -> Setup:
         "a": tiny.write_drafter(sweep_dir / "epoch_0_step_100", tiny.TinyDrafter(seed=1, target_layer_ids=A_LAYERS)),
         "d": tiny.write_drafter(sweep_dir / "epoch_1_step_200", tiny.TinyDrafter(seed=4, target_layer_ids=D_LAYERS)),
     }
-    rng = np.random.default_rng(0)
-    recs = []
-    for i, src in enumerate(("a", "a", None)):  # two completions of A's own blocks (partial acceptance), one random
-        prompt = [int(x) for x in rng.integers(10, 400, 6 + i)]
-        out = drafted(target, ck[src], prompt, 24, seed=i) if src else [int(x) for x in rng.integers(10, 400, 20)]
-        recs.append({"id": f"p{i}", "prompt_ids": prompt, "output_ids": out})
-    jsonl = base / "c.jsonl"
-    jsonl.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    jsonl = drafted_set(target, ck["a"], base / "c.jsonl")
     ws = base / "ws"
     assert run(ws, "import-completions", str(jsonl), "--name", "s")[0] == 0
     return Setup(ws, target, sweep_dir, ck)

@@ -117,6 +117,14 @@ class Prompt:
             got = self.__dict__["_walk"] = (a, acc, self.T - 1 - a)
         return got
 
+    def reached(self, D: int) -> tuple:
+        """The samples of the per-depth conditional curve: (rows of the rounds' anchors [R], depth k [R, D],
+        mask [R, D]: slot k inside the completion and d_1..d_{k-1} accepted), row-major in round order. Calibration,
+        headroom and a confidence head all read these samples."""
+        a, acc, left = self.walk()
+        ks = np.broadcast_to(np.arange(1, D + 1), (len(a), D))
+        return a - self.prompt_len, ks, ks <= np.minimum(np.minimum(D, left), acc + 1)[:, None]
+
     def draft_p(self, D: int):
         """[R, D] min(1, exp(draft_logp)) at the rounds' anchors (math.exp, value for value as the per-round loops
         computed it), computed once per Prompt and D; call only when `recorded`."""

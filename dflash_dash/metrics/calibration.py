@@ -38,10 +38,9 @@ def _cal(p: Prompt, ctx: Ctx) -> tuple:
     if not recorded(p, ctx):
         got = (np.zeros(0, np.int64), np.zeros(0, np.float64), np.zeros(0, bool))
     else:
-        _, acc, left = p.walk()
-        ks = np.arange(1, D + 1)
-        take = ks[None, :] <= np.minimum(np.minimum(D, left), acc + 1)[:, None]  # [R, D], row-major = loop order
-        got = (np.broadcast_to(ks, take.shape)[take], p.draft_p(D)[take], (acc[:, None] >= ks[None, :])[take])
+        _, ks, take = p.reached(D)  # [R, D], row-major = loop order
+        acc = p.walk()[1]
+        got = (ks[take], p.draft_p(D)[take], (acc[:, None] >= ks)[take])
     p.__dict__[("_cal", D)] = got
     return got
 

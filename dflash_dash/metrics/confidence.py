@@ -31,11 +31,9 @@ def _samples(ps: list[Prompt], ctx: Ctx) -> tuple | None:
     for p in ps:
         if not confident(p, ctx):
             continue
-        a, acc, left = p.walk()
-        c = p.confidence.reshape(-1, D)[a - p.prompt_len].astype(np.float64)
-        ks = np.arange(1, D + 1)
-        take = ks[None, :] <= np.minimum(np.minimum(D, left), acc + 1)[:, None]
-        got.append((np.broadcast_to(ks, take.shape)[take], c[take], (acc[:, None] >= ks[None, :])[take]))
+        rows, ks, take = p.reached(D)
+        c = p.confidence.reshape(-1, D)[rows].astype(np.float64)
+        got.append((ks[take], c[take], (p.walk()[1][:, None] >= ks)[take]))
     if not got:
         return None
     return tuple(np.concatenate([g[i] for g in got]) for i in range(3))

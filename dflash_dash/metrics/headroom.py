@@ -32,11 +32,8 @@ def ranked(p: Prompt, ctx: Ctx) -> bool:
 def _samples(p: Prompt, ctx: Ctx) -> tuple[np.ndarray, np.ndarray]:
     """(depth k [S], rank [S]) over the recall samples of one prompt."""
     D = ctx.block_size - 1
-    a, acc, left = p.walk()
-    rank = p.target_rank.reshape(-1, D)[a - p.prompt_len]  # [R, D]
-    ks = np.arange(1, D + 1)
-    take = ks[None, :] <= np.minimum(np.minimum(D, left), acc + 1)[:, None]
-    return np.broadcast_to(ks, take.shape)[take], rank[take]
+    rows, ks, take = p.reached(D)
+    return ks[take], p.target_rank.reshape(-1, D)[rows][take]
 
 
 def recall_depth(ps: list[Prompt], ctx: Ctx, top1: bool = False) -> list[float | None] | None:

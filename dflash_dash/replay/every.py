@@ -18,7 +18,6 @@ import torch
 from ..drafters import Drafter, kernels
 from ..metrics import Prompt
 from ..target import Head
-from ..walks import ROUND_TOPK
 from .head import Drafts, embed_blocks, read_out, to_host
 from .score import score, summarize
 
@@ -93,9 +92,8 @@ def _draft(
 
 
 def topk_of(drafter: Drafter, budget: int) -> int:
-    """Candidates kept per drafted slot: the tree budget, the rounds' ROUND_TOPK and the drafter's own candidate
-    count (DFlash2's selector), whichever is largest."""
-    return max(budget, ROUND_TOPK, drafter.c.candidates)
+    """Candidates kept per drafted slot (`DrafterConfig.topk`)."""
+    return drafter.c.topk(budget)
 
 
 def features_to_device(drafter: Drafter, features: torch.Tensor) -> torch.Tensor:

@@ -151,18 +151,23 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(404, self.proto.not_found(path))
         self.reply(*got)
 
+    def guarded(self, verb: str, path: str, handle, shown: str) -> None:
+        """`handle(path)` of another engine's protocol: a BadRequest answered with its status, any other error
+        logged and answered 500 (`shown`: how the message shows the error, "{e}" or "{e!r}")."""
+        try:
+            handle(path)
+        except BadRequest as e:
+            self.error(e.status, str(e))
+        except Exception as e:  # noqa: BLE001  (a handler bug must not kill the server)
+            log(f"error on {verb} {path}: {e!r}")
+            self.error(500, "internal error: " + shown.format(e=e))
+
     def do_GET(self) -> None:  # noqa: N802
         eng, path = self.eng, self.path.split("?", 1)[0]
         if self.loading() or not self.authorized(path):
             return
         if self.proto is not None:
-            try:
-                return self.other_get(path)
-            except BadRequest as e:
-                return self.error(e.status, str(e))
-            except Exception as e:  # noqa: BLE001  (a handler bug must not kill the server)
-                log(f"error on GET {path}: {e!r}")
-                return self.error(500, f"internal error: {e}")
+            return self.guarded("GET", path, self.other_get, "{e}")
         info = {
             "model_path": str(eng.model_dir),
             "tokenizer_path": str(eng.model_dir) if eng.tokenizer else None,
@@ -244,13 +249,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.loading() or not self.authorized(path):
             return
         if self.proto is not None:
-            try:
-                return self.other_post(path)
-            except BadRequest as e:
-                return self.error(e.status, str(e))
-            except Exception as e:  # noqa: BLE001  (a handler bug must not kill the server)
-                log(f"error on POST {path}: {e!r}")
-                return self.error(500, f"internal error: {e!r}")
+            return self.guarded("POST", path, self.other_post, "{e!r}")
         try:
             if path not in (
                 "/generate",
