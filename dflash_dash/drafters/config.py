@@ -67,13 +67,6 @@ class DrafterConfig:
         selector_top_k, so that top-K headroom asks its own question: recall@1 against recall@K), else 0."""
         return self.head.get("selector_top_k", 0)
 
-    def topk(self, budget: int) -> int:
-        """Candidates a replay keeps per drafted slot: the tree budget, the chain rounds' ROUND_TOPK and the
-        selector's candidate count, whichever is largest (the run records it as its headroom K)."""
-        from ..walks import ROUND_TOPK
-
-        return max(budget, ROUND_TOPK, self.candidates)
-
     @property
     def width(self) -> int:
         """D + 1: the most tokens one verify step commits (the drafts and the target's bonus token). Every metric

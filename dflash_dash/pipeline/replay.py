@@ -288,7 +288,7 @@ def store_run(
         "sliding_block": semantics,
         "anchors": anchors,
         "round_topk": replay_mod.ROUND_TOPK,
-        "topk": cfg.topk(tree_budget),  # candidates kept per slot (headroom's K)
+        "topk": replay_mod.every.topk_of(cfg, tree_budget),  # candidates kept per slot (headroom's K)
     }  # K of run_prompts.round_top_ids/_p, flattened [R][B-1][K]
     run_id = new_id("run")
     for p in res:

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafters import Drafter, kernels
+from ..drafters import Drafter, DrafterConfig, kernels
 from ..metrics import Prompt
 from ..target import Head
+from ..walks import ROUND_TOPK
 from .head import Drafts, embed_blocks, read_out, to_host
 from .score import score, summarize
 
@@ -91,9 +92,12 @@ def _draft(
     return parts
 
 
-def topk_of(drafter: Drafter, budget: int) -> int:
-    """Candidates kept per drafted slot (`DrafterConfig.topk`)."""
-    return drafter.c.topk(budget)
+def topk_of(drafter: Drafter | DrafterConfig, budget: int) -> int:
+    """Candidates a replay keeps per drafted slot of a drafter (or its config): the tree budget, the chain rounds'
+    ROUND_TOPK and the drafter's own candidate count (DFlash2's selector), whichever is largest; the run records it
+    as its headroom K."""
+    c = drafter.c if isinstance(drafter, Drafter) else drafter
+    return max(budget, ROUND_TOPK, c.candidates)
 
 
 def features_to_device(drafter: Drafter, features: torch.Tensor) -> torch.Tensor:
