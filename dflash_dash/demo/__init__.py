@@ -1,20 +1,25 @@
 """The built-in demo workspace: a small trained hybrid target, DFlash checkpoints and a shipped fla extraction.
 
-Contract: `build(workspace, progress)` makes `workspace` hold the demo, through the same operations a user
-runs: the committed assets (`assets/`, described by `assets/MANIFEST.json`) are copied to `<workspace>/demo/`;
-the local SGLang stand-in serves the target in a subprocess while `pipeline.fetch` stores the greedy
-completions of `coding-10`; `pipeline.extract` extracts them on the CPU (torch path); the coding-10 features
-that were extracted on a GPU with fla kernels are imported as a second extraction (backend `fla`) for the
-completions whose token ids equal the shipped ones (any that differ are left out and named in
-`<workspace>/demo/BUILD.json` and the log); then every demo checkpoint is replayed on the torch extraction and
-the final one on the fla extraction too. Idempotent and resumable: what the store already holds is not redone,
-and a workspace that has all the demo runs is left as it is (the demo's extractions are the oldest of their kind:
-one the user adds later, e.g. by Re-extract, gets no demo runs). No network beyond the local server on 127.0.0.1.
-`configure(workspace)` (called by `build`, also on a built workspace) writes `<workspace>/config.toml` when there is
-none, pointing `[server] url` at `SERVER_URL`: the port where `make run` (`dflash_dash.launch`) serves the demo
-target beside the dashboard, so that fetching and re-extracting with orchestration work from the pages. An existing
-config.toml is never touched. The assets were made by `python -m tools.demo.make_assets` (development tooling in
-`tools/demo/`, outside this package).
+Contract: `build(workspace, progress)` makes `workspace` hold the demo, through the same operations a user runs: the
+committed assets (`assets/`, described by `assets/MANIFEST.json`) are copied to `<workspace>/demo/`; the local
+SGLang stand-in serves the target in a subprocess, decoding speculatively with the final checkpoint (`server_argv`:
+the same greedy tokens, with SGLang's per-step counters), while `pipeline.fetch` stores the greedy completions of
+`coding-10` and those counters (engine `sglang`, for the Conformance page); `pipeline.extract` extracts them on the
+CPU (torch path); the coding-10 features that were extracted on a GPU with fla kernels are imported as a second
+extraction (backend `fla`) for the completions whose token ids equal the shipped ones (any that differ are left out
+and named in `<workspace>/demo/BUILD.json` and the log); then every checkpoint of MANIFEST.json's `checkpoints` list
+(`checkpoints`: `healthy/step{NNNN}/` snapshots of one healthy run, roles early / series / final, and
+`bugs/{name}/`, role bug) is replayed on the torch extraction under its listed name, in the listed order, and the
+final one on the fla extraction too (name + FLA_SUFFIX). Idempotent and resumable: what the store already holds is
+not redone, and a workspace that has all the demo runs is left as it is (the demo's extractions are the oldest of
+their kind: one the user adds later, e.g. by Re-extract, gets no demo runs). No network beyond the local server on
+127.0.0.1. `configure(workspace)` (called by `build`, also on a built workspace) writes `<workspace>/config.toml`
+when there is none, pointing `[server] url` at `SERVER_URL`: the port where `make run` (`dflash_dash.launch`) serves
+the demo target beside the dashboard, so that fetching and re-extracting with orchestration work from the pages. An
+existing config.toml is never touched. `story(workspace, runs)` is what the Overview of a demo workspace tells (the
+checkpoints' `what` sentences and the runs that reveal each); `series_folder` is where the sweep chart opens;
+`served_drafter` is the checkpoint the demo server decodes with. The assets were made by `python -m
+tools.demo.make_assets` (development tooling in `tools/demo/`, outside this package).
 """
 
 from __future__ import annotations
@@ -93,8 +98,8 @@ def checkpoints(root: Path, man: dict | None = None) -> list[Checkpoint]:
         if not (path / "config.json").is_file():
             raise DemoError(f"{where}: checkpoints[{i}]: {path} holds no config.json; restore the demo assets")
         out.append(Checkpoint(path, e["dir"], e["name"], e["role"], e.get("bug"), e.get("what") or ""))
-    if sum(c.role == "final" for c in out) != 1:
-        raise DemoError(f"{where}: the checkpoints list needs exactly one entry with role final")
+    if sum(c.role == "final" for c in out) != 1 or len({c.name for c in out}) != len(out):
+        raise DemoError(f"{where}: the checkpoints list needs exactly one entry with role final, and distinct names")
     return out
 
 
@@ -108,6 +113,38 @@ def series_folder(workspace: str | Path) -> str | None:
     sweep chart opens: one true training curve, the bug checkpoints left out. None outside a demo workspace."""
     d = Path(workspace) / "demo" / CHECKPOINTS / SERIES
     return str(d.resolve()) if d.is_dir() else None
+
+
+def story(workspace: str | Path, runs: list[dict]) -> dict | None:
+    """What the Overview of a demo workspace tells (None elsewhere): {"final": entry, "series": [entries of the
+    healthy run, by step], "folder": series_folder, "bugs": [entries]}, each entry {"name", "what", "step" (the
+    healthy ones), "run": its run id or None} from MANIFEST.json's checkpoints list and `runs` (Store.runs rows,
+    oldest first). The final's run is the one on a serving-matching extraction when there is one (what Acceptance
+    opens on); each bug's entry adds "ref": the final checkpoint's run on the bug run's extraction."""
+    from ..analysis.compare import SERVING_BACKENDS
+    from ..drafters import step_of
+
+    try:
+        cks = checkpoints(Path(workspace) / "demo" / CHECKPOINTS)
+    except (DemoError, OSError, ValueError):
+        return None
+
+    def run_of(ck: Checkpoint, extraction: str | None = None) -> dict | None:
+        mine = [r for r in runs if r["checkpoint"] == str(ck.path)]
+        mine = [r for r in mine if extraction is None or r["extraction_id"] == extraction]
+        return max(mine, key=lambda r: (r.get("backend") in SERVING_BACKENDS, runs.index(r)), default=None)
+
+    def entry(ck: Checkpoint, run: dict | None) -> dict:
+        return {"name": ck.name, "what": ck.what, "step": step_of(ck.dir), "run": run and run["id"]}
+
+    fin = final(cks)
+    bugs = []
+    for ck in (c for c in cks if c.role == "bug"):
+        r = run_of(ck)
+        ref = run_of(fin, r["extraction_id"]) if r else None
+        bugs.append(entry(ck, r) | {"ref": ref and ref["id"]})
+    series = [entry(c, run_of(c)) for c in cks if c.role != "bug"]
+    return {"final": entry(fin, run_of(fin)), "series": series, "folder": series_folder(workspace), "bugs": bugs}
 
 
 def manifest(assets: Path = ASSETS) -> dict:

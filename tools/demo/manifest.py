@@ -5,6 +5,11 @@ Contract: `unpack(src, build, assets, command)` replaces `assets` with the untar
 the checkpoints directory) and fla features, and writes MANIFEST.json from build/prepare.json and src/gpu.json.
 `finish(src, assets)` merges src/cpu-*.json (the `cpu-continue` records) and src/gpu_runs.json into it and
 recounts the sizes. Both return the manifest.
+The checkpoints directory has the layout `dflash_dash.demo` reads: `healthy/step{NNNN}/` (snapshots of one healthy
+run, 3 or more) and `bugs/{name}/` (one per training bug), each with config.json, model.safetensors and
+training.json; `checkpoint_list(assets)` writes MANIFEST.json's `checkpoints` list from them (order: the healthy
+steps, then the bugs; role early / series / final by step; name and bug from training.json; `what` from WHAT, edit
+it by hand where a sentence should say more). `unpack` writes it; `finish` writes it when the manifest has none.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from dflash_dash.demo import ASSETS, CHECKPOINTS
+from dflash_dash.demo import ASSETS, CHECKPOINTS, SERIES
 
 from .common import log
 
@@ -27,6 +32,44 @@ TOKENIZER_NOTE = (
     "before column-0 text (#, class, def), and no completion starts with the function's indented body. "
     "With the Qwen split every coding-10 prompt tokenises as the prefix of prompt + body."
 )
+
+
+BUGS_DIR = "bugs"  # the bug checkpoints' folder under CHECKPOINTS
+WHAT = {  # MANIFEST.json `what` of each checkpoint: one sentence a newcomer understands ({step}: its training step)
+    "early": "the healthy run after {step} training steps: it has barely started to learn, so its drafts are rarely "
+    "accepted",
+    "series": "the healthy run after {step} training steps, one point of its training curve",
+    "final": "the same healthy run after {step} steps (its lowest held-out loss): the drafter as it should be served",
+    "noisy_labels": "trained like the final one except that diffusion noise corrupted the target logits used as "
+    "its labels",
+    "anchor_visible": "trained with the anchor's own hidden state in its context, which inference never gives it, so "
+    "its drafts lag one position behind",
+    "soft_kl": "trained like the final one except with a soft KL loss against the target's distribution instead of "
+    "hard cross-entropy on the target's tokens",
+}
+
+
+def checkpoint_list(assets: Path = ASSETS) -> list[dict]:
+    """MANIFEST.json's `checkpoints` list from the folders under assets/checkpoints (see the module docstring)."""
+    root = assets / CHECKPOINTS
+    steps = sorted((root / SERIES).glob("step*"), key=lambda p: int(p.name.removeprefix("step")))
+    if len(steps) < 3:
+        raise SystemExit(f"{root / SERIES}: {len(steps)} step folders; the healthy series needs 3 or more")
+    out = []
+    for i, d in enumerate(steps):
+        t = json.loads((d / "training.json").read_text())
+        role = "early" if i == 0 else "final" if i == len(steps) - 1 else "series"
+        out.append(_entry(root, d, t, role, None, WHAT[role].format(step=f"{t.get('step', int(d.name[4:])):,}")))
+    for d in sorted(p for p in (root / BUGS_DIR).iterdir() if p.is_dir()):
+        t = json.loads((d / "training.json").read_text())
+        bug = (t.get("training") or {}).get("bug") or d.name.replace("-", "_")
+        out.append(_entry(root, d, t, "bug", bug, WHAT.get(bug, f"trained with the {bug} bug")))
+    return out
+
+
+def _entry(root: Path, d: Path, t: dict, role: str, bug: str | None, what: str) -> dict:
+    name = t.get("name") or d.relative_to(root).as_posix().replace("/", "-")
+    return {"dir": d.relative_to(root).as_posix(), "name": name, "role": role, "bug": bug, "what": what}
 
 
 def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> dict:
@@ -54,6 +97,7 @@ def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> 
         "tokenizer": TOKENIZER_NOTE,
         "prepare": json.loads((build / "prepare.json").read_text()),
         "gpu": gpu_rec,
+        "checkpoints": checkpoint_list(assets),
         "sizes": sizes,
         "total_bytes": sum(sizes.values()),
     }
@@ -70,6 +114,7 @@ def finish(src: Path, assets: Path = ASSETS) -> dict:
         man["cpu_continuation"] = cont
     if (src / "gpu_runs.json").is_file():  # the device calls, as run (commands, wall and device seconds)
         man["commands"]["gpu_runs"] = json.loads((src / "gpu_runs.json").read_text())
+    man.setdefault("checkpoints", checkpoint_list(assets))
     sizes = {
         str(p.relative_to(assets)): p.stat().st_size
         for p in sorted(assets.rglob("*"))
