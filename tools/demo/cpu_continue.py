@@ -15,7 +15,9 @@ import shutil
 import time
 from pathlib import Path
 
-from dflash_dash.demo import ASSETS, CHECKPOINTS, FLA, LAYER_IDS, TARGET
+from dflash_dash import demo
+from dflash_dash.demo import ASSETS, CHECKPOINTS, FLA, LAYER_IDS, SERIES, TARGET
+from dflash_dash.drafters import step_of
 
 from .common import SEED, log
 
@@ -28,7 +30,8 @@ def cpu_continue(
     chunk_minutes: float = 5.0,
     n_seqs: int = 1024,
 ) -> dict:
-    """Continue training the `which` drafter (final or buggy-) on the CPU, on torch-path features of the
+    """Continue training the `which` drafter (final: the healthy run's last snapshot, or buggy-: the first bug
+    checkpoint of MANIFEST.json's list) on the CPU, on torch-path features of the
     same training sequences (the buggy one with its bug), in chunks of `chunk_minutes`, each followed by a
     coding-10 replay on a torch extraction (progress only: coding-10 is never trained on). Replaces the
     checkpoint in `assets` and writes the record to `src/cpu-<which>.json` (merged by `finish`)."""
@@ -43,7 +46,8 @@ def cpu_continue(
     t_all = time.perf_counter()
     target_mod.use_backend("torch")
     tgt = assets / TARGET
-    old = next(p for p in (assets / CHECKPOINTS).iterdir() if p.name.startswith(which))
+    cks = demo.checkpoints(assets / CHECKPOINTS, json.loads((assets / "MANIFEST.json").read_text()))
+    old = demo.final(cks).path if which == "final" else next(c.path for c in cks if c.role == "bug")
     prev = json.loads((old / "training.json").read_text())
     d = TinyDrafter(**prev["drafter"])
     bug = prev["training"].get("bug")
@@ -95,8 +99,9 @@ def cpu_continue(
             f"pooled {summ['tau_pooled']:.3f}"
         )
         k += 1
-    shutil.rmtree(old)
-    shutil.copytree(init, assets / CHECKPOINTS / init.name)
+    shutil.rmtree(old)  # the healthy run's last snapshot moves to its new step; a bug keeps its folder
+    step = step_of(init.name)
+    shutil.copytree(init, old.parent / f"step{step:04d}" if old.parent.name == SERIES and step is not None else old)
     out = {
         "what": f"training continued on the CPU from the GPU checkpoint {old.name}, on torch-path features of "
         f"{len(data)} of the same training sequences (a fresh AdamW per chunk)",

@@ -9,7 +9,8 @@ The checkpoints directory has the layout `dflash_dash.demo` reads: `healthy/step
 run, 3 or more) and `bugs/{name}/` (one per training bug), each with config.json, model.safetensors and
 training.json; `checkpoint_list(assets)` writes MANIFEST.json's `checkpoints` list from them (order: the healthy
 steps, then the bugs; role early / series / final by step; name and bug from training.json; `what` from WHAT, edit
-it by hand where a sentence should say more). `unpack` writes it; `finish` writes it when the manifest has none.
+it by hand where a sentence should say more). `unpack` writes it; `finish` rewrites it (a cpu-continue moves the
+final snapshot to its new step), keeping the `what` of every folder it already listed.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def finish(src: Path, assets: Path = ASSETS) -> dict:
         man["cpu_continuation"] = cont
     if (src / "gpu_runs.json").is_file():  # the device calls, as run (commands, wall and device seconds)
         man["commands"]["gpu_runs"] = json.loads((src / "gpu_runs.json").read_text())
-    man.setdefault("checkpoints", checkpoint_list(assets))
+    said = {e["dir"]: e["what"] for e in man.get("checkpoints", [])}  # sentences edited by hand stay
+    man["checkpoints"] = [e | {"what": said.get(e["dir"], e["what"])} for e in checkpoint_list(assets)]
     sizes = {
         str(p.relative_to(assets)): p.stat().st_size
         for p in sorted(assets.rglob("*"))
