@@ -141,9 +141,9 @@ def page(browser, request):
 def test_startup_output_is_quiet(product):
     lines = product.startup.splitlines()
     assert not [line for line in lines if NOISE.search(line)], product.startup
-    assert any(
-        f"demo server on {product.server_url}" in line and "(speculative decoding)" in line for line in lines
-    ), product.startup
+    assert any(f"demo server on {product.server_url}" in line and "(speculative decoding)" in line for line in lines), (
+        product.startup
+    )
     assert any(product.url in line for line in lines), product.startup  # Streamlit says where it serves
 
 
