@@ -287,11 +287,13 @@ def test_overview_tells_the_demo_story_with_links(ws, monkeypatch):
 
 
 def test_acceptance_opens_on_the_final_checkpoint_on_the_fla_extraction(ws, monkeypatch):
+    """Issue 30: the default run on Acceptance is the healthiest checkpoint on the extraction that matches serving
+    (the fla extraction, from the GPU), not the newest run; a caption says why."""
     from apptest import app, clean
 
     at = app(ws, monkeypatch, "acceptance")
     clean(at)
-    assert at.query_params["run"] == [by_prefix(runs(ws), "final", fla=True)["id"]]
+    assert at.query_params["run"] == by_prefix(runs(ws), "final", fla=True)["id"]
     assert any("matches serving" in c.value for c in at.caption)
 
 
