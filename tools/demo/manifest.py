@@ -3,7 +3,7 @@ directory, and MANIFEST.json, which records every step's seeds, arguments, versi
 
 Contract: `unpack(src, build, assets, command)` replaces `assets` with the untarred target, drafters (renamed to
 the checkpoints directory) and fla features, and writes MANIFEST.json from build/prepare.json and src/gpu.json.
-`finish(src, assets)` merges src/cpu-*.json (the `cpu-continue` records) and src/gpu_runs.json into it and
+`finish(src, assets)` merges src/gpu_runs.json (the device calls) into it and
 recounts the sizes. Both return the manifest.
 """
 
@@ -63,11 +63,8 @@ def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> 
 
 
 def finish(src: Path, assets: Path = ASSETS) -> dict:
-    """Merge the CPU continuation records into MANIFEST.json and recount the asset sizes."""
+    """Merge the device calls' record into MANIFEST.json and recount the asset sizes."""
     man = json.loads((assets / "MANIFEST.json").read_text())
-    cont = {f.stem.removeprefix("cpu-"): json.loads(f.read_text()) for f in sorted(src.glob("cpu-*.json"))}
-    if cont:
-        man["cpu_continuation"] = cont
     if (src / "gpu_runs.json").is_file():  # the device calls, as run (commands, wall and device seconds)
         man["commands"]["gpu_runs"] = json.loads((src / "gpu_runs.json").read_text())
     sizes = {
