@@ -73,7 +73,8 @@ def test_story_links_the_view_that_reveals_each_checkpoint(tmp_path):
     assert 'href="acceptance?run=r9%26x"' in h
     assert 'href="diagnostics?sig_run=r3%26x&amp;sig_ref=r2%26x"' in h
     assert f'href="compare?sweep={s["folder"].replace("/", "%2F")}"' in h
-    assert "served &lt;well&gt;" in h and "<code>soft&amp;kl</code>: a &quot;soft&quot; KL loss" in h
+    assert "<code>final-step1850</code>: served &lt;well&gt;." in h
+    assert "<code>soft&amp;kl</code>: a &quot;soft&quot; KL loss." in h
     assert "<well>" not in h and "steps 38 to 1,850" in h
     s["bugs"][0]["run"] = None  # not replayed yet: named, no link
     assert "signature against the final one (not replayed yet)" in story_html(s)

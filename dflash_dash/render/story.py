@@ -38,36 +38,26 @@ def _name(e: dict) -> str:
 
 
 def _what(e: dict) -> str:
-    return escape(e["what"].strip().rstrip("."))
+    """`name`: what (the manifest's sentence as written, a full stop added when it has none)."""
+    w = e["what"].strip()
+    return f"{_name(e)}: {escape(w)}{'' if w.endswith(('.', '!', '?')) else '.'}"
 
 
 def story_html(story: dict) -> str:
     series, fin, bugs = story["series"], story["final"], story["bugs"]
-    early = series[0]
     steps = [e["step"] for e in series if e["step"] is not None]
     span = f", steps {min(steps):,} to {max(steps):,}" if steps else ""
-    healthy = (
-        f"<b>A healthy run</b>: {len(series)} snapshots of one drafter's training{escape(span)}; the first, "
-        f"{_name(early)}, is {_what(early)}; "
-        + _a(story["folder"] and sweep_link(story["folder"]), "its training curve (Compare, Training sweep)")
-        + "."
-    )
-    final = (
-        f"<b>The final checkpoint</b>, {_name(fin)}, is {_what(fin)}; "
-        + _a(fin["run"] and run_link(fin["run"]), "its acceptance, prompt by prompt and token by token (Acceptance)")
-        + "."
-    )
-    each = "; ".join(
-        f"{_name(b)}: {_what(b)} ("
+    curve = _a(story["folder"] and sweep_link(story["folder"]), "its training curve on Compare")
+    healthy = f"<b>A healthy run</b> ({len(series)} snapshots{escape(span)}; {curve}). {_what(series[0])}"
+    acc = _a(fin["run"] and run_link(fin["run"]), "its acceptance on Acceptance, token by token")
+    final = f"<b>Its final checkpoint</b> ({acc}). {_what(fin)}"
+    each = " ".join(
+        f"{_what(b)} ("
         + _a(b["run"] and b["ref"] and signature_link(b["run"], b["ref"]), "its signature against the final one")
         + ")"
         for b in bugs
     )
-    buggy = (
-        f"<b>{'One checkpoint per training bug' if len(bugs) != 1 else 'A checkpoint with a training bug'}</b>: "
-        f"{each} (Diagnostics, Training-bug signatures)."
-        if bugs
-        else ""
-    )
+    one = "One checkpoint per training bug" if len(bugs) != 1 else "A checkpoint with a training bug"
+    buggy = f"<b>{one}</b> (Diagnostics, Training-bug signatures). {each}" if bugs else ""
     items = "".join(f"<li>{s}</li>" for s in (healthy, final, buggy) if s)
     return f'<div class="demo-story" style="font-size:15px"><p>What the demo holds:</p><ul>{items}</ul></div>'
