@@ -253,10 +253,16 @@ def signatures_block(ws: str, stamp: str) -> None:
         )
     hits = [r for r in rows if r["separates"] and r["direction"] and r["suggests"]]
     st.markdown(f"**{len(hits)} of {len(rows)} signatures separate** this run from the reference.")
-    c1, c2 = st.columns([3, 2])
     table = signature_table(rows)
-    c1.dataframe(table, hide_index=True, width="stretch", key="sig_table")
-    c2.plotly_chart(signatures_fig(rows, "this run", "reference"), width="stretch", key="sig_fig")
+    st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        key="sig_table",
+        column_config={"what it suggests": st.column_config.TextColumn(width="large")},
+    )
+    c1, c2 = st.columns([3, 2])
+    c1.plotly_chart(signatures_fig(rows, "this run", "reference"), width="stretch", key="sig_fig")
     with c2:
         common.download("signatures (CSV)", table, f"{rid}-signatures.csv", "sig_dl")
 

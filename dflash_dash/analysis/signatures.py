@@ -103,9 +103,9 @@ def _top_tap(rows: list[dict]) -> float | None:
     return max(lost) / sum(lost) if rows and sum(lost) > 0 else None
 
 
-SHORTCUT = "anchor-visible shortcut (fc fed the anchor's own hidden state in training)"
-SOFT = "soft KL against the target's distribution instead of hard CE on its tokens"
-NOISY = "noisy labels (diffusion noise on the target logits used as labels)"
+SHORTCUT = "anchor-visible shortcut"  # fc fed the anchor's own hidden state in training
+SOFT = "soft KL"  # a soft KL against the target's distribution instead of hard CE on its tokens
+NOISY = "noisy labels"  # diffusion noise on the target logits used as labels
 
 SIGNATURES: list[Signature] = [
     Signature(
@@ -126,7 +126,7 @@ SIGNATURES: list[Signature] = [
         lambda p, ctx, lag: _accept(p, ctx, lag)[:2],
         _ratio,
         None,
-        "a weaker first draft: any bug (or less training); the rows below tell which",
+        "a weaker first draft: any bug, or less training (the rows below tell which)",
         0.03,
     ),
     Signature(
@@ -135,7 +135,7 @@ SIGNATURES: list[Signature] = [
         "P(d_1 accepted) − P(d_k accepted | d_1..d_{k-1} accepted) pooled over k = 2..B-1, over the chain rounds",
         _accept,
         lambda x: x[..., 0] / x[..., 1] - x[..., 2] / x[..., 3],
-        f"the far slots fall off faster than the first: {NOISY}",
+        f"far slots fall off faster than the first: {NOISY}",
         f"the first slot fails more than the far ones: {SHORTCUT}",
         0.05,
     ),
@@ -145,11 +145,10 @@ SIGNATURES: list[Signature] = [
         "mean over chain rounds of p_1 = exp(top-1 log-probability of d_1)",
         _slot1,
         lambda x: x[..., 0] / x[..., 2],
-        f"sure of its drafts: {SHORTCUT} (trained where the answer was in view)",
-        f"a spread distribution: {SOFT}, or {NOISY}; an under-trained drafter is unsure too (over-confidence "
-        "below tells them apart: a soft loss leaves it under-confident)",
+        f"sure of its drafts: {SHORTCUT}",
+        f"a spread distribution: {SOFT} or {NOISY}, or less training (over-confidence tells them apart)",
         0.05,
-        "draft log-probabilities (replays since they are stored)",
+        "draft log-probabilities",
     ),
     Signature(
         "overconfidence_1",
@@ -158,9 +157,9 @@ SIGNATURES: list[Signature] = [
         _slot1,
         lambda x: (x[..., 0] - x[..., 1]) / x[..., 2],
         f"over-confident: {SHORTCUT}",
-        f"under-confident: {SOFT} (its top-1 probability copies the target's, not the chance of a match)",
+        f"under-confident: {SOFT} (p copies the target's probability, not the chance of a match)",
         0.05,
-        "draft log-probabilities (replays since they are stored)",
+        "draft log-probabilities",
     ),
     Signature(
         "ece",
@@ -168,10 +167,10 @@ SIGNATURES: list[Signature] = [
         f"sum over {BINS} bins of p_k of (n_b / N)·|accepted share − mean p_k|, every depth, the chain rounds",
         _bins,
         _ece,
-        "probabilities that do not predict acceptance: any of the bugs (over-confidence above tells which way)",
+        "probabilities do not predict acceptance: a bug (over-confidence tells which way)",
         None,
         0.03,
-        "draft log-probabilities (replays since they are stored)",
+        "draft log-probabilities",
     ),
     Signature(
         "headroom",
@@ -180,10 +179,10 @@ SIGNATURES: list[Signature] = [
         "draft = top-K recall − top-1 recall",
         _headroom,
         _ratio,
-        f"the right token is there but ranked below: {NOISY}, or {SOFT}",
+        f"the target's token is there but ranked below: {NOISY} or {SOFT}",
         None,
         0.03,
-        "top-K ranks (every-anchor replays since they are stored)",
+        "top-K ranks (every-anchor replays)",
     ),
     Signature(
         "attribution_top",
@@ -191,10 +190,10 @@ SIGNATURES: list[Signature] = [
         "the most costly tap's share of the tau lost (macro) over all taps (target-layer attribution)",
         None,
         _top_tap,
-        f"leans on one target layer: {SHORTCUT} (the layer that gave the answer away)",
+        f"leans on one target layer: {SHORTCUT}",
         None,
         0.2,
-        "a target-layer attribution of both runs (Attribute)",
+        "both runs attributed (Attribute)",
     ),
 ]
 BY_KEY = {s.key: s for s in SIGNATURES}
