@@ -251,8 +251,12 @@ def signatures_block(ws: str, stamp: str) -> None:
         st.info(
             f"The reference's tau (macro) {fmt(tau_ref)} is below this run's {fmt(tau_run)}: is it the healthy one?"
         )
-    hits = [r for r in rows if r["separates"] and r["direction"] and r["suggests"]]
-    st.markdown(f"**{len(hits)} of {len(rows)} signatures separate** this run from the reference.")
+    hits = sum(1 for r in rows if r["separates"])
+    named = ", ".join(f"{bug} ({n})" for bug, n in sig.points_to(rows).items())
+    st.markdown(
+        f"**{hits} of {len(rows)} signatures separate** this run from the reference"
+        + (f"; they point to: **{named}**." if named else ".")
+    )
     table = signature_table(rows)
     st.dataframe(
         table,

@@ -127,6 +127,7 @@ def test_the_anchor_visible_run_separates_on_lag_from_the_healthy_one(bug_pair):
     assert lag["run"] > 0.4 and lag["reference"] < 0.05, lag
     assert rows["overconfidence_1"]["separates"] and rows["overconfidence_1"]["direction"] == "up"
     assert rows["attribution_top"]["separates"] is None  # not attributed
+    assert next(iter(got["points_to"])) == sig.SHORTCUT  # the bug most separating signatures name
 
 
 def test_cli_prints_the_signatures_as_json(bug_pair):
@@ -154,6 +155,7 @@ def test_diagnostics_section_shows_the_pair_from_the_url(bug_pair, monkeypatch):
     at = app(bug_pair["ws"], monkeypatch, "diagnostics", sig_run=bug_pair["buggy"], sig_ref=bug_pair["healthy"])
     clean(at)
     assert any(h.value == "Training-bug signatures" for h in at.header)
+    assert any("they point to: **anchor-visible shortcut" in m.value for m in at.markdown)
     table = next(d.value for d in at.dataframe if "separates?" in d.value.columns)
     lag = table[table["signature"] == "draft lag at slot 1"].iloc[0]
     assert lag["separates?"] == "yes" and "anchor-visible" in lag["what it suggests"]

@@ -180,7 +180,7 @@ SIGNATURES: list[Signature] = [
         _headroom,
         _ratio,
         f"the target's token is there but ranked below: {NOISY} or {SOFT}",
-        None,
+        f"the target's token is missing from the candidates, not just ranked low: {SHORTCUT}, or less training",
         0.03,
         "top-K ranks (every-anchor replays)",
     ),
@@ -267,6 +267,16 @@ def compare(
             }
         )
     return out
+
+
+BUGS = (SHORTCUT, SOFT, NOISY)
+
+
+def points_to(rows: list[dict]) -> dict[str, int]:
+    """{bug: how many separating signatures name it} over `compare` rows, most named first (bugs none names left
+    out): the section's one-line verdict."""
+    got = {b: sum(1 for r in rows if r["separates"] and b in (r["suggests"] or "")) for b in BUGS}
+    return dict(sorted(((b, n) for b, n in got.items() if n), key=lambda x: -x[1]))
 
 
 def _separates(diff: float, ia: list | None, ib: list | None, floor: float) -> bool:

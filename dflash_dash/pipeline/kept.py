@@ -117,7 +117,7 @@ def signatures(store: Store, run: str | None = None, reference: str | None = Non
     """The training-bug signatures of run `run` against run `reference` (analysis.signatures.compare, from both
     runs' kept "signatures" and their attributions): {"run", "reference", "rows"}. Defaults: the reference is the
     healthiest run (highest tau macro) on the run's extraction; without a run, the pair Diagnostics opens with
-    (analysis.signatures.default_pair). Store only."""
+    (analysis.signatures.default_pair). Also "points_to": {bug: separating signatures naming it}. Store only."""
     from ..analysis import signatures as signatures_mod
     from ..analysis.attribution import attribution_rows
 
@@ -145,6 +145,7 @@ def signatures(store: Store, run: str | None = None, reference: str | None = Non
         "run": {"id": r["id"], "name": r["name"], "tau_macro": r["summary"].get("tau_macro")},
         "reference": {"id": ref["id"], "name": ref["name"], "tau_macro": ref["summary"].get("tau_macro")},
         "same_extraction": r["extraction_id"] == ref["extraction_id"],
+        "points_to": signatures_mod.points_to(rows),
         "rows": rows,
     }
 
