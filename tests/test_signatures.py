@@ -67,6 +67,17 @@ def test_a_run_without_the_data_is_not_measured_and_says_which():
     assert rows["accept_1"]["separates"] is False and rows["accept_1"]["difference"] == 0.0
 
 
+def test_what_less_training_explains_too_points_to_no_bug():
+    run = {"parts": {"confidence_1": [[2.0, 1, 20]] * 20}}  # p_1 = 0.1, accepted 0.05
+    ref = {"parts": {"confidence_1": [[10.0, 9, 20]] * 20}}  # p_1 = 0.5, accepted 0.45
+    rows = sig.compare(run, ref)
+    conf = next(r for r in rows if r["key"] == "confidence_1")
+    assert conf["separates"] and conf["direction"] == "down" and sig.SOFT in conf["suggests"]
+    assert sig.points_to(rows) == {}  # a soft loss, noisy labels or just an early step
+    over = next(r for r in sig.compare(ref, run) if r["key"] == "overconfidence_1")
+    assert over["separates"] is None  # the kept values lack its counts: not measured
+
+
 def test_attribution_on_one_tap():
     rows = [{"tau_lost_macro": 0.3}, {"tau_lost_macro": 0.1}, {"tau_lost_macro": -0.05}]
     assert sig.BY_KEY["attribution_top"].stat(rows) == pytest.approx(0.75)  # a tap that gains counts as 0

@@ -106,6 +106,7 @@ def _top_tap(rows: list[dict]) -> float | None:
 SHORTCUT = "anchor-visible shortcut"  # fc fed the anchor's own hidden state in training
 SOFT = "soft KL"  # a soft KL against the target's distribution instead of hard CE on its tokens
 NOISY = "noisy labels"  # diffusion noise on the target logits used as labels
+LESS = "less training"  # an under-trained healthy drafter moves the signatures that name it the same way
 
 SIGNATURES: list[Signature] = [
     Signature(
@@ -126,7 +127,7 @@ SIGNATURES: list[Signature] = [
         lambda p, ctx, lag: _accept(p, ctx, lag)[:2],
         _ratio,
         None,
-        "a weaker first draft: any bug, or less training (the rows below tell which)",
+        f"a weaker first draft: any bug, or {LESS} (the rows below tell which)",
         0.03,
     ),
     Signature(
@@ -146,7 +147,7 @@ SIGNATURES: list[Signature] = [
         _slot1,
         lambda x: x[..., 0] / x[..., 2],
         f"sure of its drafts: {SHORTCUT}",
-        f"a spread distribution: {SOFT} or {NOISY}, or less training (over-confidence tells them apart)",
+        f"a spread distribution: {SOFT} or {NOISY}, or {LESS} (over-confidence tells them apart)",
         0.05,
         "draft log-probabilities",
     ),
@@ -180,7 +181,7 @@ SIGNATURES: list[Signature] = [
         _headroom,
         _ratio,
         f"the target's token is there but ranked below: {NOISY} or {SOFT}",
-        f"the target's token is missing from the candidates, not just ranked low: {SHORTCUT}, or less training",
+        f"the target's token is missing from the candidates, not just ranked low: {SHORTCUT}, or {LESS}",
         0.03,
         "top-K ranks (every-anchor replays)",
     ),
@@ -274,8 +275,10 @@ BUGS = (SHORTCUT, SOFT, NOISY)
 
 def points_to(rows: list[dict]) -> dict[str, int]:
     """{bug: how many separating signatures name it} over `compare` rows, most named first (bugs none names left
-    out): the section's one-line verdict."""
-    got = {b: sum(1 for r in rows if r["separates"] and b in (r["suggests"] or "")) for b in BUGS}
+    out): the section's one-line verdict. A suggestion that also names less training (an under-trained healthy
+    drafter moves it the same way) counts for no bug."""
+    named = [r["suggests"] for r in rows if r["separates"] and r["suggests"] and LESS not in r["suggests"]]
+    got = {b: sum(1 for t in named if b in t) for b in BUGS}
     return dict(sorted(((b, n) for b, n in got.items() if n), key=lambda x: -x[1]))
 
 
