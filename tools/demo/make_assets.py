@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = p.add_subparsers(dest="step", required=True)
     s = sub.add_parser("prepare")
     s.add_argument("--build", default=".demo-build")
+    s.add_argument("--free", action="store_true", help="a writer's free choices in the corpus (tools/demo/vary.py)")
     s = sub.add_parser("gpu")
     s.add_argument("--build", default=".demo-build")
     s.add_argument("--out", required=True)
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--assets", default=str(ASSETS))
     a = p.parse_args(argv)
     if a.step == "prepare":
-        prepare(Path(a.build))
+        prepare(Path(a.build), free=a.free)
     elif a.step == "gpu":
         gpu(Path(a.build), Path(a.out), a.device, a.smoke)
     elif a.step == "finish":

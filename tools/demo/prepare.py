@@ -5,7 +5,8 @@ coding-10 prompt ids exactly as `pipeline.fetch` makes them (plain text, no chat
 Contract: `prepare(build)` writes tokenizer/, tokens.npz, doc_starts.npz, train_prompts.json, coding10.json and
 prepare.json (its record for MANIFEST.json) under `build`, deterministically from SEED; returns the record. The
 target's documents are drawn with SEED, the drafter's prompts with SEED + 1 (other identifiers and constants, the
-same families), so the drafter learns what the target writes for prompts the target did not train on.
+same families), so the drafter learns what the target writes for prompts the target did not train on. `free`
+(`prepare --free`) adds a writer's free choices (`vary`): near-ties for the target (the shipped assets are without).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dflash_dash.demo import PROMPT_SET
 from .common import SEED, SPLIT, VOCAB, log
 
 
-def prepare(build: Path, n_docs: int = 160_000, n_prompts: int = 8192) -> dict:
+def prepare(build: Path, n_docs: int = 160_000, n_prompts: int = 8192, free: bool = False) -> dict:
     from transformers import AutoTokenizer
 
     from dflash_dash import prompts
@@ -32,7 +33,7 @@ def prepare(build: Path, n_docs: int = 160_000, n_prompts: int = 8192) -> dict:
 
     t0 = time.perf_counter()
     build.mkdir(parents=True, exist_ok=True)
-    docs = [p + b for p, b in synth.corpus(n_docs, SEED)]
+    docs = [p + b for p, b in synth.corpus(n_docs, SEED, free)]
     tok_dir = tiny.write_tokenizer(build / "tokenizer", vocab_size=VOCAB, corpus=docs[:20_000], split=SPLIT)
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     eot = tok.convert_tokens_to_ids("<|endoftext|>")
@@ -45,7 +46,7 @@ def prepare(build: Path, n_docs: int = 160_000, n_prompts: int = 8192) -> dict:
     tokens = np.asarray(ids, dtype=np.uint16)
     np.savez_compressed(build / "tokens.npz", tokens=tokens)
     np.savez(build / "doc_starts.npz", commented=np.asarray(starts, dtype=np.int64))
-    gen = [tok(p, add_special_tokens=False)["input_ids"] for p, _ in synth.corpus(n_prompts, SEED + 1)]
+    gen = [tok(p, add_special_tokens=False)["input_ids"] for p, _ in synth.corpus(n_prompts, SEED + 1, free)]
     (build / "train_prompts.json").write_text(json.dumps(gen))
     # coding-10 exactly as pipeline.fetch tokenises a plain-text prompt
     c10 = [
@@ -58,6 +59,7 @@ def prepare(build: Path, n_docs: int = 160_000, n_prompts: int = 8192) -> dict:
         "corpus": "tools/demo/synth.py: seeded small Python functions (the coding-10 tasks as 10 of "
         f"{len(synth.FAMILIES)} families, each with varied identifiers, constants and wording)",
         "documents": n_docs,
+        "free_choices": free,
         "distinct_documents": len(set(docs)),
         "vocab_size": len(tok),
         "pre_tokenizer": SPLIT,

@@ -207,16 +207,16 @@ FAMILIES: list[Callable[[random.Random], Doc]] = CODING + GENERIC
 WEIGHTS = [1.0] * len(CODING) + [3.0] * len(GENERIC)  # generic families are the bulk of the corpus
 
 
-def document(r: random.Random) -> Doc:
-    """One (prompt, body) drawn from the families, with a writer's free choices (`vary`)."""
+def document(r: random.Random, free: bool = False) -> Doc:
+    """One (prompt, body) drawn from the families; with `free`, with a writer's free choices (`vary`)."""
     p, body = r.choices(FAMILIES, weights=WEIGHTS)[0](r)
-    return p, vary(r, p, body)
+    return (p, vary(r, p, body)) if free else (p, body)
 
 
-def corpus(n: int, seed: int) -> list[Doc]:
-    """n documents, deterministic for a seed."""
+def corpus(n: int, seed: int, free: bool = False) -> list[Doc]:
+    """n documents, deterministic for a seed (and `free`)."""
     r = random.Random(seed)
-    return [document(r) for _ in range(n)]
+    return [document(r, free) for _ in range(n)]
 
 
 def repeated_line_rate(text: str) -> float:
