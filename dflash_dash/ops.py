@@ -17,8 +17,9 @@ Contract:
 - The CLI generates its options from these fields (`options`: name, default, type, help from the field's
   comment), the pages build these classes for `jobs.start`, jobs records and rebuilds them, and every pipeline
   handler takes one (`pipeline.perform(store, op)`).
-- Worker specs (`CheckpointSpec`, `ExtractWork`, `ReplayWork`, `StreamWork`): frozen, the per-prompt part of an operation as it
-  crosses into a worker process; `to_json()` / `work_of(kind, data)` are their round trip.
+- Worker specs (`CheckpointSpec`, `ExtractWork`, `ReplayWork`, `StreamWork`): frozen, the per-prompt part of an
+  operation as it crosses into a worker process (or a Ray cluster's worker: `ray`); `to_json()` /
+  `work_of(kind, data)` are their round trip.
 Data only, torch-free (store-only commands stay light): nothing here loads a model or touches the store; it
 sits under pipeline, which imports it.
 """
@@ -181,7 +182,9 @@ class Op:
         if self.ray is None:
             for name in ("ray_gpus", "ray_cpus"):
                 if getattr(self, name) is not None:
-                    raise InputError(f"{name}: it sizes the workers of a Ray cluster; add --ray auto (or --ray HOST:PORT)")
+                    raise InputError(
+                        f"{name}: it sizes the workers of a Ray cluster; add --ray auto (or --ray HOST:PORT)"
+                    )
             return
         self.ray = check_ray(self.ray)
         if self.gpus:

@@ -2,11 +2,12 @@
 `work`, the per-prompt part of an operation run over a list of prompt ids.
 
 Contract: an operation reports progress through an optional `progress(done, total, message)` callback (`tick`).
-Extract and replay split into a parent part (validate, then record in the store: only that process writes it)
-and a per-prompt part given as a worker spec (`ops.ExtractWork`, `ops.ReplayWork`); a `Runner` runs that part,
-here (`here`), in one worker process per GPU (jobs.workers) or on a Ray cluster (jobs.cluster), and streams its events back, so N workers give
-the same results as one. Torch and the torch-backed modules (cache, replay, target) are imported inside the
-functions that use them, so store-only commands and the job process never load torch at import.
+Extract, replay and streaming split into a parent part (validate, then record in the store: only that process
+writes it) and a per-prompt part given as a worker spec (`ops.ExtractWork`, `ops.ReplayWork`, `ops.StreamWork`); a
+`Runner` runs that part, here (`here`), in one worker process per GPU (jobs.workers) or on a Ray cluster's workers
+(jobs.cluster), and streams its events back, so N workers give the same results as one. Torch and the
+torch-backed modules (cache, replay, target) are imported inside the functions that use them, so store-only
+commands and the job process never load torch at import.
 """
 
 from __future__ import annotations

@@ -135,8 +135,9 @@ def stream(
     comps = {c["prompt_id"]: c for c in rows}
     stored = store.extraction(ex["id"])
     return [
-        store_run(store, stored, ck, [by_id[i] for i in ids], op.tree_budget, op.device, dtype, op.anchors, progress,
-                  comps)
+        store_run(
+            store, stored, ck, [by_id[i] for i in ids], op.tree_budget, op.device, dtype, op.anchors, progress, comps
+        )
         for ck, by_id in zip(checkpoints, got)
     ]
 
