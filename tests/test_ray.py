@@ -116,6 +116,24 @@ def test_extract_replay_and_sweep_over_ray_equal_the_one_process_run(prepared, o
     same_runs(st, ref, swept[1])  # the one-process replay with the sweep's settings
 
 
+def test_replay_stream_over_ray_equals_extract_then_replay_over_ray(prepared, over_ray):
+    ws, ex, run_id, _ = over_ray
+    before = set((ws / "features").rglob("*"))
+    rc, out, err = run(
+        ws, "replay", "--stream", "--target", str(prepared.target), "--completions", prepared.set_name,
+        "--drafter", str(prepared.drafters[0]), "--ray", "auto", "--ray-cpus", str(CPUS),
+    )  # fmt: skip
+    assert rc == 0, err
+    st = Store(ws)
+    streamed = json.loads(out)["id"]
+    same_runs(st, run_id, streamed)
+    assert set((ws / "features").rglob("*")) == before  # no feature file written by any worker
+    sx = st.extraction(st.run_row(streamed)["extraction_id"])
+    assert sx["versions"]["streamed"] and (sx["backend"], sx["device"]) == (
+        st.extraction(ex)["backend"], st.extraction(ex)["device"],
+    )  # fmt: skip
+
+
 def dying_once(marker: Path, after: int):
     """A worker body (`cluster.shard` wrapped) whose worker 1 hands over `after` events, then dies (os._exit) on
     its first attempt; the marker file says the attempt happened, so Ray's retry runs it through."""
@@ -148,48 +166,29 @@ def test_a_worker_lost_mid_job_is_rerun_and_the_job_completes(prepared, workspac
     same_runs(st, prepared.runs[0], out["id"])
 
 
-def test_replay_stream_over_ray_equals_extract_then_replay_over_ray(prepared, over_ray):
-    ws, ex, run_id, _ = over_ray
-    before = set((ws / "features").rglob("*"))
-    rc, out, err = run(
-        ws, "replay", "--stream", "--target", str(prepared.target), "--completions", prepared.set_name,
-        "--drafter", str(prepared.drafters[0]), "--ray", "auto", "--ray-cpus", str(CPUS),
-    )  # fmt: skip
-    assert rc == 0, err
-    st = Store(ws)
-    streamed = json.loads(out)["id"]
-    same_runs(st, run_id, streamed)
-    assert set((ws / "features").rglob("*")) == before  # no feature file written by any worker
-    sx = st.extraction(st.run_row(streamed)["extraction_id"])
-    assert sx["versions"]["streamed"] and (sx["backend"], sx["device"]) == (
-        st.extraction(ex)["backend"], st.extraction(ex)["device"],
-    )  # fmt: skip
-
-
-def test_a_job_over_ray_reports_progress_and_a_cancel_stops_its_workers(prepared, workspace_copy, address):
+def test_a_job_over_ray_reports_its_workers_progress_and_a_cancel_stops_them(prepared, workspace_copy, address):
+    """A job (its own process, connecting to the cluster by address) shows the workers' progress on its step line
+    as a local job does; a cancel from the pages (SIGTERM to the job) cancels its Ray tasks."""
     st = Store(workspace_copy)
     try:
-        job = lifecycle.start(
-            st,
-            ops.Replay(drafter=str(prepared.drafters[1]), extraction=prepared.extraction, ray=address,
-                       ray_cpus=CPUS, force=True),
-        )  # fmt: skip
-        until(lambda: st.job(job)["status"] not in lifecycle.ACTIVE, 240, 0.1, "the replay job over Ray")
-        row = st.job(job)
-        assert row["status"] == "done", (row["error"], lifecycle.log_tail(st, job))
-        log = lifecycle.log_tail(st, job, 400)
-        assert "started 2 cpu workers on the Ray cluster" in log and "[worker 2," in log
-        same_runs(st, prepared.runs[1], row["result"]["run"])
-
-        # a cancel from the pages: SIGTERM to the job, which cancels its Ray tasks
-        many = ops.Sweep(checkpoints=str(prepared.train), extraction=prepared.extraction, anchors="every",
-                         ray=address, ray_cpus=CPUS, max_prompts=2)  # fmt: skip
+        many = ops.Sweep(
+            checkpoints=str(prepared.train),
+            extraction=prepared.extraction,
+            anchors="every",
+            ray=address,
+            ray_cpus=CPUS,
+            max_prompts=2,
+        )  # fmt: skip  (2 prompts: runs not yet made)
         job = lifecycle.start(st, many)
         until(lambda: "[worker" in (st.job(job)["step"] or "") or st.job(job)["status"] not in lifecycle.ACTIVE,
               240, 0.05, "the workers' first progress")  # fmt: skip
+        assert st.job(job)["status"] == "running", (st.job(job)["error"], lifecycle.log_tail(st, job))
         lifecycle.cancel(st, job)
         until(lambda: st.job(job)["status"] not in lifecycle.ACTIVE, 60, 0.1, "the cancel")
         assert st.job(job)["status"] == "cancelled", lifecycle.log_tail(st, job)
+        log = lifecycle.log_tail(st, job, 400)
+        assert "started on cpu [worker " in log and "cancelled (SIGTERM)" in log  # the job's own cancel
+        assert all(len(st.prompts(r["id"])) == r["summary"]["prompts"] for r in st.runs())  # none half-written
         until(lambda: ray.available_resources().get("CPU") == CPUS, 60, 0.1, "the job's Ray workers to stop")
     finally:
         stop_jobs(st)

@@ -32,6 +32,7 @@ import io
 import json
 import os
 import queue
+import signal
 import socket
 import threading
 import time
@@ -97,8 +98,10 @@ def connect(address: str) -> str:
             ) from None
     if have:
         raise ClusterError(f"ray {address}: this process is already connected to the cluster at {have}; give that")
+    kept = _handlers()
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+        _restore(kept)  # Ray's own SIGTERM handler would end a job without its cancel (lifecycle: Cancelled)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
         where = "no Ray cluster runs on this host and RAY_ADDRESS is unset" if address == "auto" else str(e)
         raise ClusterError(
@@ -106,6 +109,19 @@ def connect(address: str) -> str:
             "give the address of a running cluster as HOST:PORT)"
         ) from None
     return ray.get_runtime_context().gcs_address
+
+
+def _handlers() -> dict:
+    """This process's SIGTERM and SIGINT handlers (the job's cancel), to put back after `ray.init` replaced them."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore(kept: dict) -> None:
+    for s, h in kept.items():
+        if h is not None:
+            signal.signal(s, h)
 
 
 def plan(address: str, ray_gpus: int | None, ray_cpus: int | None, nodes: list[dict] | None = None) -> Plan:
