@@ -18,8 +18,7 @@ Contract:
   comment), the pages build these classes for `jobs.start`, jobs records and rebuilds them, and every pipeline
   handler takes one (`pipeline.perform(store, op)`).
 - Worker specs (`CheckpointSpec`, `ExtractWork`, `ReplayWork`, `StreamWork`): frozen, the per-prompt part of an
-  operation as it crosses into a worker process (or a Ray cluster's worker: `ray`); `to_json()` /
-  `work_of(kind, data)` are their round trip.
+  operation as it crosses into a worker process (or a Ray worker); `to_json()` / `work_of(kind, data)` round-trip.
 Data only, torch-free (store-only commands stay light): nothing here loads a model or touches the store; it
 sits under pipeline, which imports it.
 """
@@ -37,6 +36,7 @@ ANCHORS = ("every", "chain")  # every completion anchor (curves of accepted(p)) 
 ORCHESTRATE = ("none", "release", "command")  # how an extraction frees the server's GPU (jobs.free_gpu)
 SLIDING_BLOCKS = ("causal", "bidirectional")  # = drafter.SLIDING_BLOCKS (tests/test_gpus.py checks), torch-free here
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+_RAY_ADDRESS = re.compile(r"[A-Za-z0-9_.\-\[\]:]+:\d{1,5}")  # a Ray cluster's GCS address HOST:PORT
 
 
 class InputError(UserError, ValueError):
@@ -116,19 +116,12 @@ def parse_gpus(value) -> list[str]:
     return out
 
 
-_RAY_ADDRESS = re.compile(r"[A-Za-z0-9_.\-\[\]:]+:\d{1,5}")
-
-
 def check_ray(value) -> str:
     """A Ray cluster address: "auto" or the GCS address HOST:PORT that `ray start --head` prints."""
-    v = value.strip() if isinstance(value, str) else value
-    if v == "auto" or (isinstance(v, str) and _RAY_ADDRESS.fullmatch(v)):
-        return v
-    hint = " (a ray:// address is a Ray Client's: give the GCS address itself)" if str(v).startswith("ray://") else ""
-    raise InputError(
-        f"ray {value!r}: expected auto (the cluster this host runs, or RAY_ADDRESS) or the cluster's address "
-        f"HOST:PORT, as `ray start --head` prints it{hint}"
-    )
+    if value == "auto" or (isinstance(value, str) and _RAY_ADDRESS.fullmatch(value)):
+        return value
+    hint = "; a ray:// address is a Ray Client's: give the GCS address itself" if str(value).startswith("ray:") else ""
+    raise InputError(f"ray {value!r}: expected auto or the cluster's HOST:PORT (as `ray start --head` prints it){hint}")
 
 
 @dataclass
@@ -174,27 +167,17 @@ class Op:
         check_device(getattr(self, name), name, optional)
 
     def _gpus(self) -> None:
+        """gpus: this host's devices; ray: auto or HOST:PORT, not with gpus; ray_gpus, ray_cpus (positive) need ray."""
         self.gpus = parse_gpus(self.gpus)
-        self._ray()
-
-    def _ray(self) -> None:
-        """ray is auto or HOST:PORT; ray_gpus and ray_cpus need it; gpus (this host's devices) does not go with it."""
-        if self.ray is None:
-            for name in ("ray_gpus", "ray_cpus"):
-                if getattr(self, name) is not None:
-                    raise InputError(
-                        f"{name}: it sizes the workers of a Ray cluster; add --ray auto (or --ray HOST:PORT)"
-                    )
-            return
-        self.ray = check_ray(self.ray)
-        if self.gpus:
-            raise InputError(
-                "gpus: --gpus names this host's devices; with --ray the cluster's GPUs are used (drop --gpus; "
-                "--ray-gpus N checks their count)"
-            )
         for name in ("ray_gpus", "ray_cpus"):
             if getattr(self, name) is not None:
+                if self.ray is None:
+                    raise InputError(f"{name}: it sizes a Ray cluster's workers; add --ray auto (or --ray HOST:PORT)")
                 self._int(name, 1, f"expected a positive number of workers, or leave {name} unset")
+        if self.ray is not None:
+            self.ray = check_ray(self.ray)
+            if self.gpus:
+                raise InputError("gpus: it names this host's devices; with --ray the cluster's GPUs are used (drop it)")
 
     def _replay_fields(self) -> None:
         """The fields Replay and Sweep share: extraction, tree budget, where and how the drafters run."""
@@ -217,10 +200,7 @@ class Op:
             self._need("target", "with --stream, the target model folder the features are computed with")
             self._need("completions", "with --stream, the completion set to evaluate")
             if self.gpus:
-                raise InputError(
-                    "gpus: --stream runs in one process (or on a Ray cluster: --ray); give --device cuda:N instead "
-                    "of --gpus"
-                )
+                raise InputError("gpus: --stream runs in one process (or with --ray); give --device cuda:N, not --gpus")
         elif self.target or self.completions:
             raise InputError(
                 "target/completions: they name what --stream computes; add --stream, or drop them to replay an "
@@ -228,8 +208,7 @@ class Op:
             )
 
     def devices(self) -> list[str]:
-        """Where the work runs: one worker per entry of `gpus`, else this process on `device` (with `ray`, the
-        cluster's workers: `jobs.cluster.placed` sets `device` to their kind, cpu or cuda)."""
+        """Where the work runs: one worker per entry of `gpus`, else this process on `device` (ray: its workers')."""
         return list(getattr(self, "gpus", None) or [getattr(self, "device", None) or "cpu"])
 
 
@@ -285,8 +264,7 @@ class Extract(Op):
     server: str | None = None  # server to free; None: the workspace's config.toml
     gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
     # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
-    ray: str | None = None  # run the workers on a Ray cluster (pip install 'dflash-dash[ray]'): auto (the cluster this
-    # host runs, or RAY_ADDRESS) or its address HOST:PORT; one worker per GPU of every host, the workspace shared
+    ray: str | None = None  # a Ray cluster's workers (one per GPU of every host): auto or HOST:PORT (README: --ray)
     ray_gpus: int | None = None  # with ray: the GPUs the cluster must have (checked before any work); None: all it has
     ray_cpus: int | None = None  # with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)
 
@@ -320,8 +298,7 @@ class Replay(Op):
     draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
     gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
     # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
-    ray: str | None = None  # run the workers on a Ray cluster (pip install 'dflash-dash[ray]'): auto (the cluster this
-    # host runs, or RAY_ADDRESS) or its address HOST:PORT; one worker per GPU of every host, the workspace shared
+    ray: str | None = None  # a Ray cluster's workers (one per GPU of every host): auto or HOST:PORT (README: --ray)
     ray_gpus: int | None = None  # with ray: the GPUs the cluster must have (checked before any work); None: all it has
     ray_cpus: int | None = None  # with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)
     max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
@@ -352,8 +329,7 @@ class Sweep(Op):
     draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
     gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
     # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
-    ray: str | None = None  # run the workers on a Ray cluster (pip install 'dflash-dash[ray]'): auto (the cluster this
-    # host runs, or RAY_ADDRESS) or its address HOST:PORT; one worker per GPU of every host, the workspace shared
+    ray: str | None = None  # a Ray cluster's workers (one per GPU of every host): auto or HOST:PORT (README: --ray)
     ray_gpus: int | None = None  # with ray: the GPUs the cluster must have (checked before any work); None: all it has
     ray_cpus: int | None = None  # with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)
     max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
@@ -499,24 +475,17 @@ class ReplayWork(Work):
 
 
 @dataclass(frozen=True)
-class StreamWork(Work):
-    """Run the target over some prompts of `completions` on `device` and replay every checkpoint of `checkpoints` on
-    their features while they are in memory (replay/sweep --stream): no feature file."""
+class StreamWork(ReplayWork):
+    """ReplayWork on features the target computes in memory (--stream; no file): `extraction` the streamed row's."""
 
     kind: ClassVar[str] = "stream"
-    target: str  # the target's folder (resolved)
-    completions: str  # completion set name
-    layers: tuple[int, ...]  # target layer ids computed (the checkpoints' union, or their one list)
-    checkpoints: tuple[CheckpointSpec, ...]  # replayed in this order over each pass of features
-    tree_budget: int  # DDTree node budget (0: no tree)
-    device: str  # where this worker runs
-    dtype: str  # compute dtype of the target and the drafters
-    chunk: int  # blocks per batched forward (every-anchor mode)
-    anchors: str  # every | chain
+    target: str = ""  # the target's folder (resolved)
+    completions: str = ""  # completion set name
+    layers: tuple[int, ...] = ()  # target layer ids computed (the checkpoints' union, or their one list)
 
     def __post_init__(self):
         object.__setattr__(self, "layers", tuple(self.layers))
-        ReplayWork.__post_init__(self)
+        super().__post_init__()
 
 
 WORK: dict[str, type[Work]] = {c.kind: c for c in (ExtractWork, ReplayWork, StreamWork)}

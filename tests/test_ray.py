@@ -220,14 +220,14 @@ def test_bad_input_is_refused_before_any_work(prepared, workspace_copy, address)
     with pytest.raises(cluster.ClusterError, match="is not shared with host") as e:
         cluster.probe(ws, blind)
     assert str(ws.resolve()) in str(e.value) and "mount it at the same path on every host" in str(e.value)
-    assert not (ws / cluster.PROBE_FILE).exists()
+    assert not list(ws.glob(cluster.PROBE_FILE + "*"))  # the token file is removed
     assert cluster._sees(str(ws / "nowhere"), "t")[1] is False
 
     for args, msg in [
         ({"ray": "ray://head:10001"}, "a ray:// address is a Ray Client's"),
         ({"ray": "head"}, "ray 'head': expected auto"),
         ({"ray_cpus": 2}, "ray_cpus: it sizes the workers of a Ray cluster; add --ray auto"),
-        ({"ray": "auto", "gpus": "0,1"}, "gpus: --gpus names this host's devices; with --ray"),
+        ({"ray": "auto", "gpus": "0,1"}, "gpus: it names this host's devices; with --ray the cluster's GPUs"),
         ({"ray": "auto", "ray_gpus": 0}, "ray_gpus 0: expected a positive number"),
     ]:
         with pytest.raises(ops.InputError, match=msg.replace("(", r"\(")):

@@ -50,7 +50,7 @@ from .workers import WorkerError
 RETRIES = 3  # times Ray re-runs a worker lost mid-job (its process or its host) before the job fails
 PROBE_S = 5.0  # seconds a cluster address (and each host's workspace check) may take to answer
 TICK_S = 0.25  # a worker sends its progress at most this often
-PROBE_FILE = ".ray-probe"  # written in the workspace by the driver, read back by every host
+PROBE_FILE = ".ray-probe"  # the name's start of the token file the driver writes in the workspace (`probe`)
 
 
 class ClusterError(UserError, RuntimeError):
@@ -180,8 +180,8 @@ def probe(workspace: Path, sees: Callable[[str, str], tuple[str, bool]] = _sees)
     ray = _ray()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    path = workspace.resolve() / PROBE_FILE
     token = uuid.uuid4().hex
+    path = workspace.resolve() / f"{PROBE_FILE}-{token[:12]}"  # one per check: jobs may start side by side
     path.write_text(token)
     task = ray.remote(num_cpus=0, max_retries=0)(sees)
     try:
@@ -342,9 +342,16 @@ def _pump(ray, i: int, gen, q: queue.Queue) -> None:
 
 
 def _failed(i: int, p: Plan, e: BaseException, state: tuple[int, int]) -> str:
-    text = str(e).strip().splitlines()
+    """The job's error for worker i's end: an exception its work raised (not retried: the same input would raise it
+    again), or its process or host lost more often than Ray retries."""
+    from ray.exceptions import RayTaskError
+
+    text = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    last = (text[-1] if text else type(e).__name__)[:400]
+    who = f"worker {i + 1} of {p.workers} ({p.device}) on the Ray cluster at {p.address}"
+    if isinstance(e, RayTaskError):
+        return f"{who} raised after {state[0]} of {state[1]} prompts: {last}. What finished is kept: rerun to continue"
     return (
-        f"worker {i + 1} of {p.workers} ({p.device}) on the Ray cluster at {p.address} failed after "
-        f"{state[0]} of {state[1]} prompts and {RETRIES} retries ({type(e).__name__}: "
-        f"{(text[-1] if text else '')[:400]}). What finished is kept: rerun to continue"
+        f"{who} was lost after {state[0]} of {state[1]} prompts, {RETRIES} retries spent ({type(e).__name__}: "
+        f"{last}). What finished is kept: rerun to continue"
     )

@@ -56,10 +56,10 @@ def work(store: Store, spec: ops.Work, ids: list[str], progress: Progress = None
 
     if isinstance(spec, ops.ExtractWork):
         return extract_work(store, spec, ids, progress)
+    if isinstance(spec, ops.StreamWork):  # a ReplayWork on features computed in memory: first
+        return stream_work(store, spec, ids, progress)
     if isinstance(spec, ops.ReplayWork):
         return replay_work(store, spec, ids, progress)
-    if isinstance(spec, ops.StreamWork):
-        return stream_work(store, spec, ids, progress)
     raise ops.InputError(
         f"no per-prompt work for {type(spec).__name__}; expected ExtractWork, ReplayWork or StreamWork"
     )

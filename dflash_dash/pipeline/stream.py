@@ -99,6 +99,7 @@ def stream(
                 "wrong target for this completion set?"
             )
     spec = ops.StreamWork(
+        extraction=ex["id"],
         target=info.path,
         completions=op.completions,
         layers=layers,
