@@ -1,19 +1,22 @@
 """Diagnostics: backend parity (fla vs torch extractions of the same completions: per layer relative L2
 and cosine, and tau of the runs on each), checkpoint-vs-extraction consistency, sliding-layer train/serve
 semantics (the same checkpoint replayed causal and bidirectional inside the block), target-layer attribution (tau
-lost per target tap), server health. Torch-free: configs are read by drafters (config only) and target_info.
-URL: diagnostics?a=EXTRACTION&b=EXTRACTION&ckpt=PATH&ex=EXTRACTION&run=RUN."""
+lost per target tap), training-bug signatures (a run against a healthy reference run), server health. Torch-free:
+configs are read by drafters (config only) and target_info.
+URL: diagnostics?a=EXTRACTION&b=EXTRACTION&ckpt=PATH&ex=EXTRACTION&run=RUN&sig_run=RUN&sig_ref=RUN."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from dflash_dash import ops
+from dflash_dash.analysis import signatures as sig
 from dflash_dash.analysis.checks import consistency, parity_pair, sliding_checkpoints, sliding_rows
 from dflash_dash.jobs import gpu
+from dflash_dash.render.analysis_figures import signatures_fig
 from dflash_dash.render.figures import attribution_fig, parity_fig
 from dflash_dash.render.formats import fmt
-from dflash_dash.render.tables import gpu_table
+from dflash_dash.render.tables import gpu_table, signature_table
 from pages import common, jobs_view
 
 common.routed()
@@ -202,6 +205,72 @@ def attribution_block(ws: str, stamp: str) -> None:
     jobs_view.job_panel(("attribute",), key="attr")
 
 
+def signatures_block(ws: str, stamp: str) -> None:
+    st.header("Training-bug signatures")
+    st.caption(
+        "A run against a healthy reference run, on the measurements that give away the three known training bugs: "
+        "noisy labels (diffusion noise on the target logits used as labels), an anchor-visible shortcut (the "
+        "drafter's fc fed the anchor's own hidden state in training), a soft KL where hard cross-entropy on the "
+        "target's tokens was meant. Each figure with its 95 % bootstrap interval over prompts; a signature "
+        "separates when the intervals do not overlap and the difference reaches its floor. Not measured: "
+        "disagreement with the target's top-1 where the target is confident (no run stores the target's "
+        "probabilities)."
+    )
+    runs = common.runs(ws, stamp)
+    if len(runs) < 2:
+        st.info("Signatures need two runs: a run to diagnose and a healthy reference (Acceptance page, **Replay**).")
+        return
+    by_id = {r["id"]: r for r in runs}
+    ids = [r["id"] for r in reversed(runs)]
+    pair = sig.default_pair(runs)
+    c1, c2 = st.columns(2)
+    with c1:
+        rid = common.select_param(
+            "run to diagnose", ids, "sig_run", "sig_run", default=pair and pair[0], format_func=common.run_label(by_id)
+        )
+    with c2:
+        others = [i for i in ids if i != rid]
+        ref = common.select_param(
+            "healthy reference",
+            others,
+            "sig_ref",
+            "sig_ref",
+            default=sig.reference_for(runs, rid),
+            format_func=common.run_label(by_id),
+        )
+    rows = sig.compare(
+        common.analysis(ws, rid, "signatures"),
+        common.analysis(ws, ref, "signatures"),
+        common.attributions(ws, rid, stamp),
+        common.attributions(ws, ref, stamp),
+    )
+    tau_run, tau_ref = (by_id[i]["summary"].get("tau_macro") for i in (rid, ref))
+    if by_id[rid]["extraction_id"] != by_id[ref]["extraction_id"]:
+        st.warning("The two runs replay different extractions: their figures come from different completions.")
+    if None not in (tau_run, tau_ref) and tau_ref < tau_run:
+        st.info(
+            f"The reference's tau (macro) {fmt(tau_ref)} is below this run's {fmt(tau_run)}: is it the healthy one?"
+        )
+    hits = sum(1 for r in rows if r["separates"])
+    named = ", ".join(f"{bug} ({n})" for bug, n in sig.points_to(rows).items())
+    st.markdown(
+        f"**{hits} of {len(rows)} signatures separate** this run from the reference"
+        + (f"; they point to: **{named}**." if named else ".")
+    )
+    table = signature_table(rows)
+    st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        key="sig_table",
+        column_config={"what it suggests": st.column_config.TextColumn(width="large")},
+    )
+    c1, c2 = st.columns([3, 2])
+    c1.plotly_chart(signatures_fig(rows, "this run", "reference"), width="stretch", key="sig_fig")
+    with c2:
+        common.download("signatures (CSV)", table, f"{rid}-signatures.csv", "sig_dl")
+
+
 @st.cache_data(ttl=30, show_spinner=False)
 def model_info(url: str, key_env: str) -> dict:
     """GET /model_info (answers at once on a real server), cached briefly; raises ServerError."""
@@ -251,6 +320,7 @@ def main() -> None:
         lambda: consistency_block(ws, stamp),
         lambda: sliding_block(ws, stamp),
         lambda: attribution_block(ws, stamp),
+        lambda: signatures_block(ws, stamp),
         server_block,
     ):
         with common.guard():  # one failing check does not hide the others
