@@ -264,7 +264,7 @@ class Extract(Op):
     server: str | None = None  # server to free; None: the workspace's config.toml
     gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
     # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
-    ray: str | None = None  # a Ray cluster's workers (one per GPU of every host): auto or HOST:PORT (README: --ray)
+    ray: str | None = None  # run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU
     ray_gpus: int | None = None  # with ray: the GPUs the cluster must have (checked before any work); None: all it has
     ray_cpus: int | None = None  # with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)
 
@@ -298,7 +298,7 @@ class Replay(Op):
     draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
     gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
     # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
-    ray: str | None = None  # a Ray cluster's workers (one per GPU of every host): auto or HOST:PORT (README: --ray)
+    ray: str | None = None  # run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU
     ray_gpus: int | None = None  # with ray: the GPUs the cluster must have (checked before any work); None: all it has
     ray_cpus: int | None = None  # with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)
     max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
@@ -329,7 +329,7 @@ class Sweep(Op):
     draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
     gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
     # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
-    ray: str | None = None  # a Ray cluster's workers (one per GPU of every host): auto or HOST:PORT (README: --ray)
+    ray: str | None = None  # run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU
     ray_gpus: int | None = None  # with ray: the GPUs the cluster must have (checked before any work); None: all it has
     ray_cpus: int | None = None  # with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)
     max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
