@@ -5,7 +5,8 @@ to stderr; a user error exits with status 2 and a one-line message naming the pr
 never a traceback. Each operation's options are generated from its `ops` dataclass (`add_op_options`: flag,
 type, choices, default and help from each field and its comment) and turned back into one (`op_of`) that the
 pipeline handler takes, so the CLI, jobs and pages share one definition; `--gpus 0,1` (extract, replay, sweep) shards
-the prompts over one worker process per device (jobs.workers.pool), `--gpus cpu,cpu` over CPU workers; `extract
+the prompts over one worker process per device (jobs.workers.pool), `--gpus cpu,cpu` over CPU workers, `--ray
+auto|HOST:PORT` over one worker per GPU of a Ray cluster (jobs.cluster); `extract
 --drafter A --drafter B` extracts the union of both drafters' layers (each replays on its own columns).
 """
 
@@ -86,10 +87,11 @@ def op_of(cls: type[ops.Op], a: argparse.Namespace, **given) -> ops.Op:
 
 
 def runner(store, op: ops.Op):
-    """Worker processes over the op's GPUs when it names several (jobs.workers.pool); None: work in this process."""
+    """(op, runner): worker processes over the op's GPUs when it names several (jobs.workers.pool), a Ray cluster's
+    workers with --ray (jobs.cluster, its `device` set to theirs); None: work in this process."""
     from .jobs import workers
 
-    return workers.runner_for(store, op)
+    return workers.placed(store, op)
 
 
 def cmd_extract(a, store):
@@ -99,7 +101,9 @@ def cmd_extract(a, store):
         store.extraction(a.extraction_id)  # must exist: a typo must not start a new extraction under that id
     op = op_of(ops.Extract, a)
     op = replace(op, layers=pipeline.layers_of(op.drafter, op.layers), drafter=[])
-    for i, dev in enumerate(dict.fromkeys(op.devices())):
+    if op.orchestrate == "none":  # the cluster (--ray) or the GPUs checked before any work; else the job does it
+        op, run = runner(store, op)
+    for i, dev in enumerate(dict.fromkeys(op.devices() if not op.ray else [])):  # a cluster's devices: its hosts'
         for w in orchestrate.check_extract(store, op.target, op.completions, op.layers, dev, op.dtype, a.extraction_id):
             if i == 0:  # the page asks to confirm; a script asked for it explicitly
                 print(f"note: {w}", file=sys.stderr)
@@ -108,7 +112,7 @@ def cmd_extract(a, store):
     disk.check(space)
     if op.orchestrate != "none":  # free the server's GPU around the extraction: the job does it, we follow it
         return follow(store, jobs_mod().start(store, op), "extraction")
-    print(pipeline.extract(store, op, progress, runner(store, op)))
+    print(pipeline.extract(store, op, progress, run))
 
 
 def jobs_mod():
@@ -144,8 +148,8 @@ def follow(store, job_id: str, key: str, every: float = 0.3) -> int:
 
 
 def cmd_replay(a, store):
-    op = op_of(ops.Replay, a)
-    out = pipeline.replay(store, op, progress, runner(store, op))
+    op, run = runner(store, op_of(ops.Replay, a))
+    out = pipeline.replay(store, op, progress, run)
     if op.stream:
         print(f"streamed extraction = {out['summary']['extraction']} (no feature files)", file=sys.stderr)
     elif a.extraction == "latest":
@@ -161,8 +165,8 @@ def cmd_replay(a, store):
 
 
 def cmd_sweep(a, store):
-    op = op_of(ops.Sweep, a)
-    for run_id in pipeline.sweep(store, op, progress, runner(store, op)):
+    op, run = runner(store, op_of(ops.Sweep, a))
+    for run_id in pipeline.sweep(store, op, progress, run):
         print(run_id)
 
 

@@ -17,8 +17,8 @@ Contract:
 - The CLI generates its options from these fields (`options`: name, default, type, help from the field's
   comment), the pages build these classes for `jobs.start`, jobs records and rebuilds them, and every pipeline
   handler takes one (`pipeline.perform(store, op)`).
-- Worker specs (`CheckpointSpec`, `ExtractWork`, `ReplayWork`): frozen, the per-prompt part of an operation as it
-  crosses into a worker process; `to_json()` / `work_of(kind, data)` are their round trip.
+- Worker specs (`CheckpointSpec`, `ExtractWork`, `ReplayWork`, `StreamWork`): frozen, the per-prompt part of an
+  operation as it crosses into a worker process (or a Ray worker); `to_json()` / `work_of(kind, data)` round-trip.
 Data only, torch-free (store-only commands stay light): nothing here loads a model or touches the store; it
 sits under pipeline, which imports it.
 """
@@ -36,6 +36,7 @@ ANCHORS = ("every", "chain")  # every completion anchor (curves of accepted(p)) 
 ORCHESTRATE = ("none", "release", "command")  # how an extraction frees the server's GPU (jobs.free_gpu)
 SLIDING_BLOCKS = ("causal", "bidirectional")  # = drafter.SLIDING_BLOCKS (tests/test_gpus.py checks), torch-free here
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+_RAY_ADDRESS = re.compile(r"[A-Za-z0-9_.\-\[\]:]+:\d{1,5}")  # a Ray cluster's GCS address HOST:PORT
 
 
 class InputError(UserError, ValueError):
@@ -115,6 +116,14 @@ def parse_gpus(value) -> list[str]:
     return out
 
 
+def check_ray(value) -> str:
+    """A Ray cluster address: "auto" or the GCS address HOST:PORT that `ray start --head` prints."""
+    if value == "auto" or (isinstance(value, str) and _RAY_ADDRESS.fullmatch(value)):
+        return value
+    hint = "; a ray:// address is a Ray Client's: give the GCS address itself" if str(value).startswith("ray:") else ""
+    raise InputError(f"ray {value!r}: expected auto or the cluster's HOST:PORT (as `ray start --head` prints it){hint}")
+
+
 @dataclass
 class Op:
     """Base of the operations: record round trip and the shared checks."""
@@ -158,7 +167,17 @@ class Op:
         check_device(getattr(self, name), name, optional)
 
     def _gpus(self) -> None:
+        """gpus: this host's devices; ray: auto or HOST:PORT, not with gpus; ray_gpus, ray_cpus (positive) need ray."""
         self.gpus = parse_gpus(self.gpus)
+        for name in ("ray_gpus", "ray_cpus"):
+            if getattr(self, name) is not None:
+                if self.ray is None:
+                    raise InputError(f"{name}: it sizes a Ray cluster's workers; add --ray auto (or --ray HOST:PORT)")
+                self._int(name, 1, f"expected a positive number of workers, or leave {name} unset")
+        if self.ray is not None:
+            self.ray = check_ray(self.ray)
+            if self.gpus:
+                raise InputError("gpus: it names this host's devices; with --ray the cluster's GPUs are used (drop it)")
 
     def _replay_fields(self) -> None:
         """The fields Replay and Sweep share: extraction, tree budget, where and how the drafters run."""
@@ -181,7 +200,7 @@ class Op:
             self._need("target", "with --stream, the target model folder the features are computed with")
             self._need("completions", "with --stream, the completion set to evaluate")
             if self.gpus:
-                raise InputError("gpus: --stream runs in one process; give --device cuda:N instead of --gpus")
+                raise InputError("gpus: --stream runs in one process (or with --ray); give --device cuda:N, not --gpus")
         elif self.target or self.completions:
             raise InputError(
                 "target/completions: they name what --stream computes; add --stream, or drop them to replay an "
@@ -189,7 +208,7 @@ class Op:
             )
 
     def devices(self) -> list[str]:
-        """Where the work runs: one worker per entry of `gpus`, else this process on `device`."""
+        """Where the work runs: one worker per entry of `gpus`, else this process on `device` (ray: its workers')."""
         return list(getattr(self, "gpus", None) or [getattr(self, "device", None) or "cpu"])
 
 
@@ -245,6 +264,9 @@ class Extract(Op):
     server: str | None = None  # server to free; None: the workspace's config.toml
     gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
     # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
+    ray: str | None = None  # run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU
+    ray_gpus: int | None = None  # with ray: the GPUs the cluster must have (checked before any work); None: all it has
+    ray_cpus: int | None = None  # with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)
 
     def __post_init__(self):
         self._need("target", "the target model folder (a Hugging Face causal LM)")
@@ -276,6 +298,9 @@ class Replay(Op):
     draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
     gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
     # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
+    ray: str | None = None  # run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU
+    ray_gpus: int | None = None  # with ray: the GPUs the cluster must have (checked before any work); None: all it has
+    ray_cpus: int | None = None  # with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)
     max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
     force: bool = False  # replay even when a run of this checkpoint on this extraction with the same settings exists
     # (without it that run is reused and named)
@@ -304,6 +329,9 @@ class Sweep(Op):
     draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
     gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
     # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
+    ray: str | None = None  # run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU
+    ray_gpus: int | None = None  # with ray: the GPUs the cluster must have (checked before any work); None: all it has
+    ray_cpus: int | None = None  # with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)
     max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
     stream: bool = False  # compute the features with the target (target, completions) instead of reading an
     # extraction's files: the target runs over each pass of sequences (in dtype, as the drafters), no feature file
@@ -446,7 +474,21 @@ class ReplayWork(Work):
             raise InputError(f"anchors {self.anchors!r}: expected one of {', '.join(ANCHORS)}")
 
 
-WORK: dict[str, type[Work]] = {c.kind: c for c in (ExtractWork, ReplayWork)}
+@dataclass(frozen=True)
+class StreamWork(ReplayWork):
+    """ReplayWork on features the target computes in memory (--stream; no file): `extraction` the streamed row's."""
+
+    kind: ClassVar[str] = "stream"
+    target: str = ""  # the target's folder (resolved)
+    completions: str = ""  # completion set name
+    layers: tuple[int, ...] = ()  # target layer ids computed (the checkpoints' union, or their one list)
+
+    def __post_init__(self):
+        object.__setattr__(self, "layers", tuple(self.layers))
+        super().__post_init__()
+
+
+WORK: dict[str, type[Work]] = {c.kind: c for c in (ExtractWork, ReplayWork, StreamWork)}
 
 
 def work_of(kind: str, data: dict) -> Work:

@@ -5,7 +5,8 @@ with progress and step written to the store through a `lifecycle.Reporter`, and 
 dict), failed (a user error as its message, exit code 2; anything else with the traceback in the log and one line
 in the store, exit code 1) or cancelled (SIGTERM/SIGINT, exit code 130). `run` is the one dispatch: the demo
 build, an extraction with its GPU orchestration (`orchestrate.run_extract`), everything else through
-`pipeline.perform`, sharded over worker processes when the op names several devices (`workers.runner_for`).
+`pipeline.perform`, sharded over worker processes when the op names several devices, or over a Ray cluster's
+workers when it names one (`workers.placed`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..errors import UserError
 from ..store import Store
 from .lifecycle import Cancelled, Reporter
 from .orchestrate import run_extract
-from .workers import runner_for
+from .workers import placed
 
 
 def execute(store: Store, job_id: str) -> int:
@@ -71,7 +72,8 @@ def execute(store: Store, job_id: str) -> int:
 
 def run(store: Store, op: ops.Op, rep: Reporter) -> dict:
     """Run operation `op` with `rep` as its progress; returns the job's result dict. Extract, replay and sweep
-    with several `gpus` shard their prompts over worker processes (`workers.pool`)."""
+    with several `gpus` shard their prompts over worker processes (`workers.pool`), with `ray` over a Ray
+    cluster's workers (`cluster`)."""
     if isinstance(op, ops.Demo):
         from .. import demo
 
@@ -79,4 +81,5 @@ def run(store: Store, op: ops.Op, rep: Reporter) -> dict:
         return out if isinstance(out, dict) else {"value": out}
     if isinstance(op, ops.Extract):
         return run_extract(store, op, rep)
-    return pipeline.perform(store, op, rep, runner_for(store, op))
+    op, runner = placed(store, op)
+    return pipeline.perform(store, op, rep, runner)

@@ -29,7 +29,7 @@ from ..pipeline import disk
 from ..store import Store, new_id
 from . import gpu
 from .lifecycle import Cancelled, Reporter, active
-from .workers import runner_for
+from .workers import placed
 
 STOP_TIMEOUT_S = 120.0  # a stop command and the server going down must finish within this
 MEMORY_WAIT_S = 30.0  # released GPU memory may take this long to show as free
@@ -59,14 +59,14 @@ def run_extract(store: Store, op: ops.Extract, rep: Reporter) -> dict:
     known = {e["id"]: e["status"] for e in store.extractions()}
     if known.get(ex_id) not in (None, "done"):
         store.set_status("extractions", ex_id, "running")
-    runner = runner_for(store, op)  # devices checked before the server is touched
+    op, runner = placed(store, op)  # devices (or the Ray cluster) checked before the server is touched
     client = engines.for_workspace(cfg, op.server)
     freed = None
     try:
         freed = free_gpu(client, cfg, op.orchestrate, rep)
-        for dev in dict.fromkeys(op.devices()):
+        for dev in dict.fromkeys(op.devices() if not op.ray else []):  # a cluster's GPUs are its hosts'
             check_memory(info.path, dev, cfg.gpu_memory_margin_gb, rep)
-        rep.step(f"loading target {info.path} on {', '.join(op.devices())}")
+        rep.step(f"loading target {info.path} on {'the Ray cluster ' + op.ray if op.ray else ', '.join(op.devices())}")
 
         def progress(done: int, total: int, msg: str) -> None:
             rep(done, total, f"extracting {done}/{total}: {msg}" if done else msg)

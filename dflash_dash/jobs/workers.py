@@ -8,7 +8,8 @@ The calling process alone writes the store; progress is the workers' sum. A work
 others and raises WorkerError with the end of its stderr; leaving the iteration early (an error, a cancel) stops
 them all too, and what finished is kept, so a rerun resumes. Workers stay in the caller's process group, so
 cancelling a job's group stops them as well. `runner_for(store, op)` picks the pool when the op names several
-devices, and `check_devices` refuses devices this machine lacks first.
+devices, and `check_devices` refuses devices this machine lacks first; `placed` picks the Ray cluster's workers
+instead (jobs.cluster) when the op names one (`--ray`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,16 @@ def runner_for(store: Store, op: ops.Op) -> pipeline.Runner | None:
     """`pool` over the op's GPUs when it names several; None (work in this process) otherwise."""
     devs = op.devices()
     return pool(store, devs) if len(devs) > 1 else None
+
+
+def placed(store: Store, op: ops.Op) -> tuple[ops.Op, pipeline.Runner | None]:
+    """(the op as it runs, its runner): with `ray`, the Ray cluster's workers (`cluster.placed`: connected, sized
+    and checked before any work, `device` set to the workers' kind); else `runner_for`'s."""
+    if getattr(op, "ray", None):
+        from . import cluster
+
+        return cluster.placed(store, op)
+    return op, runner_for(store, op)
 
 
 def check_devices(devs: list[str]) -> None:

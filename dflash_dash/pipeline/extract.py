@@ -53,7 +53,7 @@ def extract(store: Store, op: ops.Extract, progress: Progress = None, runner: Ru
 
     info = target_mod.describe(op.target)
     target_mod.check_layers(info, layer_ids)
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    if runner is None and device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError("--device cuda: no CUDA device on this machine; use --device cpu")
     rows = store.completions(set_name)
     if not rows:

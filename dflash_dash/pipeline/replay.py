@@ -164,7 +164,7 @@ def replay(store: Store, op: ops.Replay, progress: Progress = None, runner: Runn
     if op.stream:  # the target computes the features as the replay needs them: a new streamed extraction
         from .stream import stream
 
-        return stream(store, op, [ck], progress)[0] | {"reused": False}
+        return stream(store, op, [ck], progress, runner)[0] | {"reused": False}
     if not op.force and (old := same_run(store, op)):
         tick(progress, 1, 1, f"run {old['id']} already replayed this checkpoint with these settings: reused")
         return {"id": old["id"], "summary": old["summary"], "reused": True}
@@ -366,7 +366,7 @@ def sweep(store: Store, op: ops.Sweep, progress: Progress = None, runner: Runner
         from .stream import stream
 
         specs = [ops.CheckpointSpec(str(ck), sliding_block, draft_config) for ck in cks]
-        ids = [r["id"] for r in stream(store, op, specs, progress)]
+        ids = [r["id"] for r in stream(store, op, specs, progress, runner)]
         tick(progress, len(cks), len(cks), f"replayed {len(cks)} checkpoints on the target's streamed features")
         return ids
     ex = store.extraction(op.extraction)

@@ -7,15 +7,19 @@ records an extraction row marked streamed (`versions["streamed"]`: target, layer
 backend it bound, as an extraction records them, with one item per prompt and no file), and stores one run per
 checkpoint on it (`replay.store_run`), so the pages treat these runs as any other. The features are what an
 extraction writes (the same forward, `target.extract`, cast to bf16), so the runs equal extract-then-replay's
-exactly. A later replay on a streamed extraction is refused with the command that streams again (`require_files`).
+exactly. The per-prompt part is `stream_work` (an `ops.StreamWork`), run here or by a runner (a Ray cluster's
+workers: `--ray`); this process alone writes the store. A later replay on a streamed extraction is refused with the
+command that streams again (`require_files`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from .. import drafters as drafter_mod, ops
 from ..ops import InputError
 from ..store import Store, StoreError, new_id
-from .base import DTYPES, Progress, tick
+from .base import DTYPES, Progress, Runner, here, tick
 
 STREAMED = "streamed"  # the versions key that marks an extraction computed by streaming (no feature files)
 
@@ -45,15 +49,18 @@ def layers_for(cfgs: list) -> list[int]:
 
 
 def stream(
-    store: Store, op: ops.Replay | ops.Sweep, checkpoints: list[ops.CheckpointSpec], progress: Progress = None
+    store: Store,
+    op: ops.Replay | ops.Sweep,
+    checkpoints: list[ops.CheckpointSpec],
+    progress: Progress = None,
+    runner: Runner | None = None,
 ) -> list[dict]:
     """Run the target over the completions of `op.completions` (the first `op.max_prompts`) on `op.device` in
     passes, replay every checkpoint of `checkpoints` on each pass's features while they are in memory, and store
-    one run per checkpoint on a streamed extraction row; returns [{"id", "summary"}] in the order given."""
-    import torch
-
-    from .. import cache, metrics, replay as replay_mod, target as target_mod
-    from .device_io import PASS_FREE, PASS_GIB
+    one run per checkpoint on a streamed extraction row; returns [{"id", "summary"}] in the order given. The
+    per-prompt part (`stream_work`, given an `ops.StreamWork`) runs here or through `runner` (a Ray cluster's
+    workers, jobs.cluster); this process alone writes the store, once every result is in."""
+    from .. import metrics, target as target_mod
     from .replay import check_drafter, store_run
 
     device, dtype = op.device, op.dtype
@@ -62,8 +69,11 @@ def stream(
     if not rows:
         raise StoreError(f"completions: no completions in set {op.completions!r}; import or fetch them first")
     rows = rows[: op.max_prompts] if op.max_prompts is not None else rows
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError("--device cuda: no CUDA device on this machine; use --device cpu")
+    if runner is None and device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("--device cuda: no CUDA device on this machine; use --device cpu")
     locs = [drafter_mod.locate(ck.path, ck.draft_config) for ck in checkpoints]
     cfgs = [drafter_mod.config_of(loc) for loc in locs]
     layers = layers_for(cfgs)
@@ -88,13 +98,73 @@ def stream(
                 f"prompt {r['prompt_id']!r}: a token id is outside the target's vocabulary ({info.vocab_size}); "
                 "wrong target for this completion set?"
             )
+    spec = ops.StreamWork(
+        extraction=ex["id"],
+        target=info.path,
+        completions=op.completions,
+        layers=layers,
+        checkpoints=tuple(checkpoints),
+        tree_budget=op.tree_budget,
+        device=device,
+        dtype=dtype,
+        chunk=getattr(op, "chunk", ops.Replay.chunk),
+        anchors=op.anchors,
+    )
+    ids = [r["prompt_id"] for r in rows]
+    got: list[dict[str, metrics.Prompt]] = [{} for _ in checkpoints]
+    for ev in (runner or here(store))(spec, ids, progress):
+        if "backend" in ev:  # a worker loaded the target: what it bound is the streamed extraction's
+            if "backend" in ex and ev["backend"] != ex["backend"]:
+                raise InputError(
+                    f"the workers bound different kernel backends ({ex['backend']} and {ev['backend']} on "
+                    f"{ev['device']}); stream on devices of one kind"
+                )
+            ex |= dict(
+                backend=ev["backend"],
+                device=ev["device"],
+                versions=ev["versions"] | {"fla_bound": ev["backend"] == "fla", STREAMED: True},
+            )
+        else:
+            got[ev["checkpoint"]][ev["result"].id] = ev["result"]
+    for ck, by_id in zip(checkpoints, got):
+        if len(by_id) != len(ids):
+            raise RuntimeError(f"the stream of {ck.path} returned {len(by_id)} of {len(ids)} prompts")
+    store.add_extraction(ex)
+    with store.session():
+        for r in rows:  # the prompts it holds, without files (a replay of it is refused: `require_files`)
+            store.add_item(ex["id"], r["prompt_id"], len(r["prompt_ids"]) + len(r["output_ids"]), "")
+    comps = {c["prompt_id"]: c for c in rows}
+    stored = store.extraction(ex["id"])
+    return [
+        store_run(
+            store, stored, ck, [by_id[i] for i in ids], op.tree_budget, op.device, dtype, op.anchors, progress, comps
+        )
+        for ck, by_id in zip(checkpoints, got)
+    ]
+
+
+def stream_work(store: Store, a: ops.StreamWork, ids: list[str], progress: Progress) -> Iterator[dict]:
+    """The target over prompts `ids` of set a.completions on a.device, in passes sized to memory, every checkpoint
+    of a.checkpoints replayed on each pass's features in memory: yields {"backend", "versions", "device"} once the
+    target is loaded, then {"checkpoint": index, "result": metrics.Prompt} per checkpoint and prompt."""
+    import torch
+
+    from .. import cache, replay as replay_mod, target as target_mod
+    from .device_io import PASS_FREE, PASS_GIB
+
+    device, dtype, layers = a.device, a.dtype, list(a.layers)
+    info = target_mod.describe(a.target)
+    want = set(ids)
+    rows = [r for r in store.completions(a.completions) if r["prompt_id"] in want]
+    if not rows:
+        return
+    cfgs = [drafter_mod.config_of(drafter_mod.locate(ck.path, ck.draft_config)) for ck in a.checkpoints]
     tick(progress, 0, len(rows), f"loading target {info.path} (streaming: no feature file is written)")
     model, backend = target_mod.load(info.path, layers, device, DTYPES[dtype])
-    ex |= dict(backend=backend, versions=target_mod.versions() | {"fla_bound": backend == "fla", STREAMED: True})
+    yield {"backend": backend, "versions": target_mod.versions(), "device": device}
     head = target_mod.load_head(info.path, device, DTYPES[dtype])
-    H, width, chunk = info.hidden_size, len(layers) * info.hidden_size, getattr(op, "chunk", ops.Replay.chunk)
+    H, width = info.hidden_size, len(layers) * info.hidden_size
     index = [ops.layer_blocks(layers, list(c.target_layer_ids)) for c in cfgs]
-    got: list[list[metrics.Prompt]] = [[] for _ in checkpoints]
     done = 0
     cap = PASS_GIB * 2**30
     if device.startswith("cuda"):  # the target stays loaded beside the pass: a share of what it leaves free
@@ -106,29 +176,22 @@ def stream(
             feats = target_mod.extract(model, tokens, layers).to(torch.bfloat16)
             seqs.append(replay_mod.Sequence(r["prompt_id"], tokens, len(r["prompt_ids"]), feats))
             tick(progress, done, len(rows), f"target forward over {r['prompt_id']} ({len(tokens)} tokens)")
-        for j, ck in enumerate(checkpoints):
-            tick(progress, done, len(rows), f"replaying checkpoint {j + 1}/{len(checkpoints)} on {len(seqs)} prompts")
+        for j, ck in enumerate(a.checkpoints):
+            tick(progress, done, len(rows), f"replaying checkpoint {j + 1}/{len(a.checkpoints)} on {len(seqs)} prompts")
             d = drafter_mod.load(ck.path, DTYPES[dtype], device, ck.sliding_block, ck.draft_config)
             at = None if index[j] is None else torch.tensor(index[j], dtype=torch.long, device=seqs[0].features.device)
             own = [s if at is None else _with(s, cache.blocks(s.features, at, H)) for s in seqs]
-            got[j] += (
-                replay_mod.chain_only_results(d, head, own, op.tree_budget)
-                if op.anchors == "chain"
-                else replay_mod.every_anchor_results(d, head, own, op.tree_budget, chunk)
+            res = (
+                replay_mod.chain_only_results(d, head, own, a.tree_budget)
+                if a.anchors == "chain"
+                else replay_mod.every_anchor_results(d, head, own, a.tree_budget, a.chunk)
             )
+            for p in res:
+                yield {"checkpoint": j, "result": p}
             del d
         done += len(part)
+        tick(progress, done, len(rows), f"streamed {done}/{len(rows)} prompts")
         del seqs
-    store.add_extraction(ex)
-    with store.session():
-        for r in rows:  # the prompts it holds, without files (a replay of it is refused: `require_files`)
-            store.add_item(ex["id"], r["prompt_id"], len(r["prompt_ids"]) + len(r["output_ids"]), "")
-    comps = {c["prompt_id"]: c for c in rows}
-    stored = store.extraction(ex["id"])
-    return [
-        store_run(store, stored, ck, res, op.tree_budget, device, dtype, op.anchors, progress, comps)
-        for ck, res in zip(checkpoints, got)
-    ]
 
 
 def _with(seq, features):
