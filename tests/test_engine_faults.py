@@ -4,8 +4,9 @@ them); the ranking (`pipeline.diagnose.rank_faults`) replays the checkpoint unde
 planted one first, and name none for the correct decoder. Also the per-step alignment and ranking rule on
 synthetic numbers.
 
-Models: the committed demo assets (tests/speculative.py): the replay runs on an extraction holding layers 0..6, so
-the shifted layers of the drafter's [1, 3, 5] are there. The sliding-window faults need a drafter with
+Models: the committed demo assets (tests/speculative.py): the replay runs on an extraction holding every layer of
+the 6-layer target (0..5), so the layers off by one below the drafter's [1, 3, 5] are there (above 5 there is none:
+the layer fault planted is `layer-off-by-one`). The sliding-window faults need a drafter with
 sliding-window layers: the demo drafter's own weights under a config whose second layer is sliding_attention with
 a window of SLIDING_WINDOW keys (the trained pair still agrees often, so the faults move accepted steps). bf16
 changes no step of the demo drafter on these prompts (its top drafts win by wide margins), so `numerics` is tested
@@ -28,7 +29,7 @@ from dflash_dash.pipeline import diagnose
 from dflash_dash.server import faults
 from dflash_dash.store import Store
 
-PLANTED = ["layer-shift", "draft-tokens", "context-window", "prefill-count", "numerics"]
+PLANTED = ["layer-off-by-one", "draft-tokens", "context-window", "prefill-count", "numerics"]
 USED = IDS[:2]  # two prompts keep the in-process decodes short
 SLIDING = ["sliding-ignored", "sliding-bidirectional"]
 SLIDING_WINDOW = 4  # keys a sliding layer sees: far fewer than the context, fewer than the block
@@ -37,11 +38,11 @@ NOISE = (0.05, 1)  # numerics: (noise std relative to each weight matrix's std, 
 
 @pytest.fixture(scope="module")
 def ws(spec_workspace, tmp_path_factory):
-    """A private copy of the conformance workspace with an extraction of layers 0..6 and a replay on it."""
+    """A private copy of the conformance workspace with an extraction of layers 0..5 and a replay on it."""
     path = private_copy(spec_workspace["ws"], tmp_path_factory.mktemp("faults") / "ws")
     st = Store(path)
     with one_torch_thread():
-        ex = pipeline.extract(st, ops.Extract(target=str(TARGET), completions="c4", layers=list(range(7))))
+        ex = pipeline.extract(st, ops.Extract(target=str(TARGET), completions="c4", layers=list(range(6))))
         run = pipeline.replay(st, ops.Replay(drafter=str(DRAFT), extraction=ex))["id"]
     return {"ws": path, "store": st, "run": run}
 
