@@ -211,7 +211,7 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     del data, labels
     rec["drafters"] = td.train(pad, head, d, good, dk, "healthy/step{step:04d}", device, log)
     for bug, t in bads.items():
-        rec["drafters"] += td.train(pad, head, d, t, dk, "bugs/" + bug.replace("_", "-"), device, log)
+        rec["drafters"] += td.train(pad, head, d, t, dk, "bugs/" + bug.replace("_", "-") + "-step{step}", device, log)
         save_rec()
     save_rec()
     pack("drafters", dk)
