@@ -1,12 +1,13 @@
 """Acceptance: one checkpoint on one extraction. Summary metrics with their formulas, how sure tau is (bootstrap
-intervals over prompts, median, outlier prompts, DDTree against a chain of the same token budget), histogram and
-per-depth curves with the rounds behind each point, the per-prompt table (outlier rows marked) and the
-token-by-token view of one prompt, the drafter's calibration and
-its failure patterns (each table downloadable as CSV); a Replay button evaluates another checkpoint as a job.
-The calibration and failure-pattern sections are drawn only when chosen in the section picker below the token
-view (their six charts and six tables would otherwise double the page's drawing time in the browser).
+intervals over prompts, median, outlier prompts, DDTree against a chain of the same token budget), the per-prompt
+table (outlier rows marked) and the token-by-token view of one prompt with its round detail: drawn first, what a user
+opens the page for. The rest is drawn only when chosen in the section picker below the token view (a chart costs the
+browser more than the whole token view): the histogram and per-depth curves with the rounds behind each point,
+accepted(p) along the prompt, every run metric, the drafter's calibration and its failure patterns (each table
+downloadable as CSV), top-K headroom and the confidence head; a Replay button evaluates another checkpoint as a job.
 URL: acceptance?run=ID&prompt=PID[&pos=START-END: positions outlined in the token view][&round=N: the round shown
-in full below the token view][&section=calibration|patterns: that section shown]."""
+in full below the token view][&section=charts|curve|metrics|calibration|patterns|headroom|confidence: that section
+shown]."""
 
 from __future__ import annotations
 

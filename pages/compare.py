@@ -1,10 +1,11 @@
-"""Compare: two checkpoints on the same extraction (by default the newest two runs on one extraction): per-prompt
-tau scatter and a sortable per-prompt delta table, overlaid per-depth curves and histograms, overlaid calibration
-(reliability diagrams, ECE, expected vs observed tau), the two token views in one scroll-synced element with the
-positions whose outcome (accepted draft vs target token) differs outlined and a next-difference jump, the
-one-position draft lag rate per slot, configs side by side, and the training sweep (tau against step for the
-checkpoints of a training folder). The calibration section is drawn only when chosen (two more charts and a table
-in the browser). URL: compare?a=ID&b=ID&prompt=PID&sweep=DIR[&section=calibration]."""
+"""Compare: two checkpoints on the same extraction (by default the newest two runs on one extraction). Drawn first,
+the pair: headline metrics side by side, a sortable per-prompt delta table and the two token views in one
+scroll-synced element with the positions whose outcome (accepted draft vs target token) differs outlined and a
+next-difference jump. Drawn only when chosen in the section picker below them: the per-prompt tau scatter with
+overlaid per-depth curves and histograms, overlaid calibration (reliability diagrams, ECE, expected vs observed tau),
+the one-position draft lag rate per slot, configs side by side, and the training sweep (tau against step for the
+checkpoints of a training folder; a link with &sweep=DIR opens it).
+URL: compare?a=ID&b=ID&prompt=PID&sweep=DIR[&section=charts|calibration|lag|config|sweep]."""
 
 from __future__ import annotations
 

@@ -269,7 +269,8 @@ def main() -> None:
     st.caption(
         "One check at a time, drawn when chosen: **backend parity** (fla against torch-path features), a "
         "**checkpoint against an extraction** (does the drafter fit the extraction and its target?), **sliding "
-        "layers** replayed causal and bidirectional, **target-layer attribution** (tau lost per target tap), **server health** and GPU memory."
+        "layers** replayed causal and bidirectional, **target-layer attribution** (tau lost per target tap), "
+        "**server health** and GPU memory."
     )
     if not any(e["status"] == "done" for e in common.extractions(ws, stamp)):
         st.info(
