@@ -249,6 +249,10 @@ def cmd_diagnose(a, store):
     _print({k: v for k, v in got.items() if k != "steps"})  # the variants' rounds stay in the store (the page)
 
 
+def cmd_signatures(a, store):
+    _print(pipeline.signatures(store, a.run, a.reference))
+
+
 # ---------------------------------------------------------------------------
 # parser
 
@@ -358,6 +362,15 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     add_op_options(s, ops.Diagnose)
     s.set_defaults(fn=cmd_diagnose)
 
+    s = sub.add_parser(
+        "signatures",
+        help="training-bug signatures of a run against a healthy reference run: each figure with its 95%% "
+        "interval, the reference's, whether it separates and what it suggests (JSON)",
+    )
+    s.add_argument("--run", help="run to diagnose (default: the least healthy run beside the reference)")
+    s.add_argument("--reference", help="healthy reference run (default: the highest tau macro on the run's extraction)")
+    s.set_defaults(fn=cmd_signatures)
+
     s = sub.add_parser("demo", help="build the demo workspace from the committed assets (idempotent)")
     s.set_defaults(fn=cmd_demo)
 
@@ -422,7 +435,8 @@ def add_op_options(s: argparse.ArgumentParser, cls: type[ops.Op], flags: dict[st
         s.add_argument((flags or {}).get(f.name, "--" + f.name.replace("_", "-")), **kw)
 
 
-READ_ONLY = {"runs", "extractions", "export", "export-completions", "conformance"}  # never create a workspace
+# never create a workspace
+READ_ONLY = {"runs", "extractions", "export", "export-completions", "conformance", "signatures"}
 
 
 STORE_ONLY = {"runs", "extractions", "jobs"}  # answered from the store alone: parsed and run without torch

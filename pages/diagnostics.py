@@ -1,21 +1,24 @@
 """Diagnostics: backend parity (fla vs torch extractions of the same completions: per layer relative L2
 and cosine, and tau of the runs on each), checkpoint-vs-extraction consistency, sliding-layer train/serve
 semantics (the same checkpoint replayed causal and bidirectional inside the block), target-layer attribution (tau
-lost per target tap), server health: one at a time, drawn when chosen in the page's section picker (a link naming a
-check's own parameters opens that check). Torch-free: configs are read by drafters (config only) and target_info.
-URL: diagnostics?section=parity|consistency|sliding|attribution|server&a=EXTRACTION&b=EXTRACTION (parity)
-&ckpt=PATH&ex=EXTRACTION (consistency)&run=RUN (attribution)."""
+lost per target tap), training-bug signatures (a run against a healthy reference run), server health: one at a time,
+drawn when chosen in the page's section picker (a link naming a check's own parameters opens that check).
+Torch-free: configs are read by drafters (config only) and target_info.
+URL: diagnostics?section=parity|consistency|sliding|attribution|signatures|server&a=EXTRACTION&b=EXTRACTION
+(parity)&ckpt=PATH&ex=EXTRACTION (consistency)&run=RUN (attribution)&sig_run=RUN&sig_ref=RUN (signatures)."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from dflash_dash import ops
+from dflash_dash.analysis import signatures as sig
 from dflash_dash.analysis.checks import consistency, parity_pair, sliding_checkpoints, sliding_rows
 from dflash_dash.jobs import gpu
+from dflash_dash.render.analysis_figures import signatures_fig
 from dflash_dash.render.figures import attribution_fig, parity_fig
 from dflash_dash.render.formats import fmt
-from dflash_dash.render.tables import gpu_table
+from dflash_dash.render.tables import gpu_table, signature_table
 from pages import common, jobs_view
 
 common.routed()
@@ -204,6 +207,72 @@ def attribution_block(ws: str, stamp: str) -> None:
     jobs_view.job_panel(("attribute",), key="attr")
 
 
+def signatures_block(ws: str, stamp: str) -> None:
+    st.header("Training-bug signatures")
+    st.caption(
+        "A run against a healthy reference run, on the measurements that give away the three known training bugs: "
+        "noisy labels (diffusion noise on the target logits used as labels), an anchor-visible shortcut (the "
+        "drafter's fc fed the anchor's own hidden state in training), a soft KL where hard cross-entropy on the "
+        "target's tokens was meant. Each figure with its 95 % bootstrap interval over prompts; a signature "
+        "separates when the intervals do not overlap and the difference reaches its floor. Not measured: "
+        "disagreement with the target's top-1 where the target is confident (no run stores the target's "
+        "probabilities)."
+    )
+    runs = common.runs(ws, stamp)
+    if len(runs) < 2:
+        st.info("Signatures need two runs: a run to diagnose and a healthy reference (Acceptance page, **Replay**).")
+        return
+    by_id = {r["id"]: r for r in runs}
+    ids = [r["id"] for r in reversed(runs)]
+    pair = sig.default_pair(runs)
+    c1, c2 = st.columns(2)
+    with c1:
+        rid = common.select_param(
+            "run to diagnose", ids, "sig_run", "sig_run", default=pair and pair[0], format_func=common.run_label(by_id)
+        )
+    with c2:
+        others = [i for i in ids if i != rid]
+        ref = common.select_param(
+            "healthy reference",
+            others,
+            "sig_ref",
+            "sig_ref",
+            default=sig.reference_for(runs, rid),
+            format_func=common.run_label(by_id),
+        )
+    rows = sig.compare(
+        common.analysis(ws, rid, "signatures"),
+        common.analysis(ws, ref, "signatures"),
+        common.attributions(ws, rid, stamp),
+        common.attributions(ws, ref, stamp),
+    )
+    tau_run, tau_ref = (by_id[i]["summary"].get("tau_macro") for i in (rid, ref))
+    if by_id[rid]["extraction_id"] != by_id[ref]["extraction_id"]:
+        st.warning("The two runs replay different extractions: their figures come from different completions.")
+    if None not in (tau_run, tau_ref) and tau_ref < tau_run:
+        st.info(
+            f"The reference's tau (macro) {fmt(tau_ref)} is below this run's {fmt(tau_run)}: is it the healthy one?"
+        )
+    hits = sum(1 for r in rows if r["separates"])
+    named = ", ".join(f"{bug} ({n})" for bug, n in sig.points_to(rows).items())
+    st.markdown(
+        f"**{hits} of {len(rows)} signatures separate** this run from the reference"
+        + (f"; they point to: **{named}**." if named else ".")
+    )
+    table = signature_table(rows)
+    st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        key="sig_table",
+        column_config={"what it suggests": st.column_config.TextColumn(width="large")},
+    )
+    c1, c2 = st.columns([3, 2])
+    c1.plotly_chart(signatures_fig(rows, "this run", "reference"), width="stretch", key="sig_fig")
+    with c2:
+        common.download("signatures (CSV)", table, f"{rid}-signatures.csv", "sig_dl")
+
+
 @st.cache_data(ttl=30, show_spinner=False)
 def model_info(url: str, key_env: str) -> dict:
     """GET /model_info (answers at once on a real server), cached briefly; raises ServerError."""
@@ -249,17 +318,26 @@ SECTIONS = {  # URL value: label (&section=...): one check drawn at a time, when
     "consistency": "Checkpoint vs extraction",
     "sliding": "Sliding layers",
     "attribution": "Target-layer attribution",
+    "signatures": "Training-bug signatures",
     "server": "Server health",
-    # "signatures": "Training-bug signatures",  (issue 30: signatures_block(ws, stamp), from its own branch)
 }
 BLOCKS = {  # URL value: the block drawing it, called with (ws, stamp)
     "parity": parity_block,
     "consistency": consistency_block,
     "sliding": sliding_block,
     "attribution": attribution_block,
+    "signatures": signatures_block,
     "server": lambda ws, stamp: server_block(),
 }
-LINKED = (("a", "parity"), ("b", "parity"), ("ckpt", "consistency"), ("ex", "consistency"), ("run", "attribution"))
+LINKED = (  # a link's parameter -> the check it belongs to
+    ("a", "parity"),
+    ("b", "parity"),
+    ("ckpt", "consistency"),
+    ("ex", "consistency"),
+    ("run", "attribution"),
+    ("sig_run", "signatures"),
+    ("sig_ref", "signatures"),
+)
 
 
 def main() -> None:
@@ -270,7 +348,7 @@ def main() -> None:
         "One check at a time, drawn when chosen: **backend parity** (fla against torch-path features), a "
         "**checkpoint against an extraction** (does the drafter fit the extraction and its target?), **sliding "
         "layers** replayed causal and bidirectional, **target-layer attribution** (tau lost per target tap), "
-        "**server health** and GPU memory."
+        "**training-bug signatures** (a run against a healthy reference), **server health** and GPU memory."
     )
     if not any(e["status"] == "done" for e in common.extractions(ws, stamp)):
         st.info(

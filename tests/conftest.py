@@ -1,4 +1,5 @@
-"""Shared test fixtures: a prepared dashboard workspace built with the CLI on tiny seeded models.
+"""Shared test fixtures: a prepared dashboard workspace built with the CLI on tiny seeded models, and a planted
+workspace of a healthy and an anchor-visible-bug run (`bug_pair`).
 
 `prepared` (session): a tiny hybrid target with a tokenizer, two drafter checkpoints (different seeds) in a
 SpecForge-style training folder, three imported completions (one whose output holds `<script>` and HTML,
@@ -91,6 +92,19 @@ def demo_workspace(tmp_path_factory) -> Path:
     )
     assert p.returncode == 0, p.stderr[-3000:]
     return ws
+
+
+@pytest.fixture(scope="session")
+def bug_pair(tmp_path_factory) -> dict:
+    """A planted workspace (tools/planted.py: no replay) of 16 completions and two runs of one extraction: a healthy
+    drafter ("step_100") and one drafting 60 % of its anchors one position behind and sure of it, as the
+    anchor-visible bug does ("step_200"). Read-only. {"ws", "healthy", "buggy"}: run ids."""
+    from dflash_dash.store import Store
+    from tools import planted
+
+    ws = planted.build(tmp_path_factory.mktemp("bug-pair"), 16, 96, 2, block_size=8, budget=0, lags=(0.0, 0.6))
+    runs = {Path(r["checkpoint"]).name: r["id"] for r in Store(ws).runs()}
+    return {"ws": ws, "healthy": runs["step_100"], "buggy": runs["step_200"]}
 
 
 @pytest.fixture

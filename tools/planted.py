@@ -67,12 +67,20 @@ def completions_file(work: Path, tok, prompts: int, tokens: int, seed: int = 0) 
 
 
 def planted_results(
-    comps: list[dict], seed: int, block_size: int, budget: int, vocab: int = 512, mean_accepted: float = 2.3
+    comps: list[dict],
+    seed: int,
+    block_size: int,
+    budget: int,
+    vocab: int = 512,
+    mean_accepted: float = 2.3,
+    lag: float = 0.0,
 ) -> list:
     """`metrics.Prompt`s of a drafter that does not exist, shaped as a real every-anchor replay's (accepted(p)
     at every anchor, drafts [A][B-1], draft log-probabilities, the rounds' top-K blocks, a DDTree walk): per
     anchor the first a drafts equal the target's next tokens (a geometric, mean about `mean_accepted`), the next
-    differs, the rest are seeded random ids."""
+    differs, the rest are seeded random ids. `lag`: the share of anchors drafted as the anchor-visible bug does,
+    one position behind (d_k = t[p+k-1]) and sure of it (p_k near 1); accepted(p) then counts the leading drafts
+    that happen to equal the target's."""
     import numpy as np
 
     from dflash_dash import metrics, replay, walks
@@ -93,6 +101,11 @@ def planted_results(
         drafts = np.where(clash, (drafts + 1) % vocab, drafts)
         acc = np.minimum(want, inside.sum(1))
         logp = -rng.exponential(1.0, (A, D)).astype(np.float32)
+        if lag:
+            behind = rng.random(A) < lag
+            drafts = np.where(behind[:, None], toks[np.minimum(pos, T) - 1], drafts)
+            acc = np.where(behind, np.cumprod((drafts == tgt) & inside, axis=1).sum(1), acc)
+            logp = np.where(behind[:, None], -rng.exponential(0.05, (A, D)), logp).astype(np.float32)
         rounds = walks.chain_walk(acc, P, T)
         at = np.asarray([p for p, _, _ in rounds], dtype=np.int64) - P
         top_ids = np.concatenate([drafts[at][..., None], rng.integers(0, vocab, (len(at), D, K - 1))], -1)
@@ -127,11 +140,13 @@ def build(
     block_size: int = 16,
     budget: int = 8,
     each: Callable[[int, Callable[[], dict]], dict] | None = None,
+    lags: tuple[float, ...] = (),
 ) -> Path:
     """The workspace `work/ws`: tiny target and tokenizer (`work/models`), `prompts` completions of `tokens`
     tokens imported as set `SET`, one extraction recorded done without features, and `runs` planted runs of
     checkpoints `work/models/sweep/step_{100 i}` (tiny drafters, seeds 0..runs-1). `each(i, store_step)` wraps run
-    i's store step (the benchmark times it); by default it is just called. Returns the workspace."""
+    i's store step (the benchmark times it); by default it is just called. `lags[i]`: run i's share of anchors
+    drafted one position behind (`planted_results`; 0 past the tuple). Returns the workspace."""
     from transformers import AutoTokenizer
 
     from dflash_dash import ops, pipeline
@@ -165,7 +180,7 @@ def build(
     ex_row, comps = st.extraction(ex), st.completions(SET)
     for i in range(runs):
         ck = tiny.write_drafter(cks / f"step_{(i + 1) * 100}", tiny.TinyDrafter(seed=i, block_size=block_size))
-        res = planted_results(comps, i, block_size, budget)
+        res = planted_results(comps, i, block_size, budget, lag=lags[i] if i < len(lags) else 0.0)
 
         def step(ck=ck, res=res):
             return pipeline.store_run(st, ex_row, ops.CheckpointSpec(str(ck)), res, budget, "cpu", "float32", "every")

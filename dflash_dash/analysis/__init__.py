@@ -15,6 +15,7 @@ that import torch, are imported on first use.
   checks       drafter config against an extraction and its target, sliding-window train/serve rows
   conformance  engine tau beside the replay's tau per prompt; engine-stats parsing
   patterns     failure patterns: by token class, position, context length, rejected pairs, worst spans
+  signatures   training-bug signatures: a run against a healthy reference, each figure with its interval
 """
 
 from __future__ import annotations

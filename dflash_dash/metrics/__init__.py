@@ -26,6 +26,7 @@ from .budget import (
 )
 from .calibration import (
     CAL_BINS,
+    cal_arrays,
     cal_samples,
     calibration_ece,
     calibration_ece_depth,
@@ -91,6 +92,7 @@ from .spread import (
     TUKEY_MIN,
     TUKEY_RULE,
     bootstrap,
+    bootstrap_sums,
     fences,
     fences_of,
     outliers,
@@ -127,7 +129,9 @@ __all__ = [
     "TUKEY_RULE",
     "accept_hist",
     "bootstrap",
+    "bootstrap_sums",
     "budget_rounds",
+    "cal_arrays",
     "cal_samples",
     "calibration_ece",
     "calibration_ece_depth",

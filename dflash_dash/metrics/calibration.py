@@ -23,11 +23,11 @@ def recorded(p: Prompt, ctx: Ctx) -> bool:
 def cal_samples(p: Prompt, ctx: Ctx) -> list[tuple[int, float, bool]]:
     """(depth k, predicted p_k, accepted) per chain-walk round and depth k: slot k inside the completion and
     d_1..d_{k-1} accepted. [] when the prompt has no draft log-probabilities."""
-    k, q, ok = _cal(p, ctx)
+    k, q, ok = cal_arrays(p, ctx)
     return list(zip(k.tolist(), q.tolist(), ok.tolist()))
 
 
-def _cal(p: Prompt, ctx: Ctx) -> tuple:
+def cal_arrays(p: Prompt, ctx: Ctx) -> tuple:
     """`cal_samples` as arrays (depth k [S], p_k [S], accepted [S]), round by round, k ascending; once per Prompt."""
     import numpy as np
 
@@ -52,7 +52,7 @@ def _samples(ps: list[Prompt], ctx: Ctx) -> tuple | None:
 
     if not any(recorded(p, ctx) for p in ps):
         return None
-    got = [_cal(p, ctx) for p in ps]
+    got = [cal_arrays(p, ctx) for p in ps]
     return tuple(np.concatenate([g[i] for g in got]) for i in range(3))
 
 

@@ -37,9 +37,44 @@ def bootstrap(
     v = np.asarray(values, dtype=float)
     if not len(v):
         return None
-    idx = np.random.default_rng(seed).integers(0, len(v), size=(n, len(v)))
-    lo, hi = np.quantile(stat(v[idx]), [(1 - level) / 2, (1 + level) / 2])
+    return _interval(stat(v[_resamples(len(v), n, seed)]), level)
+
+
+def _resamples(m: int, n: int, seed: int):
+    """[n, m] row indices of n bootstrap resamples of m rows (the one draw every interval here uses)."""
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(0, m, size=(n, m))
+
+
+def _interval(stats, level: float) -> list[float] | None:
+    """The percentile interval of resampled statistics; NaN statistics (an undefined ratio) are left out."""
+    import numpy as np
+
+    s = np.asarray(stats, dtype=float)
+    s = s[~np.isnan(s)]
+    if not len(s):
+        return None
+    lo, hi = np.quantile(s, [(1 - level) / 2, (1 + level) / 2])
     return [float(lo), float(hi)]
+
+
+def bootstrap_sums(
+    parts, stat: Callable, n: int = BOOT_N, seed: int = BOOT_SEED, level: float = BOOT_LEVEL
+) -> list[float] | None:
+    """`bootstrap` of a statistic of summed per-prompt counts: `parts` [m, j] (one row of counts per prompt),
+    stat(sums [n, j]) -> [n]; each resample's sums are weights @ parts (weights [n, m]: how often each prompt was
+    drawn, from the same draw as `bootstrap`), so memory stays n*(m+j) for any j."""
+    import numpy as np
+
+    v = np.asarray(parts, dtype=float)
+    if not len(v):
+        return None
+    idx = _resamples(len(v), n, seed)
+    w = np.zeros((n, len(v)))
+    np.add.at(w, (np.arange(n)[:, None], idx), 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _interval(stat(w @ v), level)
 
 
 def tau_macro_ci(ps: list[Prompt], ctx: Ctx) -> list[float] | None:

@@ -21,7 +21,7 @@ from .attribute import attribute
 from .base import DTYPES, Progress, Runner, features_root, here, work
 from .extract import extract, layers_of
 from .ingest import export_completions, fetch, hub_snapshot, import_completions, import_features, parse_jsonl
-from .kept import ANALYSES, analysis, conformance, export, import_engine_stats, keep, listing
+from .kept import ANALYSES, analysis, conformance, export, import_engine_stats, keep, listing, signatures
 from .replay import LayersMissing, check_replay, checkpoints_in, replay, sliding_check, store_run, sweep
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "perform",
     "replay",
     "sliding_check",
+    "signatures",
     "store_run",
     "sweep",
     "work",

@@ -15,8 +15,9 @@ from .. import metrics
 from ..ops import InputError
 from ..store import Store, StoreError
 
-ANALYSES = ("prompts", "calibration", "patterns", "lag", "heads")  # whole-run analyses kept (run_analyses)
-NEWEST = {"patterns": "context_position"}  # the newest key of an analysis: one kept before it is computed again
+ANALYSES = ("prompts", "calibration", "patterns", "lag", "heads", "signatures")  # whole-run analyses kept
+# the newest key of an analysis: one kept before it is computed again
+NEWEST = {"patterns": "context_position", "signatures": "version"}
 
 
 def analysis(store: Store, run_id: str, name: str, rows: list[metrics.Prompt] | None = None) -> dict:
@@ -25,7 +26,8 @@ def analysis(store: Store, run_id: str, name: str, rows: list[metrics.Prompt] | 
     "prompts" (metrics.prompt_rows: per-prompt numbers, no arrays), "calibration" (analysis.calibration),
     "patterns" (failure-pattern tables, tokens decoded with the target's tokenizer when it has one) or "lag"
     ({prompt_id: [anchors, lagging, on target] per slot}, metrics.lag_counts) or "heads" (analysis.heads: top-K
-    headroom and a confidence head's view). `rows`: the run's scored prompt
+    headroom and a confidence head's view) or "signatures" (analysis.signatures.measure: the per-prompt counts of
+    the training-bug signatures). `rows`: the run's scored prompt
     rows when the caller holds them (else read from the store)."""
     if name not in ANALYSES:
         raise InputError(f"analysis {name!r}: not one of {', '.join(ANALYSES)}")
@@ -48,7 +50,7 @@ def keep(
     from the same rows (the store step), which the calibration would otherwise compute again; `comps`: the set's
     completions by prompt id, when the caller has them already (a sweep's store steps); `rows`: the run's scored
     prompt rows (the store step's, which hold what the summary computed once), else read from the store."""
-    from ..analysis import patterns
+    from ..analysis import patterns, signatures as signatures_mod
     from ..analysis.calibration import calibration
     from ..analysis.heads import heads
     from ..vocab import load_vocab
@@ -59,7 +61,9 @@ def keep(
     rows = sorted(rows, key=lambda p: p.id) if rows is not None else store.prompts(run_id)
     if comps is None:
         comps = (
-            {c["prompt_id"]: c for c in store.completions(ex["set_name"])} if {"lag", "patterns"} & set(names) else {}
+            {c["prompt_id"]: c for c in store.completions(ex["set_name"])}
+            if {"lag", "patterns", "signatures"} & set(names)
+            else {}
         )
     out = {}
     for name in names:
@@ -70,18 +74,9 @@ def keep(
         elif name == "heads":
             val = heads(rows, B, budget, summary if summary is not None else metrics.complete(r["summary"], rows))
         elif name == "lag":
-            val = {
-                p.id: list(
-                    metrics.lag_counts(
-                        p.drafts.ravel(),
-                        list(comps[p.id]["prompt_ids"]) + list(comps[p.id]["output_ids"]),
-                        p.prompt_len,
-                        B,
-                    )
-                )
-                for p in rows
-                if p.id in comps
-            }
+            val = lag_of(rows, comps, B)
+        elif name == "signatures":
+            val = signatures_mod.measure(rows, B, out["lag"] if "lag" in out else lag_of(rows, comps, B))
         else:
             order = {pid: c["idx"] for pid, c in comps.items()}
             vocab = load_vocab(ex["target_path"])
@@ -100,6 +95,59 @@ def keep(
         for name, val in out.items():
             store.set_analysis(run_id, name, val)
     return out
+
+
+def lag_of(rows: list[metrics.Prompt], comps: dict[str, dict], block_size: int) -> dict[str, list]:
+    """{prompt id: metrics.lag_counts triple} of the prompts whose completion is in `comps` (the analysis "lag")."""
+    return {
+        p.id: list(
+            metrics.lag_counts(
+                p.drafts.ravel(),
+                list(comps[p.id]["prompt_ids"]) + list(comps[p.id]["output_ids"]),
+                p.prompt_len,
+                block_size,
+            )
+        )
+        for p in rows
+        if p.id in comps
+    }
+
+
+def signatures(store: Store, run: str | None = None, reference: str | None = None) -> dict:
+    """The training-bug signatures of run `run` against run `reference` (analysis.signatures.compare, from both
+    runs' kept "signatures" and their attributions): {"run", "reference", "rows"}. Defaults: the reference is the
+    healthiest run (highest tau macro) on the run's extraction; without a run, the pair Diagnostics opens with
+    (analysis.signatures.default_pair). Also "points_to": {bug: separating signatures naming it}. Store only."""
+    from ..analysis import signatures as signatures_mod
+    from ..analysis.attribution import attribution_rows
+
+    runs = store.runs()
+    if run is None and reference is None:
+        pair = signatures_mod.default_pair(runs)
+        if pair is None:
+            raise InputError("signatures: no two runs with a tau on one extraction; replay two checkpoints first")
+        run, reference = pair
+    r = store.run_row(run or "latest")
+    if not reference:
+        reference = signatures_mod.reference_for(runs, r["id"])
+        if reference is None:
+            raise InputError(f"--reference: no other run to compare run {r['id']} with; replay a healthy checkpoint")
+    ref = store.run_row(reference)
+    if ref["id"] == r["id"]:
+        raise InputError(f"--reference {ref['id']}: the run itself; give another run (a healthy checkpoint's)")
+    rows = signatures_mod.compare(
+        analysis(store, r["id"], "signatures"),
+        analysis(store, ref["id"], "signatures"),
+        attribution_rows(store.attributions(r["id"])),
+        attribution_rows(store.attributions(ref["id"])),
+    )
+    return {
+        "run": {"id": r["id"], "name": r["name"], "tau_macro": r["summary"].get("tau_macro")},
+        "reference": {"id": ref["id"], "name": ref["name"], "tau_macro": ref["summary"].get("tau_macro")},
+        "same_extraction": r["extraction_id"] == ref["extraction_id"],
+        "points_to": signatures_mod.points_to(rows),
+        "rows": rows,
+    }
 
 
 def analyses(store: Store, r: dict) -> dict:

@@ -1,6 +1,6 @@
 """plotly figures of the kept analyses: calibration (reliability diagram, predicted against observed acceptance
-per depth, expected against observed tau per prompt) and failure patterns (acceptance by token class, by bin, against
-context position).
+per depth, expected against observed tau per prompt), failure patterns (acceptance by token class, by bin, against
+context position) and the training-bug signatures of a run beside its reference.
 
 Contract: each figure takes the rows of `analysis.calibration` or `analysis.patterns` (one run, or several by
 name) and returns a plotly Figure laid out like every other (`figures.layout`). Left axes of probabilities span
@@ -218,3 +218,25 @@ def stop_fig(rows: list[dict], threshold: float) -> go.Figure:
     fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="drafts verified", showgrid=False))
     fig.update_xaxes(range=[0, 1])
     return layout(fig, "verify only while confidence >= t", "threshold t", "tau (macro)", height=360)
+
+
+def signatures_fig(rows: list[dict], run: str, reference: str) -> go.Figure:
+    """One row per measured signature: the run's figure and the reference's, each with its 95 % interval (`rows`:
+    analysis.signatures.compare); a separating signature's label is starred. All figures are shares or differences
+    of shares, so one x axis holds them."""
+    fig = go.Figure()
+    shown = [r for r in rows if r["run"] is not None and r["reference"] is not None][::-1]
+    labels = [("★ " if r["separates"] else "") + r["label"] for r in shown]
+    for name, key, color in ((reference, "reference", "#888"), (run, "run", "#d62728")):
+        lo = [r[key] - r[f"{key}_ci"][0] if r[f"{key}_ci"] else 0 for r in shown]
+        hi = [r[f"{key}_ci"][1] - r[key] if r[f"{key}_ci"] else 0 for r in shown]
+        fig.add_scatter(
+            x=[r[key] for r in shown],
+            y=labels,
+            mode="markers",
+            name=name,
+            marker=dict(color=color, size=9),
+            error_x=dict(type="data", array=hi, arrayminus=lo, thickness=1.5),
+        )
+    fig.update_xaxes(tickformat=".2f", zeroline=True)
+    return layout(fig, "this run against the reference (★ separates)", "figure, 95 % interval", "", height=340)

@@ -22,9 +22,10 @@ def prob(x: float | None) -> str:
     return fmt(x, 3)
 
 
-def ci(x: float | None, interval: list[float] | None) -> str:
-    """A tau-like number with its interval: '2.20 [1.95, 2.47]' ('—' parts where missing)."""
-    return fmt(x) + (f" [{fmt(interval[0])}, {fmt(interval[1])}]" if interval else "")
+def ci(x: float | None, interval: list[float] | None, digits: int = 2) -> str:
+    """A tau-like number with its interval: '2.20 [1.95, 2.47]' ('—' parts where missing); `digits` 3 for a
+    probability (`prob`)."""
+    return fmt(x, digits) + (f" [{fmt(interval[0], digits)}, {fmt(interval[1], digits)}]" if interval else "")
 
 
 BACKEND_LABELS = {"fla": "fla kernels (GPU)", "torch": "torch path (CPU fallback)"}

@@ -1,5 +1,6 @@
 """Tables for eyes: a run's metrics with formulas, its prompts and outliers, completions with the engine's
-speculative counters, extractions, runs grouped by extraction, GPUs, and engine conformance per prompt.
+speculative counters, extractions, runs grouped by extraction, GPUs, engine conformance per prompt, and the
+training-bug signatures of a run against its reference.
 
 Contract: rows of the store, `metrics` and `analysis` in, lists of dicts out (a dataframe, a CSV download and a
 test read the same rows); sorting is part of the contract. Column labels and formulas come from the metric
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from .. import metrics
 from ..analysis import rounded
-from .formats import acceptance_link, backend_label, csv_text, divergence_link, run_link
+from .formats import acceptance_link, backend_label, ci, csv_text, divergence_link, run_link
 
 TAU_WORDS = ("tau", "delta", "mean_accepted", "gap", "lost", "minus")  # columns of tokens per round (or their change)
 PROB_WORDS = ("share", "acceptance", "observed", "mean_p", "ece", "predicted", "lag", "target", "rate", "P(")
@@ -354,3 +355,25 @@ def _cell(v):
 def conformance_csv(table: list[dict]) -> str:
     """The conformance table as CSV text (st.download_button)."""
     return csv_text([{k: _cell(v) for k, v in r.items()} for r in table])
+
+
+SEPARATES = {True: "yes", False: "no", None: "not measured"}  # the "separates?" column of the signatures table
+
+
+def signature_table(rows: list[dict]) -> list[dict]:
+    """The training-bug signatures of a run against its reference (`analysis.signatures.compare` rows) as the
+    Diagnostics table: each figure with its 95 % interval printed as a probability ('0.432 [0.349, 0.503]',
+    `formats.ci`), the difference signed, separates? yes / no / not measured, what it suggests (or why it was not
+    measured) and the formula; in the registry's order."""
+    return [
+        {
+            "signature": r["label"],
+            "this run": ci(r["run"], r["run_ci"], 3),
+            "reference": ci(r["reference"], r["reference_ci"], 3),
+            "difference": "—" if r["difference"] is None else f"{r['difference']:+.3f}",
+            "separates?": SEPARATES[r["separates"]],
+            "what it suggests": r["suggests"] or r["why"] or "",
+            "formula": r["formula"],
+        }
+        for r in rows
+    ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-VOCAB = 4096
+VOCAB = 2048
 SEED = 0
 SPLIT = "qwen"  # the tokenizer's pre-tokenizer (tools/tiny.write_tokenizer): newlines split from indentation
 EOS = {2, 0}  # <|im_end|>, <|endoftext|>: the target's eos ids (its config), as Qwen's generation config

@@ -3,9 +3,10 @@ train the drafters, and extract the coding-10 completions' hidden states with fl
 
 The target's Gated DeltaNet backward runs on the torch path (fla 0.6.0 refuses its gated chunk backward on Hopper
 with Triton < 3.7.1); every forward after it runs on fla. The drafter's training data is the target's own greedy
-continuations and their hidden states; the drafters are the final one (with an early snapshot) and one trained
-with the anchor-visible bug. Coding-10 is completed greedily on the torch path on the CPU (as the local server
-does) and its completions extracted with fla in the feature-cache format.
+continuations and their hidden states; the drafters are one healthy run (snapshots early, mid and final under
+checkpoints/healthy/) and, trained identically but for one bug each, one per `train_drafter.BUGS`
+(checkpoints/bugs/). Coding-10 is completed greedily on the torch path on the CPU (as the local server does) and
+its completions extracted with fla in the feature-cache format.
 
 Contract: `gpu(build, out, device, smoke)` reads `prepare`'s outputs from `build` and writes target.tar,
 drafters.tar, fla.tar, train_seqs.json, preview.txt and gpu.json to `out`, each stage as soon as it is done
@@ -65,10 +66,13 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
 
     # -- target: the Gated DeltaNet backward runs on the torch path (fla 0.6.0 refuses its gated chunk backward
     #    on Hopper with Triton < 3.7.1: wrong gradients, fla issue #640); every forward after it runs on fla
+    from transformers import AutoTokenizer
+
+    vocab = -(-len(AutoTokenizer.from_pretrained(str(build / "tokenizer"))) // 64) * 64  # a multiple of 64
     shape = (
-        tt.TargetShape()
+        tt.TargetShape(vocab_size=vocab, num_hidden_layers=6, full_attention_interval=3)
         if not smoke
-        else tt.TargetShape(hidden_size=64, intermediate_size=128, head_dim=16, linear_head_dim=16)
+        else tt.TargetShape(vocab, hidden_size=64, intermediate_size=128, head_dim=16, linear_head_dim=16)
     )
     t_cfg = (
         tt.TargetTraining(steps=100_000, budget_s=float(os.environ.get("DEMO_TARGET_BUDGET", 170)))
@@ -88,7 +92,7 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
         log(f"target reused from {reuse}")
     else:
         rec["target_training_backend"] = target_mod.use_backend("torch")
-        tokens = np.load(build / "tokens.npy")
+        tokens = np.load(build / "tokens.npz")["tokens"]
         starts = dict(np.load(build / "doc_starts.npz")) if (build / "doc_starts.npz").is_file() else None
         rec["target"] = tt.train(tokens, build / "tokenizer", tgt, shape, t_cfg, device, log, starts=starts)
         rec["target"]["gated_deltanet_backward"] = (
@@ -114,19 +118,19 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(str(tgt), dtype=torch.float32).to(device).eval()
     prompts = json.loads((build / "train_prompts.json").read_text())
-    prompts = prompts[::2] if not os.environ.get("DEMO_ALL_PROMPTS") else prompts  # 2048 of 4096
     if smoke:
         prompts = prompts[:8] + prompts[-8:]
     if os.environ.get("DEMO_TRAIN_PROMPTS"):  # calibration runs: fewer sequences
         k = int(os.environ["DEMO_TRAIN_PROMPTS"]) // 2
         prompts = prompts[:k] + prompts[-k:]
-    new = int(os.environ.get("DEMO_NEW_TOKENS", 192 if not smoke else 32))
+    new = int(os.environ.get("DEMO_NEW_TOKENS", MAX_NEW_TOKENS if not smoke else 32))
     seqs = td.generate(model, prompts, new, device, batch=4096)
-    # cut at <|im_end|> only (the chat answers' end): past an <|endoftext|> the target goes on with a new
-    # document of its own, still its own behaviour to learn, and 3x the tokens of cutting there too
+    # not cut at <|endoftext|>: past it the target goes on with a new document of its own (comment, def line,
+    # body), still its own behaviour to learn
     seqs = [td.cut(s, len(p), eos=2) for s, p in zip(seqs, prompts)]
     keep = [i for i, (s, p) in enumerate(zip(seqs, prompts)) if len(s) >= len(p) + 2]  # >= 1 anchor
     t_gen = time.perf_counter() - t0
+    labels = bug_labels(model, [seqs[i] for i in keep], [len(prompts[i]) for i in keep], device)
     del model
     decoder, be = target_mod.load(str(tgt), LAYER_IDS, device, torch.float32)
     assert be == backend, be
@@ -173,14 +177,13 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
         seed=SEED,
     )
     dk = work / "drafters"
-    budget = float(os.environ.get("DEMO_DRAFTER_BUDGET", 120))  # final; the buggy one gets half
+    budget = float(os.environ.get("DEMO_DRAFTER_BUDGET", 70))  # seconds for each drafter run
     # batched: 32 sequences x 64 anchors = 2048 blocks a step in one stacked blocks call (the GPU is otherwise
     # idle on a Python loop over a few sequences); the early snapshot at 2% of the steps
     # the lowest validation loss (64 held-out sequences) is kept: with ~0.3M completion tokens the drafter
     # memorises its data within a few thousand steps (val loss 5.5 at step 400 can climb to 15 by step 7300)
     kw = dict(
         steps=100_000,
-        batched=True,
         seqs_per_step=32,
         anchors_per_seq=64,
         lr=2e-3,
@@ -189,20 +192,27 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
         keep_best=True,
         log_every=50,
     )
-    good = td.DrafterTraining(budget_s=budget, snapshot_fracs=[0.02], **kw)
-    bad = td.DrafterTraining(budget_s=budget / 2, bug="anchor_visible", seed=3, **kw)
+    # every bug run is the healthy run with its bug: same budget, seed, data and schedule
+    good = td.DrafterTraining(
+        budget_s=budget, snapshot_fracs=[0.02, 0.1, 0.3], snapshot_name="healthy/step{step:04d}", **kw
+    )
+    bads = {b: td.DrafterTraining(budget_s=budget, bug=b, **kw) for b in td.BUGS}
     if os.environ.get("DEMO_DRAFTER_STEPS"):
-        good.steps, good.budget_s = int(os.environ["DEMO_DRAFTER_STEPS"]), None
-        bad.steps, bad.budget_s = max(1, good.steps // 2), None
+        for t in (good, *bads.values()):
+            t.steps, t.budget_s = int(os.environ["DEMO_DRAFTER_STEPS"]), None
     if smoke:
-        for t in (good, bad):
+        for t in (good, *bads.values()):
             t.steps, t.budget_s, t.log_every, t.seqs_per_step, t.anchors_per_seq = 12, None, 4, 4, 16
             t.val_seqs, t.warmup, t.snapshot_fracs = 4, 3, [0.25] if t.snapshot_fracs else []
-    random.Random(SEED + 3).shuffle(data)  # the held-out (last) sequences: a seeded mix of every prompt kind
-    pad = td.Padded(data)
-    del data
-    rec["drafters"] = td.train(pad, head, d, good, dk, "final-step{step}", device, log)
-    rec["drafters"] += td.train(pad, head, d, bad, dk, "buggy-anchor-visible-step{step}", device, log)
+    order = list(range(len(data)))
+    random.Random(SEED + 3).shuffle(order)  # the held-out (last) sequences: a seeded mix of every family
+    pad = td.Padded([data[i] for i in order])
+    pad.noisy, pad.top_ids, pad.top_lp = (stack([labels[k][i] for i in order], pad.T) for k in range(3))
+    del data, labels
+    rec["drafters"] = td.train(pad, head, d, good, dk, "healthy/step{step:04d}", device, log)
+    for bug, t in bads.items():
+        rec["drafters"] += td.train(pad, head, d, t, dk, "bugs/" + bug.replace("_", "-"), device, log)
+        save_rec()
     save_rec()
     pack("drafters", dk)
     del pad
@@ -305,3 +315,55 @@ def head_text(tgt: Path, c: dict) -> str:
 
     tok = AutoTokenizer.from_pretrained(str(tgt))
     return tok.decode(c["prompt_ids"] + c["output_ids"])
+
+
+NOISE = 0.5  # noisy_labels: share of completion tokens masked before the target labels the sequence
+TOP_K = 32  # soft_kl: the target's top-K kept per position
+
+
+def bug_labels(model, seqs: list[list[int]], prompt_lens: list[int], device: str, batch: int = 256):
+    """Per sequence, what the label bugs train on (index t = the label of the token at t; index 0 unused):
+    noisy [T] (the target's argmax after masking `NOISE` of the completion's tokens with <|mask|>, seeded),
+    top_ids [T, K] int16 and top_lp [T, K] bf16 (the target's top-K next-token log-probs on the clean sequence).
+    Returns three lists aligned with `seqs`."""
+    import torch
+
+    mask_id = 3  # <|mask|> (tools/tiny.write_tokenizer's special tokens), the drafters' mask_token_id
+    g = torch.Generator().manual_seed(SEED + 7)
+    noisy, tids, tlp = [], [], []
+    for s in range(0, len(seqs), batch):
+        grp = seqs[s : s + batch]
+        T = max(len(q) for q in grp)
+        x = torch.zeros(len(grp), T, dtype=torch.long)
+        done = torch.zeros(len(grp), T, dtype=torch.bool)
+        for j, q in enumerate(grp):
+            x[j, : len(q)] = torch.tensor(q)
+            done[j, prompt_lens[s + j] : len(q)] = True
+        hit = (torch.rand(x.shape, generator=g) < NOISE) & done
+        x, xn = x.to(device), torch.where(hit, mask_id, x).to(device)
+        with torch.no_grad():
+            lp = model(input_ids=x, use_cache=False).logits.float().log_softmax(-1)  # [b, T, V]
+            top = lp.topk(TOP_K, dim=-1)
+            nz = model(input_ids=xn, use_cache=False).logits.argmax(-1)  # [b, T]
+        for j, q in enumerate(grp):
+            noisy.append(_shift(nz[j], len(q)))
+            tids.append(_shift(top.indices[j].to(torch.int16), len(q)))
+            tlp.append(_shift(top.values[j].to(torch.bfloat16), len(q)))
+    return noisy, tids, tlp
+
+
+def _shift(v, n: int):
+    """v [T, ...] of predictions at positions 0..n-1 -> [n, ...] with the label of token t at index t."""
+    import torch
+
+    return torch.cat([torch.zeros_like(v[:1]), v[: n - 1]])
+
+
+def stack(rows: list, T: int):
+    """Right-pad a list of [n, ...] tensors to [N, T, ...]."""
+    import torch
+
+    out = torch.zeros((len(rows), T, *rows[0].shape[1:]), dtype=rows[0].dtype, device=rows[0].device)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out

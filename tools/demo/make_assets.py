@@ -2,25 +2,23 @@
 root; development tooling, never imported by the app or the CLI).
 
 Steps (each records seeds, arguments, versions, timings and losses for MANIFEST.json):
-  prepare       (CPU)  stdlib corpus -> byte-level BPE tokenizer (with <|mask|>), uint16 token stream, the
-                       prompts of the drafter's training data, and the coding-10 prompt ids exactly as
-                       `pipeline.fetch` makes them (plain text, no chat template).
+  prepare       (CPU)  synthetic corpus (tools/demo/synth.py) -> byte-level BPE tokenizer (with <|mask|>),
+                       uint16 token stream, the prompts of the drafter's training data, and the coding-10
+                       prompt ids exactly as `pipeline.fetch` makes them (plain text, no chat template).
   gpu           (CUDA) train the target (its Gated DeltaNet backward on the torch path: fla 0.6.0 refuses
                        its gated chunk backward on Hopper with Triton < 3.7.1); generate the drafter's training
                        data with it (its own greedy continuations) and extract their hidden states with fla;
-                       train the drafters (final with an early snapshot, and the anchor-visible bug); complete
+                       train the drafters (a healthy series and one run per training bug); complete
                        coding-10 greedily on the torch path on the CPU (as the local server does) and extract
                        those completions with fla in the feature-cache format. Writes target.tar,
                        drafters.tar, fla.tar, train_seqs.json and gpu.json to --out (each stage as soon as it
                        is done; DEMO_REUSE=<earlier out> reuses a trained target). `--device cpu --smoke`
                        runs every step at toy size on the torch path (development).
   unpack        (CPU)  the tars -> dflash_dash/demo/assets/, plus MANIFEST.json with every record and sizes.
-  cpu-continue  (CPU)  continue a drafter's training on the CPU (torch-path features of the same training
-                       sequences), when the GPU time ran out before the drafters were trained enough.
-  finish        (CPU)  merge the cpu-continue records into MANIFEST.json.
+  finish        (CPU)  merge the device calls' record (gpu_runs.json) into MANIFEST.json.
 
 Contract: this module is the command line only (`main`); each step lives in its own module (`prepare`, `gpu`,
-`manifest` for unpack and finish, `cpu_continue`), sharing the constants and log of `common`.
+`manifest` for unpack and finish), sharing the constants and log of `common`.
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ from pathlib import Path
 
 from dflash_dash.demo import ASSETS
 
-from .cpu_continue import cpu_continue
 from .gpu import gpu
 from .manifest import finish, unpack
 from .prepare import prepare
@@ -52,13 +49,6 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--build", default=".demo-build")
     s.add_argument("--assets", default=str(ASSETS))
     s.add_argument("--command", default="")
-    s = sub.add_parser("cpu-continue")
-    s.add_argument("--src", required=True)
-    s.add_argument("--which", default="final", choices=["final", "buggy-"])
-    s.add_argument("--assets", default=str(ASSETS))
-    s.add_argument("--minutes", type=float, default=20.0)
-    s.add_argument("--chunk-minutes", type=float, default=5.0)
-    s.add_argument("--seqs", type=int, default=1024)
     s = sub.add_parser("finish")
     s.add_argument("--src", required=True)
     s.add_argument("--assets", default=str(ASSETS))
@@ -67,8 +57,6 @@ def main(argv: list[str] | None = None) -> None:
         prepare(Path(a.build))
     elif a.step == "gpu":
         gpu(Path(a.build), Path(a.out), a.device, a.smoke)
-    elif a.step == "cpu-continue":
-        cpu_continue(Path(a.src), a.which, Path(a.assets), a.minutes, a.chunk_minutes, a.seqs)
     elif a.step == "finish":
         finish(Path(a.src), Path(a.assets))
     else:

@@ -3,7 +3,7 @@ directory, and MANIFEST.json, which records every step's seeds, arguments, versi
 
 Contract: `unpack(src, build, assets, command)` replaces `assets` with the untarred target, drafters (renamed to
 the checkpoints directory) and fla features, and writes MANIFEST.json from build/prepare.json and src/gpu.json.
-`finish(src, assets)` merges src/cpu-*.json (the `cpu-continue` records) and src/gpu_runs.json into it and
+`finish(src, assets)` merges src/gpu_runs.json (the device calls) into it and
 recounts the sizes. Both return the manifest.
 """
 
@@ -19,7 +19,8 @@ from dflash_dash.demo import ASSETS, CHECKPOINTS
 from .common import log
 
 TOKENIZER_NOTE = (
-    "Byte-level BPE (4096 ids) whose pre-tokenizer splits text as Qwen2/Qwen3 tokenizers do "
+    "Byte-level BPE (trained on the synthetic corpus, up to 2048 ids) whose pre-tokenizer splits text as "
+    "Qwen2/Qwen3 tokenizers do "
     "(tools/tiny.QWEN2_SPLIT, then byte-level with no regex): a newline is its own pre-token (or ends a "
     "punctuation run, as in '):\\n') and the indentation after it starts the next one. The GPT-2 pattern "
     "does not suit: its \\s+(?!\\S) glues a newline to the indentation that follows ('\\n   ' + ' return'), so a "
@@ -42,8 +43,9 @@ def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> 
     sizes = {str(p.relative_to(assets)): p.stat().st_size for p in sorted(assets.rglob("*")) if p.is_file()}
     manifest = {
         "what": "dflash-dash demo assets: a small hybrid qwen3_5_text target (Gated DeltaNet + full attention) "
-        "trained on the Python standard library, DFlash drafters trained against its hidden states, "
-        "and its coding-10 completions' hidden states extracted on GPU with fla",
+        "trained on a synthetic corpus of small Python functions (tools/demo/synth.py), DFlash drafters trained "
+        "against its hidden states (a healthy run and one run per training bug), and its coding-10 completions' "
+        "hidden states extracted on GPU with fla",
         "commands": {
             "prepare": "python -m tools.demo.make_assets prepare --build .demo-build",
             "gpu": "python -m tools.demo.make_assets gpu --build .demo-build --out $OUT  (one H200, "
@@ -54,6 +56,7 @@ def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> 
         "tokenizer": TOKENIZER_NOTE,
         "prepare": json.loads((build / "prepare.json").read_text()),
         "gpu": gpu_rec,
+        "checkpoints": listing(gpu_rec["drafters"]),
         "sizes": sizes,
         "total_bytes": sum(sizes.values()),
     }
@@ -63,11 +66,8 @@ def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> 
 
 
 def finish(src: Path, assets: Path = ASSETS) -> dict:
-    """Merge the CPU continuation records into MANIFEST.json and recount the asset sizes."""
+    """Merge the device calls' record into MANIFEST.json and recount the asset sizes."""
     man = json.loads((assets / "MANIFEST.json").read_text())
-    cont = {f.stem.removeprefix("cpu-"): json.loads(f.read_text()) for f in sorted(src.glob("cpu-*.json"))}
-    if cont:
-        man["cpu_continuation"] = cont
     if (src / "gpu_runs.json").is_file():  # the device calls, as run (commands, wall and device seconds)
         man["commands"]["gpu_runs"] = json.loads((src / "gpu_runs.json").read_text())
     sizes = {
@@ -78,3 +78,34 @@ def finish(src: Path, assets: Path = ASSETS) -> dict:
     man["sizes"], man["total_bytes"] = sizes, sum(sizes.values())
     (assets / "MANIFEST.json").write_text(json.dumps(man, indent=1))
     return man
+
+
+def listing(records: list[dict]) -> list[dict]:
+    """MANIFEST.json's `checkpoints`: the healthy run's snapshots by step (the first "early", the run's own last
+    checkpoint "final", the others "series"), then one entry per bug run; each with its folder under checkpoints/,
+    its run name in the demo, and one sentence a newcomer understands."""
+    healthy = [r for r in records if not r.get("bug")]
+    final = healthy[-1]  # saved last: the run's named checkpoint (its lowest validation loss)
+    out = []
+    for i, r in enumerate(sorted(healthy, key=lambda r: r["step"])):
+        role = "final" if r is final else "early" if i == 0 else "series"
+        what = {
+            "final": f"The healthy drafter (step {r['step']}): trained on the target's own greedy generations "
+            "with hard cross-entropy on its tokens. The reference the others are measured against.",
+            "early": f"The healthy run early in training (step {r['step']}): the same recipe, not yet learned.",
+            "series": f"The healthy run at step {r['step']}: one point of its training curve.",
+        }[role]
+        name = {"final": "final", "early": "early", "series": "healthy"}[role]
+        out.append({"dir": r["name"], "name": f"{name}-step{r['step']}", "role": role, "bug": None, "what": what})
+    for r in records:
+        if r.get("bug"):
+            out.append(
+                {
+                    "dir": r["name"],
+                    "name": f"bug-{r['bug'].replace('_', '-')}-step{r['step']}",
+                    "role": "bug",
+                    "bug": r["bug"],
+                    "what": f"Trained exactly as the healthy run except for one bug: {r['bug_what']}.",
+                }
+            )
+    return out

@@ -8,13 +8,13 @@ Contract:
     strictly before the anchor; the block [anchor token, MASK x (B-1)] is embedded with the frozen target
     embedding; the drafter runs bidirectionally inside the block (`DFlash.context_kv` + `DFlash.blocks`,
     the very forward the replay uses); slot i is scored against the token at anchor+i through the frozen
-    target LM head with cross-entropy weighted by exp(-(i-1)/gamma). `bug="anchor_visible"` trains the
-    known bug: the context includes the anchor's own hidden state (positions shifted by one, so relative
-    positions are unchanged and only the leaked state differs from what inference provides).
-  - `batched=True` (the GPU run): every step takes `seqs_per_step` sequences stacked (right-padded to one
-    length) with `anchors_per_seq` random completion anchors each, in one `DFlash.blocks` call over the
-    stacked context (`batch_loss`): the same objective, thousands of blocks per step instead of a Python
-    loop over a few sequences; a few held-out sequences give a validation loss in the loss curve.
+    target LM head with cross-entropy weighted by exp(-(i-1)/gamma). Every step takes `seqs_per_step`
+    sequences stacked (right-padded to one length) with `anchors_per_seq` random completion anchors each, in one
+    `DFlash.blocks` call over the stacked context (`batch_loss`); a few held-out sequences give a validation loss.
+  - `bug` trains one of the seeds' training bugs (`BUGS`), everything else unchanged: `anchor_visible` (the
+    context includes the anchor's own hidden state: positions shifted by one, so relative positions are unchanged
+    and only the leaked state differs from what inference provides), `noisy_labels` (labels from `Padded.noisy`),
+    `soft_kl` (KL against `Padded.top_lp` instead of cross-entropy on the tokens).
   - Checkpoints are written in the DFlash checkpoint format (config.json + bf16 model.safetensors), with the steps,
     seconds and loss curve returned for the manifest.
 """
@@ -49,14 +49,14 @@ class DrafterTraining:
     clip: float = 1.0  # gradient-norm clip
     gamma: float = 7.0  # position decay: slot i weighs exp(-(i-1)/gamma)
     seed: int = 2  # init and sampling seed
-    bug: str | None = None  # None, or "anchor_visible" (context includes the anchor)
+    bug: str | None = None  # None or one of BUGS: the training bug this run reproduces
     snapshot_fracs: list[float] = field(default_factory=list)  # extra checkpoints at these fractions of steps
+    snapshot_name: str = "early-step{step}"  # folder name of a snapshot ({step}: its step)
     log_every: int = 50  # loss-curve resolution
     budget_s: float | None = None  # wall-clock budget: after `probe` steps, steps = what fits (<= steps)
     probe: int = 10  # steps timed before the budget fixes the step count (fixed again at 5x)
-    batched: bool = False  # stack seqs_per_step sequences in one blocks call (batch_loss)
-    val_seqs: int = 0  # batched: sequences held out for the validation loss (last ones)
-    keep_best: bool = False  # batched, with val_seqs: the named checkpoint holds the weights of the
+    val_seqs: int = 0  # sequences held out for the validation loss (last ones)
+    keep_best: bool = False  # with val_seqs: the named checkpoint holds the weights of the
     # lowest validation loss seen at a log step (early stopping)
 
 
@@ -164,47 +164,26 @@ def _lr(step: int, t: DrafterTraining) -> float:
     return t.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def block_loss(
-    drafter: DFlash,
-    head: Head,
-    feats: torch.Tensor,
-    tokens: torch.Tensor,
-    prompt_len: int,
-    n: int,
-    gamma: float,
-    g: torch.Generator,
-    bug: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted CE of `n` random blocks of one sequence; also the slot-1 accuracy (for the log).
-
-    feats [T, K*H] (bf16), tokens [T]; anchors: every position prompt_len..T-2, or `n` of them at random.
-    """
-    c, dev = drafter.c, drafter.device
-    T, B = len(tokens), drafter.c.block_size
-    span = T - 1 - prompt_len  # anchors P..T-2
-    pick = torch.arange(span) if span <= n else torch.randperm(span, generator=g)[:n]
-    anchors = (prompt_len + pick).to(dev, non_blocking=True)  # [n']
-    ids = torch.full((len(pick), B), c.mask_token_id, dtype=torch.long, device=dev)
-    ids[:, 0] = tokens[anchors]
-    emb = head.embed[ids]  # [n', B, H]
-    kv = drafter.context_kv(feats)
-    # the bug: context visible up to AND including the anchor (queries moved one position on)
-    h = drafter.blocks(kv, anchors + 1 if bug == "anchor_visible" else anchors, emb, max_anchor=T - 1)
-    logits = (h[:, 1:] @ head.lm_head.T).float()  # [n, B-1, V]
-    pos = anchors[:, None] + torch.arange(1, B, device=dev)  # [n, B-1]
-    valid = pos < T
-    labels = torch.where(valid, tokens[pos.clamp(max=T - 1)], torch.full_like(pos, -100))
-    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none")
-    decay = torch.exp(-torch.arange(B - 1, device=dev, dtype=torch.float32) / gamma)  # slot i: exp(-(i-1)/g)
-    wts = (decay[None, :] * valid).flatten()
-    loss = (ce * wts).sum() / wts.sum()
-    acc1 = (logits[:, 0].argmax(-1) == labels[:, 0]).float().mean()
-    return loss, acc1
+BUGS = {
+    "anchor_visible": "the context includes the anchor's own hidden state (the shortcut: the target layer that "
+    "gives the answer away is fed to fc in training, and is absent at inference)",
+    "noisy_labels": "labels are the target's argmax on a diffusion-noised copy of the sequence (completion tokens "
+    "masked at random) instead of its clean greedy tokens",
+    "soft_kl": "soft KL against the target's distribution (its top-K, renormalised) instead of hard cross-entropy "
+    "on the target's tokens",
+}
 
 
 class Padded:
     """The training data stacked on its device: feats [N, T, K*H] (bf16), tokens [N, T], prompt and sequence
-    lengths [N] (right padding: a causal model's features never see it, and no anchor or label reaches it)."""
+    lengths [N] (right padding: a causal model's features never see it, and no anchor or label reaches it).
+    For the label bugs: `noisy` [N, T] (the noisy_labels bug's label at each position) and `top_ids`, `top_lp`
+    [N, T, K] (the target's top-K ids and log-probs for the token at each position, for soft_kl); None unless set.
+    """
+
+    noisy: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    top_lp: torch.Tensor | None = None
 
     def __init__(self, data: list[tuple[torch.Tensor, torch.Tensor, int]]):
         dev = data[0][0].device
@@ -249,8 +228,15 @@ def batch_loss(
     logits = (h[:, 1:] @ head.lm_head.T).float()  # [S*n, B-1, V]
     pos = anchors[:, None] + torch.arange(1, B, device=dev)  # [S*n, B-1]
     valid = pos < L[seq][:, None]
-    labels = torch.where(valid, tokens[seq[:, None], pos.clamp(max=T - 1)], torch.full_like(pos, -100))
-    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none")
+    at = (seq[:, None], pos.clamp(max=T - 1))
+    src = pad.noisy[idx] if bug == "noisy_labels" else tokens  # [S, T]
+    labels = torch.where(valid, src[at], torch.full_like(pos, -100))
+    if bug == "soft_kl":  # KL(p || q) over the target's top-K, renormalised
+        p = pad.top_lp[idx][at].float().softmax(-1)  # [S*n, B-1, K]
+        lq = logits.log_softmax(-1).gather(-1, pad.top_ids[idx][at].long())
+        ce = (p * (p.clamp_min(1e-12).log() - lq)).sum(-1).flatten()
+    else:
+        ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none")
     decay = torch.exp(-torch.arange(B - 1, device=dev, dtype=torch.float32) / gamma)
     wts = (decay[None, :] * valid).flatten()
     loss = (ce * wts).sum() / wts.sum()
@@ -272,7 +258,7 @@ def train(
 ) -> list[dict]:
     """Train one drafter on `data` = [(features [T, K*H], tokens [T], prompt_len)], all on `device`.
 
-    Saves `out/<name>` (a format string; `{step}` is the last step) at the end and `out/early-step<S>` at
+    Saves `out/<name>` (a format string; `{step}` is the last step) at the end and `out/<t.snapshot_name>` at
     each snapshot step. Returns one record per saved checkpoint. `init`: continue from that checkpoint's
     weights (a fresh optimizer and schedule), with step numbers in names counted on from `step0`.
     """
@@ -300,12 +286,10 @@ def train(
     )
     curve, records, t0 = [], [], time.perf_counter()
     snaps = {max(1, int(f * t.steps)) for f in t.snapshot_fracs}
-    pad, val = None, None
-    if t.batched:
-        pad = data if isinstance(data, Padded) else Padded(data)
-        n_train = len(pad) - t.val_seqs
-        val = torch.arange(n_train, len(pad), device=pad.P.device) if t.val_seqs else None
-        gv = torch.Generator().manual_seed(t.seed + 100)
+    pad = data if isinstance(data, Padded) else Padded(data)
+    n_train = len(pad) - t.val_seqs
+    val = torch.arange(n_train, len(pad), device=pad.P.device) if t.val_seqs else None
+    gv = torch.Generator().manual_seed(t.seed + 100)
     step, cap, t_probe = 0, t.steps, 0.0
     best = (float("inf"), 0, None, None)  # (val loss, step, weights, curve) of keep_best
     while step < t.steps:
@@ -326,22 +310,12 @@ def train(
             grp["lr"] = _lr(step, t)
         opt.zero_grad(set_to_none=True)
         tot, acc = 0.0, 0.0
-        if t.batched:
-            idx = torch.randint(0, n_train, (t.seqs_per_step,), generator=g).to(pad.P.device)
-            with amp:
-                loss, a1 = batch_loss(drafter, head, pad, idx, t.anchors_per_seq, t.gamma, g, t.bug)
-            loss.backward()
-            if _logged(step, t):
-                tot, acc = float(loss.detach()), float(a1)
-        else:
-            pick = torch.randint(0, len(data), (t.seqs_per_step,), generator=g).tolist()
-            for i in pick:
-                feats, tokens, P = data[i]
-                with amp:
-                    loss, a1 = block_loss(drafter, head, feats, tokens, P, t.anchors_per_seq, t.gamma, g, t.bug)
-                (loss / t.seqs_per_step).backward()
-                tot += float(loss.detach()) / t.seqs_per_step if _logged(step, t) else 0.0
-                acc += float(a1) / t.seqs_per_step if _logged(step, t) else 0.0
+        idx = torch.randint(0, n_train, (t.seqs_per_step,), generator=g).to(pad.P.device)
+        with amp:
+            loss, a1 = batch_loss(drafter, head, pad, idx, t.anchors_per_seq, t.gamma, g, t.bug)
+        loss.backward()
+        if _logged(step, t):
+            tot, acc = float(loss.detach()), float(a1)
         torch.nn.utils.clip_grad_norm_(list(w.values()), t.clip)
         opt.step()
         if _logged(step, t):
@@ -363,10 +337,12 @@ def train(
             at, ww, cv = step + 1, w, curve
             if last and t.keep_best and best[2] is not None:  # early stopping: the best validation loss
                 _, at, ww, _ = best
-            label = name.format(step=step0 + at) if last else f"early-step{step + 1}"
+            label = (name if last else t.snapshot_name).format(step=step0 + at)
             rec = {
                 "name": label,
                 "step": step0 + at,
+                "bug": t.bug,
+                "bug_what": BUGS.get(t.bug),
                 "init": str(init) if init else None,
                 "seconds": round(time.perf_counter() - t0, 1),
                 "loss": next((c[1] for c in cv if c[0] == at), cv[-1][1] if cv else None),
