@@ -105,7 +105,7 @@ def test_selecting_a_table_row_opens_its_token_view(env, page):
     want = order[-1]  # the highest tau: not the prompt opened by default
     open_page(page, env, f"acceptance?run={p.runs[0]}", "Acceptance")
     page.get_by_text(f"Token view · {order[0]}").wait_for()
-    table = page.locator("[data-testid=stDataFrame]").nth(1)
+    table = page.locator("[data-testid=stDataFrame]").first  # the per-prompt table: the one table of the first paint
     table.scroll_into_view_if_needed()
     drawn(page)
     box = table.bounding_box()
