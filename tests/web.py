@@ -88,8 +88,12 @@ def section(page, label: str, param: str | None = None) -> None:
     btn = page.locator("[data-testid=stButtonGroup] button").filter(has_text=label).first
     btn.scroll_into_view_if_needed()
     btn.click()
-    if param:
-        until(lambda: f"section={param}" in page.url, timeout=30, what=f"the URL to name section {param}")
+    if param:  # location.href read in the page (page.url is refreshed only while Playwright handles a call)
+        until(
+            lambda: f"section={param}" in page.evaluate("() => location.href"),
+            timeout=30,
+            what=f"the URL to name section {param}",
+        )
 
 
 def settle(page) -> None:
