@@ -2,7 +2,8 @@
 
 Contract: `python -m dflash_dash.launch [--workspace W] [--port P] [--address A]` starts
 `streamlit run app.py -- --workspace W` on A:P (output on this terminal) and, when W is a demo workspace
-(`W/demo/target` exists), the local SGLang stand-in serving that target (`python -m dflash_dash serve`) on the port
+(`W/demo/target` exists), the local SGLang stand-in serving that target (`python -m dflash_dash serve`, decoding
+speculatively with the demo's final checkpoint: `demo.server_argv`) on the port
 of `[server] url` in `W/config.toml` (written by `demo.configure` when absent), its output in
 `W/logs/demo-server.log`. It does not start the server when the url is not on this machine or something already
 listens on its port (the dashboard then uses what is there; one line says so). Both children run in their own
@@ -94,7 +95,13 @@ def demo_server_argv(ws: Path, cfg: config_mod.WorkspaceConfig) -> list[str] | N
             f"server is not started: stop that process, or change url in {config_mod.path_of(ws)})"
         )
         return None
-    return [sys.executable, "-m", "dflash_dash", "serve", "--model", str(target.resolve()), "--port", str(u.port)]
+    return demo.server_argv(target.resolve(), u.port, demo.served_drafter(ws))
+
+
+def served_with(argv: list[str]) -> str:
+    """' with drafter CKPT (speculative decoding)' for a server command that decodes speculatively, else ''."""
+    flag = "--speculative-draft"
+    return f" with drafter {argv[argv.index(flag) + 1]} (speculative decoding)" if flag in argv else ""
 
 
 def app_argv(ws: Path, port: int, address: str, watch: bool = True) -> list[str]:
@@ -171,8 +178,8 @@ def run(workspace: str | Path, port: int, address: str) -> int:
             env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
             server = spawn(server_cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             say(
-                f"demo server on {cfg.server_url} (the workspace's [server] url), serving {ws / 'demo' / demo.TARGET}; "
-                f"log {log_path}; it stops with the dashboard"
+                f"demo server on {cfg.server_url} (the workspace's [server] url), serving {ws / 'demo' / demo.TARGET}"
+                f"{served_with(server_cmd)}; log {log_path}; it stops with the dashboard"
             )
         app = spawn(app_argv(ws, port, address))
         started = False

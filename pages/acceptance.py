@@ -14,6 +14,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dflash_dash import metrics
+from dflash_dash.analysis.compare import healthiest_run
 from dflash_dash.analysis.rounds import round_detail, round_options
 from dflash_dash.analysis.trace import trace
 from dflash_dash.render.analysis_figures import (
@@ -25,7 +26,7 @@ from dflash_dash.render.analysis_figures import (
     reliability_fig,
 )
 from dflash_dash.render.figures import accept_curve, depth_fig, hist_fig
-from dflash_dash.render.formats import ci, fmt, prob, sliding_note
+from dflash_dash.render.formats import DEFAULT_RUN_NOTES, ci, fmt, prob, sliding_note
 from dflash_dash.render.tables import TAU_COLUMNS, outlier_links, pattern_rows, prompt_table, summary_rows
 from dflash_dash.render.tokens import legend_html, round_html, text_html, token_html
 from dflash_dash.vocab import Vocab
@@ -392,9 +393,17 @@ def main() -> None:
         return
     by_id = {r["id"]: r for r in runs}
     ids = [r["id"] for r in reversed(runs)]  # newest first
+    default, basis = healthiest_run(runs)  # the healthiest run on the extraction that matches serving
     rid = common.select_param(
-        "run (checkpoint · family · backend · id)", ids, "run", "acc_run", format_func=common.run_label(by_id)
+        "run (checkpoint · family · backend · id)",
+        ids,
+        "run",
+        "acc_run",
+        default=default,
+        format_func=common.run_label(by_id),
     )
+    if rid == default:
+        st.caption(DEFAULT_RUN_NOTES[basis])
     run = by_id[rid]
     s = run["summary"]
     st.caption(

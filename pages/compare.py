@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dflash_dash import metrics, ops
+from dflash_dash import demo, metrics, ops
 from dflash_dash.analysis.compare import (
     config_diff,
     default_pair,
@@ -210,7 +210,8 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
         "order ({run_id}-latest/-best links count once); tau is plotted against step."
     )
     exs = [e for e in common.extractions(ws, stamp) if e["status"] == "done"]
-    folder = st.text_input("training output folder", value=st.query_params.get("sweep", ""), key="sweep_folder")
+    default = st.query_params.get("sweep", "") or demo.series_folder(ws) or ""  # a demo: its healthy run's steps
+    folder = st.text_input("training output folder", value=default, key="sweep_folder")
     if folder.strip():
         st.query_params["sweep"] = folder.strip()
     if exs:

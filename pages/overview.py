@@ -1,12 +1,15 @@
-"""Overview (the app's home at /): where the workspace stands in the pipeline and what to do next, and every run
-grouped by the extraction it replayed (human column labels, the metric's formula as the column's help); a row
-opens its run on the Acceptance page (acceptance?run=ID)."""
+"""Overview (the app's home at /): in a demo workspace, what its checkpoints are and the view that reveals each
+(`demo.story`, from the demo's MANIFEST.json); where the workspace stands in the pipeline and what to do next, and
+every run grouped by the extraction it replayed (human column labels, the metric's formula as the column's help); a
+row opens its run on the Acceptance page (acceptance?run=ID)."""
 
 from __future__ import annotations
 
 import streamlit as st
 
+from dflash_dash import demo
 from dflash_dash.render.formats import backend_label
+from dflash_dash.render.story import story_html
 from dflash_dash.render.tables import run_columns, run_groups
 from pages import common
 
@@ -24,6 +27,9 @@ def main() -> None:
     sets = common.sets(ws, stamp)
     exs = common.extractions(ws, stamp)
     runs = common.runs(ws, stamp)
+    story = demo.story(ws, runs)  # None outside a demo workspace
+    if story:
+        st.html(story_html(story))
     steps = [
         (
             "1. Completions",

@@ -24,9 +24,11 @@ from pathlib import Path
 
 from serving import ROOT, Served
 
+from dflash_dash import demo
+
 DEMO = ROOT / "dflash_dash" / "demo" / "assets"
 TARGET = DEMO / "target"
-DRAFT = next((DEMO / "checkpoints").glob("final-step*"))  # the demo's trained drafter
+DRAFT = demo.final(demo.checkpoints(DEMO / demo.CHECKPOINTS)).path  # the demo's trained drafter (MANIFEST.json)
 IDS = ["json_parser", "merge_sort", "graph_bfs", "matrix_multiply"]  # replay tau 1.07 to 1.26; two stop at EOS
 N = 40  # new tokens per prompt
 

@@ -143,6 +143,10 @@ def test_sweep_and_parity_defaults_skip_newer_extractions_without_runs():
     assert sweep_extraction(runs, "", ["e1", "e2", "e3"]) == "e2"  # no folder: the newest with any run
     assert sweep_extraction([], "/train", ["e1", "e2"]) == "e2"  # no run anywhere: the newest
     assert sweep_extraction([], "", []) is None
+    # the demo: the healthy series on e1, its final checkpoint also on e2 (newer): the curve's extraction, e1
+    series = [run("e1", "/train/step0038"), run("e1", "/train/step1850"), run("e2", "/train/step1850")]
+    assert sweep_extraction(series, "/train", ["e1", "e2"]) == "e1"
+    assert sweep_extraction(series + [run("e2", "/train/step0038")], "/train", ["e1", "e2"]) == "e2"  # tie: newest
     exs = [ex(1), ex(2, "fla"), ex(3), ex(4, "fla"), ex(5, "torch", "other")]
     assert parity_pair(exs, [run("e1"), run("e2")]) == ("e1", "e2")  # e3, e4 and e5 hold no run
     assert parity_pair(exs, [run("e3")]) == ("e3", "e4")  # B: the newest fla of e3's set (none has runs)
@@ -243,3 +247,19 @@ def test_changing_a_or_b_resorts_and_selects_the_largest_difference(prepared, mo
     assert at.selectbox(key="cmp_prompt").value == sorted(order)[0] == at.query_params["prompt"]
     at.selectbox(key="cmp_a").set_value(a_id).run()
     assert options(at) == order and at.selectbox(key="cmp_prompt").value == order[0]
+
+
+def test_acceptance_opens_on_the_healthiest_run_that_matches_serving():
+    """Issue 30: the default run on Acceptance is the healthiest checkpoint on the extraction that matches serving
+    (fla kernels, or a target without linear attention), not the newest run."""
+    from dflash_dash.analysis.compare import healthiest_run
+
+    def run(i, backend, tau):
+        return {"id": f"r{i}", "backend": backend, "summary": {"tau_macro": tau}}
+
+    demo_like = [run(1, "torch", 1.04), run(2, "torch", 1.28), run(3, "torch", 1.03), run(4, "fla", 1.27)]
+    assert healthiest_run(demo_like) == ("r4", "serving")  # the torch run is higher, but not what serving sees
+    assert healthiest_run(demo_like + [run(5, "fla", 1.5), run(6, "n/a", 1.5)]) == ("r6", "serving")  # tie: newest
+    assert healthiest_run(demo_like[:3]) == ("r2", "any")  # no serving-matching run: the healthiest of all
+    assert healthiest_run([run(1, "fla", None), run(2, "torch", None)]) == ("r2", "newest")
+    assert healthiest_run([]) == (None, "")

@@ -54,15 +54,20 @@ def export(ws: Path, run_id: str) -> dict:
     return json.loads(p.stdout)
 
 
+CKS = demo.checkpoints(demo.ASSETS / demo.CHECKPOINTS)  # as MANIFEST.json lists them
+RUNS = len(CKS) + 1  # every checkpoint on the torch extraction, the final one on the fla extraction too
+
+
 def by_prefix(rs: dict[str, dict], prefix: str, fla: bool = False) -> dict:
-    got = [r for n, r in rs.items() if n.startswith(prefix) and n.endswith(demo.FLA_SUFFIX) == fla]
-    assert len(got) == 1, sorted(rs)
-    return got[0]
+    """The run of the demo checkpoint with this role ("early", "final") or bug ("anchor_visible")."""
+    (ck,) = [c for c in CKS if prefix in (c.role, c.bug)]
+    return rs[ck.name + (demo.FLA_SUFFIX if fla else "")]
 
 
 def test_runs_and_tau(ws):
     rs = runs(ws)
-    early, final, buggy = (export(ws, by_prefix(rs, p)["id"]) for p in ("early", "final", "buggy-"))
+    assert sorted(rs) == sorted([c.name for c in CKS] + [demo.final(CKS).name + demo.FLA_SUFFIX])
+    early, final, buggy = (export(ws, by_prefix(rs, p)["id"]) for p in ("early", "final", "anchor_visible"))
     fla = export(ws, by_prefix(rs, "final", fla=True)["id"])
     for e in (early, final, buggy, fla):
         assert len(e["prompts"]) >= 1 and e["summary"]["block_size"] == 16
@@ -73,6 +78,9 @@ def test_runs_and_tau(ws):
     ci = {k: e["summary"]["tau_macro_ci"] for k, e in {"early": early, "final": final, "buggy": buggy}.items()}
     assert tau["final"] >= 1.2, tau
     assert tau["early"] < tau["final"] and tau["buggy"] < tau["final"], tau
+    for c in CKS:  # every checkpoint of the healthy run before the final one, and every bug, below it
+        if c.role != "final":
+            assert rs[c.name]["summary"]["tau_macro"] < tau["final"], c
     assert ci["final"][0] > max(ci["early"][1], ci["buggy"][1]), ci  # clearly above: the intervals apart
     assert tau["fla"] == pytest.approx(tau["final"], abs=0.02), tau  # same model, other kernels
     # every run's rounds and tau are what the chain walk over its accepted_at gives (walked here, by hand)
@@ -106,7 +114,7 @@ def chain_rounds(accepted_at: list[int], P: int, T: int) -> list[int]:
 def test_buggy_signature_in_depth_curves(ws):
     rs = runs(ws)
     final = export(ws, by_prefix(rs, "final")["id"])["summary"]
-    buggy = export(ws, by_prefix(rs, "buggy-")["id"])["summary"]
+    buggy = export(ws, by_prefix(rs, "anchor_visible")["id"])["summary"]
     # the anchor-visible bug: trained with the anchor's own hidden state in view, at inference (context
     # strictly before the anchor) its drafts lag one position, so acceptance collapses from depth 1 on
     assert buggy["depth_conditional"][0] < 0.5 * final["depth_conditional"][0], (buggy, final)
@@ -139,7 +147,7 @@ def lag(ws: Path, run_id: str, slots: tuple[int, int] = LAG_SLOTS) -> tuple[floa
 def test_buggy_drafts_lag_one_position(ws):
     rs = runs(ws)
     f_right, f_behind = lag(ws, by_prefix(rs, "final")["id"])
-    b_right, b_behind = lag(ws, by_prefix(rs, "buggy-")["id"])
+    b_right, b_behind = lag(ws, by_prefix(rs, "anchor_visible")["id"])
     assert f_right > 2 * f_behind  # the good drafter drafts the right positions
     assert b_behind > 2 * b_right  # the buggy one drafts the token one position behind
 
@@ -152,7 +160,7 @@ def test_compare_lag_rate_flags_the_buggy_checkpoint(ws):
     from dflash_dash.analysis.compare import lag_rows
 
     rs, store = runs(ws), Store(ws)
-    final, buggy = by_prefix(rs, "final")["id"], by_prefix(rs, "buggy-")["id"]
+    final, buggy = by_prefix(rs, "final")["id"], by_prefix(rs, "anchor_visible")["id"]
     rows = lag_rows(*(pipeline.analysis(store, x, "lag") for x in (final, buggy)), 16, 16)
     assert all(r["lag B"] > r["lag A"] for r in rows if r["slot k"] <= 6), rows
     for side, run in (("A", final), ("B", buggy)):
@@ -180,20 +188,27 @@ def test_demo_is_idempotent(ws):
     assert p.returncode == 0, p.stderr
     assert "already built" in p.stderr
     after = (len(Store(ws).runs()), len(Store(ws).extractions()), len(Store(ws).completions(demo.SET_NAME)))
-    assert before == after == (4, 2, 10)
+    assert before == after == (RUNS, 2, 10)
     assert demo.built(ws)
 
 
-def test_demo_leaves_a_later_extraction_alone(tmp_path):
+def test_demo_leaves_a_later_extraction_alone(ws, tmp_path):
     """Issue 30: after one Re-extract (a newer extraction of the demo set, same target, layers and backend), the next
     `make run` (`demo`) took it for the demo's and replayed every demo checkpoint onto it. A built demo workspace is
-    left as it is. Built here (the session's demo workspace is read-only, and a copy's paths point elsewhere)."""
+    left as it is. Built here (the session's demo workspace is read-only, and a copy's paths point elsewhere), from
+    the session's completions imported first (the build resumes after its fetch: no speculative decoding again)."""
     mine = tmp_path / "ws"
+    p = cli(ws, "export-completions", "--name", demo.SET_NAME)
+    assert p.returncode == 0, p.stderr
+    (tmp_path / "c.jsonl").write_text(p.stdout)
+    p = cli(mine, "import-completions", str(tmp_path / "c.jsonl"), "--name", demo.SET_NAME)
+    assert p.returncode == 0, p.stderr
     p = cli(mine, "demo")
     assert p.returncode == 0, p.stderr[-3000:]
     assert "Warning" not in p.stderr, p.stderr  # no library warning in the build's progress (issue 30)
+    record = mine.resolve() / "demo" / "BUILD.json"
     assert p.stdout.splitlines() == [
-        f"demo workspace ready: {mine.resolve()} (4 runs; the build's record: {mine.resolve() / 'demo' / 'BUILD.json'})"
+        f"demo workspace ready: {mine.resolve()} ({RUNS} runs; the build's record: {record})"
     ]  # one line, no JSON dump
     target = str((mine / "demo" / demo.TARGET).resolve())
     p = cli(mine, "extract", "--target", target, "--completions", demo.SET_NAME, "--layers", "1,3,5", "--device", "cpu")
@@ -226,3 +241,70 @@ def test_completions_match_the_shipped_ids(ws):
     assert differ == sorted(build["mismatched_completions"])
     items = {r["prompt_id"] for r in Store(ws).items(build["fla_extraction"])}
     assert items == {c["id"] for c in shipped} - set(differ)
+
+
+def test_the_demo_server_decoded_speculatively_with_the_final_checkpoint(ws):
+    """Issue 30: the demo's fetch is served with the final checkpoint (speculative greedy decoding): its counters,
+    with per-step lengths, are the Conformance page's engine statistics, and a correct engine on the replay's own
+    numerics (CPU, fp32, the torch extraction) commits in every verify step exactly the replay's round: no prompt
+    flagged. The completions stay the plain greedy ones (test_completions_match_the_shipped_ids)."""
+    from speculative import conformance_json
+
+    store = Store(ws)
+    assert store.engines(demo.SET_NAME) == ["sglang"]
+    comps = {c["prompt_id"]: c for c in store.completions(demo.SET_NAME)}
+    stats = {s["prompt_id"]: s for s in store.engine_stats(demo.SET_NAME, "sglang")}
+    assert set(stats) == set(comps)
+    for pid, s in stats.items():
+        assert s["completion_tokens"] == len(comps[pid]["output_ids"]) and s["accept_lengths"], s
+    final = by_prefix(runs(ws), "final")["id"]
+    got = conformance_json(ws, "--run", final)
+    assert not [p for p in got["prompts"] if p["flagged"]], got
+    assert got["steps"]["prompts"] == len(comps), got["steps"]
+
+
+def test_overview_tells_the_demo_story_with_links(ws, monkeypatch):
+    """Issue 30: the demo's Overview says in three sentences what the checkpoints are, from MANIFEST.json's `what`
+    fields, each linking the view that reveals it: Acceptance for the final (its run on the fla extraction, what
+    serving sees), the sweep chart of the healthy run's folder, Diagnostics' signatures for each bug against the final
+    checkpoint on the bug's extraction."""
+    from html import escape
+    from urllib.parse import quote
+
+    from apptest import app, clean, htmls
+
+    rs, fin = runs(ws), demo.final(CKS)
+    at = app(ws, monkeypatch)
+    clean(at)
+    (story,) = [h for h in htmls(at) if "demo-story" in h]
+    assert story.count("<li>") == 3
+    for c in CKS:
+        assert escape(c.what.rstrip(".")) in story, c.what
+    assert f'href="acceptance?run={rs[fin.name + demo.FLA_SUFFIX]["id"]}"' in story
+    assert f'href="compare?sweep={quote(demo.series_folder(ws), safe="")}"' in story
+    for c in (c for c in CKS if c.role == "bug"):
+        assert f'href="diagnostics?sig_run={rs[c.name]["id"]}&amp;sig_ref={rs[fin.name]["id"]}"' in story
+
+
+def test_acceptance_opens_on_the_final_checkpoint_on_the_fla_extraction(ws, monkeypatch):
+    """Issue 30: the default run on Acceptance is the healthiest checkpoint on the extraction that matches serving
+    (the fla extraction, from the GPU), not the newest run; a caption says why."""
+    from apptest import app, clean
+
+    at = app(ws, monkeypatch, "acceptance")
+    clean(at)
+    assert at.query_params["run"] == by_prefix(runs(ws), "final", fla=True)["id"]
+    assert any("matches serving" in c.value for c in at.caption)
+
+
+def test_sweep_chart_defaults_to_the_healthy_run(ws):
+    """The sweep chart of a demo workspace opens on the healthy run's folder and on the extraction holding its
+    whole curve (not the fla extraction, where only the final checkpoint was replayed): one point per step, the bug
+    checkpoints left out."""
+    from dflash_dash.analysis.compare import sweep_extraction, sweep_points
+
+    store = Store(ws)
+    folder, rs = demo.series_folder(ws), store.runs()
+    ex = sweep_extraction(rs, folder, [e["id"] for e in store.extractions()])
+    assert store.extraction(ex)["backend"] == "torch"
+    assert [p["name"] for p in sweep_points(rs, folder, ex)] == [c.name for c in CKS if c.role != "bug"]

@@ -1,5 +1,5 @@
-"""Runs side by side: which two runs Compare opens with, per-prompt tau deltas, the one-position draft lag per slot,
-two checkpoint configs key by key, and a checkpoint sweep's tau against training step.
+"""Runs side by side: which run Acceptance and which two runs Compare open with, per-prompt tau deltas, the
+one-position draft lag per slot, two checkpoint configs key by key, and a checkpoint sweep's tau against training step.
 
 Contract: pure functions over store rows (run rows oldest first as Store.runs lists them, run_prompts rows by
 prompt id, the kept "lag" analysis) that return plain rows with numbers rounded for tables (`analysis.rounded`);
@@ -12,6 +12,30 @@ from pathlib import Path
 
 from .. import metrics
 from . import rounded
+
+SERVING_BACKENDS = ("fla", "n/a")  # extraction backends that match serving: the fla kernels SGLang and vLLM run
+#                                    for linear attention on a GPU; n/a: a target without linear attention (no choice)
+
+
+def healthiest_run(runs: list[dict]) -> tuple[str | None, str]:
+    """(run id, basis) Acceptance opens on: the healthiest run (highest tau macro, ties: the newest) on an extraction
+    that matches serving (backend in SERVING_BACKENDS: the hidden states a serving engine's kernels give), basis
+    "serving"; without one, the healthiest run on any extraction ("any"); without a tau anywhere, the newest run
+    ("newest"); (None, "") without runs. `runs` oldest first, as Store.runs lists them."""
+
+    def best(rs: list[dict]) -> str | None:
+        scored = [(_tau(r), i, r["id"]) for i, r in enumerate(rs) if _tau(r) is not None]
+        return max(scored)[2] if scored else None
+
+    for basis, rs in (("serving", [r for r in runs if r.get("backend") in SERVING_BACKENDS]), ("any", runs)):
+        if (got := best(rs)) is not None:
+            return got, basis
+    return (runs[-1]["id"], "newest") if runs else (None, "")
+
+
+def _tau(r: dict) -> float | None:
+    t = (r.get("summary") or {}).get("tau_macro")
+    return t if isinstance(t, (int, float)) and t == t else None  # NaN: no tau
 
 
 def default_pair(runs: list[dict]) -> tuple[str, str] | None:
@@ -97,15 +121,18 @@ def _show(v) -> str:
 
 
 def sweep_extraction(runs: list[dict], folder: str, ids: list[str]) -> str | None:
-    """The extraction the sweep chart opens on, among `ids` (oldest first): the newest one holding a run of a
-    checkpoint inside `folder`, else the newest holding any run, else the newest. Never a newer extraction without
-    runs (a Re-extract) while the folder's runs sit on an older one."""
+    """The extraction the sweep chart opens on, among `ids` (oldest first): the one holding runs of the most
+    checkpoints inside `folder` (a curve, not the one point a checkpoint replayed on a second extraction gives;
+    ties: the newest), else the newest holding any run, else the newest. Never a newer extraction without runs (a
+    Re-extract) while the folder's runs sit on an older one."""
+    if folder:
+        n = {i: len(sweep_points(runs, folder, i)) for i in ids}
+        most = max(n.values(), default=0)
+        if most:
+            return [i for i in ids if n[i] == most][-1]
     with_runs = {r["extraction_id"] for r in runs}
-    for want in (lambda i: bool(folder and sweep_points(runs, folder, i)), lambda i: i in with_runs):
-        got = [i for i in ids if want(i)]
-        if got:
-            return got[-1]
-    return ids[-1] if ids else None
+    got = [i for i in ids if i in with_runs]
+    return got[-1] if got else (ids[-1] if ids else None)
 
 
 def sweep_points(runs: list[dict], folder: str, extraction: str | None = None) -> list[dict]:

@@ -1,20 +1,25 @@
 """The built-in demo workspace: a small trained hybrid target, DFlash checkpoints and a shipped fla extraction.
 
-Contract: `build(workspace, progress)` makes `workspace` hold the demo, through the same operations a user
-runs: the committed assets (`assets/`, described by `assets/MANIFEST.json`) are copied to `<workspace>/demo/`;
-the local SGLang stand-in serves the target in a subprocess while `pipeline.fetch` stores the greedy
-completions of `coding-10`; `pipeline.extract` extracts them on the CPU (torch path); the coding-10 features
-that were extracted on a GPU with fla kernels are imported as a second extraction (backend `fla`) for the
-completions whose token ids equal the shipped ones (any that differ are left out and named in
-`<workspace>/demo/BUILD.json` and the log); then every demo checkpoint is replayed on the torch extraction and
-the final one on the fla extraction too. Idempotent and resumable: what the store already holds is not redone,
-and a workspace that has all the demo runs is left as it is (the demo's extractions are the oldest of their kind:
-one the user adds later, e.g. by Re-extract, gets no demo runs). No network beyond the local server on 127.0.0.1.
-`configure(workspace)` (called by `build`, also on a built workspace) writes `<workspace>/config.toml` when there is
-none, pointing `[server] url` at `SERVER_URL`: the port where `make run` (`dflash_dash.launch`) serves the demo
-target beside the dashboard, so that fetching and re-extracting with orchestration work from the pages. An existing
-config.toml is never touched. The assets were made by `python -m tools.demo.make_assets` (development tooling in
-`tools/demo/`, outside this package).
+Contract: `build(workspace, progress)` makes `workspace` hold the demo, through the same operations a user runs: the
+committed assets (`assets/`, described by `assets/MANIFEST.json`) are copied to `<workspace>/demo/`; the local
+SGLang stand-in serves the target in a subprocess, decoding speculatively with the final checkpoint (`server_argv`:
+the same greedy tokens, with SGLang's per-step counters), while `pipeline.fetch` stores the greedy completions of
+`coding-10` and those counters (engine `sglang`, for the Conformance page); `pipeline.extract` extracts them on the
+CPU (torch path); the coding-10 features that were extracted on a GPU with fla kernels are imported as a second
+extraction (backend `fla`) for the completions whose token ids equal the shipped ones (any that differ are left out
+and named in `<workspace>/demo/BUILD.json` and the log); then every checkpoint of MANIFEST.json's `checkpoints` list
+(`checkpoints`: `healthy/step{NNNN}/` snapshots of one healthy run, roles early / series / final, and
+`bugs/{name}/`, role bug) is replayed on the torch extraction under its listed name, in the listed order, and the
+final one on the fla extraction too (name + FLA_SUFFIX). Idempotent and resumable: what the store already holds is
+not redone, and a workspace that has all the demo runs is left as it is (the demo's extractions are the oldest of
+their kind: one the user adds later, e.g. by Re-extract, gets no demo runs). No network beyond the local server on
+127.0.0.1. `configure(workspace)` (called by `build`, also on a built workspace) writes `<workspace>/config.toml`
+when there is none, pointing `[server] url` at `SERVER_URL`: the port where `make run` (`dflash_dash.launch`) serves
+the demo target beside the dashboard, so that fetching and re-extracting with orchestration work from the pages. An
+existing config.toml is never touched. `story(workspace, runs)` is what the Overview of a demo workspace tells (the
+checkpoints' `what` sentences and the runs that reveal each); `series_folder` is where the sweep chart opens;
+`served_drafter` is the checkpoint the demo server decodes with. The assets were made by `python -m
+tools.demo.make_assets` (development tooling in `tools/demo/`, outside this package).
 """
 
 from __future__ import annotations
@@ -27,13 +32,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
 
 ASSETS = Path(__file__).parent / "assets"  # committed assets (MANIFEST.json describes them)
 TARGET = "target"  # target folder name (weights + tokenizer)
-CHECKPOINTS = "checkpoints"  # drafter checkpoints: early-*, final-*, buggy-*
+CHECKPOINTS = (
+    "checkpoints"  # drafter checkpoints: healthy/step{NNNN}/ (one run), bugs/{name}/ (MANIFEST.json lists them)
+)
+SERIES = "healthy"  # the healthy run's snapshots, under CHECKPOINTS: the sweep chart's folder
+ROLES = ("early", "series", "final", "bug")  # a checkpoint's role in MANIFEST.json
 FLA = "fla"  # shipped fla extraction of coding-10 (features/ + completions.jsonl)
 LAYER_IDS = [1, 3, 5]  # target layers the demo drafters read
 PROMPT_SET = "coding-10"  # built-in prompt set the demo fetches (plain text, no chat template)
@@ -54,11 +64,87 @@ class DemoError(UserError, RuntimeError):
 # what the demo holds
 
 
-def checkpoints(root: Path) -> list[Path]:
-    """The demo checkpoint folders under `root`, ordered early, final, buggy."""
-    order = {"early": 0, "final": 1, "buggy-": 2}
-    found = [p for p in Path(root).iterdir() if p.is_dir() and any(p.name.startswith(k) for k in order)]
-    return sorted(found, key=lambda p: (min(v for k, v in order.items() if p.name.startswith(k)), p.name))
+@dataclass(frozen=True)
+class Checkpoint:
+    """One demo checkpoint, as MANIFEST.json's `checkpoints` list describes it."""
+
+    path: Path  # the checkpoint folder (resolved)
+    dir: str  # its folder under checkpoints/ (healthy/step0038, bugs/anchor-visible)
+    name: str  # the run name its replays get (the fla replay: name + FLA_SUFFIX)
+    role: str  # early, series, final (the healthy run's snapshots) or bug
+    bug: str | None  # the training bug (noisy_labels, anchor_visible, soft_kl) of a bug checkpoint
+    what: str  # one sentence a newcomer understands
+
+
+def checkpoints(root: Path, man: dict | None = None) -> list[Checkpoint]:
+    """The demo checkpoints under `root` (a `checkpoints/` folder) in the order MANIFEST.json lists them (`man`, or
+    the manifest beside `root`). The list must hold one `final` checkpoint, every role one of ROLES, a bug name on
+    each bug checkpoint and every folder present: anything else is a DemoError naming the entry."""
+    root = Path(root)
+    man = manifest(root.parent) if man is None else man
+    where = f"{root.parent / 'MANIFEST.json'}"
+    listed = man.get("checkpoints")
+    if not isinstance(listed, list) or not listed:
+        raise DemoError(f"{where} has no `checkpoints` list; remake the demo assets (python -m tools.demo.make_assets)")
+    out = []
+    for i, e in enumerate(listed):
+        if not isinstance(e, dict) or e.get("role") not in ROLES or not e.get("dir") or not e.get("name"):
+            raise DemoError(
+                f"{where}: checkpoints[{i}] = {e!r}: give dir, name, role ({', '.join(ROLES)}), bug and what"
+            )
+        if (e["role"] == "bug") != bool(e.get("bug")):
+            raise DemoError(f"{where}: checkpoints[{i}] ({e['dir']}): a bug name goes with role bug, and only there")
+        path = (root / e["dir"]).resolve()
+        if not (path / "config.json").is_file():
+            raise DemoError(f"{where}: checkpoints[{i}]: {path} holds no config.json; restore the demo assets")
+        out.append(Checkpoint(path, e["dir"], e["name"], e["role"], e.get("bug"), e.get("what") or ""))
+    if sum(c.role == "final" for c in out) != 1 or len({c.name for c in out}) != len(out):
+        raise DemoError(f"{where}: the checkpoints list needs exactly one entry with role final, and distinct names")
+    return out
+
+
+def final(cks: list[Checkpoint]) -> Checkpoint:
+    """The healthy run's final checkpoint (the one the demo server serves)."""
+    return next(c for c in cks if c.role == "final")
+
+
+def series_folder(workspace: str | Path) -> str | None:
+    """The healthy run's snapshots folder of a demo workspace (resolved, as runs record checkpoints), where the
+    sweep chart opens: one true training curve, the bug checkpoints left out. None outside a demo workspace."""
+    d = Path(workspace) / "demo" / CHECKPOINTS / SERIES
+    return str(d.resolve()) if d.is_dir() else None
+
+
+def story(workspace: str | Path, runs: list[dict]) -> dict | None:
+    """What the Overview of a demo workspace tells (None elsewhere): {"final": entry, "series": [entries of the
+    healthy run, by step], "folder": series_folder, "bugs": [entries]}, each entry {"name", "what", "step" (the
+    healthy ones), "run": its run id or None} from MANIFEST.json's checkpoints list and `runs` (Store.runs rows,
+    oldest first). The final's run is the one on a serving-matching extraction when there is one (what Acceptance
+    opens on); each bug's entry adds "ref": the final checkpoint's run on the bug run's extraction."""
+    from ..analysis.compare import SERVING_BACKENDS
+    from ..drafters import step_of
+
+    try:
+        cks = checkpoints(Path(workspace) / "demo" / CHECKPOINTS)
+    except (DemoError, OSError, ValueError):
+        return None
+
+    def run_of(ck: Checkpoint, extraction: str | None = None) -> dict | None:
+        mine = [r for r in runs if r["checkpoint"] == str(ck.path)]
+        mine = [r for r in mine if extraction is None or r["extraction_id"] == extraction]
+        return max(mine, key=lambda r: (r.get("backend") in SERVING_BACKENDS, runs.index(r)), default=None)
+
+    def entry(ck: Checkpoint, run: dict | None) -> dict:
+        return {"name": ck.name, "what": ck.what, "step": step_of(ck.dir), "run": run and run["id"]}
+
+    fin = final(cks)
+    bugs = []
+    for ck in (c for c in cks if c.role == "bug"):
+        r = run_of(ck)
+        ref = run_of(fin, r["extraction_id"]) if r else None
+        bugs.append(entry(ck, r) | {"ref": ref and ref["id"]})
+    series = [entry(c, run_of(c)) for c in cks if c.role != "bug"]
+    return {"final": entry(fin, run_of(fin)), "series": series, "folder": series_folder(workspace), "bugs": bugs}
 
 
 def manifest(assets: Path = ASSETS) -> dict:
@@ -99,8 +185,15 @@ def _find_extraction(store, target: Path, backend: str) -> dict | None:
     return None
 
 
-def _has_run(store, ckpt: Path, extraction_id: str) -> bool:
-    return any(r["checkpoint"] == str(ckpt.resolve()) and r["extraction_id"] == extraction_id for r in store.runs())
+def _has_run(store, ck: Checkpoint, extraction_id: str) -> bool:
+    return any(r["checkpoint"] == str(ck.path) and r["extraction_id"] == extraction_id for r in store.runs())
+
+
+def _plan(cks: list[Checkpoint], torch_ex: dict, fla_ex: dict) -> list[tuple[Checkpoint, dict, str]]:
+    """The demo's replays: every checkpoint on the torch extraction under its listed name, in the listed order,
+    then the final one on the fla extraction (name + FLA_SUFFIX)."""
+    fin = final(cks)
+    return [(c, torch_ex, c.name) for c in cks] + [(fin, fla_ex, fin.name + FLA_SUFFIX)]
 
 
 def built(workspace: str | Path, assets: Path = ASSETS) -> bool:
@@ -119,13 +212,7 @@ def built(workspace: str | Path, assets: Path = ASSETS) -> bool:
     torch_ex, fla_ex = _find_extraction(store, target, "torch"), _find_extraction(store, target, "fla")
     if torch_ex is None or fla_ex is None:
         return False
-    cks = checkpoints(root / CHECKPOINTS)
-    final = [c for c in cks if c.name.startswith("final")]
-    return (
-        bool(cks)
-        and all(_has_run(store, c, torch_ex["id"]) for c in cks)
-        and all(_has_run(store, c, fla_ex["id"]) for c in final)
-    )
+    return all(_has_run(store, c, ex["id"]) for c, ex, _ in _plan(checkpoints(root / CHECKPOINTS), torch_ex, fla_ex))
 
 
 def configure(workspace: str | Path) -> Path | None:
@@ -158,17 +245,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class LocalServer:
-    """`python -m dflash_dash serve --model TARGET` in a subprocess (one CPU thread: fastest for this tiny
-    model, and immune to other processes sharing the cores); stopped on exit."""
+def server_argv(model: Path, port: int, drafter: Path | None) -> list[str]:
+    """The stand-in serving the demo target on `port`, decoding speculatively with `drafter` (the final checkpoint)
+    when given: the same greedy completions, and SGLang's per-request statistics with per-step lengths
+    (`--speculative-stats detailed`), which the fetch stores as engine `sglang` for the Conformance page."""
+    spec = ["--speculative-draft", str(drafter), "--speculative-stats", "detailed"] if drafter else []
+    return [sys.executable, "-m", "dflash_dash", "serve", "--model", str(model), "--port", str(port), *spec]
 
-    def __init__(self, model: Path, log_file: Path):
+
+def served_drafter(workspace: str | Path) -> Path | None:
+    """The checkpoint the demo server decodes with: the final one of the workspace's demo (None: no demo, or its
+    checkpoints folder is incomplete)."""
+    root = Path(workspace) / "demo"
+    try:
+        return final(checkpoints(root / CHECKPOINTS)).path
+    except (DemoError, OSError, ValueError):
+        return None
+
+
+class LocalServer:
+    """`python -m dflash_dash serve --model TARGET [--speculative-draft DRAFTER]` in a subprocess (one CPU thread:
+    fastest for this tiny model, and immune to other processes sharing the cores); stopped on exit."""
+
+    def __init__(self, model: Path, log_file: Path, drafter: Path | None = None):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
         self.log = open(log_file, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dflash_dash", "serve", "--model", str(model), "--port", str(self.port)],
+            server_argv(model, self.port, drafter),
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -259,12 +364,12 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
     cks = checkpoints(root / CHECKPOINTS)
     tick(1, 1, f"target and {len(cks)} checkpoints in {root}")
 
-    tick = _say(progress, 2, steps, "fetch coding-10 from the local server", log)
+    tick = _say(progress, 2, steps, f"fetch coding-10 from the local server (speculative, {final(cks).name})", log)
     have = store.completion_ids(SET_NAME)
     from .. import prompts
 
     if len(have) < len(prompts.load(PROMPT_SET)):
-        with LocalServer(target, root / "server.log") as srv:
+        with LocalServer(target, root / "server.log", final(cks).path) as srv:
             tick(0, 1, f"starting {srv.url} (log {root / 'server.log'})")
             pipeline.fetch(
                 store,
@@ -316,9 +421,7 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
             tick(0, 1, msg)
 
     tick = _say(progress, 5, steps, "replay", log)
-    plan = [(c, torch_ex, c.name) for c in cks] + [
-        (c, fla_ex, c.name + FLA_SUFFIX) for c in cks if c.name.startswith("final")
-    ]
+    plan = _plan(cks, torch_ex, fla_ex)
     runs = {}
     for i, (ck, ex, name) in enumerate(plan):
         if _has_run(store, ck, ex["id"]):
@@ -327,7 +430,12 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
         out = pipeline.replay(
             store,
             ops.Replay(
-                drafter=str(ck), extraction=ex["id"], tree_budget=TREE_BUDGET, device="cpu", dtype="float32", name=name
+                drafter=str(ck.path),
+                extraction=ex["id"],
+                tree_budget=TREE_BUDGET,
+                device="cpu",
+                dtype="float32",
+                name=name,
             ),
             lambda d, n, m, name=name: tick(d, n, f"{name}: {m}"),
         )

@@ -46,6 +46,15 @@ def run_link(run_id: str) -> str:
     return f"acceptance?run={quote(str(run_id), safe='')}"
 
 
+DEFAULT_RUN_NOTES = {  # why Acceptance opened on the run it shows (analysis.compare.healthiest_run's basis)
+    "serving": "Opened on the healthiest run (highest tau macro) on an extraction that matches serving: backend fla, "
+    "the kernels SGLang and vLLM run on a GPU (or any backend for a target without linear attention). Choose "
+    "another run above.",
+    "any": "Opened on the healthiest run (highest tau macro): no run is on an extraction that matches serving "
+    "(backend fla, the kernels a GPU serving engine runs), so its acceptance can differ from serving. Choose "
+    "another run above.",
+    "newest": "Opened on the newest run (no run has a tau yet). Choose another run above.",
+}
 RUN_RESULTS = ("run", "runs", "causal", "bidirectional")  # the job result keys whose values are run ids
 
 

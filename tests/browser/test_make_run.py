@@ -2,9 +2,10 @@
 session's demo workspace is already built) on a copy of the demo workspace whose config.toml points at a free port.
 
 Checks that the startup output holds no warning or file-watcher lines, that the demo server runs beside the dashboard
-on the port of the workspace's config.toml (a fetch from the Completions page's button lists its completions; an
-extraction with `--orchestrate release` frees and restores it), and that SIGTERM to make stops the dashboard and
-the server with no process left behind. Nothing sleeps to synchronise: every wait polls a condition with a deadline.
+on the port of the workspace's config.toml, decoding speculatively with the demo's final checkpoint (a fetch from the
+Completions page's button lists its completions and stores the server's speculative counters; an extraction with
+`--orchestrate release` frees and restores it), and that SIGTERM to make stops the dashboard and the server with no
+process left behind. Nothing sleeps to synchronise: every wait polls a condition with a deadline.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from serving import ENV, ROOT, free_port, until
 from waiting import job_ids, wait_job
 from web import ARGS, CHROMIUM, SCREENSHOTS, done_in_panel, open_page
 
+from dflash_dash import demo
 from dflash_dash.store import Store
 
 STARTUP_TIMEOUT = 300.0  # a cold start on 2 shared cores: torch imports in the server, Streamlit's own start
@@ -139,7 +141,9 @@ def page(browser, request):
 def test_startup_output_is_quiet(product):
     lines = product.startup.splitlines()
     assert not [line for line in lines if NOISE.search(line)], product.startup
-    assert any(f"demo server on {product.server_url}" in line for line in lines), product.startup
+    assert any(f"demo server on {product.server_url}" in line and "(speculative decoding)" in line for line in lines), (
+        product.startup
+    )
     assert any(product.url in line for line in lines), product.startup  # Streamlit says where it serves
 
 
@@ -166,6 +170,7 @@ def test_fetch_from_the_demo_server_by_the_button(product, page):
     assert job["args"]["server"] == product.server_url
     comps = Store(ws).completions("from-demo")
     assert len(comps) == 10 and all(1 <= len(c["output_ids"]) <= 4 for c in comps)
+    assert Store(ws).engines("from-demo") == ["sglang"]  # served speculatively: the Conformance page's statistics
     done_in_panel(page, "fetch", job["id"])
     page.get_by_text("from-demo").first.wait_for()  # the page reran and lists the new set
 
@@ -201,6 +206,7 @@ def test_extract_with_orchestration_frees_and_restores_the_demo_server(product):
     assert answers(product.server_url + "/health")
     info = json.loads(urllib.request.urlopen(product.server_url + "/get_server_info", timeout=10).read())
     assert Path(info["model_path"]).resolve() == (ws / "demo" / "target").resolve()
+    assert info["speculative_draft_model_path"] == str(demo.served_drafter(ws))  # the final checkpoint
 
 
 def test_sigterm_to_make_stops_the_dashboard_and_the_server(product):

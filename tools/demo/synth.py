@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from .coding import CODING
 from .synth_base import ONE, SEQ, WORDS, Doc, cmt, pick
+from .vary import vary
 
 # ---------------------------------------------------------------------------
 # generic families
@@ -207,8 +208,9 @@ WEIGHTS = [1.0] * len(CODING) + [3.0] * len(GENERIC)  # generic families are the
 
 
 def document(r: random.Random) -> Doc:
-    """One (prompt, body) drawn from the families."""
-    return r.choices(FAMILIES, weights=WEIGHTS)[0](r)
+    """One (prompt, body) drawn from the families, with a writer's free choices (`vary`)."""
+    p, body = r.choices(FAMILIES, weights=WEIGHTS)[0](r)
+    return p, vary(r, p, body)
 
 
 def corpus(n: int, seed: int) -> list[Doc]:

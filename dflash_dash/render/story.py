@@ -1,0 +1,63 @@
+"""The demo's story on the Overview: what its checkpoints are, in three sentences, each linking the view that
+reveals it.
+
+Contract: `story_html(story)` takes `demo.story` (the checkpoints' names and `what` sentences from the demo's
+MANIFEST.json, their run ids) and returns one HTML block of three sentences: the healthy run (its snapshots, the
+early one's `what`, a link to the sweep chart of its folder on Compare), the final checkpoint (its `what`, a link to
+its run on Acceptance) and the bug checkpoints (each `what`, each a link to Diagnostics' "Training-bug signatures"
+for that run against the final checkpoint's run on the same extraction: `diagnostics?sig_run=ID&sig_ref=ID`). Every
+text is escaped and every id percent-encoded; a checkpoint without a run yet is named without a link.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from urllib.parse import quote
+
+from .formats import run_link
+
+
+def sweep_link(folder: str) -> str:
+    """Compare's sweep chart of a training output folder (relative URL)."""
+    return f"compare?sweep={quote(folder, safe='')}"
+
+
+def signature_link(run_id: str, ref_id: str) -> str:
+    """Diagnostics' Training-bug signatures of a run against a healthy reference run (relative URL)."""
+    return f"diagnostics?sig_run={quote(str(run_id), safe='')}&sig_ref={quote(str(ref_id), safe='')}"
+
+
+def _a(href: str | None, text: str) -> str:
+    if not href:
+        return f"{escape(text)} (not replayed yet)"
+    return f'<a href="{escape(href, quote=True)}" target="_self">{escape(text)}</a>'
+
+
+def _name(e: dict) -> str:
+    return f"<code>{escape(e['name'])}</code>"
+
+
+def _what(e: dict) -> str:
+    """`name`: what (the manifest's sentence as written, a full stop added when it has none)."""
+    w = e["what"].strip()
+    return f"{_name(e)}: {escape(w)}{'' if w.endswith(('.', '!', '?')) else '.'}"
+
+
+def story_html(story: dict) -> str:
+    series, fin, bugs = story["series"], story["final"], story["bugs"]
+    steps = [e["step"] for e in series if e["step"] is not None]
+    span = f", steps {min(steps):,} to {max(steps):,}" if steps else ""
+    curve = _a(story["folder"] and sweep_link(story["folder"]), "its training curve on Compare")
+    healthy = f"<b>A healthy run</b> ({len(series)} snapshots{escape(span)}; {curve}). {_what(series[0])}"
+    acc = _a(fin["run"] and run_link(fin["run"]), "its acceptance on Acceptance, token by token")
+    final = f"<b>Its final checkpoint</b> ({acc}). {_what(fin)}"
+    each = " ".join(
+        f"{_what(b)} ("
+        + _a(b["run"] and b["ref"] and signature_link(b["run"], b["ref"]), "its signature against the final one")
+        + ")"
+        for b in bugs
+    )
+    one = "One checkpoint per training bug" if len(bugs) != 1 else "A checkpoint with a training bug"
+    buggy = f"<b>{one}</b> (Diagnostics, Training-bug signatures). {each}" if bugs else ""
+    items = "".join(f"<li>{s}</li>" for s in (healthy, final, buggy) if s)
+    return f'<div class="demo-story" style="font-size:15px"><p>What the demo holds:</p><ul>{items}</ul></div>'
