@@ -11,9 +11,9 @@ headless browser), no skeleton left, every shown plotly chart and table drawn; `
 `browser_nav_s_<page>`: the same pages reached as a user moves between them in one open tab, by a click on the sidebar's
 link (Streamlit switches the page without reloading its scripts; Acceptance and Compare open with their defaults: the
 newest run with its lowest-tau prompt's token view, the newest pair), from the click to everything drawn;
-`browser_nav_s_max` the slowest. With `--sections`, also `browser_section_s_<page>_<section>`: Acceptance and Compare
-opened with an optional section shown (drawn only when chosen, `&section=...`). The notes give each page's times with
-the machine's 1-min load average before and after.
+`browser_nav_s_max` the slowest. With `--sections`, also `browser_section_s_<page>_<section>`: Acceptance, Compare and
+Diagnostics opened with an optional section shown (drawn only when chosen, `section=...`). The notes give each page's
+times with the machine's 1-min load average before and after.
 Contract: reads the workspace only (the dashboard it starts is the product's own `streamlit run app.py`); it
 builds nothing. Chromium at /usr/bin/chromium (override with DFLASH_CHROMIUM).
 """
@@ -116,9 +116,13 @@ def navigate(page, reps: int, figs: dict) -> None:
 def sections(urls: dict[str, str]) -> dict[str, str]:
     """The optional sections, drawn only when chosen (&section=...): figures beside the goal, not in its max."""
     return {
+        "acceptance_charts": urls["acceptance"] + "&section=charts",
         "acceptance_calibration": urls["acceptance"] + "&section=calibration",
         "acceptance_patterns": urls["acceptance"] + "&section=patterns",
+        "compare_charts": urls["compare"] + "&section=charts",
         "compare_calibration": urls["compare"] + "&section=calibration",
+        "compare_lag": urls["compare"] + "&section=lag",
+        "diagnostics_parity": urls["diagnostics"] + "?section=parity",
     }
 
 

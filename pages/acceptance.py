@@ -1,12 +1,13 @@
 """Acceptance: one checkpoint on one extraction. Summary metrics with their formulas, how sure tau is (bootstrap
-intervals over prompts, median, outlier prompts, DDTree against a chain of the same token budget), histogram and
-per-depth curves with the rounds behind each point, the per-prompt table (outlier rows marked) and the
-token-by-token view of one prompt, the drafter's calibration and
-its failure patterns (each table downloadable as CSV); a Replay button evaluates another checkpoint as a job.
-The calibration and failure-pattern sections are drawn only when chosen in the section picker below the token
-view (their six charts and six tables would otherwise double the page's drawing time in the browser).
+intervals over prompts, median, outlier prompts, DDTree against a chain of the same token budget), the per-prompt
+table (outlier rows marked) and the token-by-token view of one prompt with its round detail: drawn first, what a user
+opens the page for. The rest is drawn only when chosen in the section picker below the token view (a chart costs the
+browser more than the whole token view): the histogram and per-depth curves with the rounds behind each point,
+accepted(p) along the prompt, every run metric, the drafter's calibration and its failure patterns (each table
+downloadable as CSV), top-K headroom and the confidence head; a Replay button evaluates another checkpoint as a job.
 URL: acceptance?run=ID&prompt=PID[&pos=START-END: positions outlined in the token view][&round=N: the round shown
-in full below the token view][&section=calibration|patterns: that section shown]."""
+in full below the token view][&section=charts|curve|metrics|calibration|patterns|headroom|confidence: that section
+shown]."""
 
 from __future__ import annotations
 
@@ -41,8 +42,17 @@ def summary_block(s: dict, rows: list[dict], run_id: str) -> None:
         col.metric(metrics.label(m.key, s), fmt(s.get(m.key)))
         col.caption(m.formula)
     stats_block(s, rows, run_id)
-    with st.expander("all run metrics and formulas"):
-        st.dataframe(summary_rows(s), hide_index=True, width="stretch")
+
+
+def metrics_block(s: dict) -> None:
+    """Every run metric with its formula (a section: drawn when chosen)."""
+    st.subheader("All run metrics and formulas")
+    st.dataframe(summary_rows(s), hide_index=True, width="stretch")
+
+
+def charts_block(s: dict) -> None:
+    """The run's histogram and per-depth curves (a section: drawn when chosen)."""
+    st.subheader("Rounds by accepted drafts, acceptance per depth")
     c1, c2 = st.columns(2)
     c1.plotly_chart(hist_fig({"run": s}), width="stretch")
     c1.caption("histogram: rounds of the chain walk by accepted drafts 0..B-1; hover: share and rounds (n)")
@@ -145,7 +155,14 @@ def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] 
         )
     st.html(token_html(tr, vocab, B, superscript=sup, inline_rejects=inline, diff=outline))
     round_block(run, row, comp, vocab)
-    st.plotly_chart(accept_curve(tr, row, B), width="stretch")
+
+
+def curve_block(ws: str, run: dict, pid: str) -> None:
+    """accepted(p) along the shown prompt (a section: drawn when chosen)."""
+    B = run["summary"]["block_size"]
+    row, comp = common.run_prompt(ws, run["id"], pid), common.completion(ws, run["set_name"], pid, common.stamp())
+    st.subheader(f"accepted(p) along {pid}")
+    st.plotly_chart(accept_curve(trace(row, comp, B), row, B), width="stretch")
     st.caption(
         "accepted(p): leading drafts of the block at anchor p equal to the completion; "
         "markers: anchors the chain walk actually visits"
@@ -186,7 +203,10 @@ def round_block(run: dict, row: dict, comp: dict, vocab: Vocab) -> None:
 # why drafts fail: calibration and failure patterns of the run
 
 POOLED = "pooled over depths"
-SECTIONS = {  # URL value: label (&section=...)
+SECTIONS = {  # URL value: label (&section=...): each drawn only when chosen
+    "charts": "Histogram and per-depth curves",
+    "curve": "accepted(p) of this prompt",
+    "metrics": "All run metrics",
     "calibration": "Calibration",
     "patterns": "Failure patterns",
     "headroom": "Top-K headroom",
@@ -394,7 +414,8 @@ def main() -> None:
     common.backend_note(run["backend"])
     common.streamed_note(next((e for e in exs if e["id"] == run["extraction_id"]), None))
     rows = common.prompt_rows(ws, rid)  # per-prompt numbers only: no page loads every token of every prompt
-    summary_block(common.summary(ws, run), list(rows.values()), rid)
+    full = common.summary(ws, run)
+    summary_block(full, list(rows.values()), rid)
 
     st.subheader("Per prompt")
     comps = common.completions(ws, run["set_name"], stamp)
@@ -429,16 +450,24 @@ def main() -> None:
         token_view(
             ws, run, common.run_prompt(ws, rid, pid), common.completion(ws, run["set_name"], pid, stamp), link_span(pid)
         )
-    st.subheader("Why drafts fail")
+    st.subheader("More on this run")
     section = common.section_param(
-        "show the run's calibration, failure patterns, top-K headroom or confidence head (drawn when chosen)",
+        "its charts, every metric, calibration, failure patterns, top-K headroom or confidence head (drawn when "
+        "chosen)",
         SECTIONS,
         "section",
         "acc_section",
     )
+    draw = {
+        "charts": lambda: charts_block(full),
+        "curve": lambda: curve_block(ws, run, pid) if pid in comps else st.info("No completion for this prompt."),
+        "metrics": lambda: metrics_block(full),
+        "calibration": lambda: calibration_block(ws, run),
+        "patterns": lambda: patterns_block(ws, run),
+    }
     if section:
         with common.guard():  # a failing analysis does not hide the rest of the page
-            BLOCKS.get(section, calibration_block if section == "calibration" else patterns_block)(ws, run)
+            draw.get(section, lambda: BLOCKS[section](ws, run))()
     jobs_view.replay_form(exs, run["extraction_id"])
 
 

@@ -376,11 +376,14 @@ def select_param(label: str, options: list, param: str, key: str, default=None, 
     return val
 
 
-def section_param(label: str, options: dict[str, str], param: str, key: str) -> str | None:
+def section_param(label: str, options: dict[str, str], param: str, key: str, default: str | None = None) -> str | None:
     """Which optional section of a page to draw (a segmented control, none chosen by default): a heavy section is
     drawn only when asked, so the page opens fast. Its value lives in `st.query_params[param]`: a link with
-    ?param=X opens section X; choosing none removes the parameter."""
+    ?param=X opens section X; choosing none removes the parameter. `default` opens a section on the session's
+    first visit to the page when the link names none (a link carrying that section's own parameters)."""
     qv = st.query_params.get(param)
+    if qv is None and default in options and f"_qp_{key}" not in st.session_state:
+        qv = default
     seen = st.session_state.get(f"_qp_{key}")
     if qv != seen:  # a link (or the URL) chose
         if qv is not None and qv not in options:

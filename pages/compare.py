@@ -1,10 +1,11 @@
-"""Compare: two checkpoints on the same extraction (by default the newest two runs on one extraction): per-prompt
-tau scatter and a sortable per-prompt delta table, overlaid per-depth curves and histograms, overlaid calibration
-(reliability diagrams, ECE, expected vs observed tau), the two token views in one scroll-synced element with the
-positions whose outcome (accepted draft vs target token) differs outlined and a next-difference jump, the
-one-position draft lag rate per slot, configs side by side, and the training sweep (tau against step for the
-checkpoints of a training folder). The calibration section is drawn only when chosen (two more charts and a table
-in the browser). URL: compare?a=ID&b=ID&prompt=PID&sweep=DIR[&section=calibration]."""
+"""Compare: two checkpoints on the same extraction (by default the newest two runs on one extraction). Drawn first,
+the pair: headline metrics side by side, a sortable per-prompt delta table and the two token views in one
+scroll-synced element with the positions whose outcome (accepted draft vs target token) differs outlined and a
+next-difference jump. Drawn only when chosen in the section picker below them: the per-prompt tau scatter with
+overlaid per-depth curves and histograms, overlaid calibration (reliability diagrams, ECE, expected vs observed tau),
+the one-position draft lag rate per slot, configs side by side, and the training sweep (tau against step for the
+checkpoints of a training folder; a link with &sweep=DIR opens it).
+URL: compare?a=ID&b=ID&prompt=PID&sweep=DIR[&section=charts|calibration|lag|config|sweep]."""
 
 from __future__ import annotations
 
@@ -30,7 +31,13 @@ from pages import common, jobs_view
 
 common.routed()
 
-SECTIONS = {"calibration": "Calibration, A and B"}  # drawn only when chosen (&section=calibration)
+SECTIONS = {  # URL value: label (&section=...): each drawn only when chosen
+    "charts": "tau per prompt, per depth, histogram",
+    "calibration": "Calibration, A and B",
+    "lag": "One-position draft lag",
+    "config": "Configs side by side",
+    "sweep": "Training sweep",
+}
 
 
 def metrics_table(a: dict, b: dict) -> list[dict]:
@@ -289,28 +296,50 @@ def main() -> None:
         else:
             st.dataframe(metrics_table(a, b), hide_index=True, width="stretch")
             ra, rb = common.prompt_rows(ws, a_id), common.prompt_rows(ws, b_id)  # numbers only, per prompt
-            st.plotly_chart(
-                scatter_fig(
-                    {p: r["tau"] for p, r in ra.items()}, {p: r["tau"] for p, r in rb.items()}, a["name"], b["name"]
-                ),
-                width="stretch",
-            )
-            sa = {f"A {a['name']} ({common.family(a)})": a["summary"]}
-            sb = {f"B {b['name']} ({common.family(b)})": b["summary"]}
-            c1, c2 = st.columns(2)
-            c1.plotly_chart(depth_fig(sa | sb), width="stretch")
-            c2.plotly_chart(hist_fig(sa | sb), width="stretch")
-            if common.section_param(
-                "show the calibration of A and B (drawn when chosen)", SECTIONS, "section", "cmp_section"
-            ):
-                with common.guard():
-                    calibration_block(ws, a, b)
             st.subheader("Per prompt, A vs B, and the token views aligned")
             token_views(ws, stamp, a, b, ra, rb)
-            with common.guard():
-                lag_block(ws, stamp, a, b)
-        config_block(a, b)
+        more_block(ws, stamp, runs, a, b)
+        return
     sweep_block(ws, stamp, runs)
+
+
+def charts_block(ws: str, a: dict, b: dict) -> None:
+    """Per-prompt tau scatter, per-depth curves and histograms of A and B overlaid (a section)."""
+    st.subheader("tau per prompt, per depth, histogram")
+    ra, rb = common.prompt_rows(ws, a["id"]), common.prompt_rows(ws, b["id"])
+    st.plotly_chart(
+        scatter_fig({p: r["tau"] for p, r in ra.items()}, {p: r["tau"] for p, r in rb.items()}, a["name"], b["name"]),
+        width="stretch",
+    )
+    sa = {f"A {a['name']} ({common.family(a)})": a["summary"]}
+    sb = {f"B {b['name']} ({common.family(b)})": b["summary"]}
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(depth_fig(sa | sb), width="stretch")
+    c2.plotly_chart(hist_fig(sa | sb), width="stretch")
+
+
+def more_block(ws: str, stamp: str, runs: list[dict], a: dict, b: dict) -> None:
+    """The section picker below the pair: one section drawn when chosen (a link with &sweep=DIR opens the sweep)."""
+    st.subheader("More on A and B")
+    same = a["set_name"] == b["set_name"]  # per-prompt sections need one completion set
+    options = {k: v for k, v in SECTIONS.items() if same or k in ("config", "sweep")}
+    section = common.section_param(
+        "their charts, calibration, draft lag, configs, or a training sweep (drawn when chosen)",
+        options,
+        "section",
+        "cmp_section",
+        default="sweep" if st.query_params.get("sweep") else None,
+    )
+    draw = {
+        "charts": lambda: charts_block(ws, a, b),
+        "calibration": lambda: calibration_block(ws, a, b),
+        "lag": lambda: lag_block(ws, stamp, a, b),
+        "config": lambda: config_block(a, b),
+        "sweep": lambda: sweep_block(ws, stamp, runs),
+    }
+    if section:
+        with common.guard():  # a failing section does not hide the rest of the page
+            draw[section]()
 
 
 with common.guard():

@@ -1,9 +1,11 @@
 """Diagnostics: backend parity (fla vs torch extractions of the same completions: per layer relative L2
 and cosine, and tau of the runs on each), checkpoint-vs-extraction consistency, sliding-layer train/serve
 semantics (the same checkpoint replayed causal and bidirectional inside the block), target-layer attribution (tau
-lost per target tap), training-bug signatures (a run against a healthy reference run), server health. Torch-free:
-configs are read by drafters (config only) and target_info.
-URL: diagnostics?a=EXTRACTION&b=EXTRACTION&ckpt=PATH&ex=EXTRACTION&run=RUN&sig_run=RUN&sig_ref=RUN."""
+lost per target tap), training-bug signatures (a run against a healthy reference run), server health: one at a time,
+drawn when chosen in the page's section picker (a link naming a check's own parameters opens that check).
+Torch-free: configs are read by drafters (config only) and target_info.
+URL: diagnostics?section=parity|consistency|sliding|attribution|signatures|server&a=EXTRACTION&b=EXTRACTION
+(parity)&ckpt=PATH&ex=EXTRACTION (consistency)&run=RUN (attribution)&sig_run=RUN&sig_ref=RUN (signatures)."""
 
 from __future__ import annotations
 
@@ -311,20 +313,59 @@ def server_block() -> None:
         st.caption("No GPU visible on this machine.")
 
 
+SECTIONS = {  # URL value: label (&section=...): one check drawn at a time, when chosen
+    "parity": "Backend parity",
+    "consistency": "Checkpoint vs extraction",
+    "sliding": "Sliding layers",
+    "attribution": "Target-layer attribution",
+    "signatures": "Training-bug signatures",
+    "server": "Server health",
+}
+BLOCKS = {  # URL value: the block drawing it, called with (ws, stamp)
+    "parity": parity_block,
+    "consistency": consistency_block,
+    "sliding": sliding_block,
+    "attribution": attribution_block,
+    "signatures": signatures_block,
+    "server": lambda ws, stamp: server_block(),
+}
+LINKED = (  # a link's parameter -> the check it belongs to
+    ("a", "parity"),
+    ("b", "parity"),
+    ("ckpt", "consistency"),
+    ("ex", "consistency"),
+    ("run", "attribution"),
+    ("sig_run", "signatures"),
+    ("sig_ref", "signatures"),
+)
+
+
 def main() -> None:
     ws = common.workspace()
     stamp = common.stamp()
     st.title("Diagnostics")
-    for block in (
-        lambda: parity_block(ws, stamp),
-        lambda: consistency_block(ws, stamp),
-        lambda: sliding_block(ws, stamp),
-        lambda: attribution_block(ws, stamp),
-        lambda: signatures_block(ws, stamp),
-        server_block,
-    ):
-        with common.guard():  # one failing check does not hide the others
-            block()
+    st.caption(
+        "One check at a time, drawn when chosen: **backend parity** (fla against torch-path features), a "
+        "**checkpoint against an extraction** (does the drafter fit the extraction and its target?), **sliding "
+        "layers** replayed causal and bidirectional, **target-layer attribution** (tau lost per target tap), "
+        "**training-bug signatures** (a run against a healthy reference), **server health** and GPU memory."
+    )
+    if not any(e["status"] == "done" for e in common.extractions(ws, stamp)):
+        st.info(
+            "No finished extraction yet: fetch completions (**Completions**) and extract hidden states "
+            "(**Extraction**); the checks compare extractions and the runs replayed on them. Server health works "
+            "without them."
+        )
+    section = common.section_param(
+        "check",
+        SECTIONS,
+        "section",
+        "diag_section",
+        default=next((sec for param, sec in LINKED if st.query_params.get(param)), None),  # a link's own params
+    )
+    if section:
+        with common.guard():  # a failing check does not hide the page
+            BLOCKS[section](ws, stamp)
 
 
 with common.guard():

@@ -169,7 +169,7 @@ def test_replay_form_refuses_a_mistyped_checkpoint_before_any_job(prepared, work
 
 def test_compare_by_url_shows_both_checkpoints(prepared, monkeypatch):
     a, b = prepared.runs
-    at = app(prepared.workspace, monkeypatch, "compare", a=a, b=b)
+    at = app(prepared.workspace, monkeypatch, "compare", a=a, b=b, section="config")  # configs: drawn when chosen
     clean(at)
     assert at.query_params["a"] == a and at.query_params["b"] == b
     st = Store(prepared.workspace)
@@ -269,13 +269,17 @@ def test_diagnostics_parity_consistency_and_errors(prepared, workspace_copy, mon
             target=ex["target_path"], completions=ex["set_name"], layers=ex["layer_ids"], device="cpu", dtype="float32"
         ),
     )
-    at = app(workspace_copy, monkeypatch, "diagnostics", a=again, b=ex["id"])
+    at = app(workspace_copy, monkeypatch, "diagnostics", a=again, b=ex["id"])  # a link's a, b: the parity check
     clean(at)
+    assert at.query_params["section"] == "parity"
     df = at.dataframe[0].value
     assert list(df["layer"]) == ex["layer_ids"]
     assert all(abs(v) < 1e-6 for v in df["relative L2"]) and all(abs(v - 1) < 1e-6 for v in df["cosine"])
-    cons = at.dataframe[2].value if len(at.dataframe) > 2 else None
-    assert cons is not None and "target layer ids" in list(cons["check"])
+    at.get("segmented_control")[0].set_value("consistency").run()  # one check at a time, drawn when chosen
+    clean(at)
+    assert at.query_params["section"] == "consistency" and "relative L2" not in at.dataframe[0].value.columns
+    cons = at.dataframe[0].value
+    assert "target layer ids" in list(cons["check"])
     # the consistency check defaults to the extraction the runs were made on, not the newest one (no runs)
     assert at.selectbox(key="diag_ex").value == ex["id"] != again
     assert any(re.fullmatch(r"1 of \d+ checks fail", w.value) for w in at.warning)  # only the torch backend
@@ -301,7 +305,7 @@ def test_defaults_skip_a_newer_extraction_without_runs(prepared, workspace_copy,
     assert at.selectbox(key="sweep_ex").value == prepared.extraction
     assert not [i.value for i in at.info if "No run of a checkpoint" in i.value]
     assert len([m.value for m in at.markdown if "open in Acceptance" in m.value]) == 2
-    at = app(workspace_copy, monkeypatch, "diagnostics")
+    at = app(workspace_copy, monkeypatch, "diagnostics", section="parity")
     clean(at)
     assert at.selectbox(key="par_a").value == prepared.extraction and at.selectbox(key="par_b").value == again
     taus = at.dataframe[1].value
@@ -390,7 +394,9 @@ def test_slow_health_shows_ready_not_not_ready(tmp_path, monkeypatch):
         assert common.health_poller(srv.url, "SGLANG_API_KEY").wait(30)
         at.run()
         assert "ready" in sidebar_server(at) and "not ready" not in sidebar_server(at)
-        at.switch_page("pages/diagnostics.py").run()
+        at.switch_page("pages/diagnostics.py")
+        at.query_params["section"] = "server"  # one check at a time, drawn when chosen
+        at.run()
         clean(at)
         assert any(s.value.startswith("GET /health: ready") for s in at.success), [s.value for s in at.success]
         assert not any("not ready" in w.value for w in at.warning)

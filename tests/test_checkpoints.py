@@ -462,7 +462,7 @@ def test_sliding_check_replays_both_ways_and_diagnostics_shows_the_gap(prepared,
     # the Diagnostics page shows both runs and the difference, with the formula
     from apptest import app, clean
 
-    at = app(workspace_copy, monkeypatch, "diagnostics")
+    at = app(workspace_copy, monkeypatch, "diagnostics", section="sliding")
     clean(at)
     assert at.text_input(key="slide_ck").value == str(ck.resolve())
     table = next(df.value for df in at.dataframe if "sliding layers" in df.value.columns)

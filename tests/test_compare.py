@@ -222,7 +222,9 @@ def test_compare_page_defaults_table_views_and_lag(prepared, monkeypatch):
     assert [int(m) for m in re.findall(r'class="[^"]*dfv-x[^"]*" title="pos (\d+) ', view)] == diff * 2
     assert f'data-diffs="{len(diff)}"' in view
     assert any("accepted draft" in cap.value and "target token" in cap.value for cap in at.caption)
-    # the lag table: both runs, every slot, counted here by hand
+    # the lag table: both runs, every slot, counted here by hand (a section: drawn when chosen)
+    at.get("segmented_control")[0].set_value("lag").run()
+    clean(at)
     lag = next(d.value for d in at.dataframe if "lag A" in d.value.columns)
     B = st_.run_row(a_id)["summary"]["block_size"]
     for side, rows in (("A", ra), ("B", rb)):

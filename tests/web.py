@@ -82,6 +82,20 @@ def choose(page, box, option: str, *, exact: bool = False, typed: str | None = N
     page.get_by_role("option", name=option, exact=exact).click()
 
 
+def section(page, label: str, param: str | None = None) -> None:
+    """Choose an optional section of the page (drawn only when chosen, so the page draws fast) in its section picker;
+    with `param`, wait until the URL names it (&section=param)."""
+    btn = page.locator("[data-testid=stButtonGroup] button").filter(has_text=label).first
+    btn.scroll_into_view_if_needed()
+    btn.click()
+    if param:  # location.href read in the page (page.url is refreshed only while Playwright handles a call)
+        until(
+            lambda: f"section={param}" in page.evaluate("() => location.href"),
+            timeout=30,
+            what=f"the URL to name section {param}",
+        )
+
+
 def settle(page) -> None:
     """Wait until Streamlit has finished running the script: its status widget is gone and the app's script state
     is no longer running (the status widget alone is not enough: a headless browser never shows it)."""

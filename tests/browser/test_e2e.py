@@ -13,7 +13,7 @@ import shutil
 import pytest
 from serving import Served, until
 from waiting import job_ids, wait_job
-from web import CHROMIUM, NO_CHROMIUM, SCREENSHOTS, dashboard, done_in_panel, drawn, open_page, settle, shot
+from web import CHROMIUM, NO_CHROMIUM, SCREENSHOTS, dashboard, done_in_panel, drawn, open_page, section, settle, shot
 
 from dflash_dash import pipeline
 from dflash_dash.analysis.compare import config_diff
@@ -105,7 +105,7 @@ def test_selecting_a_table_row_opens_its_token_view(env, page):
     want = order[-1]  # the highest tau: not the prompt opened by default
     open_page(page, env, f"acceptance?run={p.runs[0]}", "Acceptance")
     page.get_by_text(f"Token view · {order[0]}").wait_for()
-    table = page.locator("[data-testid=stDataFrame]").nth(1)
+    table = page.locator("[data-testid=stDataFrame]").first  # the per-prompt table: the one table of the first paint
     table.scroll_into_view_if_needed()
     drawn(page)
     box = table.bounding_box()
@@ -208,6 +208,10 @@ def test_compare_by_url_shows_both_checkpoints(env, page):
     body = page.locator("[data-testid=stMain]").inner_text()
     for d in p.drafters:
         assert d.name in body and str(d) in body
+    section(page, "Configs side by side", "config")  # drawn when chosen
+    page.get_by_role("heading", name="Configs side by side").wait_for()
+    drawn(page)
+    body = page.locator("[data-testid=stMain]").inner_text()
     st = Store(env["ws"])
     n = sum(1 for r in config_diff(st.run_row(a)["config"], st.run_row(b)["config"]) if r["differs"])
     assert f"{n} {'key differs' if n == 1 else 'keys differ'}" in body

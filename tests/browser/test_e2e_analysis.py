@@ -9,7 +9,7 @@ import shutil
 import pytest
 from serving import until
 from waiting import JOB_TIMEOUT
-from web import CHROMIUM, dashboard, drawn, open_page, shot
+from web import CHROMIUM, dashboard, drawn, open_page, section, shot
 
 from dflash_dash import pipeline
 from dflash_dash.store import Store
@@ -32,13 +32,6 @@ def chart(page, title: str):
     loc.scroll_into_view_if_needed()
     loc.locator(".main-svg").first.wait_for()
     return loc
-
-
-def section(page, label: str) -> None:
-    """Choose an optional section of the page (drawn only when chosen, so the page draws fast) in its section picker."""
-    btn = page.locator("[data-testid=stButtonGroup] button").filter(has_text=label).first
-    btn.scroll_into_view_if_needed()
-    btn.click()
 
 
 TRUNCATED = """() => [...document.querySelectorAll('[data-testid=stMetricValue]')]

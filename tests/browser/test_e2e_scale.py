@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from serving import until
-from web import CHROMIUM, NO_CHROMIUM, choose, dashboard, drawn, open_page, settle, shot
+from web import CHROMIUM, NO_CHROMIUM, choose, dashboard, drawn, open_page, section, settle, shot
 
 from dflash_dash import pipeline
 from dflash_dash.analysis.compare import delta_rows
@@ -65,8 +65,10 @@ def test_compare_at_1000_prompts(scale, page):
     until(lambda: f"prompt={rows[0]['prompt']}" in page.url, timeout=10, what="the largest |delta| to open first")
     drawn(page)
     assert page.locator("[data-testid=stException]").count() == 0
-    body = page.locator("[data-testid=stMain]").inner_text()
-    assert "One-position draft lag, per slot" in body
+    section(page, "One-position draft lag", "lag")  # drawn when chosen
+    page.get_by_role("heading", name="One-position draft lag, per slot").wait_for()
+    drawn(page)
+    assert page.locator("[data-testid=stException]").count() == 0
     shot(page, "compare-1000")
     last = rows[-1]["prompt"]  # the smallest |delta|: the end of the 1,000-row order
     open_page(page, scale, f"compare?a={a}&b={b}&prompt={last}", "Compare")
