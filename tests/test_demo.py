@@ -76,11 +76,12 @@ def test_runs_and_tau(ws):
         k: e["summary"]["tau_macro"] for k, e in {"early": early, "final": final, "buggy": buggy, "fla": fla}.items()
     }
     ci = {k: e["summary"]["tau_macro_ci"] for k, e in {"early": early, "final": final, "buggy": buggy}.items()}
-    assert tau["final"] >= 1.2, tau
+    assert tau["final"] >= 3 and final["summary"]["tau_pooled"] >= 3, tau  # a drafter that drafts well
     assert tau["early"] < tau["final"] and tau["buggy"] < tau["final"], tau
-    for c in CKS:  # every checkpoint of the healthy run before the final one, and every bug, below it
-        if c.role != "final":
-            assert rs[c.name]["summary"]["tau_macro"] < tau["final"], c
+    for c in CKS:  # the healthy run's snapshots reach the final's tau at most; the bugs stay below it, apart from
+        # soft KL, which equals it on this target (nearly one-hot on its own text: README, "Demo workspace")
+        t = rs[c.name]["summary"]["tau_macro"]
+        assert t < tau["final"] if c.role == "bug" and c.bug != "soft_kl" else t <= tau["final"] + 1e-9, c
     assert ci["final"][0] > max(ci["early"][1], ci["buggy"][1]), ci  # clearly above: the intervals apart
     assert tau["fla"] == pytest.approx(tau["final"], abs=0.02), tau  # same model, other kernels
     # every run's rounds and tau are what the chain walk over its accepted_at gives (walked here, by hand)
@@ -278,8 +279,9 @@ def test_overview_tells_the_demo_story_with_links(ws, monkeypatch):
     clean(at)
     (story,) = [h for h in htmls(at) if "demo-story" in h]
     assert story.count("<li>") == 3
-    for c in CKS:
-        assert escape(c.what.rstrip(".")) in story, c.what
+    for c in CKS:  # the series' middle snapshots are counted in the healthy run's sentence, not described
+        if c.role != "series":
+            assert escape(c.what.rstrip(".")) in story, c.what
     assert f'href="acceptance?run={rs[fin.name + demo.FLA_SUFFIX]["id"]}"' in story
     assert f'href="compare?sweep={quote(demo.series_folder(ws), safe="")}"' in story
     for c in (c for c in CKS if c.role == "bug"):
