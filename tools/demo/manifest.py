@@ -81,9 +81,11 @@ def finish(src: Path, assets: Path = ASSETS) -> dict:
 
 
 def listing(records: list[dict]) -> list[dict]:
-    """MANIFEST.json's `checkpoints`: the healthy run's snapshots by step (the first "early", the run's own last
-    checkpoint "final", the others "series"), then one entry per bug run; each with its folder under checkpoints/,
-    its run name in the demo, and one sentence a newcomer understands."""
+    """MANIFEST.json's `checkpoints`: the healthy run's snapshots by step (the first "early", the others "series"),
+    one entry per bug run (the anchor-visible shortcut last), then the run's own last checkpoint ("final"); each with
+    its folder under checkpoints/, its run name in the demo, and one sentence a newcomer understands. The order is
+    the replay order, so Compare's default pair (the newest two runs on one extraction) is the shortcut against the
+    final checkpoint."""
     healthy = [r for r in records if not r.get("bug")]
     final = healthy[-1]  # saved last: the run's named checkpoint (its lowest validation loss)
     out = []
@@ -97,15 +99,15 @@ def listing(records: list[dict]) -> list[dict]:
         }[role]
         name = {"final": "final", "early": "early", "series": "healthy"}[role]
         out.append({"dir": r["name"], "name": f"{name}-step{r['step']}", "role": role, "bug": None, "what": what})
-    for r in records:
-        if r.get("bug"):
-            out.append(
-                {
-                    "dir": r["name"],
-                    "name": f"bug-{r['bug'].replace('_', '-')}-step{r['step']}",
-                    "role": "bug",
-                    "bug": r["bug"],
-                    "what": f"Trained exactly as the healthy run except for one bug: {r['bug_what']}.",
-                }
-            )
-    return out
+    fin = out.pop(next(i for i, e in enumerate(out) if e["role"] == "final"))
+    for r in sorted((r for r in records if r.get("bug")), key=lambda r: r["bug"] == "anchor_visible"):
+        out.append(
+            {
+                "dir": r["name"],
+                "name": f"bug-{r['bug'].replace('_', '-')}-step{r['step']}",
+                "role": "bug",
+                "bug": r["bug"],
+                "what": f"Trained exactly as the healthy run except for one bug: {r['bug_what']}.",
+            }
+        )
+    return out + [fin]
