@@ -193,14 +193,12 @@ class Op:
         self._stream()
 
     def _stream(self) -> None:
-        """stream needs target and completions, runs in one process; target and completions need stream."""
+        """stream needs target and completions (here, on the gpus pool or with ray); target and completions need it."""
         if not isinstance(self.stream, bool):
             raise InputError(f"stream: expected true or false, got {self.stream!r}")
         if self.stream:
             self._need("target", "with --stream, the target model folder the features are computed with")
             self._need("completions", "with --stream, the completion set to evaluate")
-            if self.gpus:
-                raise InputError("gpus: --stream runs in one process (or with --ray); give --device cuda:N, not --gpus")
         elif self.target or self.completions:
             raise InputError(
                 "target/completions: they name what --stream computes; add --stream, or drop them to replay an "

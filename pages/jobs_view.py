@@ -141,7 +141,7 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
 
             common.backend_note(by_id[ex]["backend"], f"Extraction {ex}")
             e = by_id[ex]
-            stream = (  # no feature files: the job runs the target again over the set (one process)
+            stream = (  # no feature files: the job runs the target again over the set (GPUs too)
                 dict(stream=True, target=e["target_path"], completions=e["set_name"]) if common.streamed(e) else {}
             )
             if stream:

@@ -141,6 +141,39 @@ def test_sweep_stream_equals_extract_then_sweep_for_drafters_of_other_layers(set
     assert st.run_row(streamed[1])["extraction_id"] == sx["id"]  # one target pass served both checkpoints
 
 
+def test_sweep_stream_over_two_pool_workers_equals_one_process(prepared, workspace_copy, monkeypatch):
+    """`sweep --stream --gpus cpu,cpu` deals the prompts to two pool workers (CPU workers standing in for GPUs, as
+    in test_gpus), each streaming its share; the driver alone stores runs equal to the one-process stream's and
+    no feature file is written. Every-anchor mode: the chain mode stacks a pass's sequences in lockstep, so its
+    log-probabilities move with the batch's make-up at float rounding (~1e-6), whichever runner deals it."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # inherited by the worker processes (2 shared cores)
+    ws = workspace_copy
+    args = [
+        "sweep", "--stream", "--target", str(prepared.target), "--completions", prepared.set_name,
+        "--checkpoints", str(prepared.train), "--anchors", "every",
+    ]  # fmt: skip
+    rc, out, err = run(ws, *args)
+    assert rc == 0, err
+    one = out.split()
+    before = files(ws)
+    rc, out, err = run(ws, *args, "--gpus", "cpu,cpu")
+    assert rc == 0, err
+    two = out.split()
+    assert "[worker 1, cpu]" in err and "[worker 2, cpu]" in err  # both workers had prompts: the pool's progress
+    assert len(one) == len(two) == 2 and files(ws) == before  # no feature file, not even a folder
+    st = Store(ws)
+    for a, b in zip(one, two):
+        same_runs(st, a, b)
+        assert st.run_row(a)["checkpoint"] == st.run_row(b)["checkpoint"]
+    sx = st.extraction(st.run_row(two[0])["extraction_id"])
+    ox = st.extraction(st.run_row(one[0])["extraction_id"])
+    assert stream.is_streamed(sx) and st.run_row(two[1])["extraction_id"] == sx["id"]
+    for k in ("layer_ids", "device", "dtype", "backend", "config_hash"):
+        assert sx[k] == ox[k], k
+    assert [i["prompt_id"] for i in st.items(sx["id"])] == [i["prompt_id"] for i in st.items(ox["id"])]
+    assert not (ws / "features" / sx["id"]).exists()
+
+
 def test_stream_max_prompts_and_the_options_it_needs(setup):
     ws, ck = setup.ws, setup.ck["a"]
     args = ["replay", "--stream", "--target", str(setup.target), "--completions", "s", "--drafter", str(ck)]
@@ -153,8 +186,10 @@ def test_stream_max_prompts_and_the_options_it_needs(setup):
         ops.Sweep(checkpoints="x", stream=True, target="t")
     with pytest.raises(ops.InputError, match="target/completions: .*add --stream"):
         ops.Replay(drafter=str(ck), target="t")
-    with pytest.raises(ops.InputError, match="gpus: --stream runs in one process"):
-        ops.Replay(drafter=str(ck), stream=True, target="t", completions="s", gpus=["cpu", "cpu"])
+    assert ops.Replay(drafter=str(ck), stream=True, target="t", completions="s", gpus="cpu,cpu").devices() == [
+        "cpu",
+        "cpu",
+    ]  # over the one-host pool (test_sweep_stream_over_two_pool_workers_equals_one_process)
     op = ops.Sweep(checkpoints="x", stream=True, target="t", completions="s")
     assert ops.of("sweep", json.loads(json.dumps(op.to_args()))) == op  # a job records and rebuilds it
     rc, _, err = run(

@@ -1,8 +1,8 @@
 """The wire format between the worker pool and its worker processes: the only data that crosses a process.
 
-Contract: the pool writes a worker's spec (an `ops` worker spec: ExtractWork, ReplayWork) with `encode_spec` (one
-JSON object {"kind", "args": its to_json(), "prompts"} on its stdin) and the worker reads it back, typed, with
-`decode_spec`; the worker writes its events and progress as JSON lines
+Contract: the pool writes a worker's spec (an `ops` worker spec: ExtractWork, ReplayWork, StreamWork) with
+`encode_spec` (one JSON object {"kind", "args": its to_json(), "prompts"} on its stdin) and the worker reads it
+back, typed, with `decode_spec`; the worker writes its events and progress as JSON lines
 through a `Writer` (in order, from one thread), its dataclasses (a replay's `metrics.Prompt`) as dicts whose
 arrays and number lists are `pack`ed (numpy bytes in base64, the empty rows left out), and the pool reads each
 event back with `unpacked`, its "result" a `metrics.Prompt` again. `unpack(pack(x))` gives x back as a numpy

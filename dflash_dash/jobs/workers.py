@@ -1,9 +1,10 @@
-"""The worker pool: the per-prompt work of one operation (extract, replay, sweep) sharded over one worker
-process per device.
+"""The worker pool: the per-prompt work of one operation (extract, replay, sweep, and both with --stream)
+sharded over one worker process per device.
 
 Contract: `pool(store, devs)` is a pipeline Runner: the prompt ids are dealt round-robin into shards, worker i runs
-`pipeline.work` on shard i with the operation's worker spec (`ops.ExtractWork`, `ops.ReplayWork`) set to device
-devs[i] (`python -m dflash_dash.jobs --worker`, entry `work_main`), and its events come back in the `wire` format.
+`pipeline.work` on shard i with the operation's worker spec (`ops.ExtractWork`, `ops.ReplayWork`, or
+`ops.StreamWork`: the target's features computed in the worker's memory, no file written) set to device devs[i]
+(`python -m dflash_dash.jobs --worker`, entry `work_main`), and its events come back in the `wire` format.
 The calling process alone writes the store; progress is the workers' sum. A worker that fails or dies stops the
 others and raises WorkerError with the end of its stderr; leaving the iteration early (an error, a cancel) stops
 them all too, and what finished is kept, so a rerun resumes. Workers stay in the caller's process group, so

@@ -7,9 +7,10 @@ records an extraction row marked streamed (`versions["streamed"]`: target, layer
 backend it bound, as an extraction records them, with one item per prompt and no file), and stores one run per
 checkpoint on it (`replay.store_run`), so the pages treat these runs as any other. The features are what an
 extraction writes (the same forward, `target.extract`, cast to bf16), so the runs equal extract-then-replay's
-exactly. The per-prompt part is `stream_work` (an `ops.StreamWork`), run here or by a runner (a Ray cluster's
-workers: `--ray`); this process alone writes the store. A later replay on a streamed extraction is refused with the
-command that streams again (`require_files`).
+exactly. The per-prompt part is `stream_work` (an `ops.StreamWork`), run here or by a runner (the one-host pool's
+worker processes: `--gpus`, jobs.workers; a Ray cluster's workers: `--ray`; the extraction row records the first
+worker's device and backend, and every worker must bind the same backend); this process alone writes the store. A
+later replay on a streamed extraction is refused with the command that streams again (`require_files`).
 """
 
 from __future__ import annotations
@@ -55,15 +56,16 @@ def stream(
     progress: Progress = None,
     runner: Runner | None = None,
 ) -> list[dict]:
-    """Run the target over the completions of `op.completions` (the first `op.max_prompts`) on `op.device` in
-    passes, replay every checkpoint of `checkpoints` on each pass's features while they are in memory, and store
+    """Run the target over the completions of `op.completions` (the first `op.max_prompts`) on `op`'s first device
+    in passes, replay every checkpoint of `checkpoints` on each pass's features while they are in memory, and store
     one run per checkpoint on a streamed extraction row; returns [{"id", "summary"}] in the order given. The
-    per-prompt part (`stream_work`, given an `ops.StreamWork`) runs here or through `runner` (a Ray cluster's
-    workers, jobs.cluster); this process alone writes the store, once every result is in."""
+    per-prompt part (`stream_work`, given an `ops.StreamWork`) runs here or through `runner` (the pool's worker
+    processes, one per device of `op.gpus`, each with its own `device`: jobs.workers; a Ray cluster's workers:
+    jobs.cluster); this process alone writes the store, once every result is in."""
     from .. import metrics, target as target_mod
     from .replay import check_drafter, store_run
 
-    device, dtype = op.device, op.dtype
+    device, dtype = op.devices()[0], op.dtype
     info = target_mod.describe(op.target)
     rows = store.completions(op.completions)
     if not rows:
@@ -113,12 +115,14 @@ def stream(
     ids = [r["prompt_id"] for r in rows]
     got: list[dict[str, metrics.Prompt]] = [{} for _ in checkpoints]
     for ev in (runner or here(store))(spec, ids, progress):
-        if "backend" in ev:  # a worker loaded the target: what it bound is the streamed extraction's
-            if "backend" in ex and ev["backend"] != ex["backend"]:
-                raise InputError(
-                    f"the workers bound different kernel backends ({ex['backend']} and {ev['backend']} on "
-                    f"{ev['device']}); stream on devices of one kind"
-                )
+        if "backend" in ev:  # a worker loaded the target: what the first bound is the streamed extraction's
+            if "backend" in ex:
+                if ev["backend"] != ex["backend"]:
+                    raise InputError(
+                        f"the workers bound different kernel backends ({ex['backend']} and {ev['backend']} on "
+                        f"{ev['device']}); stream on devices of one kind"
+                    )
+                continue
             ex |= dict(
                 backend=ev["backend"],
                 device=ev["device"],
@@ -137,7 +141,7 @@ def stream(
     stored = store.extraction(ex["id"])
     return [
         store_run(
-            store, stored, ck, [by_id[i] for i in ids], op.tree_budget, op.device, dtype, op.anchors, progress, comps
+            store, stored, ck, [by_id[i] for i in ids], op.tree_budget, device, dtype, op.anchors, progress, comps
         )
         for ck, by_id in zip(checkpoints, got)
     ]
