@@ -392,16 +392,8 @@ def main() -> None:
         jobs_view.replay_form(exs, None)
         return
     by_id = {r["id"]: r for r in runs}
-    ids = [r["id"] for r in reversed(runs)]  # newest first
     default, basis = healthiest_run(runs)  # the healthiest run on the extraction that matches serving
-    rid = common.select_param(
-        "run (checkpoint · family · backend · id)",
-        ids,
-        "run",
-        "acc_run",
-        default=default,
-        format_func=common.run_label(by_id),
-    )
+    rid = common.select_run("run (checkpoint · family · backend · id)", runs, "run", "acc_run", default=default)
     if rid == default:
         st.caption(DEFAULT_RUN_NOTES[basis])
     run = by_id[rid]

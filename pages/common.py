@@ -438,6 +438,14 @@ def streamed_note(e: dict | None, what: str = "This run") -> None:
         )
 
 
+def select_run(label: str, runs: list[dict], param: str, key: str, default=None, skip: str | None = None):
+    """`select_param` over `runs` (oldest first, as Store.runs lists them) shown newest first with `run_label`;
+    `skip`: a run id left out of the options. Returns the chosen run id."""
+    by_id = {r["id"]: r for r in runs}
+    ids = [r["id"] for r in reversed(runs) if r["id"] != skip]
+    return select_param(label, ids, param, key, default=default, format_func=run_label(by_id))
+
+
 def run_label(runs_by_id: dict[str, dict]):
     def f(rid: str) -> str:
         r = runs_by_id.get(rid, {})

@@ -270,13 +270,12 @@ def main() -> None:
         )
     else:
         by_id = {r["id"]: r for r in runs}
-        ids = [r["id"] for r in reversed(runs)]
         da, db = default_pair(runs)  # the newest two runs on one extraction
         c1, c2 = st.columns(2)
         with c1:
-            a_id = common.select_param("A", ids, "a", "cmp_a", default=da, format_func=common.run_label(by_id))
+            a_id = common.select_run("A", runs, "a", "cmp_a", default=da)
         with c2:
-            b_id = common.select_param("B", ids, "b", "cmp_b", default=db, format_func=common.run_label(by_id))
+            b_id = common.select_run("B", runs, "b", "cmp_b", default=db)
         a, b = by_id[a_id], by_id[b_id]
         st.caption(
             f"A: `{a['checkpoint']}` on `{a['extraction_id']}` (backend **{a['backend']}**)  \n"

@@ -194,16 +194,14 @@ def main() -> None:
         )
         return
     by_id = {r["id"]: r for r in runs}
-    ids = [r["id"] for r in reversed(runs)]  # newest first
     estamp = stamp + "|" + common.engine_stamp()
     with_stats = {s for s in {r["set_name"] for r in runs} if common.engines(ws, s, estamp)}
-    rid = common.select_param(
+    rid = common.select_run(
         "run (checkpoint · family · backend · id)",
-        ids,
+        runs,
         "run",
         "conf_run",
         default=conformance.default_run(runs, with_stats),  # the newest run that has engine stats to compare
-        format_func=common.run_label(by_id),
     )
     run = by_id[rid]
     set_name = run["set_name"]

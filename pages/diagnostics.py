@@ -183,9 +183,7 @@ def attribution_block(ws: str, stamp: str) -> None:
     if not runs:
         st.info("No replay run yet: replay a checkpoint first (Acceptance page, **Replay**).")
         return
-    by_id = {r["id"]: r for r in runs}
-    ids = [r["id"] for r in reversed(runs)]
-    rid = common.select_param("run to attribute", ids, "run", "attr_run", format_func=common.run_label(by_id))
+    rid = common.select_run("run to attribute", runs, "run", "attr_run")
     rows = common.attributions(ws, rid, stamp)
     if rows:
         c1, c2 = st.columns([3, 2])
@@ -223,22 +221,13 @@ def signatures_block(ws: str, stamp: str) -> None:
         st.info("Signatures need two runs: a run to diagnose and a healthy reference (Acceptance page, **Replay**).")
         return
     by_id = {r["id"]: r for r in runs}
-    ids = [r["id"] for r in reversed(runs)]
     pair = sig.default_pair(runs)
     c1, c2 = st.columns(2)
     with c1:
-        rid = common.select_param(
-            "run to diagnose", ids, "sig_run", "sig_run", default=pair and pair[0], format_func=common.run_label(by_id)
-        )
+        rid = common.select_run("run to diagnose", runs, "sig_run", "sig_run", default=pair and pair[0])
     with c2:
-        others = [i for i in ids if i != rid]
-        ref = common.select_param(
-            "healthy reference",
-            others,
-            "sig_ref",
-            "sig_ref",
-            default=sig.reference_for(runs, rid),
-            format_func=common.run_label(by_id),
+        ref = common.select_run(
+            "healthy reference", runs, "sig_ref", "sig_ref", default=sig.reference_for(runs, rid), skip=rid
         )
     rows = sig.compare(
         common.analysis(ws, rid, "signatures"),
