@@ -62,24 +62,25 @@ def open_page(page, env, path: str, title: str):
 
 
 def choose(page, box, option: str, *, exact: bool = False, typed: str | None = None) -> None:
-    """Pick `option` from the Streamlit selectbox `box`: open its list (again, if a rerun closed it before it showed),
-    optionally type `typed` to filter it, and click the option. The option is waited for, never a fixed delay."""
+    """Pick `option` from the Streamlit selectbox `box`: open its list, optionally type `typed` to filter it, and
+    click the option; all again (up to 5 times) when a rerun closed the list first. Waits on the list and the option,
+    never a fixed delay."""
     from playwright.sync_api import TimeoutError as PwTimeout
 
     listbox = page.get_by_role("listbox")
-    for attempt in range(5):
+    for attempt in range(5):  # a rerun may close the list before it shows, or before the option is clicked
         settle(page)
         box.scroll_into_view_if_needed()
         box.locator("input").click()
         try:
             listbox.first.wait_for(state="visible", timeout=5_000)
-            break
+            if typed:
+                page.keyboard.type(typed)
+            page.get_by_role("option", name=option, exact=exact).click(timeout=10_000)
+            return
         except PwTimeout:
             if attempt == 4:
                 raise
-    if typed:
-        page.keyboard.type(typed)
-    page.get_by_role("option", name=option, exact=exact).click()
 
 
 def section(page, label: str, param: str | None = None) -> None:
