@@ -18,6 +18,8 @@ projections (fc, k, v). Usage:
     python benchmarks/bench_replay.py --small         # tiny shapes on the CPU (a smoke test)
     python benchmarks/bench_replay.py --family dspark  # DSpark, DFlash2 or Domino at their published 27B configs
                                                       # (figures named with a _dspark suffix)
+    python benchmarks/bench_replay.py --quick --tokens 32768 --seqs 2   # long contexts (figures named _32k; _128k
+                                                      # for 131072); --path groups|long forces an every-anchor path
 """
 
 from __future__ import annotations
@@ -134,6 +136,12 @@ def args_():
     ap.add_argument("--quick", action="store_true", help="steady state at --chunk only (no chunk/backend sweep)")
     ap.add_argument("--work", default=None, help="folder for the checkpoint, head and features")
     ap.add_argument("--family", default="dflash", choices=list(FAMILIES), help="drafter family (published config)")
+    ap.add_argument(
+        "--path",
+        default="auto",
+        choices=["auto", "groups", "long"],
+        help="every-anchor path: the product's choice by length (auto), the replicated groups, or blocks_run",
+    )
     return ap.parse_args()
 
 
@@ -271,6 +279,8 @@ def check_fp32(dev, figs: dict) -> None:
 
 
 def measure(a, figs: dict) -> None:
+    if a.path != "auto":  # the product picks by length (`replay.every.LONG`); force one path
+        rp.every.LONG = 0 if a.path == "long" else 1 << 40
     shp = family_shapes(SMALL if a.small else FULL, a.family, a.small)
     dev = a.device or ("cpu" if a.small else "cuda")
     n_seq, T = a.seqs or (3 if a.small else 10), a.tokens or (160 if a.small else 2560)
@@ -422,7 +432,8 @@ def measure(a, figs: dict) -> None:
         shutil.rmtree(base, ignore_errors=True)
     note(
         f"{n_seq} x {T} tokens (prompt {P}), {blocks} blocks, budget {a.budget}, "
-        f"{flops / 1e15:.3f} PFLOP counted; drafter {shp['hidden_size']}x{shp['num_hidden_layers']} layers"
+        f"{flops / 1e15:.3f} PFLOP counted; drafter {shp['hidden_size']}x{shp['num_hidden_layers']} layers; "
+        f"every-anchor path {'long (blocks_run)' if T > rp.every.LONG else 'groups (blocks_in_place)'}"
     )
 
 
@@ -432,9 +443,11 @@ def main():
     try:
         measure(a, figs)
     finally:
+        keep = ("matmul_bf16_tflops", "check_fp32")
         if a.family != "dflash":  # the family's figures beside DFlash's in RESULTS
-            keep = ("matmul_bf16_tflops", "check_fp32")
             figs = {(k if k.startswith(keep) else f"{k}_{a.family}"): v for k, v in figs.items()}
+        if a.tokens and a.tokens != 2560 and not a.small:  # a long run's figures beside 2,560's: _32k, _128k
+            figs = {(k if k.startswith(keep) else f"{k}_{round(a.tokens / 1024)}k"): v for k, v in figs.items()}
         report(figs)  # what was measured, also when a later stage failed
 
 

@@ -134,8 +134,10 @@ def test_convolution_is_block_local(tmp_path):
 # batched == plain reference; chain-only == every-anchor
 
 
+@pytest.mark.parametrize("long", [False, True])  # True: the long-context path (`DFlash.blocks_run`)
 @pytest.mark.parametrize("name,chunk", [("specforge", 64), ("released", 5), ("modelopt", 1)])
-def test_draft_all_equals_draft_loop(tmp_path, name, chunk):
+def test_draft_all_equals_draft_loop(monkeypatch, tmp_path, name, chunk, long):
+    monkeypatch.setattr(rp.every, "LONG", 0 if long else rp.every.LONG)
     d, cfg = form(name)
     m = dr.load(write(tmp_path / name, cfg, tiny.weights(d)))
     head, tokens, feats = inputs(4, T=33)

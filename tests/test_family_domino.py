@@ -111,8 +111,10 @@ def planted_case(tmp_path_factory):
     return head, out
 
 
+@pytest.mark.parametrize("long", [False, True])  # True: the long-context path (`DFlash.blocks_run`)
 @pytest.mark.parametrize("shift", [True, False])
-def test_batched_equals_loop_and_chain_equals_every(planted_case, shift):
+def test_batched_equals_loop_and_chain_equals_every(monkeypatch, planted_case, shift, long):
+    monkeypatch.setattr(rp.every, "LONG", 0 if long else rp.every.LONG)
     head, cases = planted_case
     m, seqs = cases[shift]
     for s in seqs[:2]:

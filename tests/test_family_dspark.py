@@ -133,8 +133,10 @@ def test_bfloat16_runs_and_agrees_with_float32(tmp_path):
 # the replay paths agree
 
 
+@pytest.mark.parametrize("long", [False, True])  # True: the long-context path (`DFlash.blocks_run`)
 @pytest.mark.parametrize("name", ["vanilla", "rnn", "rnn-spec-generate", "no-markov"])
-def test_batched_equals_loop_and_chain_equals_every(tmp_path, name):
+def test_batched_equals_loop_and_chain_equals_every(monkeypatch, tmp_path, name, long):
+    monkeypatch.setattr(rp.every, "LONG", 0 if long else rp.every.LONG)
     m = dr.load(tiny.write_drafter(tmp_path / name, CASES[name]))
     head = random_head()
     tokens, feats, P = inputs(T=33, P=9)

@@ -83,6 +83,85 @@ def test_every_anchor_groups_over_replicated_context(monkeypatch, tmp_path, grou
     torch.testing.assert_close(a.top_logp, b.top_logp, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "types,window,causal",
+    [
+        (["full_attention", "full_attention"], None, False),
+        (["sliding_attention", "full_attention"], 5, True),
+        (["sliding_attention", "sliding_attention"], 40, False),
+    ],
+)
+@pytest.mark.parametrize("start,n,group", [(1, 7, 3), (9, 16, 16), (30, 11, 4), (44, 1, 16)])
+def test_blocks_run_equals_blocks(tmp_path, types, window, causal, start, n, group):
+    """`blocks_run` (the keys every block sees in one unmasked call, the rest masked, merged by log-sum-exp)
+    equals the grouped forward at the same anchors: full attention, a narrow causal window and a window wider
+    than the context, a run from the first position, one block, groups that do not divide the run."""
+    m = dr.load(
+        tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(layer_types=types, sliding_window=window, seed=8)),
+        sliding_block="causal" if causal else "bidirectional",
+    )
+    g = torch.Generator().manual_seed(start * 100 + n)
+    feats = torch.randn(45, 128, generator=g)
+    emb = torch.randn(n, 4, 64, generator=g)
+    with torch.no_grad():
+        kv = m.context_kv(feats)
+        got = m.blocks_run(kv, start, emb, group=group)
+        want = m.blocks(kv, torch.arange(start, start + n), emb, group=group)
+    assert got.shape == want.shape == (n, 4, 64)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_parts_merge_to_the_whole(dtype):
+    """`attention.attend` on two disjoint key sets, merged, equals one attention over their union (and each
+    part equals the plain fp32 reference), masked or not."""
+    from dflash_dash.drafters import attention
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, n, 16, generator=g).to(dtype) for n in (10, 23, 23))
+    ok = torch.rand(2, 1, 10, 23, generator=g) > 0.4
+    ok[..., 0] = True  # every query sees a key of each part
+    ok[..., 12] = True
+    whole, _ = attention.reference(q, k, v, ok)
+    a, b = attention.attend(q, k[:, :, :12], v[:, :, :12], ok[..., :12]), attention.attend(
+        q, k[:, :, 12:], v[:, :, 12:], ok[..., 12:]
+    )
+    tol = dict(rtol=0, atol=1e-5) if dtype == torch.float32 else dict(rtol=0, atol=2e-2)
+    for part, (o, lse) in zip((slice(0, 12), slice(12, 23)), (a, b)):
+        ro, rl = attention.reference(q, k[:, :, part], v[:, :, part], ok[..., part])
+        torch.testing.assert_close(o.float(), ro.float(), **tol)
+        torch.testing.assert_close(lse, rl, rtol=0, atol=1e-4 if dtype == torch.float32 else 2e-2)
+    torch.testing.assert_close(attention.merge(*a, *b).float(), whole.float(), **tol)
+    o, _ = attention.attend(q, k, v)  # unmasked
+    torch.testing.assert_close(o.float(), attention.reference(q, k, v, None)[0].float(), **tol)
+
+
+@pytest.mark.parametrize("chunk", [5, 64])
+def test_every_anchor_long_path_equals_the_loop(monkeypatch, tmp_path, chunk):
+    """Past LONG tokens draft_all drafts through `blocks_run` (one context K/V, runs of `chunk` anchors): equal
+    to the one-block loop, a sliding layer included."""
+    m = dr.load(
+        tiny.write_drafter(
+            tmp_path / "d",
+            tiny.TinyDrafter(layer_types=["sliding_attention", "full_attention"], sliding_window=5, seed=6),
+        ),
+        sliding_block="causal",
+    )
+    monkeypatch.setattr(rp.every, "LONG", 16)
+    called = []
+    real = type(m).blocks_run
+    monkeypatch.setattr(type(m), "blocks_run", lambda self, *a, **k: called.append(1) or real(self, *a, **k))
+    g = torch.Generator().manual_seed(chunk)
+    head = random_head(seed=chunk)
+    T, P = 57, 6
+    tokens, feats = torch.randint(0, 512, (T,), generator=g), torch.randn(T, 128, generator=g)
+    a = rp.draft_all(m, head, feats, tokens, P, topk=4, chunk=chunk)
+    b = rp.draft_loop(m, head, feats, tokens, P, topk=4)
+    assert called and a.tokens.shape == (T - P, 3)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.top_ids, b.top_ids)
+    torch.testing.assert_close(a.top_logp, b.top_logp, rtol=0, atol=1e-4)
+
+
 def test_blocks_gradients_do_not_depend_on_grouping(tmp_path):
     """The demo trains through `blocks`: grouping and its padding must not change the gradients."""
     ck = tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(seed=2))

@@ -8,6 +8,8 @@ layout:
   - `blocks`: many blocks over context K/V as `context_kv` returns it, [context ; block] keys per call;
   - `blocks_in_place`: many blocks over stacked context K/V with spare leading key slots the blocks' keys are
     written into (no per-call copy of the context);
+  - `blocks_run`: blocks at consecutive anchors over one sequence's context K/V, attended in parts (the keys
+    every block of the run sees, unmasked, and the rest) whose work grows only with the keys each block sees;
   - `block`: one block the plain way (the reference the tests trust);
 and owns both ends of them: `embed_block` (the block's inputs from the target's embedding) and `read_out` (the D
 drafts of each block, with top-k and log-probabilities, from the normed states through the target's LM head and
@@ -97,6 +99,13 @@ class Drafter(ABC):
     ) -> torch.Tensor:
         """Normed states [N, B, H] over stacked K/V [S, nkv, G*B + T, hd] whose first G*B key slots take the
         blocks' keys, written in place."""
+
+    @abstractmethod
+    def blocks_run(
+        self, kv: list[tuple[torch.Tensor, torch.Tensor]], start: int, emb: torch.Tensor, group: int = 16
+    ) -> torch.Tensor:
+        """Normed states [N, B, H] of the N blocks at anchors start..start+N-1 over context K/V as `context_kv`
+        returns it, equal to `blocks` at those anchors."""
 
     @abstractmethod
     def block(self, features: torch.Tensor, anchor: int, emb: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,8 @@ Its forwards (the `base.Drafter` interface) return norm(h) of each block:
     [context ; block] keys concatenated per attention group (the every-anchor path);
   - `blocks_in_place`: the same over stacked K/V whose leading spare key slots take the blocks' keys in place,
     attention over a prefix view (the chain-only replay's lockstep steps, the every-anchor replicas);
+  - `blocks_run`: blocks at consecutive anchors over one sequence's context K/V, the keys all of them see in one
+    unmasked call and the rest masked, merged (the every-anchor path at long contexts);
   - `block`: one block, keys = [ctx; block] concatenated, plain SDPA (the reference the tests trust).
 `load(ck, c, ...)` reads a located checkpoint's checked tensors into a DFlash.
 """
@@ -18,7 +20,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from . import kernels
+from . import attention as attn, kernels
 from .base import Drafter
 from .checkpoint import Checkpoint
 from .config import DrafterConfig, sliding_semantics
@@ -152,7 +154,7 @@ class DFlash(Drafter):
             kc, vc = ((t[:, :, :L] if stacked else t[:, :L].expand(S, nkv, L, hd)) for t in kv[i])
             return torch.cat([kc, kb], 2), torch.cat([vc, vb], 2)  # [S, nkv, L+G*B, hd]
 
-        return self._layers(anchors, h, N, S, G, L, keys, blocks_first=False)
+        return self._layers(anchors, h, N, S, G, self._masked(anchors, S, G, L, keys, blocks_first=False))
 
     def blocks_in_place(
         self,
@@ -186,7 +188,7 @@ class DFlash(Drafter):
             v[:, :, : G * B].copy_(vb)
             return k[:, :, : G * B + L], v[:, :, : G * B + L]  # [S, nkv, G*B+L, hd] (a view)
 
-        return self._layers(anchors, h, N, S, G, L, keys, blocks_first=True)
+        return self._layers(anchors, h, N, S, G, self._masked(anchors, S, G, L, keys, blocks_first=True))
 
     def _grouped(self, anchors: torch.Tensor, emb: torch.Tensor, G: int):
         """(S groups, anchors, block inputs) on the device, padded with copies of the last block to S*G blocks."""
@@ -200,18 +202,30 @@ class DFlash(Drafter):
             h = torch.cat([h, h[-1:].expand(pad, -1, -1)])
         return S, anchors, h
 
-    def _layers(self, anchors, h, N: int, S: int, G: int, L: int, keys: Callable, blocks_first: bool) -> torch.Tensor:
-        """The layers of the grouped forward: `keys(i, kb, vb)` gives layer i's keys and values [S, nkv, *, hd]
-        from the groups' block keys (context then blocks, or blocks then context: `blocks_first`)."""
-        c, dev = self.c, self.device
-        B = h.shape[1]
-        nkv, g, hd = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim
-        qpos = anchors[:, None] + torch.arange(B, device=dev)  # [N', B]
-        cos, sin = self.rope(qpos)  # [N', B, hd]
+    def _qpos(self, anchors: torch.Tensor, B: int) -> torch.Tensor:
+        """Positions [N', B] of each block's slots."""
+        return anchors[:, None] + torch.arange(B, device=anchors.device)
+
+    def _masked(self, anchors, S: int, G: int, L: int, keys: Callable, blocks_first: bool) -> Callable:
+        """The grouped attention of `blocks` and `blocks_in_place`: layer i's queries [S, nkv, g*G*B, hd] over
+        `keys(i, kb, vb)` (context and block keys [S, nkv, L+G*B, hd]) with the additive visibility mask, one SDPA
+        call a layer."""
+        c = self.c
+        qpos, g = self._qpos(anchors, self.c.block_size), c.num_attention_heads // c.num_key_value_heads
         masks = {
             kd: self._attn_mask(anchors, qpos, L, S, G, g, *kd, blocks_first=blocks_first)
             for kd in {self._kind(i) for i in range(c.num_hidden_layers)}
         }
+        return lambda i, q, kb, vb: F.scaled_dot_product_attention(q, *keys(i, kb, vb), attn_mask=masks[self._kind(i)])
+
+    def _layers(self, anchors, h, N: int, S: int, G: int, attend: Callable) -> torch.Tensor:
+        """The layers of the grouped forward: `attend(i, q, kb, vb)` gives layer i's attention output
+        [S, nkv, g*G*B, hd] from its queries [S, nkv, g*G*B, hd] and the groups' block keys and values
+        [S, nkv, G*B, hd]."""
+        c = self.c
+        B = h.shape[1]
+        nkv, g, hd = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim
+        cos, sin = self.rope(self._qpos(anchors, B))  # [N', B, hd]
         ops, eps, layers = self.ops, c.rms_norm_eps, self.w.layers
         x = ops.rmsnorm(h, layers[0].input_layernorm, eps)
         for i in range(c.num_hidden_layers):
@@ -222,8 +236,7 @@ class DFlash(Drafter):
             kb, vb = (
                 t.view(S, G, nkv, B, hd).transpose(1, 2).reshape(S, nkv, G * B, hd) for t in self._kv(i, x, cos, sin)
             )  # [S, nkv, G*B, hd]
-            k, v = keys(i, kb, vb)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=masks[self._kind(i)])
+            o = attend(i, q, kb, vb)
             o = o.view(S, nkv, g, G, B, hd).permute(0, 3, 4, 1, 2, 5).reshape(S * G, B, nkv * g * hd)
             o = self._mix_out(i, ATTN, _lin(o, layers[i].o_proj), mix)
             h, x = ops.add_norm(h, o, layers[i].post_attention_layernorm, eps)
@@ -231,7 +244,7 @@ class DFlash(Drafter):
             h, x = ops.add_norm(h, self._mix_out(i, MLP, self._mlp(i, x), mix), nxt, eps)  # x: the next layer's input
         return x[:N]
 
-    def _attn_mask(
+    def _visible(
         self,
         anchors,
         qpos,
@@ -242,11 +255,12 @@ class DFlash(Drafter):
         window: int | None,
         causal: bool,
         blocks_first: bool = False,
+        k0: int = 0,
     ) -> torch.Tensor:
-        """Additive mask [S, 1, g*G*B, L+G*B] (0 or -inf) of the grouped attention of `blocks`: keys are the L
-        context keys then the G*B block keys, or the other way round (`blocks_first`: `blocks_in_place`)."""
+        """Visibility [S, 1, g*G*B, L+G*B] (bool) of the grouped attention of `blocks`: keys are the L context keys
+        at positions k0.. then the G*B block keys, or the other way round (`blocks_first`: `blocks_in_place`)."""
         B, dev = qpos.shape[1], qpos.device
-        kpos = torch.arange(L, device=dev)
+        kpos = torch.arange(k0, k0 + L, device=dev)
         a, qp = anchors.view(S, G), qpos.view(S, G, B)
         ok_ctx = (kpos < a[:, :, None, None]).expand(S, G, B, L)  # [S, G, B, L]
         ok_blk = torch.eye(G, dtype=torch.bool, device=dev)[None, :, None, :, None].expand(S, G, B, G, B)
@@ -256,8 +270,62 @@ class DFlash(Drafter):
             ok_blk = ok_blk & (d < window) & ((d >= 0) if causal else True)
         parts = [ok_ctx, ok_blk.reshape(S, G, B, G * B)]
         ok = torch.cat(parts[::-1] if blocks_first else parts, -1)  # [S, G, B, L+G*B]
-        ok = ok.reshape(S, 1, 1, G * B, -1).expand(S, 1, g, G * B, L + G * B).reshape(S, 1, g * G * B, -1)
-        return torch.zeros(ok.shape, dtype=self.dtype, device=dev).masked_fill_(~ok, float("-inf"))
+        return ok.reshape(S, 1, 1, G * B, -1).expand(S, 1, g, G * B, L + G * B).reshape(S, 1, g * G * B, -1)
+
+    def _attn_mask(self, *args, **kw) -> torch.Tensor:
+        """`_visible` as the additive mask (0 or -inf, the drafter's dtype) SDPA takes."""
+        ok = self._visible(*args, **kw)
+        return torch.zeros(ok.shape, dtype=self.dtype, device=ok.device).masked_fill_(~ok, float("-inf"))
+
+    # -- long contexts -------------------------------------------------------
+
+    def blocks_run(
+        self, kv: list[tuple[torch.Tensor, torch.Tensor]], start: int, emb: torch.Tensor, group: int = 16
+    ) -> torch.Tensor:
+        """Blocks at the N consecutive anchors start..start+N-1 of one sequence, over its context K/V as
+        `context_kv` returns it (per layer [nkv, T, hd], T >= start+N-1): the every-anchor path at long contexts.
+
+        Same visibility and result as `blocks`, attended in two parts merged by their log-sum-exp
+        (`attention.merge`): the context keys < start, which every query of the run sees in a full-attention
+        layer, in one unmasked call over all N*B queries (a flash kernel: no mask, no copy of the context per
+        group, nothing masked in vain); and the rest under the visibility mask, per group of G blocks: the run's
+        own context keys start..start+N-2 and the group's block keys. A sliding-window layer attends, masked,
+        only the keys its window lets some query of the run see. Work per block grows with the keys it sees and
+        nothing else. Returns norm(h) [N, B, H].
+        """
+        N = emb.shape[0]
+        G = max(1, min(group, N))
+        anchors = torch.arange(start, start + N, device=self.device)
+        S, anchors, h = self._grouped(anchors, emb, G)
+        return self._layers(anchors, h, N, S, G, self._split(kv, start, start + N - 1, anchors, S, G))
+
+    def _split(self, kv, start: int, top: int, anchors, S: int, G: int) -> Callable:
+        """The attention of `blocks_run`: per layer kind the local keys [lo, top) masked, plus for full attention
+        the prefix [0, start) unmasked, merged."""
+        c = self.c
+        nkv, g, hd = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim
+        qpos = self._qpos(anchors, c.block_size)
+        plans = {}
+        for window, causal in {self._kind(i) for i in range(c.num_hidden_layers)}:
+            lo = max(0, start - window + 1) if window else start  # keys < lo: all in the prefix, or unseen
+            ok = self._visible(anchors, qpos, top - lo, S, G, g, window, causal, k0=lo)
+            plans[window, causal] = lo, (0 if window else start), ok
+
+        def attend(i: int, q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor) -> torch.Tensor:
+            lo, prefix, ok = plans[self._kind(i)]
+            K, V = kv[i]  # [nkv, T, hd]
+            k = torch.cat([K[:, lo:top].expand(S, nkv, top - lo, hd), kb], 2)  # [S, nkv, top-lo+G*B, hd]
+            v = torch.cat([V[:, lo:top].expand(S, nkv, top - lo, hd), vb], 2)
+            o, lse = attn.attend(q, k, v, ok)  # [S, nkv, R, hd], [S, nkv, R]
+            if not prefix:
+                return o
+            R = q.shape[2]
+            qa = q.transpose(0, 1).reshape(1, nkv, S * R, hd)  # every query of the run against one copy of the keys
+            op, lp = attn.attend(qa, K[None, :, :prefix], V[None, :, :prefix])
+            op, lp = op.view(nkv, S, R, hd).transpose(0, 1), lp.view(nkv, S, R).transpose(0, 1)
+            return attn.merge(o, lse, op, lp)
+
+        return attend
 
     # -- reference path -------------------------------------------------------
 

@@ -1,9 +1,9 @@
 """Every-anchor replay: the drafter's block at every completion anchor of every sequence, batched.
 
 Contract: tensors in, numbers out. `every_anchor(drafter, head, seqs)` drafts a block at every completion
-anchor of each `Sequence` (context K/V once per sequence, `chunk` blocks per batched call over replicas of it,
-`DFlash.blocks_in_place`), scores each sequence on a worker thread while the device drafts the next, and
-returns the per-prompt results and the run's summary. `draft_all` is one sequence's drafts, `draft_loop` the
+anchor of each `Sequence` (context K/V once per sequence, `chunk` blocks per batched call: over replicas of it,
+`DFlash.blocks_in_place`, or past LONG tokens over the one copy, `DFlash.blocks_run`), scores each sequence on a
+worker thread while the device drafts the next, and returns the per-prompt results and the run's summary. `draft_all` is one sequence's drafts, `draft_loop` the
 reference (one plain block forward per anchor), `draft_one` the drafts of one block (the speculative stand-in).
 """
 
@@ -32,6 +32,8 @@ class Sequence:
 
 
 GROUP = 16  # every-anchor: consecutive blocks whose queries share one attention call's keys (`DFlash.blocks_in_place`)
+LONG = 8192  # every-anchor: sequences longer than this many tokens draft through `DFlash.blocks_run` (context K/V
+# once, the keys every block of a call sees attended unmasked); shorter ones through the replicas below
 REPLICA_BYTES = 4 << 30  # every-anchor: bound on the context K/V copies of one sequence (`_replicas`); a long
 # sequence gets fewer groups per call (2,560 tokens at 27B shapes: 16 groups, 0.9 GiB)
 
@@ -68,9 +70,14 @@ def _replicas(drafter: Drafter, kv: list, S: int, spare: int) -> list:
 def _draft(
     drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.Tensor, prompt_len: int, topk: int, chunk: int
 ) -> list:
-    """Queue the every-anchor drafts of one sequence on the device; per-chunk results stay there.
+    """Queue the every-anchor drafts of one sequence on the device; per-chunk results stay there. A sequence of
+    more than LONG tokens drafts through `_draft_long`, a shorter one through `_draft_groups`."""
+    draft = _draft_long if len(tokens) > LONG else _draft_groups
+    return draft(drafter, head, features, tokens.to(head.embed.device), prompt_len, topk, chunk)
 
-    Each call drafts `chunk` blocks as S groups of G consecutive anchors over the context replicated S times
+
+def _draft_groups(drafter: Drafter, head: Head, features, tokens, prompt_len: int, topk: int, chunk: int) -> list:
+    """Each call drafts `chunk` blocks as S groups of G consecutive anchors over the context replicated S times
     (`_replicas`, S bounded by REPLICA_BYTES); a shorter last chunk uses the first groups it needs, its last block
     repeated to fill them."""
     T, dev, c = len(tokens), drafter.device, drafter.c
@@ -79,7 +86,6 @@ def _draft(
     S = max(1, min(-(-chunk // G), REPLICA_BYTES // (per * drafter.dtype.itemsize)))
     chunk = min(chunk, S * G)
     kv = _replicas(drafter, drafter.context_kv(features.to(dev)), S, G * B)
-    tokens = tokens.to(head.embed.device)
     parts = []
     for s in range(prompt_len, T, chunk):
         e = min(s + chunk, T)
@@ -89,6 +95,20 @@ def _draft(
         part = kv if s_ == S else [(k[:s_], v[:s_]) for k, v in kv]
         h = drafter.blocks_in_place(part, anchors, emb, max_anchor=e - 1)
         parts.append(read_out(drafter, head, h[:n], tokens[anchors[:n].to(tokens.device)], topk, confidence=True))
+    return parts
+
+
+def _draft_long(drafter: Drafter, head: Head, features, tokens, prompt_len: int, topk: int, chunk: int) -> list:
+    """Each call drafts the `chunk` consecutive anchors of a run (`DFlash.blocks_run`) over the one context K/V:
+    memory for the context once, whatever its length, and no key masked in vain."""
+    T, dev = len(tokens), drafter.device
+    kv = drafter.context_kv(features.to(dev))
+    parts = []
+    for s in range(prompt_len, T, chunk):
+        e = min(s + chunk, T)
+        emb = embed_blocks(drafter, head, tokens, torch.arange(s, e, device=dev))
+        h = drafter.blocks_run(kv, s, emb, group=GROUP)
+        parts.append(read_out(drafter, head, h, tokens[s:e], topk, confidence=True))
     return parts
 
 
