@@ -3,8 +3,9 @@
 Contract: tensors in, numbers out. `every_anchor(drafter, head, seqs)` drafts a block at every completion
 anchor of each `Sequence` (context K/V once per sequence, `chunk` blocks per batched call: over replicas of it,
 `DFlash.blocks_in_place`, or past LONG tokens over the one copy, `DFlash.blocks_run`), scores each sequence on a
-worker thread while the device drafts the next, and returns the per-prompt results and the run's summary. `draft_all` is one sequence's drafts, `draft_loop` the
-reference (one plain block forward per anchor), `draft_one` the drafts of one block (the speculative stand-in).
+worker thread while the device drafts the next, and returns the per-prompt results and the run's summary.
+`draft_all` is one sequence's drafts, `draft_loop` the reference (one plain block forward per anchor), `draft_one`
+the drafts of one block (the speculative stand-in).
 """
 
 from __future__ import annotations
