@@ -123,8 +123,9 @@ def test_attention_parts_merge_to_the_whole(dtype):
     ok[..., 0] = True  # every query sees a key of each part
     ok[..., 12] = True
     whole, _ = attention.reference(q, k, v, ok)
-    a, b = attention.attend(q, k[:, :, :12], v[:, :, :12], ok[..., :12]), attention.attend(
-        q, k[:, :, 12:], v[:, :, 12:], ok[..., 12:]
+    a, b = (
+        attention.attend(q, k[:, :, :12], v[:, :, :12], ok[..., :12]),
+        attention.attend(q, k[:, :, 12:], v[:, :, 12:], ok[..., 12:]),
     )
     tol = dict(rtol=0, atol=1e-5) if dtype == torch.float32 else dict(rtol=0, atol=2e-2)
     for part, (o, lse) in zip((slice(0, 12), slice(12, 23)), (a, b)):
