@@ -16,6 +16,8 @@ the full-attention layers; the Gated DeltaNet recurrence and the convolutions ar
     python benchmarks/bench_extract.py              # one GPU
     python benchmarks/bench_extract.py --gpus 2     # two GPUs
     python benchmarks/bench_extract.py --small      # tiny shapes on the CPU (a smoke test)
+    python benchmarks/bench_extract.py --tokens 32768 --seqs 4    # long contexts: figures named _32k (_128k)
+    python benchmarks/bench_extract.py --first-call --tokens 131072   # a fresh process's first extraction vs warm
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ SMALL = dict(
     linear_value_head_dim=16,
 )
 SMALL_IDS = [1, 3, 5]
+LONGEST = [0]  # the longest sequence of this run (the config's max_position_embeddings covers it)
 
 
 def args_():
@@ -70,6 +73,11 @@ def args_():
     ap.add_argument("--tokens", type=int, default=None, help="tokens per sequence (default 2560; 64 small)")
     ap.add_argument("--depth", type=int, default=2, help="file writes in flight")
     ap.add_argument("--profile", action="store_true", help="print the top kernels of one cut forward")
+    ap.add_argument(
+        "--first-call",
+        action="store_true",
+        help="only the product's first extraction in this fresh process against its warm one (same sequence)",
+    )
     ap.add_argument("--work", default="/tmp/dflash-bench-extract", help="workspace the features go to")
     return ap.parse_args()
 
@@ -87,7 +95,7 @@ def config(shp: dict, layers: int):
         **(shp | {"num_hidden_layers": layers}),
         layer_types=types,
         linear_conv_kernel_dim=4,
-        max_position_embeddings=32768,
+        max_position_embeddings=max(32768, LONGEST[0]),
         tie_word_embeddings=False,
         pad_token_id=0,
         eos_token_id=1,
@@ -305,6 +313,35 @@ def one(a, shp, ids, dev, figs: dict):
     check_fp32(dev, figs)
 
 
+def first_call(a, shp, ids, dev: str, figs: dict) -> None:
+    """The product's extraction of one sequence (cut model, product kernels, `extract_stream` writing the feature
+    file) as the first thing this process runs on the GPU (kernel compiles and autotuning, the allocator's growth,
+    pinned buffers, and the product's short warm-up, `target.WARM_TOKENS`), then the same call warm."""
+    T = a.tokens or (64 if a.small else 2560)
+    model = build(shp, shp["num_hidden_layers"], dev)
+    decoder = cut(model, ids)
+    note(f"product backend: {backend(dev)}; first call at {T} tokens")
+    if dev.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+    seqs = inputs(shp, 1, T)
+    root = Path(a.work)
+    shutil.rmtree(root, ignore_errors=True)
+    meta = {"bench": True, "layer_ids": ids}
+    with Clock(dev) as c1:
+        product(decoder, seqs, ids, root, "first", meta, a.depth)
+    figs["extract_first_peak_mem_gib"] = peak_gib(dev)
+    with Clock(dev) as c2:
+        product(decoder, seqs, ids, root, "warm", meta, a.depth)
+    figs |= {
+        "extract_first_call_s": c1.s,
+        "extract_warm_call_s": c2.s,
+        "extract_first_over_warm": c1.s / c2.s,
+        "extract_peak_mem_gib": peak_gib(dev),
+    }
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def check_fp32(dev: str, figs: dict) -> None:
     """Kernel parity in fp32 on a small random model: features of the product's kernels (fla gated delta
     rule + fla causal conv) against output_hidden_states with transformers' own (fla + torch conv) and
@@ -417,8 +454,11 @@ def main():
     if not a.small:
         note(f"device {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}; torch {torch.__version__}")
     figs: dict = {}
+    LONGEST[0] = a.tokens or 0
     try:
-        if a.gpus == 1:
+        if a.first_call:
+            first_call(a, shp, ids, "cpu" if a.small else "cuda:0", figs)
+        elif a.gpus == 1:
             one(a, shp, ids, "cpu" if a.small else "cuda:0", figs)
         else:
             figs |= two(a, shp, ids)
@@ -426,6 +466,9 @@ def main():
 
         note(f"transformers {transformers.__version__}, fla {tg.fla_version()}, pid {os.getpid()}")
     finally:
+        if a.tokens and a.tokens != 2560 and not a.small:  # a long run's figures beside 2,560's: _32k, _128k
+            keep = ("matmul_bf16_tflops", "check_fp32")
+            figs = {(k if k.startswith(keep) else f"{k}_{round(a.tokens / 1024)}k"): v for k, v in figs.items()}
         report(figs)  # what was measured, also when a later stage failed
 
 

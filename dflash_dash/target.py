@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import json
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -221,9 +222,26 @@ def _layers(decoder) -> torch.nn.ModuleList:
     raise TargetError(f"cannot find the decoder layers of {type(decoder).__name__}")
 
 
+WARM_TOKENS = 2048  # a CUDA decoder's first forward longer than twice this is preceded by one over this many of its
+# tokens: fla's Triton kernels compile and pick their configs (autotune keys do not hold the length) on a short
+# input, where each candidate config's trial is cheap, not on the long one (a 131,072-token first call paid its
+# tuning at full length)
+_WARM: weakref.WeakSet = weakref.WeakSet()  # decoders whose kernels have run once in this process
+
+
+def _warm(decoder, ids: torch.Tensor, layer_ids: list[int], dev: torch.device) -> None:
+    """Run the short warm-up forward before a CUDA decoder's first long one (`WARM_TOKENS`)."""
+    if dev.type != "cuda" or decoder in _WARM:
+        return
+    _WARM.add(decoder)
+    if len(ids) > 2 * WARM_TOKENS:
+        extract(decoder, ids[:WARM_TOKENS], layer_ids)
+
+
 @torch.inference_mode()
 def extract(decoder, ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
     """ids [T] -> features [T, K*H]: outputs of decoder layers `layer_ids`, concatenated in order."""
+    _warm(decoder, ids, layer_ids, next(decoder.parameters()).device)
     layers = _layers(decoder)
     got: dict[int, torch.Tensor] = {}
     hooks = []

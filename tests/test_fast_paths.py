@@ -280,6 +280,27 @@ def test_extract_stream_equals_extract(target_dir):
         torch.testing.assert_close(written[i], tg.extract(dec, ids, [1, 4]), rtol=0, atol=0)
 
 
+def test_first_long_forward_is_preceded_by_a_short_warm_up(monkeypatch, target_dir):
+    """A CUDA decoder's first forward longer than 2 x WARM_TOKENS runs one of WARM_TOKENS tokens first (kernels
+    tuned on the short input), once per decoder; the features are unchanged. The device test is patched (no CUDA
+    here): `_warm` is given a CUDA device while the decoder runs on the CPU."""
+    monkeypatch.setattr(tg, "WARM_TOKENS", 8)
+    dec, _ = tg.load(target_dir, [1, 4], "cpu")
+    ids = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(2))
+    want = tg.extract(dec, ids, [1, 4])  # a CPU decoder: never warmed
+    lengths = []
+    dec.register_forward_pre_hook(lambda m, a, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    tg._warm(dec, ids[:16], [1, 4], torch.device("cuda"))  # not longer than 2 x 8: no warm-up, but seen
+    tg._warm(dec, ids, [1, 4], torch.device("cuda"))
+    assert lengths == []
+    other, _ = tg.load(target_dir, [1, 4], "cpu")
+    other.register_forward_pre_hook(lambda m, a, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    tg._warm(other, ids, [1, 4], torch.device("cuda"))
+    tg._warm(other, ids, [1, 4], torch.device("cuda"))
+    assert lengths == [8]  # one warm-up of WARM_TOKENS tokens, once
+    torch.testing.assert_close(tg.extract(other, ids, [1, 4]), want, rtol=0, atol=0)
+
+
 def test_extract_stream_yields_earlier_items_before_an_input_error(target_dir):
     dec, _ = tg.load(target_dir, [2], "cpu")
 
