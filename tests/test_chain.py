@@ -127,6 +127,29 @@ def test_blocks_in_place_equals_concatenated_keys(case, name, align, monkeypatch
             )
 
 
+def test_long_sequences_advance_in_smaller_batches(case, monkeypatch):
+    """Lockstep batches are bounded by their stacked K/V bytes (CHAIN_BYTES, the batch's longest sequence
+    counted for each) and context K/V by their features' bytes (CTX_BYTES): tight bounds cut the batches and
+    the context steps, and the results are those of one batch."""
+    head, models = case
+    m, seqs = models["sliding"]
+    want, s_want = rp.chain_only(m, head, seqs, budget=3, batch=64)
+    per_token = 2 * m.c.num_hidden_layers * m.c.num_key_value_heads * m.c.head_dim * 4  # fp32
+    monkeypatch.setattr(rp.lockstep, "CHAIN_BYTES", 2 * 47 * per_token)  # two sequences of <= 47 tokens
+    monkeypatch.setattr(rp.lockstep, "CTX_BYTES", 1)  # context K/V one sequence at a time
+    parts = rp.lockstep.batches(m, seqs, 64)
+    assert [[s.id for s in p] for p in parts] == [["s0"], ["s1", "s2"], ["s3", "s4"], ["s5"]]
+    assert [len(p) for p in rp.lockstep.batches(m, seqs, 1)] == [1] * 6
+    got, s_got = rp.chain_only(m, head, seqs, budget=3, batch=64)
+    assert [a.id for a in got] == [s.id for s in seqs]
+    for a, b in zip(got, want):  # another padding: the same drafts, log-probabilities within rounding
+        assert (a.rounds, a.tree_rounds, a.round_anchors) == (b.rounds, b.tree_rounds, b.round_anchors)
+        assert np.array_equal(a.accepted_at, b.accepted_at) and np.array_equal(a.drafts, b.drafts)
+        np.testing.assert_allclose(a.draft_logp, b.draft_logp, rtol=0, atol=1e-5)
+    for key in ("tau_macro", "tau_pooled", "ddtree_tau", "rounds", "committed", "accept_hist", "depth_conditional"):
+        assert s_got[key] == s_want[key], key
+
+
 def test_every_anchor_metrics_absent_on_chain_rows():
     p = metrics.Prompt("x", 2, [3, -1, -1, -1, 0, 1], [4, 1, 2])
     assert metrics.every_anchor(p, metrics.Ctx(4, 0)) is None

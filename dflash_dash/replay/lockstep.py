@@ -23,7 +23,10 @@ from .head import read_out
 from .score import summarize
 
 CHAIN_BATCH = 256  # sequences advancing in lockstep: one block each per step (~4,000 query rows per matmul)
+CHAIN_BYTES = 24 << 30  # bound on a lockstep batch's stacked context K/V: long sequences advance in smaller batches
+# (the 27B shapes hold 20 KiB a token: 256 x 2,560 tokens fit, 36 x 32,768, 9 x 131,072)
 CTX_SEQS = 16  # sequences whose context K/V are computed at once (bounds the fp32 temporaries)
+CTX_BYTES = 4 << 30  # ... and at most this many bytes of their stacked features (one sequence at least)
 CHAIN_HALVES = 2  # with a tree budget: stacks whose steps alternate (host scoring overlaps the device)
 DROP_AT = 0.875  # drop finished sequences from the stack once the live ones are this share or fewer
 HEAD_STAGES = (4, 8)  # DDTree off: drafted slots split here; a later stage's LM head only for the rows whose
@@ -65,11 +68,29 @@ def chain_only_results(
     every anchor (or every slot: the expected tau) are not computed (`metrics`). The results hold numpy arrays
     (no Python lists built: a worker packs them as they are)."""
     results: list[Prompt] = []
-    for b0 in range(0, len(seqs), batch):
-        results += _chain_batch(drafter, head, seqs[b0 : b0 + batch], budget)
+    for part in batches(drafter, seqs, batch):
+        results += _chain_batch(drafter, head, part, budget)
         if progress:
-            progress(min(b0 + batch, len(seqs)), len(seqs))
+            progress(len(results), len(seqs))
     return results
+
+
+def batches(drafter: Drafter, seqs: list[Sequence], batch: int = CHAIN_BATCH) -> list[list[Sequence]]:
+    """`seqs` in order cut into lockstep batches: at most `batch` sequences, and stacked context K/V (every
+    sequence padded to the batch's longest) within CHAIN_BYTES, one sequence at least."""
+    c = drafter.c
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * drafter.dtype.itemsize
+    out: list[list[Sequence]] = []
+    longest = 0
+    for s in seqs:
+        t = max(longest, len(s.tokens))
+        if out and len(out[-1]) < batch and (len(out[-1]) + 1) * t * per_token <= CHAIN_BYTES:
+            out[-1].append(s)
+            longest = t
+        else:
+            out.append([s])
+            longest = len(s.tokens)
+    return out
 
 
 def _stack_features(drafter: Drafter, seqs: list[Sequence]) -> torch.Tensor:
@@ -102,10 +123,9 @@ class Lockstep:
         self.A = A = max([len(s.tokens) - s.prompt_len for s in seqs] + [1])
         B = c.block_size
         self.kv = tail_kv(drafter, S, B, self.T_pad)  # a block's slots, then context slots >= T_pad
-        for s0 in range(0, S, CTX_SEQS):  # context K/V a few sequences at a time, into the stack
-            for (K, V), (k_, v_) in zip(
-                self.kv, drafter.context_kv(_stack_features(drafter, seqs[s0 : s0 + CTX_SEQS]))
-            ):
+        n = max(1, min(CTX_SEQS, CTX_BYTES // (self.T_pad * seqs[0].features.shape[1] * 2)))
+        for s0 in range(0, S, n):  # context K/V a few sequences at a time, into the stack
+            for (K, V), (k_, v_) in zip(self.kv, drafter.context_kv(_stack_features(drafter, seqs[s0 : s0 + n]))):
                 K[s0 : s0 + len(k_), :, B : B + k_.shape[-2]] = k_
                 V[s0 : s0 + len(v_), :, B : B + v_.shape[-2]] = v_
         kk = min(ROUND_TOPK, k)
