@@ -47,8 +47,9 @@ def args_():
     return ap.parse_args()
 
 
-def build(base: Path, a) -> tuple[Store, Path, Path]:
-    """A workspace with the completions imported; the target and drafter folders."""
+def build(base: Path, a, checkpoints: int = 1) -> tuple[Store, Path, Path]:
+    """A workspace with the completions imported; the target folder and the first drafter checkpoint (of
+    `checkpoints`, seeded apart, under base/checkpoints/stepNNNN: a sweep's folder)."""
     h, vocab = a.hidden, 512 if a.small else 32000
     heads = max(4, h // 64)
     target = tiny.write_target(
@@ -56,13 +57,24 @@ def build(base: Path, a) -> tuple[Store, Path, Path]:
         tiny.TinyTarget(vocab_size=vocab, hidden_size=h, intermediate_size=2 * h, num_hidden_layers=a.layers,
                         num_attention_heads=heads, num_key_value_heads=max(2, heads // 4), head_dim=h // heads),
     )  # fmt: skip
-    drafter = tiny.write_drafter(
-        base / "drafter",
-        tiny.TinyDrafter(hidden_size=h, intermediate_size=2 * h, num_attention_heads=heads,
-                         num_key_value_heads=max(2, heads // 4), head_dim=h // heads, vocab_size=vocab,
-                         block_size=8 if not a.small else 4, num_target_layers=a.layers,
-                         target_layer_ids=[1, a.layers // 2, a.layers - 2]),
-    )  # fmt: skip
+    drafters = [
+        tiny.write_drafter(
+            base / "checkpoints" / f"step{i:04d}",
+            tiny.TinyDrafter(
+                hidden_size=h,
+                intermediate_size=2 * h,
+                num_attention_heads=heads,
+                num_key_value_heads=max(2, heads // 4),
+                head_dim=h // heads,
+                vocab_size=vocab,
+                block_size=8 if not a.small else 4,
+                num_target_layers=a.layers,
+                target_layer_ids=[1, a.layers // 2, a.layers - 2],
+                seed=i,
+            ),
+        )  # fmt: skip
+        for i in range(checkpoints)
+    ]
     g = np.random.default_rng(0)
     f = base / "c.jsonl"
     f.write_text(
@@ -80,7 +92,7 @@ def build(base: Path, a) -> tuple[Store, Path, Path]:
     )
     st = Store(base / "ws")
     pipeline.import_completions(st, f, "bench")
-    return st, target, drafter
+    return st, target, drafters[0]
 
 
 def timed(fn) -> tuple[float, object]:
