@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from .errors import UserError
 
@@ -42,16 +41,41 @@ def path(root: str | Path, extraction: str, prompt_id: str) -> Path:
 
 
 def write(root: str | Path, extraction: str, prompt_id: str, features: torch.Tensor, meta: dict) -> Path:
-    """Atomically write features [T, K*H] as bf16 with `meta` (JSON-able) in the header."""
+    """Atomically write features [T, K*H] as bf16 with `meta` (JSON-able) in the header: a safetensors file
+    written straight from the tensor's memory (no serialised copy of the payload: 1.7 GB a 32K-token sequence at
+    the 27B shapes), fsynced, then renamed into place. A failed write leaves no file behind."""
     dst = path(root, extraction, prompt_id)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-    header = {"meta": json.dumps(meta, sort_keys=True), "prompt_id": prompt_id, "tokens": str(features.shape[0])}
-    save_file({KEY: features.detach().to("cpu", torch.bfloat16).contiguous()}, str(tmp), metadata=header)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, dst)
+    x = features.detach().to("cpu", torch.bfloat16).contiguous()
+    meta = {"meta": json.dumps(meta, sort_keys=True), "prompt_id": prompt_id, "tokens": str(x.shape[0])}
+    try:
+        with open(tmp, "wb", buffering=0) as f:
+            _write_all(f, _header(x, meta))
+            if x.numel():
+                _write_all(f, memoryview(x.view(torch.uint8).numpy()).cast("B"))
+            os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return dst
+
+
+def _header(x: torch.Tensor, meta: dict) -> bytes:
+    """The safetensors prefix of one bf16 tensor under KEY: u64 length, then the JSON header padded with spaces
+    so the payload starts 8-byte aligned."""
+    head = {"__metadata__": meta, KEY: {"dtype": "BF16", "shape": list(x.shape), "data_offsets": [0, x.numel() * 2]}}
+    raw = json.dumps(head, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def _write_all(f, data) -> None:
+    """Write all of `data` to an unbuffered file (one write(2) takes at most 2 GiB on Linux)."""
+    view, done = memoryview(data), 0
+    while done < len(view):
+        done += f.write(view[done:])
 
 
 def read(

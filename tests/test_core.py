@@ -391,6 +391,34 @@ def test_cache_roundtrip_and_damage(tmp_path):
     assert cache.finite(torch.zeros(0, 6, dtype=torch.bfloat16))
 
 
+def test_cache_files_are_safetensors_and_a_failed_write_leaves_none(tmp_path, monkeypatch):
+    """`cache.write` writes the safetensors layout itself (straight from the tensor's memory): the library reads
+    it back (tensor, metadata, 8-byte aligned payload), an empty sequence included; a write that fails halfway
+    leaves neither the file nor its temp file."""
+    from safetensors import safe_open
+
+    for T in (7, 0):
+        f = torch.randn(T, 12)
+        p = cache.write(tmp_path, "ex", f"p{T}", f, {"layer_ids": [1, 2]})
+        with safe_open(str(p), framework="pt") as sf:
+            assert list(sf.keys()) == [cache.KEY] and torch.equal(sf.get_tensor(cache.KEY), f.to(torch.bfloat16))
+            assert sf.metadata() == {"meta": '{"layer_ids": [1, 2]}', "prompt_id": f"p{T}", "tokens": str(T)}
+        assert (8 + int.from_bytes(p.read_bytes()[:8], "little")) % 8 == 0
+        assert p.stat().st_size == 8 + int.from_bytes(p.read_bytes()[:8], "little") + T * 12 * 2
+    calls = []
+
+    def fail(f, data):
+        calls.append(len(data))
+        if len(calls) == 2:  # the payload, after the header was written
+            raise OSError(28, "No space left on device")
+        f.write(data)
+
+    monkeypatch.setattr(cache, "_write_all", fail)
+    with pytest.raises(OSError, match="No space"):
+        cache.write(tmp_path, "ex", "gone", torch.randn(5, 12), {})
+    assert not cache.path(tmp_path, "ex", "gone").exists() and not list((tmp_path / "ex").glob(".*tmp"))
+
+
 def test_cache_reads_into_staging_and_many_in_order(tmp_path):
     """`read(out=...)` fills the caller's buffer (pinned staging on CUDA); `read_many` yields in the asked order
     with its threads reading ahead, and a bad file fails it with the file's own message."""
