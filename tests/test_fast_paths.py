@@ -111,6 +111,27 @@ def test_blocks_run_equals_blocks(tmp_path, types, window, causal, start, n, gro
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_blocks_run_follows_blocks_in_bfloat16(tmp_path):
+    """In bf16 (the GPU's dtype) `blocks_run` rounds in another order than the grouped forward: its states stay
+    within bf16 noise of them, and the drafts (argmax through a random LM head) agree where they are decisive."""
+    types = ["sliding_attention", "full_attention"]
+    ck = tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(layer_types=types, sliding_window=9, seed=4))
+    m = dr.load(ck, torch.bfloat16)
+    g = torch.Generator().manual_seed(1)
+    feats = torch.randn(300, 128, generator=g).bfloat16()
+    emb = torch.randn(64, 4, 64, generator=g).bfloat16()
+    with torch.no_grad():
+        kv = m.context_kv(feats)
+        got = m.blocks_run(kv, 200, emb).float()
+        want = m.blocks(kv, torch.arange(200, 264), emb).float()
+    assert (got - want).abs().max() < 0.1 and (got - want).norm() / want.norm() < 0.01
+    lm = torch.randn(512, 64, generator=g)
+    a, b = got @ lm.T, want @ lm.T
+    top2 = b.topk(2, -1).values
+    decisive = (top2[..., 0] - top2[..., 1]) > 0.5
+    assert decisive.float().mean() > 0.5 and torch.equal(a.argmax(-1)[decisive], b.argmax(-1)[decisive])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_attention_parts_merge_to_the_whole(dtype):
     """`attention.attend` on two disjoint key sets, merged, equals one attention over their union (and each
