@@ -153,7 +153,10 @@ def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] 
             "lowest mean accepted(p) there; or, from Conformance, the first verify step where the engine's "
             "steps leave the replay's rounds)"
         )
-    st.html(token_html(tr, vocab, B, superscript=sup, inline_rejects=inline, diff=outline))
+    win = common.window_param(
+        len(tr.role), tr.prompt_len, "acc_win", row["prompt_id"], around=min(outline) if outline else None
+    )
+    st.html(token_html(tr, vocab, B, superscript=sup, inline_rejects=inline, diff=outline, window=win))
     round_block(run, row, comp, vocab)
 
 

@@ -22,6 +22,7 @@ import streamlit as st
 from dflash_dash import metrics
 from dflash_dash.analysis.attribution import attribution_rows
 from dflash_dash.errors import UserError
+from dflash_dash.render import tokens as token_render
 from dflash_dash.render.formats import csv_text
 from dflash_dash.render.tables import number_formats
 from dflash_dash.store import Store, default_workspace
@@ -374,6 +375,36 @@ def select_param(label: str, options: list, param: str, key: str, default=None, 
     st.query_params[param] = val
     st.session_state[f"_qp_{key}"] = val
     return val
+
+
+def window_param(
+    n: int, P: int, key: str, owner: str, around: int | None = None, param: str = "win"
+) -> tuple[int, int]:
+    """The completion offsets [lo, hi) a token view of n positions draws: all of them up to
+    `render.tokens.WINDOW`, else one window chosen in a picker whose value lives in `st.query_params[param]`
+    (`&win=K`). A link's outlined position `around` (a completion offset) opens its window when the URL names none.
+    The window belongs to `owner` (the prompt shown): another prompt opens at its own default, never at the
+    window index the last one left in the URL."""
+    spans = token_render.windows(n)
+    labels = {str(k): f"positions {P + lo:,}–{P + hi - 1:,}" for k, (lo, hi) in enumerate(spans)}
+    last = st.session_state.get(f"_win_owner_{key}")
+    st.session_state[f"_win_owner_{key}"] = owner
+    if param in st.query_params and (last not in (None, owner) or st.query_params.get(param) not in labels):
+        del st.query_params[param]
+        st.session_state.pop(f"_qp_{key}", None)
+        st.session_state.pop(key, None)
+    if len(spans) == 1:
+        return spans[0]
+    if around is not None and param not in st.query_params:
+        st.query_params[param] = str(min(max(around, 0) // token_render.WINDOW, len(spans) - 1))
+    k = select_param(
+        f"positions shown ({token_render.WINDOW:,} at a time, {n:,} in all)",
+        list(labels),
+        param,
+        key,
+        format_func=labels.get,
+    )
+    return spans[int(k)]
 
 
 def section_param(label: str, options: dict[str, str], param: str, key: str, default: str | None = None) -> str | None:

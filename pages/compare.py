@@ -116,7 +116,8 @@ def token_views(ws: str, stamp: str, a: dict, b: dict, ra: dict, rb: dict) -> No
         f"A · {a['name']} ({common.family(a)}) · tau {fmt(ra[pid]['tau'])}",
         f"B · {b['name']} ({common.family(b)}) · tau {fmt(rb[pid]['tau'])}",
     )
-    st.html(compare_html(ta, tb, vocab, (Ba, Bb), diff, heads), unsafe_allow_javascript=True)
+    win = common.window_param(len(ta.role), ta.prompt_len, "cmp_win", pid, around=min(diff) if diff else None)
+    st.html(compare_html(ta, tb, vocab, (Ba, Bb), diff, heads, window=win), unsafe_allow_javascript=True)
 
 
 def lag_block(ws: str, stamp: str, a: dict, b: dict) -> None:

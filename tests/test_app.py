@@ -116,6 +116,43 @@ def test_acceptance_url_opens_the_prompt_and_escapes_untrusted_text(prepared, mo
     assert at.query_params["prompt"] == "drafted"
 
 
+def test_a_long_trace_is_drawn_a_window_at_a_time(prepared, monkeypatch):
+    """A completion longer than `render.tokens.WINDOW` positions (patched to 8 here) is drawn one window at a time
+    (Acceptance and Compare): a picker of windows, `&win=K` in the URL, a `pos=` link opening the window that holds
+    it, and another prompt opening at its own first window."""
+    from dflash_dash.render import tokens
+
+    monkeypatch.setattr(tokens, "WINDOW", 8)
+    rid, pid = prepared.runs[1], prepared.script_id
+    row = Store(prepared.workspace).run_prompt(rid, pid)
+    P, n = row["prompt_len"], len(row["accepted_at"])
+    assert n > 16
+
+    def view(at):
+        return next(h for h in htmls(at) if 'class="dfv"' in h and "pos " in h)
+
+    at = app(prepared.workspace, monkeypatch, "acceptance", run=rid, prompt=pid)
+    clean(at)
+    win = by_label(at.selectbox, "positions shown")
+    assert win.value == "0" and len(win.options) == -(-n // 8) and win.options[1] == f"positions {P + 8}–{P + 15}"
+    assert view(at).count('title="pos ') == 8 and f'title="pos {P} ' in view(at)
+    win.set_value("1").run()
+    clean(at)
+    assert at.query_params["win"] == "1" and view(at).count('title="pos ') == 8
+    assert f'title="pos {P + 8} ' in view(at) and f'title="pos {P + 7} ' not in view(at)
+    by_label(at.selectbox, "prompt").set_value("drafted").run()  # another prompt: its first window
+    clean(at)
+    P2 = Store(prepared.workspace).run_prompt(rid, "drafted")["prompt_len"]
+    assert at.query_params.get("win") in (None, "0") and f'title="pos {P2} ' in view(at)
+    at = app(prepared.workspace, monkeypatch, "acceptance", run=rid, prompt=pid, pos=f"{P + 17}-{P + 18}")
+    clean(at)
+    assert by_label(at.selectbox, "positions shown").value == "2" and f'title="pos {P + 17} ' in view(at)
+    at = app(prepared.workspace, monkeypatch, "compare", a=prepared.runs[0], b=rid, prompt=pid)
+    clean(at)
+    pane = next(h for h in htmls(at) if 'class="dfcmp"' in h)
+    assert pane.count('title="pos ') == 16 and by_label(at.selectbox, "positions shown")  # 8 a pane
+
+
 def test_unknown_id_in_the_link_is_reported_not_fatal(prepared, monkeypatch):
     at = app(prepared.workspace, monkeypatch, "acceptance", run="run-does-not-exist")
     clean(at)

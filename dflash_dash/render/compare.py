@@ -52,13 +52,21 @@ DELTA_NOTE = (
 
 
 def compare_html(
-    ta: Trace, tb: Trace, vocab: Vocab, blocks: tuple[int, int], diff: set[int], heads: tuple[str, str]
+    ta: Trace,
+    tb: Trace,
+    vocab: Vocab,
+    blocks: tuple[int, int],
+    diff: set[int],
+    heads: tuple[str, str],
+    window: tuple[int, int] | None = None,
 ) -> str:
     """Both token views side by side in one element, for st.html(unsafe_allow_javascript=True): scrolling one
     pane scrolls the other to the same completion position (aligned on the token at the top), and the
-    next/previous difference buttons scroll both to the next outlined position. The tokens go through
-    `token_html` and the heads through `esc`; the only script is the constant `script()`."""
-    n = len(diff)
+    next/previous difference buttons scroll both to the next outlined position. Both panes draw the completion
+    offsets [lo, hi) of `window` (all without one). The tokens go through `token_html` and the heads through
+    `esc`; the only script is the constant `script()`."""
+    lo, hi = window or (0, len(ta.role))
+    n = sum(lo <= i < hi for i in diff)
     off = " disabled" if not n else ""
     nav = (
         f'<div class="dfcmp-nav"><button type="button" class="dfcmp-prev"{off}>↑ previous difference</button>'
@@ -67,10 +75,10 @@ def compare_html(
     )
     panes = "".join(
         f'<div class="dfcmp-pane"><div class="dfcmp-head">{esc(h, breaks=False)}</div>'
-        f'{token_html(tr, vocab, B, diff=diff)}</div>'
+        f'{token_html(tr, vocab, B, diff=diff, window=(lo, hi))}</div>'
         for tr, B, h in zip((ta, tb), blocks, heads)
     )
     return (
-        f'<div class="dfcmp" data-p0="{int(ta.prompt_len)}" data-diffs="{n}">{style()}{nav}'
+        f'<div class="dfcmp" data-p0="{int(ta.prompt_len) + lo}" data-diffs="{n}">{style()}{nav}'
         f'<div class="dfcmp-panes">{panes}</div><script>{script()}</script></div>'
     )

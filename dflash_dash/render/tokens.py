@@ -102,6 +102,16 @@ def legend_html(block_size: int, compare: bool = False) -> str:
     return '<div class="dfv-legend">' + "".join(items) + "</div>"
 
 
+WINDOW = 4096  # completion positions one token view draws: a long trace (a reasoning trace of 128K tokens would be
+# tens of MB of spans) is drawn a window at a time
+
+
+def windows(n: int, size: int | None = None) -> list[tuple[int, int]]:
+    """The windows [lo, hi) of completion offsets a token view of n positions is drawn in (one when n <= WINDOW)."""
+    size = size or WINDOW
+    return [(lo, min(lo + size, n)) for lo in range(0, n, size)] or [(0, 0)]
+
+
 def token_html(
     tr: Trace,
     vocab: Vocab,
@@ -109,18 +119,21 @@ def token_html(
     diff: set[int] | None = None,
     superscript: bool = True,
     inline_rejects: bool = True,
+    window: tuple[int, int] | None = None,
 ) -> str:
-    """The completion as escaped spans, in one pass: role colours, depth, block starts, rejections.
+    """The completion (or its completion offsets [lo, hi) of `window`) as escaped spans, in one pass: role
+    colours, depth, block starts, rejections.
 
     `diff` holds completion offsets (position - P) to outline (positions where another run differs)."""
     P = tr.prompt_len
-    strs = vocab.strings(tr.tokens[P:])
+    lo, hi = window or (0, len(tr.role))
+    strs = vocab.strings(tr.tokens[P + lo : P + hi])
     rej_ids = [t for t in tr.rejected if t is not None]
     rej_strs = dict(zip(rej_ids, vocab.strings(rej_ids)))
     diff = diff or set()
     parts = [css(block_size), '<div class="dfv">']
     app = parts.append
-    for i, s in enumerate(strs):
+    for i, s in enumerate(strs, start=lo):
         role, k = tr.role[i], tr.depth[i]
         cls = "dfv-a" + str(k) if role == "acc" else "dfv-" + role
         if tr.start[i]:
