@@ -377,34 +377,23 @@ def select_param(label: str, options: list, param: str, key: str, default=None, 
     return val
 
 
-def window_param(
-    n: int, P: int, key: str, owner: str, around: int | None = None, param: str = "win"
-) -> tuple[int, int]:
-    """The completion offsets [lo, hi) a token view of n positions draws: all of them up to
-    `render.tokens.WINDOW`, else one window chosen in a picker whose value lives in `st.query_params[param]`
-    (`&win=K`). A link's outlined position `around` (a completion offset) opens its window when the URL names none.
-    The window belongs to `owner` (the prompt shown): another prompt opens at its own default, never at the
-    window index the last one left in the URL."""
-    spans = token_render.windows(n)
+def window_param(n: int, P: int, key: str, owner: str, around: int | None = None) -> tuple[int, int]:
+    """The completion offsets [lo, hi) a token view of n positions draws: all up to `render.tokens.WINDOW`, else
+    the window picked (`&win=K` in the URL); a link's outlined offset `around` opens its window when the URL names
+    none. The window belongs to `owner` (the prompt shown): another prompt opens at its own default."""
+    spans, W = token_render.windows(n), token_render.WINDOW
     labels = {str(k): f"positions {P + lo:,}–{P + hi - 1:,}" for k, (lo, hi) in enumerate(spans)}
-    last = st.session_state.get(f"_win_owner_{key}")
-    st.session_state[f"_win_owner_{key}"] = owner
-    if param in st.query_params and (last not in (None, owner) or st.query_params.get(param) not in labels):
-        del st.query_params[param]
-        st.session_state.pop(f"_qp_{key}", None)
-        st.session_state.pop(key, None)
+    last, st.session_state[f"_win_owner_{key}"] = st.session_state.get(f"_win_owner_{key}"), owner
+    if "win" in st.query_params and (last not in (None, owner) or st.query_params.get("win") not in labels):
+        del st.query_params["win"]
+        for k in (f"_qp_{key}", key):
+            st.session_state.pop(k, None)
     if len(spans) == 1:
         return spans[0]
-    if around is not None and param not in st.query_params:
-        st.query_params[param] = str(min(max(around, 0) // token_render.WINDOW, len(spans) - 1))
-    k = select_param(
-        f"positions shown ({token_render.WINDOW:,} at a time, {n:,} in all)",
-        list(labels),
-        param,
-        key,
-        format_func=labels.get,
-    )
-    return spans[int(k)]
+    if around is not None and "win" not in st.query_params:
+        st.query_params["win"] = str(min(max(around, 0) // W, len(spans) - 1))
+    label = f"positions shown ({W:,} at a time, {n:,} in all)"
+    return spans[int(select_param(label, list(labels), "win", key, format_func=labels.get))]
 
 
 def section_param(label: str, options: dict[str, str], param: str, key: str, default: str | None = None) -> str | None:
