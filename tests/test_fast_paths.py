@@ -158,6 +158,34 @@ def test_attention_parts_merge_to_the_whole(dtype):
     torch.testing.assert_close(o.float(), attention.reference(q, k, v, None)[0].float(), **tol)
 
 
+def test_attention_falls_back_to_chunked_plain_attention(monkeypatch):
+    """A kernel that raises is warned about once and not tried again; the fallback (`chunked`: the plain fp32
+    attention over query chunks bounded by SCORE_BYTES) gives the same output and log-sum-exp."""
+    from dflash_dash.drafters import attention
+
+    monkeypatch.setattr(attention, "_FAILED", set())
+    monkeypatch.setattr(attention, "SCORE_BYTES", 4 * 23 * 6 * 3)  # 3 query rows a chunk
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 3, n, 16, generator=g) for n in (10, 23, 23))
+    ok = torch.rand(2, 1, 10, 23, generator=g) > 0.3
+    ok[..., 0] = True
+    want = attention.reference(q, k, v, ok)
+    calls = []
+
+    def broken(*a):
+        calls.append(1)
+        raise RuntimeError("no kernel image is available")
+
+    monkeypatch.setitem(attention.KERNELS, "cpu", broken)
+    with pytest.warns(UserWarning, match="cpu unavailable.*no kernel image"):
+        got = attention.attend(q, k, v, ok)
+    again = attention.attend(q, k, v, None)  # not tried again, no second warning
+    assert calls == [1]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    torch.testing.assert_close(again[0], attention.reference(q, k, v, None)[0], rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("chunk", [5, 64])
 def test_every_anchor_long_path_equals_the_loop(monkeypatch, tmp_path, chunk):
     """Past LONG tokens draft_all drafts through `blocks_run` (one context K/V, runs of `chunk` anchors): equal

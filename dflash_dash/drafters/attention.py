@@ -4,18 +4,23 @@ Contract: `attend(q, k, v, ok)` is softmax(q k^T / sqrt(hd) + mask) v over keys 
 [..., Lq, hd], with `ok` a boolean visibility mask broadcast to [..., Lq, Lk] (None: every key visible), and
 returns the output (q's dtype) and the log-sum-exp of each query's scores (fp32, [..., Lq]). `merge` combines two
 such results over disjoint key sets into the attention over their union: exact up to rounding, so a long context
-can be attended in parts. Kernels: on CUDA an unmasked bf16/fp16 call is the flash kernel, an unmasked fp32 one
-the memory-efficient kernel; a masked one on CUDA (the small parts of `DFlash.blocks_run`) is plain fp32 matmuls;
-on the CPU both go through torch's CPU flash kernel. `reference` is the plain fp32 computation they all equal.
+can be attended in parts. Kernels: on CUDA an unmasked bf16/fp16 call is the flash kernel (else the
+memory-efficient one), on the CPU torch's CPU flash kernel; a masked call on CUDA, or any call whose kernel
+failed once in this process (warned), is `reference` in query chunks that bound its fp32 scores. `reference` is
+the plain fp32 computation they all equal.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
 __all__ = ["attend", "merge", "reference"]
+
+SCORE_BYTES = 1 << 30  # the fp32 scores one chunk of `chunked` holds at most (its queries split to fit)
+_FAILED: set[str] = set()  # kernels that raised in this process: not tried again
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ok: torch.Tensor | None):
@@ -27,22 +32,66 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ok: torch.Tenso
     return ((s - lse[..., None]).exp() @ v.float()).to(q.dtype), lse
 
 
+def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ok: torch.Tensor | None):
+    """`reference` over chunks of the queries, each holding at most SCORE_BYTES of fp32 scores."""
+    per_row = 4 * k.shape[-2] * max(q[..., 0, 0].numel(), 1)  # bytes of one query row's scores, all batch dims
+    rows = max(1, SCORE_BYTES // per_row)
+    Lq = q.shape[-2]
+    if rows >= Lq:
+        return reference(q, k, v, ok)
+    outs, lses = [], []
+    for a in range(0, Lq, rows):
+        m = ok if ok is None or ok.shape[-2] == 1 else ok[..., a : a + rows, :]
+        o, lse = reference(q[..., a : a + rows, :], k, v, m)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs, -2), torch.cat(lses, -1)
+
+
+def _cpu(q, k, v, ok):
+    mask = None if ok is None else torch.zeros(ok.shape, dtype=q.dtype).masked_fill_(~ok, float("-inf"))
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask)
+    return o, lse.float()
+
+
+def _flash(q, k, v, ok):
+    out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)
+    return out[0], out[1].float()
+
+
+def _efficient(q, k, v, ok):
+    o, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)
+    return o, lse[..., : q.shape[-2]].float()
+
+
+KERNELS = {"cpu": _cpu, "flash": _flash, "efficient": _efficient}
+
+
+def _kernels(q: torch.Tensor, ok) -> list[str]:
+    """The kernels to try for this call, best first (`chunked` after them all)."""
+    if q.device.type == "cpu":
+        return ["cpu"]
+    if ok is not None:
+        return []
+    return ["flash", "efficient"] if q.dtype in (torch.float16, torch.bfloat16) else ["efficient"]
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ok: torch.Tensor | None = None):
     """(output [..., Lq, hd] in q's dtype, log-sum-exp [..., Lq] fp32) of q [B, h, Lq, hd] over k, v
     [B, h, Lk, hd]; ok: bool, broadcastable to [B, h, Lq, Lk], or None. Every query must see a key."""
-    if q.device.type == "cpu":
-        mask = None
-        if ok is not None:
-            mask = torch.zeros(ok.shape, dtype=q.dtype).masked_fill_(~ok, float("-inf"))
-        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask)
-        return o, lse.float()
-    if ok is None and q.dtype in (torch.float16, torch.bfloat16):
-        out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)
-        return out[0], out[1]
-    if ok is None:
-        o, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)
-        return o, lse[..., : q.shape[-2]].float()
-    return reference(q, k, v, ok)
+    for name in _kernels(q, ok):
+        if name in _FAILED:
+            continue
+        try:
+            return KERNELS[name](q, k, v, ok)
+        except (RuntimeError, TypeError, NotImplementedError) as e:
+            _FAILED.add(name)
+            warnings.warn(
+                f"attention kernel {name} unavailable ({type(e).__name__}: {str(e)[:200]}); "
+                "the long-context replay falls back to plain fp32 attention in query chunks (same result, slower)",
+                stacklevel=2,
+            )
+    return chunked(q, k, v, ok)
 
 
 def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
