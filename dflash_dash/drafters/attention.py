@@ -4,9 +4,9 @@ Contract: `attend(q, k, v, ok)` is softmax(q k^T / sqrt(hd) + mask) v over keys 
 [..., Lq, hd], with `ok` a boolean visibility mask broadcast to [..., Lq, Lk] (None: every key visible), and
 returns the output (q's dtype) and the log-sum-exp of each query's scores (fp32, [..., Lq]). `merge` combines two
 such results over disjoint key sets into the attention over their union: exact up to rounding, so a long context
-can be attended in parts. Kernels: on CUDA an unmasked bf16/fp16 call is the flash kernel (else the
-memory-efficient one), on the CPU torch's CPU flash kernel; a masked call on CUDA, or any call whose kernel
-failed once in this process (warned), is `reference` in query chunks that bound its fp32 scores. `reference` is
+can be attended in parts. Kernels: on CUDA an unmasked bf16/fp16 call is the flash kernel, any other call the
+memory-efficient one (a mask as an aligned additive bias), on the CPU torch's CPU flash kernel; a call whose
+kernels failed in this process (each warned once) is `reference` in query chunks that bound its fp32 scores. `reference` is
 the plain fp32 computation they all equal.
 """
 
@@ -60,11 +60,16 @@ def _flash(q, k, v, ok):
 
 
 def _efficient(q, k, v, ok):
-    o, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)
+    bias = None
+    if ok is not None:  # additive, in q's dtype, rows padded to a multiple of 16 keys (the kernel's alignment)
+        Lk = k.shape[-2]
+        rows = torch.zeros((*ok.shape[:-1], -(-Lk // 16) * 16), dtype=q.dtype, device=q.device)
+        bias = rows[..., :Lk].masked_fill_(~ok, float("-inf")).expand(*q.shape[:-1], Lk)
+    o, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True)
     return o, lse[..., : q.shape[-2]].float()
 
 
-KERNELS = {"cpu": _cpu, "flash": _flash, "efficient": _efficient}
+KERNELS = {"cpu": _cpu, "flash": _flash, "efficient": _efficient, "efficient_masked": _efficient}
 
 
 def _kernels(q: torch.Tensor, ok) -> list[str]:
@@ -72,7 +77,7 @@ def _kernels(q: torch.Tensor, ok) -> list[str]:
     if q.device.type == "cpu":
         return ["cpu"]
     if ok is not None:
-        return []
+        return ["efficient_masked"]  # its failure (the bias's alignment) leaves the unmasked calls theirs
     return ["flash", "efficient"] if q.dtype in (torch.float16, torch.bfloat16) else ["efficient"]
 
 
