@@ -6,8 +6,8 @@ returns the output (q's dtype) and the log-sum-exp of each query's scores (fp32,
 such results over disjoint key sets into the attention over their union: exact up to rounding, so a long context
 can be attended in parts. Kernels: on CUDA an unmasked bf16/fp16 call is the flash kernel, any other call the
 memory-efficient one (a mask as an aligned additive bias), on the CPU torch's CPU flash kernel; a call whose
-kernels failed in this process (each warned once) is `reference` in query chunks that bound its fp32 scores. `reference` is
-the plain fp32 computation they all equal.
+kernels failed in this process (each warned once) is `reference` in query chunks that bound its fp32 scores.
+`reference` is the plain fp32 computation they all equal.
 """
 
 from __future__ import annotations
