@@ -186,6 +186,27 @@ def test_attention_falls_back_to_chunked_plain_attention(monkeypatch):
     torch.testing.assert_close(again[0], attention.reference(q, k, v, None)[0], rtol=0, atol=1e-6)
 
 
+def test_long_sequences_report_their_anchors(monkeypatch, tmp_path):
+    """A sequence past LONG tells `anchors(i, done, total)` as its runs are queued (rising to its total); a short
+    one is one step and tells nothing. The results do not depend on the callback."""
+    m = dr.load(tiny.write_drafter(tmp_path / "d", tiny.TinyDrafter(seed=3)))
+    monkeypatch.setattr(rp.every, "LONG", 30)
+    g = torch.Generator().manual_seed(0)
+    head = random_head(seed=1)
+    seqs = [
+        rp.Sequence(f"s{i}", torch.randint(0, 512, (T,), generator=g), P, torch.randn(T, 128, generator=g))
+        for i, (T, P) in enumerate([(64, 4), (20, 3), (41, 10)])
+    ]
+    heard = []
+    got, _ = rp.every_anchor(m, head, seqs, budget=2, chunk=8, anchors=lambda i, a, n: heard.append((i, a, n)))
+    want, _ = rp.every_anchor(m, head, seqs, budget=2, chunk=8)
+    assert got == want
+    assert {i for i, _, _ in heard} == {0, 2}  # the two sequences past 30 tokens
+    for i, total in ((0, 60), (2, 31)):
+        seen = [a for j, a, n in heard if j == i and n == total]
+        assert seen == sorted(seen) and seen[-1] == total and len(seen) == -(-total // 8)
+
+
 @pytest.mark.parametrize("chunk", [5, 64])
 def test_every_anchor_long_path_equals_the_loop(monkeypatch, tmp_path, chunk):
     """Past LONG tokens draft_all drafts through `blocks_run` (one context K/V, runs of `chunk` anchors): equal

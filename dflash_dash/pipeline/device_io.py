@@ -202,13 +202,16 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
                     + (f" of this pass ({len(part)} of {n})" if len(part) < n else ""),
                 )
 
+            def drafting(i: int, a: int, m: int, j=j, base=done) -> None:  # a long sequence's anchors
+                tick(progress, base + i, total, f"checkpoint {j + 1}/{len(cks)}: prompt {i + 1}: {a:,}/{m:,} anchors")
+
             if own_of != tuple(needs[j]):  # this checkpoint's layers: `seqs` itself unless they differ; a gather
                 own = None  # is kept for the next checkpoints of the pass reading the same layers
                 own, own_of = own_columns(seqs, read, needs[j], H), tuple(needs[j])
             res = (
                 replay_mod.chain_only_results(d, head, own, budget, progress=replayed)
                 if a.anchors == "chain"
-                else replay_mod.every_anchor_results(d, head, own, budget, a.chunk, progress=replayed)
+                else replay_mod.every_anchor_results(d, head, own, budget, a.chunk, replayed, drafting)
             )
             del d  # its memory goes to the next checkpoint
             tick(

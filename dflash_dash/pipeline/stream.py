@@ -185,10 +185,19 @@ def stream_work(store: Store, a: ops.StreamWork, ids: list[str], progress: Progr
             d = drafter_mod.load(ck.path, DTYPES[dtype], device, ck.sliding_block, ck.draft_config)
             at = None if index[j] is None else torch.tensor(index[j], dtype=torch.long, device=seqs[0].features.device)
             own = [s if at is None else _with(s, cache.blocks(s.features, at, H)) for s in seqs]
+
+            def drafting(i: int, k: int, m: int, j=j, base=done, own=own) -> None:  # a long sequence's anchors
+                tick(
+                    progress,
+                    base + i,
+                    len(rows),
+                    f"checkpoint {j + 1}/{len(a.checkpoints)}: {own[i].id}: {k:,}/{m:,} anchors",
+                )
+
             res = (
                 replay_mod.chain_only_results(d, head, own, a.tree_budget)
                 if a.anchors == "chain"
-                else replay_mod.every_anchor_results(d, head, own, a.tree_budget, a.chunk)
+                else replay_mod.every_anchor_results(d, head, own, a.tree_budget, a.chunk, anchors=drafting)
             )
             for p in res:
                 yield {"checkpoint": j, "result": p}

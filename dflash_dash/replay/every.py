@@ -69,12 +69,22 @@ def _replicas(drafter: Drafter, kv: list, S: int, spare: int) -> list:
 
 
 def _draft(
-    drafter: Drafter, head: Head, features: torch.Tensor, tokens: torch.Tensor, prompt_len: int, topk: int, chunk: int
+    drafter: Drafter,
+    head: Head,
+    features: torch.Tensor,
+    tokens: torch.Tensor,
+    prompt_len: int,
+    topk: int,
+    chunk: int,
+    anchors: Callable[[int, int], None] | None = None,
 ) -> list:
     """Queue the every-anchor drafts of one sequence on the device; per-chunk results stay there. A sequence of
-    more than LONG tokens drafts through `_draft_long`, a shorter one through `_draft_groups`."""
-    draft = _draft_long if len(tokens) > LONG else _draft_groups
-    return draft(drafter, head, features, tokens.to(head.embed.device), prompt_len, topk, chunk)
+    more than LONG tokens drafts through `_draft_long` (telling `anchors(done, total)` as its runs are queued), a
+    shorter one through `_draft_groups`."""
+    tokens = tokens.to(head.embed.device)
+    if len(tokens) > LONG:
+        return _draft_long(drafter, head, features, tokens, prompt_len, topk, chunk, anchors)
+    return _draft_groups(drafter, head, features, tokens, prompt_len, topk, chunk)
 
 
 def _draft_groups(drafter: Drafter, head: Head, features, tokens, prompt_len: int, topk: int, chunk: int) -> list:
@@ -99,17 +109,22 @@ def _draft_groups(drafter: Drafter, head: Head, features, tokens, prompt_len: in
     return parts
 
 
-def _draft_long(drafter: Drafter, head: Head, features, tokens, prompt_len: int, topk: int, chunk: int) -> list:
+def _draft_long(
+    drafter: Drafter, head: Head, features, tokens, prompt_len: int, topk: int, chunk: int, anchors=None
+) -> list:
     """Each call drafts the `chunk` consecutive anchors of a run (`DFlash.blocks_run`) over the one context K/V:
-    memory for the context once, whatever its length, and no key masked in vain."""
+    memory for the context once, whatever its length, and no key masked in vain. `anchors(done, total)` hears of
+    the runs queued, about a hundred times a sequence (on CUDA the device trails the queue by a few runs)."""
     T, dev = len(tokens), drafter.device
     kv = drafter.context_kv(features.to(dev))
-    parts = []
-    for s in range(prompt_len, T, chunk):
+    parts, every = [], max(1, (T - prompt_len) // chunk // 100)
+    for n, s in enumerate(range(prompt_len, T, chunk)):
         e = min(s + chunk, T)
         emb = embed_blocks(drafter, head, tokens, torch.arange(s, e, device=dev))
         h = drafter.blocks_run(kv, s, emb, group=GROUP)
         parts.append(read_out(drafter, head, h, tokens[s:e], topk, confidence=True))
+        if anchors and ((n + 1) % every == 0 or e == T):
+            anchors(e - prompt_len, T - prompt_len)
     return parts
 
 
@@ -175,9 +190,10 @@ def every_anchor(
     budget: int = 8,
     chunk: int = 64,
     progress: Callable[[int, int], None] | None = None,
+    anchors: Callable[[int, int, int], None] | None = None,
 ) -> tuple[list[Prompt], dict]:
     """`every_anchor_results` and the run's metrics (`summarize`)."""
-    results = every_anchor_results(drafter, head, seqs, budget, chunk, progress)
+    results = every_anchor_results(drafter, head, seqs, budget, chunk, progress, anchors)
     return results, summarize(results, drafter.width, budget)
 
 
@@ -188,9 +204,11 @@ def every_anchor_results(
     budget: int = 8,
     chunk: int = 64,
     progress: Callable[[int, int], None] | None = None,
+    anchors: Callable[[int, int, int], None] | None = None,
 ) -> list[Prompt]:
     """Replay every sequence (every-anchor, batched): one scored `Prompt` per sequence (a worker's share is
-    summarised by the parent).
+    summarised by the parent). `progress(done, total)` counts sequences; `anchors(i, done, total)` the anchors
+    of sequence i as a long one (past LONG tokens) is drafted.
 
     Scoring (CPU: acceptance, chain and DDTree walks) of sequence i runs on a worker thread once the
     device's queue holds sequence i+1's work, and the next features are uploaded meanwhile; results come
@@ -200,7 +218,8 @@ def every_anchor_results(
         futures, done = [], None
         nxt = features_to_device(drafter, seqs[0].features) if seqs else None
         for i, s in enumerate(seqs):
-            parts = _draft(drafter, head, nxt, s.tokens, s.prompt_len, topk_of(drafter, budget), chunk)  # queued
+            within = (lambda a, n, i=i: anchors(i, a, n)) if anchors else None
+            parts = _draft(drafter, head, nxt, s.tokens, s.prompt_len, topk_of(drafter, budget), chunk, within)
             if done is not None:  # started only now: its thread would slow the launches above (the GIL)
                 futures.append(pool.submit(score, *done))
             if i + 1 < len(seqs):
