@@ -255,12 +255,13 @@ class DFlash(Drafter):
         window: int | None,
         causal: bool,
         blocks_first: bool = False,
-        k0: int = 0,
+        kpos: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Visibility [S, 1, g*G*B, L+G*B] (bool) of the grouped attention of `blocks`: keys are the L context keys
-        at positions k0.. then the G*B block keys, or the other way round (`blocks_first`: `blocks_in_place`)."""
+        (at positions 0..L-1, or `kpos` [L]) then the G*B block keys, or the other way round (`blocks_first`:
+        `blocks_in_place`)."""
         B, dev = qpos.shape[1], qpos.device
-        kpos = torch.arange(k0, k0 + L, device=dev)
+        kpos = torch.arange(L, device=dev) if kpos is None else kpos
         a, qp = anchors.view(S, G), qpos.view(S, G, B)
         ok_ctx = (kpos < a[:, :, None, None]).expand(S, G, B, L)  # [S, G, B, L]
         ok_blk = torch.eye(G, dtype=torch.bool, device=dev)[None, :, None, :, None].expand(S, G, B, G, B)
@@ -286,12 +287,12 @@ class DFlash(Drafter):
         `context_kv` returns it (per layer [nkv, T, hd], T >= start+N-1): the every-anchor path at long contexts.
 
         Same visibility and result as `blocks`, attended in two parts merged by their log-sum-exp
-        (`attention.merge`): the context keys < start, which every query of the run sees in a full-attention
-        layer, in one unmasked call over all N*B queries (a flash kernel: no mask, no copy of the context per
-        group, nothing masked in vain); and the rest under the visibility mask, per group of G blocks: the run's
-        own context keys start..start+N-2 and the group's block keys. A sliding-window layer attends, masked,
-        only the keys its window lets some query of the run see. Work per block grows with the keys it sees and
-        nothing else. Returns norm(h) [N, B, H].
+        (`attention.merge`): the context keys every query of the run sees (all keys < start in a full-attention
+        layer; in a sliding-window layer those its window still holds for the run's last query) in one unmasked
+        call over all N*B queries (a flash kernel: no mask, no copy of the context per group, nothing masked in
+        vain); and the rest under the visibility mask, per group of G blocks: the run's own context keys
+        start..start+N-2, a sliding window's lower edge, and the group's block keys. Work per block grows with
+        the keys it sees and nothing else. Returns norm(h) [N, B, H].
         """
         N = emb.shape[0]
         G = max(1, min(group, N))
@@ -300,28 +301,33 @@ class DFlash(Drafter):
         return self._layers(anchors, h, N, S, G, self._split(kv, start, start + N - 1, anchors, S, G))
 
     def _split(self, kv, start: int, top: int, anchors, S: int, G: int) -> Callable:
-        """The attention of `blocks_run`: per layer kind the local keys [lo, top) masked, plus for full attention
-        the prefix [0, start) unmasked, merged."""
-        c = self.c
+        """The attention of `blocks_run`. Per layer kind, with w its window (unbounded in a full-attention layer):
+        the prefix [p, start), every key of which all queries of the run see (p = 0 in full attention, else the
+        lowest key the run's last query still sees), unmasked; and the local keys, those some query sees but not
+        all, [lo, p) and [start, top), with the blocks' own, masked; merged."""
+        c, B = self.c, self.c.block_size
         nkv, g, hd = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim
-        qpos = self._qpos(anchors, c.block_size)
+        qpos, dev = self._qpos(anchors, B), anchors.device
         plans = {}
         for window, causal in {self._kind(i) for i in range(c.num_hidden_layers)}:
-            lo = max(0, start - window + 1) if window else start  # keys < lo: all in the prefix, or unseen
-            ok = self._visible(anchors, qpos, top - lo, S, G, g, window, causal, k0=lo)
-            plans[window, causal] = lo, (0 if window else start), ok
+            lo = max(0, start - window + 1) if window else 0  # the lowest key the run's first query sees
+            p = min(max(0, top + B - window), start) if window else 0  # ... and its last query
+            kpos = torch.cat([torch.arange(lo, p, device=dev), torch.arange(start, top, device=dev)])
+            ok = self._visible(anchors, qpos, len(kpos), S, G, g, window, causal, kpos=kpos)
+            plans[window, causal] = lo, p, ok
 
         def attend(i: int, q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor) -> torch.Tensor:
-            lo, prefix, ok = plans[self._kind(i)]
+            lo, p, ok = plans[self._kind(i)]
             K, V = kv[i]  # [nkv, T, hd]
-            k = torch.cat([K[:, lo:top].expand(S, nkv, top - lo, hd), kb], 2)  # [S, nkv, top-lo+G*B, hd]
-            v = torch.cat([V[:, lo:top].expand(S, nkv, top - lo, hd), vb], 2)
-            o, lse = attn.attend(q, k, v, ok)  # [S, nkv, R, hd], [S, nkv, R]
-            if not prefix:
+            n = ok.shape[-1] - kb.shape[2]  # local context keys
+            k = torch.cat([K[:, lo:p], K[:, start:top]], 1)[None].expand(S, nkv, n, hd)
+            v = torch.cat([V[:, lo:p], V[:, start:top]], 1)[None].expand(S, nkv, n, hd)
+            o, lse = attn.attend(q, torch.cat([k, kb], 2), torch.cat([v, vb], 2), ok)  # [S, nkv, R, hd], [S, nkv, R]
+            if p == start:
                 return o
             R = q.shape[2]
             qa = q.transpose(0, 1).reshape(1, nkv, S * R, hd)  # every query of the run against one copy of the keys
-            op, lp = attn.attend(qa, K[None, :, :prefix], V[None, :, :prefix])
+            op, lp = attn.attend(qa, K[None, :, p:start], V[None, :, p:start])
             op, lp = op.view(nkv, S, R, hd).transpose(0, 1), lp.view(nkv, S, R).transpose(0, 1)
             return attn.merge(o, lse, op, lp)
 
