@@ -3,7 +3,7 @@
 Contract: a family is a module under `drafters/` registered in `drafters.FAMILIES`; it provides
 `shapes(c)` (the tensors a checkpoint of config `c` holds), `load(ck, c, dtype, device, sliding_block, place)`
 (a `Drafter` from a located, validated checkpoint) and `flops_per_block(c, ctx_len, vocab)`. A `Drafter` takes
-target features and block embeddings and returns normed hidden states through three forwards, one per K/V
+target features and block embeddings and returns normed hidden states through four forwards, one per K/V
 layout:
   - `blocks`: many blocks over context K/V as `context_kv` returns it, [context ; block] keys per call;
   - `blocks_in_place`: many blocks over stacked context K/V with spare leading key slots the blocks' keys are
