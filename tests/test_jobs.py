@@ -45,6 +45,27 @@ def alive(pid: int) -> bool:
     return True
 
 
+def test_a_cancel_turned_into_a_library_error_still_ends_the_job_cancelled(store, monkeypatch, tmp_path):
+    """SIGTERM raises `Cancelled` in the job's main thread; inside DuckDB's execute it surfaces as DuckDB's own
+    RuntimeError ("Query interrupted"). The job still ends cancelled (exit 130), not failed."""
+
+    def interrupted(store_, op, rep):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises Cancelled here, as in a library's C call
+            time.sleep(5)  # not reached: the signal is handled at once
+        except lifecycle.Cancelled:
+            raise RuntimeError("Query interrupted") from None
+        raise AssertionError("the signal handler did not run")
+
+    monkeypatch.setattr(dispatch, "run", interrupted)
+    store.add_job("job-x", "fetch", {"prompt_set": "coding-10", "name": "w"}, str(tmp_path / "x.log"))
+    before = signal.getsignal(signal.SIGTERM)
+    assert dispatch.execute(store, "job-x") == 130
+    row = store.job("job-x")
+    assert row["status"] == "cancelled" and row["error"] == "cancelled by user"
+    assert signal.getsignal(signal.SIGTERM) == before  # the job's handler is gone again
+
+
 def test_cancel_stops_the_job_process(store):
     job = waiting_job(store)
     pid = store.job(job)["pid"]

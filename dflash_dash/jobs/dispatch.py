@@ -30,8 +30,12 @@ def execute(store: Store, job_id: str) -> int:
     job = store.job(job_id)
     rep = Reporter(store, job_id)
 
+    stopped: list[str] = []  # the signal that cancelled the job: a library that turns the raised Cancelled into an
+    # error of its own (DuckDB's "Query interrupted") still ends the job cancelled
+
     def stop(signum, frame):
-        raise Cancelled(signal.Signals(signum).name)
+        stopped.append(signal.Signals(signum).name)
+        raise Cancelled(stopped[-1])
 
     try:
         old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -51,6 +55,10 @@ def execute(store: Store, job_id: str) -> int:
         store.settle_job(job_id, "failed", str(e))
         return 2
     except Exception as e:  # noqa: BLE001  (any failure ends the job as failed, traceback in the log)
+        if stopped:
+            rep.note(f"cancelled ({stopped[-1]}; it surfaced as {type(e).__name__}: {str(e)[:200]})")
+            store.settle_job(job_id, "cancelled", "cancelled by user")
+            return 130
         traceback.print_exc(file=sys.stdout)
         sys.stdout.flush()
         rep.flush()
