@@ -241,7 +241,8 @@ def _warm(decoder, ids: torch.Tensor, layer_ids: list[int], dev: torch.device) -
 @torch.inference_mode()
 def extract(decoder, ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
     """ids [T] -> features [T, K*H]: outputs of decoder layers `layer_ids`, concatenated in order."""
-    _warm(decoder, ids, layer_ids, next(decoder.parameters()).device)
+    dev = next(decoder.parameters()).device
+    _warm(decoder, ids, layer_ids, dev)
     layers = _layers(decoder)
     got: dict[int, torch.Tensor] = {}
     hooks = []
@@ -252,7 +253,6 @@ def extract(decoder, ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
 
         hooks.append(layers[l].register_forward_hook(grab))
     try:
-        dev = next(decoder.parameters()).device
         decoder(input_ids=ids.to(dev)[None], use_cache=False)
     finally:
         for h in hooks:

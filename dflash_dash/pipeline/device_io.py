@@ -12,9 +12,10 @@ one by one.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 from .. import drafters as drafter_mod, ops
 from ..store import Store
@@ -26,26 +27,37 @@ PASS_FREE = 0.4  # on CUDA also at most this share of the device's free memory (
 # work need the rest)
 
 
-def passes(store: Store, ex: dict, ids: list[str], device: str, blocks: int | None = None) -> list[list[str]]:
-    """`ids` (in set order) cut into passes of at most PASS_GIB of features each, on CUDA at most PASS_FREE of the
-    free device memory (at least one prompt a pass). `blocks`: layer blocks of H values held per token (the columns
-    read plus a checkpoint's selection of them, `read_layers`); None: the extraction's layer count."""
-    tokens = {it["prompt_id"]: it["tokens"] for it in store.items(ex["id"])}
-    width, cap = (blocks or len(ex["layer_ids"])) * ex["hidden_size"] * 2, PASS_GIB * 2**30
+def pass_cap(device: str) -> float:
+    """Bytes of features one pass may hold on `device`: PASS_GIB, on CUDA at most PASS_FREE of its free memory."""
+    cap = PASS_GIB * 2**30
     if device.startswith("cuda"):
         import torch
 
         cap = min(cap, PASS_FREE * torch.cuda.mem_get_info(torch.device(device))[0])
-    out: list[list[str]] = [[]]
+    return cap
+
+
+def cut(items: list, nbytes: Callable[[Any], float], cap: float) -> list[list]:
+    """`items` in order cut into passes of at most `cap` bytes, `nbytes(item)` each (at least one item a pass)."""
+    out: list[list] = [[]]
     size = 0.0
-    for i in ids:
-        b = tokens[i] * width
+    for it in items:
+        b = nbytes(it)
         if out[-1] and size + b > cap:
             out.append([])
             size = 0.0
-        out[-1].append(i)
+        out[-1].append(it)
         size += b
     return out
+
+
+def passes(store: Store, ex: dict, ids: list[str], device: str, blocks: int | None = None) -> list[list[str]]:
+    """`ids` (in set order) cut into passes of features that fit `pass_cap(device)` (at least one prompt a pass).
+    `blocks`: layer blocks of H values held per token (the columns read plus a checkpoint's selection of them,
+    `read_layers`); None: the extraction's layer count."""
+    tokens = {it["prompt_id"]: it["tokens"] for it in store.items(ex["id"])}
+    width = (blocks or len(ex["layer_ids"])) * ex["hidden_size"] * 2
+    return cut(ids, lambda i: tokens[i] * width, pass_cap(device))
 
 
 STAGE_BYTES = 2**27  # a pinned staging chunk of `upload_weights`: at the 27B shapes (2,560 tokens x 25,600 values) the

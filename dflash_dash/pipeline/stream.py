@@ -154,7 +154,7 @@ def stream_work(store: Store, a: ops.StreamWork, ids: list[str], progress: Progr
     import torch
 
     from .. import cache, replay as replay_mod, target as target_mod
-    from .device_io import PASS_FREE, PASS_GIB
+    from .device_io import cut, pass_cap
 
     device, dtype, layers = a.device, a.dtype, list(a.layers)
     info = target_mod.describe(a.target)
@@ -170,10 +170,9 @@ def stream_work(store: Store, a: ops.StreamWork, ids: list[str], progress: Progr
     H, width = info.hidden_size, len(layers) * info.hidden_size
     index = [ops.layer_blocks(layers, list(c.target_layer_ids)) for c in cfgs]
     done = 0
-    cap = PASS_GIB * 2**30
-    if device.startswith("cuda"):  # the target stays loaded beside the pass: a share of what it leaves free
-        cap = min(cap, PASS_FREE * torch.cuda.mem_get_info(torch.device(device))[0])
-    for part in _passes(rows, width * 2, cap):
+    nbytes = width * 2  # bf16 features a token
+    # passes within a share of what the loaded target leaves free (`pass_cap`)
+    for part in cut(rows, lambda r: (len(r["prompt_ids"]) + len(r["output_ids"])) * nbytes, pass_cap(device)):
         seqs = []
         for r in part:  # the extraction's forward and its bf16 cast: the features a feature file would hold
             tokens = torch.tensor(r["prompt_ids"] + r["output_ids"])
@@ -211,17 +210,3 @@ def _with(seq, features):
     from dataclasses import replace
 
     return replace(seq, features=features)
-
-
-def _passes(rows: list[dict], bytes_per_token: int, cap: float) -> list[list[dict]]:
-    """`rows` in set order cut into passes of at most `cap` bytes of features (at least one prompt a pass)."""
-    out: list[list[dict]] = [[]]
-    size = 0
-    for r in rows:
-        b = (len(r["prompt_ids"]) + len(r["output_ids"])) * bytes_per_token
-        if out[-1] and size + b > cap:
-            out.append([])
-            size = 0
-        out[-1].append(r)
-        size += b
-    return [p for p in out if p]

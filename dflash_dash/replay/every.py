@@ -39,6 +39,12 @@ REPLICA_BYTES = 4 << 30  # every-anchor: bound on the context K/V copies of one 
 # sequence gets fewer groups per call (2,560 tokens at 27B shapes: 16 groups, 0.9 GiB)
 
 
+def kv_bytes(drafter: Drafter) -> int:
+    """Bytes of context K/V one token takes across the drafter's layers (keys and values, its dtype)."""
+    c = drafter.c
+    return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * drafter.dtype.itemsize
+
+
 def tail_keys(spare: int, T: int) -> int:
     """Key slots of a `DFlash.blocks_in_place` stack: `spare` block slots, then >= T context slots, a multiple of
     KEY_ALIGN in all (the extra slots stay zero and are never visible)."""
@@ -93,8 +99,7 @@ def _draft_groups(drafter: Drafter, head: Head, features, tokens, prompt_len: in
     repeated to fill them."""
     T, dev, c = len(tokens), drafter.device, drafter.c
     B, G = c.block_size, max(1, min(GROUP, chunk))
-    per = 2 * c.num_hidden_layers * c.num_key_value_heads * tail_keys(G * B, T) * c.head_dim  # values a replica
-    S = max(1, min(-(-chunk // G), REPLICA_BYTES // (per * drafter.dtype.itemsize)))
+    S = max(1, min(-(-chunk // G), REPLICA_BYTES // (kv_bytes(drafter) * tail_keys(G * B, T))))
     chunk = min(chunk, S * G)
     kv = _replicas(drafter, drafter.context_kv(features.to(dev)), S, G * B)
     parts = []

@@ -18,7 +18,7 @@ from ..drafters import Drafter
 from ..metrics import Prompt
 from ..target import Head
 from ..walks import ROUND_TOPK, chain_walk, round_top, tree_accept
-from .every import Sequence, features_to_device, tail_kv
+from .every import Sequence, features_to_device, kv_bytes, tail_kv
 from .head import read_out
 from .score import summarize
 
@@ -78,8 +78,7 @@ def chain_only_results(
 def batches(drafter: Drafter, seqs: list[Sequence], batch: int = CHAIN_BATCH) -> list[list[Sequence]]:
     """`seqs` in order cut into lockstep batches: at most `batch` sequences, and stacked context K/V (every
     sequence padded to the batch's longest) within CHAIN_BYTES, one sequence at least."""
-    c = drafter.c
-    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * drafter.dtype.itemsize
+    per_token = kv_bytes(drafter)
     out: list[list[Sequence]] = []
     longest = 0
     for s in seqs:
@@ -123,7 +122,8 @@ class Lockstep:
         self.A = A = max([len(s.tokens) - s.prompt_len for s in seqs] + [1])
         B = c.block_size
         self.kv = tail_kv(drafter, S, B, self.T_pad)  # a block's slots, then context slots >= T_pad
-        n = max(1, min(CTX_SEQS, CTX_BYTES // (self.T_pad * seqs[0].features.shape[1] * 2)))
+        row = seqs[0].features.shape[1] * seqs[0].features.element_size()  # feature bytes a token
+        n = max(1, min(CTX_SEQS, CTX_BYTES // (self.T_pad * row)))
         for s0 in range(0, S, n):  # context K/V a few sequences at a time, into the stack
             for (K, V), (k_, v_) in zip(self.kv, drafter.context_kv(_stack_features(drafter, seqs[s0 : s0 + n]))):
                 K[s0 : s0 + len(k_), :, B : B + k_.shape[-2]] = k_
