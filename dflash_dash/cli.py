@@ -103,7 +103,7 @@ def cmd_extract(a, store):
     op = replace(op, layers=pipeline.layers_of(op.drafter, op.layers), drafter=[])
     if op.orchestrate == "none":  # the cluster (--ray) or the GPUs checked before any work; else the job does it
         op, run = runner(store, op)
-    for i, dev in enumerate(dict.fromkeys(op.devices() if not op.ray else [])):  # a cluster's devices: its hosts'
+    for i, dev in enumerate(op.local_devices()):
         for w in orchestrate.check_extract(store, op.target, op.completions, op.layers, dev, op.dtype, a.extraction_id):
             if i == 0:  # the page asks to confirm; a script asked for it explicitly
                 print(f"note: {w}", file=sys.stderr)

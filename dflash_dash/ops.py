@@ -209,6 +209,10 @@ class Op:
         """Where the work runs: one worker per entry of `gpus`, else this process on `device` (ray: its workers')."""
         return list(getattr(self, "gpus", None) or [getattr(self, "device", None) or "cpu"])
 
+    def local_devices(self) -> list[str]:
+        """This host's devices the work uses, each once: none with `ray` (its workers' are its hosts')."""
+        return [] if getattr(self, "ray", None) else list(dict.fromkeys(self.devices()))
+
 
 def defaults(cls: type[Op]) -> dict:
     """{field: default} of an operation (for argparse)."""
@@ -461,11 +465,8 @@ class ReplayWork(Work):
     anchors: str  # every | chain
 
     def __post_init__(self):
-        object.__setattr__(
-            self,
-            "checkpoints",
-            tuple(c if isinstance(c, CheckpointSpec) else CheckpointSpec.from_json(c) for c in self.checkpoints),
-        )
+        specs = tuple(c if isinstance(c, CheckpointSpec) else CheckpointSpec.from_json(c) for c in self.checkpoints)
+        object.__setattr__(self, "checkpoints", specs)
         check_device(self.device)
         check_dtype(self.dtype)
         if self.anchors not in ANCHORS:

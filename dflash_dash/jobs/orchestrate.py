@@ -64,7 +64,7 @@ def run_extract(store: Store, op: ops.Extract, rep: Reporter) -> dict:
     freed = None
     try:
         freed = free_gpu(client, cfg, op.orchestrate, rep)
-        for dev in dict.fromkeys(op.devices() if not op.ray else []):  # a cluster's GPUs are its hosts'
+        for dev in op.local_devices():
             check_memory(info.path, dev, cfg.gpu_memory_margin_gb, rep)
         rep.step(f"loading target {info.path} on {'the Ray cluster ' + op.ray if op.ray else ', '.join(op.devices())}")
 
