@@ -55,6 +55,19 @@ def peak_gib(device) -> float:
     return torch.cuda.max_memory_allocated(device) / 2**30 if torch.device(device).type == "cuda" else 0.0
 
 
+SHARED = ("matmul_bf16_tflops", "check_fp32")  # figures of the device or a tiny check, never suffixed
+
+
+def suffixed(figures: dict, suffix: str) -> dict:
+    """`figures` with `_suffix` added to every name but the SHARED ones (a family's, a length's: _32k)."""
+    return {(k if k.startswith(SHARED) else f"{k}_{suffix}"): v for k, v in figures.items()}
+
+
+def length_suffix(tokens: int | None, small: bool) -> str | None:
+    """The figures' suffix of a run at `tokens` per sequence: _32k, _128k; None at the reference 2,560 (or small)."""
+    return f"{round(tokens / 1024)}k" if tokens and tokens != 2560 and not small else None
+
+
 def report(figures: dict) -> None:
     """Print `name: value` lines (floats with 4 significant digits, whole numbers exactly)."""
     for k, v in figures.items():

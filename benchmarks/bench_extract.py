@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import Clock, matmul_tflops, note, peak_gib, profile, report, sync
+from _common import Clock, length_suffix, matmul_tflops, note, peak_gib, profile, report, suffixed, sync
 
 from dflash_dash import cache, target as tg
 
@@ -62,7 +62,6 @@ SMALL = dict(
     linear_value_head_dim=16,
 )
 SMALL_IDS = [1, 3, 5]
-LONGEST = [0]  # the longest sequence of this run (the config's max_position_embeddings covers it)
 
 
 def args_():
@@ -86,7 +85,7 @@ def args_():
 # model
 
 
-def config(shp: dict, layers: int):
+def config(shp: dict, layers: int, tokens: int = 0):
     from transformers import AutoConfig
 
     types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
@@ -95,20 +94,20 @@ def config(shp: dict, layers: int):
         **(shp | {"num_hidden_layers": layers}),
         layer_types=types,
         linear_conv_kernel_dim=4,
-        max_position_embeddings=max(32768, LONGEST[0]),
+        max_position_embeddings=max(32768, tokens),  # covers the run's sequences
         tie_word_embeddings=False,
         pad_token_id=0,
         eos_token_id=1,
     )
 
 
-def build(shp: dict, layers: int, device: str, dtype=torch.bfloat16):
-    """A random qwen3_5_text causal LM built directly on `device`."""
+def build(shp: dict, layers: int, device: str, dtype=torch.bfloat16, tokens: int = 0):
+    """A random qwen3_5_text causal LM built directly on `device`, its positions covering `tokens`."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config(shp, layers), dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config(shp, layers, tokens), dtype=dtype)
     return model.eval()
 
 
@@ -232,7 +231,7 @@ def one(a, shp, ids, dev, figs: dict):
     peak = matmul_tflops(dev, 1024 if a.small else 8192)
     figs["matmul_bf16_tflops"] = peak
     t0 = time.perf_counter()
-    model = build(shp, shp["num_hidden_layers"], dev)
+    model = build(shp, shp["num_hidden_layers"], dev, tokens=T)
     note(
         f"model built in {time.perf_counter() - t0:.1f} s, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B "
         f"params; fla {tg.fla_version()}"
@@ -318,7 +317,7 @@ def first_call(a, shp, ids, dev: str, figs: dict) -> None:
     file) as the first thing this process runs on the GPU (kernel compiles and autotuning, the allocator's growth,
     pinned buffers, and the product's short warm-up, `target.WARM_TOKENS`), then the same call warm."""
     T = a.tokens or (64 if a.small else 2560)
-    model = build(shp, shp["num_hidden_layers"], dev)
+    model = build(shp, shp["num_hidden_layers"], dev, tokens=T)
     decoder = cut(model, ids)
     note(f"product backend: {backend(dev)}; first call at {T} tokens")
     if dev.startswith("cuda"):
@@ -387,7 +386,7 @@ def worker(rank, world, a, shp, ids, dev, barrier, q):
         n, T = (a.seqs or (4 if a.small else 10)), (a.tokens or (64 if a.small else 2560))
         if rank == 0:
             q.put(("peak", matmul_tflops(dev, 1024 if a.small else 8192)))
-        decoder = cut(build(shp, max(ids) + 1, dev), ids)
+        decoder = cut(build(shp, max(ids) + 1, dev, tokens=T), ids)
         backend(dev)
         seqs = inputs(shp, n, T)
         root = Path(a.work) / f"r{rank}"
@@ -454,7 +453,6 @@ def main():
     if not a.small:
         note(f"device {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}; torch {torch.__version__}")
     figs: dict = {}
-    LONGEST[0] = a.tokens or 0
     try:
         if a.first_call:
             first_call(a, shp, ids, "cpu" if a.small else "cuda:0", figs)
@@ -466,9 +464,8 @@ def main():
 
         note(f"transformers {transformers.__version__}, fla {tg.fla_version()}, pid {os.getpid()}")
     finally:
-        if a.tokens and a.tokens != 2560 and not a.small:  # a long run's figures beside 2,560's: _32k, _128k
-            keep = ("matmul_bf16_tflops", "check_fp32")
-            figs = {(k if k.startswith(keep) else f"{k}_{round(a.tokens / 1024)}k"): v for k, v in figs.items()}
+        if length := length_suffix(a.tokens, a.small):  # a long run's figures beside 2,560's
+            figs = suffixed(figs, length)
         report(figs)  # what was measured, also when a later stage failed
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _common import Clock, matmul_tflops, note, peak_gib, profile, report, sync
+from _common import Clock, length_suffix, matmul_tflops, note, peak_gib, profile, report, suffixed, sync
 from safetensors.torch import save_file
 
 from dflash_dash import cache, drafters as dr, replay as rp, target as tg
@@ -443,11 +443,10 @@ def main():
     try:
         measure(a, figs)
     finally:
-        keep = ("matmul_bf16_tflops", "check_fp32")
         if a.family != "dflash":  # the family's figures beside DFlash's in RESULTS
-            figs = {(k if k.startswith(keep) else f"{k}_{a.family}"): v for k, v in figs.items()}
-        if a.tokens and a.tokens != 2560 and not a.small:  # a long run's figures beside 2,560's: _32k, _128k
-            figs = {(k if k.startswith(keep) else f"{k}_{round(a.tokens / 1024)}k"): v for k, v in figs.items()}
+            figs = suffixed(figs, a.family)
+        if length := length_suffix(a.tokens, a.small):  # a long run's figures beside 2,560's
+            figs = suffixed(figs, length)
         report(figs)  # what was measured, also when a later stage failed
 
 
