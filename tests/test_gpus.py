@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import torch
 from serving import stop_jobs, until
+from stored import features
 
-from dflash_dash import cache, cli, drafters, ops, pipeline
+from dflash_dash import cli, drafters, ops, pipeline
 from dflash_dash.jobs import lifecycle
 from dflash_dash.store import Store
 
@@ -29,15 +30,6 @@ def store(workspace_copy, monkeypatch):
     st = Store(workspace_copy)
     yield st
     stop_jobs(st)
-
-
-def features(st: Store, ex: str) -> dict[str, torch.Tensor]:
-    e = st.extraction(ex)
-    width = len(e["layer_ids"]) * e["hidden_size"]
-    return {
-        it["prompt_id"]: cache.read(pipeline.features_root(st), ex, it["prompt_id"], it["tokens"], width)
-        for it in st.items(ex)
-    }
 
 
 def test_two_cpu_workers_give_the_one_process_extraction_and_run(prepared, store, capsys):

@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 import torch
 from serving import free_port, stop_jobs, until
+from stored import features
 
-from dflash_dash import cache, cli, ops, pipeline
+from dflash_dash import cli, ops, pipeline
 from dflash_dash.jobs import cluster, lifecycle
 from dflash_dash.store import Store
 
@@ -48,15 +49,6 @@ def run(ws: Path, *args: str) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = cli.main(["--workspace", str(ws), *args])
     return rc, out.getvalue(), err.getvalue()
-
-
-def features(st: Store, ex: str) -> dict[str, torch.Tensor]:
-    e = st.extraction(ex)
-    width = len(e["layer_ids"]) * e["hidden_size"]
-    return {
-        it["prompt_id"]: cache.read(pipeline.features_root(st), ex, it["prompt_id"], it["tokens"], width)
-        for it in st.items(ex)
-    }
 
 
 def same_features(st: Store, a: str, b: str) -> None:
