@@ -185,8 +185,9 @@ def _find_extraction(store, target: Path, backend: str) -> dict | None:
     return None
 
 
-def _has_run(store, ck: Checkpoint, extraction_id: str) -> bool:
-    return any(r["checkpoint"] == str(ck.path) and r["extraction_id"] == extraction_id for r in store.runs())
+def _replayed(store) -> set[tuple[str, str]]:
+    """(checkpoint, extraction id) of every run the store holds: one read for the whole plan."""
+    return {(r["checkpoint"], r["extraction_id"]) for r in store.runs()}
 
 
 def _plan(cks: list[Checkpoint], torch_ex: dict, fla_ex: dict) -> list[tuple[Checkpoint, dict, str]]:
@@ -212,7 +213,8 @@ def built(workspace: str | Path, assets: Path = ASSETS) -> bool:
     torch_ex, fla_ex = _find_extraction(store, target, "torch"), _find_extraction(store, target, "fla")
     if torch_ex is None or fla_ex is None:
         return False
-    return all(_has_run(store, c, ex["id"]) for c, ex, _ in _plan(checkpoints(root / CHECKPOINTS), torch_ex, fla_ex))
+    done = _replayed(store)
+    return all((str(c.path), ex["id"]) in done for c, ex, _ in _plan(checkpoints(root / CHECKPOINTS), torch_ex, fla_ex))
 
 
 def configure(workspace: str | Path) -> Path | None:
@@ -422,9 +424,9 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
 
     tick = _say(progress, 5, steps, "replay", log)
     plan = _plan(cks, torch_ex, fla_ex)
-    runs = {}
+    runs, done = {}, _replayed(store)
     for i, (ck, ex, name) in enumerate(plan):
-        if _has_run(store, ck, ex["id"]):
+        if (str(ck.path), ex["id"]) in done:
             continue
         tick(i, len(plan), f"replaying {name} on {ex['backend']} extraction {ex['id']}")
         out = pipeline.replay(
