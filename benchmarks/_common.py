@@ -76,16 +76,20 @@ def report(figures: dict) -> None:
         print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}", flush=True)
 
 
-def profile(fn, device, rows: int = 25) -> None:
-    """Print the top device kernels of one call of `fn` (torch.profiler), for finding where time goes."""
+def profile(fn, device, rows: int = 25, by: tuple[str, ...] = ()):
+    """Print the top ops of one call of `fn` (torch.profiler; by device time, else CPU time, or by each key of
+    `by`), for finding where time goes; returns what `fn` returns."""
     from torch.profiler import ProfilerActivity, profile as prof
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
     with prof(activities=acts) as p:
-        fn()
+        out = fn()
         sync(device)
-    key = "cuda_time_total" if torch.device(device).type == "cuda" else "cpu_time_total"
-    print(p.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70), flush=True)
+    keys = by or ("cuda_time_total" if torch.device(device).type == "cuda" else "cpu_time_total",)
+    for key in keys:
+        print(f"# top ops by {key}", flush=True)
+        print(p.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70), flush=True)
+    return out
 
 
 def note(msg: str) -> None:

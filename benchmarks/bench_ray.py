@@ -47,6 +47,24 @@ def args_():
     return ap.parse_args()
 
 
+def taps(layers: int) -> list[int]:
+    """The target layers the benchmark drafters read, of a target of `layers` layers."""
+    return [1, layers // 2, layers - 2]
+
+
+def sizes(a, small: tuple[int, int, int], full: tuple[int, int, int]) -> bool:
+    """Fill `a.prompts`, `a.tokens`, `a.hidden` left unset from the run's size defaults (prompts, tokens, hidden):
+    `small` on the CPU (--small), else `full` on CUDA (asserted present). True on CUDA."""
+    cuda = not a.small
+    if cuda:
+        import torch
+
+        assert torch.cuda.is_available(), "no CUDA device: run with --small on the CPU"
+    n, t, h = small if a.small else full
+    a.prompts, a.tokens, a.hidden = a.prompts or n, a.tokens or t, a.hidden or h
+    return cuda
+
+
 def build(base: Path, a, checkpoints: int = 1) -> tuple[Store, Path, Path]:
     """A workspace with the completions imported; the target folder and the first drafter checkpoint (of
     `checkpoints`, seeded apart, under base/checkpoints/stepNNNN: a sweep's folder)."""
@@ -69,7 +87,7 @@ def build(base: Path, a, checkpoints: int = 1) -> tuple[Store, Path, Path]:
                 vocab_size=vocab,
                 block_size=8 if not a.small else 4,
                 num_target_layers=a.layers,
-                target_layer_ids=[1, a.layers // 2, a.layers - 2],
+                target_layer_ids=taps(a.layers),
                 seed=i,
             ),
         )  # fmt: skip
@@ -103,14 +121,7 @@ def timed(fn) -> tuple[float, object]:
 
 def main() -> None:
     a = args_()
-    cuda = not a.small
-    if cuda:
-        import torch
-
-        assert torch.cuda.is_available(), "no CUDA device: run with --small on the CPU"
-    a.prompts = a.prompts or (8 if a.small else 64)
-    a.tokens = a.tokens or (256 if a.small else 2560)
-    a.hidden = a.hidden or (64 if a.small else 1024)
+    cuda = sizes(a, (8, 256, 64), (64, 2560, 1024))
     dev = "cuda:0" if cuda else "cpu"
     threads = str(os.cpu_count() or 1)
     os.environ.setdefault("OMP_NUM_THREADS", threads)  # the pool's worker and Ray's get the same threads

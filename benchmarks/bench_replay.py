@@ -38,6 +38,7 @@ from _common import Clock, length_suffix, matmul_tflops, note, peak_gib, profile
 from safetensors.torch import save_file
 
 from dflash_dash import cache, drafters as dr, replay as rp, target as tg
+from dflash_dash.drafters import attention
 from tools import tiny
 
 # the reference shapes: like the 27B DFlash drafter and its Qwen3.6-27B target
@@ -134,6 +135,20 @@ def args_():
     ap.add_argument("--loop-anchors", type=int, default=None, help="anchors timed one block per call")
     ap.add_argument("--profile", action="store_true", help="print the top kernels of one chunk")
     ap.add_argument("--quick", action="store_true", help="steady state at --chunk only (no chunk/backend sweep)")
+    ap.add_argument(
+        "--prefix-attention",
+        default="flash",
+        choices=["flash", "cudnn"],
+        help="the long path's unmasked prefix kernel (drafters.attention.PREFIX; cudnn: tiles of --tile keys)",
+    )
+    ap.add_argument("--tile", type=int, default=8192, help="keys per cuDNN call with --prefix-attention cudnn")
+    ap.add_argument(
+        "--steady-tokens",
+        type=int,
+        default=None,
+        help="time the steady state on the first N tokens of one sequence (default: all; figures named _atNk): "
+        "a 131,072-token run then drafts its blocks once cold at N, not twice at full length before the replay",
+    )
     ap.add_argument("--work", default=None, help="folder for the checkpoint, head and features")
     ap.add_argument("--family", default="dflash", choices=list(FAMILIES), help="drafter family (published config)")
     ap.add_argument(
@@ -278,9 +293,32 @@ def check_fp32(dev, figs: dict) -> None:
     figs["check_fp32_max_logp_diff"] = (a.top_logp - b.top_logp).abs().max().item()
 
 
+def prefix_kernels(shp: dict, T: int, tile: int, dev: str, figs: dict) -> None:
+    """The long path's prefix attention at one chunk's shape (256 blocks' queries, grouped-query heads folded into
+    rows, over T/2 keys): flash against cuDNN in tiles, their difference and each one's time."""
+    nkv, hd = shp["num_key_value_heads"], shp["head_dim"]
+    rows = 256 * shp["block_size"] * shp["num_attention_heads"] // nkv
+    g = torch.Generator(device=dev).manual_seed(9)
+    q, k, v = (
+        torch.randn(1, nkv, n, hd, generator=g, device=dev, dtype=torch.bfloat16) for n in (rows, T // 2, T // 2)
+    )
+    ref = attention.attend(q, k, v)
+    got = attention.prefix(q, k, v)
+    figs["prefix_cudnn_max_abs_err"] = (got[0].float() - ref[0].float()).abs().max().item()
+    figs["prefix_cudnn_lse_max_abs_err"] = (got[1] - ref[1]).abs().max().item()
+    for name, fn in (("flash", attention.attend), ("cudnn", attention.prefix)):
+        fn(q, k, v)
+        with Clock(dev) as c:
+            for _ in range(5):
+                fn(q, k, v)
+        figs[f"prefix_{name}_ms"] = c.s / 5 * 1e3
+        figs[f"prefix_{name}_tflops"] = 4 * nkv * rows * (T // 2) * hd / (c.s / 5) / 1e12
+
+
 def measure(a, figs: dict) -> None:
     if a.path != "auto":  # the product picks by length (`replay.every.LONG`); force one path
         rp.every.LONG = 0 if a.path == "long" else 1 << 40
+    attention.PREFIX, attention.TILE = a.prefix_attention, a.tile
     shp = family_shapes(SMALL if a.small else FULL, a.family, a.small)
     dev = a.device or ("cpu" if a.small else "cuda")
     n_seq, T = a.seqs or (3 if a.small else 10), a.tokens or (160 if a.small else 2560)
@@ -306,12 +344,17 @@ def measure(a, figs: dict) -> None:
     flops = run_flops(c, T, P, n_seq)
     blocks = n_seq * (T - P)
 
+    if a.prefix_attention == "cudnn" and dev.startswith("cuda"):
+        prefix_kernels(shp, T, a.tile, dev, figs)
+
     # -- 2. steady state per chunk size (also warms kernels, cuBLAS and the Triton LSE) ----------------
     d = dr.load(ck, dtype, dev)
     head = tg.load_head(tgt, dev, dtype)
-    feats0 = cache.read(work / "features", "bench", "p0", T, c.K * c.hidden_size)
-    tok0 = items[0][1]
-    per_seq = run_flops(c, T, P, 1)
+    Ts = min(a.steady_tokens or T, T)  # the steady state's length
+    feats0 = cache.read(work / "features", "bench", "p0", T, c.K * c.hidden_size)[:Ts]
+    tok0 = items[0][1][:Ts]
+    per_seq = run_flops(c, Ts, P, 1)
+    at = "" if Ts == T else f"_at{Ts // 1024}k" if Ts >= 1024 else f"_at{Ts}"
     best = None
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -320,7 +363,7 @@ def measure(a, figs: dict) -> None:
     if a.quick:
         variants = [(a.chunk, None)]
     for chunk, backend in variants:
-        name = f"draft_chunk{chunk}" + (f"_{backend.name.lower()}" if backend else "")
+        name = f"draft_chunk{chunk}" + (f"_{backend.name.lower()}" if backend else "") + at
         with sdpa_kernel([backend]) if backend else contextlib.nullcontext():
             with Clock(dev) as cold:  # first call at these shapes: kernel selection, plans, compilation
                 rp.draft_all(d, head, feats0, tok0, P, topk=a.budget, chunk=chunk)
@@ -331,7 +374,7 @@ def measure(a, figs: dict) -> None:
         figs[f"{name}_fraction_of_peak"] = per_seq / clk.s / 1e12 / peak
         best = max(best or (0, 0), (figs[f"{name}_fraction_of_peak"], name))
     with torch.inference_mode():  # the LM head's share at the timed chunk size
-        anchors = torch.arange(P, min(P + a.chunk, T))
+        anchors = torch.arange(P, min(P + a.chunk, Ts))
         emb = rp.head.embed_blocks(d, head, tok0, anchors)
         kv = d.context_kv(feats0.to(dev))
         h = d.blocks(kv, anchors, emb)
@@ -434,6 +477,8 @@ def measure(a, figs: dict) -> None:
         f"{n_seq} x {T} tokens (prompt {P}), {blocks} blocks, budget {a.budget}, "
         f"{flops / 1e15:.3f} PFLOP counted; drafter {shp['hidden_size']}x{shp['num_hidden_layers']} layers; "
         f"every-anchor path {'long (blocks_run)' if T > rp.every.LONG else 'groups (blocks_in_place)'}"
+        + (f", prefix attention cudnn in tiles of {a.tile} keys" if a.prefix_attention == "cudnn" else "")
+        + (f"; kernels that failed: {sorted(attention._FAILED)}" if attention._FAILED else "")
     )
 
 

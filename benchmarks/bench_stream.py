@@ -7,7 +7,8 @@ checkpoint on every completion:
     over the extraction (chain-only anchors, the sweep's default; features read once for all checkpoints);
   - stream: `pipeline.sweep` with `stream` (the target over each pass of sequences, every checkpoint replayed on
     the features while they are in memory; nothing written).
-Both ways run once untimed first (kernels compiled and tuned, weights cached by the OS), then timed. The runs are
+Both ways run once untimed first on the first `--warm-prompts` completions (kernels compiled and tuned, weights
+cached by the OS), then timed on all of them. The runs are
 compared (`same_results`: every run's prompts equal between the two ways).
 
     python benchmarks/bench_stream.py            # CUDA: 200 x 2,560 tokens, hidden 2048, 8 target layers, 4 checkpoints
@@ -22,12 +23,11 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
 from _common import note, report
-from bench_ray import build
+from bench_ray import build, sizes, taps, timed
 
 from dflash_dash import ops, pipeline
 from dflash_dash.store import Store
@@ -41,54 +41,41 @@ def args_():
     ap.add_argument("--hidden", type=int, default=None, help="hidden size of target and drafters (2048; 64 small)")
     ap.add_argument("--layers", type=int, default=8, help="target layers")
     ap.add_argument("--checkpoints", type=int, default=4, help="checkpoints in the swept folder")
+    ap.add_argument("--warm-prompts", type=int, default=8, help="completions of the untimed first run of both ways")
     ap.add_argument("--work", default=None, help="folder for the workspace (default: a temporary folder)")
     return ap.parse_args()
 
 
-def ways(st: Store, target: Path, folder: Path, dev: str, dtype: str) -> dict:
-    """Both ways once; returns their seconds, run ids and the feature bytes written."""
-    t = time.perf_counter()
-    ex = pipeline.extract(st, ops.Extract(target=str(target), completions="bench", layers=LAYERS, device=dev,
-                                          dtype=dtype))  # fmt: skip
-    t_ex = time.perf_counter() - t
+def ways(st: Store, target: Path, folder: Path, layers: int, dev: str, dtype: str, name: str = "bench") -> dict:
+    """Both ways once over completion set `name`; returns their seconds, run ids and the feature bytes written."""
+    ex_op = ops.Extract(target=str(target), completions=name, layers=taps(layers), device=dev, dtype=dtype)
+    t_ex, ex = timed(lambda: pipeline.extract(st, ex_op))
     sw = ops.Sweep(checkpoints=str(folder), extraction=ex, device=dev, dtype=dtype, tree_budget=0)
-    t = time.perf_counter()
-    runs = pipeline.sweep(st, sw)
-    t_sw = time.perf_counter() - t
+    t_sw, runs = timed(lambda: pipeline.sweep(st, sw))
     written = sum(f.stat().st_size for f in pipeline.features_root(st).rglob("*") if f.is_file())
-    t = time.perf_counter()
-    streamed = pipeline.sweep(st, replace(sw, extraction="latest", stream=True, target=str(target),
-                                          completions="bench"))  # fmt: skip
-    t_st = time.perf_counter() - t
+    streaming = replace(sw, extraction="latest", stream=True, target=str(target), completions=name)
+    t_st, streamed = timed(lambda: pipeline.sweep(st, streaming))
     return {"extract": t_ex, "sweep": t_sw, "stream": t_st, "runs": runs, "streamed": streamed, "bytes": written}
-
-
-LAYERS: list[int] = []
 
 
 def main() -> None:
     a = args_()
-    cuda = not a.small
-    if cuda:
-        import torch
-
-        assert torch.cuda.is_available(), "no CUDA device: run with --small on the CPU"
-    a.prompts = a.prompts or (6 if a.small else 200)
-    a.tokens = a.tokens or (128 if a.small else 2560)
-    a.hidden = a.hidden or (64 if a.small else 2048)
+    cuda = sizes(a, (6, 128, 64), (200, 2560, 2048))
     dev, dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
-    LAYERS[:] = [1, a.layers // 2, a.layers - 2]  # the drafters' taps (bench_ray.build)
     base = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="bench-stream-"))
     try:
         st, target, first = build(base, a, a.checkpoints)
         folder = first.parent
         note(f"{a.prompts} x {a.tokens} tokens, hidden {a.hidden}, {a.layers} target layers, {a.checkpoints} "
              f"checkpoints, {dev} {dtype}")  # fmt: skip
-        ways(st, target, folder, dev, dtype)  # untimed: compiles, tunes, caches
+        warm = base / "warm.jsonl"  # the first completions: the untimed run compiles, tunes and caches
+        warm.write_text("".join((base / "c.jsonl").read_text().splitlines(keepends=True)[: a.warm_prompts]))
+        pipeline.import_completions(st, warm, "warm")
+        ways(st, target, folder, a.layers, dev, dtype, "warm")
         shutil.rmtree(base / "ws", ignore_errors=True)  # a fresh store: nothing reused from the warm-up
         st2 = Store(base / "ws")
         pipeline.import_completions(st2, base / "c.jsonl", "bench")
-        got = ways(st2, target, folder, dev, dtype)
+        got = ways(st2, target, folder, a.layers, dev, dtype)
         same = len(got["runs"]) == len(got["streamed"]) == a.checkpoints and all(
             st2.prompts(x) == st2.prompts(y) for x, y in zip(got["runs"], got["streamed"])
         )

@@ -2,7 +2,7 @@
 workspace fetched from it. The session fixtures `spec_servers` and `spec_workspace` (tests/conftest.py) build these
 once for test_specdec.py, test_conformance.py, test_engine_faults.py and browser/test_conformance_page.py.
 
-Models: the committed demo assets, a trained qwen3_5_text target and its early DFlash checkpoint (fp32 on CPU).
+Models: the committed demo assets, a trained qwen3_5_text target and its noisy-labels DFlash checkpoint (fp32 on CPU).
 
 Contract: `spec_servers(base)` yields {"good", "bad", "base"}: a correct speculative server and one started with
 --speculative-bug truncate-context (the drafter sees only the last 4 context positions), both `Served`.
@@ -28,9 +28,10 @@ from dflash_dash import demo
 
 DEMO = ROOT / "dflash_dash" / "demo" / "assets"
 TARGET = DEMO / "target"
-# the demo's early checkpoint (MANIFEST.json): a trained drafter that still misses often (tau 1.29), so engine
-# faults move accepted steps and the prompts span lower and higher acceptance; the final one drafts whole blocks
-DRAFT = next(c for c in demo.checkpoints(DEMO / demo.CHECKPOINTS) if c.role == "early").path
+# the demo's noisy-labels checkpoint (MANIFEST.json): a trained drafter that still misses often (tau 1.30, a
+# fifth of its first drafts accepted), so engine faults move accepted steps and the prompts span lower and higher
+# acceptance; the early one almost never gets a draft accepted (1.08), the healthy ones draft nearly whole blocks
+DRAFT = next(c for c in demo.checkpoints(DEMO / demo.CHECKPOINTS) if c.bug == "noisy_labels").path
 IDS = ["json_parser", "merge_sort", "graph_bfs", "matrix_multiply"]
 N = 40  # new tokens per prompt
 

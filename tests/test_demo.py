@@ -1,12 +1,10 @@
 """The demo workspace, built from the committed assets in a temporary folder through the real CLI.
 
-Checks what the demo promises, from `export` / `runs` and the store: the final checkpoint's tau (macro) on
-coding-10 is clearly above the early and the buggy checkpoints' (its bootstrap interval above theirs), the buggy
-one carries its signature (its drafts lag one position: slot 1 mostly drafts the anchor token itself, so its
-acceptance collapses at depth 1), the parity diagnostic measures a non-zero fla vs torch difference, and a second
-`demo` call does nothing. The completions are on-task Python (an indented body of the named
-function, ending at <|endoftext|>) rather than degenerate repeated lines, so the tau are low (final about 1.3):
-the tiny drafter accepts about one token in four at depth 1 on text the target had never seen.
+Checks what the demo promises, from `export` / `runs` / `signatures` and the store: the final checkpoint drafts
+well (tau >= 3, macro and pooled, on coding-10), every bug checkpoint and the early one stay below it, each bug
+run's signatures name its bug against the final checkpoint (and name none for the healthy run's own snapshots),
+the shortcut's drafts lag one position, the completions are on-task code that repeats no line, the parity
+diagnostic measures a non-zero fla vs torch difference, and a second `demo` call does nothing.
 """
 
 from __future__ import annotations
@@ -78,10 +76,9 @@ def test_runs_and_tau(ws):
     ci = {k: e["summary"]["tau_macro_ci"] for k, e in {"early": early, "final": final, "buggy": buggy}.items()}
     assert tau["final"] >= 3 and final["summary"]["tau_pooled"] >= 3, tau  # a drafter that drafts well
     assert tau["early"] < tau["final"] and tau["buggy"] < tau["final"], tau
-    for c in CKS:  # the healthy run's snapshots reach the final's tau at most; the bugs stay below it, apart from
-        # soft KL, which equals it on this target (nearly one-hot on its own text: README, "Demo workspace")
+    for c in CKS:  # the healthy run's snapshots reach the final's tau at most; every bug stays below it
         t = rs[c.name]["summary"]["tau_macro"]
-        assert t < tau["final"] if c.role == "bug" and c.bug != "soft_kl" else t <= tau["final"] + 1e-9, c
+        assert t < tau["final"] if c.role == "bug" else t <= tau["final"] + 1e-9, c
     assert ci["final"][0] > max(ci["early"][1], ci["buggy"][1]), ci  # clearly above: the intervals apart
     assert tau["fla"] == pytest.approx(tau["final"], abs=0.02), tau  # same model, other kernels
     # every run's rounds and tau are what the chain walk over its accepted_at gives (walked here, by hand)
@@ -110,6 +107,36 @@ def chain_rounds(accepted_at: list[int], P: int, T: int) -> list[int]:
         out.append(committed)
         anchor += committed
     return out
+
+
+def test_each_bug_run_is_named_by_its_signatures(ws):
+    """Issue 30: against the final checkpoint, each bug run's separating signatures point to its own bug and no
+    other, and the healthy run's earlier snapshots point to none (what they show, less training explains)."""
+    from dflash_dash.analysis import signatures as sig
+
+    named = {"anchor_visible": sig.SHORTCUT, "noisy_labels": sig.NOISY, "soft_kl": sig.SOFT}
+    rs, fin = runs(ws), demo.final(CKS)
+    for c in (c for c in CKS if c is not fin):
+        p = cli(ws, "signatures", "--run", rs[c.name]["id"], "--reference", rs[fin.name]["id"])
+        assert p.returncode == 0, p.stderr
+        got = json.loads(p.stdout)
+        assert list(got["points_to"]) == ([named[c.bug]] if c.role == "bug" else []), (c.name, got["points_to"])
+
+
+def test_completions_repeat_no_line(ws):
+    """The target's coding-10 completions read as code, not loops: under 5 % of their non-blank lines repeat an
+    earlier line of the same completion."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(ws / "demo" / "target"))
+    lines = repeats = 0
+    for c in Store(ws).completions(demo.SET_NAME):
+        seen: set[str] = set()
+        for line in tok.decode(c["output_ids"]).splitlines():
+            if line.strip():
+                lines, repeats = lines + 1, repeats + (line in seen)
+                seen.add(line)
+    assert lines >= 50 and repeats / lines < 0.05, (repeats, lines)
 
 
 def test_buggy_signature_in_depth_curves(ws):

@@ -158,6 +158,28 @@ def test_attention_parts_merge_to_the_whole(dtype):
     torch.testing.assert_close(o.float(), attention.reference(q, k, v, None)[0].float(), **tol)
 
 
+@pytest.mark.parametrize("Lk", [23, 16, 5])
+def test_attention_in_tiles_equals_the_whole(Lk):
+    """`attention.tiled` (runs of `tile` keys through a kernel, the rest through `attend`, merged in fp32) equals
+    the plain attention and its log-sum-exp: tiles and a rest, tiles only, a rest only; `prefix` (flash, the
+    default kernel choice) equals it too."""
+    from dflash_dash.drafters import attention
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 3, n, 16, generator=g) for n in (10, Lk, Lk))
+    used = []
+
+    def kernel(q, k, v):
+        used.append(k.shape[-2])
+        return attention.reference(q, k, v, None)
+
+    got = attention.tiled(q, k, v, 8, kernel)
+    assert used == [8] * (Lk // 8)  # only full tiles go through the kernel
+    for a, b in zip(got, attention.reference(q, k, v, None)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    torch.testing.assert_close(attention.prefix(q, k, v)[0], got[0], rtol=0, atol=1e-5)
+
+
 def test_attention_falls_back_to_chunked_plain_attention(monkeypatch):
     """A kernel that raises is warned about once and not tried again; the fallback (`chunked`: the plain fp32
     attention over query chunks bounded by SCORE_BYTES) gives the same output and log-sum-exp."""

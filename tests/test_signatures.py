@@ -50,6 +50,7 @@ def test_each_signature_on_a_prompt_by_hand():
     assert got["overconfidence_1"] == pytest.approx(0.7 - 0.5)
     assert got["ece"] == pytest.approx((0.2 + 0.1 + 0.6) / 3)  # one sample per bin: |accepted - p| / 3
     assert got["headroom"] == pytest.approx(1 / 3)  # rank 3 at slot 2 of anchor 1: in the top-K, not the draft
+    assert got["doubt"] == 0.0  # no draft below p = 0.5
     # the same figures the metric registry computes for the run
     s = metrics.summarize([hand()], 3, 0)
     assert got["ece"] == pytest.approx(s["calibration_ece"])
@@ -76,6 +77,35 @@ def test_what_less_training_explains_too_points_to_no_bug():
     assert sig.points_to(rows) == {}  # a soft loss, noisy labels or just an early step
     over = next(r for r in sig.compare(ref, run) if r["key"] == "overconfidence_1")
     assert over["separates"] is None  # the kept values lack its counts: not measured
+
+
+def test_under_confidence_where_unsure_by_hand_and_its_verdicts():
+    """Samples (k, p, accepted): (1, .4, yes), (2, .9, yes), (1, .3, no): the two below 0.5 give (1 - .4) + (0 - .3)
+    over 3 drafts. Up names soft KL alone; down (wrong where it doubts) also fits less training: no verdict."""
+    logp = LOGP.copy()
+    logp[0, 0], logp[3, 0] = np.log(0.4), np.log(0.3)
+    p = metrics.Prompt("h", 1, [2, 0, 1, 0, 0], [3, 1], draft_logp=logp, target_rank=RANK)
+    kept = sig.measure([p], 3, LAG)
+    assert sig.figure(kept, "doubt")[0] == pytest.approx((0.6 - 0.3) / 3)
+    soft = {"parts": {"doubt": [[0.6, 40]] * 20}}  # 0.015: right where it doubts
+    ref = {"parts": {"doubt": [[0.0, 40]] * 20}}
+    rows = sig.compare(soft, ref)
+    doubt = next(r for r in rows if r["key"] == "doubt")
+    assert doubt["separates"] and doubt["direction"] == "up" and sig.SOFT in doubt["suggests"]
+    assert sig.points_to(rows) == {sig.SOFT: 1}
+    weak = sig.compare({"parts": {"doubt": [[0.2, 40]] * 20}}, ref)  # 0.005: below the floor
+    assert not next(r for r in weak if r["key"] == "doubt")["separates"]
+    rows = sig.compare({"parts": {"doubt": [[-4.0, 40]] * 20}}, ref)
+    assert next(r for r in rows if r["key"] == "doubt")["direction"] == "down" and sig.points_to(rows) == {}
+
+
+def test_over_confidence_names_the_shortcut_only_with_the_lag():
+    """Over-confidence at slot 1 rises for the shortcut and for noisy labels: the draft lag decides which."""
+    over = {"overconfidence_1": [[16.0, 4, 20]] * 20}  # p_1 = 0.8, accepted 0.2
+    fine = {"overconfidence_1": [[19.0, 19, 20]] * 20}
+    assert sig.points_to(sig.compare({"parts": over}, {"parts": fine})) == {sig.NOISY: 1}
+    lagged = {"parts": over | kept_of([0.9] * 20)["parts"]}
+    assert sig.points_to(sig.compare(lagged, {"parts": fine | kept_of([0.0] * 20)["parts"]})) == {sig.SHORTCUT: 2}
 
 
 def test_attribution_on_one_tap():

@@ -28,8 +28,9 @@ from .. import metrics
 from ..metrics.headroom import ranked
 from . import rounded
 
-VERSION = 1  # of the kept value: a kept value of another version is measured again
+VERSION = 2  # of the kept value: a kept value of another version is measured again
 BINS = metrics.CAL_BINS  # reliability bins of the ECE signature
+UNSURE = 0.5  # p_k below which a draft counts as one its drafter doubts (the under-confidence signature)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,15 @@ def _bins(p, ctx, lag):
 def _ece(x):
     n, sp, hit = x[..., :BINS], x[..., BINS : 2 * BINS], x[..., 2 * BINS :]
     return np.abs(hit - sp).sum(-1) / n.sum(-1)  # sum_b n_b/N |observed_b - predicted_b|
+
+
+def _doubt(p, ctx, lag):
+    """[sum of (accepted - p_k) over the samples with p_k < UNSURE, samples] (every depth, the chain rounds)."""
+    if not metrics.recorded(p, ctx):
+        return None
+    _, q, ok = metrics.cal_arrays(p, ctx)
+    low = q < UNSURE
+    return [float((ok[low] - q[low]).sum()), len(q)]
 
 
 def _headroom(p, ctx, lag):
@@ -157,9 +167,9 @@ SIGNATURES: list[Signature] = [
         "mean p_1 − P(d_1 accepted), over the chain rounds",
         _slot1,
         lambda x: (x[..., 0] - x[..., 1]) / x[..., 2],
-        f"over-confident: {SHORTCUT}",
+        f"over-confident: {SHORTCUT} when the draft lag separates too, else {NOISY}",
         f"under-confident: {SOFT} (p copies the target's probability, not the chance of a match)",
-        0.2,  # noisy labels leave a little (demo: 0.09), the shortcut nearly all (demo: 0.99)
+        0.2,  # an early healthy run stays calibrated (demo: 0.02); noisy labels 0.30, the shortcut 0.99
         "draft log-probabilities",
     ),
     Signature(
@@ -173,6 +183,19 @@ SIGNATURES: list[Signature] = [
         "the lag separates too)",
         None,
         0.05,
+        "draft log-probabilities",
+    ),
+    Signature(
+        "doubt",
+        "under-confidence where unsure",
+        f"sum over the drafts with p_k < {UNSURE} of (accepted − p_k), over all drafts (every depth, the chain "
+        "rounds): acceptance its doubtful drafts get beyond what their probability claims",
+        _doubt,
+        _ratio,
+        f"right where it doubts: {SOFT} (its probability copies the target's split at a near-tie, while its pick "
+        "still matches the target's)",
+        f"wrong where it doubts, beyond what its probability says: {NOISY}, or {LESS}",
+        0.008,  # demo: soft KL 0.015, the healthy run at a tenth of its steps 0.003, the final 0.000
         "draft log-probabilities",
     ),
     Signature(
@@ -278,11 +301,12 @@ BUGS = (SHORTCUT, SOFT, NOISY)
 def points_to(rows: list[dict]) -> dict[str, int]:
     """{bug: how many separating signatures name it} over `compare` rows, most named first (bugs none names left
     out): the section's one-line verdict. A suggestion that also names less training (an under-trained healthy
-    drafter moves it the same way) counts for no bug; miscalibration counts for the shortcut when the draft lag
-    separates too, else for noisy labels."""
+    drafter moves it the same way) counts for no bug; miscalibration and over-confidence count for the shortcut when
+    the draft lag separates too, else for noisy labels."""
     lagged = any(r["key"] == "lag_1" and r["separates"] for r in rows)
+    either = {"ece", "overconfidence_1"}  # raised by both the shortcut and noisy labels: the lag decides
     named = [
-        (SHORTCUT if lagged else NOISY) if r["key"] == "ece" and r["difference"] > 0 else r["suggests"]
+        (SHORTCUT if lagged else NOISY) if r["key"] in either and r["difference"] > 0 else r["suggests"]
         for r in rows
         if r["separates"] and r["suggests"] and LESS not in r["suggests"]
     ]

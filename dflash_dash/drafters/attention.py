@@ -7,7 +7,10 @@ such results over disjoint key sets into the attention over their union: exact u
 can be attended in parts. Kernels: on CUDA an unmasked bf16/fp16 call is the flash kernel, any other call the
 memory-efficient one (a mask as an aligned additive bias), on the CPU torch's CPU flash kernel; a call whose
 kernels failed in this process (each warned once) is `reference` in query chunks that bound its fp32 scores.
-`reference` is the plain fp32 computation they all equal.
+`reference` is the plain fp32 computation they all equal. `prefix(q, k, v)` is `attend` without a mask over a long
+key range; with `PREFIX = "cudnn"` (CUDA, bf16/fp16) its keys go through cuDNN's attention in `tiled` runs of TILE
+keys (one execution plan for every full tile: cuDNN builds a plan per new shape, about 50 ms) and the rest through
+`attend`, merged.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import warnings
 
 import torch
 
-__all__ = ["attend", "merge", "reference"]
+__all__ = ["attend", "merge", "prefix", "reference", "tiled"]
 
 SCORE_BYTES = 1 << 30  # the fp32 scores one chunk of `chunked` holds at most (its queries split to fit)
 _FAILED: set[str] = set()  # kernels that raised in this process: not tried again
+PREFIX = "flash"  # the unmasked long-prefix kernel on CUDA: "flash" (torch's flash kernel) or "cudnn" (tiles)
+TILE = 8192  # keys per cuDNN call of `prefix`
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ok: torch.Tensor | None):
@@ -69,7 +74,12 @@ def _efficient(q, k, v, ok):
     return o, lse[..., : q.shape[-2]].float()
 
 
-KERNELS = {"cpu": _cpu, "flash": _flash, "efficient": _efficient, "efficient_masked": _efficient}
+def _cudnn(q, k, v, ok):
+    out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False, False)
+    return out[0], out[1].reshape(q.shape[:-1]).float()
+
+
+KERNELS = {"cpu": _cpu, "flash": _flash, "efficient": _efficient, "efficient_masked": _efficient, "cudnn": _cudnn}
 
 
 def _kernels(q: torch.Tensor, ok) -> list[str]:
@@ -81,22 +91,55 @@ def _kernels(q: torch.Tensor, ok) -> list[str]:
     return ["flash", "efficient"] if q.dtype in (torch.float16, torch.bfloat16) else ["efficient"]
 
 
+def _try(name: str, q, k, v, ok):
+    """KERNELS[name]'s result, or None where it raised (then warned once and not tried again)."""
+    try:
+        return KERNELS[name](q, k, v, ok)
+    except (RuntimeError, TypeError, NotImplementedError) as e:
+        _FAILED.add(name)
+        warnings.warn(
+            f"attention kernel {name} unavailable ({type(e).__name__}: {str(e)[:200]}); "
+            "the long-context replay falls back to another kernel, or to plain fp32 attention in query chunks "
+            "(same result, slower)",
+            stacklevel=3,
+        )
+        return None
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ok: torch.Tensor | None = None):
     """(output [..., Lq, hd] in q's dtype, log-sum-exp [..., Lq] fp32) of q [B, h, Lq, hd] over k, v
     [B, h, Lk, hd]; ok: bool, broadcastable to [B, h, Lq, Lk], or None. Every query must see a key."""
     for name in _kernels(q, ok):
-        if name in _FAILED:
-            continue
-        try:
-            return KERNELS[name](q, k, v, ok)
-        except (RuntimeError, TypeError, NotImplementedError) as e:
-            _FAILED.add(name)
-            warnings.warn(
-                f"attention kernel {name} unavailable ({type(e).__name__}: {str(e)[:200]}); "
-                "the long-context replay falls back to plain fp32 attention in query chunks (same result, slower)",
-                stacklevel=2,
-            )
+        if name not in _FAILED and (got := _try(name, q, k, v, ok)) is not None:
+            return got
     return chunked(q, k, v, ok)
+
+
+def tiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int, kernel) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unmasked `attend` of q over k, v with the keys in runs of `tile`: each full run through `kernel(q, k, v)`
+    (-> (output, log-sum-exp) as `attend`), the rest through `attend`, merged in fp32 (output in q's dtype)."""
+    Lk, full = k.shape[-2], k.shape[-2] - k.shape[-2] % tile
+    o = lse = None
+    for a in range(0, Lk, tile):
+        part = (kernel if a < full else attend)(q, k[..., a : a + tile, :], v[..., a : a + tile, :])
+        if o is None:
+            o, lse = part[0].float(), part[1]
+        else:
+            o, lse = merge(o, lse, part[0], part[1]), torch.logaddexp(lse, part[1])
+    return o.to(q.dtype), lse
+
+
+def prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`attend(q, k, v)` over a long unmasked key range, through the kernel PREFIX names (see the module)."""
+    cudnn = PREFIX == "cudnn" and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and "cudnn" not in _FAILED
+    if not cudnn or k.shape[-2] < TILE:
+        return attend(q, k, v)
+
+    def run(q, k, v):  # a tile through cuDNN, through `attend` once cuDNN has failed (warned once)
+        got = None if "cudnn" in _FAILED else _try("cudnn", q, k, v, None)
+        return got if got is not None else attend(q, k, v)
+
+    return tiled(q, k, v, TILE, run)
 
 
 def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:

@@ -327,7 +327,7 @@ class DFlash(Drafter):
                 return o
             R = q.shape[2]
             qa = q.transpose(0, 1).reshape(1, nkv, S * R, hd)  # every query of the run against one copy of the keys
-            op, lp = attn.attend(qa, K[None, :, p:start], V[None, :, p:start])
+            op, lp = attn.prefix(qa, K[None, :, p:start], V[None, :, p:start])
             op, lp = op.view(nkv, S, R, hd).transpose(0, 1), lp.view(nkv, S, R).transpose(0, 1)
             return attn.merge(o, lse, op, lp)
 

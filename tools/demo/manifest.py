@@ -40,6 +40,7 @@ def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> 
             tf.extractall(assets, filter="data")
     (assets / "drafters").rename(assets / CHECKPOINTS)
     gpu_rec = json.loads((src / "gpu.json").read_text())
+    prep = json.loads((build / "prepare.json").read_text())
     sizes = {str(p.relative_to(assets)): p.stat().st_size for p in sorted(assets.rglob("*")) if p.is_file()}
     manifest = {
         "what": "dflash-dash demo assets: a small hybrid qwen3_5_text target (Gated DeltaNet + full attention) "
@@ -47,14 +48,15 @@ def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> 
         "against its hidden states (a healthy run and one run per training bug), and its coding-10 completions' "
         "hidden states extracted on GPU with fla",
         "commands": {
-            "prepare": "python -m tools.demo.make_assets prepare --build .demo-build",
+            "prepare": "python -m tools.demo.make_assets prepare --build .demo-build"
+            + (" --free" if prep.get("free_choices") else ""),
             "gpu": "python -m tools.demo.make_assets gpu --build .demo-build --out $OUT  (one H200, "
             "transformers 5.24.0, fla-core/flash-linear-attention 0.6.0)",
             "unpack": "python -m tools.demo.make_assets unpack --src <gpu out> --build .demo-build",
             "gpu_call": command,
         },
         "tokenizer": TOKENIZER_NOTE,
-        "prepare": json.loads((build / "prepare.json").read_text()),
+        "prepare": prep,
         "gpu": gpu_rec,
         "checkpoints": listing(gpu_rec["drafters"]),
         "sizes": sizes,
