@@ -18,6 +18,9 @@ the full-attention layers; the Gated DeltaNet recurrence and the convolutions ar
     python benchmarks/bench_extract.py --small      # tiny shapes on the CPU (a smoke test)
     python benchmarks/bench_extract.py --tokens 32768 --seqs 4    # long contexts: figures named _32k (_128k)
     python benchmarks/bench_extract.py --first-call --tokens 131072   # a fresh process's first extraction vs warm
+    python benchmarks/bench_extract.py --first-call --tokens 131072 --no-pin   # ... with fla's norms re-tuned
+--first-call compiles into a fresh Triton cache (TRITON_CACHE_DIR, unless set), so an earlier run's kernels on
+this machine do not hide the first call's compiles.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import argparse
 import os
 import shutil
 import struct
+import tempfile
 import time
 from pathlib import Path
 
@@ -80,6 +84,11 @@ def args_():
         "--first-call",
         action="store_true",
         help="only the product's first extraction in this fresh process against its warm one (same sequence)",
+    )
+    ap.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="leave fla's length-bucketed norm tuners to re-tune at each new length (`target.pin_buckets` off)",
     )
     ap.add_argument("--work", default="/tmp/dflash-bench-extract", help="workspace the features go to")
     return ap.parse_args()
@@ -332,6 +341,8 @@ def first_call(a, shp, ids, dev: str, figs: dict) -> None:
     root = Path(a.work)
     shutil.rmtree(root, ignore_errors=True)
     meta = {"bench": True, "layer_ids": ids}
+    if a.no_pin:
+        tg.pin_buckets = lambda: 0
     first = lambda: product(decoder, seqs, ids, root, "first", meta, a.depth)  # noqa: E731
     with Clock(dev) as c1:  # --profile: where the first call's time goes (host ops first: compiles, tuning)
         _, w1 = (
@@ -349,6 +360,7 @@ def first_call(a, shp, ids, dev: str, figs: dict) -> None:
         "extract_first_write_s": w1,  # the feature file's writes within each call
         "extract_warm_write_s": w2,
         "extract_peak_mem_gib": peak_gib(dev),
+        "extract_pinned_tuners": len(tg._PINNED),  # fla's length-bucketed tuners pinned after the warm-up
     }
     shutil.rmtree(root, ignore_errors=True)
 
@@ -461,6 +473,8 @@ def two(a, shp, ids):
 
 def main():
     a = args_()
+    if a.first_call and "TRITON_CACHE_DIR" not in os.environ:  # read when Triton first compiles
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-first-call-")
     shp, ids = (SMALL, SMALL_IDS) if a.small else (FULL, LAYER_IDS)
     if not a.small:
         note(f"device {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}; torch {torch.__version__}")

@@ -223,19 +223,88 @@ def _layers(decoder) -> torch.nn.ModuleList:
 
 
 WARM_TOKENS = 2048  # a CUDA decoder's first forward longer than twice this is preceded by one over this many of its
-# tokens: fla's Triton kernels compile and pick their configs (autotune keys do not hold the length) on a short
-# input, where each candidate config's trial is cheap, not on the long one (a 131,072-token first call paid its
-# tuning at full length)
+# tokens: fla's Triton kernels compile and pick their configs on a short input, where each candidate config's trial
+# is cheap, not on the long one (a 131,072-token first call paid its tuning at full length). Their autotune keys
+# hold no length, except the norms' row bucket, which `pin_buckets` pins after the warm-up
 _WARM: weakref.WeakSet = weakref.WeakSet()  # decoders whose kernels have run once in this process
 
 
 def _warm(decoder, ids: torch.Tensor, layer_ids: list[int], dev: torch.device) -> None:
-    """Run the short warm-up forward before a CUDA decoder's first long one (`WARM_TOKENS`)."""
-    if dev.type != "cuda" or decoder in _WARM:
+    """Run the short warm-up forward before a CUDA decoder's first long one (`WARM_TOKENS`), then pin fla's
+    length-bucketed autotuners to what they chose (`pin_buckets`)."""
+    if dev.type != "cuda":
         return
-    _WARM.add(decoder)
-    if len(ids) > 2 * WARM_TOKENS:
-        extract(decoder, ids[:WARM_TOKENS], layer_ids)
+    if decoder not in _WARM:
+        _WARM.add(decoder)
+        if len(ids) > 2 * WARM_TOKENS:
+            extract(decoder, ids[:WARM_TOKENS], layer_ids)
+    pin_buckets()
+
+
+BUCKET = "NB"  # the autotune key by which fla's row-wise norms (l2norm, gated RMSNorm) bucket their row count
+_PINNED: set[int] = set()  # id() of the autotuners pinned in this process
+
+
+_TUNERS: list = []  # the bucketed autotuners found, once any is
+
+
+def _bucketed() -> list:
+    """fla's autotuners whose key holds the row-count bucket, among the fla modules imported (found once)."""
+    import sys
+
+    if _TUNERS:
+        return _TUNERS
+    try:
+        from triton.runtime.autotuner import Autotuner
+    except Exception:
+        return []
+    found = {}
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not name.startswith("fla."):
+            continue
+        for obj in vars(mod).values():
+            for _ in range(4):  # under `triton.heuristics` wrappers
+                if isinstance(obj, Autotuner) or not hasattr(obj, "fn"):
+                    break
+                obj = obj.fn
+            if isinstance(obj, Autotuner) and BUCKET in getattr(obj, "keys", ()):
+                found[id(obj)] = obj
+    _TUNERS.extend(found.values())
+    return _TUNERS
+
+
+def pin_buckets() -> int:
+    """Pin each of fla's length-bucketed autotuners to the one config it chose; returns how many were pinned.
+
+    fla's norms key their autotuning (and compile) on a bucket of the row count (`NB` = rows / 65,536, a
+    constexpr), so every new bucket of sequence length re-compiles and re-times every candidate config: a
+    131,072-token sequence is a new bucket after the short warm-up, and long traces of varied lengths hit dozens.
+    A tuner is pinned once it has chosen for exactly one setting of its other key fields (then the configs differ
+    only in rows per program and warps, each valid for every row count, so the result is the same): later buckets
+    compile that one config and time none. A tuner that saw several settings, or none yet, is left to tune.
+    """
+    pinned = 0
+    tuners = _bucketed()
+    if len(_PINNED) == len(tuners):
+        return 0
+    for tuner in tuners:
+        if id(tuner) in _PINNED:
+            continue
+        try:
+            cache = dict(getattr(tuner, "cache", {}))
+            at = [k for k in tuner.keys if k in tuner.arg_names].index(BUCKET)  # as Triton builds its keys
+            others = {tuple(v for i, v in enumerate(key) if i != at) for key in cache}
+            if len(others) != 1 or len(tuner.configs) < 2:
+                continue
+            best = cache[max(cache, key=lambda key: key[at])]  # the largest bucket tuned: nearest a long one
+            tuner.configs = [best]
+        except Exception as exc:  # a changed fla or Triton leaves its tuner to tune: slower, never wrong
+            warnings.warn(f"could not pin fla's autotuner {tuner!r}: {exc}", stacklevel=2)
+            _PINNED.add(id(tuner))
+            continue
+        _PINNED.add(id(tuner))
+        pinned += 1
+    return pinned
 
 
 @torch.inference_mode()

@@ -393,6 +393,37 @@ def test_first_long_forward_is_preceded_by_a_short_warm_up(monkeypatch, target_d
     torch.testing.assert_close(tg.extract(other, ids, [1, 4]), want, rtol=0, atol=0)
 
 
+def test_fla_length_bucketed_autotuners_are_pinned_to_their_one_choice(monkeypatch):
+    """fla's row-wise norms tune per bucket of their row count (`NB`): once a tuner has chosen for one setting of
+    its other key fields, `pin_buckets` leaves it that one config (later buckets compile it and time none); a
+    tuner that chose for two settings (two head sizes), or none yet, keeps every config. fla's real tuners, with
+    their choices planted (Triton cannot tune on this CPU); `_warm` pins on every CUDA call."""
+    pytest.importorskip("fla.modules")
+    monkeypatch.setattr(tg, "_TUNERS", [])
+    monkeypatch.setattr(tg, "_PINNED", set())
+    tuners = {t.base_fn.__name__: t for t in tg._bucketed()}
+    l2, gate = tuners["l2norm_fwd_kernel"], tuners["layer_norm_gated_fwd_kernel"]
+    for t in tuners.values():
+        monkeypatch.setattr(t, "cache", {})
+        monkeypatch.setattr(t, "configs", list(t.configs))
+    assert tg.pin_buckets() == 0  # nothing tuned yet
+    small, big = l2.configs[1], l2.configs[6]
+    l2.cache.update({(128, 1, "torch.bfloat16"): small, (128, 2, "torch.bfloat16"): big})
+    rms = (True, False, False, True, "torch.bfloat16")
+    gate.cache.update({(128, 1, *rms): gate.configs[0], (256, 1, *rms): gate.configs[1]})
+    n_gate = len(gate.configs)
+    assert tg.pin_buckets() == 1
+    assert l2.configs == [big]  # the largest bucket's choice
+    assert len(gate.configs) == n_gate  # two head sizes: left to tune
+    assert tg.pin_buckets() == 0  # pinned once
+    calls = []
+    monkeypatch.setattr(tg, "pin_buckets", lambda: calls.append(1))
+    tg._warm(object(), torch.arange(4), [1], torch.device("cpu"))
+    assert calls == []  # the CPU runs the torch path: no Triton tuner to pin
+    tg._warm(torch.nn.Linear(1, 1), torch.arange(4), [1], torch.device("cuda"))  # short: no warm-up forward
+    assert calls == [1]
+
+
 def test_extract_stream_yields_earlier_items_before_an_input_error(target_dir):
     dec, _ = tg.load(target_dir, [2], "cpu")
 
