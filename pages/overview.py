@@ -8,7 +8,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dflash_dash import demo
-from dflash_dash.render.formats import backend_label
+from dflash_dash.render.formats import backend_label, count
 from dflash_dash.render.story import story_html
 from dflash_dash.render.tables import run_columns, run_groups
 from pages import common
@@ -33,19 +33,26 @@ def main() -> None:
     steps = [
         (
             "1. Completions",
-            f"{len(sets)} sets, {sum(s['prompts'] for s in sets)} completions",
+            f"{count(len(sets), 'set')}, {count(sum(s['prompts'] for s in sets), 'completion')}",
             bool(sets),
             "pages/completions.py",
             "fetch a prompt set from the SGLang server, or import a JSONL",
         ),
         (
             "2. Extraction",
-            f"{len(exs)} extractions ({', '.join(sorted({backend_label(e['backend']) for e in exs})) or 'none'})",
+            count(len(exs), "extraction")
+            + f" ({', '.join(sorted({backend_label(e['backend']) for e in exs})) or 'none'})",
             any(e["status"] == "done" for e in exs),
             "pages/extraction.py",
             "extract the target's hidden states at the drafter's layers",
         ),
-        ("3. Replay", f"{len(runs)} runs", bool(runs), "pages/acceptance.py", "replay a checkpoint over an extraction"),
+        (
+            "3. Replay",
+            count(len(runs), "run"),
+            bool(runs),
+            "pages/acceptance.py",
+            "replay a checkpoint over an extraction",
+        ),
         (
             "4. Compare",
             "two runs side by side, training sweeps",

@@ -31,6 +31,11 @@ def ci(x: float | None, interval: list[float] | None, digits: int = 2) -> str:
 BACKEND_LABELS = {"fla": "fla kernels (GPU)", "torch": "torch path (CPU fallback)"}
 
 
+def count(n: int, noun: str) -> str:
+    """'1 run', '7 runs': a count with its noun, plural by an s."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def backend_label(backend: str | None) -> str:
     """An extraction backend for eyes: `fla` -> "fla kernels (GPU)", `torch` -> "torch path (CPU fallback)"."""
     return BACKEND_LABELS.get(backend or "", backend or "unknown")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .. import metrics
 from ..analysis import rounded
-from .formats import acceptance_link, backend_label, ci, csv_text, divergence_link, run_link
+from .formats import acceptance_link, backend_label, ci, count, csv_text, divergence_link, run_link
 
 TAU_WORDS = ("tau", "delta", "mean_accepted", "gap", "lost", "minus")  # columns of tokens per round (or their change)
 PROB_WORDS = ("share", "acceptance", "observed", "mean_p", "ece", "predicted", "lag", "target", "rate", "P(")
@@ -204,9 +204,9 @@ def run_groups(runs: list[dict], extractions: list[dict]) -> list[dict]:
         e = exs.get(ex_id)
         title = (
             f"Extraction {ex_id} · {backend_label(e['backend'])} · set {e['set_name']} · {e['device']} "
-            f"{e['dtype']} · {len(rs)} run{'s' if len(rs) != 1 else ''}"
+            f"{e['dtype']} · {count(len(rs), 'run')}"
             if e
-            else f"Extraction {ex_id} (no longer in the store) · {len(rs)} run{'s' if len(rs) != 1 else ''}"
+            else f"Extraction {ex_id} (no longer in the store) · {count(len(rs), 'run')}"
         )
         rows = []
         for r in rs:
