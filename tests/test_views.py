@@ -486,3 +486,12 @@ def test_one_number_format_per_kind_of_number():
     rows = [{"prompt": "p", "tau A": 1.6558, "delta (B − A)": -0.1, "share_of_rejections": 0.25, "count": 3}]
     rows.append({"prompt": "q", "tau A": None, "delta (B − A)": None, "share_of_rejections": 0.5, "count": 1})
     assert number_formats(rows) == {"tau A": "%.2f", "delta (B − A)": "%.2f", "share_of_rejections": "%.3f"}
+
+
+def test_numbers_round_to_zero_without_a_minus_sign():
+    """A figure that rounds to zero prints 0.000, not -0.000 (a signature's -0.00001 over-confidence)."""
+    from dflash_dash.render.formats import ci, count, fmt, prob
+
+    assert (fmt(-0.001), prob(-0.00001), ci(-0.0002, [-0.0004, 0.0001], 3)) == ("0.00", "0.000", "0.000 [0.000, 0.000]")
+    assert (fmt(-0.006), fmt(14.746)) == ("-0.01", "14.75")
+    assert (count(1, "run"), count(7, "run"), count(1200, "set")) == ("1 run", "7 runs", "1,200 sets")

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 def fmt(x: float | None, digits: int = 2) -> str:
     """A tau-like number (tokens per round) as every table and card prints it: 2 decimals (metrics.TAU)."""
-    return "—" if x is None else f"{x:.{digits}f}"
+    return "—" if x is None else f"{round(x, digits) + 0.0:.{digits}f}"  # + 0.0: no "-0.000" for a tiny negative
 
 
 def prob(x: float | None) -> str:

@@ -370,7 +370,7 @@ def signature_table(rows: list[dict]) -> list[dict]:
             "signature": r["label"],
             "this run": ci(r["run"], r["run_ci"], 3),
             "reference": ci(r["reference"], r["reference_ci"], 3),
-            "difference": "—" if r["difference"] is None else f"{r['difference']:+.3f}",
+            "difference": "—" if r["difference"] is None else f"{round(r['difference'], 3) + 0.0:+.3f}",
             "separates?": SEPARATES[r["separates"]],
             "what it suggests": r["suggests"] or r["why"] or "",
             "formula": r["formula"],
