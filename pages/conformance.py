@@ -24,6 +24,7 @@ from dflash_dash.render.tables import (
     conformance_table,
     divergence_table,
     fault_table,
+    number_specs,
 )
 from pages import common, jobs_view
 
@@ -88,7 +89,7 @@ def table(rows: list[dict], run_id: str, engine: str) -> None:
     df = pd.DataFrame(t)
     style = df.style.apply(
         lambda row: ["background-color: #ffd7d7" if row["flagged"] else "" for _ in row], axis=1
-    ).format(precision=4, na_rep="—")
+    ).format(number_specs(t), na_rep="—")
     cfg = {k: st.column_config.Column(help=f) for k, f in CONFORMANCE_COLUMNS.items()}
     cfg["token_view"] = st.column_config.LinkColumn(
         "token view", help=CONFORMANCE_COLUMNS["token_view"], display_text="open"

@@ -486,6 +486,10 @@ def test_one_number_format_per_kind_of_number():
     rows = [{"prompt": "p", "tau A": 1.6558, "delta (B − A)": -0.1, "share_of_rejections": 0.25, "count": 3}]
     rows.append({"prompt": "q", "tau A": None, "delta (B − A)": None, "share_of_rejections": 0.5, "count": 1})
     assert number_formats(rows) == {"tau A": "%.2f", "delta (B − A)": "%.2f", "share_of_rejections": "%.3f"}
+    from dflash_dash.render.tables import number_specs
+
+    conf = [{"engine_tau": 15.5, "gap": 0.0, "gap_pct": -1.25, "sglang_accept_length": 16.5, "verify_steps": 10}]
+    assert number_specs(conf) == dict.fromkeys(["engine_tau", "gap", "gap_pct", "sglang_accept_length"], "{:.2f}")
 
 
 def test_numbers_round_to_zero_without_a_minus_sign():

@@ -14,7 +14,8 @@ from .. import metrics
 from ..analysis import rounded
 from .formats import acceptance_link, backend_label, ci, count, csv_text, divergence_link, run_link
 
-TAU_WORDS = ("tau", "delta", "mean_accepted", "gap", "lost", "minus")  # columns of tokens per round (or their change)
+# columns of tokens per round (or their change)
+TAU_WORDS = ("tau", "delta", "mean_accepted", "accept_length", "gap", "lost", "minus")
 PROB_WORDS = ("share", "acceptance", "observed", "mean_p", "ece", "predicted", "lag", "target", "rate", "P(")
 TOKEN_CELLS = {"rejection_pairs": ("draft", "target")}  # pattern tables whose cells are tokens
 
@@ -24,20 +25,25 @@ def printf(spec: str) -> str:
     return spec.replace("{:", "%").replace("}", "")
 
 
-def number_formats(rows: list[dict]) -> dict[str, str]:
-    """{column: printf format} for the float columns of `rows`, one format per kind of number: a tau-like column
-    (tokens per round, or a difference of them) as metrics.TAU, a probability or share as metrics.PROB; so a table
-    never prints 1.6558 beside a card's 1.66. Integer and text columns are left as they are."""
+def number_specs(rows: list[dict]) -> dict[str, str]:
+    """{column: format spec ("{:.2f}")} for the float columns of `rows`, one format per kind of number: a tau-like
+    column (tokens per round, or a difference of them) as metrics.TAU, a probability or share as metrics.PROB; so a
+    table never prints 1.6558 beside a card's 1.66. Integer and text columns are left as they are."""
     out: dict[str, str] = {}
     for col in dict.fromkeys(k for r in rows for k in r):
         if not any(isinstance(r.get(col), float) for r in rows):
             continue
         name = col.lower()
         if any(w.lower() in name for w in TAU_WORDS):
-            out[col] = printf(metrics.TAU)
+            out[col] = metrics.TAU
         elif any(w.lower() in name for w in PROB_WORDS):
-            out[col] = printf(metrics.PROB)
+            out[col] = metrics.PROB
     return out
+
+
+def number_formats(rows: list[dict]) -> dict[str, str]:
+    """`number_specs` as the printf formats a dataframe's NumberColumn takes ("%.2f")."""
+    return {c: printf(f) for c, f in number_specs(rows).items()}
 
 
 def pattern_rows(key: str, rows: list[dict]) -> list[dict]:
