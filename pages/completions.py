@@ -128,7 +128,13 @@ def main() -> None:
             rows = completion_table(list(comps.values()))
             st.caption("pick a row (or the completion below) to show its prompt and completion text")
             ev = st.dataframe(
-                rows, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row", key="comp_table"
+                rows,
+                column_config=common.numbers(rows),
+                hide_index=True,
+                width="stretch",
+                on_select="rerun",
+                selection_mode="single-row",
+                key="comp_table",
             )
             picked = ev.selection.rows if ev is not None and hasattr(ev, "selection") else []
             if picked and st.session_state.get("_comp_table_last") != rows[picked[0]]["prompt"]:
