@@ -243,8 +243,6 @@ def _warm(decoder, ids: torch.Tensor, layer_ids: list[int], dev: torch.device) -
 
 BUCKET = "NB"  # the autotune key by which fla's row-wise norms (l2norm, gated RMSNorm) bucket their row count
 _PINNED: set[int] = set()  # id() of the autotuners pinned in this process
-
-
 _TUNERS: list = []  # the bucketed autotuners found, once any is
 
 
@@ -280,8 +278,8 @@ def pin_buckets() -> int:
     constexpr), so every new bucket of sequence length re-compiles and re-times every candidate config: a
     131,072-token sequence is a new bucket after the short warm-up, and long traces of varied lengths hit dozens.
     A tuner is pinned once it has chosen for exactly one setting of its other key fields (then the configs differ
-    only in rows per program and warps, each valid for every row count, so the result is the same): later buckets
-    compile that one config and time none. A tuner that saw several settings, or none yet, is left to tune.
+    only in rows per program and warps, each valid for every row count): later buckets compile that one config and
+    time none. A tuner that saw several settings, or none yet, is left to tune.
     """
     pinned = 0
     tuners = _bucketed()
