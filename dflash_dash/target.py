@@ -9,6 +9,8 @@ Contract:
     convolution in place of torch's conv1d) when CUDA is used and fla imports, otherwise the torch reference path
     is FORCED (transformers binds fla at import whenever fla imports, also on a CPU machine, where it
     fails). `use_backend` returns what is really bound, which is recorded with every extraction.
+  - On CUDA a decoder's first long forward is preceded by a short one (`WARM_TOKENS`), and fla's length-bucketed
+    norm autotuners then keep the config they chose (`pin_buckets`): a new length does not re-tune them.
   - `load_head` reads only the embedding and LM head tensors from the target's safetensors.
 Knows nothing of the store, files other than the model folder, or HTTP.
 """
