@@ -45,7 +45,7 @@ def alive(pid: int) -> bool:
     return True
 
 
-def test_a_cancel_turned_into_a_library_error_still_ends_the_job_cancelled(store, monkeypatch, tmp_path):
+def test_a_cancel_turned_into_a_library_error_still_ends_the_job_cancelled(store, monkeypatch, tmp_path, capsys):
     """SIGTERM raises `Cancelled` in the job's main thread; inside DuckDB's execute it surfaces as DuckDB's own
     RuntimeError ("Query interrupted"). The job still ends cancelled (exit 130), not failed."""
 
@@ -64,6 +64,8 @@ def test_a_cancel_turned_into_a_library_error_still_ends_the_job_cancelled(store
     row = store.job("job-x")
     assert row["status"] == "cancelled" and row["error"] == "cancelled by user"
     assert signal.getsignal(signal.SIGTERM) == before  # the job's handler is gone again
+    log = capsys.readouterr().out  # the job's log is its stdout
+    assert "cancelled (SIGTERM); it surfaced as RuntimeError: Query interrupted" in log  # a plain cancel's words first
 
 
 def test_cancel_stops_the_job_process(store):

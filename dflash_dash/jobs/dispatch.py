@@ -56,7 +56,8 @@ def execute(store: Store, job_id: str) -> int:
         return 2
     except Exception as e:  # noqa: BLE001  (any failure ends the job as failed, traceback in the log)
         if stopped:
-            rep.note(f"cancelled ({stopped[-1]}; it surfaced as {type(e).__name__}: {str(e)[:200]})")
+            # the same first words as a plain cancel's: the log reads "cancelled (SIGTERM)" either way
+            rep.note(f"cancelled ({stopped[-1]}); it surfaced as {type(e).__name__}: {str(e)[:200]}")
             store.settle_job(job_id, "cancelled", "cancelled by user")
             return 130
         traceback.print_exc(file=sys.stdout)
