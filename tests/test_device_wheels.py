@@ -37,6 +37,9 @@ def test_parts_join_into_the_wheels_packed(tmp_path, monkeypatch):
         assert (tmp_path / "out" / where / w.name).read_bytes() == w.read_bytes()
     with tarfile.open(tmp_path / "out" / "extra.tar") as t:
         assert sorted(t.getnames()) == sorted(w.name for w in extra)
+    # the last part carries the checksum for tools/device_session.sh
+    assert (folders[-1] / "extra.sha256").read_text() == f"{sha}  out/extra.tar\n"
+    assert not any((f / "extra.sha256").exists() for f in folders[:-1])
 
 
 def test_a_corrupt_part_fails_the_checksum(tmp_path, monkeypatch):

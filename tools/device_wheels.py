@@ -100,7 +100,9 @@ def pack(base: list[Path], extra: list[Path], out: Path, part_bytes: int) -> tup
         (out / f"part{k}").mkdir(exist_ok=True)
         (out / f"part{k}" / f"extra.part{k:02d}").write_bytes(blob[lo:hi])
         folders.append(out / f"part{k}")
-    return folders, hashlib.sha256(blob).hexdigest()
+    sha = hashlib.sha256(blob).hexdigest()
+    (folders[-1] / "extra.sha256").write_text(f"{sha}  out/extra.tar\n")  # for `sha256sum -c` in the last call
+    return folders, sha
 
 
 PIP = "python3 -m pip install -q --no-index --no-deps --no-compile --target out/site"
