@@ -235,6 +235,7 @@ def test_hist_and_depth_figures():
     d = depth_fig({"A": s})
     assert len(d.data) == 3 and list(d.data[0].x) == [1, 2, 3]
     assert list(d.data[2].x) == [3] and "n = 0" in d.data[2].name  # the empty depth is announced (tests/test_stats)
+    assert d.layout.yaxis2.tickformat == ",d"  # round counts tick as integers (not 42.3, 84.6)
 
 
 def test_prompt_table_sorted_by_tau():

@@ -156,7 +156,9 @@ def depth_fig(summaries: dict[str, dict]) -> go.Figure:
     fig.update_layout(
         yaxis_range=[0, 1.02],
         barmode="group",  # the left axis only (the right one keeps its own)
-        yaxis2=dict(overlaying="y", side="right", title="rounds (n)", showgrid=False, rangemode="tozero"),
+        yaxis2=dict(
+            overlaying="y", side="right", title="rounds (n)", showgrid=False, rangemode="tozero", tickformat=",d"
+        ),
     )
     fig.update_xaxes(dtick=1)
     return layout(fig, "per-depth acceptance: conditional (solid) and marginal (dotted)", "depth k", "probability")
