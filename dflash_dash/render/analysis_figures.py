@@ -150,7 +150,13 @@ def binned_fig(rows: list[dict], label: str, title: str, x_title: str) -> go.Fig
         yaxis2=tau_axis([r["tau"] for r in rows], overlaying="y", side="right", title="tau", showgrid=False)
     )
     fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
-    return layout(fig, title, x_title, "P(d_1 accepted)")
+    fig = layout(fig, title, x_title, "P(d_1 accepted)")
+    if len(rows) > ROTATED:  # plotly turns the bins' labels: the legend goes below the longer axis
+        fig.update_layout(legend_y=-0.5, height=360)
+    return fig
+
+
+ROTATED = 6  # bins beyond which a half-width chart's range labels ("100-124") are drawn turned
 
 
 def context_position_fig(rows: list[dict]) -> go.Figure:
