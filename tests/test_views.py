@@ -236,6 +236,12 @@ def test_hist_and_depth_figures():
     assert len(d.data) == 3 and list(d.data[0].x) == [1, 2, 3]
     assert list(d.data[2].x) == [3] and "n = 0" in d.data[2].name  # the empty depth is announced (tests/test_stats)
     assert d.layout.yaxis2.tickformat == ",d"  # round counts tick as integers (not 42.3, 84.6)
+    # a pair of runs, one with adjacent empty depths: no 'n = 0' labels to collide, and room for the longer legend
+    e = {"accept_hist": [9, 0, 0, 0], "depth_conditional": [0.1, None, None], "depth_marginal": [0.1, 0.0, 0.0]}
+    pair = depth_fig({"A": e, "B": s})
+    marks = [t for t in pair.data if "n = 0" in t.name]
+    assert len(marks) == 2 and all(t.mode == "markers" and t.text is None for t in marks)
+    assert pair.layout.height > d.layout.height
 
 
 def test_prompt_table_sorted_by_tau():

@@ -143,11 +143,13 @@ def depth_fig(summaries: dict[str, dict]) -> go.Figure:
             )
         empty = [k for k, v in zip(ks, cond) if v is None]
         if empty:
+            # the label only where it fits: one run, no two empty depths side by side (else the legend says it)
+            spaced = len(summaries) == 1 and all(b - a > 1 for a, b in zip(empty, empty[1:]))
             fig.add_scatter(
                 x=empty,
                 y=[0.0] * len(empty),
-                mode="markers+text",
-                text=["n = 0"] * len(empty),
+                mode="markers+text" if spaced else "markers",
+                text=["n = 0"] * len(empty) if spaced else None,
                 textposition="top center",
                 marker=dict(symbol="x", size=9, color="#999"),
                 name=f"{name}: no rounds reached depth (n = 0, no estimate)",
@@ -161,7 +163,17 @@ def depth_fig(summaries: dict[str, dict]) -> go.Figure:
         ),
     )
     fig.update_xaxes(dtick=1)
-    return layout(fig, "per-depth acceptance: conditional (solid) and marginal (dotted)", "depth k", "probability")
+    title = "per-depth acceptance: conditional (solid) and marginal (dotted)"
+    return layout(fig, title, "depth k", "probability", height=legend_height(len(fig.data)))
+
+
+def legend_height(items: int, base: int = 320) -> int:
+    """A figure's height that keeps its plot area when a legend below it lists `items` entries, one a line (a
+    pair of runs lists 6-8): each entry past 3 adds its line."""
+    return base + LEGEND_LINE * max(0, items - 3)
+
+
+LEGEND_LINE = 20  # px a legend entry's line takes
 
 
 def scatter_fig(a: dict[str, float | None], b: dict[str, float | None], name_a: str, name_b: str) -> go.Figure:
