@@ -506,3 +506,25 @@ def test_numbers_round_to_zero_without_a_minus_sign():
     assert (fmt(-0.001), prob(-0.00001), ci(-0.0002, [-0.0004, 0.0001], 3)) == ("0.00", "0.000", "0.000 [0.000, 0.000]")
     assert (fmt(-0.006), fmt(14.746)) == ("-0.01", "14.75")
     assert (count(1, "run"), count(7, "run"), count(1200, "set")) == ("1 run", "7 runs", "1,200 sets")
+
+
+def test_a_run_keeps_its_colors_on_every_chart():
+    """Run A is blue and run B red on every chart of a pair (the theme's colorway gave each trace the next color,
+    so a run changed color from the histogram to the per-depth and calibration charts)."""
+    from dflash_dash.render.analysis_figures import confidence_fig, reliability_fig
+    from dflash_dash.render.figures import run_color
+
+    s = {"accept_hist": [5, 3, 2, 0], "depth_conditional": [0.5, 0.4, 0.2], "depth_marginal": [0.5, 0.2, 0.1]}
+    rel = [{"depth": "pooled", "lo": 0.0, "hi": 0.1, "n": 3, "predicted": 0.05, "observed": 0.3}]
+    conf = [{"depth": 1, "observed": 0.5, "mean_p": 0.6}]
+    figs = [
+        hist_fig({"A": s, "B": s}),
+        depth_fig({"A": s, "B": s}),
+        reliability_fig({"A": rel, "B": rel}),
+        confidence_fig({"A": conf, "B": conf}),
+    ]
+    for fig in figs:
+        for run, i in (("A", 0), ("B", 1)):
+            traces = [t for t in fig.data if t.name.startswith(run)]
+            used = {t.marker.color if t.type == "bar" else t.line.color for t in traces}
+            assert traces and used <= set(run_color(i)), (fig.layout.title.text, run, used)

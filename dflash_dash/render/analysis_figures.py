@@ -9,7 +9,7 @@ name) and returns a plotly Figure laid out like every other (`figures.layout`). 
 
 from __future__ import annotations
 
-from .figures import go, layout, tau_axis
+from .figures import go, layout, run_color, tau_axis
 
 
 def reliability_fig(
@@ -22,13 +22,15 @@ def reliability_fig(
     bars: samples per bin (right axis)."""
     fig = go.Figure()
     fig.add_scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfectly calibrated", line=dict(dash="dash", color="#999"))
-    for name, rows in runs.items():
+    for i, (name, rows) in enumerate(runs.items()):
+        dark, light = run_color(i)
         bins = [b for b in rows if b["depth"] == depth]
         full = [b for b in bins if b["n"]]
         fig.add_bar(
             x=[(b["lo"] + b["hi"]) / 2 for b in bins],
             y=[b["n"] for b in bins],
             name=f"{name}: samples",
+            marker_color=light,
             yaxis="y2",
             opacity=0.25,
             width=0.08,
@@ -38,10 +40,13 @@ def reliability_fig(
             y=[b["observed"] for b in full],
             mode="lines+markers",
             name=f"{name}: observed",
+            line=dict(color=dark),
             text=[f"n = {b['n']}" for b in full],
             hovertemplate="predicted %{x:.3f}<br>observed %{y:.3f}<br>%{text}",
         )
-    fig.update_layout(barmode="group", yaxis2=dict(overlaying="y", side="right", title="samples", showgrid=False))
+    fig.update_layout(
+        barmode="group", yaxis2=dict(overlaying="y", side="right", title="samples", showgrid=False, tickformat=",d")
+    )
     fig.update_xaxes(range=[0, 1])
     fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
     what = "pooled over depths" if depth == "pooled" else f"depth {depth}"
@@ -58,11 +63,18 @@ def confidence_fig(runs: dict[str, list[dict]]) -> go.Figure:
     """Per depth: mean p_k (dotted) against P(d_k accepted | d_1..d_{k-1} accepted) (solid), per run
     (`runs`: name -> calibration()["by_depth"] rows)."""
     fig = go.Figure()
-    for name, rows in runs.items():
+    for i, (name, rows) in enumerate(runs.items()):
+        dark, light = run_color(i)
         ks = [r["depth"] for r in rows]
-        fig.add_scatter(x=ks, y=[r["observed"] for r in rows], mode="lines+markers", name=f"{name}: observed")
         fig.add_scatter(
-            x=ks, y=[r["mean_p"] for r in rows], mode="lines+markers", name=f"{name}: mean p_k", line=dict(dash="dot")
+            x=ks, y=[r["observed"] for r in rows], mode="lines+markers", name=f"{name}: observed", line_color=dark
+        )
+        fig.add_scatter(
+            x=ks,
+            y=[r["mean_p"] for r in rows],
+            mode="lines+markers",
+            name=f"{name}: mean p_k",
+            line=dict(dash="dot", color=light),
         )
     fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
     fig.update_xaxes(dtick=1)
@@ -76,7 +88,7 @@ def expected_fig(runs: dict[str, list[dict]]) -> go.Figure:
     (`runs`: name -> calibration()["per_prompt"] rows)."""
     fig = go.Figure()
     vals = [1.0]
-    for name, rows in runs.items():
+    for i, (name, rows) in enumerate(runs.items()):
         ok = [r for r in rows if r["tau"] is not None and r["expected_tau"] is not None]
         vals += [v for r in ok for v in (r["tau"], r["expected_tau"])]
         fig.add_scatter(
@@ -84,6 +96,7 @@ def expected_fig(runs: dict[str, list[dict]]) -> go.Figure:
             y=[r["tau"] for r in ok],
             mode="markers",
             name=name,
+            marker_color=run_color(i)[0],
             text=[r["prompt"] for r in ok],
             hovertemplate="%{text}<br>expected %{x:.3f}<br>observed %{y:.3f}",
         )

@@ -45,6 +45,16 @@ def layout(fig: go.Figure, title: str, x: str, y: str, height: int = 320) -> go.
     return fig
 
 
+RUN_COLORS = [("#0068c9", "#83c9ff"), ("#ff2b2b", "#ffabab"), ("#29b09d", "#7defa1"), ("#ff8700", "#ffd16a")]
+# (dark, light) per run of a figure, in its order: A blue, B red, ... on every chart of a page (the theme's colorway
+# would give each trace the next color, so a run changed color from one chart to the next)
+
+
+def run_color(i: int) -> tuple[str, str]:
+    """(dark, light) colors of the i-th run of a figure: lines and markers dark, bars and second lines light."""
+    return RUN_COLORS[i % len(RUN_COLORS)]
+
+
 TAU_SPAN = 0.2  # the least range a tau axis spans: its ticks then fall on distinct 2-decimal values
 
 
@@ -79,12 +89,13 @@ def hist_fig(summaries: dict[str, dict]) -> go.Figure:
     """Acceptance histogram: share of rounds by accepted count 0..B-1, one bar series per run; hover: the share
     (3 decimals) and the rounds behind it."""
     fig = go.Figure()
-    for name, s in summaries.items():
+    for i, (name, s) in enumerate(summaries.items()):
         h = np.asarray(s.get("accept_hist") or [], dtype=float)
         fig.add_bar(
             x=list(range(len(h))),
             y=(h / h.sum()).tolist() if h.sum() else h.tolist(),
             name=name,
+            marker_color=run_color(i)[0],
             customdata=h.astype(int).tolist(),
             hovertemplate=f"{html.escape(str(name))}<br>accepted %{{x}}: "
             f"%{{y:.3f}} of {int(h.sum())} rounds<br>n = %{{customdata}} rounds<extra></extra>",
@@ -108,7 +119,8 @@ def depth_fig(summaries: dict[str, dict]) -> go.Figure:
     behind the conditional points. A depth no round reached has no estimate: its point is a gap, marked
     'n = 0' on the x axis, so no line stops unannounced."""
     fig = go.Figure()
-    for name, s in summaries.items():
+    for i, (name, s) in enumerate(summaries.items()):
+        dark, light = run_color(i)
         cond, marg = s.get("depth_conditional") or [], s.get("depth_marginal") or []
         ks = list(range(1, len(cond) + 1))
         nc, nm = _counts(s, "depth_samples", len(cond)), _counts(s, "depth_rounds", len(marg))
@@ -118,6 +130,7 @@ def depth_fig(summaries: dict[str, dict]) -> go.Figure:
             y=cond,
             mode="lines+markers",
             name=f"{name}: P(d_k | d_<k)",
+            line=dict(color=dark),
             customdata=nc,
             hovertemplate=f"{tag}<br>depth %{{x}}: P(d_k | d_<k) = %{{y:.3f}}<br>n = %{{customdata}} "
             "rounds (d_1..d_{k-1} accepted)<extra></extra>",
@@ -127,7 +140,7 @@ def depth_fig(summaries: dict[str, dict]) -> go.Figure:
             y=marg,
             mode="lines+markers",
             name=f"{name}: P(d_1..d_k)",
-            line=dict(dash="dot"),
+            line=dict(dash="dot", color=light),
             customdata=nm,
             hovertemplate=f"{tag}<br>depth %{{x}}: P(d_1..d_k) = %{{y:.3f}}<br>n = %{{customdata}} "
             "rounds (slot k in the completion)<extra></extra>",
@@ -137,6 +150,7 @@ def depth_fig(summaries: dict[str, dict]) -> go.Figure:
                 x=ks,
                 y=nc,
                 name=f"{name}: rounds behind P(d_k | d_<k)",
+                marker_color=light,
                 yaxis="y2",
                 opacity=0.2,
                 hovertemplate=f"{tag}<br>depth %{{x}}: n = %{{y}} rounds<extra></extra>",
