@@ -528,3 +528,11 @@ def test_a_run_keeps_its_colors_on_every_chart():
             traces = [t for t in fig.data if t.name.startswith(run)]
             used = {t.marker.color if t.type == "bar" else t.line.color for t in traces}
             assert traces and used <= set(run_color(i)), (fig.layout.title.text, run, used)
+
+
+def test_parity_chart_shows_the_layers_compared_and_tiny_cosines_as_powers_of_ten():
+    from dflash_dash.render.figures import parity_fig
+
+    fig = parity_fig([{"layer": l, "rel_l2": 0.001 * l, "cosine": 1 - 1e-6 * l} for l in (1, 3, 5)])
+    assert fig.layout.xaxis.type == "category" and list(fig.data[0].x) == ["1", "3", "5"]
+    assert fig.layout.yaxis2.tickformat == ".1e"

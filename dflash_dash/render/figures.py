@@ -224,6 +224,8 @@ def sweep_fig(points: list[dict]) -> go.Figure:
 
 
 def parity_fig(rows: list[dict]) -> go.Figure:
+    """Backend parity per target layer (`rows`: parity layers): relative L2 bars and 1 - cosine (right axis,
+    printed as powers of ten: it is about 1e-6 between backends), one category per layer id."""
     fig = go.Figure()
     fig.add_bar(x=[str(r["layer"]) for r in rows], y=[r["rel_l2"] for r in rows], name="relative L2")
     fig.add_scatter(
@@ -233,7 +235,8 @@ def parity_fig(rows: list[dict]) -> go.Figure:
         mode="markers+lines",
         yaxis="y2",
     )
-    fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="1 - cosine"))
+    fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="1 - cosine", tickformat=".1e"))
+    fig.update_xaxes(type="category")  # the layers compared, not a numeric range around them
     return layout(fig, "backend parity per target layer", "target layer id", "relative L2")
 
 
