@@ -71,7 +71,13 @@ def parity_block(ws: str, stamp: str) -> None:
         for r in res["layers"]
     ]
     c1, c2 = st.columns([1, 1])
-    c1.dataframe(rows, hide_index=True, width="stretch")
+    fmt = {"relative L2": "%.2e", "cosine": "%.6f", "max |A−B|": "%.3g"}  # tiny differences: one precision each
+    c1.dataframe(
+        rows,
+        hide_index=True,
+        width="stretch",
+        column_config={k: st.column_config.NumberColumn(format=f) for k, f in fmt.items()},
+    )
     c2.plotly_chart(parity_fig(res["layers"]), width="stretch")
     st.subheader("tau of the same checkpoints on each extraction")
     ka, kb = f"tau macro on A ({by[a]['backend']})", f"tau macro on B ({by[b]['backend']})"
