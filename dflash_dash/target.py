@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import sys
 import warnings
 import weakref
 from collections import deque
@@ -250,8 +251,6 @@ _TUNERS: list = []  # the bucketed autotuners found, once any is
 
 def _bucketed() -> list:
     """fla's autotuners whose key holds the row-count bucket, among the fla modules imported (found once)."""
-    import sys
-
     if _TUNERS:
         return _TUNERS
     try:

@@ -18,7 +18,7 @@ from dflash_dash.jobs import gpu
 from dflash_dash.render.analysis_figures import signatures_fig
 from dflash_dash.render.figures import attribution_fig, parity_fig
 from dflash_dash.render.formats import fmt
-from dflash_dash.render.tables import gpu_table, signature_table
+from dflash_dash.render.tables import PARITY_FORMATS, gpu_table, signature_table
 from pages import common, jobs_view
 
 common.routed()
@@ -71,12 +71,11 @@ def parity_block(ws: str, stamp: str) -> None:
         for r in res["layers"]
     ]
     c1, c2 = st.columns([1, 1])
-    fmt = {"relative L2": "%.2e", "cosine": "%.6f", "max |A−B|": "%.3g"}  # tiny differences: one precision each
     c1.dataframe(
         rows,
         hide_index=True,
         width="stretch",
-        column_config={k: st.column_config.NumberColumn(format=f) for k, f in fmt.items()},
+        column_config={k: st.column_config.NumberColumn(format=f) for k, f in PARITY_FORMATS.items()},
     )
     c2.plotly_chart(parity_fig(res["layers"]), width="stretch")
     st.subheader("tau of the same checkpoints on each extraction")

@@ -92,7 +92,9 @@ def _kernels(q: torch.Tensor, ok) -> list[str]:
 
 
 def _try(name: str, q, k, v, ok):
-    """KERNELS[name]'s result, or None where it raised (then warned once and not tried again)."""
+    """KERNELS[name]'s result, or None where it raised (then warned once and not tried again) or had raised."""
+    if name in _FAILED:
+        return None
     try:
         return KERNELS[name](q, k, v, ok)
     except (RuntimeError, TypeError, NotImplementedError) as e:
@@ -110,7 +112,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ok: torch.Tensor |
     """(output [..., Lq, hd] in q's dtype, log-sum-exp [..., Lq] fp32) of q [B, h, Lq, hd] over k, v
     [B, h, Lk, hd]; ok: bool, broadcastable to [B, h, Lq, Lk], or None. Every query must see a key."""
     for name in _kernels(q, ok):
-        if name not in _FAILED and (got := _try(name, q, k, v, ok)) is not None:
+        if (got := _try(name, q, k, v, ok)) is not None:
             return got
     return chunked(q, k, v, ok)
 
@@ -136,7 +138,7 @@ def prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Ten
         return attend(q, k, v)
 
     def run(q, k, v):  # a tile through cuDNN, through `attend` once cuDNN has failed (warned once)
-        got = None if "cudnn" in _FAILED else _try("cudnn", q, k, v, None)
+        got = _try("cudnn", q, k, v, None)
         return got if got is not None else attend(q, k, v)
 
     return tiled(q, k, v, TILE, run)

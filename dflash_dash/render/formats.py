@@ -12,9 +12,13 @@ import io
 from urllib.parse import quote
 
 
-def fmt(x: float | None, digits: int = 2) -> str:
-    """A tau-like number (tokens per round) as every table and card prints it: 2 decimals (metrics.TAU)."""
-    return "—" if x is None else f"{round(x, digits) + 0.0:.{digits}f}"  # + 0.0: no "-0.000" for a tiny negative
+def fmt(x: float | None, digits: int = 2, signed: bool = False) -> str:
+    """A tau-like number (tokens per round) as every table and card prints it: 2 decimals (metrics.TAU); `signed`
+    prints its sign (a difference: +0.012)."""
+    if x is None:
+        return "—"
+    x = round(x, digits) + 0.0  # + 0.0: no "-0.000" for a tiny negative
+    return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
 
 
 def prob(x: float | None) -> str:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from .. import metrics
 from ..analysis import rounded
-from .formats import acceptance_link, backend_label, ci, count, csv_text, divergence_link, run_link
+from .formats import acceptance_link, backend_label, ci, count, csv_text, divergence_link, fmt, run_link
 
 # columns of tokens per round (or their change)
 TAU_WORDS = ("tau", "delta", "mean_accepted", "accept_length", "gap", "lost", "minus")
 PROB_WORDS = ("share", "acceptance", "observed", "mean_p", "ece", "predicted", "lag", "target", "rate", "P(")
+PARITY_FORMATS = {"relative L2": "%.2e", "cosine": "%.6f", "max |A−B|": "%.3g"}  # tiny differences: one each
 TOKEN_CELLS = {"rejection_pairs": ("draft", "target")}  # pattern tables whose cells are tokens
 
 
@@ -376,7 +377,7 @@ def signature_table(rows: list[dict]) -> list[dict]:
             "signature": r["label"],
             "this run": ci(r["run"], r["run_ci"], 3),
             "reference": ci(r["reference"], r["reference_ci"], 3),
-            "difference": "—" if r["difference"] is None else f"{round(r['difference'], 3) + 0.0:+.3f}",
+            "difference": fmt(r["difference"], 3, signed=True),
             "separates?": SEPARATES[r["separates"]],
             "what it suggests": r["suggests"] or r["why"] or "",
             "formula": r["formula"],
