@@ -63,9 +63,14 @@ def suffixed(figures: dict, suffix: str) -> dict:
     return {(k if k.startswith(SHARED) else f"{k}_{suffix}"): v for k, v in figures.items()}
 
 
+def tokens_name(tokens: int) -> str:
+    """A token count as figures name it: 32k, 128k from 1,024 up, else the count (512)."""
+    return f"{round(tokens / 1024)}k" if tokens >= 1024 else str(tokens)
+
+
 def length_suffix(tokens: int | None, small: bool) -> str | None:
     """The figures' suffix of a run at `tokens` per sequence: _32k, _128k; None at the reference 2,560 (or small)."""
-    return f"{round(tokens / 1024)}k" if tokens and tokens != 2560 and not small else None
+    return tokens_name(tokens) if tokens and tokens != 2560 and not small else None
 
 
 def report(figures: dict) -> None:

@@ -34,7 +34,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _common import Clock, length_suffix, matmul_tflops, note, peak_gib, profile, report, suffixed, sync
+from _common import (
+    Clock,
+    length_suffix,
+    matmul_tflops,
+    note,
+    peak_gib,
+    profile,
+    report,
+    suffixed,
+    sync,
+    tokens_name,
+)
 from safetensors.torch import save_file
 
 from dflash_dash import cache, drafters as dr, replay as rp, target as tg
@@ -354,7 +365,7 @@ def measure(a, figs: dict) -> None:
     feats0 = cache.read(work / "features", "bench", "p0", T, c.K * c.hidden_size)[:Ts]
     tok0 = items[0][1][:Ts]
     per_seq = run_flops(c, Ts, P, 1)
-    at = "" if Ts == T else f"_at{Ts // 1024}k" if Ts >= 1024 else f"_at{Ts}"
+    at = "" if Ts == T else f"_at{tokens_name(Ts)}"
     best = None
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

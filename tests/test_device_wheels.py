@@ -1,14 +1,34 @@
-"""tools/device_wheels.py, offline: the parts it packs join (by its own printed commands) into tars whose wheels
-are the ones packed, base first and whole; ray's wheel loses its jars and web build and nothing else."""
+"""tools/device_wheels.py and tools/device_install.sh, offline: the parts packed install, call by call, the wheels
+packed (base first and whole, the extras once the last part has joined them); a corrupt part fails its checksum;
+ray's wheel loses its jars and web build and nothing else."""
 
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import tarfile
 import zipfile
 
 from tools import device_wheels as dw
+
+INSTALL = dw.ROOT / "tools" / "device_install.sh"
+
+
+def calls(root, n: int):
+    """Run tools/device_install.sh 1..n in `root` as the device would, with a `python3` that lists the wheels pip
+    would install (into installed.txt) instead of installing them; the last call's result."""
+    bin_ = root / "bin"
+    bin_.mkdir(exist_ok=True)
+    fake = bin_ / "python3"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do case "$a" in *.whl) echo "$a" >> installed.txt;; esac; done\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = os.environ | {"PATH": f"{bin_}:{os.environ['PATH']}"}
+    for k in range(1, n + 1):
+        run = subprocess.run(["bash", str(INSTALL), str(k)], cwd=root, env=env, capture_output=True, text=True)
+        if run.returncode:
+            return run
+    return run
 
 
 def wheel(path, members: dict[str, bytes]):
@@ -27,9 +47,11 @@ def test_parts_join_into_the_wheels_packed(tmp_path, monkeypatch):
     folders, sha = dw.pack(base, extra, tmp_path / ".whl-device", part_bytes=12_000)
     assert len(folders) >= 3 and all(sum(f.stat().st_size for f in d.iterdir()) <= 12_000 for d in folders[1:])
     text = dw.install_text(folders, sha)
-    # run the device's lines here, with `pip install` replaced by a listing of what it would install
-    script = text.replace(dw.PIP, "ls >> installed.txt")
-    subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, check=True, capture_output=True)
+    assert [line.split("#")[0].split()[-1] for line in text.splitlines() if line.startswith("bash")] == [
+        str(k + 1) for k in range(len(folders))
+    ]
+    run = calls(tmp_path, len(folders))  # the device's calls, one part each, pip replaced by a listing
+    assert run.returncode == 0, run.stdout + run.stderr
     got = [p.rsplit("/", 1)[-1] for p in (tmp_path / "installed.txt").read_text().split()]
     assert got == sorted(w.name for w in base) + sorted(w.name for w in extra)
     for w in base + extra:  # byte for byte
@@ -49,9 +71,14 @@ def test_a_corrupt_part_fails_the_checksum(tmp_path, monkeypatch):
     folders, sha = dw.pack(base, extra, tmp_path / ".whl-device", part_bytes=4_000)
     part = next(folders[-1].glob("extra.part*"))
     part.write_bytes(part.read_bytes()[:-1] + b"!")
-    script = dw.install_text(folders, sha).replace(dw.PIP, "true")
-    run = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, capture_output=True, text=True)
-    assert run.returncode != 0 and "FAILED" in run.stdout + run.stderr
+    run = calls(tmp_path, len(folders))
+    assert run.returncode == 2 and "FAILED" in run.stdout + run.stderr and "extras did not install" in run.stdout
+    assert "duckdb" not in (tmp_path / "installed.txt").read_text()  # the base installed, the extras not
+
+
+def test_a_call_without_its_part_says_so(tmp_path):
+    run = subprocess.run(["bash", str(INSTALL), "2"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 2 and ".whl-device/part1 is not here" in run.stdout
 
 
 def test_slim_drops_only_rays_jars_and_web_build(tmp_path):

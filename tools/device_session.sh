@@ -2,23 +2,14 @@
 # Issue 32's figures on the H200 in three calls of one warm machine (benchmarks/RESULTS.md, "Next H200 session").
 # Here first: `python tools/device_wheels.py --with duckdb,ray`. Then call N (1, 2, 3) of the device's `run`, with
 # carry [".whl-device/partN-1"] and the command `bash tools/device_session.sh N`: it installs what that part
-# completes (out/ is git-ignored and kept while the machine is warm), runs that call's benchmarks, each under its
-# own timeout, and writes their output to $OUT/callN.txt. A benchmark that fails or times out does not stop the next.
+# completes (tools/device_install.sh), runs that call's benchmarks, each under its own timeout, and writes their
+# output to $OUT/callN.txt. A benchmark that fails or times out does not stop the next.
 # DRY=1 installs but only lists the benchmarks it would run.
 set -uo pipefail
 n=${1:?usage: bash tools/device_session.sh 1|2|3}
-part=.whl-device/part$((n - 1))
-pip_in() { python3 -m pip install -q --no-index --no-deps --no-compile --target out/site "$@"; }
-mkdir -p out/wheels out/site out/blob out/extra "${OUT:-out/figures}"
+mkdir -p "${OUT:-out/figures}"
 log="${OUT:-out/figures}/call$n.txt"
-if [ "$n" = 1 ]; then
-  tar xf "$part/base.tar" -C out/wheels && pip_in out/wheels/*.whl || { echo "install of $part/base.tar failed"; exit 2; }
-fi
-cp "$part"/extra.part* out/blob/ 2>/dev/null
-if [ -f "$part/extra.sha256" ]; then  # the last part: join, check, install the extras (duckdb, ray)
-  cat out/blob/extra.part* >out/extra.tar && sha256sum -c "$part/extra.sha256" \
-    && tar xf out/extra.tar -C out/extra && pip_in out/extra/*.whl || { echo "extras did not install"; exit 2; }
-fi
+bash tools/device_install.sh "$n" || exit 2
 export PYTHONPATH=$PWD/out/site:$PWD PYTHONUNBUFFERED=1
 bench() {  # seconds, then the command; output to the log, a line when it ends
   local s=$1

@@ -6,8 +6,8 @@ constraints.txt, for CPython 3.12 on manylinux x86_64: fla and transformers alwa
 (bench_stream and bench_ray). Ray's wheel is stripped of its Java jars and its dashboard's web build (neither runs
 with `include_dashboard=False`). OUT/part0 (OUT is git-ignored) holds fla and transformers as one tar,
 installable in the first call; duckdb and ray go into a second tar split over part0's room and OUT/part1, ...
-(at most --part-mib each), joined and checked by its SHA-256 in the last call. The commands for the device are
-printed at the end and written to OUT/INSTALL.txt.
+(at most --part-mib each), joined and checked by its SHA-256 in the last call. The device's calls
+(tools/device_install.sh N) are printed at the end and written to OUT/INSTALL.txt.
 
     python tools/device_wheels.py                         # fla + transformers: one part, about 15 MB
     python tools/device_wheels.py --with duckdb,ray       # and duckdb + slim ray: three parts of 30 MB
@@ -105,26 +105,20 @@ def pack(base: list[Path], extra: list[Path], out: Path, part_bytes: int) -> tup
     return folders, sha
 
 
-PIP = "python3 -m pip install -q --no-index --no-deps --no-compile --target out/site"
-
-
 def install_text(folders: list[Path], sha: str | None) -> str:
+    """The device's calls, one per part folder: what each carries and the command that installs it."""
     rel = [f.relative_to(ROOT) for f in folders]
     lines = [
-        "# on the device, one call per part folder, back to back (carry=[<folder>]; out/ is git-ignored and kept",
-        "# while the machine is warm); each call then runs with: export PYTHONPATH=$PWD/out/site:$PWD",
-        f"# call 1: carry {rel[0]}",
-        f"mkdir -p out/wheels out/site out/blob && tar xf {rel[0]}/base.tar -C out/wheels && {PIP} out/wheels/*.whl",
+        "# on the device, one call per part folder, back to back on one warm machine (out/ is git-ignored and kept",
+        "# while it is warm); tools/device_install.sh N installs what part N-1 completes into out/site, and",
+        "# tools/device_session.sh N installs it and runs call N's benchmarks.",
+        "# Then: export PYTHONPATH=$PWD/out/site:$PWD",
     ]
     for k, f in enumerate(rel):
-        if sha:
-            lines += [*([f"# call {k + 1}: carry {f}"] if k else []), f"cp {f}/extra.part* out/blob/"]
-    if sha:
-        lines += [
-            f"# call {len(rel)}, after its copy: join, check, install the extras",
-            f'cat out/blob/extra.part* > out/extra.tar && echo "{sha}  out/extra.tar" | sha256sum -c - \\',
-            f"  && mkdir -p out/extra && tar xf out/extra.tar -C out/extra && {PIP} out/extra/*.whl",
-        ]
+        what = "fla and transformers" if k == 0 else "a slice of the extras"
+        if sha and k == len(rel) - 1:
+            what += f"; joins the extras' tar, checks SHA-256 {sha[:12]}..., installs them"
+        lines.append(f"bash tools/device_install.sh {k + 1}    # carry {f}: {what}")
     return "\n".join(lines) + "\n"
 
 
