@@ -225,7 +225,7 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
             key="sweep_ex",
             format_func=common.extraction_label(by),
         )
-        how = jobs_view.checkpoint_inputs("sweep")
+        how = jobs_view.checkpoint_inputs("sweep") | jobs_view.where_inputs("sweep")
         if st.button("Start sweep", type="primary", disabled=not folder.strip()):
             from dflash_dash import pipeline
 

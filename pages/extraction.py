@@ -4,9 +4,15 @@ existing extraction with its backend and a Re-extract button that asks for devic
 default). The new-extraction form takes several drafter checkpoints (one a line): the extraction holds the union
 of their layers and serves each of them. Both forms check before a job starts (jobs.orchestrate.check_extract, as
 `extract` on the CLI): a device the machine lacks is refused, a duplicate of an existing extraction (one holding
-the layers asked for) needs a tick. URL: extraction (a form, no selection)."""
+the layers asked for) needs a tick, and an extraction whose feature files would not fit on the workspace's disk is
+refused with both figures (pipeline.disk). "Evaluate without feature files" streams instead: the target runs and a
+checkpoint (or every checkpoint of a training folder) replays on its features in memory (replay/sweep --stream).
+Every job form runs on a device, this host's GPUs or a Ray cluster (jobs_view.where_inputs). URL: extraction (forms,
+no selection)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import streamlit as st
 
@@ -14,6 +20,7 @@ from dflash_dash import ops
 from dflash_dash.analysis.checks import backend_matters
 from dflash_dash.errors import UserError
 from dflash_dash.jobs import gpu
+from dflash_dash.pipeline import disk
 from dflash_dash.render.tables import extraction_table, gpu_table
 from pages import common, jobs_view
 
@@ -92,28 +99,32 @@ def existing(ws: str, stamp: str, orch: str) -> None:
                 reextract_form(e, orch)
 
 
-def reextract_form(e: dict, orch: str) -> None:
-    """Device and dtype of a re-extraction (this machine's by default), checked before any job starts
-    (jobs.orchestrate.check_extract, as the CLI's `extract`): a device the machine lacks is refused; a duplicate of an
-    existing extraction needs a tick first."""
+def check(target: str, set_name: str, layers: list[int], device: str, dtype: str) -> list[str]:
+    """The checks before an extraction job (the CLI's `extract` makes the same): device and dtype, then the disk
+    (both figures); raises the UserError naming the fix. Returns the duplicate warnings of check_extract."""
     from dflash_dash.jobs import orchestrate
 
+    dups = orchestrate.check_extract(common.store(), target, set_name, layers, device, dtype)
+    disk.check(disk.plan(common.store(), set_name, layers, target))
+    return dups
+
+
+def refusal(err: UserError) -> None:
+    """A refused extraction, in the page; a disk too small also points at the streaming form."""
+    more = f"\n\nOn this page: **{STREAM}** below evaluates checkpoints without them."
+    st.error(f"{err}{more if isinstance(err, disk.DiskFull) else ''}")
+
+
+def reextract_form(e: dict, orch: str) -> None:
+    """Where a re-extraction runs and its dtype (this machine's device by default), checked before any job starts
+    (jobs.orchestrate.check_extract, as the CLI's `extract`): a device the machine lacks is refused; a duplicate of an
+    existing extraction needs a tick first."""
     key = f"rx_{e['id']}"
-    have = gpu.devices()
-    c1, c2 = st.columns(2)
-    device = c1.text_input(
-        "device", value=have[0], key=f"{key}_device", help=f"cpu, cuda or cuda:N; this machine has {', '.join(have)}"
-    ).strip()
-    dtypes = list(ops.DTYPES)
-    dtype = c2.selectbox(
-        "dtype", dtypes, index=dtypes.index("float32" if have[0] == "cpu" else "bfloat16"), key=f"{key}_dtype"
-    )
+    where = jobs_view.where_inputs(key)
     try:
-        dups = orchestrate.check_extract(
-            common.store(), e["target_path"], e["set_name"], list(e["layer_ids"]), device, dtype
-        )
+        dups = check(e["target_path"], e["set_name"], list(e["layer_ids"]), where["device"], where["dtype"])
     except UserError as err:
-        st.error(str(err))
+        refusal(err)
         dups, ok = [], False
     else:
         ok = True
@@ -128,17 +139,11 @@ def reextract_form(e: dict, orch: str) -> None:
     b1, b2 = st.columns([1, 5])
     allowed = ok and (again or not dups)
     if b1.button("Start re-extraction", key=f"{key}_go", type="primary", disabled=not allowed) and allowed:
-        jobs_view.start_job(
-            ops.Extract(
-                target=e["target_path"],
-                completions=e["set_name"],
-                layers=list(e["layer_ids"]),
-                device=device,
-                dtype=dtype,
-                orchestrate=orch,
-            )
-        )
-        st.session_state.pop("reextract", None)
+        with common.guard():  # a mistyped GPU list or Ray address: said here, no job
+            what = dict(target=e["target_path"], completions=e["set_name"], layers=list(e["layer_ids"]))
+            op = ops.Extract(**what, orchestrate=orch, **where)
+            jobs_view.start_job(op)
+            st.session_state.pop("reextract", None)
     if b2.button("Close", key=f"{key}_close"):
         st.session_state.pop("reextract", None)
         st.rerun()
@@ -191,18 +196,7 @@ def main() -> None:
                 value=",".join(map(str, last.get("layer_ids") or [])),
                 help="comma-separated, e.g. 1,16,31,46,61; ignored when a drafter is given",
             )
-            c5, c6 = st.columns(2)
-            have = gpu.devices()
-            device = c5.text_input(
-                "device", value=have[0], help=f"cpu, cuda or cuda:N; this machine has {', '.join(have)}"
-            )
-            gpus = c5.text_input(
-                "GPUs",
-                "",
-                help="one worker process per device, prompts sharded: GPU indices "
-                "like 0,1 (cpu,cpu: CPU workers); empty: the device above",
-            )
-            dtype = c6.selectbox("dtype", ["bfloat16", "float32"], index=int(have[0] == "cpu"))
+            where = jobs_view.where_inputs("extract")
             again = st.checkbox("extract again even if an extraction like it exists", key="extract_again")
             go = st.form_submit_button("Extract", type="primary")
         if go:
@@ -212,30 +206,17 @@ def main() -> None:
                 st.error("Give a drafter checkpoint (its layer ids are used) or explicit layer ids.")
             else:
                 from dflash_dash import pipeline
-                from dflash_dash.jobs import orchestrate
 
-                args = {
-                    "target": target.strip(),
-                    "completions": set_name,
-                    "device": device.strip() or "cpu",
-                    "dtype": dtype,
-                    "orchestrate": orch,
-                }
+                args = {"target": target.strip(), "completions": set_name, "orchestrate": orch, **where}
                 if drafter.strip():
                     args["drafter"] = drafter.splitlines()  # ops.parse_paths: one folder a line, blanks dropped
                 else:
                     args["layers"] = pipeline.layers_of(None, layers.strip())
+                lay = args.get("layers") or pipeline.layers_of(args["drafter"], None)
                 try:
-                    dups = orchestrate.check_extract(
-                        common.store(),
-                        args["target"],
-                        set_name,
-                        args.get("layers") or pipeline.layers_of(args["drafter"], None),
-                        args["device"],
-                        dtype,
-                    )
+                    dups = check(args["target"], set_name, lay, args["device"], args["dtype"])
                 except UserError as err:
-                    st.error(str(err))
+                    refusal(err)
                 else:
                     if dups and not again:
                         st.warning(
@@ -248,8 +229,61 @@ def main() -> None:
                                 "On CPU the torch path of the linear-attention kernels is used (backend "
                                 "`torch`), not the fla kernels the drafter was trained on."
                             )
-                        jobs_view.start_job(ops.Extract(**args, gpus=gpus))
+                        with common.guard():  # a mistyped GPU list or Ray address: said here, no job
+                            jobs_view.start_job(ops.Extract(**args))
     jobs_view.job_panel(("extract",), key="extract")
+    stream_block(sets, exs)
+
+
+STREAM = "Evaluate without feature files"
+
+
+def stream_block(sets: list[dict], exs: list[dict]) -> None:
+    """The streaming form: replay --stream for one checkpoint folder, sweep --stream for a training folder."""
+    st.subheader(STREAM)
+    st.caption(
+        "Streaming: the target runs over the set's sequences and the checkpoint (or every checkpoint of a training "
+        "folder) replays on their features while they are in memory. No feature file is written, so a set too "
+        "large for the disk can still be evaluated; a later replay on such a run runs the target again."
+    )
+    if not sets:
+        return
+    names = [s["name"] for s in sets]
+    last = exs[-1] if exs else {}
+    with st.form("stream"):
+        c1, c2 = st.columns([2, 1])
+        target = c1.text_input(
+            "target model folder (Hugging Face causal LM)", value=last.get("target_path", ""), key="stream_target"
+        )
+        set_name = c2.selectbox(
+            "completion set",
+            names,
+            index=names.index(last["set_name"]) if last.get("set_name") in names else 0,
+            key="stream_set",
+        )
+        folder = st.text_input(
+            "checkpoint folder, or a training output folder (each checkpoint in it)",
+            key="stream_folder",
+            placeholder="/path/to/epoch_0_step_1000 or /path/to/outputs",
+        )
+        how = jobs_view.checkpoint_inputs("stream") | jobs_view.where_inputs("stream")
+        go = st.form_submit_button("Stream", type="primary")
+    if go:
+        if not target.strip() or not folder.strip():
+            st.error("Give the target model folder and a checkpoint (or training output) folder.")
+            return
+        from dflash_dash import pipeline
+
+        with common.guard():  # a mistyped folder, a drafter the target cannot feed: said here, no job
+            args = dict(stream=True, target=target.strip(), completions=set_name, **how)
+            found, _ = pipeline.checkpoints_in(folder.strip())
+            if [str(p) for p in found] == [str(Path(folder.strip()).resolve())]:  # one checkpoint: its every anchor
+                op = ops.Replay(drafter=folder.strip(), force=True, **args)
+                pipeline.check_replay(common.store(), op)
+            else:  # a training folder: its checkpoints on one pass of the target
+                op = ops.Sweep(checkpoints=folder.strip(), **args)
+            jobs_view.start_job(op)
+    jobs_view.job_panel(("replay", "sweep"), key="stream")
 
 
 with common.guard():

@@ -1,11 +1,13 @@
-"""The pages' job helpers: starting an operation as a job, the live job panel, the checkpoint inputs the replay and
-sweep forms share, and Acceptance's Replay form. Helpers of the page scripts, not a page (no torch, no SQL)."""
+"""The pages' job helpers: starting an operation as a job, the live job panel, the inputs the job forms share (where a
+job runs: `where_inputs`; how a checkpoint is read: `checkpoint_inputs`), and Acceptance's Replay form. Helpers of
+the page scripts, not a page (no torch, no SQL)."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from dflash_dash import ops
+from dflash_dash.jobs import gpu
 from dflash_dash.render.formats import job_result
 from dflash_dash.render.tokens import pre_html
 from pages import common
@@ -31,6 +33,50 @@ def checkpoint_inputs(key: str) -> dict:
     how = c2.selectbox("sliding_attention layers", list(SLIDING_CHOICES), key=f"{key}_sliding")
     out = {"draft_config": cfg.strip() or None, "sliding_block": SLIDING_CHOICES[how]}
     return {k: v for k, v in out.items() if v}
+
+
+def where_inputs(key: str, dtypes: bool = True) -> dict:
+    """Where a job runs, the inputs every job form shares: one process on a device, the one-host pool (GPUs), or a
+    Ray cluster (its address; on a cluster without GPUs, its CPU workers), and the compute dtype. Job arguments
+    (`ops` fields), checked by the op itself when the job is built. Defaults: this machine's first device, bf16
+    on a GPU and fp32 on the CPU."""
+    have = gpu.devices()
+    c1, c2, c3 = st.columns(3)
+    device = c1.text_input(
+        "device", have[0], key=f"{key}_device", help=f"cpu, cuda or cuda:N; this machine has {', '.join(have)}"
+    )
+    gpus = c1.text_input(
+        "GPUs",
+        "",
+        key=f"{key}_gpus",
+        help="one worker process per device of this host, prompts sharded: GPU indices like 0,1 (cpu,cpu: CPU "
+        "workers); empty: the device above",
+    )
+    ray = c2.text_input(
+        "Ray cluster",
+        "",
+        key=f"{key}_ray",
+        placeholder="auto or HOST:PORT",
+        help="run on a Ray cluster, one worker per GPU of every host (auto: the cluster this host runs, or "
+        "RAY_ADDRESS; HOST:PORT: the address `ray start --head` prints); the workspace must be at the same path "
+        "on every host; empty: this host",
+    )
+    cpus = c2.number_input(
+        "Ray CPU workers",
+        0,
+        1024,
+        0,
+        key=f"{key}_ray_cpus",
+        help="with a Ray cluster that has no GPUs: this many CPU workers (one CPU slot each); 0: one worker per GPU",
+    )
+    out = {"device": device.strip() or "cpu", "gpus": gpus}
+    if dtypes:
+        dtypes = list(ops.DTYPES)
+        default = dtypes.index("float32" if have[0] == "cpu" else "bfloat16")
+        out["dtype"] = c3.selectbox("dtype", dtypes, index=default, key=f"{key}_dtype")
+    if ray.strip() or cpus:  # Ray CPU workers without a cluster: the op names the missing address
+        out |= {"ray": ray.strip() or None, "ray_cpus": int(cpus) or None}
+    return out
 
 
 def start_job(op) -> str:
@@ -113,7 +159,7 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
             placeholder="/path/to/epoch_0_step_1000",
         )
         how = checkpoint_inputs("replay")
-        c1, c2, c3, c4 = st.columns(4)
+        c1, c2 = st.columns(2)
         ex = c1.selectbox(
             "extraction",
             ids,
@@ -121,14 +167,7 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
             format_func=common.extraction_label(by_id),
         )
         budget = c2.number_input("DDTree budget", 0, 256, 8)
-        device = c3.text_input("device", "cpu")
-        gpus = c3.text_input(
-            "GPUs",
-            "",
-            help="one worker process per device, prompts sharded: GPU indices "
-            "like 0,1 (cpu,cpu: CPU workers); empty: the device above",
-        )
-        dtype = c4.selectbox("dtype", ["float32", "bfloat16"])
+        where = where_inputs("replay")
         go = st.form_submit_button("Replay", type="primary")
     if go:
         if not ck.strip():
@@ -151,9 +190,7 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
                     drafter=ck.strip(),
                     extraction=ex,
                     tree_budget=int(budget),
-                    device=device.strip() or "cpu",
-                    dtype=dtype,
-                    gpus=gpus,
+                    **where,
                     force=True,  # a click on Replay asks for a new run (the run list shows any earlier one)
                     **how,
                     **stream,

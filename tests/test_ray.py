@@ -233,3 +233,39 @@ def test_bad_input_is_refused_before_any_work(prepared, workspace_copy, address)
         with pytest.raises(ops.InputError, match=msg.replace("(", r"\(")):
             ops.Replay.from_args({"drafter": da} | args)
     assert (len(st.extractions()), len(st.runs())) == before  # nothing was started
+
+
+def test_a_streaming_sweep_from_the_extraction_page_runs_on_the_cluster(prepared, workspace_copy, address, monkeypatch):
+    """The pages start a job on a Ray cluster as the CLI does (the forms' Ray cluster and CPU workers fields): the
+    Extraction page's streaming form over the training folder is a `sweep --stream --ray ADDRESS --ray-cpus 2` job
+    whose workers' progress reaches its log, and its runs equal the one-process stream's."""
+    from apptest import app, by_label, clean
+    from waiting import wait_job
+
+    at = app(workspace_copy, monkeypatch, "extraction")
+    form = [w for w in at.text_input if w.key and w.key.startswith("stream_")]
+    by_label(form, "checkpoint folder, or a training").input(str(prepared.train))
+    by_label(form, "Ray cluster").input(address)
+    by_label([w for w in at.number_input if w.key.startswith("stream_")], "Ray CPU workers").set_value(CPUS)
+    by_label(at.button, "Stream").click().run()
+    clean(at)
+    job = wait_job(workspace_copy, "sweep")
+    st = Store(workspace_copy)
+    assert job["status"] == "done", (job["error"], lifecycle.log_tail(st, job["id"]))
+    want = ops.Sweep(
+        checkpoints=str(prepared.train), stream=True, target=str(prepared.target), completions=prepared.set_name,
+        ray=address, ray_cpus=CPUS,
+    )  # fmt: skip
+    assert job["args"] == want.to_args()
+    log = lifecycle.log_tail(st, job["id"])
+    assert "[worker " in log  # the cluster workers' own progress lines, through the job
+    runs = job["result"]["runs"]
+    ref = pipeline.sweep(st, ops.Sweep(checkpoints=str(prepared.train), stream=True, target=str(prepared.target),
+                                       completions=prepared.set_name))  # fmt: skip
+    for a, b in zip(runs, ref, strict=True):  # a chain sweep's decisions (its log-probabilities move by about 1e-6
+        pa, pb = st.prompts(a), st.prompts(b)  # with the batch's composition, as over the one-host pool)
+        assert [p.id for p in pa] == [p.id for p in pb] and len(pa) == 3
+        for x, y in zip(pa, pb):
+            assert np.array_equal(x.accepted_at, y.accepted_at) and np.array_equal(x.drafts, y.drafts), x.id
+            assert (x.tau, x.tree_tau) == (y.tau, y.tree_tau), x.id
+    assert all(st.extraction(st.run_row(r)["extraction_id"])["versions"]["streamed"] for r in runs)
