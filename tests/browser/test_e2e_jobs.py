@@ -1,5 +1,6 @@
 """In a real browser (headless Chromium, as tests/test_e2e.py): a failed job is dismissed from the jobs panel and
-stays gone after a reload; an Overview row opens its run; a Completions row opens its completion's text."""
+stays gone after a reload; an Overview row opens its run; a Completions row opens its completion's text; the
+Extraction page's streaming form evaluates a training folder without feature files and links its runs."""
 
 from __future__ import annotations
 
@@ -83,3 +84,33 @@ def test_a_completions_row_opens_its_text(env, page):
     click_row(page, page.locator("[data-testid=stDataFrame]").first, order.index("code-add"))
     page.get_by_text(CODE_TEXT.splitlines()[2].strip()).first.wait_for()  # "return a + b": only code-add's text
     assert page.get_by_text("Write an add function.").count() >= 1  # and its prompt
+
+
+def test_the_streaming_form_sweeps_a_training_folder_without_feature_files(env, page):
+    ws, p = env["ws"], env["prepared"]
+    st = Store(ws)
+    before = {j["id"] for j in st.jobs()}
+    files = set((ws / "features").rglob("*"))
+    open_page(page, env, "extraction", "Extraction")
+    form = page.locator("[data-testid=stForm]").filter(has=page.get_by_role("button", name="Stream"))
+    form.get_by_role("textbox", name="checkpoint folder, or a training output folder").fill(str(p.train))
+    form.get_by_role("button", name="Stream").click()
+
+    def done():
+        new = [j for j in st.jobs() if j["id"] not in before]
+        return new[0] if new and new[0]["status"] not in lifecycle.ACTIVE else None
+
+    job = until(done, timeout=180, every=0.3, what="the streaming job to end")
+    assert (job["kind"], job["status"], job["args"]["stream"]) == ("sweep", "done", True), job["error"]
+    runs = job["result"]["runs"]
+    assert len(runs) == 2 and set((ws / "features").rglob("*")) == files  # no feature file written
+    link = page.get_by_role("link", name=runs[0])  # the job panel's result links each run to its Acceptance page
+    link.wait_for(timeout=30_000)
+    assert link.get_attribute("href").endswith(f"acceptance?run={runs[0]}")  # Streamlit opens it in a new tab
+    page.goto(f"{env['url']}/acceptance?run={runs[0]}")
+    page.get_by_role("heading", name="Acceptance").first.wait_for()
+    until(
+        lambda: "computed by streaming" in page.locator("[data-testid=stMain]").inner_text(),
+        timeout=60,
+        what="Acceptance to say the run was streamed",
+    )
