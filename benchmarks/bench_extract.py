@@ -20,7 +20,9 @@ the full-attention layers; the Gated DeltaNet recurrence and the convolutions ar
     python benchmarks/bench_extract.py --first-call --tokens 131072   # a fresh process's first extraction vs warm
     python benchmarks/bench_extract.py --first-call --tokens 131072 --no-pin   # ... with fla's norms re-tuned
 --first-call compiles into a fresh Triton cache (TRITON_CACHE_DIR, unless set), so an earlier run's kernels on
-this machine do not hide the first call's compiles.
+this machine do not hide the first call's compiles. With TRITON_CACHE_DIR set to the folder of an earlier run, it is
+a returning user's new process instead: the kernels and fla's tunings (fla keeps them on disk, FLA_CACHE_RESULTS)
+come from that cache; `triton_cache_files_at_start` says which of the two a run was (0: cold).
 """
 
 from __future__ import annotations
@@ -475,12 +477,15 @@ def main():
     a = args_()
     if a.first_call and "TRITON_CACHE_DIR" not in os.environ:  # read when Triton first compiles
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-first-call-")
+    cached = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
+    cached = sum(1 for f in cached.rglob("*") if f.is_file()) if cached.is_dir() else 0
     shp, ids = (SMALL, SMALL_IDS) if a.small else (FULL, LAYER_IDS)
     if not a.small:
         note(f"device {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}; torch {torch.__version__}")
     figs: dict = {}
     try:
         if a.first_call:
+            figs["triton_cache_files_at_start"] = cached  # 0: a cold first call; else a returning user's process
             first_call(a, shp, ids, "cpu" if a.small else "cuda:0", figs)
         elif a.gpus == 1:
             one(a, shp, ids, "cpu" if a.small else "cuda:0", figs)
