@@ -149,6 +149,72 @@ def reextract_form(e: dict, orch: str) -> None:
         st.rerun()
 
 
+def new_form(sets: list[dict], exs: list[dict], orch: str) -> None:
+    """The new-extraction form: target, set, layers (from drafters or explicit), where it runs; checked before a job."""
+    st.subheader("New extraction")
+    if not sets:
+        st.info("No completion sets yet: fetch or import completions on the **Completions** page first.")
+        return
+    names = [s["name"] for s in sets]
+    last = exs[-1] if exs else {}
+    with st.form("extract"):
+        c1, c2 = st.columns([2, 1])
+        target = c1.text_input("target model folder (Hugging Face causal LM)", value=last.get("target_path", ""))
+        set_name = c2.selectbox(
+            "completion set", names, index=names.index(last["set_name"]) if last.get("set_name") in names else 0
+        )
+        c3, c4 = st.columns(2)
+        drafter = c3.text_area(
+            "layers from drafter checkpoints (their target_layer_ids)",
+            "",
+            key="extract_drafters",
+            help="one checkpoint folder per line; several drafters (DFlash, DSpark, DFlash2 tap different "
+            "layers) get one extraction holding the union of their layers, and each replays on its own",
+        )
+        layers = c4.text_input(
+            "…or explicit layer ids",
+            value=",".join(map(str, last.get("layer_ids") or [])),
+            help="comma-separated, e.g. 1,16,31,46,61; ignored when a drafter is given",
+        )
+        where = jobs_view.where_inputs("extract")
+        again = st.checkbox("extract again even if an extraction like it exists", key="extract_again")
+        go = st.form_submit_button("Extract", type="primary")
+    if not go:
+        return
+    if not target.strip():
+        st.error("Give the target model folder.")
+        return
+    if not drafter.strip() and not layers.strip():
+        st.error("Give a drafter checkpoint (its layer ids are used) or explicit layer ids.")
+        return
+    from dflash_dash import pipeline
+
+    args = {"target": target.strip(), "completions": set_name, "orchestrate": orch, **where}
+    if drafter.strip():
+        args["drafter"] = drafter.splitlines()  # ops.parse_paths: one folder a line, blanks dropped
+    else:
+        args["layers"] = pipeline.layers_of(None, layers.strip())
+    lay = args.get("layers") or pipeline.layers_of(args["drafter"], None)
+    try:
+        dups = check(args["target"], set_name, lay, args["device"], args["dtype"])
+    except UserError as err:
+        refusal(err)
+        return
+    if dups and not again:
+        st.warning(
+            "\n\n".join(dups) + "\n\nTick **extract again even if an extraction like it exists** and press "
+            "**Extract** to make another one."
+        )
+        return
+    if args["device"] == "cpu" and backend_matters(args["target"]):
+        st.warning(
+            "On CPU the torch path of the linear-attention kernels is used (backend `torch`), not the fla kernels "
+            "the drafter was trained on."
+        )
+    with common.guard():  # a mistyped GPU list or Ray address: said here, no job
+        jobs_view.start_job(ops.Extract(**args))
+
+
 def main() -> None:
     ws = common.workspace()
     stamp = common.stamp()
@@ -171,66 +237,7 @@ def main() -> None:
 
     existing(ws, stamp, orch)
 
-    st.subheader("New extraction")
-    if not sets:
-        st.info("No completion sets yet: fetch or import completions on the **Completions** page first.")
-    else:
-        names = [s["name"] for s in sets]
-        last = exs[-1] if exs else {}
-        with st.form("extract"):
-            c1, c2 = st.columns([2, 1])
-            target = c1.text_input("target model folder (Hugging Face causal LM)", value=last.get("target_path", ""))
-            set_name = c2.selectbox(
-                "completion set", names, index=names.index(last["set_name"]) if last.get("set_name") in names else 0
-            )
-            c3, c4 = st.columns(2)
-            drafter = c3.text_area(
-                "layers from drafter checkpoints (their target_layer_ids)",
-                "",
-                key="extract_drafters",
-                help="one checkpoint folder per line; several drafters (DFlash, DSpark, DFlash2 tap different "
-                "layers) get one extraction holding the union of their layers, and each replays on its own",
-            )
-            layers = c4.text_input(
-                "…or explicit layer ids",
-                value=",".join(map(str, last.get("layer_ids") or [])),
-                help="comma-separated, e.g. 1,16,31,46,61; ignored when a drafter is given",
-            )
-            where = jobs_view.where_inputs("extract")
-            again = st.checkbox("extract again even if an extraction like it exists", key="extract_again")
-            go = st.form_submit_button("Extract", type="primary")
-        if go:
-            if not target.strip():
-                st.error("Give the target model folder.")
-            elif not drafter.strip() and not layers.strip():
-                st.error("Give a drafter checkpoint (its layer ids are used) or explicit layer ids.")
-            else:
-                from dflash_dash import pipeline
-
-                args = {"target": target.strip(), "completions": set_name, "orchestrate": orch, **where}
-                if drafter.strip():
-                    args["drafter"] = drafter.splitlines()  # ops.parse_paths: one folder a line, blanks dropped
-                else:
-                    args["layers"] = pipeline.layers_of(None, layers.strip())
-                lay = args.get("layers") or pipeline.layers_of(args["drafter"], None)
-                try:
-                    dups = check(args["target"], set_name, lay, args["device"], args["dtype"])
-                except UserError as err:
-                    refusal(err)
-                else:
-                    if dups and not again:
-                        st.warning(
-                            "\n\n".join(dups) + "\n\nTick **extract again even if an extraction like it "
-                            "exists** and press **Extract** to make another one."
-                        )
-                    else:
-                        if args["device"] == "cpu" and backend_matters(args["target"]):
-                            st.warning(
-                                "On CPU the torch path of the linear-attention kernels is used (backend "
-                                "`torch`), not the fla kernels the drafter was trained on."
-                            )
-                        with common.guard():  # a mistyped GPU list or Ray address: said here, no job
-                            jobs_view.start_job(ops.Extract(**args))
+    new_form(sets, exs, orch)
     jobs_view.job_panel(("extract",), key="extract")
     stream_block(sets, exs)
 

@@ -95,3 +95,22 @@ def test_every_job_form_takes_where_it_runs_and_refuses_a_bad_ray_address(prepar
     assert not at.exception
     assert any("'x' is not a device" in e.value for e in at.error), [e.value for e in at.error]
     assert Store(workspace_copy).jobs() == []
+
+
+def test_a_new_extraction_like_an_existing_one_needs_a_tick_then_runs(prepared, workspace_copy, monkeypatch):
+    at = app(workspace_copy, monkeypatch, "extraction")
+    layers = by_label(at.text_input, "…or explicit layer ids").value  # the newest extraction's, by default
+    by_label(at.button, "Extract").click().run()
+    dup = [w.value for w in at.warning if "would duplicate it" in w.value]
+    assert dup and "Tick **extract again" in dup[0]
+    assert Store(workspace_copy).jobs() == []
+    by_label(at.checkbox, "extract again").check()
+    by_label(at.button, "Extract").click().run()
+    clean(at)
+    job = wait_job(workspace_copy, "extract")
+    assert job["status"] == "done", job["error"]
+    want = ops.Extract(
+        target=str(prepared.target), completions=prepared.set_name, layers=layers, device="cpu", dtype="float32"
+    )
+    assert job["args"] == want.to_args()
+    assert Store(workspace_copy).extraction(job["result"]["extraction"])["status"] == "done"
