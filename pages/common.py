@@ -164,6 +164,14 @@ def extractions(ws: str, stamp: str) -> list[dict]:
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
+def story(ws: str, stamp: str) -> dict | None:
+    """What the Overview of a demo workspace tells (`demo.story`, from its MANIFEST.json); None elsewhere."""
+    from dflash_dash import demo
+
+    return demo.story(ws, runs(ws, stamp))
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
 def sets(ws: str, stamp: str) -> list[dict]:
     return _store(ws).sets()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dflash_dash import demo
 from dflash_dash.render.formats import backend_label, count
 from dflash_dash.render.story import story_html
 from dflash_dash.render.tables import run_columns, run_groups
@@ -27,7 +26,7 @@ def main() -> None:
     sets = common.sets(ws, stamp)
     exs = common.extractions(ws, stamp)
     runs = common.runs(ws, stamp)
-    story = demo.story(ws, runs)  # None outside a demo workspace
+    story = common.story(ws, stamp)  # None outside a demo workspace
     if story:
         st.html(story_html(story))
     steps = [
