@@ -336,11 +336,15 @@ def patterns_block(ws: str, run: dict) -> None:
     table("by_position", c1)
     table("by_context", c2)
     c1, c2 = st.columns(2)
-    c1.plotly_chart(context_position_fig(pat["context_position"]), width="stretch")
+    limits = common.context_limits(run)
+    c1.plotly_chart(context_position_fig(pat["context_position"], limits), width="stretch")
     c1.caption(
         "Long traces: does acceptance fall as the context grows? x: the bin's first anchor position in thousands; "
         "solid: mean accepted(p)+1 over every anchor of the bin (a chain-only run: the anchors its walks visited); "
-        "dotted: the chain walk's tau over the rounds anchored in the bin; bars: samples per bin"
+        "dotted: the chain walk's tau over the rounds anchored in the bin; bars: samples per bin; dashed, where the "
+        "traces reach them: the positions past which the drafter's config changes how it sees its context ("
+        + ("; ".join(label for _, label in limits) or "none in its config")
+        + ")"
     )
     table("context_position", c2)
     table("rejection_pairs")

@@ -437,6 +437,17 @@ def family(run: dict) -> str:
     return (run.get("summary") or {}).get("family", "DFlash")
 
 
+def context_limits(run: dict) -> list[tuple[int, str]]:
+    """Where a run's drafter sees its context differently (drafters.context_limits of its stored config); none
+    when that config no longer parses."""
+    from dflash_dash import drafters
+
+    try:
+        return drafters.context_limits(drafters.parse_config(run.get("config") or {}))
+    except drafters.CheckpointError:
+        return []
+
+
 def extraction_label(by_id: dict[str, dict]):
     """An extraction selectbox's label: id, backend, completion set and the target layers it holds (a drafter
     replays on any extraction holding its layers)."""

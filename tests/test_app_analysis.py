@@ -10,7 +10,7 @@ import io
 from apptest import app, by_label, clean, htmls
 from waiting import wait_job
 
-from dflash_dash import ops, pipeline
+from dflash_dash import drafters as dr, ops, pipeline
 from dflash_dash.analysis import patterns
 from dflash_dash.analysis.calibration import calibration
 from dflash_dash.render.formats import csv_text, fmt, prob
@@ -110,6 +110,8 @@ def test_acceptance_shows_failure_patterns_with_downloads_and_links(prepared, mo
     assert list(ctx["samples"]) == [r["samples"] for r in exp["context_position"]]
     assert ctx["samples"].sum() == sum(int((p.accepted_at[:-1] >= 0).sum()) for p in st_.prompts(rid))
     assert ctx["rounds"].sum() == st_.run_row(rid)["summary"]["rounds"]
+    limits = dr.context_limits(dr.parse_config(st_.run_row(rid)["config"]))  # named under the chart
+    assert limits and any("; ".join(label for _, label in limits) in c.value for c in at.caption)
     links = [m.value for m in at.markdown if "open in the token view" in m.value]
     assert len(links) == len(exp["worst_spans"]) and exp["worst_spans"][0]["link"] in links[0]
     # the CSV a button offers is the table

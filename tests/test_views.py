@@ -536,3 +536,19 @@ def test_parity_chart_shows_the_layers_compared_and_tiny_cosines_as_powers_of_te
     fig = parity_fig([{"layer": l, "rel_l2": 0.001 * l, "cosine": 1 - 1e-6 * l} for l in (1, 3, 5)])
     assert fig.layout.xaxis.type == "category" and list(fig.data[0].x) == ["1", "3", "5"]
     assert fig.layout.yaxis2.tickformat == ".1e"
+
+
+def test_context_position_chart_draws_the_drafters_limits_inside_the_traces():
+    from dflash_dash.render.analysis_figures import context_position_fig
+
+    rows = [
+        {"context_length": f"{k}000-{k}999", "from_thousands": k, "to": k * 1000 + 999, "samples": 1000,
+         "every_anchor_tau": 3.0 - k, "tau": 2.5 - k, "rounds": 400, "committed": 900}
+        for k in range(3)
+    ]  # fmt: skip
+    fig = context_position_fig(rows, [(2048, "sliding window 2,048 (1 of 2 layers)"), (40960, "past the traces")])
+    assert [s.x0 for s in fig.layout.shapes] == [2.048]  # the one limit the traces reach
+    assert [a.text for a in fig.layout.annotations if a.text.startswith(("sliding", "past"))] == [
+        "sliding window 2,048 (1 of 2 layers)"
+    ]
+    assert not context_position_fig(rows).layout.shapes

@@ -172,11 +172,13 @@ def binned_fig(rows: list[dict], label: str, title: str, x_title: str) -> go.Fig
 ROTATED = 6  # bins beyond which a half-width chart's range labels ("100-124") are drawn turned
 
 
-def context_position_fig(rows: list[dict]) -> go.Figure:
+def context_position_fig(rows: list[dict], limits: list[tuple[int, str]] = ()) -> go.Figure:
     """Acceptance against context position (`rows`: patterns.by_context with every anchor, one row per bin of
     anchor positions): mean accepted(p) + 1 over every known anchor of the bin (hover: samples) and the chain walk's
     tau (committed / rounds of the rounds anchored in it; hover: rounds, committed), at each bin's start in
-    thousands of positions; bars: samples per bin (right axis)."""
+    thousands of positions; bars: samples per bin (right axis). `limits` (drafters.context_limits: position,
+    label) inside the traces' span are dashed vertical lines: where the drafter starts to see its context
+    differently."""
     x = [r["from_thousands"] for r in rows]
     fig = go.Figure()
     fig.add_bar(
@@ -200,6 +202,12 @@ def context_position_fig(rows: list[dict]) -> go.Figure:
     fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="samples", showgrid=False), barmode="overlay")
     taus = [r["every_anchor_tau"] for r in rows] + [r["tau"] for r in rows]
     fig.update_layout(yaxis=tau_axis(taus))  # tokens per round or per anchor: a tau axis, 2-decimal ticks
+    end = max((r["to"] + 1 for r in rows), default=0)
+    for k, (pos, label) in enumerate(p for p in limits if p[0] < end):
+        fig.add_vline(  # labels stacked from the top, so that two limits close together stay readable
+            x=pos / 1000, line=dict(dash="dash", color="#888", width=1), annotation_text=label,
+            annotation_position="top right", annotation_y=1 - 0.09 * k, annotation_font_size=11,
+        )  # fmt: skip
     return layout(
         fig, "acceptance against context position", "anchor position p (bin start, thousands)", "tokens (tau)"
     )
