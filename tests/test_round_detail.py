@@ -203,6 +203,32 @@ def test_round_detail_slot_by_slot():
         round_detail(row, comp, 5, 3, Words())
 
 
+@pytest.mark.parametrize("top", [True, False])
+def test_round_detail_reads_the_round_as_blocks_nests_it(prepared, top):
+    """round_detail slices one round out of the flat arrays (a long trace has tens of thousands of rounds, which
+    `blocks` would nest for every view): the same candidates as `blocks`, at every round of a stored run, with
+    the top-K and with the argmax draft alone (an older run)."""
+    from dflash_dash.analysis import rounds
+
+    st = Store(prepared.workspace)
+    run = st.run_row(prepared.runs[0])
+    B, k = run["summary"]["block_size"], run["summary"].get("round_topk")
+    for p in st.run_prompts(run["id"]):
+        row = dict(p) | ({} if top else {"round_top_ids": [], "round_top_p": []})
+        comp = st.completion(prepared.set_name, p["prompt_id"])
+        b = rounds.blocks(row, B, k)
+        opts = round_options(row, comp, B)
+        assert opts and bool(b["round_topk"]) == top
+        for o in opts:
+            at = o["anchor"] - row["prompt_len"]
+            want = (
+                (b["round_top_ids"][o["round"] - 1], b["round_top_p"][o["round"] - 1])
+                if b["round_topk"]
+                else ([[d] for d in b["drafts"][at]], [[x] for x in b["draft_p"][at]])
+            )
+            assert rounds._candidates(row, B - 1, k if top else None, o["round"], at) == want
+
+
 def test_round_html_escapes_and_shows_whitespace():
     row, comp = hand_row()
     out = round_html(round_detail(row, comp, 5, 1, Words(), k=2, tree_budget=4))

@@ -38,11 +38,8 @@ def blocks(row: dict, block_size: int, k: int | None = None) -> dict:
         [None if x != x else x for x in np.exp(np.asarray(lp, dtype=np.float64)).tolist()] if lp else [None] * (A * D)
     )  # NaN: not drafted (chain-only run)
     anchors = (P + np.concatenate([[0], np.cumsum(rounds)[:-1]])).tolist() if rounds else []
-    ids, ps = row.get("round_top_ids") or [], row.get("round_top_p") or []
-    R = len(rounds)
-    K = k if k else (len(ids) // (R * D) if R and D else 0)
-    if not (K and len(ids) == len(ps) == R * D * K):
-        K, ids, ps = 0, [], []
+    K = _topk(row, D, k)
+    ids, ps, R = (row["round_top_ids"], row["round_top_p"], len(rounds)) if K else ([], [], 0)
     return {
         "drafts": _nest(drafts, A, D),
         "draft_p": _nest(draft_p, A, D),
@@ -51,6 +48,34 @@ def blocks(row: dict, block_size: int, k: int | None = None) -> dict:
         "round_top_ids": _nest(ids, R, D, K) if K else [],
         "round_top_p": _nest([float(x) for x in ps], R, D, K) if K else [],
     }
+
+
+def _topk(row: dict, D: int, k: int | None) -> int:
+    """K of a row's per-round top-K candidates: `k` (the run summary's round_topk) or read from the lengths; 0 when
+    the row holds none, or holds arrays of other lengths (a run replayed before they were kept)."""
+    R = len(row.get("rounds") or [])
+    ids, ps = row.get("round_top_ids") or [], row.get("round_top_p") or []
+    K = k if k else (len(ids) // (R * D) if R and D else 0)
+    return K if K and len(ids) == len(ps) == R * D * K else 0
+
+
+def _candidates(row: dict, D: int, k: int | None, rnd: int, at: int) -> tuple[list, list]:
+    """The candidates of round `rnd` (1-based) at completion anchor index `at` (anchor - P): (ids, probabilities),
+    each [D][K] best first, or [D][1] (the argmax draft and exp(draft_logp), None where not recorded) without
+    top-K. Sliced from the flat arrays: `blocks` nests every anchor, which a long trace cannot afford per view."""
+    K = _topk(row, D, k)
+    if K:
+        lo = (rnd - 1) * D * K
+        ids, ps = row["round_top_ids"][lo : lo + D * K], [float(x) for x in row["round_top_p"][lo : lo + D * K]]
+        return _nest(list(ids), D, K), _nest(ps, D, K)
+    drafts = list((row.get("drafts") or [])[at * D : (at + 1) * D])
+    lp = row.get("draft_logp")
+    p = (
+        [None if x != x else x for x in np.exp(np.asarray(lp[at * D : (at + 1) * D], dtype=np.float64)).tolist()]
+        if lp is not None and len(lp)
+        else [None] * len(drafts)
+    )  # NaN: not drafted (chain-only run)
+    return [[d] for d in drafts], [[x] for x in p]
 
 
 def round_options(row: dict, completion: dict, block_size: int) -> list[dict]:
@@ -101,11 +126,7 @@ def round_detail(
     o = opts[rnd - 1]
     P, p, a, n, D = row["prompt_len"], o["anchor"], o["accepted"], o["inside"], block_size - 1
     tokens = list(completion["prompt_ids"]) + list(completion["output_ids"])
-    b = blocks(row, block_size, k)
-    if b["round_topk"]:
-        ids, ps = b["round_top_ids"][rnd - 1], b["round_top_p"][rnd - 1]  # [B-1][K]
-    else:
-        ids, ps = [[d] for d in b["drafts"][p - P]], [[x] for x in b["draft_p"][p - P]]  # [B-1][1]
+    ids, ps = _candidates(row, D, k, rnd, p - P)  # [B-1][K], or [B-1][1]: the argmax draft alone
     tree_at = row.get("tree_at") or []
     tree = int(tree_at[p - P]) if tree_budget and p - P < len(tree_at) and tree_at[p - P] >= 0 else None
     targets = [tokens[p + i] if i <= n else None for i in range(1, D + 1)]
@@ -146,6 +167,6 @@ def round_detail(
         "stop": a + 1 if a < n else None,
         "tree": tree,
         "tree_budget": tree_budget,
-        "topk": b["round_topk"],
+        "topk": _topk(row, D, k),
         "slots": slots,
     }
