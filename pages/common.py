@@ -443,7 +443,7 @@ def context_limits(run: dict) -> list[tuple[int, str]]:
     from dflash_dash import drafters
 
     try:
-        return drafters.context_limits(drafters.parse_config(run.get("config") or {}))
+        return drafters.context_limits(run.get("config") or {})
     except drafters.CheckpointError:
         return []
 

@@ -110,7 +110,7 @@ def test_acceptance_shows_failure_patterns_with_downloads_and_links(prepared, mo
     assert list(ctx["samples"]) == [r["samples"] for r in exp["context_position"]]
     assert ctx["samples"].sum() == sum(int((p.accepted_at[:-1] >= 0).sum()) for p in st_.prompts(rid))
     assert ctx["rounds"].sum() == st_.run_row(rid)["summary"]["rounds"]
-    limits = dr.context_limits(dr.parse_config(st_.run_row(rid)["config"]))  # named under the chart
+    limits = dr.context_limits(st_.run_row(rid)["config"])  # named under the chart
     assert limits and any("; ".join(label for _, label in limits) in c.value for c in at.caption)
     links = [m.value for m in at.markdown if "open in the token view" in m.value]
     assert len(links) == len(exp["worst_spans"]) and exp["worst_spans"][0]["link"] in links[0]

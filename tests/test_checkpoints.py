@@ -186,11 +186,12 @@ def test_rope_parameters_and_dflash_config_fields():
 def test_context_limits_name_where_the_drafter_sees_its_context_differently():
     """Long traces: the sliding window, the end of the positions scaled RoPE was trained on, and the declared
     maximum, in order (the dashed lines of Acceptance's context-position chart)."""
-    plain = dr.parse_config(tiny.drafter_config(tiny.TinyDrafter()) | {"max_position_embeddings": 40960})
-    assert dr.context_limits(plain) == [(40960, "max_position_embeddings 40,960")]
+    plain = tiny.drafter_config(tiny.TinyDrafter())
+    assert dr.context_limits(plain | {"max_position_embeddings": 40960}) == [(40960, "max_position_embeddings 40,960")]
+    assert dr.context_limits({k: v for k, v in plain.items() if k != "max_position_embeddings"}) == []  # undeclared
     d = tiny.TinyDrafter(layer_types=["sliding_attention", "full_attention"], sliding_window=2048)
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
-    c = dr.parse_config(tiny.drafter_config(d) | {"rope_scaling": yarn, "max_position_embeddings": 131072})
+    c = tiny.drafter_config(d) | {"rope_scaling": yarn, "max_position_embeddings": 131072}
     assert dr.context_limits(c) == [
         (2048, "sliding window 2,048 (1 of 2 layers)"),
         (32768, "RoPE yarn x4 past 32,768"),

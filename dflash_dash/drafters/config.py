@@ -3,7 +3,7 @@
 Contract: `parse_config(raw)` validates a config.json dict into a `DrafterConfig`, or raises `CheckpointError`
 naming the field and the expected value; the family (`fields.family_of`: from `architectures`, `projector_type`
 and family-only fields) and its own fields (`DrafterConfig.head`) are part of it, so a drafter no module here
-replays is refused by name rather than replayed as another family. `context_limits(c)` names the context positions
+replays is refused by name rather than replayed as another family. `context_limits(raw)` names the context positions
 past which a drafter sees its context differently (sliding window, scaled RoPE's trained range, the declared
 maximum). Torch-free: pages read configs without torch.
 """
@@ -271,12 +271,13 @@ def parse_config(raw: dict) -> DrafterConfig:
 SLIDING_BLOCKS = ("causal", "bidirectional")  # sliding-layer block semantics a run can choose
 
 
-def context_limits(c: DrafterConfig) -> list[tuple[int, str]]:
-    """The context positions past which the drafter sees its context differently, from its config, in order: where
-    its sliding-attention layers stop seeing the start (the window), where scaled RoPE leaves the positions it was
-    trained on (`original_max_position_embeddings`), and the longest context the config declares
-    (`max_position_embeddings`). A long trace whose acceptance falls at one of them names a likely cause."""
-    out = []
+def context_limits(raw: dict) -> list[tuple[int, str]]:
+    """The context positions past which a drafter sees its context differently, from its config.json dict `raw`,
+    in order: where its sliding-attention layers stop seeing the start (the window), where scaled RoPE leaves the
+    positions it was trained on (`original_max_position_embeddings`), and the longest context the config declares
+    (`max_position_embeddings`, when it declares one). A long trace whose acceptance falls at one of them names a
+    likely cause. Raises CheckpointError for a config `parse_config` refuses."""
+    c, out = parse_config(raw), []
     n = c.layer_types.count("sliding_attention")
     if n and c.sliding_window:
         out.append((c.sliding_window, f"sliding window {c.sliding_window:,} ({n} of {len(c.layer_types)} layers)"))
@@ -289,7 +290,8 @@ def context_limits(c: DrafterConfig) -> list[tuple[int, str]]:
         )
         by = f" x{factor:g}" if isinstance(factor, (int, float)) else ""
         out.append((orig, f"RoPE {kind}{by} past {orig:,}"))
-    out.append((c.max_position_embeddings, f"max_position_embeddings {c.max_position_embeddings:,}"))
+    if "max_position_embeddings" in raw:  # else parse_config's default, which no one declared
+        out.append((c.max_position_embeddings, f"max_position_embeddings {c.max_position_embeddings:,}"))
     return sorted(set(out))
 
 
