@@ -35,7 +35,7 @@ def checkpoint_inputs(key: str) -> dict:
     return {k: v for k, v in out.items() if v}
 
 
-def where_inputs(key: str, dtypes: bool = True) -> dict:
+def where_inputs(key: str) -> dict:
     """Where a job runs, the inputs every job form shares: one process on a device, the one-host pool (GPUs), or a
     Ray cluster (its address; on a cluster without GPUs, its CPU workers), and the compute dtype. Job arguments
     (`ops` fields), checked by the op itself when the job is built. Defaults: this machine's first device, bf16
@@ -69,11 +69,11 @@ def where_inputs(key: str, dtypes: bool = True) -> dict:
         key=f"{key}_ray_cpus",
         help="with a Ray cluster that has no GPUs: this many CPU workers (one CPU slot each); 0: one worker per GPU",
     )
-    out = {"device": device.strip() or "cpu", "gpus": gpus}
-    if dtypes:
-        dtypes = list(ops.DTYPES)
-        default = dtypes.index("float32" if have[0] == "cpu" else "bfloat16")
-        out["dtype"] = c3.selectbox("dtype", dtypes, index=default, key=f"{key}_dtype")
+    dtypes = list(ops.DTYPES)
+    dtype = c3.selectbox(
+        "dtype", dtypes, index=dtypes.index("float32" if have[0] == "cpu" else "bfloat16"), key=f"{key}_dtype"
+    )
+    out = {"device": device.strip() or "cpu", "gpus": gpus, "dtype": dtype}
     if ray.strip() or cpus:  # Ray CPU workers without a cluster: the op names the missing address
         out |= {"ray": ray.strip() or None, "ray_cpus": int(cpus) or None}
     return out
