@@ -97,3 +97,30 @@ def test_slim_drops_only_rays_jars_and_web_build(tmp_path):
         assert sorted(z.namelist()) == ["ray-2.dist-info/RECORD", "ray/__init__.py", "ray/dashboard/modules/x.py"]
         record = z.read("ray-2.dist-info/RECORD").decode().split()
         assert record == ["ray/__init__.py,,", "ray/dashboard/modules/x.py,,"]
+
+
+def test_call_2_replays_128k_with_the_prefix_kernel_call_1_found_faster(tmp_path):
+    """tools/device_session.sh keeps each call's log on the warm machine (out/figures/); call 2 runs the 128K replay
+    with cuDNN's prefix only when call 1 timed it below flash's (DRY=1: the benchmarks are listed, not run)."""
+    import shutil
+
+    (tmp_path / "tools").mkdir()
+    for name in ("device_session.sh", "device_install.sh"):
+        shutil.copy(dw.ROOT / "tools" / name, tmp_path / "tools" / name)
+    (tmp_path / ".whl-device" / "part1").mkdir(parents=True)  # nothing left to install in call 2
+
+    def call_2(kept: str | None) -> str:
+        shutil.rmtree(tmp_path / "out", ignore_errors=True)
+        if kept is not None:
+            (tmp_path / "out" / "figures").mkdir(parents=True)
+            (tmp_path / "out" / "figures" / "call1.txt").write_text(kept)
+        env = os.environ | {"DRY": "1"}
+        env.pop("OUT", None)
+        run = subprocess.run(["bash", "tools/device_session.sh", "2"], cwd=tmp_path, env=env, capture_output=True)
+        assert run.returncode == 0, run.stderr
+        log = (tmp_path / "out" / "figures" / "call2.txt").read_text()
+        return next(line for line in log.splitlines() if "--tokens 131072" in line and "would run" in line)
+
+    assert call_2(None).endswith("--prefix-attention flash")  # call 1 printed nothing: the product's default
+    assert call_2("prefix_flash_ms_32k: 3.5\nprefix_cudnn_ms_32k: 2.1\n").endswith("--prefix-attention cudnn")
+    assert call_2("prefix_flash_ms_32k: 1.5\nprefix_cudnn_ms_32k: 2.1\n").endswith("--prefix-attention flash")
