@@ -552,3 +552,4 @@ def test_context_position_chart_draws_the_drafters_limits_inside_the_traces():
         "sliding window 2,048 (1 of 2 layers)"
     ]
     assert not context_position_fig(rows).layout.shapes
+    assert (fig.layout.yaxis2.tickmode, fig.layout.yaxis2.tickformat) == ("auto", ",d")  # counts: 0, 500, 1,000

@@ -199,7 +199,10 @@ def context_position_fig(rows: list[dict], limits: list[tuple[int, str]] = ()) -
         line=dict(dash="dot"),
         text=[f"{r['context_length']}: {r['rounds']} rounds, {r['committed']} committed" for r in rows],
     )
-    fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="samples", showgrid=False), barmode="overlay")
+    fig.update_layout(
+        yaxis2=dict(overlaying="y", side="right", title="samples", showgrid=False, tickmode="auto", tickformat=",d"),
+        barmode="overlay",
+    )
     taus = [r["every_anchor_tau"] for r in rows] + [r["tau"] for r in rows]
     fig.update_layout(yaxis=tau_axis(taus))  # tokens per round or per anchor: a tau axis, 2-decimal ticks
     end = max((r["to"] + 1 for r in rows), default=0)
