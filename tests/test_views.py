@@ -553,3 +553,13 @@ def test_context_position_chart_draws_the_drafters_limits_inside_the_traces():
     ]
     assert not context_position_fig(rows).layout.shapes
     assert (fig.layout.yaxis2.tickmode, fig.layout.yaxis2.tickformat) == ("auto", ",d")  # counts: 0, 500, 1,000
+
+
+def test_a_right_axis_ticks_its_own_values():
+    """A second quantity's axis keeps its own round ticks (synced to the left grid, they read 48, 344, 640)."""
+    from dflash_dash.render.figures import right_axis
+
+    assert right_axis("samples", count=True) == dict(
+        overlaying="y", side="right", title="samples", showgrid=False, tickmode="auto", tickformat=",d"
+    )
+    assert right_axis("1 - cosine", tickformat=".1e")["tickformat"] == ".1e" and "tickformat" not in right_axis("x")

@@ -9,7 +9,7 @@ name) and returns a plotly Figure laid out like every other (`figures.layout`). 
 
 from __future__ import annotations
 
-from .figures import go, layout, run_color, tau_axis
+from .figures import go, layout, right_axis, run_color, tau_axis
 
 
 def reliability_fig(
@@ -45,7 +45,8 @@ def reliability_fig(
             hovertemplate="predicted %{x:.3f}<br>observed %{y:.3f}<br>%{text}",
         )
     fig.update_layout(
-        barmode="group", yaxis2=dict(overlaying="y", side="right", title="samples", showgrid=False, tickformat=",d")
+        barmode="group",
+        yaxis2=right_axis("samples", count=True),
     )
     fig.update_xaxes(range=[0, 1])
     fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
@@ -134,9 +135,7 @@ def class_fig(rows: list[dict]) -> go.Figure:
         marker=dict(size=10),
         yaxis="y2",
     )
-    fig.update_layout(
-        yaxis2=tau_axis([r["tau"] for r in rows], overlaying="y", side="right", title="tau", showgrid=False)
-    )
+    fig.update_layout(yaxis2=tau_axis([r["tau"] for r in rows], **right_axis("tau")))
     fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
     return layout(fig, "acceptance by class of the target token at slot 1", "token class", "P(d_1 accepted)")
 
@@ -159,9 +158,7 @@ def binned_fig(rows: list[dict], label: str, title: str, x_title: str) -> go.Fig
         yaxis="y2",
         line=dict(dash="dot"),
     )
-    fig.update_layout(
-        yaxis2=tau_axis([r["tau"] for r in rows], overlaying="y", side="right", title="tau", showgrid=False)
-    )
+    fig.update_layout(yaxis2=tau_axis([r["tau"] for r in rows], **right_axis("tau")))
     fig.update_layout(yaxis_range=[0, 1.02])  # the left axis only (a right axis keeps its own range)
     fig = layout(fig, title, x_title, "P(d_1 accepted)")
     if len(rows) > ROTATED:  # plotly turns the bins' labels: the legend goes below the longer axis
@@ -200,7 +197,7 @@ def context_position_fig(rows: list[dict], limits: list[tuple[int, str]] = ()) -
         text=[f"{r['context_length']}: {r['rounds']} rounds, {r['committed']} committed" for r in rows],
     )
     fig.update_layout(
-        yaxis2=dict(overlaying="y", side="right", title="samples", showgrid=False, tickmode="auto", tickformat=",d"),
+        yaxis2=right_axis("samples", count=True),
         barmode="overlay",
     )
     taus = [r["every_anchor_tau"] for r in rows] + [r["tau"] for r in rows]
@@ -245,7 +242,7 @@ def stop_fig(rows: list[dict], threshold: float) -> go.Figure:
         line=dict(dash="dot"),
     )
     fig.add_vline(x=threshold, line=dict(color="#999", dash="dash"))
-    fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="drafts verified", showgrid=False))
+    fig.update_layout(yaxis2=right_axis("drafts verified"))
     fig.update_xaxes(range=[0, 1])
     return layout(fig, "verify only while confidence >= t", "threshold t", "tau (macro)", height=360)
 

@@ -68,6 +68,14 @@ def tau_axis(values: list[float | None], **kw) -> dict:
     return dict(tickformat=".2f", range=[lo - pad, hi + pad], **kw)
 
 
+def right_axis(title: str, count: bool = False, **kw) -> dict:
+    """The right-hand axis of a figure drawing a second quantity over the first (`yaxis="y2"` traces): its own
+    ticks (`tickmode="auto"`: synced to the left axis's grid, they read 48, 344, 640), no grid of its own,
+    integers for a `count`; `kw` adds or overrides axis settings."""
+    base = dict(overlaying="y", side="right", title=title, showgrid=False, tickmode="auto")
+    return base | ({"tickformat": ",d"} if count else {}) | kw
+
+
 def accept_curve(tr: Trace, row: dict, block_size: int, name: str = "accepted(p)") -> go.Figure:
     """accepted(p) at every completion anchor, with the chain walk's round anchors marked."""
     P = tr.prompt_len
@@ -172,9 +180,7 @@ def depth_fig(summaries: dict[str, dict]) -> go.Figure:
     fig.update_layout(
         yaxis_range=[0, 1.02],
         barmode="group",  # the left axis only (the right one keeps its own)
-        yaxis2=dict(
-            overlaying="y", side="right", title="rounds (n)", showgrid=False, rangemode="tozero", tickformat=",d"
-        ),
+        yaxis2=right_axis("rounds (n)", count=True, rangemode="tozero"),
     )
     fig.update_xaxes(dtick=1)
     title = "per-depth acceptance: conditional (solid) and marginal (dotted)"
@@ -235,7 +241,7 @@ def parity_fig(rows: list[dict]) -> go.Figure:
         mode="markers+lines",
         yaxis="y2",
     )
-    fig.update_layout(yaxis2=dict(overlaying="y", side="right", title="1 - cosine", tickformat=".1e"))
+    fig.update_layout(yaxis2=right_axis("1 - cosine", tickformat=".1e"))
     fig.update_xaxes(type="category")  # the layers compared, not a numeric range around them
     return layout(fig, "backend parity per target layer", "target layer id", "relative L2")
 
