@@ -79,7 +79,7 @@ def test_a_normal_extraction_states_both_figures(workspace_copy, prepared, monke
     width = len(layers) * st.extraction(prepared.extraction)["hidden_size"]
     tokens, need = expected_need(st, prepared.set_name, width)
     line = next(x for x in err.splitlines() if x.startswith("disk: "))
-    assert f"writes {disk.size(need)} ({tokens} tokens x {width * 2} bytes over 3 prompts" in line
+    assert f"writes {disk.size(need)} ({tokens:,} tokens x {width * 2:,} bytes over 3 prompts" in line
     assert seen and f"{disk.size(seen[0])} free there" in line  # the free space of the disk, as read then
     assert st.extraction(out.strip())["status"] == "done"
 

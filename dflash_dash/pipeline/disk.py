@@ -43,7 +43,7 @@ class DiskPlan:
     def line(self) -> str:
         """Both figures in one line (the CLI's stderr, the job's progress line)."""
         return (
-            f"disk: writes {size(self.need)} ({self.tokens} tokens x {self.width * 2} bytes over {self.prompts} "
+            f"disk: writes {size(self.need)} ({self.tokens:,} tokens x {self.width * 2:,} bytes over {self.prompts:,} "
             f"prompts, margin included) to {self.folder}; {size(self.free)} free there"
         )
 
@@ -85,8 +85,8 @@ def check(p: DiskPlan) -> DiskPlan:
     if p.fits:
         return p
     raise DiskFull(
-        f"extraction needs {size(p.need)} for {p.prompts} prompts ({p.tokens} tokens x {p.width * 2} bytes, margin "
-        f"included) but {p.folder} has {size(p.free)} free; extract fewer prompts (a smaller completion set), "
+        f"extraction needs {size(p.need)} for {p.prompts:,} prompts ({p.tokens:,} tokens x {p.width * 2:,} bytes, "
+        f"margin included) but {p.folder} has {size(p.free)} free; extract fewer prompts (a smaller completion set), "
         "put the workspace on another disk (--workspace DIR), or evaluate without feature files "
         "(sweep --stream --target DIR --completions SET --checkpoints DIR, or replay --stream)"
     )
