@@ -68,6 +68,34 @@ def test_a_cancel_turned_into_a_library_error_still_ends_the_job_cancelled(store
     assert "cancelled (SIGTERM); it surfaced as RuntimeError: Query interrupted" in log  # a plain cancel's words first
 
 
+def test_a_cancel_that_surfaced_as_another_error_leaves_the_extraction_cancelled(
+    prepared, workspace_copy, tmp_path, monkeypatch
+):
+    """The same cancel mid-extraction (a Ray task's or DuckDB's error in place of `Cancelled`): the job ends
+    cancelled, and so does the extraction it leaves (it read failed: the orchestration looked for `Cancelled`)."""
+    st = Store(workspace_copy)
+    real = pipeline.perform
+
+    def perform(store_, op, progress, runner=None):
+        def tick(done, total, msg):
+            progress(done, total, msg)
+            if done:  # an item is in: cancel now (the handler raises Cancelled here)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        try:
+            return real(store_, op, tick, runner)
+        except lifecycle.Cancelled:
+            raise RuntimeError("Query interrupted") from None
+
+    op = ops.Extract(target=str(prepared.target), completions=prepared.set_name, layers=[1, 4], device="cpu")
+    st.add_job("job-e", "extract", op.to_args(), str(tmp_path / "e.log"))
+    monkeypatch.setattr(pipeline, "perform", perform)
+    assert dispatch.execute(st, "job-e") == 130
+    assert st.job("job-e")["status"] == "cancelled"
+    ex = st.job("job-e")["result"]["extraction"]
+    assert st.extraction(ex)["status"] == "cancelled" and 1 <= len(st.items(ex)) < 3
+
+
 def test_cancel_stops_the_job_process(store):
     job = waiting_job(store)
     pid = store.job(job)["pid"]

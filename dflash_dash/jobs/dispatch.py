@@ -20,7 +20,7 @@ import traceback
 from .. import ops, pipeline
 from ..errors import UserError
 from ..store import Store
-from .lifecycle import Cancelled, Reporter
+from .lifecycle import STOPS, Cancelled, Reporter
 from .orchestrate import run_extract
 from .workers import placed
 
@@ -30,8 +30,9 @@ def execute(store: Store, job_id: str) -> int:
     job = store.job(job_id)
     rep = Reporter(store, job_id)
 
-    stopped: list[str] = []  # the signal that cancelled the job: a library that turns the raised Cancelled into an
-    # error of its own (DuckDB's "Query interrupted") still ends the job cancelled
+    stopped = STOPS  # the signal that cancelled the job: a library that turns the raised Cancelled into an error of
+    # its own (DuckDB's "Query interrupted") still ends the job cancelled
+    stopped.clear()  # a job run in-process after another
 
     def stop(signum, frame):
         stopped.append(signal.Signals(signum).name)

@@ -41,6 +41,11 @@ class Cancelled(BaseException):
     """Raised in a job process by SIGTERM/SIGINT (a BaseException so library code does not swallow it)."""
 
 
+STOPS: list[str] = []  # the cancel signals this job process received (SIGTERM, SIGINT), as `dispatch` records them:
+# a cancel a library turned into an error of its own (DuckDB's "Query interrupted", a Ray task's error) is still a
+# cancel, for the job and for the extraction it leaves
+
+
 class Reporter:
     """The `progress(done, total, message)` callback of a job: writes progress/step to the store at most
     every THROTTLE_S seconds, and a line per step to the job log (stdout of the job process)."""

@@ -28,7 +28,7 @@ from ..errors import UserError
 from ..pipeline import disk
 from ..store import Store, new_id
 from . import gpu
-from .lifecycle import Cancelled, Reporter, active
+from .lifecycle import STOPS, Cancelled, Reporter, active
 from .workers import placed
 
 STOP_TIMEOUT_S = 120.0  # a stop command and the server going down must finish within this
@@ -74,7 +74,8 @@ def run_extract(store: Store, op: ops.Extract, rep: Reporter) -> dict:
         ex_id = pipeline.perform(store, op, progress, runner)["extraction"]
     except BaseException as e:
         if any(x["id"] == ex_id and x["status"] != "done" for x in store.extractions()):
-            store.set_status("extractions", ex_id, "cancelled" if isinstance(e, Cancelled) else "failed")
+            cancelled = isinstance(e, Cancelled) or bool(STOPS)  # also a cancel that surfaced as another error
+            store.set_status("extractions", ex_id, "cancelled" if cancelled else "failed")
         if freed:
             rep.note(f"extraction stopped ({type(e).__name__}: {e}); restoring the server first")
             try:
