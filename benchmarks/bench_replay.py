@@ -148,7 +148,7 @@ def args_():
     ap.add_argument("--quick", action="store_true", help="steady state at --chunk only (no chunk/backend sweep)")
     ap.add_argument(
         "--prefix-attention",
-        default="flash",
+        default=attention.PREFIX,
         choices=["flash", "cudnn"],
         help="the long path's unmasked prefix kernel (drafters.attention.PREFIX; cudnn: tiles of --tile keys)",
     )

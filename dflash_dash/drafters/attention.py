@@ -24,7 +24,9 @@ __all__ = ["attend", "merge", "prefix", "reference", "tiled"]
 
 SCORE_BYTES = 1 << 30  # the fp32 scores one chunk of `chunked` holds at most (its queries split to fit)
 _FAILED: set[str] = set()  # kernels that raised in this process: not tried again
-PREFIX = "flash"  # the unmasked long-prefix kernel on CUDA: "flash" (torch's flash kernel) or "cudnn" (tiles)
+PREFIX = "cudnn"  # the unmasked long-prefix kernel on CUDA: "cudnn" (tiles) or "flash" (torch's flash kernel). cuDNN
+# measured 1.50x flash at one chunk's shape of a 32K replay on an H100 (547 against 365 TFLOP/s; outputs within 4.9e-4,
+# log-sum-exp within 2.9e-6: bf16's size); benchmarks/RESULTS.md
 TILE = 8192  # keys per cuDNN call of `prefix`
 
 
