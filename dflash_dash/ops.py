@@ -172,10 +172,8 @@ class Op:
         for name in ("ray_gpus", "ray_cpus"):
             if getattr(self, name) is not None:
                 if self.ray is None:
-                    raise InputError(
-                        f"{name}: it sizes a Ray cluster's workers; add --ray auto (or --ray HOST:PORT; on the pages, "
-                        "the Ray cluster field)"
-                    )
+                    hint = "--ray auto (or --ray HOST:PORT; on the pages, the Ray cluster field)"
+                    raise InputError(f"{name}: it sizes a Ray cluster's workers; add {hint}")
                 self._int(name, 1, f"expected a positive number of workers, or leave {name} unset")
         if self.ray is not None:
             self.ray = check_ray(self.ray)

@@ -294,6 +294,17 @@ PATTERN_TABLES = {  # table key: (title, what it answers)
 }
 
 
+def context_limits(run: dict) -> list[tuple[int, str]]:
+    """Where a run's drafter sees its context differently (drafters.context_limits of its stored config); none
+    when that config no longer parses."""
+    from dflash_dash import drafters
+
+    try:
+        return drafters.context_limits(run.get("config") or {})
+    except drafters.CheckpointError:
+        return []
+
+
 def patterns_block(ws: str, run: dict) -> None:
     st.subheader("Failure patterns")
     st.caption(
@@ -336,7 +347,7 @@ def patterns_block(ws: str, run: dict) -> None:
     table("by_position", c1)
     table("by_context", c2)
     c1, c2 = st.columns(2)
-    limits = common.context_limits(run)
+    limits = context_limits(run)
     c1.plotly_chart(context_position_fig(pat["context_position"], limits), width="stretch")
     c1.caption(
         "Long traces: does acceptance fall as the context grows? x: the bin's first anchor position in thousands; "

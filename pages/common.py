@@ -164,14 +164,6 @@ def extractions(ws: str, stamp: str) -> list[dict]:
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def story(ws: str, stamp: str) -> dict | None:
-    """What the Overview of a demo workspace tells (`demo.story`, from its MANIFEST.json); None elsewhere."""
-    from dflash_dash import demo
-
-    return demo.story(ws, runs(ws, stamp))
-
-
-@st.cache_data(max_entries=32, show_spinner=False)
 def sets(ws: str, stamp: str) -> list[dict]:
     return _store(ws).sets()
 
@@ -435,17 +427,6 @@ def set_param(key: str, param: str, value) -> None:
 def family(run: dict) -> str:
     """The drafter family of a run (DFlash for runs replayed before families were recorded)."""
     return (run.get("summary") or {}).get("family", "DFlash")
-
-
-def context_limits(run: dict) -> list[tuple[int, str]]:
-    """Where a run's drafter sees its context differently (drafters.context_limits of its stored config); none
-    when that config no longer parses."""
-    from dflash_dash import drafters
-
-    try:
-        return drafters.context_limits(run.get("config") or {})
-    except drafters.CheckpointError:
-        return []
 
 
 def extraction_label(by_id: dict[str, dict]):

@@ -15,6 +15,14 @@ from pages import common
 common.routed()
 
 
+@st.cache_data(max_entries=32, show_spinner=False)
+def story(ws: str, stamp: str) -> dict | None:
+    """What the Overview of a demo workspace tells (`demo.story`, from its MANIFEST.json); None elsewhere."""
+    from dflash_dash import demo
+
+    return demo.story(ws, common.runs(ws, stamp))
+
+
 def main() -> None:
     ws = common.workspace()
     stamp = common.stamp()
@@ -26,9 +34,9 @@ def main() -> None:
     sets = common.sets(ws, stamp)
     exs = common.extractions(ws, stamp)
     runs = common.runs(ws, stamp)
-    story = common.story(ws, stamp)  # None outside a demo workspace
-    if story:
-        st.html(story_html(story))
+    told = story(ws, stamp)  # None outside a demo workspace
+    if told:
+        st.html(story_html(told))
     steps = [
         (
             "1. Completions",
