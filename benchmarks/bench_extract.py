@@ -2,7 +2,8 @@
 
 Random weights at the reference shapes (Qwen3.6-27B), built on the GPU from a Qwen3_5TextConfig (nothing is
 downloaded; speed does not depend on the values). fla kernels are asserted on CUDA. One GPU:
-  - plain:   `model(input_ids, output_hidden_states=True)` of the whole model (LM head included);
+  - plain:   `model(input_ids)` of the whole model (LM head and full logits included), the needed layers'
+             hidden states kept by hooks (as `output_hidden_states=True` keeps them, without all 64 held);
   - product: the model cut after the last needed layer without LM head, exactly as `target.load` leaves
              it, through `target.extract_stream` with `cache.write` as the writer -- features copied to
              pinned memory and written (bf16 safetensors, fsync, rename) while the next sequence runs --
@@ -222,18 +223,36 @@ def transformers_default_gdn(device: str) -> str:
 
 
 def plain(model, seqs, dev, keep=None):
-    """Timed plain forwards; returns (seconds, hidden states of the first sequence at `keep` layers)."""
-    with torch.inference_mode():
-        model(seqs[0][1][None].to(dev), output_hidden_states=True)  # warm-up (fla autotune)
-        ref = None
-        with Clock(dev) as c:
-            for j, (_, x) in enumerate(seqs):
-                out = model(x[None].to(dev), output_hidden_states=True)
-                if j == 0 and keep:
-                    ref = [out.hidden_states[l + 1][0].clone() for l in keep]
-                del out
-                sync(dev)
-    return c.s, ref
+    """Timed plain forwards; returns (seconds, hidden states of the first sequence at `keep` layers, on the CPU).
+
+    The whole model runs, LM head and full logits included, as `model(ids, output_hidden_states=True)`; the
+    layers' outputs are kept by forward hooks at `keep` only (references, as output_hidden_states keeps them,
+    no copy): the same kernels and work, without every layer's states held to the end, which at 32,768 tokens
+    of the 27B shape (21 GB) would not fit beside the weights and logits on a 78 GiB card."""
+    got: dict[int, torch.Tensor] = {}
+    layers = model.model.layers
+
+    def hook(i):
+        return lambda _m, _a, out: got.__setitem__(i, out[0] if isinstance(out, tuple) else out)
+
+    handles = [layers[i].register_forward_hook(hook(i)) for i in keep or []]
+    try:
+        with torch.inference_mode():
+            model(seqs[0][1][None].to(dev))  # warm-up (fla autotune)
+            ref = None
+            with Clock(dev) as c:
+                for j, (_, x) in enumerate(seqs):
+                    got.clear()
+                    out = model(x[None].to(dev))
+                    if j == 0 and keep:
+                        ref = [got[i][0] for i in keep]
+                    del out
+                    got.clear()
+                    sync(dev)
+    finally:
+        for h in handles:
+            h.remove()
+    return c.s, [r.cpu() for r in ref] if ref is not None else None
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
