@@ -7,9 +7,10 @@ checkpoint on every completion:
     over the extraction (chain-only anchors, the sweep's default; features read once for all checkpoints);
   - stream: `pipeline.sweep` with `stream` (the target over each pass of sequences, every checkpoint replayed on
     the features while they are in memory; nothing written).
-Both ways run once untimed first on the first `--warm-prompts` completions (kernels compiled and tuned, weights
-cached by the OS), then timed on all of them. The runs are
-compared (`same_results`: every run's prompts equal between the two ways).
+Both ways run once untimed first on the first `--warm-prompts` completions cut to `--warm-tokens` (kernels compiled
+and tuned, weights cached by the OS; a chain replay's rounds grow with the tokens, so a full-length warm-up would
+cost as much as the timed run), then timed on all of them. The runs are compared (`same_results`: every run's
+prompts equal between the two ways). Each part prints its seconds as it ends.
 
     python benchmarks/bench_stream.py            # CUDA: 200 x 2,560 tokens, hidden 2048, 8 target layers, 4 checkpoints
     python benchmarks/bench_stream.py --small    # the CPU: 6 prompts of 128 tokens, tiny shapes
@@ -21,6 +22,7 @@ is faster), feature_file_bytes (what extract-then-sweep wrote; streaming writes 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import tempfile
 from dataclasses import replace
@@ -42,6 +44,12 @@ def args_():
     ap.add_argument("--layers", type=int, default=8, help="target layers")
     ap.add_argument("--checkpoints", type=int, default=4, help="checkpoints in the swept folder")
     ap.add_argument("--warm-prompts", type=int, default=8, help="completions of the untimed first run of both ways")
+    ap.add_argument(
+        "--warm-tokens",
+        type=int,
+        default=256,
+        help="their tokens: enough to compile and tune (a chain replay's rounds grow with the tokens, not the prompts)",
+    )
     ap.add_argument("--work", default=None, help="folder for the workspace (default: a temporary folder)")
     return ap.parse_args()
 
@@ -50,12 +58,22 @@ def ways(st: Store, target: Path, folder: Path, layers: int, dev: str, dtype: st
     """Both ways once over completion set `name`; returns their seconds, run ids and the feature bytes written."""
     ex_op = ops.Extract(target=str(target), completions=name, layers=taps(layers), device=dev, dtype=dtype)
     t_ex, ex = timed(lambda: pipeline.extract(st, ex_op))
+    note(f"{name}: extract {t_ex:.1f} s")  # each part as it ends: a run cut short still says where it was
     sw = ops.Sweep(checkpoints=str(folder), extraction=ex, device=dev, dtype=dtype, tree_budget=0)
     t_sw, runs = timed(lambda: pipeline.sweep(st, sw))
+    note(f"{name}: sweep {t_sw:.1f} s")
     written = sum(f.stat().st_size for f in pipeline.features_root(st).rglob("*") if f.is_file())
     streaming = replace(sw, extraction="latest", stream=True, target=str(target), completions=name)
     t_st, streamed = timed(lambda: pipeline.sweep(st, streaming))
+    note(f"{name}: stream {t_st:.1f} s")
     return {"extract": t_ex, "sweep": t_sw, "stream": t_st, "runs": runs, "streamed": streamed, "bytes": written}
+
+
+def shorter(line: str, tokens: int) -> str:
+    """One completion's JSON line cut to `tokens` tokens in all (its prompt kept whole)."""
+    c = json.loads(line)
+    c["output_ids"] = c["output_ids"][: max(1, tokens - len(c["prompt_ids"]))]
+    return json.dumps(c) + "\n"
 
 
 def main() -> None:
@@ -69,7 +87,11 @@ def main() -> None:
         note(f"{a.prompts} x {a.tokens} tokens, hidden {a.hidden}, {a.layers} target layers, {a.checkpoints} "
              f"checkpoints, {dev} {dtype}")  # fmt: skip
         warm = base / "warm.jsonl"  # the first completions: the untimed run compiles, tunes and caches
-        warm.write_text("".join((base / "c.jsonl").read_text().splitlines(keepends=True)[: a.warm_prompts]))
+        warm.write_text(
+            "".join(
+                shorter(line, a.warm_tokens) for line in (base / "c.jsonl").read_text().splitlines()[: a.warm_prompts]
+            )
+        )
         pipeline.import_completions(st, warm, "warm")
         ways(st, target, folder, a.layers, dev, dtype, "warm")
         shutil.rmtree(base / "ws", ignore_errors=True)  # a fresh store: nothing reused from the warm-up
