@@ -99,28 +99,37 @@ def test_slim_drops_only_rays_jars_and_web_build(tmp_path):
         assert record == ["ray/__init__.py,,", "ray/dashboard/modules/x.py,,"]
 
 
-def test_call_2_replays_128k_with_the_prefix_kernel_call_1_found_faster(tmp_path):
-    """tools/device_session.sh keeps each call's log on the warm machine (out/figures/); call 2 runs the 128K replay
-    with cuDNN's prefix only when call 1 timed it below flash's (DRY=1: the benchmarks are listed, not run)."""
+def test_each_call_lists_benchmarks_whose_options_parse(tmp_path, monkeypatch):
+    """tools/device_session.sh N (DRY=1: the benchmarks are listed as they would run, not run) names, in each call,
+    benchmarks that exist, under a timeout that sends SIGINT (they print what they measured), with options their
+    parsers accept: a renamed option fails here, not on the device."""
+    import importlib
+    import shlex
     import shutil
+    import sys
 
     (tmp_path / "tools").mkdir()
     for name in ("device_session.sh", "device_install.sh"):
         shutil.copy(dw.ROOT / "tools" / name, tmp_path / "tools" / name)
-    (tmp_path / ".whl-device" / "part1").mkdir(parents=True)  # nothing left to install in call 2
-
-    def call_2(kept: str | None) -> str:
-        shutil.rmtree(tmp_path / "out", ignore_errors=True)
-        if kept is not None:
-            (tmp_path / "out" / "figures").mkdir(parents=True)
-            (tmp_path / "out" / "figures" / "call1.txt").write_text(kept)
+    monkeypatch.syspath_prepend(str(dw.ROOT / "benchmarks"))
+    listed = []
+    for n in (1, 2):
+        (tmp_path / ".whl-device" / f"part{n - 1}").mkdir(parents=True)  # nothing to install
         env = os.environ | {"DRY": "1"}
         env.pop("OUT", None)
-        run = subprocess.run(["bash", "tools/device_session.sh", "2"], cwd=tmp_path, env=env, capture_output=True)
+        run = subprocess.run(["bash", "tools/device_session.sh", str(n)], cwd=tmp_path, env=env, capture_output=True)
         assert run.returncode == 0, run.stderr
-        log = (tmp_path / "out" / "figures" / "call2.txt").read_text()
-        return next(line for line in log.splitlines() if "--tokens 131072" in line and "would run" in line)
-
-    assert call_2(None).endswith("--prefix-attention flash")  # call 1 printed nothing: the product's default
-    assert call_2("prefix_flash_ms_32k: 3.5\nprefix_cudnn_ms_32k: 2.1\n").endswith("--prefix-attention cudnn")
-    assert call_2("prefix_flash_ms_32k: 1.5\nprefix_cudnn_ms_32k: 2.1\n").endswith("--prefix-attention flash")
+        log = (tmp_path / "out" / "figures" / f"call{n}.txt").read_text()
+        listed += [line.removeprefix("would run: ") for line in log.splitlines() if line.startswith("would run: ")]
+    split = [shlex.split(cmd) for cmd in listed]
+    assert [w[5] for w in split] == [
+        "benchmarks/bench_extract.py",
+        "benchmarks/bench_replay.py",
+        "benchmarks/bench_stream.py",
+    ]
+    for timeout, signal, sig, seconds, python, script, *args in split:
+        assert (timeout, signal, sig, python) == ("timeout", "-s", "INT", "python3") and int(seconds) <= 600
+        assert (dw.ROOT / script).is_file()
+        mod = importlib.import_module(os.path.basename(script).removesuffix(".py"))
+        monkeypatch.setattr(sys, "argv", [script, *args])
+        mod.args_()  # exits (SystemExit) on an option the benchmark does not take
