@@ -232,34 +232,22 @@ def plain(model, seqs, dev, keep=None):
     """Timed plain forwards; returns (seconds, hidden states of the first sequence at `keep` layers, on the CPU).
 
     The whole model runs, LM head and full logits included, as `model(ids, output_hidden_states=True)`; the
-    layers' outputs are kept by forward hooks at `keep` only (references, as output_hidden_states keeps them,
-    no copy): the same kernels and work, without every layer's states held to the end, which at 32,768 tokens
-    of the 27B shape (21 GB) would not fit beside the weights and logits on a 78 GiB card."""
-    got: dict[int, torch.Tensor] = {}
-    layers = model.model.layers
-
-    def hook(i):
-        return lambda _m, _a, out: got.__setitem__(i, out[0] if isinstance(out, tuple) else out)
-
-    handles = [layers[i].register_forward_hook(hook(i)) for i in keep or []]
-    try:
-        with torch.inference_mode():
-            if len(seqs[0][1]) > 2 * tg.WARM_TOKENS:  # fla tunes on a short input first, as the product does
-                model(seqs[0][1][None, : tg.WARM_TOKENS].to(dev))
-            model(seqs[0][1][None].to(dev))  # warm-up (fla autotune)
-            ref = None
-            with Clock(dev) as c:
-                for j, (_, x) in enumerate(seqs):
-                    got.clear()
-                    out = model(x[None].to(dev))
-                    if j == 0 and keep:
-                        ref = [got[i][0] for i in keep]
-                    del out
-                    got.clear()
-                    sync(dev)
-    finally:
-        for h in handles:
-            h.remove()
+    layers' outputs are kept at `keep` only (`target.outputs`: forward hooks, references as output_hidden_states
+    keeps them, no copy): the same kernels and work, without every layer's states held to the end, which at
+    32,768 tokens of the 27B shape (21 GB) would not fit beside the weights and logits on a 78 GiB card."""
+    with torch.inference_mode(), tg.outputs(model.model.layers, keep or []) as got:
+        if len(seqs[0][1]) > 2 * tg.WARM_TOKENS:  # fla tunes on a short input first, as the product does
+            model(seqs[0][1][None, : tg.WARM_TOKENS].to(dev))
+        model(seqs[0][1][None].to(dev))  # warm-up (fla autotune)
+        ref = None
+        with Clock(dev) as c:
+            for j, (_, x) in enumerate(seqs):
+                out = model(x[None].to(dev))
+                if j == 0 and keep:
+                    ref = [got[i][0] for i in keep]
+                del out
+                got.clear()
+                sync(dev)
     return c.s, [r.cpu() for r in ref] if ref is not None else None
 
 
@@ -317,8 +305,8 @@ def one(a, shp, ids, dev, figs: dict):
     H = shp["hidden_size"]
     assert per_tok == len(ids) * H * 2, (per_tok, len(ids) * H * 2)
     got = cache.read(root, "bench", seqs[0][0], T, len(ids) * H)  # the written file, validated
-    errs = [rel_l2(got[:, j * H : (j + 1) * H], r.cpu()) for j, r in enumerate(ref or ref0)]
-    errs0 = [rel_l2(got[:, j * H : (j + 1) * H], r.cpu()) for j, r in enumerate(ref0)]
+    errs = [rel_l2(got[:, j * H : (j + 1) * H], r) for j, r in enumerate(ref or [])]
+    errs0 = [rel_l2(got[:, j * H : (j + 1) * H], r) for j, r in enumerate(ref0)]
     figs |= {
         "extract_s": ce.s,
         "extract_tokens_per_s": tokens / ce.s,

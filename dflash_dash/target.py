@@ -25,6 +25,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -306,26 +307,31 @@ def pin_buckets() -> int:
     return pinned
 
 
+@contextmanager
+def outputs(layers, layer_ids: Iterable[int]) -> Iterator[dict[int, torch.Tensor]]:
+    """While open: {layer id: that layer's output [B, T, H] in the last forward} for `layer_ids` of `layers` (a
+    decoder's layer list), kept by forward hooks as references (no copy); the hooks go when it closes."""
+    got: dict[int, torch.Tensor] = {}
+
+    def grab(l):
+        return lambda _m, _i, out: got.__setitem__(l, out[0] if isinstance(out, tuple) else out)
+
+    hooks = [layers[l].register_forward_hook(grab(l)) for l in sorted(set(layer_ids))]
+    try:
+        yield got
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 @torch.inference_mode()
 def extract(decoder, ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
     """ids [T] -> features [T, K*H]: outputs of decoder layers `layer_ids`, concatenated in order."""
     dev = next(decoder.parameters()).device
     _warm(decoder, ids, layer_ids, dev)
-    layers = _layers(decoder)
-    got: dict[int, torch.Tensor] = {}
-    hooks = []
-    for l in sorted(set(layer_ids)):
-
-        def grab(_m, _i, out, l=l):
-            got[l] = (out[0] if isinstance(out, tuple) else out)[0]
-
-        hooks.append(layers[l].register_forward_hook(grab))
-    try:
+    with outputs(_layers(decoder), layer_ids) as got:
         decoder(input_ids=ids.to(dev)[None], use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
-    return torch.cat([got[l] for l in layer_ids], dim=-1)
+    return torch.cat([got[l][0] for l in layer_ids], dim=-1)
 
 
 def extract_stream(

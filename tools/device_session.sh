@@ -5,13 +5,13 @@
 # completes (tools/device_install.sh), runs that call's benchmarks, each under its own timeout, and writes their
 # output to $OUT/callN.txt. A benchmark that fails or times out does not stop the next; each is sent SIGINT at its
 # timeout, so it prints the figures it has.
-# Each call's log is also kept in out/figures/ (git-ignored, kept while the machine is warm).
+# Without $OUT (DRY=1 here) the log goes to out/figures/ (git-ignored).
 # DRY=1 installs but only lists the benchmarks as they would run.
 set -uo pipefail
 n=${1:?usage: bash tools/device_session.sh 1|2}
-keep=out/figures
-mkdir -p "${OUT:-$keep}" "$keep"
-log="${OUT:-$keep}/call$n.txt"
+dir=${OUT:-out/figures}
+mkdir -p "$dir"
+log="$dir/call$n.txt"
 bash tools/device_install.sh "$n" || exit 2
 export PYTHONPATH=$PWD/out/site:$PWD PYTHONUNBUFFERED=1
 bench() {  # seconds, then the command; output to the log, a line when it ends
@@ -32,5 +32,4 @@ case $n in
     bench 480 python3 $x/bench_stream.py
     ;;
 esac
-[ "$log" = "$keep/call$n.txt" ] || cp "$log" "$keep/"
 grep -v "^#" "$log" | grep -E "^[a-z0-9_]+: " | tail -80 || true  # the figures, at the end of the output

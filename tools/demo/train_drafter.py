@@ -33,7 +33,7 @@ from safetensors.torch import save_file
 
 from dflash_dash.drafters import Weights, parse_config, shapes
 from dflash_dash.drafters.dflash import DFlash
-from dflash_dash.target import Head
+from dflash_dash.target import Head, outputs
 
 from ..tiny import TinyDrafter, drafter_config
 
@@ -92,15 +92,10 @@ def features(
 ) -> list[torch.Tensor]:
     """Hidden states (outputs of decoder layers `layer_ids`, concatenated, bf16) of many sequences, in
     right-padded batches: the model is causal, so a position never sees the padding after it. The same
-    hooks as `target.extract`, batched (the demo's training data is thousands of sequences)."""
+    hooks as `target.extract` (`target.outputs`), batched (the demo's training data is thousands of sequences)."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-    got: dict[int, torch.Tensor] = {}
-    hooks = [
-        layers[l].register_forward_hook(lambda _m, _i, o, l=l: got.__setitem__(l, o[0] if isinstance(o, tuple) else o))
-        for l in set(layer_ids)
-    ]
     res: dict[int, torch.Tensor] = {}
-    try:
+    with outputs(layers, layer_ids) as got:
         for s in range(0, len(order), batch):
             idx = order[s : s + batch]
             T = max(len(seqs[i]) for i in (order if fixed else idx))  # fixed: one shape (one kernel autotune)
@@ -111,9 +106,6 @@ def features(
             f = torch.cat([got[l] for l in layer_ids], dim=-1).to(torch.bfloat16)  # [b, T, K*H]
             for j, i in enumerate(idx):
                 res[i] = f[j, : len(seqs[i])].clone()
-    finally:
-        for h in hooks:
-            h.remove()
     return [res[i] for i in range(len(seqs))]
 
 
