@@ -119,5 +119,8 @@ MIGRATIONS: list[str | Callable] = [
     ALTER TABLE engine_stats ADD COLUMN missing VARCHAR[];
     ALTER TABLE engine_stats ADD COLUMN raw VARCHAR;
     """,
+    # v9: each prompt's category where its set has them (MT-Bench, SPEED-Bench, any JSONL with a category field), for
+    # per-category tau; NULL where the set has none
+    "ALTER TABLE completions ADD COLUMN category VARCHAR;",
 ]
 VERSION = len(MIGRATIONS)
