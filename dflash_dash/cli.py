@@ -24,7 +24,7 @@ from dataclasses import MISSING, fields, replace
 from functools import cache
 from pathlib import Path
 
-from . import ops, pipeline
+from . import ops, pipeline, prompts
 from .errors import UserError
 from .pipeline import disk
 from .store import Store, default_workspace
@@ -74,6 +74,14 @@ def _print(obj) -> None:
 def cmd_import(a, store):
     n = pipeline.import_completions(store, a.file, a.name)
     print(f"imported {n} completions into set {a.name}")
+
+
+def cmd_import_prompts(a, store):
+    got, cats = pipeline.import_prompts(store, a.file, a.name, a.format), {}
+    for r in got:
+        cats[r["category"] or "(none)"] = cats.get(r["category"] or "(none)", 0) + 1
+    print(f"imported {len(got)} prompts as prompt set {a.name} ({', '.join(f'{c} {n}' for c, n in cats.items())});"
+          f" fetch them with: fetch --prompt-set {a.name} --name SET")  # fmt: skip
 
 
 def cmd_export_completions(a, store):
@@ -272,6 +280,12 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     s.add_argument("file")
     s.add_argument("--name", required=True, help="completion set name")
     s.set_defaults(fn=cmd_import)
+
+    s = sub.add_parser("import-prompts", help="keep a prompt file (MT-Bench, SPEED-Bench, GSM8K, ...) as a prompt set")
+    s.add_argument("file")
+    s.add_argument("--name", required=True, help="prompt set name (fetch --prompt-set NAME)")
+    s.add_argument("--format", default="auto", choices=prompts.FORMATS, help="the file's format (auto: its fields)")
+    s.set_defaults(fn=cmd_import_prompts)
 
     s = sub.add_parser("export-completions", help="print a completion set as JSONL")
     s.add_argument("--name", required=True)

@@ -167,3 +167,90 @@ def sweep_points(runs: list[dict], folder: str, extraction: str | None = None) -
         )
     pts.sort(key=lambda p: (p["step"] is None, p["step"] or 0, p["checkpoint"]))
     return pts
+
+
+# ---------------------------------------------------------------------------
+# many runs on one extraction (Compare's table and chart; the CLI's `compare`)
+
+MANY = 6  # runs Compare opens with: the newest drafter runs of the default pair's extraction
+
+
+def is_baseline(run: dict) -> bool:
+    """A model-free baseline's run (kind `baseline:<method>`, dflash_dash.baselines): a reference line, not a
+    checkpoint. The kind is read from the run row or its summary; a checkpoint named `baseline:...` counts too."""
+    kind = run.get("kind") or (run.get("summary") or {}).get("kind") or run.get("checkpoint") or ""
+    return str(kind).startswith("baseline:")
+
+
+def default_runs(runs: list[dict], most: int = MANY) -> list[str]:
+    """The runs Compare opens with: the newest `most` drafter runs on the extraction of `default_pair` (oldest
+    first) and every baseline run on it. `runs` oldest first, as Store.runs lists them."""
+    pair = default_pair(runs)
+    if pair is None:
+        return [r["id"] for r in runs]
+    ex = next(r["extraction_id"] for r in runs if r["id"] == pair[1])
+    on = [r for r in runs if r["extraction_id"] == ex]
+    drafters = [r["id"] for r in on if not is_baseline(r)][-most:]
+    return [r["id"] for r in on if r["id"] in drafters or is_baseline(r)]
+
+
+def many_rows(runs: list[dict], taus: dict[str, dict], cats: dict[str, str | None]) -> list[dict]:
+    """tau per run and per category (the chart's data): for each run (in order) `stats.by_category` of its
+    per-prompt taus ({run id: {prompt id: tau}}), one row per category: run, name, baseline, category, prompts,
+    tau (macro) and its bootstrap interval lo, hi."""
+    from .stats import by_category
+
+    return [
+        {"run": r["id"], "name": r["name"], "baseline": is_baseline(r)} | row
+        for r in runs
+        for row in by_category(taus[r["id"]], cats)
+    ]
+
+
+def many_table(runs: list[dict], rows: list[dict]) -> list[dict]:
+    """One row per run (`many_rows` folded): run, kind, tau macro with its 95% interval, tau pooled (the run's
+    summary), prompts, and tau per category ("tau · <category>") where the set has categories."""
+    out = []
+    for r in runs:
+        mine = [x for x in rows if x["run"] == r["id"]]
+        whole = next(x for x in mine if x["category"] == "all")
+        s = r.get("summary") or {}
+        row = {
+            "run": r["name"],
+            "kind": "baseline" if is_baseline(r) else s.get("family", "DFlash"),
+            "prompts": whole["prompts"],
+            "tau (macro)": rounded(whole["tau"], 4),
+            "95% interval": _span(whole["lo"], whole["hi"]),
+            "tau (pooled)": rounded(s.get("tau_pooled"), 4),
+        }
+        out.append(row | {f"tau · {x['category']}": rounded(x["tau"], 4) for x in mine if x["category"] != "all"})
+    return out
+
+
+def _span(lo: float | None, hi: float | None) -> str:
+    return "—" if lo is None or hi is None else f"[{lo:.2f}, {hi:.2f}]"
+
+
+def verdict_rows(ref: dict, runs: list[dict], taus: dict[str, dict], cats: dict[str, str | None]) -> list[dict]:
+    """Each run of `runs` other than `ref` against `ref` on the same prompts (`stats.paired_by_category`: over all
+    prompts, then per category): run, category, prompts, B − A (mean per-prompt difference, B the run), its 95%
+    interval, the verdict in words and the warning when the set cannot separate them."""
+    from .stats import paired_by_category
+
+    out = []
+    for r in runs:
+        if r["id"] == ref["id"]:
+            continue
+        for p in paired_by_category(taus[ref["id"]], taus[r["id"]], cats, ref["name"], r["name"]):
+            out.append(
+                {
+                    "run": r["name"],
+                    "category": p["category"],
+                    "prompts": p["prompts"],
+                    "B − A": rounded(p["diff"], 4),
+                    "95% interval": _span(p["lo"], p["hi"]),
+                    "verdict": p["verdict"],
+                    "warning": p["warning"] or "",
+                }
+            )
+    return out

@@ -20,8 +20,17 @@ from ..store import Store
 from .attribute import attribute
 from .base import DTYPES, Progress, Runner, features_root, here, work
 from .extract import extract, layers_of
-from .ingest import export_completions, fetch, hub_snapshot, import_completions, import_features, parse_jsonl
-from .kept import ANALYSES, analysis, conformance, export, import_engine_stats, keep, listing, signatures
+from .ingest import (
+    export_completions,
+    fetch,
+    hub_snapshot,
+    import_completions,
+    import_features,
+    import_prompts,
+    parse_jsonl,
+    prompt_folder,
+)
+from .kept import ANALYSES, analysis, compare, conformance, export, import_engine_stats, keep, listing, signatures
 from .replay import LayersMissing, check_replay, checkpoints_in, replay, sliding_check, store_run, sweep
 
 __all__ = [
@@ -34,6 +43,7 @@ __all__ = [
     "Runner",
     "TABLE",
     "analysis",
+    "compare",
     "attribute",
     "check_replay",
     "checkpoints_in",
@@ -46,6 +56,8 @@ __all__ = [
     "here",
     "hub_snapshot",
     "import_completions",
+    "import_prompts",
+    "prompt_folder",
     "import_engine_stats",
     "import_features",
     "keep",

@@ -33,7 +33,7 @@ def parse_jsonl(text: str, vocab_size: int | None = None) -> list[dict]:
                     raise InputError(
                         f"line {n} (id {pid!r}): token id {t} in '{key}' is outside the vocabulary (size {vocab_size})"
                     )
-        for key in ("prompt", "output"):
+        for key in ("prompt", "output", "category"):
             if key in rec and rec[key] is not None and not isinstance(rec[key], str):
                 raise InputError(f"line {n} (id {pid!r}): field '{key}' must be a string")
         out.append(
@@ -43,6 +43,7 @@ def parse_jsonl(text: str, vocab_size: int | None = None) -> list[dict]:
                 "output_ids": rec["output_ids"],
                 "prompt": rec.get("prompt"),
                 "output": rec.get("output"),
+                "category": rec.get("category") or None,
             }
         )
     if not out:
@@ -59,6 +60,37 @@ def import_completions(store: Store, file: str | Path, name: str) -> int:
     store.add_set(name, str(p.resolve()))
     store.add_completions(name, [r | {"idx": i, "finish_reason": "imported"} for i, r in enumerate(recs)])
     return len(recs)
+
+
+PROMPT_SETS = "prompt_sets"  # the workspace's folder of prompt sets (imported, and uploaded on the Completions page)
+
+
+def prompt_folder(store: Store) -> Path:
+    return Path(store.workspace) / PROMPT_SETS
+
+
+def import_prompts(store: Store, file: str | Path, name: str, fmt: str = "auto") -> list[dict]:
+    """A prompt file in a format users hold (prompts.FORMATS: MT-Bench, SPEED-Bench, GSM8K, HumanEval, any JSONL
+    with a category) kept in the workspace as prompt set `name` (the project's JSONL, categories kept), which a
+    fetch names like a built-in set. Returns its prompts; PromptSetError (a user error) on a bad file or name."""
+    import json
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name or "") or name in prompts_mod.SETS:
+        raise prompts_mod.PromptSetError(
+            f"prompt set name {name!r}: use letters, digits, '.', '_' or '-' (not a built-in set's name: "
+            f"{', '.join(prompts_mod.SETS)})"
+        )
+    p = Path(file)
+    if not p.is_file():
+        raise prompts_mod.PromptSetError(f"{file}: no such file")
+    got = prompts_mod.read(p, fmt)
+    dst = prompt_folder(store) / f"{name}.jsonl"
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "turns"}) + "\n" for r in got))
+    tmp.replace(dst)
+    return got
 
 
 def import_features(
@@ -134,6 +166,7 @@ def export_completions(store: Store, name: str) -> list[dict]:
             "output_ids": r["output_ids"],
             "prompt": r["prompt"],
             "output": r["output"],
+            "category": r.get("category"),
         }
         for r in rows
     ]
@@ -179,24 +212,48 @@ def hub_snapshot(repo_id: str) -> Path | None:
         return None
 
 
+def sent_settings(row: dict) -> dict | None:
+    """What a stored completion's request asked for, read in the fields of the engine it came from
+    (`EngineClient.read_request`: max_new_tokens, temperature, prompt_ids); None for a row without a request (an
+    imported set) or from an engine this version does not know."""
+    client = engines.ENGINES.get(row.get("engine") or engines.DEFAULT_ENGINE)
+    return client.read_request(row["request"]) if client is not None and row.get("request") else None
+
+
+def field_names(rows: list[dict], key: str) -> str:
+    """Where the set's engines keep setting `key` in their requests, for a message: e.g. " (llamacpp's n_predict)"."""
+    names = sorted({r.get("engine") or engines.DEFAULT_ENGINE for r in rows} & set(engines.ENGINES))
+    said = [
+        f"{n}'s {engines.ENGINES[n].request_fields[key][0]}" for n in names if key in engines.ENGINES[n].request_fields
+    ]
+    return f" ({', '.join(said)})" if said else ""
+
+
 def check_same_settings(store: Store, op: ops.Fetch, prompt_set: list[dict]) -> None:
     """Refuse to fetch into an existing set with other settings than it was fetched with (a set of mixed
     prompts or lengths measures nothing): raises InputError naming the setting, both values and the fix. Checked
-    from what the set holds, without the server: max_new_tokens from the stored requests; the chat template (and
-    thinking) by encoding a stored prompt's text (one `prompt_set` gives as text, not ids) with this fetch's settings
-    and the tokenizer of `op.tokenizer` or the set's model_path (skipped when neither is a readable folder here)."""
+    from what the set holds, without the server: max_new_tokens and temperature (a fetch is greedy) from the stored
+    requests, each read in its engine's own fields (`sent_settings`: SGLang's sampling_params.max_new_tokens, vLLM's
+    max_tokens, llama.cpp's n_predict); the chat template (and thinking) by encoding a stored prompt's text (one
+    `prompt_set` gives as text, not ids) with this fetch's settings and the tokenizer of `op.tokenizer` or the set's
+    model_path (skipped when neither is a readable folder here)."""
     rows = store.completions(op.name)
     if not rows:
         return
     fix = f"fetch into a new set (another completion set name than {op.name!r}), or use the set's settings"
-    sent = {(r["request"] or {}).get("sampling_params", {}).get("max_new_tokens") for r in rows} - {None}
-    if sent and op.max_new_tokens not in sent:
-        raise InputError(
-            f"max_new_tokens: set {op.name!r} was fetched with max_new_tokens {min(sent)}, this fetch asks for "
-            f"{op.max_new_tokens}; {fix}"
-        )
+    asked = {r["prompt_id"]: sent_settings(r) for r in rows}  # each request read in its own engine's fields
+    for key, want in (("max_new_tokens", op.max_new_tokens), ("temperature", 0)):  # a fetch decodes greedily
+        had = {a[key] for a in asked.values() if a is not None} - {None}
+        if had and had != {want}:
+            was = " and ".join(f"{v:g}" for v in sorted(had))
+            raise InputError(
+                f"{key}: set {op.name!r} was fetched with {key} {was}{field_names(rows, key)}, this fetch asks for "
+                f"{want:g}{' (greedy)' if key == 'temperature' else ''}; {fix}"
+            )
     texts = {p["id"] for p in prompt_set if "prompt_ids" not in p}
-    sent_ids = [r for r in rows if r["prompt_id"] in texts and r["prompt"] and "input_ids" in (r["request"] or {})]
+    sent_ids = [
+        r for r in rows if r["prompt_id"] in texts and r["prompt"] and (asked[r["prompt_id"]] or {}).get("prompt_ids")
+    ]
     row = sent_ids[0] if sent_ids else None
     folder = op.tokenizer or (row or {}).get("model_path")
     if row is None or not folder or not Path(folder).is_dir():
@@ -252,7 +309,7 @@ def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner
     chat, tokenizer, enable_thinking = op.chat, op.tokenizer, op.enable_thinking
     readiness_timeout = op.readiness_timeout or cfg.readiness_timeout
     try:
-        todo_all = prompts_mod.load(prompt_set)
+        todo_all = prompts_mod.load(prompt_set, folder=prompt_folder(store))
     except prompts_mod.PromptSetError as e:
         raise InputError(str(e)) from None
     if max_new_tokens < 1:
@@ -302,7 +359,10 @@ def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner
             raise InputError(
                 f"--chat needs the target's tokenizer here to apply its chat template; {_no_tokenizer(tok_dir)}"
             )
-    store.add_set(name, prompt_set if prompt_set in prompts_mod.SETS else str(Path(prompt_set).resolve()))
+    imported = prompt_folder(store) / f"{prompt_set}.jsonl"
+    file = imported if imported.is_file() else Path(prompt_set)
+    source = prompt_set if prompt_set in prompts_mod.SETS else str(file.resolve())
+    store.add_set(name, source)
     fetched = 0
     for p in todo:
         tick(progress, len(done) + fetched, n, f"fetching {p['id']}")
@@ -348,6 +408,7 @@ def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner
                 "request": res["request"],
                 "model_path": model_path,
                 "engine": client.name,
+                "category": p.get("category"),
             },
         )
         fetched += 1

@@ -315,3 +315,31 @@ def listing(store: Store, what: str) -> list[dict]:
         }
         for e in store.extractions()
     ]
+
+
+def compare(store: Store, run_ids: list[str]) -> dict:
+    """N >= 2 runs on one extraction side by side (the CLI's `compare`, Compare's table): {"extraction", "runs":
+    analysis.compare.many_table, "categories": many_rows (tau per run and category with its bootstrap interval),
+    "paired": verdict_rows of every run against the first}. InputError for fewer than two runs or runs on several
+    extractions (their prompts' hidden states differ, so their taus do not compare)."""
+    from ..analysis import compare as cmp
+
+    if len(dict.fromkeys(run_ids)) < 2:
+        raise InputError("--runs: give at least two run ids (see `runs`)")
+    by = {r["id"]: r for r in store.runs()}
+    missing = [i for i in run_ids if i not in by]
+    if missing:
+        raise InputError(f"--runs: no run {missing[0]!r} in this workspace (see `runs`)")
+    runs = [by[i] for i in dict.fromkeys(run_ids)]
+    exs = sorted({r["extraction_id"] for r in runs})
+    if len(exs) > 1:
+        raise InputError(f"--runs: the runs are on {len(exs)} extractions ({', '.join(exs)}); give runs of one")
+    taus = {r["id"]: {p["prompt_id"]: p["tau"] for p in analysis(store, r["id"], "prompts")} for r in runs}
+    cats = store.categories(runs[0]["set_name"])
+    rows = cmp.many_rows(runs, taus, cats)
+    return {
+        "extraction": exs[0],
+        "runs": cmp.many_table(runs, rows),
+        "categories": rows,
+        "paired": cmp.verdict_rows(runs[0], runs, taus, cats),
+    }

@@ -68,13 +68,15 @@ class Store(Database):
                     ),
                     "model_path": pa.array([c.get("model_path") for c in cs], pa.string()),
                     "engine": pa.array([c.get("engine") for c in cs], pa.string()),
+                    "category": pa.array([c.get("category") for c in cs], pa.string()),
                 }
             )
             con.register("_add_completions", t)
             try:
                 con.execute(
                     "INSERT OR REPLACE INTO completions (set_name, prompt_id, idx, prompt, output, prompt_ids, "
-                    "output_ids, finish_reason, meta_info, request, model_path, engine) SELECT * FROM _add_completions"
+                    "output_ids, finish_reason, meta_info, request, model_path, engine, category) "
+                    "SELECT * FROM _add_completions"
                 )
             finally:
                 con.unregister("_add_completions")
@@ -94,13 +96,18 @@ class Store(Database):
         return self.rows(
             "SELECT prompt_id, idx, left(prompt, ?) AS prompt, left(output, ?) AS output, "
             "len(prompt_ids) AS prompt_tokens, len(output_ids) AS output_tokens, finish_reason, "
-            "meta_info, model_path FROM completions WHERE set_name = ? ORDER BY idx, prompt_id",
+            "meta_info, model_path, category FROM completions WHERE set_name = ? ORDER BY idx, prompt_id",
             [preview, preview, set_name],
         )
 
     def completion(self, set_name: str, prompt_id: str) -> dict | None:
         got = self.rows("SELECT * FROM completions WHERE set_name = ? AND prompt_id = ?", [set_name, prompt_id])
         return got[0] if got else None
+
+    def categories(self, set_name: str) -> dict[str, str | None]:
+        """{prompt id: its category} of the set's completions (None where the set has none)."""
+        rows = self.rows("SELECT prompt_id, category FROM completions WHERE set_name = ?", [set_name])
+        return {r["prompt_id"]: r["category"] for r in rows}
 
     def completion_ids(self, set_name: str) -> set[str]:
         return {r["prompt_id"] for r in self.rows("SELECT prompt_id FROM completions WHERE set_name = ?", [set_name])}
