@@ -35,6 +35,8 @@ ORDER = [
     "cache",
     "replay",
     "metrics",
+    "costs",
+    "sampling",
     "walks",
     "drafters",
     "target",
