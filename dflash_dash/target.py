@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from .target_info import TargetError, TargetInfo, describe, has_linear_attention
+from .target_info import TargetError, TargetInfo, check_safetensors, describe, has_linear_attention
 
 # fla warns at import on a machine where Triton cannot run ("roll back to CPU"): the backend is forced and recorded
 # here (`use_backend`), so the library's line would only break a progress bar and mislead
@@ -199,6 +199,8 @@ def load(path: str | Path, layer_ids: list[int], device: str = "cpu", dtype: tor
     backend = use_backend(pick_backend(device))
     if not has_linear_attention(info, keep):  # no linear-attention kernel runs: no backend to record or warn of
         backend = NO_LINEAR
+    for f in sorted(Path(info.path).glob("*.safetensors")):  # a cut copy is named here, not deep in transformers
+        check_safetensors(f)
     cfg = AutoConfig.from_pretrained(info.path)
     text = cfg.get_text_config()
     text.num_hidden_layers = keep
@@ -407,6 +409,7 @@ def _weight_files(path: Path) -> dict[str, Path]:
         return {k: path / v for k, v in json.loads(index.read_text())["weight_map"].items()}
     out = {}
     for f in sorted(path.glob("*.safetensors")):
+        check_safetensors(f)
         with safe_open(str(f), framework="pt") as sf:
             out |= {k: f for k in sf.keys()}
     if not out:
@@ -432,6 +435,7 @@ def load_head(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.
     heads = [k for k in files if k.endswith("lm_head.weight") and "mtp" not in k]
 
     def get(name):
+        check_safetensors(files[name])
         with safe_open(str(files[name]), framework="pt") as sf:
             return sf.get_tensor(name).to(device=device, dtype=dtype)
 

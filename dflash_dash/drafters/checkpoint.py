@@ -4,17 +4,20 @@ Contract: `locate(path)` finds an HF folder (config.json + *.safetensors) or a S
 (`training_state.pt`, its config beside, above, or passed as --draft-config) and returns a `Checkpoint`;
 `read_config`/`config_of` validate its config; `tensors(ck)` yields its weights by bare name. A runtime file is
 read with torch.load(weights_only=True) only: a file that needs arbitrary unpickling is refused, so its code never
-runs. Torch and safetensors are imported inside `tensors` only: locating and reading configs stay torch-free.
+runs. Torch and safetensors are imported inside `tensors` only: locating and reading configs stay torch-free. A
+damaged or cut config or weights file (JSON that breaks, a safetensors file shorter than its header says, a
+runtime file that is no complete zip archive) is refused in one line naming the file.
 """
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..target_info import check_safetensors, read_json
 from .config import CheckpointError, DrafterConfig, parse_config
 
 RUNTIME_FILE = "training_state.pt"  # SpecForge runtime checkpoint: {run_id}-step{N}/training_state.pt
@@ -80,11 +83,12 @@ def locate(path: str | Path, draft_config: str | Path | None = None) -> Checkpoi
 
 
 def raw_config(ck: Checkpoint) -> dict:
+    """The config's JSON object; a damaged or cut file is refused naming it and where its JSON breaks."""
     try:
-        raw = json.loads(ck.config_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{ck.config_file}: not valid JSON ({e})") from None
-    return raw
+        raw = ck.config_file.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"{ck.config_file}: not readable ({e.strerror})") from None
+    return read_json(ck.config_file, raw, CheckpointError)
 
 
 def read_config(path: str | Path, draft_config: str | Path | None = None) -> DrafterConfig:
@@ -94,10 +98,14 @@ def read_config(path: str | Path, draft_config: str | Path | None = None) -> Dra
 
 def config_of(ck: Checkpoint) -> DrafterConfig:
     """The validated config of a located checkpoint; errors name the file they came from."""
+    raw = raw_config(ck)  # its errors name the file already
     try:
-        return parse_config(raw_config(ck))
-    except CheckpointError as e:
-        raise CheckpointError(str(e).replace("config.json:", f"{ck.config_file}:", 1)) from None
+        return parse_config(raw)
+    except CheckpointError as e:  # parse_config's errors start "config.json: ...": name the file read instead
+        msg = str(e)
+        raise CheckpointError(
+            f"{ck.config_file}{msg.removeprefix('config.json')}" if msg.startswith("config.json:") else msg
+        ) from None
 
 
 COPIES = ("embed_tokens.weight", "lm_head.weight")  # copies of the target's embedding / LM head: ignored
@@ -117,6 +125,7 @@ def tensors(ck: Checkpoint, family: str | None = None):
 
     if ck.kind == "hf":
         for f in ck.weights:
+            check_safetensors(f, CheckpointError)  # a cut copy named here, not by safetensors' own error
             with safe_open(str(f), framework="pt", device="cpu") as sf:
                 for name in sf.keys():
                     yield (
@@ -127,6 +136,11 @@ def tensors(ck: Checkpoint, family: str | None = None):
                     )
         return
     f = ck.weights[0]
+    if not zipfile.is_zipfile(f):  # torch.save writes a zip archive; a cut copy loses its central directory (the end)
+        raise CheckpointError(
+            f"{f}: truncated or not a torch checkpoint ({f.stat().st_size} bytes, no complete zip archive); copy "
+            "it again from the training machine"
+        )
     try:
         state = torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:

@@ -4,8 +4,10 @@ Contract: `plan(store, completions, layers, target, extraction_id)` computes the
 (tokens x K*H*2 over the prompts it still has to extract, plus `margin`) and the free space of the filesystem
 holding the workspace's feature folder (`free_bytes`, `shutil.disk_usage` of the folder or its nearest existing
 parent), as a `DiskPlan` whose `line` states both; `check` raises `DiskFull` (an `InputError`) naming both figures
-and the ways out when it does not fit. Torch-free: the CLI, the job's orchestration and `extract` call it before
-the target is loaded, a server freed or an extraction row written.
+and the ways out when it does not fit. A set without completions and a target whose weights files are cut short
+are refused before any plan is made (a plan shown before an error reads as if the work would start). Torch-free:
+the CLI, the job's orchestration and `extract` call it before the target is loaded, a server freed or an
+extraction row written.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from ..ops import InputError
 from ..store import Store
-from ..target_info import describe
+from ..target_info import check_safetensors, describe
 from .base import features_root
 
 MARGIN_FRACTION = 0.01  # of the payload: filesystem blocks, the header of each file
@@ -70,10 +72,19 @@ def plan(store: Store, completions: str, layers: list[int], target: str, extract
     """The bytes an extraction of set `completions` at target layers `layers` of `target` will write (the prompts
     extraction `extraction_id` already holds are not counted) against the free space under the feature folder."""
     width = len(layers) * describe(target).hidden_size
+    for f in sorted(Path(target).glob("*.safetensors")):  # headers only: a cut copy is named before any plan
+        check_safetensors(f)
+    every = store.completions(completions)
+    if not every:  # refused before a plan is shown: a plan of 0 prompts reads as if the work would start
+        sets = ", ".join(s["name"] for s in store.sets() if s["prompts"]) or "none yet"
+        raise InputError(
+            f"completions {completions!r}: no completions in that set (sets with completions: {sets}); give one of "
+            "them, or import or fetch the set first"
+        )
     held = set()
     if extraction_id and any(e["id"] == extraction_id for e in store.extractions()):
         held = {r["prompt_id"] for r in store.items(extraction_id)}
-    rows = [r for r in store.completions(completions) if r["prompt_id"] not in held]
+    rows = [r for r in every if r["prompt_id"] not in held]
     tokens = sum(len(r["prompt_ids"]) + len(r["output_ids"]) for r in rows)
     payload = tokens * width * 2
     folder = features_root(store)
