@@ -8,6 +8,13 @@ Contract:
   (a UserError naming the problem and the fix): ray not installed, an address that does not answer, a host that
   does not see the workspace path, a GPU count (`ray_gpus`) that is not the cluster's, a CPU-only cluster without
   `ray_cpus`.
+- Token authentication (Ray 2.52+; on by default for a cluster `ray.init()` starts, and for `ray start --head` where
+  a token exists): Ray's `ray.init(address=HOST:PORT)` never turns it on for an explicit address (ray/_private/
+  worker.py: "an explicit address ... never does"), so the GCS refuses the driver and ray.init retries for ~20 s,
+  then says only "Failed to connect". `connect` asks the GCS first (one `GcsClient`, as ray/_private/node.py does)
+  with the token Ray would send (RAY_AUTH_TOKEN, else the file RAY_AUTH_TOKEN_PATH names, else ~/.ray/auth_token:
+  Ray's own precedence), turning this process's token mode on where a token exists (a cluster without
+  authentication ignores it); a refusal says it is the token's, which source it came from, and the fix.
 - Workers: on a cluster with GPUs, one Ray task per GPU (`num_gpus=1`; Ray hands each its device, `cuda:0` inside
   it), every GPU of every host; on a cluster without GPUs, `ray_cpus` tasks of one CPU slot each (one thread each:
   Ray sets OMP_NUM_THREADS). The prompt ids are dealt round-robin, as the one-host pool deals them
@@ -34,10 +41,12 @@ import os
 import queue
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -51,6 +60,12 @@ RETRIES = 3  # times Ray re-runs a worker lost mid-job (its process or its host)
 PROBE_S = 5.0  # seconds a cluster address (and each host's workspace check) may take to answer
 TICK_S = 0.25  # a worker sends its progress at most this often
 PROBE_FILE = ".ray-probe"  # the name's start of the token file the driver writes in the workspace (`probe`)
+TOKEN_FILE = Path("~/.ray/auth_token")  # Ray's default token file (authentication_token_setup.py)
+FIX_TOKEN = (
+    "copy the cluster's token (`ray get-auth-token` on its head prints it) into ~/.ray/auth_token on this host, or "
+    "set RAY_AUTH_TOKEN_PATH to a file holding it, in the environment of the CLI or of the dashboard's server (its "
+    "jobs inherit it)"
+)
 
 
 class ClusterError(UserError, RuntimeError):
@@ -96,6 +111,7 @@ def connect(address: str) -> str:
                 "(`ray start --head` prints its address) or give the address it printed; --ray auto uses the "
                 "cluster this host runs"
             ) from None
+        _authenticate(address)
     if have:
         raise ClusterError(f"ray {address}: this process is already connected to the cluster at {have}; give that")
     kept = _handlers()
@@ -109,6 +125,81 @@ def connect(address: str) -> str:
             "give the address of a running cluster as HOST:PORT)"
         ) from None
     return ray.get_runtime_context().gcs_address
+
+
+def _token() -> tuple[str, str] | None:
+    """(where Ray would read this process's authentication token from, the fix where it is not the cluster's), in
+    Ray's precedence: RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names, ~/.ray/auth_token; None where there is
+    none. A RAY_AUTH_TOKEN_PATH that cannot be read is refused (Ray aborts on it)."""
+    got = "the cluster's token (`ray get-auth-token` on its head prints it)"
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "RAY_AUTH_TOKEN", f"set RAY_AUTH_TOKEN to {got}"
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if path:
+        try:
+            ok = Path(path).expanduser().read_text().strip() != ""
+        except OSError as e:
+            raise ClusterError(
+                f"ray: RAY_AUTH_TOKEN_PATH {path}: cannot read the token file ({e.strerror or e}); point it at the "
+                "file holding the cluster's token, or unset it"
+            ) from None
+        if not ok:
+            raise ClusterError(f"ray: RAY_AUTH_TOKEN_PATH {path}: the token file is empty; {FIX_TOKEN}")
+        return f"RAY_AUTH_TOKEN_PATH ({path})", f"write {got} into {path}"
+    if TOKEN_FILE.expanduser().is_file():
+        return f"{TOKEN_FILE} ({TOKEN_FILE.expanduser()})", f"write {got} into it, or set RAY_AUTH_TOKEN_PATH to a file"
+    return None
+
+
+def _authenticate(address: str) -> None:
+    """Make this process speak the authentication of the cluster at `address` before `ray.init`, or refuse in one
+    line naming the token's source and the fix (the module's contract)."""
+    try:
+        from ray._raylet import Config, GcsClient
+        from ray.exceptions import AuthenticationError
+    except ImportError:  # a Ray without token authentication (before 2.52): nothing to send
+        return
+    mode = os.environ.get("RAY_AUTH_MODE", "").lower()
+    source = _token()
+    if source and mode == "":
+        os.environ["RAY_AUTH_MODE"] = "token"  # as Ray's `_enable_token_auth` (authentication_token_setup.py)
+        Config.initialize("")  # so this process's RayConfig reads the mode again
+        mode = "token"
+    try:
+        with _quiet():
+            GcsClient(address=address)
+    except AuthenticationError:
+        if mode == "disabled":
+            raise ClusterError(
+                f"ray {address}: the cluster requires Ray's token authentication and RAY_AUTH_MODE is disabled in "
+                f"this environment; unset it, and {FIX_TOKEN}"
+            ) from None
+        if source is None:
+            raise ClusterError(
+                f"ray {address}: the cluster requires Ray's token authentication and this host has no token (none in "
+                f"RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or {TOKEN_FILE}); {FIX_TOKEN}"
+            ) from None
+        raise ClusterError(
+            f"ray {address}: the cluster refused the authentication token from {source[0]}: it is not the cluster's "
+            f"token; {source[1]}"
+        ) from None
+    except Exception:  # noqa: BLE001  (anything else: ray.init meets it and names it, as before)
+        return
+
+
+@contextmanager
+def _quiet():
+    """Stderr (fd 2) closed for a moment: Ray's C++ client logs a refused attempt there itself, and the refusal
+    says it in one line instead."""
+    sys.stderr.flush()
+    kept = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(kept, 2)
+        os.close(kept)
 
 
 def _handlers() -> dict:
