@@ -188,6 +188,10 @@ def cmd_attribute(a, store):
     _print(pipeline.attribute(store, op, progress))
 
 
+def cmd_baseline(a, store):
+    _print(pipeline.baseline(store, op_of(ops.Baseline, a), progress))  # {"id", "summary"}
+
+
 def cmd_export(a, store):
     _print(pipeline.export(store, a.run))
 
@@ -250,6 +254,7 @@ def cmd_conformance(a, store):
         f"the replay's committed / rounds by more than {out['threshold']:g} x replay tau",
         file=sys.stderr,
     )
+    print(f"verdict: {out['verdict']}: {out['why']}", file=sys.stderr)
     _print(out)
 
 
@@ -318,6 +323,18 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     )
     add_op_options(s, ops.Attribute)
     s.set_defaults(fn=cmd_attribute)
+
+    s = sub.add_parser("compare", help="N runs of one extraction: tau per run and category, paired verdicts (JSON)")
+    s.add_argument("--runs", nargs="+", required=True, help="run ids (see `runs`); each is judged against the first")
+    s.set_defaults(fn=lambda a, store: _print(pipeline.compare(store, a.runs)))
+
+    s = sub.add_parser(
+        "baseline",
+        help="replay a model-free proposer (vLLM ngram, SGLang n-gram, suffix decoding) over a completion "
+        "set as a run (JSON)",
+    )
+    add_op_options(s, ops.Baseline)
+    s.set_defaults(fn=cmd_baseline)
 
     s = sub.add_parser("export", help="print a run as JSON")
     s.add_argument("--run", default="latest")
@@ -402,6 +419,7 @@ CHOICES = {
     "anchors": ops.ANCHORS,
     "orchestrate": ops.ORCHESTRATE,
     "sliding_block": ops.SLIDING_BLOCKS,
+    "method": ("ngram", "sglang-ngram", "suffix"),  # = baselines.METHODS (tests/test_baselines.py checks)
 }  # fields whose values are one of a few names
 
 

@@ -274,3 +274,16 @@ def test_fetch_into_a_set_with_other_settings_is_refused(fetched, srv, model, ca
     err = capsys.readouterr().err
     assert "max_new_tokens 8" in err and "asks for 16" in err
     assert srv.generates() == before and len(store.completions("c10")) == 10
+
+
+def test_fetch_of_an_imported_mt_bench_set_keeps_categories(srv, tmp_path):
+    """An MT-Bench question.jsonl (FastChat's llm_judge shape: question_id, category, turns) kept with
+    import-prompts and fetched by name: each completion keeps its question's category, its first turn was sent."""
+    from test_standard_sets import MT_BENCH, write_jsonl
+
+    store = Store(tmp_path / "ws")
+    pipeline.import_prompts(store, write_jsonl(tmp_path / "question.jsonl", MT_BENCH), "mt")
+    pipeline.fetch(store, ops.Fetch(server=srv.url, prompt_set="mt", name="mt-set", max_new_tokens=4))
+    assert store.categories("mt-set") == {"81": "writing", "111": "math", "131": "extraction"}
+    assert [r["prompt"] for r in store.completions("mt-set")] == [q["turns"][0] for q in MT_BENCH]
+    assert store.sets()[-1]["source"] == str(pipeline.prompt_folder(store) / "mt.jsonl")

@@ -177,9 +177,10 @@ MANY = 6  # runs Compare opens with: the newest drafter runs of the default pair
 
 def is_baseline(run: dict) -> bool:
     """A model-free baseline's run (kind `baseline:<method>`, dflash_dash.baselines): a reference line, not a
-    checkpoint. The kind is read from the run row or its summary; a checkpoint named `baseline:...` counts too."""
-    kind = run.get("kind") or (run.get("summary") or {}).get("kind") or run.get("checkpoint") or ""
-    return str(kind).startswith("baseline:")
+    checkpoint. Told by the run's kind or family (the row or its summary) or a checkpoint named `baseline:...`."""
+    s = run.get("summary") or {}
+    kinds = (run.get("kind"), s.get("kind"), s.get("family"), run.get("checkpoint"))
+    return any(str(k or "").startswith("baseline:") for k in kinds)
 
 
 def default_runs(runs: list[dict], most: int = MANY) -> list[str]:
