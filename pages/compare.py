@@ -1,11 +1,13 @@
-"""Compare: two checkpoints on the same extraction (by default the newest two runs on one extraction). Drawn first,
-the pair: headline metrics side by side, a sortable per-prompt delta table and the two token views in one
+"""Compare: N >= 2 runs of one extraction side by side (pages/many_view.py: a table and a chart of tau per run and
+per category with bootstrap intervals, the baselines as reference lines, each run judged against a reference by the
+paired bootstrap), then two of them prompt by prompt (by default the newest two of the chosen runs). The pair:
+headline metrics side by side, a sortable per-prompt delta table and the two token views in one
 scroll-synced element with the positions whose outcome (accepted draft vs target token) differs outlined and a
 next-difference jump. Drawn only when chosen in the section picker below them: the per-prompt tau scatter with
 overlaid per-depth curves and histograms, overlaid calibration (reliability diagrams, ECE, expected vs observed tau),
 the one-position draft lag rate per slot, configs side by side, and the training sweep (tau against step for the
 checkpoints of a training folder; a link with &sweep=DIR opens it).
-URL: compare?a=ID&b=ID&prompt=PID&sweep=DIR[&section=charts|calibration|lag|config|sweep]."""
+URL: compare?runs=ID,ID,..&ref=ID&a=ID&b=ID&prompt=PID&sweep=DIR[&section=charts|calibration|lag|config|sweep]."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from dflash_dash.render.figures import depth_fig, hist_fig, lag_fig, scatter_fig
 from dflash_dash.render.formats import fmt, sliding_note
 from dflash_dash.render.tokens import legend_html
 from dflash_dash.vocab import Vocab
-from pages import common, jobs_view
+from pages import common, jobs_view, many_view
 
 common.routed()
 
@@ -271,12 +273,20 @@ def main() -> None:
         )
     else:
         by_id = {r["id"]: r for r in runs}
-        da, db = default_pair(runs)  # the newest two runs on one extraction
+        st.subheader("Runs side by side")
+        chosen = many_view.pick_runs(ws, stamp, runs)
+        with common.guard():  # a failing table does not hide the pair below
+            many_view.many_block(ws, stamp, chosen)
+        st.subheader("Two of them, prompt by prompt")
+        linked = {st.query_params.get("a"), st.query_params.get("b")}  # a link's pair stays choosable
+        pool = [r for r in runs if r["id"] in {c["id"] for c in chosen} | linked]
+        pool = pool if len(pool) >= 2 else runs
+        da, db = default_pair(pool)  # the newest two of them on one extraction
         c1, c2 = st.columns(2)
         with c1:
-            a_id = common.select_run("A", runs, "a", "cmp_a", default=da)
+            a_id = common.select_run("A", pool, "a", "cmp_a", default=da)
         with c2:
-            b_id = common.select_run("B", runs, "b", "cmp_b", default=db)
+            b_id = common.select_run("B", pool, "b", "cmp_b", default=db)
         a, b = by_id[a_id], by_id[b_id]
         st.caption(
             f"A: `{a['checkpoint']}` on `{a['extraction_id']}` (backend **{a['backend']}**)  \n"
