@@ -1,9 +1,8 @@
 """The arguments of the operations users run, one typed dataclass per operation: the one place their defaults live.
 
 Contract:
-- One class per operation (`Fetch`, `Extract`, `Replay`, `Sweep`, `SlidingCheck`, `Attribute`, `Diagnose`, `Demo`);
-  `kind`
-  is its job kind. Each field carries its default and a comment (the CLI's help text); `__post_init__`
+- One class per operation (`Fetch`, `Extract`, `Replay`, `Sweep`, `SlidingCheck`, `Attribute`, `Diagnose`, `Baseline`,
+  `Demo`); `kind` is its job kind. Each field carries its default and a comment (the CLI's help text); `__post_init__`
   validates (and normalises: "1,16,31" layers, "0,1" GPUs) and raises `InputError`, the UserError of bad input
   naming the field and the fix. dtype, device, layers, checkpoint lists and GPUs are checked here only
   (`check_dtype`, `check_device`, `parse_layers`, `parse_paths`, `parse_gpus`). A drafter's layers meet an
@@ -389,12 +388,34 @@ class Diagnose(Op):
 
 
 @dataclass
+class Baseline(Op):
+    kind: ClassVar[str] = "baseline"
+    method: str = "ngram"  # ngram (vLLM's prompt lookup) | sglang-ngram (SGLang's NGRAM) | suffix (vLLM's suffix)
+    completions: str | None = None  # completion set to replay on (None: the extraction's set)
+    extraction: str | None = None  # extraction whose prompts to replay and stand beside (or latest; None: the set's
+    # newest finished extraction when it has one, else no extraction and every prompt of the set)
+    settings: str | None = None  # the engine's settings, key=value,key=value (prompt_lookup_min=2); none: its defaults
+    name: str | None = None  # display name (default: the method and its settings)
+
+    def __post_init__(self):
+        from . import baselines
+
+        self._choice("method", tuple(baselines.METHODS))
+        if not (self.completions or self.extraction):
+            raise InputError("completions: give the completion set to replay on (or an extraction of it)")
+        try:
+            baselines.make(self.method, self.settings)
+        except baselines.SettingsError as e:
+            raise InputError(str(e)) from None
+
+
+@dataclass
 class Demo(Op):
     kind: ClassVar[str] = "demo"  # builds the demo workspace from the committed assets (no arguments)
 
 
 KINDS: dict[str, type[Op]] = {
-    c.kind: c for c in (Fetch, Extract, Replay, Sweep, SlidingCheck, Attribute, Diagnose, Demo)
+    c.kind: c for c in (Fetch, Extract, Replay, Sweep, SlidingCheck, Attribute, Diagnose, Baseline, Demo)
 }
 
 

@@ -33,6 +33,7 @@ ORDER = [
     "engines",
     "server",
     "cache",
+    "baselines",
     "replay",
     "metrics",
     "costs",

@@ -6,7 +6,8 @@ the handler up by the op's type (`TABLE`) and returns the job's result (plain JS
 resumable: work already recorded in the store is not redone. Replay and export never touch the network.
 The parts: `base` (progress, runner, the per-prompt `work`), `ingest` (completions in and out, fetch, tokenizers),
 `extract` (its `disk` check first), `replay` (replay, sweep, sliding check, the store step; `stream` for --stream),
-`device_io` (passes, loader thread, pinned uploads: the replay worker's loop), `attribute`, `kept` (kept analyses,
+`device_io` (passes, loader thread, pinned uploads: the replay worker's loop), `attribute`, `baseline` (model-free
+proposers stored as runs), `kept` (kept analyses,
 conformance, export, listings).
 """
 
@@ -19,6 +20,7 @@ from ..ops import InputError
 from ..store import Store
 from .attribute import attribute
 from .base import DTYPES, Progress, Runner, features_root, here, work
+from .baseline import baseline
 from .extract import extract, layers_of
 from .ingest import (
     export_completions,
@@ -45,6 +47,7 @@ __all__ = [
     "analysis",
     "compare",
     "attribute",
+    "baseline",
     "check_replay",
     "checkpoints_in",
     "conformance",
@@ -89,6 +92,7 @@ TABLE: dict[type[ops.Op], Handler] = {
     ops.Sweep: sweep,
     ops.SlidingCheck: sliding_check,
     ops.Attribute: attribute,
+    ops.Baseline: baseline,
     ops.Diagnose: lambda store, op, progress, runner: _diagnose(store, op, progress),
 }
 
@@ -100,6 +104,7 @@ RESULT: dict[type[ops.Op], Callable[[ops.Op, object], dict]] = {
     ops.Sweep: lambda op, ids: {"runs": ids},
     ops.SlidingCheck: lambda op, out: {"causal": out["causal"], "bidirectional": out["bidirectional"]},
     ops.Attribute: lambda op, out: {"run": out["run"], "taps": len(out["taps"])},
+    ops.Baseline: lambda op, out: {"run": out["id"]},
     ops.Diagnose: lambda op, out: {"run": out["run"], "engine": out["engine"], "explained_by": out["explained_by"]},
 }
 

@@ -57,7 +57,7 @@ def keep(
 
     r = store.run_row(run_id)
     B, budget = r["summary"]["block_size"], r["tree_budget"]
-    ex = store.extraction(r["extraction_id"])
+    ex = source_of(store, r)
     rows = sorted(rows, key=lambda p: p.id) if rows is not None else store.prompts(run_id)
     if comps is None:
         comps = (
@@ -95,6 +95,14 @@ def keep(
         for name, val in out.items():
             store.set_analysis(run_id, name, val)
     return out
+
+
+def source_of(store: Store, r: dict) -> dict:
+    """The extraction row of run `r`; for a run on a completion set alone (a baseline: extraction_id NULL) a stand-in
+    holding its set (summary `set_name`) and no target."""
+    if r["extraction_id"] is None:
+        return {"id": None, "set_name": (r["summary"] or {}).get("set_name"), "target_path": None, "backend": None}
+    return store.extraction(r["extraction_id"])
 
 
 def lag_of(rows: list[metrics.Prompt], comps: dict[str, dict], block_size: int) -> dict[str, list]:
@@ -232,7 +240,7 @@ def conformance(
     if not 0 <= thr < 1:
         raise InputError(f"--threshold {thr}: expected a fraction of the replay's tau in [0, 1), e.g. 0.05")
     r = store.run_row(run)
-    set_name = store.extraction(r["extraction_id"])["set_name"]
+    set_name = source_of(store, r)["set_name"]
     eng = engine_of(store, set_name, engine)
     order = {c["prompt_id"]: c["idx"] for c in store.completions(set_name)}
     prompts = sorted(store.run_prompts(r["id"]), key=lambda p: (order.get(p["prompt_id"], 0), p["prompt_id"]))
@@ -256,7 +264,7 @@ def export(store: Store, run: str = "latest") -> dict:
 
     r = store.run_row(run)
     prompts = store.run_prompts(r["id"])
-    order = {c["prompt_id"]: c["idx"] for c in store.completions(store.extraction(r["extraction_id"])["set_name"])}
+    order = {c["prompt_id"]: c["idx"] for c in store.completions(source_of(store, r)["set_name"])}
     prompts.sort(key=lambda p: order.get(p["prompt_id"], 0))
     B, budget = r["summary"]["block_size"], r["tree_budget"]
     out = {
