@@ -36,10 +36,12 @@ def fetch_form() -> None:
     url = common.server_url()
     with st.form("fetch"):
         c1, c2 = st.columns([2, 1])
+        kept = sorted(f.stem for f in (Path(common.workspace()) / "prompt_sets").glob("*.jsonl"))
         choice = c1.selectbox(
             "prompt set",
-            list(prompts.SETS) + [UPLOAD],
-            help="built-in sets, or a JSONL file of {\"id\", \"prompt\"} per line",
+            list(prompts.SETS) + [k for k in kept if k not in prompts.SETS] + [UPLOAD],
+            help="built-in sets (coding-10, HumanEval), sets imported below, or a JSONL file: {\"id\", \"prompt\"} "
+            "per line, MT-Bench, SPEED-Bench, GSM8K, or any JSONL with a category (told by its fields)",
         )
         up = c1.file_uploader("prompt set JSONL (when uploading)", type=["jsonl", "json", "txt"])
         name = c2.text_input("completion set name", value="")
@@ -82,6 +84,36 @@ def fetch_form() -> None:
             )
         )
     jobs_view.job_panel(("fetch",), key="fetch")
+
+
+def import_prompts_form() -> None:
+    from dflash_dash import pipeline, prompts
+
+    with st.expander("Import a prompt set (MT-Bench, SPEED-Bench, GSM8K, HumanEval, any JSONL with a category)"):
+        st.caption(
+            "Kept in the workspace under its name, with each prompt's category; fetch it above by that name. "
+            "Multi-turn questions (MT-Bench, SPEED-Bench) send their first turn: a second turn is asked after the "
+            "model's own first answer, which a fetch does not hold."
+        )
+        with st.form("import_prompts"):
+            up = st.file_uploader(
+                "prompt file (JSONL, JSONL.gz, or SPEED-Bench's parquet)", type=["jsonl", "json", "gz", "parquet"]
+            )
+            c1, c2 = st.columns(2)
+            name = c1.text_input("prompt set name")
+            fmt = c2.selectbox("format", prompts.FORMATS, help="auto: told by the first row's fields")
+            go = st.form_submit_button("Import prompts")
+        if go:
+            if up is None or not name.strip():
+                st.error("Choose a prompt file and give the prompt set a name.")
+                return
+            with common.guard():  # a bad file: one line naming the row and the fix, the rest of the page stays
+                got = pipeline.import_prompts(common.store(), save_upload(up, "imports"), name.strip(), fmt)
+                cats = sorted({p["category"] for p in got if p["category"]})
+                st.success(
+                    f"imported {len(got)} prompts as prompt set {name.strip()}"
+                    + (f" ({len(cats)} categories: {', '.join(cats)})" if cats else " (no categories)")
+                )
 
 
 def import_form() -> None:
@@ -161,6 +193,7 @@ def main() -> None:
                 st.json(
                     {"request": c.get("request"), "meta_info": c.get("meta_info"), "model_path": c.get("model_path")}
                 )
+    import_prompts_form()  # above the fetch form, whose prompt-set list then holds the set just imported
     fetch_form()
     import_form()
 

@@ -171,3 +171,15 @@ def test_completions_keep_their_category(tmp_path):
     assert st.categories("s") == {"81": "writing", "82": None}
     assert [r["category"] for r in pipeline.export_completions(st, "s")] == ["writing", None]
     assert [r["category"] for r in st.completion_index("s")] == ["writing", None]
+
+
+def test_completions_page_lists_built_in_and_imported_sets(tmp_path, monkeypatch):
+    from apptest import app, clean
+
+    ws = tmp_path / "ws"
+    pipeline.import_prompts(Store(ws), write_jsonl(tmp_path / "question.jsonl", MT_BENCH), "mt-bench")
+    at = app(ws, monkeypatch, "completions")
+    clean(at)
+    sets = next(s for s in at.selectbox if s.label == "prompt set")
+    assert sets.options[:3] == ["coding-10", "humaneval", "mt-bench"]
+    assert next(s for s in at.selectbox if s.label == "format").options == list(prompts.FORMATS)
