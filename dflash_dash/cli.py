@@ -174,8 +174,11 @@ def cmd_replay(a, store):
 
 def cmd_sweep(a, store):
     op, run = runner(store, op_of(ops.Sweep, a))
-    for run_id in pipeline.sweep(store, op, progress, run):
+    ids = pipeline.sweep(store, op, progress, run)
+    for run_id in ids:
         print(run_id)
+    if ids.skipped:  # after the bars: what under the folder is not a checkpoint, each with why
+        print(f"note: not checkpoints under {op.checkpoints}: {'; '.join(ids.skipped)}", file=sys.stderr)
 
 
 def cmd_sliding_check(a, store):

@@ -39,7 +39,48 @@ _RAY_ADDRESS = re.compile(r"[A-Za-z0-9_.\-\[\]:]+:\d{1,5}")  # a Ray cluster's G
 
 
 class InputError(UserError, ValueError):
-    """Bad user input (an operation's argument, a file's line); the message names the field or line and the fix."""
+    """Bad user input (an operation's argument, a file's line); the message names the field or line and the fix.
+    `field`: the operation field it is about (pages show that field's form label in its place: pages.common.said)."""
+
+    def __init__(self, msg: str, field: str | None = None):
+        super().__init__(msg)
+        self.field = field
+
+
+_NOT_A_NAME = re.compile(r"(?:[/\\\x00-\x1f\x7f]|\.\.)+")  # path separators, a parent step, control characters
+
+
+def check_name(value, name: str = "name", what: str = "a name", optional: bool = False) -> str | None:
+    """A user-given name (completion set, run, extraction, engine, display name) trimmed: refused when empty (unless
+    `optional`: None), or when it could act as a path or hides characters (/, \\, .., control characters)."""
+    v = value.strip() if isinstance(value, str) else value
+    if optional and v in (None, ""):
+        return None
+    if not isinstance(v, str) or not v:
+        raise InputError(f"{name} {value!r}: give {what}", name)
+    if _NOT_A_NAME.search(v):
+        like = _NOT_A_NAME.sub("-", v).strip("-. ") or "my-set"
+        raise InputError(
+            f"{name} {v!r}: a name holds no /, \\, .. or control characters; give {what} like {like!r}", name
+        )
+    return v
+
+
+def check_url(value, name: str = "server") -> str:
+    """A server's base URL http(s)://HOST[:PORT][/PATH], without its trailing slash."""
+    from urllib.parse import urlsplit
+
+    v = value.strip() if isinstance(value, str) else ""
+    try:
+        u = urlsplit(v)
+        ok = u.scheme in ("http", "https") and bool(u.hostname) and (u.port is None or u.port > 0)
+    except ValueError:  # a port that is not a number
+        ok = False
+    if not ok:
+        raise InputError(
+            f"{name} {value!r}: expected the server's http:// or https:// URL, like http://127.0.0.1:30000", name
+        )
+    return v.rstrip("/")
 
 
 def check_dtype(value, name: str = "dtype", optional: bool = False) -> None:
@@ -150,7 +191,10 @@ class Op:
     def _need(self, name: str, what: str) -> None:
         v = getattr(self, name)
         if not isinstance(v, str) or not v.strip():
-            raise InputError(f"{name} {v!r}: give {what}")
+            raise InputError(f"{name} {v!r}: give {what}", name)
+
+    def _name(self, name: str, what: str, optional: bool = False) -> None:
+        setattr(self, name, check_name(getattr(self, name), name, what, optional))
 
     def _int(self, name: str, lo: int, fix: str) -> None:
         v = getattr(self, name)
@@ -181,7 +225,7 @@ class Op:
 
     def _replay_fields(self) -> None:
         """The fields Replay and Sweep share: extraction, tree budget, where and how the drafters run."""
-        self._need("extraction", "an extraction id, or latest")
+        self._name("extraction", "an extraction id, or latest")
         self._int("tree_budget", 0, "expected 0 (no tree) or a positive DDTree node budget like 8")
         self._device()
         check_dtype(self.dtype)
@@ -198,7 +242,7 @@ class Op:
             raise InputError(f"stream: expected true or false, got {self.stream!r}")
         if self.stream:
             self._need("target", "with --stream, the target model folder the features are computed with")
-            self._need("completions", "with --stream, the completion set to evaluate")
+            self._name("completions", "with --stream, the completion set to evaluate")
         elif self.target or self.completions:
             raise InputError(
                 "target/completions: they name what --stream computes; add --stream, or drop them to replay an "
@@ -238,7 +282,7 @@ class Fetch(Op):
 
     def __post_init__(self):
         self._need("prompt_set", "a built-in prompt set (coding-10) or a JSONL file of {id, prompt}")
-        self._need("name", "a completion set name")
+        self._name("name", "a completion set name")
         self._int("max_new_tokens", 1, "must be at least 1")
         if self.readiness_timeout is not None and not (
             isinstance(self.readiness_timeout, (int, float)) and self.readiness_timeout > 0
@@ -247,7 +291,7 @@ class Fetch(Op):
         if not (isinstance(self.request_timeout, (int, float)) and self.request_timeout > 0):
             raise InputError(f"request_timeout {self.request_timeout!r}: give seconds > 0, like 600")
         self.chat, self.enable_thinking = bool(self.chat), bool(self.enable_thinking)
-        self.server = self.server or None
+        self.server = check_url(self.server) if self.server else None
 
 
 @dataclass
@@ -272,7 +316,8 @@ class Extract(Op):
 
     def __post_init__(self):
         self._need("target", "the target model folder (a Hugging Face causal LM)")
-        self._need("completions", "the completion set name")
+        self._name("completions", "the completion set name")
+        self._name("extraction_id", "the extraction id to resume", optional=True)
         self.layers = parse_layers(self.layers)
         self.drafter = parse_paths(self.drafter)
         if not self.layers and not self.drafter:
@@ -314,6 +359,7 @@ class Replay(Op):
 
     def __post_init__(self):
         self._need("drafter", "the checkpoint folder to replay")
+        self._name("name", "a display name for the run", optional=True)
         self._int("chunk", 1, "expected a positive number of blocks per forward, like 64")
         self._replay_fields()
 
@@ -358,7 +404,7 @@ class SlidingCheck(Op):
 
     def __post_init__(self):
         self._need("drafter", "the checkpoint folder to check")
-        self._need("extraction", "an extraction id, or latest")
+        self._name("extraction", "an extraction id, or latest")
         self._int("tree_budget", 0, "expected 0 (no tree) or a positive DDTree node budget like 8")
         self._device()
         check_dtype(self.dtype)
@@ -372,7 +418,7 @@ class Attribute(Op):
     dtype: str | None = None  # None: the run's own dtype
 
     def __post_init__(self):
-        self._need("run", "a run id, or latest")
+        self._name("run", "a run id, or latest")
         self._device(optional=True)
         check_dtype(self.dtype, optional=True)
 
@@ -384,7 +430,8 @@ class Diagnose(Op):
     engine: str | None = None  # engine whose stats to explain (None: sglang, or the only one)
 
     def __post_init__(self):
-        self._need("run", "a run id, or latest")
+        self._name("run", "a run id, or latest")
+        self._name("engine", "an engine name like sglang", optional=True)
 
 
 @dataclass

@@ -4,13 +4,15 @@ cached store reads, URL-synced selects, the error guard and the live job panel.
 Contract: the only other file (with app.py and the pages) that imports streamlit. Reads go through `st.cache_data`
 keyed on the workspace path and `Store.stamp()` (changes when data is added), objects through `st.cache_resource`.
 Long work is started as a job (`dflash_dash.jobs.lifecycle`) and followed by a fragment that polls the store every
-second; when a job finishes the page reruns so new data shows up. `guard()` turns every error into an `st.error`.
+second while a job runs (`pages.jobs_view`: an idle tab polls nothing); when a job finishes the page reruns so new data
+shows up. `guard()` turns every error into an `st.error`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import threading
 import traceback
@@ -74,9 +76,13 @@ def app() -> None:
     the page in one store session (one connection for its reads; jobs' writes wait at most one page render)."""
     page_config()
     page = navigation()
-    sidebar()
+    jobs_slot = sidebar()
     with store().session(), routing():
         page.run()
+    from pages import jobs_view  # after the page: a job it started is listed (and followed) at once
+
+    with jobs_slot.container():
+        jobs_view.running_jobs()
 
 
 def routed() -> None:
@@ -94,35 +100,27 @@ def page_config() -> None:
     st.set_page_config(page_title="dflash-dash", page_icon="⚡", layout="wide")
 
 
-def sidebar() -> None:
-    """The app's sidebar: the workspace, the server's readiness and the running jobs."""
+def sidebar():
+    """The app's sidebar: the workspace and the server's readiness; returns the slot of the running jobs (drawn after
+    the page, `jobs_view.running_jobs`)."""
     with st.sidebar:
         st.markdown("**Workspace**")
         st.text(workspace())  # not st.code: its syntax highlighter costs every page load ~0.2 s of browser time
         server_status(server_url())
         st.markdown("**Jobs**")
-        running_jobs()
+        return st.empty()
 
 
-@st.fragment(run_every=2.0)
-def running_jobs() -> None:
-    try:
-        active = job_lifecycle().active(store())
-    except Exception as e:  # noqa: BLE001  (the sidebar must never break the page)
-        st.caption(f"jobs unavailable: {e}")
-        return
-    if not active:
-        st.caption("no running jobs")
-    for j in active:
-        st.progress(
-            min(1.0, max(0.0, float(j["progress"] or 0.0))),
-            text=f"{j['kind']} · {j['status']} · {str(j['step'] or '')[:60]}",
-        )
+HEALTH_S = (3.0, 30.0)  # the readiness badges' redraw: while the first answer is pending, and after it (cheap, rare)
 
 
-@st.fragment(run_every=3.0)
 def server_status(url: str) -> None:
-    """The server's readiness from its background /health poller (never blocks: a real /health takes seconds)."""
+    """The server's readiness from its background /health poller (never blocks: a real /health takes seconds),
+    redrawn every 3 s until it has an answer, then every 30 s: an idle tab costs the server almost nothing."""
+    st.fragment(run_every=HEALTH_S[health(url)[0] is not None])(_server_badge)(url)
+
+
+def _server_badge(url: str) -> None:
     ok, state = health(url)
     st.markdown(f"**Server** {health_badge(ok)}")
     st.caption(f"{url} · {state}")
@@ -270,6 +268,20 @@ def engine_stats(ws: str, set_name: str, engine: str, stamp: str) -> list[dict]:
     return _store(ws).engine_stats(set_name, engine)
 
 
+def served(ws: str, set_name: str, engine: str) -> dict | None:
+    """What `engine` said it served when set `set_name` was fetched (Store.served; None: nothing recorded), read
+    each time (one small row)."""
+    return _store(ws).served(set_name, engine)
+
+
+def replayed(ws: str, run: dict) -> dict:
+    """The identity of the drafter run `run` replayed (pipeline.served.replayed: kept with the run, computed once
+    from its checkpoint otherwise)."""
+    from dflash_dash.pipeline import served as served_mod
+
+    return served_mod.replayed(_store(ws), run)
+
+
 def config():
     from dflash_dash import config as cfg_mod
 
@@ -342,16 +354,53 @@ def health_badge(ok: bool | None) -> str:
 
 
 @contextmanager
-def guard():
+def guard(labels: dict[str, str] | None = None):
     """Run a page body; show user errors as their message and anything else as a short message (the
-    traceback goes to the server log only)."""
+    traceback goes to the server log only). `labels` {op field: form label} (a form's own, beside FIELDS): a form's
+    errors name its fields (`said`)."""
     try:
         yield
     except UserError as e:
-        st.error(str(e))
+        st.error(said(e, FIELDS | labels) if labels is not None else str(e))
     except Exception as e:  # noqa: BLE001  (never a traceback in the browser)
         traceback.print_exc(file=sys.stderr)
         st.error(f"Unexpected error ({type(e).__name__}): {e}. The details are in the log of `streamlit run`.")
+
+
+FIELDS = {  # the labels of the inputs job forms share (jobs_view.where_inputs, checkpoint_inputs)
+    "device": "device",
+    "gpus": "GPUs",
+    "ray": "Ray cluster",
+    "ray_cpus": "Ray CPU workers",
+    "dtype": "dtype",
+    "draft_config": "draft config JSON",
+    "sliding_block": "sliding_attention layers",
+}
+
+
+def said(e: Exception, labels: dict[str, str]) -> str:
+    """A user error in a form's words, the one place op fields become form labels: the field an ops.InputError is
+    about (`e.field`, its message's first word) and any CLI flag of a labelled field (--max-new-tokens) read as the
+    form's label ("Server URL 'htp://nope': ..." for "server 'htp://nope': ...")."""
+    msg, field = str(e), getattr(e, "field", None)
+    if field in labels and msg.startswith(field):
+        msg = labels[field][:1].upper() + labels[field][1:] + msg[len(field) :]
+    for name, label in labels.items():
+        msg = re.sub(rf"--{re.escape(name.replace('_', '-'))}\b(?!-)", label, msg)
+    return msg
+
+
+def folder(value: str, field: str, hub: bool = False) -> str | None:
+    """A form's folder field checked before a job: None when empty; refused (ops.InputError naming `field`) when it
+    is no folder here. `hub`: a Hugging Face hub id (org/name, no leading / . or ~) passes unchecked."""
+    from dflash_dash.ops import InputError
+
+    v = value.strip()
+    if not v or (hub and not v.startswith(("/", ".", "~")) and not Path(v).exists()):
+        return v or None
+    if not Path(v).expanduser().is_dir():
+        raise InputError(f"{field} {v!r}: no such folder on this machine; give an existing folder", field)
+    return v
 
 
 # ---------------------------------------------------------------------------

@@ -236,9 +236,12 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
             stream = (  # no feature files: the sweep runs the target again over the set
                 dict(stream=True, target=e["target_path"], completions=e["set_name"]) if common.streamed(e) else {}
             )
-            with common.guard():  # a mistyped folder, or one without a checkpoint: said here, no job
-                pipeline.checkpoints_in(folder.strip())
+            with common.guard({"checkpoints": "training output folder"}):  # a mistyped folder, one without a
+                # checkpoint or with a damaged one: said here, no job; what is not a checkpoint is listed
+                _, skipped = pipeline.checkpoints_in(folder.strip())
                 jobs_view.start_job(ops.Sweep(checkpoints=folder.strip(), extraction=ex, **how, **stream))
+                if skipped:
+                    st.info(f"Not checkpoints, skipped: {'; '.join(skipped)}")
     else:
         st.info("No finished extraction: extract hidden states on the **Extraction** page first.")
     jobs_view.job_panel(("sweep",), key="sweep")

@@ -5,6 +5,7 @@ counters. Selecting a row shows that completion's prompt and text. URL: completi
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import streamlit as st
@@ -17,6 +18,15 @@ from pages import common, jobs_view
 common.routed()
 
 UPLOAD = "upload a JSONL file…"
+FETCH = {  # ops.Fetch field -> its widget's label: errors name the form's fields, not CLI flags (common.said)
+    "prompt_set": "prompt set",
+    "name": "completion set name",
+    "server": "server URL",
+    "max_new_tokens": "max new tokens",
+    "chat": "chat template",
+    "tokenizer": "tokenizer folder",
+}
+IMPORT = {"name": "set name"}  # the import form's labels, as FETCH
 
 
 def save_upload(up, folder: str) -> Path:
@@ -38,22 +48,22 @@ def fetch_form() -> None:
         c1, c2 = st.columns([2, 1])
         kept = sorted(f.stem for f in (Path(common.workspace()) / "prompt_sets").glob("*.jsonl"))
         choice = c1.selectbox(
-            "prompt set",
+            FETCH["prompt_set"],
             list(prompts.SETS) + [k for k in kept if k not in prompts.SETS] + [UPLOAD],
             help="built-in sets (coding-10, HumanEval), sets imported below, or a JSONL file: {\"id\", \"prompt\"} "
             "per line, MT-Bench, SPEED-Bench, GSM8K, or any JSONL with a category (told by its fields)",
         )
         up = c1.file_uploader("prompt set JSONL (when uploading)", type=["jsonl", "json", "txt"])
-        name = c2.text_input("completion set name", value="")
+        name = c2.text_input(FETCH["name"], value="")
         c3, c4, c5 = st.columns([2, 1, 1])
-        server = c3.text_input("server URL", value=url)
-        max_new = c4.number_input("max new tokens", 1, 32768, 256)
+        server = c3.text_input(FETCH["server"], value=url)
+        max_new = c4.number_input(FETCH["max_new_tokens"], 1, 32768, 256)
         chat = c5.toggle(
-            "chat template",
+            FETCH["chat"],
             value=True,
             help="apply the target's chat template locally (thinking off) and send input_ids",
         )
-        tok = st.text_input("tokenizer folder (for the chat template; empty: the server's tokenizer_path)", "")
+        tok = st.text_input(f"{FETCH['tokenizer']} (for the chat template; empty: the server's tokenizer_path)", "")
         go = st.form_submit_button("Fetch", type="primary")
     if go:
         if not name.strip():  # never a default: the prompt set's name may be a set already fetched otherwise
@@ -63,26 +73,23 @@ def fetch_form() -> None:
                 "set's name only to continue fetching that set (with the settings it was fetched with)."
             )
             return
-        if choice == UPLOAD:
-            if up is None:
-                st.error("Choose a prompt-set JSONL file to upload, or pick a built-in set.")
-                return
-            f = save_upload(up, "prompt_sets")
-            prompts.load(str(f))  # validate now: a bad file is reported here, not in the job
-            prompt_set = str(f)
-        else:
-            prompt_set = choice
-        set_name = name.strip()
-        jobs_view.start_job(
-            ops.Fetch(
-                server=server.strip(),
-                prompt_set=prompt_set,
-                name=set_name,
+        with common.guard(FETCH):  # every field checked before a job starts or an upload is kept
+            op = ops.Fetch(
+                server=server.strip() or None,
+                prompt_set=choice,
+                name=name,
                 max_new_tokens=int(max_new),
                 chat=bool(chat),
-                tokenizer=tok.strip() or None,
+                tokenizer=common.folder(tok, "tokenizer", hub=True),
             )
-        )
+            if choice == UPLOAD:
+                if up is None:
+                    st.error("Choose a prompt-set JSONL file to upload, or pick a built-in set.")
+                    return
+                f = save_upload(up, "prompt_sets")
+                prompts.load(str(f))  # validate now: a bad file is reported here, not in the job
+                op = replace(op, prompt_set=str(f))
+            jobs_view.start_job(op)
     jobs_view.job_panel(("fetch",), key="fetch")
 
 
@@ -122,14 +129,16 @@ def import_form() -> None:
     with st.expander("Import a completions JSONL ({\"id\", \"prompt_ids\", \"output_ids\"} per line)"):
         with st.form("import"):
             up = st.file_uploader("completions JSONL", type=["jsonl", "json", "txt"])
-            name = st.text_input("set name")
+            name = st.text_input(IMPORT["name"])
             go = st.form_submit_button("Import")
         if go:
             if up is None or not name.strip():
                 st.error("Choose a file and give the set a name.")
                 return
-            n = pipeline.import_completions(common.store(), save_upload(up, "imports"), name.strip())
-            st.success(f"imported {n} completions into set {name.strip()}")
+            with common.guard(IMPORT):  # the name checked before the upload is kept
+                set_name = ops.check_name(name, "name", "the set's name")
+                n = pipeline.import_completions(common.store(), save_upload(up, "imports"), set_name)
+                st.success(f"imported {n} completions into set {set_name}")
 
 
 def main() -> None:

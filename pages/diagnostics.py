@@ -123,7 +123,8 @@ def consistency_block(ws: str, stamp: str) -> None:
     info = target_info.describe(by[ex]["target_path"])
     rows = consistency(cfg, by[ex], info)
     bad = [r for r in rows if r["ok"] != "✓"]
-    (st.error if any(r["check"] != "extraction backend" for r in bad) else st.warning if bad else st.success)(
+    fatal = [r for r in bad if r["check"] != "extraction backend" and r["ok"] != "⚠"]  # ⚠: an engine's limit
+    (st.error if fatal else st.warning if bad else st.success)(
         f"{len(bad)} of {len(rows)} checks fail" if bad else "checkpoint and extraction are consistent"
     )
     st.dataframe(rows, hide_index=True, width="stretch")
@@ -171,7 +172,13 @@ def sliding_block(ws: str, stamp: str) -> None:
     if rows:
         st.dataframe(rows, hide_index=True, width="stretch", column_config=common.numbers(rows))
     if len(rows) < 2 and st.button("Replay both ways", type="primary", key="slide_go"):
-        jobs_view.start_job(ops.SlidingCheck(drafter=ck.strip(), extraction=ex))
+        from dflash_dash import drafters
+
+        with common.guard({"drafter": "drafter checkpoint"}):  # a mistyped or damaged checkpoint: said here, no job
+            op = ops.SlidingCheck(drafter=ck.strip(), extraction=ex)
+            drafters.check_files(drafters.locate(op.drafter))
+            drafters.read_config(op.drafter)
+            jobs_view.start_job(op)
     jobs_view.job_panel(("sliding-check",), key="slide")
 
 
@@ -279,7 +286,6 @@ def server_block() -> None:
     st.header("Server health")
     url = st.text_input("server URL", value=common.server_url(), key="diag_url").strip()
 
-    @st.fragment(run_every=3.0)
     def status() -> None:
         ok, state = common.health(url)  # background poller: a real /health generates a token (seconds)
         if ok is None:
@@ -294,7 +300,7 @@ def server_block() -> None:
             except (ServerError, ValueError) as e:
                 st.warning(str(e))
 
-    status()
+    st.fragment(run_every=common.HEALTH_S[common.health(url)[0] is not None])(status)()  # as the sidebar's badge
     st.subheader("GPU memory")
     try:
         gpus = gpu.gpu_memory()

@@ -281,15 +281,18 @@ def stream_block(sets: list[dict], exs: list[dict]) -> None:
             return
         from dflash_dash import pipeline
 
-        with common.guard():  # a mistyped folder, a drafter the target cannot feed: said here, no job
-            args = dict(stream=True, target=target.strip(), completions=set_name, **how)
-            found, _ = pipeline.checkpoints_in(folder.strip())
+        labels = {"target": "target model folder", "checkpoints": "checkpoint folder", "drafter": "checkpoint folder"}
+        with common.guard(labels):  # a mistyped folder, a drafter the target cannot feed: said here, no job
+            args = dict(stream=True, target=common.folder(target, "target"), completions=set_name, **how)
+            found, skipped = pipeline.checkpoints_in(folder.strip())
             if [str(p) for p in found] == [str(Path(folder.strip()).resolve())]:  # one checkpoint: its every anchor
                 op = ops.Replay(drafter=folder.strip(), force=True, **args)
                 pipeline.check_replay(common.store(), op)
             else:  # a training folder: its checkpoints on one pass of the target
                 op = ops.Sweep(checkpoints=folder.strip(), **args)
             jobs_view.start_job(op)
+            if skipped:
+                st.info(f"Not checkpoints, skipped: {'; '.join(skipped)}")
     jobs_view.job_panel(("replay", "sweep"), key="stream")
 
 

@@ -88,12 +88,51 @@ def start_job(op) -> str:
     return job_id
 
 
+PANEL_S, SIDEBAR_S = 1.0, 2.0  # how often a job panel and the sidebar's list redraw while a job of theirs runs
+
+
+def busy(kinds: tuple[str, ...] | None = None) -> bool:
+    """Whether a job of the workspace (of `kinds`; None: any) is queued or running (a dead one settled first). The
+    fragments that follow jobs poll only then: an idle tab costs the server nothing. A page that starts a job reruns
+    (a form's click) and draws its panel after the start; a fragment whose jobs end reruns the app, which polls no
+    more. A job started elsewhere (the CLI, another tab) shows at this tab's next rerun."""
+    try:
+        return any(kinds is None or j["kind"] in kinds for j in job_lifecycle().active(store()))
+    except Exception:  # noqa: BLE001  (a fragment's cadence must never break the page)
+        return False
+
+
+def running_jobs() -> None:
+    """The sidebar's running jobs, redrawn while one runs; when the last ends the app reruns (its result shows)."""
+    polling = busy()
+
+    @st.fragment(run_every=SIDEBAR_S if polling else None)
+    def listing() -> None:
+        try:
+            active = job_lifecycle().active(store())
+        except Exception as e:  # noqa: BLE001  (the sidebar must never break the page)
+            st.caption(f"jobs unavailable: {e}")
+            return
+        if polling and not active:
+            st.rerun()  # the last job ended: the page shows its result, and this list stops polling
+        if not active:
+            st.caption("no running jobs")
+        for j in active:
+            st.progress(
+                min(1.0, max(0.0, float(j["progress"] or 0.0))),
+                text=f"{j['kind']} · {j['status']} · {str(j['step'] or '')[:60]}",
+            )
+
+    listing()
+
+
 def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
     """Live list of the recent jobs of `kinds`: status, step, progress bar, error, log tail, cancel/rerun, and
     dismiss for a failed or cancelled job (hidden from the panel from then on; `jobs` on the CLI still lists it).
-    Polls every second; when a job reaches a final state the whole page reruns to show its result."""
+    Polls every second while a job of `kinds` runs (`busy`); when a job reaches a final state the whole page reruns
+    to show its result (and the panel stops polling)."""
 
-    @st.fragment(run_every=1.0)
+    @st.fragment(run_every=PANEL_S if busy(kinds) else None)
     def panel():
         with guard():
             body()
@@ -185,7 +224,8 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
             )
             if stream:
                 st.info(f"Extraction {ex} was streamed (no feature files): this replay runs the target again.")
-            with common.guard():  # a mistyped folder or a drafter this extraction cannot feed: said here, no job
+            with common.guard({"drafter": "checkpoint folder"}):  # a mistyped folder, a damaged checkpoint or a
+                # drafter this extraction cannot feed: said here, no job
                 op = ops.Replay(
                     drafter=ck.strip(),
                     extraction=ex,

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from .base import Drafter, Family
-from .checkpoint import RUNTIME_FILE, Checkpoint, config_of, locate, raw_config, read_config, step_of
+from .checkpoint import RUNTIME_FILE, Checkpoint, check_files, config_of, locate, raw_config, read_config, step_of
 from .config import (
     SLIDING_BLOCKS,
     DrafterConfig,
@@ -43,6 +43,7 @@ __all__ = [
     "SLIDING_BLOCKS",
     "Check",
     "Checkpoint",
+    "check_files",
     "CheckpointError",
     "Drafter",
     "DrafterConfig",

@@ -108,6 +108,20 @@ def config_of(ck: Checkpoint) -> DrafterConfig:
         ) from None
 
 
+def check_files(ck: Checkpoint) -> None:
+    """Refuse weights files cut short or damaged, reading headers only (torch-free): a safetensors file shorter than
+    its header says, a runtime file that is no complete zip archive (torch.save's format; a cut copy loses the
+    archive's directory, at its end)."""
+    for f in ck.weights:
+        if ck.kind == "hf":
+            check_safetensors(f, CheckpointError)
+        elif not zipfile.is_zipfile(f):
+            raise CheckpointError(
+                f"{f}: truncated or not a torch checkpoint ({f.stat().st_size} bytes, no complete zip archive); copy "
+                "it again from the training machine"
+            )
+
+
 COPIES = ("embed_tokens.weight", "lm_head.weight")  # copies of the target's embedding / LM head: ignored
 STRATEGIES = {"dflash": ("dflash", "dflash2"), "dspark": ("dspark",), "domino": ("domino",)}  # a runtime
 # checkpoint's SpecForge training `strategy` -> the families it trains (DFlash2 trains through DFlash's)
@@ -123,9 +137,9 @@ def tensors(ck: Checkpoint, family: str | None = None):
     import torch
     from safetensors import safe_open
 
+    check_files(ck)  # a cut copy named here, not by safetensors' or torch's own error
     if ck.kind == "hf":
         for f in ck.weights:
-            check_safetensors(f, CheckpointError)  # a cut copy named here, not by safetensors' own error
             with safe_open(str(f), framework="pt", device="cpu") as sf:
                 for name in sf.keys():
                     yield (
@@ -136,11 +150,6 @@ def tensors(ck: Checkpoint, family: str | None = None):
                     )
         return
     f = ck.weights[0]
-    if not zipfile.is_zipfile(f):  # torch.save writes a zip archive; a cut copy loses its central directory (the end)
-        raise CheckpointError(
-            f"{f}: truncated or not a torch checkpoint ({f.stat().st_size} bytes, no complete zip archive); copy "
-            "it again from the training machine"
-        )
     try:
         state = torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:

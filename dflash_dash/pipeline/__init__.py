@@ -101,7 +101,7 @@ RESULT: dict[type[ops.Op], Callable[[ops.Op, object], dict]] = {
     ops.Fetch: lambda op, n: {"set": op.name, "fetched": n},
     ops.Extract: lambda op, ex_id: {"extraction": ex_id},
     ops.Replay: lambda op, out: {"run": out["id"]},
-    ops.Sweep: lambda op, ids: {"runs": ids},
+    ops.Sweep: lambda op, ids: {"runs": list(ids), "skipped": ids.skipped},
     ops.SlidingCheck: lambda op, out: {"causal": out["causal"], "bidirectional": out["bidirectional"]},
     ops.Attribute: lambda op, out: {"run": out["run"], "taps": len(out["taps"])},
     ops.Baseline: lambda op, out: {"run": out["id"]},

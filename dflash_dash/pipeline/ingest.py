@@ -54,6 +54,7 @@ def parse_jsonl(text: str, vocab_size: int | None = None) -> list[dict]:
 def import_completions(store: Store, file: str | Path, name: str) -> int:
     """Import a completions JSONL file as set `name`; returns the number of completions."""
     p = Path(file)
+    name = ops.check_name(name, "name", "the completion set's name")
     if not p.is_file():
         raise InputError(f"{file}: no such file")
     recs = parse_jsonl(p.read_text())

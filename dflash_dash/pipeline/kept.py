@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from .. import metrics
-from ..ops import InputError
+from ..ops import InputError, check_name
 from ..store import Store, StoreError
 
 ANALYSES = ("prompts", "calibration", "patterns", "lag", "heads", "signatures")  # whole-run analyses kept
@@ -193,9 +193,10 @@ def import_engine_stats(store: Store, file: str | Path, completions: str, engine
     p = Path(file)
     if not p.is_file():
         raise InputError(f"{file}: no such file (a JSONL file of engine stats)")
-    if not engine or not engine.strip() or len(engine) > 64:
-        raise InputError(f"--engine {engine!r}: give the engine's name (1 to 64 characters, e.g. vllm)")
-    comps = store.completions(completions)
+    engine = check_name(engine, "engine", "the engine's name (e.g. vllm)")
+    if len(engine) > 64:
+        raise InputError(f"engine {engine!r}: give the engine's name (1 to 64 characters, e.g. vllm)", "engine")
+    comps = store.completions(check_name(completions, "completions", "the completion set the engine generated"))
     if not comps:
         raise StoreError(f"no completion set named {completions!r}; fetch or import the completions first")
     rows = conformance_mod.parse_stats(

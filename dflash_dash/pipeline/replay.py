@@ -131,10 +131,12 @@ def check_replay(store: Store, op: ops.Replay) -> None:
     """What `replay` would refuse before any work, checked without torch, so a page can refuse a form at once
     rather than start a job that fails seconds later: the extraction exists and is done, the checkpoint is a
     readable drafter config of a known family (`drafters.read_config`: a mistyped folder is named), its sliding
-    semantics, and its wiring to the extraction's target (`check_drafter`). Raises the UserError naming the fix."""
+    semantics, its weights files whole (`check_files`: headers only), and its wiring to the extraction's target
+    (`check_drafter`). Raises the UserError naming the fix."""
     from .. import target_info
 
     if op.stream:  # the target will compute the drafter's own layers: checked against the target alone
+    drafter_mod.check_files(drafter_mod.locate(op.drafter, op.draft_config))  # weights cut short: named now
         cfg = drafter_mod.read_config(op.drafter, op.draft_config)
         drafter_mod.sliding_semantics(cfg, op.sliding_block)
         info = target_info.describe(op.target)
@@ -326,21 +328,29 @@ def scored(p: metrics.Prompt, B: int, budget: int) -> metrics.Prompt:
 def checkpoints_in(folder: str | Path) -> tuple[list[Path], list[str]]:
     """(checkpoints, notes) under `folder` (itself included), in step order: HF folders (config.json +
     *.safetensors; SpecForge `epoch_E_step_S/`, `checkpoint-N/`, ...) and SpecForge runtime folders
-    (`{run_id}-step{N}/training_state.pt`). Links such as `{run_id}-latest`/`-best` count once (their target);
-    folders that are not block drafters (a target model, EAGLE, ...) are skipped with a note."""
+    (`{run_id}-step{N}/training_state.pt`). Links such as `{run_id}-latest`/`-best` count once (their target).
+    What is not a block drafter is skipped with a note each ("NAME: skipped (why)"): a folder of weights without a
+    config.json, a target model, EAGLE, ..., and every other entry of `folder` (logs, files) holding no checkpoint.
+    A checkpoint that is damaged (its config.json not JSON, a weights file cut short) is refused naming the file:
+    skipping it would hide a step of the training."""
     root = Path(folder)
     if not root.is_dir():
-        raise InputError(f"--checkpoints {folder}: no such folder (point at a training output folder)")
+        raise InputError(f"checkpoints {str(folder)!r}: no such folder (give a training output folder)", "checkpoints")
+    top = root.resolve()
     dirs = {f.parent.resolve() for pat in ("*.safetensors", drafter_mod.RUNTIME_FILE) for f in root.rglob(pat)}
     found, notes = [], []
     for d in sorted(dirs):
-        if (d / "config.json").is_file():  # a runtime folder without one is checked with --draft-config later
-            try:
-                drafter_mod.family_of(drafter_mod.raw_config(drafter_mod.locate(d)))
-            except drafter_mod.CheckpointError as e:
-                notes.append(f"{d.name}: skipped ({str(e).removeprefix('config.json: ')})")
+        why = foreign(d)
+        if why:
+            notes.append(f"{d.relative_to(top) if d.is_relative_to(top) else d}: skipped ({why})")
+        else:
+            found.append(d)
+    if top not in dirs:  # the folder's other entries (logs, notes, files): listed, never read
+        for e in sorted(root.iterdir()):
+            if e.name.startswith(".") or e.name == "config.json":  # hidden, or the config of runtime checkpoints
                 continue
-        found.append(d)
+            if not any(d == e.resolve() or e.resolve() in d.parents for d in dirs):
+                notes.append(f"{e.name}: skipped (not a checkpoint{' folder' if e.is_dir() else ''})")
     if not found:
         raise InputError(
             f"{folder}: no checkpoint inside (expected epoch_E_step_S/ or {{run_id}}-step{{N}}/ "
@@ -354,7 +364,30 @@ def checkpoints_in(folder: str | Path) -> tuple[list[Path], list[str]]:
 
 def sweep(store: Store, op: ops.Sweep, progress: Progress = None, runner: Runner | None = None) -> list[str]:
     """Replay every checkpoint found under `op.checkpoints` on one extraction, in one pass over its features
-    (`replay_many`, chain-only anchors by default); returns run ids in step order. A checkpoint already replayed
+def foreign(d: Path) -> str | None:
+    """Why folder `d` (holding weights) is not a block-drafter checkpoint, or None when it is one. A damaged one
+    raises CheckpointError naming the file (its config.json not JSON, a weights file cut short)."""
+    if not (d / "config.json").is_file():  # a runtime folder's config may sit above or come with --draft-config
+        return None if (d / drafter_mod.RUNTIME_FILE).is_file() else "weights without a config.json: not a checkpoint"
+    ck = drafter_mod.locate(d)
+    try:
+        drafter_mod.family_of(drafter_mod.raw_config(ck))
+    except drafter_mod.CheckpointError as e:
+        if str(e).startswith(str(ck.config_file)):  # the file itself is damaged: named, never skipped
+            raise
+        return str(e).removeprefix("config.json: ")
+    drafter_mod.check_files(ck)
+    return None
+
+
+class Swept(list):
+    """A sweep's run ids in step order (a list); `skipped`: the notes of what under the folder is not a checkpoint."""
+
+    skipped: list[str] = []
+
+
+    (`replay_many`, chain-only anchors by default); returns run ids in step order (a `Swept`: its `skipped` lists
+    what under the folder is not a checkpoint, `checkpoints_in`). A checkpoint already replayed
     on this extraction (with the same sliding semantics and over the same prompts: `op.max_prompts`) is not
     replayed again (its latest run id is returned). Every checkpoint is validated before the first replay, so a
     refused one stops the sweep with nothing stored."""
@@ -366,7 +399,8 @@ def sweep(store: Store, op: ops.Sweep, progress: Progress = None, runner: Runner
         from .stream import stream
 
         specs = [ops.CheckpointSpec(str(ck), sliding_block, draft_config) for ck in cks]
-        ids = [r["id"] for r in stream(store, op, specs, progress, runner)]
+        ids = Swept(r["id"] for r in stream(store, op, specs, progress, runner))
+        ids.skipped = notes
         tick(progress, len(cks), len(cks), f"replayed {len(cks)} checkpoints on the target's streamed features")
         return ids
     ex = store.extraction(op.extraction)
@@ -396,7 +430,8 @@ def sweep(store: Store, op: ops.Sweep, progress: Progress = None, runner: Runner
         else []
     )
     fresh = {str(ck): r["id"] for ck, r in zip(todo, new)}
-    ids = [have.get((str(ck), sem)) or fresh[str(ck)] for ck, sem in plan]
+    ids = Swept(have.get((str(ck), sem)) or fresh[str(ck)] for ck, sem in plan)
+    ids.skipped = notes
     tick(progress, len(cks), len(cks), f"replayed {len(todo)} checkpoints")
     return ids
 
