@@ -135,8 +135,8 @@ def check_replay(store: Store, op: ops.Replay) -> None:
     (`check_drafter`). Raises the UserError naming the fix."""
     from .. import target_info
 
-    if op.stream:  # the target will compute the drafter's own layers: checked against the target alone
     drafter_mod.check_files(drafter_mod.locate(op.drafter, op.draft_config))  # weights cut short: named now
+    if op.stream:  # the target will compute the drafter's own layers: checked against the target alone
         cfg = drafter_mod.read_config(op.drafter, op.draft_config)
         drafter_mod.sliding_semantics(cfg, op.sliding_block)
         info = target_info.describe(op.target)
@@ -362,8 +362,6 @@ def checkpoints_in(folder: str | Path) -> tuple[list[Path], list[str]]:
     ), notes
 
 
-def sweep(store: Store, op: ops.Sweep, progress: Progress = None, runner: Runner | None = None) -> list[str]:
-    """Replay every checkpoint found under `op.checkpoints` on one extraction, in one pass over its features
 def foreign(d: Path) -> str | None:
     """Why folder `d` (holding weights) is not a block-drafter checkpoint, or None when it is one. A damaged one
     raises CheckpointError naming the file (its config.json not JSON, a weights file cut short)."""
@@ -386,6 +384,8 @@ class Swept(list):
     skipped: list[str] = []
 
 
+def sweep(store: Store, op: ops.Sweep, progress: Progress = None, runner: Runner | None = None) -> list[str]:
+    """Replay every checkpoint found under `op.checkpoints` on one extraction, in one pass over its features
     (`replay_many`, chain-only anchors by default); returns run ids in step order (a `Swept`: its `skipped` lists
     what under the folder is not a checkpoint, `checkpoints_in`). A checkpoint already replayed
     on this extraction (with the same sliding semantics and over the same prompts: `op.max_prompts`) is not
