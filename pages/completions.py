@@ -114,7 +114,9 @@ def import_prompts_form() -> None:
             if up is None or not name.strip():
                 st.error("Choose a prompt file and give the prompt set a name.")
                 return
-            with common.guard():  # a bad file: one line naming the row and the fix, the rest of the page stays
+            with common.guard({"name": "prompt set name"}):  # a bad file or name: one line naming the row (or
+                # the field) and the fix, the rest of the page stays
+                ops.check_name(name, "name", "the prompt set's name")  # before the upload is kept
                 got = pipeline.import_prompts(common.store(), save_upload(up, "imports"), name.strip(), fmt)
                 cats = sorted({p["category"] for p in got if p["category"]})
                 st.success(

@@ -1,8 +1,10 @@
 """What every serving-engine client shares: the HTTP transport with retries and API keys, readiness, errors.
 
-Contract: an engine client (`EngineClient`) answers three questions in the engine's own shapes: is the server
-ready (`health`, `wait_ready`), what does it generate greedily (`generate`), and what speculative statistics did
-it report for a request (`spec_stats`). This module holds the parts that do not depend on the engine:
+Contract: an engine client (`EngineClient`) answers in the engine's own shapes: is the server ready (`health`,
+`wait_ready`), what does it generate greedily (`generate`), what speculative statistics did it report for a request
+(`spec_stats`), what settings did a stored request ask for (`read_request`, from the fields the engine declares in
+`request_fields`), and which target layers can it not serve a drafter from (`unservable`). This module holds the
+parts that do not depend on the engine:
 - Readiness is `/health` only: connection refused / reset and 503 mean "not ready yet", 200 means ready.
   A real `/health` may generate one token (and wait a second first), so it is given HEALTH_TIMEOUT_S seconds.
 - API keys: with `api_key` set, every request carries `Authorization: Bearer KEY`. A 401/403 is a ServerError
@@ -26,7 +28,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ..errors import UserError
 
@@ -310,6 +312,41 @@ class EngineClient:
 # ---------------------------------------------------------------------------
 # engine-stats rows: what every engine's speculative statistics become
 
+
+    # where this engine's request body (what `generate` sends) holds each setting a fetch must keep the same across
+    # a set: setting -> the body's field (dotted: nested), or several fields, the first present wins
+    request_fields: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    @classmethod
+    def read_request(cls, body: dict | None) -> dict:
+        """The settings a stored request body of this engine asked for, read from the engine's own fields
+        (`request_fields`): {"max_new_tokens", "temperature", "prompt_ids" (the ids sent; None when text was sent)},
+        each None when the body lacks it."""
+        out: dict[str, Any] = {}
+        for key in SETTINGS:
+            out[key] = None
+            for path in cls.request_fields.get(key, ()):
+                v: Any = body if isinstance(body, dict) else None
+                for part in path.split("."):
+                    v = v.get(part) if isinstance(v, dict) else None
+                if v is not None:
+                    out[key] = v
+                    break
+        ids = out["prompt_ids"]
+        out["prompt_ids"] = counts(ids) if isinstance(ids, list) and ids else None
+        for key in ("max_new_tokens", "temperature"):
+            v = out[key]
+            out[key] = v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        return out
+
+    @staticmethod
+    def unservable(layer_ids: list[int], num_layers: int) -> dict[int, str]:
+        """The target layer ids (of a drafter reading `layer_ids` from a target of `num_layers` layers) this engine
+        cannot serve, each with why: empty for an engine without a known limit."""
+        return {}
+
+
+SETTINGS = ("max_new_tokens", "temperature", "prompt_ids")  # what `read_request` reads back from a stored request
 
 def count(v: Any) -> int | None:
     """`v` when it is an integer >= 0 (not a bool), else None."""

@@ -132,6 +132,12 @@ class SGLangClient(EngineClient):
     stats_source = "meta_info"
     spec_stats = staticmethod(spec_stats)
 
+    # POST /generate's body (python/sglang/srt/managers/io_struct.py, GenerateReqInput; sampling_params.py)
+    request_fields = {
+        "max_new_tokens": ("sampling_params.max_new_tokens",),
+        "temperature": ("sampling_params.temperature",),
+        "prompt_ids": ("input_ids",),
+    }
     # -- information
 
     def model_info(self) -> dict:

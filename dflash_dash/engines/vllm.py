@@ -163,6 +163,8 @@ class VLLMClient(EngineClient):
     name = "vllm"
     stats_source = "metrics.speculative_decoding"
     spec_stats = staticmethod(spec_stats)
+    # POST /v1/completions' body (vllm/entrypoints/openai/completion/protocol.py, CompletionRequest)
+    request_fields = {"max_new_tokens": ("max_tokens",), "temperature": ("temperature",), "prompt_ids": ("prompt",)}
 
     def model_info(self) -> dict:
         """GET /v1/models: {"model_path": the served model's root (its path), "tokenizer_path": the same folder,

@@ -53,8 +53,8 @@ def parse_jsonl(text: str, vocab_size: int | None = None) -> list[dict]:
 
 def import_completions(store: Store, file: str | Path, name: str) -> int:
     """Import a completions JSONL file as set `name`; returns the number of completions."""
-    p = Path(file)
     name = ops.check_name(name, "name", "the completion set's name")
+    p = Path(file)
     if not p.is_file():
         raise InputError(f"{file}: no such file")
     recs = parse_jsonl(p.read_text())
@@ -75,12 +75,11 @@ def import_prompts(store: Store, file: str | Path, name: str, fmt: str = "auto")
     with a category) kept in the workspace as prompt set `name` (the project's JSONL, categories kept), which a
     fetch names like a built-in set. Returns its prompts; PromptSetError (a user error) on a bad file or name."""
     import json
-    import re
 
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name or "") or name in prompts_mod.SETS:
+    name = ops.check_name(name, "name", "the prompt set's name")  # it names a file of the workspace
+    if name in prompts_mod.SETS:
         raise prompts_mod.PromptSetError(
-            f"prompt set name {name!r}: use letters, digits, '.', '_' or '-' (not a built-in set's name: "
-            f"{', '.join(prompts_mod.SETS)})"
+            f"prompt set name {name!r}: a built-in set's name ({', '.join(prompts_mod.SETS)}); give another name"
         )
     p = Path(file)
     if not p.is_file():
