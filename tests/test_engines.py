@@ -249,7 +249,11 @@ def test_llamacpp_completion_and_draft_counts():
         12,
         13,
     )
-    assert row["raw"] == {"timings": {"draft_n": 12, "draft_n_accepted": 9}, "draft_length": 4}
+    assert row["raw"] == {
+        "timings": {"draft_n": 12, "draft_n_accepted": 9},
+        "draft_length": 4,
+        "verify_steps_from": "draft_n / the fixed draft length 4",  # an older llama-server: n_min == n_max
+    }
     assert [m.split(":")[0] for m in row["missing"]] == ["accept_lengths"]  # no per-step acceptance reported
 
 
@@ -262,6 +266,92 @@ def test_llamacpp_variable_drafts_name_the_missing_steps():
     assert tau.tau is None and tau.engine_figure == 0.75 and tau.engine_formula == "draft_n_accepted / draft_n"
     plain = llamacpp_mod.parse_completion(llamacpp_answer({}))  # no draft made: timings carry no draft_n
     assert LlamaCppClient.spec_stats(plain["meta_info"], 13) is None
+
+
+def prometheus_text(drafts: float, draft_tokens: float, accepted: float, processing: int = 0, deferred: int = 0) -> str:
+    # ggml-org/llama.cpp tools/server/server-task.cpp, server_task_result_metrics::to_metrics: "# HELP", "# TYPE" and
+    # "llamacpp:NAME VALUE" per item, the value a double through an ostream (6 significant digits, C's %g)
+    items = [
+        ("counter", "prompt_tokens_total", 120),
+        ("counter", "tokens_predicted_total", 300),
+        ("counter", "spec_decode_num_draft_tokens_total", draft_tokens),
+        ("counter", "spec_decode_num_accepted_tokens_total", accepted),
+        ("counter", "spec_decode_num_drafts_total", drafts),
+        ("gauge", "requests_processing", processing),
+        ("gauge", "requests_deferred", deferred),
+    ]
+    lines = [f"# HELP llamacpp:{n} x\n# TYPE llamacpp:{n} {k}\nllamacpp:{n} {v:g}" for k, n, v in items]
+    lines.append('llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 5')
+    return "\n".join(lines) + "\n"
+
+
+def with_readings(meta: dict, before: str, after: str) -> dict:
+    return meta | {
+        llamacpp_mod.METRICS_KEY: {
+            "before": llamacpp_mod.parse_prometheus(before),
+            "after": llamacpp_mod.parse_prometheus(after),
+        }
+    }
+
+
+def test_llamacpp_verify_steps_from_the_metrics_difference():
+    """A current llama-server's generation_settings hold speculative.types and no n_min / n_max: the verify steps
+    come from llamacpp:spec_decode_num_drafts_total around the request, only when nothing else could have added to
+    it; each "unknown" carries its own reason."""
+    body = json.loads(llamacpp_answer({"draft_n": 12, "draft_n_accepted": 9}))
+    st = body["generation_settings"]
+    del st["speculative.n_max"], st["speculative.n_min"], st["speculative.p_min"]
+    st["speculative.types"] = "draft-dflash"
+    meta = llamacpp_mod.parse_completion(json.dumps(body).encode())["meta_info"]
+    before = prometheus_text(40, 400, 250)
+    row = LlamaCppClient.spec_stats(with_readings(meta, before, prometheus_text(43, 412, 259)), 13)
+    assert row["verify_steps"] == 3 and row["raw"]["verify_steps_from"].startswith("the difference of llamacpp:")
+    assert metrics.convert_engine_tau("llamacpp", row).tau == 4.0
+    cases = {  # the same request's readings, each transformed so the difference no longer belongs to it alone
+        "another request processing": (prometheus_text(40, 400, 250, processing=1), prometheus_text(43, 412, 259)),
+        "a request deferred after": (before, prometheus_text(43, 412, 259, deferred=1)),
+        "another request in between": (before, prometheus_text(45, 432, 270)),
+        "counters past 10^6": (prometheus_text(40, 1_000_400, 250), prometheus_text(43, 1_000_412, 259)),
+    }
+    reasons = {}
+    for what, (b, a) in cases.items():
+        got = LlamaCppClient.spec_stats(with_readings(meta, b, a), 13)
+        assert got["verify_steps"] is None and got["accepted_tokens"] == 9, what
+        reasons[what] = next(m for m in got["missing"] if m.startswith("verify_steps"))
+    assert "requests_processing 1 before" in reasons["another request processing"]
+    assert "requests_deferred 1 after" in reasons["a request deferred after"]
+    assert "rose by 32 drafted / 20 accepted" in reasons["another request in between"]
+    assert "6 significant digits" in reasons["counters past 10^6"]
+    off = meta | {llamacpp_mod.METRICS_KEY: {"off": "GET /metrics answered 501 (...): start it with --metrics"}}
+    why = LlamaCppClient.spec_stats(off, 13)["missing"][0]
+    assert "--metrics" in why and "speculative.types 'draft-dflash'" in why
+    assert "no /metrics reading" in LlamaCppClient.spec_stats(meta, 13)["missing"][0]  # a row stored before
+
+
+def test_each_engine_reads_its_own_request_fields():
+    """The settings a fetch keeps equal across a set, read back from each engine's own request shape."""
+    bodies = {
+        "sglang": {"input_ids": [5, 6], "sampling_params": {"temperature": 0, "max_new_tokens": 8}},
+        "vllm": {"model": "m", "prompt": [5, 6], "max_tokens": 8, "temperature": 0, "return_token_ids": True},
+        "llamacpp": {"prompt": [5, 6], "n_predict": 8, "temperature": 0, "top_k": 1, "return_tokens": True},
+    }
+    for name, body in bodies.items():
+        assert engines.ENGINES[name].read_request(body) == {"max_new_tokens": 8, "temperature": 0, "prompt_ids": [5, 6]}
+        other = next(b for n, b in bodies.items() if n != name)  # another engine's shape: nothing read as this one's
+        assert engines.ENGINES[name].read_request(other)["max_new_tokens"] is None
+    assert LlamaCppClient.read_request({"prompt": "text", "max_tokens": 4}) == {
+        "max_new_tokens": 4,  # llama-server reads max_tokens when n_predict is absent
+        "temperature": None,
+        "prompt_ids": None,  # text was sent
+    }
+
+
+def test_llamacpp_cannot_serve_the_last_layer():
+    assert LlamaCppClient.unservable([1, 4], 8) == {}
+    why = LlamaCppClient.unservable([1, 7], 8)
+    assert list(why) == [7] and "t_layer_inp" in why[7] and "layers 0..7" in why[7]
+    assert engines.SGLangClient.unservable([1, 7], 8) == {}
+    assert engines.layer_limits([1, 7], 8) == [f"llamacpp cannot serve target layer 7: {why[7]}"]
 
 
 def test_llamacpp_answer_without_tokens_is_refused():

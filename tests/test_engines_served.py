@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 from serving import Served, status_now, stop_jobs, tiny_model, until
 
-from dflash_dash import engines, metrics, ops, pipeline, prompts
+from dflash_dash import drafters, engines, metrics, ops, pipeline, prompts
 from dflash_dash.engines import ServerError
 from dflash_dash.jobs import lifecycle
 from dflash_dash.store import Store
@@ -36,6 +36,7 @@ def srv(request, models, tmp_path_factory):
     """The stand-in in one engine's protocol, started with a startup delay and NOT waited for."""
     target, draft = models
     extra = ["--speculative-draft", str(draft), "--speculative-stats", "detailed", "--token-delay", "0.02"]
+    extra += ["--metrics"] if request.param == "llamacpp" else []  # llama-server's /metrics: its verify steps
     s = Served(
         target,
         tmp_path_factory.mktemp("log") / "server.log",
@@ -220,3 +221,70 @@ def test_speculative_bug_shows_in_every_protocols_statistics():
     for pid in ("graph_bfs", "matrix_multiply"):
         assert got[None, pid][0] == got["truncate-context", pid][0]  # greedy: the same tokens
         assert got["truncate-context", pid][1] < got[None, pid][1]  # fewer drafts accepted
+
+
+def test_fetch_settings_refused_in_each_protocols_shape(srv, tmp_path, monkeypatch):
+    """Issue 47: a resumed fetch with another max_new_tokens was refused for SGLang only (the check read
+    sampling_params.max_new_tokens); each engine's stored requests are read in its own fields (vLLM's max_tokens,
+    llama.cpp's n_predict). Refused before anything is sent, naming the field."""
+    store = workspace(tmp_path / "ws", srv, monkeypatch)
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps(p) + "\n" for p in prompts.load("coding-10")[:2]))
+    assert pipeline.fetch(store, ops.Fetch(prompt_set=str(f), name="s", max_new_tokens=4)) == 2
+    f.write_text("".join(json.dumps(p) + "\n" for p in prompts.load("coding-10")[:3]))  # one more: a resume
+    before = srv.generates()
+    field = {"sglang": "sampling_params.max_new_tokens", "vllm": "max_tokens", "llamacpp": "n_predict"}[srv.engine]
+    with pytest.raises(ops.InputError, match=rf"max_new_tokens 4 \({srv.engine}'s {field}\), this fetch asks for 8"):
+        pipeline.fetch(store, ops.Fetch(prompt_set=str(f), name="s", max_new_tokens=8))
+    assert srv.generates() == before and len(store.completions("s")) == 2
+    assert pipeline.fetch(store, ops.Fetch(prompt_set=str(f), name="s", max_new_tokens=4)) == 1  # same: resumes
+
+
+def test_llamacpp_verify_steps_from_metrics(srv, models):
+    """llama.cpp's answers count no verify steps and a current llama-server reports no draft length; with --metrics
+    its server-wide llamacpp:spec_decode_num_drafts_total, read around each request, gives them. The stand-in drafts
+    B-1 tokens per step, so draft_n / (B-1) is the truth to compare with; a request that another one overlaps is
+    named unknown, with why."""
+    if srv.engine != "llamacpp":
+        pytest.skip("llama.cpp's /metrics")
+    import threading
+
+    srv.wait()
+    block = drafters.read_config(models[1]).block_size
+    res = srv.client.generate(input_ids=[5, 6, 7, 8], max_new_tokens=N)
+    assert res["meta_info"]["generation_settings"]["speculative.types"] == "draft-dflash"
+    assert "speculative.n_max" not in res["meta_info"]["generation_settings"]
+    row = srv.client.spec_stats(res["meta_info"], len(res["output_ids"]))
+    assert row["verify_steps"] == row["drafted_tokens"] // (block - 1) >= 1
+    assert not any(m.startswith("verify_steps") for m in row["missing"])
+    long = threading.Thread(target=srv.client.generate, kwargs={"input_ids": [9, 10, 11], "max_new_tokens": 64})
+    long.start()  # another client's request: running while ours starts
+    until(lambda: srv.client.reading().get("processing"), 60, what="the other request processing")
+    res = srv.client.generate(input_ids=[5, 6, 7, 8], max_new_tokens=N)
+    long.join()
+    row = srv.client.spec_stats(res["meta_info"], len(res["output_ids"]))
+    assert row["verify_steps"] is None and row["accepted_tokens"] is not None
+    assert "other requests may have run alongside this one" in row["missing"][0]
+
+
+def test_llamacpp_metrics_only_with_the_flag(models):
+    """Like llama-server, the stand-in serves /metrics only when started with --metrics: else 501
+    not_supported_error (server-context.cpp, get_metrics), and /props says endpoint_metrics."""
+    from dflash_dash import server
+    from dflash_dash.server import llamacpp_api
+
+    eng = server.Engine(model_dir=models[0].resolve(), device="cpu")  # not loaded: these routes need no model
+    assert llamacpp_api.get(eng, "/metrics") == (
+        501,
+        {
+            "error": {
+                "code": 501,
+                "message": "This server does not support metrics endpoint. Start it with `--metrics`",
+                "type": "not_supported_error",
+            }
+        },
+    )
+    assert llamacpp_api.get(eng, "/props")[1]["endpoint_metrics"] is False
+    eng.metrics = True
+    text = llamacpp_api.get(eng, "/metrics")[2]
+    assert "llamacpp:spec_decode_num_drafts_total 0" in text and "llamacpp:requests_processing 0" in text

@@ -3,7 +3,9 @@ target, and how do a checkpoint's sliding-window layers fare with each mask sema
 
 Contract: `consistency` applies the drafter's rules (`drafters.checks`) to a parsed config, an extraction row and
 the target's description and returns one row per rule (problem text where it fails; an extraction holding more
-layers than the drafter reads is consistent); `sliding_rows` and `sliding_checkpoints` read run rows only. The
+layers than the drafter reads is consistent), then one row per serving engine: ⚠ where the engine cannot serve a
+layer the drafter reads (`EngineClient.unservable`: llama.cpp, the target's last layer), named before a user deploys
+it there; `sliding_rows` and `sliding_checkpoints` read run rows only. The
 drafter and target modules import torch: they are imported on first use, so importing this module stays light.
 """
 
@@ -41,6 +43,19 @@ def consistency(cfg, extraction: dict, info) -> list[dict]:
                 "extraction / target": str(k.other),
                 "ok": "✓" if k.ok else "✗",
                 "problem": "" if k.ok else problem,
+            }
+        )
+    from ..engines import ENGINES
+
+    for name, client in ENGINES.items():  # where it can be deployed: each engine's layer limit (`unservable`)
+        why = client.unservable(need, info.num_layers)
+        rows.append(
+            {
+                "check": f"served by {name}",
+                "drafter": str(need),
+                "extraction / target": f"{info.num_layers} target layers",
+                "ok": "⚠" if why else "✓",
+                "problem": "; ".join(f"{name} cannot serve target layer {i}: {w}" for i, w in sorted(why.items())),
             }
         )
     return rows

@@ -5,7 +5,8 @@ Contract: ENGINES maps an engine's name to its client class (sglang, vllm, llama
 config.toml may give as [server] engine); `for_workspace(cfg)` builds the client of a workspace's server (the
 engine its config names) with the API key from the environment, and is how every client of a workspace is made.
 Each client's `spec_stats` reads its engine's speculative statistics in the shapes they come in;
-`metrics.engine_tau` turns them into the replay's tau.
+`metrics.engine_tau` turns them into the replay's tau. `layer_limits` names the target layers of a drafter an engine
+cannot serve (each client's `unservable`), before anyone deploys it there.
 `health.HealthPoller` polls readiness in the background for callers that must not block.
 """
 
@@ -34,6 +35,7 @@ __all__ = [
     "VLLMClient",
     "chat_ids",
     "for_workspace",
+    "layer_limits",
 ]
 
 
@@ -44,3 +46,14 @@ def for_workspace(cfg, url: str | None = None, engine: str | None = None, **kw) 
     key, name = api_key(cfg)
     hint = name if name == default_key_env(cfg) else f"{name} (named by api_key_env in config.toml)"
     return ENGINES[engine or cfg.engine](url or cfg.server_url, api_key=key, key_env=hint, **kw)
+
+
+def layer_limits(layer_ids: list[int], num_layers: int, names: list[str] | None = None) -> list[str]:
+    """One line per engine (of `names`, default all) and target layer of a drafter reading `layer_ids` from a
+    target of `num_layers` layers that the engine cannot serve: "ENGINE cannot serve target layer L: why"."""
+    return [
+        f"{n} cannot serve target layer {layer}: {why}"
+        for n in (names if names is not None else list(ENGINES))
+        if n in ENGINES
+        for layer, why in sorted(ENGINES[n].unservable(list(layer_ids), num_layers).items())
+    ]

@@ -350,11 +350,13 @@ def serve(
     token_delay: float = 0.0,
     protocol: str = "sglang",
     speculative_stats: str = "none",
+    metrics: bool = False,
 ) -> None:
     """Load `model` (and the DFlash drafter `speculative_draft`, when given) and serve it in `protocol`'s shapes
     until interrupted (blocking), starting up as that engine does: SGLang binds after loading and answers /health
     503 for the second half of `startup_delay`; vLLM binds only after loading and the whole delay; llama.cpp binds
-    first and answers 503 "Loading model" while loading and for the delay. See the module docstrings."""
+    first and answers 503 "Loading model" while loading and for the delay; `metrics`: llama.cpp's GET /metrics served
+    (llama-server's --metrics). See the module docstrings."""
     t0 = time.monotonic()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if protocol not in PROTOCOLS:
@@ -365,6 +367,7 @@ def serve(
         health_delay=max(0.0, health_delay),
         token_delay=max(0.0, token_delay),
         spec_stats=speculative_stats,
+        metrics=bool(metrics),
     )
     if not (eng.model_dir / "config.json").exists():
         raise SystemExit(f"no config.json in {eng.model_dir}: --model must be a Hugging Face model folder")

@@ -15,8 +15,19 @@ llama.cpp's own code writes (ggml-org/llama.cpp tools/server/; the source beside
   return_tokens, else []), "id_slot", "stop": true, "model", "tokens_predicted", "tokens_evaluated",
   "generation_settings", "prompt", "has_new_line", "truncated", "stop_type" ("eos" | "word" | "limit"),
   "stopping_word", "tokens_cached", "timings"}; timings (result_timings::to_json) carry draft_n and
-  draft_n_accepted when a drafter made drafts. generation_settings carry speculative.n_max and speculative.n_min,
-  both B-1 with the DFlash drafter (every block drafts B-1 tokens).
+  draft_n_accepted when a drafter made drafts. generation_settings (task_params::to_json) carry
+  "speculative.types" as a current llama-server writes it (common_speculative_type_name_str: "draft-dflash" with a
+  drafter, "none" without), and no speculative.n_max / n_min.
+- GET /metrics, only when started with --metrics (llama-server's flag; else 501 {"error": {"code": 501, "message":
+  "This server does not support metrics endpoint. Start it with `--metrics`", "type": "not_supported_error"}},
+  server-context.cpp get_metrics): the Prometheus text of server_task_result_metrics::to_metrics (server-task.cpp),
+  "# HELP" / "# TYPE" / "llamacpp:NAME VALUE" per item, values written as C++ doubles with the stream's default
+  6 significant digits (`%g`: 1234567 prints 1.23457e+06): counters tokens_predicted_total,
+  spec_decode_num_draft_tokens_total, spec_decode_num_accepted_tokens_total, spec_decode_num_drafts_total (verify
+  steps), gauges requests_processing and requests_deferred, and
+  spec_decode_num_accepted_tokens_per_pos_total{position="i"} once a draft was accepted or rejected. Each counter
+  grows when a request ends (before its answer is sent), summed over every request served. /props says
+  "endpoint_metrics".
 - --api-key: every route except /health, /v1/health, /models and /v1/models wants `Authorization: Bearer KEY`,
   else 401 {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}}.
 - Errors: {"error": {"code", "message", "type"}}: 400 invalid_request_error, 404 not_found_error.
@@ -35,7 +46,13 @@ if TYPE_CHECKING:
 NAME = "llamacpp"
 MAX_PREDICT = 4096  # n_predict -1 (generate until the end) stops here at the latest
 OPEN = {"/health", "/v1/health", "/models", "/v1/models"}  # routes without the API key (llama-server's public ones)
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 503: "unavailable_error"}
+TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
 LOADING = "Loading model"  # the 503 message while the model loads
 
 
@@ -56,8 +73,8 @@ def not_found(path: str) -> dict:
 
 
 def settings(eng: Engine, n_predict: int = -1) -> dict:
-    """generation_settings (task_params::to_json), the fields a greedy request sets and the speculative ones."""
-    k = eng.spec.block_size - 1 if eng.spec is not None and eng.spec.drafter is not None else None
+    """generation_settings (task_params::to_json), the fields a greedy request sets and the speculative one."""
+    drafts = eng.spec is not None and eng.spec.drafter is not None
     return {
         "seed": 4294967295,
         "temperature": 0.0,
@@ -68,11 +85,65 @@ def settings(eng: Engine, n_predict: int = -1) -> dict:
         "n_predict": n_predict,
         "ignore_eos": False,
         "stream": False,
-        "speculative.n_max": k if k else 16,  # llama.cpp's default n_max without a drafter
-        "speculative.n_min": k if k else 0,
-        "speculative.p_min": 0.75,
-        "speculative.type": "dflash" if k else "none",
+        "speculative.types": "draft-dflash" if drafts else "none",  # llama-server's --spec-type name
     }
+
+
+NOT_SUPPORTED = "This server does not support metrics endpoint. Start it with `--metrics`"  # get_metrics' 501
+COUNTERS = (  # (name, HELP) of to_metrics' counters the stand-in keeps, in llama-server's order
+    ("tokens_predicted_total", "Number of generation tokens processed"),
+    ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated"),
+    ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model"),
+    ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps"),
+)
+
+
+def count(eng: Engine, predicted: int, counters) -> None:
+    """Add one ended request to the server's counters (eng.totals, as server_metrics::on_prediction does)."""
+    with eng.count_lock:
+        t = eng.totals
+        t["tokens_predicted_total"] = t.get("tokens_predicted_total", 0) + predicted
+        if counters is None or not counters.verify_ct:
+            return
+        k = counters.block_size - 1
+        t["spec_decode_num_draft_tokens_total"] = (
+            t.get("spec_decode_num_draft_tokens_total", 0) + counters.verify_ct * k
+        )
+        t["spec_decode_num_accepted_tokens_total"] = t.get("spec_decode_num_accepted_tokens_total", 0) + sum(
+            counters.accepted
+        )
+        t["spec_decode_num_drafts_total"] = t.get("spec_decode_num_drafts_total", 0) + counters.verify_ct
+        pos = t.setdefault("per_pos", [0] * k)
+        for a in counters.accepted:
+            for j in range(a):
+                pos[j] += 1
+
+
+def prometheus(eng: Engine) -> str:
+    """The /metrics text as to_metrics writes it (values through `%g`, C++'s default 6 significant digits)."""
+    with eng.count_lock:
+        t = dict(eng.totals)
+        pos = list(t.get("per_pos") or [])
+        busy = eng.running
+        waiting = eng.waiting
+    lines = []
+    for kind, items in (
+        ("counter", [(n, h, t.get(n, 0)) for n, h in COUNTERS]),
+        (
+            "gauge",
+            [
+                ("requests_processing", "Number of requests processing", busy),
+                ("requests_deferred", "Number of requests deferred", waiting),
+            ],
+        ),
+    ):
+        for name, help_, value in items:
+            lines += [f"# HELP llamacpp:{name} {help_}", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {value:g}"]
+    if pos:
+        name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+        lines += [f"# HELP {name} Accepted tokens per draft position", f"# TYPE {name} counter"]
+        lines += [f'{name}{{position="{i}"}} {a:g}' for i, a in enumerate(pos)]
+    return "\n".join(lines) + "\n"
 
 
 def models(eng: Engine) -> dict:
@@ -93,7 +164,10 @@ def get(eng: Engine, path: str) -> tuple[int, Any] | None:
             "model_path": str(eng.model_dir),
             "chat_template": "",
             "build_info": "dflash-dash stand-in",
+            "endpoint_metrics": eng.metrics,
         }
+    if path == "/metrics":
+        return (200, None, prometheus(eng)) if eng.metrics else (501, error(501, NOT_SUPPORTED))
     if path in ("/models", "/v1/models"):
         return 200, models(eng)
     return None
@@ -157,6 +231,7 @@ def run_completion(eng: Engine, req: Any) -> dict:
     if counters is not None and counters.verify_ct:
         timings["draft_n"] = counters.verify_ct * (counters.block_size - 1)
         timings["draft_n_accepted"] = sum(counters.accepted)
+    count(eng, len(out), counters)  # the slot's stats reach the server's metrics before the answer is sent
     return {
         "index": 0,
         "content": text,

@@ -51,7 +51,8 @@ class Engine:
     waiting: int = 0  # generations queued for `lock`
     count_lock: threading.Lock = field(default_factory=threading.Lock)  # guards running / waiting
     spec: specdec.Speculator | None = None  # the DFlash speculative decoder (--speculative-draft), None: plain greedy
-    totals: dict = field(default_factory=dict)  # server-wide speculative counters (vLLM's /metrics), count_lock
+    totals: dict = field(default_factory=dict)  # server-wide counters (vLLM's, llama.cpp's /metrics), count_lock
+    metrics: bool = False  # llama.cpp protocol: GET /metrics served (llama-server's --metrics), else 501
     spec_stats: str = "none"  # per-request speculative statistics in answers: none | summary | detailed (the
     #                           engines' own switches: SGLang --speculative-decoding-stats, vLLM
     #                           --per-request-spec-decode-metrics)

@@ -36,6 +36,7 @@ def run(a: argparse.Namespace) -> None:
         a.token_delay,
         a.protocol,
         a.speculative_stats,
+        a.metrics,
     )
 
 
@@ -75,6 +76,12 @@ def serve_args(p: argparse.ArgumentParser) -> None:
         "--api-key",
         default=None,
         help="require `Authorization: Bearer KEY` on every route except /health (as SGLang's --api-key)",
+    )
+    p.add_argument(
+        "--metrics",
+        action="store_true",
+        help="llama.cpp protocol: serve GET /metrics (llama-server's Prometheus counters, verify steps among them), "
+        "as llama-server's --metrics; without it /metrics answers 501",
     )
 
 
