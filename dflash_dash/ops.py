@@ -448,6 +448,9 @@ class Baseline(Op):
         from . import baselines
 
         self._choice("method", tuple(baselines.METHODS))
+        self._name("completions", "the completion set", optional=True)
+        self._name("extraction", "an extraction id, or latest", optional=True)
+        self._name("name", "a display name for the run", optional=True)
         if not (self.completions or self.extraction):
             raise InputError("completions: give the completion set to replay on (or an extraction of it)")
         try:
