@@ -157,14 +157,13 @@ def test_default_runs_are_one_extractions_newest_drafters_and_its_baselines():
 # a planted workspace of four runs on one extraction, with categories
 
 
-@pytest.fixture(scope="module")
-def many(tmp_path_factory) -> dict:
-    """tools/planted.py: 24 completions of 64 tokens, three planted runs (mean accepted 2.3) plus a fourth drafting
-    much better (mean accepted 5), the prompts in three categories (code, math, chat by index). Read-only."""
+def build_many(work) -> dict:
+    """tools/planted.py: 24 completions of 64 tokens, three planted runs (mean accepted 2.3) and a fourth drafting
+    much better (mean accepted 5), the prompts in three categories (code, math, chat by index), then vLLM's n-gram
+    baseline replayed on the same completions (pipeline.baseline). {"ws", "runs": ids oldest first}."""
     from dflash_dash import ops, pipeline
     from tools import planted, tiny
 
-    work = tmp_path_factory.mktemp("many")
     ws = planted.build(work, 24, 64, 3, block_size=8, budget=0)
     st = Store(ws)
     comps = st.completions(planted.SET)
@@ -174,7 +173,16 @@ def many(tmp_path_factory) -> dict:
     ck = tiny.write_drafter(work / "models" / "sweep" / "step_400", tiny.TinyDrafter(seed=9, block_size=8))
     res = planted.planted_results(comps, 9, 8, 0, mean_accepted=5.0)
     pipeline.store_run(st, ex, ops.CheckpointSpec(str(ck)), res, 0, "cpu", "float32", "every")
+    for c in comps:  # the planted extraction's prompts (it writes no feature files; a baseline reads none)
+        st.add_item(ex["id"], c["prompt_id"], len(c["prompt_ids"]) + len(c["output_ids"]), "")
+    pipeline.baseline(st, ops.Baseline(method="ngram", extraction=ex["id"]))
     return {"ws": ws, "runs": [r["id"] for r in st.runs()]}
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory) -> dict:
+    """`build_many`. Read-only."""
+    return build_many(tmp_path_factory.mktemp("many"))
 
 
 def test_cli_compare_json(many, capsys):
@@ -195,13 +203,14 @@ def test_compare_page_many_runs(many, monkeypatch):
     clean(at)
     tables = {tuple(df.value.columns): df.value for df in at.dataframe}
     wide = next(v for k, v in tables.items() if "tau · code" in k)
-    assert list(wide["run"]) == ["step_200", "step_300", "step_400"]
+    assert list(wide["run"])[:3] == ["step_200", "step_300", "step_400"]
+    assert list(wide["kind"]) == ["DFlash", "DFlash", "DFlash", "baseline"]
     verdicts = next(v for k, v in tables.items() if "verdict" in k)
-    assert set(verdicts["run"]) == {"step_300", "step_400"}  # each against the first chosen run
+    assert set(verdicts["run"]) == {"step_300", "step_400", wide["run"][3]}  # each against the first chosen run
     row = verdicts[(verdicts["run"] == "step_400") & (verdicts["category"] == "all")].iloc[0]
     assert row["verdict"].startswith("step_400 is better by")
-    assert any("too small" in w or "only 8" in w for w in verdicts["warning"])  # 8 prompts per category
-    charts = [c for c in at.get("plotly_chart")]
-    assert any("tau per run and category" in c.proto.spec for c in charts)
+    assert any("only 8 shared prompts" in w for w in verdicts["warning"])  # 8 prompts per category
+    assert any("tau per run and category" in c.proto.spec for c in at.get("plotly_chart"))
+    assert any("(baseline)" in c.proto.spec for c in at.get("plotly_chart"))  # the baseline's dashed line
     # the pair below is chosen from the runs above
-    assert len(next(s for s in at.selectbox if s.label == "A").options) == 3
+    assert len(next(s for s in at.selectbox if s.label == "A").options) == 4
