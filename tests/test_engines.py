@@ -354,6 +354,24 @@ def test_llamacpp_cannot_serve_the_last_layer():
     assert engines.layer_limits([1, 7], 8) == [f"llamacpp cannot serve target layer 7: {why[7]}"]
 
 
+def test_checkpoint_check_names_the_last_layer_for_llamacpp(tmp_path):
+    """The checkpoint-vs-extraction check (Diagnostics) names, before anyone deploys it, the layer of a drafter
+    that llama.cpp cannot serve: a tiny drafter moved from target layers [1, 4] to [1, 7] of 8 (the last)."""
+    from dflash_dash import drafters, target_info
+    from dflash_dash.analysis.checks import consistency
+    from tools import tiny
+
+    target = tiny.write_target(tmp_path / "t")
+    info = target_info.describe(target)
+    ex = {"id": "ex1", "layer_ids": [1, 4, 7], "hidden_size": info.hidden_size, "backend": "fla"}
+    for layers, flagged in (([1, 4], False), ([1, info.num_layers - 1], True)):
+        ck = tiny.write_drafter(tmp_path / f"d{layers[-1]}", tiny.TinyDrafter(target_layer_ids=layers))
+        rows = {r["check"]: r for r in consistency(drafters.read_config(ck), ex, info)}
+        assert rows["served by sglang"]["ok"] == rows["served by vllm"]["ok"] == "✓"
+        got = rows["served by llamacpp"]
+        assert (got["ok"] == "⚠") is flagged and ("llamacpp cannot serve target layer 7" in got["problem"]) is flagged
+
+
 def test_llamacpp_answer_without_tokens_is_refused():
     body = json.loads(llamacpp_answer({}))
     body["tokens"] = []  # an older llama-server that ignores return_tokens
