@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # top to bottom: a module may import only modules listed after it (docs/architecture.md's list, plus modules it
 # does not name: demo beside jobs, parity over pipeline, vocab (token strings, for the pipeline's exports and
 # the pages) under analysis, the stand-in's speculative decoder under the stand-in; launch, what `make run` runs,
-# on top; ops, the operations' argument dataclasses, under the pipeline whose signatures take their defaults;
+# on top; ops, the operations' argument dataclasses, under the pipeline whose signatures take their defaults, and
+# fields, the checks of their values (names, URLs, devices, ...), under ops;
 # target_info, the torch-free half of the target the pages use, under target)
 ORDER = [
     "__main__",
@@ -29,6 +30,7 @@ ORDER = [
     "analysis",
     "vocab",
     "ops",
+    "fields",
     "store",
     "engines",
     "server",
