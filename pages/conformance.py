@@ -13,9 +13,9 @@ import pandas as pd
 import streamlit as st
 
 from dflash_dash import metrics, ops
-from dflash_dash.analysis import conformance, steps
+from dflash_dash.analysis import conformance, steps, verdict
 from dflash_dash.render.figures import conformance_fig, hist_fig
-from dflash_dash.render.formats import acceptance_link
+from dflash_dash.render.formats import acceptance_link, plain
 from dflash_dash.render.tables import (
     CONFORMANCE_COLUMNS,
     CONFORMANCE_NOTE,
@@ -25,6 +25,7 @@ from dflash_dash.render.tables import (
     divergence_table,
     fault_table,
     number_specs,
+    verdict_table,
 )
 from pages import common, jobs_view
 
@@ -33,9 +34,10 @@ common.routed()
 QUESTION = (
     "Same drafter, accepted length 3 in the engine and 5.5 in the replay: engine or drafter? The replay "
     "computes, from the drafter and the target's cached hidden states, the acceptance a correct greedy "
-    "speculative decoder must reach on these completions; an engine that falls short of it by more than "
-    "numeric noise is losing acceptance itself (features from the wrong layer, a truncated context, a wrong "
-    "mask, ...), not the drafter."
+    "speculative decoder must reach on these completions with the same drafter: an engine that falls short of "
+    "it by more than numeric noise is losing acceptance itself (features from the wrong layer, a truncated "
+    "context, a wrong mask, ...), not the drafter; one clearly above it served another drafter or config. The "
+    "verdict first checks what the engine says it served against the replayed drafter."
 )
 NO_STATS = (
     "No engine stats for completion set `{set}`. Fetch the completions from a server that decodes "
@@ -64,39 +66,82 @@ def cards(summary: dict) -> None:
         )
 
 
+VERDICT_BOX = {  # verdict -> how it is shown
+    "conforms": st.success,
+    "engine-below": st.error,
+    "engine-above": st.error,
+    "other-drafter": st.warning,
+    "unverified": st.info,
+}
+
+
+def verdict_box(v: dict, served: dict | None, source: str, replayed: dict) -> None:
+    """The run's verdict first, then its evidence: what the engine served beside what was replayed, the numbers."""
+    VERDICT_BOX[v["verdict"]](f"**Verdict: {v['verdict']}**. " + plain(v["why"]))
+    t = verdict_table(v, served, replayed)
+    st.dataframe(
+        pd.DataFrame(t).style.format(na_rep="—"),
+        column_config={
+            "what": st.column_config.Column("evidence"),
+            "engine": st.column_config.Column(
+                "engine served", help="what the engine said it served; — : the engine does not say"
+            ),
+            "replay": st.column_config.Column(
+                "replayed", help="the drafter this run replayed; — : not known (its checkpoint is gone)"
+            ),
+            "compared": st.column_config.Column(
+                "compared", help="same / differs where both sides say; — : not comparable (one side does not say)"
+            ),
+        },
+        hide_index=True,
+        width="stretch",
+        key="conf_verdict",
+    )
+    st.caption(
+        f"what the engine served: {plain(source)}; the replayed drafter: {plain(replayed.get('source', ''))}. "
+        "The replay is the ceiling only for the same drafter, config and numerics: an engine clearly below it or "
+        "above it is a finding either way."
+    )
+
+
 def flagged_note(rows: list[dict], run_id: str, threshold: float) -> None:
-    bad = [r for r in rows if r["flagged"]]
-    if not bad:
-        st.success(
-            f"No prompt falls short of the replay by more than {threshold:g} × its tau: the engine "
-            "reaches the acceptance the replay says a correct engine reaches."
+    """The prompts beyond the threshold either way, linked to their token views."""
+    for key, way in (("flagged", "below"), ("above", "above")):
+        bad = [r for r in rows if r.get(key)]
+        if not bad:
+            continue
+        links = " · ".join(
+            f'<a href="{html.escape(acceptance_link(run_id, r["id"]), quote=True)}" '
+            f'target="_self">{html.escape(str(r["id"]))}</a>'
+            for r in bad
         )
-        return
-    links = " · ".join(
-        f'<a href="{html.escape(acceptance_link(run_id, r["id"]), quote=True)}" '
-        f'target="_self">{html.escape(str(r["id"]))}</a>'
-        for r in bad
-    )
-    st.warning(
-        f"{len(bad)} of {len(rows)} prompt(s) flagged: the engine's tau is below the replay's by more than "
-        f"{threshold:g} × the replay's tau (more than numeric noise): look at the engine first."
-    )
-    st.html(f'<div style="font-size:14px">flagged: {links}</div>')
+        st.html(
+            f'<div style="font-size:14px">{len(bad)} of {len(rows)} prompt(s) {way} the replay by more than '
+            f"{threshold:g} × its tau: {links}</div>"
+        )
 
 
 def table(rows: list[dict], run_id: str, engine: str) -> None:
     t = conformance_table(rows, run_id)
     df = pd.DataFrame(t)
     style = df.style.apply(
-        lambda row: ["background-color: #ffd7d7" if row["flagged"] else "" for _ in row], axis=1
+        lambda row: [
+            "background-color: #ffd7d7" if row["flagged"] else "background-color: #fff0c2" if row["above"] else ""
+            for _ in row
+        ],
+        axis=1,
     ).format(number_specs(t), na_rep="—")
     cfg = {k: st.column_config.Column(help=f) for k, f in CONFORMANCE_COLUMNS.items()}
     cfg["token_view"] = st.column_config.LinkColumn(
         "token view", help=CONFORMANCE_COLUMNS["token_view"], display_text="open"
     )
     cfg["flagged"] = st.column_config.CheckboxColumn("flagged", help=CONFORMANCE_COLUMNS["flagged"])
+    cfg["above"] = st.column_config.CheckboxColumn("above", help=CONFORMANCE_COLUMNS["above"])
     st.dataframe(style, column_config=cfg, hide_index=True, width="stretch", key="conf_table")
-    st.caption("sorted by gap (engine − replay), most negative first; flagged rows in red. " + CONFORMANCE_NOTE)
+    st.caption(
+        "sorted by gap (engine − replay), most negative first; flagged rows (below) in red, rows above in amber. "
+        + CONFORMANCE_NOTE
+    )
     st.download_button(
         "Download the table (CSV)",
         conformance_csv(t),
@@ -149,8 +194,9 @@ def round_by_round(rows: list[dict], prompts: list[dict], run_id: str) -> None:
     )
 
 
-def fault_ranking(ws: str, run_id: str, engine: str) -> None:
-    """The kept ranking of known engine faults (CLI `diagnose`), with the evidence in words."""
+def fault_ranking(ws: str, run_id: str, engine: str, gap: bool) -> None:
+    """The kept ranking of known engine faults (CLI `diagnose`), with the evidence in words; `gap`: the engine
+    and the replay disagree beyond the threshold (else there is no gap to explain)."""
     st.subheader("Which fault explains the gap?")
     ranking = common.kept(ws, run_id, f"faults:{engine}")
     if ranking is None:
@@ -165,6 +211,7 @@ def fault_ranking(ws: str, run_id: str, engine: str) -> None:
         jobs_view.job_panel(("diagnose",), key="diag")
         return
     best = ranking.get("explained_by")
+    gap = gap and ranking.get("gap", True) is not False  # the ranking's own: the clean replay reproduces it exactly
     how = (
         "per-step: mean overlap of the step boundaries"
         if ranking.get("mode") == "steps"
@@ -176,9 +223,24 @@ def fault_ranking(ws: str, run_id: str, engine: str) -> None:
     )
     if best:
         st.error(f"**{html.escape(best)}**: {html.escape(steps.EVIDENCE.get(best, ''))}.")
+    elif not gap:
+        st.success(
+            "No gap to explain: the engine matches the replay within the threshold, so no fault is named "
+            "(the scores below only say how close each variant comes)."
+        )
     else:
         st.info(steps.NONE_EXPLAINS.capitalize() + ".")
-    st.dataframe(pd.DataFrame(fault_table(ranking)), hide_index=True, width="stretch", key="conf_faults")
+    st.dataframe(
+        pd.DataFrame(fault_table(ranking)).style.format({"score": "{:.4f}"}, na_rep="—"),
+        column_config={
+            "score": st.column_config.Column(
+                "score", help="1: reproduces the engine exactly; — : not scored (skipped: the detail says why)"
+            )
+        },
+        hide_index=True,
+        width="stretch",
+        key="conf_faults",
+    )
     st.caption(f"score in [0, 1], 1: the variant reproduces the engine exactly ({how}); a fault is {rule}.")
 
 
@@ -245,6 +307,12 @@ def main() -> None:
     if not rows:
         st.info(f"No prompt of run `{rid}` has `{engine}` stats in set `{set_name}`.")
         return
+    rec = common.served(ws, set_name, engine)
+    served = rec["served"] if rec else None
+    source = rec["source"] if rec else "not recorded (stats imported from a file, or fetched before this was kept)"
+    mine = common.replayed(ws, run)
+    v = verdict.verdict(rows, served, mine, thr)
+    verdict_box(v, served, source, mine)
     summary = conformance.summary(rows, thr)
     cards(summary)
     flagged_note(rows, rid, thr)
@@ -256,7 +324,7 @@ def main() -> None:
     )
     table(rows, rid, engine)
     round_by_round(rows, prompts, rid)
-    fault_ranking(ws, rid, engine)
+    fault_ranking(ws, rid, engine, gap=verdict.direction(rows, thr)[0] is not None)
     hist = conformance.engine_histogram(rows)
     if hist:
         B = (run["summary"] or {}).get("block_size") or len(hist)

@@ -1,10 +1,10 @@
 """Test helpers (not tests): the local SGLang stand-in as a real subprocess, tiny model folders, polling.
 
-`Served(model, log, delay, extra=[...], engine=...)` starts `python -m dflash_dash serve` on a free port speaking
-`engine`'s protocol (sglang, vllm, llamacpp; `extra`: more serve options, e.g. --health-delay S, --api-key KEY) with
-that engine's client; `.wait()` polls /health with a deadline; `.stop()` ends only that process.
-`until(fn, timeout)` polls a condition with a deadline (the
-tests never sleep to synchronise).
+`Served(model, log, delay, extra=[...], engine=..., env={...})` starts `python -m dflash_dash serve` on a free port
+speaking `engine`'s protocol (sglang, vllm, llamacpp; `extra`: more serve options, e.g. --health-delay S, --api-key
+KEY; `env`: more environment, e.g. VLLM_SERVER_DEV_MODE=1) with that engine's client; `.wait()` polls /health with a
+deadline; `.stop()` ends only that process. `until(fn, timeout)` polls a condition with a deadline (the tests never
+sleep to synchronise).
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ class Served:
         extra: list[str] | None = None,
         api_key: str | None = None,
         engine: str = "sglang",
+        env: dict[str, str] | None = None,
     ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -117,7 +118,7 @@ class Served:
         self.proc = subprocess.Popen(
             serve_argv(model, self.port, delay, extra),
             cwd=ROOT,
-            env=ENV,
+            env={**ENV, **(env or {})},
             stdout=subprocess.DEVNULL,
             stderr=open(log, "ab"),
         )

@@ -66,7 +66,9 @@ def test_engine_tau_equals_replay_tau_exactly(spec_workspace):
     """Fetched from the speculative stand-in, extracted, replayed with the same drafter: per prompt, the engine's
     committed tokens per verify step equal the replay's committed tokens per round, exactly; nothing flagged."""
     got = conformance_json(spec_workspace["ws"], "--run", spec_workspace["run"])
-    assert list(got) == ["run", "engine", "threshold", "prompts", "steps"]  # the old fields first, in order
+    assert list(got)[:5] == ["run", "engine", "threshold", "prompts", "steps"]  # the old fields first, in order
+    assert got["verdict"] == "conforms" and got["identity"]["same"] is True, got["why"]  # it served this drafter
+    assert got["served"]["draft_model_path"] == got["replayed"]["path"]
     assert got["steps"] is None  # fetched with SGLang's counters only: no per-step lengths to align
     assert (
         got["run"] == spec_workspace["run"] and got["engine"] == "sglang" and got["threshold"] == conformance.THRESHOLD

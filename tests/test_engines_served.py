@@ -288,3 +288,19 @@ def test_llamacpp_metrics_only_with_the_flag(models):
     eng.metrics = True
     text = llamacpp_api.get(eng, "/metrics")[2]
     assert "llamacpp:spec_decode_num_drafts_total 0" in text and "llamacpp:requests_processing 0" in text
+
+
+def test_what_each_engine_says_it_served(srv, models):
+    """Each protocol's own report of its drafter (`served_drafter`): SGLang's /get_server_info names the draft path
+    and block size; vLLM registers /server_info only with VLLM_SERVER_DEV_MODE=1 (off here), so it does not say
+    (None, the route 404 as vLLM answers it); llama.cpp's /props names no draft model."""
+    srv.wait()
+    got = srv.client.served_drafter()
+    if srv.engine == "sglang":
+        assert got["draft_model_path"] == str(models[1].resolve()) and got["algorithm"] == "DFLASH"
+        assert got["block_size"] == got["verify_width"] == tiny.TinyDrafter().block_size
+    elif srv.engine == "vllm":
+        assert got is None
+        assert raw(srv, "GET", "/server_info", key=KEY)[0] == 404
+    else:
+        assert got["draft_model_path"] is None and got["source"] == "GET /props"

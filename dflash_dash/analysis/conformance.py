@@ -152,13 +152,19 @@ def flag(engine: float | None, replay: float | None, threshold: float = THRESHOL
     return engine is not None and replay is not None and replay - engine > threshold * replay
 
 
+def above(engine: float | None, replay: float | None, threshold: float = THRESHOLD) -> bool:
+    """The engine exceeds the replay by more than `threshold` of the replay's tau: the replay is the ceiling only
+    for the same drafter, config and numerics, so this is as suspect as falling short."""
+    return engine is not None and replay is not None and engine - replay > threshold * replay
+
+
 def compare(
     run_prompts: list[dict], stats: list[dict], threshold: float = THRESHOLD, engine: str = SGLANG
 ) -> list[dict]:
     """One row per prompt that has both a replay row and engine stats, in `run_prompts` order: id, engine_tau,
-    replay_tau, gap (engine - replay), gap_rel (gap / replay), flagged, verify_steps, rounds (replay), committed
-    (replay), completion_tokens, accepted_tokens, sglang_accept_length, histogram (the engine's, when it reported
-    one), and `engine`'s own figure beside, never compared (`metrics.convert_engine_tau`): engine_figure,
+    replay_tau, gap (engine - replay), gap_rel (gap / replay), flagged (below), above, verify_steps, rounds (replay),
+    committed (replay), completion_tokens, accepted_tokens, sglang_accept_length, histogram (the engine's, when it
+    reported one), and `engine`'s own figure beside, never compared (`metrics.convert_engine_tau`): engine_figure,
     engine_figure_label, engine_figure_formula, engine_missing (what it did not report), and where the engine gave
     per-step lengths the round-by-round alignment (`steps.align`: steps_equal, first_divergence (completion token
     index), direction, engine_step, replay_step; None without per-step lengths)."""
@@ -182,6 +188,7 @@ def compare(
                 "gap": gap,
                 "gap_rel": gap / rp if gap is not None and rp else None,
                 "flagged": flag(e, rp, threshold),
+                "above": above(e, rp, threshold),
                 "verify_steps": s.get("verify_steps"),
                 "rounds": len(r.get("rounds") or []),
                 "committed": sum(r.get("rounds") or []),

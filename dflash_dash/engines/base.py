@@ -302,16 +302,16 @@ class EngineClient:
         engine's own shape (`meta_info["finish_reason"]` a string or SGLang's {"type", ...}). Raises ServerError."""
         raise NotImplementedError
 
+    def served_drafter(self) -> dict | None:
+        """What the server says it decodes speculatively with (`served_row`), None when the engine does not say.
+        Raises ServerError when the server cannot be asked."""
+        return None
+
     @staticmethod
     def spec_stats(meta: dict, output_tokens: int) -> dict | None:
         """An engine-stats row (`stats_row`) from one request's meta information in the engine's own shape, None
         when the engine did not decode speculatively (or reported nothing of it)."""
         raise NotImplementedError
-
-
-# ---------------------------------------------------------------------------
-# engine-stats rows: what every engine's speculative statistics become
-
 
     # where this engine's request body (what `generate` sends) holds each setting a fetch must keep the same across
     # a set: setting -> the body's field (dotted: nested), or several fields, the first present wins
@@ -347,6 +347,11 @@ class EngineClient:
 
 
 SETTINGS = ("max_new_tokens", "temperature", "prompt_ids")  # what `read_request` reads back from a stored request
+
+
+# ---------------------------------------------------------------------------
+# engine-stats rows: what every engine's speculative statistics become
+
 
 def count(v: Any) -> int | None:
     """`v` when it is an integer >= 0 (not a bool), else None."""
@@ -386,3 +391,30 @@ def stats_row(
     why = why or {}
     row["missing"] = [f"{k}: {why.get(k, 'not reported')}" for k in wanted if row.get(k) is None]
     return row
+
+
+# ---------------------------------------------------------------------------
+# what an engine says it served: every engine's answer in one shape
+
+
+def served_row(
+    *,
+    source: str,
+    raw: dict,
+    draft_model_path: str | None = None,
+    algorithm: str | None = None,
+    block_size: int | None = None,
+    verify_width: int | None = None,
+) -> dict:
+    """The drafter an engine says it serves: the draft model's path, the speculative algorithm as the engine names
+    it, the drafter's block size B and the verify width (tokens one verify step checks, the anchor's included; B
+    unless the engine verifies fewer), None for what the engine does not say; `source` the route asked and `raw`
+    the engine's speculative fields as they came."""
+    return {
+        "draft_model_path": draft_model_path if isinstance(draft_model_path, str) and draft_model_path else None,
+        "algorithm": algorithm if isinstance(algorithm, str) and algorithm else None,
+        "block_size": count(block_size) or None,
+        "verify_width": count(verify_width) or None,
+        "source": source,
+        "raw": raw,
+    }

@@ -49,6 +49,7 @@ from .base import (
     count,
     counts,
     error_message,
+    served_row,
     snippet,
     stats_row,
 )
@@ -273,6 +274,26 @@ class LlamaCppClient(EngineClient):
         path = data.get("model_path")
         tok = path if isinstance(path, str) and Path(path).is_dir() else None
         return {"model_path": path, "tokenizer_path": tok, "props": data}
+
+    def served_drafter(self) -> dict:
+        """What llama-server says of its drafter, from GET /props: its default_generation_settings (the slot's
+        settings, directly or under "params" in newer builds; tools/server/server-task.cpp, task_params::to_json)
+        hold speculative.n_max / speculative.n_min (draft tokens per step) and speculative.type (newer:
+        speculative.types). llama.cpp reports no draft model path, so the drafter itself is never known; the
+        verify width is n_max + 1 only when every draft has that length (n_min == n_max)."""
+        props = self.model_info()["props"]
+        dgs = props.get("default_generation_settings")
+        dgs = dgs if isinstance(dgs, dict) else {}
+        st = dgs.get("params") if isinstance(dgs.get("params"), dict) else dgs
+        raw = {k: v for k, v in st.items() if k.startswith("speculative.")}
+        alg = st.get("speculative.types", st.get("speculative.type"))
+        hi, lo = count(st.get("speculative.n_max")), count(st.get("speculative.n_min"))
+        return served_row(
+            source="GET /props",
+            raw=raw,
+            algorithm=None if alg in (None, "none", "") else str(alg),
+            verify_width=hi + 1 if hi and hi == lo and alg not in (None, "none", "") else None,
+        )
 
     def generate(
         self,

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .base import EngineClient, ServerError, count, counts, snippet, stats_row
+from .base import EngineClient, ServerError, count, counts, served_row, snippet, stats_row
 
 
 def parse_generate(body: bytes) -> dict:
@@ -61,6 +61,7 @@ ACCEPTED_KEYS = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept
 DRAFTED_KEYS = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")  # new, alias, old
 HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")  # new, old alias
 STEP_KEYS = ("verify_lengths", "accept_lengths")  # per-step arrays, where the server gives them
+BLOCK_ALGORITHMS = ("dflash", "dflash2", "dspark", "domino")  # speculative_algorithm of block drafters (lowercase)
 STATS_KEY = "speculative_decoding_stats"  # newer SGLang (--speculative-decoding-stats summary|detailed): an object
 
 
@@ -131,13 +132,13 @@ class SGLangClient(EngineClient):
     name = "sglang"
     stats_source = "meta_info"
     spec_stats = staticmethod(spec_stats)
-
     # POST /generate's body (python/sglang/srt/managers/io_struct.py, GenerateReqInput; sampling_params.py)
     request_fields = {
         "max_new_tokens": ("sampling_params.max_new_tokens",),
         "temperature": ("sampling_params.temperature",),
         "prompt_ids": ("input_ids",),
     }
+
     # -- information
 
     def model_info(self) -> dict:
@@ -163,6 +164,29 @@ class SGLangClient(EngineClient):
         if not isinstance(data, dict):
             raise ServerError(f"GET {self.url}/get_server_info answered {type(data).__name__}, expected an object")
         return data
+
+    def served_drafter(self) -> dict:
+        """The drafter SGLang serves, from /get_server_info (`server_info`): SGLang answers with its ServerArgs as
+        they are after startup (python/sglang/srt/entrypoints/http_server.py, get_server_info:
+        dataclasses.asdict(server_args)), whose speculative fields are speculative_algorithm,
+        speculative_draft_model_path, speculative_num_draft_tokens and, for DFLASH, speculative_dflash_block_size
+        (python/sglang/srt/server_args.py; for DFLASH the draft tokens default to the block size and may be set
+        narrower: the verify width)."""
+        info = self.server_info()
+        raw = {k: v for k, v in info.items() if k.startswith("speculative_")}
+        alg = info.get("speculative_algorithm")
+        block = count(info.get("speculative_dflash_block_size"))
+        width = count(info.get("speculative_num_draft_tokens"))
+        if block is None and isinstance(alg, str) and alg.lower() in BLOCK_ALGORITHMS:
+            block = width
+        return served_row(
+            source="GET /get_server_info",
+            raw=raw,
+            draft_model_path=info.get("speculative_draft_model_path"),
+            algorithm=alg,
+            block_size=block,
+            verify_width=width if block is not None else None,
+        )
 
     def running_requests(self) -> int | None:
         """Requests the server is running or has queued, summed over its data-parallel ranks: GET /v1/loads

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import EngineClient, ServerError, count, counts, snippet, stats_row
+from .base import EngineClient, ServerError, count, counts, served_row, snippet, stats_row
 
 SPEC_KEY = "speculative_decoding"  # under the answer's top-level `metrics` object
 
@@ -177,6 +177,32 @@ class VLLMClient(EngineClient):
         self.served = m["id"]
         root = m.get("root") or m["id"]
         return {"model_path": root, "tokenizer_path": root, "served_model_name": m["id"]}
+
+    def served_drafter(self) -> dict | None:
+        """The drafter vLLM serves, from GET /server_info?config_format=json, which vLLM registers only when the
+        server runs with VLLM_SERVER_DEV_MODE=1 (vllm/entrypoints/serve/instrumentator/__init__.py and
+        server_info.py: {"vllm_config": the VllmConfig as JSON}); its speculative_config (vllm/config/speculative.py,
+        SpeculativeConfig) holds method, model (the draft model) and num_speculative_tokens (drafts per step: the
+        verify width is one more). None when the route is absent (404): vLLM then does not say what it serves."""
+        try:
+            data = self._json("GET", "/server_info?config_format=json")
+        except ServerError as e:
+            if e.status == 404:
+                return None
+            raise
+        cfg = data.get("vllm_config") if isinstance(data, dict) else None
+        if not isinstance(cfg, dict):  # config_format text (an older vLLM): nothing to read
+            return None
+        sc = cfg.get("speculative_config")
+        sc = sc if isinstance(sc, dict) else {}
+        k = count(sc.get("num_speculative_tokens"))
+        return served_row(
+            source="GET /server_info?config_format=json",
+            raw={"speculative_config": cfg.get("speculative_config")},
+            draft_model_path=sc.get("model"),
+            algorithm=sc.get("method"),
+            verify_width=k + 1 if k else None,
+        )
 
     def spec_counters(self) -> dict:
         """The server-wide speculative-decoding counters of GET /metrics (`parse_prometheus`). Raises ServerError."""

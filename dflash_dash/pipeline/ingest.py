@@ -16,6 +16,7 @@ from ..ops import InputError
 from ..store import Store, StoreError, new_id
 from .base import Progress, Runner, features_root, tick
 from .kept import record_engine_stats
+from .served import record_served
 
 
 def parse_jsonl(text: str, vocab_size: int | None = None) -> list[dict]:
@@ -79,7 +80,7 @@ def import_prompts(store: Store, file: str | Path, name: str, fmt: str = "auto")
     name = ops.check_name(name, "name", "the prompt set's name")  # it names a file of the workspace
     if name in prompts_mod.SETS:
         raise prompts_mod.PromptSetError(
-            f"prompt set name {name!r}: a built-in set's name ({', '.join(prompts_mod.SETS)}); give another name"
+            f"prompt set name {name!r}: give a name that is not a built-in set's name ({', '.join(prompts_mod.SETS)})"
         )
     p = Path(file)
     if not p.is_file():
@@ -363,6 +364,7 @@ def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner
     file = imported if imported.is_file() else Path(prompt_set)
     source = prompt_set if prompt_set in prompts_mod.SETS else str(file.resolve())
     store.add_set(name, source)
+    record_served(store, name, client)  # what the engine says it serves, beside its stats (refuses another drafter)
     fetched = 0
     for p in todo:
         tick(progress, len(done) + fetched, n, f"fetching {p['id']}")

@@ -17,7 +17,7 @@ from ..store import Store, StoreError
 
 ANALYSES = ("prompts", "calibration", "patterns", "lag", "heads", "signatures")  # whole-run analyses kept
 # the newest key of an analysis: one kept before it is computed again
-NEWEST = {"patterns": "context_position", "signatures": "version"}
+NEWEST = {"patterns": "worst_spans_end_cut", "signatures": "version"}
 
 
 def analysis(store: Store, run_id: str, name: str, rows: list[metrics.Prompt] | None = None) -> dict:
@@ -233,7 +233,8 @@ def conformance(
 ) -> tuple[dict, list[dict], list[str]]:
     """Engine tau beside the replay's tau of the same drafter on the same completions, per prompt (store only,
     no network): (the CLI's JSON `conformance.report`: per prompt id, engine_tau, replay_tau, flagged,
-    first_divergence; the per-step summary; the kept fault ranking's faults and explained_by when `diagnose` ran,
+    first_divergence; the per-step summary; the kept fault ranking's faults and explained_by when `diagnose` ran;
+    then the verdict and its evidence, `evidence`: served, served_source, replayed, verdict, why, ...;
     the full rows of `conformance.compare`, the run's prompt ids without engine stats)."""
     from ..analysis import conformance as conformance_mod
 
@@ -249,7 +250,22 @@ def conformance(
     rows = conformance_mod.compare(prompts, stats, thr, eng)
     ranking = store.analysis(r["id"], f"faults:{eng}")  # pipeline.diagnose.kept_name
     out = conformance_mod.report(r["id"], eng, thr, rows, ranking)
-    return out, rows, conformance_mod.missing(prompts, stats)
+    return out | evidence(store, r, set_name, eng, rows, thr), rows, conformance_mod.missing(prompts, stats)
+
+
+def evidence(store: Store, r: dict, set_name: str, engine: str, rows: list[dict], threshold: float) -> dict:
+    """The run's verdict with its evidence (`analysis.verdict`): {"served": what the engine said it served (None:
+    it does not say, or nothing was recorded), "served_source", "replayed": the replayed drafter's identity,
+    "verdict", "why", "identity", and the pooled numbers}."""
+    from ..analysis import verdict as verdict_mod
+    from .served import replayed
+
+    rec = store.served(set_name, engine)
+    served = rec["served"] if rec else None
+    source = rec["source"] if rec else "not recorded (stats imported from a file, or fetched before this was kept)"
+    mine = replayed(store, r)
+    v = verdict_mod.verdict(rows, served, mine, threshold)
+    return {"served": served, "served_source": source, "replayed": mine} | v
 
 
 # ---------------------------------------------------------------------------

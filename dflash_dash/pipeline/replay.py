@@ -25,6 +25,7 @@ from ..ops import InputError
 from ..store import Store, StoreError, new_id
 from .base import Progress, Runner, features_root, here, tick
 from .kept import ANALYSES, keep
+from .served import keep_replayed
 
 if TYPE_CHECKING:
     from .. import replay as replay_mod, target as target_mod
@@ -312,6 +313,7 @@ def store_run(
         ),
         res,
     )
+    keep_replayed(store, run_id, loc.path, ck.draft_config)  # its identity, for conformance's verdict
     tick(progress, 0, 0, f"analysing run {run_id} (kept for the pages)")
     keep(store, run_id, ANALYSES, res, summary, comps)  # computed now, from the rows in hand: no page scans them
     return {"id": run_id, "summary": summary}

@@ -102,3 +102,11 @@ def csv_text(rows: list[dict]) -> str:
     w.writeheader()
     w.writerows(rows)
     return buf.getvalue()
+
+
+MD_SPECIAL = set("\\`*_{}[]()#+-.!|<>~$:")  # characters Markdown (and Streamlit's extensions) would interpret
+
+
+def plain(text: str) -> str:
+    """`text` (untrusted: a server's draft path, a file name) escaped to show literally in Streamlit Markdown."""
+    return "".join("\\" + c if c in MD_SPECIAL else c for c in str(text))

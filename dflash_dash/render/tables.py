@@ -271,6 +271,7 @@ def conformance_table(rows: list[dict], run_id: str) -> list[dict]:
             {
                 "prompt": r["id"],
                 "flagged": bool(r["flagged"]),
+                "above": bool(r.get("above")),
                 "engine_tau": rounded(r["engine_tau"], 4),
                 "replay_tau": rounded(r["replay_tau"], 4),
                 "gap": rounded(r["gap"], 4),
@@ -341,6 +342,7 @@ def fault_table(ranking: dict) -> list[dict]:
 
 CONFORMANCE_COLUMNS = {  # column -> formula (help text of the table, and the CSV's meaning)
     "flagged": "replay tau − engine tau > threshold × replay tau",
+    "above": "engine tau − replay tau > threshold × replay tau (the replay is the ceiling for its own drafter)",
     "engine_tau": "(completion_tokens − 1) / verify_steps",
     "replay_tau": "committed / rounds of the replay's chain walk (bonus included, prefill token excluded)",
     "gap": "engine tau − replay tau",
@@ -384,3 +386,51 @@ def signature_table(rows: list[dict]) -> list[dict]:
         }
         for r in rows
     ]
+
+
+VERDICT_FIELDS = (  # (evidence row, key of analysis.verdict.engine_side / replay_side)
+    ("draft model", "name"),
+    ("fingerprint (config + weights)", "fingerprint"),
+    ("algorithm / family", "algorithm"),
+    ("block size", "block_size"),
+    ("verify width (tokens per step)", "verify_width"),
+    ("target layer ids", "target_layer_ids"),
+)
+
+
+def verdict_table(v: dict, served: dict | None, replayed: dict) -> list[dict]:
+    """The verdict's evidence as rows {"what", "engine", "replay", "compared"}: what the engine said it served
+    beside the replayed drafter, field by field (None where a side does not say), then the pooled taus."""
+    from ..analysis.verdict import engine_side, replay_side
+
+    e, r = engine_side(served), replay_side(replayed)
+    differs = {d["field"] for d in v["identity"]["differs"]}
+    agrees = set(v["identity"]["agrees"])
+    out = [
+        {
+            "what": label,
+            "engine": None if e[k] is None else str(e[k]),
+            "replay": None if r[k] is None else str(r[k]),
+            "compared": "differs" if k in differs else "same" if k in agrees else None,
+        }
+        for label, k in VERDICT_FIELDS
+    ]
+    out.append(
+        {
+            "what": "draft path",
+            "engine": (served or {}).get("draft_model_path"),
+            "replay": replayed.get("path"),
+            "compared": None,
+        }
+    )
+    e_tau, r_tau = v.get("engine_tau_pooled"), v.get("replay_tau_pooled")
+    gap = v.get("gap_rel")
+    out.append(
+        {
+            "what": "tau (pooled)",
+            "engine": None if e_tau is None else f"{e_tau:.4g}",
+            "replay": None if r_tau is None else f"{r_tau:.4g}",
+            "compared": None if gap is None else f"{gap:+.1%}",
+        }
+    )
+    return out

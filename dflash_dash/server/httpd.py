@@ -14,8 +14,8 @@ SGLang's HTTP protocol (`protocol` holds the request and answer shapes), with SG
 - GET /model_info and /get_model_info -> {"model_path", "tokenizer_path", "is_generation"};
   GET /get_server_info -> {"enable_memory_saver": true, "model_path", ...}; GET /v1/models (OpenAI list).
   With a drafter /get_server_info reports speculative_algorithm (SGLang's name of the drafter's family: DFLASH,
-  DSPARK, DOMINO, DFLASH2), speculative_draft_model_path and
-  speculative_num_draft_tokens (B).
+  DSPARK, DOMINO, DFLASH2), speculative_draft_model_path, speculative_num_draft_tokens (the verify width) and
+  speculative_dflash_block_size (B), as SGLang's ServerArgs name them; null without a drafter.
 - Load: GET /v1/loads -> {"timestamp", "version", "dp_rank_count": 1, "loads": [{"dp_rank": 0,
   "num_running_reqs", "num_waiting_reqs", "num_used_tokens"}]} (newer SGLang) and GET /get_load ->
   [{"dp_rank": 0, "num_reqs" (running + waiting), "num_waiting_reqs", "num_tokens"}] (older SGLang).
@@ -138,6 +138,8 @@ class Handler(BaseHTTPRequestHandler):
         """GET in the vLLM or llama.cpp protocol (`self.proto`)."""
         if path == "/health" and self.proto.NAME == "vllm":
             return self.reply(200) if self.ready() is None else self.error(503, "the engine is not running")
+        if path == "/server_info" and self.proto.NAME == "vllm" and vllm_api.dev_mode():
+            return self.reply(200, vllm_api.server_info(self.eng, self.path))
         got = self.proto.get(self.eng, path)
         if got is None:
             return self.reply(404, self.proto.not_found(path))
@@ -286,11 +288,20 @@ def speculative_info(eng: Engine) -> dict:
     """The speculative fields of /get_server_info, as SGLang names them (None when decoding plainly)."""
     s = eng.spec
     if s is None:
-        return {"speculative_algorithm": None, "speculative_draft_model_path": None}
-    return {
-        "speculative_algorithm": read_config(s.path).family.upper(),
+        return {
+            "speculative_algorithm": None,
+            "speculative_draft_model_path": None,
+            "speculative_num_draft_tokens": None,
+            "speculative_dflash_block_size": None,
+        }
+    cfg = read_config(s.path)
+    return {  # python/sglang/srt/server_args.py: DFLASH sets num_steps and eagle_topk to 1
+        "speculative_algorithm": cfg.family.upper(),
         "speculative_draft_model_path": str(Path(s.path).resolve()),
-        "speculative_num_draft_tokens": s.drafter.width if s.drafter is not None else None,
+        "speculative_num_steps": 1,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": cfg.width,
+        "speculative_dflash_block_size": cfg.block_size,
         "speculative_bug": s.bug,
     }
 

@@ -19,6 +19,11 @@ shapes vLLM's own code writes (the source beside each):
   mean_acceptance_length, draft_acceptance_rate, acceptance_histogram, num_spec_steps,
   num_accepted_draft_tokens, num_draft_tokens, num_spec_tokens; detailed adds per_step_accepted /
   per_step_drafted. Without it, "metrics" is null.
+- GET /server_info (vllm/entrypoints/serve/instrumentator/server_info.py), only when the stand-in runs with
+  VLLM_SERVER_DEV_MODE=1 as vLLM registers it: {"vllm_config", "vllm_env", "system_env"}, the config a string
+  unless ?config_format=json; its speculative_config holds method, model (the draft's path) and
+  num_speculative_tokens (B-1). Without the variable the route answers 404, and the stand-in, like vLLM, does not
+  say which drafter it serves.
 - GET /metrics: the Prometheus counters vllm:spec_decode_num_drafts_total, _num_draft_tokens_total,
   _num_accepted_tokens_total and _num_accepted_tokens_per_pos_total{position} (vllm/v1/spec_decode/metrics.py,
   SpecDecodingProm), summed over every request served (with a drafter).
@@ -30,9 +35,12 @@ shapes vLLM's own code writes (the source beside each):
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
 
 from .protocol import BadRequest, check_greedy, decode, need_int, need_strs
 
@@ -124,6 +132,29 @@ def prometheus(eng: Engine) -> str:
     lines += [f"# HELP {full} Accepted tokens per draft position.", f"# TYPE {full} counter"]
     lines += [f'{full}{{{labels},position="{j}"}} {float(a)}' for j, a in enumerate(pos)]
     return "\n".join(lines) + "\n"
+
+
+def dev_mode() -> bool:
+    """VLLM_SERVER_DEV_MODE=1 in the server's environment (vllm/envs.py reads it as bool(int(...)))."""
+    return os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip() not in ("", "0")
+
+
+def server_info(eng: Engine, target: str) -> dict:
+    """GET /server_info (only with VLLM_SERVER_DEV_MODE=1): {"vllm_config", "vllm_env", "system_env"}, the config
+    as a string unless the query asks config_format=json (`target`: the request's path and query)."""
+    s = eng.spec
+    spec = (
+        None
+        if s is None
+        else {
+            "method": s.drafter.c.family if s.drafter is not None else None,
+            "model": str(Path(s.path).resolve()),
+            "num_speculative_tokens": s.block_size - 1 if s.drafter is not None else None,
+        }
+    )
+    cfg = {"model_config": {"model": str(eng.model_dir)}, "speculative_config": spec}
+    as_json = parse_qs(urlsplit(target).query).get("config_format", ["text"])[-1] == "json"
+    return {"vllm_config": cfg if as_json else str(cfg), "vllm_env": {"VLLM_SERVER_DEV_MODE": True}, "system_env": {}}
 
 
 def get(eng: Engine, path: str) -> tuple[int, Any] | None:

@@ -234,7 +234,8 @@ class Store(Database):
 
     def runs(self) -> list[dict]:
         return self.rows(
-            "SELECT r.*, e.set_name, e.backend, e.target_path FROM runs r "
+            "SELECT r.*, coalesce(e.set_name, json_extract_string(r.summary, '$.set_name')) AS set_name, e.backend, "
+            "e.target_path FROM runs r "
             "LEFT JOIN extractions e ON e.id = r.extraction_id ORDER BY r.created, r.id"
         )
 
@@ -367,6 +368,24 @@ class Store(Database):
                 "SELECT DISTINCT engine FROM engine_stats WHERE set_name = ? ORDER BY engine", [set_name]
             )
         ]
+
+    def set_served(self, set_name: str, engine: str, served: dict | None, source: str) -> None:
+        """Keep what engine `engine` said it served for set `set_name` (None: it does not say; `source`: where that
+        was asked)."""
+        self.run(
+            "INSERT OR REPLACE INTO engine_served (set_name, engine, served, source) VALUES (?, ?, ?, ?)",
+            [set_name, engine, None if served is None else json.dumps(served), source],
+        )
+
+    def served(self, set_name: str, engine: str) -> dict | None:
+        """{"served": the JSON kept by `set_served` (None: the engine did not say), "source"}; None when nothing was
+        recorded (stats imported from a file, or fetched before this was kept)."""
+        got = self.rows(
+            "SELECT served, source FROM engine_served WHERE set_name = ? AND engine = ?", [set_name, engine]
+        )
+        if not got:
+            return None
+        return {"served": json.loads(got[0]["served"]) if got[0]["served"] else None, "source": got[0]["source"]}
 
     def engine_stamp(self) -> str:
         """Changes whenever engine stats are added or replaced (views key their caches on it)."""

@@ -122,5 +122,12 @@ MIGRATIONS: list[str | Callable] = [
     # v9: each prompt's category where its set has them (MT-Bench, SPEED-Bench, any JSONL with a category field), for
     # per-category tau; NULL where the set has none
     "ALTER TABLE completions ADD COLUMN category VARCHAR;",
+    # v10: what the engine said it served when a set was fetched (its drafter, algorithm, block size: the JSON of
+    # `engines.base.served_row` plus the local identity of the draft path when it is readable here; NULL: the
+    # engine does not say), beside the set's engine stats, so conformance can tell another drafter from a fault
+    """
+    CREATE TABLE engine_served (set_name VARCHAR, engine VARCHAR, served VARCHAR, source VARCHAR,
+        created TIMESTAMP DEFAULT now(), PRIMARY KEY (set_name, engine));
+    """,
 ]
 VERSION = len(MIGRATIONS)

@@ -25,7 +25,7 @@ def test_browser_shows_table_scatter_and_downloads_csv(spec_workspace, page, tmp
         page.goto(f"{url}/conformance?run={run}&engine=bug")
         page.get_by_role("heading", name="Conformance").first.wait_for()
         settle(page)
-        page.get_by_text("prompt(s) flagged").first.wait_for()
+        page.get_by_text("prompt(s) below the replay").first.wait_for()
         page.locator("[data-testid=stPlotlyChart] .main-svg").first.wait_for()
         page.locator("[data-testid=stDataFrame] canvas").first.wait_for()
         drawn(page)
@@ -35,7 +35,7 @@ def test_browser_shows_table_scatter_and_downloads_csv(spec_workspace, page, tmp
             page.get_by_role("button", name="Download the table (CSV)").click()
         lines = Path(dl.value.path()).read_text().splitlines()
         assert dl.value.suggested_filename == f"conformance-{run}-bug.csv"
-        assert lines[0].startswith("prompt,flagged,engine_tau,replay_tau,gap") and len(lines) == len(IDS) + 1
+        assert lines[0].startswith("prompt,flagged,above,engine_tau,replay_tau,gap") and len(lines) == len(IDS) + 1
         assert lines[1].split(",")[1] == "True"  # most negative gap first: a flagged prompt
         # a flagged prompt's link opens its token view
         first = lines[1].split(",")[0]
@@ -83,3 +83,34 @@ def test_browser_round_by_round_and_fault_ranking_open_the_divergent_step(spec_w
         until(lambda: f"prompt={pid}" in page.url, timeout=10, what="the link to open the Acceptance page")
         assert page.locator("[data-testid=stException]").count() == 0
         shot(page, "conformance-divergent-step")
+
+
+def test_browser_shows_other_drafter_verdict_first(spec_workspace, page, tmp_path):
+    """The demo's healthy checkpoint replayed on the completions an engine serving the noisy-labels one produced:
+    the page opens on the verdict other-drafter, with the evidence (the engine's draft model beside the replayed
+    one, their fingerprints differing) before any number."""
+    from speculative import DEMO, one_torch_thread
+
+    from dflash_dash import ops, pipeline
+
+    ws = private_copy(spec_workspace["ws"], tmp_path / "ws")
+    with one_torch_thread():
+        run = pipeline.replay(
+            Store(ws),
+            ops.Replay(drafter=str(DEMO / "checkpoints/healthy/step1450"), extraction=spec_workspace["extraction"]),
+        )["id"]
+    page.set_viewport_size({"width": 1500, "height": 1400})
+    with dashboard(ws, tmp_path) as url:
+        page.goto(f"{url}/conformance?run={run}&engine=sglang")
+        page.get_by_role("heading", name="Conformance").first.wait_for()
+        settle(page)
+        box = page.get_by_text("Verdict: other-drafter").first
+        box.wait_for()
+        assert "noisy" in box.inner_text() and "step1450" in box.inner_text()
+        page.locator("[data-testid=stDataFrame] canvas").first.wait_for()
+        drawn(page)
+        first_metric = page.locator("[data-testid=stMetric]").first.bounding_box()
+        assert box.bounding_box()["y"] < first_metric["y"]  # the verdict first, the numbers after
+        assert page.get_by_text("Conforms").count() == 0
+        assert page.locator("[data-testid=stException]").count() == 0
+        shot(page, "conformance-other-drafter")
