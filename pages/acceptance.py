@@ -360,6 +360,10 @@ def patterns_block(ws: str, run: dict) -> None:
     table("context_position", c2)
     table("rejection_pairs")
     table("worst_spans")
+    st.caption(
+        f"The last {pat['worst_spans_end_cut']} positions of each completion are left out of the worst spans: "
+        "fewer than a block of tokens follows them, so the text's end, not the drafter, caps their acceptance."
+    )
     if run["summary"].get("anchors") == "chain":
         st.caption(
             "A chain-only run knows accepted(p) only at the anchors its walks visited: a span's mean is over "

@@ -147,8 +147,43 @@ def test_worst_spans_are_the_lowest_windows_without_overlap_and_link_to_the_toke
 def test_analyse_returns_every_table():
     rows, comps = hand_run()
     out = patterns.analyse(rows, comps, B, strings, "run-1")
-    assert set(out) == {"by_class", "by_position", "by_context", "context_position", "rejection_pairs", "worst_spans"}
+    assert set(out) == {
+        "by_class",
+        "by_position",
+        "by_context",
+        "context_position",
+        "rejection_pairs",
+        "worst_spans",
+        "worst_spans_end_cut",
+    }
+    assert out["worst_spans_end_cut"] == B - 1
     assert sum(r["rounds"] for r in out["by_position"]) == 4 == sum(r["rounds"] for r in out["by_context"])
+
+
+def test_worst_spans_leave_out_the_end_where_no_full_block_fits():
+    """A drafter that accepts every draft it can (accepted(p) = min(B-1, T-1-p)) on one completion, and a stretch
+    accepting 2 of 3 in the middle of another: the end of the first is capped by the tokens left (2, 1, 0), not by
+    the drafter, and would win; with the block size known only the middle stretch is a worst span."""
+    b4, n = 4, 24
+    ids = list(range(1, n + 1))
+    comps = {"full": {"prompt_ids": [100], "output_ids": ids}, "dip": {"prompt_ids": [100], "output_ids": ids}}
+    full = [min(b4 - 1, n - 1 - i) for i in range(n)]  # anchor i of n: n-1-i tokens after it
+    dip = list(full)
+    dip[8:12] = [2, 2, 2, 2]
+    rows = [
+        metrics.Prompt.from_row({"prompt_id": k, "prompt_len": 1, "accepted_at": a, "rounds": [], "drafts": []})
+        for k, a in (("full", full), ("dip", dip))
+    ]
+    ends = patterns.worst_spans(rows, comps, "r", strings, window=2, top=1)  # the block size unknown: the end wins
+    assert (ends[0]["prompt"], ends[0]["mean_accepted"]) == ("full", 1.5)
+    spans = patterns.worst_spans(rows, comps, "r", strings, window=2, top=3, block_size=b4)
+    assert [(s["prompt"], s["start"], s["mean_accepted"]) for s in spans] == [
+        ("dip", 9, 2.0),
+        ("dip", 11, 2.0),
+        ("full", 1, 3.0),  # the dip's other windows overlap these two; the full drafter's first, never its end
+    ]
+    last = 1 + n - b4  # P + the last anchor with B-1 tokens after it
+    assert all(s["end"] <= last for s in patterns.worst_spans(rows, comps, "r", strings, 2, 50, b4))
 
 
 def test_worst_spans_of_a_chain_only_run_use_the_visited_anchors():

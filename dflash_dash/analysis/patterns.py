@@ -286,20 +286,35 @@ def _shown(texts: list[str], limit: int = 120) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
+def end_cut(block_size: int | None) -> int:
+    """Positions at the end of each completion left out of the worst spans: the last B-1 (anchors there have fewer
+    than B-1 tokens after them, so accepted(p) <= T-1-p < B-1 whatever the drafter does; the last drafts nothing)."""
+    return max(block_size - 1, 1) if block_size else 1
+
+
 def worst_spans(
-    rows: list[metrics.Prompt], comps: dict[str, dict], run_id: str, strings: Strings, window: int = 16, top: int = 10
+    rows: list[metrics.Prompt],
+    comps: dict[str, dict],
+    run_id: str,
+    strings: Strings,
+    window: int = 16,
+    top: int = 10,
+    block_size: int | None = None,
 ) -> list[dict]:
-    """The `top` windows of `window` consecutive completion anchors (P..T-2; fewer in a shorter completion)
-    with the lowest mean accepted(p) over all prompts, non-overlapping; ties: prompt order, then position.
-    A chain-only run knows accepted(p) only at the anchors its walks visited (-1 elsewhere): a window's mean is
-    then over its known anchors (`anchors` counts them), and a window without one is skipped."""
+    """The `top` windows of `window` consecutive completion anchors with the lowest mean accepted(p) over all prompts,
+    non-overlapping; ties: prompt order, then position. Only anchors with a full block of future tokens count
+    (P..T-B: `end_cut`; with `block_size` None, P..T-2): the end of a text would otherwise always win, capped by the
+    tokens left rather than by the drafter. A chain-only run knows accepted(p) only at the anchors its walks visited
+    (-1 elsewhere): a window's mean is then over its known anchors (`anchors` counts them), and a window without one
+    is skipped."""
     import numpy as np
 
+    cut = end_cut(block_size)
     cols: list[tuple] = []  # per prompt: (mean [S], row order, start [S], w, known [S], row) of its windows
     for o, r in enumerate(rows):
         if r.id not in comps:
             continue
-        acc = np.asarray(r.accepted_at[:-1], dtype=np.int64)  # the last token drafts nothing
+        acc = np.asarray(r.accepted_at[: max(len(r.accepted_at) - cut, 0)], dtype=np.int64)
         w = min(window, len(acc))
         if not w:
             continue
@@ -356,7 +371,8 @@ def analyse(
     cfg: Config = Config(),
 ) -> dict[str, list[dict]]:
     """Every failure-pattern table of one run: by_class, by_position, by_context, context_position (by_context with
-    every anchor's accepted(p), in bins of 1,000 positions for long traces), rejection_pairs, worst_spans."""
+    every anchor's accepted(p), in bins of 1,000 positions for long traces), rejection_pairs, worst_spans, and
+    worst_spans_end_cut (`end_cut`: the positions at each completion's end that worst spans leave out)."""
     rs = rounds(rows, comps, block_size)
     return {
         "by_class": by_class(rs, strings),
@@ -364,5 +380,6 @@ def analyse(
         "by_context": by_context(rs, cfg.context_bin),
         "context_position": by_context(rs, cfg.context_position_bin or context_width(rows), rows),
         "rejection_pairs": rejection_pairs(rs, strings, cfg.pairs),
-        "worst_spans": worst_spans(rows, comps, run_id, strings, cfg.window, cfg.spans),
+        "worst_spans": worst_spans(rows, comps, run_id, strings, cfg.window, cfg.spans, block_size),
+        "worst_spans_end_cut": end_cut(block_size),
     }
