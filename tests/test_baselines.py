@@ -39,7 +39,8 @@ def test_vllm_ngram_docstring_example():
 
 def test_vllm_ngram_takes_the_earliest_occurrence():
     # [7,8] occurs at 0 (followed by 1,7) and at 3 (followed by 2,5): vLLM's KMP keeps the first, [1,7]
-    got = ngram("prompt_lookup_min=2,prompt_lookup_max=2,num_speculative_tokens=2").propose(ids(7, 8, 1, 7, 8, 2, 5, 7, 8))
+    prop = ngram("prompt_lookup_min=2,prompt_lookup_max=2,num_speculative_tokens=2")
+    got = prop.propose(ids(7, 8, 1, 7, 8, 2, 5, 7, 8))
     assert got.ids.tolist() == [1, 7] and got.at == 2
 
 
@@ -258,7 +259,7 @@ def test_baseline_on_a_set_without_extraction_and_its_readers(workspace_copy, tm
     assert run["extraction_id"] is None and run["summary"]["set_name"] == "bare"
     assert run["summary"]["tau_macro"] > 1.5  # the repeats are drafted from the prompt and the output so far
     assert pipeline.export(st, out["id"])["prompts"][0]["id"] == "q0"  # readers resolve the set without extraction
-    assert any(r["id"] == out["id"] and r["completions"] is None for r in pipeline.listing(st, "runs"))
+    assert any(r["id"] == out["id"] and r["completions"] == "bare" for r in pipeline.listing(st, "runs"))
 
 
 def test_cli_baseline(workspace_copy, prepared, capsys):
@@ -269,3 +270,25 @@ def test_cli_baseline(workspace_copy, prepared, capsys):
     assert got["summary"]["family"] == "baseline:ngram-sglang" and got["summary"]["block_size"] == 16
     rc = cli.main(["--workspace", ws, "baseline", "--completions", prepared.set_name, "--settings", "k=3"])
     assert rc == 2 and "settings k: not a setting" in capsys.readouterr().err
+
+
+def test_pages_open_on_baseline_runs(workspace_copy, prepared, monkeypatch, tmp_path):
+    """Acceptance (with its token view) on a baseline beside the extraction and on one without extraction, the
+    Overview and Compare with baselines in the store: no exception, no error."""
+    from apptest import app, clean, htmls
+
+    from dflash_dash import pipeline
+    from dflash_dash.store import Store
+
+    st = Store(workspace_copy)
+    beside = pipeline.baseline(st, ops.Baseline(method="suffix", completions=prepared.set_name))["id"]
+    f = tmp_path / "c.jsonl"
+    f.write_text(json.dumps({"id": "q0", "prompt": "p", "output": "o", "prompt_ids": [1, 2], "output_ids": [3] * 9}))
+    pipeline.import_completions(st, str(f), "bare")
+    alone = pipeline.baseline(st, ops.Baseline(method="ngram", completions="bare"))["id"]
+    for run, prompt in ((beside, prepared.script_id), (alone, "q0")):
+        at = app(workspace_copy, monkeypatch, "acceptance", run=run, prompt=prompt)
+        clean(at)
+        assert any('<div class="dfv">' in h for h in htmls(at)), run
+    clean(app(workspace_copy, monkeypatch))
+    clean(app(workspace_copy, monkeypatch, "compare"))
