@@ -285,7 +285,7 @@ def test_views_sorted_by_gap_escaped_and_safe_csv():
     assert [r["prompt"] for r in t] == ["<script>x</script>", "=cmd()", "ok"]
     assert t[0]["token_view"] == "acceptance?run=run-1&prompt=%3Cscript%3Ex%3C%2Fscript%3E"
     csv = conformance_csv(t)
-    assert "'=cmd()" in csv.splitlines()[2] and csv.splitlines()[0].startswith("prompt,flagged,engine_tau")
+    assert "'=cmd()" in csv.splitlines()[2] and csv.splitlines()[0].startswith("prompt,flagged,above,engine_tau")
     fig = conformance_fig(rows, 0.05, "sglang")
     texts = [x for tr in fig.data for x in (tr.text or [])]
     assert "&lt;script&gt;x&lt;/script&gt;" in texts and "<script>x</script>" not in texts
