@@ -27,10 +27,11 @@ from dflash_dash.render.analysis_figures import (
 )
 from dflash_dash.render.figures import accept_curve, depth_fig, hist_fig
 from dflash_dash.render.formats import DEFAULT_RUN_NOTES, ci, fmt, prob, sliding_note
+from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import TAU_COLUMNS, outlier_links, pattern_rows, prompt_table, summary_rows
 from dflash_dash.render.tokens import legend_html, round_html, text_html, token_html
 from dflash_dash.vocab import Vocab
-from pages import common, jobs_view
+from pages import baseline_view, common, jobs_view
 from pages.heads_view import confidence_block, headroom_block
 
 common.routed()
@@ -47,7 +48,7 @@ def summary_block(s: dict, rows: list[dict], run_id: str) -> None:
 def metrics_block(s: dict) -> None:
     """Every run metric with its formula (a section: drawn when chosen)."""
     st.subheader("All run metrics and formulas")
-    st.dataframe(summary_rows(s), hide_index=True, width="stretch")
+    st.dataframe(summary_rows(s), hide_index=True, placeholder=DASH, width="stretch")
 
 
 def charts_block(s: dict) -> None:
@@ -157,7 +158,8 @@ def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] 
         len(tr.role), tr.prompt_len, "acc_win", row["prompt_id"], around=min(outline) if outline else None
     )
     st.html(token_html(tr, vocab, B, superscript=sup, inline_rejects=inline, diff=outline, window=win))
-    round_block(run, row, comp, vocab)
+    if rnd := round_block(run, row, comp, vocab):
+        baseline_view.source_note(ws, run, row, comp, vocab, rnd)
 
 
 def curve_block(ws: str, run: dict, pid: str) -> None:
@@ -172,9 +174,9 @@ def curve_block(ws: str, run: dict, pid: str) -> None:
     )
 
 
-def round_block(run: dict, row: dict, comp: dict, vocab: Vocab) -> None:
+def round_block(run: dict, row: dict, comp: dict, vocab: Vocab) -> int | None:
     """One round of the chain walk in full: the drafter's B-1 slots with their top-k candidates beside the
-    target's tokens, where the chain stopped and what DDTree took at that anchor (URL: &round=N)."""
+    target's tokens, where the chain stopped and what DDTree took at that anchor (URL: &round=N); the round shown."""
     B, budget = run["summary"]["block_size"], run["tree_budget"]
     st.markdown("**Round detail** · the drafter's whole block at one round of the chain walk")
     opts = round_options(row, comp, B)
@@ -200,6 +202,7 @@ def round_block(run: dict, row: dict, comp: dict, vocab: Vocab) -> None:
         + ". Each block start in the token view "
         "names its round in its tooltip."
     )
+    return int(rnd)
 
 
 # ---------------------------------------------------------------------------
@@ -276,7 +279,13 @@ def calibration_block(ws: str, run: dict) -> None:
             f"{run['id']}-expected-tau.csv",
             "acc_dl_exp",
         )
-    c2.dataframe(cal["by_depth"], hide_index=True, width="stretch", column_config=common.numbers(cal["by_depth"]))
+    c2.dataframe(
+        cal["by_depth"],
+        hide_index=True,
+        placeholder=DASH,
+        width="stretch",
+        column_config=common.numbers(cal["by_depth"]),
+    )
     c2.caption("rounds: samples of depth k; mean_p: mean p_k; observed: P(d_k | d_<k); ece: ECE of depth k alone")
 
 
@@ -322,7 +331,9 @@ def patterns_block(ws: str, run: dict) -> None:
         col.markdown(f"**{title}** · {what}")
         cfg = {"link": st.column_config.LinkColumn("token view", display_text="open")} if key == "worst_spans" else None
         rows = pattern_rows(key, pat[key])  # token cells with their whitespace visible
-        col.dataframe(rows, hide_index=True, width="stretch", column_config=common.numbers(rows, **(cfg or {})))
+        col.dataframe(
+            rows, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(rows, **(cfg or {}))
+        )
         with col:
             common.download(f"{title} (CSV)", pat[key], f"{run['id']}-{key}.csv", f"acc_dl_{key}")
 
@@ -443,6 +454,7 @@ def main() -> None:
     ev = st.dataframe(
         table,
         hide_index=True,
+        placeholder=DASH,
         width="stretch",
         on_select="rerun",
         selection_mode="single-row",

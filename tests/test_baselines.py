@@ -241,8 +241,8 @@ def test_baseline_run_is_stored_beside_the_extraction_with_the_right_tau(workspa
     assert {pid: sum(p.rounds) for pid, p in rows.items()} == {
         c["prompt_id"]: len(c["output_ids"]) - 1 for c in st.completions(prepared.set_name)
     }  # every completion token after the prefill's is committed once
-    sources = st.analysis(out["run"], "sources")
-    assert set(sources) == set(rows) and all(len(s["anchor"]) == len(rows[p].rounds) for p, s in sources.items())
+    for pid, p in rows.items():
+        assert len(st.analysis(out["run"], f"sources:{pid}")["anchor"]) == len(p.rounds)
 
 
 def test_baseline_on_a_set_without_extraction_and_its_readers(workspace_copy, tmp_path):
@@ -285,10 +285,26 @@ def test_pages_open_on_baseline_runs(workspace_copy, prepared, monkeypatch, tmp_
     f = tmp_path / "c.jsonl"
     f.write_text(json.dumps({"id": "q0", "prompt": "p", "output": "o", "prompt_ids": [1, 2], "output_ids": [3] * 9}))
     pipeline.import_completions(st, str(f), "bare")
-    alone = pipeline.baseline(st, ops.Baseline(method="ngram", completions="bare"))["id"]
+    one = "prompt_lookup_min=1,prompt_lookup_max=1"
+    alone = pipeline.baseline(st, ops.Baseline(method="ngram", completions="bare", settings=one))["id"]
     for run, prompt in ((beside, prepared.script_id), (alone, "q0")):
-        at = app(workspace_copy, monkeypatch, "acceptance", run=run, prompt=prompt)
+        at = app(workspace_copy, monkeypatch, "acceptance", run=run, prompt=prompt, round="2")
         clean(at)
         assert any('<div class="dfv">' in h for h in htmls(at)), run
+    # prompt [1,2], output 3 x 9: round 2 at anchor 3 copies from position 3, after the [3] at position 2
+    assert any("Round 2 (anchor 3)" in h and "occurred first at positions 2–2" in h for h in htmls(at))
     clean(app(workspace_copy, monkeypatch))
     clean(app(workspace_copy, monkeypatch, "compare"))
+
+
+def test_source_html_names_the_copied_span_and_escapes_tokens():
+    from dflash_dash.render.baseline import source_html
+
+    src = {"anchor": [4, 6], "at": [-1, 2], "match": [0, 2], "origin": ["", "context"]}
+    toks = [10, 11, 12, 13, 10, 11, 10]
+    names = {10: "<b>", 11: "x", 12: "y", 13: "z"}
+    strings = lambda ids: [names[i] for i in ids]  # noqa: E731
+    assert "no drafts" in source_html(src, 1, toks, strings)
+    got = source_html(src, 2, toks, strings)
+    assert "the 2 tokens ending at the anchor <code>x&lt;b&gt;</code>" in got  # positions 5-6, escaped
+    assert "occurred first at positions 0–1" in got and "from position 2: <code>yz&lt;b&gt;x&lt;b&gt;</code>" in got

@@ -6,8 +6,9 @@ set's newest finished extraction, or none: then every prompt of the set and a ru
 replays the proposer over the prompts in set order on the CPU (no features, no model), and stores the run:
 checkpoint `baseline:<method>`, the settings and the engine file followed in its config, family
 `baseline:<engine>` in the summary (with `baseline`, `settings`, `set_name`), the per-prompt rows, the kept
-analyses that apply to drafts without probabilities, and "sources" (per prompt and round: the anchor, the position
-copied from, the matched length, the store the drafts came from) for the token view. Returns {"id", "summary"}.
+analyses that apply to drafts without probabilities, and per prompt "sources:<prompt id>" (per round: the anchor,
+the position copied from, the matched length, the store the drafts came from) for the token view. Returns {"id",
+"summary"}.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .kept import keep
 from .replay import scored
 
 KEPT = ("prompts", "lag", "patterns")  # the kept analyses that need no draft probabilities
+SOURCES = "sources:"  # + prompt id: the kept name of a prompt's per-round draft sources
 
 
 def where(store: Store, op: ops.Baseline) -> tuple[str, dict | None]:
@@ -77,7 +79,9 @@ def baseline(store: Store, op: ops.Baseline, progress: Progress = None, runner: 
         ),
         res,
     )
-    store.set_analysis(run_id, "sources", {d.prompt.id: d.sources for d in done})
+    with store.session():  # one kept row per prompt: the token view reads its prompt's alone
+        for d in done:
+            store.set_analysis(run_id, SOURCES + d.prompt.id, d.sources)
     tick(progress, 0, 0, f"analysing run {run_id} (kept for the pages)")
     keep(store, run_id, KEPT, res, summary, comps)
     return {"id": run_id, "summary": summary}
