@@ -27,6 +27,7 @@ from dflash_dash.render.analysis_figures import (
 )
 from dflash_dash.render.figures import accept_curve, depth_fig, hist_fig
 from dflash_dash.render.formats import DEFAULT_RUN_NOTES, ci, fmt, prob, sliding_note
+from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import TAU_COLUMNS, outlier_links, pattern_rows, prompt_table, summary_rows
 from dflash_dash.render.tokens import legend_html, round_html, text_html, token_html
 from dflash_dash.vocab import Vocab
@@ -47,7 +48,7 @@ def summary_block(s: dict, rows: list[dict], run_id: str) -> None:
 def metrics_block(s: dict) -> None:
     """Every run metric with its formula (a section: drawn when chosen)."""
     st.subheader("All run metrics and formulas")
-    st.dataframe(summary_rows(s), hide_index=True, width="stretch")
+    st.dataframe(summary_rows(s), hide_index=True, placeholder=DASH, width="stretch")
 
 
 def charts_block(s: dict) -> None:
@@ -278,7 +279,13 @@ def calibration_block(ws: str, run: dict) -> None:
             f"{run['id']}-expected-tau.csv",
             "acc_dl_exp",
         )
-    c2.dataframe(cal["by_depth"], hide_index=True, width="stretch", column_config=common.numbers(cal["by_depth"]))
+    c2.dataframe(
+        cal["by_depth"],
+        hide_index=True,
+        placeholder=DASH,
+        width="stretch",
+        column_config=common.numbers(cal["by_depth"]),
+    )
     c2.caption("rounds: samples of depth k; mean_p: mean p_k; observed: P(d_k | d_<k); ece: ECE of depth k alone")
 
 
@@ -324,7 +331,9 @@ def patterns_block(ws: str, run: dict) -> None:
         col.markdown(f"**{title}** · {what}")
         cfg = {"link": st.column_config.LinkColumn("token view", display_text="open")} if key == "worst_spans" else None
         rows = pattern_rows(key, pat[key])  # token cells with their whitespace visible
-        col.dataframe(rows, hide_index=True, width="stretch", column_config=common.numbers(rows, **(cfg or {})))
+        col.dataframe(
+            rows, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(rows, **(cfg or {}))
+        )
         with col:
             common.download(f"{title} (CSV)", pat[key], f"{run['id']}-{key}.csv", f"acc_dl_{key}")
 
@@ -445,6 +454,7 @@ def main() -> None:
     ev = st.dataframe(
         table,
         hide_index=True,
+        placeholder=DASH,
         width="stretch",
         on_select="rerun",
         selection_mode="single-row",

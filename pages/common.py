@@ -24,7 +24,7 @@ import streamlit as st
 from dflash_dash import metrics
 from dflash_dash.analysis.attribution import attribution_rows
 from dflash_dash.errors import UserError
-from dflash_dash.render import tokens as token_render
+from dflash_dash.render import missing, tokens as token_render
 from dflash_dash.render.formats import csv_text
 from dflash_dash.render.tables import number_formats
 from dflash_dash.store import Store, default_workspace
@@ -235,9 +235,11 @@ def attributions(ws: str, run_id: str, stamp: str) -> list[dict]:
 
 def numbers(rows: list[dict], **config) -> dict:
     """A dataframe's column_config printing its float columns one way per kind of number (render.tables
-    number_formats: tau-like 2 decimals, probabilities 3), plus `config`."""
-    fmts = number_formats(rows)
-    return {c: st.column_config.NumberColumn(format=f) for c, f in fmts.items()} | config
+    number_formats: tau-like 2 decimals, probabilities 3), a help saying why on each column with a missing value
+    (drawn as `missing.DASH`: `st.dataframe(placeholder=DASH)`), plus `config`."""
+    fmts, why = number_formats(rows), missing.helps(rows)
+    cfg = {c: st.column_config.NumberColumn(format=f, help=why.get(c)) for c, f in fmts.items()}
+    return cfg | {c: st.column_config.Column(help=h) for c, h in why.items() if c not in cfg} | config
 
 
 def download(label: str, rows: list[dict], file_name: str, key: str) -> None:

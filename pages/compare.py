@@ -27,6 +27,7 @@ from dflash_dash.render.analysis_figures import confidence_fig, reliability_fig
 from dflash_dash.render.compare import DELTA_NOTE, OUTCOME_NOTE, compare_html
 from dflash_dash.render.figures import depth_fig, hist_fig, lag_fig, scatter_fig, sweep_fig
 from dflash_dash.render.formats import fmt, sliding_note
+from dflash_dash.render.missing import DASH
 from dflash_dash.render.tokens import legend_html
 from dflash_dash.vocab import Vocab
 from pages import common, jobs_view, many_view
@@ -71,6 +72,7 @@ def pick_prompt(a: dict, b: dict, ra: dict, rb: dict, comps: dict) -> str | None
     ev = st.dataframe(
         rows,
         hide_index=True,
+        placeholder=DASH,
         width="stretch",
         column_config=common.numbers(rows),
         on_select="rerun",
@@ -140,7 +142,7 @@ def lag_block(ws: str, stamp: str, a: dict, b: dict) -> None:
     c1, c2 = st.columns([3, 2])
     c1.plotly_chart(lag_fig(rows, a["name"], b["name"]), width="stretch")
     with c2:
-        st.dataframe(rows, hide_index=True, width="stretch", column_config=common.numbers(rows))
+        st.dataframe(rows, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(rows))
         common.download("draft lag per slot, both runs (CSV)", rows, "compare-lag.csv", "cmp_dl_lag")
 
 
@@ -166,6 +168,7 @@ def calibration_block(ws: str, a: dict, b: dict) -> None:
             )
         ],
         hide_index=True,
+        placeholder=DASH,
         width="stretch",
     )
     B = max(r["summary"]["block_size"] for r in (a, b))
@@ -202,7 +205,7 @@ def config_block(a: dict, b: dict) -> None:
 
     import pandas as pd
 
-    st.dataframe(pd.DataFrame(rows).style.apply(mark, axis=1), hide_index=True, width="stretch")
+    st.dataframe(pd.DataFrame(rows).style.apply(mark, axis=1), hide_index=True, placeholder=DASH, width="stretch")
 
 
 def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
@@ -307,7 +310,7 @@ def main() -> None:
         if a["set_name"] != b["set_name"]:
             st.error("A and B are on different completion sets; per-prompt comparisons need the same set.")
         else:
-            st.dataframe(metrics_table(a, b), hide_index=True, width="stretch")
+            st.dataframe(metrics_table(a, b), hide_index=True, placeholder=DASH, width="stretch")
             ra, rb = common.prompt_rows(ws, a_id), common.prompt_rows(ws, b_id)  # numbers only, per prompt
             st.subheader("Per prompt, A vs B, and the token views aligned")
             token_views(ws, stamp, a, b, ra, rb)

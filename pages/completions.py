@@ -11,6 +11,7 @@ from pathlib import Path
 import streamlit as st
 
 from dflash_dash import ops
+from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import SPEC_KEYS, completion_table
 from dflash_dash.render.tokens import text_html
 from pages import common, jobs_view
@@ -174,6 +175,7 @@ def main() -> None:
                 rows,
                 column_config=common.numbers(rows),
                 hide_index=True,
+                placeholder=DASH,
                 width="stretch",
                 on_select="rerun",
                 selection_mode="single-row",

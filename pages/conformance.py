@@ -16,6 +16,7 @@ from dflash_dash import metrics, ops
 from dflash_dash.analysis import conformance, steps, verdict
 from dflash_dash.render.figures import conformance_fig, hist_fig
 from dflash_dash.render.formats import acceptance_link, plain
+from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import (
     CONFORMANCE_COLUMNS,
     CONFORMANCE_NOTE,
@@ -62,6 +63,7 @@ def cards(summary: dict) -> None:
                 for m in metrics.CONFORMANCE
             ],
             hide_index=True,
+            placeholder=DASH,
             width="stretch",
         )
 
@@ -94,6 +96,7 @@ def verdict_box(v: dict, served: dict | None, source: str, replayed: dict) -> No
             ),
         },
         hide_index=True,
+        placeholder=DASH,
         width="stretch",
         key="conf_verdict",
     )
@@ -137,7 +140,7 @@ def table(rows: list[dict], run_id: str, engine: str) -> None:
     )
     cfg["flagged"] = st.column_config.CheckboxColumn("flagged", help=CONFORMANCE_COLUMNS["flagged"])
     cfg["above"] = st.column_config.CheckboxColumn("above", help=CONFORMANCE_COLUMNS["above"])
-    st.dataframe(style, column_config=cfg, hide_index=True, width="stretch", key="conf_table")
+    st.dataframe(style, column_config=cfg, hide_index=True, placeholder=DASH, width="stretch", key="conf_table")
     st.caption(
         "sorted by gap (engine − replay), most negative first; flagged rows (below) in red, rows above in amber. "
         + CONFORMANCE_NOTE
@@ -181,7 +184,9 @@ def round_by_round(rows: list[dict], prompts: list[dict], run_id: str) -> None:
     cfg["token_view"] = st.column_config.LinkColumn(
         "token view", help=DIVERGENCE_COLUMNS["token_view"], display_text="open step"
     )
-    st.dataframe(pd.DataFrame(t), column_config=cfg, hide_index=True, width="stretch", key="conf_steps")
+    st.dataframe(
+        pd.DataFrame(t), column_config=cfg, hide_index=True, placeholder=DASH, width="stretch", key="conf_steps"
+    )
     links = " · ".join(
         f'<a href="{html.escape(r["token_view"], quote=True)}" target="_self">'
         f"{html.escape(str(r['prompt']))}: step {r['steps_equal'] + 1}, token {r['first_divergence']}</a>"
@@ -238,6 +243,7 @@ def fault_ranking(ws: str, run_id: str, engine: str, gap: bool) -> None:
             )
         },
         hide_index=True,
+        placeholder=DASH,
         width="stretch",
         key="conf_faults",
     )

@@ -18,6 +18,7 @@ from dflash_dash.jobs import gpu
 from dflash_dash.render.analysis_figures import signatures_fig
 from dflash_dash.render.figures import attribution_fig, parity_fig
 from dflash_dash.render.formats import fmt
+from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import PARITY_FORMATS, gpu_table, signature_table
 from pages import common, jobs_view
 
@@ -74,6 +75,7 @@ def parity_block(ws: str, stamp: str) -> None:
     c1.dataframe(
         rows,
         hide_index=True,
+        placeholder=DASH,
         width="stretch",
         column_config={k: st.column_config.NumberColumn(format=f) for k, f in PARITY_FORMATS.items()},
     )
@@ -87,7 +89,7 @@ def parity_block(ws: str, stamp: str) -> None:
             row[ka if r["extraction_id"] == a else kb] = r["summary"].get("tau_macro")
     if table:
         taus = list(table.values())
-        st.dataframe(taus, hide_index=True, width="stretch", column_config=common.numbers(taus))
+        st.dataframe(taus, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(taus))
     else:
         st.info("No run on these extractions yet: replay a checkpoint on each (Acceptance page, **Replay**).")
 
@@ -127,7 +129,7 @@ def consistency_block(ws: str, stamp: str) -> None:
     (st.error if fatal else st.warning if bad else st.success)(
         f"{len(bad)} of {len(rows)} checks fail" if bad else "checkpoint and extraction are consistent"
     )
-    st.dataframe(rows, hide_index=True, width="stretch")
+    st.dataframe(rows, hide_index=True, placeholder=DASH, width="stretch")
 
 
 def sliding_block(ws: str, stamp: str) -> None:
@@ -170,7 +172,7 @@ def sliding_block(ws: str, stamp: str) -> None:
             f"tau (macro) causal − bidirectional = {delta:+.2f} (tau = mean over prompts of committed / rounds)"
         )
     if rows:
-        st.dataframe(rows, hide_index=True, width="stretch", column_config=common.numbers(rows))
+        st.dataframe(rows, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(rows))
     if len(rows) < 2 and st.button("Replay both ways", type="primary", key="slide_go"):
         from dflash_dash import drafters
 
@@ -200,7 +202,7 @@ def attribution_block(ws: str, stamp: str) -> None:
     if rows:
         c1, c2 = st.columns([3, 2])
         c1.plotly_chart(attribution_fig(rows), width="stretch")
-        c2.dataframe(rows, hide_index=True, width="stretch")
+        c2.dataframe(rows, hide_index=True, placeholder=DASH, width="stretch")
         c2.caption(
             f"base tau (macro) {fmt(rows[0]['base_tau_macro'])}, (pooled) "
             f"{fmt(rows[0]['base_tau_pooled'])}: the same replay without ablation"
@@ -264,6 +266,7 @@ def signatures_block(ws: str, stamp: str) -> None:
     st.dataframe(
         table,
         hide_index=True,
+        placeholder=DASH,
         width="stretch",
         key="sig_table",
         column_config={"what it suggests": st.column_config.TextColumn(width="large")},
@@ -308,7 +311,7 @@ def server_block() -> None:
         st.caption(f"GPU memory unavailable: {e}")
         return
     if gpus:
-        st.dataframe(gpu_table(gpus), hide_index=True, width="stretch")
+        st.dataframe(gpu_table(gpus), hide_index=True, placeholder=DASH, width="stretch")
     else:
         st.caption("No GPU visible on this machine.")
 

@@ -21,6 +21,7 @@ from dflash_dash.analysis.checks import backend_matters
 from dflash_dash.errors import UserError
 from dflash_dash.jobs import gpu
 from dflash_dash.pipeline import disk
+from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import extraction_table, gpu_table
 from pages import common, jobs_view
 
@@ -68,7 +69,7 @@ def gpu_block() -> None:
     if not gpus:
         st.caption("No GPU visible on this machine (extraction runs on CPU with the torch path).")
         return
-    st.dataframe(gpu_table(gpus), hide_index=True, width="stretch")
+    st.dataframe(gpu_table(gpus), hide_index=True, placeholder=DASH, width="stretch")
 
 
 def existing(ws: str, stamp: str, orch: str) -> None:
@@ -77,7 +78,7 @@ def existing(ws: str, stamp: str, orch: str) -> None:
     if not exs:
         st.info("No extractions yet: choose a completion set and a target below and press **Extract**.")
         return
-    st.dataframe(extraction_table(exs), hide_index=True, width="stretch")
+    st.dataframe(extraction_table(exs), hide_index=True, placeholder=DASH, width="stretch")
     for e in reversed(exs):
         with st.container(border=True):
             c1, c2 = st.columns([5, 1])

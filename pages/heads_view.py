@@ -9,6 +9,7 @@ import streamlit as st
 from dflash_dash import metrics
 from dflash_dash.render.analysis_figures import headroom_fig, reliability_fig, stop_fig
 from dflash_dash.render.formats import fmt, prob
+from dflash_dash.render.missing import DASH
 from pages import common
 
 
@@ -35,7 +36,7 @@ def headroom_block(ws: str, run: dict) -> None:
     c[2].caption(h["formula"]["recall_topk"])
     c1, c2 = st.columns(2)
     c1.plotly_chart(headroom_fig(h["by_depth"], h["k"]), width="stretch")
-    c2.dataframe(h["by_depth"], hide_index=True, width="stretch")
+    c2.dataframe(h["by_depth"], hide_index=True, placeholder=DASH, width="stretch")
     c2.caption(f"rounds: samples of depth k; top1: the draft is the target's token; topk: among the top-{h['k']}")
     with c2:
         common.download("headroom per depth (CSV)", h["by_depth"], f"{run['id']}-headroom.csv", "acc_dl_head")

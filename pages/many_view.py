@@ -9,6 +9,7 @@ import streamlit as st
 
 from dflash_dash.analysis.compare import default_runs, is_baseline, many_rows, many_table, verdict_rows
 from dflash_dash.render.many import MANY_NOTE, PAIRED_NOTE, many_fig
+from dflash_dash.render.missing import DASH
 from pages import common
 
 
@@ -51,7 +52,7 @@ def many_block(ws: str, stamp: str, chosen: list[dict]) -> None:
     cats = {p: c.get("category") for p, c in common.completions(ws, chosen[0]["set_name"], stamp).items()}
     rows = many_rows(chosen, taus, cats)
     table = many_table(chosen, rows)
-    st.dataframe(table, hide_index=True, width="stretch", column_config=common.numbers(table))
+    st.dataframe(table, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(table))
     st.caption(MANY_NOTE)
     if not any(c for c in cats.values()):
         st.caption("This set has no categories (import MT-Bench, SPEED-Bench or a JSONL with a category for them).")
@@ -62,7 +63,7 @@ def many_block(ws: str, stamp: str, chosen: list[dict]) -> None:
         "judge each run against", [r["id"] for r in drafters], "ref", "many_ref", format_func=common.run_label(by)
     )
     verdicts = verdict_rows(by[ref_id], chosen, taus, cats)
-    st.dataframe(verdicts, hide_index=True, width="stretch", column_config=common.numbers(verdicts))
+    st.dataframe(verdicts, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(verdicts))
     st.caption(PAIRED_NOTE)
     for v in verdicts:
         if v["category"] == "all" and v["warning"]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dflash_dash.render.formats import backend_label, count
+from dflash_dash.render.missing import DASH
 from dflash_dash.render.story import story_html
 from dflash_dash.render.tables import run_columns, run_groups
 from pages import common
@@ -100,6 +101,7 @@ def runs_block(runs: list[dict], exs: list[dict]) -> None:
             ev = st.dataframe(
                 g["rows"],
                 hide_index=True,
+                placeholder=DASH,
                 width="stretch",
                 column_config=config,
                 on_select="rerun",
