@@ -4,6 +4,8 @@ the page scripts, not a page (no torch, no SQL)."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import streamlit as st
 
 from dflash_dash import ops
@@ -126,6 +128,15 @@ def running_jobs() -> None:
     listing()
 
 
+def ended(job: dict) -> str:
+    """When a job ended, for its error's label (' at 2026-12-06 14:02, 12 min ago'; '' when not recorded)."""
+    t = job.get("updated")
+    if not isinstance(t, datetime):
+        return ""
+    mins = max(0, int((datetime.now() - t).total_seconds() // 60))  # the store's timestamps are local, as now()
+    return f" at {t:%Y-%m-%d %H:%M}, " + (f"{mins} min ago" if mins < 120 else f"{mins // 60} h ago")
+
+
 def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
     """Live list of the recent jobs of `kinds`: status, step, progress bar, error, log tail, cancel/rerun, and
     dismiss for a failed or cancelled job (hidden from the panel from then on; `jobs` on the CLI still lists it).
@@ -160,8 +171,9 @@ def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
                     st.caption(str(j["step"] or ""))
                 if j["status"] == "done" and j.get("result"):
                     st.caption(job_result(j["result"]))  # run ids link to their Acceptance page
-                if j.get("error"):
-                    (st.error if j["status"] == "failed" else st.caption)(j["error"])
+                if j.get("error"):  # labelled: an old job's error must not read as the latest click's
+                    say = st.error if j["status"] == "failed" else st.caption
+                    say(f"{j['kind']} job `{j['id']}` {j['status']}{ended(j)}: {j['error']}")
                 c1, c2, c4, c3 = st.columns([1, 1, 1, 3])
                 if j["status"] in ACTIVE and c1.button("Cancel", key=f"cancel_{key}_{j['id']}"):
                     jobs.cancel(st_, j["id"])

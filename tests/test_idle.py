@@ -52,3 +52,17 @@ def test_fragments_poll_only_while_a_job_of_theirs_runs(workspace_copy, monkeypa
     assert store.settle_job("job-idle-test", "cancelled", "cancelled by the test")
     clean(app(workspace_copy, monkeypatch, "acceptance"))
     assert reruns == []
+
+
+def test_a_failed_jobs_error_is_labelled_and_shown_only_by_its_own_panel(workspace_copy, monkeypatch):
+    """A failed job's error names its job and when it ended (an old failure must not read as the latest click's),
+    and shows only in the panel that follows its kind: a failed replay under the Replay form, not under Fetch."""
+    store = Store(workspace_copy)
+    store.add_job("job-old-fail", "replay", {}, str(workspace_copy / "logs" / "job-old-fail.log"))
+    assert store.settle_job("job-old-fail", "failed", "drafter folder /x: no config.json")
+    at = app(workspace_copy, monkeypatch, "acceptance")
+    said = [e.value for e in at.error if "no config.json" in e.value]
+    assert len(said) == 1 and said[0].startswith("replay job `job-old-fail` failed at "), said
+    assert "min ago: drafter folder /x: no config.json" in said[0]
+    at = app(workspace_copy, monkeypatch, "completions")
+    assert not [e.value for e in at.error if "no config.json" in e.value]
