@@ -279,13 +279,8 @@ def calibration_block(ws: str, run: dict) -> None:
             f"{run['id']}-expected-tau.csv",
             "acc_dl_exp",
         )
-    c2.dataframe(
-        cal["by_depth"],
-        hide_index=True,
-        placeholder=DASH,
-        width="stretch",
-        column_config=common.numbers(cal["by_depth"]),
-    )
+    depth = cal["by_depth"]
+    c2.dataframe(depth, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(depth))
     c2.caption("rounds: samples of depth k; mean_p: mean p_k; observed: P(d_k | d_<k); ece: ECE of depth k alone")
 
 
