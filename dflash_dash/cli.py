@@ -269,6 +269,13 @@ def cmd_diagnose(a, store):
     _print({k: v for k, v in got.items() if k != "steps"})  # the variants' rounds stay in the store (the page)
 
 
+def cmd_audit(a, store):
+    out = pipeline.audit(store, op_of(ops.Audit, a), progress)
+    print(f"verdict: {out['verdict']}", file=sys.stderr)
+    _print(out)
+    return 0 if out["clean"] else 1
+
+
 def cmd_signatures(a, store):
     _print(pipeline.signatures(store, a.run, a.reference))
 
@@ -408,6 +415,15 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     s.add_argument("--run", help="run to diagnose (default: the least healthy run beside the reference)")
     s.add_argument("--reference", help="healthy reference run (default: the highest tau macro on the run's extraction)")
     s.set_defaults(fn=cmd_signatures)
+
+    s = sub.add_parser(
+        "audit",
+        help="audit a trainer's feature cache (SpecForge prepare_hidden_states.py, DeepSpec target cache) against "
+        "the product's extraction: per layer rel-L2, cosine, zero/non-finite rows, best layer offset, position "
+        "shift, scale; a verdict (JSON; exit 1 when a layer is faulty)",
+    )
+    add_op_options(s, ops.Audit)
+    s.set_defaults(fn=cmd_audit)
 
     s = sub.add_parser("demo", help="build the demo workspace from the committed assets (idempotent)")
     s.set_defaults(fn=cmd_demo)

@@ -349,7 +349,7 @@ class Demo(Op):
 
 
 KINDS: dict[str, type[Op]] = {
-    c.kind: c for c in (Fetch, Extract, Replay, Sweep, SlidingCheck, Attribute, Diagnose, Baseline, Demo)
+    c.kind: c for c in (Fetch, Extract, Replay, Sweep, SlidingCheck, Attribute, Diagnose, Baseline, Demo, Audit)
 }
 
 
@@ -368,6 +368,27 @@ def of(kind: str, args: dict | None) -> Op:
 @dataclass(frozen=True)
 class Work:
     """Base of the worker specs: a frozen record with a plain-JSON round trip (`to_json`, `from_json`)."""
+@dataclass
+class Audit(Op):
+    kind: ClassVar[str] = "audit"
+    features: str  # a trainer's feature cache: SpecForge prepare_hidden_states.py output or a DeepSpec target cache
+    target: str  # the target model folder the features were captured from (a Hugging Face causal LM)
+    layers: list[int] | None = None  # target layer ids the cache holds, in order ("1,16,31"); None: the DeepSpec
+    # manifest's, or the drafter's
+    drafter: str | None = None  # draft config JSON or checkpoint whose dflash_config.target_layer_ids were captured
+    samples: int = 8  # samples audited: the first N in the trainer's own order
+    device: str = "cpu"  # cpu (the torch path, forced and recorded) or cuda[:N] (fla kernels where they import)
+    dtype: str = "float32"  # compute dtype of the recomputation
+
+    def __post_init__(self):
+        self._need("features", "the feature cache folder (SpecForge's --output-path or a DeepSpec target cache)")
+        self._need("target", "the target model folder the features were captured from")
+        self.layers = parse_layers(self.layers)
+        self._int("samples", 1, "expected a positive number of samples, like 8")
+        self._device()
+        check_dtype(self.dtype)
+
+
 
     kind: ClassVar[str] = ""
 

@@ -316,6 +316,54 @@ def server_block() -> None:
         st.caption("No GPU visible on this machine.")
 
 
+def audit_block(ws: str, stamp: str) -> None:
+    """Feature audit: a trainer's capture (SpecForge, DeepSpec) against this product's extraction; kept reports."""
+    from dflash_dash.pipeline.audit import audits
+    from dflash_dash.render.audit import audit_rows
+
+    st.header("Feature audit")
+    st.caption(
+        "A trainer's feature cache (SpecForge's prepare_hidden_states.py output, a DeepSpec target cache) recomputed "
+        "with this product's extraction on the same tokens (the torch path on CPU, fla on GPU): per target layer "
+        "relative L2 = ‖C − R‖ / ‖R‖ and cosine against the recomputation, all-zero and non-finite rows, the layer "
+        "(−2..+2) and one-token position shift that fit best, scale, dtype. An off-by-one names itself."
+    )
+    kept = audits(common._store(ws))
+    if kept:
+        label = lambda i: f"{kept[i]['id']} · {'clean' if kept[i]['clean'] else 'faulty'}"  # noqa: E731
+        rep = kept[st.selectbox("audit", range(len(kept)), format_func=label, key="audit_pick")]
+        (st.success if rep["clean"] else st.error)(rep["verdict"])
+        rec = rep["recompute"]
+        st.caption(
+            f"{rep['format']} cache ({rep['strategy']}; {rep['source']}) · {rep['samples']} samples, "
+            f"{rep['positions']} positions · cache dtype {rep['dtype']} · recomputed on {rec['device']} with "
+            f"{rec['backend']} kernels in {rec['dtype']} · target {rep['target']}"
+        )
+        st.dataframe(audit_rows(rep), hide_index=True, placeholder=DASH, width="stretch")
+    else:
+        st.info("No feature audit yet: give a trainer's feature cache folder and its target below.")
+    with st.form("audit_form"):
+        features = st.text_input("feature cache folder", key="audit_features", placeholder="/path/to/hidden_states")
+        target = st.text_input("target model folder", key="audit_target", placeholder="/path/to/target")
+        layers = st.text_input(
+            "target layer ids (SpecForge captures do not record them)", key="audit_layers", placeholder="1,16,31,46,61"
+        )
+        samples = st.number_input("samples", min_value=1, value=8, key="audit_samples")
+        go = st.form_submit_button("Audit", type="primary")
+    if go:
+        labels = {"features": "feature cache folder", "target": "target model folder", "layers": "target layer ids"}
+        with common.guard(labels):
+            jobs_view.start_job(
+                ops.Audit(
+                    features=features.strip(),
+                    target=target.strip(),
+                    layers=layers.strip() or None,
+                    samples=int(samples),
+                )
+            )
+    jobs_view.job_panel(("audit",), key="audit")
+
+
 SECTIONS = {  # URL value: label (&section=...): one check drawn at a time, when chosen
     "parity": "Backend parity",
     "consistency": "Checkpoint vs extraction",
@@ -323,6 +371,7 @@ SECTIONS = {  # URL value: label (&section=...): one check drawn at a time, when
     "attribution": "Target-layer attribution",
     "signatures": "Training-bug signatures",
     "server": "Server health",
+    "audit": "Feature audit",
 }
 BLOCKS = {  # URL value: the block drawing it, called with (ws, stamp)
     "parity": parity_block,
@@ -331,6 +380,7 @@ BLOCKS = {  # URL value: the block drawing it, called with (ws, stamp)
     "attribution": attribution_block,
     "signatures": signatures_block,
     "server": lambda ws, stamp: server_block(),
+    "audit": audit_block,
 }
 LINKED = (  # a link's parameter -> the check it belongs to
     ("a", "parity"),

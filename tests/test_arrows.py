@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # the pages) under analysis, the stand-in's speculative decoder under the stand-in; launch, what `make run` runs,
 # on top; ops, the operations' argument dataclasses, under the pipeline whose signatures take their defaults, and
 # fields, the checks of their values (names, URLs, devices, ...), under ops;
-# target_info, the torch-free half of the target the pages use, under target)
+# target_info, the torch-free half of the target the pages use, under target; audit, the trainers' feature
+# caches and their audit against the target's extraction, under the pipeline and above drafters and target)
 ORDER = [
     "__main__",
     "launch",
@@ -31,6 +32,7 @@ ORDER = [
     "vocab",
     "ops",
     "fields",
+    "audit",
     "store",
     "engines",
     "server",

@@ -19,6 +19,7 @@ from .. import ops
 from ..ops import InputError
 from ..store import Store
 from .attribute import attribute
+from .audit import audit, audits
 from .base import DTYPES, Progress, Runner, features_root, here, work
 from .baseline import baseline
 from .extract import extract, layers_of
@@ -48,6 +49,8 @@ __all__ = [
     "compare",
     "attribute",
     "baseline",
+    "audit",
+    "audits",
     "check_replay",
     "checkpoints_in",
     "conformance",
@@ -95,6 +98,7 @@ TABLE: dict[type[ops.Op], Handler] = {
     ops.Baseline: baseline,
     ops.Diagnose: lambda store, op, progress, runner: _diagnose(store, op, progress),
 }
+    ops.Audit: audit,
 
 # what a job records of each handler's answer (plain JSON, small)
 RESULT: dict[type[ops.Op], Callable[[ops.Op, object], dict]] = {
@@ -107,6 +111,7 @@ RESULT: dict[type[ops.Op], Callable[[ops.Op, object], dict]] = {
     ops.Baseline: lambda op, out: {"run": out["id"]},
     ops.Diagnose: lambda op, out: {"run": out["run"], "engine": out["engine"], "explained_by": out["explained_by"]},
 }
+    ops.Audit: lambda op, out: {"audit": out["id"], "clean": out["clean"], "faults": out.get("faults", [])},
 
 
 def perform(store: Store, op: ops.Op, progress: Progress = None, runner: Runner | None = None) -> dict:
