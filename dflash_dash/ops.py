@@ -348,26 +348,6 @@ class Demo(Op):
     kind: ClassVar[str] = "demo"  # builds the demo workspace from the committed assets (no arguments)
 
 
-KINDS: dict[str, type[Op]] = {
-    c.kind: c for c in (Fetch, Extract, Replay, Sweep, SlidingCheck, Attribute, Diagnose, Baseline, Demo, Audit)
-}
-
-
-def of(kind: str, args: dict | None) -> Op:
-    """The operation of a job record (kind + args)."""
-    cls = KINDS.get(kind)
-    if cls is None:
-        raise InputError(f"unknown job kind {kind!r}; expected one of {', '.join(KINDS)}")
-    return cls.from_args(args)
-
-
-# ---------------------------------------------------------------------------
-# worker specs: the per-prompt part of an operation, as it crosses into a worker process
-
-
-@dataclass(frozen=True)
-class Work:
-    """Base of the worker specs: a frozen record with a plain-JSON round trip (`to_json`, `from_json`)."""
 @dataclass
 class Audit(Op):
     kind: ClassVar[str] = "audit"
@@ -389,6 +369,26 @@ class Audit(Op):
         check_dtype(self.dtype)
 
 
+KINDS: dict[str, type[Op]] = {
+    c.kind: c for c in (Fetch, Extract, Replay, Sweep, SlidingCheck, Attribute, Diagnose, Baseline, Demo, Audit)
+}
+
+
+def of(kind: str, args: dict | None) -> Op:
+    """The operation of a job record (kind + args)."""
+    cls = KINDS.get(kind)
+    if cls is None:
+        raise InputError(f"unknown job kind {kind!r}; expected one of {', '.join(KINDS)}")
+    return cls.from_args(args)
+
+
+# ---------------------------------------------------------------------------
+# worker specs: the per-prompt part of an operation, as it crosses into a worker process
+
+
+@dataclass(frozen=True)
+class Work:
+    """Base of the worker specs: a frozen record with a plain-JSON round trip (`to_json`, `from_json`)."""
 
     kind: ClassVar[str] = ""
 

@@ -97,8 +97,8 @@ TABLE: dict[type[ops.Op], Handler] = {
     ops.Attribute: attribute,
     ops.Baseline: baseline,
     ops.Diagnose: lambda store, op, progress, runner: _diagnose(store, op, progress),
-}
     ops.Audit: audit,
+}
 
 # what a job records of each handler's answer (plain JSON, small)
 RESULT: dict[type[ops.Op], Callable[[ops.Op, object], dict]] = {
@@ -110,8 +110,8 @@ RESULT: dict[type[ops.Op], Callable[[ops.Op, object], dict]] = {
     ops.Attribute: lambda op, out: {"run": out["run"], "taps": len(out["taps"])},
     ops.Baseline: lambda op, out: {"run": out["id"]},
     ops.Diagnose: lambda op, out: {"run": out["run"], "engine": out["engine"], "explained_by": out["explained_by"]},
-}
     ops.Audit: lambda op, out: {"audit": out["id"], "clean": out["clean"], "faults": out.get("faults", [])},
+}
 
 
 def perform(store: Store, op: ops.Op, progress: Progress = None, runner: Runner | None = None) -> dict:
