@@ -432,6 +432,7 @@ def main() -> None:
         "per step" + sliding_note(run.get("sliding_block"))
     )
     common.backend_note(run["backend"])
+    baseline_view.beside(runs, run)
     common.streamed_note(next((e for e in exs if e["id"] == run["extraction_id"]), None))
     rows = common.prompt_rows(ws, rid)  # per-prompt numbers only: no page loads every token of every prompt
     full = common.summary(ws, run)

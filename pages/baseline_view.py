@@ -1,17 +1,16 @@
 """Acceptance page section for model-free baseline runs: where the chosen round's drafts came from. A helper of
-pages/acceptance.py, not a page: it reads the kept sources of the prompt (pipeline.baseline) and draws them."""
+pages/acceptance.py and the Overview, not a page: it reads the kept sources of the prompt (pipeline.baseline) and
+draws them, and says how much a drafter run beats the best baseline on the same completions."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from dflash_dash.render.baseline import source_html
+from dflash_dash.analysis.compare import is_baseline
+from dflash_dash.analysis.reference import best_baseline, versus
+from dflash_dash.render.baseline import source_html, versus_html
 from dflash_dash.vocab import Vocab
 from pages import common
-
-
-def is_baseline(run: dict) -> bool:
-    return str(run.get("checkpoint") or "").startswith("baseline:")
 
 
 def source_note(ws: str, run: dict, row: dict, comp: dict, vocab: Vocab, rnd: int) -> None:
@@ -21,3 +20,10 @@ def source_note(ws: str, run: dict, row: dict, comp: dict, vocab: Vocab, rnd: in
     src = common.kept(ws, run["id"], "sources:" + row["prompt_id"])
     tokens = list(comp["prompt_ids"]) + list(comp["output_ids"])
     st.html(source_html(src or {}, rnd, tokens, vocab.strings))
+
+
+def beside(runs: list[dict], run: dict, who: str = "this drafter") -> None:
+    """For a drafter run: its tau against the best baseline run on the same extraction (nothing when none)."""
+    base = None if is_baseline(run) else best_baseline(runs, run)
+    if base is not None and (run.get("summary") or {}).get("tau_macro") is not None:
+        st.html(versus_html(versus(run, base), who))

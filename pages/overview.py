@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import streamlit as st
 
+from dflash_dash.analysis.compare import is_baseline
 from dflash_dash.render.formats import backend_label, count
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.story import story_html
 from dflash_dash.render.tables import run_columns, run_groups
-from pages import common
+from pages import baseline_view, common
 
 common.routed()
 
@@ -108,6 +109,10 @@ def runs_block(runs: list[dict], exs: list[dict]) -> None:
                 selection_mode="single-row",
                 key=f"runs_{g['extraction']}",
             )
+            drafters = [r for r in runs if r["id"] in g["ids"] and not is_baseline(r)]
+            if drafters:  # the group's best drafter against the best model-free baseline on its completions
+                top = max(drafters, key=lambda r: (r.get("summary") or {}).get("tau_macro") or 0)
+                baseline_view.beside(runs, top, f"its best drafter, {top['name'] or top['checkpoint']},")
             picked = ev.selection.rows if ev is not None and hasattr(ev, "selection") else []
             if picked:
                 st.switch_page("pages/acceptance.py", query_params={"run": g["ids"][picked[0]]})

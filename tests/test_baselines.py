@@ -293,7 +293,13 @@ def test_pages_open_on_baseline_runs(workspace_copy, prepared, monkeypatch, tmp_
         assert any('<div class="dfv">' in h for h in htmls(at)), run
     # prompt [1,2], output 3 x 9: round 2 at anchor 3 copies from position 3, after the [3] at position 2
     assert any("Round 2 (anchor 3)" in h and "occurred first at positions 2–2" in h for h in htmls(at))
-    clean(app(workspace_copy, monkeypatch))
+    at = app(workspace_copy, monkeypatch, "acceptance", run=prepared.runs[0])  # a drafter beside the suffix run
+    clean(at)
+    assert any("Against the best model-free baseline on these completions" in h for h in htmls(at))
+    at = app(workspace_copy, monkeypatch)
+    clean(at)
+    assert any("its best drafter" in h for h in htmls(at))
+    assert any(e.label.startswith("Set bare · model-free baselines") for e in at.expander)
     clean(app(workspace_copy, monkeypatch, "compare"))
 
 
@@ -308,3 +314,24 @@ def test_source_html_names_the_copied_span_and_escapes_tokens():
     got = source_html(src, 2, toks, strings)
     assert "the 2 tokens ending at the anchor <code>x&lt;b&gt;</code>" in got  # positions 5-6, escaped
     assert "occurred first at positions 0–1" in got and "from position 2: <code>yz&lt;b&gt;x&lt;b&gt;</code>" in got
+
+
+def test_best_baseline_on_the_same_completions_and_by_how_much():
+    from dflash_dash.analysis.reference import best_baseline, versus
+
+    def run(i, ex, tau, ck="ck", set_name="s"):
+        return {"id": i, "extraction_id": ex, "set_name": set_name, "checkpoint": ck, "name": i,
+                "summary": {"tau_macro": tau, "baseline": ck[9:] or None}}  # fmt: skip
+
+    drafter = run("d", "e1", 3.0)
+    runs = [
+        drafter,
+        run("b1", "e1", 1.5, "baseline:ngram"),
+        run("b2", "e1", 2.0, "baseline:suffix"),
+        run("b3", "e2", 2.9, "baseline:suffix"),  # another extraction: not these completions
+        run("d2", "e1", 3.5),  # a drafter is never the reference
+    ]
+    assert best_baseline(runs, drafter)["id"] == "b2"
+    v = versus(drafter, best_baseline(runs, drafter))
+    assert v["ratio"] == pytest.approx(1.5) and v["gain"] == pytest.approx(1.0) and v["method"] == "suffix"
+    assert best_baseline(runs[:1], drafter) is None

@@ -4,12 +4,14 @@ Contract: `source_html(src, rnd, tokens, strings)` turns the kept per-round sour
 anchor, at, match, origin per round) and the prompt + completion ids into one line: the copied span and the matched
 suffix before it (vLLM's ngram: positions in this prompt + completion), or the store and the matched length (SGLang's
 n-gram cache, suffix trees); token text escaped (untrusted model output). `strings(ids)` decodes token strings.
+`versus_html(v)` says how much a drafter beats the best baseline (`analysis.reference.versus`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from .formats import fmt
 from .tokens import esc
 
 ORIGINS = {
@@ -39,3 +41,14 @@ def source_html(src: dict, rnd: int, tokens: list[int], strings: Callable[[list[
         )
     where = esc(ORIGINS.get(origin, origin))
     return f"<div>{head} matched in {where}; the drafts are its most likely continuation.</div>"
+
+
+def versus_html(v: dict, who: str = "this drafter") -> str:
+    """`analysis.reference.versus` in one line: the drafter's tau against the best model-free baseline's."""
+    ratio = f"{v['ratio']:.2f}x" if v["ratio"] else "n/a"
+    word = "beats" if v["gain"] > 0 else "does not beat"
+    return (
+        f"<div>Against the best model-free baseline on these completions, <b>{esc(v['base_name'], False)}</b>: "
+        f"{esc(who, False)} {word} it, tau (macro) {fmt(v['tau'])} against {fmt(v['base_tau'])} ({ratio}, "
+        f"{v['gain']:+.2f} tokens per step).</div>"
+    )

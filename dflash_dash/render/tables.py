@@ -193,6 +193,9 @@ def run_columns() -> dict[str, str]:
     return {metrics.label(m.key): m.formula for m in metrics.HEADLINE}
 
 
+ALONE = "set:"  # + set name: the group key of runs without an extraction
+
+
 def run_groups(runs: list[dict], extractions: list[dict]) -> list[dict]:
     """Runs grouped by the extraction they replayed (newest extraction first), each group's rows ordered by
     checkpoint, step and creation, with human column labels (headline metrics by the registry's label, shown
@@ -200,8 +203,8 @@ def run_groups(runs: list[dict], extractions: list[dict]) -> list[dict]:
     exs = {e["id"]: e for e in extractions}
     order = {e["id"]: i for i, e in enumerate(extractions)}
     groups: dict[str, list[dict]] = {}
-    for r in runs:
-        groups.setdefault(r["extraction_id"], []).append(r)
+    for r in runs:  # a run on a completion set alone (a baseline) groups by its set
+        groups.setdefault(r["extraction_id"] or ALONE + str(r.get("set_name")), []).append(r)
     out = []
     for ex_id in sorted(groups, key=lambda x: -order.get(x, len(order))):
         rs = sorted(
@@ -213,6 +216,8 @@ def run_groups(runs: list[dict], extractions: list[dict]) -> list[dict]:
             f"Extraction {ex_id} · {backend_label(e['backend'])} · set {e['set_name']} · {e['device']} "
             f"{e['dtype']} · {count(len(rs), 'run')}"
             if e
+            else f"Set {rs[0].get('set_name')} · model-free baselines, no extraction · {count(len(rs), 'run')}"
+            if ex_id.startswith(ALONE)
             else f"Extraction {ex_id} (no longer in the store) · {count(len(rs), 'run')}"
         )
         rows = []
