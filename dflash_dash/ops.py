@@ -157,7 +157,11 @@ class Fetch(Op):
     prompt_set: str  # built-in set name (coding-10) or a JSONL file of {id, prompt}
     name: str  # completion set to fill; a rerun with it continues
     server: str | None = None  # server URL; None: [server] url of the workspace's config.toml
-    max_new_tokens: int = 256  # greedy tokens per completion
+    max_new_tokens: int = 256  # tokens per completion
+    temperature: float = 0.0  # sampling temperature; 0: greedy (the default)
+    top_p: float = 1.0  # with temperature > 0: the nucleus mass kept, in (0, 1]; 1: the whole distribution
+    seed: int | None = None  # with temperature > 0: the seed sent with every request (0..4294967295), recorded; unset:
+    # the engine's own randomness (not reproducible)
     chat: bool = False  # wrap prompts in the target's chat template (applied locally)
     tokenizer: str | None = None  # tokenizer folder or hub id; None: the server's (llama.cpp serves a GGUF: give it)
     enable_thinking: bool = False  # leave Qwen3 thinking on (off by default: it lowers acceptance)
@@ -168,6 +172,7 @@ class Fetch(Op):
         self._need("prompt_set", "a built-in prompt set (coding-10) or a JSONL file of {id, prompt}")
         self._name("name", "a completion set name")
         self._int("max_new_tokens", 1, "must be at least 1")
+        self._sampling()
         if self.readiness_timeout is not None and not (
             isinstance(self.readiness_timeout, (int, float)) and self.readiness_timeout > 0
         ):
@@ -176,6 +181,21 @@ class Fetch(Op):
             raise InputError(f"request_timeout {self.request_timeout!r}: give seconds > 0, like 600")
         self.chat, self.enable_thinking = bool(self.chat), bool(self.enable_thinking)
         self.server = check_url(self.server) if self.server else None
+
+    def _sampling(self) -> None:
+        """temperature >= 0 (0 greedy); top_p in (0, 1] and seed 0..2^32-1 (llama.cpp's uint32), only when sampling."""
+        t, p = self.temperature, self.top_p
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 100:
+            raise InputError(f"temperature {t!r}: give 0 (greedy) or a sampling temperature like 0.7")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise InputError(f"top_p {p!r}: give a nucleus mass in (0, 1], like 0.95 (1: no cut)")
+        if self.seed is not None:
+            self._int("seed", 0, "give an integer 0..4294967295, or leave it unset")
+            if self.seed >= 2**32:
+                raise InputError(f"seed {self.seed}: give an integer 0..4294967295 (llama.cpp's seeds are 32-bit)")
+        if t == 0 and (p != 1 or self.seed is not None):
+            raise InputError("top_p/seed: they shape sampling; give a temperature > 0, or leave them unset (greedy)")
+        self.temperature, self.top_p = float(t), float(p)
 
 
 @dataclass

@@ -336,14 +336,27 @@ def test_each_engine_reads_its_own_request_fields():
         "llamacpp": {"prompt": [5, 6], "n_predict": 8, "temperature": 0, "top_k": 1, "return_tokens": True},
     }
     for name, body in bodies.items():
-        assert engines.ENGINES[name].read_request(body) == {"max_new_tokens": 8, "temperature": 0, "prompt_ids": [5, 6]}
+        got = engines.ENGINES[name].read_request(body)
+        assert got == {"max_new_tokens": 8, "temperature": 0, "top_p": None, "seed": None, "prompt_ids": [5, 6]}
         other = next(b for n, b in bodies.items() if n != name)  # another engine's shape: nothing read as this one's
         assert engines.ENGINES[name].read_request(other)["max_new_tokens"] is None
     assert LlamaCppClient.read_request({"prompt": "text", "max_tokens": 4}) == {
         "max_new_tokens": 4,  # llama-server reads max_tokens when n_predict is absent
         "temperature": None,
+        "top_p": None,
+        "seed": None,
         "prompt_ids": None,  # text was sent
     }
+    sampled = {  # each engine's own names for top-p and the seed (SGLang: sampling_params.sampling_seed)
+        "sglang": {"input_ids": [5], "sampling_params": {"temperature": 0.7, "top_p": 0.9, "sampling_seed": 3}},
+        "vllm": {"prompt": [5], "temperature": 0.7, "top_p": 0.9, "seed": 3},
+        "llamacpp": {"prompt": [5], "temperature": 0.7, "top_p": 0.9, "seed": 3},
+    }
+    for name, body in sampled.items():
+        got = engines.ENGINES[name].read_request(body)
+        assert (got["temperature"], got["top_p"], got["seed"]) == (0.7, 0.9, 3)
+        other = sampled["vllm" if name == "sglang" else "sglang"]  # another shape: its seed is not this engine's
+        assert engines.ENGINES[name].read_request(other)["seed"] is None
 
 
 def test_llamacpp_cannot_serve_the_last_layer():

@@ -195,14 +195,14 @@ def test_stop_token_ids(srv, reference):
 
 
 def test_400_message_passes_through_unchanged(srv):
-    body = {"input_ids": PROMPT, "sampling_params": {"temperature": 0.7, "max_new_tokens": 4}}
+    body = {"input_ids": PROMPT, "sampling_params": {"temperature": 0.7, "top_p": 0, "max_new_tokens": 4}}
     status, raw = post(srv.url + "/generate", body)
     assert status == 400
     with pytest.raises(ServerError) as ei:
-        srv.client.generate(input_ids=PROMPT, extra={"sampling_params": {"temperature": 0.7}})
+        srv.client.generate(input_ids=PROMPT, extra={"sampling_params": {"temperature": 0.7, "top_p": 0}})
     assert ei.value.status == 400 and not ei.value.transient
     assert ei.value.detail == raw["error"]["message"] and raw["error"]["message"] in str(ei.value)
-    assert "temperature" in ei.value.detail
+    assert ei.value.detail == "top_p must be in (0, 1], got 0.0."  # SGLang's SamplingParams.verify message
 
 
 @pytest.mark.parametrize(
@@ -210,7 +210,7 @@ def test_400_message_passes_through_unchanged(srv):
     [
         (b"{not json", "not valid JSON"),
         ({"input_ids": [], "sampling_params": {"temperature": 0}}, "input_ids"),
-        ({"input_ids": [1]}, "temperature"),
+        ({"input_ids": [1], "sampling_params": {"temperature": -1}}, "temperature"),
         ({"input_ids": [1, "x"], "sampling_params": {"temperature": 0}}, "input_ids"),
         ({"input_ids": [99999], "sampling_params": {"temperature": 0}}, "vocabulary"),
         ({"text": "a", "input_ids": [1], "sampling_params": {"temperature": 0}}, "exactly one"),
@@ -264,8 +264,8 @@ def test_chat_completions(srv, hybrid, reference):
     assert raw["choices"][0]["message"] == {"role": "assistant", "content": content}
     n, m = len(ids), len(want)
     assert raw["usage"] == {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
-    hot = {"messages": [{"role": "user", "content": "hi"}], "temperature": 1}
-    status, raw = post(srv.url + "/v1/chat/completions", hot)
+    cold = {"messages": [{"role": "user", "content": "hi"}], "temperature": -1}
+    status, raw = post(srv.url + "/v1/chat/completions", cold)
     assert status == 400 and "temperature" in raw["error"]["message"]
 
 

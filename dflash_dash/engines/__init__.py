@@ -13,7 +13,7 @@ cannot serve (each client's `unservable`), before anyone deploys it there.
 from __future__ import annotations
 
 from ..config import DEFAULT_ENGINE, ENGINE_NAMES, api_key, default_key_env
-from .base import HEALTH_TIMEOUT_S, EngineClient, NotReady, ServerError, chat_ids
+from .base import HEALTH_TIMEOUT_S, EngineClient, NotReady, Sampled, ServerError, chat_ids
 from .health import HealthPoller
 from .llamacpp import LlamaCppClient
 from .sglang import SGLangClient
@@ -31,6 +31,7 @@ __all__ = [
     "LlamaCppClient",
     "NotReady",
     "SGLangClient",
+    "Sampled",
     "ServerError",
     "VLLMClient",
     "chat_ids",

@@ -3,7 +3,11 @@
 Contract: an engine client (`EngineClient`) answers in the engine's own shapes: is the server ready (`health`,
 `wait_ready`), what does it generate greedily (`generate`), what speculative statistics did it report for a request
 (`spec_stats`), what settings did a stored request ask for (`read_request`, from the fields the engine declares in
-`request_fields`), and which target layers can it not serve a drafter from (`unservable`). This module holds the
+`request_fields`: length, temperature, top-p, seed, prompt ids), and which target layers can it not serve a drafter
+from (`unservable`). `generate` decodes greedily unless given a `Sampled` (temperature, top-p, seed), which each
+client sends in its engine's own fields with every other filter of the engine turned off (top-k all, min-p 0), so
+the server samples exactly softmax(logits / T) cut at top-p, whatever defaults it holds (a model's
+generation_config, llama.cpp's top_k 40 / min_p 0.05). This module holds the
 parts that do not depend on the engine:
 - Readiness is `/health` only: connection refused / reset and 503 mean "not ready yet", 200 means ready.
   A real `/health` may generate one token (and wait a second first), so it is given HEALTH_TIMEOUT_S seconds.
@@ -113,6 +117,15 @@ def _no_answer(e: BaseException) -> str | None:
     if isinstance(e, (OSError, http.client.HTTPException)):
         return f"unreachable: {e}"
     return None
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """How a request samples; greedy requests carry none."""
+
+    temperature: float  # > 0
+    top_p: float = 1.0  # nucleus mass kept, (0, 1]
+    seed: int | None = None  # sent with the request (recorded with it); None: the engine's own randomness
 
 
 @dataclass
@@ -296,10 +309,12 @@ class EngineClient:
         max_new_tokens: int = 256,
         stop: list[str] | None = None,
         extra: dict | None = None,
+        sampled: Sampled | None = None,
     ) -> dict:
-        """Greedy generation of `input_ids` or `text`: {"request": the exact body sent, "text", "output_ids",
-        "meta_info", and "prompt_ids" when the server reported the prompt's ids}, the meta information in the
-        engine's own shape (`meta_info["finish_reason"]` a string or SGLang's {"type", ...}). Raises ServerError."""
+        """Generation of `input_ids` or `text`, greedy or as `sampled` says: {"request": the exact body sent, "text",
+        "output_ids", "meta_info", and "prompt_ids" when the server reported the prompt's ids}, the meta information
+        in the engine's own shape (`meta_info["finish_reason"]` a string or SGLang's {"type", ...}). Raises
+        ServerError."""
         raise NotImplementedError
 
     def served_drafter(self) -> dict | None:
@@ -320,8 +335,8 @@ class EngineClient:
     @classmethod
     def read_request(cls, body: dict | None) -> dict:
         """The settings a stored request body of this engine asked for, read from the engine's own fields
-        (`request_fields`): {"max_new_tokens", "temperature", "prompt_ids" (the ids sent; None when text was sent)},
-        each None when the body lacks it."""
+        (`request_fields`): {"max_new_tokens", "temperature", "top_p", "seed", "prompt_ids" (the ids sent; None when
+        text was sent)}, each None when the body lacks it."""
         out: dict[str, Any] = {}
         for key in SETTINGS:
             out[key] = None
@@ -334,7 +349,7 @@ class EngineClient:
                     break
         ids = out["prompt_ids"]
         out["prompt_ids"] = counts(ids) if isinstance(ids, list) and ids else None
-        for key in ("max_new_tokens", "temperature"):
+        for key in ("max_new_tokens", "temperature", "top_p", "seed"):
             v = out[key]
             out[key] = v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
         return out
@@ -346,7 +361,7 @@ class EngineClient:
         return {}
 
 
-SETTINGS = ("max_new_tokens", "temperature", "prompt_ids")  # what `read_request` reads back from a stored request
+SETTINGS = ("max_new_tokens", "temperature", "top_p", "seed", "prompt_ids")  # what `read_request` reads back
 
 
 # ---------------------------------------------------------------------------

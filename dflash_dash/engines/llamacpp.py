@@ -26,8 +26,8 @@ transport and readiness of `base.EngineClient`, and would behave the same agains
   before or after, and the draft counters rose by exactly this request's draft_n / draft_n_accepted. Otherwise
   (and without --metrics: 501 not_supported_error, server-context.cpp) they come from a fixed draft length where an
   older server reports one (generation_settings speculative.n_min == n_max), else are named missing with why.
-- `read_request`: n_predict (or max_tokens, which llama-server reads when n_predict is absent), temperature and the
-  prompt's ids, as params_from_json_cmpl reads them.
+- `read_request`: n_predict (or max_tokens, which llama-server reads when n_predict is absent), temperature, top_p,
+  seed and the prompt's ids, as params_from_json_cmpl reads them.
 - `unservable`: llama.cpp feeds a DFlash drafter the INPUT of the layer after each target layer, so it cannot serve
   the target's last layer (`LAST_LAYER`).
 - Errors: {"error": {"code", "message", "type"}}; `base.error_message` reads it.
@@ -44,6 +44,7 @@ from typing import Any
 from .base import (
     HEALTH_TIMEOUT_S,
     EngineClient,
+    Sampled,
     ServerError,
     _no_answer,
     count,
@@ -244,6 +245,8 @@ class LlamaCppClient(EngineClient):
     request_fields = {
         "max_new_tokens": ("n_predict", "max_tokens"),
         "temperature": ("temperature",),
+        "top_p": ("top_p",),
+        "seed": ("seed",),
         "prompt_ids": ("prompt",),
     }
 
@@ -302,10 +305,14 @@ class LlamaCppClient(EngineClient):
         max_new_tokens: int = 256,
         stop: list[str] | None = None,
         extra: dict | None = None,
+        sampled: Sampled | None = None,
     ) -> dict:
-        """Greedy POST /completion of `input_ids` (or `text`) with return_tokens. Returns {"request": the exact
-        JSON body sent, "text", "output_ids", "meta_info"}, meta_info holding the /metrics readings taken before and
-        after it (`METRICS_KEY`). `extra` is merged into the body. Raises ServerError."""
+        """POST /completion of `input_ids` (or `text`) with return_tokens, greedy (temperature 0, top_k 1) or
+        `sampled`: temperature, top_p, top_k 0 and min_p 0 (off: llama-server's defaults are 40 and 0.05) and seed
+        (a uint32; common/common.h, common_params_sampling). llama.cpp cuts top-p on the untempered distribution
+        and tempers last (its sampler chain). Returns {"request": the exact JSON body sent, "text", "output_ids",
+        "meta_info"}, meta_info holding the /metrics readings taken before and after it (`METRICS_KEY`). `extra`
+        is merged into the body. Raises ServerError."""
         if (input_ids is None) == (text is None):
             raise ValueError("generate needs exactly one of input_ids or text")
         body: dict[str, Any] = {
@@ -317,6 +324,10 @@ class LlamaCppClient(EngineClient):
             "cache_prompt": False,
             "stream": False,
         }
+        if sampled is not None:
+            body |= {"temperature": sampled.temperature, "top_p": sampled.top_p, "top_k": 0, "min_p": 0.0}
+            if sampled.seed is not None:
+                body["seed"] = int(sampled.seed)
         if stop:
             body["stop"] = list(stop)
         body.update(extra or {})

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .base import EngineClient, ServerError, count, counts, served_row, snippet, stats_row
+from .base import EngineClient, Sampled, ServerError, count, counts, served_row, snippet, stats_row
 
 
 def parse_generate(body: bytes) -> dict:
@@ -136,6 +136,8 @@ class SGLangClient(EngineClient):
     request_fields = {
         "max_new_tokens": ("sampling_params.max_new_tokens",),
         "temperature": ("sampling_params.temperature",),
+        "top_p": ("sampling_params.top_p",),
+        "seed": ("sampling_params.sampling_seed",),
         "prompt_ids": ("input_ids",),
     }
 
@@ -243,13 +245,21 @@ class SGLangClient(EngineClient):
         max_new_tokens: int = 256,
         stop: list[str] | None = None,
         extra: dict | None = None,
+        sampled: Sampled | None = None,
     ) -> dict:
-        """Greedy POST /generate of `input_ids` or `text`. Returns {"request": the exact JSON body sent,
+        """POST /generate of `input_ids` or `text`, greedy (temperature 0) or `sampled`: SamplingParams'
+        temperature, top_p, top_k -1 (the whole vocabulary), min_p 0 and sampling_seed
+        (python/sglang/srt/sampling/sampling_params.py; SGLang draws with that seed only when the server runs with
+        --enable-deterministic-inference, sampling_batch_info.py). Returns {"request": the exact JSON body sent,
         "text", "output_ids", "meta_info"}. `extra` is merged into the body (its "sampling_params" into the
         sampling params). Raises ServerError."""
         if (input_ids is None) == (text is None):
             raise ValueError("generate needs exactly one of input_ids or text")
         params: dict[str, Any] = {"temperature": 0, "max_new_tokens": int(max_new_tokens)}
+        if sampled is not None:
+            params |= {"temperature": sampled.temperature, "top_p": sampled.top_p, "top_k": -1, "min_p": 0.0}
+            if sampled.seed is not None:
+                params["sampling_seed"] = int(sampled.seed)
         if stop:
             params["stop"] = list(stop)
         body: dict[str, Any] = {"input_ids": [int(i) for i in input_ids]} if input_ids is not None else {"text": text}

@@ -6,7 +6,8 @@ readiness of `base.EngineClient`, and would behave the same against a real vLLM 
   answers 200 with an empty body, 503 when the engine died.
 - `--api-key` (or VLLM_API_KEY on the server): every route under /v1 wants `Authorization: Bearer KEY`;
   /health does not.
-- Generation: POST /v1/completions {"prompt": [ids], "max_tokens", "temperature": 0, "return_token_ids": true}
+- Generation: POST /v1/completions {"prompt": [ids], "max_tokens", "temperature": 0 (or T with "top_p", "top_k":
+  -1, "min_p": 0, "seed"), "return_token_ids": true}
   (vllm/entrypoints/openai/completion/protocol.py, CompletionRequest): the answer's choices[0].token_ids are the
   generated ids and prompt_token_ids the prompt's (CompletionResponseChoice); `parse_completion` refuses an
   answer without token_ids (a vLLM older than return_token_ids).
@@ -30,7 +31,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import EngineClient, ServerError, count, counts, served_row, snippet, stats_row
+from .base import EngineClient, Sampled, ServerError, count, counts, served_row, snippet, stats_row
 
 SPEC_KEY = "speculative_decoding"  # under the answer's top-level `metrics` object
 
@@ -164,7 +165,13 @@ class VLLMClient(EngineClient):
     stats_source = "metrics.speculative_decoding"
     spec_stats = staticmethod(spec_stats)
     # POST /v1/completions' body (vllm/entrypoints/openai/completion/protocol.py, CompletionRequest)
-    request_fields = {"max_new_tokens": ("max_tokens",), "temperature": ("temperature",), "prompt_ids": ("prompt",)}
+    request_fields = {
+        "max_new_tokens": ("max_tokens",),
+        "temperature": ("temperature",),
+        "top_p": ("top_p",),
+        "seed": ("seed",),
+        "prompt_ids": ("prompt",),
+    }
 
     def model_info(self) -> dict:
         """GET /v1/models: {"model_path": the served model's root (its path), "tokenizer_path": the same folder,
@@ -215,10 +222,12 @@ class VLLMClient(EngineClient):
         max_new_tokens: int = 256,
         stop: list[str] | None = None,
         extra: dict | None = None,
+        sampled: Sampled | None = None,
     ) -> dict:
-        """Greedy POST /v1/completions of `input_ids` (or `text`) with return_token_ids. Returns {"request": the
-        exact JSON body sent, "text", "output_ids", "prompt_ids", "meta_info"}. `extra` is merged into the body.
-        Raises ServerError."""
+        """POST /v1/completions of `input_ids` (or `text`) with return_token_ids, greedy (temperature 0) or
+        `sampled`: CompletionRequest's temperature, top_p, top_k -1 (all tokens), min_p 0 and seed (a per-request
+        generator in vLLM). Returns {"request": the exact JSON body sent, "text", "output_ids", "prompt_ids",
+        "meta_info"}. `extra` is merged into the body. Raises ServerError."""
         if (input_ids is None) == (text is None):
             raise ValueError("generate needs exactly one of input_ids or text")
         if self.served is None:
@@ -230,6 +239,10 @@ class VLLMClient(EngineClient):
             "temperature": 0,
             "return_token_ids": True,
         }
+        if sampled is not None:
+            body |= {"temperature": sampled.temperature, "top_p": sampled.top_p, "top_k": -1, "min_p": 0.0}
+            if sampled.seed is not None:
+                body["seed"] = int(sampled.seed)
         if stop:
             body["stop"] = list(stop)
         body.update(extra or {})

@@ -8,7 +8,7 @@ The parts: `base` (progress, runner, the per-prompt `work`), `ingest` (completio
 `extract` (its `disk` check first), `replay` (replay, sweep, sliding check, the store step; `stream` for --stream),
 `device_io` (passes, loader thread, pinned uploads: the replay worker's loop), `attribute`, `baseline` (model-free
 proposers stored as runs), `kept` (kept analyses,
-conformance, export, listings).
+conformance, export, listings), `sampled` (what a set's requests asked for: length, greedy or sampled).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from .ingest import (
 )
 from .kept import ANALYSES, analysis, compare, conformance, export, import_engine_stats, keep, listing, signatures
 from .replay import LayersMissing, check_replay, checkpoints_in, replay, sliding_check, store_run, sweep
+from .sampled import set_sampling
 
 __all__ = [
     "ANALYSES",
@@ -72,6 +73,7 @@ __all__ = [
     "parse_jsonl",
     "perform",
     "replay",
+    "set_sampling",
     "sliding_check",
     "signatures",
     "store_run",

@@ -1,5 +1,5 @@
-"""Getting completions in and out: import and export of completion sets, feature import, and fetching greedy
-completions from a serving engine (with the tokenizer lookup, hub cache included).
+"""Getting completions in and out: import and export of completion sets, feature import, and fetching completions
+(greedy or sampled) from a serving engine (with the tokenizer lookup, hub cache included).
 
 Contract: completions enter the store only here, validated line by line (`parse_jsonl`: InputError naming the
 line and the fix). `fetch` is resumable: prompts already in the set are skipped, each completion is committed as
@@ -16,6 +16,7 @@ from ..ops import InputError
 from ..store import Store, StoreError, new_id
 from .base import Progress, Runner, features_root, tick
 from .kept import record_engine_stats
+from .sampled import describe, field_names, op_key, sampling_key, sent_settings
 from .served import record_served
 
 
@@ -213,44 +214,35 @@ def hub_snapshot(repo_id: str) -> Path | None:
         return None
 
 
-def sent_settings(row: dict) -> dict | None:
-    """What a stored completion's request asked for, read in the fields of the engine it came from
-    (`EngineClient.read_request`: max_new_tokens, temperature, prompt_ids); None for a row without a request (an
-    imported set) or from an engine this version does not know."""
-    client = engines.ENGINES.get(row.get("engine") or engines.DEFAULT_ENGINE)
-    return client.read_request(row["request"]) if client is not None and row.get("request") else None
-
-
-def field_names(rows: list[dict], key: str) -> str:
-    """Where the set's engines keep setting `key` in their requests, for a message: e.g. " (llamacpp's n_predict)"."""
-    names = sorted({r.get("engine") or engines.DEFAULT_ENGINE for r in rows} & set(engines.ENGINES))
-    said = [
-        f"{n}'s {engines.ENGINES[n].request_fields[key][0]}" for n in names if key in engines.ENGINES[n].request_fields
-    ]
-    return f" ({', '.join(said)})" if said else ""
-
-
 def check_same_settings(store: Store, op: ops.Fetch, prompt_set: list[dict]) -> None:
     """Refuse to fetch into an existing set with other settings than it was fetched with (a set of mixed
-    prompts or lengths measures nothing): raises InputError naming the setting, both values and the fix. Checked
-    from what the set holds, without the server: max_new_tokens and temperature (a fetch is greedy) from the stored
-    requests, each read in its engine's own fields (`sent_settings`: SGLang's sampling_params.max_new_tokens, vLLM's
-    max_tokens, llama.cpp's n_predict); the chat template (and thinking) by encoding a stored prompt's text (one
-    `prompt_set` gives as text, not ids) with this fetch's settings and the tokenizer of `op.tokenizer` or the set's
-    model_path (skipped when neither is a readable folder here)."""
+    prompts, lengths or sampling measures nothing): raises InputError naming the setting, both values and the fix.
+    Checked from what the set holds, without the server: max_new_tokens and the sampling (greedy, or temperature,
+    top-p and seed: `sampled.sampling_key`) from the stored requests, each read in its engine's own fields
+    (`sampled.sent_settings`: SGLang's sampling_params.max_new_tokens / temperature / top_p / sampling_seed, vLLM's
+    max_tokens / temperature / top_p / seed, llama.cpp's n_predict / temperature / top_p / seed); the chat template
+    (and thinking) by encoding a stored prompt's text (one `prompt_set` gives as text, not ids) with this fetch's
+    settings and the tokenizer of `op.tokenizer` or the set's model_path (skipped when neither is a readable folder
+    here)."""
     rows = store.completions(op.name)
     if not rows:
         return
     fix = f"fetch into a new set (another completion set name than {op.name!r}), or use the set's settings"
     asked = {r["prompt_id"]: sent_settings(r) for r in rows}  # each request read in its own engine's fields
-    for key, want in (("max_new_tokens", op.max_new_tokens), ("temperature", 0)):  # a fetch decodes greedily
-        had = {a[key] for a in asked.values() if a is not None} - {None}
-        if had and had != {want}:
-            was = " and ".join(f"{v:g}" for v in sorted(had))
-            raise InputError(
-                f"{key}: set {op.name!r} was fetched with {key} {was}{field_names(rows, key)}, this fetch asks for "
-                f"{want:g}{' (greedy)' if key == 'temperature' else ''}; {fix}"
-            )
+    had = {a["max_new_tokens"] for a in asked.values() if a is not None} - {None}
+    if had and had != {op.max_new_tokens}:
+        was = " and ".join(f"{v:g}" for v in sorted(had))
+        raise InputError(
+            f"max_new_tokens: set {op.name!r} was fetched with max_new_tokens {was}"
+            f"{field_names(rows, 'max_new_tokens')}, this fetch asks for {op.max_new_tokens}; {fix}"
+        )
+    keys = {sampling_key(a) for a in asked.values()} - {None}
+    if keys and keys != {op_key(op)}:
+        was = " and ".join(sorted(describe(k) for k in keys))
+        raise InputError(
+            f"temperature/top_p/seed: set {op.name!r} was fetched {was}{field_names(rows, 'temperature')}, this "
+            f"fetch would be {describe(op_key(op))}; {fix}"
+        )
     texts = {p["id"] for p in prompt_set if "prompt_ids" not in p}
     sent_ids = [
         r for r in rows if r["prompt_id"] in texts and r["prompt"] and (asked[r["prompt_id"]] or {}).get("prompt_ids")
@@ -293,7 +285,8 @@ def _no_tokenizer(tok_dir: str | None) -> str:
 
 
 def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner | None = None) -> int:
-    """Greedy completions of `op.prompt_set` (built-in name or JSONL file) from the serving engine at `op.server`
+    """Completions of `op.prompt_set` (built-in name or JSONL file), greedy or sampled (`op.temperature`, top_p and
+    seed, sent in the engine's own fields and kept with each request), from the serving engine at `op.server`
     (None: the workspace config's; the engine its [server] engine names: sglang, vllm or llamacpp), stored as set
     `op.name` with the engine's name, each committed as it arrives; prompts already in the set are skipped, so an
     interrupted fetch continues when run again (from the same engine and model only). Returns how many
@@ -365,6 +358,7 @@ def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner
     source = prompt_set if prompt_set in prompts_mod.SETS else str(file.resolve())
     store.add_set(name, source)
     record_served(store, name, client)  # what the engine says it serves, beside its stats (refuses another drafter)
+    sampled = engines.Sampled(op.temperature, op.top_p, op.seed) if op_key(op)[0] == "sampled" else None
     fetched = 0
     for p in todo:
         tick(progress, len(done) + fetched, n, f"fetching {p['id']}")
@@ -373,9 +367,9 @@ def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner
             ids = engines.chat_ids(tok, p["prompt"], enable_thinking) if chat else list(tok(p["prompt"])["input_ids"])
         try:
             res = (
-                client.generate(input_ids=ids, max_new_tokens=max_new_tokens)
+                client.generate(input_ids=ids, max_new_tokens=max_new_tokens, sampled=sampled)
                 if ids is not None
-                else client.generate(text=p["prompt"], max_new_tokens=max_new_tokens)
+                else client.generate(text=p["prompt"], max_new_tokens=max_new_tokens, sampled=sampled)
             )
         except engines.ServerError as e:
             kept = len(done) + fetched
@@ -414,5 +408,5 @@ def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner
             },
         )
         fetched += 1
-    tick(progress, n, n, f"fetched {fetched} completions into set {name!r}")
+    tick(progress, n, n, f"fetched {fetched} completions into set {name!r} ({describe(op_key(op))})")
     return fetched

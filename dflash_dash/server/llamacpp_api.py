@@ -9,8 +9,11 @@ llama.cpp's own code writes (ggml-org/llama.cpp tools/server/; the source beside
 - GET /props -> {"default_generation_settings", "total_slots": 1, "model_path", "chat_template", "build_info"};
   GET /v1/models (OpenAI list).
 - POST /completion (server-task.cpp, params_from_json_cmpl): "prompt" a list of token ids or a string, "n_predict"
-  (-1: until end of generation, capped here at MAX_PREDICT), "temperature" <= 0 or "top_k" 1 (greedy only),
-  "stop" (strings), "ignore_eos", "return_tokens", "cache_prompt", "stream" (false). Answer
+  (-1: until end of generation, capped here at MAX_PREDICT), "temperature" (default 0.8; <= 0 greedy), "top_k"
+  (default 40; <= 0 all; 1 greedy), "top_p" (default 0.95), "min_p" (default 0.05), "seed" (default 4294967295:
+  random), as common/common.h's common_params_sampling defaults them; sampled by `sampler.Sampling` in llama.cpp's
+  chain order (top-k, top-p, min-p on the untempered distribution, temperature last), "stop" (strings),
+  "ignore_eos", "return_tokens", "cache_prompt", "stream" (false). Answer
   (server_task_result_cmpl_final::to_json_non_oaicompat): {"index", "content", "tokens" (the generated ids with
   return_tokens, else []), "id_slot", "stop": true, "model", "tokens_predicted", "tokens_evaluated",
   "generation_settings", "prompt", "has_new_line", "truncated", "stop_type" ("eos" | "word" | "limit"),
@@ -38,7 +41,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from .protocol import BadRequest, decode, need_int, need_strs
+from .protocol import BadRequest, decode, need_int, need_strs, number
+from .sampler import Sampling
 
 if TYPE_CHECKING:
     from .model import Engine
@@ -54,6 +58,7 @@ TYPES = {
     503: "unavailable_error",
 }
 LOADING = "Loading model"  # the 503 message while the model loads
+DEFAULT_SEED = 4294967295  # LLAMA_DEFAULT_SEED (include/llama.h): a random seed per request
 
 
 def open_path(path: str) -> bool:
@@ -72,15 +77,17 @@ def not_found(path: str) -> dict:
     return error(404, "File Not Found")
 
 
-def settings(eng: Engine, n_predict: int = -1) -> dict:
-    """generation_settings (task_params::to_json), the fields a greedy request sets and the speculative one."""
+def settings(eng: Engine, n_predict: int = -1, req: dict | None = None) -> dict:
+    """generation_settings (task_params::to_json): the sampling fields of `req` (a greedy request's when None) and
+    the speculative one."""
     drafts = eng.spec is not None and eng.spec.drafter is not None
+    req = req or {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}
     return {
-        "seed": 4294967295,
-        "temperature": 0.0,
-        "top_k": 1,
-        "top_p": 1.0,
-        "min_p": 0.0,
+        "seed": req.get("seed", DEFAULT_SEED),
+        "temperature": req.get("temperature", 0.8),
+        "top_k": req.get("top_k", 40),
+        "top_p": req.get("top_p", 0.95),
+        "min_p": req.get("min_p", 0.05),
         "max_tokens": n_predict,
         "n_predict": n_predict,
         "ignore_eos": False,
@@ -187,14 +194,20 @@ def prompt_ids(eng: Engine, prompt: Any) -> list[int]:
     raise BadRequest("\"prompt\" must be a non-empty string or a non-empty list of token ids")
 
 
-def check_greedy(req: dict) -> None:
-    t, k = req.get("temperature", 0.8), req.get("top_k", 40)
-    if k == 1 or (isinstance(t, (int, float)) and not isinstance(t, bool) and t <= 0):
-        return
-    raise BadRequest(
-        f"this stand-in server decodes greedily only: temperature must be <= 0 or top_k 1, got temperature {t!r} "
-        "(llama-server's default is 0.8, so send temperature 0 explicitly)"
-    )
+def sampling(req: dict) -> Sampling | None:
+    """llama-server's sampling fields with its defaults (params_from_json_cmpl over common_params_sampling): None
+    when greedy (temperature <= 0, or top_k 1), else the `Sampling` in llama.cpp's chain order."""
+    t = number(req.get("temperature", 0.8), "temperature")
+    top_p = number(req.get("top_p", 0.95), "top_p")
+    min_p = number(req.get("min_p", 0.05), "min_p")
+    top_k, seed = req.get("top_k", 40), req.get("seed", DEFAULT_SEED)
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise BadRequest(f"\"top_k\" must be an integer, got {top_k!r}")
+    seed = None if seed == DEFAULT_SEED else need_int(seed, "seed")  # a uint32_t in llama.cpp
+    if t <= 0 or top_k == 1:
+        return None
+    top_p = top_p if 0 < top_p < 1 else 1.0  # llama_sampler_top_p: p >= 1 keeps every token
+    return Sampling(t, top_p, max(top_k, 0), max(min_p, 0.0), seed, top_p_first=True)
 
 
 def run_completion(eng: Engine, req: Any) -> dict:
@@ -204,7 +217,7 @@ def run_completion(eng: Engine, req: Any) -> dict:
         raise BadRequest("the body must be a JSON object")
     if req.get("stream"):
         raise BadRequest("\"stream\" is not supported by this stand-in server")
-    check_greedy(req)
+    how = sampling(req)
     ids = prompt_ids(eng, req.get("prompt"))
     n_predict = req.get("n_predict", req.get("max_tokens", -1))
     if n_predict != -1:
@@ -213,7 +226,7 @@ def run_completion(eng: Engine, req: Any) -> dict:
     eos = set() if req.get("ignore_eos") else eng.eos_ids
     limit = MAX_PREDICT if n_predict == -1 else n_predict
     t1 = time.perf_counter()
-    out, text, finish, counters = decode(eng, ids, limit, eos, stops)
+    out, text, finish, counters = decode(eng, ids, limit, eos, stops, sampling=how)
     t2 = time.perf_counter()
     matched = finish.get("matched")
     stop_type = "limit" if finish["type"] == "length" else ("word" if isinstance(matched, str) else "eos")
@@ -241,7 +254,7 @@ def run_completion(eng: Engine, req: Any) -> dict:
         "model": str(eng.model_dir),
         "tokens_predicted": len(out),
         "tokens_evaluated": len(ids),
-        "generation_settings": settings(eng, n_predict),
+        "generation_settings": settings(eng, n_predict, req),
         "prompt": "",
         "has_new_line": "\n" in text,
         "truncated": False,

@@ -1,8 +1,9 @@
 """The stand-in's model: one transformers causal LM, greedy decoding with the KV cache, memory release.
 
-Contract: `Engine` loads a Hugging Face model folder (fp32, eval mode) onto one device and decodes greedily,
-stopping at the config's eos ids, at stop_token_ids and at stop strings; with a `specdec.Speculator` it decodes
-the speculative way instead (the same tokens). Generation is serialised by a lock (one request at a time), counted
+Contract: `Engine` loads a Hugging Face model folder (fp32, eval mode) onto one device and decodes greedily, or
+at temperature T with a `sampler.Sampling` (seeded per request and position), stopping at the config's eos ids, at
+stop_token_ids and at stop strings; with a `specdec.Speculator` it decodes the speculative way instead (the same
+tokens, greedy or sampled with the same seed). Generation is serialised by a lock (one request at a time), counted
 as running or waiting for the load report. `release` really frees the model (deleted, gc, CUDA cache emptied) and
 is refused (400) unless idle, as SGLang asserts its scheduler is idle; `resume` reloads it from disk. Generation
 while released answers 400. On CPU the torch path of the linear-attention kernels is forced
@@ -25,6 +26,7 @@ import torch
 from ..target import force_torch_kernels
 from . import specdec
 from .protocol import BadRequest, log
+from .sampler import Sampling
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -171,7 +173,6 @@ class Engine:
             )
         return self.model
 
-    @torch.inference_mode()
     def greedy(
         self,
         ids: list[int],
@@ -182,6 +183,22 @@ class Engine:
         trim: bool = True,
     ) -> tuple[list[int], str, dict]:
         """Greedy decode with the KV cache: (output ids, text, finish_reason). Caller holds the lock."""
+        return self.plain(ids, max_new, stop_ids, stops, skip_special, trim)
+
+    @torch.inference_mode()
+    def plain(
+        self,
+        ids: list[int],
+        max_new: int,
+        stop_ids: set[int],
+        stops: list[str],
+        skip_special: bool = True,
+        trim: bool = True,
+        sampling: Sampling | None = None,
+    ) -> tuple[list[int], str, dict]:
+        """Decode with the KV cache, greedily or drawing each token with `sampling` (the draw for the token at
+        sequence position n seeded by the request's seed and n): (output ids, text, finish_reason). Caller holds
+        the lock."""
         model = self.live_model()
         kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         out_ids: list[int] = []
@@ -191,7 +208,8 @@ class Engine:
             x = torch.tensor([ids], device=self.device)
             out = model(input_ids=x, use_cache=True, logits_to_keep=1)
             while True:
-                tok = int(out.logits[0, -1].argmax())
+                last = out.logits[0, -1:]  # the token at position len(ids) + len(out_ids)
+                tok = int(last[0].argmax()) if sampling is None else sampling.pick(last, [len(ids) + len(out_ids)])[0]
                 out_ids.append(tok)
                 if tok in stop_ids:
                     finish = {"type": "stop", "matched": tok}
@@ -221,9 +239,11 @@ class Engine:
         stops: list[str],
         skip_special: bool = True,
         trim: bool = True,
+        sampling: Sampling | None = None,
     ) -> tuple[list[int], str, dict, specdec.Counters]:
-        """Greedy decode the speculative way (`specdec`), stopping as `greedy` does: (output ids, text,
-        finish_reason, the speculative counters, which each protocol shapes its own way). Caller holds the lock."""
+        """Decode the speculative way (`specdec`), greedily or with `sampling`, stopping as `plain` does: (output
+        ids, text, finish_reason, the speculative counters, which each protocol shapes its own way). Caller holds
+        the lock."""
         model = self.live_model()
 
         def stop(out: list[int]) -> dict | None:
@@ -236,7 +256,7 @@ class Engine:
                     return {"type": "stop", "matched": hit[1]}
             return None
 
-        out, finish, counters = self.spec.decode(model, ids, max_new, stop)
+        out, finish, counters = self.spec.decode(model, ids, max_new, stop, sampling)
         if self.token_delay > 0:  # a slower model: the delay per verify step, as greedy decoding's per token
             time.sleep(self.token_delay * counters.verify_ct)
         text = self.decode(out, skip_special)

@@ -3,23 +3,29 @@
 Contract: `run_generate` (POST /generate) and `run_chat` (POST /v1/chat/completions) validate a request body,
 decode with an `Engine` and answer in SGLang's (OpenAI's, for chat) shape; a client error raises `BadRequest`,
 answered 400 (or its `status`) with {"error": {"message"}}.
-- POST /generate: {"text" | "input_ids", "sampling_params": {"temperature": 0 (required: greedy only),
-  "max_new_tokens" (default 128), "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
-  "no_stop_trim"}, "rid"} -> {"text", "output_ids", "meta_info": {"id", "prompt_tokens",
+- POST /generate: {"text" | "input_ids", "sampling_params": {"temperature" (default 1.0; below 1e-6 greedy),
+  "top_p" (0, 1], "top_k" (-1: all; 1: greedy), "min_p", "sampling_seed", "max_new_tokens" (default 128), "stop",
+  "stop_token_ids", "ignore_eos", "skip_special_tokens", "no_stop_trim"}, "rid"} (sampling fields and their checks
+  as python/sglang/srt/sampling/sampling_params.py, SamplingParams.__post_init__ / verify, has them; sampled by
+  `sampler.Sampling`) -> {"text", "output_ids", "meta_info": {"id", "prompt_tokens",
   "completion_tokens", "finish_reason": {"type": "stop", "matched": id | str} | {"type": "length",
   "length": n}, "e2e_latency"}}. output_ids include the matched stop token; text has the stop string trimmed.
   With speculative decoding meta_info also carries SGLang's spec_* counters (`specdec.Counters.meta`).
-- POST /v1/chat/completions: messages + chat_template_kwargs, applied with the model's tokenizer;
-  OpenAI response shape with usage. Non-streaming only.
+- POST /v1/chat/completions: messages + chat_template_kwargs, applied with the model's tokenizer; temperature,
+  top_p, top_k, min_p and seed (SGLang's sampling_seed) sampled as /generate samples them; OpenAI response shape
+  with usage. Non-streaming only.
 Without a tokenizer in the model folder only `input_ids` work and `text` answers "".
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
+
+from .sampler import Sampling
 
 if TYPE_CHECKING:
     from .model import Engine
@@ -35,6 +41,7 @@ SAMPLING_KEYS = {
     "top_p",
     "top_k",
     "min_p",
+    "sampling_seed",
     "n",
 }
 GENERATE_KEYS = {"text", "input_ids", "sampling_params", "rid", "stream", "return_logprob"}
@@ -68,14 +75,42 @@ def need_strs(v: Any, name: str) -> list[str]:
     return [s for s in v if s]
 
 
-def check_greedy(temperature: Any, top_k: Any = None) -> None:
-    if top_k == 1:
-        return
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature != 0:
-        raise BadRequest(
-            f"this stand-in server decodes greedily only: temperature must be 0, got {temperature!r} "
-            "(SGLang's default is 1.0, so send temperature 0 explicitly)"
-        )
+def number(v: Any, name: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise BadRequest(f"`{name}` must be a finite number, got {v!r}")
+    return float(v)
+
+
+def seed_of(v: Any, name: str) -> int | None:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+        raise BadRequest(f"`{name}` must be an integer, got {v!r}")
+    return v
+
+
+SAMPLING_EPS = 1e-6  # SGLang: 0 <= temperature < 1e-6 is greedy (sampling_params.py, _SAMPLING_EPS)
+
+
+def sglang_sampling(sp: dict) -> Sampling | None:
+    """SGLang's sampling params as SamplingParams reads and verifies them: None when greedy (temperature below
+    1e-6, or top_k 1), else the `Sampling` (temperature first, then top-k, top-p, min-p). 400 with SGLang's
+    message on a bad value."""
+    t = number(1.0 if sp.get("temperature") is None else sp["temperature"], "temperature")
+    top_p = number(1.0 if sp.get("top_p") is None else sp["top_p"], "top_p")
+    top_k = sp.get("top_k")
+    top_k = -1 if top_k is None else top_k
+    min_p = number(0.0 if sp.get("min_p") is None else sp["min_p"], "min_p")
+    if t < 0.0:
+        raise BadRequest(f"temperature must be a non-negative finite number, got {t}.")
+    if not 0.0 < top_p <= 1.0:
+        raise BadRequest(f"top_p must be in (0, 1], got {top_p}.")
+    if not 0.0 <= min_p <= 1.0:
+        raise BadRequest(f"min_p must be in [0, 1], got {min_p}.")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or (top_k < 1 and top_k != -1):
+        raise BadRequest(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
+    seed = seed_of(sp.get("sampling_seed"), "sampling_seed")
+    if t < SAMPLING_EPS or top_k == 1:
+        return None
+    return Sampling(t, top_p, max(top_k, 0), min_p, seed)
 
 
 def decode(
@@ -86,16 +121,17 @@ def decode(
     stops: list[str],
     skip: bool = True,
     trim: bool = True,
+    sampling: Sampling | None = None,
 ) -> tuple[list[int], str, dict, Any]:
-    """Decode `ids` greedily under the generation lock, speculatively when a drafter is loaded: (output ids, text,
-    finish_reason {"type": "stop", "matched"} | {"type": "length", "length"}, the speculative counters or None).
-    Every protocol decodes through here. An id outside the vocabulary answers 400."""
+    """Decode `ids` under the generation lock, greedily or with `sampling`, speculatively when a drafter is loaded:
+    (output ids, text, finish_reason {"type": "stop", "matched"} | {"type": "length", "length"}, the speculative
+    counters or None). Every protocol decodes through here. An id outside the vocabulary answers 400."""
     with eng.generating():
         if eng.vocab_size and max(ids) >= eng.vocab_size:
             raise BadRequest(f"input id {max(ids)} is out of the vocabulary (size {eng.vocab_size})")
         if eng.spec is not None:
-            return eng.speculative(ids, max_new, stop_ids, stops, skip, trim)
-        return (*eng.greedy(ids, max_new, stop_ids, stops, skip, trim), None)
+            return eng.speculative(ids, max_new, stop_ids, stops, skip, trim, sampling)
+        return (*eng.plain(ids, max_new, stop_ids, stops, skip, trim, sampling), None)
 
 
 def sglang_stats(counters, completion_tokens: int, level: str) -> dict:
@@ -136,7 +172,7 @@ def run_generate(eng: Engine, req: Any) -> dict:
     unknown = set(sp) - SAMPLING_KEYS
     if unknown:
         raise BadRequest(f"unsupported sampling param(s) {sorted(unknown)}; supported: {sorted(SAMPLING_KEYS)}")
-    check_greedy(sp.get("temperature", 1.0), sp.get("top_k"))
+    sampling = sglang_sampling(sp)
     if sp.get("n", 1) != 1:
         raise BadRequest("`n` must be 1")
     max_new = need_int(sp.get("max_new_tokens", 128), "max_new_tokens")
@@ -161,7 +197,7 @@ def run_generate(eng: Engine, req: Any) -> dict:
         raise BadRequest("`rid` must be a string")
     eos = set() if sp.get("ignore_eos") else eng.eos_ids
     how = (eos | set(stop_tok), stops, bool(sp.get("skip_special_tokens", True)), not sp.get("no_stop_trim", False))
-    out, text, finish, counters = decode(eng, ids, max_new, *how)
+    out, text, finish, counters = decode(eng, ids, max_new, *how, sampling)
     spec = sglang_stats(counters, len(out), eng.spec_stats) if counters is not None else {}
     meta = {
         "id": rid,
@@ -197,7 +233,10 @@ def run_chat(eng: Engine, req: Any) -> dict:
     kwargs = req.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise BadRequest("`chat_template_kwargs` must be an object")
-    check_greedy(req.get("temperature", 1.0), req.get("top_k"))
+    sp = {k: req[k] for k in ("temperature", "top_p", "top_k", "min_p") if req.get(k) is not None}
+    if req.get("seed") is not None:
+        sp["sampling_seed"] = req["seed"]
+    sglang_sampling(sp)  # a bad value answers 400 before the template runs
     max_new = req.get("max_completion_tokens", req.get("max_tokens"))
     max_new = 128 if max_new is None else need_int(max_new, "max_tokens")
     try:
@@ -211,7 +250,7 @@ def run_chat(eng: Engine, req: Any) -> dict:
         raise BadRequest(f"chat template failed: {e}") from None
     if hasattr(ids, "keys") and "input_ids" in ids.keys():
         ids = ids["input_ids"]
-    sp = {"temperature": 0, "max_new_tokens": max_new}
+    sp |= {"max_new_tokens": max_new}
     if req.get("stop") is not None:
         sp["stop"] = req["stop"]
     body = {"input_ids": [int(i) for i in ids], "sampling_params": sp}

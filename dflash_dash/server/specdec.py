@@ -1,13 +1,22 @@
-"""Greedy DFlash speculative decoding for the local SGLang stand-in (its model calls it, nothing else does).
+"""DFlash speculative decoding for the local SGLang stand-in, greedy or sampled (its model calls it, nothing else
+does).
 
-Contract: `Speculator.decode(model, prompt ids, max_new, stop)` returns the same tokens as plain greedy decoding
-of `model`, produced the speculative way, with SGLang's counters (`Counters.meta`):
+Contract: `Speculator.decode(model, prompt ids, max_new, stop, sampling)` returns the same tokens as plain decoding
+of `model` (greedy, or with the same `sampler.Sampling` and seed), produced the speculative way, with SGLang's
+counters (`Counters.meta`):
   - The first completion token comes from the prefill, not from a verify step.
   - Each verify step at anchor p (the last committed token, position p; the target's cache holds 0..p-1):
     the drafter drafts one block [token p, MASK x (B-1)] from the target's hidden states at its
     `target_layer_ids` (layer l = the OUTPUT of decoder layer l) of positions 0..p-1; the target runs ONE
     forward over the block from its cache; the leading drafts equal to the target's greedy tokens are
     accepted, plus the target's bonus token. Committed = accepted + 1 (cut at max_new / a stop).
+  - Sampled (`target-sample` verify, SGLang's DFlash at temperature > 0): the drafts stay the drafter's greedy
+    tokens; the target draws its own token at every block position (`Sampling.pick`, each draw seeded by the
+    request's seed and the position it fills) and drafts are accepted while candidates[1:] == target_sampled[:-1]
+    (python/sglang/srt/speculative/dflash_utils.py: compute_dflash_accept_len_and_bonus on the target's samples);
+    the bonus is the target's draw at the first mismatch. compute_dflash_sampling_accept_len_and_bonus there
+    accepts a draft d with probability p_T(d) and on rejection draws from p_T without d: the same distribution.
+    The first token is the prefill's draw, as plain decoding's.
   - Rollback: the cache is snapshotted before the verify forward and, unless every draft was accepted,
     restored and re-run over the accepted prefix [token p, d_1..d_a]: this puts back the full-attention K/V AND
     the Gated DeltaNet recurrent and conv states of hybrid (qwen3_5_text) targets, which cannot be cropped.
@@ -35,6 +44,7 @@ import torch
 
 from .. import drafters as drafter_mod, replay, target as target_mod
 from . import faults
+from .sampler import Sampling
 
 # ---------------------------------------------------------------------------
 # counters
@@ -126,10 +136,15 @@ class Speculator:
 
     @torch.inference_mode()
     def decode(
-        self, model, ids: list[int], max_new: int, stop: Callable[[list[int]], dict | None]
+        self,
+        model,
+        ids: list[int],
+        max_new: int,
+        stop: Callable[[list[int]], dict | None],
+        sampling: Sampling | None = None,
     ) -> tuple[list[int], dict, Counters]:
-        """Speculative greedy decode of `ids`: (output ids, finish_reason, counters). `stop(out)` says whether the
-        last token of `out` ends the request (SGLang's finish_reason shape) or None."""
+        """Speculative decode of `ids`, greedy or with `sampling`: (output ids, finish_reason, counters). `stop(out)`
+        says whether the last token of `out` ends the request (SGLang's finish_reason shape) or None."""
         B = self.block_size
         counters = Counters(B)
         finish: dict = {"type": "length", "length": max_new}
@@ -147,8 +162,13 @@ class Speculator:
             got = getattr(res, "cache", None)
             return res.logits[0], (res.past_key_values if got is None else got)
 
+        def target(rows: torch.Tensor, first: int) -> list[int]:  # the target's token per row, row i at first + i
+            if sampling is None:
+                return rows.argmax(-1).tolist()
+            return sampling.pick(rows, list(range(first, first + rows.shape[0])))
+
         logits, cache = run(ids, None, keep=1)  # prefill: the first completion token
-        pending = [int(logits[-1].argmax())]
+        pending = target(logits[-1:], len(ids))
         if faults.counts_prefill(self.bug):  # planted: the prefill counted as a verify step
             counters.accepted.append(0)
         checked = faults.verified(self.bug, B - 1)  # drafts each verify step checks (B-1 unless planted)
@@ -165,9 +185,9 @@ class Speculator:
             snap = copy.deepcopy(cache)
             block = [seq[-1]] + drafts
             logits, cache = run(block, cache)  # verify: one forward over the block
-            greedy = logits.argmax(-1).tolist()  # the target's token after each block position
+            greedy = target(logits, len(seq))  # the target's token after each block position (greedy or drawn)
             a = 0
-            while a < checked and drafts[a] == greedy[a]:
+            while a < checked and drafts[a] == greedy[a]:  # candidates[1:] == target tokens[:-1], leading run
                 a += 1
             counters.accepted.append(a)
             if a < B - 1:  # roll back to the accepted prefix: restore, re-run [token p, d_1..d_a]

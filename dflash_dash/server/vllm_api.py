@@ -8,8 +8,10 @@ shapes vLLM's own code writes (the source beside each):
 - GET /v1/models -> {"object": "list", "data": [{"id", "object": "model", "created", "owned_by": "vllm",
   "root": the model path, "parent": null, "max_model_len"}]} (models/protocol.py, ModelCard).
 - POST /v1/completions (completion/protocol.py, CompletionRequest): "prompt" a list of token ids or a string,
-  "max_tokens" (default 16), "temperature" (must be 0: greedy only), "stop", "stop_token_ids", "ignore_eos",
-  "skip_special_tokens", "return_token_ids", "model" (the served id, when given), "n" (1). Answer:
+  "max_tokens" (default 16), "temperature" (default 1.0; below 1e-5 greedy: vllm/sampling_params.py, _SAMPLING_EPS),
+  "top_p" (0, 1], "top_k" (0 or -1: all), "min_p" [0, 1], "seed" (SamplingParams' checks; sampled by
+  `sampler.Sampling`, temperature first), "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
+  "return_token_ids", "model" (the served id, when given), "n" (1). Answer:
   CompletionResponse {"id": "cmpl-...", "object": "text_completion", "created", "model", "choices": [{"index",
   "text", "logprobs": null, "finish_reason": "stop" | "length", "stop_reason", "token_ids", "prompt_token_ids"}],
   "usage": {"prompt_tokens", "total_tokens", "completion_tokens"}, "metrics"}; token_ids and prompt_token_ids
@@ -42,7 +44,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from .protocol import BadRequest, check_greedy, decode, need_int, need_strs
+from .protocol import BadRequest, decode, need_int, need_strs, number, seed_of
+from .sampler import Sampling
 
 if TYPE_CHECKING:
     from .model import Engine
@@ -204,6 +207,29 @@ def prompt_ids(eng: Engine, prompt: Any) -> list[int]:
     raise BadRequest("`prompt` must be a non-empty string or a non-empty list of token ids (one prompt)")
 
 
+SAMPLING_EPS = 1e-5  # vLLM: a temperature below this is greedy (vllm/sampling_params.py, _SAMPLING_EPS)
+
+
+def sampling(req: dict) -> Sampling | None:
+    """vLLM's sampling fields as SamplingParams checks them (_verify_args): None when greedy, else the `Sampling`."""
+    t = number(1.0 if req.get("temperature") is None else req["temperature"], "temperature")
+    top_p = number(1.0 if req.get("top_p") is None else req["top_p"], "top_p")
+    min_p = number(0.0 if req.get("min_p") is None else req["min_p"], "min_p")
+    top_k = 0 if req.get("top_k") is None else req["top_k"]
+    if t < 0.0:
+        raise BadRequest(f"temperature must be non-negative, got {t}.")
+    if not 0.0 < top_p <= 1.0:
+        raise BadRequest(f"top_p must be in (0, 1], got {top_p}.")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < -1:
+        raise BadRequest(f"top_k must be 0 (disable), or at least 1, got {top_k}.")
+    if not 0.0 <= min_p <= 1.0:
+        raise BadRequest(f"min_p must be in [0, 1], got {min_p}.")
+    seed = seed_of(req.get("seed"), "seed")
+    if t < SAMPLING_EPS:
+        return None
+    return Sampling(t, top_p, max(top_k, 0), min_p, seed)
+
+
 def run_completion(eng: Engine, req: Any) -> dict:
     """POST /v1/completions: validate `req`, decode, answer as vLLM's CompletionResponse."""
     if not isinstance(req, dict):
@@ -214,7 +240,7 @@ def run_completion(eng: Engine, req: Any) -> dict:
         raise BadRequest("`stream` is not supported by this stand-in server")
     if req.get("n", 1) != 1:
         raise BadRequest("`n` must be 1")
-    check_greedy(req.get("temperature", 1.0), req.get("top_k"))
+    how = sampling(req)
     ids = prompt_ids(eng, req.get("prompt"))
     max_new = need_int(req.get("max_tokens", 16), "max_tokens")
     stops = need_strs(req.get("stop"), "stop")
@@ -224,7 +250,7 @@ def run_completion(eng: Engine, req: Any) -> dict:
     stop_tok = {need_int(t, "stop_token_ids") for t in stop_tok}
     eos = set() if req.get("ignore_eos") else eng.eos_ids
     out, text, finish, counters = decode(
-        eng, ids, max_new, eos | stop_tok, stops, bool(req.get("skip_special_tokens", True))
+        eng, ids, max_new, eos | stop_tok, stops, bool(req.get("skip_special_tokens", True)), sampling=how
     )
     count(eng, counters)
     matched = finish.get("matched")

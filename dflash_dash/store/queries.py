@@ -90,6 +90,12 @@ class Store(Database):
     def completions(self, set_name: str) -> list[dict]:
         return self.rows("SELECT * FROM completions WHERE set_name = ? ORDER BY idx, prompt_id", [set_name])
 
+    def completion_requests(self, set_name: str) -> list[dict]:
+        """{prompt_id, engine, request} of the set's completions: what each request asked for, without the outputs."""
+        return self.rows(
+            "SELECT prompt_id, engine, request FROM completions WHERE set_name = ? ORDER BY idx, prompt_id", [set_name]
+        )
+
     def completion_index(self, set_name: str, preview: int = 160) -> list[dict]:
         """The set's completions without token ids and with text cut to `preview` characters (prompt, output),
         plus their token counts: what listings and selectors need."""

@@ -1,0 +1,76 @@
+"""Sampling at temperature T for the stand-in: the target's distribution filtered by top-k, top-p and min-p, and a
+seeded draw per sequence position.
+
+Contract: `Sampling.pick(logits [N, V], positions [N])` returns one token id per row, row i drawn from the
+distribution of `logits[i]` as the request's engine defines it:
+  - SGLang and vLLM temper first, then filter: p = softmax(logits / T), keep the top_k most probable, then the
+    smallest prefix (by descending p) whose mass before each kept token is <= top_p, then tokens with
+    p >= min_p x max p (python/sglang/srt/layers/sampler.py, top_k_top_p_min_p_sampling_from_probs_torch;
+    vllm/v1/sample/sampler.py applies the temperature before its top-k/top-p sampler).
+  - llama.cpp filters the UNtempered distribution and tempers last: its default chain is ... top_k, typ_p, top_p,
+    min_p, xtc, temperature (common/common.h, common_params_sampling::samplers), so `top_p_first` takes the kept set
+    from softmax(logits), then samples softmax(logits / T) over it.
+  Either way the draw is proportional to exp(logits / T) over the kept tokens.
+The draw is the Gumbel-max trick with noise that depends only on (seed, position, token id): a torch.Generator seeded
+per request and position (`noise`). SGLang's seeded sampling works the same way (multinomial_with_seed hashes the
+request's sampling_seed with the token's position), so a token's draw does not depend on how many draws came before:
+speculative decoding at T commits exactly the tokens plain decoding at T commits with the same seed, the same seed
+gives the same completion and another seed another one. Without a seed a request draws a fresh random one.
+Greedy requests never build a Sampling (protocols decide greediness in their engine's own terms).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass, field
+
+import torch
+
+
+def noise(seed: int, position: int, vocab: int) -> torch.Tensor:
+    """Gumbel noise [vocab] (float64) for the token at sequence `position` of a request seeded `seed`: a
+    torch.Generator seeded from a hash of both, so every (seed, position) has its own stream."""
+    key = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
+    g = torch.Generator().manual_seed(int.from_bytes(key, "little") & (2**63 - 1))
+    u = torch.rand(vocab, generator=g, dtype=torch.float64)
+    return -torch.log(-torch.log(u))  # u = 0 gives -inf: that token is never drawn
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one request samples (every field validated by its protocol, in its engine's words)."""
+
+    temperature: float  # > 0: logits are divided by it
+    top_p: float = 1.0  # nucleus mass kept, in (0, 1]; 1: no cut
+    top_k: int = 0  # the most probable tokens kept; 0: the whole vocabulary
+    min_p: float = 0.0  # tokens below min_p x the most probable token's p are dropped; 0: none
+    seed: int | None = None  # the request's seed; None: a fresh random one (set in __post_init__)
+    top_p_first: bool = False  # llama.cpp's order: filter the untempered distribution, temper last
+    drawn_seed: int = field(default=0, repr=False)  # the seed actually used (`seed`, or the random one)
+
+    def __post_init__(self):
+        object.__setattr__(self, "drawn_seed", secrets.randbits(63) if self.seed is None else int(self.seed))
+
+    def kept(self, logits: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities [N, V] (float64) at the temperature, -inf outside the kept set."""
+        x = logits.detach().to("cpu", torch.float64)
+        logp = torch.log_softmax(x / self.temperature, dim=-1)
+        p = torch.softmax(x if self.top_p_first else x / self.temperature, dim=-1)
+        ps, order = p.sort(dim=-1, descending=True)
+        drop = torch.zeros_like(ps, dtype=torch.bool)
+        if self.top_k and self.top_k < ps.shape[-1]:
+            drop[:, self.top_k :] = True
+        if self.top_p < 1.0:
+            drop |= (ps.cumsum(dim=-1) - ps) > self.top_p  # the mass before this token already exceeds top_p
+        if self.min_p > 0.0:
+            drop |= ps < ps[:, :1] * self.min_p
+        drop[:, 0] = False  # the most probable token always stays
+        mask = torch.zeros_like(drop).scatter(1, order, drop)
+        return logp.masked_fill(mask, float("-inf"))
+
+    def pick(self, logits: torch.Tensor, positions: list[int]) -> list[int]:
+        """One token per row of `logits` [N, V]: row i drawn for sequence position `positions[i]`."""
+        logp = self.kept(logits.reshape(-1, logits.shape[-1]))
+        V = logp.shape[-1]
+        return [int((logp[i] + noise(self.drawn_seed, pos, V)).argmax()) for i, pos in enumerate(positions)]
