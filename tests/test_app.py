@@ -355,7 +355,8 @@ def test_sweep_form_refuses_a_folder_without_checkpoints_before_any_job(prepared
     at = app(workspace_copy, monkeypatch, "compare", sweep=typo)
     by_label(at.button, "Start sweep").click().run()
     assert not at.exception
-    assert [e.value for e in at.error if e.value.startswith(f"--checkpoints {typo}: no such folder")]
+    errs = [e.value for e in at.error]  # in the form's words (its field's label), never the CLI flag
+    assert [e for e in errs if e.startswith(f"Training output folder {typo!r}: no such folder")], errs
     assert Store(workspace_copy).jobs() == []
 
 
