@@ -304,3 +304,30 @@ def test_what_each_engine_says_it_served(srv, models):
         assert raw(srv, "GET", "/server_info", key=KEY)[0] == 404
     else:
         assert got["draft_model_path"] is None and got["source"] == "GET /props"
+
+
+def test_sampled_fetch_in_each_protocols_fields(srv, tmp_path, monkeypatch):
+    """Issue 42: fetch at T = 1, top-p 0.9, seed 1 sends each engine's own sampling fields (SGLang's
+    sampling_params.sampling_seed, vLLM's and llama.cpp's seed) and the stand-in samples with them, speculatively
+    here: the same seed gives the same ids, another seed others; the set says how it was sampled; a resume with
+    other sampling (or greedy) is refused before anything is sent."""
+    store = workspace(tmp_path / "ws", srv, monkeypatch)
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps(p) + "\n" for p in prompts.load("coding-10")[:1]))
+    hot = {"prompt_set": str(f), "max_new_tokens": 8, "temperature": 1.0, "top_p": 0.9}
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        assert pipeline.fetch(store, ops.Fetch(name=name, seed=seed, **hot)) == 1
+    ids = {n: store.completions(n)[0]["output_ids"] for n in "abc"}
+    assert ids["a"] == ids["b"] != ids["c"]  # a seed reproduces; another seed samples another completion
+    sent = store.completions("a")[0]["request"]
+    field = {"sglang": sent.get("sampling_params", {}), "vllm": sent, "llamacpp": sent}[srv.engine]
+    seed_key = "sampling_seed" if srv.engine == "sglang" else "seed"
+    assert (field["temperature"], field["top_p"], field[seed_key]) == (1.0, 0.9, 1)
+    assert pipeline.set_sampling(store, "a") == "sampled at T=1, top-p 0.9, seed 1"
+    f.write_text("".join(json.dumps(p) + "\n" for p in prompts.load("coding-10")[:2]))  # one more: a resume
+    before = srv.generates()
+    with pytest.raises(ops.InputError, match=r"set 'a' was fetched sampled at T=1, top-p 0.9, seed 1 .* would be "):
+        pipeline.fetch(store, ops.Fetch(name="a", seed=2, **hot))
+    with pytest.raises(ops.InputError, match="would be greedy"):
+        pipeline.fetch(store, ops.Fetch(prompt_set=str(f), name="a", max_new_tokens=8))
+    assert srv.generates() == before and len(store.completions("a")) == 1
