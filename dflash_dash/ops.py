@@ -186,15 +186,16 @@ class Fetch(Op):
         """temperature >= 0 (0 greedy); top_p in (0, 1] and seed 0..2^32-1 (llama.cpp's uint32), only when sampling."""
         t, p = self.temperature, self.top_p
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 100:
-            raise InputError(f"temperature {t!r}: give 0 (greedy) or a sampling temperature like 0.7")
+            raise InputError(f"temperature {t!r}: give 0 (greedy) or a sampling temperature like 0.7", "temperature")
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-            raise InputError(f"top_p {p!r}: give a nucleus mass in (0, 1], like 0.95 (1: no cut)")
-        if self.seed is not None:
-            self._int("seed", 0, "give an integer 0..4294967295, or leave it unset")
-            if self.seed >= 2**32:
-                raise InputError(f"seed {self.seed}: give an integer 0..4294967295 (llama.cpp's seeds are 32-bit)")
-        if t == 0 and (p != 1 or self.seed is not None):
-            raise InputError("top_p/seed: they shape sampling; give a temperature > 0, or leave them unset (greedy)")
+            raise InputError(f"top_p {p!r}: give a nucleus mass in (0, 1], like 0.95 (1: no cut)", "top_p")
+        s = self.seed
+        if s is not None and (isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**32):
+            raise InputError(f"seed {s!r}: give an integer 0..4294967295 (llama.cpp's are 32-bit), or none", "seed")
+        if t == 0 and p != 1:
+            raise InputError(f"top_p {p:g}: it cuts a sampled distribution; give a temperature > 0, or 1", "top_p")
+        if t == 0 and s is not None:
+            raise InputError(f"seed {s}: it seeds sampling; give a temperature > 0, or no seed (greedy)", "seed")
         self.temperature, self.top_p = float(t), float(p)
 
 
