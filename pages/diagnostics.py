@@ -332,7 +332,7 @@ def audit_block(ws: str, stamp: str) -> None:
     if kept:
         label = lambda i: f"{kept[i]['id']} · {'clean' if kept[i]['clean'] else 'faulty'}"  # noqa: E731
         rep = kept[st.selectbox("audit", range(len(kept)), format_func=label, key="audit_pick")]
-        (st.success if rep["clean"] else st.error)(rep["verdict"])
+        (st.success if rep["clean"] else st.warning)(rep["verdict"])
         rec = rep["recompute"]
         st.caption(
             f"{rep['format']} cache ({rep['strategy']}; {rep['source']}) · {rep['samples']} samples, "

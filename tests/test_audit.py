@@ -89,7 +89,8 @@ def deepspec(root: Path, states: dict, layers: list[int], blocks) -> Path:
     manifest = {
         "version": 2, "num_samples": len(states["ids"]), "num_shards": 1, "target_layer_ids": layers,
         "hidden_dtype": "bfloat16", "token_dtype": "int32", "mask_dtype": "uint8",
-        "index_record_size": struct.calcsize("<QIIQQQQQ"), "hidden_size": 64, "shards": [{"shard_id": 0, "file_name": "shard-00000.bin"}],
+        "index_record_size": struct.calcsize("<QIIQQQQQ"), "hidden_size": 64,
+        "shards": [{"shard_id": 0, "file_name": "shard-00000.bin"}],
     }  # fmt: skip
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root
@@ -224,3 +225,19 @@ def test_cli_job_record_and_kept_report(states, tmp_path, capsys):
     assert op.layers == [1, 4] and op.samples == 8
     assert cli.main(["--workspace", str(ws), "audit", "--features", str(tmp_path / "nope"), "--target", "t"]) == 2
     assert "no such feature cache folder" in capsys.readouterr().err
+
+
+def test_diagnostics_section_shows_a_planted_off_by_one(states, tmp_path, monkeypatch):
+    from tests.apptest import app, clean
+
+    d = specforge(tmp_path / "p", states, lambda hs: cat(hs, lambda h: [h[1], h[5]]))
+    ws = tmp_path / "ws"
+    assert cli.main(["--workspace", str(ws), "audit", "--features", str(d), "--target", str(states["target"]),
+                     "--layers", "1,4", "--samples", "1"]) == 1  # fmt: skip
+    at = app(ws, monkeypatch, "diagnostics", section="audit")
+    clean(at)
+    assert "Feature audit" in [h.value for h in at.header]
+    said = " ".join(w.value for w in at.warning)
+    assert "layer 1's features are layer 0's output (hidden_states[1]): the capture reads hidden_states[l]" in said
+    table = at.dataframe[0].value
+    assert list(table["best layer offset"]) == ["-1", "+0"] and list(table["finding"]) == ["offset", "exact"]
