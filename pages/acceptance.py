@@ -428,7 +428,8 @@ def main() -> None:
     s = run["summary"]
     st.caption(
         f"**{common.family(run)}** checkpoint `{run['checkpoint']}` · extraction `{run['extraction_id']}` "
-        f"(backend **{run['backend']}**) · completions `{run['set_name']}` · {s.get('block_size', 1) - 1} drafts "
+        f"(backend **{run['backend']}**) · completions `{run['set_name']}` "
+        f"({common.set_sampling(ws, run['set_name'], stamp)}) · {s.get('block_size', 1) - 1} drafts "
         "per step" + sliding_note(run.get("sliding_block"))
     )
     common.backend_note(run["backend"])

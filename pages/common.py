@@ -167,6 +167,14 @@ def sets(ws: str, stamp: str) -> list[dict]:
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
+def set_sampling(ws: str, set_name: str, stamp: str) -> str:
+    """How the set was sampled, in words ("greedy", "sampled at T=0.7, top-p 0.95, seed 1"): pipeline.set_sampling."""
+    from dflash_dash import pipeline
+
+    return pipeline.set_sampling(_store(ws), set_name)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
 def completions(ws: str, set_name: str, stamp: str) -> dict[str, dict]:
     """The set's completions for listings and selectors: text previews and token counts, no token ids."""
     return {c["prompt_id"]: c for c in _store(ws).completion_index(set_name)}

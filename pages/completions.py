@@ -1,6 +1,7 @@
-"""Completions: fetch a prompt set from an SGLang server as a job (live progress), import a completions
-JSONL, and list the completions of a set with finish reason, token counts and server-side speculative
-counters. Selecting a row shows that completion's prompt and text. URL: completions?set=NAME&prompt=PID."""
+"""Completions: fetch a prompt set from a serving engine as a job (live progress), greedy or sampled (temperature,
+top-p, seed), import a completions JSONL, and list the completions of a set (how it was sampled first) with finish
+reason, token counts and server-side speculative counters. Selecting a row shows that completion's prompt and text.
+URL: completions?set=NAME&prompt=PID."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ FETCH = {  # ops.Fetch field -> its widget's label: errors name the form's field
     "name": "completion set name",
     "server": "server URL",
     "max_new_tokens": "max new tokens",
+    "temperature": "temperature",
+    "top_p": "top-p",
+    "seed": "seed",
     "chat": "chat template",
     "tokenizer": "tokenizer folder",
 }
@@ -65,6 +69,17 @@ def fetch_form() -> None:
             help="apply the target's chat template locally (thinking off) and send input_ids",
         )
         tok = st.text_input(f"{FETCH['tokenizer']} (for the chat template; empty: the server's tokenizer_path)", "")
+        c6, c7, c8 = st.columns(3)
+        temp = c6.number_input(
+            FETCH["temperature"], 0.0, 100.0, 0.0, 0.1, help="0: greedy (the default); > 0: sample at this temperature"
+        )
+        top_p = c7.number_input(FETCH["top_p"], 0.0, 1.0, 1.0, 0.05, help="with a temperature: the nucleus mass kept")
+        seed = c8.text_input(
+            FETCH["seed"],
+            "",
+            help="with a temperature: an integer 0..4294967295 sent with every request (recorded); "
+            "empty: the server's own randomness (not reproducible)",
+        )
         go = st.form_submit_button("Fetch", type="primary")
     if go:
         if not name.strip():  # never a default: the prompt set's name may be a set already fetched otherwise
@@ -75,7 +90,12 @@ def fetch_form() -> None:
             )
             return
         with common.guard(FETCH):  # every field checked before a job starts or an upload is kept
+            if seed.strip() and not seed.strip().isdigit():
+                raise ops.InputError(f"seed {seed.strip()!r}: give an integer 0..4294967295, or leave it empty", "seed")
             op = ops.Fetch(
+                temperature=float(temp),
+                top_p=float(top_p),
+                seed=int(seed) if seed.strip() else None,
                 server=server.strip() or None,
                 prompt_set=choice,
                 name=name,
@@ -166,6 +186,7 @@ def main() -> None:
             format_func=lambda n: f"{n} ({counts[n]} completions)",
         )
         comps = common.completions(ws, name, stamp)
+        st.caption(f"Set `{name}`: {common.set_sampling(ws, name, stamp)} (as its stored requests asked).")
         if not comps:
             st.info(f"Set {name!r} has no completions yet; a running fetch adds them as they arrive.")
         else:

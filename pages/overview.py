@@ -78,7 +78,7 @@ def main() -> None:
     if nxt:
         st.info(f"Next: {nxt[4]} (**{nxt[0][3:]}** page).")
     if runs:
-        runs_block(runs, exs)
+        runs_block(runs, exs, ws, stamp)
     st.page_link(
         "pages/diagnostics.py",
         label="Diagnostics: backend parity, checkpoint consistency, server",
@@ -86,7 +86,7 @@ def main() -> None:
     )
 
 
-def runs_block(runs: list[dict], exs: list[dict]) -> None:
+def runs_block(runs: list[dict], exs: list[dict], ws: str, stamp: str) -> None:
     st.subheader("Runs")
     st.caption(
         "grouped by the extraction they replayed, by checkpoint within; select a row (or follow its *open* "
@@ -97,8 +97,11 @@ def runs_block(runs: list[dict], exs: list[dict]) -> None:
         **{label: st.column_config.TextColumn(label, help=formula) for label, formula in run_columns().items()},
     }
     groups = run_groups(runs, exs)
+    set_of = {r["id"]: r.get("set_name") for r in runs}
     for i, g in enumerate(groups):
-        with st.expander(g["title"], expanded=i == 0 or len(groups) <= 3):
+        name = set_of.get(g["ids"][0]) if g["ids"] else None  # a group's runs share their completion set
+        title = g["title"] + (f" · {common.set_sampling(ws, name, stamp)}" if name else "")
+        with st.expander(title, expanded=i == 0 or len(groups) <= 3):
             ev = st.dataframe(
                 g["rows"],
                 hide_index=True,
