@@ -70,8 +70,8 @@ def cards(summary: dict) -> None:
 
 VERDICT_BOX = {  # verdict -> how it is shown
     "conforms": st.success,
-    "engine-below": st.error,
-    "engine-above": st.error,
+    "engine-below": st.warning,
+    "engine-above": st.warning,
     "other-drafter": st.warning,
     "unverified": st.info,
 }
@@ -207,8 +207,9 @@ def fault_ranking(ws: str, run_id: str, engine: str, gap: bool) -> None:
     if ranking is None:
         cmd = f"python -m dflash_dash --workspace {ws} diagnose --run {run_id} --engine {engine}"
         st.caption(
-            "Not ranked yet. The ranking replays this checkpoint under each known engine fault (layers shifted "
-            "by one, sliding-window faults, fewer draft tokens verified, a context window, the prefill counted, "
+            "Not ranked yet. The ranking replays this checkpoint under each known engine fault (target layers "
+            "shifted by −2 to +2, sliding-window faults, fewer draft tokens verified, context windows, the prefill "
+            "counted, "
             f"bf16 numerics) and scores each against the engine's numbers: the button below, or `{cmd}`"
         )
         if st.button("Rank the faults (a job: replays on the CPU)", key="conf_diag"):
@@ -224,17 +225,18 @@ def fault_ranking(ws: str, run_id: str, engine: str, gap: bool) -> None:
     )
     rule = (
         f"named when it removes at least {ranking.get('share', steps.SHARE):g} of the clean replay's "
-        "disagreement and ties no other fault"
+        f"disagreement and beats the runner-up by {ranking.get('margin_share', steps.MARGIN):g} of it"
     )
     if best:
-        st.error(f"**{html.escape(best)}**: {html.escape(steps.EVIDENCE.get(best, ''))}.")
+        st.error(f"**{html.escape(best)}**: {html.escape(steps.verdict(ranking))}.")
     elif not gap:
         st.success(
             "No gap to explain: the engine matches the replay within the threshold, so no fault is named "
             "(the scores below only say how close each variant comes)."
         )
     else:
-        st.info(steps.NONE_EXPLAINS.capitalize() + ".")
+        words = steps.verdict(ranking)  # none named: the closest candidate and its margin
+        st.info(html.escape(words[:1].upper() + words[1:]) + ".")
     st.dataframe(
         pd.DataFrame(fault_table(ranking)).style.format({"score": "{:.4f}"}, na_rep="—"),
         column_config={

@@ -310,7 +310,7 @@ def test_page_shows_conformant_engine(spec_workspace, monkeypatch):
     assert sorted(df["prompt"]) == sorted(IDS) and not df["flagged"].any()
     assert list(df["engine_tau"]) == list(df["replay_tau"]) and list(df["gap"]) == [0.0] * len(IDS)
     assert all(u.startswith(f"acceptance?run={spec_workspace['run']}&prompt=") for u in df["token_view"])
-    assert any("No prompt falls short" in s.value for s in at.success)
+    assert any("Verdict: conforms" in s.value and "same fingerprint" in s.value for s in at.success)
     assert [m.value for m in at.metric][3] == "0"  # flagged prompts
     assert any("(completion_tokens - 1) / verify_steps" in c.value for c in at.caption)
     assert at.get("plotly_chart") and at.get("download_button")
@@ -323,8 +323,9 @@ def test_page_flags_the_broken_engine(spec_workspace, monkeypatch):
     flagged = list(df[df["flagged"]]["prompt"])
     assert flagged and list(df["gap"]) == sorted(df["gap"])  # sorted by gap, most negative first
     assert flagged == list(df["prompt"])[: len(flagged)]
-    assert any(f"{len(flagged)} of {len(IDS)} prompt(s) flagged" in w.value for w in at.warning)
+    assert any("Verdict: engine-below" in w.value for w in at.warning)  # imported stats: it does not say more
     body = " ".join(h.proto.body for h in at.get("html"))
+    assert f"{len(flagged)} of {len(IDS)} prompt(s) below the replay" in body
     assert all(f"prompt={p}" in body for p in flagged)
     at.number_input(key="conf_thr").set_value(0.9).run()
     clean(at)
