@@ -335,3 +335,15 @@ def test_best_baseline_on_the_same_completions_and_by_how_much():
     v = versus(drafter, best_baseline(runs, drafter))
     assert v["ratio"] == pytest.approx(1.5) and v["gain"] == pytest.approx(1.0) and v["method"] == "suffix"
     assert best_baseline(runs[:1], drafter) is None
+
+
+def test_baseline_as_a_job(workspace_copy, prepared):
+    from dflash_dash.jobs import dispatch
+    from dflash_dash.store import Store
+
+    st = Store(workspace_copy)
+    args = {"method": "suffix", "completions": prepared.set_name}
+    st.add_job("job-b", "baseline", args, str(workspace_copy / "b.log"))
+    assert dispatch.execute(st, "job-b") == 0
+    run = st.job("job-b")["result"]["run"]
+    assert st.run_row(run)["checkpoint"] == "baseline:suffix"
