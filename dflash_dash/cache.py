@@ -5,6 +5,10 @@ temp file + fsync + rename, so a reader never sees a partial file; the file's me
 extraction's provenance. `read` checks shape, dtype, token count and the metadata before returning; any
 mismatch or damage raises `CacheError` with a message that offers re-extraction. Payload size is
 exactly K*H*2 bytes per token. Knows nothing of models, HTTP or the store.
+Beside a feature file, an extraction made with --target-topk K keeps the target's top-K per completion position
+(`write_top`, `read_top`: `<prompt>.top.safetensors`, int32 ids and float32 log-probabilities [N, K], float32 tail
+mass [N]: top_bytes(K) bytes a completion token, same atomic write and validated read); an extraction without it
+has no such file, and feature files are unchanged by it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 import torch
 
 from .errors import UserError
+from .sampling import Top
 
 KEY = "features"
 
@@ -130,6 +135,75 @@ def meta(root: str | Path, extraction: str, prompt_id: str) -> dict:
 
     with safe_open(str(path(root, extraction, prompt_id)), framework="pt") as f:
         return json.loads(f.metadata()["meta"])
+
+
+TOP_FIX = "re-extract with the target's top-K (python -m dflash_dash extract ... --target-topk 64)"
+
+
+def top_bytes(k: int) -> int:
+    """Bytes a completion token takes in a top-K file: K int32 ids, K float32 log-probabilities, one float32 tail."""
+    return k * 8 + 4
+
+
+def top_path(root: str | Path, extraction: str, prompt_id: str) -> Path:
+    return path(root, extraction, prompt_id).with_suffix(".top.safetensors")
+
+
+def write_top(root: str | Path, extraction: str, prompt_id: str, top: Top) -> Path:
+    """Atomically write a sequence's target top-K (`sampling.Top`) beside its feature file (temp file, fsync,
+    rename)."""
+    from safetensors.numpy import save
+
+    dst = top_path(root, extraction, prompt_id)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    arrays = {"ids": top.ids.astype("int32"), "logp": top.logp.astype("float32"), "tail": top.tail.astype("float32")}
+    meta = {"prompt_id": prompt_id, "start": str(top.start), "vocab": str(top.vocab)}
+    try:
+        with open(tmp, "wb", buffering=0) as f:
+            _write_all(f, save({k: v.copy(order="C") for k, v in arrays.items()}, metadata=meta))
+            os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return dst
+
+
+def read_top(root: str | Path, extraction: str, prompt_id: str, start: int, rows: int, k: int, vocab: int) -> Top:
+    """Read and validate a sequence's top-K file: `rows` completion positions from `start`, `k` ids each, ids
+    inside `vocab`, log-probabilities finite and sorted, tail mass in [0, 1]; else CacheError naming the fix."""
+    import numpy as np
+    from safetensors import SafetensorError, safe_open
+
+    src = top_path(root, extraction, prompt_id)
+    if not src.is_file():
+        raise CacheError(
+            f"the target's top-K file for prompt {prompt_id!r} of extraction {extraction} is missing ({src}); {TOP_FIX}"
+        )
+    try:
+        with safe_open(str(src), framework="np") as f:
+            meta, got = f.metadata() or {}, {n: f.get_tensor(n) for n in ("ids", "logp", "tail")}
+    except (SafetensorError, OSError, ValueError, KeyError) as e:
+        raise CacheError(f"top-K file {src} is damaged ({e}); {TOP_FIX}") from None
+    ids, logp, tail = got["ids"], got["logp"], got["tail"]
+    want = {"ids": ("int32", (rows, k)), "logp": ("float32", (rows, k)), "tail": ("float32", (rows,))}
+    for n, (dt, shape) in want.items():
+        if str(got[n].dtype) != dt or got[n].shape != shape:
+            raise CacheError(
+                f"top-K file {src}: {n} is {got[n].dtype} {got[n].shape}, expected {dt} {shape}; {TOP_FIX}"
+            )
+    if meta.get("start") != str(start) or meta.get("prompt_id") != prompt_id:
+        raise CacheError(f"top-K file {src} belongs to another completion (start {meta.get('start')}); {TOP_FIX}")
+    bad = (
+        (ids.size and (ids.min() < 0 or ids.max() >= vocab))
+        or not np.isfinite(logp).all()
+        or (k > 1 and (np.diff(logp, axis=1) > 1e-6).any())
+        or not ((tail >= 0) & (tail <= 1.0 + 1e-6)).all()
+    )
+    if bad:
+        raise CacheError(f"top-K file {src} holds ids outside the vocabulary, unsorted or non-finite values; {TOP_FIX}")
+    return Top(ids, logp, tail, start, vocab)
 
 
 READERS = 8  # files `read_many` reads at once (threads: a read and its checks release the GIL)

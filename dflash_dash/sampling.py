@@ -22,14 +22,36 @@ tail * p_K^(1/T - 1); for T > 1 between tail * p_K^(1/T - 1) and (V-K) * (tail/(
 `bounds` turns those into a low and a high alpha per slot, so every estimate carries its truncation error.
 T -> 0 is greedy: p_T is 1 on the argmax (ties: the first kept id), so alpha_j = [d_j == argmax] and on a greedy
 completion the expected committed tokens equal accepted(p) + 1, the every-anchor figure.
+
+`Top` is one sequence's stored top-K (an extraction keeps the rows of the completion only: row r predicts position
+start + r); `expected` turns per-slot alpha bounds at some anchors into the expected committed tokens' bounds.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 RULES = ("target-sample", "rejection")  # verify rules (module docstring)
 GREEDY_T = 1e-4  # temperatures at or below this are greedy (argmax), not a power of the probabilities
+
+
+@dataclass
+class Top:
+    """The target's top-K at temperature 1 over one sequence: row r is its prediction of position start + r."""
+
+    ids: np.ndarray  # [N, K] token ids, by log-probability descending
+    logp: np.ndarray  # [N, K] their log-probabilities (float32)
+    tail: np.ndarray  # [N] probability mass outside the K (1 - sum of the kept probabilities)
+    start: int  # the position row 0 predicts (the prompt length P: rows cover the completion)
+    vocab: int  # V, the target's vocabulary (the tail's spread bound)
+
+    def rows(self, anchors: np.ndarray, D: int) -> np.ndarray:
+        """[n, D] row of the target's prediction that draft j at anchor p guesses (position p+1+j), clipped to the
+        rows held (slots past the end read the last row: `inside` masks them)."""
+        at = np.asarray(anchors)[:, None] + 1 + np.arange(D) - self.start
+        return np.clip(at, 0, len(self.tail) - 1)
 
 
 def tempered(logp: np.ndarray, tail: np.ndarray, temperature: float, vocab: int) -> tuple[np.ndarray, np.ndarray]:
@@ -106,3 +128,11 @@ def gather(rows: np.ndarray, prompt_len: int, A: int, D: int) -> np.ndarray:
     T = rows.shape[0]
     at = np.minimum(prompt_len + 1 + np.arange(A)[:, None] + np.arange(D), T - 1)
     return rows[at]
+
+
+def expected(alpha_lo: np.ndarray, alpha_hi: np.ndarray, anchors: np.ndarray, T: int) -> np.ndarray:
+    """Bounds of the expected committed tokens at `anchors` [n] of a sequence of T tokens from per-slot alpha
+    bounds [n, D] (slots guessing a position >= T count 0): [n, 2] (low, high), `committed` of each."""
+    D = alpha_lo.shape[1]
+    keep = (np.asarray(anchors)[:, None] + 1 + np.arange(D)) < T
+    return np.stack([committed(alpha_lo * keep), committed(alpha_hi * keep)], axis=1)

@@ -5,6 +5,9 @@ Contract:
     (Hugging Face `output_hidden_states[l+1]`), concatenated in listed order. The model is loaded cut
     after the last needed layer (`load(..., layer_ids)`), and no LM head is ever applied.
     `extract_stream` does the same for many sequences, overlapping device work with copies and writes.
+  - `extract_top` also keeps the target's top-K log-probabilities (and tail mass) of the completion's positions
+    through the LM head chunked over positions (`top_k`), never full-vocabulary logits of the whole sequence at
+    once: SPEC section 5's one exception, for the expected acceptance at temperature T (whole decoder needed).
   - Kernel backend: fla kernels (gated delta rule; with fla bound, also fla's Triton short causal
     convolution in place of torch's conv1d) when CUDA is used and fla imports, otherwise the torch reference path
     is FORCED (transformers binds fla at import whenever fla imports, also on a CPU machine, where it
@@ -188,14 +191,14 @@ def check_layers(info: TargetInfo, layer_ids: list[int]) -> None:
         )
 
 
-def load(path: str | Path, layer_ids: list[int], device: str = "cpu", dtype: torch.dtype = torch.float32):
-    """Load the target's decoder cut after max(layer_ids), with the backend bound. Returns (decoder, backend)."""
+def load(path: str | Path, layer_ids: list[int], device: str = "cpu", dtype: torch.dtype = torch.float32, whole=False):
+    """Load the target's decoder cut after max(layer_ids) (`whole`: all), backend bound. Returns (decoder, backend)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     info = describe(path)
     check_layers(info, layer_ids)
-    keep = max(layer_ids) + 1
+    keep = info.num_layers if whole else max(layer_ids) + 1
     backend = use_backend(pick_backend(device))
     if not has_linear_attention(info, keep):  # no linear-attention kernel runs: no backend to record or warn of
         backend = NO_LINEAR
@@ -336,12 +339,55 @@ def extract(decoder, ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
     return torch.cat([got[l][0] for l in layer_ids], dim=-1)
 
 
+TOP_VALUES = 1 << 26  # logits of the LM head held at once by `top_k` (fp32: 256 MiB; 270 positions at V=248,320)
+
+
+@dataclass
+class TopHead:  # what the target's top-K needs past its decoder
+    weight: torch.Tensor  # [V, H] the LM head, on the decoder's device and dtype
+    k: int  # log-probabilities kept per position
+    softcap: float | None = None  # the config's final_logit_softcapping, when it has one
+
+
+def top_head(path: str | Path, k: int, device: str = "cpu", dtype: torch.dtype = torch.float32) -> TopHead:
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    cap = cfg.get("final_logit_softcapping", (cfg.get("text_config") or {}).get("final_logit_softcapping"))
+    return TopHead(load_head(path, device, dtype).lm_head, k, cap)
+
+
+def top_k(x: torch.Tensor, top: TopHead) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Last states [N, H] -> top-K ids [N, K] (int32), log-probs at T=1 [N, K], mass outside them [N] (from lse)."""
+    k, rows = min(top.k, top.weight.shape[0]), max(1, TOP_VALUES // top.weight.shape[0])
+    out = [(x.new_zeros(0, k, dtype=torch.int32), x.new_zeros(0, k, dtype=torch.float32), x.new_zeros(0))]
+    for r in range(0, x.shape[0], rows):
+        logits = (x[r : r + rows] @ top.weight.T).float()
+        if top.softcap:
+            logits = torch.tanh(logits / top.softcap) * top.softcap
+        lse = torch.logsumexp(logits, -1, keepdim=True)
+        v, i = logits.topk(k, dim=-1)
+        rest = torch.logsumexp(logits.scatter_(1, i, float("-inf")), -1, keepdim=True)
+        out.append((i.int(), v - lse, torch.exp(rest - lse)[:, 0].float()))
+    return tuple(torch.cat([o[j] for o in out]) for j in range(3))
+
+
+@torch.inference_mode()
+def extract_top(decoder, ids: torch.Tensor, layer_ids: list[int], top: TopHead, start: int):
+    """`extract`'s features and the target's top-K (`top_k`) of positions start..T-1 (row r: position start + r)."""
+    if start < 1:
+        raise TargetError("the target's top-K needs a prompt of at least one token (position 0 has no prediction)")
+    _warm(decoder, ids, layer_ids, next(decoder.parameters()).device)
+    with outputs(_layers(decoder), layer_ids) as got:
+        out = decoder(input_ids=ids.to(next(decoder.parameters()).device)[None], use_cache=False)
+    return (torch.cat([got[l][0] for l in layer_ids], dim=-1), *top_k(out.last_hidden_state[0, start - 1 : -1], top))
+
+
 def extract_stream(
     decoder,
     items: Iterable[tuple[Any, torch.Tensor]],
     layer_ids: list[int],
     write: Callable[[Any, torch.Tensor], Any],
     depth: int = 2,
+    forward: Callable[[Any, torch.Tensor], Any] | None = None,
 ) -> Iterator[tuple[Any, Any]]:
     """Extract many sequences, overlapping the device's forwards with host copies and file writes.
 
@@ -349,7 +395,7 @@ def extract_stream(
     pinned host memory on a side CUDA stream, and `write(key, feats [T, K*H] on the CPU)` runs on a writer
     thread while the device computes the next sequences. Yields (key, write's result) in input order,
     with at most `depth` writes in flight. Features equal `extract`'s. An error raised while pulling the
-    next item comes after every earlier item has been yielded.
+    next item comes after every earlier item has been yielded. `forward(key, ids)`: `extract_top`'s tuple, say.
     """
     dev = next(decoder.parameters()).device
     side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
@@ -366,16 +412,19 @@ def extract_stream(
                     k, fut = pending.popleft()
                     yield k, fut.result()
                 raise
-            feats = extract(decoder, ids, layer_ids)
+            feats = extract(decoder, ids, layer_ids) if forward is None else forward(key, ids)
             if side is not None:  # async D2H into pinned memory; the writer waits on the copy's event
-                host = torch.empty(feats.shape, dtype=feats.dtype, pin_memory=True)
+                parts = feats if (many := isinstance(feats, tuple)) else (feats,)
+                host = tuple(torch.empty(f.shape, dtype=f.dtype, pin_memory=True) for f in parts)
                 side.wait_stream(torch.cuda.current_stream(dev))
                 with torch.cuda.stream(side):
-                    host.copy_(feats, non_blocking=True)
+                    for h, f in zip(host, parts):
+                        h.copy_(f, non_blocking=True)
                     copied = torch.cuda.Event()
                     copied.record(side)
-                feats.record_stream(side)
-                job = partial(_write_after, copied, write, key, host)
+                for f in parts:
+                    f.record_stream(side)
+                job = partial(_write_after, copied, write, key, host if many else host[0])
             else:
                 job = partial(write, key, feats)
             pending.append((key, pool.submit(job)))

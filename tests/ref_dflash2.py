@@ -96,9 +96,10 @@ def block_states(w: dict, cfg: dict, feats, token: int, p: int, embed, causal_sl
     return _norm(h, f["norm.weight"], eps)
 
 
-def walk(w: dict, cfg: dict, states, token: int, lm_head):
+def walk(w: dict, cfg: dict, states, token: int, lm_head, full: list | None = None):
     """The selector's greedy walk over slots 1..B-1 of normed states [B, H] -> (drafts [B-1], the log-softmax
-    over the K scores of each chosen candidate [B-1], the candidates by score [B-1, K])."""
+    over the K scores of each chosen candidate [B-1], the candidates by score [B-1, K]). `full`: each slot's
+    (scores [K], candidate ids [K]) appended to it (what a sampling selector samples from)."""
     K, mult = _get(cfg, "selector_top_k"), _get(cfg, "output_multiplier", 1.0)
     cap = _get(cfg, "final_logit_softcapping")
     P = w["candidate_selector.predecessor_codebook"].double()
@@ -112,6 +113,8 @@ def walk(w: dict, cfg: dict, states, token: int, lm_head):
         U, C = u.topk(K)
         sigma = Wh @ hk  # [R]
         score = torch.stack([U[j] + (P[prev] * sigma * S[C[j]]).sum() for j in range(K)])
+        if full is not None:
+            full.append((score, C))
         j = int(score.argmax())
         prev = int(C[j])
         drafts.append(prev)

@@ -59,8 +59,9 @@ def backbone(w: dict, cfg: dict, feats: torch.Tensor, anchor: int, anchor_token:
     return _norm(h, w["norm.weight"])
 
 
-def domino_drafts(state: dict, cfg: dict, feats, tokens, anchor: int, embed, lm_head):
-    """(drafts [B-1], their log-probabilities [B-1]) of the block at `anchor`, float64, as SpecForge's walk."""
+def domino_drafts(state: dict, cfg: dict, feats, tokens, anchor: int, embed, lm_head, full: list | None = None):
+    """(drafts [B-1], their log-probabilities [B-1]) of the block at `anchor`, float64, as SpecForge's walk. `full`:
+    each slot's whole logits [V] appended to it."""
     w = {k: v.double() for k, v in state.items()}
     d = cfg["dflash_config"]
     B, H, G = cfg["block_size"], cfg["hidden_size"], d["gru_hidden_dim"]
@@ -84,6 +85,8 @@ def domino_drafts(state: dict, cfg: dict, feats, tokens, anchor: int, embed, lm_
         logits = torch.cat([base[:start], base[start:] + corr])  # [B, V]
         slot = k - 1 if shift else k
         lp = torch.log_softmax(logits[slot], -1)
+        if full is not None:
+            full.append(logits[slot])
         tok = int(lp.argmax())
         drafts.append(tok)
         logps.append(float(lp[tok]))

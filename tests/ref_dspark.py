@@ -70,9 +70,10 @@ def backbone(w: dict, s: Spec, feats, anchor_token: int, p: int, embed) -> torch
     return _norm(h, w["norm.weight"])
 
 
-def walk(w: dict, s: Spec, hb: torch.Tensor, anchor_token: int, lm_head):
+def walk(w: dict, s: Spec, hb: torch.Tensor, anchor_token: int, lm_head, full: list | None = None):
     """The drafting slots of one block's states hb [B, H]: drafts [D], top-1 log-probs [D], confidence [D] (or
-    None). One slot at a time, its previous token the one before it (the anchor first)."""
+    None). One slot at a time, its previous token the one before it (the anchor first). `full`: each slot's whole
+    logits [V] appended to it (what a sampling drafter samples from)."""
     slots = range(0 if s.from_anchor else 1, s.block_size)
     prev, u = anchor_token, torch.zeros(s.rank, dtype=torch.float64)
     drafts, logp, conf = [], [], []
@@ -99,6 +100,8 @@ def walk(w: dict, s: Spec, hb: torch.Tensor, anchor_token: int, lm_head):
             raw = w["confidence_head.proj.weight"][0] @ f + w["confidence_head.proj.bias"][0]
             conf.append(torch.sigmoid(raw))
         lp = torch.log_softmax(logits, -1)
+        if full is not None:
+            full.append(logits)
         d = int(lp.argmax())
         drafts.append(d)
         logp.append(lp[d])

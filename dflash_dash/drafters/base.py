@@ -63,12 +63,19 @@ class Drafter(ABC):
 
     @abstractmethod
     def read_out(
-        self, head: Any, h: torch.Tensor, anchor_ids: torch.Tensor, topk: int, slots: tuple[int, int] | None = None
+        self,
+        head: Any,
+        h: torch.Tensor,
+        anchor_ids: torch.Tensor,
+        topk: int,
+        slots: tuple[int, int] | None = None,
+        tap: Any = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Normed states [N, B, H] of blocks with anchor tokens [N] -> drafts [N, S], top-k ids [N, S, k] and
         their log-probabilities [N, S, k] (fp32) of drafts 0..D-1 (S = D), or of drafts slots[0]..slots[1]-1
         (not for a `sequential` family). Draft j is the token proposed for position anchor + 1 + j; ids[..., 0]
-        is the draft."""
+        is the draft. `tap(n [R], j [R], scores [R, V], cand=None)`, when given, hears the full scores each drafted
+        row samples from (logits; a selector's scores over candidate ids `cand` [R, C]), blocks n, drafts j."""
 
     def confidence(self, head: Any, h: torch.Tensor, anchor_ids: torch.Tensor, drafts: torch.Tensor):
         """The family's predicted acceptance [N, D] of each draft (DSpark's confidence head), or None."""

@@ -25,7 +25,7 @@ from .base import Drafter
 from .checkpoint import Checkpoint
 from .config import DrafterConfig, sliding_semantics
 from .kernels import Rope, kernels_for, rmsnorm
-from .readout import lm_top
+from .readout import lm_top, slot_tap
 from .weights import Linear, Weights, checked, shapes
 
 __all__ = ["DFlash", "load", "shapes", "flops_per_block"]
@@ -57,12 +57,13 @@ class DFlash(Drafter):
         ids[:, 0] = anchor_ids.to(ids.device)
         return head.embed[ids].to(self.device, self.dtype)
 
-    def read_out(self, head, h: torch.Tensor, anchor_ids: torch.Tensor, topk: int, slots=None):
-        """Drafts j = 0..D-1 from block slots first_slot + j through the LM head (argmax, top-k, log-probs)."""
+    def read_out(self, head, h: torch.Tensor, anchor_ids: torch.Tensor, topk: int, slots=None, tap=None):
+        """Drafts j = 0..D-1 from block slots first_slot + j through the LM head (argmax, top-k, log-probs);
+        `tap(n, j, logits)` hears every drafted row's full logits (`readout.slot_tap`)."""
         lo, hi = slots or (0, self.c.drafts)
         f = self.c.first_slot
         N, S = h.shape[0], hi - lo
-        drafts, ids, logp = lm_top(head, h[:, f + lo : f + hi].reshape(N * S, -1), topk)
+        drafts, ids, logp = lm_top(head, h[:, f + lo : f + hi].reshape(N * S, -1), topk, tap=slot_tap(tap, None, S, lo))
         return drafts.view(N, S), ids.view(N, S, topk), logp.view(N, S, topk)
 
     # -- shared pieces --------------------------------------------------------

@@ -94,8 +94,9 @@ class DFlash2(DFlash):
         emb = super().embed_block(head, anchor_ids)
         return emb if self.scale == 1.0 else emb * self.scale
 
-    def read_out(self, head, h: torch.Tensor, anchor_ids: torch.Tensor, topk: int, slots=None):
-        """The selector's walk over every block's drafted slots 1..B-1 (whole blocks only: `sequential`)."""
+    def read_out(self, head, h: torch.Tensor, anchor_ids: torch.Tensor, topk: int, slots=None, tap=None):
+        """The selector's walk over every block's drafted slots 1..B-1 (whole blocks only: `sequential`); `tap(n,
+        j, scores, cand)` hears each slot's selector scores over its K candidates (what it samples from)."""
         D = self.c.drafts
         if slots is not None and tuple(slots) != (0, D):
             raise ValueError(f"DFlash2 reads whole blocks out (its walk is sequential), not drafts {slots}")
@@ -109,6 +110,9 @@ class DFlash2(DFlash):
         for k in range(D):  # the walk: slot k's predecessor is slot k-1's draft
             ctx = self.pred[prev].float() * sigma[:, k]  # [N, R]
             s = U[:, k] + (succ[:, k] @ ctx[:, :, None])[..., 0]  # [N, K]
+            if tap is not None:
+                n = torch.arange(s.shape[0], device=s.device)
+                tap(n, torch.full_like(n, k), s, C[:, k])
             prev = C[:, k].gather(1, s.argmax(-1, keepdim=True))[:, 0]
             drafts.append(prev)
             scores.append(s)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from . import dflash
 from .checkpoint import Checkpoint
 from .config import DrafterConfig
-from .readout import lm_top
+from .readout import lm_top, slot_tap
 from .weights import shapes
 
 __all__ = ["Domino", "load", "shapes", "flops_per_block"]
@@ -63,10 +63,10 @@ class Domino(dflash.DFlash):
         """Raw target input embeddings [N, H] of token ids [N], in the drafter's device and dtype."""
         return head.embed[ids.to(head.embed.device)].to(self.device, self.dtype)
 
-    def read_out(self, head, h: torch.Tensor, anchor_ids: torch.Tensor, topk: int, slots=None):
+    def read_out(self, head, h: torch.Tensor, anchor_ids: torch.Tensor, topk: int, slots=None, tap=None):
         """Drafts j = 0..D-1 (draft k = j + 1) from block slots first_slot + j, each step's GRU state fed the
         drafts before it; `slots` (lo, hi) slices the whole walk's result (every draft depends on the earlier
-        ones, so the walk always runs from the anchor)."""
+        ones, so the walk always runs from the anchor); `tap` as DFlash's."""
         c, N = self.c, h.shape[0]
         D, f, P = c.drafts, c.first_slot, c.head["pure_draft_prefix_len"]
         G = c.head["gru_hidden_dim"]
@@ -82,7 +82,7 @@ class Domino(dflash.DFlash):
             if j + 1 > P:
                 a = F.linear(torch.cat([hs[:, j], q], -1), W1)  # [N, E]: one matmul over [h_s ; q], as trained
                 extra = _correction(a, W2)
-            d, i, lp = lm_top(lm, hs[:, j], topk, extra)  # [N], [N, k], [N, k]
+            d, i, lp = lm_top(lm, hs[:, j], topk, extra, slot_tap(tap, j))  # [N], [N, k], [N, k]
             drafts.append(d)
             ids.append(i)
             logp.append(lp)

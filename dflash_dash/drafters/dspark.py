@@ -28,7 +28,7 @@ from . import dflash
 from .checkpoint import Checkpoint
 from .config import DrafterConfig
 from .dflash import DFlash
-from .readout import lm_top
+from .readout import lm_top, slot_tap
 from .weights import Weights, shapes
 
 __all__ = ["DSpark", "load", "shapes", "flops_per_block"]
@@ -61,11 +61,11 @@ class DSpark(DFlash):
         f = self.c.first_slot
         return h[:, f : f + self.c.drafts]
 
-    def read_out(self, head, h: torch.Tensor, anchor_ids: torch.Tensor, topk: int, slots=None):
+    def read_out(self, head, h: torch.Tensor, anchor_ids: torch.Tensor, topk: int, slots=None, tap=None):
         """Drafts [N, D], top-k ids [N, D, k] and log-probs [N, D, k] of blocks [N, B, H] with anchor tokens [N]:
-        the Markov walk seeded with the anchor (slots: only without a Markov head)."""
+        the Markov walk seeded with the anchor (slots: only without a Markov head); `tap` as DFlash's."""
         if not self.rank:
-            return super().read_out(head, h, anchor_ids, topk, slots)
+            return super().read_out(head, h, anchor_ids, topk, slots, tap)
         D = self.c.drafts
         if slots not in (None, (0, D)):
             raise ValueError(f"DSpark with a Markov head drafts whole blocks (slots {slots} of {D} asked)")
@@ -75,7 +75,7 @@ class DSpark(DFlash):
         out = []
         for j in range(D):
             z, state = self._latent(x[:, j], prev, state)  # [N, r]
-            drafts, ids, logp = lm_top(head, x[:, j], topk, self._bias(z))
+            drafts, ids, logp = lm_top(head, x[:, j], topk, self._bias(z), slot_tap(tap, j))
             out.append((drafts, ids, logp))
             prev = drafts
         return tuple(torch.stack([o[i] for o in out], 1) for i in range(3))

@@ -117,19 +117,36 @@ def top_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 def lm_top(
-    head, x: torch.Tensor, topk: int, extra: Callable[[int, int], torch.Tensor] | None = None
+    head,
+    x: torch.Tensor,
+    topk: int,
+    extra: Callable[[int, int], torch.Tensor] | None = None,
+    tap: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows x [R, H] through the LM head (+ `extra(r0, r1)` [r1-r0, V], a family's additive correction of those
     rows) -> argmax [R], top-k ids [R, k] and log-probs [R, k]; HEAD_ROWS rows at a time, log p = logit -
-    logsumexp(logits) in fp32."""
+    logsumexp(logits) in fp32. `tap(rows [r], logits [r, V])`: each chunk's full logits, as they are made (a
+    replay's expected-acceptance pass reads the drafter's whole distribution there, on the device)."""
     w = head.lm_head.to(x.device, x.dtype)
     parts = []
     for r in range(0, x.shape[0], HEAD_ROWS):
         logits = x[r : r + HEAD_ROWS] @ w.T
         if extra is not None:
             logits = logits + extra(r, min(r + HEAD_ROWS, x.shape[0])).to(logits.dtype)
+        if tap is not None:
+            tap(torch.arange(r, r + logits.shape[0], device=x.device), logits)
         parts.append(top_logp(logits, topk))
     if not parts:
         e = x.new_zeros(0, dtype=torch.long)
         return e, e.view(0, topk), x.new_zeros(0, topk, dtype=torch.float32)
     return tuple(torch.cat([p[i] for p in parts]) for i in range(3))
+
+
+def slot_tap(tap, j: int | None = None, per: int = 1, lo: int = 0):
+    """`lm_top`'s tap for a family's read-out tap `tap(n, j, scores)` (blocks n, drafts j): rows of one draft j
+    (row = block), or with `j` None rows flattened block-major over `per` drafts from draft `lo` on."""
+    if tap is None:
+        return None
+    if j is not None:
+        return lambda rows, logits: tap(rows, torch.full_like(rows, j), logits)
+    return lambda rows, logits: tap(rows // per, lo + rows % per, logits)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 _INT_ARRAYS = ("accepted_at", "drafts", "tree_at", "round_top_ids", "target_rank")
-_REAL_ARRAYS = ("draft_logp", "round_top_p", "confidence")
+_REAL_ARRAYS = ("draft_logp", "round_top_p", "confidence", "expected_at")
 _ROUNDS = ("rounds", "tree_rounds")
 
 
@@ -52,6 +52,8 @@ class Prompt:
     confidence: np.ndarray = field(default_factory=_reals)  # [A, D] the family's predicted acceptance (DSpark)
     target_rank: np.ndarray = field(default_factory=_ints)  # [A, D] rank of the target's token among the slot's
     # top-K candidates (-2: not among them; -1: not computed): top-K headroom
+    expected_at: np.ndarray = field(default_factory=_reals)  # [A, 2] (low, high) expected committed tokens per
+    # anchor at the run's temperature (NaN: not computed; empty: no temperature); flat [2A] as stored
 
     def __post_init__(self) -> None:
         """The one form: lists become numpy arrays (an array is kept as it is, no copy), per-round arrays lists."""
@@ -92,6 +94,7 @@ class Prompt:
             row.get("tree_tau"),
             confidence=row.get("confidence"),
             target_rank=row.get("target_rank"),
+            expected_at=row.get("expected_at"),
         )
 
     @property

@@ -39,6 +39,7 @@ from .core import (
     tree_tau,
 )
 from .engine import CONFORMANCE
+from .expected import FORMULA as EXPECTED_FORMULA, expected_accept_length, tau_expected_bound, tau_expected_run
 from .headroom import oracle_tau, oracle_tau_run, recall_depth, recall_pooled
 from .spread import (
     BOOT_LEVEL,
@@ -297,10 +298,42 @@ REGISTRY += [
         fmt=PROB,
     ),
 ]
+# -- expected acceptance at the run's temperature: None for runs replayed without one
+REGISTRY += [
+    Metric(
+        "tau_expected",
+        "expected tau at temperature T",
+        EXPECTED_FORMULA + "; the middle of the top-K truncation bound",
+        tau_expected_run,
+    ),
+    Metric(
+        "tau_expected_bound",
+        "expected tau, top-K truncation bound",
+        "[low, high] of tau_expected: the target's tail mass outside its stored top-K placed in the ways that "
+        "give the least and the most acceptance",
+        tau_expected_bound,
+        kind="interval",
+    ),
+    Metric(
+        "expected_accept_length",
+        "expected accept length",
+        "per prompt: " + EXPECTED_FORMULA + "; run: the mean over prompts",
+        lambda ps, c: macro_of(expected_accept_length, ps, c),
+        expected_accept_length,
+    ),
+]
 RELIABILITY_FORMULA = (
     "per equal-width bin b of p_k: n_b samples, predicted_b = mean p_k, observed_b = share of "
     "those drafts accepted; pooled over depths and per depth k"
 )  # metrics.reliability (not stored)
+
+
+def macro_of(fn, ps: list[Prompt], c: Ctx) -> float | None:
+    """Mean over prompts of a per-prompt value, the prompts without one left out (None: no prompt has one)."""
+    xs = [x for x in (fn(p, c) for p in ps) if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
 BY_KEY = {m.key: m for m in REGISTRY}
 HEADLINE = [m for m in REGISTRY if m.headline]
 PER_PROMPT = [m for m in REGISTRY if m.prompt is not None]

@@ -18,8 +18,10 @@ import torch
 
 from ..drafters import Drafter, DrafterConfig, kernels
 from ..metrics import Prompt
+from ..sampling import Top
 from ..target import Head
 from ..walks import ROUND_TOPK
+from .expect import Rows, Sampling
 from .head import Drafts, embed_blocks, read_out, to_host
 from .score import score, summarize
 
@@ -30,6 +32,7 @@ class Sequence:
     tokens: torch.Tensor  # [T] prompt + completion ids
     prompt_len: int  # P
     features: torch.Tensor  # [T, K*H]
+    top: Top | None = None  # the target's stored top-K over the completion (an expected-acceptance pass reads it)
 
 
 GROUP = 16  # every-anchor: consecutive blocks whose queries share one attention call's keys (`DFlash.blocks_in_place`)
@@ -83,17 +86,32 @@ def _draft(
     topk: int,
     chunk: int,
     anchors: Callable[[int, int], None] | None = None,
+    rows: Rows | None = None,
 ) -> list:
     """Queue the every-anchor drafts of one sequence on the device; per-chunk results stay there. A sequence of
     more than LONG tokens drafts through `_draft_long` (telling `anchors(done, total)` as its runs are queued), a
-    shorter one through `_draft_groups`."""
+    shorter one through `_draft_groups`. `rows`: the sequence's target rows, each chunk's alpha bounds added."""
     tokens = tokens.to(head.embed.device)
     if len(tokens) > LONG:
-        return _draft_long(drafter, head, features, tokens, prompt_len, topk, chunk, anchors)
-    return _draft_groups(drafter, head, features, tokens, prompt_len, topk, chunk)
+        return _draft_long(drafter, head, features, tokens, prompt_len, topk, chunk, anchors, rows)
+    return _draft_groups(drafter, head, features, tokens, prompt_len, topk, chunk, rows)
 
 
-def _draft_groups(drafter: Drafter, head: Head, features, tokens, prompt_len: int, topk: int, chunk: int) -> list:
+def _read(drafter: Drafter, head: Head, h, tokens, at: torch.Tensor, topk: int, rows: Rows | None) -> tuple:
+    """`read_out` of blocks at anchors `at` (with confidence), and with `rows` their alpha bounds [n, D, 2]: the
+    rejection rule's overlap heard through the read-out's tap, target-sample's from the drafts."""
+    first = tokens[at.to(tokens.device)]
+    if rows is None:
+        return read_out(drafter, head, h, first, topk, confidence=True)
+    seq = torch.zeros_like(at)
+    tap = rows.tap(seq, at, drafter.drafts)
+    out = read_out(drafter, head, h, first, topk, confidence=True, tap=tap)
+    return (*out, rows.alpha(seq, at, out[0], tap))
+
+
+def _draft_groups(
+    drafter: Drafter, head: Head, features, tokens, prompt_len: int, topk: int, chunk: int, rows=None
+) -> list:
     """Each call drafts `chunk` blocks as S groups of G consecutive anchors over the context replicated S times
     (`_replicas`, S bounded by REPLICA_BYTES); a shorter last chunk uses the first groups it needs, its last block
     repeated to fill them."""
@@ -110,12 +128,12 @@ def _draft_groups(drafter: Drafter, head: Head, features, tokens, prompt_len: in
         emb = embed_blocks(drafter, head, tokens, anchors)
         part = kv if s_ == S else [(k[:s_], v[:s_]) for k, v in kv]
         h = drafter.blocks_in_place(part, anchors, emb, max_anchor=e - 1)
-        parts.append(read_out(drafter, head, h[:n], tokens[anchors[:n].to(tokens.device)], topk, confidence=True))
+        parts.append(_read(drafter, head, h[:n], tokens, anchors[:n], topk, rows))
     return parts
 
 
 def _draft_long(
-    drafter: Drafter, head: Head, features, tokens, prompt_len: int, topk: int, chunk: int, anchors=None
+    drafter: Drafter, head: Head, features, tokens, prompt_len: int, topk: int, chunk: int, anchors=None, rows=None
 ) -> list:
     """Each call drafts the `chunk` consecutive anchors of a run (`DFlash.blocks_run`) over the one context K/V:
     memory for the context once, whatever its length, and no key masked in vain. `anchors(done, total)` hears of
@@ -127,7 +145,7 @@ def _draft_long(
         e = min(s + chunk, T)
         emb = embed_blocks(drafter, head, tokens, torch.arange(s, e, device=dev))
         h = drafter.blocks_run(kv, s, emb, group=GROUP)
-        parts.append(read_out(drafter, head, h, tokens[s:e], topk, confidence=True))
+        parts.append(_read(drafter, head, h, tokens, torch.arange(s, e, device=dev), topk, rows))
         if anchors and ((n + 1) % every == 0 or e == T):
             anchors(e - prompt_len, T - prompt_len)
     return parts
@@ -196,9 +214,10 @@ def every_anchor(
     chunk: int = 64,
     progress: Callable[[int, int], None] | None = None,
     anchors: Callable[[int, int, int], None] | None = None,
+    sampling: Sampling | None = None,
 ) -> tuple[list[Prompt], dict]:
     """`every_anchor_results` and the run's metrics (`summarize`)."""
-    results = every_anchor_results(drafter, head, seqs, budget, chunk, progress, anchors)
+    results = every_anchor_results(drafter, head, seqs, budget, chunk, progress, anchors, sampling)
     return results, summarize(results, drafter.width, budget)
 
 
@@ -210,10 +229,12 @@ def every_anchor_results(
     chunk: int = 64,
     progress: Callable[[int, int], None] | None = None,
     anchors: Callable[[int, int, int], None] | None = None,
+    sampling: Sampling | None = None,
 ) -> list[Prompt]:
     """Replay every sequence (every-anchor, batched): one scored `Prompt` per sequence (a worker's share is
     summarised by the parent). `progress(done, total)` counts sequences; `anchors(i, done, total)` the anchors
-    of sequence i as a long one (past LONG tokens) is drafted.
+    of sequence i as a long one (past LONG tokens) is drafted. `sampling`: the expected-acceptance pass at its
+    temperature and verify rule, on each sequence's `top` (its alpha bounds computed in the drafting batches).
 
     Scoring (CPU: acceptance, chain and DDTree walks) of sequence i runs on a worker thread once the
     device's queue holds sequence i+1's work, and the next features are uploaded meanwhile; results come
@@ -224,7 +245,8 @@ def every_anchor_results(
         nxt = features_to_device(drafter, seqs[0].features) if seqs else None
         for i, s in enumerate(seqs):
             within = (lambda a, n, i=i: anchors(i, a, n)) if anchors else None
-            parts = _draft(drafter, head, nxt, s.tokens, s.prompt_len, topk_of(drafter, budget), chunk, within)
+            rows = None if sampling is None else Rows([s.top], sampling, drafter.device)
+            parts = _draft(drafter, head, nxt, s.tokens, s.prompt_len, topk_of(drafter, budget), chunk, within, rows)
             if done is not None:  # started only now: its thread would slow the launches above (the GIL)
                 futures.append(pool.submit(score, *done))
             if i + 1 < len(seqs):

@@ -27,6 +27,8 @@ class Drafts:
     top_ids: torch.Tensor  # [A, D, k] top-k tokens per slot (k: `every.topk_of`): slot 0 is the draft
     top_logp: torch.Tensor  # [A, D, k] their log-probabilities
     confidence: torch.Tensor | None = None  # [A, D] the family's predicted acceptance per slot (DSpark), or None
+    alpha: torch.Tensor | None = None  # [A, D, 2] bounds of each slot's acceptance probability at temperature T
+    # (`expect.Rows.alpha`), or None: no expected-acceptance pass
 
 
 # ---------------------------------------------------------------------------
@@ -46,18 +48,28 @@ def read_out(
     topk: int,
     slots: tuple[int, int] | None = None,
     confidence: bool = False,
+    tap=None,
 ) -> tuple:
     """Normed block states [N, B, H] of blocks whose anchor tokens are `anchor_ids` [N] -> drafts [N, S], top-k
     ids and log-probs [N, S, k] of the D drafted slots (S = D), or of drafts slots[0]..slots[1]-1 only (a family
-    that is not `sequential`); with `confidence`, a 4th item: the family's confidence [N, D] or None."""
-    out = drafter.read_out(head, h, anchor_ids, topk, slots)
+    that is not `sequential`); with `confidence`, a 4th item: the family's confidence [N, D] or None. `tap`: the
+    family hands it each drafted row's full scores (`expect.Tap`)."""
+    out = (
+        drafter.read_out(head, h, anchor_ids, topk, slots)
+        if tap is None
+        else drafter.read_out(head, h, anchor_ids, topk, slots, tap)
+    )
     if not confidence:
         return out
     return (*out, drafter.confidence(head, h, anchor_ids, out[0]))
 
 
 def to_host(parts) -> Drafts:
-    """Concatenate per-chunk (drafts, ids, logp[, confidence]) and copy them to the CPU once."""
+    """Concatenate per-chunk (drafts, ids, logp[, confidence[, alpha]]) and copy them to the CPU once."""
     got = [torch.cat([p[i] for p in parts]).cpu() for i in range(3)]
-    conf = [p[3] for p in parts if len(p) > 3 and p[3] is not None]
-    return Drafts(*got, torch.cat(conf).float().cpu() if conf and len(conf) == len(parts) else None)
+
+    def whole(i: int, cast):
+        x = [p[i] for p in parts if len(p) > i and p[i] is not None]
+        return cast(torch.cat(x)).cpu() if x and len(x) == len(parts) else None
+
+    return Drafts(*got, whole(3, lambda t: t.float()), whole(4, lambda t: t))

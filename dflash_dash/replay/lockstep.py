@@ -16,9 +16,11 @@ import torch
 
 from ..drafters import Drafter
 from ..metrics import Prompt
+from ..sampling import expected
 from ..target import Head
 from ..walks import ROUND_TOPK, chain_walk, round_top, tree_accept
 from .every import Sequence, features_to_device, kv_bytes, tail_kv
+from .expect import Rows, Sampling
 from .head import read_out
 from .score import summarize
 
@@ -40,9 +42,10 @@ def chain_only(
     budget: int = 8,
     batch: int = CHAIN_BATCH,
     progress: Callable[[int, int], None] | None = None,
+    sampling: Sampling | None = None,
 ) -> tuple[list[Prompt], dict]:
     """`chain_only_results` and the run's metrics (`summarize`)."""
-    results = chain_only_results(drafter, head, seqs, budget, batch, progress)
+    results = chain_only_results(drafter, head, seqs, budget, batch, progress, sampling)
     return results, summarize(results, drafter.width, budget)
 
 
@@ -54,6 +57,7 @@ def chain_only_results(
     budget: int = 8,
     batch: int = CHAIN_BATCH,
     progress: Callable[[int, int], None] | None = None,
+    sampling: Sampling | None = None,
 ) -> list[Prompt]:
     """Replay computing only the anchors the chain walk (and the DDTree walk, with `budget`) visits.
 
@@ -66,10 +70,11 @@ def chain_only_results(
     acceptance, tree acceptance, and the drafts and rounds' top-K of every computed slot equal the every-anchor
     mode's; the other anchors hold -1 (drafts, accepted) and NaN (log-probabilities), so metrics that need
     every anchor (or every slot: the expected tau) are not computed (`metrics`). The results hold numpy arrays
-    (no Python lists built: a worker packs them as they are)."""
+    (no Python lists built: a worker packs them as they are). `sampling`: the expected-acceptance pass at the
+    computed anchors (every slot's LM head then runs: no staging), equal to the every-anchor pass's there."""
     results: list[Prompt] = []
     for part in batches(drafter, seqs, batch):
-        results += _chain_batch(drafter, head, part, budget)
+        results += _chain_batch(drafter, head, part, budget, sampling)
         if progress:
             progress(len(results), len(seqs))
     return results
@@ -108,9 +113,10 @@ class Lockstep:
     sequence, `DFlash.blocks_in_place`), the tokens, and per-anchor result buffers [S, A+1, ...] (A = the
     longest completion; column A takes the blocks of finished sequences, which are never read)."""
 
-    def __init__(self, drafter: Drafter, head: Head, seqs: list[Sequence], k: int, staged: bool = False):
+    def __init__(self, drafter: Drafter, head: Head, seqs: list[Sequence], k: int, staged: bool = False, how=None):
         c, dev = drafter.c, drafter.device
         self.d, self.head, self.k, self.D = drafter, head, k, drafter.drafts
+        self.expect = None if how is None else Rows([s.top for s in seqs], how, dev)  # `sampling`: target rows
         self.staged = staged and not drafter.sequential  # a sequential family reads whole blocks out
         S, self.T_pad = len(seqs), max(len(s.tokens) for s in seqs)
         self.P = torch.tensor([s.prompt_len for s in seqs], device=dev)
@@ -133,6 +139,7 @@ class Lockstep:
         self.drafts = torch.full((S, A + 1, self.D), -1, dtype=torch.long, device=dev)
         self.top_ids = torch.full((S, A + 1, self.D, kk), -1, dtype=torch.long, device=dev)
         self.top_lp = torch.full((S, A + 1, self.D, kk), float("nan"), dtype=torch.float32, device=dev)
+        self.alpha = None if how is None else torch.full((S, A + 1, self.D, 2), float("nan"), device=dev)
         self.rows = torch.arange(S, device=dev)  # the sequence of each stacked row
         self.slot = torch.arange(self.D, device=dev)
 
@@ -166,7 +173,12 @@ class Lockstep:
         if self.staged:
             d_tok, t_ids, t_lp, acc = self._staged(h, first, nxt, inside)
         else:
-            d_tok, t_ids, t_lp = read_out(d, self.head, h, first, self.k)
+            tap = None if self.expect is None else self.expect.tap(seq, anchors, self.D)
+            d_tok, t_ids, t_lp = read_out(d, self.head, h, first, self.k, tap=tap)
+            if self.expect is not None:
+                self.alpha[seq, torch.where(record, anchors - self.P[seq], self.A)] = self.expect.alpha(
+                    seq, anchors, d_tok, tap
+                )
             nxt = self.follow(nxt, d_tok, inside, self.D)
             acc = ((d_tok == nxt) & inside).long().cumprod(1).sum(1)  # accepted(p), as `accepted`
         col = torch.where(record, anchors - self.P[seq], self.A)
@@ -356,9 +368,10 @@ def _computed(st: Lockstep):
     at = (acc >= 0).nonzero()  # [N, 2] (sequence, column), row-major
     seq, col = at[:, 0], at[:, 1]
     drafts, ids, lp = (t[seq, col].cpu().numpy() for t in (st.drafts, st.top_ids, st.top_lp))
+    alpha = None if st.alpha is None else st.alpha[seq, col].double().cpu().numpy()
     start = np.zeros(len(acc) + 1, dtype=np.int64)
     np.cumsum(np.bincount(seq.cpu().numpy(), minlength=len(acc)), out=start[1:])
-    return acc.cpu().numpy(), start, col.cpu().numpy(), drafts, ids, lp
+    return acc.cpu().numpy(), start, col.cpu().numpy(), drafts, ids, lp, alpha
 
 
 def _spread(x: np.ndarray, cols: np.ndarray, n: int, fill) -> np.ndarray:
@@ -368,18 +381,18 @@ def _spread(x: np.ndarray, cols: np.ndarray, n: int, fill) -> np.ndarray:
     return out
 
 
-def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int) -> list[Prompt]:
+def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int, how=None) -> list[Prompt]:
     k = max(budget, ROUND_TOPK)
     # with a tree budget, CHAIN_HALVES stacks alternate (host scoring of one overlaps the other's step)
     n = max(1, min(CHAIN_HALVES if budget else 1, len(seqs)))
     parts = [seqs[i * len(seqs) // n : (i + 1) * len(seqs) // n] for i in range(n)]
-    sts = [Lockstep(drafter, head, p, k, staged=not budget) for p in parts]
+    sts = [Lockstep(drafter, head, p, k, staged=not budget and how is None, how=how) for p in parts]
     walks = walk_host(sts, parts, budget) if budget else None
     if not budget:
         walk_device(sts[0])
     out = []
     for h, (st, part) in enumerate(zip(sts, parts)):
-        acc, start, cols, drafts, ids, lp = _computed(st)
+        acc, start, cols, drafts, ids, lp, alpha = _computed(st)
         for j, s in enumerate(part):
             T, P = len(s.tokens), s.prompt_len
             rows = slice(start[j], start[j + 1])  # this sequence's computed anchors, in order
@@ -396,5 +409,9 @@ def _chain_batch(drafter: Drafter, head: Head, seqs: list[Sequence], budget: int
             r.round_top_ids, r.round_top_p = round_top(ids[at], lp[at])  # [R, D, K] (R = 0: no round)
             if budget:
                 r.tree_at, r.tree_rounds = walks[h].tacc[j], walks[h].tree_rounds[j]
+            if alpha is not None:  # the computed anchors' expected committed tokens, NaN elsewhere
+                a = alpha[rows]
+                e = expected(a[..., 0], a[..., 1], P + cols[rows], T).astype(np.float32)
+                r.expected_at = _spread(e, cols[rows], T - P, np.nan)
             out.append(r)
     return out

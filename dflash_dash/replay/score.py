@@ -13,6 +13,7 @@ import numpy as np
 from .. import metrics
 from ..metrics import Prompt
 from ..metrics.headroom import MISSED
+from ..sampling import expected
 from ..walks import accepted, chain_walk, round_top, tree_accepted
 
 if TYPE_CHECKING:
@@ -35,6 +36,9 @@ def score(pid: str, d: Drafts, tokens: np.ndarray, prompt_len: int, budget: int)
     if budget:
         tacc = tree_accepted(d.top_ids.numpy(), d.top_logp.numpy(), tokens, prompt_len, budget)
         r.tree_at, r.tree_rounds = tacc, [c for _, _, c in chain_walk(tacc, prompt_len, T)]
+    if d.alpha is not None:  # the expected-acceptance pass: bounds of the expected committed tokens per anchor
+        a = d.alpha.double().numpy()
+        r.expected_at = expected(a[..., 0], a[..., 1], prompt_len + np.arange(len(a)), T).astype(np.float32)
     return r
 
 

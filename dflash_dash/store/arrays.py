@@ -30,8 +30,9 @@ ARRAYS = (
     "round_top_p",
     "confidence",
     "target_rank",
+    "expected_at",
 )  # a blob without a later name (written before it existed) reads it back as None
-REALS = frozenset({"draft_logp", "round_top_p", "confidence"})
+REALS = frozenset({"draft_logp", "round_top_p", "confidence", "expected_at"})
 V7_ARRAYS = ARRAYS[:8]  # the LIST columns of schema v6 (the v7 migration reads those)
 PACK_MAGIC, PACK_LEVEL = b"DFA1", 1  # blob format tag; zlib level (1: fast, most of the gain)
 PACKERS = min(8, os.cpu_count() or 1)  # threads packing a run's rows (`_write_arrays`)
