@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # does not name: demo beside jobs, parity over pipeline, vocab (token strings, for the pipeline's exports and
 # the pages) under analysis, the stand-in's speculative decoder under the stand-in; launch, what `make run` runs,
 # on top; ops, the operations' argument dataclasses, under the pipeline whose signatures take their defaults, and
-# fields, the checks of their values (names, URLs, devices, ...), under ops;
+# work, the worker specs ops re-exports, and fields, the checks of their values (names, URLs, devices, ...), under ops;
 # target_info, the torch-free half of the target the pages use, under target; audit, the trainers' feature
 # caches and their audit against the target's extraction, under the pipeline and above drafters and target)
 ORDER = [
@@ -31,6 +31,7 @@ ORDER = [
     "analysis",
     "vocab",
     "ops",
+    "work",
     "fields",
     "audit",
     "store",
