@@ -74,8 +74,8 @@ def test_hostile_text_is_shown_as_text_everywhere(hostile, page):
         ),
         (f"acceptance?run={a}&prompt={pid}", "Acceptance", "<script>window.__pwned='id'</script>"),
         (f"acceptance?run={a}&prompt={pid}&section=patterns", "Acceptance", "<script>window.__pwned='id'</script>"),
-        (f"compare?a={a}&b={b}&prompt={pid}", "Compare", "<b>run</b>"),
-        (f"compare?a={a}&b={b}&prompt={pid}&section=calibration", "Compare", "<b>run</b>"),
+        (f"compare?a={a}&b={b}&prompt={pid}", "Compare", "<b>run<img"),
+        (f"compare?a={a}&b={b}&prompt={pid}&section=calibration", "Compare", "<b>run<img"),
         ("extraction", "Extraction", "set<i>"),
         ("diagnostics", "Diagnostics", None),
     ]:
