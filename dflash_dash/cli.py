@@ -262,10 +262,12 @@ def cmd_conformance(a, store):
 
 
 def cmd_diagnose(a, store):
+    from .analysis import steps
     from .pipeline import diagnose
 
     op = op_of(ops.Diagnose, a)
     got = diagnose.rank_faults(store, op.run, op.engine, progress)
+    print(steps.verdict(got), file=sys.stderr)  # the ranking in words: the fault named and its margin, or why none
     _print({k: v for k, v in got.items() if k != "steps"})  # the variants' rounds stay in the store (the page)
 
 

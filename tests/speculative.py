@@ -121,18 +121,18 @@ def spec_workspace(servers: dict, ws: Path) -> dict:
     return {"ws": ws, "store": st, "run": run, "extraction": ex, "prompts": pfile}
 
 
-def plant(st, bug: str | None, engine: str, ids: list[str], drafter: Path = DRAFT) -> None:
+def plant(st, bug: str | None, engine: str, ids: list[str], drafter: Path = DRAFT, speculator=None) -> None:
     """Decode prompts `ids` of set c4 in-process with the stand-in's own Engine and Speculator (drafter
-    `drafter`) under `--speculative-bug bug` (None: the correct decoder) and store its counters for c4 as engine
-    `engine`, as a server at --speculative-stats detailed answers them (SGLang's per-step accept_lengths
-    included)."""
+    `drafter`; `speculator`: a subclass of it to use instead) under `--speculative-bug bug` (None: the correct
+    decoder) and store its counters for c4 as engine `engine`, as a server at --speculative-stats detailed answers
+    them (SGLang's per-step accept_lengths included)."""
     from dflash_dash import server
     from dflash_dash.engines import sglang
     from dflash_dash.server import protocol, specdec
 
     eng = server.Engine(model_dir=TARGET.resolve(), device="cpu")
     eng.load()
-    eng.spec = specdec.Speculator(str(drafter), bug=bug)
+    eng.spec = (speculator or specdec.Speculator)(str(drafter), bug=bug)
     eng.spec.load(eng.model)
     comps = {c["prompt_id"]: c for c in st.completions("c4")}
     rows = []

@@ -23,9 +23,9 @@ import json
 import shutil
 
 import pytest
-from speculative import DRAFT, IDS, TARGET, conformance_json, one_torch_thread, plant, private_copy, run_cli
+from speculative import DEMO, DRAFT, IDS, TARGET, conformance_json, one_torch_thread, plant, private_copy, run_cli
 
-from dflash_dash import ops, pipeline
+from dflash_dash import demo, ops, pipeline
 from dflash_dash.analysis import steps
 from dflash_dash.pipeline import diagnose
 from dflash_dash.server import faults
@@ -36,6 +36,10 @@ USED = IDS[:2]  # two prompts keep the in-process decodes short
 SLIDING = ["sliding-ignored", "sliding-bidirectional"]
 SLIDING_WINDOW = 4  # keys a sliding layer sees: far fewer than the context, fewer than the block
 NOISE = (0.05, 1)  # numerics: (noise std relative to each weight matrix's std, torch seed)
+# faults that take nearly every accepted draft of the noisy drafter: each fault that does so reproduces such an
+# engine almost as well (one step boundary in sixty apart), no clear margin, so these rank on the healthy drafter
+BLIND = {"layer-off-by-one", "context-window"}
+HEALTHY = next(c for c in demo.checkpoints(DEMO / demo.CHECKPOINTS) if c.role == "final").path
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +98,12 @@ def noisy(ck, rel: float, seed: int):
 
 
 @pytest.fixture(scope="module")
+def healthy(ws):
+    """The demo's healthy drafter (tau 13 on these completions), replayed and planted like the noisy one."""
+    return variant_of(ws, HEALTHY)
+
+
+@pytest.fixture(scope="module")
 def near_ties(ws, tmp_path_factory):
     """The demo drafter with seeded noise added to every weight matrix (NOISE): less sure of its drafts."""
     return variant_of(ws, noisy(tmp_path_factory.mktemp("near-ties") / "noisy", *NOISE))
@@ -114,17 +124,17 @@ def planted(ws):
 
 
 @pytest.mark.parametrize("bug", [None, *PLANTED])
-def test_ranking_names_the_planted_fault(ws, planted, bug):
-    engine = planted(bug)
+def test_ranking_names_the_planted_fault(ws, planted, healthy, bug):
+    run, engine = (healthy["run"], healthy["plant"](bug)) if bug in BLIND else (ws["run"], planted(bug))
     with one_torch_thread():
-        got = diagnose.rank_faults(ws["store"], ws["run"], engine)
+        got = diagnose.rank_faults(ws["store"], run, engine)
     assert got["mode"] == "steps"
     names = [f["fault"] for f in got["faults"]]
     assert set(names) <= set(steps.FAULTS) and "sliding-ignored" in got["skipped"]
     if bug is None or (bug == "numerics" and got["clean_score"] == 1.0):
         # the correct decoder; or bf16 drafts that flipped no acceptance on these prompts: nothing to explain
         assert got["clean_score"] == 1.0 and got["explained_by"] is None
-        assert got["evidence"] == steps.NONE_EXPLAINS
+        assert got["evidence"] == steps.NO_GAP and not got["gap"]
     else:
         assert names[0] == faults.FAULT_OF[bug], got["faults"]
         assert got["explained_by"] == faults.FAULT_OF[bug], (got["clean_score"], got["faults"])
@@ -132,7 +142,7 @@ def test_ranking_names_the_planted_fault(ws, planted, bug):
         # another near-tie (one step in 58 on some CPUs); every other fault is reproduced exactly
         exact = 0.95 if bug == "numerics" else 1.0
         assert got["faults"][0]["score"] >= exact and got["faults"][0]["score"] > got["clean_score"], got["faults"]
-    assert diagnose.faults(ws["store"], ws["run"], engine)["explained_by"] == got["explained_by"]  # kept
+    assert diagnose.faults(ws["store"], run, engine)["explained_by"] == got["explained_by"]  # kept
 
 
 @pytest.mark.parametrize("bug", [None, *SLIDING])
@@ -173,20 +183,20 @@ def test_ranking_names_numerics_where_bf16_moves_a_step(ws, near_ties, bug):
     assert got["faults"][0]["score"] == 1.0 > got["faults"][1]["score"]
 
 
-def test_cli_diagnose_then_conformance_reports_the_fault_and_first_divergence(ws, planted):
-    rows = ws["store"].engine_stats("c4", planted("context-window"))  # the same counters, under a new name
+def test_cli_diagnose_then_conformance_reports_the_fault_and_first_divergence(ws, healthy):
+    rows = ws["store"].engine_stats("c4", healthy["plant"]("context-window"))  # the same counters, under a new name
     engine = "cli-context-window"  # not yet ranked (the ranking test keeps its own)
     ws["store"].add_engine_stats("c4", engine, [r | {"id": r["prompt_id"]} for r in rows], "copy")
-    before = conformance_json(ws["ws"], "--run", ws["run"], "--engine", engine)
+    before = conformance_json(ws["ws"], "--run", healthy["run"], "--engine", engine)
     assert "faults" not in before and "explained_by" not in before  # not ranked yet
-    rc, out, err = run_cli("--workspace", str(ws["ws"]), "diagnose", "--run", ws["run"], "--engine", engine)
+    rc, out, err = run_cli("--workspace", str(ws["ws"]), "diagnose", "--run", healthy["run"], "--engine", engine)
     assert rc == 0, err
     assert json.loads(out)["explained_by"] == "context-window"
-    got = conformance_json(ws["ws"], "--run", ws["run"], "--engine", engine)
+    got = conformance_json(ws["ws"], "--run", healthy["run"], "--engine", engine)
     assert {"run", "engine", "threshold", "prompts"} <= got.keys()  # the fields scripts rely on, kept
     assert got["explained_by"] == "context-window" and got["faults"][0]["fault"] == "context-window"
     assert [f["score"] for f in got["faults"]] == sorted((f["score"] for f in got["faults"]), reverse=True)
-    rounds = {p["prompt_id"]: p["rounds"] for p in ws["store"].run_prompts(ws["run"])}
+    rounds = {p["prompt_id"]: p["rounds"] for p in ws["store"].run_prompts(healthy["run"])}
     stats = {s["prompt_id"]: s for s in ws["store"].engine_stats("c4", engine)}
     firsts = [p["first_divergence"] for p in got["prompts"]]
     assert any(f is not None for f in firsts)  # the planted fault moved some step

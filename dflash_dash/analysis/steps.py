@@ -14,10 +14,13 @@ commits accepted drafts + the bonus token.
     lengths: the mean over prompts of the Jaccard overlap of the two step-boundary sets (token indices where a
     step ends; 1.0: the same partition). Without (verify_steps only): 1 - min(1, mean |engine tau - predicted
     tau| / mean engine tau), tau = (completion_tokens - 1) / steps.
-  - `rank`: the faults best first, and the rule (`explained`): the best fault is named when it removes at least
-    SHARE of the clean replay's disagreement with the engine, score - clean >= SHARE x (1 - clean) with
-    score > clean; no fault is named when the clean replay reproduces the engine exactly (nothing to explain), when
-    no fault does clearly better, or when the best fault ties another one.
+  - `rank`: every candidate (a fault at one parameter: a layer offset, a window, a draft count) scored, each
+    fault at its best parameter best first, and the rule (`explained`): no fault is named when the clean replay
+    reproduces the engine exactly ("no gap to explain", `gap` false); else the best fault is named when it removes
+    at least SHARE of the clean replay's disagreement with the engine, score - clean >= SHARE x (1 - clean), and
+    beats the runner-up (the next fault, or the clean replay when it scores higher) by a clear margin,
+    score - runner-up >= MARGIN x (1 - clean). Its parameter is named when it scores above the fault's other
+    parameters (`param_margin` > 0), else the parameters that tie are listed.
 FAULTS holds the fault names, fixed; `EVIDENCE` says in words what each one means for the page and the README.
 """
 
@@ -27,6 +30,7 @@ import numpy as np
 
 CLEAN = "clean"  # the run's own replay: what a correct greedy engine reaches
 SHARE = 0.5  # a fault is named when it removes at least this share of the clean replay's disagreement
+MARGIN = 0.25  # ... and beats the runner-up by at least this share of the clean replay's disagreement
 FAULTS = (
     "layer-shift",
     "sliding-ignored",
@@ -37,7 +41,7 @@ FAULTS = (
     "numerics",
 )
 EVIDENCE = {
-    "layer-shift": "the engine behaves like a replay with the target layers shifted by one",
+    "layer-shift": "the engine behaves like a replay whose drafter reads target layers shifted from its own",
     "sliding-ignored": "the engine behaves like a replay whose sliding-window layers attend over the full context",
     "sliding-bidirectional": "the engine behaves like a replay whose sliding layers are bidirectional inside the block",
     "draft-tokens": "the engine behaves like a replay that verifies fewer draft tokens per step than the block",
@@ -46,6 +50,7 @@ EVIDENCE = {
     "numerics": "the engine behaves like a replay with a bf16 drafter (numeric noise)",
 }
 NONE_EXPLAINS = "no known fault explains the gap"
+NO_GAP = "no gap to explain: the engine's steps are the replay's"
 
 
 # ---------------------------------------------------------------------------
@@ -136,40 +141,110 @@ def mode(engine: dict[str, dict]) -> str:
     return "steps" if engine and all(s.get("accept_lengths") for s in engine.values()) else "prompts"
 
 
-def rank(engine: dict[str, dict], variants: dict[str, dict], skipped: dict[str, str]) -> dict:
-    """The faults ranked: `variants` {fault or CLEAN: {"steps": {id: committed per step}, "detail": str}},
-    `skipped` {fault: why it was not replayed}. Returns {"mode", "clean_score", "faults": [{"fault", "score",
-    "detail"}] best first (ties in FAULTS order), "explained_by" (`explained`), "evidence", "skipped"}."""
+def candidates(variant) -> list[dict]:
+    """A fault's variant replays as a list of {"steps", "detail", "param"}: `variant` is one such dict or a list."""
+    return [v for v in (variant if isinstance(variant, list) else [variant]) if v]
+
+
+def rank(engine: dict[str, dict], variants: dict[str, dict | list[dict]], skipped: dict[str, str]) -> dict:
+    """The faults ranked: `variants` {fault or CLEAN: {"steps": {id: committed per step}, "detail": str, "param":
+    the fault's parameter or None} or a list of them (one per parameter searched)}, `skipped` {fault: why it was
+    not replayed}. Returns {"mode", "clean_score", "gap" (the clean replay does not reproduce the engine exactly),
+    "candidates": every [{"fault", "param", "score", "detail"}] best first, "faults": each fault at its best
+    parameter, best first (ties in FAULTS order), "explained_by" (`explained`), "explained_param" (its parameter
+    when it is clear, else None), "explained_params" (the parameters tied at its best score), "margin" (the best
+    fault's score over "runner_up": the next fault, or "clean" when the clean replay scores higher), "param_margin"
+    (the best parameter's score over the same fault's next one; None with one parameter), "evidence", "share",
+    "margin_share", "skipped"}."""
     clean = score(engine, variants[CLEAN]["steps"]) if CLEAN in variants else None
-    scored = [
-        {"fault": f, "score": s, "detail": variants[f].get("detail", "")}
+    every = [
+        {"fault": f, "param": v.get("param"), "score": s, "detail": v.get("detail", "")}
         for f in FAULTS
-        if f in variants and (s := score(engine, variants[f]["steps"])) is not None
+        if f in variants
+        for v in candidates(variants[f])
+        if (s := score(engine, v["steps"])) is not None
     ]
-    scored.sort(key=lambda r: -r["score"])  # stable: ties stay in FAULTS order
+    every.sort(key=lambda r: -r["score"])  # stable: ties stay in FAULTS order, then the order searched
+    scored, seen = [], set()
+    for c in every:
+        if c["fault"] not in seen:
+            seen.add(c["fault"])
+            scored.append(c)
+    margin, runner = runner_up(clean, scored)
     best = explained(clean, scored)
+    own = [c for c in every if scored and c["fault"] == scored[0]["fault"]]
+    tied = [c["param"] for c in own if c["score"] == own[0]["score"]]
+    gap = clean is None or clean < 1.0
     return {
         "mode": mode(engine),
         "clean_score": clean,
+        "gap": gap,
+        "candidates": every,
         "faults": scored,
         "explained_by": best,
-        "evidence": EVIDENCE[best] if best else NONE_EXPLAINS,
+        "explained_param": tied[0] if best and len(tied) == 1 else None,
+        "explained_params": tied if best else [],
+        "margin": margin,
+        "runner_up": runner,
+        "param_margin": own[0]["score"] - own[1]["score"] if len(own) > 1 else None,
+        "evidence": EVIDENCE[best] if best else (NONE_EXPLAINS if gap else NO_GAP),
         "share": SHARE,
+        "margin_share": MARGIN,
         "skipped": skipped,
     }
 
 
+def runner_up(clean: float | None, scored: list[dict]) -> tuple[float | None, str | None]:
+    """(the best fault's score over the runner-up, the runner-up's name): the next fault, or CLEAN when the clean
+    replay scores higher; (None, None) without a scored fault."""
+    if not scored:
+        return None, None
+    nxt = [(scored[1]["score"], scored[1]["fault"])] if len(scored) > 1 else []
+    if clean is not None:
+        nxt.append((clean, CLEAN))
+    if not nxt:
+        return None, None
+    s, name = max(nxt, key=lambda x: x[0])
+    return scored[0]["score"] - s, name
+
+
 def explained(clean: float | None, scored: list[dict]) -> str | None:
-    """The fault named: the best one when it removes SHARE of the clean replay's disagreement and no other fault
-    scores the same."""
-    if not scored or clean is None:
+    """The fault named: the best one when there is a gap, it removes SHARE of the clean replay's disagreement and
+    beats the runner-up by MARGIN of it (a tie is no margin)."""
+    if not scored or clean is None or clean >= 1.0:
         return None
     top = scored[0]
     if top["score"] <= clean or top["score"] - clean < SHARE * (1 - clean):
         return None
-    if len(scored) > 1 and scored[1]["score"] == top["score"]:
-        return None  # two faults reproduce the engine equally well: neither is named
+    margin, _ = runner_up(clean, scored)
+    if margin is None or margin <= 0 or margin < MARGIN * (1 - clean):
+        return None  # another fault reproduces the engine (nearly) as well: neither is named
     return top["fault"]
+
+
+def verdict(ranking: dict) -> str:
+    """The ranking in one sentence (the page's and the CLI's): "no gap to explain", the fault named with its
+    parameter and margin, or why none is (the closest candidate, its margin and the rule). Rankings kept before
+    margins were recorded give their evidence."""
+    top = (ranking.get("faults") or [None])[0]
+    if ranking.get("gap") is False:
+        return NO_GAP
+    if "margin" not in ranking or top is None:
+        return ranking.get("evidence") or NONE_EXPLAINS
+    clean, margin, runner = ranking.get("clean_score"), ranking.get("margin") or 0.0, ranking.get("runner_up")
+    what = f"{top['fault']} ({top.get('detail') or 'its variant'}) scores {top['score']:.3f}"
+    over = f"{margin:.3f} above {'the clean replay' if runner == CLEAN else runner}"
+    if ranking.get("explained_by"):
+        tied = ranking.get("explained_params") or []
+        which = "" if len(tied) < 2 else f"; parameters {tied} reproduce it equally well"
+        return f"{EVIDENCE[top['fault']]}: {what}, {over}{which}"
+    rule = (
+        f"a fault is named when it removes {ranking.get('share', SHARE):g} of the clean replay's disagreement "
+        f"({1 - clean:.3f}) and beats the runner-up by {ranking.get('margin_share', MARGIN):g} of it"
+        if clean is not None
+        else "the clean replay could not be scored"
+    )
+    return f"{NONE_EXPLAINS}: the closest, {what}, {over}; {rule}"
 
 
 def draft_cut(accepted: np.ndarray, prompt_len: int, T: int, k: int) -> list[int]:

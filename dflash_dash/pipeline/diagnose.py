@@ -4,18 +4,23 @@ numbers (`analysis.steps.rank`), kept in the store for the Conformance page and 
 
 Contract: torch work, run by the CLI (`conformance --faults`) or a job, never by a page. Each fault's variant
 replay walks the chain like a greedy engine (anchor P, then + committed) and gives the committed tokens per round:
-  - layer-shift: the drafter's features read from target layers l+1 (and l-1; the better one is kept), when the
-    run's extraction holds them; else skipped, naming the extract command's --layers.
+  - layer-shift: the drafter's features read from target layers l+o for each of its layer ids l, every offset o
+    of OFFSETS a candidate. The features come from the run's extraction, else from another extraction of the same
+    completions and target that holds the shifted layers (`source`); an offset whose layers no extraction holds is
+    skipped, naming the extract command that adds them; one reaching outside the target's layers is skipped too.
   - sliding-ignored / sliding-bidirectional: the checkpoint's sliding-window layers over the full context (a copy
     of its config with a window wider than any context) / bidirectional inside the block; skipped when the drafter
     has no sliding-window layers (sliding-bidirectional also when the run replayed them bidirectionally).
-  - draft-tokens: the replay's own acceptance cut at k drafts a step, k = 1..D-1 (the best k kept).
-  - context-window: the drafter sees only the last W context positions (W in WINDOWS, shorter than the context).
+  - draft-tokens: the replay's own acceptance cut at k drafts a step, every k = 1..D-1 a candidate.
+  - context-window: the drafter sees only the last W context positions, every W of `windows` (powers of two
+    below the longest prompt) a candidate.
   - prefill-count: the replay's rounds with the prefill counted as a verify step of one token.
   - numerics: the drafter in bf16 when the run replayed in fp32 (else fp32); every other variant uses the run's
     dtype.
 Variants run on the CPU (the ranking is a diagnosis of one run's prompts, not a sweep).
-Parametric faults keep the parameter that reproduces the engine best (`detail` names it).
+Every parameter of a parametric fault is a candidate of `steps.rank` (its "param", `detail` in words): the ranking
+lists each fault at its best parameter, names one only with a clear margin over the runner-up (`steps.explained`)
+and says "no gap to explain" when the clean replay reproduces the engine.
 The result is kept as run analysis `faults:<engine>` (`kept_name`); `faults` reads it back or None.
 """
 
@@ -25,13 +30,13 @@ import dataclasses
 
 import numpy as np
 
-from .. import drafters as drafter_mod, walks
+from .. import drafters as drafter_mod, ops, walks
 from ..analysis import steps as steps_mod
 from ..ops import InputError
 from ..store import Store
 from .base import DTYPES, Progress, tick
 
-WINDOWS = (4, 16, 64)  # context-window: the drafter's visible context positions tried
+OFFSETS = (-2, -1, 1, 2)  # layer-shift: target-layer offsets searched (0: the run's own layers)
 
 
 def kept_name(engine: str) -> str:
@@ -93,13 +98,68 @@ def windowed(d, head, seqs, cols: list[int] | None, H: int, w: int) -> dict[str,
     return out
 
 
-def best(engine: dict[str, dict], options: dict[str, dict[str, list[int]]]) -> dict | None:
-    """Of several parameter choices {detail: steps}, the one that reproduces the engine best."""
-    got = [(steps_mod.score(engine, st) or 0.0, det, st) for det, st in options.items()]
-    if not got:
-        return None
-    sc, det, st = max(got, key=lambda g: g[0])
-    return {"steps": st, "detail": det}
+def windows(ctx: int) -> list[int]:
+    """context-window: the visible context positions searched, powers of two from 2 below `ctx` positions."""
+    return [1 << k for k in range(1, max(ctx, 2).bit_length()) if 1 << k < ctx]
+
+
+def source(store: Store, ex: dict, layers: list[int], ids: set[str]) -> dict | None:
+    """The extraction holding target `layers` for prompts `ids`: the run's own `ex`, else (the same dtype first)
+    another finished extraction of the same completions and target config with feature files; None when none."""
+    from .stream import is_streamed
+
+    same = [
+        e
+        for e in store.extractions()
+        if e["id"] != ex["id"]
+        and (e["set_name"], e["target_path"], e.get("config_hash"))
+        == (ex["set_name"], ex["target_path"], ex.get("config_hash"))
+        and e.get("status") == "done"
+        and not is_streamed(e)
+    ]
+    for e in [ex, *sorted(same, key=lambda e: e.get("dtype") != ex.get("dtype"))]:
+        if not ops.missing_layers(list(e["layer_ids"]), layers) and ids <= {
+            i["prompt_id"] for i in store.items(e["id"])
+        }:
+            return e
+    return None
+
+
+def shifted(store: Store, ex: dict, need: list[int], ids: set[str]) -> tuple[dict, dict[int, str], str | None]:
+    """layer-shift: ({offset: (the extraction holding layers l + offset, those layers)} for every offset of OFFSETS
+    that can be replayed, {offset: why not} for the others (outside the target's layers, or held by no extraction),
+    the one extract command that adds every layer no extraction holds or None)."""
+    from .. import target_info
+
+    try:
+        n = target_info.describe(ex["target_path"]).num_layers
+    except (OSError, ValueError):  # the target folder moved or broke: offsets are bounded below only
+        n = None
+    found, why, lack = {}, {}, {}
+    for o in OFFSETS:
+        moved = [l + o for l in need]
+        if min(moved) < 0:  # layer 0's input is the embeddings, which no extraction holds
+            why[o] = f"layers {moved}: below layer 0"
+        elif n is not None and max(moved) >= n:
+            why[o] = f"layers {moved}: past the target's last layer ({n - 1})"
+        elif (e := source(store, ex, moved, ids)) is None:
+            lack[o] = moved
+        else:
+            found[o] = (e, moved)
+    why |= {o: f"layers {m}: no extraction of {ex['set_name']!r} holds them" for o, m in lack.items()}
+    cmd = extract_command(store, ex, [l for m in lack.values() for l in m]) if lack else None
+    return found, dict(sorted(why.items())), cmd
+
+
+def extract_command(store: Store, ex: dict, layers: list[int]) -> str:
+    """The extract command that adds `layers` for the completions of `ex` (diagnose then finds that extraction)."""
+    import shlex
+
+    return (
+        f"python -m dflash_dash --workspace {shlex.quote(str(store.workspace))} extract --target "
+        f"{shlex.quote(str(ex['target_path']))} --completions {shlex.quote(ex['set_name'])} "
+        f"--layers {','.join(map(str, sorted(set(layers))))}"
+    )
 
 
 def rank_faults(store: Store, run: str, engine: str | None = None, progress: Progress = None) -> dict:
@@ -119,7 +179,7 @@ def rank_faults(store: Store, run: str, engine: str | None = None, progress: Pro
     if not erows.keys() & prompts.keys():
         raise InputError(f"run {r['id']}: engine {eng!r} has stats for none of its prompts; nothing to rank")
     clean = {pid: list(p["rounds"] or []) for pid, p in prompts.items() if pid in erows}
-    variants: dict[str, dict] = {steps_mod.CLEAN: {"steps": clean, "detail": "the run's own replay"}}
+    variants: dict[str, dict | list[dict]] = {steps_mod.CLEAN: {"steps": clean, "detail": "the run's own replay"}}
     skipped: dict[str, str] = {}
     variants["prefill-count"] = {
         "steps": {pid: steps_mod.prefill_step(st) for pid, st in clean.items()},
@@ -127,19 +187,19 @@ def rank_faults(store: Store, run: str, engine: str | None = None, progress: Pro
     }
     ck, dc, sliding = r["checkpoint"], r.get("config_file"), r.get("sliding_block")
     c = drafter_mod.check(ck, sliding, dc)
-    D = None
-    cuts = {}
+    cuts: dict[int, dict[str, list[int]]] = {}
     for pid in clean:
         p = prompts[pid]
         acc = np.asarray(p["accepted_at"] if p["accepted_at"] is not None else [])
         if not len(acc):
             break
         T = p["prompt_len"] + len(acc)
-        D = D or int(c.block_size) - 1
-        for k in range(1, D):
-            cuts.setdefault(f"{k} draft(s) verified a step", {})[pid] = steps_mod.draft_cut(acc, p["prompt_len"], T, k)
+        for k in range(1, int(c.block_size) - 1):
+            cuts.setdefault(k, {})[pid] = steps_mod.draft_cut(acc, p["prompt_len"], T, k)
     if cuts and all(len(v) == len(clean) for v in cuts.values()):
-        variants["draft-tokens"] = best(erows, cuts)
+        variants["draft-tokens"] = [
+            {"steps": st, "detail": f"{k} draft(s) verified a step", "param": k} for k, st in cuts.items()
+        ]
     else:
         skipped["draft-tokens"] = "the run kept no every-anchor acceptance (replayed with --anchors chain)"
     H, have, need = ex["hidden_size"], list(ex["layer_ids"]), list(c.target_layer_ids)
@@ -152,25 +212,30 @@ def rank_faults(store: Store, run: str, engine: str | None = None, progress: Pro
     d = drafter_mod.load(ck, dtype, "cpu", sliding, dc)
     tick(progress, 2, 6, "context-window: the drafter sees the last W positions only")
     ctx = max(p["prompt_len"] for p in prompts.values())
-    windows = {f"last {w} context positions": windowed(d, head, seqs, own, H, w) for w in WINDOWS if w < ctx}
-    if windows:
-        variants["context-window"] = best(erows, windows)
+    ws = windows(ctx)
+    if ws:
+        variants["context-window"] = [
+            {"steps": windowed(d, head, seqs, own, H, w), "detail": f"last {w} context positions", "param": w}
+            for w in ws
+        ]
     else:
-        skipped["context-window"] = f"every prompt is shorter than the smallest window ({WINDOWS[0]} positions)"
-    tick(progress, 3, 6, "layer-shift: features of the neighbouring target layers")
-    shifts = {}
-    for delta in (1, -1):
-        moved = [l + delta for l in need]
-        if all(l in have for l in moved):
-            shifts[f"layers {moved} instead of {need}"] = every(d, head, seqs, [have.index(l) for l in moved], H)
-    if shifts:
-        variants["layer-shift"] = best(erows, shifts)
-    else:
-        want = sorted(set(need) | {l + 1 for l in need} | {l - 1 for l in need if l > 0})
-        skipped["layer-shift"] = (
-            f"extraction {ex['id']} holds layers {have}, not the neighbours of {need}; extract with --layers "
-            f"{','.join(map(str, want))} and replay on it to test this fault"
+        skipped["context-window"] = "every prompt is shorter than the smallest window (2 positions)"
+    tick(progress, 3, 6, f"layer-shift: target layers offset by {', '.join(f'{o:+d}' for o in OFFSETS)}")
+    found, why, cmd = shifted(store, ex, need, set(clean))
+    variants["layer-shift"] = []
+    for o, (e, moved) in found.items():
+        fs = seqs if e is ex else [s for s in load_sequences(store, e, moved) if s.id in clean]
+        cols = [have.index(l) for l in moved] if e is ex else None
+        detail = f"layers {moved} instead of {need} (offset {o:+d})" + (
+            "" if e is ex else f", from extraction {e['id']}"
         )
+        variants["layer-shift"].append({"steps": every(d, head, fs, cols, H), "detail": detail, "param": o})
+    add = f"; add the missing layers with {cmd} and diagnose again (it reads them from that extraction)" if cmd else ""
+    if not found:
+        del variants["layer-shift"]
+        skipped["layer-shift"] = "; ".join(f"offset {o:+d}: {w}" for o, w in why.items()) + add
+    else:
+        skipped |= {f"layer-shift {o:+d}": w + (add if w.endswith("holds them") else "") for o, w in why.items()}
     tick(progress, 4, 6, "sliding-window faults")
     if "sliding_attention" in c.layer_types:
         if drafter_mod.sliding_semantics(c, sliding) == "bidirectional":
@@ -190,7 +255,13 @@ def rank_faults(store: Store, run: str, engine: str | None = None, progress: Pro
     alt = drafter_mod.load(ck, other, "cpu", sliding, dc)
     variants["numerics"] = {"steps": every(alt, head, seqs, own, H), "detail": f"the drafter in {name}"}
     out = {"run": r["id"], "engine": eng} | steps_mod.rank(erows, variants, skipped)
-    out["steps"] = {f: v["steps"] for f, v in variants.items()}  # the evidence: each variant's rounds per prompt
+    # the evidence: the rounds per prompt of the clean replay and of each fault at its best parameter
+    won = {f["fault"]: f["param"] for f in out["faults"]}
+    out["steps"] = {
+        f: next(c["steps"] for c in steps_mod.candidates(v) if f == steps_mod.CLEAN or c.get("param") == won.get(f))
+        for f, v in variants.items()
+        if f == steps_mod.CLEAN or f in won
+    }
     store.set_analysis(r["id"], kept_name(eng), out)
-    tick(progress, 6, 6, f"explained by: {out['explained_by'] or 'no known fault'}")
+    tick(progress, 6, 6, f"explained by: {out['explained_by'] or out['evidence']}")
     return out
