@@ -24,7 +24,8 @@ from dataclasses import MISSING, fields, replace
 from functools import cache
 from pathlib import Path
 
-from . import ops, pipeline, prompts
+from . import cli_show, ops, pipeline, prompts
+from .cli_show import _print
 from .errors import UserError
 from .pipeline import disk
 from .store import Store, default_workspace
@@ -61,10 +62,6 @@ def progress(done: int, total: int, msg: str) -> None:
     if done >= total:
         sys.stderr.write("\n")
     sys.stderr.flush()
-
-
-def _print(obj) -> None:
-    print(json.dumps(obj, indent=2, default=str))
 
 
 # ---------------------------------------------------------------------------
@@ -238,29 +235,6 @@ def cmd_serve(a, store):
     server_options.run(a)
 
 
-def cmd_import_engine_stats(a, store):
-    n = pipeline.import_engine_stats(store, a.file, a.completions, a.engine)
-    print(f"imported {a.engine} stats of {n} prompts of set {a.completions}")
-
-
-def cmd_conformance(a, store):
-    out, rows, missing = pipeline.conformance(store, a.run, a.engine, a.threshold)
-    if missing:
-        print(
-            f"note: {len(missing)} prompt(s) of run {out['run']} have no {out['engine']} stats: "
-            f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}",
-            file=sys.stderr,
-        )
-    flagged = sum(r["flagged"] for r in rows)
-    print(
-        f"{flagged} of {len(rows)} prompt(s) flagged: engine tau = (completion_tokens - 1) / verify_steps below "
-        f"the replay's committed / rounds by more than {out['threshold']:g} x replay tau",
-        file=sys.stderr,
-    )
-    print(f"verdict: {out['verdict']}: {out['why']}", file=sys.stderr)
-    _print(out)
-
-
 def cmd_diagnose(a, store):
     from .analysis import steps
     from .pipeline import diagnose
@@ -276,10 +250,6 @@ def cmd_audit(a, store):
     print(f"verdict: {out['verdict']}", file=sys.stderr)
     _print(out)
     return 0 if out["clean"] else 1
-
-
-def cmd_signatures(a, store):
-    _print(pipeline.signatures(store, a.run, a.reference))
 
 
 # ---------------------------------------------------------------------------
@@ -336,9 +306,7 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     add_op_options(s, ops.Attribute)
     s.set_defaults(fn=cmd_attribute)
 
-    s = sub.add_parser("compare", help="N runs of one extraction: tau per run and category, paired verdicts (JSON)")
-    s.add_argument("--runs", nargs="+", required=True, help="run ids (see `runs`); each is judged against the first")
-    s.set_defaults(fn=lambda a, store: _print(pipeline.compare(store, a.runs)))
+    cli_show.add(sub)  # compare, import-engine-stats, conformance, signatures, advise
 
     s = sub.add_parser(
         "baseline",
@@ -378,45 +346,12 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_jobs)
 
     s = sub.add_parser(
-        "import-engine-stats",
-        help="import another engine's per-prompt speculative counters (JSONL) for a completion set, for `conformance`",
-    )
-    s.add_argument("file", help='JSONL: {"id", "verify_steps", "accepted_tokens"} or {"id", "accept_lengths": [...]}')
-    s.add_argument("--completions", required=True, help="the completion set the engine generated (same prompt ids)")
-    s.add_argument("--engine", required=True, help="engine name, e.g. vllm (sglang: stats recorded at fetch)")
-    s.set_defaults(fn=cmd_import_engine_stats)
-
-    s = sub.add_parser(
-        "conformance",
-        help="engine tau beside the replay's tau of the same drafter, per prompt; "
-        "flags prompts where the engine falls short by more than numeric noise",
-    )
-    s.add_argument("--run", default="latest", help="replay run of the drafter the engine served")
-    s.add_argument("--engine", help="engine whose stats to compare (default: sglang, or the only one)")
-    s.add_argument(
-        "--threshold",
-        type=float,
-        default=None,
-        help="flag when replay tau - engine tau > THRESHOLD x replay tau (default 0.05)",
-    )
-    s.set_defaults(fn=cmd_conformance)
-
-    s = sub.add_parser(
         "diagnose",
         help="engine or drafter? replay the run's checkpoint under each known engine fault and rank the faults by "
         "how well they reproduce the engine's per-step (or per-prompt) acceptance; kept for conformance (JSON)",
     )
     add_op_options(s, ops.Diagnose)
     s.set_defaults(fn=cmd_diagnose)
-
-    s = sub.add_parser(
-        "signatures",
-        help="training-bug signatures of a run against a healthy reference run: each figure with its 95%% "
-        "interval, the reference's, whether it separates and what it suggests (JSON)",
-    )
-    s.add_argument("--run", help="run to diagnose (default: the least healthy run beside the reference)")
-    s.add_argument("--reference", help="healthy reference run (default: the highest tau macro on the run's extraction)")
-    s.set_defaults(fn=cmd_signatures)
 
     s = sub.add_parser(
         "audit",
@@ -493,7 +428,7 @@ def add_op_options(s: argparse.ArgumentParser, cls: type[ops.Op], flags: dict[st
 
 
 # never create a workspace
-READ_ONLY = {"runs", "extractions", "export", "export-completions", "conformance", "signatures"}
+READ_ONLY = {"runs", "extractions", "export", "export-completions", "conformance", "signatures", "advise"}
 
 
 STORE_ONLY = {"runs", "extractions", "jobs"}  # answered from the store alone: parsed and run without torch

@@ -23,6 +23,7 @@ ORDER = [
     "__main__",
     "launch",
     "cli",
+    "cli_show",
     "jobs",
     "demo",
     "parity",
