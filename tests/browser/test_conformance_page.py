@@ -104,7 +104,7 @@ def test_browser_shows_other_drafter_verdict_first(spec_workspace, page, tmp_pat
         page.goto(f"{url}/conformance?run={run}&engine=sglang")
         page.get_by_role("heading", name="Conformance").first.wait_for()
         settle(page)
-        box = page.get_by_text("Verdict: other-drafter").first
+        box = page.locator("[data-testid=stAlert]", has_text="Verdict: other-drafter").first
         box.wait_for()
         assert "noisy" in box.inner_text() and "step1450" in box.inner_text()
         page.locator("[data-testid=stDataFrame] canvas").first.wait_for()
