@@ -112,7 +112,7 @@ def cmd_extract(a, store):
         for w in orchestrate.check_extract(store, op.target, op.completions, op.layers, dev, op.dtype, a.extraction_id):
             if i == 0:  # the page asks to confirm; a script asked for it explicitly
                 print(f"note: {w}", file=sys.stderr)
-    space = disk.plan(store, op.completions, op.layers, op.target, a.extraction_id)
+    space = disk.plan(store, op.completions, op.layers, op.target, a.extraction_id, op.target_topk)
     print(space.line(), file=sys.stderr)  # both figures, in full, before any work; refused when it will not fit
     disk.check(space)
     if op.orchestrate != "none":  # free the server's GPU around the extraction: the job does it, we follow it

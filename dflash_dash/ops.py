@@ -54,6 +54,8 @@ from .work import (  # noqa: F401  (re-exported: callers name them ops.X)
 )
 
 ORCHESTRATE = ("none", "release", "command")  # how an extraction frees the server's GPU (jobs.free_gpu)
+VERIFY = ("target-sample", "rejection")  # = sampling.RULES (tests/test_expected_pipeline.py checks), torch-free here
+TARGET_TOPK = 64  # the target's top-K an extraction keeps by default (--target-topk)
 SLIDING_BLOCKS = ("causal", "bidirectional")  # = drafter.SLIDING_BLOCKS (tests/test_gpus.py checks), torch-free here
 
 
@@ -128,6 +130,15 @@ class Op:
             self._int("max_prompts", 1, "expected a positive number of prompts, or leave it unset for all")
         self._gpus()
         self._stream()
+        self._temperature()
+
+    def _temperature(self) -> None:
+        """temperature: None (no expected-acceptance pass) or >= 0 (0: the greedy limit); verify one of VERIFY."""
+        t = self.temperature
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 100):
+            raise InputError(f"temperature {t!r}: give a sampling temperature like 0.7 (0: greedy), or leave it unset")
+        self.temperature = None if t is None else float(t)
+        self._choice("verify", VERIFY)
 
     def _stream(self) -> None:
         """stream needs target and completions (here, on the gpus pool or with ray); target and completions need it."""
@@ -227,9 +238,14 @@ class Extract(Op):
     ray: str | None = None  # run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU
     ray_gpus: int | None = None  # with ray: the GPUs the cluster must have (checked before any work); None: all it has
     ray_cpus: int | None = None  # with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)
+    target_topk: int = TARGET_TOPK  # the target's top-K log-probabilities kept per completion position (and the
+    # mass outside them), for the expected acceptance at a temperature (replay --temperature); 0: none kept
 
     def __post_init__(self):
         self._need("target", "the target model folder (a Hugging Face causal LM)")
+        self._int(
+            "target_topk", 0, "expected 0 (keep none) or the number of the target's top log-probabilities, like 64"
+        )
         self._name("completions", "the completion set name")
         self._name("extraction_id", "the extraction id to resume", optional=True)
         self.layers = parse_layers(self.layers)
@@ -270,6 +286,10 @@ class Replay(Op):
     # is written
     target: str | None = None  # with stream: the target model folder (a Hugging Face causal LM)
     completions: str | None = None  # with stream: the completion set to evaluate
+    temperature: float | None = None  # also the expected acceptance at this sampling temperature (teacher-forced;
+    # needs an extraction with the target's top-K, or stream); None: none
+    verify: str = "target-sample"  # with temperature: target-sample (greedy drafts, accepted while the target's
+    # sample equals them: SGLang's DFlash) | rejection (sampled drafts, min(1, p/q): Leviathan et al.)
 
     def __post_init__(self):
         self._need("drafter", "the checkpoint folder to replay")
@@ -300,6 +320,10 @@ class Sweep(Op):
     # is written
     target: str | None = None  # with stream: the target model folder (a Hugging Face causal LM)
     completions: str | None = None  # with stream: the completion set to evaluate
+    temperature: float | None = None  # also the expected acceptance at this sampling temperature (teacher-forced;
+    # needs an extraction with the target's top-K, or stream); None: none
+    verify: str = "target-sample"  # with temperature: target-sample (greedy drafts, accepted while the target's
+    # sample equals them: SGLang's DFlash) | rejection (sampled drafts, min(1, p/q): Leviathan et al.)
 
     def __post_init__(self):
         self._need("checkpoints", "the training output folder")

@@ -349,10 +349,10 @@ class TopHead:  # what the target's top-K needs past its decoder
     softcap: float | None = None  # the config's final_logit_softcapping, when it has one
 
 
-def top_head(path: str | Path, k: int, device: str = "cpu", dtype: torch.dtype = torch.float32) -> TopHead:
+def top_head(path: str | Path, k: int, device: str = "cpu", dtype: torch.dtype = torch.float32, lm_head=None):
     cfg = json.loads((Path(path) / "config.json").read_text())
     cap = cfg.get("final_logit_softcapping", (cfg.get("text_config") or {}).get("final_logit_softcapping"))
-    return TopHead(load_head(path, device, dtype).lm_head, k, cap)
+    return TopHead(load_head(path, device, dtype).lm_head if lm_head is None else lm_head, k, cap)
 
 
 def top_k(x: torch.Tensor, top: TopHead) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

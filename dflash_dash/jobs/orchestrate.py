@@ -50,7 +50,7 @@ def run_extract(store: Store, op: ops.Extract, rep: Reporter) -> dict:
     target_mod.check_layers(info, layers)
     if not store.completion_ids(op.completions):
         raise ops.InputError(f"no completions in set {op.completions!r}; fetch or import them first")
-    space = disk.plan(store, op.completions, layers, info.path, op.extraction_id)
+    space = disk.plan(store, op.completions, layers, info.path, op.extraction_id, op.target_topk)
     rep.step(space.line())  # both figures on the job's progress line, before the server is touched
     disk.check(space)
     ex_id = op.extraction_id or new_id("ex")

@@ -20,6 +20,7 @@ from typing import Any
 from .. import drafters as drafter_mod, ops
 from ..store import Store
 from .base import DTYPES, Progress, tick
+from .expected import sampling_of, with_tops
 from .replay import columns, iter_sequences
 
 PASS_GIB = 32.0  # features held at once by a replay's worker (GiB, 2 bytes a value): a pass, read once
@@ -161,7 +162,7 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
 
     ex = store.extraction(a.extraction)
     device, dtype, budget = a.device, DTYPES[a.dtype], a.tree_budget
-    cks = list(a.checkpoints)
+    cks, how = list(a.checkpoints), sampling_of(a)
     n, total, done = len(ids), len(ids) * len(cks), 0
     needs = []
     for i, ck in enumerate(cks):
@@ -189,6 +190,8 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
                 seqs = [
                     s for batch in iter_sequences(store, ex, only=set(part), device=device, layers=read) for s in batch
                 ]
+                if how is not None:  # the expected-acceptance pass: each prompt's stored target top-K
+                    seqs = with_tops(store, ex, seqs)
                 tick(
                     progress,
                     done,
@@ -221,9 +224,9 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
                 own = None  # is kept for the next checkpoints of the pass reading the same layers
                 own, own_of = own_columns(seqs, read, needs[j], H), tuple(needs[j])
             res = (
-                replay_mod.chain_only_results(d, head, own, budget, progress=replayed)
+                replay_mod.chain_only_results(d, head, own, budget, progress=replayed, sampling=how)
                 if a.anchors == "chain"
-                else replay_mod.every_anchor_results(d, head, own, budget, a.chunk, replayed, drafting)
+                else replay_mod.every_anchor_results(d, head, own, budget, a.chunk, replayed, drafting, how)
             )
             del d  # its memory goes to the next checkpoint
             tick(

@@ -5,7 +5,9 @@ Contract: `plan(store, completions, layers, target, extraction_id)` computes the
 holding the workspace's feature folder (`free_bytes`, `shutil.disk_usage` of the folder or its nearest existing
 parent), as a `DiskPlan` whose `line` states both; `check` raises `DiskFull` (an `InputError`) naming both figures
 and the ways out when it does not fit. A set without completions and a target whose weights files are cut short
-are refused before any plan is made (a plan shown before an error reads as if the work would start). Torch-free:
+are refused before any plan is made (a plan shown before an error reads as if the work would start). With the
+target's top-K (`topk` K) each completion token adds `cache.top_bytes(K)` = 8K + 4 bytes (K int32 ids, K float32
+log-probabilities, one float32 tail mass), stated in the line beside the features' bytes. Torch-free:
 the CLI, the job's orchestration and `extract` call it before the target is loaded, a server freed or an
 extraction row written.
 """
@@ -37,6 +39,8 @@ class DiskPlan:
     width: int  # K*H values per token, 2 bytes each (bf16)
     need: int  # bytes to write: tokens * width * 2 plus the margin
     free: int  # bytes free on the folder's filesystem
+    topk: int = 0  # the target's top-K kept per completion position (0: none)
+    completion: int = 0  # completion tokens of the prompts to extract (the top-K's rows)
 
     @property
     def fits(self) -> bool:
@@ -44,10 +48,20 @@ class DiskPlan:
 
     def line(self) -> str:
         """Both figures in one line (the CLI's stderr, the job's progress line)."""
-        return (
-            f"disk: writes {size(self.need)} ({self.tokens:,} tokens x {self.width * 2:,} bytes over {self.prompts:,} "
-            f"prompts, margin included) to {self.folder}; {size(self.free)} free there"
+        top = (
+            f" + {self.completion:,} completion tokens x {top_bytes(self.topk):,} bytes of the target's top-{self.topk}"
         )
+        return (
+            f"disk: writes {size(self.need)} ({self.tokens:,} tokens x {self.width * 2:,} bytes"
+            f"{top if self.topk else ''} over {self.prompts:,} prompts, margin included) to {self.folder}; "
+            f"{size(self.free)} free there"
+        )
+
+
+def top_bytes(k: int) -> int:
+    """Bytes a completion token takes in a top-K file (= cache.top_bytes, torch-free here): K int32 ids, K float32
+    log-probabilities and one float32 tail mass."""
+    return 8 * k + 4
 
 
 def size(n: int) -> str:
@@ -68,9 +82,12 @@ def margin(payload: int) -> int:
     return int(payload * MARGIN_FRACTION) + MARGIN_BYTES
 
 
-def plan(store: Store, completions: str, layers: list[int], target: str, extraction_id: str | None = None) -> DiskPlan:
+def plan(
+    store: Store, completions: str, layers: list[int], target: str, extraction_id: str | None = None, topk: int = 0
+) -> DiskPlan:
     """The bytes an extraction of set `completions` at target layers `layers` of `target` will write (the prompts
-    extraction `extraction_id` already holds are not counted) against the free space under the feature folder."""
+    extraction `extraction_id` already holds are not counted), with the target's top-`topk` per completion
+    position, against the free space under the feature folder."""
     width = len(layers) * describe(target).hidden_size
     for f in sorted(Path(target).glob("*.safetensors")):  # headers only: a cut copy is named before any plan
         check_safetensors(f)
@@ -86,9 +103,10 @@ def plan(store: Store, completions: str, layers: list[int], target: str, extract
         held = {r["prompt_id"] for r in store.items(extraction_id)}
     rows = [r for r in every if r["prompt_id"] not in held]
     tokens = sum(len(r["prompt_ids"]) + len(r["output_ids"]) for r in rows)
-    payload = tokens * width * 2
+    completion = sum(len(r["output_ids"]) for r in rows)
+    payload = tokens * width * 2 + (completion * top_bytes(topk) if topk else 0)
     folder = features_root(store)
-    return DiskPlan(folder, len(rows), tokens, width, payload + margin(payload), free_bytes(folder))
+    return DiskPlan(folder, len(rows), tokens, width, payload + margin(payload), free_bytes(folder), topk, completion)
 
 
 def check(p: DiskPlan) -> DiskPlan:

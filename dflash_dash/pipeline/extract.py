@@ -7,7 +7,10 @@ completions), then runs the per-prompt part (`extract_work`, given an `ops.Extra
 kernel backend it bound, then each item as its feature file is written. Before any of it, the bytes the
 extraction will write and the free space under the feature folder are stated and checked (`disk`: refused, with
 both figures, when they do not fit). Resumable: an existing extraction keeps its items, only the missing prompts
-run.
+run. With `target_topk` K (64 by default) each prompt also gets the target's top-K log-probabilities per completion
+position beside its feature file (`cache.write_top`; the whole target runs, `target.extract_top`), recorded in the
+extraction's versions (`target_topk`) and counted in the disk plan; 0 keeps none (the target cut after the last
+layer a drafter reads).
 """
 
 from __future__ import annotations
@@ -19,6 +22,13 @@ from ..ops import InputError
 from ..store import Store, StoreError, new_id
 from . import disk
 from .base import DTYPES, Progress, Runner, features_root, here, tick
+
+TOPK = "target_topk"  # the versions key of the top-K an extraction keeps per completion position
+
+
+def topk_of(extraction: dict) -> int:
+    """The target's top-K an extraction keeps (0: none, as every extraction made before it could)."""
+    return int((extraction.get("versions") or {}).get(TOPK) or 0)
 
 
 def layers_of(drafter: str | list[str] | None, layers: str | list[int] | None) -> list[int]:
@@ -69,15 +79,28 @@ def extract(store: Store, op: ops.Extract, progress: Progress = None, runner: Ru
             )
         if e["layer_ids"] != layer_ids or e["target_path"] != info.path:
             raise InputError(f"extraction {extraction_id} used other layers or another target; start a new one")
+        if topk_of(e) != op.target_topk:
+            raise InputError(
+                f"target_topk {op.target_topk}: extraction {extraction_id} keeps the target's top-{topk_of(e)}; resume "
+                f"it with --target-topk {topk_of(e)}, or start a new extraction"
+            )
         done = {r["prompt_id"] for r in store.items(extraction_id)}
-    space = disk.check(disk.plan(store, set_name, layer_ids, info.path, extraction_id))  # before any work or row
+    space = disk.check(
+        disk.plan(store, set_name, layer_ids, info.path, extraction_id, op.target_topk)
+    )  # before any work or row
     tick(progress, len(done), len(rows), space.line())
     if exists:
         store.set_status("extractions", extraction_id, "running")
     extraction_id = extraction_id or new_id("ex")
     todo = [r["prompt_id"] for r in rows if r["prompt_id"] not in done]
     spec = ops.ExtractWork(
-        target=info.path, completions=set_name, layers=layer_ids, device=device, dtype=dtype, extraction=extraction_id
+        target=info.path,
+        completions=set_name,
+        layers=layer_ids,
+        device=device,
+        dtype=dtype,
+        extraction=extraction_id,
+        target_topk=op.target_topk,
     )
 
     def shifted(d: int, t: int, msg: str) -> None:  # the work counts this run's prompts; show the set's
@@ -104,7 +127,7 @@ def extract(store: Store, op: ops.Extract, progress: Progress = None, runner: Ru
                             device=ev["device"],
                             dtype=dtype,
                             backend=bound,
-                            versions=ev["versions"] | {"fla_bound": bound == "fla"},
+                            versions=ev["versions"] | {"fla_bound": bound == "fla", TOPK: op.target_topk},
                             config_hash=info.config_hash,
                         )
                     )
@@ -127,7 +150,7 @@ def extract_work(store: Store, a: ops.ExtractWork, ids: list[str], progress: Pro
     whose feature file is written (the caller records it)."""
     import torch
 
-    from .. import cache, target as target_mod
+    from .. import cache, sampling, target as target_mod
 
     info = target_mod.describe(a.target)
     want = set(ids)
@@ -135,7 +158,8 @@ def extract_work(store: Store, a: ops.ExtractWork, ids: list[str], progress: Pro
     tick(progress, 0, len(rows), f"loading target {info.path}")
     if not rows:
         return
-    model, backend = target_mod.load(info.path, list(a.layers), a.device, DTYPES[a.dtype])
+    model, backend = target_mod.load(info.path, list(a.layers), a.device, DTYPES[a.dtype], whole=a.target_topk > 0)
+    top = target_mod.top_head(info.path, a.target_topk, a.device, DTYPES[a.dtype]) if a.target_topk else None
     vers = target_mod.versions()
     yield {"backend": backend, "versions": vers, "device": a.device}
     meta = dict(
@@ -157,12 +181,21 @@ def extract_work(store: Store, a: ops.ExtractWork, ids: list[str], progress: Pro
                     f"prompt {r['prompt_id']!r}: token id {int(tokens.max())} is outside the target's "
                     f"vocabulary ({info.vocab_size}); wrong target for this completion set?"
                 )
-            yield (i, r["prompt_id"], len(tokens)), tokens
+            yield (i, r["prompt_id"], len(tokens), len(r["prompt_ids"])), tokens
 
-    def write(key, feats):
+    def write(key, out):
+        if top is None:
+            return cache.write(features_root(store), a.extraction, key[1], out, meta)
+        feats, ids, logp, tail = out  # the top-K file first: a feature file alone never reads as whole
+        t = sampling.Top(ids.numpy(), logp.numpy(), tail.numpy(), key[3], info.vocab_size)
+        cache.write_top(features_root(store), a.extraction, key[1], t)
         return cache.write(features_root(store), a.extraction, key[1], feats, meta)
 
+    def forward(key, ids):  # the whole target: features and the completion positions' top-K
+        return target_mod.extract_top(model, ids, list(a.layers), top, key[3])
+
     # device forwards overlap the previous prompts' copies and file writes (target.extract_stream)
-    for (i, pid, n), f in target_mod.extract_stream(model, todo(), list(a.layers), write):
+    run = target_mod.extract_stream(model, todo(), list(a.layers), write, forward=forward if top else None)
+    for (i, pid, n, _), f in run:
         yield {"item": pid, "tokens": n, "file": str(f)}
         tick(progress, i + 1, len(rows), f"extracted {pid} ({n} tokens)")

@@ -24,6 +24,7 @@ from .. import drafters as drafter_mod, metrics, ops
 from ..ops import InputError
 from ..store import Store, StoreError, new_id
 from .base import Progress, Runner, features_root, here, tick
+from .expected import labels, require_topk, same
 from .kept import ANALYSES, keep
 from .served import keep_replayed
 
@@ -146,6 +147,7 @@ def check_replay(store: Store, op: ops.Replay) -> None:
     ex = store.extraction(op.extraction)
     if ex["status"] != "done":
         raise InputError(f"extraction {ex['id']} is {ex['status']}, not done; finish it (re-extract) first")
+    require_topk(store, ex, op)
     cfg = drafter_mod.read_config(op.drafter, op.draft_config)
     drafter_mod.sliding_semantics(cfg, op.sliding_block)
     check_drafter(cfg, ex, target_info.describe(ex["target_path"]), store, f"drafter {op.drafter}")
@@ -196,6 +198,7 @@ def same_run(store: Store, op: ops.Replay) -> dict | None:
             and r.get("dtype") == op.dtype
             and (r.get("device") or "cpu").split(":")[0] == kind
             and s.get("prompts") == n
+            and same(s, op)
         ):
             return r
     return None
@@ -222,6 +225,7 @@ def replay_many(
     from .stream import require_files
 
     require_files(store, ex, "a replay on it")
+    require_topk(store, ex, op)
 
     from .. import target as target_mod
 
@@ -244,18 +248,20 @@ def replay_many(
         dtype=dtype,
         chunk=getattr(op, "chunk", ops.Replay.chunk),
         anchors=anchors,
+        temperature=op.temperature,
+        verify=op.verify,
     )
     got: list[dict] = [{} for _ in plan]
     out: list[dict | None] = [None for _ in plan]
+    tag = labels(op.temperature, op.verify)  # the expected-acceptance pass, in each run's summary
     for ev in (runner or here(store))(spec, ids, progress):
         r: metrics.Prompt = ev["result"]  # this process's, or a worker's (`jobs.wire.unpacked`): the same row
         j = ev["checkpoint"]
         got[j][r.id] = r
         if len(got[j]) == len(ids):  # complete: stored now (a worker process replays the next one meanwhile)
             by_id, got[j] = got[j], {}
-            out[j] = store_run(
-                store, ex, checkpoints[j], [by_id[i] for i in ids], tree_budget, device, dtype, anchors, progress, comps
-            )
+            rows = [by_id[i] for i in ids]
+            out[j] = store_run(store, ex, checkpoints[j], rows, tree_budget, device, dtype, anchors, progress, comps, tag)
     for (_ck, loc, _cfg, _sem), o, by_id in zip(plan, out, got):
         if o is None:
             raise RuntimeError(f"the replay of {loc.path} returned {len(by_id)} of {len(ids)} prompts")
@@ -273,10 +279,11 @@ def store_run(
     anchors: str,
     progress: Progress = None,
     comps: dict[str, dict] | None = None,
+    sampled: dict | None = None,
 ) -> dict:
     """The parent's store step of one replayed checkpoint: its summary over all prompts (`res`, in set order), the
     run and its per-prompt rows stored, then every whole-run analysis kept. `comps`: the set's completions by
-    prompt id, when the caller has them. Returns {"id", "summary"}."""
+    prompt id, when the caller has them; `sampled`: the expected-acceptance pass's labels. Returns {"id", "summary"}."""
     from .. import replay as replay_mod
 
     loc = drafter_mod.locate(ck.path, ck.draft_config)
@@ -293,6 +300,7 @@ def store_run(
         "round_topk": replay_mod.ROUND_TOPK,
         "topk": replay_mod.every.topk_of(cfg, tree_budget),  # candidates kept per slot (headroom's K)
     }  # K of run_prompts.round_top_ids/_p, flattened [R][B-1][K]
+    summary |= sampled or {}
     run_id = new_id("run")
     for p in res:
         scored(p, cfg.width, tree_budget)

@@ -10,7 +10,10 @@ extraction writes (the same forward, `target.extract`, cast to bf16), so the run
 exactly. The per-prompt part is `stream_work` (an `ops.StreamWork`), run here or by a runner (the one-host pool's
 worker processes: `--gpus`, jobs.workers; a Ray cluster's workers: `--ray`; the extraction row records the first
 worker's device and backend, and every worker must bind the same backend); this process alone writes the store. A
-later replay on a streamed extraction is refused with the command that streams again (`require_files`).
+later replay on a streamed extraction is refused with the command that streams again (`require_files`). With a
+temperature (`op.temperature`) the whole target runs and each sequence's top-K (ops.TARGET_TOPK) is computed with
+its features (`target.extract_top`), as an extraction with --target-topk would keep it, for the expected-acceptance
+pass.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ def stream(
     processes, one per device of `op.gpus`, each with its own `device`: jobs.workers; a Ray cluster's workers:
     jobs.cluster); this process alone writes the store, once every result is in."""
     from .. import metrics, target as target_mod
+    from .expected import labels
     from .replay import check_drafter, store_run
 
     device, dtype = op.devices()[0], op.dtype
@@ -111,6 +115,8 @@ def stream(
         dtype=dtype,
         chunk=getattr(op, "chunk", ops.Replay.chunk),
         anchors=op.anchors,
+        temperature=op.temperature,
+        verify=op.verify,
     )
     ids = [r["prompt_id"] for r in rows]
     got: list[dict[str, metrics.Prompt]] = [{} for _ in checkpoints]
@@ -141,7 +147,17 @@ def stream(
     stored = store.extraction(ex["id"])
     return [
         store_run(
-            store, stored, ck, [by_id[i] for i in ids], op.tree_budget, device, dtype, op.anchors, progress, comps
+            store,
+            stored,
+            ck,
+            [by_id[i] for i in ids],
+            op.tree_budget,
+            device,
+            dtype,
+            op.anchors,
+            progress,
+            comps,
+            labels(op.temperature, op.verify),
         )
         for ck, by_id in zip(checkpoints, got)
     ]
@@ -153,8 +169,9 @@ def stream_work(store: Store, a: ops.StreamWork, ids: list[str], progress: Progr
     target is loaded, then {"checkpoint": index, "result": metrics.Prompt} per checkpoint and prompt."""
     import torch
 
-    from .. import cache, replay as replay_mod, target as target_mod
+    from .. import cache, replay as replay_mod, sampling, target as target_mod
     from .device_io import cut, pass_cap
+    from .expected import sampling_of
 
     device, dtype, layers = a.device, a.dtype, list(a.layers)
     info = target_mod.describe(a.target)
@@ -164,9 +181,11 @@ def stream_work(store: Store, a: ops.StreamWork, ids: list[str], progress: Progr
         return
     cfgs = [drafter_mod.config_of(drafter_mod.locate(ck.path, ck.draft_config)) for ck in a.checkpoints]
     tick(progress, 0, len(rows), f"loading target {info.path} (streaming: no feature file is written)")
-    model, backend = target_mod.load(info.path, layers, device, DTYPES[dtype])
+    how = sampling_of(a)
+    model, backend = target_mod.load(info.path, layers, device, DTYPES[dtype], whole=how is not None)
     yield {"backend": backend, "versions": target_mod.versions(), "device": device}
     head = target_mod.load_head(info.path, device, DTYPES[dtype])
+    top = None if how is None else target_mod.top_head(info.path, ops.TARGET_TOPK, lm_head=head.lm_head)
     H, width = info.hidden_size, len(layers) * info.hidden_size
     index = [ops.layer_blocks(layers, list(c.target_layer_ids)) for c in cfgs]
     done = 0
@@ -175,9 +194,14 @@ def stream_work(store: Store, a: ops.StreamWork, ids: list[str], progress: Progr
     for part in cut(rows, lambda r: (len(r["prompt_ids"]) + len(r["output_ids"])) * nbytes, pass_cap(device)):
         seqs = []
         for r in part:  # the extraction's forward and its bf16 cast: the features a feature file would hold
-            tokens = torch.tensor(r["prompt_ids"] + r["output_ids"])
-            feats = target_mod.extract(model, tokens, layers).to(torch.bfloat16)
-            seqs.append(replay_mod.Sequence(r["prompt_id"], tokens, len(r["prompt_ids"]), feats))
+            tokens, P = torch.tensor(r["prompt_ids"] + r["output_ids"]), len(r["prompt_ids"])
+            if top is None:
+                feats, t = target_mod.extract(model, tokens, layers).to(torch.bfloat16), None
+            else:  # with the completion positions' top-K, as an extraction with --target-topk keeps it
+                feats, *kept = target_mod.extract_top(model, tokens, layers, top, P)
+                t = sampling.Top(*(x.cpu().numpy() for x in kept), P, info.vocab_size)
+                feats = feats.to(torch.bfloat16)
+            seqs.append(replay_mod.Sequence(r["prompt_id"], tokens, P, feats, t))
             tick(progress, done, len(rows), f"target forward over {r['prompt_id']} ({len(tokens)} tokens)")
         for j, ck in enumerate(a.checkpoints):
             tick(progress, done, len(rows), f"replaying checkpoint {j + 1}/{len(a.checkpoints)} on {len(seqs)} prompts")
@@ -194,9 +218,11 @@ def stream_work(store: Store, a: ops.StreamWork, ids: list[str], progress: Progr
                 )
 
             res = (
-                replay_mod.chain_only_results(d, head, own, a.tree_budget)
+                replay_mod.chain_only_results(d, head, own, a.tree_budget, sampling=how)
                 if a.anchors == "chain"
-                else replay_mod.every_anchor_results(d, head, own, a.tree_budget, a.chunk, anchors=drafting)
+                else replay_mod.every_anchor_results(
+                    d, head, own, a.tree_budget, a.chunk, anchors=drafting, sampling=how
+                )
             )
             for p in res:
                 yield {"checkpoint": j, "result": p}
