@@ -169,6 +169,17 @@ def test_suffix_uses_earlier_outputs_through_the_global_tree():
     assert alone.propose(ids(1, 2, 7)).ids.tolist() == []  # no global tree: nothing to copy
 
 
+def test_suffix_known_suffix_nodes_equal_the_walks(monkeypatch):
+    """The proposer hands each tree the context's own suffix nodes instead of walking them from the root: the same
+    drafts as the walks (SuffixTree::_match_context) on random requests that repeat themselves."""
+    rng = np.random.default_rng(3)
+    seqs = [(f"r{i}", rng.integers(0, 5, 80).tolist(), 20) for i in range(4)]
+    fast = [r.prompt for r in baselines.replay(baselines.make("suffix", "num_speculative_tokens=6"), seqs)]
+    monkeypatch.setattr(SuffixTrie, "suffixes", lambda self, seq: [])
+    slow = [r.prompt for r in baselines.replay(baselines.make("suffix", "num_speculative_tokens=6"), seqs)]
+    assert fast == slow and sum(sum(p.rounds) for p in fast) > len(fast[0].rounds)
+
+
 def test_suffix_eviction_forgets_the_oldest_output():
     p = baselines.make("suffix", "max_cached_requests=1")
     p.start(ids(4), 7)

@@ -22,6 +22,7 @@ nodes). Children of equal count: the first made wins here (Arctic iterates a has
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -118,19 +119,35 @@ class SuffixTrie:
             node = kid
         return out, score
 
-    def speculate(self, pattern: list[int], most: int, s: SuffixSettings) -> tuple[list[int], float, int]:
-        """SuffixTree::speculate: (drafts, score, match length) of the best-scoring match length."""
+    def speculate(
+        self, pattern: list[int], most: int, s: SuffixSettings, known: list[int] | None = None
+    ) -> tuple[list[int], float, int]:
+        """SuffixTree::speculate: (drafts, score, match length) of the best-scoring match length. `known`: the nodes
+        of the pattern's last 1, 2, ... tokens where the caller has them (a sequence's own suffixes in progress:
+        the same nodes `find` walks to, without the walks)."""
         best: tuple[list[int], float, int] = ([], 0.0, 0)
-        min_prob = np.float32(s.min_token_prob)
+        min_prob, caps = np.float32(s.min_token_prob), spec_caps(s, len(pattern))
+        known = known or []
         for n in range(1, len(pattern)):
-            node = self.find(pattern[len(pattern) - n :])
+            node = known[n - 1] if n <= len(known) else self.find(pattern[len(pattern) - n :])
             if node < 0:
                 break
-            cap = int(float(np.float32(n) * np.float32(s.max_spec_factor) + np.float32(s.max_spec_offset)) + 1e-6)
-            ids, score = self.path(node, max(0, min(most, cap)), min_prob)
+            ids, score = self.path(node, min(most, caps[n]), min_prob) if self.child[node] else ([], 0.0)
             if score >= best[1]:
                 best = (ids, float(score), n)
         return best
+
+    def suffixes(self, seq: int) -> list[int]:
+        """The nodes of `seq`'s last 1, 2, ... tokens (up to `depth`)."""
+        return self.active.get(seq, [])
+
+
+@lru_cache(maxsize=64)
+def spec_caps(s: SuffixSettings, n: int) -> list[int]:
+    """Drafts allowed per match length 0..n-1: int(match_len x max_spec_factor + max_spec_offset) (float32, as
+    SuffixTree::speculate computes it), at least 0."""
+    f32 = np.float32
+    return [max(0, int(float(f32(m) * f32(s.max_spec_factor) + f32(s.max_spec_offset)) + 1e-6)) for m in range(n)]
 
 
 class Suffix(Proposer):
@@ -144,6 +161,7 @@ class Suffix(Proposer):
         self.kept: list[int] = []  # their sequence ids, oldest first (FIFO eviction)
         self.local: SuffixTrie | None = None
         self.seq = -1
+        self.prompt_len = 0  # the current request's prompt length (the context is prompt + output so far)
 
     @property
     def width(self) -> int:
@@ -153,6 +171,7 @@ class Suffix(Proposer):
         s = self.settings
         self.local = SuffixTrie(s.max_tree_depth)
         self.local.extend(0, prompt.tolist())
+        self.prompt_len = len(prompt)
         if s.max_cached_requests != 0:
             self.seq += 1
             self.kept.append(self.seq)
@@ -169,10 +188,13 @@ class Suffix(Proposer):
     def propose(self, context: np.ndarray) -> Proposal:
         s = self.settings
         pattern = context[-s.max_tree_depth :].tolist()
-        ids, score, n = self.local.speculate(pattern, s.num_speculative_tokens, s)
+        own = self.local.suffixes(0) if len(context) == len(self.local.seqs[0]) else None
+        ids, score, n = self.local.speculate(pattern, s.num_speculative_tokens, s, own)
         origin = "prompt+output"
         if s.max_cached_requests != 0:
-            g_ids, g_score, g_n = self.outputs.speculate(pattern, s.num_speculative_tokens, s)
+            held = len(self.outputs.seqs.get(self.seq, ()))  # this request's output so far (the context's tail)
+            mine = self.outputs.suffixes(self.seq) if len(context) == self.prompt_len + held else None
+            g_ids, g_score, g_n = self.outputs.speculate(pattern, s.num_speculative_tokens, s, mine)
             if g_score > score:
                 ids, n, origin = g_ids, g_n, "outputs"
         return Proposal(np.asarray(ids, dtype=np.int64), -1, n, origin if ids else "")
