@@ -86,9 +86,9 @@ def main():
         return out
 
     timed("drafter_replay_every", lambda: pipeline.replay(st, ops.Replay(drafter=str(ck), extraction=ex)))
-    timed(
-        "drafter_replay_chain", lambda: pipeline.replay(st, ops.Replay(drafter=str(ck), extraction=ex, anchors="chain"))
-    )
+    if a.chain:
+        chain = ops.Replay(drafter=str(ck), extraction=ex, anchors="chain")
+        timed("drafter_replay_chain", lambda: pipeline.replay(st, chain))
     for method, settings in (
         ("ngram", "prompt_lookup_min=2,prompt_lookup_max=5"),
         ("sglang-ngram", None),
