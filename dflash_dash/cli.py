@@ -27,7 +27,7 @@ from pathlib import Path
 from . import cli_show, ops, pipeline, prompts
 from .cli_show import _print
 from .errors import UserError
-from .pipeline import disk
+from .pipeline import disk, trainers
 from .store import Store, default_workspace
 
 _MIDLINE = [False]  # a progress bar is on stderr without its newline yet
@@ -196,6 +196,11 @@ def cmd_export(a, store):
     _print(pipeline.export(store, a.run))
 
 
+def cmd_export_aiperf(a, store):
+    for rec in trainers.aiperf_export(store, a.run):
+        print(json.dumps(rec))
+
+
 def cmd_list(a, store):
     _print(pipeline.listing(store, a.command))
 
@@ -320,6 +325,21 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     s.add_argument("--run", default="latest")
     s.set_defaults(fn=cmd_export)
 
+    s = sub.add_parser("export-specforge", help="print a run's per-position numbers as SpecForge's eval report (JSON)")
+    s.add_argument("--run", default="latest")
+    s.set_defaults(fn=lambda a, store: _print(trainers.specforge_export(store, a.run)))
+
+    s = sub.add_parser("export-aiperf", help="print a run's per-request acceptance as AIPerf records (JSONL)")
+    s.add_argument("--run", default="latest")
+    s.set_defaults(fn=cmd_export_aiperf)
+
+    s = sub.add_parser(
+        "import-specforge-eval", help="keep SpecForge's evaluate-checkpoint JSON with the run of that checkpoint"
+    )
+    s.add_argument("file")
+    s.add_argument("--run", default="latest", help="run id of the same checkpoint (see `runs`)")
+    s.set_defaults(fn=lambda a, store: _print(trainers.import_specforge(store, a.file, a.run)))
+
     for what in ("runs", "extractions"):
         s = sub.add_parser(what, help=f"list {what} as JSON")
         s.set_defaults(fn=cmd_list)
@@ -429,6 +449,7 @@ def add_op_options(s: argparse.ArgumentParser, cls: type[ops.Op], flags: dict[st
 
 # never create a workspace
 READ_ONLY = {"runs", "extractions", "export", "export-completions", "conformance", "signatures", "advise"}
+READ_ONLY |= {"export-specforge", "export-aiperf", "import-specforge-eval"}
 
 
 STORE_ONLY = {"runs", "extractions", "jobs"}  # answered from the store alone: parsed and run without torch

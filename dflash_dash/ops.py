@@ -147,6 +147,8 @@ class Op:
         if self.stream:
             self._need("target", "with --stream, the target model folder the features are computed with")
             self._name("completions", "with --stream, the completion set to evaluate")
+        elif getattr(self, "features", None) and not self.completions:
+            return  # replay --features: target names the cache's target
         elif self.target or self.completions:
             raise InputError(
                 "target/completions: they name what --stream computes; add --stream, or drop them to replay an "
@@ -284,17 +286,31 @@ class Replay(Op):
     stream: bool = False  # compute the features with the target (target, completions) instead of reading an
     # extraction's files: the target runs over each pass of sequences (in dtype, as the drafters), no feature file
     # is written
-    target: str | None = None  # with stream: the target model folder (a Hugging Face causal LM)
+    target: str | None = None  # with stream: the target model folder (a Hugging Face causal LM); with features: the
+    # target the cache was captured from (its embedding and LM head serve the drafter)
     completions: str | None = None  # with stream: the completion set to evaluate
     temperature: float | None = None  # also the expected acceptance at this sampling temperature (teacher-forced;
     # needs an extraction with the target's top-K, or stream); None: none
     verify: str = "target-sample"  # with temperature: target-sample (greedy drafts, accepted while the target's
     # sample equals them: SGLang's DFlash) | rejection (sampled drafts, min(1, p/q): Leviathan et al.)
+    features: str | None = None  # a trainer's feature cache (SpecForge prepare_hidden_states.py output or a DeepSpec
+    # target cache) replayed teacher-forced instead of an extraction: its samples become a completion set (the
+    # loss-masked tokens are the completion) and an extraction whose features are the cache's; needs target
+    features_layers: list[int] | None = None  # with features: the target layer ids the cache holds, in its order
+    # ("1,16,31"; SpecForge captures do not record them); None: the DeepSpec manifest's
 
     def __post_init__(self):
         self._need("drafter", "the checkpoint folder to replay")
         self._name("name", "a display name for the run", optional=True)
         self._int("chunk", 1, "expected a positive number of blocks per forward, like 64")
+        self.features_layers = parse_layers(self.features_layers)
+        if self.features is not None:
+            self._need("features", "the trainer's feature cache folder")
+            if self.stream:
+                raise InputError("features: the cache holds the features; drop --stream (or drop --features)")
+            self._need("target", "with --features, the target model folder the cache was captured from")
+        elif self.features_layers:
+            raise InputError("features_layers: it names the layers of a trainer's cache; add --features DIR")
         self._replay_fields()
 
 

@@ -20,7 +20,7 @@ from dflash_dash.render.figures import attribution_fig, parity_fig
 from dflash_dash.render.formats import fmt
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import PARITY_FORMATS, gpu_table, signature_table
-from pages import common, jobs_view
+from pages import common, jobs_view, trainers_view
 
 common.routed()
 
@@ -372,6 +372,7 @@ SECTIONS = {  # URL value: label (&section=...): one check drawn at a time, when
     "signatures": "Training-bug signatures",
     "server": "Server health",
     "audit": "Feature audit",
+    "trainers": "Trainer reports",
 }
 BLOCKS = {  # URL value: the block drawing it, called with (ws, stamp)
     "parity": parity_block,
@@ -381,6 +382,7 @@ BLOCKS = {  # URL value: the block drawing it, called with (ws, stamp)
     "signatures": signatures_block,
     "server": lambda ws, stamp: server_block(),
     "audit": audit_block,
+    "trainers": trainers_view.trainers_block,
 }
 LINKED = (  # a link's parameter -> the check it belongs to
     ("a", "parity"),
@@ -390,6 +392,7 @@ LINKED = (  # a link's parameter -> the check it belongs to
     ("run", "attribution"),
     ("sig_run", "signatures"),
     ("sig_ref", "signatures"),
+    ("tr_run", "trainers"),
 )
 
 

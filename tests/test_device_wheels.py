@@ -125,6 +125,7 @@ def test_each_call_lists_benchmarks_whose_options_parse(tmp_path, monkeypatch):
     assert [w[5] for w in split] == [
         "benchmarks/bench_extract.py",
         "benchmarks/bench_replay.py",
+        "benchmarks/bench_audit.py",
         "benchmarks/bench_stream.py",
     ]
     for timeout, signal, sig, seconds, python, script, *args in split:

@@ -24,9 +24,10 @@ bench() {  # seconds, then the command; output to the log, a line when it ends
 x=benchmarks
 case $n in
   1)  # the 32K extraction against a plain forward (4 sequences: the last one's write, not overlapped, is a quarter),
-    # then the 32K replay on this card with the product's default prefix kernel (cuDNN)
+    # then the 32K replay on this card with the product's default prefix kernel (cuDNN), then the feature audit
     bench 260 python3 $x/bench_extract.py --tokens 32768 --seqs 4
     bench 220 python3 $x/bench_replay.py --quick --tokens 32768 --seqs 2 --loop-anchors 8
+    bench 100 python3 $x/bench_audit.py --samples 2  # issue 45: audit time per 1,000 positions at 27B shapes
     ;;
   2)  # streaming against extract-then-sweep on 200 x 2,560 (needs duckdb: the extras join in this call)
     bench 480 python3 $x/bench_stream.py

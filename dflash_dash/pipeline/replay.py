@@ -7,8 +7,11 @@ each checkpoint's run (`store_run`: summary, per-prompt rows, kept analyses) as 
 A drafter replays on any extraction holding its target layers (an extraction of several drafters' union): it reads
 its own columns (`columns`, `iter_sequences`' layers), and one needing a layer the extraction lacks is refused
 before any work (`LayersMissing`: the layers needed, the layers held, the extract command that adds them).
-With `stream` (replay --stream, sweep --stream) the features come from the target instead of an extraction's
-files (`stream.stream`: no file written), and a replay on a streamed extraction is refused (`stream.require_files`).
+With `features` (replay --features DIR) a trainer's cache is first imported as a set and an extraction of its
+own features (`trainer_cache.imported`; the run's summary "source": "trainer cache: DIR") and replayed as any
+extraction. With `stream` (replay --stream, sweep --stream) the features come from the target instead of an
+extraction's files (`stream.stream`: no file written), and a replay on a streamed extraction is refused
+(`stream.require_files`).
 Replay never touches the network; the math lives in replay/drafter/metrics, the SQL in store.
 """
 
@@ -27,6 +30,7 @@ from .base import Progress, Runner, features_root, here, tick
 from .expected import labels, require_topk, same
 from .kept import ANALYSES, keep
 from .served import keep_replayed
+from .trainer_cache import source_of as trainer_source
 
 if TYPE_CHECKING:
     from .. import replay as replay_mod, target as target_mod
@@ -138,7 +142,7 @@ def check_replay(store: Store, op: ops.Replay) -> None:
     from .. import target_info
 
     drafter_mod.check_files(drafter_mod.locate(op.drafter, op.draft_config))  # weights cut short: named now
-    if op.stream:  # the target will compute the drafter's own layers: checked against the target alone
+    if op.stream or op.features:  # the target will compute the drafter's own layers: checked against the target alone
         cfg = drafter_mod.read_config(op.drafter, op.draft_config)
         drafter_mod.sliding_semantics(cfg, op.sliding_block)
         info = target_info.describe(op.target)
@@ -166,6 +170,10 @@ def replay(store: Store, op: ops.Replay, progress: Progress = None, runner: Runn
     A run that `same_run` finds is returned instead (with "reused": True) unless `op.force`: replaying it again
     would store a duplicate."""
     ck = ops.CheckpointSpec(op.drafter, op.sliding_block, op.draft_config, op.name)
+    if op.features:  # a trainer's cache: imported as a set and an extraction of its own features, then replayed
+        from .trainer_cache import imported
+
+        op = replace(op, extraction=imported(store, op, progress)["id"])
     if op.stream:  # the target computes the features as the replay needs them: a new streamed extraction
         from .stream import stream
 
@@ -261,7 +269,9 @@ def replay_many(
         if len(got[j]) == len(ids):  # complete: stored now (a worker process replays the next one meanwhile)
             by_id, got[j] = got[j], {}
             rows = [by_id[i] for i in ids]
-            out[j] = store_run(store, ex, checkpoints[j], rows, tree_budget, device, dtype, anchors, progress, comps, tag)
+            out[j] = store_run(
+                store, ex, checkpoints[j], rows, tree_budget, device, dtype, anchors, progress, comps, tag
+            )
     for (_ck, loc, _cfg, _sem), o, by_id in zip(plan, out, got):
         if o is None:
             raise RuntimeError(f"the replay of {loc.path} returned {len(by_id)} of {len(ids)} prompts")
@@ -301,6 +311,8 @@ def store_run(
         "topk": replay_mod.every.topk_of(cfg, tree_budget),  # candidates kept per slot (headroom's K)
     }  # K of run_prompts.round_top_ids/_p, flattened [R][B-1][K]
     summary |= sampled or {}
+    if trainer_source(ex):  # a run on a trainer's own features says so wherever its summary is read
+        summary["source"] = trainer_source(ex)
     run_id = new_id("run")
     for p in res:
         scored(p, cfg.width, tree_budget)
