@@ -49,7 +49,8 @@ def trainers_block(ws: str, stamp: str) -> None:
         st.info("No SpecForge evaluation imported for this run: give its evaluate-checkpoint JSON below.")
     else:
         imp = got["imported"]
-        same = "the same checkpoint" if imp.get("same_checkpoint") else f"checkpoint `{imp.get('checkpoint')}`"
+        named = f"checkpoint `{imp['checkpoint']}`" if imp.get("checkpoint") else "no checkpoint named"
+        same = "the same checkpoint" if imp.get("same_checkpoint") else named
         st.caption(f"Imported `{imp['file']}` ({imp['examples']} examples, {same}) on {imp['imported']}.")
         st.dataframe(beside_rows(got["rows"]), hide_index=True, placeholder=DASH, width="stretch")
     with st.form("tr_import"):
