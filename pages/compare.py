@@ -22,6 +22,7 @@ from dflash_dash.analysis.compare import (
     sweep_extraction,
     sweep_points,
 )
+from dflash_dash.analysis.reference import best_baseline
 from dflash_dash.analysis.trace import differing, trace
 from dflash_dash.render.analysis_figures import confidence_fig, reliability_fig
 from dflash_dash.render.compare import DELTA_NOTE, OUTCOME_NOTE, compare_html
@@ -253,7 +254,8 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
         if not pts:
             st.info("No run of a checkpoint inside this folder yet: start the sweep.")
             return
-        st.plotly_chart(sweep_fig(pts), width="stretch")
+        base = best_baseline(runs, {"id": "", "extraction_id": ex if exs else None}) if exs else None
+        st.plotly_chart(sweep_fig(pts, base and (base["name"], base["summary"]["tau_macro"])), width="stretch")
         st.caption(
             "tau (macro): mean over prompts of committed/rounds; tau (pooled): all committed / all rounds; "
             "DDTree tau: the same with tree drafting"

@@ -312,6 +312,9 @@ def test_pages_open_on_baseline_runs(workspace_copy, prepared, monkeypatch, tmp_
     assert any("its best drafter" in h for h in htmls(at))
     assert any(e.label.startswith("Set bare · model-free baselines") for e in at.expander)
     clean(app(workspace_copy, monkeypatch, "compare"))
+    at = app(workspace_copy, monkeypatch, "compare", section="sweep", sweep=str(prepared.train))
+    clean(at)  # the training sweep's chart draws the suffix run as the baseline line
+    assert any("(baseline)" in c.proto.spec for c in at.get("plotly_chart"))
 
 
 def test_source_html_names_the_copied_span_and_escapes_tokens():
@@ -358,3 +361,12 @@ def test_baseline_as_a_job(workspace_copy, prepared):
     assert dispatch.execute(st, "job-b") == 0
     run = st.job("job-b")["result"]["run"]
     assert st.run_row(run)["checkpoint"] == "baseline:suffix"
+
+
+def test_sweep_fig_draws_the_baseline_as_a_line():
+    from dflash_dash.render.figures import sweep_fig
+
+    pts = [{"step": 1, "name": "a", "tau_macro": 1.2, "tau_pooled": 1.1, "ddtree_tau": None}]
+    fig = sweep_fig(pts, ("suffix", 1.7))
+    assert [sh.y0 for sh in fig.layout.shapes] == [1.7] and "suffix (baseline)" in fig.layout.annotations[0].text
+    assert not sweep_fig(pts).layout.shapes

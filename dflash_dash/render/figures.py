@@ -213,9 +213,12 @@ def scatter_fig(a: dict[str, float | None], b: dict[str, float | None], name_a: 
 SWEEP_KEYS = ("tau_macro", "tau_pooled", "ddtree_tau")  # registry keys plotted against step
 
 
-def sweep_fig(points: list[dict]) -> go.Figure:
-    """tau (macro, pooled, DDTree) against training step."""
+def sweep_fig(points: list[dict], reference: tuple[str, float] | None = None) -> go.Figure:
+    """tau (macro, pooled, DDTree) against training step; `reference` (name, tau): the best model-free baseline on
+    the same completions as a dashed line."""
     fig = go.Figure()
+    if reference is not None:
+        fig.add_hline(y=reference[1], line_dash="dash", line_color="gray", annotation_text=f"{reference[0]} (baseline)")
     xs = [p["step"] for p in points]
     for key in SWEEP_KEYS:
         fig.add_scatter(
@@ -225,7 +228,8 @@ def sweep_fig(points: list[dict]) -> go.Figure:
             name=metrics.BY_KEY[key].label,
             text=[f"{p['name']} ({p.get('family', 'DFlash')})" for p in points],
         )
-    fig.update_layout(yaxis=tau_axis([p.get(k) for p in points for k in SWEEP_KEYS]))
+    ys = [p.get(k) for p in points for k in SWEEP_KEYS] + ([reference[1]] if reference else [])
+    fig.update_layout(yaxis=tau_axis(ys))
     return layout(fig, "tau against training step", "step", "tau", height=360)
 
 
