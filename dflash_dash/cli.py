@@ -27,7 +27,7 @@ from pathlib import Path
 from . import cli_show, ops, pipeline, prompts
 from .cli_show import _print
 from .errors import UserError
-from .pipeline import disk, trainers
+from .pipeline import disk
 from .store import Store, default_workspace
 
 _MIDLINE = [False]  # a progress bar is on stderr without its newline yet
@@ -192,19 +192,6 @@ def cmd_baseline(a, store):
     _print(pipeline.baseline(store, op_of(ops.Baseline, a), progress))  # {"id", "summary"}
 
 
-def cmd_export(a, store):
-    _print(pipeline.export(store, a.run))
-
-
-def cmd_export_aiperf(a, store):
-    for rec in trainers.aiperf_export(store, a.run):
-        print(json.dumps(rec))
-
-
-def cmd_list(a, store):
-    _print(pipeline.listing(store, a.command))
-
-
 def cmd_fetch(a, store):
     n = pipeline.fetch(store, op_of(ops.Fetch, a), progress)
     print(f"fetched {n} new completions into set {a.name} ({len(store.completion_ids(a.name))} in total)")
@@ -255,6 +242,12 @@ def cmd_audit(a, store):
     print(f"verdict: {out['verdict']}", file=sys.stderr)
     _print(out)
     return 0 if out["clean"] else 1
+
+
+def cmd_profile(a, store):
+    out = pipeline.profile(store, op_of(ops.Profile, a), progress)
+    print(f"cost table {out['id']} ({out['table']['device']}, {out['table']['backend']} kernels)", file=sys.stderr)
+    _print(out)
 
 
 # ---------------------------------------------------------------------------
@@ -311,7 +304,7 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     add_op_options(s, ops.Attribute)
     s.set_defaults(fn=cmd_attribute)
 
-    cli_show.add(sub)  # compare, import-engine-stats, conformance, signatures, advise
+    cli_show.add(sub)  # compare, import-engine-stats, conformance, signatures, advise, exports, listings
 
     s = sub.add_parser(
         "baseline",
@@ -320,29 +313,6 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     )
     add_op_options(s, ops.Baseline)
     s.set_defaults(fn=cmd_baseline)
-
-    s = sub.add_parser("export", help="print a run as JSON")
-    s.add_argument("--run", default="latest")
-    s.set_defaults(fn=cmd_export)
-
-    s = sub.add_parser("export-specforge", help="print a run's per-position numbers as SpecForge's eval report (JSON)")
-    s.add_argument("--run", default="latest")
-    s.set_defaults(fn=lambda a, store: _print(trainers.specforge_export(store, a.run)))
-
-    s = sub.add_parser("export-aiperf", help="print a run's per-request acceptance as AIPerf records (JSONL)")
-    s.add_argument("--run", default="latest")
-    s.set_defaults(fn=cmd_export_aiperf)
-
-    s = sub.add_parser(
-        "import-specforge-eval", help="keep SpecForge's evaluate-checkpoint JSON with the run of that checkpoint"
-    )
-    s.add_argument("file")
-    s.add_argument("--run", default="latest", help="run id of the same checkpoint (see `runs`)")
-    s.set_defaults(fn=lambda a, store: _print(trainers.import_specforge(store, a.file, a.run)))
-
-    for what in ("runs", "extractions"):
-        s = sub.add_parser(what, help=f"list {what} as JSON")
-        s.set_defaults(fn=cmd_list)
 
     s = sub.add_parser(
         "serve", help="local stand-in for an SGLang, vLLM or llama.cpp server (--protocol; tests and the demo)"
@@ -381,6 +351,14 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     )
     add_op_options(s, ops.Audit)
     s.set_defaults(fn=cmd_audit)
+
+    s = sub.add_parser(
+        "profile",
+        help="measure the cost table: the target's forward of q new tokens after c context tokens and the drafter's "
+        "block, on this device (kept in the workspace for predicted speedups; JSON)",
+    )
+    add_op_options(s, ops.Profile)
+    s.set_defaults(fn=cmd_profile)
 
     s = sub.add_parser("demo", help="build the demo workspace from the committed assets (idempotent)")
     s.set_defaults(fn=cmd_demo)

@@ -1,5 +1,5 @@
-"""The CLI's report commands: store reads printed as JSON (compare, import-engine-stats, conformance, signatures),
-registered on the main parser by `add(sub)`.
+"""The CLI's report commands: store reads printed as JSON (compare, import-engine-stats, conformance, signatures,
+advise, the exports and the runs/extractions listings), registered on the main parser by `add(sub)`.
 
 Contract: as `cli`: results on stdout (one JSON document), notes on stderr, a user error is raised as UserError
 (the main loop prints its one line and exits 2). No torch: these read the store and kept analyses only. `cli`
@@ -12,6 +12,7 @@ import json
 import sys
 
 from . import pipeline
+from .pipeline import speed, trainers
 
 
 def _print(obj) -> None:
@@ -43,6 +44,27 @@ def cmd_conformance(a, store):
 
 def cmd_signatures(a, store):
     _print(pipeline.signatures(store, a.run, a.reference))
+
+
+def cmd_advise(a, store):
+    out = speed.advise(store, store.run_row(a.run)["id"], a.costs)
+    print(f"best: {out['best']} (predicted speedup on {out['costs']})", file=sys.stderr)
+    for why in out["skipped"]:
+        print(f"note: {why}", file=sys.stderr)
+    _print(out)
+
+
+def cmd_export(a, store):
+    _print(pipeline.export(store, a.run))
+
+
+def cmd_export_aiperf(a, store):
+    for rec in trainers.aiperf_export(store, a.run):
+        print(json.dumps(rec))
+
+
+def cmd_list(a, store):
+    _print(pipeline.listing(store, a.command))
 
 
 def add(sub) -> None:
@@ -83,3 +105,35 @@ def add(sub) -> None:
     s.add_argument("--run", help="run to diagnose (default: the least healthy run beside the reference)")
     s.add_argument("--reference", help="healthy reference run (default: the highest tau macro on the run's extraction)")
     s.set_defaults(fn=cmd_signatures)
+
+    s = sub.add_parser(
+        "advise",
+        help="what to serve: tau and predicted speedup per number of drafts k = 1..B-1, per DDTree budget and per "
+        "temperature replayed for the run's checkpoint, priced by a cost table of `profile`; the best marked (JSON)",
+    )
+    s.add_argument("--run", default="latest", help="run id (see `runs`); its checkpoint's other runs join in")
+    s.add_argument("--costs", default=None, help="cost table id (see `profile`; default: the newest)")
+    s.set_defaults(fn=cmd_advise)
+
+    s = sub.add_parser("export", help="print a run as JSON")
+    s.add_argument("--run", default="latest")
+    s.set_defaults(fn=cmd_export)
+
+    s = sub.add_parser("export-specforge", help="print a run's per-position numbers as SpecForge's eval report (JSON)")
+    s.add_argument("--run", default="latest")
+    s.set_defaults(fn=lambda a, store: _print(trainers.specforge_export(store, a.run)))
+
+    s = sub.add_parser("export-aiperf", help="print a run's per-request acceptance as AIPerf records (JSONL)")
+    s.add_argument("--run", default="latest")
+    s.set_defaults(fn=cmd_export_aiperf)
+
+    s = sub.add_parser(
+        "import-specforge-eval", help="keep SpecForge's evaluate-checkpoint JSON with the run of that checkpoint"
+    )
+    s.add_argument("file")
+    s.add_argument("--run", default="latest", help="run id of the same checkpoint (see `runs`)")
+    s.set_defaults(fn=lambda a, store: _print(trainers.import_specforge(store, a.file, a.run)))
+
+    for what in ("runs", "extractions"):
+        s = sub.add_parser(what, help=f"list {what} as JSON")
+        s.set_defaults(fn=cmd_list)

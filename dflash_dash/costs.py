@@ -2,7 +2,8 @@
 
 Contract: numbers in, numbers out (no torch, no store). A cost table is what `profile` measured on one device and
 backend: the target's forward time for q new tokens after a context of c tokens (`target` rows (c, q, seconds)),
-and the drafter's time for one block (`draft` rows (c, seconds)). Times between measured context lengths are
+the drafter's time for one block (`draft` rows (c, seconds)) and, optionally, for one DDTree of budget b (`tree`
+rows (b, c, seconds), verified as a forward of b + 1 tokens). Times between measured context lengths are
 interpolated linearly in c (clamped at the ends); q must be a measured size (a verify of q tokens is one forward
 of q tokens, nothing is extrapolated in q).
 
@@ -35,6 +36,7 @@ class CostTable:
     backend: str  # the target's kernel backend when measured: "fla 0.4.1" or "torch"
     target: tuple[tuple[int, int, float], ...]  # (context tokens, new tokens q, seconds per forward)
     draft: tuple[tuple[int, float], ...]  # (context tokens, seconds per drafter block)
+    tree: tuple[tuple[int, int, float], ...] = ()  # (tree budget b, context tokens, seconds per drafted DDTree)
     meta: dict = field(default_factory=dict)  # model paths, dtype, block size, repeats: shown, not used
 
     def sizes(self) -> list[int]:
@@ -53,6 +55,20 @@ class CostTable:
         if not self.draft:
             raise CostError("the cost table has no drafter time; run profile with --drafter")
         return _interp(sorted(self.draft), context)
+
+    def t_tree(self, budget: int, context: float) -> float:
+        pts = sorted((c, s) for b, c, s in self.tree if b == budget)
+        if not pts:
+            raise CostError(f"the cost table has no DDTree of budget {budget}; run profile with --tree-budget {budget}")
+        return _interp(pts, context)
+
+    def budgets(self) -> list[int]:
+        return sorted({b for b, _, _ in self.tree})
+
+    def label(self) -> str:
+        """The device in words, CPU costs named as such: 'NVIDIA H100 80GB HBM3, fla 0.4.1' or 'CPU costs (...)'."""
+        where = f"{self.device}, {self.backend} kernels, {self.meta.get('dtype', '?')}"
+        return f"CPU costs ({where}): not a GPU's speedup" if self.device == "cpu" else where
 
 
 def _interp(pts: list[tuple[int, float]], x: float) -> float:
@@ -75,12 +91,22 @@ def speedup_at(table: CostTable, tau: float, context: float, verify: int) -> flo
     return tau * table.t_target(1, context) / (table.t_draft(context) + table.t_target(verify, context))
 
 
+def tree_speedup(table: CostTable, rounds: list[tuple[int, int]], budget: int) -> float:
+    """`speedup` of DDTree-b rounds: a tree drafted (`t_tree`) and verified as one forward of b + 1 tokens."""
+    if not rounds:
+        return 1.0
+    plain = sum(c * table.t_target(1, ctx) for ctx, c in rounds)
+    spec = sum(table.t_tree(budget, ctx) + table.t_target(budget + 1, ctx) for ctx, _ in rounds)
+    return plain / spec
+
+
 def to_dict(table: CostTable) -> dict:
     return {
         "device": table.device,
         "backend": table.backend,
         "target": [list(r) for r in table.target],
         "draft": [list(r) for r in table.draft],
+        "tree": [list(r) for r in table.tree],
         "meta": dict(table.meta),
     }
 
@@ -92,6 +118,7 @@ def from_dict(d: dict) -> CostTable:
             backend=str(d["backend"]),
             target=tuple((int(c), int(q), float(s)) for c, q, s in d["target"]),
             draft=tuple((int(c), float(s)) for c, s in d.get("draft", [])),
+            tree=tuple((int(b), int(c), float(s)) for b, c, s in d.get("tree", [])),
             meta=dict(d.get("meta", {})),
         )
     except (KeyError, TypeError, ValueError) as e:

@@ -439,8 +439,38 @@ class Audit(Op):
         check_dtype(self.dtype)
 
 
+@dataclass
+class Profile(Op):
+    kind: ClassVar[str] = "profile"
+    target: str  # the target model folder (a Hugging Face causal LM) whose verify forward is timed
+    drafter: str | None = None  # checkpoint whose block is timed (needed for a speedup; None: the target alone)
+    device: str = "cpu"  # cpu or cuda[:N] (CPU costs are labelled as CPU costs wherever they are shown)
+    dtype: str = "float32"  # compute dtype of both (bfloat16 on a GPU, as engines serve)
+    contexts: list[int] | None = None  # context lengths c the forwards follow ("512,2048,8192", the default)
+    sizes: list[int] | None = None  # new tokens q per timed target forward ("1,2,4,...,64", the default)
+    repeats: int = 5  # timed forwards per point (their median), after a warm-up
+    tree_budget: int = 0  # also time a DDTree of this node budget and its verify of b + 1 tokens (0: none)
+    draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
+
+    def __post_init__(self):
+        self._need("target", "the target model folder to time")
+        for name, default in (("contexts", [512, 2048, 8192]), ("sizes", [1, 2, 4, 8, 16, 32, 64])):
+            try:
+                v = parse_layers(getattr(self, name)) if getattr(self, name) is not None else default
+            except InputError:
+                v = None
+            if not v or any(x < 1 for x in v):
+                raise InputError(f"{name} {getattr(self, name)!r}: give positive token counts like {default}", name)
+            setattr(self, name, sorted(set(v)))
+        self._int("repeats", 1, "expected a positive number of timed forwards, like 5")
+        self._int("tree_budget", 0, "expected 0 (no tree) or a positive DDTree node budget like 8")
+        self._device()
+        check_dtype(self.dtype)
+
+
 KINDS: dict[str, type[Op]] = {
-    c.kind: c for c in (Fetch, Extract, Replay, Sweep, SlidingCheck, Attribute, Diagnose, Baseline, Demo, Audit)
+    c.kind: c
+    for c in (Fetch, Extract, Replay, Sweep, SlidingCheck, Attribute, Diagnose, Baseline, Demo, Audit, Profile)
 }
 
 

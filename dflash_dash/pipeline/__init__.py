@@ -36,6 +36,7 @@ from .ingest import (
 from .kept import ANALYSES, analysis, compare, conformance, export, import_engine_stats, keep, listing, signatures
 from .replay import LayersMissing, check_replay, checkpoints_in, replay, sliding_check, store_run, sweep
 from .sampled import set_sampling
+from .speed import profile
 
 __all__ = [
     "ANALYSES",
@@ -72,6 +73,7 @@ __all__ = [
     "listing",
     "parse_jsonl",
     "perform",
+    "profile",
     "replay",
     "set_sampling",
     "sliding_check",
@@ -100,6 +102,7 @@ TABLE: dict[type[ops.Op], Handler] = {
     ops.Baseline: baseline,
     ops.Diagnose: lambda store, op, progress, runner: _diagnose(store, op, progress),
     ops.Audit: audit,
+    ops.Profile: profile,
 }
 
 # what a job records of each handler's answer (plain JSON, small)
@@ -113,6 +116,7 @@ RESULT: dict[type[ops.Op], Callable[[ops.Op, object], dict]] = {
     ops.Baseline: lambda op, out: {"run": out["id"]},
     ops.Diagnose: lambda op, out: {"run": out["run"], "engine": out["engine"], "explained_by": out["explained_by"]},
     ops.Audit: lambda op, out: {"audit": out["id"], "clean": out["clean"], "faults": out.get("faults", [])},
+    ops.Profile: lambda op, out: {"costs": out["id"], "device": out["table"]["device"]},
 }
 
 
