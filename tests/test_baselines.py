@@ -254,6 +254,8 @@ def test_baseline_run_is_stored_beside_the_extraction_with_the_right_tau(workspa
     }  # every completion token after the prefill's is committed once
     for pid, p in rows.items():
         assert len(st.analysis(out["run"], f"sources:{pid}")["anchor"]) == len(p.rounds)
+    # the newest run is the baseline, yet "latest" (attribute, diagnose, export's default) names a drafter's run
+    assert st.run_row("latest")["id"] != out["run"] and not st.run_row("latest")["checkpoint"].startswith("baseline:")
 
 
 def test_baseline_on_a_set_without_extraction_and_its_readers(workspace_copy, tmp_path):

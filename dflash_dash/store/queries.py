@@ -293,8 +293,11 @@ class Store(Database):
         )
 
     def _one(self, table: str, id_: str, what: str) -> dict:
-        if id_ == "latest":
-            got = self.rows(f"SELECT * FROM {table} WHERE status = 'done' ORDER BY created DESC, id DESC LIMIT 1")
+        if id_ == "latest":  # a run: the newest drafter's (a model-free baseline is never "the latest replay")
+            drafter = " AND checkpoint NOT LIKE 'baseline:%'" if table == "runs" else ""
+            got = self.rows(
+                f"SELECT * FROM {table} WHERE status = 'done'{drafter} ORDER BY created DESC, id DESC LIMIT 1"
+            )
             if not got:
                 raise StoreError(f"no finished {what} in {self.workspace} yet")
             return got[0]
