@@ -2,7 +2,7 @@
 
 Contract: each check takes a value as a user gave it (command line, form, job record, file) and returns it
 normalised or raises `InputError`, the UserError of bad input whose message starts with the field's name and says
-the fix; `InputError.field` carries that name so a page can say its form label instead (pages.common.said).
+the fix; `InputError.field` carries that name so a page can say its form label instead (pages.forms.said).
 `check_name` is the one validator of names (completion sets, prompt sets, runs, extractions, engines, display
 names): no path separator, no `..`, no control character, so a name never acts as a path. `check_url` takes a
 server's http(s) URL; dtype, device, layers, checkpoint lists, GPUs and Ray addresses are checked here only. `ops`
@@ -22,7 +22,7 @@ _RAY_ADDRESS = re.compile(r"[A-Za-z0-9_.\-\[\]:]+:\d{1,5}")  # a Ray cluster's G
 
 class InputError(UserError, ValueError):
     """Bad user input (an operation's argument, a file's line); the message names the field or line and the fix.
-    `field`: the operation field it is about (pages show that field's form label in its place: pages.common.said)."""
+    `field`: the operation field it is about (pages show that field's form label in its place: pages.forms.said)."""
 
     def __init__(self, msg: str, field: str | None = None):
         super().__init__(msg)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import threading
 import traceback
@@ -363,54 +362,25 @@ def health_badge(ok: bool | None) -> str:
 # errors
 
 
+def forms():
+    """pages.forms (form labels and checks), imported on first use."""
+    from pages import forms
+
+    return forms
+
+
 @contextmanager
 def guard(labels: dict[str, str] | None = None):
     """Run a page body; show user errors as their message and anything else as a short message (the
-    traceback goes to the server log only). `labels` {op field: form label} (a form's own, beside FIELDS): a form's
-    errors name its fields (`said`)."""
+    traceback goes to the server log only). `labels` {op field: form label} (a form's own, beside forms.FIELDS): a
+    form's errors name its fields (`forms.said`)."""
     try:
         yield
     except UserError as e:
-        st.error(said(e, FIELDS | labels) if labels is not None else str(e))
+        st.error(forms().said(e, forms().FIELDS | labels) if labels is not None else str(e))
     except Exception as e:  # noqa: BLE001  (never a traceback in the browser)
         traceback.print_exc(file=sys.stderr)
         st.error(f"Unexpected error ({type(e).__name__}): {e}. The details are in the log of `streamlit run`.")
-
-
-FIELDS = {  # the labels of the inputs job forms share (jobs_view.where_inputs, checkpoint_inputs)
-    "device": "device",
-    "gpus": "GPUs",
-    "ray": "Ray cluster",
-    "ray_cpus": "Ray CPU workers",
-    "dtype": "dtype",
-    "draft_config": "draft config JSON",
-    "sliding_block": "sliding_attention layers",
-}
-
-
-def said(e: Exception, labels: dict[str, str]) -> str:
-    """A user error in a form's words, the one place op fields become form labels: the field an ops.InputError is
-    about (`e.field`, its message's first word) and any CLI flag of a labelled field (--max-new-tokens) read as the
-    form's label ("Server URL 'htp://nope': ..." for "server 'htp://nope': ...")."""
-    msg, field = str(e), getattr(e, "field", None)
-    if field in labels and msg.startswith(field):
-        msg = labels[field][:1].upper() + labels[field][1:] + msg[len(field) :]
-    for name, label in labels.items():
-        msg = re.sub(rf"--{re.escape(name.replace('_', '-'))}\b(?!-)", label, msg)
-    return msg
-
-
-def folder(value: str, field: str, hub: bool = False) -> str | None:
-    """A form's folder field checked before a job: None when empty; refused (ops.InputError naming `field`) when it
-    is no folder here. `hub`: a Hugging Face hub id (org/name, no leading / . or ~) passes unchecked."""
-    from dflash_dash.ops import InputError
-
-    v = value.strip()
-    if not v or (hub and not v.startswith(("/", ".", "~")) and not Path(v).exists()):
-        return v or None
-    if not Path(v).expanduser().is_dir():
-        raise InputError(f"{field} {v!r}: no such folder on this machine; give an existing folder", field)
-    return v
 
 
 # ---------------------------------------------------------------------------

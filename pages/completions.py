@@ -15,12 +15,12 @@ from dflash_dash import ops
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import SPEC_KEYS, completion_table
 from dflash_dash.render.tokens import text_html
-from pages import common, jobs_view
+from pages import common, forms, jobs_view
 
 common.routed()
 
 UPLOAD = "upload a JSONL file…"
-FETCH = {  # ops.Fetch field -> its widget's label: errors name the form's fields, not CLI flags (common.said)
+FETCH = {  # ops.Fetch field -> its widget's label: errors name the form's fields, not CLI flags (forms.said)
     "prompt_set": "prompt set",
     "name": "completion set name",
     "server": "server URL",
@@ -101,7 +101,7 @@ def fetch_form() -> None:
                 name=name,
                 max_new_tokens=int(max_new),
                 chat=bool(chat),
-                tokenizer=common.folder(tok, "tokenizer", hub=True),
+                tokenizer=forms.folder(tok, "tokenizer", hub=True),
             )
             if choice == UPLOAD:
                 if up is None:

@@ -23,7 +23,7 @@ from dflash_dash.jobs import gpu
 from dflash_dash.pipeline import disk
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import extraction_table, gpu_table
-from pages import common, jobs_view
+from pages import common, forms, jobs_view
 
 common.routed()
 
@@ -284,7 +284,7 @@ def stream_block(sets: list[dict], exs: list[dict]) -> None:
 
         labels = {"target": "target model folder", "checkpoints": "checkpoint folder", "drafter": "checkpoint folder"}
         with common.guard(labels):  # a mistyped folder, a drafter the target cannot feed: said here, no job
-            args = dict(stream=True, target=common.folder(target, "target"), completions=set_name, **how)
+            args = dict(stream=True, target=forms.folder(target, "target"), completions=set_name, **how)
             found, skipped = pipeline.checkpoints_in(folder.strip())
             if [str(p) for p in found] == [str(Path(folder.strip()).resolve())]:  # one checkpoint: its every anchor
                 op = ops.Replay(drafter=folder.strip(), force=True, **args)
