@@ -61,7 +61,7 @@ def test_disk_plan_states_the_top_k_bytes_per_token(prepared):
 
 
 @pytest.mark.parametrize("rule", sampling.RULES)
-def test_replay_at_a_temperature_stores_tau_expected(prepared, workspace_copy, rule, capsys):
+def test_replay_at_a_temperature_stores_tau_expected(prepared, workspace_copy, rule, monkeypatch):
     ws = workspace_copy
     assert _cli(ws, "replay", "--drafter", str(prepared.drafters[0]), "--extraction", prepared.extraction,
                 "--temperature", "0.7", "--verify", rule) == 0  # fmt: skip
@@ -76,9 +76,20 @@ def test_replay_at_a_temperature_stores_tau_expected(prepared, workspace_copy, r
     assert all(len(p.expected_at) == 2 * len(p.accepted_at) for p in per)
     lengths = [metrics.BY_KEY["expected_accept_length"].prompt(p, None) for p in per]
     assert s["expected_accept_length"] == pytest.approx(np.mean(lengths))
-    # the greedy run of the same checkpoint has none, and a rerun with another rule is not the same run
+    # the greedy run of the same checkpoint has none
     first = st.run_row(prepared.runs[0])["summary"]
     assert first.get("tau_expected") is None and "temperature" not in first
+    if rule == "rejection":  # the page: tau beside tau_expected, its bound, the rule and the teacher-forced formula
+        from apptest import app, clean
+
+        at = app(ws, monkeypatch, "acceptance", run=run["id"])
+        clean(at)
+        shown = {m.label: m.value for m in at.metric}
+        assert shown["expected tau at temperature T [low, high]"] == f"{s['tau_expected']:.2f} [{lo:.2f}, {hi:.2f}]"
+        text = " ".join(m.value for m in at.markdown) + " ".join(c.value for c in at.caption)
+        assert "T = 0.7" in text and "rejection" in text and "teacher-forced" in text and "min(p_T(x), q_T(x))" in text
+        greedy = app(ws, monkeypatch, "acceptance", run=prepared.runs[0])
+        assert not any("temperature" in m.label for m in greedy.metric)
 
 
 def test_temperature_on_an_extraction_without_top_k_is_refused(prepared, workspace_copy, capsys):
