@@ -10,7 +10,7 @@ import streamlit as st
 from dflash_dash.analysis.compare import default_runs, is_baseline, many_rows, many_table, verdict_rows
 from dflash_dash.render.many import MANY_NOTE, PAIRED_NOTE, many_fig
 from dflash_dash.render.missing import DASH
-from pages import common
+from pages import common, speed_view
 
 
 def pick_runs(ws: str, stamp: str, runs: list[dict]) -> list[dict]:
@@ -51,9 +51,9 @@ def many_block(ws: str, stamp: str, chosen: list[dict]) -> None:
     taus = {r["id"]: {p: row["tau"] for p, row in common.prompt_rows(ws, r["id"]).items()} for r in chosen}
     cats = {p: c.get("category") for p, c in common.completions(ws, chosen[0]["set_name"], stamp).items()}
     rows = many_rows(chosen, taus, cats)
-    table = many_table(chosen, rows)
+    table, speed_note = speed_view.column(ws, chosen, many_table(chosen, rows), "many_costs")
     st.dataframe(table, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(table))
-    st.caption(MANY_NOTE)
+    st.caption(MANY_NOTE + (" " + speed_note if speed_note else ""))
     if not any(c for c in cats.values()):
         st.caption("This set has no categories (import MT-Bench, SPEED-Bench or a JSONL with a category for them).")
     st.plotly_chart(many_fig(rows), width="stretch")

@@ -150,3 +150,25 @@ def test_measured_rate_reads_each_engines_timings():
     got = sp.run_rate([({"completion_tokens": 100, "e2e_latency": 2.0}, 100), ({"completion_tokens": 50,
                        "e2e_latency": 0.5}, 50), (None, 7)])  # fmt: skip
     assert got["tokens_per_s"] == pytest.approx(150 / 2.5) and got["completions"] == 2
+
+
+def test_pages_show_the_prediction_and_the_advisor(prepared, workspace_copy, monkeypatch):
+    from tests.apptest import app, clean
+
+    store = Store(workspace_copy)
+    run = prepared.runs[0]
+    B = store.run_row(run)["summary"]["block_size"]
+    tid = prof.keep(store, planted(B))
+    at = app(workspace_copy, monkeypatch, "acceptance", run=run)
+    clean(at)
+    heads = [h.value for h in at.subheader]
+    assert "Predicted speedup" in heads and "What to serve" in heads
+    got = prof.predicted(store, run, prof.table(store, tid))
+    (m,) = [x for x in at.metric if x.label == "Predicted speedup"]
+    assert m.value == f"{got['speedup']:.2f}×"
+    assert any("CPU costs" in c.value and tid in c.value for c in at.caption)  # the device named, CPU labelled
+    assert any("Best setting to serve" in s.value for s in at.success)
+    at = app(workspace_copy, monkeypatch, "compare", runs=",".join(prepared.runs))
+    clean(at)
+    table = [d.value for d in at.dataframe if "predicted speedup" in d.value.columns]
+    assert table and table[0]["predicted speedup"].notna().all()

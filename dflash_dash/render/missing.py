@@ -25,6 +25,8 @@ WHY = {  # column -> why it can be missing (the help of its dashes)
     "finish": "— : no finish reason recorded (completions imported from a file, or an engine that gives none)",
     "latency_s": "— : the server reported no latency for this request (or the completion was imported from a file)",
     "model": "— : no model path recorded (completions imported from a file)",
+    "predicted speedup": "— : a model-free baseline (no drafter block to price), or no cost table in the workspace",
+    "drafts k": "— : a DDTree verifies a tree of nodes, not a number of drafts",
 }
 
 
