@@ -82,8 +82,9 @@ class Drafter(ABC):
         return None
 
     @abstractmethod
-    def context_kv(self, features: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer (k, v) of a sequence's context ([nkv, T, hd]; [S, nkv, T, hd] for stacked features)."""
+    def context_kv(self, features: torch.Tensor, start: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (k, v) of a sequence's context ([nkv, T, hd]; [S, nkv, T, hd] for stacked features); `start`:
+        the position of row 0 (RoPE), so a decoder extends its context K/V by new rows alone."""
 
     @abstractmethod
     def blocks(

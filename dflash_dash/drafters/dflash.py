@@ -107,10 +107,11 @@ class DFlash(Drafter):
 
     # -- batched paths --------------------------------------------------------
 
-    def context_kv(self, features: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer (k, v) of the whole sequence's context, each [nkv, T, hd]; computed once per sequence."""
+    def context_kv(self, features: torch.Tensor, start: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (k, v) of the whole sequence's context, each [nkv, T, hd]; computed once per sequence. `start`:
+        the position of row 0 (a decoder extending its context K/V by the rows it just committed)."""
         ctx = self.ctx(features)  # [T, H] (or [S, T, H]: stacked sequences, K/V [S, nkv, T, hd])
-        cos, sin = self.rope(torch.arange(ctx.shape[-2], device=self.device))
+        cos, sin = self.rope(torch.arange(start, start + ctx.shape[-2], device=self.device))
         return [self._kv(i, ctx, cos, sin) for i in range(self.c.num_hidden_layers)]
 
     def blocks(

@@ -17,6 +17,13 @@ request's sampling_seed with the token's position), so a token's draw does not d
 speculative decoding at T commits exactly the tokens plain decoding at T commits with the same seed, the same seed
 gives the same completion and another seed another one. Without a seed a request draws a fresh random one.
 Greedy requests never build a Sampling (protocols decide greediness in their engine's own terms).
+
+The `rejection` verify rule (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding",
+Algorithm 1; vLLM's rejection sampler, vllm/v1/sample/rejection_sampler.py): drafts sampled from the drafter's
+q at T (`draw(q, seed, position, "draft")`), draft j accepted when u_j < min(1, p_j(d_j) / q_j(d_j)), and at the
+first rejection a token drawn from norm(max(0, p_j - q_j)); all accepted, the bonus drawn from p after the last
+draft. `verify_rejection` is that step on given distributions; its draws come from streams of their own
+(`stream` "draft", "accept"), so the committed tokens are distributed exactly as p, whatever q is.
 """
 
 from __future__ import annotations
@@ -28,13 +35,40 @@ from dataclasses import dataclass, field
 import torch
 
 
-def noise(seed: int, position: int, vocab: int) -> torch.Tensor:
-    """Gumbel noise [vocab] (float64) for the token at sequence `position` of a request seeded `seed`: a
-    torch.Generator seeded from a hash of both, so every (seed, position) has its own stream."""
-    key = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
-    g = torch.Generator().manual_seed(int.from_bytes(key, "little") & (2**63 - 1))
-    u = torch.rand(vocab, generator=g, dtype=torch.float64)
+def _generator(seed: int, position: int, stream: str = "") -> torch.Generator:
+    """A torch.Generator seeded from a hash of (seed, position[, stream]): every triple has its own stream."""
+    key = hashlib.blake2b(f"{seed}:{position}{':' + stream if stream else ''}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(key, "little") & (2**63 - 1))
+
+
+def noise(seed: int, position: int, vocab: int, stream: str = "") -> torch.Tensor:
+    """Gumbel noise [vocab] (float64) for the token at sequence `position` of a request seeded `seed` (`stream`:
+    another independent draw for the same position, e.g. a sampled draft's)."""
+    u = torch.rand(vocab, generator=_generator(seed, position, stream), dtype=torch.float64)
     return -torch.log(-torch.log(u))  # u = 0 gives -inf: that token is never drawn
+
+
+def uniform(seed: int, position: int, stream: str) -> float:
+    """One U(0, 1) draw for (seed, position, stream)."""
+    return float(torch.rand(1, generator=_generator(seed, position, stream), dtype=torch.float64))
+
+
+def draw(p: torch.Tensor, seed: int, position: int, stream: str = "") -> int:
+    """One token from probabilities p [V] (any scale; zeros never drawn), by Gumbel-max on log p."""
+    return int((p.double().cpu().log() + noise(seed, position, p.shape[-1], stream)).argmax())
+
+
+def verify_rejection(p: torch.Tensor, q: torch.Tensor, drafts: list[int], seed: int, first: int) -> tuple[int, int]:
+    """The rejection rule over one block: target probabilities p [D+1, V] (row j: the position draft j fills;
+    row D: the one after the last draft), the drafter's q [D, V], the D drafts (sampled from q), the position of
+    draft 0 `first` -> (accepted drafts a, the token committed after them)."""
+    p, q = p.double().cpu(), q.double().cpu()
+    for j, d in enumerate(drafts):
+        if uniform(seed, first + j, "accept") * float(q[j, d]) < float(p[j, d]):
+            continue
+        rest = (p[j] - q[j]).clamp(min=0.0)
+        return j, draw(rest if float(rest.sum()) > 0 else p[j], seed, first + j)
+    return len(drafts), draw(p[len(drafts)], seed, first + len(drafts))
 
 
 @dataclass(frozen=True)
@@ -68,6 +102,10 @@ class Sampling:
         drop[:, 0] = False  # the most probable token always stays
         mask = torch.zeros_like(drop).scatter(1, order, drop)
         return logp.masked_fill(mask, float("-inf"))
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """p_T [N, V] (float64, CPU): the kept distribution at the temperature, 0 outside the kept set."""
+        return self.kept(logits.reshape(-1, logits.shape[-1])).exp()
 
     def pick(self, logits: torch.Tensor, positions: list[int]) -> list[int]:
         """One token per row of `logits` [N, V]: row i drawn for sequence position `positions[i]`."""

@@ -17,25 +17,33 @@ counters (`Counters.meta`):
     the bonus is the target's draw at the first mismatch. compute_dflash_sampling_accept_len_and_bonus there
     accepts a draft d with probability p_T(d) and on rejection draws from p_T without d: the same distribution.
     The first token is the prefill's draw, as plain decoding's.
-  - Rollback: the cache is snapshotted before the verify forward and, unless every draft was accepted,
-    restored and re-run over the accepted prefix [token p, d_1..d_a]: this puts back the full-attention K/V AND
-    the Gated DeltaNet recurrent and conv states of hybrid (qwen3_5_text) targets, which cannot be cropped.
-  - Features as the replay sees them: each step recomputes them with a cache-free forward (`target.extract`,
-    the extraction's own function) over the context padded with pad tokens to prompt + max_new tokens, then
-    rounds them to bf16 (the feature cache's dtype). Kernel shapes (chunked linear attention, SDPA splits)
-    depend on the sequence length, and padding to the length of the extraction's forward makes the features
-    bit-identical to the cached ones when the completion runs to max_new (CPU, fp32; causal layers never see
-    the padding). A completion that stops early was extracted over fewer tokens: its features can then differ
-    in the last bf16 bit at a few positions. The drafter runs through `replay.draft_one`, the replay's path.
+  - `rejection` verify (`rule`, Leviathan et al. 2023; engines that sample drafts): drafts drawn from the
+    drafter's q_T (`Tap`), accepted with min(1, p/q), the residual drawn at the first rejection
+    (`sampler.verify_rejection`): the output is distributed as plain sampling's, not token for token equal to it.
+  - Rollback (`rollback.of`): after each verify forward the cache is put back to the accepted prefix [token p,
+    d_1..d_a] without running the target again: full-attention K/V cropped, each Gated DeltaNet layer's conv
+    state cropped and its recurrent state recomputed from the state before the block over the accepted tokens'
+    recorded kernel inputs (SGLang keeps per-token intermediate states for the same purpose).
+  - Features as the replay sees them (`live` False, the stand-in's default): each step recomputes them with a cache-
+    free forward (`target.extract`, the extraction's own function) over the context padded with pad tokens to prompt
+    + max_new tokens, then rounds them to bf16 (the feature cache's dtype). Kernel shapes (chunked linear attention,
+    SDPA splits) depend on the sequence length, and padding to the length of the extraction's forward makes the
+    features bit-identical to the cached ones when the completion runs to max_new (CPU, fp32; causal layers never
+    see the padding). A completion that stops early was extracted over fewer tokens: its features can then differ in
+    the last bf16 bit at a few positions. The drafter runs through `replay.draft_one`, the replay's path.
+  - `live` (the live loop's decoder, as an engine runs): the features are the target's own layer outputs of the
+    prefill and of each verify forward's committed rows (bf16), and the drafter's context K/V grows by those rows
+    (`Context`): nothing is recomputed per step.
   - `bug` (a test aid, never a default) plants one of the engine faults of `faults` (BUGS) that conformance must
     flag.
-Slow on purpose (one full forward per verify step for the features): correctness over speed.
+Without `live`, slow on purpose (one full forward per verify step for the features): bit-identity over speed.
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import inspect
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,8 +51,11 @@ from typing import Any
 import torch
 
 from .. import drafters as drafter_mod, replay, target as target_mod
-from . import faults
+from ..replay.head import read_out
+from . import faults, rollback, sampler
 from .sampler import Sampling
+
+RULES = ("target-sample", "rejection")  # verify rules at T > 0 (= sampling.RULES; module docstring)
 
 # ---------------------------------------------------------------------------
 # counters
@@ -56,6 +67,7 @@ class Counters:
     accepted: list[int] = field(default_factory=list)  # drafts verification accepted at each step (0..B-1;
     #                                                         counted before the cut at max_new / a stop, so the
     #                                                         last step's may reach past the completion)
+    first_at: float = 0.0  # perf_counter when the prefill's token was known (the live loop's clock starts there)
 
     @property
     def verify_ct(self) -> int:
@@ -92,6 +104,10 @@ class Speculator:
     device: str = "cpu"  # where the drafter runs (the target's device)
     bug: str | None = None  # one of faults.BUGS (a test aid) or None: the correct decoder
     drafter: Any = None  # the loaded drafters.Drafter, None until `load` (and while released)
+    dtype: Any = None  # the drafter's torch dtype; None: float32
+    live: bool = False  # features from the target's own forwards and the drafter's K/V kept (`Context`), as an
+    #                     engine drafts; False: the extraction's features recomputed each step (bit-identical to the
+    #                     cache, for conformance; slow)
 
     def load(self, model) -> None:
         """Load the drafter (fp32) and check it against the loaded target `model`; CheckpointError names the field."""
@@ -99,7 +115,7 @@ class Speculator:
             raise drafter_mod.CheckpointError(
                 f"--speculative-bug {self.bug!r}: expected one of {', '.join(faults.BUGS)}"
             )
-        d = drafter_mod.load(self.path, faults.drafter_dtype(self.bug, torch.float32), self.device)
+        d = drafter_mod.load(self.path, faults.drafter_dtype(self.bug, self.dtype or torch.float32), self.device)
         cfg = model.config.get_text_config()
         drafter_mod.check_target(
             d.c, cfg.hidden_size, int(model.get_output_embeddings().weight.shape[0]), cfg.num_hidden_layers
@@ -132,6 +148,18 @@ class Speculator:
         feats, p = faults.visible_context(self.bug, feats, p)
         return replay.draft_one(self.drafter, head, feats, p, seq[-1])
 
+    def propose(self, model, head, seq: list[int], total: int, kv=None, tap=None) -> list[int]:
+        """The drafts at anchor p = len(seq) - 1 from the drafter's context K/V `kv` of positions 0..p-1 (None:
+        computed from the exact features, as `draft`); `tap` hears the scores each draft is read from."""
+        p = len(seq) - 1
+        if kv is None:
+            feats, p = faults.visible_context(self.bug, self.features(model, seq[:p], total), p)
+            kv = self.drafter.context_kv(feats.to(self.drafter.device))
+        first = torch.tensor([int(seq[-1])])
+        emb = self.drafter.embed_block(head, first)
+        h = self.drafter.blocks(kv, torch.tensor([p], device=self.drafter.device), emb, max_anchor=p)
+        return read_out(self.drafter, head, h, first, 1, tap=tap)[0][0].tolist()
+
     # -- the loop
 
     @torch.inference_mode()
@@ -142,9 +170,13 @@ class Speculator:
         max_new: int,
         stop: Callable[[list[int]], dict | None],
         sampling: Sampling | None = None,
+        rule: str = "target-sample",
     ) -> tuple[list[int], dict, Counters]:
-        """Speculative decode of `ids`, greedy or with `sampling`: (output ids, finish_reason, counters). `stop(out)`
-        says whether the last token of `out` ends the request (SGLang's finish_reason shape) or None."""
+        """Speculative decode of `ids`, greedy or with `sampling` under verify `rule` (RULES): (output ids,
+        finish_reason, counters). `stop(out)` says whether the last token of `out` ends the request (SGLang's
+        finish_reason shape) or None."""
+        if rule not in RULES:
+            raise ValueError(f"verify rule {rule!r}: expected one of {', '.join(RULES)}")
         B = self.block_size
         counters = Counters(B)
         finish: dict = {"type": "length", "length": max_new}
@@ -155,6 +187,7 @@ class Speculator:
         head = target_mod.Head(model.get_input_embeddings().weight, model.get_output_embeddings().weight)
         total = len(ids) + max_new  # the extraction's sequence length when the completion runs to max_new
         dev = model.device
+        sampled = sampling is not None and rule == "rejection"  # drafts drawn from the drafter's q at T
 
         def run(tokens: list[int], cache, keep: int | None = None):
             extra = {"logits_to_keep": keep} if keep else {}
@@ -167,30 +200,99 @@ class Speculator:
                 return rows.argmax(-1).tolist()
             return sampling.pick(rows, list(range(first, first + rows.shape[0])))
 
-        logits, cache = run(ids, None, keep=1)  # prefill: the first completion token
-        pending = target(logits[-1:], len(ids))
-        if faults.counts_prefill(self.bug):  # planted: the prefill counted as a verify step
-            counters.accepted.append(0)
-        checked = faults.verified(self.bug, B - 1)  # drafts each verify step checks (B-1 unless planted)
-        while True:
-            for t in pending:  # commit, cut at a stop or at max_new
-                out.append(t)
-                hit = stop(out)
-                if hit is not None:
-                    return out, hit, counters
-                if len(out) >= max_new:
-                    return out, finish, counters
-            seq = ids + out  # anchor p = len(seq) - 1; cache holds 0..p-1
-            drafts = self.draft(model, head, seq, total)  # B-1 tokens for positions p+1..p+B-1 (B: the width)
-            snap = copy.deepcopy(cache)
-            block = [seq[-1]] + drafts
-            logits, cache = run(block, cache)  # verify: one forward over the block
-            greedy = target(logits, len(seq))  # the target's token after each block position (greedy or drawn)
-            a = 0
-            while a < checked and drafts[a] == greedy[a]:  # candidates[1:] == target tokens[:-1], leading run
-                a += 1
-            counters.accepted.append(a)
-            if a < B - 1:  # roll back to the accepted prefix: restore, re-run [token p, d_1..d_a]
-                cache = snap
-                _, cache = run(block[: a + 1], cache, keep=1)
-            pending = drafts[:a] + [greedy[a]]  # accepted drafts + the bonus token
+        rb = rollback.of(model, lambda tokens, cache: run(tokens, cache, keep=1)[1])
+        live = Context(self.drafter, faults.feature_layers(self.bug, self.drafter.c.target_layer_ids))
+        hooks = live.hooks(model) if self.live else contextlib.nullcontext({})
+        with hooks as got:
+            logits, cache = run(ids, None, keep=1)  # prefill: the first completion token
+            if self.live:
+                live.add(got, len(ids))
+            pending = target(logits[-1:], len(ids))
+            counters.first_at = time.perf_counter()
+            if faults.counts_prefill(self.bug):  # planted: the prefill counted as a verify step
+                counters.accepted.append(0)
+            checked = faults.verified(self.bug, B - 1)  # drafts each verify step checks (B-1 unless planted)
+            while True:
+                for t in pending:  # commit, cut at a stop or at max_new
+                    out.append(t)
+                    hit = stop(out)
+                    if hit is not None:
+                        return out, hit, counters
+                    if len(out) >= max_new:
+                        return out, finish, counters
+                seq = ids + out  # anchor p = len(seq) - 1; cache holds 0..p-1
+                tap = Tap(B - 1, sampling.temperature, int(head.lm_head.shape[0])) if sampled else None
+                if self.live or sampled:
+                    drafts = self.propose(model, head, seq, total, live.kv if self.live else None, tap)
+                else:
+                    drafts = self.draft(model, head, seq, total)  # B-1 tokens for positions p+1..p+B-1
+                if sampled:
+                    drafts = [sampler.draw(tap.q[j], sampling.drawn_seed, len(seq) + j, "draft") for j in range(B - 1)]
+                block = [seq[-1]] + drafts
+                with rb.verify(cache, block):
+                    logits, cache = run(block, cache)  # verify: one forward over the block
+                if sampled:  # Leviathan et al.: accept with min(1, p/q), the residual drawn at the first rejection
+                    a, bonus = sampler.verify_rejection(
+                        sampling.probs(logits), tap.q, drafts, sampling.drawn_seed, len(seq)
+                    )
+                else:
+                    drawn = target(logits, len(seq))  # the target's token after each block position
+                    a = 0
+                    while a < checked and drafts[a] == drawn[a]:  # candidates[1:] == target tokens[:-1], leading run
+                        a += 1
+                    bonus = drawn[a]
+                counters.accepted.append(a)
+                if self.live:
+                    live.add(got, a + 1)  # the block's committed positions p..p+a become context
+                cache = rb.keep(cache, a + 1, len(block))
+                pending = drafts[:a] + [bonus]  # accepted drafts + the bonus token
+
+
+# ---------------------------------------------------------------------------
+# what the decoder keeps beside the target's cache
+
+
+@dataclass
+class Context:
+    """The drafter's context as a live engine keeps it: the target's features at the drafter's layers taken from
+    the prefill and each verify forward (the committed rows only), and the drafter's context K/V extended by them."""
+
+    drafter: Any  # the loaded drafters.Drafter
+    layers: list[int]  # target layer ids whose outputs are the features, in order
+    kv: list | None = None  # per drafter layer (k, v) [nkv, T, hd] of context positions 0..T-1
+    length: int = 0  # T
+
+    def hooks(self, model):
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        return target_mod.outputs(target_mod._layers(decoder), self.layers)
+
+    def add(self, got: dict, rows: int) -> None:
+        """Append the first `rows` rows of the last forward's features (bf16, the feature cache's dtype)."""
+        feats = torch.cat([got[l][0, :rows] for l in self.layers], dim=-1).to(torch.bfloat16)
+        new = self.drafter.context_kv(feats.to(self.drafter.device), start=self.length)
+        self.kv = (
+            new
+            if self.kv is None
+            else [(torch.cat([k, nk], -2), torch.cat([v, nv], -2)) for (k, v), (nk, nv) in zip(self.kv, new)]
+        )
+        self.length += rows
+
+
+@dataclass
+class Tap:
+    """The drafter's q_T [D, V] of one block, heard from its read-out (`Drafter.read_out`'s tap): softmax(scores /
+    T) over the vocabulary, or over a family's candidate ids (0 elsewhere). A sequential family's q_j is the one its
+    read-out walks to with its own greedy drafts before slot j (what the replay's expected acceptance uses too)."""
+
+    drafts: int  # D
+    temperature: float  # T
+    vocab: int  # V
+    q: torch.Tensor | None = None  # [D, V] float64 on the CPU, filled by the read-out
+
+    def __call__(self, n: torch.Tensor, j: torch.Tensor, scores: torch.Tensor, cand: torch.Tensor | None = None):
+        if self.q is None:
+            self.q = torch.zeros(self.drafts, self.vocab, dtype=torch.float64)
+        probs = torch.softmax(scores.detach().to("cpu", torch.float64) / self.temperature, dim=-1)
+        if cand is not None:
+            probs = torch.zeros(len(probs), self.vocab, dtype=torch.float64).scatter(1, cand.cpu().long(), probs)
+        self.q[j.cpu().long()] = probs
