@@ -31,7 +31,7 @@ from dflash_dash.render.formats import fmt, sliding_note
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.tokens import legend_html
 from dflash_dash.vocab import Vocab
-from pages import common, jobs_view, many_view
+from pages import common, jobs_view, many_view, speed_view
 
 common.routed()
 
@@ -260,13 +260,17 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
             "tau (macro): mean over prompts of committed/rounds; tau (pooled): all committed / all rounds; "
             "DDTree tau: the same with tree drafting"
         )
+        by = {r["id"]: r for r in runs}
+        pts, speed_note = speed_view.column(ws, [by[p["run"]] for p in pts], pts, "sweep_costs")
         for p in pts:
+            x = p["predicted speedup"]
             st.markdown(
                 f"step {p['step'] if p['step'] is not None else '?'} · `{p['name']}`"
                 f"{sliding_note(p['sliding_block'])} · tau {fmt(p['tau_macro'])} / pooled "
-                f"{fmt(p['tau_pooled'])} / DDTree {fmt(p['ddtree_tau'])} · "
-                f"[open in Acceptance](acceptance?run={p['run']})"
+                f"{fmt(p['tau_pooled'])} / DDTree {fmt(p['ddtree_tau'])} · predicted speedup "
+                f"{fmt(x) + ('×' if x else '')} · [open in Acceptance](acceptance?run={p['run']})"
             )
+        st.caption(speed_note)
 
 
 def main() -> None:

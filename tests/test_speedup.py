@@ -172,3 +172,7 @@ def test_pages_show_the_prediction_and_the_advisor(prepared, workspace_copy, mon
     clean(at)
     table = [d.value for d in at.dataframe if "predicted speedup" in d.value.columns]
     assert table and table[0]["predicted speedup"].notna().all()
+    at = app(workspace_copy, monkeypatch, "compare", sweep=str(prepared.train))
+    clean(at)
+    lines = [m.value for m in at.markdown if "open in Acceptance" in m.value]
+    assert len(lines) == 2 and all("predicted speedup" in x and "×" in x for x in lines)
