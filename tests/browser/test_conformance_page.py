@@ -49,18 +49,23 @@ def test_browser_shows_table_scatter_and_downloads_csv(spec_workspace, page, tmp
 
 
 def test_browser_round_by_round_and_fault_ranking_open_the_divergent_step(spec_workspace, page, tmp_path):
-    """An engine with a planted fault (the stand-in's context-window bug, per-step counters): the page shows the
-    round-by-round summary, the fault ranking naming context-window with its evidence, and a flagged prompt's
-    first divergent step opens in the token view with that step outlined."""
-    from speculative import one_torch_thread, plant
+    """An engine with a planted fault (the stand-in's context-window bug, per-step counters, serving the demo's
+    healthy drafter: the noisy one accepts almost nothing under the fault, so several faults reproduce it and none
+    is named with a clear margin): the page shows the round-by-round summary, the fault ranking naming
+    context-window with its evidence and margin, and a flagged prompt's first divergent step opens in the token
+    view with that step outlined."""
+    from speculative import DEMO, one_torch_thread, plant
 
+    from dflash_dash import demo, ops, pipeline
     from dflash_dash.analysis import steps
     from dflash_dash.pipeline import diagnose
 
     ws = private_copy(spec_workspace["ws"], tmp_path / "ws")
     st = Store(ws)
-    run = st.runs()[-1]["id"]
-    plant(st, "context-window", "broken", IDS[:2])
+    healthy = next(c for c in demo.checkpoints(DEMO / demo.CHECKPOINTS) if c.role == "final").path
+    with one_torch_thread():
+        run = pipeline.replay(st, ops.Replay(drafter=str(healthy), extraction=spec_workspace["extraction"]))["id"]
+    plant(st, "context-window", "broken", IDS[:2], drafter=healthy)
     with one_torch_thread():
         got = diagnose.rank_faults(st, run, "broken")
     assert got["explained_by"] == "context-window"
@@ -70,6 +75,7 @@ def test_browser_round_by_round_and_fault_ranking_open_the_divergent_step(spec_w
         page.get_by_role("heading", name="Round by round").wait_for()
         settle(page)
         page.get_by_text(steps.EVIDENCE["context-window"]).first.wait_for()
+        page.get_by_text(f"{got['margin']:.3f} above").first.wait_for()  # the winner's margin over the runner-up
         page.get_by_text("prompts diverging").first.wait_for()
         assert page.locator("[data-testid=stException]").count() == 0
         shot(page, "conformance-faults")
