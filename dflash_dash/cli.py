@@ -250,6 +250,16 @@ def cmd_profile(a, store):
     _print(out)
 
 
+def cmd_live(a, store):
+    out = pipeline.live(store, op_of(ops.Live, a), progress)
+    s = out["summary"]
+    print(f"live loop on {out['device']}: accept length {s['accept_length']}, speedup {s['speedup']}", file=sys.stderr)
+    _print(
+        {k: v for k, v in out.items() if k != "prompts"}
+        | {"prompts": {pid: {k: v for k, v in p.items() if k != "seeds"} for pid, p in out["prompts"].items()}}
+    )
+
+
 # ---------------------------------------------------------------------------
 # parser
 
@@ -359,6 +369,15 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
     )
     add_op_options(s, ops.Profile)
     s.set_defaults(fn=cmd_profile)
+
+    s = sub.add_parser(
+        "live",
+        help="the live loop: decode a set's prompts plainly and speculatively (the stand-in's decoder) at a "
+        "temperature over seeds; measured accept length and tokens/s per prompt, kept beside replays of the same "
+        "drafter on the set (JSON)",
+    )
+    add_op_options(s, ops.Live)
+    s.set_defaults(fn=cmd_live)
 
     s = sub.add_parser("demo", help="build the demo workspace from the committed assets (idempotent)")
     s.set_defaults(fn=cmd_demo)

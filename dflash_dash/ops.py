@@ -468,9 +468,46 @@ class Profile(Op):
         check_dtype(self.dtype)
 
 
+@dataclass
+class Live(Op):
+    kind: ClassVar[str] = "live"
+    target: str  # the target model folder (a Hugging Face causal LM) decoded plainly and speculatively
+    drafter: str  # the checkpoint the speculative decoder drafts with (the one a replay of this set evaluates)
+    completions: str  # the completion set whose prompts are decoded (each to its stored completion's length)
+    temperature: float = 0.0  # sampling temperature of both decoders (0: greedy)
+    top_p: float = 1.0  # with temperature > 0: nucleus mass kept, in (0, 1]
+    seed: int = 0  # the first seed; seeds seed, seed+1, ... (each draw seeded by the seed and its position)
+    seeds: int = 5  # seeds per prompt (the live accept length's 95% interval is over them)
+    verify: str = "target-sample"  # target-sample (greedy drafts, accepted while the target's sample equals them:
+    # SGLang's DFlash) | rejection (drafts sampled from the drafter, min(1, p/q): Leviathan et al.)
+    device: str = "cpu"  # cpu or cuda[:N]: where both models run (timings are this device's)
+    dtype: str = "float32"  # dtype of the target and the drafter (bfloat16 on a GPU, as engines serve)
+    max_prompts: int | None = None  # decode only the first N prompts of the set; None: all
+    max_new: int | None = None  # new tokens per prompt; None: the stored completion's length
+
+    def __post_init__(self):
+        self._need("target", "the target model folder to decode with")
+        self._need("drafter", "the checkpoint folder to draft with")
+        self._name("completions", "the completion set whose prompts are decoded")
+        t, p = self.temperature, self.top_p
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 100:
+            raise InputError(f"temperature {t!r}: give 0 (greedy) or a sampling temperature like 0.7", "temperature")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise InputError(f"top_p {p!r}: give a nucleus mass in (0, 1], like 0.95 (1: no cut)", "top_p")
+        self.temperature, self.top_p = float(t), float(p)
+        self._int("seed", 0, "expected a seed >= 0, like 0")
+        self._int("seeds", 1, "expected a positive number of seeds per prompt, like 5")
+        self._choice("verify", VERIFY)
+        self._device()
+        check_dtype(self.dtype)
+        for name in ("max_prompts", "max_new"):
+            if getattr(self, name) is not None:
+                self._int(name, 1, f"expected a positive number, or leave {name} unset")
+
+
 KINDS: dict[str, type[Op]] = {
     c.kind: c
-    for c in (Fetch, Extract, Replay, Sweep, SlidingCheck, Attribute, Diagnose, Baseline, Demo, Audit, Profile)
+    for c in (Fetch, Extract, Replay, Sweep, SlidingCheck, Attribute, Diagnose, Baseline, Demo, Audit, Profile, Live)
 }
 
 
@@ -480,4 +517,3 @@ def of(kind: str, args: dict | None) -> Op:
     if cls is None:
         raise InputError(f"unknown job kind {kind!r}; expected one of {', '.join(KINDS)}")
     return cls.from_args(args)
-

@@ -33,6 +33,7 @@ from dflash_dash.render.tokens import legend_html, round_html, text_html, token_
 from dflash_dash.vocab import Vocab
 from pages import baseline_view, common, jobs_view, speed_view
 from pages.heads_view import confidence_block, headroom_block
+from pages.live_view import live_block
 
 common.routed()
 
@@ -439,6 +440,7 @@ def main() -> None:
     full = common.summary(ws, run)
     summary_block(full, list(rows.values()), rid)
     speed_view.shown(ws, run)  # predicted speedup on a measured cost table; what to serve
+    live_block(ws, run, rows)  # the live loop's measured acceptance and tokens/s beside the estimate, when run
 
     st.subheader("Per prompt")
     comps = common.completions(ws, run["set_name"], stamp)

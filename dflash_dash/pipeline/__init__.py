@@ -34,6 +34,7 @@ from .ingest import (
     prompt_folder,
 )
 from .kept import ANALYSES, analysis, compare, conformance, export, import_engine_stats, keep, listing, signatures
+from .live import live, live_for
 from .replay import LayersMissing, check_replay, checkpoints_in, replay, sliding_check, store_run, sweep
 from .sampled import set_sampling
 from .speed import profile
@@ -50,9 +51,9 @@ __all__ = [
     "analysis",
     "compare",
     "attribute",
-    "baseline",
     "audit",
     "audits",
+    "baseline",
     "check_replay",
     "checkpoints_in",
     "conformance",
@@ -71,6 +72,8 @@ __all__ = [
     "keep",
     "layers_of",
     "listing",
+    "live",
+    "live_for",
     "parse_jsonl",
     "perform",
     "profile",
@@ -100,9 +103,10 @@ TABLE: dict[type[ops.Op], Handler] = {
     ops.SlidingCheck: sliding_check,
     ops.Attribute: attribute,
     ops.Baseline: baseline,
-    ops.Diagnose: lambda store, op, progress, runner: _diagnose(store, op, progress),
     ops.Audit: audit,
     ops.Profile: profile,
+    ops.Live: live,
+    ops.Diagnose: lambda store, op, progress, runner: _diagnose(store, op, progress),
 }
 
 # what a job records of each handler's answer (plain JSON, small)
@@ -114,9 +118,10 @@ RESULT: dict[type[ops.Op], Callable[[ops.Op, object], dict]] = {
     ops.SlidingCheck: lambda op, out: {"causal": out["causal"], "bidirectional": out["bidirectional"]},
     ops.Attribute: lambda op, out: {"run": out["run"], "taps": len(out["taps"])},
     ops.Baseline: lambda op, out: {"run": out["id"]},
-    ops.Diagnose: lambda op, out: {"run": out["run"], "engine": out["engine"], "explained_by": out["explained_by"]},
     ops.Audit: lambda op, out: {"audit": out["id"], "clean": out["clean"], "faults": out.get("faults", [])},
     ops.Profile: lambda op, out: {"costs": out["id"], "device": out["table"]["device"]},
+    ops.Live: lambda op, out: {"live": out["key"], "speedup": out["summary"]["speedup"]},
+    ops.Diagnose: lambda op, out: {"run": out["run"], "engine": out["engine"], "explained_by": out["explained_by"]},
 }
 
 
