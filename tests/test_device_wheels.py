@@ -113,8 +113,8 @@ def test_each_call_lists_benchmarks_whose_options_parse(tmp_path, monkeypatch):
         shutil.copy(dw.ROOT / "tools" / name, tmp_path / "tools" / name)
     monkeypatch.syspath_prepend(str(dw.ROOT / "benchmarks"))
     listed = []
-    for n in (1, 2):
-        (tmp_path / ".whl-device" / f"part{n - 1}").mkdir(parents=True)  # nothing to install
+    for n in (1, 2, 3):
+        (tmp_path / ".whl-device" / f"part{n - 1}").mkdir(parents=True)  # nothing to install (call 3 installs none)
         env = os.environ | {"DRY": "1"}
         env.pop("OUT", None)
         run = subprocess.run(["bash", "tools/device_session.sh", str(n)], cwd=tmp_path, env=env, capture_output=True)
@@ -127,6 +127,7 @@ def test_each_call_lists_benchmarks_whose_options_parse(tmp_path, monkeypatch):
         "benchmarks/bench_replay.py",
         "benchmarks/bench_audit.py",
         "benchmarks/bench_stream.py",
+        "benchmarks/bench_live.py",
     ]
     for timeout, signal, sig, seconds, python, script, *args in split:
         assert (timeout, signal, sig, python) == ("timeout", "-s", "INT", "python3") and int(seconds) <= 600

@@ -12,10 +12,11 @@ distribution of `logits[i]` as the request's engine defines it:
     from softmax(logits), then samples softmax(logits / T) over it.
   Either way the draw is proportional to exp(logits / T) over the kept tokens.
 The draw is the Gumbel-max trick with noise that depends only on (seed, position, token id): a torch.Generator seeded
-per request and position (`noise`). SGLang's seeded sampling works the same way (multinomial_with_seed hashes the
-request's sampling_seed with the token's position), so a token's draw does not depend on how many draws came before:
-speculative decoding at T commits exactly the tokens plain decoding at T commits with the same seed, the same seed
-gives the same completion and another seed another one. Without a seed a request draws a fresh random one.
+per request and position (`noise`), on the logits' device. SGLang's seeded sampling works the same way
+(multinomial_with_seed hashes the request's sampling_seed with the token's position), so a token's draw does not
+depend on how many draws came before: speculative decoding at T commits exactly the tokens plain decoding at T commits
+with the same seed, the same seed gives the same completion and another seed another one. Without a seed a request
+draws a fresh random one.
 Greedy requests never build a Sampling (protocols decide greediness in their engine's own terms).
 
 The `rejection` verify rule (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding",
@@ -35,16 +36,18 @@ from dataclasses import dataclass, field
 import torch
 
 
-def _generator(seed: int, position: int, stream: str = "") -> torch.Generator:
-    """A torch.Generator seeded from a hash of (seed, position[, stream]): every triple has its own stream."""
+def _generator(seed: int, position: int, stream: str = "", device="cpu") -> torch.Generator:
+    """A torch.Generator on `device` seeded from a hash of (seed, position[, stream]): every triple has its own
+    stream (on one device: a CUDA generator draws other numbers than the CPU's for the same seed)."""
     key = hashlib.blake2b(f"{seed}:{position}{':' + stream if stream else ''}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(key, "little") & (2**63 - 1))
+    return torch.Generator(device=device).manual_seed(int.from_bytes(key, "little") & (2**63 - 1))
 
 
-def noise(seed: int, position: int, vocab: int, stream: str = "") -> torch.Tensor:
-    """Gumbel noise [vocab] (float64) for the token at sequence `position` of a request seeded `seed` (`stream`:
-    another independent draw for the same position, e.g. a sampled draft's)."""
-    u = torch.rand(vocab, generator=_generator(seed, position, stream), dtype=torch.float64)
+def noise(seed: int, position: int, vocab: int, stream: str = "", device="cpu") -> torch.Tensor:
+    """Gumbel noise [vocab] (float64, on `device`) for the token at sequence `position` of a request seeded `seed`
+    (`stream`: another independent draw for the same position, e.g. a sampled draft's)."""
+    g = _generator(seed, position, stream, device)
+    u = torch.rand(vocab, generator=g, dtype=torch.float64, device=device)
     return -torch.log(-torch.log(u))  # u = 0 gives -inf: that token is never drawn
 
 
@@ -88,8 +91,10 @@ class Sampling:
 
     def kept(self, logits: torch.Tensor) -> torch.Tensor:
         """Log-probabilities [N, V] (float64) at the temperature, -inf outside the kept set."""
-        x = logits.detach().to("cpu", torch.float64)
+        x = logits.detach().to(torch.float64)  # on the logits' device (a GPU decoder samples there)
         logp = torch.log_softmax(x / self.temperature, dim=-1)
+        if not self.top_k and self.top_p >= 1.0 and self.min_p <= 0.0:
+            return logp  # nothing is cut: no sort over the vocabulary
         p = torch.softmax(x if self.top_p_first else x / self.temperature, dim=-1)
         ps, order = p.sort(dim=-1, descending=True)
         drop = torch.zeros_like(ps, dtype=torch.bool)
@@ -104,11 +109,14 @@ class Sampling:
         return logp.masked_fill(mask, float("-inf"))
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """p_T [N, V] (float64, CPU): the kept distribution at the temperature, 0 outside the kept set."""
+        """p_T [N, V] (float64, on the logits' device): the kept distribution at the temperature, 0 outside it."""
         return self.kept(logits.reshape(-1, logits.shape[-1])).exp()
 
     def pick(self, logits: torch.Tensor, positions: list[int]) -> list[int]:
         """One token per row of `logits` [N, V]: row i drawn for sequence position `positions[i]`."""
         logp = self.kept(logits.reshape(-1, logits.shape[-1]))
         V = logp.shape[-1]
-        return [int((logp[i] + noise(self.drawn_seed, pos, V)).argmax()) for i, pos in enumerate(positions)]
+        return [
+            int((logp[i] + noise(self.drawn_seed, pos, V, device=logp.device)).argmax())
+            for i, pos in enumerate(positions)
+        ]
