@@ -67,7 +67,8 @@ class Counters:
     accepted: list[int] = field(default_factory=list)  # drafts verification accepted at each step (0..B-1;
     #                                                         counted before the cut at max_new / a stop, so the
     #                                                         last step's may reach past the completion)
-    first_at: float = 0.0  # perf_counter when the prefill's token was known (the live loop's clock starts there)
+    first_at: float = field(default=0.0, compare=False)  # perf_counter when the prefill's token was known (the
+    #                                                      live loop's clock starts there; not compared)
 
     @property
     def verify_ct(self) -> int:
