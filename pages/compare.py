@@ -231,7 +231,9 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
             key="sweep_ex",
             format_func=common.extraction_label(by),
         )
-        how = jobs_view.checkpoint_inputs("sweep") | jobs_view.where_inputs("sweep")
+        how = (
+            jobs_view.checkpoint_inputs("sweep") | jobs_view.sampling_inputs("sweep") | jobs_view.where_inputs("sweep")
+        )
         if st.button("Start sweep", type="primary", disabled=not folder.strip()):
             from dflash_dash import pipeline
 
@@ -240,8 +242,10 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
             stream = (  # no feature files: the sweep runs the target again over the set
                 dict(stream=True, target=e["target_path"], completions=e["set_name"]) if common.streamed(e) else {}
             )
-            with common.guard({"checkpoints": "training output folder"}):  # a mistyped folder, one without a
-                # checkpoint or with a damaged one: said here, no job; what is not a checkpoint is listed
+            with common.guard({"checkpoints": "training output folder"} | jobs_view.SAMPLING):  # a mistyped folder,
+                # one without a checkpoint or with a damaged one, a temperature without the extraction's top-K: said
+                # here, no job; what is not a checkpoint is listed
+                jobs_view.has_topk(e, how | stream)
                 _, skipped = pipeline.checkpoints_in(folder.strip())
                 jobs_view.start_job(ops.Sweep(checkpoints=folder.strip(), extraction=ex, **how, **stream))
                 if skipped:

@@ -2,13 +2,14 @@
 it runs (memory-release API, the configured stop/start commands, or none); GPU memory per device; every
 existing extraction with its backend and a Re-extract button that asks for device and dtype (this machine's by
 default). The new-extraction form takes several drafter checkpoints (one a line): the extraction holds the union
-of their layers and serves each of them. Both forms check before a job starts (jobs.orchestrate.check_extract, as
-`extract` on the CLI): a device the machine lacks is refused, a duplicate of an existing extraction (one holding
-the layers asked for) needs a tick, and an extraction whose feature files would not fit on the workspace's disk is
-refused with both figures (pipeline.disk). "Evaluate without feature files" streams instead: the target runs and a
-checkpoint (or every checkpoint of a training folder) replays on its features in memory (replay/sweep --stream).
-Every job form runs on a device, this host's GPUs or a Ray cluster (jobs_view.where_inputs). URL: extraction (forms,
-no selection)."""
+of their layers and serves each of them, with the target's top-K per completion position ("target top-K", 64 by
+default: what the expected acceptance at a temperature reads). Both forms check before a job starts
+(jobs.orchestrate.check_extract, as `extract` on the CLI): a device the machine lacks is refused, a duplicate of an
+existing extraction (one holding the layers asked for) needs a tick, and an extraction whose feature files (and
+top-K) would not fit on the workspace's disk is refused with both figures (pipeline.disk). "Evaluate without feature
+files" streams instead: the target runs and a checkpoint (or every checkpoint of a training folder) replays on its
+features in memory (replay/sweep --stream, at a sampling temperature too). Every job form runs on a device, this
+host's GPUs or a Ray cluster (jobs_view.where_inputs). URL: extraction (forms, no selection)."""
 
 from __future__ import annotations
 
@@ -100,19 +101,26 @@ def existing(ws: str, stamp: str, orch: str) -> None:
                 reextract_form(e, orch)
 
 
-def check(target: str, set_name: str, layers: list[int], device: str, dtype: str) -> list[str]:
+def check(target: str, set_name: str, layers: list[int], device: str, dtype: str, topk: int = 0) -> list[str]:
     """The checks before an extraction job (the CLI's `extract` makes the same): device and dtype, then the disk
-    (both figures); raises the UserError naming the fix. Returns the duplicate warnings of check_extract."""
+    (both figures, the target's top-`topk` counted); raises the UserError naming the fix. Returns the duplicate
+    warnings of check_extract."""
     from dflash_dash.jobs import orchestrate
 
     dups = orchestrate.check_extract(common.store(), target, set_name, layers, device, dtype)
-    disk.check(disk.plan(common.store(), set_name, layers, target))
+    disk.check(disk.plan(common.store(), set_name, layers, target, topk=topk))
     return dups
 
 
-def refusal(err: UserError) -> None:
-    """A refused extraction, in the page; a disk too small also points at the streaming form."""
+def refusal(err: UserError, topk: int = 0) -> None:
+    """A refused extraction, in the page; a disk too small also points at the streaming form (and at the target
+    top-K field when it adds bytes)."""
     more = f"\n\nOn this page: **{STREAM}** below evaluates checkpoints without them."
+    if topk:
+        more += (
+            f" The **{TOPK}** field ({topk}) adds {8 * topk + 4:,} bytes a completion token: a smaller one (0: none, "
+            "no expected acceptance at a temperature) needs less."
+        )
     st.error(f"{err}{more if isinstance(err, disk.DiskFull) else ''}")
 
 
@@ -177,6 +185,15 @@ def new_form(sets: list[dict], exs: list[dict], orch: str) -> None:
             value=",".join(map(str, last.get("layer_ids") or [])),
             help="comma-separated, e.g. 1,16,31,46,61; ignored when a drafter is given",
         )
+        topk = st.number_input(
+            TOPK,
+            0,
+            4096,
+            ops.TARGET_TOPK,
+            key="extract_topk",
+            help="the target's top-K log-probabilities kept per completion position (with the mass outside them), "
+            "which the expected acceptance at a sampling temperature reads; 8K + 4 bytes a completion token; 0: none",
+        )
         where = jobs_view.where_inputs("extract")
         again = st.checkbox("extract again even if an extraction like it exists", key="extract_again")
         go = st.form_submit_button("Extract", type="primary")
@@ -190,16 +207,16 @@ def new_form(sets: list[dict], exs: list[dict], orch: str) -> None:
         return
     from dflash_dash import pipeline
 
-    args = {"target": target.strip(), "completions": set_name, "orchestrate": orch, **where}
+    args = {"target": target.strip(), "completions": set_name, "orchestrate": orch, "target_topk": int(topk), **where}
     if drafter.strip():
         args["drafter"] = drafter.splitlines()  # ops.parse_paths: one folder a line, blanks dropped
     else:
         args["layers"] = pipeline.layers_of(None, layers.strip())
     lay = args.get("layers") or pipeline.layers_of(args["drafter"], None)
     try:
-        dups = check(args["target"], set_name, lay, args["device"], args["dtype"])
+        dups = check(args["target"], set_name, lay, args["device"], args["dtype"], int(topk))
     except UserError as err:
-        refusal(err)
+        refusal(err, int(topk))
         return
     if dups and not again:
         st.warning(
@@ -212,7 +229,7 @@ def new_form(sets: list[dict], exs: list[dict], orch: str) -> None:
             "On CPU the torch path of the linear-attention kernels is used (backend `torch`), not the fla kernels "
             "the drafter was trained on."
         )
-    with common.guard():  # a mistyped GPU list or Ray address: said here, no job
+    with common.guard({"target_topk": TOPK}):  # a mistyped GPU list or Ray address: said here, no job
         jobs_view.start_job(ops.Extract(**args))
 
 
@@ -244,6 +261,7 @@ def main() -> None:
 
 
 STREAM = "Evaluate without feature files"
+TOPK = "target top-K"  # the new-extraction form's label of ops.Extract.target_topk
 
 
 def stream_block(sets: list[dict], exs: list[dict]) -> None:
@@ -274,7 +292,11 @@ def stream_block(sets: list[dict], exs: list[dict]) -> None:
             key="stream_folder",
             placeholder="/path/to/epoch_0_step_1000 or /path/to/outputs",
         )
-        how = jobs_view.checkpoint_inputs("stream") | jobs_view.where_inputs("stream")
+        how = (
+            jobs_view.checkpoint_inputs("stream")
+            | jobs_view.sampling_inputs("stream")
+            | jobs_view.where_inputs("stream")
+        )
         go = st.form_submit_button("Stream", type="primary")
     if go:
         if not target.strip() or not folder.strip():
@@ -283,6 +305,7 @@ def stream_block(sets: list[dict], exs: list[dict]) -> None:
         from dflash_dash import pipeline
 
         labels = {"target": "target model folder", "checkpoints": "checkpoint folder", "drafter": "checkpoint folder"}
+        labels |= jobs_view.SAMPLING
         with common.guard(labels):  # a mistyped folder, a drafter the target cannot feed: said here, no job
             args = dict(stream=True, target=forms.folder(target, "target"), completions=set_name, **how)
             found, skipped = pipeline.checkpoints_in(folder.strip())

@@ -37,6 +37,48 @@ def checkpoint_inputs(key: str) -> dict:
     return {k: v for k, v in out.items() if v}
 
 
+VERIFY_CHOICES = {  # ops.VERIFY, each rule as an engine runs it (pages/expected_view.RULES names the sources)
+    "target-sample: greedy drafts, accepted while the target's sample equals them (SGLang DFlash)": "target-sample",
+    "rejection: drafts sampled at T, accepted with min(1, p/q) (Leviathan et al.)": "rejection",
+}
+SAMPLING = {"temperature": "sampling temperature T", "verify": "verify rule"}  # the form labels of ops' fields
+
+
+def sampling_inputs(key: str) -> dict:
+    """The expected acceptance at a sampling temperature (replay, sweep and streaming forms): T (empty: greedy
+    only) and the verify rule. Job arguments: {} without a temperature."""
+    c1, c2 = st.columns(2)
+    t = c1.number_input(
+        SAMPLING["temperature"],
+        min_value=0.0,
+        max_value=100.0,
+        value=None,
+        step=0.1,
+        key=f"{key}_temperature",
+        placeholder="empty: greedy tau only",
+        help="also the expected acceptance at this temperature, teacher-forced along the stored completion (needs "
+        "an extraction with the target's top-K); 0: the greedy limit",
+    )
+    how = "how the engine you serve with verifies drafts at T"
+    rule = c2.selectbox(SAMPLING["verify"], list(VERIFY_CHOICES), key=f"{key}_verify", help=how)
+    return {} if t is None else {"temperature": float(t), "verify": VERIFY_CHOICES[rule]}
+
+
+def has_topk(e: dict, args: dict) -> None:
+    """Refuse a temperature on extraction `e` that kept no target top-K (a streamed job computes it), in the forms'
+    words: the field and where the fix is made."""
+    from dflash_dash.pipeline.extract import topk_of
+
+    if args.get("temperature") is None or args.get("stream") or topk_of(e):
+        return
+    raise ops.InputError(
+        f"temperature: extraction {e['id']} kept no target top-K, which the expected acceptance at a temperature "
+        f"reads; make an extraction with target top-K {ops.TARGET_TOPK} on the Extraction page (or pick another "
+        "extraction), or clear the sampling temperature",
+        "temperature",
+    )
+
+
 def where_inputs(key: str) -> dict:
     """Where a job runs, the inputs every job form shares: one process on a device, the one-host pool (GPUs), or a
     Ray cluster (its address; on a cluster without GPUs, its CPU workers), and the compute dtype. Job arguments
@@ -218,6 +260,7 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
             format_func=common.extraction_label(by_id),
         )
         budget = c2.number_input("DDTree budget", 0, 256, 8)
+        sampled = sampling_inputs("replay")
         where = where_inputs("replay")
         go = st.form_submit_button("Replay", type="primary")
     if go:
@@ -236,8 +279,9 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
             )
             if stream:
                 st.info(f"Extraction {ex} was streamed (no feature files): this replay runs the target again.")
-            with common.guard({"drafter": "checkpoint folder"}):  # a mistyped folder, a damaged checkpoint or a
-                # drafter this extraction cannot feed: said here, no job
+            with common.guard({"drafter": "checkpoint folder"} | SAMPLING):  # a mistyped folder, a damaged
+                # checkpoint, a drafter this extraction cannot feed, a temperature without its top-K: said here, no job
+                has_topk(e, sampled | stream)
                 op = ops.Replay(
                     drafter=ck.strip(),
                     extraction=ex,
@@ -246,6 +290,7 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
                     force=True,  # a click on Replay asks for a new run (the run list shows any earlier one)
                     **how,
                     **stream,
+                    **sampled,
                 )
                 pipeline.check_replay(common.store(), op)
                 start_job(op)

@@ -19,24 +19,27 @@ from dflash_dash.render.speedup import (
     predicted_caption,
     table_label,
 )
-from pages import common
+from pages import common, profile_view
 
 NO_TABLE = (
-    "No cost table in this workspace yet: measure one on the serving GPU with "
-    "`python -m dflash_dash profile --target DIR --drafter CKPT --device cuda --dtype bfloat16`."
+    "No cost table in this workspace yet: measure one on the GPU you serve with, through **Measure a cost table** in "
+    "Acceptance's Predicted speedup section (or `python -m dflash_dash profile` on that machine)."
 )
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def _tables(ws: str, stamp: str) -> list[dict]:
+def _tables(ws: str, ids: tuple[str, ...]) -> list[dict]:
     from dflash_dash.pipeline import speed
 
     return speed.tables(common._store(ws))
 
 
 def pick_table(ws: str, key: str) -> str | None:
-    """The cost table the page prices with (newest first; None: none kept, said so)."""
-    tabs = _tables(ws, common.stamp())
+    """The cost table the page prices with (newest first; None: none kept, said so). Cached on the kept tables' ids
+    (a profile job's new table adds no run, so the workspace's stamp would not show it)."""
+    from dflash_dash.pipeline import speed
+
+    tabs = _tables(ws, tuple(common.store().analysis(speed.COSTS, speed.INDEX) or ()))
     if not tabs:
         st.info(NO_TABLE)
         return None
@@ -66,6 +69,7 @@ def shown(ws: str, run: dict) -> None:
         st.caption("A model-free baseline drafts on the host: its drafting cost is not a drafter block's.")
         return
     tid = pick_table(ws, "speed_costs")
+    profile_view.form(ws, run, expanded=tid is None)  # a new table: open while none is kept
     if tid is None:
         return
     try:
