@@ -31,7 +31,7 @@ from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import TAU_COLUMNS, outlier_links, pattern_rows, prompt_table, summary_rows
 from dflash_dash.render.tokens import legend_html, round_html, text_html, token_html
 from dflash_dash.vocab import Vocab
-from pages import baseline_view, common, jobs_view, speed_view
+from pages import baseline_view, common, expected_view, jobs_view, speed_view
 from pages.heads_view import confidence_block, headroom_block
 from pages.live_view import live_block
 
@@ -439,6 +439,7 @@ def main() -> None:
     rows = common.prompt_rows(ws, rid)  # per-prompt numbers only: no page loads every token of every prompt
     full = common.summary(ws, run)
     summary_block(full, list(rows.values()), rid)
+    expected_view.shown(full)  # a run at a temperature: tau_expected, its bound, rule and formula
     speed_view.shown(ws, run)  # predicted speedup on a measured cost table; what to serve
     live_block(ws, run, rows)  # the live loop's measured acceptance and tokens/s beside the estimate, when run
 
