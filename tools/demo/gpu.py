@@ -5,11 +5,14 @@ The target's Gated DeltaNet backward runs on the torch path (fla 0.6.0 refuses i
 with Triton < 3.7.1); every forward after it runs on fla. The drafter's training data is the target's own greedy
 continuations and their hidden states; the drafters are one healthy run (snapshots early, mid and final under
 checkpoints/healthy/) and, trained identically but for one bug each, one per `train_drafter.BUGS`
-(checkpoints/bugs/). Coding-10 is completed greedily on the torch path on the CPU (as the local server does) and
+(checkpoints/bugs/). The healthy run is trained once per drafter-data mix of `MIX` (the share of coding-10-family
+sequences kept) until one's coding-10 tau (`train_drafter.probe`, on the GPU's greedy coding-10 completions) falls in
+TAU_LO..TAU_HI, and the mix nearest TAU_AIM is kept for it and the bug runs (every variant recorded).
+Coding-10 is completed greedily on the torch path on the CPU (as the local server does) and
 its completions extracted with fla in the feature-cache format.
 
 Contract: `gpu(build, out, device, smoke)` reads `prepare`'s outputs from `build` and writes target.tar,
-drafters.tar, fla.tar, train_seqs.json, preview.txt and gpu.json to `out`, each stage as soon as it is done
+healthy*.tar, bugs.tar, fla.tar, preview.txt and gpu.json to `out`, each stage as soon as it is done
 (DEMO_REUSE=<earlier out> reuses a trained target; the other DEMO_* variables size the run). `device="cpu",
 smoke=True` runs every step at toy size on the torch path (development). Returns the record (gpu.json).
 """
@@ -17,11 +20,13 @@ smoke=True` runs every step at toy size on the torch path (development). Returns
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
 import tarfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -60,9 +65,25 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     def save_rec() -> None:
         (out / "gpu.json").write_text(json.dumps(rec, indent=2))
 
-    def pack(name: str, src: Path) -> None:
-        with tarfile.open(out / f"{name}.tar", "w") as tf:
-            tf.add(src, arcname=src.name)
+    def pack(name: str, src: Path, part: int = 14 * 2**20) -> None:
+        """src as out/name.tar, or, when larger than `part` bytes, its subfolders in out/name-K.tar of at most
+        about `part` each (a device call returns files of at most 16 MiB)."""
+        size = lambda q: sum(f.stat().st_size for f in q.rglob("*") if f.is_file())  # noqa: E731
+        if size(src) <= part:
+            with tarfile.open(out / f"{name}.tar", "w") as tf:
+                tf.add(src, arcname=src.name)
+            return
+        groups, cur = [[]], 0
+        for sub in sorted(src.iterdir()):
+            if cur + size(sub) > part and groups[-1]:
+                groups.append([])
+                cur = 0
+            groups[-1].append(sub)
+            cur += size(sub)
+        for k, grp in enumerate(groups):
+            with tarfile.open(out / f"{name}-{k}.tar", "w") as tf:
+                for sub in grp:
+                    tf.add(sub, arcname=f"{src.name}/{sub.name}")
 
     # -- target: the Gated DeltaNet backward runs on the torch path (fla 0.6.0 refuses its gated chunk backward
     #    on Hopper with Triton < 3.7.1: wrong gradients, fla issue #640); every forward after it runs on fla
@@ -106,7 +127,8 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     save_rec()
     pack("target", tgt)
     prev = json.loads((reuse / "gpu.json").read_text()) if reuse and (reuse / "gpu.json").is_file() else {}
-    rec["preview"] = prev.get("preview") or preview(tgt, build, out, device, smoke)
+    if os.environ.get("DEMO_PREVIEW"):
+        rec["preview"] = prev.get("preview") or preview(tgt, build, out, device, smoke)
     save_rec()
     if os.environ.get("DEMO_STOP_AFTER_TARGET"):
         rec["seconds"] = round(time.perf_counter() - t_all, 1)
@@ -118,13 +140,26 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(str(tgt), dtype=torch.float32).to(device).eval()
     prompts = json.loads((build / "train_prompts.json").read_text())
+    gfile = build / "train_groups.json"
+    groups = json.loads(gfile.read_text()) if gfile.is_file() else ["generic"] * len(prompts)
     if smoke:
-        prompts = prompts[:8] + prompts[-8:]
+        prompts, groups = prompts[:8] + prompts[-8:], groups[:8] + groups[-8:]
     if os.environ.get("DEMO_TRAIN_PROMPTS"):  # calibration runs: fewer sequences
         k = int(os.environ["DEMO_TRAIN_PROMPTS"]) // 2
-        prompts = prompts[:k] + prompts[-k:]
+        prompts, groups = prompts[:k] + prompts[-k:], groups[:k] + groups[-k:]
     new = int(os.environ.get("DEMO_NEW_TOKENS", MAX_NEW_TOKENS if not smoke else 32))
-    seqs = td.generate(model, prompts, new, device, batch=4096)
+    c10 = json.loads((build / "coding10.json").read_text())
+    c10_ids = [c["prompt_ids"] for c in c10]
+    seqs = td.generate(model, prompts + c10_ids, new, device, batch=4096)
+    probe_seqs = [td.cut(s, len(p), EOS) for s, p in zip(seqs[len(prompts) :], c10_ids)]  # coding-10, GPU greedy
+    seqs = seqs[: len(prompts)]
+    tok = AutoTokenizer.from_pretrained(str(tgt))
+    (out / "preview.txt").write_text("\n".join(f"===== {c['id']}\n{tok.decode(s)}\n" for c, s in zip(c10, probe_seqs)))
+    log("coding-10 preview (GPU greedy):\n" + "\n".join(tok.decode(s)[:600] for s in probe_seqs[:4]))
+    rec["preview"] = {
+        "completion_tokens": [len(s) - len(p) for s, p in zip(probe_seqs, c10_ids)],
+        "distinct_completions": len({tuple(s[len(p) :]) for s, p in zip(probe_seqs, c10_ids)}),
+    }
     # not cut at <|endoftext|>: past it the target goes on with a new document of its own (comment, def line,
     # body), still its own behaviour to learn
     seqs = [td.cut(s, len(p), eos=2) for s, p in zip(seqs, prompts)]
@@ -137,6 +172,9 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     head = target_mod.load_head(str(tgt), device, torch.float32)
     feats = td.features(decoder, decoder.layers, [seqs[i] for i in keep], LAYER_IDS, device, fixed=fla)
     data = [(f, torch.tensor(seqs[i], device=device), len(prompts[i])) for f, i in zip(feats, keep)]
+    pfeats = td.features(decoder, decoder.layers, probe_seqs, LAYER_IDS, device, fixed=False)
+    probe_data = ([torch.tensor(x, device=device) for x in probe_seqs], pfeats, [len(p) for p in c10_ids])
+    kept_groups = [groups[i] for i in keep]
     # spot check: the batched features equal target.extract's for one sequence
     ref = target_mod.extract(decoder, data[-1][1], LAYER_IDS).to(torch.bfloat16)
     spot = float((ref.float() - data[-1][0].float()).abs().max())
@@ -154,9 +192,6 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
         "batched_vs_extract_max_abs": spot,
     }
     log(f"drafter data: {rec['drafter_data']}")
-    (out / "train_seqs.json").write_text(
-        json.dumps({"prompt_lens": [len(prompts[i]) for i in keep], "seqs": [seqs[i] for i in keep]})
-    )
 
     # -- drafters
     info = target_mod.describe(tgt)
@@ -177,7 +212,7 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
         seed=SEED,
     )
     dk = work / "drafters"
-    budget = float(os.environ.get("DEMO_DRAFTER_BUDGET", 70))  # seconds for each drafter run
+    budget = float(os.environ.get("DEMO_DRAFTER_BUDGET", 30))  # seconds for each drafter run
     # batched: 32 sequences x 64 anchors = 2048 blocks a step in one stacked blocks call (the GPU is otherwise
     # idle on a Python loop over a few sequences); the early snapshot at 2% of the steps
     # the lowest validation loss (64 held-out sequences) is kept: with ~0.3M completion tokens the drafter
@@ -193,9 +228,7 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
         log_every=50,
     )
     # every bug run is the healthy run with its bug: same budget, seed, data and schedule
-    good = td.DrafterTraining(
-        budget_s=budget, snapshot_fracs=[0.02, 0.1, 0.3], snapshot_name="healthy/step{step:04d}", **kw
-    )
+    good = td.DrafterTraining(budget_s=budget, snapshot_fracs=SNAPSHOTS, snapshot_name="healthy/step{step:04d}", **kw)
     bads = {b: td.DrafterTraining(budget_s=budget, bug=b, **kw) for b in td.BUGS}
     if os.environ.get("DEMO_DRAFTER_STEPS"):
         for t in (good, *bads.values()):
@@ -203,18 +236,52 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     if smoke:
         for t in (good, *bads.values()):
             t.steps, t.budget_s, t.log_every, t.seqs_per_step, t.anchors_per_seq = 12, None, 4, 4, 16
-            t.val_seqs, t.warmup, t.snapshot_fracs = 4, 3, [0.25] if t.snapshot_fracs else []
+            t.val_seqs, t.warmup = 4, 3
     order = list(range(len(data)))
     random.Random(SEED + 3).shuffle(order)  # the held-out (last) sequences: a seeded mix of every family
     pad = td.Padded([data[i] for i in order])
     pad.noisy, pad.top_ids, pad.top_lp = (stack([labels[k][i] for i in order], pad.T) for k in range(3))
     del data, labels
-    rec["drafters"] = td.train(pad, head, d, good, dk, "healthy/step{step:04d}", device, log)
-    for bug, t in bads.items():
-        rec["drafters"] += td.train(pad, head, d, t, dk, "bugs/" + bug.replace("_", "-") + "-step{step}", device, log)
+    # the drafter's data mix: the share of coding-10-family sequences (the demo's prompt set) among its training
+    # sequences, chosen in this call from the healthy run's coding-10 tau (nearest TAU_AIM; variants recorded)
+    n_train = len(pad) - good.val_seqs
+    gr = [kept_groups[i] for i in order][:n_train]
+    coding = [i for i, x in enumerate(gr) if x == "coding"]
+    other = [i for i, x in enumerate(gr) if x != "coding"]
+    rec["drafter_data"]["groups"] = {x: gr.count(x) for x in sorted(set(gr))}
+    variants = {}
+    for share in MIX if not smoke else MIX[:2]:
+        pool = torch.tensor(sorted(other + coding[: int(round(share * len(coding)))]))
+        vt = td.DrafterTraining(**(asdict(good) | {"snapshot_fracs": list(good.snapshot_fracs)}))
+        vdir = work / f"variant-{share}"
+        recs = td.train(pad, head, d, vt, vdir, "healthy/step{step:04d}", device, log, pool=pool)
+        pr = td.probe(vdir / recs[-1]["name"], head, *probe_data)
+        variants[share] = (pool, vdir, recs, pr)
+        log(f"mix {share}: coding-10 probe {pr}")
+        rec["mix_variants"] = [
+            {"coding_share": k, "probe": v[3], "steps": v[2][-1]["step"]} for k, v in variants.items()
+        ]
         save_rec()
+        if TAU_LO <= pr["tau_macro"] <= TAU_HI:
+            break
+    share = min(variants, key=lambda k: abs(math.log(max(variants[k][3]["tau_macro"], 1e-3) / TAU_AIM)))
+    pool, vdir, recs, pr = variants[share]
+    shutil.move(str(vdir / "healthy"), str(dk / "healthy") if dk.is_dir() else _mk(dk) / "healthy")
+    for r in recs:
+        r["coding_share"] = share
+    for r in recs[:-1]:
+        r["probe"] = td.probe(dk / r["name"], head, *probe_data)
+    recs[-1]["probe"] = pr
+    rec["drafters"], rec["mix"] = recs, {"coding_share": share, "aim": TAU_AIM, "probe": pr}
     save_rec()
-    pack("drafters", dk)
+    pack("healthy", dk / "healthy")
+    for bug, t in bads.items():
+        br = td.train(pad, head, d, t, dk, "bugs/" + bug.replace("_", "-") + "-step{step}", device, log, pool=pool)
+        br[-1]["probe"] = td.probe(dk / br[-1]["name"], head, *probe_data)
+        log(f"{bug}: coding-10 probe {br[-1]['probe']}")
+        rec["drafters"] += br
+        save_rec()
+    pack("bugs", dk / "bugs")
     del pad
 
     # -- coding-10: reference completions on the torch path (CPU, as the local server), fla on the GPU
@@ -315,6 +382,16 @@ def head_text(tgt: Path, c: dict) -> str:
 
     tok = AutoTokenizer.from_pretrained(str(tgt))
     return tok.decode(c["prompt_ids"] + c["output_ids"])
+
+
+SNAPSHOTS = [0.01, 0.02, 0.04, 0.07, 0.12, 0.2, 0.33, 0.5, 0.75]  # the healthy run's snapshots (fractions of steps)
+MIX = [1.0, 0.25, 0.0]  # share of coding-10-family sequences kept in the drafter's data, tried in this order
+TAU_AIM, TAU_LO, TAU_HI = 5.5, 3.5, 7.5  # the healthy drafter's coding-10 tau the data mix aims at / accepts
+
+
+def _mk(p: Path) -> Path:
+    p.mkdir(parents=True, exist_ok=True)
+    return p
 
 
 NOISE = 0.5  # noisy_labels: share of completion tokens masked before the target labels the sequence

@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("prepare")
     s.add_argument("--build", default=".demo-build")
     s.add_argument("--free", action="store_true", help="a writer's free choices in the corpus (tools/demo/vary.py)")
+    s.add_argument("--real", action="store_true", help="mix in the standard library's functions (tools/demo/stdlib.py)")
+    s.add_argument("--docs", type=int, default=160_000, help="synthetic documents in the target's corpus")
     s = sub.add_parser("gpu")
     s.add_argument("--build", default=".demo-build")
     s.add_argument("--out", required=True)
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--assets", default=str(ASSETS))
     a = p.parse_args(argv)
     if a.step == "prepare":
-        prepare(Path(a.build), free=a.free)
+        prepare(Path(a.build), n_docs=a.docs, free=a.free, real=a.real)
     elif a.step == "gpu":
         gpu(Path(a.build), Path(a.out), a.device, a.smoke)
     elif a.step == "finish":

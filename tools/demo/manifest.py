@@ -35,16 +35,22 @@ def unpack(src: Path, build: Path, assets: Path = ASSETS, command: str = "") -> 
     if assets.exists():
         shutil.rmtree(assets)
     assets.mkdir(parents=True)
-    for name in ("target", "drafters", "fla"):
-        with tarfile.open(src / f"{name}.tar") as tf:
-            tf.extractall(assets, filter="data")
-    (assets / "drafters").rename(assets / CHECKPOINTS)
+    tars = [src / "target.tar", src / "fla.tar"] + sorted(src.glob("healthy*.tar")) + sorted(src.glob("bugs*.tar"))
+    for f in tars:
+        with tarfile.open(f) as tf:
+            tf.extractall(assets if f.stem in ("target", "fla") else assets / CHECKPOINTS, filter="data")
     gpu_rec = json.loads((src / "gpu.json").read_text())
     prep = json.loads((build / "prepare.json").read_text())
     sizes = {str(p.relative_to(assets)): p.stat().st_size for p in sorted(assets.rglob("*")) if p.is_file()}
     manifest = {
         "what": "dflash-dash demo assets: a small hybrid qwen3_5_text target (Gated DeltaNet + full attention) "
-        "trained on a synthetic corpus of small Python functions (tools/demo/synth.py), DFlash drafters trained "
+        "trained on a synthetic corpus of small Python functions (tools/demo/synth.py)"
+        + (
+            " mixed with the standard library's functions (tools/demo/stdlib.py, PSF licence)"
+            if prep.get("stdlib")
+            else ""
+        )
+        + ", DFlash drafters trained "
         "against its hidden states (a healthy run and one run per training bug), and its coding-10 completions' "
         "hidden states extracted on GPU with fla",
         "commands": {

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import platform
+import random
 import time
 from pathlib import Path
 
@@ -22,8 +23,11 @@ from dflash_dash.demo import PROMPT_SET
 
 from .common import SEED, SPLIT, VOCAB, log
 
+HELD_OUT = 0.25  # share of standard-library modules kept from the target: the drafter's real-code prompts
+REAL_REPEAT = 2  # the standard library's training functions appear this many times in the target's corpus
 
-def prepare(build: Path, n_docs: int = 160_000, n_prompts: int = 8192, free: bool = False) -> dict:
+
+def prepare(build: Path, n_docs: int = 160_000, n_prompts: int = 8192, free: bool = False, real: bool = False) -> dict:
     from transformers import AutoTokenizer
 
     from dflash_dash import prompts
@@ -34,6 +38,13 @@ def prepare(build: Path, n_docs: int = 160_000, n_prompts: int = 8192, free: boo
     t0 = time.perf_counter()
     build.mkdir(parents=True, exist_ok=True)
     docs = [p + b for p, b in synth.corpus(n_docs, SEED, free)]
+    lib_train, lib_held = [], []
+    if real:  # the standard library's functions (PSF licence) mixed in, seeded order
+        from . import stdlib
+
+        lib_train, lib_held = stdlib.split(stdlib.functions(), HELD_OUT)
+        docs += [p + b for _, p, b in lib_train] * REAL_REPEAT
+        random.Random(SEED).shuffle(docs)
     tok_dir = tiny.write_tokenizer(build / "tokenizer", vocab_size=VOCAB, corpus=docs[:20_000], split=SPLIT)
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     eot = tok.convert_tokens_to_ids("<|endoftext|>")
@@ -46,8 +57,14 @@ def prepare(build: Path, n_docs: int = 160_000, n_prompts: int = 8192, free: boo
     tokens = np.asarray(ids, dtype=np.uint16)
     np.savez_compressed(build / "tokens.npz", tokens=tokens)
     np.savez(build / "doc_starts.npz", commented=np.asarray(starts, dtype=np.int64))
-    gen = [tok(p, add_special_tokens=False)["input_ids"] for p, _ in synth.corpus(n_prompts, SEED + 1, free)]
+    tagged = synth.tagged(n_prompts, SEED + 1, free)
+    gen = [tok(p, add_special_tokens=False)["input_ids"] for _, (p, _) in tagged]
+    groups = ["coding" if c else "generic" for c, _ in tagged]
+    if real:  # the drafter's real-code prompts: functions of modules the target never read
+        gen += [tok(p, add_special_tokens=False)["input_ids"] for _, p, _ in lib_held]
+        groups += ["stdlib"] * len(lib_held)
     (build / "train_prompts.json").write_text(json.dumps(gen))
+    (build / "train_groups.json").write_text(json.dumps(groups))
     # coding-10 exactly as pipeline.fetch tokenises a plain-text prompt
     c10 = [
         {"id": p["id"], "prompt": p["prompt"], "prompt_ids": list(tok(p["prompt"])["input_ids"])}
@@ -60,6 +77,18 @@ def prepare(build: Path, n_docs: int = 160_000, n_prompts: int = 8192, free: boo
         f"{len(synth.FAMILIES)} families, each with varied identifiers, constants and wording)",
         "documents": n_docs,
         "free_choices": free,
+        "stdlib": {
+            "what": "functions of the Python standard library (this interpreter's), as comment + def prompt and body",
+            "licence": "PSF License Version 2 (Python Software Foundation); Copyright (c) 2001 Python Software "
+            "Foundation; All Rights Reserved",
+            "train_functions": len(lib_train),
+            "repeat": REAL_REPEAT,
+            "held_out_functions": len(lib_held),
+            "held_out_frac": HELD_OUT,
+        }
+        if real
+        else None,
+        "prompt_groups": {g: groups.count(g) for g in sorted(set(groups))},
         "distinct_documents": len(set(docs)),
         "vocab_size": len(tok),
         "pre_tokenizer": SPLIT,

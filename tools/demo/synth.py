@@ -213,6 +213,17 @@ def document(r: random.Random, free: bool = False) -> Doc:
     return (p, vary(r, p, body)) if free else (p, body)
 
 
+def tagged(n: int, seed: int, free: bool = False) -> list[tuple[bool, Doc]]:
+    """`corpus(n, seed, free)` with each document tagged True when it comes from a coding-10 family (the same
+    draws: the same documents as `corpus`)."""
+    r, out = random.Random(seed), []
+    for _ in range(n):
+        fam = r.choices(FAMILIES, weights=WEIGHTS)[0]
+        p, body = fam(r)
+        out.append((fam in CODING, (p, vary(r, p, body)) if free else (p, body)))
+    return out
+
+
 def corpus(n: int, seed: int, free: bool = False) -> list[Doc]:
     """n documents, deterministic for a seed (and `free`)."""
     r = random.Random(seed)

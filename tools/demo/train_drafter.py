@@ -247,6 +247,7 @@ def train(
     log=print,
     init: str | Path | None = None,
     step0: int = 0,
+    pool: torch.Tensor | None = None,
 ) -> list[dict]:
     """Train one drafter on `data` = [(features [T, K*H], tokens [T], prompt_len)], all on `device`.
 
@@ -302,7 +303,10 @@ def train(
             grp["lr"] = _lr(step, t)
         opt.zero_grad(set_to_none=True)
         tot, acc = 0.0, 0.0
-        idx = torch.randint(0, n_train, (t.seqs_per_step,), generator=g).to(pad.P.device)
+        idx = torch.randint(0, n_train, (t.seqs_per_step,), generator=g)
+        idx = (idx if pool is None else pool[torch.randint(0, len(pool), (t.seqs_per_step,), generator=g)]).to(
+            pad.P.device
+        )
         with amp:
             loss, a1 = batch_loss(drafter, head, pad, idx, t.anchors_per_seq, t.gamma, g, t.bug)
         loss.backward()
@@ -352,6 +356,42 @@ def train(
             records.append(rec)
         step += 1
     return records
+
+
+@torch.no_grad()
+def probe(ck: str | Path, head: Head, seqs: list[torch.Tensor], feats: list[torch.Tensor], plens: list[int]) -> dict:
+    """Greedy chain acceptance of checkpoint `ck` on completions (tokens [T], features [T, K*H], prompt length):
+    at each completion anchor the block's drafts (argmax of slots 1..B-1) against the next tokens; the chain walk
+    from the prompt's end takes accepted + 1 tokens a step. Returns tau macro (mean over completions of tokens /
+    steps) and every-anchor tau (mean of accepted + 1). The demo's quick look before its CPU replay."""
+    from dflash_dash.drafters import load
+
+    dev = head.embed.device
+    d = load(str(ck), torch.float32, str(dev))
+    c = d.c
+    B = c.block_size
+    macro, every = [], []
+    for tok, f, P in zip(seqs, feats, plens):
+        T = len(tok)
+        if T - P < 2:
+            continue
+        anchors = torch.arange(P, T - 1, device=dev)
+        ids = torch.full((len(anchors), B), c.mask_token_id, dtype=torch.long, device=dev)
+        ids[:, 0] = tok[anchors]
+        kv = d.context_kv(f.float())
+        h = d.blocks(kv, anchors, head.embed[ids], max_anchor=T - 1)
+        drafts = (h[:, 1:].float() @ head.lm_head.float().T).argmax(-1)  # [A, B-1]
+        pos = anchors[:, None] + torch.arange(1, B, device=dev)
+        ok = (pos < T) & (drafts == tok[pos.clamp(max=T - 1)])
+        acc = ok.long().cumprod(-1).sum(-1).tolist()
+        every.append(sum(a + 1 for a in acc) / len(acc))
+        q, steps = P, 0
+        while q < T - 1:
+            q += acc[q - P] + 1
+            steps += 1
+        macro.append((T - 1 - P) / steps)
+    n = max(1, len(macro))
+    return {"tau_macro": round(sum(macro) / n, 3), "tau_every_anchor": round(sum(every) / n, 3)}
 
 
 def _logged(step: int, t: DrafterTraining) -> bool:
