@@ -15,7 +15,7 @@ from dflash_dash import ops
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import SPEC_KEYS, completion_table
 from dflash_dash.render.tokens import text_html
-from pages import common, forms, jobs_view
+from pages import common, forms, jobs_view, server_view
 
 common.routed()
 
@@ -48,7 +48,7 @@ def fetch_form() -> None:
     from dflash_dash import prompts
 
     st.subheader("Fetch completions from a server")
-    url = common.server_url()
+    url = server_view.server_url()
     with st.form("fetch"):
         c1, c2 = st.columns([2, 1])
         kept = sorted(f.stem for f in (Path(common.workspace()) / "prompt_sets").glob("*.jsonl"))

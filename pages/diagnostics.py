@@ -20,7 +20,7 @@ from dflash_dash.render.figures import attribution_fig, parity_fig
 from dflash_dash.render.formats import fmt
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import PARITY_FORMATS, gpu_table, signature_table
-from pages import common, jobs_view, trainers_view
+from pages import common, jobs_view, server_view, trainers_view
 
 common.routed()
 
@@ -280,30 +280,31 @@ def signatures_block(ws: str, stamp: str) -> None:
 @st.cache_data(ttl=30, show_spinner=False)
 def model_info(url: str, key_env: str) -> dict:
     """GET /model_info (answers at once on a real server), cached briefly; raises ServerError."""
-    return common.client(url, timeout=8, retries=0).model_info()
+    return server_view.client(url, timeout=8, retries=0).model_info()
 
 
 def server_block() -> None:
     from dflash_dash.engines import ServerError
 
     st.header("Server health")
-    url = st.text_input("server URL", value=common.server_url(), key="diag_url").strip()
+    url = st.text_input("server URL", value=server_view.server_url(), key="diag_url").strip()
 
     def status() -> None:
-        ok, state = common.health(url)  # background poller: a real /health generates a token (seconds)
+        ok, state = server_view.health(url)  # background poller: a real /health generates a token (seconds)
         if ok is None:
             st.info(f"GET /health: checking… ({state})")
         else:
             (st.success if ok else st.warning)(f"GET /health: {'ready' if ok else 'not ready'} ({state})")
         if ok:
             try:
-                info = model_info(url, common._key_env())
+                info = model_info(url, server_view._key_env())
                 st.markdown(f"model path: `{info.get('model_path')}`")
                 st.json(info, expanded=False)
             except (ServerError, ValueError) as e:
                 st.warning(str(e))
 
-    st.fragment(run_every=common.HEALTH_S[common.health(url)[0] is not None])(status)()  # as the sidebar's badge
+    every = server_view.HEALTH_S[server_view.health(url)[0] is not None]  # as the sidebar's badge
+    st.fragment(run_every=every)(status)()
     st.subheader("GPU memory")
     try:
         gpus = gpu.gpu_memory()

@@ -24,7 +24,7 @@ from dflash_dash.jobs import gpu
 from dflash_dash.pipeline import disk
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import extraction_table, gpu_table
-from pages import common, forms, jobs_view
+from pages import common, forms, jobs_view, server_view
 
 common.routed()
 
@@ -39,7 +39,7 @@ def orchestration_plan(choice: str) -> list[str]:
     """The exact steps/commands the job will run, from the workspace configuration only."""
     from dflash_dash import config as cfg_mod
 
-    cfg = common.config()
+    cfg = server_view.config()
     if choice == "release":
         return [
             f"POST {cfg.server_url}/release_memory_occupation",

@@ -53,13 +53,13 @@ def sidebar_server(at: AppTest) -> str:
 
 
 def test_sidebar_shows_workspace_server_and_jobs(prepared, monkeypatch):
-    from pages import common
+    from pages import server_view
 
     at = app(prepared.workspace, monkeypatch)
     clean(at)
     assert [t.value for t in at.title] == ["dflash-dash"]  # the Overview page at /
     assert str(prepared.workspace.resolve()) in " ".join(c.value for c in at.sidebar.text)
-    assert common.health_poller("http://127.0.0.1:30000", "SGLANG_API_KEY").wait(30)
+    assert server_view.health_poller("http://127.0.0.1:30000", "SGLANG_API_KEY").wait(30)
     at.run()
     assert "not ready" in sidebar_server(at)  # nothing listens on the default URL
     assert "no running jobs" in " ".join(c.value for c in at.sidebar.caption)
@@ -417,7 +417,7 @@ def test_slow_health_shows_ready_not_not_ready(tmp_path, monkeypatch):
     "not ready") until the background poller's answer, then "ready"; no page run waits for it."""
     from serving import Served, tiny_model
 
-    from pages import common
+    from pages import server_view
 
     srv = Served(tiny_model(tmp_path / "model"), tmp_path / "server.log", extra=["--health-delay", "1.5"])
     try:
@@ -429,7 +429,7 @@ def test_slow_health_shows_ready_not_not_ready(tmp_path, monkeypatch):
         clean(at)
         first = sidebar_server(at)
         assert "not ready" not in first and ("checking" in first or "ready" in first), first
-        assert common.health_poller(srv.url, "SGLANG_API_KEY").wait(30)
+        assert server_view.health_poller(srv.url, "SGLANG_API_KEY").wait(30)
         at.run()
         assert "ready" in sidebar_server(at) and "not ready" not in sidebar_server(at)
         at.switch_page("pages/diagnostics.py")

@@ -3,7 +3,7 @@ browser for auto-reruns only while a job of theirs is queued or running, so an i
 
 Read from what a script run sends the browser: Streamlit's `auto_rerun` messages (streamlit/runtime/fragment.py sends
 one per fragment declared with `run_every`; the frontend drops every timer at the next full run). The readiness badges
-(`common.HEALTH_S`) are left out here: they redraw slowly whatever runs.
+(`server_view.HEALTH_S`) are left out here: they redraw slowly whatever runs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tests.apptest import PAGES, app, clean
 def reruns(monkeypatch) -> list[float]:
     """The auto-rerun intervals (seconds) of the last script run, job-following fragments only (filled as AppTest
     runs: its script runner is wrapped to read its messages, which it keeps, after each run)."""
-    from pages.common import HEALTH_S
+    from pages.server_view import HEALTH_S
 
     seen: list[float] = []
     run = local_script_runner.LocalScriptRunner.run
