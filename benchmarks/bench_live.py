@@ -117,7 +117,14 @@ def rounds_of(prompt_len: int, accepted: list[int], n: int) -> list[tuple[int, i
 
 
 def main():
-    a = args_()
+    figs: dict = {}
+    try:
+        measure(args_(), figs)
+    finally:
+        report(figs)  # what was measured, also when stopped (SIGINT at tools/device_session.sh's timeout)
+
+
+def measure(a, figs: dict) -> None:
     dev = "cpu" if a.small else "cuda"
     dtype = torch.float32 if a.small else torch.bfloat16
     tshape, dshape = (TARGET_SMALL, DRAFT_SMALL) if a.small else (TARGET_FULL, DRAFT_FULL)
@@ -126,7 +133,7 @@ def main():
     P, N = a.prompt_tokens or (32 if a.small else 2048), a.new or (48 if a.small else 256)
     if a.small:
         torch.set_num_threads(1)
-    figs: dict = {"target_layers": layers, "prompt_tokens": P, "new_tokens": N, "oracle_alpha": a.alpha}
+    figs |= {"target_layers": layers, "prompt_tokens": P, "new_tokens": N, "oracle_alpha": a.alpha}
     bound = backend(dev)
     model = build(tshape, layers, dev, dtype, P + N + 64)
     figs["kernel_backend"] = bound
@@ -194,7 +201,6 @@ def main():
         if not same:
             note(f"{name}: speculative tokens differ from plain's (a decoder bug)")
     note(f"cost table on {table.device} ({table.backend}); oracle drafts, alpha {a.alpha}; B = {B}")
-    report(figs)
 
 
 if __name__ == "__main__":
