@@ -167,7 +167,10 @@ def test_pages_show_the_prediction_and_the_advisor(prepared, workspace_copy, mon
     (m,) = [x for x in at.metric if x.label == "Predicted speedup"]
     assert m.value == f"{got['speedup']:.2f}×"
     assert any("CPU costs" in c.value and tid in c.value for c in at.caption)  # the device named, CPU labelled
-    assert any("Best setting to serve" in s.value for s in at.success)
+    (best,) = [r for r in prof.advise(store, run, tid)["rows"] if r["best"]]
+    assert best["speedup"] < 1  # the planted costs: every setting slower than plain decoding, said so, not advised
+    assert any("No setting beats plain decoding" in w.value and best["setting"] in w.value for w in at.warning)
+    assert not at.success
     at = app(workspace_copy, monkeypatch, "compare", runs=",".join(prepared.runs))
     clean(at)
     table = [d.value for d in at.dataframe if "predicted speedup" in d.value.columns]

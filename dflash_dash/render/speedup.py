@@ -2,8 +2,9 @@
 captions that state the formula and the cost table's device (CPU costs labelled as such).
 
 Contract: takes what `analysis.speedup.predict` / `advise` return and the kept cost tables (`costs.to_dict` with
-their id); computes nothing a stored number depends on. Rows keep None where a value is missing (the pages draw a
-dash); run names are not model output (no escaping needed: they go through st.dataframe as text).
+their id; `cost_rows`: its measured times per context length, in ms); computes nothing a stored number depends on.
+Rows keep None where a value is missing (the pages draw a dash); run names are not model output (no escaping
+needed: they go through st.dataframe as text).
 """
 
 from __future__ import annotations
@@ -23,10 +24,50 @@ def table_label(t: dict) -> str:
 def predicted_caption(got: dict, table_id: str) -> str:
     """The formula, the verify size and the cost table it was priced on."""
     return (
-        f"{got['formula']}; verify = {got['verify']} tokens (the block); cost table `{table_id}` measured on "
-        f"{got['costs']}. Plain decoding on it: {_rate(got.get('plain_tokens_per_s'))} tokens/s; speculative: "
+        f"{got['formula']}; verify = {got['verify']} tokens (the block); cost table `{table_id}`: {got['costs']}. "
+        f"Plain decoding on it: {_rate(got.get('plain_tokens_per_s'))} tokens/s; speculative: "
         f"{_rate(got.get('tokens_per_s'))} tokens/s (predicted)."
     )
+
+
+def cost_rows(t: dict) -> list[dict]:
+    """A kept cost table (`costs.to_dict`) for eyes, one row per context length c: the target's forward of q new
+    tokens after c cached tokens, the drafter's block and each DDTree's drafting, in milliseconds."""
+    sizes = sorted({int(q) for _, q, _ in t.get("target", [])})
+    ctxs = sorted({int(c) for c, _, _ in t.get("target", [])} | {int(c) for c, _ in t.get("draft", [])})
+    at = {(int(c), int(q)): s for c, q, s in t.get("target", [])}
+    draft = {int(c): s for c, s in t.get("draft", [])}
+    tree = {(int(b), int(c)): s for b, c, s in t.get("tree", [])}
+    return [
+        {"context c": c}
+        | {f"target q={q}": _ms(at.get((c, q))) for q in sizes}
+        | {"drafter block": _ms(draft.get(c))}
+        | {f"DDTree-{b}": _ms(tree.get((b, c))) for b in sorted({b for b, _ in tree})}
+        for c in ctxs
+    ]
+
+
+def noisy(t: dict) -> str | None:
+    """Why a kept cost table looks noisy (None: it does not): at some context, a target forward of more new tokens
+    timed at under half the time of fewer (a verify is not cheaper than a step; a busy machine or too few timed
+    forwards is). The first such pair, in words."""
+    at: dict[int, list[tuple[int, float]]] = {}
+    for c, q, s in t.get("target", []):
+        at.setdefault(int(c), []).append((int(q), float(s)))
+    for c, pts in sorted(at.items()):
+        pts.sort()
+        for i, (q, s) in enumerate(pts):
+            for q2, s2 in pts[i + 1 :]:
+                if s2 < s / 2:
+                    return (
+                        f"at context {c} the target's forward of {q2} tokens was timed at {s2 * 1000:,.1f} ms, of "
+                        f"{q} at {s * 1000:,.1f} ms"
+                    )
+    return None
+
+
+def _ms(s: float | None) -> float | None:
+    return None if s is None else round(s * 1000, 3)
 
 
 def measured_caption(m: dict | None) -> str:
