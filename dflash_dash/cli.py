@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import inspect
 import json
 import os
@@ -398,8 +399,14 @@ CHOICES = {
 
 @cache
 def field_help() -> dict[str, dict[str, str]]:
-    """{operation class name: {field: its comment in ops.py}}: the help text of each generated option."""
-    src = inspect.getsource(ops)
+    """{operation class name: {field: its comment where ops declares it}}: the help text of each generated option."""
+    out: dict[str, dict[str, str]] = {}
+    for name in ops.MODULES:
+        out |= _comments(inspect.getsource(importlib.import_module(f"{ops.__name__}.{name}")))
+    return out
+
+
+def _comments(src: str) -> dict[str, dict[str, str]]:
     lines = src.splitlines()
     out: dict[str, dict[str, str]] = {}
 
