@@ -54,7 +54,8 @@ def test_sections_are_drawn_only_when_chosen(prepared, monkeypatch):
     at = app(prepared.workspace, monkeypatch, "compare", a=prepared.runs[0], b=prepared.runs[1])
     clean(at)
     assert "Calibration, A and B" not in [s.value for s in at.subheader]
-    assert not at.get("plotly_chart") and "section" not in at.query_params  # the pair first, no chart
+    # the runs side by side (one chart of tau per run and category) and the pair; no section's chart yet
+    assert len(at.get("plotly_chart")) == 1 and "section" not in at.query_params
     at.get("segmented_control")[0].set_value("lag").run()
     clean(at)
     assert at.query_params["section"] == "lag"

@@ -484,8 +484,9 @@ def test_cli_end_to_end(tmp_path, models):
         assert len(p["ddtree_rounds"]) <= len(p["rounds"])
     assert exp["summary"]["backend"] == "torch"
     # the features on disk are exactly K*H*2 bytes per token, bf16, with provenance
-    files = sorted((ws / "features" / ex).glob("*.safetensors"))
-    assert len(files) == 3
+    files = sorted(f for f in (ws / "features" / ex).glob("*.safetensors") if not f.name.endswith(".top.safetensors"))
+    assert len(files) == 3  # one feature file per prompt, beside it the target's top-K (extract --target-topk)
+    assert len(list((ws / "features" / ex).glob("*.top.safetensors"))) == 3
     assert cache.meta(ws / "features", ex, "p0")["backend"] == "torch"
     listed = json.loads(cli(ws, "extractions").stdout)
     assert listed[0]["id"] == ex and listed[0]["backend"] == "torch"

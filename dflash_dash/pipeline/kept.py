@@ -17,7 +17,8 @@ from ..store import Store, StoreError
 
 ANALYSES = ("prompts", "calibration", "patterns", "lag", "heads", "signatures")  # whole-run analyses kept
 # the newest key of an analysis: one kept before it is computed again
-NEWEST = {"patterns": "worst_spans_end_cut", "signatures": "version"}
+NEWEST = {"patterns": ("context_position", "worst_spans_end_cut"), "signatures": ("version",)}  # keys a kept
+# analysis must hold to be current: one written before a key existed is computed again
 
 
 def analysis(store: Store, run_id: str, name: str, rows: list[metrics.Prompt] | None = None) -> dict:
@@ -32,7 +33,7 @@ def analysis(store: Store, run_id: str, name: str, rows: list[metrics.Prompt] | 
     if name not in ANALYSES:
         raise InputError(f"analysis {name!r}: not one of {', '.join(ANALYSES)}")
     got = store.analysis(run_id, name)
-    if got is not None and (name not in NEWEST or NEWEST[name] in got):
+    if got is not None and all(k in got for k in NEWEST.get(name, ())):
         return got
     return keep(store, run_id, [name], rows)[name]
 
