@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from . import extras
 
 ASSETS = Path(__file__).parent / "assets"  # committed assets (MANIFEST.json describes them)
 TARGET = "target"  # target folder name (weights + tokenizer)
@@ -43,7 +44,8 @@ CHECKPOINTS = (
     "checkpoints"  # drafter checkpoints: healthy/step{NNNN}/ (one run), bugs/{name}/ (MANIFEST.json lists them)
 )
 SERIES = "healthy"  # the healthy run's snapshots, under CHECKPOINTS: the sweep chart's folder
-ROLES = ("early", "series", "final", "bug")  # a checkpoint's role in MANIFEST.json
+ROLES = ("early", "series", "final", "bug", "family")  # a checkpoint's role in MANIFEST.json (family: another
+# drafter family's checkpoint, checkpoints/families/{family}/)
 FLA = "fla"  # shipped fla extraction of coding-10 (features/ + completions.jsonl)
 LAYER_IDS = [1, 3, 5]  # target layers the demo drafters read
 PROMPT_SET = "coding-10"  # built-in prompt set the demo fetches (plain text, no chat template)
@@ -120,7 +122,10 @@ def story(workspace: str | Path, runs: list[dict]) -> dict | None:
     healthy run, by step], "folder": series_folder, "bugs": [entries]}, each entry {"name", "what", "step" (the
     healthy ones), "run": its run id or None} from MANIFEST.json's checkpoints list and `runs` (Store.runs rows,
     oldest first). The final's run is the one on a serving-matching extraction when there is one (what Acceptance
-    opens on); each bug's entry adds "ref": the final checkpoint's run on the bug run's extraction."""
+    opens on); each bug's entry adds "ref": the final checkpoint's run on the bug run's extraction. Also
+    "families": the other families' entries, "engine": {"run": the final's run on a CPU extraction, "engine":
+    extras.FAULT_ENGINE, "fault"} (Conformance's non-conforming engine; None until the build kept its counters)
+    and "baseline": {"run", "name"} or None."""
     from ..analysis.compare import SERVING_BACKENDS
     from ..drafters import step_of
 
@@ -138,13 +143,20 @@ def story(workspace: str | Path, runs: list[dict]) -> dict | None:
         return {"name": ck.name, "what": ck.what, "step": step_of(ck.dir), "run": run and run["id"]}
 
     fin = final(cks)
+    fams = [entry(c, run_of(c)) for c in cks if c.role == "family"]
+    plain = [r for r in runs if r["checkpoint"] == str(fin.path) and r.get("backend") not in SERVING_BACKENDS]
+    base = next((r for r in runs if str(r["checkpoint"]).startswith("baseline:")), None)
+    engine = {"run": plain[0]["id"] if plain else None, "engine": extras.FAULT_ENGINE, "fault": extras.FAULT}
+    engine = engine if (Path(workspace) / "demo" / extras.STATS).is_file() else None  # kept by the build
+    more = {"families": fams, "engine": engine, "baseline": base and {"run": base["id"], "name": base["name"]}}
     bugs = []
     for ck in (c for c in cks if c.role == "bug"):
         r = run_of(ck)
         ref = run_of(fin, r["extraction_id"]) if r else None
         bugs.append(entry(ck, r) | {"ref": ref and ref["id"]})
-    series = [entry(c, run_of(c)) for c in cks if c.role != "bug"]
-    return {"final": entry(fin, run_of(fin)), "series": series, "folder": series_folder(workspace), "bugs": bugs}
+    series = [entry(c, run_of(c)) for c in cks if c.role in ("early", "series", "final")]
+    out = {"final": entry(fin, run_of(fin)), "series": series, "folder": series_folder(workspace), "bugs": bugs}
+    return out | more
 
 
 def manifest(assets: Path = ASSETS) -> dict:
@@ -214,7 +226,8 @@ def built(workspace: str | Path, assets: Path = ASSETS) -> bool:
     if torch_ex is None or fla_ex is None:
         return False
     done = _replayed(store)
-    return all((str(c.path), ex["id"]) in done for c, ex, _ in _plan(checkpoints(root / CHECKPOINTS), torch_ex, fla_ex))
+    plan = _plan(checkpoints(root / CHECKPOINTS), torch_ex, fla_ex)
+    return all((str(c.path), ex["id"]) in done for c, ex, _ in plan) and extras.done(store, SET_NAME)
 
 
 def configure(workspace: str | Path) -> Path | None:
@@ -266,16 +279,16 @@ def served_drafter(workspace: str | Path) -> Path | None:
 
 
 class LocalServer:
-    """`python -m dflash_dash serve --model TARGET [--speculative-draft DRAFTER]` in a subprocess (one CPU thread:
-    fastest for this tiny model, and immune to other processes sharing the cores); stopped on exit."""
+    """`python -m dflash_dash serve --model TARGET [--speculative-draft DRAFTER] [EXTRA...]` in a subprocess (one CPU
+    thread: fastest for this tiny model, and immune to other processes sharing the cores); stopped on exit."""
 
-    def __init__(self, model: Path, log_file: Path, drafter: Path | None = None):
+    def __init__(self, model: Path, log_file: Path, drafter: Path | None = None, extra: list[str] | None = None):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
         self.log = open(log_file, "ab")
         self.proc = subprocess.Popen(
-            server_argv(model, self.port, drafter),
+            [*server_argv(model, self.port, drafter), *(extra or [])],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -341,6 +354,11 @@ def import_fla(store, assets: Path, target: Path, man: dict, progress: Progress 
         raise DemoError(f"the shipped fla features cannot be imported: {e}; remake the demo assets") from None
 
 
+def _run_of(store, ck: Checkpoint, ex: dict) -> str:
+    """The id of checkpoint `ck`'s run on extraction `ex` (the oldest)."""
+    return next(r["id"] for r in store.runs() if r["checkpoint"] == str(ck.path) and r["extraction_id"] == ex["id"])
+
+
 def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSETS) -> dict:
     """Build the demo workspace (see the module docstring); returns what BUILD.json records."""
     from .. import ops, pipeline
@@ -356,7 +374,7 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
     man = manifest(assets)
     t0 = time.perf_counter()
     log: list[str] = []
-    steps = 5
+    steps = 6
     store = Store(ws)
     root.mkdir(parents=True, exist_ok=True)
 
@@ -366,25 +384,8 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
     cks = checkpoints(root / CHECKPOINTS)
     tick(1, 1, f"target and {len(cks)} checkpoints in {root}")
 
-    tick = _say(progress, 2, steps, f"fetch coding-10 from the local server (speculative, {final(cks).name})", log)
-    have = store.completion_ids(SET_NAME)
-    from .. import prompts
-
-    if len(have) < len(prompts.load(PROMPT_SET)):
-        with LocalServer(target, root / "server.log", final(cks).path) as srv:
-            tick(0, 1, f"starting {srv.url} (log {root / 'server.log'})")
-            pipeline.fetch(
-                store,
-                ops.Fetch(
-                    server=srv.url,
-                    prompt_set=PROMPT_SET,
-                    name=SET_NAME,
-                    max_new_tokens=MAX_NEW_TOKENS,
-                    chat=False,
-                    readiness_timeout=300,
-                ),
-                tick,
-            )
+    tick = _say(progress, 2, steps, f"fetch from the local servers (speculative, {final(cks).name})", log)
+    extras.fetch_all(store, target, root, final(cks).path, tick)
 
     tick = _say(progress, 3, steps, "CPU extraction (torch path)", log)
     torch_ex = _find_extraction(store, target, "torch")
@@ -444,6 +445,17 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
         runs[name] = {"id": out["id"], "tau_macro": out["summary"]["tau_macro"]}
         log.append(f"replayed {name}: tau macro {out['summary']['tau_macro']:.3f}")
     tick(len(plan), len(plan), f"{len(runs)} runs replayed")
+
+    tick = _say(
+        progress, 6, steps, f"engine fault ({extras.FAULT}): its counters and fault ranking; n-gram baseline", log
+    )
+    if extras.FAULT_ENGINE not in store.engines(SET_NAME):
+        for pid in extras.keep_fault_stats(store, SET_NAME, root):
+            log.append(f"prompt {pid}: the faulty server's completion differs; its counters are left out")
+    fin_run = _run_of(store, final(cks), torch_ex)
+    ranked = extras.diagnose(store, fin_run, tick)
+    log.append(f"fault ranking of {final(cks).name} against {extras.FAULT_ENGINE}: {ranked.get('explained_by')}")
+    extras.baseline(store, torch_ex["id"], tick)
 
     rec = {
         "workspace": str(ws.resolve()),

@@ -59,5 +59,44 @@ def story_html(story: dict) -> str:
     )
     one = "One checkpoint per training bug" if len(bugs) != 1 else "A checkpoint with a training bug"
     buggy = f"<b>{one}</b> (Diagnostics, Training-bug signatures). {each}" if bugs else ""
-    items = "".join(f"<li>{s}</li>" for s in (healthy, final, buggy) if s)
-    return f'<div class="demo-story" style="font-size:15px"><p>What the demo holds:</p><ul>{items}</ul></div>'
+    items = "".join(f"<li>{s}</li>" for s in (healthy, final, buggy, *_more(story)) if s)
+    return f'<div class="demo-story" style="font-size:15px">{LEAD}<p>What the demo holds:</p><ul>{items}</ul></div>'
+
+
+LEAD = (  # the Overview's first lines in a demo workspace: what to look at, what a healthy number is
+    "<p><b>What to look at.</b> tau is what one verify step commits: the drafts the target accepts plus its own "
+    "bonus token (1 = no speed-up; at most the block size B). A healthy drafter of a model like this one commits "
+    "about 3 to 8 tokens a step, its drafts rejected now and then, its top-1 probabilities spread rather than all "
+    "near 1; a training bug costs a large share of that (the bug checkpoints below); the n-gram baseline, which "
+    "needs no training, is the floor a drafter has to beat. Open the final checkpoint on Acceptance first, then "
+    "Compare each bug against it, then Conformance: the same drafter served by an engine that conforms and by one "
+    "that does not.</p>"
+)
+
+
+def _more(story: dict) -> list[str]:
+    """The sentences of the other families, the two engines and the baseline (when the story has them)."""
+    out = []
+    fams = story.get("families") or []
+    if fams:
+        each = " ".join(
+            f"{_what(f)} (" + _a(f["run"] and run_link(f["run"]), "its run on Acceptance") + ")" for f in fams
+        )
+        out.append(f"<b>One drafter of each other family</b> (their heads' sections on Acceptance). {each}")
+    eng = story.get("engine")
+    if eng:
+        href = (
+            eng["run"] and f"conformance?run={quote(str(eng['run']), safe='')}&engine={quote(eng['engine'], safe='')}"
+        )
+        out.append(
+            "<b>Two engines serving the final checkpoint</b>: <code>sglang</code> conforms; <code>"
+            f"{escape(eng['engine'])}</code> runs the planted engine fault <code>{escape(eng['fault'])}</code> and "
+            f"falls below the replay ({_a(href, 'its verdict and fault ranking on Conformance')})."
+        )
+    base = story.get("baseline")
+    if base:
+        out.append(
+            f"<b>The n-gram baseline</b> <code>{escape(base['name'])}</code>, model-free, on the same completions "
+            f"({_a(run_link(base['run']), 'its run on Acceptance')})."
+        )
+    return out

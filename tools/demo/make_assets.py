@@ -15,6 +15,8 @@ Steps (each records seeds, arguments, versions, timings and losses for MANIFEST.
                        is done; DEMO_REUSE=<earlier out> reuses a trained target). `--device cpu --smoke`
                        runs every step at toy size on the torch path (development).
   unpack        (CPU)  the tars -> dflash_dash/demo/assets/, plus MANIFEST.json with every record and sizes.
+  families      (CPU)  one DSpark, Domino and DFlash2 drafter: the final checkpoint's backbone with each family's
+                       head fine-tuned on the CPU (tools/demo/families.py); after unpack, before finish.
   finish        (CPU)  merge the device calls' record (gpu_runs.json) into MANIFEST.json.
 
 Contract: this module is the command line only (`main`); each step lives in its own module (`prepare`, `gpu`,
@@ -52,6 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--build", default=".demo-build")
     s.add_argument("--assets", default=str(ASSETS))
     s.add_argument("--command", default="")
+    s = sub.add_parser("families")
+    s.add_argument("--assets", default=str(ASSETS))
     s = sub.add_parser("finish")
     s.add_argument("--src", required=True)
     s.add_argument("--assets", default=str(ASSETS))
@@ -60,6 +64,10 @@ def main(argv: list[str] | None = None) -> None:
         prepare(Path(a.build), n_docs=a.docs, free=a.free, real=a.real)
     elif a.step == "gpu":
         gpu(Path(a.build), Path(a.out), a.device, a.smoke)
+    elif a.step == "families":
+        from .families import families
+
+        families(Path(a.assets))
     elif a.step == "finish":
         finish(Path(a.src), Path(a.assets))
     else:
