@@ -26,10 +26,13 @@ def run(ws: Path, *args: str) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
-def expected_need(store: Store, set_name: str, width: int) -> tuple[int, int]:
-    """(tokens, bytes with the margin) of extracting every prompt of `set_name` at `width` values per token."""
-    tokens = sum(len(r["prompt_ids"]) + len(r["output_ids"]) for r in store.completions(set_name))
-    return tokens, tokens * width * 2 + int(tokens * width * 2 * disk.MARGIN_FRACTION) + disk.MARGIN_BYTES
+def expected_need(store: Store, set_name: str, width: int, topk: int = ops.TARGET_TOPK) -> tuple[int, int]:
+    """(tokens, bytes with the margin) of extracting every prompt of `set_name` at `width` values per token, with
+    the target's top-`topk` of every completion token (K int32 ids + K float32 log-probabilities + the tail mass)."""
+    rows = store.completions(set_name)
+    tokens = sum(len(r["prompt_ids"]) + len(r["output_ids"]) for r in rows)
+    payload = tokens * width * 2 + sum(len(r["output_ids"]) for r in rows) * (8 * topk + 4)
+    return tokens, payload + int(payload * disk.MARGIN_FRACTION) + disk.MARGIN_BYTES
 
 
 def feature_files(ws: Path) -> set[Path]:
@@ -53,9 +56,11 @@ def test_plan_counts_the_prompts_still_to_extract(prepared):
     st = Store(prepared.workspace)
     e = st.extraction(prepared.extraction)
     width = len(e["layer_ids"]) * e["hidden_size"]
-    tokens, need = expected_need(st, prepared.set_name, width)
+    tokens, need = expected_need(st, prepared.set_name, width, topk=0)
     p = disk.plan(st, prepared.set_name, list(e["layer_ids"]), str(prepared.target))
     assert (p.prompts, p.tokens, p.width, p.need) == (3, tokens, width, need)
+    with_top = disk.plan(st, prepared.set_name, list(e["layer_ids"]), str(prepared.target), topk=64)
+    assert with_top.need == expected_need(st, prepared.set_name, width, topk=64)[1] > need
     assert p.free > 0 and p.folder == prepared.workspace / "features"
     done = disk.plan(st, prepared.set_name, list(e["layer_ids"]), str(prepared.target), prepared.extraction)
     assert (done.prompts, done.tokens, done.need) == (0, 0, disk.MARGIN_BYTES)  # a finished extraction: nothing
@@ -79,7 +84,8 @@ def test_a_normal_extraction_states_both_figures(workspace_copy, prepared, monke
     width = len(layers) * st.extraction(prepared.extraction)["hidden_size"]
     tokens, need = expected_need(st, prepared.set_name, width)
     line = next(x for x in err.splitlines() if x.startswith("disk: "))
-    assert f"writes {disk.size(need)} ({tokens:,} tokens x {width * 2:,} bytes over 3 prompts" in line
+    assert f"writes {disk.size(need)} ({tokens:,} tokens x {width * 2:,} bytes + " in line and "over 3 prompts" in line
+    assert f"bytes of the target's top-{ops.TARGET_TOPK}" in line
     assert seen and f"{disk.size(seen[0])} free there" in line  # the free space of the disk, as read then
     assert st.extraction(out.strip())["status"] == "done"
 
@@ -129,7 +135,7 @@ def test_a_resumed_extraction_is_checked_on_what_is_left_and_keeps_its_status(wo
     keep = items[0]["prompt_id"]
     st.run("DELETE FROM extraction_items WHERE extraction_id = ? AND prompt_id <> ?", [ex, keep])
     st.set_status("extractions", ex, "failed")
-    p = disk.plan(st, prepared.set_name, list(e["layer_ids"]), str(prepared.target), ex)
+    p = disk.plan(st, prepared.set_name, list(e["layer_ids"]), str(prepared.target), ex, topk=ops.TARGET_TOPK)
     left = [r for r in st.completions(prepared.set_name) if r["prompt_id"] != keep]
     assert p.prompts == 2 and p.tokens == sum(len(r["prompt_ids"]) + len(r["output_ids"]) for r in left)
     monkeypatch.setattr(disk, "free_bytes", lambda folder: p.need - 1)  # one byte short

@@ -48,13 +48,16 @@ class DiskPlan:
 
     def line(self) -> str:
         """Both figures in one line (the CLI's stderr, the job's progress line)."""
+        return f"disk: writes {size(self.need)} ({self.what()}) to {self.folder}; {size(self.free)} free there"
+
+    def what(self) -> str:
+        """What the bytes are: tokens x bytes of features (+ completion tokens x bytes of the top-K), the margin."""
         top = (
             f" + {self.completion:,} completion tokens x {top_bytes(self.topk):,} bytes of the target's top-{self.topk}"
         )
         return (
-            f"disk: writes {size(self.need)} ({self.tokens:,} tokens x {self.width * 2:,} bytes"
-            f"{top if self.topk else ''} over {self.prompts:,} prompts, margin included) to {self.folder}; "
-            f"{size(self.free)} free there"
+            f"{self.tokens:,} tokens x {self.width * 2:,} bytes{top if self.topk else ''} over {self.prompts:,} "
+            "prompts, margin included"
         )
 
 
@@ -114,8 +117,8 @@ def check(p: DiskPlan) -> DiskPlan:
     if p.fits:
         return p
     raise DiskFull(
-        f"extraction needs {size(p.need)} for {p.prompts:,} prompts ({p.tokens:,} tokens x {p.width * 2:,} bytes, "
-        f"margin included) but {p.folder} has {size(p.free)} free; extract fewer prompts (a smaller completion set), "
+        f"extraction needs {size(p.need)} for {p.prompts:,} prompts ({p.what()}) but {p.folder} has "
+        f"{size(p.free)} free; extract fewer prompts (a smaller completion set, or no target top-K), "
         "put the workspace on another disk (--workspace DIR), or evaluate without feature files "
         "(sweep --stream --target DIR --completions SET --checkpoints DIR, or replay --stream)"
     )
