@@ -31,7 +31,7 @@ def expected_need(store: Store, set_name: str, width: int, topk: int = ops.TARGE
     the target's top-`topk` of every completion token (K int32 ids + K float32 log-probabilities + the tail mass)."""
     rows = store.completions(set_name)
     tokens = sum(len(r["prompt_ids"]) + len(r["output_ids"]) for r in rows)
-    payload = tokens * width * 2 + sum(len(r["output_ids"]) for r in rows) * (8 * topk + 4)
+    payload = tokens * width * 2 + (sum(len(r["output_ids"]) for r in rows) * (8 * topk + 4) if topk else 0)
     return tokens, payload + int(payload * disk.MARGIN_FRACTION) + disk.MARGIN_BYTES
 
 
