@@ -209,3 +209,15 @@ def test_no_page_loads_torch(prepared, tmp_path, page):
     assert not got["exceptions"], got
     assert got["title"], got  # the page rendered
     assert got["heavy"] == [], f"pages/{page}.py loaded {got['heavy']}"
+
+
+MAX_LINES = 500  # a product module past this holds more than one concern: split it by concern
+
+
+def test_no_product_module_is_over_the_line_cap():
+    """Every module of the product (the package, the pages, app.py, the development tools) stays under MAX_LINES,
+    so a reader takes in one concern at a time (tests and benchmarks are left out: their fixtures run long)."""
+    files = [*(ROOT / "dflash_dash").rglob("*.py"), *(ROOT / "pages").glob("*.py"), ROOT / "app.py"]
+    files += list((ROOT / "tools").rglob("*.py"))
+    over = {str(f.relative_to(ROOT)): n for f in files if (n := len(f.read_text().splitlines())) > MAX_LINES}
+    assert not over, f"over {MAX_LINES} lines: {over}"
