@@ -53,7 +53,8 @@ def export(ws: Path, run_id: str) -> dict:
 
 
 CKS = demo.checkpoints(demo.ASSETS / demo.CHECKPOINTS)  # as MANIFEST.json lists them
-RUNS = len(CKS) + 1  # every checkpoint on the torch extraction, the final one on the fla extraction too
+RUNS = len(CKS) + 2  # every checkpoint on the torch extraction, the final one on the fla extraction too, the baseline
+LINEAGE = [c for c in CKS if c.role != "family"]  # the healthy run's snapshots and the bug runs (one recipe)
 
 
 def by_prefix(rs: dict[str, dict], prefix: str, fla: bool = False) -> dict:
@@ -64,7 +65,9 @@ def by_prefix(rs: dict[str, dict], prefix: str, fla: bool = False) -> dict:
 
 def test_runs_and_tau(ws):
     rs = runs(ws)
-    assert sorted(rs) == sorted([c.name for c in CKS] + [demo.final(CKS).name + demo.FLA_SUFFIX])
+    base = [n for n, r in rs.items() if r["checkpoint"].startswith("baseline:")]
+    assert sorted(rs) == sorted([c.name for c in CKS] + [demo.final(CKS).name + demo.FLA_SUFFIX] + base)
+    assert len(base) == 1
     early, final, buggy = (export(ws, by_prefix(rs, p)["id"]) for p in ("early", "final", "anchor_visible"))
     fla = export(ws, by_prefix(rs, "final", fla=True)["id"])
     for e in (early, final, buggy, fla):
@@ -76,7 +79,7 @@ def test_runs_and_tau(ws):
     ci = {k: e["summary"]["tau_macro_ci"] for k, e in {"early": early, "final": final, "buggy": buggy}.items()}
     assert tau["final"] >= 3 and final["summary"]["tau_pooled"] >= 3, tau  # a drafter that drafts well
     assert tau["early"] < tau["final"] and tau["buggy"] < tau["final"], tau
-    for c in CKS:  # the healthy run's snapshots reach the final's tau at most; every bug stays below it
+    for c in LINEAGE:  # the healthy run's snapshots reach the final's tau at most; every bug stays below it
         t = rs[c.name]["summary"]["tau_macro"]
         assert t < tau["final"] if c.role == "bug" else t <= tau["final"] + 1e-9, c
     assert ci["final"][0] > max(ci["early"][1], ci["buggy"][1]), ci  # clearly above: the intervals apart
@@ -116,7 +119,7 @@ def test_each_bug_run_is_named_by_its_signatures(ws):
 
     named = {"anchor_visible": sig.SHORTCUT, "noisy_labels": sig.NOISY, "soft_kl": sig.SOFT}
     rs, fin = runs(ws), demo.final(CKS)
-    for c in (c for c in CKS if c is not fin):
+    for c in (c for c in LINEAGE if c is not fin):
         p = cli(ws, "signatures", "--run", rs[c.name]["id"], "--reference", rs[fin.name]["id"])
         assert p.returncode == 0, p.stderr
         got = json.loads(p.stdout)
@@ -305,7 +308,7 @@ def test_overview_tells_the_demo_story_with_links(ws, monkeypatch):
     at = app(ws, monkeypatch)
     clean(at)
     (story,) = [h for h in htmls(at) if "demo-story" in h]
-    assert story.count("<li>") == 3
+    assert story.count("<li>") == 3 + 3  # healthy run, final, bugs; other families, two engines, baseline
     for c in CKS:  # the series' middle snapshots are counted in the healthy run's sentence, not described
         if c.role != "series":
             assert escape(c.what.rstrip(".")) in story, c.what
@@ -336,4 +339,5 @@ def test_sweep_chart_defaults_to_the_healthy_run(ws):
     folder, rs = demo.series_folder(ws), store.runs()
     ex = sweep_extraction(rs, folder, [e["id"] for e in store.extractions()])
     assert store.extraction(ex)["backend"] == "torch"
-    assert [p["name"] for p in sweep_points(rs, folder, ex)] == [c.name for c in CKS if c.role != "bug"]
+    healthy = [c.name for c in CKS if c.role in ("early", "series", "final")]
+    assert [p["name"] for p in sweep_points(rs, folder, ex)] == healthy

@@ -31,7 +31,7 @@ FAULT = "context-window"  # the planted engine fault of the second server (serve
 FAULT_ARGS = ["--speculative-bug", FAULT]  # what the faulty server adds to the demo server's command line
 FAULT_SET = "coding-10-engine-fault"  # the completion set fetched from the faulty server
 FAULT_ENGINE = "sglang-faulty"  # engine name of its counters on the demo set (beside the conforming `sglang`)
-FAULT_N = 3  # prompts of the demo set the faulty server decodes (the first ones): its fault ranking replays the
+FAULT_N = 2  # prompts of the demo set the faulty server decodes (the first ones): its fault ranking replays the
 # final checkpoint under every candidate fault over each of them, a chain walk per context window, on the CPU
 STATS = "engine-fault-stats.jsonl"  # under <workspace>/demo/: the faulty engine's counters as imported
 BASELINE = "ngram"  # the baseline method replayed (baselines.METHODS: vLLM's prompt lookup)

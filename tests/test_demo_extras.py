@@ -1,0 +1,107 @@
+"""The demo's relations beyond its DFlash runs (issue 44), on the demo workspace built once per session: one drafter
+of each other family with its view, an engine that does not conform (flagged, its evidence kept, its fault named
+by the ranking), the n-gram baseline and the HumanEval completions; and the relations the retrained assets must
+meet (the sweep's points, the final tau's range, what each bug costs), read from MANIFEST.json and strictly
+expected to fail until the GPU retrain's assets land (tools/demo: nine healthy snapshots), so they flip then.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from speculative import conformance_json
+
+from dflash_dash import demo, pipeline
+from dflash_dash.demo import extras
+from dflash_dash.server import faults
+from dflash_dash.store import Store
+
+pytestmark = pytest.mark.skipif(
+    not (demo.ASSETS / "MANIFEST.json").is_file(), reason="demo assets are not in this checkout"
+)
+
+CKS = demo.checkpoints(demo.ASSETS / demo.CHECKPOINTS) if (demo.ASSETS / "MANIFEST.json").is_file() else []
+HEALTHY = [c for c in CKS if c.role in ("early", "series", "final")]  # the sweep's points, as the manifest lists
+RETRAIN = pytest.mark.xfail(
+    len(HEALTHY) < 8,
+    reason="the demo's current assets (3 healthy snapshots, final tau 14.7) predate the GPU retrain of "
+    "tools/demo (commit 20ab3ed: nine healthy snapshots); strict: it must pass once those assets land",
+    strict=True,
+)
+
+
+@pytest.fixture(scope="module")
+def ws(demo_workspace) -> Path:
+    return demo_workspace  # built once per session (tests/conftest.py)
+
+
+def run_of(store: Store, ck: demo.Checkpoint) -> dict:
+    """Checkpoint `ck`'s run on the torch extraction (runs are named as MANIFEST.json names the checkpoints)."""
+    exs = {e["id"]: e["backend"] for e in store.extractions()}
+    return next(r for r in store.runs() if r["name"] == ck.name and exs[r["extraction_id"]] == "torch")
+
+
+def test_each_family_is_replayed_with_its_view(ws):
+    """DSpark (its confidence head), Domino and DFlash2 each have a run whose summary names the family; every run
+    keeps its heads analysis (top-K headroom), and DSpark's holds the confidence head's reliability."""
+    store = Store(ws)
+    fams = {c.name: c for c in CKS if c.role == "family"}
+    got = {}
+    for c in fams.values():
+        r = run_of(store, c)
+        got[r["summary"]["family"]] = r
+        heads = pipeline.analysis(store, r["id"], "heads")
+        assert heads["headroom"] is not None, c.name
+        assert (heads["confidence"] is not None) == (r["summary"]["family"] == "DSpark"), c.name
+    assert set(got) == {"DSpark", "Domino", "DFlash2"}
+    conf = pipeline.analysis(store, got["DSpark"]["id"], "heads")["confidence"]
+    assert conf["ece"] is not None and 0 <= conf["ece"] <= 1, conf
+
+
+def test_a_non_conforming_engine_is_flagged_with_its_evidence(ws):
+    """The final run against the faulty server's counters: a verdict other than "conforms", prompts flagged below,
+    the served drafter recorded (the replayed one: the gap is the engine's), and the kept fault ranking names the
+    planted fault. Against the conforming server: no prompt flagged."""
+    store = Store(ws)
+    fin = run_of(store, demo.final(CKS))
+    assert set(store.engines(demo.SET_NAME)) == {"sglang", extras.FAULT_ENGINE}
+    bad = conformance_json(ws, "--run", fin["id"], "--engine", extras.FAULT_ENGINE)
+    assert bad["verdict"] == "engine-below", bad["verdict"]
+    served = demo.final(demo.checkpoints(ws / "demo" / demo.CHECKPOINTS)).path
+    assert bad["why"] and bad["served"]["draft_model_path"] == str(served), bad["served"]
+    assert bad["identity"]["same"] is True, bad["identity"]
+    flagged = [p for p in bad["prompts"] if p["flagged"]]
+    assert len(flagged) == len(bad["prompts"]) == extras.FAULT_N, bad["prompts"]
+    assert bad["explained_by"] == faults.FAULT_OF[extras.FAULT], bad.get("faults")
+    good = conformance_json(ws, "--run", fin["id"], "--engine", "sglang")
+    assert good["verdict"] == "conforms" and not [p for p in good["prompts"] if p["flagged"]]
+
+
+def test_baseline_and_humaneval_are_in_the_workspace(ws):
+    store = Store(ws)
+    base = [r for r in store.runs() if r["checkpoint"] == f"baseline:{extras.BASELINE}"]
+    assert len(base) == 1 and base[0]["summary"]["tau_macro"] >= 1
+    sets = {s["name"]: s["prompts"] for s in store.sets()}
+    assert sets[extras.HUMANEVAL_SET] == extras.HUMANEVAL_N
+    assert all(c["prompt_id"].startswith("HumanEval/") for c in store.completions(extras.HUMANEVAL_SET))
+
+
+@RETRAIN
+def test_the_sweep_has_eight_points(ws):
+    from dflash_dash.analysis.compare import sweep_extraction, sweep_points
+
+    store = Store(ws)
+    rs, folder = store.runs(), demo.series_folder(ws)
+    ex = sweep_extraction(rs, folder, [e["id"] for e in store.extractions()])
+    assert len(sweep_points(rs, folder, ex)) >= 8
+
+
+@RETRAIN
+def test_final_tau_in_range_and_each_bug_costs(ws):
+    """Final tau (macro and pooled) in [3, 8]; every bug checkpoint at most 0.6 x the final's (macro)."""
+    store = Store(ws)
+    fin = run_of(store, demo.final(CKS))["summary"]
+    assert 3 <= fin["tau_macro"] <= 8 and 3 <= fin["tau_pooled"] <= 8, fin["tau_macro"]
+    for c in (c for c in CKS if c.role == "bug"):
+        assert run_of(store, c)["summary"]["tau_macro"] <= 0.6 * fin["tau_macro"], c.name
