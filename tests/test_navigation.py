@@ -167,6 +167,7 @@ def test_overview_groups_runs_per_extraction_with_labels_and_links(prepared, mon
     assert [x.label for x in at.expander] == [
         f"Extraction {e} · {'fla kernels (GPU)' if exs[e]['backend'] == 'fla' else 'torch path (CPU fallback)'} · "
         f"set {exs[e]['set_name']} · {exs[e]['device']} {exs[e]['dtype']} · {len(prepared.runs)} runs"
+        " · imported: sampling not recorded"  # how the set was sampled (an imported set does not say)
         for e in [prepared.extraction]
     ]
     df = at.dataframe[0].value
