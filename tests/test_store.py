@@ -253,6 +253,7 @@ def test_v6_run_prompts_migrate_to_array_files_and_read_back(tmp_path):
         "round_top_p": None,
         "confidence": None,  # arrays named after the migration read back as None (not stored)
         "target_rank": None,
+        "expected_at": None,
     }
     import numpy as np
 
@@ -275,6 +276,7 @@ def test_v6_run_prompts_migrate_to_array_files_and_read_back(tmp_path):
         "round_top_p": None,
         "confidence": None,
         "target_rank": None,
+        "expected_at": None,
     }
     assert st.run_prompt("run-a", "nope") is None
     b = st.run_prompts("run-b")
@@ -303,6 +305,7 @@ def test_pack_arrays_round_trip_is_lossless():
         "round_top_p": [],
         "confidence": rng.random((300, 15)).astype(np.float32),
         "target_rank": rng.integers(-2, 8, (300, 15)),
+        "expected_at": (rng.random(300) + 1.0).astype(np.float32),  # expected committed tokens per anchor (REAL)
     }
     assert set(row) == set(store_mod.ARRAYS)
     got = store_mod.unpack_arrays(store_mod.pack_arrays(row))
