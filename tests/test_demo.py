@@ -282,16 +282,17 @@ def test_the_demo_server_decoded_speculatively_with_the_final_checkpoint(ws):
     from speculative import conformance_json
 
     store = Store(ws)
-    assert store.engines(demo.SET_NAME) == ["sglang"]
+    assert "sglang" in store.engines(demo.SET_NAME)  # beside it the faulty engine (tests/test_demo_extras.py)
     comps = {c["prompt_id"]: c for c in store.completions(demo.SET_NAME)}
     stats = {s["prompt_id"]: s for s in store.engine_stats(demo.SET_NAME, "sglang")}
     assert set(stats) == set(comps)
     for pid, s in stats.items():
         assert s["completion_tokens"] == len(comps[pid]["output_ids"]) and s["accept_lengths"], s
     final = by_prefix(runs(ws), "final")["id"]
-    got = conformance_json(ws, "--run", final)
+    got = conformance_json(ws, "--run", final, "--engine", "sglang")
     assert not [p for p in got["prompts"] if p["flagged"]], got
     assert got["steps"]["prompts"] == len(comps), got["steps"]
+    assert got["verdict"] == "conforms", got["why"]  # the stand-in says what it served: the replayed drafter
 
 
 def test_overview_tells_the_demo_story_with_links(ws, monkeypatch):
