@@ -123,7 +123,7 @@ def test_each_call_lists_benchmarks_whose_options_parse(tmp_path, monkeypatch):
         cmds = [shlex.split(x.removeprefix("would run: ")) for x in log.splitlines() if x.startswith("would run: ")]
         assert sum(int(w[5]) + int(w[4]) for w in cmds) <= 560  # timeouts and KILL graces fit a call's 600 s
         listed += cmds
-    assert [w[7] for w in listed] == [  # issue 45's audit, 43's baselines, 42's profile, expected pass, live loop
+    assert [w[7] for w in listed] == [  # the audit, the baselines, the profile, the expected pass, the live loop
         "benchmarks/bench_audit.py",
         "benchmarks/bench_baselines.py",
         "benchmarks/bench_profile.py",

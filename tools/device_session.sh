@@ -29,17 +29,17 @@ bench() {  # seconds, then the command; output to the log, a line when it ends
 }
 x=benchmarks
 case $n in
-  1)  # issue 45: audit time per 1,000 positions (4 x 2,560 captured positions; the 27B target built on the GPU)
+  1)  # audit time per 1,000 positions (4 x 2,560 captured positions; the 27B target built on the GPU)
     bench 150 python3 $x/bench_audit.py
-    # issue 43: the 27B DFlash drafter's replay (every-anchor, chain) from cache files of 8 x 1,064 tokens, beside
+    # the 27B DFlash drafter's replay (every-anchor, chain) from cache files of 8 x 1,064 tokens, beside
     # the baselines' CPU time on the same completions (figures _27b_cuda)
     bench 150 python3 $x/bench_baselines.py --shape 27b
-    # issue 42: profile of the 27B target (q = 1..16, 32, 64 after 512, 2,048, 8,192 tokens) and drafter
+    # profile of the 27B target (q = 1..16, 32, 64 after 512, 2,048, 8,192 tokens) and drafter
     bench 230 python3 $x/bench_profile.py
     ;;
-  2)  # issue 42: the expected-acceptance pass against the plain replay (10 x 2,560, every-anchor and chain, T 0.7)
+  2)  # the expected-acceptance pass against the plain replay (10 x 2,560, every-anchor and chain, T 0.7)
     bench 200 python3 $x/bench_expected.py
-    # issue 42: the live loop's measured speedup against costs.speedup's prediction at T = 0 and 0.7 (3 prompts of
+    # the live loop's measured speedup against costs.speedup's prediction at T = 0 and 0.7 (3 prompts of
     # 2,048 tokens, 256 new each; oracle drafts at alpha 0.85 after the drafter's real block)
     bench 320 python3 $x/bench_live.py
     ;;
