@@ -7,14 +7,19 @@ read with torch.load(weights_only=True) only: a file that needs arbitrary unpick
 runs. Torch and safetensors are imported inside `tensors` only: locating and reading configs stay torch-free. A
 damaged or cut config or weights file (JSON that breaks, a safetensors file shorter than its header says, a
 runtime file that is no complete zip archive) is refused in one line naming the file.
+
+Per process, a checkpoint is located and its config file read once: `locate` and `raw_config` keep what they found
+in two explicit caches keyed by the paths and their (mtime, size), so a rewritten folder or config is looked at
+again; `forget()` empties both. A job reads its drafter's config.json once however many steps ask for it.
 """
 
 from __future__ import annotations
 
+import copy
 import pickle
 import re
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..target_info import check_safetensors, read_json
@@ -45,16 +50,46 @@ class Checkpoint:
     kind: str  # "hf" (safetensors folder) or "runtime" (SpecForge training_state.pt)
 
 
+_LOCATED: dict[tuple, Checkpoint] = {}  # (folder, draft config, their (mtime, size)) -> the located checkpoint
+_CONFIGS: dict[tuple, dict] = {}  # (config file, its (mtime, size)) -> its JSON as read
+
+
+def forget() -> None:
+    """Empty this process's caches of located checkpoints and read configs."""
+    _LOCATED.clear()
+    _CONFIGS.clear()
+
+
+def _stamp(p: Path) -> tuple[int, int]:
+    st = p.stat()
+    return st.st_mtime_ns, st.st_size
+
+
+def _read(f: Path) -> bytes:
+    """The bytes of config file `f` (the one place a drafter config is read)."""
+    return f.read_bytes()
+
+
 def locate(path: str | Path, draft_config: str | Path | None = None) -> Checkpoint:
     """Find a checkpoint's weights and config: an HF folder (config.json + *.safetensors) or a SpecForge
     runtime folder `{run_id}-step{N}/` (training_state.pt, config from `draft_config` or a config.json beside
-    or up to two folders above). Raises CheckpointError naming what is missing and the fix."""
+    or up to two folders above). Raises CheckpointError naming what is missing and the fix. Once per process
+    while the folder (and `draft_config`) are unchanged."""
     p = Path(path)
     if p.is_file() and p.name == RUNTIME_FILE:
         p = p.parent
     if not p.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint folder")
     p = p.resolve()
+    extra = Path(draft_config) if draft_config else None
+    key = (p, extra, _stamp(p), _stamp(extra) if extra and extra.is_file() else None)
+    if key not in _LOCATED:
+        _LOCATED[key] = _located(p, path, draft_config)
+    got = _LOCATED[key]
+    return replace(got, weights=list(got.weights))
+
+
+def _located(p: Path, path: str | Path, draft_config: str | Path | None) -> Checkpoint:
     files = sorted(p.glob("*.safetensors"))
     kind = "hf" if files else "runtime" if (p / RUNTIME_FILE).is_file() else None
     if kind is None:
@@ -83,12 +118,15 @@ def locate(path: str | Path, draft_config: str | Path | None = None) -> Checkpoi
 
 
 def raw_config(ck: Checkpoint) -> dict:
-    """The config's JSON object; a damaged or cut file is refused naming it and where its JSON breaks."""
+    """The config's JSON object; a damaged or cut file is refused naming it and where its JSON breaks. Read once
+    per process while the file is unchanged (a copy of what was read is returned)."""
     try:
-        raw = ck.config_file.read_bytes()
+        key = (ck.config_file, _stamp(ck.config_file))
+        if key not in _CONFIGS:
+            _CONFIGS[key] = read_json(ck.config_file, _read(ck.config_file), CheckpointError)
     except OSError as e:
         raise CheckpointError(f"{ck.config_file}: not readable ({e.strerror})") from None
-    return read_json(ck.config_file, raw, CheckpointError)
+    return copy.deepcopy(_CONFIGS[key])
 
 
 def read_config(path: str | Path, draft_config: str | Path | None = None) -> DrafterConfig:

@@ -2,7 +2,8 @@
 attributions, engine stats, jobs.
 
 Contract: `Store` is a `Database` (connection, lock, migration) with one method per question the product asks;
-rows come back as plain dicts with JSON columns decoded, a run prompt's arrays unpacked from its array file;
+rows come back as the frozen dataclasses of `rows` (`Run`, `Extraction`, `Completion`, `Job`, ...), JSON columns
+decoded; a run prompt's row (still a dict) has its arrays unpacked from its array file;
 a run's prompt rows go in, and come back from `prompts`, as `metrics.Prompt`s (the column `prompt_id` is their
 `id`). Knows nothing of torch, HTTP or Streamlit.
 """
@@ -22,6 +23,7 @@ from . import arrays
 from .arrays import ARRAYS_DIR, pack_arrays, unpack_arrays
 from .database import Database
 from .errors import StoreError
+from .rows import Attribution, Completion, CompletionEntry, Extraction, Item, Job, PromptSet, Run
 
 
 class Store(Database):
@@ -81,14 +83,15 @@ class Store(Database):
             finally:
                 con.unregister("_add_completions")
 
-    def sets(self) -> list[dict]:
-        return self.rows(
+    def sets(self) -> list[PromptSet]:
+        return self._of(
+            PromptSet,
             "SELECT s.name, s.source, s.created, count(c.prompt_id) AS prompts FROM prompt_sets s "
-            "LEFT JOIN completions c ON c.set_name = s.name GROUP BY ALL ORDER BY s.created"
+            "LEFT JOIN completions c ON c.set_name = s.name GROUP BY ALL ORDER BY s.created",
         )
 
-    def completions(self, set_name: str) -> list[dict]:
-        return self.rows("SELECT * FROM completions WHERE set_name = ? ORDER BY idx, prompt_id", [set_name])
+    def completions(self, set_name: str) -> list[Completion]:
+        return self._of(Completion, "SELECT * FROM completions WHERE set_name = ? ORDER BY idx, prompt_id", [set_name])
 
     def completion_requests(self, set_name: str) -> list[dict]:
         """{prompt_id, engine, request} of the set's completions: what each request asked for, without the outputs."""
@@ -96,18 +99,21 @@ class Store(Database):
             "SELECT prompt_id, engine, request FROM completions WHERE set_name = ? ORDER BY idx, prompt_id", [set_name]
         )
 
-    def completion_index(self, set_name: str, preview: int = 160) -> list[dict]:
+    def completion_index(self, set_name: str, preview: int = 160) -> list[CompletionEntry]:
         """The set's completions without token ids and with text cut to `preview` characters (prompt, output),
         plus their token counts: what listings and selectors need."""
-        return self.rows(
+        return self._of(
+            CompletionEntry,
             "SELECT prompt_id, idx, left(prompt, ?) AS prompt, left(output, ?) AS output, "
             "len(prompt_ids) AS prompt_tokens, len(output_ids) AS output_tokens, finish_reason, "
             "meta_info, model_path, category FROM completions WHERE set_name = ? ORDER BY idx, prompt_id",
             [preview, preview, set_name],
         )
 
-    def completion(self, set_name: str, prompt_id: str) -> dict | None:
-        got = self.rows("SELECT * FROM completions WHERE set_name = ? AND prompt_id = ?", [set_name, prompt_id])
+    def completion(self, set_name: str, prompt_id: str) -> Completion | None:
+        got = self._of(
+            Completion, "SELECT * FROM completions WHERE set_name = ? AND prompt_id = ?", [set_name, prompt_id]
+        )
         return got[0] if got else None
 
     def categories(self, set_name: str) -> dict[str, str | None]:
@@ -142,21 +148,19 @@ class Store(Database):
     def add_item(self, extraction_id: str, prompt_id: str, tokens: int, file: str) -> None:
         self.run("INSERT OR REPLACE INTO extraction_items VALUES (?,?,?,?)", [extraction_id, prompt_id, tokens, file])
 
-    def items(self, extraction_id: str) -> list[dict]:
-        return self.rows("SELECT * FROM extraction_items WHERE extraction_id = ?", [extraction_id])
+    def items(self, extraction_id: str) -> list[Item]:
+        return self._of(Item, "SELECT * FROM extraction_items WHERE extraction_id = ?", [extraction_id])
 
     def set_status(self, table: str, id_: str, status: str) -> None:
         assert table in ("extractions", "runs")
         self.run(f"UPDATE {table} SET status = ? WHERE id = ?", [status, id_])
 
-    def extractions(self) -> list[dict]:
-        return self.rows(
-            "SELECT e.*, (SELECT count(*) FROM extraction_items i WHERE i.extraction_id = e.id) "
-            "AS prompts FROM extractions e ORDER BY created, id"
-        )
+    def extractions(self) -> list[Extraction]:
+        return self._of(Extraction, EXTRACTIONS + " ORDER BY created, id")
 
-    def extraction(self, id_: str) -> dict:
-        return self._one("extractions", id_, "extraction")
+    def extraction(self, id_: str) -> Extraction:
+        """The extraction `id_` (or "latest": the newest finished one); StoreError naming the id otherwise."""
+        return Extraction.of(self._one("extractions", id_, "extraction"))
 
     # -- runs -----------------------------------------------------------------
 
@@ -238,15 +242,13 @@ class Store(Database):
         finally:
             con.unregister("_put_prompts")
 
-    def runs(self) -> list[dict]:
-        return self.rows(
-            "SELECT r.*, coalesce(e.set_name, json_extract_string(r.summary, '$.set_name')) AS set_name, e.backend, "
-            "e.target_path FROM runs r "
-            "LEFT JOIN extractions e ON e.id = r.extraction_id ORDER BY r.created, r.id"
-        )
+    def runs(self) -> list[Run]:
+        return self._of(Run, RUNS + " ORDER BY r.created, r.id")
 
-    def run_row(self, id_: str) -> dict:
-        return self._one("runs", id_, "run")
+    def run_row(self, id_: str) -> Run:
+        """The run `id_` (or "latest": the newest finished drafter run) with its extraction's set, backend and
+        target; StoreError naming the id otherwise."""
+        return Run.of(self._one("runs", id_, "run"))
 
     def run_prompts(self, run_id: str) -> list[dict]:
         """Every prompt's whole row of a run (every array, decoded), by prompt id."""
@@ -292,16 +294,22 @@ class Store(Database):
             [run_id, name, json.dumps(value)],
         )
 
+    def _of(self, cls, sql: str, params: list | None = None) -> list:
+        return [cls.of(r) for r in self.rows(sql, params)]
+
     def _one(self, table: str, id_: str, what: str) -> dict:
+        """One row of `table` (runs or extractions, with the columns `runs()` / `extractions()` add) by id, or
+        "latest": the newest finished one."""
+        select, t = (RUNS, "r") if table == "runs" else (EXTRACTIONS, "e")
         if id_ == "latest":  # a run: the newest drafter's (a model-free baseline is never "the latest replay")
-            drafter = " AND checkpoint NOT LIKE 'baseline:%'" if table == "runs" else ""
+            drafter = f" AND {t}.checkpoint NOT LIKE 'baseline:%'" if table == "runs" else ""
             got = self.rows(
-                f"SELECT * FROM {table} WHERE status = 'done'{drafter} ORDER BY created DESC, id DESC LIMIT 1"
+                f"{select} WHERE {t}.status = 'done'{drafter} ORDER BY {t}.created DESC, {t}.id DESC LIMIT 1"
             )
             if not got:
                 raise StoreError(f"no finished {what} in {self.workspace} yet")
             return got[0]
-        got = self.rows(f"SELECT * FROM {table} WHERE id = ?", [id_])
+        got = self.rows(f"{select} WHERE {t}.id = ?", [id_])
         if not got:
             raise StoreError(f"no {what} with id {id_!r} in {self.workspace} (list them with `{what}s`)")
         return got[0]
@@ -331,8 +339,8 @@ class Store(Database):
                     ],
                 )
 
-    def attributions(self, run_id: str) -> list[dict]:
-        return self.rows("SELECT * FROM attributions WHERE run_id = ? ORDER BY tap", [run_id])
+    def attributions(self, run_id: str) -> list[Attribution]:
+        return self._of(Attribution, "SELECT * FROM attributions WHERE run_id = ? ORDER BY tap", [run_id])
 
     # -- engine stats (conformance: acceptance a serving engine reported per request) ------------------
 
@@ -429,10 +437,11 @@ class Store(Database):
             ).fetchall()
             return bool(got)
 
-    def jobs(self, status: str | None = None, dismissed: bool = True) -> list[dict]:
+    def jobs(self, status: str | None = None, dismissed: bool = True) -> list[Job]:
         """Jobs newest first (each with `dismissed`); `dismissed=False` leaves out those a user dismissed."""
         where = (["status = ?"] if status else []) + ([] if dismissed else ["NOT coalesce(dismissed, false)"])
-        return self.rows(
+        return self._of(
+            Job,
             f"SELECT * FROM jobs {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY created DESC",
             [status] if status else [],
         )
@@ -446,16 +455,27 @@ class Store(Database):
                 [job_id],
             ).fetchall()
         if not got:
-            status = self.job(job_id)["status"]  # raises for an unknown id
+            status = self.job(job_id).status  # raises for an unknown id
             raise StoreError(
                 f"job {job_id} is {status}; only failed or cancelled jobs can be dismissed (cancel a running one first)"
             )
 
-    def job(self, job_id: str) -> dict:
-        got = self.rows("SELECT * FROM jobs WHERE id = ?", [job_id])
+    def job(self, job_id: str) -> Job:
+        got = self._of(Job, "SELECT * FROM jobs WHERE id = ?", [job_id])
         if not got:
             raise StoreError(f"no job with id {job_id!r} (list them with `jobs list`)")
         return got[0]
+
+
+# a run's columns and its extraction's set, backend and target (a baseline's set from its summary)
+RUNS = (
+    "SELECT r.*, coalesce(e.set_name, json_extract_string(r.summary, '$.set_name')) AS set_name, e.backend, "
+    "e.target_path FROM runs r LEFT JOIN extractions e ON e.id = r.extraction_id"
+)
+# an extraction's columns and its count of feature files
+EXTRACTIONS = (
+    "SELECT e.*, (SELECT count(*) FROM extraction_items i WHERE i.extraction_id = e.id) AS prompts FROM extractions e"
+)
 
 
 def default_workspace() -> Path:
