@@ -1,7 +1,7 @@
 """dflash-dash: the dashboard. `streamlit run app.py -- --workspace W` (default cache/).
 
 The router: st.navigation over the page scripts in pages/ (home at /, then URL paths completions, extraction,
-acceptance, compare, diagnostics, conformance: pages/common.PAGES), inside the app's frame (pages/common.sidebar: the
+acceptance, compare, diagnostics, conformance: pages/frame.PAGES), inside the app's frame (pages/frame.sidebar: the
 workspace, the server's readiness and the running jobs).
 Pages read the store and the feature cache only, a page run in one store session; long work runs as jobs (separate
 processes).
@@ -9,6 +9,6 @@ processes).
 
 from __future__ import annotations
 
-from pages import common
+from pages import frame
 
-common.app()  # page config, st.navigation over pages/common.PAGES, the sidebar, the page in a store session
+frame.app()  # page config, st.navigation over pages/frame.PAGES, the sidebar, the page in a store session

@@ -24,16 +24,18 @@ from dflash_dash.render.analysis_figures import (
 )
 from dflash_dash.render.figures import accept_curve, depth_fig, hist_fig
 from dflash_dash.render.formats import DEFAULT_RUN_NOTES, ci, fmt, sliding_note
+from dflash_dash.render.labels import family
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import TAU_COLUMNS, outlier_links, pattern_rows, prompt_table, summary_rows
 from dflash_dash.render.tokens import legend_html, round_html, text_html, token_html
 from dflash_dash.vocab import Vocab
-from pages import baseline_view, common, expected_view, jobs_view, speed_view
+from pages import baseline_view, expected_view, frame, jobs_view, params, reads, speed_view, widgets
 from pages.calibration_view import calibration_block
+from pages.guard import guard
 from pages.heads_view import confidence_block, headroom_block
 from pages.live_view import live_block
 
-common.routed()
+frame.routed()
 
 
 def summary_block(s: dict, rows: list[dict], run_id: str) -> None:
@@ -124,9 +126,9 @@ def stats_block(s: dict, rows: list[dict], run_id: str) -> None:
 
 def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] | None = None) -> None:
     B = run["summary"]["block_size"]
-    ex = common.extractions(ws, common.stamp())
+    ex = reads.extractions(ws, reads.stamp())
     target = next((e["target_path"] for e in ex if e["id"] == run["extraction_id"]), None)
-    vocab = common.vocab(target) if target else Vocab()
+    vocab = reads.vocab(target) if target else Vocab()
     tr = trace(row, comp, B)
     c = st.columns(5)
     c[0].metric("tau (this prompt)", fmt(row["tau"]))
@@ -153,7 +155,7 @@ def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] 
             "lowest mean accepted(p) there; or, from Conformance, the first verify step where the engine's "
             "steps leave the replay's rounds)"
         )
-    win = common.window_param(
+    win = params.window_param(
         len(tr.role), tr.prompt_len, "acc_win", row["prompt_id"], around=min(outline) if outline else None
     )
     st.html(token_html(tr, vocab, B, superscript=sup, inline_rejects=inline, diff=outline, window=win))
@@ -164,7 +166,7 @@ def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] 
 def curve_block(ws: str, run: dict, pid: str) -> None:
     """accepted(p) along the shown prompt (a section: drawn when chosen)."""
     B = run["summary"]["block_size"]
-    row, comp = common.run_prompt(ws, run["id"], pid), common.completion(ws, run["set_name"], pid, common.stamp())
+    row, comp = reads.run_prompt(ws, run["id"], pid), reads.completion(ws, run["set_name"], pid, reads.stamp())
     st.subheader(f"accepted(p) along {pid}")
     st.plotly_chart(accept_curve(trace(row, comp, B), row, B), width="stretch")
     st.caption(
@@ -184,7 +186,7 @@ def round_block(run: dict, row: dict, comp: dict, vocab: Vocab) -> int | None:
         return
     labels = {str(o["round"]): o["label"] for o in opts}
     first_stop = next((o["round"] for o in opts if o["accepted"] < o["inside"]), 1)  # default: a rejection
-    rnd = common.select_param(
+    rnd = params.select_param(
         "round of the chain walk", list(labels), "round", "acc_round", default=str(first_stop), format_func=labels.get
     )
     detail = round_detail(row, comp, B, int(rnd), vocab, run["summary"].get("round_topk"), budget)
@@ -251,7 +253,7 @@ def patterns_block(ws: str, run: dict) -> None:
         "rounds whose first draft is accepted; tau = committed / rounds of the group. Token classes come "
         "from the decoded token text (Python keywords for keyword; a quote makes a string token)."
     )
-    pat = common.analysis(ws, run["id"], "patterns")
+    pat = reads.analysis(ws, run["id"], "patterns")
     if not pat["decoded_tokens"]:
         st.caption("The target folder has no tokenizer: tokens are shown as ⟨id⟩ and every class is `other`.")
 
@@ -262,10 +264,10 @@ def patterns_block(ws: str, run: dict) -> None:
         cfg = {"link": st.column_config.LinkColumn("token view", display_text="open")} if key == "worst_spans" else None
         rows = pattern_rows(key, pat[key])  # token cells with their whitespace visible
         col.dataframe(
-            rows, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(rows, **(cfg or {}))
+            rows, hide_index=True, placeholder=DASH, width="stretch", column_config=widgets.numbers(rows, **(cfg or {}))
         )
         with col:
-            common.download(f"{title} (CSV)", pat[key], f"{run['id']}-{key}.csv", f"acc_dl_{key}")
+            widgets.download(f"{title} (CSV)", pat[key], f"{run['id']}-{key}.csv", f"acc_dl_{key}")
 
     c1, c2 = st.columns(2)
     c1.plotly_chart(class_fig(pat["by_class"]), width="stretch")
@@ -341,11 +343,11 @@ def link_span(pid: str) -> tuple[int, int] | None:
 
 
 def main() -> None:
-    ws = common.workspace()
-    stamp = common.stamp()
+    ws = reads.workspace()
+    stamp = reads.stamp()
     st.title("Acceptance")
-    runs = common.runs(ws, stamp)
-    exs = common.extractions(ws, stamp)
+    runs = reads.runs(ws, stamp)
+    exs = reads.extractions(ws, stamp)
     if not runs:
         st.info(
             "No replay runs in this workspace yet. Fetch completions (**Completions**), extract hidden "
@@ -356,29 +358,29 @@ def main() -> None:
         return
     by_id = {r["id"]: r for r in runs}
     default, basis = healthiest_run(runs)  # the healthiest run on the extraction that matches serving
-    rid = common.select_run("run (checkpoint · family · backend · id)", runs, "run", "acc_run", default=default)
+    rid = params.select_run("run (checkpoint · family · backend · id)", runs, "run", "acc_run", default=default)
     if rid == default:
         st.caption(DEFAULT_RUN_NOTES[basis])
     run = by_id[rid]
     s = run["summary"]
     st.caption(
-        f"**{common.family(run)}** checkpoint `{run['checkpoint']}` · extraction `{run['extraction_id']}` "
+        f"**{family(run)}** checkpoint `{run['checkpoint']}` · extraction `{run['extraction_id']}` "
         f"(backend **{run['backend']}**) · completions `{run['set_name']}` "
-        f"({common.set_sampling(ws, run['set_name'], stamp)}) · {s.get('block_size', 1) - 1} drafts "
+        f"({reads.set_sampling(ws, run['set_name'], stamp)}) · {s.get('block_size', 1) - 1} drafts "
         "per step" + sliding_note(run.get("sliding_block"))
     )
-    common.backend_note(run["backend"])
+    widgets.backend_note(run["backend"])
     baseline_view.beside(runs, run)
-    common.streamed_note(next((e for e in exs if e["id"] == run["extraction_id"]), None))
-    rows = common.prompt_rows(ws, rid)  # per-prompt numbers only: no page loads every token of every prompt
-    full = common.summary(ws, run)
+    widgets.streamed_note(next((e for e in exs if e["id"] == run["extraction_id"]), None))
+    rows = reads.prompt_rows(ws, rid)  # per-prompt numbers only: no page loads every token of every prompt
+    full = reads.summary(ws, run)
     summary_block(full, list(rows.values()), rid)
     expected_view.shown(full)  # a run at a temperature: tau_expected, its bound, rule and formula
     speed_view.shown(ws, run)  # predicted speedup on a measured cost table; what to serve
     live_block(ws, run, rows)  # the live loop's measured acceptance and tokens/s beside the estimate, when run
 
     st.subheader("Per prompt")
-    comps = common.completions(ws, run["set_name"], stamp)
+    comps = reads.completions(ws, run["set_name"], stamp)
     table = prompt_table(list(rows.values()), comps, run["tree_budget"])
     st.caption(
         "sorted by tau, lowest first; tau = committed / rounds; outlier = low / high outside Tukey's fences "
@@ -402,17 +404,17 @@ def main() -> None:
         pid = order[picked[0]]
         if st.session_state.get("_acc_table_last") != pid:
             st.session_state["_acc_table_last"] = pid
-            common.set_param("acc_prompt", "prompt", pid)
-    pid = common.select_param("prompt", order, "prompt", "acc_prompt")
+            params.set_param("acc_prompt", "prompt", pid)
+    pid = params.select_param("prompt", order, "prompt", "acc_prompt")
     if pid not in comps:
         st.error(f"prompt {pid!r} has no completion in set {run['set_name']!r} any more; re-import it.")
     else:
         st.subheader(f"Token view · {pid}")
         token_view(
-            ws, run, common.run_prompt(ws, rid, pid), common.completion(ws, run["set_name"], pid, stamp), link_span(pid)
+            ws, run, reads.run_prompt(ws, rid, pid), reads.completion(ws, run["set_name"], pid, stamp), link_span(pid)
         )
     st.subheader("More on this run")
-    section = common.section_param(
+    section = params.section_param(
         "its charts, every metric, calibration, failure patterns, top-K headroom or confidence head (drawn when "
         "chosen)",
         SECTIONS,
@@ -427,10 +429,10 @@ def main() -> None:
         "patterns": lambda: patterns_block(ws, run),
     }
     if section:
-        with common.guard():  # a failing analysis does not hide the rest of the page
+        with guard():  # a failing analysis does not hide the rest of the page
             draw.get(section, lambda: BLOCKS[section](ws, run))()
     jobs_view.replay_form(exs, run["extraction_id"])
 
 
-with common.guard():
+with guard():
     main()

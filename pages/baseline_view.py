@@ -10,14 +10,14 @@ from dflash_dash.analysis.compare import is_baseline
 from dflash_dash.analysis.reference import best_baseline, versus
 from dflash_dash.render.baseline import source_html, versus_html
 from dflash_dash.vocab import Vocab
-from pages import common
+from pages import reads
 
 
 def source_note(ws: str, run: dict, row: dict, comp: dict, vocab: Vocab, rnd: int) -> None:
     """For a baseline run: the source of round `rnd`'s drafts (a copied span, or the cache that matched)."""
     if not is_baseline(run):
         return
-    src = common.kept(ws, run["id"], "sources:" + row["prompt_id"])
+    src = reads.kept(ws, run["id"], "sources:" + row["prompt_id"])
     tokens = list(comp["prompt_ids"]) + list(comp["output_ids"])
     st.html(source_html(src or {}, rnd, tokens, vocab.strings))
 

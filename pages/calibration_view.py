@@ -11,7 +11,7 @@ from dflash_dash import metrics
 from dflash_dash.render.analysis_figures import confidence_fig, expected_fig, reliability_fig
 from dflash_dash.render.formats import fmt, prob
 from dflash_dash.render.missing import DASH
-from pages import common
+from pages import reads, widgets
 
 POOLED = "pooled over depths"  # the reliability diagram over every depth at once
 
@@ -32,7 +32,7 @@ def calibration_block(ws: str, run: dict) -> None:
         "slot k. A sample is a chain-walk round with slot k inside the completion and d_1..d_{k-1} accepted; "
         "it counts as accepted when d_k is accepted too (the rounds of the per-depth conditional curve)."
     )
-    cal = common.analysis(ws, run["id"], "calibration")
+    cal = reads.analysis(ws, run["id"], "calibration")
     if not cal["recorded"]:
         st.info(
             "Draft probabilities: not recorded, replay again. This run was replayed before dflash-dash stored "
@@ -58,22 +58,22 @@ def calibration_block(ws: str, run: dict) -> None:
         "drafter is calibrated, below it over-confident; bars: samples per bin"
     )
     with c1:
-        common.download("reliability bins (CSV)", cal["reliability"], f"{run['id']}-reliability.csv", "acc_dl_rel")
+        widgets.download("reliability bins (CSV)", cal["reliability"], f"{run['id']}-reliability.csv", "acc_dl_rel")
     c2.plotly_chart(confidence_fig({"run": cal["by_depth"]}), width="stretch")
     c2.caption("per depth: mean p_k against P(d_k accepted | d_1..d_{k-1} accepted), and the ECE of each depth")
     with c2:
-        common.download(
+        widgets.download(
             "per-depth calibration (CSV)", cal["by_depth"], f"{run['id']}-calibration-depth.csv", "acc_dl_depth"
         )
     c1, c2 = st.columns(2)
     c1.plotly_chart(expected_fig({"run": cal["per_prompt"]}), width="stretch")
     with c1:
-        common.download(
+        widgets.download(
             "expected vs observed tau per prompt (CSV)",
             cal["per_prompt"],
             f"{run['id']}-expected-tau.csv",
             "acc_dl_exp",
         )
     depth = cal["by_depth"]
-    c2.dataframe(depth, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(depth))
+    c2.dataframe(depth, hide_index=True, placeholder=DASH, width="stretch", column_config=widgets.numbers(depth))
     c2.caption("rounds: samples of depth k; mean_p: mean p_k; observed: P(d_k | d_<k); ece: ECE of depth k alone")

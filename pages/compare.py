@@ -28,12 +28,14 @@ from dflash_dash.render.analysis_figures import confidence_fig, reliability_fig
 from dflash_dash.render.compare import DELTA_NOTE, OUTCOME_NOTE, compare_html
 from dflash_dash.render.figures import depth_fig, hist_fig, lag_fig, scatter_fig, sweep_fig
 from dflash_dash.render.formats import fmt, sliding_note
+from dflash_dash.render.labels import extraction_label, family, streamed
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.tokens import legend_html
 from dflash_dash.vocab import Vocab
-from pages import common, jobs_view, many_view, speed_view
+from pages import frame, jobs_view, many_view, params, reads, speed_view, widgets
+from pages.guard import guard
 
-common.routed()
+frame.routed()
 
 SECTIONS = {  # URL value: label (&section=...): each drawn only when chosen
     "charts": "tau per prompt, per depth, histogram",
@@ -75,7 +77,7 @@ def pick_prompt(a: dict, b: dict, ra: dict, rb: dict, comps: dict) -> str | None
         hide_index=True,
         placeholder=DASH,
         width="stretch",
-        column_config=common.numbers(rows),
+        column_config=widgets.numbers(rows),
         on_select="rerun",
         selection_mode="single-row",
         key=f"cmp_delta_{pair}",
@@ -84,12 +86,12 @@ def pick_prompt(a: dict, b: dict, ra: dict, rb: dict, comps: dict) -> str | None
     prev = st.session_state.get("_cmp_pair")
     st.session_state["_cmp_pair"] = pair
     if prev is not None and prev != pair:
-        common.set_param("cmp_prompt", "prompt", order[0])
+        params.set_param("cmp_prompt", "prompt", order[0])
     elif picked and st.session_state.get("_cmp_delta_last") != (pair, order[picked[0]]):
         st.session_state["_cmp_delta_last"] = (pair, order[picked[0]])
-        common.set_param("cmp_prompt", "prompt", order[picked[0]])
+        params.set_param("cmp_prompt", "prompt", order[picked[0]])
     by = {r["prompt"]: r for r in rows}
-    return common.select_param(
+    return params.select_param(
         "prompt (largest |delta| first)",
         order,
         "prompt",
@@ -101,27 +103,27 @@ def pick_prompt(a: dict, b: dict, ra: dict, rb: dict, comps: dict) -> str | None
 
 
 def token_views(ws: str, stamp: str, a: dict, b: dict, ra: dict, rb: dict) -> None:
-    comps = common.completions(ws, a["set_name"], stamp)
+    comps = reads.completions(ws, a["set_name"], stamp)
     pid = pick_prompt(a, b, ra, rb, comps)
     if pid is None:
         return
-    ex = {e["id"]: e for e in common.extractions(ws, stamp)}
+    ex = {e["id"]: e for e in reads.extractions(ws, stamp)}
     target = (ex.get(a["extraction_id"]) or {}).get("target_path")
-    vocab = common.vocab(target) if target else Vocab()
+    vocab = reads.vocab(target) if target else Vocab()
     Ba, Bb = a["summary"]["block_size"], b["summary"]["block_size"]
-    comp = common.completion(ws, a["set_name"], pid, stamp)
+    comp = reads.completion(ws, a["set_name"], pid, stamp)
     ta, tb = (
-        trace(common.run_prompt(ws, a["id"], pid), comp, Ba),
-        trace(common.run_prompt(ws, b["id"], pid), comp, Bb),
+        trace(reads.run_prompt(ws, a["id"], pid), comp, Ba),
+        trace(reads.run_prompt(ws, b["id"], pid), comp, Bb),
     )
     diff = differing(ta, tb)
     st.caption(f"{len(diff)} of {len(ta.role)} completion positions differ in outcome. {OUTCOME_NOTE}")
     st.html(legend_html(Ba, compare=True))
     heads = (
-        f"A · {a['name']} ({common.family(a)}) · tau {fmt(ra[pid]['tau'])}",
-        f"B · {b['name']} ({common.family(b)}) · tau {fmt(rb[pid]['tau'])}",
+        f"A · {a['name']} ({family(a)}) · tau {fmt(ra[pid]['tau'])}",
+        f"B · {b['name']} ({family(b)}) · tau {fmt(rb[pid]['tau'])}",
     )
-    win = common.window_param(len(ta.role), ta.prompt_len, "cmp_win", pid, around=min(diff) if diff else None)
+    win = params.window_param(len(ta.role), ta.prompt_len, "cmp_win", pid, around=min(diff) if diff else None)
     st.html(compare_html(ta, tb, vocab, (Ba, Bb), diff, heads, window=win), unsafe_allow_javascript=True)
 
 
@@ -132,8 +134,8 @@ def lag_block(ws: str, stamp: str, a: dict, b: dict) -> None:
         "the signature of a drafter trained with the anchor's own hidden state in view. " + metrics.LAG_FORMULA
     )
     rows = lag_rows(
-        common.analysis(ws, a["id"], "lag"),
-        common.analysis(ws, b["id"], "lag"),
+        reads.analysis(ws, a["id"], "lag"),
+        reads.analysis(ws, b["id"], "lag"),
         a["summary"]["block_size"],
         b["summary"]["block_size"],
     )
@@ -143,14 +145,14 @@ def lag_block(ws: str, stamp: str, a: dict, b: dict) -> None:
     c1, c2 = st.columns([3, 2])
     c1.plotly_chart(lag_fig(rows, a["name"], b["name"]), width="stretch")
     with c2:
-        st.dataframe(rows, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(rows))
-        common.download("draft lag per slot, both runs (CSV)", rows, "compare-lag.csv", "cmp_dl_lag")
+        st.dataframe(rows, hide_index=True, placeholder=DASH, width="stretch", column_config=widgets.numbers(rows))
+        widgets.download("draft lag per slot, both runs (CSV)", rows, "compare-lag.csv", "cmp_dl_lag")
 
 
 def calibration_block(ws: str, a: dict, b: dict) -> None:
     """Calibration of A and B overlaid: ECE and expected vs observed tau, reliability diagrams, per-depth curves."""
     st.subheader("Calibration, A and B")
-    cals = {f"{side} {r['name']}": common.analysis(ws, r["id"], "calibration") for side, r in (("A", a), ("B", b))}
+    cals = {f"{side} {r['name']}": reads.analysis(ws, r["id"], "calibration") for side, r in (("A", a), ("B", b))}
     for name, cal in cals.items():
         if not cal["recorded"]:
             st.info(f"{name}: draft probabilities not recorded, replay again (the run predates them).")
@@ -180,14 +182,14 @@ def calibration_block(ws: str, a: dict, b: dict) -> None:
     c1.plotly_chart(reliability_fig({n: c["reliability"] for n, c in cals.items()}, depth), width="stretch")
     c2.plotly_chart(confidence_fig({n: c["by_depth"] for n, c in cals.items()}), width="stretch")
     with c1:
-        common.download(
+        widgets.download(
             "reliability bins, both runs (CSV)",
             [{"run": n, **r} for n, c in cals.items() for r in c["reliability"]],
             "compare-reliability.csv",
             "cmp_dl_rel",
         )
     with c2:
-        common.download(
+        widgets.download(
             "per-depth calibration, both runs (CSV)",
             [{"run": n, **r} for n, c in cals.items() for r in c["by_depth"]],
             "compare-calibration-depth.csv",
@@ -216,7 +218,7 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
         "checkpoint-N/ folders): every checkpoint in it is replayed on one extraction, as one job, in step "
         "order ({run_id}-latest/-best links count once); tau is plotted against step."
     )
-    exs = [e for e in common.extractions(ws, stamp) if e["status"] == "done"]
+    exs = [e for e in reads.extractions(ws, stamp) if e["status"] == "done"]
     default = st.query_params.get("sweep", "") or demo.series_folder(ws) or ""  # a demo: its healthy run's steps
     folder = st.text_input("training output folder", value=default, key="sweep_folder")
     if folder.strip():
@@ -229,7 +231,7 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
             ids,
             index=ids.index(sweep_extraction(runs, folder.strip(), ids)),  # the newest with the folder's runs
             key="sweep_ex",
-            format_func=common.extraction_label(by),
+            format_func=extraction_label(by),
         )
         how = (
             jobs_view.checkpoint_inputs("sweep") | jobs_view.sampling_inputs("sweep") | jobs_view.where_inputs("sweep")
@@ -237,12 +239,12 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
         if st.button("Start sweep", type="primary", disabled=not folder.strip()):
             from dflash_dash import pipeline
 
-            common.backend_note(by[ex]["backend"], f"Extraction {ex}")
+            widgets.backend_note(by[ex]["backend"], f"Extraction {ex}")
             e = by[ex]
             stream = (  # no feature files: the sweep runs the target again over the set
-                dict(stream=True, target=e["target_path"], completions=e["set_name"]) if common.streamed(e) else {}
+                dict(stream=True, target=e["target_path"], completions=e["set_name"]) if streamed(e) else {}
             )
-            with common.guard({"checkpoints": "training output folder"} | jobs_view.SAMPLING):  # a mistyped folder,
+            with guard({"checkpoints": "training output folder"} | jobs_view.SAMPLING):  # a mistyped folder,
                 # one without a checkpoint or with a damaged one, a temperature without the extraction's top-K: said
                 # here, no job; what is not a checkpoint is listed
                 jobs_view.has_topk(e, how | stream)
@@ -278,10 +280,10 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
 
 
 def main() -> None:
-    ws = common.workspace()
-    stamp = common.stamp()
+    ws = reads.workspace()
+    stamp = reads.stamp()
     st.title("Compare")
-    runs = common.runs(ws, stamp)
+    runs = reads.runs(ws, stamp)
     if len(runs) < 2:
         st.info(
             "Compare needs two replay runs: replay two checkpoints on the same extraction (Acceptance page, "
@@ -291,7 +293,7 @@ def main() -> None:
         by_id = {r["id"]: r for r in runs}
         st.subheader("Runs side by side")
         chosen = many_view.pick_runs(ws, stamp, runs)
-        with common.guard():  # a failing table does not hide the pair below
+        with guard():  # a failing table does not hide the pair below
             many_view.many_block(ws, stamp, chosen)
         st.subheader("Two of them, prompt by prompt")
         linked = {st.query_params.get("a"), st.query_params.get("b")}  # a link's pair stays choosable
@@ -300,17 +302,17 @@ def main() -> None:
         da, db = default_pair(pool)  # the newest two of them on one extraction
         c1, c2 = st.columns(2)
         with c1:
-            a_id = common.select_run("A", pool, "a", "cmp_a", default=da)
+            a_id = params.select_run("A", pool, "a", "cmp_a", default=da)
         with c2:
-            b_id = common.select_run("B", pool, "b", "cmp_b", default=db)
+            b_id = params.select_run("B", pool, "b", "cmp_b", default=db)
         a, b = by_id[a_id], by_id[b_id]
         st.caption(
             f"A: `{a['checkpoint']}` on `{a['extraction_id']}` (backend **{a['backend']}**)  \n"
             f"B: `{b['checkpoint']}` on `{b['extraction_id']}` (backend **{b['backend']}**)"
         )
-        common.backend_note(a["backend"], "Run A")
+        widgets.backend_note(a["backend"], "Run A")
         if b["backend"] != a["backend"]:
-            common.backend_note(b["backend"], "Run B")
+            widgets.backend_note(b["backend"], "Run B")
         if a["extraction_id"] != b["extraction_id"]:
             st.warning(
                 f"A and B are on different extractions ({a['extraction_id']} vs {b['extraction_id']}): "
@@ -321,7 +323,7 @@ def main() -> None:
             st.error("A and B are on different completion sets; per-prompt comparisons need the same set.")
         else:
             st.dataframe(metrics_table(a, b), hide_index=True, placeholder=DASH, width="stretch")
-            ra, rb = common.prompt_rows(ws, a_id), common.prompt_rows(ws, b_id)  # numbers only, per prompt
+            ra, rb = reads.prompt_rows(ws, a_id), reads.prompt_rows(ws, b_id)  # numbers only, per prompt
             st.subheader("Per prompt, A vs B, and the token views aligned")
             token_views(ws, stamp, a, b, ra, rb)
         more_block(ws, stamp, runs, a, b)
@@ -332,13 +334,13 @@ def main() -> None:
 def charts_block(ws: str, a: dict, b: dict) -> None:
     """Per-prompt tau scatter, per-depth curves and histograms of A and B overlaid (a section)."""
     st.subheader("tau per prompt, per depth, histogram")
-    ra, rb = common.prompt_rows(ws, a["id"]), common.prompt_rows(ws, b["id"])
+    ra, rb = reads.prompt_rows(ws, a["id"]), reads.prompt_rows(ws, b["id"])
     st.plotly_chart(
         scatter_fig({p: r["tau"] for p, r in ra.items()}, {p: r["tau"] for p, r in rb.items()}, a["name"], b["name"]),
         width="stretch",
     )
-    sa = {f"A {a['name']} ({common.family(a)})": a["summary"]}
-    sb = {f"B {b['name']} ({common.family(b)})": b["summary"]}
+    sa = {f"A {a['name']} ({family(a)})": a["summary"]}
+    sb = {f"B {b['name']} ({family(b)})": b["summary"]}
     c1, c2 = st.columns(2)
     c1.plotly_chart(depth_fig(sa | sb), width="stretch")
     c2.plotly_chart(hist_fig(sa | sb), width="stretch")
@@ -349,7 +351,7 @@ def more_block(ws: str, stamp: str, runs: list[dict], a: dict, b: dict) -> None:
     st.subheader("More on A and B")
     same = a["set_name"] == b["set_name"]  # per-prompt sections need one completion set
     options = {k: v for k, v in SECTIONS.items() if same or k in ("config", "sweep")}
-    section = common.section_param(
+    section = params.section_param(
         "their charts, calibration, draft lag, configs, or a training sweep (drawn when chosen)",
         options,
         "section",
@@ -364,9 +366,9 @@ def more_block(ws: str, stamp: str, runs: list[dict], a: dict, b: dict) -> None:
         "sweep": lambda: sweep_block(ws, stamp, runs),
     }
     if section:
-        with common.guard():  # a failing section does not hide the rest of the page
+        with guard():  # a failing section does not hide the rest of the page
             draw[section]()
 
 
-with common.guard():
+with guard():
     main()

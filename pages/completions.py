@@ -15,9 +15,10 @@ from dflash_dash import ops
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import SPEC_KEYS, completion_table
 from dflash_dash.render.tokens import text_html
-from pages import common, forms, jobs_view, server_view
+from pages import forms, frame, jobs_view, params, reads, server_view, widgets
+from pages.guard import guard
 
-common.routed()
+frame.routed()
 
 UPLOAD = "upload a JSONL file…"
 FETCH = {  # ops.Fetch field -> its widget's label: errors name the form's fields, not CLI flags (forms.said)
@@ -36,7 +37,7 @@ IMPORT = {"name": "set name"}  # the import form's labels, as FETCH
 
 def save_upload(up, folder: str) -> Path:
     """An uploaded prompt-set or completions file saved into the workspace (validated by the job/import)."""
-    d = Path(common.workspace()) / folder
+    d = Path(reads.workspace()) / folder
     d.mkdir(parents=True, exist_ok=True)
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(up.name).name) or "upload.jsonl"
     dst = d / name
@@ -51,7 +52,7 @@ def fetch_form() -> None:
     url = server_view.server_url()
     with st.form("fetch"):
         c1, c2 = st.columns([2, 1])
-        kept = sorted(f.stem for f in (Path(common.workspace()) / "prompt_sets").glob("*.jsonl"))
+        kept = sorted(f.stem for f in (Path(reads.workspace()) / "prompt_sets").glob("*.jsonl"))
         choice = c1.selectbox(
             FETCH["prompt_set"],
             list(prompts.SETS) + [k for k in kept if k not in prompts.SETS] + [UPLOAD],
@@ -89,7 +90,7 @@ def fetch_form() -> None:
                 "set's name only to continue fetching that set (with the settings it was fetched with)."
             )
             return
-        with common.guard(FETCH):  # every field checked before a job starts or an upload is kept
+        with guard(FETCH):  # every field checked before a job starts or an upload is kept
             if seed.strip() and not seed.strip().isdigit():
                 raise ops.InputError(f"seed {seed.strip()!r}: give an integer 0..4294967295, or leave it empty", "seed")
             op = ops.Fetch(
@@ -135,10 +136,10 @@ def import_prompts_form() -> None:
             if up is None or not name.strip():
                 st.error("Choose a prompt file and give the prompt set a name.")
                 return
-            with common.guard({"name": "prompt set name"}):  # a bad file or name: one line naming the row (or
+            with guard({"name": "prompt set name"}):  # a bad file or name: one line naming the row (or
                 # the field) and the fix, the rest of the page stays
                 ops.check_name(name, "name", "the prompt set's name")  # before the upload is kept
-                got = pipeline.import_prompts(common.store(), save_upload(up, "imports"), name.strip(), fmt)
+                got = pipeline.import_prompts(reads.store(), save_upload(up, "imports"), name.strip(), fmt)
                 cats = sorted({p["category"] for p in got if p["category"]})
                 st.success(
                     f"imported {len(got)} prompts as prompt set {name.strip()}"
@@ -158,17 +159,17 @@ def import_form() -> None:
             if up is None or not name.strip():
                 st.error("Choose a file and give the set a name.")
                 return
-            with common.guard(IMPORT):  # the name checked before the upload is kept
+            with guard(IMPORT):  # the name checked before the upload is kept
                 set_name = ops.check_name(name, "name", "the set's name")
-                n = pipeline.import_completions(common.store(), save_upload(up, "imports"), set_name)
+                n = pipeline.import_completions(reads.store(), save_upload(up, "imports"), set_name)
                 st.success(f"imported {n} completions into set {set_name}")
 
 
 def main() -> None:
-    ws = common.workspace()
-    stamp = common.stamp()
+    ws = reads.workspace()
+    stamp = reads.stamp()
     st.title("Completions")
-    sets = common.sets(ws, stamp)
+    sets = reads.sets(ws, stamp)
     if not sets:
         st.info(
             "No completions yet. Start a server (e.g. `python -m dflash_dash serve --model DIR`) and fetch "
@@ -177,7 +178,7 @@ def main() -> None:
     else:
         names = [s["name"] for s in sets]
         counts = {s["name"]: s["prompts"] for s in sets}
-        name = common.select_param(
+        name = params.select_param(
             "completion set",
             names,
             "set",
@@ -185,8 +186,8 @@ def main() -> None:
             default=names[-1],
             format_func=lambda n: f"{n} ({counts[n]} completions)",
         )
-        comps = common.completions(ws, name, stamp)
-        st.caption(f"Set `{name}`: {common.set_sampling(ws, name, stamp)} (as its stored requests asked).")
+        comps = reads.completions(ws, name, stamp)
+        st.caption(f"Set `{name}`: {reads.set_sampling(ws, name, stamp)} (as its stored requests asked).")
         if not comps:
             st.info(f"Set {name!r} has no completions yet; a running fetch adds them as they arrive.")
         else:
@@ -194,7 +195,7 @@ def main() -> None:
             st.caption("pick a row (or the completion below) to show its prompt and completion text")
             ev = st.dataframe(
                 rows,
-                column_config=common.numbers(rows),
+                column_config=widgets.numbers(rows),
                 hide_index=True,
                 placeholder=DASH,
                 width="stretch",
@@ -205,7 +206,7 @@ def main() -> None:
             picked = ev.selection.rows if ev is not None and hasattr(ev, "selection") else []
             if picked and st.session_state.get("_comp_table_last") != rows[picked[0]]["prompt"]:
                 st.session_state["_comp_table_last"] = rows[picked[0]]["prompt"]
-                common.set_param("comp_prompt", "prompt", rows[picked[0]]["prompt"])
+                params.set_param("comp_prompt", "prompt", rows[picked[0]]["prompt"])
             if not any(k in r for r in rows for k in SPEC_KEYS):
                 st.caption("No server-side speculative counters: the server did not run speculative decoding.")
             else:
@@ -214,8 +215,8 @@ def main() -> None:
                     "completion_tokens / spec_verify_ct: tokens per verify step, the engine's tau for the "
                     "request. spec_accept_histogram as accepted:count."
                 )
-            pid = common.select_param("show completion", list(comps), "prompt", "comp_prompt")
-            c = common.completion(ws, name, pid, stamp) or {}
+            pid = params.select_param("show completion", list(comps), "prompt", "comp_prompt")
+            c = reads.completion(ws, name, pid, stamp) or {}
             a, b = st.columns(2)
             with a:
                 st.markdown("**prompt**")
@@ -232,5 +233,5 @@ def main() -> None:
     import_form()
 
 
-with common.guard():
+with guard():
     main()

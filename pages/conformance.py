@@ -28,9 +28,10 @@ from dflash_dash.render.tables import (
     number_specs,
     verdict_table,
 )
-from pages import common, jobs_view
+from pages import frame, jobs_view, params, reads, widgets
+from pages.guard import guard
 
-common.routed()
+frame.routed()
 
 QUESTION = (
     "Same drafter, accepted length 3 in the engine and 5.5 in the replay: engine or drafter? The replay "
@@ -203,7 +204,7 @@ def fault_ranking(ws: str, run_id: str, engine: str, gap: bool) -> None:
     """The kept ranking of known engine faults (CLI `diagnose`), with the evidence in words; `gap`: the engine
     and the replay disagree beyond the threshold (else there is no gap to explain)."""
     st.subheader("Which fault explains the gap?")
-    ranking = common.kept(ws, run_id, f"faults:{engine}")
+    ranking = reads.kept(ws, run_id, f"faults:{engine}")
     if ranking is None:
         cmd = f"python -m dflash_dash --workspace {ws} diagnose --run {run_id} --engine {engine}"
         st.caption(
@@ -253,10 +254,10 @@ def fault_ranking(ws: str, run_id: str, engine: str, gap: bool) -> None:
 
 
 def main() -> None:
-    ws, stamp = common.workspace(), common.stamp()
+    ws, stamp = reads.workspace(), reads.stamp()
     st.title("Conformance")
     st.caption(QUESTION)
-    runs = common.runs(ws, stamp)
+    runs = reads.runs(ws, stamp)
     if not runs:
         st.info(
             "No replay runs in this workspace yet. Fetch completions from a server that decodes speculatively "
@@ -265,9 +266,9 @@ def main() -> None:
         )
         return
     by_id = {r["id"]: r for r in runs}
-    estamp = stamp + "|" + common.engine_stamp()
-    with_stats = {s for s in {r["set_name"] for r in runs} if common.engines(ws, s, estamp)}
-    rid = common.select_run(
+    estamp = stamp + "|" + reads.engine_stamp()
+    with_stats = {s for s in {r["set_name"] for r in runs} if reads.engines(ws, s, estamp)}
+    rid = params.select_run(
         "run (checkpoint · family · backend · id)",
         runs,
         "run",
@@ -276,13 +277,13 @@ def main() -> None:
     )
     run = by_id[rid]
     set_name = run["set_name"]
-    engines = common.engines(ws, set_name, estamp)
+    engines = reads.engines(ws, set_name, estamp)
     if not engines:
         st.info(NO_STATS.format(set=set_name))
         return
     c1, c2 = st.columns([2, 1])
     with c1:
-        engine = common.select_param(
+        engine = params.select_param(
             "engine (whose counters)", engines, "engine", "conf_engine", default=conformance.SGLANG
         )
     thr = c2.number_input(
@@ -301,13 +302,13 @@ def main() -> None:
         "engine with the replay's numerics matches exactly; bf16 kernels and batch shapes move a prompt's tau "
         "by a few percent either way (numeric noise); a broken engine costs more."
     )
-    common.backend_note(run["backend"])
-    comps = common.completions(ws, set_name, stamp)
+    widgets.backend_note(run["backend"])
+    comps = reads.completions(ws, set_name, stamp)
     prompts = sorted(
-        common.all_prompts(ws, rid).values(),
+        reads.all_prompts(ws, rid).values(),
         key=lambda p: (comps.get(p["prompt_id"], {}).get("idx", 0), p["prompt_id"]),
     )
-    stats = common.engine_stats(ws, set_name, engine, estamp)
+    stats = reads.engine_stats(ws, set_name, engine, estamp)
     rows = conformance.compare(prompts, stats, thr, engine)
     missing = conformance.missing(prompts, stats)
     if missing:
@@ -315,10 +316,10 @@ def main() -> None:
     if not rows:
         st.info(f"No prompt of run `{rid}` has `{engine}` stats in set `{set_name}`.")
         return
-    rec = common.served(ws, set_name, engine)
+    rec = reads.served(ws, set_name, engine)
     served = rec["served"] if rec else None
     source = rec["source"] if rec else "not recorded (stats imported from a file, or fetched before this was kept)"
-    mine = common.replayed(ws, run)
+    mine = reads.replayed(ws, run)
     v = verdict.verdict(rows, served, mine, thr)
     verdict_box(v, served, source, mine)
     summary = conformance.summary(rows, thr)
@@ -348,5 +349,5 @@ def main() -> None:
         )
 
 
-with common.guard():
+with guard():
     main()

@@ -18,18 +18,20 @@ from dflash_dash.jobs import gpu
 from dflash_dash.render.analysis_figures import signatures_fig
 from dflash_dash.render.figures import attribution_fig, parity_fig
 from dflash_dash.render.formats import fmt
+from dflash_dash.render.labels import extraction_label
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import PARITY_FORMATS, gpu_table, signature_table
-from pages import common, jobs_view, server_view, trainers_view
+from pages import frame, jobs_view, params, reads, server_view, trainers_view, widgets
+from pages.guard import guard
 
-common.routed()
+frame.routed()
 
 
 @st.cache_data(max_entries=8, show_spinner="reading both extractions' features")
 def parity(ws: str, a: str, b: str) -> dict:
     from dflash_dash import parity as parity_mod
 
-    out = parity_mod.compare(common._store(ws), a, b)
+    out = parity_mod.compare(reads.store_at(ws), a, b)
     return {"layers": out["layers"], "prompts": out["prompts"], "tokens": out["tokens"]}
 
 
@@ -40,7 +42,7 @@ def parity_block(ws: str, stamp: str) -> None:
         "relative L2 = ‖A − B‖ / ‖B‖ over all shared tokens, per target layer; cosine = mean over tokens of "
         "cos(A_t, B_t). A drafter trained on fla states can fail silently on torch-path states."
     )
-    exs = [e for e in common.extractions(ws, stamp) if e["status"] == "done"]
+    exs = [e for e in reads.extractions(ws, stamp) if e["status"] == "done"]
     if len(exs) < 2:
         st.info(
             "Parity needs two finished extractions of the same completions, ideally one with backend fla "
@@ -50,14 +52,14 @@ def parity_block(ws: str, stamp: str) -> None:
         return
     by = {e["id"]: e for e in exs}
     ids = [e["id"] for e in exs]
-    runs = common.runs(ws, stamp)
+    runs = reads.runs(ws, stamp)
     da, db = parity_pair(exs, runs)  # the newest torch and fla extractions of one set that hold runs
     label = lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']} · {by[i]['device']}"  # noqa: E731
     c1, c2 = st.columns(2)
     with c1:
-        a = common.select_param("A (compared)", ids, "a", "par_a", default=da, format_func=label)
+        a = params.select_param("A (compared)", ids, "a", "par_a", default=da, format_func=label)
     with c2:
-        b = common.select_param("B (reference, normally fla)", ids, "b", "par_b", default=db, format_func=label)
+        b = params.select_param("B (reference, normally fla)", ids, "b", "par_b", default=db, format_func=label)
     if a == b:
         st.info("Choose two different extractions.")
         return
@@ -89,7 +91,7 @@ def parity_block(ws: str, stamp: str) -> None:
             row[ka if r["extraction_id"] == a else kb] = r["summary"].get("tau_macro")
     if table:
         taus = list(table.values())
-        st.dataframe(taus, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(taus))
+        st.dataframe(taus, hide_index=True, placeholder=DASH, width="stretch", column_config=widgets.numbers(taus))
     else:
         st.info("No run on these extractions yet: replay a checkpoint on each (Acceptance page, **Replay**).")
 
@@ -98,8 +100,8 @@ def consistency_block(ws: str, stamp: str) -> None:
     from dflash_dash import drafters, target_info
 
     st.header("Checkpoint vs extraction")
-    exs = [e for e in common.extractions(ws, stamp) if e["status"] == "done"]
-    runs = common.runs(ws, stamp)
+    exs = [e for e in reads.extractions(ws, stamp) if e["status"] == "done"]
+    runs = reads.runs(ws, stamp)
     if not exs:
         st.info("No finished extraction yet (Extraction page).")
         return
@@ -110,13 +112,13 @@ def consistency_block(ws: str, stamp: str) -> None:
     by = {e["id"]: e for e in exs}
     ids = [e["id"] for e in exs]
     with_runs = [r["extraction_id"] for r in runs if r["extraction_id"] in by]  # default: where runs were made
-    ex = common.select_param(
+    ex = params.select_param(
         "extraction",
         ids,
         "ex",
         "diag_ex",
         default=(with_runs or ids)[-1],
-        format_func=common.extraction_label(by),
+        format_func=extraction_label(by),
     )
     if not ck.strip():
         st.info("Give a checkpoint folder to check it against the extraction and its target.")
@@ -140,8 +142,8 @@ def sliding_block(ws: str, stamp: str) -> None:
         "checkpoint replayed both ways: a large difference means the engine and the training disagree on "
         "what the drafter sees, and the tau you measure depends on which one you run."
     )
-    runs = common.runs(ws, stamp)
-    exs = [e for e in common.extractions(ws, stamp) if e["status"] == "done"]
+    runs = reads.runs(ws, stamp)
+    exs = [e for e in reads.extractions(ws, stamp) if e["status"] == "done"]
     if not exs:
         st.info("No finished extraction yet (Extraction page).")
         return
@@ -160,7 +162,7 @@ def sliding_block(ws: str, stamp: str) -> None:
         ids,
         index=ids.index(with_runs[-1]) if with_runs else len(ids) - 1,
         key="slide_ex",
-        format_func=common.extraction_label(by),
+        format_func=extraction_label(by),
     )
     if not ck.strip():
         st.info("No replayed drafter with sliding layers yet: give a checkpoint folder to check it.")
@@ -172,11 +174,11 @@ def sliding_block(ws: str, stamp: str) -> None:
             f"tau (macro) causal − bidirectional = {delta:+.2f} (tau = mean over prompts of committed / rounds)"
         )
     if rows:
-        st.dataframe(rows, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(rows))
+        st.dataframe(rows, hide_index=True, placeholder=DASH, width="stretch", column_config=widgets.numbers(rows))
     if len(rows) < 2 and st.button("Replay both ways", type="primary", key="slide_go"):
         from dflash_dash import drafters
 
-        with common.guard({"drafter": "drafter checkpoint"}):  # a mistyped or damaged checkpoint: said here, no job
+        with guard({"drafter": "drafter checkpoint"}):  # a mistyped or damaged checkpoint: said here, no job
             op = ops.SlidingCheck(drafter=ck.strip(), extraction=ex)
             drafters.check_files(drafters.locate(op.drafter))
             drafters.read_config(op.drafter)
@@ -193,12 +195,12 @@ def attribution_block(ws: str, stamp: str) -> None:
         "tau lost = base tau − tau with that tap ablated; a tap that costs nothing carries no information the "
         "drafter uses."
     )
-    runs = common.runs(ws, stamp)
+    runs = reads.runs(ws, stamp)
     if not runs:
         st.info("No replay run yet: replay a checkpoint first (Acceptance page, **Replay**).")
         return
-    rid = common.select_run("run to attribute", runs, "run", "attr_run")
-    rows = common.attributions(ws, rid, stamp)
+    rid = params.select_run("run to attribute", runs, "run", "attr_run")
+    rows = reads.attributions(ws, rid, stamp)
     if rows:
         c1, c2 = st.columns([3, 2])
         c1.plotly_chart(attribution_fig(rows), width="stretch")
@@ -208,7 +210,7 @@ def attribution_block(ws: str, stamp: str) -> None:
             f"{fmt(rows[0]['base_tau_pooled'])}: the same replay without ablation"
         )
         with c2:
-            common.download("attribution (CSV)", rows, f"{rid}-attribution.csv", "attr_dl")
+            widgets.download("attribution (CSV)", rows, f"{rid}-attribution.csv", "attr_dl")
     else:
         st.info(
             "This run is not attributed yet: **Attribute** replays it once per target tap (or "
@@ -230,7 +232,7 @@ def signatures_block(ws: str, stamp: str) -> None:
         "disagreement with the target's top-1 where the target is confident (no run stores the target's "
         "probabilities)."
     )
-    runs = common.runs(ws, stamp)
+    runs = reads.runs(ws, stamp)
     if len(runs) < 2:
         st.info("Signatures need two runs: a run to diagnose and a healthy reference (Acceptance page, **Replay**).")
         return
@@ -238,16 +240,16 @@ def signatures_block(ws: str, stamp: str) -> None:
     pair = sig.default_pair(runs)
     c1, c2 = st.columns(2)
     with c1:
-        rid = common.select_run("run to diagnose", runs, "sig_run", "sig_run", default=pair and pair[0])
+        rid = params.select_run("run to diagnose", runs, "sig_run", "sig_run", default=pair and pair[0])
     with c2:
-        ref = common.select_run(
+        ref = params.select_run(
             "healthy reference", runs, "sig_ref", "sig_ref", default=sig.reference_for(runs, rid), skip=rid
         )
     rows = sig.compare(
-        common.analysis(ws, rid, "signatures"),
-        common.analysis(ws, ref, "signatures"),
-        common.attributions(ws, rid, stamp),
-        common.attributions(ws, ref, stamp),
+        reads.analysis(ws, rid, "signatures"),
+        reads.analysis(ws, ref, "signatures"),
+        reads.attributions(ws, rid, stamp),
+        reads.attributions(ws, ref, stamp),
     )
     tau_run, tau_ref = (by_id[i]["summary"].get("tau_macro") for i in (rid, ref))
     if by_id[rid]["extraction_id"] != by_id[ref]["extraction_id"]:
@@ -274,7 +276,7 @@ def signatures_block(ws: str, stamp: str) -> None:
     c1, c2 = st.columns([3, 2])
     c1.plotly_chart(signatures_fig(rows, "this run", "reference"), width="stretch", key="sig_fig")
     with c2:
-        common.download("signatures (CSV)", table, f"{rid}-signatures.csv", "sig_dl")
+        widgets.download("signatures (CSV)", table, f"{rid}-signatures.csv", "sig_dl")
 
 
 @st.cache_data(ttl=30, show_spinner=False)
@@ -329,7 +331,7 @@ def audit_block(ws: str, stamp: str) -> None:
         "relative L2 = ‖C − R‖ / ‖R‖ and cosine against the recomputation, all-zero and non-finite rows, the layer "
         "(−2..+2) and one-token position shift that fit best, scale, dtype. An off-by-one names itself."
     )
-    kept = audits(common._store(ws))
+    kept = audits(reads.store_at(ws))
     if kept:
         label = lambda i: f"{kept[i]['id']} · {'clean' if kept[i]['clean'] else 'faulty'}"  # noqa: E731
         rep = kept[st.selectbox("audit", range(len(kept)), format_func=label, key="audit_pick")]
@@ -353,7 +355,7 @@ def audit_block(ws: str, stamp: str) -> None:
         go = st.form_submit_button("Audit", type="primary")
     if go:
         labels = {"features": "feature cache folder", "target": "target model folder", "layers": "target layer ids"}
-        with common.guard(labels):
+        with guard(labels):
             jobs_view.start_job(
                 ops.Audit(
                     features=features.strip(),
@@ -398,8 +400,8 @@ LINKED = (  # a link's parameter -> the check it belongs to
 
 
 def main() -> None:
-    ws = common.workspace()
-    stamp = common.stamp()
+    ws = reads.workspace()
+    stamp = reads.stamp()
     st.title("Diagnostics")
     st.caption(
         "One check at a time, drawn when chosen: **backend parity** (fla against torch-path features), a "
@@ -407,13 +409,13 @@ def main() -> None:
         "layers** replayed causal and bidirectional, **target-layer attribution** (tau lost per target tap), "
         "**training-bug signatures** (a run against a healthy reference), **server health** and GPU memory."
     )
-    if not any(e["status"] == "done" for e in common.extractions(ws, stamp)):
+    if not any(e["status"] == "done" for e in reads.extractions(ws, stamp)):
         st.info(
             "No finished extraction yet: fetch completions (**Completions**) and extract hidden states "
             "(**Extraction**); the checks compare extractions and the runs replayed on them. Server health works "
             "without them."
         )
-    section = common.section_param(
+    section = params.section_param(
         "check",
         SECTIONS,
         "section",
@@ -421,9 +423,9 @@ def main() -> None:
         default=next((sec for param, sec in LINKED if st.query_params.get(param)), None),  # a link's own params
     )
     if section:
-        with common.guard():  # a failing check does not hide the page
+        with guard():  # a failing check does not hide the page
             BLOCKS[section](ws, stamp)
 
 
-with common.guard():
+with guard():
     main()

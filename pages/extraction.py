@@ -24,9 +24,10 @@ from dflash_dash.jobs import gpu
 from dflash_dash.pipeline import disk
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import extraction_table, gpu_table
-from pages import common, forms, jobs_view, server_view
+from pages import forms, frame, jobs_view, reads, server_view
+from pages.guard import guard
 
-common.routed()
+frame.routed()
 
 ORCH = {
     "release": "memory-release API (server frees and retakes its GPU memory)",
@@ -75,7 +76,7 @@ def gpu_block() -> None:
 
 def existing(ws: str, stamp: str, orch: str) -> None:
     st.subheader("Extractions")
-    exs = common.extractions(ws, stamp)
+    exs = reads.extractions(ws, stamp)
     if not exs:
         st.info("No extractions yet: choose a completion set and a target below and press **Extract**.")
         return
@@ -107,8 +108,8 @@ def check(target: str, set_name: str, layers: list[int], device: str, dtype: str
     warnings of check_extract."""
     from dflash_dash.jobs import orchestrate
 
-    dups = orchestrate.check_extract(common.store(), target, set_name, layers, device, dtype)
-    disk.check(disk.plan(common.store(), set_name, layers, target, topk=topk))
+    dups = orchestrate.check_extract(reads.store(), target, set_name, layers, device, dtype)
+    disk.check(disk.plan(reads.store(), set_name, layers, target, topk=topk))
     return dups
 
 
@@ -148,7 +149,7 @@ def reextract_form(e: dict, orch: str) -> None:
     b1, b2 = st.columns([1, 5])
     allowed = ok and (again or not dups)
     if b1.button("Start re-extraction", key=f"{key}_go", type="primary", disabled=not allowed) and allowed:
-        with common.guard():  # a mistyped GPU list or Ray address: said here, no job
+        with guard():  # a mistyped GPU list or Ray address: said here, no job
             what = dict(target=e["target_path"], completions=e["set_name"], layers=list(e["layer_ids"]))
             op = ops.Extract(**what, orchestrate=orch, **where)
             jobs_view.start_job(op)
@@ -229,16 +230,16 @@ def new_form(sets: list[dict], exs: list[dict], orch: str) -> None:
             "On CPU the torch path of the linear-attention kernels is used (backend `torch`), not the fla kernels "
             "the drafter was trained on."
         )
-    with common.guard({"target_topk": TOPK}):  # a mistyped GPU list or Ray address: said here, no job
+    with guard({"target_topk": TOPK}):  # a mistyped GPU list or Ray address: said here, no job
         jobs_view.start_job(ops.Extract(**args))
 
 
 def main() -> None:
-    ws = common.workspace()
-    stamp = common.stamp()
+    ws = reads.workspace()
+    stamp = reads.stamp()
     st.title("Extraction")
-    sets = common.sets(ws, stamp)
-    exs = common.extractions(ws, stamp)
+    sets = reads.sets(ws, stamp)
+    exs = reads.extractions(ws, stamp)
 
     st.subheader("GPU orchestration")
     orch = st.radio("before loading the target", list(ORCH), format_func=ORCH.get, horizontal=True, index=2, key="orch")
@@ -306,12 +307,12 @@ def stream_block(sets: list[dict], exs: list[dict]) -> None:
 
         labels = {"target": "target model folder", "checkpoints": "checkpoint folder", "drafter": "checkpoint folder"}
         labels |= jobs_view.SAMPLING
-        with common.guard(labels):  # a mistyped folder, a drafter the target cannot feed: said here, no job
+        with guard(labels):  # a mistyped folder, a drafter the target cannot feed: said here, no job
             args = dict(stream=True, target=forms.folder(target, "target"), completions=set_name, **how)
             found, skipped = pipeline.checkpoints_in(folder.strip())
             if [str(p) for p in found] == [str(Path(folder.strip()).resolve())]:  # one checkpoint: its every anchor
                 op = ops.Replay(drafter=folder.strip(), force=True, **args)
-                pipeline.check_replay(common.store(), op)
+                pipeline.check_replay(reads.store(), op)
             else:  # a training folder: its checkpoints on one pass of the target
                 op = ops.Sweep(checkpoints=folder.strip(), **args)
             jobs_view.start_job(op)
@@ -320,5 +321,5 @@ def stream_block(sets: list[dict], exs: list[dict]) -> None:
     jobs_view.job_panel(("replay", "sweep"), key="stream")
 
 
-with common.guard():
+with guard():
     main()

@@ -1,7 +1,7 @@
 """Form helpers: a user error said in a form's words, and a form's folder fields checked before a job.
 
 Contract: `said(e, labels)` is the one place an operation's field names (and CLI flags) become form labels:
-`common.guard(labels)` shows every user error of a form through it, so a page never names a CLI flag. `FIELDS`
+`pages.guard.guard(labels)` shows every user error of a form through it, so a page never names a CLI flag. `FIELDS`
 holds the labels of the inputs every job form shares (jobs_view.where_inputs, checkpoint_inputs); a form adds
 its own. `folder` refuses a folder field that is no folder here, naming the field (its label, through `said`).
 """

@@ -10,7 +10,7 @@ from dflash_dash import metrics
 from dflash_dash.render.analysis_figures import headroom_fig, reliability_fig, stop_fig
 from dflash_dash.render.formats import fmt, prob
 from dflash_dash.render.missing import DASH
-from pages import common
+from pages import reads, widgets
 
 
 def headroom_block(ws: str, run: dict) -> None:
@@ -21,7 +21,7 @@ def headroom_block(ws: str, run: dict) -> None:
         "that always picks the target's token when the candidates hold it (DFlash2's selector question: "
         "recall@1 against recall@K)."
     )
-    h = common.analysis(ws, run["id"], "heads")["headroom"]
+    h = reads.analysis(ws, run["id"], "heads")["headroom"]
     if h is None:
         st.info(
             "Top-K ranks: not recorded. This run was replayed chain-only, or before dflash-dash stored the rank of "
@@ -39,12 +39,12 @@ def headroom_block(ws: str, run: dict) -> None:
     c2.dataframe(h["by_depth"], hide_index=True, placeholder=DASH, width="stretch")
     c2.caption(f"rounds: samples of depth k; top1: the draft is the target's token; topk: among the top-{h['k']}")
     with c2:
-        common.download("headroom per depth (CSV)", h["by_depth"], f"{run['id']}-headroom.csv", "acc_dl_head")
+        widgets.download("headroom per depth (CSV)", h["by_depth"], f"{run['id']}-headroom.csv", "acc_dl_head")
 
 
 def confidence_block(ws: str, run: dict) -> None:
     st.subheader("Confidence head")
-    c = common.analysis(ws, run["id"], "heads")["confidence"]
+    c = reads.analysis(ws, run["id"], "heads")["confidence"]
     if c is None:
         st.info(
             f"This run's drafter ({run['summary'].get('family', 'DFlash')}) has no confidence head, or it was "
@@ -73,4 +73,4 @@ def confidence_block(ws: str, run: dict) -> None:
     c1.caption("x: mean c_k of the bin, y: share of its drafts accepted; below the diagonal: over-confident")
     c2.plotly_chart(stop_fig(c["stop"], t), width="stretch")
     with c2:
-        common.download("stop-threshold curve (CSV)", c["stop"], f"{run['id']}-confidence-stop.csv", "acc_dl_stop")
+        widgets.download("stop-threshold curve (CSV)", c["stop"], f"{run['id']}-confidence-stop.csv", "acc_dl_stop")

@@ -11,9 +11,28 @@ import streamlit as st
 from dflash_dash import ops
 from dflash_dash.jobs import gpu
 from dflash_dash.render.formats import job_result
+from dflash_dash.render.labels import extraction_label, streamed
 from dflash_dash.render.tokens import pre_html
-from pages import common
-from pages.common import ACTIVE, STATUS_ICON, guard, job_lifecycle, store
+from pages import widgets
+from pages.guard import guard
+from pages.reads import store
+
+ACTIVE = ("queued", "running")
+STATUS_ICON = {
+    "queued": ":material/schedule:",
+    "running": ":blue[:material/autorenew:]",
+    "done": ":green[:material/check_circle:]",
+    "failed": ":red[:material/error:]",
+    "cancelled": ":gray[:material/stop_circle:]",
+}
+
+
+def job_lifecycle():
+    """The job lifecycle (start, cancel, rerun, log tail, ...), imported on first use: it loads the operations."""
+    from dflash_dash.jobs import lifecycle
+
+    return lifecycle
+
 
 SLIDING_CHOICES = {
     "the checkpoint's own (causal unless its config sets is_causal)": None,
@@ -257,7 +276,7 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
             "extraction",
             ids,
             index=ids.index(default_ex) if default_ex in ids else len(ids) - 1,
-            format_func=common.extraction_label(by_id),
+            format_func=extraction_label(by_id),
         )
         budget = c2.number_input("DDTree budget", 0, 256, 8)
         sampled = sampling_inputs("replay")
@@ -272,14 +291,14 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
         else:
             from dflash_dash import pipeline
 
-            common.backend_note(by_id[ex]["backend"], f"Extraction {ex}")
+            widgets.backend_note(by_id[ex]["backend"], f"Extraction {ex}")
             e = by_id[ex]
             stream = (  # no feature files: the job runs the target again over the set (GPUs too)
-                dict(stream=True, target=e["target_path"], completions=e["set_name"]) if common.streamed(e) else {}
+                dict(stream=True, target=e["target_path"], completions=e["set_name"]) if streamed(e) else {}
             )
             if stream:
                 st.info(f"Extraction {ex} was streamed (no feature files): this replay runs the target again.")
-            with common.guard({"drafter": "checkpoint folder"} | SAMPLING):  # a mistyped folder, a damaged
+            with guard({"drafter": "checkpoint folder"} | SAMPLING):  # a mistyped folder, a damaged
                 # checkpoint, a drafter this extraction cannot feed, a temperature without its top-K: said here, no job
                 has_topk(e, sampled | stream)
                 op = ops.Replay(
@@ -292,6 +311,6 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
                     **stream,
                     **sampled,
                 )
-                pipeline.check_replay(common.store(), op)
+                pipeline.check_replay(store(), op)
                 start_job(op)
     job_panel(("replay", "sweep"), key="acc")

@@ -9,13 +9,13 @@ import streamlit as st
 
 from dflash_dash.render.formats import fmt
 from dflash_dash.render.missing import DASH
-from pages import common
+from pages import reads, widgets
 
 
 def _results(ws: str, run: dict) -> list[dict]:
     from dflash_dash.pipeline.live import live_for  # on first use: the pages without this section never load it
 
-    return live_for(common._store(ws), run)
+    return live_for(reads.store_at(ws), run)
 
 
 def _label(res: dict) -> str:
@@ -62,4 +62,4 @@ def live_block(ws: str, run: dict, rows: dict[str, dict]) -> None:
     c[3].metric("same tokens as plain", "yes" if s.get("same_tokens") else "no")
     c[3].caption("target-sample: equal for the same seed; rejection: only equally distributed")
     table = versus(res, rows, "expected_accept_length" if same_t else "tau")
-    st.dataframe(table, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(table))
+    st.dataframe(table, hide_index=True, placeholder=DASH, width="stretch", column_config=widgets.numbers(table))

@@ -12,9 +12,10 @@ from dflash_dash.render.formats import backend_label, count
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.story import story_html
 from dflash_dash.render.tables import run_columns, run_groups
-from pages import baseline_view, common
+from pages import baseline_view, frame, reads
+from pages.guard import guard
 
-common.routed()
+frame.routed()
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
@@ -22,20 +23,20 @@ def story(ws: str, stamp: str) -> dict | None:
     """What the Overview of a demo workspace tells (`demo.story`, from its MANIFEST.json); None elsewhere."""
     from dflash_dash import demo
 
-    return demo.story(ws, common.runs(ws, stamp))
+    return demo.story(ws, reads.runs(ws, stamp))
 
 
 def main() -> None:
-    ws = common.workspace()
-    stamp = common.stamp()
+    ws = reads.workspace()
+    stamp = reads.stamp()
     st.title("dflash-dash")
     st.caption(
         "Per-prompt, per-token acceptance of DFlash drafter checkpoints against their target, from cached "
         "target hidden states (no network at replay)."
     )
-    sets = common.sets(ws, stamp)
-    exs = common.extractions(ws, stamp)
-    runs = common.runs(ws, stamp)
+    sets = reads.sets(ws, stamp)
+    exs = reads.extractions(ws, stamp)
+    runs = reads.runs(ws, stamp)
     told = story(ws, stamp)  # None outside a demo workspace
     if told:
         st.html(story_html(told))
@@ -100,7 +101,7 @@ def runs_block(runs: list[dict], exs: list[dict], ws: str, stamp: str) -> None:
     set_of = {r["id"]: r.get("set_name") for r in runs}
     for i, g in enumerate(groups):
         name = set_of.get(g["ids"][0]) if g["ids"] else None  # a group's runs share their completion set
-        title = g["title"] + (f" · {common.set_sampling(ws, name, stamp)}" if name else "")
+        title = g["title"] + (f" · {reads.set_sampling(ws, name, stamp)}" if name else "")
         with st.expander(title, expanded=i == 0 or len(groups) <= 3):
             ev = st.dataframe(
                 g["rows"],
@@ -121,5 +122,5 @@ def runs_block(runs: list[dict], exs: list[dict], ws: str, stamp: str) -> None:
                 st.switch_page("pages/acceptance.py", query_params={"run": g["ids"][picked[0]]})
 
 
-with common.guard():
+with guard():
     main()

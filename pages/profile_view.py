@@ -2,7 +2,7 @@
 (ops.Profile) that times the target's verify forwards and the drafter's block on a device of this machine and keeps
 the cost table the predictions price with. A helper of pages/speed_view.py, not a page (no torch, no SQL): the
 folders are checked here and the token counts by ops.Profile before any job, every refusal in the form's words
-(common.guard)."""
+(guard)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import streamlit as st
 
 from dflash_dash import ops
 from dflash_dash.jobs import gpu
-from pages import common, forms, jobs_view
+from pages import forms, jobs_view, reads
+from pages.guard import guard
 
 TITLE = "Measure a cost table"  # the expander's stable title (tests open it)
 LABELS = {  # the form's label of each ops.Profile field
@@ -26,7 +27,7 @@ LABELS = {  # the form's label of each ops.Profile field
 def form(ws: str, run: dict, expanded: bool) -> None:
     """The profile form, its fields defaulting to the run's target (its extraction's) and checkpoint; then the
     profile jobs' panel. `expanded`: open (no cost table kept yet)."""
-    ex = next((e for e in common.extractions(ws, common.stamp()) if e["id"] == run.get("extraction_id")), {})
+    ex = next((e for e in reads.extractions(ws, reads.stamp()) if e["id"] == run.get("extraction_id")), {})
     with st.expander(TITLE, expanded=expanded):
         st.caption(
             "Times the target's forward of q new tokens after c context tokens (every verify size of the block "
@@ -55,7 +56,7 @@ def form(ws: str, run: dict, expanded: bool) -> None:
             if not target.strip():
                 st.error("Give the target model folder to time.")
             else:
-                with common.guard(LABELS):  # a mistyped folder, a bad token count: said here, no job
+                with guard(LABELS):  # a mistyped folder, a bad token count: said here, no job
                     op = ops.Profile(
                         target=forms.folder(target, "target"),
                         drafter=forms.folder(drafter, "drafter"),

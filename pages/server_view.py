@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages import common
+from pages import reads
 
 HEALTH_S = (3.0, 30.0)  # the readiness badges' redraw: while the first answer is pending, and after it (cheap, rare)
 
@@ -29,7 +29,7 @@ def _server_badge(url: str) -> None:
 def config():
     from dflash_dash import config as cfg_mod
 
-    return cfg_mod.load(common.workspace())
+    return cfg_mod.load(reads.workspace())
 
 
 def server_url() -> str:

@@ -26,7 +26,7 @@ from dflash_dash.render.speedup import (
     predicted_caption,
     table_label,
 )
-from pages import common, profile_view
+from pages import profile_view, reads, widgets
 
 NO_TABLE = (
     "No cost table in this workspace yet: measure one on the GPU you serve with, through **Measure a cost table** in "
@@ -38,7 +38,7 @@ NO_TABLE = (
 def _tables(ws: str, ids: tuple[str, ...]) -> list[dict]:
     from dflash_dash.pipeline import speed
 
-    return speed.tables(common._store(ws))
+    return speed.tables(reads.store_at(ws))
 
 
 def kept(ws: str) -> list[dict]:
@@ -46,7 +46,7 @@ def kept(ws: str) -> list[dict]:
     workspace's stamp would not show it)."""
     from dflash_dash.pipeline import speed
 
-    return _tables(ws, tuple(common.store().analysis(speed.COSTS, speed.INDEX) or ()))
+    return _tables(ws, tuple(reads.store().analysis(speed.COSTS, speed.INDEX) or ()))
 
 
 def pick_table(ws: str, key: str) -> str | None:
@@ -63,7 +63,7 @@ def pick_table(ws: str, key: str) -> str | None:
 def predicted(ws: str, run_id: str, table_id: str) -> dict:
     from dflash_dash.pipeline import speed
 
-    s = common._store(ws)
+    s = reads.store_at(ws)
     return speed.predicted(s, run_id, speed.table(s, table_id))
 
 
@@ -71,7 +71,7 @@ def predicted(ws: str, run_id: str, table_id: str) -> dict:
 def advice(ws: str, run_id: str, table_id: str, stamp: str) -> dict:
     from dflash_dash.pipeline import speed
 
-    return speed.advise(common._store(ws), run_id, table_id)
+    return speed.advise(reads.store_at(ws), run_id, table_id)
 
 
 def shown(ws: str, run: dict) -> None:
@@ -86,7 +86,7 @@ def shown(ws: str, run: dict) -> None:
         return
     try:
         got = predicted(ws, run["id"], tid)
-        adv = advice(ws, run["id"], tid, common.stamp())
+        adv = advice(ws, run["id"], tid, reads.stamp())
     except UserError as e:
         st.error(str(e))
         return
@@ -105,7 +105,7 @@ def shown(ws: str, run: dict) -> None:
     st.caption(measured_caption(m))
     st.caption(f"Cost table `{tid}`, milliseconds per forward (the target's of q new tokens after c cached tokens):")
     rows = cost_rows(tab)
-    st.dataframe(rows, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(rows))
+    st.dataframe(rows, hide_index=True, placeholder=DASH, width="stretch", column_config=widgets.numbers(rows))
     why = noisy(tab)
     if why:
         st.warning(
@@ -115,7 +115,7 @@ def shown(ws: str, run: dict) -> None:
         )
     st.subheader(WHAT_TO_SERVE)
     rows = advice_rows(adv)
-    st.dataframe(rows, hide_index=True, placeholder=DASH, width="stretch", column_config=common.numbers(rows))
+    st.dataframe(rows, hide_index=True, placeholder=DASH, width="stretch", column_config=widgets.numbers(rows))
     best = next((r for r in adv["rows"] if r["best"]), None)
     greedy = " (drafts at T = 0; the rows at T price a run's tau_expected)" if at_t else ""
     if best and best["speedup"] >= 1:

@@ -11,9 +11,11 @@ import streamlit as st
 
 from dflash_dash.analysis.trainers import sources
 from dflash_dash.pipeline import trainers
+from dflash_dash.render.labels import run_label
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.trainers import beside_rows, source_rows
-from pages import common
+from pages import params, reads
+from pages.guard import guard
 
 
 def trainers_block(ws: str, stamp: str) -> None:
@@ -25,8 +27,8 @@ def trainers_block(ws: str, stamp: str) -> None:
         "the target's own greedy output). tau = committed / rounds (macro over prompts); every-anchor tau = mean "
         "over completion anchors of accepted(p) + 1."
     )
-    runs, store = common.runs(ws, stamp), common._store(ws)
-    rows = sources(runs, common.extractions(ws, stamp))
+    runs, store = reads.runs(ws, stamp), reads.store_at(ws)
+    rows = sources(runs, reads.extractions(ws, stamp))
     if rows:
         st.dataframe(source_rows(rows), hide_index=True, placeholder=DASH, width="stretch")
     else:
@@ -34,8 +36,8 @@ def trainers_block(ws: str, stamp: str) -> None:
     if not runs:
         return
     by_id = {r["id"]: r for r in runs}
-    run = common.select_param(
-        "run", [r["id"] for r in reversed(runs)], "tr_run", "tr_run", format_func=common.run_label(by_id)
+    run = params.select_param(
+        "run", [r["id"] for r in reversed(runs)], "tr_run", "tr_run", format_func=run_label(by_id)
     )
     st.subheader("SpecForge's evaluation beside this run")
     st.caption(
@@ -57,17 +59,17 @@ def trainers_block(ws: str, stamp: str) -> None:
         file = st.text_input("SpecForge evaluation file", key="tr_file", placeholder="/path/to/eval.json")
         go = st.form_submit_button("Import")
     if go:
-        with common.guard({"file": "SpecForge evaluation file"}):
+        with guard({"file": "SpecForge evaluation file"}):
             trainers.import_specforge(store, file.strip(), run)
             st.rerun()
     c1, c2 = st.columns(2)
-    with c1, common.guard():
+    with c1, guard():
         st.download_button(
             "SpecForge report (JSON)",
             json.dumps(trainers.specforge_export(store, run), indent=1),
             file_name=f"{run}-specforge.json",
             key="tr_sf",
         )
-    with c2, common.guard():
+    with c2, guard():
         lines = "".join(json.dumps(r) + "\n" for r in trainers.aiperf_export(store, run))
         st.download_button("AIPerf records (JSONL)", lines, file_name=f"{run}-aiperf.jsonl", key="tr_ai")
