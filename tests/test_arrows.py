@@ -154,12 +154,11 @@ def test_the_runtime_never_imports_tools():
     # a module of the demo package is part of the demo build (`demo` imports it); a script that only makes the
     # assets belongs in tools/demo/
     demo = ROOT / "dflash_dash" / "demo"
-    used = imports(demo / "__init__.py", "dflash_dash.demo") | {
-        a.name
-        for n in ast.walk(ast.parse((demo / "__init__.py").read_text()))
-        if isinstance(n, ast.ImportFrom)
-        if n.level == 1 and not n.module
-        for a in n.names
+    used = {
+        name
+        for mod, names in imported(ast.parse((demo / "__init__.py").read_text()), "dflash_dash.demo")
+        if mod.startswith("dflash_dash.demo")
+        for name in ([mod.split(".")[2]] if mod.count(".") >= 2 else names or [])
     }
     loose = [f.name for f in demo.glob("*.py") if f.name != "__init__.py" and f.stem not in used]
     assert not loose, f"{loose}: development scripts belong in tools/demo/, not in the runtime package"
@@ -230,3 +229,152 @@ def test_no_product_module_is_over_the_line_cap():
     files += list((ROOT / "tools").rglob("*.py"))
     over = {str(f.relative_to(ROOT)): n for f in files if (n := len(f.read_text().splitlines())) > MAX_LINES}
     assert not over, f"over {MAX_LINES} lines: {over}"
+
+
+# ---------------------------------------------------------------------------
+# circles inside a package
+#
+# Inside each package (dflash_dash, each of its subpackages, and pages/), the modules and subpackages directly in it
+# import each other without a circle. Every import counts wherever it sits, a function's body included: an import
+# moved into a function only hides a circle from the interpreter until that function runs, and the two modules still
+# cannot be read, tested or changed apart. Imports under `if TYPE_CHECKING:` do not count (nothing runs them:
+# annotations only). A module importing its package's own names (`from . import x` where x is no module, or
+# `from dflash_dash.pkg import x`) depends on the package's __init__, a node of its own. A circle that cannot be
+# avoided goes in CIRCLES_ALLOWED with its reason (none today).
+CIRCLES_ALLOWED: dict[tuple[str, frozenset[str]], str] = {}
+
+
+def type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
+
+
+def imported(tree: ast.AST, package: str) -> list[tuple[str, list[str] | None]]:
+    """(absolute module, imported names or None for `import m`) of every import at any depth of `tree`, a module of
+    `package` (relative imports resolved against it), leaving out the bodies of `if TYPE_CHECKING:`."""
+    out: list[tuple[str, list[str] | None]] = []
+
+    def visit(n: ast.AST) -> None:
+        if isinstance(n, ast.If) and type_checking(n):
+            for c in n.orelse:
+                visit(c)
+            return
+        if isinstance(n, ast.ImportFrom):
+            parts = package.split(".")
+            base = parts[: len(parts) - n.level + 1] if n.level else []
+            mod = ".".join(base + [n.module]) if n.module else ".".join(base)
+            out.append((mod, [a.name for a in n.names]))
+        elif isinstance(n, ast.Import):
+            out.extend((a.name, None) for a in n.names)
+        for c in ast.iter_child_nodes(n):
+            visit(c)
+
+    visit(tree)
+    return out
+
+
+def package_graph(folder: Path, package: str) -> dict[str, set[str]]:
+    """{node: nodes it imports} among the modules and subpackages directly in `folder` (package `package`), every
+    file of a subpackage counted as its subpackage; `__init__` is the package's own module."""
+    nodes = {p.stem for p in folder.glob("*.py")} | {
+        p.name for p in folder.iterdir() if p.is_dir() and p.name != "__pycache__" and any(p.rglob("*.py"))
+    }
+    edges: dict[str, set[str]] = {n: set() for n in nodes}
+    for f in sorted(folder.rglob("*.py")):
+        rel = f.relative_to(folder)
+        me = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        here = ".".join([package, *rel.parts[:-1]])  # the package the file's relative imports start from
+        for mod, names in imported(ast.parse(f.read_text()), here):
+            if mod == package:
+                edges[me] |= {a if a in nodes else "__init__" for a in names or []}
+            elif mod.startswith(package + "."):
+                edges[me].add(mod[len(package) + 1 :].split(".")[0])
+        edges[me].discard(me)
+    return edges
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one node (Tarjan), each sorted: the import circles."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in edges:
+                continue
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def packages() -> list[tuple[Path, str]]:
+    """pages/ and every package of dflash_dash, the top one included, as (folder, dotted name)."""
+    found = [(ROOT / "pages", "pages")]
+    for init in sorted((ROOT / "dflash_dash").rglob("__init__.py")):
+        found.append((init.parent, ".".join(init.parent.relative_to(ROOT).parts)))
+    return found
+
+
+# packages whose circle a change in flight removes, each with that change: not failing the suite until it lands
+# (strict=False: passing is fine); remove the entry once the change is in
+IN_FLIGHT: dict[str, str] = {
+    "dflash_dash.pipeline": "pipeline/ being split into feature reading, run storing and work building",
+    "dflash_dash.drafters": "the drafter families' one-spec registry being built",
+}
+
+
+@pytest.mark.parametrize(
+    "folder,package",
+    [
+        pytest.param(f, p, id=p, marks=[pytest.mark.xfail(reason=IN_FLIGHT[p], strict=False)] if p in IN_FLIGHT else [])
+        for f, p in packages()
+    ],
+)
+def test_no_import_circle_inside_a_package(folder, package):
+    edges = package_graph(folder, package)
+    found = [c for c in circles(edges) if (package, frozenset(c)) not in CIRCLES_ALLOWED]
+    said = [" <-> ".join(c) + ": " + "; ".join(f"{a} imports {sorted(edges[a] & set(c))}" for a in c) for c in found]
+    assert not found, f"import circles inside {package} (imports inside functions count):\n" + "\n".join(said)
+
+
+def test_the_circle_checker_sees_a_circle_held_apart_by_a_function(tmp_path):
+    """The demo package copied as it is has no circle; one import inside a function of its local server module back
+    to the extras that use it closes one, as does one of the package's own names; the same import under
+    `if TYPE_CHECKING:` does not."""
+    import shutil
+
+    pkg = tmp_path / "demo"
+    shutil.copytree(ROOT / "dflash_dash" / "demo", pkg, ignore=shutil.ignore_patterns("assets", "__pycache__"))
+    assert circles(package_graph(pkg, "dflash_dash.demo")) == []
+    local = pkg / "local.py"
+    clean = local.read_text()
+    local.write_text(clean + "\n\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from . import extras\n")
+    assert circles(package_graph(pkg, "dflash_dash.demo")) == []
+    local.write_text(
+        clean + "\n\ndef fault_engine():\n    from .extras import FAULT_ENGINE\n\n    return FAULT_ENGINE\n"
+    )
+    assert circles(package_graph(pkg, "dflash_dash.demo")) == [["extras", "local"]]
+    local.write_text(clean + "\n\ndef build_of():\n    from dflash_dash.demo import build\n\n    return build\n")
+    assert circles(package_graph(pkg, "dflash_dash.demo")) == [["__init__", "extras", "local"]]

@@ -25,11 +25,7 @@ tools.demo.make_assets` (development tooling in `tools/demo/`, outside this pack
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +33,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from . import extras
+from .local import SET_NAME, server_argv as server_argv  # server_argv: what launch runs
 
 ASSETS = Path(__file__).parent / "assets"  # committed assets (MANIFEST.json describes them)
 TARGET = "target"  # target folder name (weights + tokenizer)
@@ -48,9 +45,6 @@ ROLES = ("early", "series", "final", "bug", "family")  # a checkpoint's role in 
 # drafter family's checkpoint, checkpoints/families/{family}/)
 FLA = "fla"  # shipped fla extraction of coding-10 (features/ + completions.jsonl)
 LAYER_IDS = [1, 3, 5]  # target layers the demo drafters read
-PROMPT_SET = "coding-10"  # built-in prompt set the demo fetches (plain text, no chat template)
-SET_NAME = "coding-10"  # completion set name in the workspace
-MAX_NEW_TOKENS = 256  # completion length cap of the demo fetch
 TREE_BUDGET = 8  # DDTree-8 in every demo run
 FLA_SUFFIX = " @fla"  # run-name suffix of the replay on the fla extraction
 SERVER_URL = "http://127.0.0.1:30100"  # where `make run` serves the demo target (not SGLang's 30000)
@@ -254,20 +248,6 @@ def configure(workspace: str | Path) -> Path | None:
 # local server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def server_argv(model: Path, port: int, drafter: Path | None) -> list[str]:
-    """The stand-in serving the demo target on `port`, decoding speculatively with `drafter` (the final checkpoint)
-    when given: the same greedy completions, and SGLang's per-request statistics with per-step lengths
-    (`--speculative-stats detailed`), which the fetch stores as engine `sglang` for the Conformance page."""
-    spec = ["--speculative-draft", str(drafter), "--speculative-stats", "detailed"] if drafter else []
-    return [sys.executable, "-m", "dflash_dash", "serve", "--model", str(model), "--port", str(port), *spec]
-
-
 def served_drafter(workspace: str | Path) -> Path | None:
     """The checkpoint the demo server decodes with: the final one of the workspace's demo (None: no demo, or its
     checkpoints folder is incomplete)."""
@@ -276,36 +256,6 @@ def served_drafter(workspace: str | Path) -> Path | None:
         return final(checkpoints(root / CHECKPOINTS)).path
     except (DemoError, OSError, ValueError):
         return None
-
-
-class LocalServer:
-    """`python -m dflash_dash serve --model TARGET [--speculative-draft DRAFTER] [EXTRA...]` in a subprocess (one CPU
-    thread: fastest for this tiny model, and immune to other processes sharing the cores); stopped on exit."""
-
-    def __init__(self, model: Path, log_file: Path, drafter: Path | None = None, extra: list[str] | None = None):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-        self.log = open(log_file, "ab")
-        self.proc = subprocess.Popen(
-            [*server_argv(model, self.port, drafter), *(extra or [])],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=str(Path(__file__).parents[2]),
-        )
-
-    def __enter__(self) -> LocalServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
 
 
 # ---------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def fetch_all(store, target: Path, root: Path, drafter: Path, tick) -> None:
 
     from .. import ops, pipeline, prompts
     from ..store import Store
-    from . import MAX_NEW_TOKENS, PROMPT_SET, SET_NAME, LocalServer
+    from .local import MAX_NEW_TOKENS, PROMPT_SET, SET_NAME, LocalServer
 
     n = len(prompts.load(PROMPT_SET))
     main = len(store.completion_ids(SET_NAME)) < n or len(store.completion_ids(HUMANEVAL_SET)) < HUMANEVAL_N

@@ -54,7 +54,7 @@ from .. import ops, pipeline
 from ..errors import UserError
 from ..store import Store
 from . import wire
-from .workers import WorkerError
+from .failure import WorkerError
 
 RETRIES = 3  # times Ray re-runs a worker lost mid-job (its process or its host) before the job fails
 PROBE_S = 5.0  # seconds a cluster address (and each host's workspace check) may take to answer

@@ -30,12 +30,8 @@ from .. import ops, pipeline
 from ..errors import UserError
 from ..store import Store, new_id
 from . import gpu, wire
+from .failure import WorkerError
 from .lifecycle import child_env, exit_text
-
-
-class WorkerError(UserError, RuntimeError):
-    """A worker process failed or died; the message names it, its device and the end of its stderr."""
-
 
 WORKER_STOP_S = 5.0  # a worker that outlives its run gets SIGTERM, then SIGKILL after this long
 
