@@ -48,6 +48,8 @@ class Drafter(ABC):
     dtype: Any  # torch.dtype
     sliding_block: str  # causal | bidirectional: block semantics of sliding-window layers
     sequential: bool = False  # read_out needs whole blocks: a draft depends on the drafts before it
+    stack: int = 1  # blocks a replay stacks per forward for each block of its `chunk` (a small-block family's
+    # forwards then hold as many rows as a block-16 drafter's: DFlash2)
 
     @property
     def drafts(self) -> int:  # D: tokens drafted per block (config `drafts`)

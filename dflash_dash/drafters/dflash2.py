@@ -12,7 +12,13 @@ layer's attention and MLP in SpecForge's grouped dynamic causal convolution, and
     score (ids[..., 0] is the draft), log-probabilities the log-softmax over the K scores; a k beyond K is
     padded with id -1 and log-probability -inf.
 The convolution runs over the B slots of each block (dim -2 of the hooks' [..., B, H]), so every forward keeps a
-block whole and never mixes blocks or the context. `load(ck, c, ...)` reads a checked checkpoint into a DFlash2;
+block whole and never mixes blocks or the context. Two ways to the same numbers, chosen by `fast` (default on): the
+fast path convolves through `kernels.conv` (every tap in one expression: one fused kernel on CUDA) and takes each
+slot's K candidates from the model-dtype logits in one top-k pass (`readout.top_logp`: the Triton kernel on CUDA),
+transforming only those K (the transform is increasing, so the candidates and their order are the same); with
+`fast` off, the plain reference: tap by tap, and the whole fp32 [rows, V] transformed before its top-K. `stack`:
+blocks a replay stacks per forward for each block of its `chunk` (16 // B: a block of 8 gives forwards of as many
+rows as DFlash's 16). `load(ck, c, ...)` reads a checked checkpoint into a DFlash2;
 `flops_per_block` adds the family's matmuls to DFlash's count.
 """
 
@@ -27,12 +33,14 @@ from . import dflash
 from .checkpoint import Checkpoint
 from .config import DrafterConfig
 from .dflash import ATTN, MLP, DFlash
-from .readout import HEAD_ROWS
+from .readout import HEAD_ROWS, top_logp
 from .weights import shapes
 
 __all__ = ["DFlash2", "load", "shapes", "flops_per_block"]
 
-UNARY_VALUES = 1 << 27  # fp32 unary logits computed at once (rows x V): bounds the read-out's logits buffer
+UNARY_VALUES = 1 << 27  # fp32 unary logits computed at once (rows x V): bounds the reference read-out's buffer
+STACK_ROWS = 16  # a replay's forwards hold `chunk` x this many block slots: blocks of B < 16 are stacked 16 // B
+# per chunk block (DFlash2's block of 8 alone left a third of an H100 idle, benchmarks/RESULTS.md)
 
 
 class DFlash2(DFlash):
@@ -48,6 +56,8 @@ class DFlash2(DFlash):
         self.top_k = f["selector_top_k"]
         self.multiplier, self.softcap = f["output_multiplier"], f["final_logit_softcapping"]
         self.scale = f["input_embedding_scale"]
+        self.fast = True  # the fused convolution and one-pass candidates; False: the plain reference (tests)
+        self.stack = max(1, STACK_ROWS // c.block_size)  # blocks per forward for each block of a replay's chunk
         x = w.extra
         # per (layer, sublayer): base kernel [2, T, Gn, gs] (side 0 input, 1 output) and the delta projection
         self.conv = {
@@ -77,7 +87,14 @@ class DFlash2(DFlash):
 
     def _convolve(self, x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
         """out[i, c] = sum_t (base[t, c] + delta[i, t, c // gs]) * x[i - t, c], x[i - t] = 0 before the block's
-        first slot. x [..., B, H], delta [..., B, T, Gn], base [T, Gn, gs] -> [..., B, H]."""
+        first slot. x [..., B, H], delta [..., B, T, Gn], base [T, Gn, gs] -> [..., B, H]: `kernels.conv` (fused on
+        CUDA) when `fast`, else the reference below."""
+        if self.fast:
+            return self.ops.conv(x, delta, base.flatten(-2))
+        return self._convolve_taps(x, delta, base)
+
+    def _convolve_taps(self, x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        """The reference convolution: tap by tap, each shifted copy and coefficient tensor made in full."""
         B = x.shape[-2]
         xg = x.unflatten(-1, (-1, self.group))  # [..., B, Gn, gs]
         out = None
@@ -120,7 +137,9 @@ class DFlash2(DFlash):
 
     def _unary_top(self, head, hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """States [N, D, H] -> the top-K transformed unary logits [N, D, K] (fp32) and their ids [N, D, K]; rows
-        through the LM head a bounded number at a time."""
+        through the LM head a bounded number at a time (`_unary_top_fast` when `fast`)."""
+        if self.fast:
+            return self._unary_top_fast(head, hs)
         N, D, H = hs.shape
         x = hs.reshape(N * D, H)
         w = head.lm_head.to(x.device, x.dtype)
@@ -133,6 +152,27 @@ class DFlash2(DFlash):
             top = u.topk(self.top_k, dim=-1)
             vals.append(top.values)
             ids.append(top.indices)
+        if not vals:
+            return x.new_zeros(N, D, self.top_k, dtype=torch.float32), x.new_zeros(N, D, self.top_k, dtype=torch.long)
+        return torch.cat(vals).view(N, D, -1), torch.cat(ids).view(N, D, -1)
+
+    def _unary_top_fast(self, head, hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_unary_top` from the model-dtype logits, HEAD_ROWS rows at a time: their top-K ids in one pass (the
+        Triton kernel on CUDA: descending, equal logits by lower id), the K raw values gathered and only they
+        transformed. The transform (x output_multiplier > 0, then the soft cap's increasing tanh) keeps the
+        order, so these are the reference's K candidates and values without its fp32 [rows, V] copies."""
+        N, D, H = hs.shape
+        x = hs.reshape(N * D, H)
+        w = head.lm_head.to(x.device, x.dtype)
+        vals, ids = [], []
+        for r in range(0, x.shape[0], HEAD_ROWS):
+            logits = x[r : r + HEAD_ROWS] @ w.T
+            top = top_logp(logits, self.top_k)[1] if logits.is_cuda else logits.topk(self.top_k, dim=-1).indices
+            u = logits.gather(-1, top).float() * self.multiplier
+            if self.softcap:
+                u = torch.tanh(u / self.softcap) * self.softcap
+            vals.append(u)
+            ids.append(top)
         if not vals:
             return x.new_zeros(N, D, self.top_k, dtype=torch.float32), x.new_zeros(N, D, self.top_k, dtype=torch.long)
         return torch.cat(vals).view(N, D, -1), torch.cat(ids).view(N, D, -1)

@@ -1,4 +1,5 @@
-"""The drafter's kernels: RMSNorm, RoPE, the gated MLP's activation and the residual add, eager or fused.
+"""The drafter's kernels: RMSNorm, RoPE, the gated MLP's activation, the residual add and DFlash2's block
+convolution, eager or fused.
 
 Contract: the element-wise pieces of the batched block forward as plain torch functions (the reference), and
 `Kernels`, the set a drafter calls: eager (`EAGER`) or each piece fused into one kernel by torch.compile
@@ -48,6 +49,20 @@ def add_norm(h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: float) -> t
     return h, rmsnorm(h, w, eps)
 
 
+def conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """DFlash2's block-local dynamic convolution, every tap in one expression (fused by torch.compile into one
+    kernel: x read once per tap, no [..., B, H] coefficient or shifted copy in memory; SpecForge's
+    specforge/modeling/draft/dflash2_conv_triton.py computes the same sum, in fp32, rounded once):
+    out[..., i, c] = sum_{t <= i} (base[t, c] + delta[..., i, t, c // gs]) * x[..., i - t, c].
+    x [..., B, H] (B slots of each block), delta [..., B, T, Gn], base [T, H] -> [..., B, H]; gs = H / Gn."""
+    B, T, Gn = x.shape[-2], base.shape[0], delta.shape[-1]
+    xg, bg = x.unflatten(-1, (Gn, -1)), base.unflatten(-1, (Gn, -1))  # [..., B, Gn, gs], [T, Gn, gs]
+    out = xg * (bg[0] + delta[..., 0, :, None])
+    for t in range(1, min(T, B)):  # tap t: slot i reads slot i - t of its own block (none before slot 0)
+        out = out + F.pad(xg[..., : B - t, :, :], (0, 0, 0, 0, t, 0)) * (bg[t] + delta[..., t, :, None])
+    return out.flatten(-2)
+
+
 KEY_ALIGN = 256  # context (+ block) keys of a batched call rounded up to a multiple of this: few distinct shapes
 # reach the attention kernels (their per-shape plans), at most this many keys masked in vain
 
@@ -60,7 +75,9 @@ class Kernels:
 
     def __init__(self, compiled: bool):
         f = _compiled if compiled else (lambda fn: fn)
-        self.rmsnorm, self.norm_rope, self.silu_mul, self.add_norm = map(f, (rmsnorm, norm_rope, silu_mul, add_norm))
+        self.rmsnorm, self.norm_rope, self.silu_mul, self.add_norm, self.conv = map(
+            f, (rmsnorm, norm_rope, silu_mul, add_norm, conv)
+        )
 
 
 def _compiled(fn):

@@ -90,8 +90,11 @@ def _draft(
 ) -> list:
     """Queue the every-anchor drafts of one sequence on the device; per-chunk results stay there. A sequence of
     more than LONG tokens drafts through `_draft_long` (telling `anchors(done, total)` as its runs are queued), a
-    shorter one through `_draft_groups`. `rows`: the sequence's target rows, each chunk's alpha bounds added."""
+    shorter one through `_draft_groups`. `rows`: the sequence's target rows, each chunk's alpha bounds added. A
+    drafter with `stack` > 1 drafts `chunk` x stack blocks per call, GROUP x stack per attention group: the
+    same rows per forward as a block-16 drafter (the drafts do not depend on how blocks are batched)."""
     tokens = tokens.to(head.embed.device)
+    chunk *= drafter.stack
     if len(tokens) > LONG:
         return _draft_long(drafter, head, features, tokens, prompt_len, topk, chunk, anchors, rows)
     return _draft_groups(drafter, head, features, tokens, prompt_len, topk, chunk, rows)
@@ -116,7 +119,7 @@ def _draft_groups(
     (`_replicas`, S bounded by REPLICA_BYTES); a shorter last chunk uses the first groups it needs, its last block
     repeated to fill them."""
     T, dev, c = len(tokens), drafter.device, drafter.c
-    B, G = c.block_size, max(1, min(GROUP, chunk))
+    B, G = c.block_size, max(1, min(GROUP * drafter.stack, chunk))
     S = max(1, min(-(-chunk // G), REPLICA_BYTES // (kv_bytes(drafter) * tail_keys(G * B, T))))
     chunk = min(chunk, S * G)
     kv = _replicas(drafter, drafter.context_kv(features.to(dev)), S, G * B)
@@ -144,7 +147,7 @@ def _draft_long(
     for n, s in enumerate(range(prompt_len, T, chunk)):
         e = min(s + chunk, T)
         emb = embed_blocks(drafter, head, tokens, torch.arange(s, e, device=dev))
-        h = drafter.blocks_run(kv, s, emb, group=GROUP)
+        h = drafter.blocks_run(kv, s, emb, group=GROUP * drafter.stack)
         parts.append(_read(drafter, head, h, tokens, torch.arange(s, e, device=dev), topk, rows))
         if anchors and ((n + 1) % every == 0 or e == T):
             anchors(e - prompt_len, T - prompt_len)
