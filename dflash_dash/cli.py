@@ -206,7 +206,7 @@ def cmd_jobs(a, store):
     if not a.id:
         raise ops.InputError(f"jobs {a.action} needs a job id (see `jobs list`)")
     if a.action == "cancel":
-        print(jobs.cancel(store, a.id)["status"])
+        print(jobs.cancel(store, a.id).status)
     elif a.action == "logs":
         sys.stdout.write(jobs.log_tail(store, a.id, a.lines))
     else:

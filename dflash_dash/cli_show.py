@@ -13,10 +13,11 @@ import sys
 
 from . import pipeline
 from .pipeline import speed, trainers
+from .store import Row
 
 
 def _print(obj) -> None:
-    print(json.dumps(obj, indent=2, default=str))
+    print(json.dumps(obj, indent=2, default=lambda o: o.as_dict() if isinstance(o, Row) else str(o)))
 
 
 def cmd_import_engine_stats(a, store):

@@ -31,6 +31,7 @@ from dflash_dash.render.formats import fmt, sliding_note
 from dflash_dash.render.labels import extraction_label, family, streamed
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.tokens import legend_html
+from dflash_dash.store import Run
 from dflash_dash.vocab import Vocab
 from pages import frame, jobs_view, many_view, params, reads, speed_view, widgets
 from pages.guard import guard
@@ -260,8 +261,8 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
         if not pts:
             st.info("No run of a checkpoint inside this folder yet: start the sweep.")
             return
-        base = best_baseline(runs, {"id": "", "extraction_id": ex if exs else None}) if exs else None
-        st.plotly_chart(sweep_fig(pts, base and (base["name"], base["summary"]["tau_macro"])), width="stretch")
+        base = best_baseline(runs, Run(id="", extraction_id=ex)) if exs else None
+        st.plotly_chart(sweep_fig(pts, base and (base.name, base.summary["tau_macro"])), width="stretch")
         st.caption(
             "tau (macro): mean over prompts of committed/rounds; tau (pooled): all committed / all rounds; "
             "DDTree tau: the same with tree drafting"

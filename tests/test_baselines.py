@@ -334,10 +334,11 @@ def test_source_html_names_the_copied_span_and_escapes_tokens():
 
 def test_best_baseline_on_the_same_completions_and_by_how_much():
     from dflash_dash.analysis.reference import best_baseline, versus
+    from dflash_dash.store import Run
 
     def run(i, ex, tau, ck="ck", set_name="s"):
-        return {"id": i, "extraction_id": ex, "set_name": set_name, "checkpoint": ck, "name": i,
-                "summary": {"tau_macro": tau, "baseline": ck[9:] or None}}  # fmt: skip
+        return Run(id=i, extraction_id=ex, set_name=set_name, checkpoint=ck, name=i,
+                   summary={"tau_macro": tau, "baseline": ck[9:] or None})  # fmt: skip
 
     drafter = run("d", "e1", 3.0)
     runs = [
@@ -347,7 +348,7 @@ def test_best_baseline_on_the_same_completions_and_by_how_much():
         run("b3", "e2", 2.9, "baseline:suffix"),  # another extraction: not these completions
         run("d2", "e1", 3.5),  # a drafter is never the reference
     ]
-    assert best_baseline(runs, drafter)["id"] == "b2"
+    assert best_baseline(runs, drafter).id == "b2"
     v = versus(drafter, best_baseline(runs, drafter))
     assert v["ratio"] == pytest.approx(1.5) and v["gain"] == pytest.approx(1.0) and v["method"] == "suffix"
     assert best_baseline(runs[:1], drafter) is None

@@ -15,7 +15,7 @@ from dflash_dash.analysis.compare import default_pair, delta_rows, sweep_extract
 from dflash_dash.analysis.trace import Trace, differing, outcomes, trace
 from dflash_dash.render.compare import compare_html
 from dflash_dash.render.tokens import token_html
-from dflash_dash.store import Store
+from dflash_dash.store import Run, Store
 from dflash_dash.vocab import Vocab
 
 # ---------------------------------------------------------------------------
@@ -120,7 +120,7 @@ def test_delta_table_sorted_by_absolute_delta():
 
 def test_default_pair_is_the_newest_pair_on_one_extraction():
     def run(i, ex):
-        return {"id": f"r{i}", "extraction_id": ex}
+        return Run(id=f"r{i}", extraction_id=ex)
 
     assert default_pair([run(1, "x"), run(2, "y"), run(3, "x"), run(4, "z")]) == ("r1", "r3")
     assert default_pair([run(1, "x"), run(2, "x"), run(3, "y"), run(4, "y"), run(5, "x")]) == ("r2", "r5")
@@ -136,7 +136,7 @@ def test_sweep_and_parity_defaults_skip_newer_extractions_without_runs():
         return {"id": f"e{i}", "backend": backend, "set_name": set_name}
 
     def run(ex_id, ck="/train/epoch_0_step_1"):
-        return {"id": f"r-{ex_id}", "extraction_id": ex_id, "checkpoint": ck, "name": "n", "summary": {}}
+        return Run(id=f"r-{ex_id}", extraction_id=ex_id, checkpoint=ck, name="n", summary={})
 
     runs = [run("e1"), run("e2", "/elsewhere/ck")]
     assert sweep_extraction(runs, "/train", ["e1", "e2", "e3"]) == "e1"  # the folder's runs are on e1
@@ -255,7 +255,7 @@ def test_acceptance_opens_on_the_healthiest_run_that_matches_serving():
     from dflash_dash.analysis.compare import healthiest_run
 
     def run(i, backend, tau):
-        return {"id": f"r{i}", "backend": backend, "summary": {"tau_macro": tau}}
+        return Run(id=f"r{i}", backend=backend, summary={"tau_macro": tau})
 
     demo_like = [run(1, "torch", 1.04), run(2, "torch", 1.28), run(3, "torch", 1.03), run(4, "fla", 1.27)]
     assert healthiest_run(demo_like) == ("r4", "serving")  # the torch run is higher, but not what serving sees

@@ -14,7 +14,7 @@ from apptest import app, clean
 from dflash_dash import cli
 from dflash_dash.analysis import stats
 from dflash_dash.analysis.compare import default_runs, is_baseline, many_rows, many_table, verdict_rows
-from dflash_dash.store import Store
+from dflash_dash.store import Run, Store
 
 
 def ids(n: int) -> list[str]:
@@ -117,8 +117,8 @@ def test_per_category_tau_by_hand():
 # N runs (pure)
 
 
-def run(rid: str, name: str, ex: str = "ex1", **summary) -> dict:
-    return {"id": rid, "name": name, "extraction_id": ex, "checkpoint": f"/ck/{name}", "summary": summary}
+def run(rid: str, name: str, ex: str = "ex1", **summary) -> Run:
+    return Run(id=rid, name=name, extraction_id=ex, checkpoint=f"/ck/{name}", summary=summary)
 
 
 def test_many_runs_table_rows_and_verdicts():
@@ -172,7 +172,10 @@ def build_many(work) -> dict:
     ex = st.extractions()[-1]
     ck = tiny.write_drafter(work / "models" / "sweep" / "step_400", tiny.TinyDrafter(seed=9, block_size=8))
     res = planted.planted_results(comps, 9, 8, 0, mean_accepted=5.0)
-    pipeline.store_run(st, ex, ops.CheckpointSpec(str(ck)), res, 0, "cpu", "float32", "every")
+    how = ops.ReplaySettings(tree_budget=0)
+    pipeline.store_run(
+        st, extraction=ex, checkpoint=ops.CheckpointSpec(str(ck)), results=res, settings=how, device="cpu"
+    )
     for c in comps:  # the planted extraction's prompts (it writes no feature files; a baseline reads none)
         st.add_item(ex["id"], c["prompt_id"], len(c["prompt_ids"]) + len(c["output_ids"]), "")
     pipeline.baseline(st, ops.Baseline(method="ngram", extraction=ex["id"]))

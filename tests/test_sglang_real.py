@@ -22,7 +22,7 @@ from dflash_dash import config, engines, ops, pipeline
 from dflash_dash.engines import ServerError, SGLangClient
 from dflash_dash.jobs import lifecycle, orchestrate
 from dflash_dash.render.tables import SPEC_KEYS, completion_table
-from dflash_dash.store import Store
+from dflash_dash.store import CompletionEntry, Store
 
 KEY = "sk-dflash-test-7f3a9c2e5b1d4086"
 PROMPTS = [{"id": "a", "prompt": "def add(a, b):\n"}, {"id": "b", "prompt": "import json\n"}]
@@ -415,7 +415,7 @@ def test_completion_table_shows_the_counters_present():
         {"prompt_id": "p", "prompt_tokens": 1, "output_tokens": 12, "meta_info": meta},
         {"prompt_id": "q", "prompt_tokens": 1, "output_tokens": 2, "meta_info": {"spec_accept_rate": 0.25}},
     ]
-    a, b = completion_table(rows)
+    a, b = completion_table([CompletionEntry.of(r) for r in rows])
     assert a["server_tau"] == pytest.approx(3.0)  # completion_tokens / spec_verify_ct
     assert a["spec_accept_histogram"] == "0:1 2:2 3:1"
     assert all(a[k] == meta[k] for k in SPEC_KEYS if k != "spec_accept_histogram")

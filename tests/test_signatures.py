@@ -16,7 +16,7 @@ from apptest import app, clean
 
 from dflash_dash import cli, metrics, pipeline
 from dflash_dash.analysis import signatures as sig
-from dflash_dash.store import Store
+from dflash_dash.store import Run, Store
 
 # ---------------------------------------------------------------------------
 # one prompt by hand
@@ -146,7 +146,7 @@ def test_separates_only_when_the_intervals_part_and_the_floor_is_reached():
 
 def test_default_pair_is_the_least_and_most_healthy_run_of_the_busiest_extraction():
     def run(i, ex, tau):
-        return {"id": i, "extraction_id": ex, "summary": {"tau_macro": tau}}
+        return Run(id=i, extraction_id=ex, summary={"tau_macro": tau})
 
     runs = [run("a", "e1", 2.0), run("b", "e1", 3.0), run("c", "e1", 1.5), run("d", "e2", 4.0), run("x", "e1", None)]
     assert sig.default_pair(runs) == ("c", "b")

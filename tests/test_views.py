@@ -17,7 +17,7 @@ from dflash_dash.analysis.trace import Trace, differing, trace
 from dflash_dash.render.figures import depth_fig, hist_fig, sweep_fig
 from dflash_dash.render.tables import completion_table, prompt_table, summary_rows
 from dflash_dash.render.tokens import esc, token_html
-from dflash_dash.store import Store
+from dflash_dash.store import CompletionEntry, Run, Store
 from dflash_dash.vocab import Vocab, load_vocab
 from tools import tiny
 
@@ -292,7 +292,7 @@ def test_completion_table_server_counters():
         },
         {"prompt_id": "q", "prompt_tokens": 1, "output_tokens": 1, "finish_reason": "stop", "meta_info": {}},
     ]
-    out = completion_table(rows)
+    out = completion_table([CompletionEntry.of(r) for r in rows])
     assert out[0]["server_tau"] == pytest.approx(3.0) and out[0]["spec_verify_ct"] == 4
     assert "server_tau" not in out[1] and out[1]["completion_tokens"] == 1
 
@@ -330,7 +330,7 @@ def test_sweep_points_and_steps(tmp_path):
         },
         {"id": "r5", "checkpoint": str(root) + "-old/epoch_9_step_1", "name": "y", "extraction_id": "e", "summary": {}},
     ]
-    pts = sweep_points(runs, str(root))
+    pts = sweep_points([Run.of(r) for r in runs], str(root))
     assert [p["step"] for p in pts] == [100, 200]
     assert [p["run"] for p in pts] == ["r2", "r4"]  # the latest run of a checkpoint wins
     fig = sweep_fig(pts)

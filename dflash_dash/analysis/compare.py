@@ -1,7 +1,7 @@
 """Runs side by side: which run Acceptance and which two runs Compare open with, per-prompt tau deltas, the
 one-position draft lag per slot, two checkpoint configs key by key, and a checkpoint sweep's tau against training step.
 
-Contract: pure functions over store rows (run rows oldest first as Store.runs lists them, run_prompts rows by
+Contract: pure functions over store rows (`store.Run`s oldest first as Store.runs lists them, run_prompts rows by
 prompt id, the kept "lag" analysis) that return plain rows with numbers rounded for tables (`analysis.rounded`);
 sorting is part of the contract (the pages show the rows as they come). Column names are the pages' headers.
 """
@@ -9,43 +9,47 @@ sorting is part of the contract (the pages show the rows as they come). Column n
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import metrics
 from . import rounded
+
+if TYPE_CHECKING:
+    from ..store import Run
 
 SERVING_BACKENDS = ("fla", "n/a")  # extraction backends that match serving: the fla kernels SGLang and vLLM run
 #                                    for linear attention on a GPU; n/a: a target without linear attention (no choice)
 
 
-def healthiest_run(runs: list[dict]) -> tuple[str | None, str]:
+def healthiest_run(runs: list[Run]) -> tuple[str | None, str]:
     """(run id, basis) Acceptance opens on: the healthiest run (highest tau macro, ties: the newest) on an extraction
     that matches serving (backend in SERVING_BACKENDS: the hidden states a serving engine's kernels give), basis
     "serving"; without one, the healthiest run on any extraction ("any"); without a tau anywhere, the newest run
     ("newest"); (None, "") without runs. `runs` oldest first, as Store.runs lists them."""
 
-    def best(rs: list[dict]) -> str | None:
-        scored = [(_tau(r), i, r["id"]) for i, r in enumerate(rs) if _tau(r) is not None]
+    def best(rs: list[Run]) -> str | None:
+        scored = [(_tau(r), i, r.id) for i, r in enumerate(rs) if _tau(r) is not None]
         return max(scored)[2] if scored else None
 
-    for basis, rs in (("serving", [r for r in runs if r.get("backend") in SERVING_BACKENDS]), ("any", runs)):
+    for basis, rs in (("serving", [r for r in runs if r.backend in SERVING_BACKENDS]), ("any", runs)):
         if (got := best(rs)) is not None:
             return got, basis
-    return (runs[-1]["id"], "newest") if runs else (None, "")
+    return (runs[-1].id, "newest") if runs else (None, "")
 
 
-def _tau(r: dict) -> float | None:
-    t = (r.get("summary") or {}).get("tau_macro")
+def _tau(r: Run) -> float | None:
+    t = (r.summary or {}).get("tau_macro")
     return t if isinstance(t, (int, float)) and t == t else None  # NaN: no tau
 
 
-def default_pair(runs: list[dict]) -> tuple[str, str] | None:
+def default_pair(runs: list[Run]) -> tuple[str, str] | None:
     """(A, B) run ids compared by default: the newest two runs on one extraction (B the newer); without such a
     pair the two newest runs; None for fewer than two runs. `runs` oldest first, as Store.runs lists them."""
     for j in range(len(runs) - 1, 0, -1):
         for i in range(j - 1, -1, -1):
-            if runs[i]["extraction_id"] == runs[j]["extraction_id"]:
-                return runs[i]["id"], runs[j]["id"]
-    return (runs[-2]["id"], runs[-1]["id"]) if len(runs) >= 2 else None
+            if runs[i].extraction_id == runs[j].extraction_id:
+                return runs[i].id, runs[j].id
+    return (runs[-2].id, runs[-1].id) if len(runs) >= 2 else None
 
 
 def delta_rows(ra: dict[str, dict], rb: dict[str, dict]) -> list[dict]:
@@ -120,7 +124,7 @@ def _show(v) -> str:
     return "—" if v is None else str(v)
 
 
-def sweep_extraction(runs: list[dict], folder: str, ids: list[str]) -> str | None:
+def sweep_extraction(runs: list[Run], folder: str, ids: list[str]) -> str | None:
     """The extraction the sweep chart opens on, among `ids` (oldest first): the one holding runs of the most
     checkpoints inside `folder` (a curve, not the one point a checkpoint replayed on a second extraction gives;
     ties: the newest), else the newest holding any run, else the newest. Never a newer extraction without runs (a
@@ -130,36 +134,36 @@ def sweep_extraction(runs: list[dict], folder: str, ids: list[str]) -> str | Non
         most = max(n.values(), default=0)
         if most:
             return [i for i in ids if n[i] == most][-1]
-    with_runs = {r["extraction_id"] for r in runs}
+    with_runs = {r.extraction_id for r in runs}
     got = [i for i in ids if i in with_runs]
     return got[-1] if got else (ids[-1] if ids else None)
 
 
-def sweep_points(runs: list[dict], folder: str, extraction: str | None = None) -> list[dict]:
+def sweep_points(runs: list[Run], folder: str, extraction: str | None = None) -> list[dict]:
     """Runs whose checkpoint lies inside `folder` (latest run per checkpoint), ordered by step."""
     from ..drafters import step_of
 
     root = str(Path(folder).resolve())
-    best: dict[str, dict] = {}
+    best: dict[str, Run] = {}
     for r in runs:
-        ck = r["checkpoint"] or ""
+        ck = r.checkpoint or ""
         if not (ck == root or ck.startswith(root + "/")):
             continue
-        if extraction and r["extraction_id"] != extraction:
+        if extraction and r.extraction_id != extraction:
             continue
         best[ck] = r  # runs come oldest first: the latest wins
     pts = []
     for ck, r in best.items():
-        step = r.get("step") if r.get("step") is not None else step_of(ck)
-        s = r.get("summary") or {}
+        step = r.step if r.step is not None else step_of(ck)
+        s = r.summary or {}
         pts.append(
             {
                 "step": step,
-                "name": r["name"],
+                "name": r.name,
                 "family": s.get("family", "DFlash"),
-                "run": r["id"],
+                "run": r.id,
                 "checkpoint": ck,
-                "sliding_block": r.get("sliding_block"),
+                "sliding_block": r.sliding_block,
                 "tau_macro": s.get("tau_macro"),
                 "tau_pooled": s.get("tau_pooled"),
                 "ddtree_tau": s.get("ddtree_tau"),
@@ -175,49 +179,49 @@ def sweep_points(runs: list[dict], folder: str, extraction: str | None = None) -
 MANY = 6  # runs Compare opens with: the newest drafter runs of the default pair's extraction
 
 
-def is_baseline(run: dict) -> bool:
+def is_baseline(run: Run) -> bool:
     """A model-free baseline's run (kind `baseline:<method>`, dflash_dash.baselines): a reference line, not a
-    checkpoint. Told by the run's kind or family (the row or its summary) or a checkpoint named `baseline:...`."""
-    s = run.get("summary") or {}
-    kinds = (run.get("kind"), s.get("kind"), s.get("family"), run.get("checkpoint"))
+    checkpoint. Told by its summary's kind or family or a checkpoint named `baseline:...`."""
+    s = run.summary or {}
+    kinds = (s.get("kind"), s.get("family"), run.checkpoint)
     return any(str(k or "").startswith("baseline:") for k in kinds)
 
 
-def default_runs(runs: list[dict], most: int = MANY) -> list[str]:
+def default_runs(runs: list[Run], most: int = MANY) -> list[str]:
     """The runs Compare opens with: the newest `most` drafter runs on the extraction of `default_pair` (oldest
     first) and every baseline run on it. `runs` oldest first, as Store.runs lists them."""
     pair = default_pair(runs)
     if pair is None:
-        return [r["id"] for r in runs]
-    ex = next(r["extraction_id"] for r in runs if r["id"] == pair[1])
-    on = [r for r in runs if r["extraction_id"] == ex]
-    drafters = [r["id"] for r in on if not is_baseline(r)][-most:]
-    return [r["id"] for r in on if r["id"] in drafters or is_baseline(r)]
+        return [r.id for r in runs]
+    ex = next(r.extraction_id for r in runs if r.id == pair[1])
+    on = [r for r in runs if r.extraction_id == ex]
+    drafters = [r.id for r in on if not is_baseline(r)][-most:]
+    return [r.id for r in on if r.id in drafters or is_baseline(r)]
 
 
-def many_rows(runs: list[dict], taus: dict[str, dict], cats: dict[str, str | None]) -> list[dict]:
+def many_rows(runs: list[Run], taus: dict[str, dict], cats: dict[str, str | None]) -> list[dict]:
     """tau per run and per category (the chart's data): for each run (in order) `stats.by_category` of its
     per-prompt taus ({run id: {prompt id: tau}}), one row per category: run, name, baseline, category, prompts,
     tau (macro) and its bootstrap interval lo, hi."""
     from .stats import by_category
 
     return [
-        {"run": r["id"], "name": r["name"], "baseline": is_baseline(r)} | row
+        {"run": r.id, "name": r.name, "baseline": is_baseline(r)} | row
         for r in runs
-        for row in by_category(taus[r["id"]], cats)
+        for row in by_category(taus[r.id], cats)
     ]
 
 
-def many_table(runs: list[dict], rows: list[dict]) -> list[dict]:
+def many_table(runs: list[Run], rows: list[dict]) -> list[dict]:
     """One row per run (`many_rows` folded): run, kind, tau macro with its 95% interval, tau pooled (the run's
     summary), prompts, and tau per category ("tau · <category>") where the set has categories."""
     out = []
     for r in runs:
-        mine = [x for x in rows if x["run"] == r["id"]]
+        mine = [x for x in rows if x["run"] == r.id]
         whole = next(x for x in mine if x["category"] == "all")
-        s = r.get("summary") or {}
+        s = r.summary or {}
         row = {
-            "run": r["name"],
+            "run": r.name,
             "kind": "baseline" if is_baseline(r) else s.get("family", "DFlash"),
             "prompts": whole["prompts"],
             "tau (macro)": rounded(whole["tau"], 4),
@@ -232,7 +236,7 @@ def _span(lo: float | None, hi: float | None) -> str:
     return "—" if lo is None or hi is None else f"[{lo:.2f}, {hi:.2f}]"
 
 
-def verdict_rows(ref: dict, runs: list[dict], taus: dict[str, dict], cats: dict[str, str | None]) -> list[dict]:
+def verdict_rows(ref: Run, runs: list[Run], taus: dict[str, dict], cats: dict[str, str | None]) -> list[dict]:
     """Each run of `runs` other than `ref` against `ref` on the same prompts (`stats.paired_by_category`: over all
     prompts, then per category): run, category, prompts, B − A (mean per-prompt difference, B the run), its 95%
     interval, the verdict in words and the warning when the set cannot separate them."""
@@ -240,12 +244,12 @@ def verdict_rows(ref: dict, runs: list[dict], taus: dict[str, dict], cats: dict[
 
     out = []
     for r in runs:
-        if r["id"] == ref["id"]:
+        if r.id == ref.id:
             continue
-        for p in paired_by_category(taus[ref["id"]], taus[r["id"]], cats, ref["name"], r["name"]):
+        for p in paired_by_category(taus[ref.id], taus[r.id], cats, ref.name, r.name):
             out.append(
                 {
-                    "run": r["name"],
+                    "run": r.name,
                     "category": p["category"],
                     "prompts": p["prompts"],
                     "B − A": rounded(p["diff"], 4),

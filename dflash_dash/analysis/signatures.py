@@ -21,12 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import metrics
 from ..metrics.headroom import ranked
 from . import rounded
+
+if TYPE_CHECKING:
+    from ..store import Run
 
 VERSION = 2  # of the kept value: a kept value of another version is measured again
 BINS = metrics.CAL_BINS  # reliability bins of the ECE signature
@@ -323,31 +327,31 @@ def _separates(diff: float, ia: list | None, ib: list | None, floor: float) -> b
     return True
 
 
-def reference_for(runs: list[dict], run_id: str | None) -> str | None:
+def reference_for(runs: list[Run], run_id: str | None) -> str | None:
     """The default reference of run `run_id`: the healthiest run (highest tau_macro) on its extraction other than
     itself, else the healthiest run anywhere other than itself. `runs` as Store.runs lists them."""
-    tau = lambda r: (r.get("summary") or {}).get("tau_macro")  # noqa: E731
-    by = {r["id"]: r for r in runs}
-    ex = by[run_id]["extraction_id"] if run_id in by else None
-    for pool in ([r for r in runs if r["extraction_id"] == ex], runs):
-        got = [r for r in pool if r["id"] != run_id and tau(r) is not None]
+    tau = lambda r: (r.summary or {}).get("tau_macro")  # noqa: E731
+    by = {r.id: r for r in runs}
+    ex = by[run_id].extraction_id if run_id in by else None
+    for pool in ([r for r in runs if r.extraction_id == ex], runs):
+        got = [r for r in pool if r.id != run_id and tau(r) is not None]
         if got:
-            return max(got, key=tau)["id"]
+            return max(got, key=tau).id
     return None
 
 
-def default_pair(runs: list[dict]) -> tuple[str, str] | None:
+def default_pair(runs: list[Run]) -> tuple[str, str] | None:
     """(run, reference) a view opens with: on the extraction holding the most runs with a tau (ties: the newest
     such extraction), the reference is the healthiest run (highest tau_macro) and the run the least healthy other
     one. None for fewer than two runs with a tau on one extraction."""
-    tau = lambda r: (r.get("summary") or {}).get("tau_macro")  # noqa: E731
-    by_ex: dict[str, list[dict]] = {}
+    tau = lambda r: (r.summary or {}).get("tau_macro")  # noqa: E731
+    by_ex: dict[str | None, list[Run]] = {}
     for r in runs:
         if tau(r) is not None:
-            by_ex.setdefault(r["extraction_id"], []).append(r)
+            by_ex.setdefault(r.extraction_id, []).append(r)
     pools = [(len(rs), i, rs) for i, rs in enumerate(by_ex.values()) if len(rs) >= 2]
     if not pools:
         return None
     rs = max(pools, key=lambda x: (x[0], x[1]))[2]
     ref = max(rs, key=tau)
-    return min((r for r in rs if r is not ref), key=tau)["id"], ref["id"]
+    return min((r for r in rs if r is not ref), key=tau).id, ref.id

@@ -44,8 +44,8 @@ def execute(store: Store, job_id: str) -> int:
         old = {}
     try:
         store.update_job(job_id, status="running", pid=os.getpid(), step="starting")
-        rep.note(f"job {job_id}: {job['kind']} {json.dumps(job['args'])} (pid {os.getpid()})")
-        result = run(store, ops.of(job["kind"], job["args"]), rep)
+        rep.note(f"job {job_id}: {job.kind} {json.dumps(job.args)} (pid {os.getpid()})")
+        result = run(store, ops.of(job.kind, job.args), rep)
     except Cancelled as e:
         rep.note(f"cancelled ({e})")
         store.settle_job(job_id, "cancelled", "cancelled by user")
@@ -67,7 +67,7 @@ def execute(store: Store, job_id: str) -> int:
         store.settle_job(
             job_id,
             "failed",
-            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} (traceback in {job['log_path']})",
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} (traceback in {job.log_path})",
         )
         return 1
     finally:

@@ -29,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .. import ops
-from ..store import Store, new_id
+from ..store import Job, Store, new_id
 
 ACTIVE = ("queued", "running")
 THROTTLE_S = 0.3  # at most one progress write per this many seconds
@@ -134,15 +134,15 @@ def exit_text(rc: int) -> str:
     return f"exit code {rc}"
 
 
-def _gone(job: dict) -> str | None:
+def _gone(job: Job) -> str | None:
     """None while the job's process runs; else how it ended."""
-    p = _CHILDREN.get(job["id"])
+    p = _CHILDREN.get(job.id)
     if p is not None:
         rc = p.poll()
         return None if rc is None else exit_text(rc)
-    pid = job["pid"]
+    pid = job.pid
     if not pid:
-        created = job.get("created")
+        created = job.created
         young = isinstance(created, datetime) and abs((datetime.now() - created).total_seconds()) < 120
         return None if young else "the job process never started"
     try:
@@ -155,7 +155,7 @@ def _gone(job: dict) -> str | None:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         if state in ("Z", "X"):
             return "exit status unknown"
-        if job["id"].encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+        if job.id.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
             return "exit status unknown; its pid now belongs to another process"
     except (OSError, IndexError):
         pass
@@ -165,20 +165,20 @@ def _gone(job: dict) -> str | None:
 def refresh(store: Store) -> None:
     """Mark queued/running jobs whose process is gone as failed."""
     for job in store.jobs():
-        if job["status"] not in ACTIVE:
+        if job.status not in ACTIVE:
             continue
         how = _gone(job)
         if how is not None:
-            store.settle_job(job["id"], "failed", f"process died ({how}); see the log {job['log_path']}")
-            _CHILDREN.pop(job["id"], None)
+            store.settle_job(job.id, "failed", f"process died ({how}); see the log {job.log_path}")
+            _CHILDREN.pop(job.id, None)
 
 
-def active(store: Store) -> list[dict]:
+def active(store: Store) -> list[Job]:
     refresh(store)
-    return [j for j in store.jobs() if j["status"] in ACTIVE]
+    return [j for j in store.jobs() if j.status in ACTIVE]
 
 
-def recent(store: Store, n: int = 20, dismissed: bool = True) -> list[dict]:
+def recent(store: Store, n: int = 20, dismissed: bool = True) -> list[Job]:
     """The `n` newest jobs (dead ones settled first); `dismissed=False`: without those a user dismissed."""
     refresh(store)
     return store.jobs(dismissed=dismissed)[:n]
@@ -188,17 +188,17 @@ def cancel(store: Store, job_id: str, grace: float = GRACE_S) -> dict:
     """Stop a queued/running job's process group (SIGTERM, SIGKILL after `grace` s); returns the job row."""
     refresh(store)
     job = store.job(job_id)
-    if job["status"] not in ACTIVE:
-        raise ops.InputError(f"job {job_id} is {job['status']}; only queued or running jobs can be cancelled")
+    if job.status not in ACTIVE:
+        raise ops.InputError(f"job {job_id} is {job.status}; only queued or running jobs can be cancelled")
     killed = False
-    if job["pid"] and _gone(job) is None:
-        _signal(job["pid"], signal.SIGTERM)
+    if job.pid and _gone(job) is None:
+        _signal(job.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while _gone(job) is None and time.monotonic() < deadline:
             time.sleep(0.05)
         if _gone(job) is None:
             step = store.job(job_id)["step"] or ""
-            _signal(job["pid"], signal.SIGKILL)
+            _signal(job.pid, signal.SIGKILL)
             killed = step.startswith(("restoring server", "waiting for /health"))
             deadline = time.monotonic() + 5.0
             while _gone(job) is None and time.monotonic() < deadline:
@@ -228,11 +228,11 @@ def rerun(store: Store, job_id: str) -> str:
     failed/cancelled extraction resumes its partial extraction."""
     refresh(store)
     job = store.job(job_id)
-    if job["status"] in ACTIVE:
-        raise ops.InputError(f"job {job_id} is still {job['status']}; cancel it or wait for it to end")
-    op = ops.of(job["kind"], job["args"])
-    if isinstance(op, ops.Extract) and job["status"] in ("failed", "cancelled"):
-        ex = (job["result"] or {}).get("extraction") or op.extraction_id
+    if job.status in ACTIVE:
+        raise ops.InputError(f"job {job_id} is still {job.status}; cancel it or wait for it to end")
+    op = ops.of(job.kind, job.args)
+    if isinstance(op, ops.Extract) and job.status in ("failed", "cancelled"):
+        ex = (job.result or {}).get("extraction") or op.extraction_id
         if ex:
             op = replace(op, extraction_id=ex)
     return start(store, op)

@@ -56,7 +56,7 @@ def run_extract(store: Store, op: ops.Extract, rep: Reporter) -> dict:
     ex_id = op.extraction_id or new_id("ex")
     op = replace(op, target=info.path, layers=layers, drafter=[], extraction_id=ex_id)
     rep.result({"extraction": ex_id})  # known from the start, so a rerun resumes it
-    known = {e["id"]: e["status"] for e in store.extractions()}
+    known = {e.id: e.status for e in store.extractions()}
     if known.get(ex_id) not in (None, "done"):
         store.set_status("extractions", ex_id, "running")
     op, runner = placed(store, op)  # devices (or the Ray cluster) checked before the server is touched
@@ -73,7 +73,7 @@ def run_extract(store: Store, op: ops.Extract, rep: Reporter) -> dict:
 
         ex_id = pipeline.perform(store, op, progress, runner)["extraction"]
     except BaseException as e:
-        if any(x["id"] == ex_id and x["status"] != "done" for x in store.extractions()):
+        if any(x.id == ex_id and x.status != "done" for x in store.extractions()):
             cancelled = isinstance(e, Cancelled) or bool(STOPS)  # also a cancel that surfaced as another error
             store.set_status("extractions", ex_id, "cancelled" if cancelled else "failed")
         if freed:
@@ -116,9 +116,7 @@ def free_gpu(client: engines.EngineClient, cfg: config_mod.WorkspaceConfig, mode
         why = (
             "memory_release = false in config.toml"
             if not cfg.memory_release
-            else f"{client.name} offers no memory release here"
-            if client.name != "sglang"
-            else "the server does not report enable_memory_saver (start SGLang with --enable-memory-saver)"
+            else client.no_release()
         )
         if not cfg.stop_command:
             raise OrchestrationError(
@@ -169,9 +167,9 @@ def wait_idle(
     reports running/waiting requests after `timeout` seconds (or cannot report them at all)."""
     url = client.url.rstrip("/")
     fetching = [
-        j["id"]
+        j.id
         for j in active(rep.store)
-        if j["kind"] == "fetch" and ((j["args"] or {}).get("server") or cfg.server_url).rstrip("/") == url
+        if j.kind == "fetch" and ((j.args or {}).get("server") or cfg.server_url).rstrip("/") == url
     ]
     if fetching:
         raise OrchestrationError(
@@ -273,19 +271,19 @@ def check_extract(
     same = [
         e
         for e in store.extractions()
-        if e["id"] != resume
-        and e["status"] in ("done", "running")
-        and e["set_name"] == set_name
-        and e["target_path"] == path
-        and not ops.missing_layers(list(e["layer_ids"] or []), list(layers))
-        and gpu.normalize(e["device"]) == dev
-        and e["dtype"] == dtype
+        if e.id != resume
+        and e.status in ("done", "running")
+        and e.set_name == set_name
+        and e.target_path == path
+        and not ops.missing_layers(list(e.layer_ids or []), list(layers))
+        and gpu.normalize(e.device) == dev
+        and e.dtype == dtype
     ]
     return [
-        f"extraction {e['id']} ({e['status']}, backend {e['backend']}) already holds set {set_name!r} from this "
-        f"target at layers {','.join(map(str, e['layer_ids']))} on {e['device']} in {e['dtype']}: a new one at "
+        f"extraction {e.id} ({e.status}, backend {e.backend}) already holds set {set_name!r} from this "
+        f"target at layers {','.join(map(str, e.layer_ids))} on {e.device} in {e.dtype}: a new one at "
         f"layers {','.join(map(str, layers))} would duplicate it"
-        + ("" if list(e["layer_ids"]) == list(layers) else " (each drafter replays on its own layers of it)")
+        + ("" if list(e.layer_ids) == list(layers) else " (each drafter replays on its own layers of it)")
         for e in same
     ]
 

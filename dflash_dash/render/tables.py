@@ -10,9 +10,14 @@ starts like a spreadsheet formula is quoted (`conformance_csv`): prompt ids are 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import metrics
 from ..analysis import rounded
 from .formats import acceptance_link, backend_label, ci, count, csv_text, divergence_link, fmt, run_link
+
+if TYPE_CHECKING:
+    from ..store import Completion, CompletionEntry, Extraction, Run
 
 # columns of tokens per round (or their change)
 TAU_WORDS = ("tau", "delta", "mean_accepted", "accept_length", "gap", "lost", "minus")
@@ -87,7 +92,7 @@ def outlier_links(s: dict, rows: list[dict], run_id: str) -> list[dict]:
 TAU_COLUMNS = ("tau", "ddtree_tau", "chain_tau_at_budget", "every_anchor_tau")  # prompt_table: printed as fmt
 
 
-def prompt_table(rows: list[dict], completions: dict[str, dict], tree_budget: int = 0) -> list[dict]:
+def prompt_table(rows: list[dict], completions: dict[str, Completion], tree_budget: int = 0) -> list[dict]:
     """Per-prompt results from `metrics.prompt_rows`, sorted by tau (lowest first); tau-like columns (TAU_COLUMNS)
     at 2 decimals (like `fmt`); `outlier`: "low" / "high" for a prompt outside Tukey's fences of per-prompt tau
     (metrics.TUKEY_RULE), else ""; with a tree budget N, `chain_tau_at_budget`: tau of the block-(N+1) chain beside
@@ -95,7 +100,7 @@ def prompt_table(rows: list[dict], completions: dict[str, dict], tree_budget: in
     out = []
     odd = metrics.outliers_of({r["prompt_id"]: r["tau"] for r in rows})
     for r in rows:
-        c = completions.get(r["prompt_id"], {})
+        c = completions.get(r["prompt_id"])
         out.append(
             {
                 "prompt": r["prompt_id"],
@@ -107,7 +112,7 @@ def prompt_table(rows: list[dict], completions: dict[str, dict], tree_budget: in
                 "completion_tokens": r["completion_tokens"],
                 "prompt_tokens": r["prompt_len"],
                 "every_anchor_tau": rounded(r.get("every_anchor_tau"), 2),
-                "finish": c.get("finish_reason"),
+                "finish": c.finish_reason if c else None,
                 "_tau": r["tau"],
             }
         )
@@ -140,24 +145,24 @@ def compact_histogram(h) -> str:
     return " ".join(f"{k}:{v}" for k, v in items if v) or "—"
 
 
-def completion_table(rows: list[dict]) -> list[dict]:
+def completion_table(rows: list[CompletionEntry]) -> list[dict]:
     """Completions (Store.completion_index rows: token counts, no ids) with finish reason, token counts and any
     server-side speculative counters; `server_tau` (tokens per verify step) = completion_tokens / spec_verify_ct,
     the engine's tau for that request."""
     out = []
     for r in rows:
-        meta = r.get("meta_info") or {}
-        fin = r.get("finish_reason")
+        meta = r.meta_info or {}
+        fin = r.finish_reason
         n_out = meta.get("completion_tokens")
         if isinstance(n_out, bool) or not isinstance(n_out, int):
-            n_out = r["output_tokens"] or 0
+            n_out = r.output_tokens or 0
         d = {
-            "prompt": r["prompt_id"],
-            "prompt_tokens": r["prompt_tokens"] or 0,
+            "prompt": r.prompt_id,
+            "prompt_tokens": r.prompt_tokens or 0,
             "completion_tokens": n_out,
             "finish": fin,
             "latency_s": meta.get("e2e_latency"),
-            "model": r.get("model_path"),
+            "model": r.model_path,
         }
         for k in SPEC_KEYS:
             if k in meta:
@@ -169,20 +174,20 @@ def completion_table(rows: list[dict]) -> list[dict]:
     return out
 
 
-def extraction_table(rows: list[dict]) -> list[dict]:
+def extraction_table(rows: list[Extraction]) -> list[dict]:
     return [
         {
-            "id": e["id"],
-            "backend": e["backend"],
-            "completions": e["set_name"],
-            "prompts": e.get("prompts"),
-            "layers": ",".join(map(str, e["layer_ids"] or [])),
-            "device": e["device"],
-            "dtype": e["dtype"],
-            "status": e["status"],
-            "features": "none: streamed" if (e.get("versions") or {}).get("streamed") else "files",  # replay --stream
-            "target": e["target_path"],
-            "created": str(e["created"])[:19],
+            "id": e.id,
+            "backend": e.backend,
+            "completions": e.set_name,
+            "prompts": e.prompts,
+            "layers": ",".join(map(str, e.layer_ids or [])),
+            "device": e.device,
+            "dtype": e.dtype,
+            "status": e.status,
+            "features": "none: streamed" if (e.versions or {}).get("streamed") else "files",  # replay --stream
+            "target": e.target_path,
+            "created": str(e.created)[:19],
         }
         for e in rows
     ]
@@ -196,47 +201,47 @@ def run_columns() -> dict[str, str]:
 ALONE = "set:"  # + set name: the group key of runs without an extraction
 
 
-def run_groups(runs: list[dict], extractions: list[dict]) -> list[dict]:
+def run_groups(runs: list[Run], extractions: list[Extraction]) -> list[dict]:
     """Runs grouped by the extraction they replayed (newest extraction first), each group's rows ordered by
     checkpoint, step and creation, with human column labels (headline metrics by the registry's label, shown
     with its format) and the run's Acceptance link: [{"extraction", "title", "ids" (run id per row), "rows"}]."""
-    exs = {e["id"]: e for e in extractions}
-    order = {e["id"]: i for i, e in enumerate(extractions)}
-    groups: dict[str, list[dict]] = {}
+    exs = {e.id: e for e in extractions}
+    order = {e.id: i for i, e in enumerate(extractions)}
+    groups: dict[str, list[Run]] = {}
     for r in runs:  # a run on a completion set alone (a baseline) groups by its set
-        groups.setdefault(r["extraction_id"] or ALONE + str(r.get("set_name")), []).append(r)
+        groups.setdefault(r.extraction_id or ALONE + str(r.set_name), []).append(r)
     out = []
     for ex_id in sorted(groups, key=lambda x: -order.get(x, len(order))):
         rs = sorted(
             groups[ex_id],
-            key=lambda r: (str(r["name"] or r["checkpoint"]), r.get("step") or 0, str(r["created"]), r["id"]),
+            key=lambda r: (str(r.name or r.checkpoint), r.step or 0, str(r.created), r.id),
         )
         e = exs.get(ex_id)
         title = (
-            f"Extraction {ex_id} · {backend_label(e['backend'])} · set {e['set_name']} · {e['device']} "
-            f"{e['dtype']} · {count(len(rs), 'run')}"
+            f"Extraction {ex_id} · {backend_label(e.backend)} · set {e.set_name} · {e.device} "
+            f"{e.dtype} · {count(len(rs), 'run')}"
             if e
-            else f"Set {rs[0].get('set_name')} · model-free baselines, no extraction · {count(len(rs), 'run')}"
+            else f"Set {rs[0].set_name} · model-free baselines, no extraction · {count(len(rs), 'run')}"
             if ex_id.startswith(ALONE)
             else f"Extraction {ex_id} (no longer in the store) · {count(len(rs), 'run')}"
         )
         rows = []
         for r in rs:
-            s = r.get("summary") or {}
+            s = r.summary or {}
             rows.append(
                 {
-                    "open": run_link(r["id"]),
-                    "checkpoint": r["name"],
+                    "open": run_link(r.id),
+                    "checkpoint": r.name,
                     "family": s.get("family", "DFlash"),
-                    "training step": r.get("step"),
+                    "training step": r.step,
                     **{metrics.label(m.key): metrics.show(m.key, s.get(m.key)) for m in metrics.HEADLINE},
-                    "sliding layers": r.get("sliding_block") or "—",
-                    "checkpoint folder": r["checkpoint"],
-                    "run id": r["id"],
-                    "created": str(r["created"])[:19],
+                    "sliding layers": r.sliding_block or "—",
+                    "checkpoint folder": r.checkpoint,
+                    "run id": r.id,
+                    "created": str(r.created)[:19],
                 }
             )
-        out.append({"extraction": ex_id, "title": title, "ids": [r["id"] for r in rs], "rows": rows})
+        out.append({"extraction": ex_id, "title": title, "ids": [r.id for r in rs], "rows": rows})
     return out
 
 

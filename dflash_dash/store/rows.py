@@ -62,9 +62,13 @@ class Row:
     def items(self):  # compatibility, as `get`
         return self.as_dict().items()
 
-    def __or__(self: R, changes: dict[str, Any]) -> R:
-        """A copy with some fields changed (`dataclasses.replace`): `ex | {"layer_ids": need}`."""
-        return replace(self, **changes)
+    def __or__(self, changes: dict[str, Any]) -> Any:
+        """A copy with some fields changed (`dataclasses.replace`): `ex | {"layer_ids": need}`. With a key that is
+        no field (compatibility: `c | {"id": ...}` as input to `Store.add_completions`), the plain dict of the
+        columns with the changes."""
+        if changes.keys() <= set(self.keys()):
+            return replace(self, **changes)
+        return self.as_dict() | changes
 
     def as_dict(self) -> dict[str, Any]:
         """The columns by name (a JSON export, a table): the fields, then any `more`."""
@@ -146,8 +150,8 @@ class Item(Row):
 @dataclass(frozen=True)
 class Run(Row):
     id: str  # the run's id
-    extraction_id: str | None  # the extraction it replayed (None: a model-free baseline on a set alone)
-    checkpoint: str  # the checkpoint folder (resolved) it replayed, or `baseline:<name>`
+    extraction_id: str | None = None  # the extraction it replayed (None: a model-free baseline on a set alone)
+    checkpoint: str = ""  # the checkpoint folder (resolved) it replayed, or `baseline:<name>`
     name: str | None = None  # its display name (the checkpoint folder's name unless given)
     config: dict = field(default_factory=dict)  # the drafter config's JSON as read at replay time
     tree_budget: int = 0  # the DDTree node budget (0: no tree walk)
