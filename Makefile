@@ -1,5 +1,6 @@
-# dflash-dash: `make run` starts the dashboard on the demo workspace, `make test` runs every test, `make lint` checks
-# the code with ruff (lint rules and formatting, without changing a file).
+# dflash-dash: `make run` starts the dashboard on the demo workspace, `make test` runs the lint then every test, `make
+# lint` checks the code without changing a file: ruff (lint rules and formatting), mypy (strict on the typed modules:
+# [tool.mypy] in pyproject.toml) and no import circle inside a package (tests/test_arrows.py).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -37,13 +38,15 @@ demo: setup
 run: demo
 	$(BIN)/python -m dflash_dash.launch --workspace $(WORKSPACE) --port $(PORT)
 
-test: setup-test
+test: lint
 	@command -v chromium >/dev/null 2>&1 || printf '\n*** Debian chromium is missing: the browser tests will be SKIPPED.\n*** Install it with: apt-get install -y chromium\n\n'
 	$(BIN)/python -m pytest -q --durations=25 tests
 
 lint: setup-test
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_arrows.py -k circle
 
 clean:
 	rm -rf $(VENV)

@@ -18,6 +18,7 @@ The prefill token is in neither side (both decoders pay it once).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ class CostTable:
     target: tuple[tuple[int, int, float], ...]  # (context tokens, new tokens q, seconds per forward)
     draft: tuple[tuple[int, float], ...]  # (context tokens, seconds per drafter block)
     tree: tuple[tuple[int, int, float], ...] = ()  # (tree budget b, context tokens, seconds per drafted DDTree)
-    meta: dict = field(default_factory=dict)  # model paths, dtype, block size, repeats: shown, not used
+    meta: dict[str, Any] = field(default_factory=dict)  # model paths, dtype, block size, repeats: shown, not used
 
     def sizes(self) -> list[int]:
         return sorted({q for _, q, _ in self.target})
@@ -100,7 +101,7 @@ def tree_speedup(table: CostTable, rounds: list[tuple[int, int]], budget: int) -
     return plain / spec
 
 
-def to_dict(table: CostTable) -> dict:
+def to_dict(table: CostTable) -> dict[str, Any]:
     return {
         "device": table.device,
         "backend": table.backend,
@@ -111,7 +112,7 @@ def to_dict(table: CostTable) -> dict:
     }
 
 
-def from_dict(d: dict) -> CostTable:
+def from_dict(d: dict[str, Any]) -> CostTable:
     try:
         return CostTable(
             device=str(d["device"]),

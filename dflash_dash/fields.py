@@ -12,6 +12,7 @@ re-exports all of them (callers name them `ops.check_name`, ...). Pure Python: n
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from .errors import UserError
 
@@ -32,7 +33,7 @@ class InputError(UserError, ValueError):
 _NOT_A_NAME = re.compile(r"(?:[/\\\x00-\x1f\x7f]|\.\.)+")  # path separators, a parent step, control characters
 
 
-def check_name(value, name: str = "name", what: str = "a name", optional: bool = False) -> str | None:
+def check_name(value: Any, name: str = "name", what: str = "a name", optional: bool = False) -> str | None:
     """A user-given name (completion set, run, extraction, engine, display name) trimmed: refused when empty (unless
     `optional`: None), or when it could act as a path or hides characters (/, \\, .., control characters)."""
     v = value.strip() if isinstance(value, str) else value
@@ -48,7 +49,7 @@ def check_name(value, name: str = "name", what: str = "a name", optional: bool =
     return v
 
 
-def check_url(value, name: str = "server") -> str:
+def check_url(value: Any, name: str = "server") -> str:
     """A server's base URL http(s)://HOST[:PORT][/PATH], without its trailing slash."""
     from urllib.parse import urlsplit
 
@@ -65,19 +66,19 @@ def check_url(value, name: str = "server") -> str:
     return v.rstrip("/")
 
 
-def check_dtype(value, name: str = "dtype", optional: bool = False) -> None:
+def check_dtype(value: Any, name: str = "dtype", optional: bool = False) -> None:
     """Refuse a compute dtype that is not one of DTYPES."""
     if not (optional and value is None) and value not in DTYPES:
         raise InputError(f"{name} {value!r}: expected one of {', '.join(DTYPES)}")
 
 
-def check_device(value, name: str = "device", optional: bool = False) -> None:
+def check_device(value: Any, name: str = "device", optional: bool = False) -> None:
     """Refuse a device that is not cpu, cuda or cuda:N."""
     if not (optional and value is None) and not (isinstance(value, str) and _DEVICE.fullmatch(value)):
         raise InputError(f"{name} {value!r}: expected cpu, cuda or cuda:N (N = the GPU's index)")
 
 
-def parse_layers(value) -> list[int] | None:
+def parse_layers(value: Any) -> list[int] | None:
     """Target layer ids from "1,16,31" or a list of ints; None for none given."""
     if value in (None, "", []):
         return None
@@ -92,7 +93,7 @@ def parse_layers(value) -> list[int] | None:
     return value or None
 
 
-def parse_paths(value, name: str = "drafter") -> list[str]:
+def parse_paths(value: Any, name: str = "drafter") -> list[str]:
     """Checkpoint folders from one path (a job record written before the field was a list) or a list of paths;
     [] for none. Paths are kept as given (a comma may be part of one)."""
     if value in (None, ""):
@@ -120,7 +121,7 @@ def layer_blocks(have: list[int], need: list[int]) -> list[int] | None:
     return [at[x] for x in need]
 
 
-def parse_gpus(value) -> list[str]:
+def parse_gpus(value: Any) -> list[str]:
     """Worker devices from "0,1" (CUDA indices), "cuda:0,cuda:1", "cpu,cpu" or a list of those; [] for none."""
     if value in (None, ""):
         return []
@@ -138,9 +139,9 @@ def parse_gpus(value) -> list[str]:
     return out
 
 
-def check_ray(value) -> str:
+def check_ray(value: Any) -> str:
     """A Ray cluster address: "auto" or the GCS address HOST:PORT that `ray start --head` prints."""
-    if value == "auto" or (isinstance(value, str) and _RAY_ADDRESS.fullmatch(value)):
+    if isinstance(value, str) and (value == "auto" or _RAY_ADDRESS.fullmatch(value)):
         return value
     hint = "; a ray:// address is a Ray Client's: give the GCS address itself" if str(value).startswith("ray:") else ""
     raise InputError(f"ray {value!r}: expected auto or the cluster's HOST:PORT (as `ray start --head` prints it){hint}")

@@ -23,7 +23,8 @@ def accepted(drafts: np.ndarray, tokens: np.ndarray, prompt_len: int) -> np.ndar
     A, D = drafts.shape
     at = prompt_len + 1 + np.arange(A)[:, None] + np.arange(D)  # [A, D] position each draft guesses
     ok = (at < T) & (drafts == np.asarray(tokens)[np.minimum(at, T - 1)])
-    return np.cumprod(ok, axis=1).sum(axis=1).astype(np.int64)  # leading matches
+    leading: np.ndarray = np.cumprod(ok, axis=1).sum(axis=1).astype(np.int64)  # leading matches
+    return leading
 
 
 def chain_walk(acc: np.ndarray, prompt_len: int, T: int) -> list[tuple[int, int, int]]:
@@ -50,7 +51,7 @@ def tree_accept(top_ids: np.ndarray, top_logp: np.ndarray, target: np.ndarray, b
         return 0
     ids, lp = top_ids[:D, :k].tolist(), top_logp[:D, :k].tolist()  # Python lists: no numpy scalar per read
     paths: set[tuple[int, ...]] = set()  # token paths in the tree
-    heap = [(-lp[0][0], (0,))]  # (-score, ranks)
+    heap: list[tuple[float, tuple[int, ...]]] = [(-lp[0][0], (0,))]  # (-score, ranks)
     while heap and len(paths) < budget:
         neg, ranks = heapq.heappop(heap)
         d, r = len(ranks), ranks[-1]
@@ -60,9 +61,9 @@ def tree_accept(top_ids: np.ndarray, top_logp: np.ndarray, target: np.ndarray, b
             heapq.heappush(heap, (-(base + lp[d - 1][r + 1]), ranks[:-1] + (r + 1,)))
         if d < D:
             heapq.heappush(heap, (neg - lp[d][0], ranks + (0,)))
-    target = [int(t) for t in target]
+    want = [int(t) for t in target]
     n = 0
-    while n < len(target) and tuple(target[: n + 1]) in paths:
+    while n < len(want) and tuple(want[: n + 1]) in paths:
         n += 1
     return n
 

@@ -7,10 +7,12 @@ them and the Diagnostics page draws them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import rounded
 
 
-def attribution_rows(rows: list[dict]) -> list[dict]:
+def attribution_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Store `attributions` rows as a table: per tap, tau with the tap ablated and the tau lost (base - ablated)."""
     out = []
     for r in sorted(rows, key=lambda r: r["tap"]):

@@ -21,6 +21,7 @@ Contract: numpy and `costs` only (no torch, no store). Inputs are a run's scored
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,7 @@ def _spent(rounds: list[tuple[int, int]], table: costs.CostTable, verify: int, t
     return sum(table.t_draft(x) + table.t_target(verify, x) for x, _ in rounds)
 
 
-def _summary(rounds: list[tuple[int, int]], table: costs.CostTable, verify: int, tree: int = 0) -> dict:
+def _summary(rounds: list[tuple[int, int]], table: costs.CostTable, verify: int, tree: int = 0) -> dict[str, Any]:
     n, spec = sum(c for _, c in rounds), _spent(rounds, table, verify, tree)
     plain = sum(c * table.t_target(1, x) for x, c in rounds)
     speed = costs.tree_speedup(table, rounds, tree) if tree else costs.speedup(table, rounds, verify)
@@ -82,19 +83,20 @@ def _summary(rounds: list[tuple[int, int]], table: costs.CostTable, verify: int,
     }
 
 
-def predict(prompts: Sequence[Prompt], table: costs.CostTable, verify: int) -> dict:
+def predict(prompts: Sequence[Prompt], table: costs.CostTable, verify: int) -> dict[str, Any]:
     """The run's predicted speedup over all its chain rounds (module docstring), tau pooled beside it."""
     rounds = [r for p in prompts for r in rounds_of(p)]
     return _summary(rounds, table, verify) | {"verify": verify, "formula": FORMULA, "costs": table.label()}
 
 
-def advise(runs: Sequence[tuple[dict, Sequence[Prompt]]], table: costs.CostTable) -> dict:
+def advise(runs: Sequence[tuple[dict[str, Any], Sequence[Prompt]]], table: costs.CostTable) -> dict[str, Any]:
     """Rows per setting (module docstring) over `runs` [(run row with its summary, its prompts)], the first run the
     one asked about: {"rows", "best", "formula", "costs", "skipped"}; a setting the table cannot price (a tree
     budget it did not time) is left out and named in `skipped`."""
     run, prompts = runs[0]
     B = int(run["summary"]["block_size"])
-    rows, skipped = [], []
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
     for k in range(1, B):
         accs = [capped(p, k) for p in prompts]
         if any(a is None for a in accs):
@@ -151,7 +153,7 @@ def advise(runs: Sequence[tuple[dict, Sequence[Prompt]]], table: costs.CostTable
     }
 
 
-def measured_rate(meta: dict | None, completion_tokens: int | None = None) -> tuple[float | None, str]:
+def measured_rate(meta: dict[str, Any] | None, completion_tokens: int | None = None) -> tuple[float | None, str]:
     """(tokens/s, how) the engine reported for one completion: llama.cpp's timings.predicted_per_second (decode
     only), else completion_tokens / e2e_latency (SGLang's meta_info: prefill and queueing included); (None, why)."""
     meta = meta or {}
@@ -166,7 +168,7 @@ def measured_rate(meta: dict | None, completion_tokens: int | None = None) -> tu
     return None, "the engine reported no timings for this completion"
 
 
-def run_rate(metas: Sequence[tuple[dict | None, int | None]]) -> dict | None:
+def run_rate(metas: Sequence[tuple[dict[str, Any] | None, int | None]]) -> dict[str, Any] | None:
     """The engine's measured tokens/s over a set's completions: all tokens / all seconds, by the first rule any
     completion answers to; None when none reports timings."""
     got = [(measured_rate(m, n), n) for m, n in metas]

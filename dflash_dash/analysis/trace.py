@@ -11,6 +11,7 @@ what Compare outlines. Token ids only: decoding and HTML belong to `vocab` and `
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,7 @@ class Trace:
     rounds: list[tuple[int, int, int]]  # (anchor, accepted, committed) per round
 
 
-def trace(row: dict, completion: dict, block_size: int) -> Trace:
+def trace(row: dict[str, Any], completion: dict[str, Any], block_size: int) -> Trace:
     """Roles of every completion position from a run_prompts row and its completion."""
     from ..walks import chain_walk as walk
 
@@ -41,7 +42,8 @@ def trace(row: dict, completion: dict, block_size: int) -> Trace:
     drafts = row.get("drafts") or []
     n = T - P
     role, depth, rnd = ["tail"] * n, [0] * n, [-1] * n
-    start, rejected = [False] * n, [None] * n
+    start = [False] * n
+    rejected: list[int | None] = [None] * n
     if n:
         role[0] = "pre"
     rounds = walk(acc, P, T) if len(acc) else []

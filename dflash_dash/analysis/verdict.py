@@ -24,6 +24,7 @@ the replayed drafter ("replayed": `drafters.identity`, or its config alone when 
 from __future__ import annotations
 
 from pathlib import PurePosixPath
+from typing import Any
 
 VERDICTS = ("conforms", "engine-below", "engine-above", "other-drafter", "unverified")
 FIELDS = {  # compared field -> what it is, in words
@@ -53,7 +54,7 @@ def _algorithm(a: str | None) -> str | None:
     return a or None
 
 
-def engine_side(served: dict | None) -> dict:
+def engine_side(served: dict[str, Any] | None) -> dict[str, Any]:
     """The served fields `match` compares, None where the engine (or the local draft path) does not say."""
     s, loc = served or {}, (served or {}).get("local") or {}
     return {
@@ -66,7 +67,7 @@ def engine_side(served: dict | None) -> dict:
     }
 
 
-def replay_side(replayed: dict) -> dict:
+def replay_side(replayed: dict[str, Any]) -> dict[str, Any]:
     """The replayed drafter's fields `match` compares."""
     return {
         "fingerprint": replayed.get("fingerprint"),
@@ -78,7 +79,7 @@ def replay_side(replayed: dict) -> dict:
     }
 
 
-def match(served: dict | None, replayed: dict) -> dict:
+def match(served: dict[str, Any] | None, replayed: dict[str, Any]) -> dict[str, Any]:
     """{"same": True | False | None, "how": the basis in words, "differs": [{"field", "label", "engine",
     "replay"}], "agrees": [field names]} (see the module contract)."""
     e, r = engine_side(served), replay_side(replayed)
@@ -110,14 +111,14 @@ def match(served: dict | None, replayed: dict) -> dict:
     return {"same": same, "how": how, "differs": differs, "agrees": agrees}
 
 
-def _pooled(rows: list[dict]) -> tuple[float | None, float | None]:
+def _pooled(rows: list[dict[str, Any]]) -> tuple[float | None, float | None]:
     both = [r for r in rows if r.get("engine_tau") is not None and r.get("replay_tau") is not None]
     v, n = sum(r["verify_steps"] for r in both), sum(r["completion_tokens"] - 1 for r in both)
     rounds, committed = sum(r["rounds"] for r in both), sum(r["committed"] for r in both)
     return (n / v if v else None), (committed / rounds if rounds else None)
 
 
-def direction(rows: list[dict], threshold: float) -> tuple[str | None, dict]:
+def direction(rows: list[dict[str, Any]], threshold: float) -> tuple[str | None, dict[str, Any]]:
     """("below" | "above" | None, the numbers): the pooled taus, their relative gap and the prompts flagged each way."""
     e, r = _pooled(rows)
     gap = (e - r) / r if e is not None and r else None
@@ -133,7 +134,9 @@ def direction(rows: list[dict], threshold: float) -> tuple[str | None, dict]:
     return None, nums
 
 
-def verdict(rows: list[dict], served: dict | None, replayed: dict, threshold: float) -> dict:
+def verdict(
+    rows: list[dict[str, Any]], served: dict[str, Any] | None, replayed: dict[str, Any], threshold: float
+) -> dict[str, Any]:
     """{"verdict" (one of VERDICTS), "why" (one paragraph, the evidence in words), "identity" (`match`), and the
     numbers of `direction`}."""
     ident = match(served, replayed)
