@@ -3,20 +3,19 @@
 Contract: `read_config(path)` locates a checkpoint (HF folder or SpecForge runtime folder) and returns its
 validated `DrafterConfig`; `check(path)` validates it as `load` would (config, sliding semantics, every tensor's
 name and shape) without reading its weights; `load(path, dtype, device)` returns a `base.Drafter` of the
-checkpoint's family. A family is one module registered in `FAMILIES` (see `base` for what it provides); the
-config's `architectures` pick it (`config.family_of`), and families no module implements are refused with
-their name. This module and the config, checkpoint-locating, weights-table and consistency modules are
-torch-free, so pages read configs without torch; a family's module (torch) is imported on first load.
+checkpoint's family. A family is one `FamilySpec` (`spec`) in the registry (`register`, `spec_of`, `specs`):
+the built-ins declare themselves in `families/`, a plug-in calls `register`; the config's `architectures` and
+`projector_type` pick it (`family_of`), and a drafter no registered family describes is refused by name. This
+module and the config, checkpoint-locating, weights-table, registry and consistency modules are torch-free, so
+pages read configs without torch; a family's model class (torch) is imported on first load.
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .base import Drafter, Family
+from .base import Drafter
 from .checkpoint import RUNTIME_FILE, Checkpoint, check_files, config_of, locate, raw_config, read_config, step_of
 from .config import (
     SLIDING_BLOCKS,
@@ -28,7 +27,9 @@ from .config import (
 )
 from .consistency import Check, check_target, checks
 from .errors import CheckpointError
-from .fields import FAMILY_NAMES, family_of
+from .fields import family_of
+from .registry import register, spec_of, specs, unregister
+from .spec import FamilySpec, Fields
 from .weights import Weights, checked, shapes
 
 if TYPE_CHECKING:
@@ -37,8 +38,6 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "FAMILIES",
-    "FAMILY_NAMES",
     "RUNTIME_FILE",
     "SLIDING_BLOCKS",
     "Check",
@@ -47,7 +46,8 @@ __all__ = [
     "CheckpointError",
     "Drafter",
     "DrafterConfig",
-    "Family",
+    "FamilySpec",
+    "Fields",
     "Weights",
     "check",
     "check_target",
@@ -58,29 +58,20 @@ __all__ = [
     "default_layer_ids",
     "family_of",
     "flops_per_block",
-    "implementation",
     "kernels_for",
     "load",
     "locate",
     "parse_config",
     "raw_config",
     "read_config",
+    "register",
     "shapes",
     "sliding_semantics",
+    "spec_of",
+    "specs",
     "step_of",
+    "unregister",
 ]
-
-FAMILIES = {
-    "dflash": Family("DFlash", "dflash_dash.drafters.dflash", ("DFlashDraftModel",)),
-    "dspark": Family("DSpark", "dflash_dash.drafters.dspark", ("DSparkDraftModel", "Qwen3DSparkModel")),
-    "domino": Family("Domino", "dflash_dash.drafters.domino", ("DominoDraftModel",)),
-    "dflash2": Family("DFlash2", "dflash_dash.drafters.dflash2", ("DFlash2DraftModel",)),
-}
-
-
-def implementation(ck: Checkpoint) -> ModuleType:
-    """The module of the family `ck`'s config describes (imported now; it imports torch)."""
-    return importlib.import_module(FAMILIES[family_of(raw_config(ck))].module)
 
 
 def check(path: str | Path, sliding_block: str | None = None, draft_config: str | Path | None = None) -> DrafterConfig:
@@ -108,12 +99,12 @@ def load(
     moved as it is read."""
     ck = locate(path, draft_config)
     c = config_of(ck)
-    fam = implementation(ck)
-    if dtype is None:
-        import torch
+    cls = spec_of(c.family).model_class()  # imports the family's model module (torch)
+    import torch
 
-        dtype = torch.float32
-    return fam.load(ck, c, dtype, device, sliding_block, place)
+    from .dflash import load as load_checked
+
+    return load_checked(ck, c, dtype or torch.float32, device, sliding_block, place, cls=cls)
 
 
 def kernels_for(device: Any):
@@ -126,4 +117,4 @@ def kernels_for(device: Any):
 
 def flops_per_block(c: DrafterConfig, ctx_len: int, vocab: int) -> float:
     """Matmul FLOPs of one block of a drafter with config `c` (its family's count), for benchmarks."""
-    return importlib.import_module(FAMILIES[c.family].module).flops_per_block(c, ctx_len, vocab)
+    return spec_of(c.family).flops_per_block(c, ctx_len, vocab)

@@ -1,8 +1,8 @@
 """The drafter family interface: what a family module provides, and the forward every drafter offers.
 
-Contract: a family is a module under `drafters/` registered in `drafters.FAMILIES`; it provides
-`shapes(c)` (the tensors a checkpoint of config `c` holds), `load(ck, c, dtype, device, sliding_block, place)`
-(a `Drafter` from a located, validated checkpoint) and `flops_per_block(c, ctx_len, vocab)`. A `Drafter` takes
+Contract: a family is a `spec.FamilySpec` in the registry (`drafters/families/` for the built-ins); its model
+class, a `Drafter` (every built-in extends `dflash.DFlash`), is built from a located, validated checkpoint by
+`drafters.load`, and its module gives `flops_per_block(c, ctx_len, vocab)`. A `Drafter` takes
 target features and block embeddings and returns normed hidden states through four forwards, one per K/V
 layout:
   - `blocks`: many blocks over context K/V as `context_kv` returns it, [context ; block] keys per call;
@@ -23,20 +23,12 @@ Torch-free itself: the tensor types appear in annotations only.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
     from .config import DrafterConfig
-
-
-@dataclass(frozen=True)
-class Family:
-    name: str  # shown to users, e.g. "DFlash"
-    module: str  # the module implementing it (imported on first load: it imports torch)
-    architectures: tuple[str, ...]  # config.json `architectures` values of this family
 
 
 class Drafter(ABC):

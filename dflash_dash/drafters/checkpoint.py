@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..target_info import check_safetensors, read_json
+from . import registry
 from .config import CheckpointError, DrafterConfig, parse_config
 
 RUNTIME_FILE = "training_state.pt"  # SpecForge runtime checkpoint: {run_id}-step{N}/training_state.pt
@@ -161,8 +162,6 @@ def check_files(ck: Checkpoint) -> None:
 
 
 COPIES = ("embed_tokens.weight", "lm_head.weight")  # copies of the target's embedding / LM head: ignored
-STRATEGIES = {"dflash": ("dflash", "dflash2"), "dspark": ("dspark",), "domino": ("domino",)}  # a runtime
-# checkpoint's SpecForge training `strategy` -> the families it trains (DFlash2 trains through DFlash's)
 
 
 def tensors(ck: Checkpoint, family: str | None = None):
@@ -202,7 +201,8 @@ def tensors(ck: Checkpoint, family: str | None = None):
         keys = sorted(state)[:8] if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"{f}: no 'draft_state_dict' (found {keys}); expected a SpecForge runtime checkpoint")
     strategy = state.get("strategy")
-    if family and strategy in STRATEGIES and family not in STRATEGIES[strategy]:
+    known = {s for spec in registry.specs() for s in spec.strategies}  # strategies some family is trained by
+    if family and strategy in known and strategy not in registry.spec_of(family).strategies:
         raise CheckpointError(
             f"{f}: trained with strategy '{strategy}' but its config ({ck.config_file}) describes a {family} drafter; "
             "pass the training's own draft config (--draft-config)"

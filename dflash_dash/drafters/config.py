@@ -2,10 +2,11 @@
 
 Contract: `parse_config(raw)` validates a config.json dict into a `DrafterConfig`, or raises `CheckpointError`
 naming the field and the expected value; the family (`fields.family_of`: from `architectures`, `projector_type`
-and family-only fields) and its own fields (`DrafterConfig.head`) are part of it, so a drafter no module here
-replays is refused by name rather than replayed as another family. `context_limits(raw)` names the context positions
-past which a drafter sees its context differently (sliding window, scaled RoPE's trained range, the declared
-maximum). Torch-free: pages read configs without torch.
+and family-only fields, asked of the registry) and its own fields (`DrafterConfig.head`) are part of it, so a
+drafter no registered family replays is refused by name rather than replayed as another family. What differs per
+family (its name, alignment, candidates, default target layers) is read from its `FamilySpec`.
+`context_limits(raw)` names the context positions past which a drafter sees its context differently (sliding
+window, scaled RoPE's trained range, the declared maximum). Torch-free: pages read configs without torch.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import CheckpointError
-from .fields import FAMILY_NAMES, family_of, head_fields
+from .fields import family_of, head_fields
+from .registry import spec_of
 
 # ---------------------------------------------------------------------------
 # config
@@ -40,7 +42,7 @@ class DrafterConfig:
     max_position_embeddings: int = 32768  # for RoPE scaling
     attention_bias: bool = False  # q/k/v/o biases
     sliding_causal: bool = True  # the config's own sliding-block semantics (is_causal; default: causal)
-    family: str = "dflash"  # drafter family: dflash | dspark | domino | dflash2 (`fields.family_of`)
+    family: str = "dflash"  # drafter family: a registry key, dflash | dspark | domino | dflash2 | ... (`family_of`)
     head: dict = field(default_factory=dict)  # the family's own validated fields (`fields.head_fields`)
 
     @property
@@ -48,26 +50,25 @@ class DrafterConfig:
         return len(self.target_layer_ids)
 
     @property
-    def family_name(self) -> str:  # shown to users: DFlash, DSpark, Domino, DFlash2
-        return FAMILY_NAMES[self.family]
+    def family_name(self) -> str:  # shown to users: DFlash, DSpark, Domino, DFlash2, ...
+        return spec_of(self.family).name
 
     @property
     def first_slot(self) -> int:
         """The block slot whose state drafts the token at anchor + 1: 1 (DFlash), 0 for the families that draft
-        from the anchor's slot (DSpark with sample_from_anchor, Domino with shift_label)."""
-        h = self.head
-        return 0 if h.get("sample_from_anchor") or h.get("shift_label") else 1
+        from the anchor's slot (DSpark with sample_from_anchor, Domino with shift_label): the family's spec."""
+        return spec_of(self.family).first_slot(self.head)
 
     @property
     def drafts(self) -> int:
         """D: tokens drafted per block: B-1, or B for DSpark drafting from the anchor's slot (slots 0..B-1)."""
-        return self.block_size if self.head.get("sample_from_anchor") else self.block_size - 1
+        return spec_of(self.family).drafts(self.head, self.block_size)
 
     @property
     def candidates(self) -> int:
         """Top-k candidates a replay keeps per slot at least: a selector's candidate count (DFlash2's
         selector_top_k, so that top-K headroom asks its own question: recall@1 against recall@K), else 0."""
-        return self.head.get("selector_top_k", 0)
+        return spec_of(self.family).candidates(self.head)
 
     @property
     def width(self) -> int:
@@ -203,7 +204,7 @@ def parse_config(raw: dict) -> DrafterConfig:
             raise CheckpointError(
                 "config.json: missing 'dflash_config.target_layer_ids' and 'num_target_layers' (expected one of them)"
             )
-        ids = default_layer_ids(ntl, n)
+        ids = (spec_of(family).target_layers or default_layer_ids)(ntl, n)
     if (
         not isinstance(ids, list)
         or not ids
