@@ -20,6 +20,14 @@ projections (fc, k, v). Usage:
                                                       # (figures named with a _dspark suffix)
     python benchmarks/bench_replay.py --quick --tokens 32768 --seqs 2   # long contexts (figures named _32k; _128k
                                                       # for 131072); --path groups|long forces an every-anchor path
+    python benchmarks/bench_replay.py --family all --quick --seqs 4 --loop-anchors 16   # the four families in one
+                                                      # process against one measured peak (every figure suffixed
+                                                      # _dflash, _dspark, ...; a summary block at the end)
+
+DFlash2 also times its plain reference path on the same sequence (`draft_chunkN_reference_*`: the tap-by-tap
+convolution and fp32 candidate transform, one block per chunk block; `_reference_kernels_*`: those kernels with
+the blocks stacked; `_unstacked_*`: the fast kernels without stacking) and checks fast == reference at fp32 on the
+device (`check_fp32_dflash2_*`: the fused convolution and the Triton top-k on CUDA).
 """
 
 from __future__ import annotations
@@ -161,7 +169,12 @@ def args_():
         "a 131,072-token run then drafts its blocks once cold at N, not twice at full length before the replay",
     )
     ap.add_argument("--work", default=None, help="folder for the checkpoint, head and features")
-    ap.add_argument("--family", default="dflash", choices=list(FAMILIES), help="drafter family (published config)")
+    ap.add_argument(
+        "--family",
+        default="dflash",
+        choices=[*FAMILIES, "all"],
+        help="drafter family (published config); all: the four in one process, one after the other",
+    )
     ap.add_argument(
         "--path",
         default="auto",
@@ -304,6 +317,68 @@ def check_fp32(dev, figs: dict) -> None:
     figs["check_fp32_max_logp_diff"] = (a.top_logp - b.top_logp).abs().max().item()
 
 
+def check_fp32_dflash2(dev, figs: dict) -> None:
+    """On this device in fp32 (tiny block-8 DFlash2, bidirectional sliding layers, uneven chunks): the fast path
+    (the fused convolution and one-pass top-k on CUDA, blocks stacked) == the reference path == the one-block loop."""
+    from dflash_dash.drafters import dflash2
+
+    fields = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 6}
+    d = tiny.TinyDrafter(
+        block_size=8,
+        layer_types=["sliding_attention"] * 2,
+        sliding_window=6,
+        seed=4,
+        architecture="DFlash2DraftModel",
+        family_fields=fields,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        m = dr.load(tiny.write_drafter(Path(tmp) / "d", d), torch.float32, dev, sliding_block="bidirectional")
+    ref = dflash2.DFlash2(m.c, m.w, m.path, m.sliding_block)
+    ref.fast, ref.stack = False, 1
+    g = torch.Generator().manual_seed(1)
+    head = tg.Head(torch.randn(512, 64, generator=g).to(dev), torch.randn(512, 64, generator=g).to(dev))
+    tokens, feats = torch.randint(0, 512, (70,), generator=g), torch.randn(70, 128, generator=g)
+    a = rp.draft_all(m, head, feats, tokens, 9, topk=8, chunk=7)
+    b = rp.draft_all(ref, head, feats, tokens, 9, topk=8, chunk=7)
+    c = rp.draft_loop(ref, head, feats, tokens, 9, topk=8)
+    figs["check_fp32_dflash2_fast_equals_reference"] = float(
+        all(torch.equal(a.tokens, x.tokens) and torch.equal(a.top_ids, x.top_ids) for x in (b, c))
+        and all(torch.allclose(a.top_logp, x.top_logp, atol=1e-4) for x in (b, c))
+    )
+    live = torch.isfinite(a.top_logp)  # past selector_top_k: padded with -inf on every path
+    figs["check_fp32_dflash2_max_logp_diff"] = max((a.top_logp - x.top_logp)[live].abs().max().item() for x in (b, c))
+
+
+def reference_paths(d, head, feats, tok, P: int, chunk: int, budget: int, per_seq: float, peak: float, dev, figs):
+    """DFlash2's steady state on the paths the fast one replaced, the same sequence and chunk, timed in turn (best
+    of REPS each, so a busy machine slows every path alike): the fast path as the replay runs it, the reference
+    (tap-by-tap convolution, fp32 candidate transform, one block per chunk block), the reference kernels with the
+    blocks stacked, the fast kernels without; and the fast drafts' bf16 agreement with the reference's."""
+    paths = {"fast": (True, d.stack), "reference": (False, 1), "reference_kernels": (False, d.stack)}
+    paths["unstacked"] = (True, 1)
+    best, out, saved = dict.fromkeys(paths, float("inf")), {}, (d.fast, d.stack)
+    try:
+        for rep in range(REPS + 1):  # the first round warms each path (compiles, plans): its cold time
+            for name, (d.fast, d.stack) in paths.items():
+                with Clock(dev) as clk:
+                    out[name] = rp.draft_all(d, head, feats, tok, P, topk=budget, chunk=chunk)
+                if rep == 0:
+                    figs[f"draft_chunk{chunk}_{name}_cold_s"] = clk.s
+                else:
+                    best[name] = min(best[name], clk.s)
+    finally:
+        d.fast, d.stack = saved
+    for name, s in best.items():
+        figs[f"draft_chunk{chunk}_{name}_blocks_per_s"] = (len(tok) - P) / s
+        figs[f"draft_chunk{chunk}_{name}_fraction_of_peak"] = per_seq / s / 1e12 / peak
+    fast, ref = out["fast"], out["reference"]
+    figs["fast_vs_reference_token_agreement"] = (fast.tokens == ref.tokens).float().mean().item()
+    figs["fast_vs_reference_max_logp_diff"] = (fast.top_logp[..., 0] - ref.top_logp[..., 0]).abs().max().item()
+
+
+REPS = 3  # timed rounds of each DFlash2 path in `reference_paths`
+
+
 def prefix_kernels(shp: dict, T: int, tile: int, dev: str, figs: dict) -> None:
     """The long path's prefix attention at one chunk's shape (256 blocks' queries, grouped-query heads folded into
     rows, over T/2 keys): flash against cuDNN in tiles, their difference and each one's time."""
@@ -326,21 +401,20 @@ def prefix_kernels(shp: dict, T: int, tile: int, dev: str, figs: dict) -> None:
         figs[f"prefix_{name}_tflops"] = 4 * nkv * rows * (T // 2) * hd / (c.s / 5) / 1e12
 
 
-def measure(a, figs: dict) -> None:
+def measure(a, figs: dict, family: str, peak: float | None = None) -> None:
+    """One family's figures into `figs`; `peak`: the device's measured matrix rate (measured here, with the tiny
+    fp32 checks, when None)."""
     if a.path != "auto":  # the product picks by length (`replay.every.LONG`); force one path
         rp.every.LONG = 0 if a.path == "long" else 1 << 40
     attention.PREFIX, attention.TILE = a.prefix_attention, a.tile
-    shp = family_shapes(SMALL if a.small else FULL, a.family, a.small)
+    shp = family_shapes(SMALL if a.small else FULL, family, a.small)
     dev = a.device or ("cpu" if a.small else "cuda")
     n_seq, T = a.seqs or (3 if a.small else 10), a.tokens or (160 if a.small else 2560)
     P = a.prompt or (32 if a.small else 512)
     n_loop = a.loop_anchors or (8 if a.small else 96)
     dtype = torch.bfloat16
-    if dev.startswith("cuda"):
-        note(f"device {torch.cuda.get_device_name(dev)}; torch {torch.__version__}")
-    peak = matmul_tflops(dev, 1024 if a.small else 8192)
-    figs["matmul_bf16_tflops"] = peak
-    check_fp32(dev, figs)
+    if peak is None:
+        peak = device_checks(a, figs, dev, [family])
 
     shm = Path("/dev/shm")
     base = (
@@ -384,8 +458,10 @@ def measure(a, figs: dict) -> None:
         figs[f"{name}_blocks_per_s"] = (T - P) / clk.s
         figs[f"{name}_fraction_of_peak"] = per_seq / clk.s / 1e12 / peak
         best = max(best or (0, 0), (figs[f"{name}_fraction_of_peak"], name))
-    with torch.inference_mode():  # the LM head's share at the timed chunk size
-        anchors = torch.arange(P, min(P + a.chunk, Ts))
+    if hasattr(d, "fast"):  # DFlash2: the paths the fast one replaced
+        reference_paths(d, head, feats0, tok0, P, a.chunk, a.budget, per_seq, peak, dev, figs)
+    with torch.inference_mode():  # the LM head's share at the timed chunk size (blocks stacked as the replay does)
+        anchors = torch.arange(P, min(P + a.chunk * d.stack, Ts))
         emb = rp.head.embed_blocks(d, head, tok0, anchors)
         kv = d.context_kv(feats0.to(dev))
         h = d.blocks(kv, anchors, emb)
@@ -493,11 +569,75 @@ def measure(a, figs: dict) -> None:
     )
 
 
+def device_checks(a, figs: dict, dev: str, families: list[str]) -> float:
+    """The device's measured bf16 matrix rate (the ceiling every fraction refers to) and the tiny fp32 checks."""
+    if dev.startswith("cuda"):
+        note(f"device {torch.cuda.get_device_name(dev)}; torch {torch.__version__}")
+    peak = matmul_tflops(dev, 1024 if a.small else 8192)
+    figs["matmul_bf16_tflops"] = peak
+    check_fp32(dev, figs)
+    if "dflash2" in families:
+        check_fp32_dflash2(dev, figs)
+    return peak
+
+
+SUMMARY = (  # figures repeated in the summary block of --family all
+    "replay_fraction_of_peak",
+    "replay_run_s",
+    "replay_blocks_per_s",
+    "draft_chunk{chunk}_fraction_of_peak",
+    "draft_chunk{chunk}_reference_fraction_of_peak",
+)
+
+
+def measure_all(a) -> int:
+    """Every family in this process, one after the other, against one measured peak: each family's figures
+    printed as it finishes (suffixed with its name), then a summary block; 1 if a family failed."""
+    dev = a.device or ("cpu" if a.small else "cuda")
+    shared: dict = {}
+    peak = device_checks(a, shared, dev, list(FAMILIES))
+    report(shared)
+    summary, failed = {}, 0
+    shm = Path("/dev/shm")
+    root = (
+        Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="dflash-replay-", dir=shm if shm.is_dir() else None))
+    )
+    for family in FAMILIES:
+        figs: dict = {}
+        t0 = time.perf_counter()
+        one = argparse.Namespace(**(vars(a) | {"work": str(root / family)}))  # each family's inputs apart
+        try:
+            measure(one, figs, family, peak)
+        except Exception as e:  # noqa: BLE001  (the next family still runs; this one's figures so far are printed)
+            note(f"{family} failed: {type(e).__name__}: {e}")
+            failed = 1
+        finally:
+            if not a.work:  # 6 GB of inputs a family at the reference shapes
+                shutil.rmtree(root / family, ignore_errors=True)
+        figs["family_wall_s"] = time.perf_counter() - t0
+        figs = suffixed(figs, family)
+        if length := length_suffix(a.tokens, a.small):
+            figs = suffixed(figs, length)
+        report(figs)
+        summary |= {k: v for k, v in figs.items() if k.startswith(tuple(n.format(chunk=a.chunk) for n in SUMMARY))}
+        if dev.startswith("cuda"):
+            torch.cuda.empty_cache()
+    if dev.startswith("cuda"):
+        summary["matmul_bf16_tflops_after"] = matmul_tflops(dev, 8192)  # the peak again: did the clock drift?
+    if not a.work:
+        shutil.rmtree(root, ignore_errors=True)
+    note("summary: every family on this device in this process")
+    report(summary)
+    return failed
+
+
 def main():
     figs: dict = {}
     a = args_()
+    if a.family == "all":
+        raise SystemExit(measure_all(a))
     try:
-        measure(a, figs)
+        measure(a, figs, a.family)
     finally:
         if a.family != "dflash":  # the family's figures beside DFlash's in RESULTS
             figs = suffixed(figs, a.family)
