@@ -169,6 +169,7 @@ def args_():
         "a 131,072-token run then drafts its blocks once cold at N, not twice at full length before the replay",
     )
     ap.add_argument("--work", default=None, help="folder for the checkpoint, head and features")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument(
         "--family",
         default="dflash",
@@ -353,24 +354,31 @@ def reference_paths(d, head, feats, tok, P: int, chunk: int, budget: int, per_se
     """DFlash2's steady state on the paths the fast one replaced, the same sequence and chunk, timed in turn (best
     of REPS each, so a busy machine slows every path alike): the fast path as the replay runs it, the reference
     (tap-by-tap convolution, fp32 candidate transform, one block per chunk block), the reference kernels with the
-    blocks stacked, the fast kernels without; and the fast drafts' bf16 agreement with the reference's."""
+    blocks stacked, the fast kernels without; and the fast drafts' bf16 agreement with the reference's. On the CPU
+    also the counted FLOPs per CPU second of this process (`_gflops_per_cpu_s`: what other processes on a busy
+    machine take does not count; `--threads 1` makes it the work of one core)."""
     paths = {"fast": (True, d.stack), "reference": (False, 1), "reference_kernels": (False, d.stack)}
     paths["unstacked"] = (True, 1)
     best, out, saved = dict.fromkeys(paths, float("inf")), {}, (d.fast, d.stack)
+    cpu = dict.fromkeys(paths, float("inf"))
     try:
         for rep in range(REPS + 1):  # the first round warms each path (compiles, plans): its cold time
             for name, (d.fast, d.stack) in paths.items():
+                c0 = time.process_time()
                 with Clock(dev) as clk:
                     out[name] = rp.draft_all(d, head, feats, tok, P, topk=budget, chunk=chunk)
                 if rep == 0:
                     figs[f"draft_chunk{chunk}_{name}_cold_s"] = clk.s
                 else:
                     best[name] = min(best[name], clk.s)
+                    cpu[name] = min(cpu[name], time.process_time() - c0)
     finally:
         d.fast, d.stack = saved
     for name, s in best.items():
         figs[f"draft_chunk{chunk}_{name}_blocks_per_s"] = (len(tok) - P) / s
         figs[f"draft_chunk{chunk}_{name}_fraction_of_peak"] = per_seq / s / 1e12 / peak
+        if dev == "cpu":
+            figs[f"draft_chunk{chunk}_{name}_gflops_per_cpu_s"] = per_seq / cpu[name] / 1e9
     fast, ref = out["fast"], out["reference"]
     figs["fast_vs_reference_token_agreement"] = (fast.tokens == ref.tokens).float().mean().item()
     figs["fast_vs_reference_max_logp_diff"] = (fast.top_logp[..., 0] - ref.top_logp[..., 0]).abs().max().item()
@@ -634,6 +642,8 @@ def measure_all(a) -> int:
 def main():
     figs: dict = {}
     a = args_()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     if a.family == "all":
         raise SystemExit(measure_all(a))
     try:
