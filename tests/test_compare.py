@@ -15,7 +15,7 @@ from dflash_dash.analysis.compare import default_pair, delta_rows, sweep_extract
 from dflash_dash.analysis.trace import Trace, differing, outcomes, trace
 from dflash_dash.render.compare import compare_html
 from dflash_dash.render.tokens import token_html
-from dflash_dash.store import Run, Store
+from dflash_dash.store import Extraction, Run, Store
 from dflash_dash.vocab import Vocab
 
 # ---------------------------------------------------------------------------
@@ -133,7 +133,7 @@ def test_sweep_and_parity_defaults_skip_newer_extractions_without_runs():
     from dflash_dash.analysis.checks import parity_pair
 
     def ex(i, backend="torch", set_name="s"):
-        return {"id": f"e{i}", "backend": backend, "set_name": set_name}
+        return Extraction(id=f"e{i}", backend=backend, set_name=set_name, target_path="t")
 
     def run(ex_id, ck="/train/epoch_0_step_1"):
         return Run(id=f"r-{ex_id}", extraction_id=ex_id, checkpoint=ck, name="n", summary={})

@@ -12,8 +12,12 @@ drafter and target modules import torch: they are imported on first use, so impo
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from . import rounded
+
+if TYPE_CHECKING:
+    from ..store import Extraction, Run
 
 
 def consistency(cfg, extraction: dict, info) -> list[dict]:
@@ -71,7 +75,7 @@ def backend_matters(target_path: str) -> bool:
         return True
 
 
-def parity_pair(exs: list[dict], runs: list[dict]) -> tuple[str, str] | None:
+def parity_pair(exs: list[Extraction], runs: list[Run]) -> tuple[str, str] | None:
     """Default (A, B) extraction ids of the backend parity check, `exs` finished extraction rows oldest first: A the
     newest torch-path extraction, B the newest fla extraction of the same completion set (else the newest other
     extraction of that set, else the oldest other one); at each choice one that has runs comes before a newer one
@@ -79,41 +83,41 @@ def parity_pair(exs: list[dict], runs: list[dict]) -> tuple[str, str] | None:
     fewer than two extractions."""
     if len(exs) < 2:
         return None
-    used = {r["extraction_id"] for r in runs}
+    used = {r.extraction_id for r in runs}
 
-    def newest(rows: list[dict]) -> dict | None:  # the newest with runs, else the newest
-        return ([e for e in rows if e["id"] in used] or rows or [None])[-1]
+    def newest(rows: list[Extraction]) -> Extraction | None:  # the newest with runs, else the newest
+        return ([e for e in rows if e.id in used] or rows or [None])[-1]
 
-    a = newest([e for e in exs if e["backend"] == "torch"]) or newest(exs)
-    same = [e for e in exs if e["id"] != a["id"] and e["set_name"] == a["set_name"]]
-    b = newest([e for e in same if e["backend"] == "fla"]) or newest(same) or next(e for e in exs if e is not a)
-    return a["id"], b["id"]
+    a = newest([e for e in exs if e.backend == "torch"]) or newest(exs)
+    same = [e for e in exs if e.id != a.id and e.set_name == a.set_name]
+    b = newest([e for e in same if e.backend == "fla"]) or newest(same) or next(e for e in exs if e is not a)
+    return a.id, b.id
 
 
-def sliding_rows(runs: list[dict], checkpoint: str, extraction: str) -> list[dict]:
+def sliding_rows(runs: list[Run], checkpoint: str, extraction: str) -> list[dict]:
     """The latest run of `checkpoint` on `extraction` per sliding semantics, for the train/serve check."""
     best = {
-        r["sliding_block"]: r
+        r.sliding_block: r
         for r in runs
-        if r["checkpoint"] == checkpoint and r["extraction_id"] == extraction and r.get("sliding_block")
+        if r.checkpoint == checkpoint and r.extraction_id == extraction and r.sliding_block
     }
     return [
         {
             "sliding layers": f"{sem} inside the block",
-            "run": best[sem]["id"],
-            "tau (macro)": rounded(best[sem]["summary"].get("tau_macro")),
-            "tau (pooled)": rounded(best[sem]["summary"].get("tau_pooled")),
-            "every-anchor tau": rounded(best[sem]["summary"].get("every_anchor_tau")),
+            "run": best[sem].id,
+            "tau (macro)": rounded(best[sem].summary.get("tau_macro")),
+            "tau (pooled)": rounded(best[sem].summary.get("tau_pooled")),
+            "every-anchor tau": rounded(best[sem].summary.get("every_anchor_tau")),
         }
         for sem in ("causal", "bidirectional")
         if sem in best
     ]
 
 
-def sliding_checkpoints(runs: list[dict]) -> list[str]:
+def sliding_checkpoints(runs: list[Run]) -> list[str]:
     """Checkpoints of the runs whose drafter has sliding_attention layers (newest first, once each)."""
     out: list[str] = []
     for r in reversed(runs):
-        if "sliding_attention" in ((r.get("config") or {}).get("layer_types") or []) and r["checkpoint"] not in out:
-            out.append(r["checkpoint"])
+        if "sliding_attention" in ((r.config or {}).get("layer_types") or []) and r.checkpoint not in out:
+            out.append(r.checkpoint)
     return out

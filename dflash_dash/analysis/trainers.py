@@ -32,10 +32,14 @@ Sources:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import UserError
+
+if TYPE_CHECKING:
+    from ..store import Extraction, Run
 
 SCHEMA = 1  # SpecForge's checkpoint report schema_version
 LENGTH = "dflash/hard_label/unary_greedy_accepted_length"
@@ -281,22 +285,22 @@ def beside(ours: dict, theirs: dict, ctx: dict) -> list[dict]:
     return rows
 
 
-def sources(runs: list[dict], extractions: list[dict]) -> list[dict]:
+def sources(runs: list[Run], extractions: list[Extraction]) -> list[dict]:
     """Every run of each checkpoint that also ran on a trainer's cache, one row each: its source (the trainer's
     cache, or an extraction of a completion set: the target's generations), backend, tau and every-anchor tau."""
-    exs = {e["id"]: e for e in extractions}
-    on_cache = {r["checkpoint"] for r in runs if (r.get("summary") or {}).get("source")}
+    exs = {e.id: e for e in extractions}
+    on_cache = {r.checkpoint for r in runs if (r.summary or {}).get("source")}
     out = []
     for r in runs:
-        if r["checkpoint"] not in on_cache:
+        if r.checkpoint not in on_cache:
             continue
-        s, e = r.get("summary") or {}, exs.get(r.get("extraction_id")) or {}
+        s, e = r.summary or {}, exs.get(r.extraction_id or "")
         out.append(
             {
-                "checkpoint": r["name"],
-                "run": r["id"],
-                "source": s.get("source") or f"completion set {e.get('set_name')} (extraction {e.get('id')})",
-                "features": "the trainer's capture" if s.get("source") else f"this product's ({e.get('backend')})",
+                "checkpoint": r.name,
+                "run": r.id,
+                "source": s.get("source") or f"completion set {e and e.set_name} (extraction {e and e.id})",
+                "features": "the trainer's capture" if s.get("source") else f"this product's ({e and e.backend})",
                 "tau": s.get("tau_macro"),
                 "every-anchor tau": s.get("every_anchor_tau"),
                 "prompts": s.get("prompts"),
