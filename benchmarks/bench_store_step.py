@@ -85,13 +85,11 @@ def main() -> None:
     t2 = time.perf_counter()
     pipeline.store_run(
         st,
-        st.extraction(ex),
-        ops.CheckpointSpec(str(ck)),
-        back,
-        0,
-        "cuda",
-        "bfloat16",
-        "chain",
+        extraction=st.extraction(ex),
+        checkpoint=ops.CheckpointSpec(str(ck)),
+        results=back,
+        settings=ops.ReplaySettings(tree_budget=0, dtype="bfloat16", anchors="chain"),
+        device="cuda",
         comps=comps,
     )
     t3 = time.perf_counter()

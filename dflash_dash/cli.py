@@ -3,8 +3,9 @@
 Contract: a stable interface scripts rely on. Results go to stdout (ids, JSON); progress and errors go
 to stderr; a user error exits with status 2 and a one-line message naming the problem and the fix,
 never a traceback. Each operation's options are generated from its `ops` dataclass (`add_op_options`: flag,
-type, choices, default and help from each field and its comment) and turned back into one (`op_of`) that the
-pipeline handler takes, so the CLI, jobs and pages share one definition; `--gpus 0,1` (extract, replay, sweep) shards
+type, choices, default and help from each field's declaration, `ops.setting`) and turned back into one (`op_of`);
+every operation's command runs it through `pipeline.perform` (`cmd_op`) and shows the answer with its printer
+(`PRINTERS`), so the CLI, jobs and pages share one definition and one path; `--gpus 0,1` (extract, replay, sweep) shards
 the prompts over one worker process per device (jobs.workers.pool), `--gpus cpu,cpu` over CPU workers, `--ray
 auto|HOST:PORT` over one worker per GPU of a Ray cluster (jobs.cluster); `extract
 --drafter A --drafter B` extracts the union of both drafters' layers (each replays on its own columns).
@@ -13,16 +14,12 @@ auto|HOST:PORT` over one worker per GPU of a Ray cluster (jobs.cluster); `extrac
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib
-import inspect
 import json
 import os
 import shutil
 import sys
 import time
 from dataclasses import MISSING, fields, replace
-from functools import cache
 from pathlib import Path
 
 from . import cli_show, ops, pipeline, prompts
@@ -100,6 +97,16 @@ def runner(store, op: ops.Op):
     return workers.placed(store, op)
 
 
+def cmd_op(a, store):
+    """An operation's command: its op from the options (`op_of`), placed on its GPUs or Ray cluster when it has
+    them, answered by the pipeline (`pipeline.perform`) and shown by its printer (`PRINTERS`)."""
+    op = op_of(a.op, a)
+    run = None
+    if hasattr(op, "gpus"):  # the cluster (--ray) or the GPUs checked before any work
+        op, run = runner(store, op)
+    return PRINTERS[type(op)](a, store, op, pipeline.perform(store, op, progress, run, answer=True))
+
+
 def cmd_extract(a, store):
     from .jobs import orchestrate
 
@@ -107,6 +114,7 @@ def cmd_extract(a, store):
         store.extraction(a.extraction_id)  # must exist: a typo must not start a new extraction under that id
     op = op_of(ops.Extract, a)
     op = replace(op, layers=pipeline.layers_of(op.drafter, op.layers), drafter=[])
+    run = None
     if op.orchestrate == "none":  # the cluster (--ray) or the GPUs checked before any work; else the job does it
         op, run = runner(store, op)
     for i, dev in enumerate(op.local_devices()):
@@ -118,7 +126,7 @@ def cmd_extract(a, store):
     disk.check(space)
     if op.orchestrate != "none":  # free the server's GPU around the extraction: the job does it, we follow it
         return follow(store, jobs_mod().start(store, op), "extraction")
-    print(pipeline.extract(store, op, progress, run))
+    print(pipeline.perform(store, op, progress, run, answer=True))
 
 
 def jobs_mod():
@@ -153,9 +161,11 @@ def follow(store, job_id: str, key: str, every: float = 0.3) -> int:
     return 0
 
 
-def cmd_replay(a, store):
-    op, run = runner(store, op_of(ops.Replay, a))
-    out = pipeline.replay(store, op, progress, run)
+# ---------------------------------------------------------------------------
+# printers: one per operation, (parsed options, store, op, the pipeline's answer) -> exit status (None: 0)
+
+
+def print_replay(a, store, op: ops.Replay, out: dict):
     if op.stream:
         print(f"streamed extraction = {out['summary']['extraction']} (no feature files)", file=sys.stderr)
     elif a.extraction == "latest":
@@ -170,32 +180,56 @@ def cmd_replay(a, store):
     _print(out)  # {"id", "summary", "reused"}: stdout is one JSON document
 
 
-def cmd_sweep(a, store):
-    op, run = runner(store, op_of(ops.Sweep, a))
-    ids = pipeline.sweep(store, op, progress, run)
+def print_sweep(a, store, op: ops.Sweep, ids):
     for run_id in ids:
         print(run_id)
     if ids.skipped:  # after the bars: what under the folder is not a checkpoint, each with why
         print(f"note: not checkpoints under {op.checkpoints}: {'; '.join(ids.skipped)}", file=sys.stderr)
 
 
-def cmd_sliding_check(a, store):
-    op = op_of(ops.SlidingCheck, a)
-    _print(pipeline.sliding_check(store, op, progress))
-
-
-def cmd_attribute(a, store):
-    op = op_of(ops.Attribute, a)
-    _print(pipeline.attribute(store, op, progress))
-
-
-def cmd_baseline(a, store):
-    _print(pipeline.baseline(store, op_of(ops.Baseline, a), progress))  # {"id", "summary"}
-
-
-def cmd_fetch(a, store):
-    n = pipeline.fetch(store, op_of(ops.Fetch, a), progress)
+def print_fetch(a, store, op: ops.Fetch, n: int):
     print(f"fetched {n} new completions into set {a.name} ({len(store.completion_ids(a.name))} in total)")
+
+
+def print_diagnose(a, store, op: ops.Diagnose, got: dict):
+    from .analysis import steps
+
+    print(steps.verdict(got), file=sys.stderr)  # the ranking in words: the fault named and its margin, or why none
+    _print({k: v for k, v in got.items() if k != "steps"})  # the variants' rounds stay in the store (the page)
+
+
+def print_audit(a, store, op: ops.Audit, out: dict):
+    print(f"verdict: {out['verdict']}", file=sys.stderr)
+    _print(out)
+    return 0 if out["clean"] else 1
+
+
+def print_profile(a, store, op: ops.Profile, out: dict):
+    print(f"cost table {out['id']} ({out['table']['device']}, {out['table']['backend']} kernels)", file=sys.stderr)
+    _print(out)
+
+
+def print_live(a, store, op: ops.Live, out: dict):
+    s = out["summary"]
+    print(f"live loop on {out['device']}: accept length {s['accept_length']}, speedup {s['speedup']}", file=sys.stderr)
+    _print(
+        {k: v for k, v in out.items() if k != "prompts"}
+        | {"prompts": {pid: {k: v for k, v in p.items() if k != "seeds"} for pid, p in out["prompts"].items()}}
+    )
+
+
+PRINTERS = {
+    ops.Replay: print_replay,
+    ops.Sweep: print_sweep,
+    ops.SlidingCheck: lambda a, store, op, out: _print(out),
+    ops.Attribute: lambda a, store, op, out: _print(out),
+    ops.Baseline: lambda a, store, op, out: _print(out),  # {"id", "summary"}
+    ops.Fetch: print_fetch,
+    ops.Diagnose: print_diagnose,
+    ops.Audit: print_audit,
+    ops.Profile: print_profile,
+    ops.Live: print_live,
+}  # how each operation's answer is shown (extract prints its id; demo builds a workspace)
 
 
 def cmd_jobs(a, store):
@@ -226,39 +260,6 @@ def cmd_serve(a, store):
     from .server import options as server_options
 
     server_options.run(a)
-
-
-def cmd_diagnose(a, store):
-    from .analysis import steps
-    from .pipeline import diagnose
-
-    op = op_of(ops.Diagnose, a)
-    got = diagnose.rank_faults(store, op.run, op.engine, progress)
-    print(steps.verdict(got), file=sys.stderr)  # the ranking in words: the fault named and its margin, or why none
-    _print({k: v for k, v in got.items() if k != "steps"})  # the variants' rounds stay in the store (the page)
-
-
-def cmd_audit(a, store):
-    out = pipeline.audit(store, op_of(ops.Audit, a), progress)
-    print(f"verdict: {out['verdict']}", file=sys.stderr)
-    _print(out)
-    return 0 if out["clean"] else 1
-
-
-def cmd_profile(a, store):
-    out = pipeline.profile(store, op_of(ops.Profile, a), progress)
-    print(f"cost table {out['id']} ({out['table']['device']}, {out['table']['backend']} kernels)", file=sys.stderr)
-    _print(out)
-
-
-def cmd_live(a, store):
-    out = pipeline.live(store, op_of(ops.Live, a), progress)
-    s = out["summary"]
-    print(f"live loop on {out['device']}: accept length {s['accept_length']}, speedup {s['speedup']}", file=sys.stderr)
-    _print(
-        {k: v for k, v in out.items() if k != "prompts"}
-        | {"prompts": {pid: {k: v for k, v in p.items() if k != "seeds"} for pid, p in out["prompts"].items()}}
-    )
 
 
 # ---------------------------------------------------------------------------
@@ -293,11 +294,11 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
 
     s = sub.add_parser("replay", help="replay a drafter checkpoint over cached features")
     add_op_options(s, ops.Replay)
-    s.set_defaults(fn=cmd_replay)
+    s.set_defaults(fn=cmd_op, op=ops.Replay)
 
     s = sub.add_parser("sweep", help="replay every checkpoint of a training output folder")
     add_op_options(s, ops.Sweep)
-    s.set_defaults(fn=cmd_sweep)
+    s.set_defaults(fn=cmd_op, op=ops.Sweep)
 
     s = sub.add_parser(
         "sliding-check",
@@ -305,7 +306,7 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
         "bidirectional: the train/serve mismatch detector (JSON)",
     )
     add_op_options(s, ops.SlidingCheck)
-    s.set_defaults(fn=cmd_sliding_check)
+    s.set_defaults(fn=cmd_op, op=ops.SlidingCheck)
 
     s = sub.add_parser(
         "attribute",
@@ -313,7 +314,7 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
         "replaced by its mean over the extraction (JSON; stored with the run)",
     )
     add_op_options(s, ops.Attribute)
-    s.set_defaults(fn=cmd_attribute)
+    s.set_defaults(fn=cmd_op, op=ops.Attribute)
 
     cli_show.add(sub)  # compare, import-engine-stats, conformance, signatures, advise, exports, listings
 
@@ -323,7 +324,7 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
         "set as a run (JSON)",
     )
     add_op_options(s, ops.Baseline)
-    s.set_defaults(fn=cmd_baseline)
+    s.set_defaults(fn=cmd_op, op=ops.Baseline)
 
     s = sub.add_parser(
         "serve", help="local stand-in for an SGLang, vLLM or llama.cpp server (--protocol; tests and the demo)"
@@ -337,7 +338,7 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
 
     s = sub.add_parser("fetch", help="fetch greedy completions of a prompt set from the serving engine")
     add_op_options(s, ops.Fetch)
-    s.set_defaults(fn=cmd_fetch)
+    s.set_defaults(fn=cmd_op, op=ops.Fetch)
 
     s = sub.add_parser("jobs", help="background jobs: list | cancel ID | logs ID | rerun ID")
     s.add_argument("action", nargs="?", default="list", choices=["list", "cancel", "logs", "rerun"])
@@ -352,7 +353,7 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
         "how well they reproduce the engine's per-step (or per-prompt) acceptance; kept for conformance (JSON)",
     )
     add_op_options(s, ops.Diagnose)
-    s.set_defaults(fn=cmd_diagnose)
+    s.set_defaults(fn=cmd_op, op=ops.Diagnose)
 
     s = sub.add_parser(
         "audit",
@@ -361,7 +362,7 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
         "shift, scale; a verdict (JSON; exit 1 when a layer is faulty)",
     )
     add_op_options(s, ops.Audit)
-    s.set_defaults(fn=cmd_audit)
+    s.set_defaults(fn=cmd_op, op=ops.Audit)
 
     s = sub.add_parser(
         "profile",
@@ -369,7 +370,7 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
         "block, on this device (kept in the workspace for predicted speedups; JSON)",
     )
     add_op_options(s, ops.Profile)
-    s.set_defaults(fn=cmd_profile)
+    s.set_defaults(fn=cmd_op, op=ops.Profile)
 
     s = sub.add_parser(
         "live",
@@ -378,7 +379,7 @@ def parser(store_only: bool = False) -> argparse.ArgumentParser:
         "drafter on the set (JSON)",
     )
     add_op_options(s, ops.Live)
-    s.set_defaults(fn=cmd_live)
+    s.set_defaults(fn=cmd_op, op=ops.Live)
 
     s = sub.add_parser("demo", help="build the demo workspace from the committed assets (idempotent)")
     s.set_defaults(fn=cmd_demo)
@@ -397,53 +398,23 @@ CHOICES = {
 }  # fields whose values are one of a few names
 
 
-@cache
-def field_help() -> dict[str, dict[str, str]]:
-    """{operation class name: {field: its comment where ops declares it}}: the help text of each generated option."""
-    out: dict[str, dict[str, str]] = {}
-    for name in ops.MODULES:
-        out |= _comments(inspect.getsource(importlib.import_module(f"{ops.__name__}.{name}")))
-    return out
-
-
-def _comments(src: str) -> dict[str, dict[str, str]]:
-    lines = src.splitlines()
-    out: dict[str, dict[str, str]] = {}
-
-    def comment(n: int) -> str:  # the comment of line n (1-based) and of the comment lines right below it
-        text = [lines[n - 1].partition("  # ")[2].strip()]
-        while n < len(lines) and lines[n].strip().startswith("# "):
-            text.append(lines[n].strip()[2:])
-            n += 1
-        return " ".join(text)
-
-    for node in ast.parse(src).body:
-        if isinstance(node, ast.ClassDef):
-            out[node.name] = {
-                stmt.target.id: comment(stmt.lineno)
-                for stmt in node.body
-                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-            }
-    return out
-
-
 def add_op_options(s: argparse.ArgumentParser, cls: type[ops.Op], flags: dict[str, str] | None = None) -> None:
     """One option per field of operation `cls`: --field-name (or `flags[field]`), its type (int, float, a flag for
     bools, text for the rest: lists like "1,16,31" are parsed by the op; a field with metadata {"repeat": True} is
     given once per value, e.g. --drafter A --drafter B), its choices, its default, required when it has none, its
-    help the field's comment. The parsed value lands under the field's name (`op_of`)."""
-    helps, defaults = field_help()[cls.__name__], ops.defaults(cls)
+    help the one it was declared with (`ops.setting_help`). The parsed value lands under the field's name (`op_of`)."""
+    defaults = ops.defaults(cls)
     for f in fields(cls):
         kind = str(f.type).split(" | ")[0]
-        kw: dict = {"dest": f.name, "help": helps.get(f.name, "").replace("%", "%%") or None}
+        kw: dict = {"dest": f.name, "help": ops.setting_help(f).replace("%", "%%") or None}
         if kind == "bool":
             kw |= {"action": "store_true", "default": defaults[f.name]}
         elif f.metadata.get("repeat"):  # given once per value (--drafter A --drafter B); none: the op's default
             kw |= {"action": "append", "default": None}
         else:
             kw["type"] = {"int": int, "float": float}.get(kind, str)
-            if f.name in CHOICES:
-                kw["choices"] = CHOICES[f.name]
+            if f.metadata.get("choices") or f.name in CHOICES:
+                kw["choices"] = f.metadata.get("choices") or CHOICES[f.name]
             if f.default is MISSING and f.default_factory is MISSING:
                 kw["required"] = True
             elif f.default_factory is MISSING:  # list fields stay None: the op takes its own default

@@ -6,6 +6,9 @@ drafter's layers compares those), layer by layer (features are K layers of H val
 - relative L2 = ||A - B|| / ||B|| over all shared tokens (B is the reference, normally the fla extraction);
 - cosine = mean over tokens of cos(A_t, B_t).
 No network, no model; raises StoreError/CacheError/ValueError with a message naming the fix.
+`run(store, op, progress)` is the backend-parity job (ops.Parity, started by the Diagnostics page, run by
+jobs.dispatch): its result, the per-layer numbers and the counts, is the job's result the page draws, so torch runs
+in the job process, never in the Streamlit one.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ import torch
 
 from . import cache, ops
 from .pipeline import features_root
-from .pipeline.stream import require_files
+from .pipeline.features import require_files
 from .store import Store, StoreError
 
 
-def compare(store: Store, a_id: str, b_id: str, max_prompts: int | None = None) -> dict:
+def compare(store: Store, a_id: str, b_id: str, max_prompts: int | None = None, progress=None) -> dict:
     """Per-layer relative L2 and cosine of extraction A against reference B, over the layers both hold. Returns
-    {"layers": [{"layer", "rel_l2", "cosine", "max_abs"}], "prompts": n, "tokens": n, "a": row, "b": row}."""
+    {"layers": [{"layer", "rel_l2", "cosine", "max_abs"}], "prompts": n, "tokens": n, "a": row, "b": row};
+    `progress(done, total, message)` after each prompt."""
     a, b = store.extraction(a_id), store.extraction(b_id)
     for e in (a, b):  # a streamed extraction kept no feature file to compare
         require_files(store, e, "backend parity")
@@ -51,7 +55,7 @@ def compare(store: Store, a_id: str, b_id: str, max_prompts: int | None = None) 
     max_abs = torch.zeros(K, dtype=torch.float64)
     n_tok = 0
     root = features_root(store)
-    for pid in shared:
+    for i, pid in enumerate(shared):
         fa = cache.read(root, a["id"], pid, ia[pid], len(a["layer_ids"]) * H)
         fb = cache.read(root, b["id"], pid, ib[pid], len(b["layer_ids"]) * H)
         fa = cache.blocks(fa, ka, H).double().view(-1, K, H)  # [T, K, H] of the shared layers
@@ -62,9 +66,18 @@ def compare(store: Store, a_id: str, b_id: str, max_prompts: int | None = None) 
         cos_sum += torch.nn.functional.cosine_similarity(fa, fb, dim=-1, eps=1e-12).sum(0)
         max_abs = torch.maximum(max_abs, d.abs().amax((0, 2)))
         n_tok += fa.shape[0]
+        if progress:
+            progress(i + 1, len(shared), f"compared prompt {pid} ({i + 1}/{len(shared)})")
     rel = (diff2.sqrt() / ref2.sqrt().clamp_min(1e-30)).tolist()
     cos = (cos_sum / n_tok).tolist()
     layers = [
         {"layer": l, "rel_l2": rel[k], "cosine": cos[k], "max_abs": float(max_abs[k])} for k, l in enumerate(layer_ids)
     ]
     return {"layers": layers, "prompts": len(shared), "tokens": n_tok, "a": a, "b": b}
+
+
+def run(store: Store, op: ops.Parity, progress=None) -> dict:
+    """The backend-parity job: `compare` of op.a against op.b; the job's result is {"a", "b", "layers", "prompts",
+    "tokens"} (plain JSON, what the Diagnostics page draws)."""
+    out = compare(store, op.a, op.b, op.max_prompts, progress)
+    return {"a": op.a, "b": op.b, "layers": out["layers"], "prompts": out["prompts"], "tokens": out["tokens"]}

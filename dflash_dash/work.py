@@ -1,19 +1,118 @@
-"""The worker specs: the per-prompt part of an operation, as it crosses into a worker process (or a Ray worker).
+"""The settings of a kind of work and the worker specs: what a replay is run with, and the per-prompt part of an
+operation as it crosses into a worker process (or a Ray worker).
 
-Contract: frozen records (`CheckpointSpec`, `ExtractWork`, `ReplayWork`, `StreamWork`), each validated on
+Contract: `ReplaySettings` is the one declaration of how a replay runs (tree budget, anchors, dtype, chunk, sliding
+semantics, draft config, prompts, temperature and verify rule): a frozen record, validated on construction, each field
+declared with `setting(default, help)` (its help is the CLI's, `setting_help`). `ops.Replay` and `ops.Sweep` embed it
+(`ops.embeds`: its fields are theirs, `op.settings` the record); the worker's `ReplayWork` carries it whole; a stored
+run records it whole (`pipeline.runs`) and reuse compares it whole. A new replay option is one field here and its use.
+Worker specs (`CheckpointSpec`, `ExtractWork`, `ReplayWork`, `StreamWork`) are frozen records validated on
 construction through the field checks of `fields`, with a plain-JSON round trip (`to_json()` / `work_of(kind,
-data)`): the only format that crosses a process (jobs.wire). Data only, torch-free. `ops` re-exports them (callers
-name them ops.X); the operations they come from live there.
+data)`): the only format that crosses a process (jobs.wire); a spec's settings are rebuilt through `SETTINGS` (its
+class by kind). Data only, torch-free. `ops` re-exports them (callers name them ops.X).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import ClassVar
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, ClassVar
 
-from .fields import InputError, check_device, check_dtype
+from .fields import DTYPES, InputError, check_device, check_dtype
 
 ANCHORS = ("every", "chain")  # every completion anchor (curves of accepted(p)) | only those walks visit
+VERIFY = ("target-sample", "rejection")  # = sampling.RULES (tests/test_expected_pipeline.py checks), torch-free here
+SLIDING_BLOCKS = ("causal", "bidirectional")  # = drafter.SLIDING_BLOCKS (tests/test_gpus.py checks), torch-free here
+
+
+def setting(default: Any = MISSING, help: str = "", **meta: Any) -> Any:
+    """A dataclass field with its default and its help text (the CLI's help, `setting_help`); `meta`: more metadata
+    (choices: the values it takes; repeat: a list given once per value on the command line). A list default is
+    copied per instance."""
+    md = {"help": help} | meta
+    if isinstance(default, list):
+        return field(default_factory=lambda d=default: list(d), metadata=md)
+    return field(default=default, metadata=md)
+
+
+def setting_help(f) -> str:
+    """The help text a field was declared with (`setting`), "" without one."""
+    return f.metadata.get("help", "")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Base of the settings records: frozen, plain-JSON round trip; an unknown field is refused by name."""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> Settings:
+        data = dict(data or {})
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise InputError(f"settings: unknown field {', '.join(unknown)}; expected some of {', '.join(names)}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ReplaySettings(Settings):
+    """How a replay runs: everything its results depend on besides the checkpoint, the features and the device."""
+
+    tree_budget: int = setting(8, "DDTree node budget (0: no tree)")
+    anchors: str = setting(
+        "every", "every (accepted(p) curves, every-anchor tau) | chain (faster, same rounds)", choices=ANCHORS
+    )
+    dtype: str = setting("float32", "compute dtype of the drafters", choices=DTYPES)
+    chunk: int = setting(64, "blocks per batched forward (every-anchor mode)")
+    sliding_block: str | None = setting(
+        None,
+        "sliding layers causal | bidirectional inside the block; None: config's",
+        choices=SLIDING_BLOCKS,
+    )
+    draft_config: str | None = setting(
+        None, "the training's draft config JSON (runtime checkpoints without config.json)"
+    )
+    max_prompts: int | None = setting(None, "replay only the first N prompts of the extraction (set order); None: all")
+    temperature: float | None = setting(
+        None,
+        "also the expected acceptance at this sampling temperature (teacher-forced; needs an extraction with the "
+        "target's top-K, or stream); None: none",
+    )
+    verify: str = setting(
+        "target-sample",
+        "with temperature: target-sample (greedy drafts, accepted while the target's sample equals them: SGLang's "
+        "DFlash) | rejection (sampled drafts, min(1, p/q): Leviathan et al.)",
+        choices=VERIFY,
+    )
+
+    def __post_init__(self):
+        b = self.tree_budget
+        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+            raise InputError(f"tree_budget {b!r}: expected 0 (no tree) or a positive DDTree node budget like 8")
+        c = self.chunk
+        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+            raise InputError(f"chunk {c!r}: expected a positive number of blocks per forward, like 64")
+        check_dtype(self.dtype)
+        for name, choices, optional in (
+            ("anchors", ANCHORS, False),
+            ("sliding_block", SLIDING_BLOCKS, True),
+            ("verify", VERIFY, False),
+        ):
+            v = getattr(self, name)
+            if not (optional and v is None) and v not in choices:
+                raise InputError(f"{name} {v!r}: expected one of {', '.join(choices)}")
+        m = self.max_prompts
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise InputError(f"max_prompts {m!r}: expected a positive number of prompts, or leave it unset for all")
+        t = self.temperature
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 100):
+            raise InputError(f"temperature {t!r}: give a sampling temperature like 0.7 (0: greedy), or leave it unset")
+        object.__setattr__(self, "temperature", None if t is None else float(t))
+
+
+SETTINGS: dict[str, type[Settings]] = {"replay": ReplaySettings}  # the settings record of each kind of work
 
 
 @dataclass(frozen=True)
@@ -32,11 +131,9 @@ class Work:
 
 @dataclass(frozen=True)
 class CheckpointSpec(Work):
-    """One checkpoint of a replay: where it is and how it is read."""
+    """One checkpoint of a replay: where it is (how it is read: the replay's settings)."""
 
     path: str  # folder (or training_state.pt) as the user gave it
-    sliding_block: str | None = None  # the run's choice, None: the config's own
-    draft_config: str | None = None  # the training's draft config JSON (SpecForge runtime checkpoints)
     name: str | None = None  # display name (default: the folder name)
 
 
@@ -61,26 +158,21 @@ class ExtractWork(Work):
 
 @dataclass(frozen=True)
 class ReplayWork(Work):
-    """Replay some prompts of extraction `extraction` with every checkpoint of `checkpoints` on `device`."""
+    """Replay some prompts of extraction `extraction` with every checkpoint of `checkpoints` on `device`, as
+    `settings` say (the operation's `ReplaySettings`, whole)."""
 
     kind: ClassVar[str] = "replay"
     checkpoints: tuple[CheckpointSpec, ...]  # replayed in this order over each pass of features
     extraction: str  # extraction id
-    tree_budget: int  # DDTree node budget (0: no tree)
     device: str  # where this worker runs
-    dtype: str  # compute dtype of the drafters
-    chunk: int  # blocks per batched forward (every-anchor mode)
-    anchors: str  # every | chain
-    temperature: float | None = None  # the expected-acceptance pass's temperature (None: none)
-    verify: str = "target-sample"  # its verify rule (sampling.RULES)
+    settings: ReplaySettings = field(default_factory=ReplaySettings)  # how the replay runs
 
     def __post_init__(self):
         specs = tuple(c if isinstance(c, CheckpointSpec) else CheckpointSpec.from_json(c) for c in self.checkpoints)
         object.__setattr__(self, "checkpoints", specs)
+        if not isinstance(self.settings, Settings):  # from JSON: rebuilt as the kind's registered record
+            object.__setattr__(self, "settings", SETTINGS["replay"].from_json(self.settings))
         check_device(self.device)
-        check_dtype(self.dtype)
-        if self.anchors not in ANCHORS:
-            raise InputError(f"anchors {self.anchors!r}: expected one of {', '.join(ANCHORS)}")
 
 
 @dataclass(frozen=True)

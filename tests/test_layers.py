@@ -174,7 +174,7 @@ def test_replay_on_the_union_equals_replay_on_its_own_layers(union, name):
 
 def test_sequences_read_a_drafters_columns_in_its_order(union):
     st = Store(union.ws)
-    from dflash_dash.pipeline.replay import load_sequences
+    from dflash_dash.pipeline.features import load_sequences
 
     mine = load_sequences(st, st.extraction(union.union), C_LAYERS)
     ref = load_sequences(st, st.extraction(union.own["c"]))

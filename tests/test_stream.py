@@ -16,7 +16,7 @@ import pytest
 from prepared import drafted_set
 
 from dflash_dash import cli, ops
-from dflash_dash.pipeline import stream
+from dflash_dash.pipeline import features as stream
 from dflash_dash.store import Store
 
 A_LAYERS, D_LAYERS = [1, 4], [3, 5]

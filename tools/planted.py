@@ -183,7 +183,14 @@ def build(
         res = planted_results(comps, i, block_size, budget, lag=lags[i] if i < len(lags) else 0.0)
 
         def step(ck=ck, res=res):
-            return pipeline.store_run(st, ex_row, ops.CheckpointSpec(str(ck)), res, budget, "cpu", "float32", "every")
+            return pipeline.store_run(
+                st,
+                extraction=ex_row,
+                checkpoint=ops.CheckpointSpec(str(ck)),
+                results=res,
+                settings=ops.ReplaySettings(tree_budget=budget),
+                device="cpu",
+            )
 
         (each or (lambda _, go: go()))(i, step)
     return ws

@@ -3,7 +3,7 @@ several operations. Data only, torch-free."""
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import ClassVar
 
 from ..fields import (  # noqa: F401  (re-exported: callers name them ops.X)
@@ -22,19 +22,53 @@ from ..fields import (  # noqa: F401  (re-exported: callers name them ops.X)
 )
 from ..work import (  # noqa: F401  (re-exported: callers name them ops.X)
     ANCHORS,
+    SETTINGS,
+    SLIDING_BLOCKS,
+    VERIFY,
     WORK,
     CheckpointSpec,
     ExtractWork,
+    ReplaySettings,
     ReplayWork,
+    Settings,
     StreamWork,
     Work,
+    setting,
+    setting_help,
     work_of,
 )
 
 ORCHESTRATE = ("none", "release", "command")  # how an extraction frees the server's GPU (jobs.free_gpu)
-VERIFY = ("target-sample", "rejection")  # = sampling.RULES (tests/test_expected_pipeline.py checks), torch-free here
 TARGET_TOPK = 64  # the target's top-K an extraction keeps by default (--target-topk)
-SLIDING_BLOCKS = ("causal", "bidirectional")  # = drafter.SLIDING_BLOCKS (tests/test_gpus.py checks), torch-free here
+
+
+def embeds(settings: type[Settings], **defaults):
+    """Class decorator (under @dataclass): operation `cls` embeds the settings record `settings`: each of its fields
+    becomes a field of the operation (declared there once, its help and choices with it; `defaults` overrides a
+    default, as Sweep's chain anchors), and `op.settings` is the record built from them."""
+
+    def wrap(cls):
+        ann = dict(cls.__dict__.get("__annotations__", {}))
+        for f in fields(settings):
+            if f.name in ann:
+                raise TypeError(f"{cls.__name__}.{f.name}: declared by {settings.__name__}; do not repeat it")
+            ann[f.name] = f.type
+            default = defaults.get(f.name, f.default)
+            if default is MISSING and f.default_factory is not MISSING:
+                setattr(cls, f.name, field(default_factory=f.default_factory, metadata=f.metadata))
+            else:
+                setattr(cls, f.name, field(default=default, metadata=f.metadata))
+        cls.__annotations__ = ann
+        cls.SETTINGS = settings
+        cls.settings = property(_settings, doc="The embedded settings record, built (and validated) from the fields.")
+        return cls
+
+    return wrap
+
+
+def _settings(op) -> Settings:
+    """The settings record `op` embeds, from its fields."""
+    return op.SETTINGS(**{f.name: getattr(op, f.name) for f in fields(op.SETTINGS)})
 
 
 @dataclass
@@ -42,6 +76,13 @@ class Op:
     """Base of the operations: record round trip and the shared checks."""
 
     kind: ClassVar[str] = ""
+    SETTINGS: ClassVar[type[Settings] | None] = None  # the settings record it embeds (`embeds`), if any
+
+    def _settle(self) -> None:
+        """Validate the embedded settings; their normalised values (temperature as a float) become the op's."""
+        s = _settings(self)
+        for f in fields(s):
+            setattr(self, f.name, getattr(s, f.name))
 
     def to_args(self) -> dict:
         return asdict(self)
@@ -97,26 +138,12 @@ class Op:
                 raise InputError("gpus: it names this host's devices; with --ray the cluster's GPUs are used (drop it)")
 
     def _replay_fields(self) -> None:
-        """The fields Replay and Sweep share: extraction, tree budget, where and how the drafters run."""
+        """The fields Replay and Sweep share beside their settings: extraction, where the drafters run, the stream."""
+        self._settle()
         self._name("extraction", "an extraction id, or latest")
-        self._int("tree_budget", 0, "expected 0 (no tree) or a positive DDTree node budget like 8")
         self._device()
-        check_dtype(self.dtype)
-        self._choice("anchors", ANCHORS)
-        self._choice("sliding_block", SLIDING_BLOCKS, optional=True)
-        if self.max_prompts is not None:
-            self._int("max_prompts", 1, "expected a positive number of prompts, or leave it unset for all")
         self._gpus()
         self._stream()
-        self._temperature()
-
-    def _temperature(self) -> None:
-        """temperature: None (no expected-acceptance pass) or >= 0 (0: the greedy limit); verify one of VERIFY."""
-        t = self.temperature
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 100):
-            raise InputError(f"temperature {t!r}: give a sampling temperature like 0.7 (0: greedy), or leave it unset")
-        self.temperature = None if t is None else float(t)
-        self._choice("verify", VERIFY)
 
     def _stream(self) -> None:
         """stream needs target and completions (here, on the gpus pool or with ray); target and completions need it."""

@@ -3,7 +3,7 @@ semantics, target-layer attribution, engine-fault diagnosis); the demo build."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 from .base import (
@@ -11,29 +11,38 @@ from .base import (
     TARGET_TOPK,
     InputError,
     Op,
+    ReplaySettings,
     check_dtype,
     check_url,
+    embeds,
     parse_layers,
     parse_paths,
+    setting,
 )
 
 
 @dataclass
 class Fetch(Op):
     kind: ClassVar[str] = "fetch"
-    prompt_set: str  # built-in set name (coding-10) or a JSONL file of {id, prompt}
-    name: str  # completion set to fill; a rerun with it continues
-    server: str | None = None  # server URL; None: [server] url of the workspace's config.toml
-    max_new_tokens: int = 256  # tokens per completion
-    temperature: float = 0.0  # sampling temperature; 0: greedy (the default)
-    top_p: float = 1.0  # with temperature > 0: the nucleus mass kept, in (0, 1]; 1: the whole distribution
-    seed: int | None = None  # with temperature > 0: the seed sent with every request (0..4294967295), recorded; unset:
-    # the engine's own randomness (not reproducible)
-    chat: bool = False  # wrap prompts in the target's chat template (applied locally)
-    tokenizer: str | None = None  # tokenizer folder or hub id; None: the server's (llama.cpp serves a GGUF: give it)
-    enable_thinking: bool = False  # leave Qwen3 thinking on (off by default: it lowers acceptance)
-    readiness_timeout: float | None = None  # seconds to wait for /health 200; None: the config's (600)
-    request_timeout: float = 600.0  # seconds one generate request may take before it fails
+    prompt_set: str = setting(help="built-in set name (coding-10) or a JSONL file of {id, prompt}")
+    name: str = setting(help="completion set to fill; a rerun with it continues")
+    server: str | None = setting(None, "server URL; None: [server] url of the workspace's config.toml")
+    max_new_tokens: int = setting(256, "tokens per completion")
+    temperature: float = setting(0.0, "sampling temperature; 0: greedy (the default)")
+    top_p: float = setting(1.0, "with temperature > 0: the nucleus mass kept, in (0, 1]; 1: the whole distribution")
+    seed: int | None = setting(
+        None,
+        "with temperature > 0: the seed sent with every request (0..4294967295), recorded; unset: the "
+        "engine's own randomness (not reproducible)",
+    )
+    chat: bool = setting(False, "wrap prompts in the target's chat template (applied locally)")
+    tokenizer: str | None = setting(
+        None,
+        "tokenizer folder or hub id; None: the server's (llama.cpp serves a GGUF: give it)",
+    )
+    enable_thinking: bool = setting(False, "leave Qwen3 thinking on (off by default: it lowers acceptance)")
+    readiness_timeout: float | None = setting(None, "seconds to wait for /health 200; None: the config's (600)")
+    request_timeout: float = setting(600.0, "seconds one generate request may take before it fails")
 
     def __post_init__(self):
         self._need("prompt_set", "a built-in prompt set (coding-10) or a JSONL file of {id, prompt}")
@@ -69,24 +78,42 @@ class Fetch(Op):
 @dataclass
 class Extract(Op):
     kind: ClassVar[str] = "extract"
-    target: str  # Hugging Face causal LM folder
-    completions: str  # completion set name
-    drafter: list[str] = field(default_factory=list, metadata={"repeat": True})  # checkpoint whose target_layer_ids
-    # are extracted; repeat it for several drafters (families tap different layers): the union of their layers,
-    # sorted, serves each of them (or give layers)
-    layers: list[int] | None = None  # explicit target layer ids ("1,16,31" is accepted), instead of drafter
-    device: str = "cpu"  # cpu or cuda[:N] (one process; see gpus)
-    dtype: str = "float32"  # compute dtype of the target's forward
-    orchestrate: str = "none"  # free the server's GPU around the extraction: none | release | command
-    extraction_id: str | None = None  # resume this extraction (a rerun sets it) instead of starting one
-    server: str | None = None  # server to free; None: the workspace's config.toml
-    gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
-    # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
-    ray: str | None = None  # run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU
-    ray_gpus: int | None = None  # with ray: the GPUs the cluster must have (checked before any work); None: all it has
-    ray_cpus: int | None = None  # with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)
-    target_topk: int = TARGET_TOPK  # the target's top-K log-probabilities kept per completion position (and the
-    # mass outside them), for the expected acceptance at a temperature (replay --temperature); 0: none kept
+    target: str = setting(help="Hugging Face causal LM folder")
+    completions: str = setting(help="completion set name")
+    drafter: list[str] = setting(
+        [],
+        "checkpoint whose target_layer_ids are extracted; repeat it for several drafters (families tap "
+        "different layers): the union of their layers, sorted, serves each of them (or give layers)",
+        repeat=True,
+    )
+    layers: list[int] | None = setting(None, "explicit target layer ids (\"1,16,31\" is accepted), instead of drafter")
+    device: str = setting("cpu", "cpu or cuda[:N] (one process; see gpus)")
+    dtype: str = setting("float32", "compute dtype of the target's forward")
+    orchestrate: str = setting("none", "free the server's GPU around the extraction: none | release | command")
+    extraction_id: str | None = setting(None, "resume this extraction (a rerun sets it) instead of starting one")
+    server: str | None = setting(None, "server to free; None: the workspace's config.toml")
+    gpus: list[str] = setting(
+        [],
+        "one worker process per device, the prompts sharded over them: GPU indices like 0,1 (or "
+        "cuda:N,...; cpu,cpu for CPU workers); none: one process on device",
+    )
+    ray: str | None = setting(
+        None,
+        "run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU",
+    )
+    ray_gpus: int | None = setting(
+        None,
+        "with ray: the GPUs the cluster must have (checked before any work); None: all it has",
+    )
+    ray_cpus: int | None = setting(
+        None,
+        "with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)",
+    )
+    target_topk: int = setting(
+        TARGET_TOPK,
+        "the target's top-K log-probabilities kept per completion position (and the mass outside them), "
+        "for the expected acceptance at a temperature (replay --temperature); 0: none kept",
+    )
 
     def __post_init__(self):
         self._need("target", "the target model folder (a Hugging Face causal LM)")
@@ -108,46 +135,64 @@ class Extract(Op):
 
 
 @dataclass
+@embeds(ReplaySettings)
 class Replay(Op):
     kind: ClassVar[str] = "replay"
-    drafter: str  # checkpoint: HF folder or SpecForge runtime {run_id}-step{N}/ folder
-    extraction: str = "latest"  # extraction id, or latest
-    tree_budget: int = 8  # DDTree node budget (0: no tree)
-    device: str = "cpu"  # cpu or cuda[:N] (one process; see gpus)
-    dtype: str = "float32"  # compute dtype of the drafter
-    chunk: int = 64  # blocks per batched forward (every-anchor mode)
-    name: str | None = None  # display name; None: the checkpoint folder's name
-    anchors: str = "every"  # every (accepted(p) curves, every-anchor tau) | chain (faster, same rounds)
-    sliding_block: str | None = None  # sliding layers causal | bidirectional inside the block; None: config's
-    draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
-    gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
-    # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
-    ray: str | None = None  # run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU
-    ray_gpus: int | None = None  # with ray: the GPUs the cluster must have (checked before any work); None: all it has
-    ray_cpus: int | None = None  # with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)
-    max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
-    force: bool = False  # replay even when a run of this checkpoint on this extraction with the same settings exists
-    # (without it that run is reused and named)
-    stream: bool = False  # compute the features with the target (target, completions) instead of reading an
-    # extraction's files: the target runs over each pass of sequences (in dtype, as the drafters), no feature file
-    # is written
-    target: str | None = None  # with stream: the target model folder (a Hugging Face causal LM); with features: the
-    # target the cache was captured from (its embedding and LM head serve the drafter)
-    completions: str | None = None  # with stream: the completion set to evaluate
-    temperature: float | None = None  # also the expected acceptance at this sampling temperature (teacher-forced;
-    # needs an extraction with the target's top-K, or stream); None: none
-    verify: str = "target-sample"  # with temperature: target-sample (greedy drafts, accepted while the target's
-    # sample equals them: SGLang's DFlash) | rejection (sampled drafts, min(1, p/q): Leviathan et al.)
-    features: str | None = None  # a trainer's feature cache (SpecForge prepare_hidden_states.py output or a DeepSpec
-    # target cache) replayed teacher-forced instead of an extraction: its samples become a completion set (the
-    # loss-masked tokens are the completion) and an extraction whose features are the cache's; needs target
-    features_layers: list[int] | None = None  # with features: the target layer ids the cache holds, in its order
-    # ("1,16,31"; SpecForge captures do not record them); None: the DeepSpec manifest's
+    drafter: str = setting(help="checkpoint: HF folder or SpecForge runtime {run_id}-step{N}/ folder")
+    extraction: str = setting("latest", "extraction id, or latest")
+    device: str = setting("cpu", "cpu or cuda[:N] (one process; see gpus)")
+    name: str | None = setting(None, "display name; None: the checkpoint folder's name")
+    gpus: list[str] = setting(
+        [],
+        "one worker process per device, the prompts sharded over them: GPU indices like 0,1 (or "
+        "cuda:N,...; cpu,cpu for CPU workers); none: one process on device",
+    )
+    ray: str | None = setting(
+        None,
+        "run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU",
+    )
+    ray_gpus: int | None = setting(
+        None,
+        "with ray: the GPUs the cluster must have (checked before any work); None: all it has",
+    )
+    ray_cpus: int | None = setting(
+        None,
+        "with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)",
+    )
+    force: bool = setting(
+        False,
+        "replay even when a run of this checkpoint on this extraction with the same settings exists "
+        "(without it that run is reused and named)",
+    )
+    stream: bool = setting(
+        False,
+        "compute the features with the target (target, completions) instead of reading an extraction's "
+        "files: the target runs over each pass of sequences (in dtype, as the drafters), no feature file "
+        "is written",
+    )
+    target: str | None = setting(
+        None,
+        "with stream: the target model folder (a Hugging Face causal LM); with features: the target the "
+        "cache was captured from (its embedding and LM head serve the drafter)",
+    )
+    completions: str | None = setting(None, "with stream: the completion set to evaluate")
+    features: str | None = setting(
+        None,
+        "a trainer's feature cache (SpecForge prepare_hidden_states.py output or a DeepSpec target cache)"
+        " replayed teacher-forced instead of an extraction: its samples become a completion set (the "
+        "loss-masked tokens are the completion) and an extraction whose features are the cache's; needs "
+        "target",
+    )
+    features_layers: list[int] | None = setting(
+        None,
+        "with features: the target layer ids the cache holds, in its order (\"1,16,31\"; SpecForge captures"
+        " do not record them); None: the DeepSpec manifest's",
+    )
+    # + every field of ReplaySettings (tree_budget, anchors, dtype, chunk, ...), declared there once
 
     def __post_init__(self):
         self._need("drafter", "the checkpoint folder to replay")
         self._name("name", "a display name for the run", optional=True)
-        self._int("chunk", 1, "expected a positive number of blocks per forward, like 64")
         self.features_layers = parse_layers(self.features_layers)
         if self.features is not None:
             self._need("features", "the trainer's feature cache folder")
@@ -160,31 +205,38 @@ class Replay(Op):
 
 
 @dataclass
+@embeds(ReplaySettings, anchors="chain")  # a sweep walks the chain only by default: every anchor is a replay's
 class Sweep(Op):
     kind: ClassVar[str] = "sweep"
-    checkpoints: str  # training output folder (epoch_E_step_S/, {run_id}-step{N}/, ...)
-    extraction: str = "latest"  # extraction id, or latest
-    anchors: str = "chain"  # chain (only the anchors the walks visit) | every
-    tree_budget: int = 8  # DDTree node budget (0: no tree)
-    device: str = "cpu"  # cpu or cuda[:N] (one process; see gpus)
-    dtype: str = "float32"  # compute dtype of the drafters
-    sliding_block: str | None = None  # sliding layers causal | bidirectional inside the block; None: config's
-    draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
-    gpus: list[str] = field(default_factory=list)  # one worker process per device, the prompts sharded over them:
-    # GPU indices like 0,1 (or cuda:N,...; cpu,cpu for CPU workers); none: one process on device
-    ray: str | None = None  # run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU
-    ray_gpus: int | None = None  # with ray: the GPUs the cluster must have (checked before any work); None: all it has
-    ray_cpus: int | None = None  # with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)
-    max_prompts: int | None = None  # replay only the first N prompts of the extraction (set order); None: all
-    stream: bool = False  # compute the features with the target (target, completions) instead of reading an
-    # extraction's files: the target runs over each pass of sequences (in dtype, as the drafters), no feature file
-    # is written
-    target: str | None = None  # with stream: the target model folder (a Hugging Face causal LM)
-    completions: str | None = None  # with stream: the completion set to evaluate
-    temperature: float | None = None  # also the expected acceptance at this sampling temperature (teacher-forced;
-    # needs an extraction with the target's top-K, or stream); None: none
-    verify: str = "target-sample"  # with temperature: target-sample (greedy drafts, accepted while the target's
-    # sample equals them: SGLang's DFlash) | rejection (sampled drafts, min(1, p/q): Leviathan et al.)
+    checkpoints: str = setting(help="training output folder (epoch_E_step_S/, {run_id}-step{N}/, ...)")
+    extraction: str = setting("latest", "extraction id, or latest")
+    device: str = setting("cpu", "cpu or cuda[:N] (one process; see gpus)")
+    gpus: list[str] = setting(
+        [],
+        "one worker process per device, the prompts sharded over them: GPU indices like 0,1 (or "
+        "cuda:N,...; cpu,cpu for CPU workers); none: one process on device",
+    )
+    ray: str | None = setting(
+        None,
+        "run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU",
+    )
+    ray_gpus: int | None = setting(
+        None,
+        "with ray: the GPUs the cluster must have (checked before any work); None: all it has",
+    )
+    ray_cpus: int | None = setting(
+        None,
+        "with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)",
+    )
+    stream: bool = setting(
+        False,
+        "compute the features with the target (target, completions) instead of reading an extraction's "
+        "files: the target runs over each pass of sequences (in dtype, as the drafters), no feature file "
+        "is written",
+    )
+    target: str | None = setting(None, "with stream: the target model folder (a Hugging Face causal LM)")
+    completions: str | None = setting(None, "with stream: the completion set to evaluate")
+    # + every field of ReplaySettings, declared there once
 
     def __post_init__(self):
         self._need("checkpoints", "the training output folder")
@@ -194,12 +246,15 @@ class Sweep(Op):
 @dataclass
 class SlidingCheck(Op):
     kind: ClassVar[str] = "sliding-check"
-    drafter: str  # checkpoint with sliding_attention layers
-    extraction: str = "latest"  # extraction id, or latest
-    draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
-    device: str = "cpu"  # cpu or cuda[:N]
-    dtype: str = "float32"  # compute dtype of the drafter
-    tree_budget: int = 8  # DDTree node budget of both replays (0: no tree)
+    drafter: str = setting(help="checkpoint with sliding_attention layers")
+    extraction: str = setting("latest", "extraction id, or latest")
+    draft_config: str | None = setting(
+        None,
+        "the training's draft config JSON (runtime checkpoints without config.json)",
+    )
+    device: str = setting("cpu", "cpu or cuda[:N]")
+    dtype: str = setting("float32", "compute dtype of the drafter")
+    tree_budget: int = setting(8, "DDTree node budget of both replays (0: no tree)")
 
     def __post_init__(self):
         self._need("drafter", "the checkpoint folder to check")
@@ -212,9 +267,9 @@ class SlidingCheck(Op):
 @dataclass
 class Attribute(Op):
     kind: ClassVar[str] = "attribute"
-    run: str = "latest"  # run id, or latest
-    device: str | None = None  # None: the run's own device
-    dtype: str | None = None  # None: the run's own dtype
+    run: str = setting("latest", "run id, or latest")
+    device: str | None = setting(None, "None: the run's own device")
+    dtype: str | None = setting(None, "None: the run's own dtype")
 
     def __post_init__(self):
         self._name("run", "a run id, or latest")
@@ -225,8 +280,8 @@ class Attribute(Op):
 @dataclass
 class Diagnose(Op):
     kind: ClassVar[str] = "diagnose"
-    run: str = "latest"  # replay run of the drafter the engine served (run id, or latest)
-    engine: str | None = None  # engine whose stats to explain (None: sglang, or the only one)
+    run: str = setting("latest", "replay run of the drafter the engine served (run id, or latest)")
+    engine: str | None = setting(None, "engine whose stats to explain (None: sglang, or the only one)")
 
     def __post_init__(self):
         self._name("run", "a run id, or latest")

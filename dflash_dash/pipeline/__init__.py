@@ -2,27 +2,33 @@
 below (target, drafter, replay, metrics, analysis) and the store; no HTML, no SQL, no math of its own.
 
 Contract: one handler per `ops` dataclass, each called as `handler(store, op, progress, runner)`; `perform` looks
-the handler up by the op's type (`TABLE`) and returns the job's result (plain JSON, `RESULT`). Every operation is
-resumable: work already recorded in the store is not redone. Replay and export never touch the network.
-The parts: `base` (progress, runner, the per-prompt `work`), `ingest` (completions in and out, fetch, tokenizers),
-`extract` (its `disk` check first), `replay` (replay, sweep, sliding check, the store step; `stream` for --stream),
-`device_io` (passes, loader thread, pinned uploads: the replay worker's loop), `attribute`, `baseline` (model-free
-proposers stored as runs), `kept` (kept analyses,
+the handler up by the op's type (`TABLE`), hands it its runner (`worker.here` unless given one: jobs.workers' pool,
+a Ray cluster) and returns the job's result (plain JSON, `RESULT`). The handlers exported here default the runner
+the same way for callers outside `perform`. Every operation is resumable: work already recorded in the store is
+not redone. Replay and export never touch the network.
+The parts, no import circle among them: `base` (progress, runner type, dtypes), `features` (reading an extraction's
+features), `runs` (storing a run with its settings, reuse), `worker` (the per-prompt `work` and `here`, above the
+worker halves), `ingest` (completions in and out, fetch, tokenizers), `extract` (its `disk` check first), `replay`
+(replay, sweep, sliding check; `stream` for --stream), `device_io` (passes, loader thread, pinned uploads: the
+replay worker's loop), `attribute`, `baseline` (model-free proposers stored as runs), `kept` (kept analyses,
 conformance, export, listings), `sampled` (what a set's requests asked for: length, greedy or sampled).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import wraps
 
 from .. import ops
 from ..ops import InputError
 from ..store import Store
 from .attribute import attribute
 from .audit import audit, audits
-from .base import DTYPES, Progress, Runner, features_root, here, work
+from .base import DTYPES, Progress, Runner, features_root
 from .baseline import baseline
-from .extract import extract, layers_of
+from .diagnose import rank_faults
+from .extract import extract as _extract, layers_of
+from .features import LayersMissing
 from .ingest import (
     export_completions,
     fetch,
@@ -35,9 +41,24 @@ from .ingest import (
 )
 from .kept import ANALYSES, analysis, compare, conformance, export, import_engine_stats, keep, listing, signatures
 from .live import live, live_for
-from .replay import LayersMissing, check_replay, checkpoints_in, replay, sliding_check, store_run, sweep
+from .replay import check_replay, checkpoints_in, replay as _replay, sliding_check as _sliding_check, sweep as _sweep
+from .runs import store_run
 from .sampled import set_sampling
 from .speed import profile
+from .worker import here, work
+
+
+def _runs_here(handler: Callable) -> Callable:
+    """`handler` with its runner defaulting to `here` (this process), for callers outside `perform`."""
+
+    @wraps(handler)
+    def call(store: Store, op: ops.Op, progress: Progress = None, runner: Runner | None = None):
+        return handler(store, op, progress, runner or here(store))
+
+    return call
+
+
+extract, replay, sweep, sliding_check = (_runs_here(h) for h in (_extract, _replay, _sweep, _sliding_check))
 
 __all__ = [
     "ANALYSES",
@@ -87,12 +108,6 @@ __all__ = [
 ]
 
 
-def _diagnose(store: Store, op: ops.Diagnose, progress: Progress):
-    from .diagnose import rank_faults  # torch on first use only
-
-    return rank_faults(store, op.run, op.engine, progress)
-
-
 Handler = Callable[[Store, ops.Op, Progress, Runner | None], object]
 
 TABLE: dict[type[ops.Op], Handler] = {
@@ -106,7 +121,7 @@ TABLE: dict[type[ops.Op], Handler] = {
     ops.Audit: audit,
     ops.Profile: profile,
     ops.Live: live,
-    ops.Diagnose: lambda store, op, progress, runner: _diagnose(store, op, progress),
+    ops.Diagnose: lambda store, op, progress, runner: rank_faults(store, op.run, op.engine, progress),
 }
 
 # what a job records of each handler's answer (plain JSON, small)
@@ -125,13 +140,15 @@ RESULT: dict[type[ops.Op], Callable[[ops.Op, object], dict]] = {
 }
 
 
-def perform(store: Store, op: ops.Op, progress: Progress = None, runner: Runner | None = None) -> dict:
-    """Run one operation given as its `ops` dataclass (what a job runs): TABLE[type(op)](store, op, progress,
-    runner), shaped as the job's result dict. `runner` shards the per-prompt work of extract, replay and sweep over
+def perform(store: Store, op: ops.Op, progress: Progress = None, runner: Runner | None = None, answer: bool = False):
+    """Run one operation given as its `ops` dataclass (what a job and every CLI command run): TABLE[type(op)](store,
+    op, progress, runner), shaped as the job's result dict (`RESULT`), or with `answer` the handler's own answer
+    (what the CLI's printer for the op shows). `runner` shards the per-prompt work of extract, replay and sweep over
     worker processes (jobs.workers); without it the work runs here, on the op's device (its one GPU when `gpus`
     names one). Demo builds a workspace above the pipeline, so jobs runs it; an extraction's GPU orchestration is
     the job's too (it calls this inside it)."""
     handler = TABLE.get(type(op))
     if handler is None:
         raise InputError(f"{op.kind}: not a pipeline operation (the job runs it)")
-    return RESULT[type(op)](op, handler(store, op, progress, runner))
+    out = handler(store, op, progress, runner or here(store))
+    return out if answer else RESULT[type(op)](op, out)

@@ -14,8 +14,7 @@ from .. import drafters as drafter_mod, ops
 from ..ops import InputError
 from ..store import Store
 from .base import DTYPES, Progress, Runner, tick
-from .replay import columns, load_sequences
-from .stream import require_files
+from .features import columns, load_sequences, require_files
 
 if TYPE_CHECKING:
     import torch

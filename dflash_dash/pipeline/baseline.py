@@ -18,7 +18,7 @@ from ..ops import InputError
 from ..store import Store, new_id
 from .base import Progress, Runner, tick
 from .kept import keep
-from .replay import scored
+from .runs import scored
 
 KEPT = ("prompts", "lag", "patterns")  # the kept analyses that need no draft probabilities
 SOURCES = "sources:"  # + prompt id: the kept name of a prompt's per-round draft sources

@@ -21,7 +21,7 @@ from .. import drafters as drafter_mod, ops
 from ..store import Store
 from .base import DTYPES, Progress, tick
 from .expected import sampling_of, with_tops
-from .replay import columns, iter_sequences
+from .features import columns, iter_sequences
 
 PASS_GIB = 32.0  # features held at once by a replay's worker (GiB, 2 bytes a value): a pass, read once
 PASS_FREE = 0.4  # on CUDA also at most this share of the device's free memory (the drafter and the replay's
@@ -66,7 +66,9 @@ STAGE_BYTES = 2**27  # a pinned staging chunk of `upload_weights`: at the 27B sh
 # caching host allocator hands those back
 
 
-def fetch_checkpoint(ck: ops.CheckpointSpec, dtype, device: str, side=None):
+def fetch_checkpoint(
+    ck: ops.CheckpointSpec, dtype, device: str, side=None, settings: ops.ReplaySettings | None = None
+):
     """(checkpoint `ck` loaded onto `device`, seconds it took), on a loader thread of `replay_work`. On CUDA the
     weights go from the mapped file to the device through pinned chunks, copied on the side stream `side`
     (`upload_weights`), beside the replay of the checkpoint before; returns once they are there. Measured on the H200:
@@ -74,7 +76,8 @@ def fetch_checkpoint(ck: ops.CheckpointSpec, dtype, device: str, side=None):
     checkpoint (3.5 GB) cost +1.4 s beside a first walk, or +5.5 s of the first load when done beside it."""
     t = time.perf_counter()
     place = None if side is None else (lambda w: upload_weights(w, device, side))
-    d = drafter_mod.load(ck.path, dtype, device, ck.sliding_block, ck.draft_config, place)
+    s = settings or ops.ReplaySettings()  # how the checkpoint is read: its sliding semantics, its draft config
+    d = drafter_mod.load(ck.path, dtype, device, s.sliding_block, s.draft_config, place)
     return d, time.perf_counter() - t
 
 
@@ -161,13 +164,14 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
     from .. import replay as replay_mod, target as target_mod
 
     ex = store.extraction(a.extraction)
-    device, dtype, budget = a.device, DTYPES[a.dtype], a.tree_budget
+    s = a.settings
+    device, dtype, budget = a.device, DTYPES[s.dtype], s.tree_budget
     cks, how = list(a.checkpoints), sampling_of(a)
     n, total, done = len(ids), len(ids) * len(cks), 0
     needs = []
     for i, ck in enumerate(cks):
         tick(progress, 0, total, f"checking drafter {i + 1}/{len(cks)}: {ck.path}")
-        needs.append(list(drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config).target_layer_ids))
+        needs.append(list(drafter_mod.check(ck.path, s.sliding_block, s.draft_config).target_layer_ids))
         columns(store, ex, needs[-1], f"drafter {ck.path}")  # a layer the extraction lacks: refused before any work
     read, H = read_layers(ex, needs), ex["hidden_size"]
     gathered = max((len(n) for n in needs if n != read), default=0)  # a checkpoint's own copy beside the pass
@@ -178,7 +182,7 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
         heads = loader.submit(target_mod.load_head, ex["target_path"], device, dtype)
         if side is not None:  # Triton and Inductor (seconds) beside the feature read and the first upload
             loader.submit(drafter_mod.kernels_for, torch.device(device))
-        nxt = loader.submit(fetch_checkpoint, cks[0], dtype, device, side)
+        nxt = loader.submit(fetch_checkpoint, cks[0], dtype, device, side, s)
         for at, (k, j) in enumerate(order):
             part, ck = parts[k], cks[j]
             if j == 0:
@@ -205,7 +209,7 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
             d = adopt(d)
             head = heads.result()
             if at + 1 < len(order):
-                nxt = loader.submit(fetch_checkpoint, cks[order[at + 1][1]], dtype, device, side)
+                nxt = loader.submit(fetch_checkpoint, cks[order[at + 1][1]], dtype, device, side, s)
             t1 = time.perf_counter()
 
             def replayed(i: int, m: int, j=j, base=done, part=part) -> None:
@@ -225,8 +229,8 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
                 own, own_of = own_columns(seqs, read, needs[j], H), tuple(needs[j])
             res = (
                 replay_mod.chain_only_results(d, head, own, budget, progress=replayed, sampling=how)
-                if a.anchors == "chain"
-                else replay_mod.every_anchor_results(d, head, own, budget, a.chunk, replayed, drafting, how)
+                if s.anchors == "chain"
+                else replay_mod.every_anchor_results(d, head, own, budget, s.chunk, replayed, drafting, how)
             )
             del d  # its memory goes to the next checkpoint
             tick(

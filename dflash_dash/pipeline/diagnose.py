@@ -35,6 +35,8 @@ from ..analysis import steps as steps_mod
 from ..ops import InputError
 from ..store import Store
 from .base import DTYPES, Progress, tick
+from .features import is_streamed, load_sequences
+from .kept import engine_of
 
 OFFSETS = (-2, -1, 1, 2)  # layer-shift: target-layer offsets searched (0: the run's own layers)
 
@@ -106,8 +108,6 @@ def windows(ctx: int) -> list[int]:
 def source(store: Store, ex: dict, layers: list[int], ids: set[str]) -> dict | None:
     """The extraction holding target `layers` for prompts `ids`: the run's own `ex`, else (the same dtype first)
     another finished extraction of the same completions and target config with feature files; None when none."""
-    from .stream import is_streamed
-
     same = [
         e
         for e in store.extractions()
@@ -168,8 +168,6 @@ def rank_faults(store: Store, run: str, engine: str | None = None, progress: Pro
     import torch
 
     from .. import target as target_mod
-    from .kept import engine_of
-    from .replay import load_sequences
 
     r = store.run_row(run)
     ex = store.extraction(r["extraction_id"])

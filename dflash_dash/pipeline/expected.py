@@ -4,8 +4,8 @@ pipeline adds around `replay.expect`.
 Contract: `require_topk` refuses a temperature on an extraction that kept no target top-K (the fix named: extract
 again with --target-topk); `sampling_of` turns a worker spec into the replay's `expect.Sampling` (None: no pass);
 `with_tops` attaches each sequence's stored top-K (`cache.read_top`, validated) for that pass; `labels` is what a
-run's summary records of it (temperature, verify rule, the teacher-forced formula) and `same` whether a stored
-run was replayed with the same. Streaming computes the top-K in memory instead (`stream.stream_work`).
+run's summary records of it (temperature, verify rule, the teacher-forced formula). Streaming computes the
+top-K in memory instead (`stream.stream_work`).
 """
 
 from __future__ import annotations
@@ -42,11 +42,12 @@ def require_topk(store: Store, extraction: dict, op) -> None:
 
 
 def sampling_of(spec: ops.ReplayWork) -> Sampling | None:
-    if spec.temperature is None:
+    s = spec.settings
+    if s.temperature is None:
         return None
     from ..replay.expect import Sampling
 
-    return Sampling(spec.temperature, spec.verify)
+    return Sampling(s.temperature, s.verify)
 
 
 def with_tops(store: Store, extraction: dict, seqs: list[Sequence]) -> list[Sequence]:
@@ -69,8 +70,3 @@ def labels(temperature: float | None, verify: str) -> dict:
         return {}
     return {"temperature": temperature, "verify": verify, "expected_basis": TEACHER_FORCED}
 
-
-def same(summary: dict, op) -> bool:
-    """Whether a stored run's summary was replayed with `op`'s temperature and verify rule."""
-    t = getattr(op, "temperature", None)
-    return summary.get("temperature") == t and (t is None or summary.get("verify") == op.verify)

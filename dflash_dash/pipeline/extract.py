@@ -21,7 +21,7 @@ from .. import drafters as drafter_mod, ops
 from ..ops import InputError
 from ..store import Store, StoreError, new_id
 from . import disk
-from .base import DTYPES, Progress, Runner, features_root, here, tick
+from .base import DTYPES, Progress, Runner, features_root, tick
 
 TOPK = "target_topk"  # the versions key of the top-K an extraction keeps per completion position
 
@@ -46,12 +46,12 @@ def layers_of(drafter: str | list[str] | None, layers: str | list[int] | None) -
     raise InputError("give --drafter CKPT (its layer ids are used; repeat it for several drafters) or --layers 1,16,31")
 
 
-def extract(store: Store, op: ops.Extract, progress: Progress = None, runner: Runner | None = None) -> str:
+def extract(store: Store, op: ops.Extract, progress: Progress, runner: Runner) -> str:
     """Extract features of every completion of `op.completions` at `op.layers` (or the layers the drafters of
     `op.drafter` read: `layers_of`) on `op`'s first device (its GPUs through `runner`); resumes `op.extraction_id`
     when it exists (its items are kept, only the missing prompts are extracted), else creates the extraction under
-    that id (a job records its id before starting). The per-prompt work (`work`, kind "extract") runs here, or
-    through `runner` (one worker process per GPU, each with its own `device`); either way this process alone writes
+    that id (a job records its id before starting). The per-prompt work (`extract_work`, kind "extract") runs
+    through `runner` (here, or one worker process per GPU, each with its own `device`); this process alone writes
     the store: the record when the first worker reports the backend it bound, then each item as its feature file is
     written."""
     set_name, layer_ids, device, dtype = op.completions, layers_of(op.drafter, op.layers), op.devices()[0], op.dtype
@@ -108,7 +108,7 @@ def extract(store: Store, op: ops.Extract, progress: Progress = None, runner: Ru
 
     bound = None
     try:
-        for ev in (runner or here(store))(spec, todo, shifted):
+        for ev in runner(spec, todo, shifted):
             if "backend" in ev:  # a worker loaded the target: record the extraction with what it bound
                 if bound is not None and ev["backend"] != bound:
                     raise InputError(

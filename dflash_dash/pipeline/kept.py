@@ -14,6 +14,7 @@ from pathlib import Path
 from .. import metrics
 from ..ops import InputError, check_name
 from ..store import Store, StoreError
+from .served import replayed
 
 ANALYSES = ("prompts", "calibration", "patterns", "lag", "heads", "signatures")  # whole-run analyses kept
 # the newest key of an analysis: one kept before it is computed again
@@ -259,7 +260,6 @@ def evidence(store: Store, r: dict, set_name: str, engine: str, rows: list[dict]
     it does not say, or nothing was recorded), "served_source", "replayed": the replayed drafter's identity,
     "verdict", "why", "identity", and the pooled numbers}."""
     from ..analysis import verdict as verdict_mod
-    from .served import replayed
 
     rec = store.served(set_name, engine)
     served = rec["served"] if rec else None

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from .. import costs, ops
 from ..store import Store
 from .base import Progress, Runner
+from .kept import source_of
 
 COSTS = "costs"  # the reserved run id under which cost tables are kept (no run has it)
 INDEX = "index"  # the kept analysis listing the table ids, newest first
@@ -94,7 +95,6 @@ def predicted(store: Store, run_id: str, tab: costs.CostTable) -> dict:
 def measured(store: Store, run: dict) -> dict | None:
     """The engine's tokens/s over the run's completion set, as it reported them (`analysis.speedup.run_rate`)."""
     from ..analysis import speedup as sp
-    from .kept import source_of
 
     comps = store.completions(source_of(store, run)["set_name"])
     return sp.run_rate([(c.get("meta_info"), len(c.get("output_ids") or [])) for c in comps])

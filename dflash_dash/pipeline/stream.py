@@ -5,12 +5,12 @@ Contract: `stream(store, op, checkpoints, progress)` (replay --stream, sweep --s
 `op.completions`) validates the target, the set and every checkpoint (config, tensors, target) before any work,
 records an extraction row marked streamed (`versions["streamed"]`: target, layers, device, dtype and the kernel
 backend it bound, as an extraction records them, with one item per prompt and no file), and stores one run per
-checkpoint on it (`replay.store_run`), so the pages treat these runs as any other. The features are what an
+checkpoint on it (`runs.store_run`), so the pages treat these runs as any other. The features are what an
 extraction writes (the same forward, `target.extract`, cast to bf16), so the runs equal extract-then-replay's
 exactly. The per-prompt part is `stream_work` (an `ops.StreamWork`), run here or by a runner (the one-host pool's
 worker processes: `--gpus`, jobs.workers; a Ray cluster's workers: `--ray`; the extraction row records the first
 worker's device and backend, and every worker must bind the same backend); this process alone writes the store. A
-later replay on a streamed extraction is refused with the command that streams again (`require_files`). With a
+later replay on a streamed extraction is refused with the command that streams again (`features.require_files`). With a
 temperature (`op.temperature`) the whole target runs and each sequence's top-K (ops.TARGET_TOPK) is computed with
 its features (`target.extract_top`), as an extraction with --target-topk would keep it, for the expected-acceptance
 pass.
@@ -19,28 +19,16 @@ pass.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from .. import drafters as drafter_mod, ops
 from ..ops import InputError
 from ..store import Store, StoreError, new_id
-from .base import DTYPES, Progress, Runner, here, tick
-
-STREAMED = "streamed"  # the versions key that marks an extraction computed by streaming (no feature files)
-
-
-def is_streamed(extraction: dict) -> bool:
-    """Whether an extraction row was computed by streaming (its features were never written)."""
-    return bool((extraction.get("versions") or {}).get(STREAMED))
-
-
-def require_files(store: Store, extraction: dict, who: str) -> None:
-    """Refuse to read the features of a streamed extraction: none were written, so the target must run again."""
-    if is_streamed(extraction):
-        raise InputError(
-            f"extraction {extraction['id']} was streamed (no feature files were written), so {who} needs the target "
-            f"again: add --stream --target {extraction['target_path']} --completions {extraction['set_name']} "
-            "(or extract the set first, then replay on that extraction)"
-        )
+from .base import DTYPES, Progress, Runner, tick
+from .device_io import cut, pass_cap
+from .expected import sampling_of
+from .features import STREAMED, check_drafter
+from .runs import store_run
 
 
 def layers_for(cfgs: list) -> list[int]:
@@ -56,8 +44,8 @@ def stream(
     store: Store,
     op: ops.Replay | ops.Sweep,
     checkpoints: list[ops.CheckpointSpec],
-    progress: Progress = None,
-    runner: Runner | None = None,
+    progress: Progress,
+    runner: Runner,
 ) -> list[dict]:
     """Run the target over the completions of `op.completions` (the first `op.max_prompts`) on `op`'s first device
     in passes, replay every checkpoint of `checkpoints` on each pass's features while they are in memory, and store
@@ -66,21 +54,19 @@ def stream(
     processes, one per device of `op.gpus`, each with its own `device`: jobs.workers; a Ray cluster's workers:
     jobs.cluster); this process alone writes the store, once every result is in."""
     from .. import metrics, target as target_mod
-    from .expected import labels
-    from .replay import check_drafter, store_run
 
-    device, dtype = op.devices()[0], op.dtype
+    device, settings = op.devices()[0], op.settings
     info = target_mod.describe(op.target)
     rows = store.completions(op.completions)
     if not rows:
         raise StoreError(f"completions: no completions in set {op.completions!r}; import or fetch them first")
-    rows = rows[: op.max_prompts] if op.max_prompts is not None else rows
-    if runner is None and device.startswith("cuda"):
+    rows = rows[: settings.max_prompts] if settings.max_prompts is not None else rows
+    if not (op.gpus or op.ray) and device.startswith("cuda"):  # the work runs in this process, on its device
         import torch
 
         if not torch.cuda.is_available():
             raise InputError("--device cuda: no CUDA device on this machine; use --device cpu")
-    locs = [drafter_mod.locate(ck.path, ck.draft_config) for ck in checkpoints]
+    locs = [drafter_mod.locate(ck.path, settings.draft_config) for ck in checkpoints]
     cfgs = [drafter_mod.config_of(loc) for loc in locs]
     layers = layers_for(cfgs)
     target_mod.check_layers(info, layers)
@@ -91,13 +77,13 @@ def stream(
         layer_ids=layers,
         hidden_size=info.hidden_size,
         device=device,
-        dtype=dtype,
+        dtype=settings.dtype,
         config_hash=info.config_hash,
         status="done",
     )
     for ck, loc, cfg in zip(checkpoints, locs, cfgs):  # every checkpoint checked before the target is loaded
         check_drafter(cfg, ex | {"backend": None, "versions": {}}, info, store, f"drafter {loc.path}")
-        drafter_mod.check(ck.path, ck.sliding_block, ck.draft_config)
+        drafter_mod.check(ck.path, settings.sliding_block, settings.draft_config)
     for r in rows:
         if max(r["prompt_ids"] + r["output_ids"]) >= info.vocab_size:
             raise InputError(
@@ -110,17 +96,12 @@ def stream(
         completions=op.completions,
         layers=layers,
         checkpoints=tuple(checkpoints),
-        tree_budget=op.tree_budget,
         device=device,
-        dtype=dtype,
-        chunk=getattr(op, "chunk", ops.Replay.chunk),
-        anchors=op.anchors,
-        temperature=op.temperature,
-        verify=op.verify,
+        settings=settings,
     )
     ids = [r["prompt_id"] for r in rows]
     got: list[dict[str, metrics.Prompt]] = [{} for _ in checkpoints]
-    for ev in (runner or here(store))(spec, ids, progress):
+    for ev in runner(spec, ids, progress):
         if "backend" in ev:  # a worker loaded the target: what the first bound is the streamed extraction's
             if "backend" in ex:
                 if ev["backend"] != ex["backend"]:
@@ -148,16 +129,13 @@ def stream(
     return [
         store_run(
             store,
-            stored,
-            ck,
-            [by_id[i] for i in ids],
-            op.tree_budget,
-            device,
-            dtype,
-            op.anchors,
-            progress,
-            comps,
-            labels(op.temperature, op.verify),
+            extraction=stored,
+            checkpoint=ck,
+            results=[by_id[i] for i in ids],
+            settings=settings,
+            device=device,
+            progress=progress,
+            comps=comps,
         )
         for ck, by_id in zip(checkpoints, got)
     ]
@@ -170,16 +148,15 @@ def stream_work(store: Store, a: ops.StreamWork, ids: list[str], progress: Progr
     import torch
 
     from .. import cache, replay as replay_mod, sampling, target as target_mod
-    from .device_io import cut, pass_cap
-    from .expected import sampling_of
 
-    device, dtype, layers = a.device, a.dtype, list(a.layers)
+    s = a.settings
+    device, dtype, layers = a.device, s.dtype, list(a.layers)
     info = target_mod.describe(a.target)
     want = set(ids)
     rows = [r for r in store.completions(a.completions) if r["prompt_id"] in want]
     if not rows:
         return
-    cfgs = [drafter_mod.config_of(drafter_mod.locate(ck.path, ck.draft_config)) for ck in a.checkpoints]
+    cfgs = [drafter_mod.config_of(drafter_mod.locate(ck.path, s.draft_config)) for ck in a.checkpoints]
     tick(progress, 0, len(rows), f"loading target {info.path} (streaming: no feature file is written)")
     how = sampling_of(a)
     model, backend = target_mod.load(info.path, layers, device, DTYPES[dtype], whole=how is not None)
@@ -205,7 +182,7 @@ def stream_work(store: Store, a: ops.StreamWork, ids: list[str], progress: Progr
             tick(progress, done, len(rows), f"target forward over {r['prompt_id']} ({len(tokens)} tokens)")
         for j, ck in enumerate(a.checkpoints):
             tick(progress, done, len(rows), f"replaying checkpoint {j + 1}/{len(a.checkpoints)} on {len(seqs)} prompts")
-            d = drafter_mod.load(ck.path, DTYPES[dtype], device, ck.sliding_block, ck.draft_config)
+            d = drafter_mod.load(ck.path, DTYPES[dtype], device, s.sliding_block, s.draft_config)
             at = None if index[j] is None else torch.tensor(index[j], dtype=torch.long, device=seqs[0].features.device)
             own = [s if at is None else _with(s, cache.blocks(s.features, at, H)) for s in seqs]
 
@@ -218,10 +195,10 @@ def stream_work(store: Store, a: ops.StreamWork, ids: list[str], progress: Progr
                 )
 
             res = (
-                replay_mod.chain_only_results(d, head, own, a.tree_budget, sampling=how)
-                if a.anchors == "chain"
+                replay_mod.chain_only_results(d, head, own, s.tree_budget, sampling=how)
+                if s.anchors == "chain"
                 else replay_mod.every_anchor_results(
-                    d, head, own, a.tree_budget, a.chunk, anchors=drafting, sampling=how
+                    d, head, own, s.tree_budget, s.chunk, anchors=drafting, sampling=how
                 )
             )
             for p in res:
@@ -233,6 +210,4 @@ def stream_work(store: Store, a: ops.StreamWork, ids: list[str], progress: Progr
 
 
 def _with(seq, features):
-    from dataclasses import replace
-
     return replace(seq, features=features)

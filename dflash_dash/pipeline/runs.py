@@ -1,0 +1,157 @@
+"""Run storing: the parent's store step of a replayed checkpoint, the settings a run records, and reuse.
+
+Contract: `store_run(store, extraction=..., checkpoint=..., results=..., settings=..., device=...)` stores one
+checkpoint's run (summary over all prompts, per-prompt rows, kept analyses, its served identity) with its settings
+whole: `resolved(settings, cfg, total)`, the `ops.ReplaySettings` as they acted on this drafter and extraction
+(sliding semantics resolved, None for a drafter without sliding layers; max_prompts None when it covers every
+prompt; the verify rule its default without a temperature), kept as JSON in the run's summary ("settings").
+`recorded(run, ...)` reads them back (a run stored before they were recorded: what its row and summary say, the
+rest defaults), and `reused(store, ...)` finds the newest run of the same checkpoint on the same extraction and
+device kind whose recorded settings equal the wanted ones whole: a new setting takes part with no change here.
+The display name and the GPU sharding do not change a result, so they are not settings.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields, replace
+
+from .. import drafters as drafter_mod, metrics, ops
+from ..store import Store, new_id
+from .base import Progress, tick
+from .expected import labels
+from .kept import ANALYSES, keep
+from .served import keep_replayed
+from .trainer_cache import source_of as trainer_source
+
+
+def resolved(settings: ops.ReplaySettings, cfg: drafter_mod.DrafterConfig, total: int) -> ops.ReplaySettings:
+    """`settings` as they act on a drafter of config `cfg` over an extraction of `total` prompts (see the contract):
+    two settings giving the same replay resolve equal."""
+    sliding = "sliding_attention" in cfg.layer_types
+    n = total if settings.max_prompts is None else min(total, settings.max_prompts)
+    verify = settings.verify if settings.temperature is not None else _default(type(settings), "verify")
+    return replace(
+        settings,
+        sliding_block=drafter_mod.sliding_semantics(cfg, settings.sliding_block) if sliding else None,
+        max_prompts=None if n >= total else n,
+        verify=verify,
+    )
+
+
+def _default(cls: type, name: str):
+    return next(f.default for f in fields(cls) if f.name == name)
+
+
+def recorded(run: dict, cls: type[ops.Settings], total: int) -> dict:
+    """The settings (JSON) run `run` recorded, every field of `cls` present (one added since: its default). A run
+    stored before runs recorded them: its row's tree budget, dtype and sliding semantics, its summary's anchors,
+    temperature, verify rule and prompt count."""
+    base = cls().to_json()
+    s = run.get("summary") or {}
+    if "settings" in s:
+        return base | s["settings"]
+    n = s.get("prompts")
+    old = {
+        "tree_budget": run.get("tree_budget"),
+        "anchors": s.get("anchors", base.get("anchors")),
+        "dtype": run.get("dtype") or base.get("dtype"),
+        "sliding_block": run.get("sliding_block"),
+        "temperature": s.get("temperature"),
+        "verify": s.get("verify") or base.get("verify"),
+        "max_prompts": None if n is None or n >= total else n,
+    }
+    return base | {k: v for k, v in old.items() if k in base}
+
+
+def key(checkpoint: str, extraction: str, device: str, settings: dict) -> tuple:
+    """What makes two runs the same replay: checkpoint, extraction, device kind (cpu, cuda) and settings whole."""
+    return (checkpoint, extraction, (device or "cpu").split(":")[0], json.dumps(settings, sort_keys=True))
+
+
+def stored_keys(store: Store, extraction: dict, cls: type[ops.Settings]) -> dict[tuple, str]:
+    """{`key`: the newest run id} of the runs on `extraction`."""
+    total = len(store.items(extraction["id"]))
+    out = {}
+    for r in store.runs():
+        if r["extraction_id"] == extraction["id"]:
+            out[key(r["checkpoint"], r["extraction_id"], r.get("device"), recorded(r, cls, total))] = r["id"]
+    return out
+
+
+def wanted(
+    store: Store, extraction: dict, checkpoint: ops.CheckpointSpec, settings: ops.ReplaySettings, device: str
+) -> tuple:
+    """The `key` of a replay of `checkpoint` on `extraction` with `settings` on `device`."""
+    loc = drafter_mod.locate(checkpoint.path, settings.draft_config)
+    done = resolved(settings, drafter_mod.config_of(loc), len(store.items(extraction["id"])))
+    return key(str(loc.path), extraction["id"], device, done.to_json())
+
+
+def store_run(
+    store: Store,
+    *,
+    extraction: dict,
+    checkpoint: ops.CheckpointSpec,
+    results: list[metrics.Prompt],
+    settings: ops.ReplaySettings,
+    device: str,
+    progress: Progress = None,
+    comps: dict[str, dict] | None = None,
+) -> dict:
+    """The parent's store step of one replayed checkpoint: its summary over all prompts (`results`, in set order),
+    the run (with its `resolved` settings) and its per-prompt rows stored, then every whole-run analysis kept.
+    `comps`: the set's completions by prompt id, when the caller has them. Returns {"id", "summary"}."""
+    from .. import replay as replay_mod  # torch: the store step's summary
+
+    ex = extraction
+    loc = drafter_mod.locate(checkpoint.path, settings.draft_config)
+    cfg = drafter_mod.config_of(loc)
+    done = resolved(settings, cfg, len(store.items(ex["id"])))
+    budget = done.tree_budget
+    summary = replay_mod.summarize(results, cfg.width, budget) | {
+        "family": cfg.family_name,  # the drafter family (block_size is its width: drafts per step + 1)
+        "drafter_block": cfg.block_size,  # the config's block size (the backbone's slots)
+        "backend": ex["backend"],
+        "extraction": ex["id"],
+        "sliding_block": done.sliding_block,
+        "anchors": done.anchors,
+        "round_topk": replay_mod.ROUND_TOPK,
+        "topk": replay_mod.every.topk_of(cfg, budget),  # candidates kept per slot (headroom's K)
+    }  # K of run_prompts.round_top_ids/_p, flattened [R][B-1][K]
+    summary |= labels(done.temperature, done.verify)  # the expected-acceptance pass, if any
+    summary["settings"] = done.to_json()  # whole: what reuse compares
+    if trainer_source(ex):  # a run on a trainer's own features says so wherever its summary is read
+        summary["source"] = trainer_source(ex)
+    run_id = new_id("run")
+    for p in results:
+        scored(p, cfg.width, budget)
+    store.add_run(
+        dict(
+            id=run_id,
+            extraction_id=ex["id"],
+            checkpoint=str(loc.path),
+            name=checkpoint.name or loc.path.name,
+            config=drafter_mod.raw_config(loc),
+            tree_budget=budget,
+            summary=summary,
+            device=device,
+            dtype=done.dtype,
+            sliding_block=done.sliding_block,
+            config_file=str(loc.config_file),
+            step=drafter_mod.step_of(loc.path.name),
+        ),
+        results,
+    )
+    keep_replayed(store, run_id, loc.path, settings.draft_config)  # its identity, for conformance's verdict
+    tick(progress, 0, 0, f"analysing run {run_id} (kept for the pages)")
+    keep(store, run_id, ANALYSES, results, summary, comps)  # computed now, from the rows in hand: no page scans them
+    return {"id": run_id, "summary": summary}
+
+
+def scored(p: metrics.Prompt, B: int, budget: int) -> metrics.Prompt:
+    """`p` with its tau values set: the registry's per-prompt tau_macro and ddtree_tau (what a run_prompts row
+    keeps beside the arrays)."""
+    m = metrics.per_prompt(p, B, budget)
+    p.tau, p.tree_tau = m["tau_macro"], m["ddtree_tau"]
+    return p
