@@ -3,7 +3,8 @@ and cosine, and tau of the runs on each), checkpoint-vs-extraction consistency, 
 semantics (the same checkpoint replayed causal and bidirectional inside the block), target-layer attribution (tau
 lost per target tap), training-bug signatures (a run against a healthy reference run), server health: one at a time,
 drawn when chosen in the page's section picker (a link naming a check's own parameters opens that check).
-Torch-free: configs are read by drafters (config only) and target_info.
+Torch-free: configs are read by drafters (config only) and target_info; the backend parity is computed by a job
+(ops.Parity: dflash_dash/parity.py in the job process) and drawn from its result.
 URL: diagnostics?section=parity|consistency|sliding|attribution|signatures|server&a=EXTRACTION&b=EXTRACTION
 (parity)&ckpt=PATH&ex=EXTRACTION (consistency)&run=RUN (attribution)&sig_run=RUN&sig_ref=RUN (signatures)."""
 
@@ -18,21 +19,13 @@ from dflash_dash.jobs import gpu
 from dflash_dash.render.analysis_figures import signatures_fig
 from dflash_dash.render.figures import attribution_fig, parity_fig
 from dflash_dash.render.formats import fmt
-from dflash_dash.render.labels import extraction_label
+from dflash_dash.render.labels import extraction_label, streamed
 from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import PARITY_FORMATS, gpu_table, signature_table
 from pages import frame, jobs_view, params, reads, server_view, trainers_view, widgets
 from pages.guard import guard
 
 frame.routed()
-
-
-@st.cache_data(max_entries=8, show_spinner="reading both extractions' features")
-def parity(ws: str, a: str, b: str) -> dict:
-    from dflash_dash import parity as parity_mod
-
-    out = parity_mod.compare(reads.store_at(ws), a, b)
-    return {"layers": out["layers"], "prompts": out["prompts"], "tokens": out["tokens"]}
 
 
 def parity_block(ws: str, stamp: str) -> None:
@@ -67,21 +60,24 @@ def parity_block(ws: str, stamp: str) -> None:
         st.caption(
             f"Both extractions use backend {by[a]['backend']}: this measures run-to-run differences, not fla vs torch."
         )
-    res = parity(ws, a, b)
-    st.caption(f"{res['prompts']} prompts, {res['tokens']} tokens compared")
-    rows = [
-        {"layer": r["layer"], "relative L2": r["rel_l2"], "cosine": r["cosine"], "max |A−B|": r["max_abs"]}
-        for r in res["layers"]
-    ]
-    c1, c2 = st.columns([1, 1])
-    c1.dataframe(
-        rows,
-        hide_index=True,
-        placeholder=DASH,
-        width="stretch",
-        column_config={k: st.column_config.NumberColumn(format=f) for k, f in PARITY_FORMATS.items()},
-    )
-    c2.plotly_chart(parity_fig(res["layers"]), width="stretch")
+    res = reads.parity(ws, a, b)  # the newest finished parity job's numbers (torch runs in the job, not here)
+    if res is None:
+        parity_job(a, b, [by[a], by[b]])
+    else:
+        st.caption(f"{res['prompts']} prompts, {res['tokens']} tokens compared")
+        rows = [
+            {"layer": r["layer"], "relative L2": r["rel_l2"], "cosine": r["cosine"], "max |A−B|": r["max_abs"]}
+            for r in res["layers"]
+        ]
+        c1, c2 = st.columns([1, 1])
+        c1.dataframe(
+            rows,
+            hide_index=True,
+            placeholder=DASH,
+            width="stretch",
+            column_config={k: st.column_config.NumberColumn(format=f) for k, f in PARITY_FORMATS.items()},
+        )
+        c2.plotly_chart(parity_fig(res["layers"]), width="stretch")
     st.subheader("tau of the same checkpoints on each extraction")
     ka, kb = f"tau macro on A ({by[a]['backend']})", f"tau macro on B ({by[b]['backend']})"
     table: dict[str, dict] = {}
@@ -94,6 +90,23 @@ def parity_block(ws: str, stamp: str) -> None:
         st.dataframe(taus, hide_index=True, placeholder=DASH, width="stretch", column_config=widgets.numbers(taus))
     else:
         st.info("No run on these extractions yet: replay a checkpoint on each (Acceptance page, **Replay**).")
+
+
+def parity_job(a: str, b: str, exs: list) -> None:
+    """No parity of (a, b) kept yet: the button that compares them in a job (it reads every feature file of both,
+    in torch) and the parity jobs' panel, which follows it; the numbers show when it is done."""
+    kept = [e["id"] for e in exs if streamed(e)]
+    if kept:
+        st.info(
+            f"Extraction {', '.join(kept)} was streamed: it kept no feature file to compare. Extract its completions "
+            "again (Extraction page, **Re-extract**) and compare that extraction."
+        )
+        return
+    st.info("Not compared yet: **Compare features** reads both extractions' feature files in a job.")
+    if st.button("Compare features", key="parity_go", type="primary"):
+        with guard():
+            jobs_view.start_job(ops.Parity(a=a, b=b))
+    jobs_view.job_panel(("parity",), key="parity")
 
 
 def consistency_block(ws: str, stamp: str) -> None:

@@ -166,3 +166,12 @@ def replayed(ws: str, run: dict) -> dict:
     from dflash_dash.pipeline import served as served_mod
 
     return served_mod.replayed(store_at(ws), run)
+
+
+def parity(ws: str, a: str, b: str) -> dict | None:
+    """The numbers of the newest finished backend-parity job of extraction `a` against `b` (parity.run's result;
+    None before one), read each time: a job's end changes no stamp, and the jobs are few."""
+    for j in store_at(ws).jobs(status="done"):  # newest first
+        if j.kind == "parity" and j.args.get("a") == a and j.args.get("b") == b and j.result:
+            return dict(j.result)
+    return None

@@ -309,6 +309,16 @@ def test_diagnostics_parity_consistency_and_errors(prepared, workspace_copy, mon
     at = app(workspace_copy, monkeypatch, "diagnostics", a=again, b=ex["id"])  # a link's a, b: the parity check
     clean(at)
     assert at.query_params["section"] == "parity"
+    # computed by a job (torch stays out of the page's process), drawn from its result once done
+    assert not [d for d in at.dataframe if "relative L2" in d.value.columns]
+    by_label(at.button, "Compare features").click().run()
+    clean(at)
+    job = wait_job(workspace_copy, "parity")
+    assert job["status"] == "done", job
+    assert (job["args"]["a"], job["args"]["b"]) == (again, ex["id"])
+    at.run()
+    clean(at)
+    assert not [b for b in at.button if b.label == "Compare features"]  # kept: no second job for the same pair
     df = at.dataframe[0].value
     assert list(df["layer"]) == ex["layer_ids"]
     assert all(abs(v) < 1e-6 for v in df["relative L2"]) and all(abs(v - 1) < 1e-6 for v in df["cosine"])
@@ -345,7 +355,7 @@ def test_defaults_skip_a_newer_extraction_without_runs(prepared, workspace_copy,
     at = app(workspace_copy, monkeypatch, "diagnostics", section="parity")
     clean(at)
     assert at.selectbox(key="par_a").value == prepared.extraction and at.selectbox(key="par_b").value == again
-    taus = at.dataframe[1].value
+    taus = at.dataframe[0].value  # the tau table (the parity's numbers wait for its job)
     assert taus.columns[1].startswith("tau macro on A") and taus.iloc[:, 1].notna().all()
 
 

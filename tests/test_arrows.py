@@ -183,10 +183,27 @@ from streamlit.testing.v1 import AppTest
 at = AppTest.from_file(sys.argv[1], default_timeout=300)
 if sys.argv[2] != "overview":
     at.switch_page(f"pages/{sys.argv[2]}.py")
+for k, v in json.loads(sys.argv[3] if len(sys.argv) > 3 else "{}").items():  # a link's parameters
+    at.query_params[k] = v
 at.run()
 heavy = sorted(m for m in ("torch", "transformers", "safetensors") if m in sys.modules)
-print(json.dumps({"title": [t.value for t in at.title], "exceptions": [e.value for e in at.exception], "heavy": heavy}))
+print(json.dumps({"title": [t.value for t in at.title], "exceptions": [e.value for e in at.exception], "heavy": heavy,
+                  "columns": [list(d.value.columns) for d in at.dataframe]}))
 """
+
+
+def run_page(ws: Path, page: str, params: dict | None = None) -> dict:
+    """`page` run whole by AppTest (app.py routing it, with a link's `params`) in a fresh process on workspace `ws`:
+    its titles, exceptions, dataframe columns and which heavy modules got imported."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DFLASH_WORKSPACE": str(ws)}
+    argv = [sys.executable, "-c", PAGE_RUN, str(ROOT / "app.py"), page, json.dumps(params or {})]
+    p = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize(
@@ -196,27 +213,88 @@ def test_no_page_loads_torch(prepared, tmp_path, page):
     """Each page run whole (a first visit, app.py routing it, on the prepared workspace: token strings, the
     checkpoint-vs-extraction check, the GPU list) in a fresh process: neither torch nor transformers gets imported.
     The pages read the store, configs and tokenizers; only jobs (separate processes) load models."""
-    import json
     import shutil
-    import subprocess
-    import sys
 
     ws = tmp_path / "ws"
     shutil.copytree(prepared.workspace, ws, ignore=shutil.ignore_patterns("*.lock"))
-    env = {**os.environ, "DFLASH_WORKSPACE": str(ws)}
-    p = subprocess.run(
-        [sys.executable, "-c", PAGE_RUN, str(ROOT / "app.py"), page],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    got = json.loads(p.stdout.strip().splitlines()[-1])
+    got = run_page(ws, page)
     assert not got["exceptions"], got
     assert got["title"], got  # the page rendered
     assert got["heavy"] == [], f"pages/{page}.py loaded {got['heavy']}"
+
+
+def test_the_parity_section_draws_a_finished_job_without_torch(prepared, workspace_copy):
+    """Diagnostics' backend parity, whose computation reads feature files in torch, is a job: the page, run whole in
+    a fresh process on a workspace holding a finished parity job (two extractions of the same completions, the job
+    run through the job process's own `dispatch.execute`), draws the job's per-layer numbers and never loads torch."""
+    from dflash_dash import ops, pipeline
+    from dflash_dash.jobs import dispatch
+    from dflash_dash.store import Store
+
+    st = Store(workspace_copy)
+    ex = st.extraction(prepared.extraction)
+    again = pipeline.extract(
+        st, ops.Extract(target=ex["target_path"], completions=ex["set_name"], layers=ex["layer_ids"], device="cpu")
+    )
+    st.add_job("parity-1", "parity", ops.Parity(a=again, b=ex["id"]).to_args(), str(workspace_copy / "parity-1.log"))
+    assert dispatch.execute(st, "parity-1") == 0
+    got = run_page(workspace_copy, "diagnostics", {"section": "parity", "a": again, "b": ex["id"]})
+    assert not got["exceptions"], got
+    assert ["layer", "relative L2", "cosine", "max |A−B|"] in got["columns"], got
+    assert got["heavy"] == [], f"the parity section loaded {got['heavy']}"
+
+
+LOAD_ALL = """
+import ast, importlib, json, sys
+from pathlib import Path
+
+from pages import frame
+
+scripts = {Path(p).stem for p, *_ in frame.PAGES}
+for f in [Path("app.py"), *sorted(Path("pages").glob("*.py"))]:
+    if f.parent.name == "pages" and f.stem not in scripts:
+        importlib.import_module(f"pages.{f.stem}")  # a helper module, whole
+        continue
+    for node in ast.parse(f.read_text()).body:  # a script's imports, as Streamlit's run of it makes them first
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            exec(compile(ast.Module([node], []), str(f), "exec"), {"__name__": f.stem})
+print(json.dumps(sorted(m for m in ("torch", "transformers", "safetensors") if m in sys.modules)))
+"""
+
+
+def load_all(folder: Path) -> list[str]:
+    """The heavy modules imported by loading app.py and pages/ of `folder` in a fresh process: every helper module
+    of pages/ imported whole, and each script (app.py and the pages frame.PAGES routes) its module-level imports
+    (its widgets need a Streamlit session)."""
+    import json
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", LOAD_ALL], cwd=folder, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_no_module_of_the_app_imports_torch_at_load():
+    """app.py and every file in pages/ loaded as Streamlit loads them, in one fresh process: neither torch,
+    transformers nor safetensors gets imported. The pages read the store, configs and tokenizers; models load only
+    in jobs (separate processes)."""
+    assert load_all(ROOT) == [], "a page or app.py imports these at load"
+
+
+def test_the_load_check_sees_a_page_importing_torch(tmp_path):
+    """The same load of a copy of the app whose Diagnostics page imports the parity module at its top (as the page
+    did before the parity became a job, on first use) finds torch."""
+    import shutil
+
+    shutil.copytree(ROOT / "pages", tmp_path / "pages", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "app.py", tmp_path / "app.py")
+    page = tmp_path / "pages" / "diagnostics.py"
+    page.write_text(
+        page.read_text().replace("\nfrom dflash_dash import ops\n", "\nfrom dflash_dash import ops, parity\n")
+    )
+    assert "from dflash_dash import ops, parity" in page.read_text()
+    assert "torch" in load_all(tmp_path)
 
 
 MAX_LINES = 500  # a product module past this holds more than one concern: split it by concern

@@ -4,9 +4,9 @@ Contract: `execute(store, job_id)` marks the job running, rebuilds its operation
 with progress and step written to the store through a `lifecycle.Reporter`, and ends it done (with a result
 dict), failed (a user error as its message, exit code 2; anything else with the traceback in the log and one line
 in the store, exit code 1) or cancelled (SIGTERM/SIGINT, exit code 130). `run` is the one dispatch: the demo
-build, an extraction with its GPU orchestration (`orchestrate.run_extract`), everything else through
-`pipeline.perform`, sharded over worker processes when the op names several devices, or over a Ray cluster's
-workers when it names one (`workers.placed`).
+build, an extraction with its GPU orchestration (`orchestrate.run_extract`), the backend parity (`parity.run`),
+everything else through `pipeline.perform`, sharded over worker processes when the op names several devices, or
+over a Ray cluster's workers when it names one (`workers.placed`).
 """
 
 from __future__ import annotations
@@ -91,5 +91,9 @@ def run(store: Store, op: ops.Op, rep: Reporter) -> dict:
         return out if isinstance(out, dict) else {"value": out}
     if isinstance(op, ops.Extract):
         return run_extract(store, op, rep)
+    if isinstance(op, ops.Parity):
+        from .. import parity  # torch, in the job process only
+
+        return parity.run(store, op, rep)
     op, runner = placed(store, op)
     return pipeline.perform(store, op, rep, runner)
