@@ -17,7 +17,7 @@ import torch
 
 from . import cache, ops
 from .pipeline import features_root
-from .pipeline.stream import require_files
+from .pipeline.features import require_files
 from .store import Store, StoreError
 
 

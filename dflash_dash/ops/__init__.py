@@ -2,7 +2,10 @@
 
 Contract:
 - One class per operation (`Fetch`, `Extract`, `Replay`, `Sweep`, `SlidingCheck`, `Attribute`, `Diagnose`, `Baseline`,
-  `Demo`); `kind` is its job kind. Each field carries its default and a comment (the CLI's help text); `__post_init__`
+  `Demo`); `kind` is its job kind. Each field is declared with `setting(default, help)` (the help is the CLI's and
+  a page's; `setting_help`). Settings several operations share are one frozen record embedded in each (`embeds`:
+  Replay and Sweep embed `ReplaySettings`; `op.settings` is the record, carried whole by the worker's
+  `ReplayWork` and recorded whole with a run). `__post_init__`
   validates (and normalises: "1,16,31" layers, "0,1" GPUs) and raises `InputError`, the UserError of bad input
   naming the field and the fix, through the field checks of `fields` (re-exported here): names (`check_name`, the one
   name validator: no path parts), server URLs (`check_url`), dtype, device, layers, checkpoint lists and GPUs
@@ -14,8 +17,8 @@ Contract:
 - `to_args()` is the plain-JSON dict a job records; `from_args(args)` rebuilds the operation from a record:
   a missing (or None) field takes its default, so job records written before a field existed stay readable;
   an unknown field is refused by name. `of(kind, args)` does it for any kind.
-- The CLI generates its options from these fields (`options`: name, default, type, help from the field's
-  comment), the pages build these classes for `jobs.start`, jobs records and rebuilds them, and every pipeline
+- The CLI generates its options from these fields (name, default, type, choices and help from the field's
+  metadata), the pages build these classes for `jobs.start`, jobs records and rebuilds them, and every pipeline
   handler takes one (`pipeline.perform(store, op)`).
 - Worker specs (`CheckpointSpec`, `ExtractWork`, `ReplayWork`, `StreamWork`, `work_of`) live in `work` and are
   re-exported here (callers name them ops.X).
@@ -29,6 +32,7 @@ from .base import (  # noqa: F401  (re-exported: callers name every setting, che
     ANCHORS,
     DTYPES,
     ORCHESTRATE,
+    SETTINGS,
     SLIDING_BLOCKS,
     TARGET_TOPK,
     VERIFY,
@@ -37,7 +41,9 @@ from .base import (  # noqa: F401  (re-exported: callers name every setting, che
     ExtractWork,
     InputError,
     Op,
+    ReplaySettings,
     ReplayWork,
+    Settings,
     StreamWork,
     Work,
     check_device,
@@ -46,17 +52,18 @@ from .base import (  # noqa: F401  (re-exported: callers name every setting, che
     check_ray,
     check_url,
     defaults,
+    embeds,
     layer_blocks,
     missing_layers,
     parse_gpus,
     parse_layers,
     parse_paths,
+    setting,
+    setting_help,
     work_of,
 )
 from .main import Attribute, Demo, Diagnose, Extract, Fetch, Replay, SlidingCheck, Sweep
 from .tools import Audit, Baseline, Live, Parity, Profile
-
-MODULES = ("base", "main", "tools")  # the files the operations are declared in (the CLI reads their comments)
 
 OPS = (Fetch, Extract, Replay, Sweep, SlidingCheck, Attribute, Diagnose, Baseline, Demo, Audit, Profile, Live, Parity)
 KINDS: dict[str, type[Op]] = {c.kind: c for c in OPS}

@@ -12,18 +12,28 @@ from .base import (
     Op,
     check_dtype,
     parse_layers,
+    setting,
 )
 
 
 @dataclass
 class Baseline(Op):
     kind: ClassVar[str] = "baseline"
-    method: str = "ngram"  # ngram (vLLM's prompt lookup) | sglang-ngram (SGLang's NGRAM) | suffix (vLLM's suffix)
-    completions: str | None = None  # completion set to replay on (None: the extraction's set)
-    extraction: str | None = None  # extraction whose prompts to replay and stand beside (or latest; None: the set's
-    # newest finished extraction when it has one, else no extraction and every prompt of the set)
-    settings: str | None = None  # the engine's settings, key=value,key=value (prompt_lookup_min=2); none: its defaults
-    name: str | None = None  # display name (default: the method and its settings)
+    method: str = setting(
+        "ngram",
+        "ngram (vLLM's prompt lookup) | sglang-ngram (SGLang's NGRAM) | suffix (vLLM's suffix)",
+    )
+    completions: str | None = setting(None, "completion set to replay on (None: the extraction's set)")
+    extraction: str | None = setting(
+        None,
+        "extraction whose prompts to replay and stand beside (or latest; None: the set's newest finished "
+        "extraction when it has one, else no extraction and every prompt of the set)",
+    )
+    settings: str | None = setting(
+        None,
+        "the engine's settings, key=value,key=value (prompt_lookup_min=2); none: its defaults",
+    )
+    name: str | None = setting(None, "display name (default: the method and its settings)")
 
     def __post_init__(self):
         from .. import baselines
@@ -43,14 +53,24 @@ class Baseline(Op):
 @dataclass
 class Audit(Op):
     kind: ClassVar[str] = "audit"
-    features: str  # a trainer's feature cache: SpecForge prepare_hidden_states.py output or a DeepSpec target cache
-    target: str  # the target model folder the features were captured from (a Hugging Face causal LM)
-    layers: list[int] | None = None  # target layer ids the cache holds, in order ("1,16,31"); None: the DeepSpec
-    # manifest's, or the drafter's
-    drafter: str | None = None  # draft config JSON or checkpoint whose dflash_config.target_layer_ids were captured
-    samples: int = 8  # samples audited: the first N in the trainer's own order
-    device: str = "cpu"  # cpu (the torch path, forced and recorded) or cuda[:N] (fla kernels where they import)
-    dtype: str = "float32"  # compute dtype of the recomputation
+    features: str = setting(
+        help="a trainer's feature cache: SpecForge prepare_hidden_states.py output or a DeepSpec target cache",
+    )
+    target: str = setting(help="the target model folder the features were captured from (a Hugging Face causal LM)")
+    layers: list[int] | None = setting(
+        None,
+        "target layer ids the cache holds, in order (\"1,16,31\"); None: the DeepSpec manifest's, or the drafter's",
+    )
+    drafter: str | None = setting(
+        None,
+        "draft config JSON or checkpoint whose dflash_config.target_layer_ids were captured",
+    )
+    samples: int = setting(8, "samples audited: the first N in the trainer's own order")
+    device: str = setting(
+        "cpu",
+        "cpu (the torch path, forced and recorded) or cuda[:N] (fla kernels where they import)",
+    )
+    dtype: str = setting("float32", "compute dtype of the recomputation")
 
     def __post_init__(self):
         self._need("features", "the feature cache folder (SpecForge's --output-path or a DeepSpec target cache)")
@@ -64,15 +84,21 @@ class Audit(Op):
 @dataclass
 class Profile(Op):
     kind: ClassVar[str] = "profile"
-    target: str  # the target model folder (a Hugging Face causal LM) whose verify forward is timed
-    drafter: str | None = None  # checkpoint whose block is timed (needed for a speedup; None: the target alone)
-    device: str = "cpu"  # cpu or cuda[:N] (CPU costs are labelled as CPU costs wherever they are shown)
-    dtype: str = "float32"  # compute dtype of both (bfloat16 on a GPU, as engines serve)
-    contexts: list[int] | None = None  # context lengths c the forwards follow ("512,2048,8192", the default)
-    sizes: list[int] | None = None  # new tokens q per timed target forward ("1,2,4,...,64", the default)
-    repeats: int = 5  # timed forwards per point (their median), after a warm-up
-    tree_budget: int = 0  # also time a DDTree of this node budget and its verify of b + 1 tokens (0: none)
-    draft_config: str | None = None  # the training's draft config JSON (runtime checkpoints without config.json)
+    target: str = setting(help="the target model folder (a Hugging Face causal LM) whose verify forward is timed")
+    drafter: str | None = setting(
+        None,
+        "checkpoint whose block is timed (needed for a speedup; None: the target alone)",
+    )
+    device: str = setting("cpu", "cpu or cuda[:N] (CPU costs are labelled as CPU costs wherever they are shown)")
+    dtype: str = setting("float32", "compute dtype of both (bfloat16 on a GPU, as engines serve)")
+    contexts: list[int] | None = setting(None, "context lengths c the forwards follow (\"512,2048,8192\", the default)")
+    sizes: list[int] | None = setting(None, "new tokens q per timed target forward (\"1,2,4,...,64\", the default)")
+    repeats: int = setting(5, "timed forwards per point (their median), after a warm-up")
+    tree_budget: int = setting(0, "also time a DDTree of this node budget and its verify of b + 1 tokens (0: none)")
+    draft_config: str | None = setting(
+        None,
+        "the training's draft config JSON (runtime checkpoints without config.json)",
+    )
 
     def __post_init__(self):
         self._need("target", "the target model folder to time")
@@ -93,19 +119,26 @@ class Profile(Op):
 @dataclass
 class Live(Op):
     kind: ClassVar[str] = "live"
-    target: str  # the target model folder (a Hugging Face causal LM) decoded plainly and speculatively
-    drafter: str  # the checkpoint the speculative decoder drafts with (the one a replay of this set evaluates)
-    completions: str  # the completion set whose prompts are decoded (each to its stored completion's length)
-    temperature: float = 0.0  # sampling temperature of both decoders (0: greedy)
-    top_p: float = 1.0  # with temperature > 0: nucleus mass kept, in (0, 1]
-    seed: int = 0  # the first seed; seeds seed, seed+1, ... (each draw seeded by the seed and its position)
-    seeds: int = 5  # seeds per prompt (the live accept length's 95% interval is over them)
-    verify: str = "target-sample"  # target-sample (greedy drafts, accepted while the target's sample equals them:
-    # SGLang's DFlash) | rejection (drafts sampled from the drafter, min(1, p/q): Leviathan et al.)
-    device: str = "cpu"  # cpu or cuda[:N]: where both models run (timings are this device's)
-    dtype: str = "float32"  # dtype of the target and the drafter (bfloat16 on a GPU, as engines serve)
-    max_prompts: int | None = None  # decode only the first N prompts of the set; None: all
-    max_new: int | None = None  # new tokens per prompt; None: the stored completion's length
+    target: str = setting(help="the target model folder (a Hugging Face causal LM) decoded plainly and speculatively")
+    drafter: str = setting(
+        help="the checkpoint the speculative decoder drafts with (the one a replay of this set evaluates)",
+    )
+    completions: str = setting(
+        help="the completion set whose prompts are decoded (each to its stored completion's length)",
+    )
+    temperature: float = setting(0.0, "sampling temperature of both decoders (0: greedy)")
+    top_p: float = setting(1.0, "with temperature > 0: nucleus mass kept, in (0, 1]")
+    seed: int = setting(0, "the first seed; seeds seed, seed+1, ... (each draw seeded by the seed and its position)")
+    seeds: int = setting(5, "seeds per prompt (the live accept length's 95% interval is over them)")
+    verify: str = setting(
+        "target-sample",
+        "target-sample (greedy drafts, accepted while the target's sample equals them: SGLang's DFlash) |"
+        " rejection (drafts sampled from the drafter, min(1, p/q): Leviathan et al.)",
+    )
+    device: str = setting("cpu", "cpu or cuda[:N]: where both models run (timings are this device's)")
+    dtype: str = setting("float32", "dtype of the target and the drafter (bfloat16 on a GPU, as engines serve)")
+    max_prompts: int | None = setting(None, "decode only the first N prompts of the set; None: all")
+    max_new: int | None = setting(None, "new tokens per prompt; None: the stored completion's length")
 
     def __post_init__(self):
         self._need("target", "the target model folder to decode with")
@@ -130,9 +163,9 @@ class Live(Op):
 @dataclass
 class Parity(Op):
     kind: ClassVar[str] = "parity"  # backend parity: two extractions of the same completions compared per layer
-    a: str  # the extraction compared (normally the torch path's), by id
-    b: str  # the reference extraction (normally the fla kernels'), by id
-    max_prompts: int | None = None  # compare only the first N prompts both hold; None: all
+    a: str = setting(help="the extraction compared (normally the torch path's), by id")
+    b: str = setting(help="the reference extraction (normally the fla kernels'), by id")
+    max_prompts: int | None = setting(None, "compare only the first N prompts both hold; None: all")
 
     def __post_init__(self):
         self._name("a", "the id of the extraction compared")
