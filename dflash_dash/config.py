@@ -5,10 +5,10 @@ returns a `WorkspaceConfig`; an unknown table or key, a wrong type or a TOML syn
 `ConfigError` naming the key and its line. Commands are argv lists run WITHOUT a shell
 (`subprocess.run(list)`); a string value is split with `shlex`. They come only from this file, never from
 browser input, and `describe_commands` shows them before they run.
-`engine` names the serving engine the server is (sglang, the default; vllm; llamacpp), which picks the client
-(`engines.for_workspace`). The server's API key (`--api-key`) is never in this file: it is read from the
-environment variable the engine itself uses (SGLANG_API_KEY, VLLM_API_KEY, LLAMA_API_KEY), or from the one named by
-`api_key_env`. Example:
+`engine` names the serving engine the server is, one the engines' registry knows (`engines.registry`: sglang, the
+default; vllm; llamacpp; ...), which picks the client (`engines.for_workspace`). The server's API key (`--api-key`)
+is never in this file: it is read from the environment variable the engine declares (its spec's key_env:
+SGLANG_API_KEY, VLLM_API_KEY, LLAMA_API_KEY), or from the one named by `api_key_env`. Example:
 
     [server]
     url = "http://127.0.0.1:30000"
@@ -23,7 +23,6 @@ environment variable the engine itself uses (SGLANG_API_KEY, VLLM_API_KEY, LLAMA
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from dataclasses import dataclass, fields
@@ -31,13 +30,11 @@ from pathlib import Path
 
 import tomllib
 
+from . import engines
 from .errors import UserError
 
 FILE_NAME = "config.toml"
-DEFAULT_API_KEY_ENV = "SGLANG_API_KEY"
-ENGINE_NAMES = ("sglang", "vllm", "llamacpp")  # the engines `engines.ENGINES` has clients for
-DEFAULT_ENGINE = "sglang"
-KEY_ENVS = {"sglang": "SGLANG_API_KEY", "vllm": "VLLM_API_KEY", "llamacpp": "LLAMA_API_KEY"}  # each engine's own
+DEFAULT_API_KEY_ENV = engines.spec(engines.DEFAULT_ENGINE).key_env  # the default engine's key variable
 
 
 class ConfigError(UserError, ValueError):
@@ -47,14 +44,14 @@ class ConfigError(UserError, ValueError):
 @dataclass
 class WorkspaceConfig:
     server_url: str = "http://127.0.0.1:30000"  # serving engine the app fetches from and orchestrates
-    engine: str = DEFAULT_ENGINE  # which engine that server is: one of ENGINE_NAMES (picks the client)
+    engine: str = engines.DEFAULT_ENGINE  # which engine that server is: a registered one (picks the client)
     stop_command: list[str] | None = None  # argv that stops the server (frees the GPU), no shell
     start_command: list[str] | None = None  # argv that starts it again; may return at once or keep running
     readiness_timeout: float = 600.0  # seconds to wait for /health 200 (SGLang's own tests allow 600)
     memory_release: bool = True  # use /release_memory_occupation when the server supports it
     gpu_memory_margin_gb: float = 2.0  # free GPU memory required beyond the target's weights
     api_key_env: str | None = None  # NAME of the environment variable holding the server's --api-key
-    # (None: the engine's own, KEY_ENVS); the key itself is never in config.toml
+    # (None: the engine's own, its spec's key_env); the key itself is never in config.toml
 
 
 # toml key -> (dataclass field, expected kind)
@@ -126,8 +123,11 @@ def _check(v, kind: str, where: str):
             )
         return v
     if kind == "engine":
-        if v not in ENGINE_NAMES:
-            raise ConfigError(f"{where} must be one of {', '.join(repr(e) for e in ENGINE_NAMES)}, got {v!r}")
+        if v not in engines.ENGINES:
+            known = ", ".join(repr(e) for e in engines.names())
+            raise ConfigError(
+                f"{where} must be one of {known}, got {v!r} (a new engine: docs/engines.md, \"Adding an engine\")"
+            )
         return v
     if kind == "env":
         if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
@@ -172,13 +172,11 @@ def describe_commands(cfg: WorkspaceConfig) -> list[str]:
 
 
 def default_key_env(cfg: WorkspaceConfig) -> str:
-    """The environment variable the workspace's engine itself reads its key from (KEY_ENVS)."""
-    return KEY_ENVS.get(cfg.engine, DEFAULT_API_KEY_ENV)
+    """The environment variable the workspace's engine itself reads its key from (its spec's key_env)."""
+    return engines.spec(cfg.engine, "[server] engine").key_env
 
 
 def api_key(cfg: WorkspaceConfig) -> tuple[str | None, str]:
     """(key or None, the environment variable it is read from): `api_key_env` of config.toml, else the engine's
-    own (`default_key_env`: SGLANG_API_KEY, VLLM_API_KEY, LLAMA_API_KEY). The key lives only in the environment
-    (and in memory): never store or log it."""
-    name = cfg.api_key_env or default_key_env(cfg)
-    return os.environ.get(name) or None, name
+    own (`default_key_env`). The key lives only in the environment (and in memory): never store or log it."""
+    return engines.api_key(cfg)

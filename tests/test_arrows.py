@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # on top; ops, the operations' argument dataclasses, under the pipeline whose signatures take their defaults, and
 # work, the worker specs ops re-exports, and fields, the checks of their values (names, URLs, devices, ...), under ops;
 # target_info, the torch-free half of the target the pages use, under target; audit, the trainers' feature
-# caches and their audit against the target's extraction, under the pipeline and above drafters and target)
+# caches and their audit against the target's extraction, under the pipeline and above drafters and target; config,
+# the workspace file whose [server] engine the engines' registry checks, above engines)
 ORDER = [
     "__main__",
     "launch",
@@ -36,6 +37,7 @@ ORDER = [
     "fields",
     "audit",
     "store",
+    "config",
     "engines",
     "server",
     "cache",
@@ -49,7 +51,6 @@ ORDER = [
     "target",
     "target_info",
     "prompts",
-    "config",
     "errors",
 ]
 

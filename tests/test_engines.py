@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dflash_dash import config, engines, metrics
+from dflash_dash import config, engines
 from dflash_dash.engines import (
     LlamaCppClient,
     ServerError,
@@ -93,7 +93,7 @@ def test_sglang_partial_payload_is_kept_and_the_gaps_named():
     assert row["raw"] == {"spec_accept_length": 2.5, "spec_accept_rate": 0.3}  # as it came
     assert [m.split(":")[0] for m in row["missing"]] == ["verify_steps", "accepted_tokens", "drafted_tokens"]
     assert "spec_num_correct_drafts" in row["missing"][1]
-    tau = metrics.convert_engine_tau("sglang", row)
+    tau = engines.tau("sglang", row)
     assert tau.tau is None and tau.missing and tau.missing[0].startswith("verify_steps")
     assert SGLangClient.spec_stats({"completion_tokens": 3}, 3) is None  # decoded plainly
 
@@ -262,7 +262,7 @@ def test_llamacpp_variable_drafts_name_the_missing_steps():
     row = LlamaCppClient.spec_stats(out["meta_info"], 13)
     assert row["verify_steps"] is None and row["accepted_tokens"] == 9
     assert "no verify-step count" in row["missing"][0]
-    tau = metrics.convert_engine_tau("llamacpp", row)
+    tau = engines.tau("llamacpp", row)
     assert tau.tau is None and tau.engine_figure == 0.75 and tau.engine_formula == "draft_n_accepted / draft_n"
     plain = llamacpp_mod.parse_completion(llamacpp_answer({}))  # no draft made: timings carry no draft_n
     assert LlamaCppClient.spec_stats(plain["meta_info"], 13) is None
@@ -306,7 +306,7 @@ def test_llamacpp_verify_steps_from_the_metrics_difference():
     before = prometheus_text(40, 400, 250)
     row = LlamaCppClient.spec_stats(with_readings(meta, before, prometheus_text(43, 412, 259)), 13)
     assert row["verify_steps"] == 3 and row["raw"]["verify_steps_from"].startswith("the difference of llamacpp:")
-    assert metrics.convert_engine_tau("llamacpp", row).tau == 4.0
+    assert engines.tau("llamacpp", row).tau == 4.0
     cases = {  # the same request's readings, each transformed so the difference no longer belongs to it alone
         "another request processing": (prometheus_text(40, 400, 250, processing=1), prometheus_text(43, 412, 259)),
         "a request deferred after": (before, prometheus_text(43, 412, 259, deferred=1)),
@@ -399,22 +399,22 @@ def test_llamacpp_answer_without_tokens_is_refused():
 def test_tau_conversion_hand_worked():
     # SGLang: 13 completion tokens, 4 verify steps. Its spec_accept_length = 13 / 4 = 3.25 (the prefill token
     # counted); the replay's tau = (13 - 1) / 4 = 3.0.
-    t = metrics.convert_engine_tau("sglang", {"verify_steps": 4, "accepted_tokens": 8, "completion_tokens": 13})
+    t = engines.tau("sglang", {"verify_steps": 4, "accepted_tokens": 8, "completion_tokens": 13})
     assert t.tau == 3.0 and t.engine_figure == 3.25 and t.engine_label == "spec_accept_length"
     # vLLM: 4 steps accepting 0, 3, 2, 3 = 8 drafts; mean_acceptance_length = 1 + 8 / 4 = 3.0. The completion was
     # cut at max_tokens = 9: prefill 1 + steps 1 + 4 + 3 = 9, the last step's 4 committed tokens never emitted,
     # so the replay's tau = (9 - 1) / 4 = 2.0, below the engine's own 3.0.
-    t = metrics.convert_engine_tau("vllm", {"verify_steps": 4, "accepted_tokens": 8, "completion_tokens": 9})
+    t = engines.tau("vllm", {"verify_steps": 4, "accepted_tokens": 8, "completion_tokens": 9})
     assert t.tau == 2.0 and t.engine_figure == 3.0 and t.engine_formula.startswith("1 + num_accepted")
     # llama.cpp: draft_n 12, draft_n_accepted 9, drafts of fixed length 4 -> 3 steps; 13 tokens predicted:
     # prefill 1 + 3 steps of (accepted + 1) = 1 + 12 = 13, tau = 12 / 3 = 4.0; its figure 9 / 12 = 0.75.
     row = {"verify_steps": 3, "accepted_tokens": 9, "drafted_tokens": 12, "completion_tokens": 13}
-    t = metrics.convert_engine_tau("llamacpp", row)
+    t = engines.tau("llamacpp", row)
     assert t.tau == 4.0 and t.engine_figure == 0.75 and t.missing == []
     # an imported engine: tau only, no figure of its own
-    t = metrics.convert_engine_tau("other", {"verify_steps": 5, "completion_tokens": 11})
+    t = engines.tau("other", {"verify_steps": 5, "completion_tokens": 11})
     assert t.tau == 2.0 and t.engine_figure is None
-    assert metrics.convert_engine_tau("vllm", {"verify_steps": 0, "completion_tokens": 1}).tau is None
+    assert engines.tau("vllm", {"verify_steps": 0, "completion_tokens": 1}).tau is None
 
 
 # ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 from serving import Served, status_now, stop_jobs, tiny_model, until
 
-from dflash_dash import drafters, engines, metrics, ops, pipeline, prompts
+from dflash_dash import drafters, engines, ops, pipeline, prompts
 from dflash_dash.engines import ServerError
 from dflash_dash.jobs import lifecycle
 from dflash_dash.store import Store
@@ -78,7 +78,7 @@ def test_fetch_waits_through_startup_and_records_the_engine(srv, tmp_path, monke
     for r in rows:
         s, n = stats[r["prompt_id"]], len(r["output_ids"])
         assert s["completion_tokens"] == n and s["verify_steps"] >= 1 and s["raw"]
-        tau = metrics.convert_engine_tau(srv.engine, s)
+        tau = engines.tau(srv.engine, s)
         assert tau.tau == (n - 1) / s["verify_steps"] and tau.engine_label is not None
         if srv.engine == "llamacpp":  # no per-step arrays: named, not guessed
             assert s["accept_lengths"] is None and any(m.startswith("accept_lengths") for m in s["missing"])

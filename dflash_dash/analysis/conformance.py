@@ -14,7 +14,7 @@ out. Like with like, per prompt:
     shapes flip a few near-tie drafts, which moves a prompt's tau by a few percent either way (numeric noise);
     a broken engine (features from the wrong layer, truncated context, a wrong mask) costs far more.
 Engine stats come from the engine's answers at fetch time (`engines.<engine>.spec_stats`: engine "sglang", "vllm"
-or "llamacpp"; `metrics.engine_tau` converts each engine's numbers, its own figure beside) or from a JSONL file of
+or "llamacpp"; `engines.tau` converts each engine's numbers, its own figure beside) or from a JSONL file of
 another engine (`parse_stats`): lines {"id", "verify_steps", "accepted_tokens"} or
 {"id", "accept_lengths": [...]}.
 The run-level figures are the CONFORMANCE block of the metric registry (`metrics`).
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import metrics, prompts
+from .. import engines, metrics, prompts
 from ..errors import UserError
 from . import steps as steps_mod
 
@@ -164,7 +164,7 @@ def compare(
     """One row per prompt that has both a replay row and engine stats, in `run_prompts` order: id, engine_tau,
     replay_tau, gap (engine - replay), gap_rel (gap / replay), flagged (below), above, verify_steps, rounds (replay),
     committed (replay), completion_tokens, accepted_tokens, sglang_accept_length, histogram (the engine's, when it
-    reported one), and `engine`'s own figure beside, never compared (`metrics.convert_engine_tau`): engine_figure,
+    reported one), and `engine`'s own figure beside, never compared (`engines.tau`): engine_figure,
     engine_figure_label, engine_figure_formula, engine_missing (what it did not report), and where the engine gave
     per-step lengths the round-by-round alignment (`steps.align`: steps_equal, first_divergence (completion token
     index), direction, engine_step, replay_step; None without per-step lengths)."""
@@ -176,7 +176,7 @@ def compare(
         if s is None:
             continue
         e, rp = engine_tau(s), replay_tau(r)
-        conv = metrics.convert_engine_tau(engine, s)
+        conv = engines.tau(engine, s)
         lens, rounds = s.get("accept_lengths"), list(r.get("rounds") or [])
         al = steps_mod.align(list(lens), rounds) if lens and rounds else {}
         gap = e - rp if e is not None and rp is not None else None

@@ -1,15 +1,14 @@
 """What every serving-engine client shares: the HTTP transport with retries and API keys, readiness, errors.
 
 Contract: an engine client (`EngineClient`) answers in the engine's own shapes: is the server ready (`health`,
-`wait_ready`), what does it generate greedily (`generate`), what speculative statistics did it report for a request
-(`spec_stats`), what settings did a stored request ask for (`read_request`, from the fields the engine declares in
-`request_fields`: length, temperature, top-p, seed, prompt ids), and which target layers can it not serve a drafter
-from (`unservable`). `generate` decodes greedily unless given a `Sampled` (temperature, top-p, seed), which each
-client sends in its engine's own fields with every other filter of the engine turned off (top-k all, min-p 0), so
-the server samples exactly softmax(logits / T) cut at top-p, whatever defaults it holds (a model's
-generation_config, llama.cpp's top_k 40 / min_p 0.05). This module holds the
+`wait_ready`, GET its spec's `ready_path`), what does it generate greedily (`generate`), what speculative statistics
+did it report for a request (`spec_stats`, its spec's `stats`); what it declares (name, key variable, request fields,
+its own figure, layer limits) is its class's `spec` (`registry.EngineSpec`). `generate` decodes greedily unless
+given a `Sampled` (temperature, top-p, seed), which each client sends in its engine's own fields with every other
+filter of the engine turned off (top-k all, min-p 0), so the server samples exactly softmax(logits / T) cut at top-p,
+whatever defaults it holds (a model's generation_config, llama.cpp's top_k 40 / min_p 0.05). This module holds the
 parts that do not depend on the engine:
-- Readiness is `/health` only: connection refused / reset and 503 mean "not ready yet", 200 means ready.
+- Readiness is GET of the spec's `ready_path` (/health) only: refused / reset and 503 mean "not ready yet", 200 ready.
   A real `/health` may generate one token (and wait a second first), so it is given HEALTH_TIMEOUT_S seconds.
 - API keys: with `api_key` set, every request carries `Authorization: Bearer KEY`. A 401/403 is a ServerError
   naming the environment variable to set (`key_env`); the key itself never appears in a message or in
@@ -35,9 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ..errors import UserError
+from .registry import EngineSpec
 
 HEALTH_TIMEOUT_S = 8.0  # a real /health generates one token after waiting ~1 s: allow several seconds
-DEFAULT_KEY_ENV = "SGLANG_API_KEY"  # environment variable read for the server's --api-key
 
 
 # ---------------------------------------------------------------------------
@@ -138,9 +137,13 @@ class EngineClient:
     retries: int = 3  # extra attempts after a transient failure (5xx, refused, reset, timeout)
     backoff: float = 0.5  # first retry delay in seconds; doubles each attempt
     api_key: str | None = field(default=None, repr=False)  # sent as `Authorization: Bearer KEY`; never shown
-    key_env: str = DEFAULT_KEY_ENV  # where the key comes from (an environment variable), named in 401/403 errors
+    key_env: str | None = None  # where the key comes from (an environment variable), named in 401/403 errors;
+    # None: the engine's own (its spec's key_env)
+
+    spec: ClassVar[EngineSpec]  # what the engine declares: its name, key variable, statistics, figure, ...
 
     def __post_init__(self):
+        self.key_env = self.key_env or self.spec.key_env
         self.url = self.url.rstrip("/")
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"server URL {self.url!r} must start with http:// or https://")
@@ -239,11 +242,11 @@ class EngineClient:
     # -- readiness
 
     def health(self, timeout: float = HEALTH_TIMEOUT_S) -> tuple[bool, str]:
-        """(True, "ready") when GET /health answers 200; else (False, state) with state e.g. "refused",
-        "reset", "timeout", "503 warming up". Never raises. A real /health generates a token, so it may take
-        a second or more: keep `timeout` at several seconds."""
+        """(True, "ready") when GET /health (the spec's `ready_path`) answers 200; else (False, state) with state e.g.
+        "refused", "reset", "timeout", "503 warming up". Never raises. A real /health generates a token, so it may
+        take a second or more: keep `timeout` at several seconds."""
         try:
-            status, payload = self._once("GET", "/health", None, timeout)
+            status, payload = self._once("GET", self.spec.ready_path, None, timeout)
         except Exception as e:  # noqa: BLE001  (never raises)
             return False, _no_answer(e) or f"error: {e}"
         if status == 200:
@@ -277,8 +280,15 @@ class EngineClient:
 
     # -- the engine interface
 
-    name = "engine"  # the engine's name in ENGINES, recorded with every completion and engine-stats row
-    stats_source = "answer"  # where its answers carry the speculative statistics (the stats rows' source)
+    @property
+    def name(self) -> str:
+        """The engine's name (its spec's), recorded with every completion and engine-stats row."""
+        return self.spec.name
+
+    @property
+    def stats_source(self) -> str:
+        """Where its answers carry the speculative statistics (the stats rows' source)."""
+        return self.spec.stats_source
 
     def model_info(self) -> dict:
         """What the server serves: {"model_path", "tokenizer_path" (None when the engine has no tokenizer folder),
@@ -288,6 +298,10 @@ class EngineClient:
     def supports_memory_release(self) -> bool:
         """Whether the server can free its GPU memory on request (`release_memory`); False unless an engine says so."""
         return False
+
+    def no_release(self) -> str:
+        """Why the server frees no GPU memory on request (`supports_memory_release` False), for the orchestration."""
+        return f"{self.name} offers no memory release here"
 
     def running_requests(self) -> int | None:
         """Requests the server runs or queues; None when the engine has no load report."""
@@ -322,46 +336,21 @@ class EngineClient:
         Raises ServerError when the server cannot be asked."""
         return None
 
-    @staticmethod
-    def spec_stats(meta: dict, output_tokens: int) -> dict | None:
+    @classmethod
+    def spec_stats(cls, meta: dict, output_tokens: int) -> dict | None:
         """An engine-stats row (`stats_row`) from one request's meta information in the engine's own shape, None
-        when the engine did not decode speculatively (or reported nothing of it)."""
-        raise NotImplementedError
-
-    # where this engine's request body (what `generate` sends) holds each setting a fetch must keep the same across
-    # a set: setting -> the body's field (dotted: nested), or several fields, the first present wins
-    request_fields: ClassVar[dict[str, tuple[str, ...]]] = {}
+        when the engine did not decode speculatively (or reported nothing of it): its spec's `stats`."""
+        return cls.spec.stats(meta, output_tokens)
 
     @classmethod
     def read_request(cls, body: dict | None) -> dict:
-        """The settings a stored request body of this engine asked for, read from the engine's own fields
-        (`request_fields`): {"max_new_tokens", "temperature", "top_p", "seed", "prompt_ids" (the ids sent; None when
-        text was sent)}, each None when the body lacks it."""
-        out: dict[str, Any] = {}
-        for key in SETTINGS:
-            out[key] = None
-            for path in cls.request_fields.get(key, ()):
-                v: Any = body if isinstance(body, dict) else None
-                for part in path.split("."):
-                    v = v.get(part) if isinstance(v, dict) else None
-                if v is not None:
-                    out[key] = v
-                    break
-        ids = out["prompt_ids"]
-        out["prompt_ids"] = counts(ids) if isinstance(ids, list) and ids else None
-        for key in ("max_new_tokens", "temperature", "top_p", "seed"):
-            v = out[key]
-            out[key] = v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-        return out
+        """The settings a stored request body of this engine asked for (its spec's `read_request`)."""
+        return cls.spec.read_request(body)
 
-    @staticmethod
-    def unservable(layer_ids: list[int], num_layers: int) -> dict[int, str]:
-        """The target layer ids (of a drafter reading `layer_ids` from a target of `num_layers` layers) this engine
-        cannot serve, each with why: empty for an engine without a known limit."""
-        return {}
-
-
-SETTINGS = ("max_new_tokens", "temperature", "top_p", "seed", "prompt_ids")  # what `read_request` reads back
+    @classmethod
+    def unservable(cls, layer_ids: list[int], num_layers: int) -> dict[int, str]:
+        """The target layer ids this engine cannot serve a drafter from, each with why (its spec's `unservable`)."""
+        return cls.spec.unservable(layer_ids, num_layers)
 
 
 # ---------------------------------------------------------------------------

@@ -54,6 +54,7 @@ from .base import (
     snippet,
     stats_row,
 )
+from .registry import EngineSpec, Figure
 
 FINISH = {"eos": "stop", "word": "stop", "limit": "length"}  # llama.cpp's stop_type -> the finish reason stored
 
@@ -229,26 +230,36 @@ def unservable(layer_ids: list[int], num_layers: int) -> dict[int, str]:
     return {int(i): LAST_LAYER.format(last=num_layers - 1) for i in layer_ids if int(i) >= num_layers - 1}
 
 
+def acceptance(row: dict) -> float | None:
+    """llama.cpp's draft acceptance: draft_n_accepted / draft_n (its answers' only figure)."""
+    a, d = row.get("accepted_tokens"), row.get("drafted_tokens")
+    return a / d if a is not None and d else None
+
+
 @dataclass
 class LlamaCppClient(EngineClient):
     """A llama-server's client: `EngineClient` plus its /props and /completion."""
 
-    key_env: str = "LLAMA_API_KEY"  # where the key comes from, named in 401/403 errors
     metrics_off: str | None = field(default=None, repr=False)  # why GET /metrics gives no counters, once known
 
-    name = "llamacpp"
-    stats_source = "timings"
-    spec_stats = staticmethod(spec_stats)
-    unservable = staticmethod(unservable)
-    # POST /completion's body as params_from_json_cmpl reads it (tools/server/server-task.cpp): n_predict, else
-    # max_tokens; the prompt a list of token ids (or a string)
-    request_fields = {
-        "max_new_tokens": ("n_predict", "max_tokens"),
-        "temperature": ("temperature",),
-        "top_p": ("top_p",),
-        "seed": ("seed",),
-        "prompt_ids": ("prompt",),
-    }
+    spec = EngineSpec(
+        name="llamacpp",
+        label="llama.cpp",
+        key_env="LLAMA_API_KEY",  # what llama-server reads for --api-key (common/arg.cpp, set_env)
+        stats=spec_stats,
+        stats_source="timings",
+        figure=Figure("draft acceptance", "draft_n_accepted / draft_n", acceptance),
+        # POST /completion's body as params_from_json_cmpl reads it (tools/server/server-task.cpp): n_predict, else
+        # max_tokens; the prompt a list of token ids (or a string)
+        request_fields={
+            "max_new_tokens": ("n_predict", "max_tokens"),
+            "temperature": ("temperature",),
+            "top_p": ("top_p",),
+            "seed": ("seed",),
+            "prompt_ids": ("prompt",),
+        },
+        unservable=unservable,
+    )
 
     def reading(self) -> dict:
         """One reading of GET /metrics (`parse_prometheus`), or {"off": why there is none}. One attempt, no retries:

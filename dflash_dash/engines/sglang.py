@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .base import EngineClient, Sampled, ServerError, count, counts, served_row, snippet, stats_row
+from .registry import EngineSpec, Figure
 
 
 def parse_generate(body: bytes) -> dict:
@@ -125,21 +126,35 @@ def spec_stats(meta: dict, output_tokens: int) -> dict | None:
     )
 
 
+def accept_length(row: dict) -> float | None:
+    """SGLang's spec_accept_length: completion_tokens / spec_verify_ct, the prefill's token counted too (so it sits
+    above the replay's tau by 1 / verify_steps)."""
+    n, v = row.get("completion_tokens"), row.get("verify_steps")
+    return n / v if n is not None and v else None
+
+
 @dataclass
 class SGLangClient(EngineClient):
     """An SGLang server's client: `EngineClient` plus SGLang's info, load, generation and memory routes."""
 
-    name = "sglang"
-    stats_source = "meta_info"
-    spec_stats = staticmethod(spec_stats)
-    # POST /generate's body (python/sglang/srt/managers/io_struct.py, GenerateReqInput; sampling_params.py)
-    request_fields = {
-        "max_new_tokens": ("sampling_params.max_new_tokens",),
-        "temperature": ("sampling_params.temperature",),
-        "top_p": ("sampling_params.top_p",),
-        "seed": ("sampling_params.sampling_seed",),
-        "prompt_ids": ("input_ids",),
-    }
+    spec = EngineSpec(
+        name="sglang",
+        label="SGLang",
+        key_env="SGLANG_API_KEY",  # SGLang takes --api-key only; the variable its clients conventionally read
+        stats=spec_stats,
+        stats_source="meta_info",
+        figure=Figure(
+            "spec_accept_length", "completion_tokens / spec_verify_ct (prefill token included)", accept_length
+        ),
+        # POST /generate's body (python/sglang/srt/managers/io_struct.py, GenerateReqInput; sampling_params.py)
+        request_fields={
+            "max_new_tokens": ("sampling_params.max_new_tokens",),
+            "temperature": ("sampling_params.temperature",),
+            "top_p": ("sampling_params.top_p",),
+            "seed": ("sampling_params.sampling_seed",),
+            "prompt_ids": ("input_ids",),
+        },
+    )
 
     # -- information
 
@@ -235,6 +250,9 @@ class SGLangClient(EngineClient):
             if isinstance(args, dict) and args.get("enable_memory_saver") is True:
                 return True
         return False
+
+    def no_release(self) -> str:
+        return "the server does not report enable_memory_saver (start SGLang with --enable-memory-saver)"
 
     # -- generation
 

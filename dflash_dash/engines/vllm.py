@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import EngineClient, Sampled, ServerError, count, counts, served_row, snippet, stats_row
+from .registry import EngineSpec, Figure
 
 SPEC_KEY = "speculative_decoding"  # under the answer's top-level `metrics` object
 
@@ -154,24 +155,35 @@ def per_position_of(counters: dict) -> list[float] | None:
     return [a / n for a in counters.get("accepted_per_pos") or []]
 
 
+def acceptance_length(row: dict) -> float | None:
+    """vLLM's mean_acceptance_length: 1 + num_accepted_draft_tokens / num_spec_steps (accepted drafts counted before
+    the completion is cut at max_tokens or a stop, so the last step may count drafts past the end)."""
+    a, v = row.get("accepted_tokens"), row.get("verify_steps")
+    return 1 + a / v if a is not None and v else None
+
+
 @dataclass
 class VLLMClient(EngineClient):
     """A vLLM server's client: `EngineClient` plus vLLM's model list and completions."""
 
-    key_env: str = "VLLM_API_KEY"  # where the key comes from, named in 401/403 errors
     served: str | None = field(default=None, repr=False)  # the served model's id (GET /v1/models), once read
 
-    name = "vllm"
-    stats_source = "metrics.speculative_decoding"
-    spec_stats = staticmethod(spec_stats)
-    # POST /v1/completions' body (vllm/entrypoints/openai/completion/protocol.py, CompletionRequest)
-    request_fields = {
-        "max_new_tokens": ("max_tokens",),
-        "temperature": ("temperature",),
-        "top_p": ("top_p",),
-        "seed": ("seed",),
-        "prompt_ids": ("prompt",),
-    }
+    spec = EngineSpec(
+        name="vllm",
+        label="vLLM",
+        key_env="VLLM_API_KEY",  # what vllm serve reads when --api-key is not given (vllm/envs.py)
+        stats=spec_stats,
+        stats_source="metrics.speculative_decoding",
+        figure=Figure("mean_acceptance_length", "1 + num_accepted_draft_tokens / num_spec_steps", acceptance_length),
+        # POST /v1/completions' body (vllm/entrypoints/openai/completion/protocol.py, CompletionRequest)
+        request_fields={
+            "max_new_tokens": ("max_tokens",),
+            "temperature": ("temperature",),
+            "top_p": ("top_p",),
+            "seed": ("seed",),
+            "prompt_ids": ("prompt",),
+        },
+    )
 
     def model_info(self) -> dict:
         """GET /v1/models: {"model_path": the served model's root (its path), "tokenizer_path": the same folder,

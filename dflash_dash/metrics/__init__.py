@@ -60,7 +60,6 @@ from .engine_tau import (
     REPLAY_FORMULA as ENGINE_TAU_FORMULA,
     EngineTau,
     convert as convert_engine_tau,
-    own_figure as engine_own_figure,
     replay_tau as engine_replay_tau,
 )
 from .headroom import MISSED
@@ -147,7 +146,6 @@ __all__ = [
     "depth_marginal",
     "depth_samples",
     "ece_of",
-    "engine_own_figure",
     "engine_replay_tau",
     "every_anchor",
     "every_anchor_run",

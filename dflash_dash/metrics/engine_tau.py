@@ -8,15 +8,13 @@ target's prefill and from no verify round, left out:
 
     tau = (completion_tokens - 1) / verify_steps
 
-Each engine reports its own figure under its own definition, never compared with the replay's:
+Each engine reports its own figure under its own definition, never compared with the replay's: the engine's spec
+declares it (`engines.registry.Figure`) and the caller passes it in (`engines.tau`), e.g.
   - SGLang `spec_accept_length` = completion_tokens / spec_verify_ct: the prefill token counted too, so it sits
-    above tau by 1 / verify_steps.
-  - vLLM `mean_acceptance_length` = 1 + num_accepted_draft_tokens / num_spec_steps: accepted drafts counted
-    before the completion is cut at max_tokens or a stop, so the last step may count drafts past the end.
-  - llama.cpp reports `draft_n` (drafted) and `draft_n_accepted` (accepted) only: its figure is the acceptance
-    rate draft_n_accepted / draft_n; verify steps are known only when every draft had the same length (see
-    `engines.llamacpp.spec_stats`), and then its mean acceptance length is 1 + accepted / steps.
-  - Any other engine (stats imported from a file): no figure of its own.
+    above tau by 1 / verify_steps;
+  - vLLM `mean_acceptance_length` = 1 + num_accepted_draft_tokens / num_spec_steps;
+  - llama.cpp's acceptance rate draft_n_accepted / draft_n;
+  - an engine without a registered client (stats imported from a file): no figure of its own.
 When verify steps or completion tokens are missing, tau is None and `missing` says why; nothing is guessed.
 """
 
@@ -29,7 +27,7 @@ REPLAY_FORMULA = "(completion_tokens - 1) / verify_steps: committed tokens per v
 
 @dataclass(frozen=True)
 class EngineTau:
-    engine: str  # the engine whose numbers these are ("sglang", "vllm", "llamacpp", or an imported name)
+    engine: str  # the engine whose numbers these are (a registered engine's name, or an imported one)
     tau: float | None  # the replay's definition (REPLAY_FORMULA); None when the engine's numbers cannot give it
     formula: str  # how `tau` was computed from the engine's numbers
     engine_figure: float | None  # the engine's own number, under its own definition (never compared with tau)
@@ -45,32 +43,15 @@ def replay_tau(verify_steps: int | None, completion_tokens: int | None) -> float
     return (completion_tokens - 1) / verify_steps
 
 
-def _ratio(num: int | None, den: int | None) -> float | None:
-    return num / den if num is not None and den else None
-
-
-def own_figure(engine: str, row: dict) -> tuple[float | None, str | None, str | None]:
-    """(the engine's own figure, its name, its formula) from an engine-stats row."""
-    v, a = row.get("verify_steps"), row.get("accepted_tokens")
-    n, d = row.get("completion_tokens"), row.get("drafted_tokens")
-    if engine == "sglang":
-        return _ratio(n, v), "spec_accept_length", "completion_tokens / spec_verify_ct (prefill token included)"
-    if engine == "vllm":
-        fig = 1 + a / v if a is not None and v else None
-        return fig, "mean_acceptance_length", "1 + num_accepted_draft_tokens / num_spec_steps"
-    if engine == "llamacpp":
-        return _ratio(a, d), "draft acceptance", "draft_n_accepted / draft_n"
-    return None, None, None
-
-
-def convert(engine: str, row: dict) -> EngineTau:
-    """The replay's tau from engine `engine`'s stats row, its own figure beside (module docstring)."""
+def convert(engine: str, row: dict, own: tuple[float | None, str | None, str | None] = (None, None, None)) -> EngineTau:
+    """The replay's tau from engine `engine`'s stats row, with `own`: the engine's own figure, its name and its formula
+    (module docstring), beside."""
     v, n = row.get("verify_steps"), row.get("completion_tokens")
     missing = list(row.get("missing") or [])
     if not v and not any(m.startswith("verify_steps") for m in missing):
         missing.append("verify_steps: none reported" if v is None else "verify_steps: 0 (no verify round)")
     if n is None:
         missing.append("completion_tokens: not reported")
-    fig, label, how = own_figure(engine, row)
+    fig, label, how = own
     tau = replay_tau(v, n)
     return EngineTau(engine, tau, REPLAY_FORMULA, fig, label, how, [] if tau is not None else missing)

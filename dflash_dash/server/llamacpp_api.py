@@ -57,7 +57,10 @@ TYPES = {
     501: "not_supported_error",
     503: "unavailable_error",
 }
-LOADING = "Loading model"  # the 503 message while the model loads
+LOADING = "Loading model"  # the 503 message every route answers while the model loads (llama-server binds first)
+WARMUP = 0.0  # unused: bound before loading, LOADING answers for the whole --startup-delay
+GENERATE = "/completion"  # the generation route (named in --protocol's help)
+POSTS = frozenset({"/completion", "/completions"})
 DEFAULT_SEED = 4294967295  # LLAMA_DEFAULT_SEED (include/llama.h): a random seed per request
 
 
@@ -73,7 +76,7 @@ def error(status: int, message: str) -> dict:
     return {"error": {"code": status, "message": message, "type": TYPES.get(status, "server_error")}}
 
 
-def not_found(path: str) -> dict:
+def not_found(method: str, path: str) -> dict:
     return error(404, "File Not Found")
 
 
@@ -161,7 +164,7 @@ def models(eng: Engine) -> dict:
     }
 
 
-def get(eng: Engine, path: str) -> tuple[int, Any] | None:
+def get(eng: Engine, path: str, query: str) -> tuple | None:
     if path == "/health" or path == "/v1/health":
         return 200, {"status": "ok"}
     if path == "/props":

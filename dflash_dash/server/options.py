@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from . import faults
-from .httpd import PROTOCOLS, serve
+from . import faults, protocols
+from .httpd import serve
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,9 +46,10 @@ def serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--protocol",
         default="sglang",
-        choices=list(PROTOCOLS),
-        help="the engine whose HTTP protocol, startup, errors and speculative statistics to speak: sglang "
-        "(/generate), vllm (/v1/completions), llamacpp (/completion) (default sglang)",
+        choices=list(protocols.PROTOCOLS),
+        help="the engine whose HTTP protocol, startup, errors and speculative statistics to speak: "
+        + ", ".join(f"{n} ({p.GENERATE})" for n, p in protocols.PROTOCOLS.items())
+        + " (default sglang)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="port to bind (default 30000)")

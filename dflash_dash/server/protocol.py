@@ -59,6 +59,15 @@ def log(msg: str) -> None:
     print(f"[dflash-dash serve] {msg}", file=sys.stderr, flush=True)
 
 
+def not_ready(eng: Engine) -> str | None:
+    """None when `eng` is ready to generate, else why its readiness route answers 503 (every protocol's)."""
+    if time.monotonic() < eng.ready_at:
+        return "warming up"
+    if eng.model is None:
+        return "memory released"
+    return None
+
+
 def need_int(v: Any, name: str, lo: int = 0) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
         raise BadRequest(f"`{name}` must be an integer >= {lo}, got {v!r}")

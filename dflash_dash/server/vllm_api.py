@@ -42,15 +42,19 @@ import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
-from .protocol import BadRequest, decode, need_int, need_strs, number, seed_of
+from .protocol import BadRequest, decode, need_int, need_strs, not_ready, number, seed_of
 from .sampler import Sampling
 
 if TYPE_CHECKING:
     from .model import Engine
 
 NAME = "vllm"
+GENERATE = "/v1/completions"  # the generation route (named in --protocol's help)
+LOADING = None  # vLLM binds its port only once the engine has loaded
+WARMUP = 0.0  # and answers /health 200 from then on: the whole --startup-delay unbound
+POSTS = frozenset({"/v1/completions"})
 ERROR_TYPES = {400: "BadRequestError", 401: "UnauthorizedError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
 
 
@@ -74,7 +78,7 @@ def error(status: int, message: str) -> dict:
     }
 
 
-def not_found(path: str) -> dict:
+def not_found(method: str, path: str) -> dict:
     return {"detail": "Not Found"}
 
 
@@ -142,9 +146,9 @@ def dev_mode() -> bool:
     return os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip() not in ("", "0")
 
 
-def server_info(eng: Engine, target: str) -> dict:
+def server_info(eng: Engine, query: str) -> dict:
     """GET /server_info (only with VLLM_SERVER_DEV_MODE=1): {"vllm_config", "vllm_env", "system_env"}, the config
-    as a string unless the query asks config_format=json (`target`: the request's path and query)."""
+    as a string unless the query (`query`: the request's, after "?") asks config_format=json."""
     s = eng.spec
     spec = (
         None
@@ -156,12 +160,16 @@ def server_info(eng: Engine, target: str) -> dict:
         }
     )
     cfg = {"model_config": {"model": str(eng.model_dir)}, "speculative_config": spec}
-    as_json = parse_qs(urlsplit(target).query).get("config_format", ["text"])[-1] == "json"
+    as_json = parse_qs(query).get("config_format", ["text"])[-1] == "json"
     return {"vllm_config": cfg if as_json else str(cfg), "vllm_env": {"VLLM_SERVER_DEV_MODE": True}, "system_env": {}}
 
 
-def get(eng: Engine, path: str) -> tuple[int, Any] | None:
+def get(eng: Engine, path: str, query: str) -> tuple | None:
     """(status, JSON body, or text for /metrics) of a GET route, None when there is none."""
+    if path == "/health":  # 200 with an empty body; 503 when the engine died (here: its memory released)
+        return (200, None) if not_ready(eng) is None else (503, error(503, "the engine is not running"))
+    if path == "/server_info" and dev_mode():
+        return 200, server_info(eng, query)
     if path == "/metrics":
         return 200, None, prometheus(eng)
     if path == "/v1/models":
