@@ -418,9 +418,7 @@ def packages() -> list[tuple[Path, str]]:
 
 # packages whose circle a change in flight removes, each with that change: not failing the suite until it lands
 # (strict=False: passing is fine); remove the entry once the change is in
-IN_FLIGHT: dict[str, str] = {
-    "dflash_dash.drafters": "the drafter families' one-spec registry being built",
-}
+IN_FLIGHT: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(

@@ -163,13 +163,14 @@ def test_drafters_import_no_torch():
 
 
 def test_adding_a_family_recipe_matches_the_code():
-    """docs/families.md's recipe: its example registers (and parses a config of its family) and its field table
-    lists every optional `FamilySpec` field."""
+    """docs/families.md's recipe: its example's SPEC registers and parses a config of its family, and the example
+    and the field table together name every `FamilySpec` field."""
     text = (ROOT / "docs/families.md").read_text()
     section = text.split("## Adding a family", 1)[1].split("\n## ", 1)[0]
     example = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     scope: dict = {}
     exec(compile(example, "docs/families.md", "exec"), scope)
+    dr.register(scope["SPEC"])
     try:
         raw = tiny.drafter_config(toy_drafter(bias_scale=2.0))
         assert dr.parse_config(raw).head == {"bias_scale": 2.0}

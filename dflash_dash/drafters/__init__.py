@@ -29,7 +29,7 @@ from .consistency import Check, check_target, checks
 from .errors import CheckpointError
 from .fields import family_of
 from .registry import register, spec_of, specs, unregister
-from .spec import FamilySpec, Fields
+from .spec import FamilySpec, Fields, resolve
 from .weights import Weights, checked, shapes
 
 if TYPE_CHECKING:
@@ -117,4 +117,7 @@ def kernels_for(device: Any):
 
 def flops_per_block(c: DrafterConfig, ctx_len: int, vocab: int) -> float:
     """Matmul FLOPs of one block of a drafter with config `c` (its family's count), for benchmarks."""
-    return spec_of(c.family).flops_per_block(c, ctx_len, vocab)
+    count = spec_of(c.family).flops
+    if count is None:
+        from .dflash import flops_per_block as count
+    return resolve(count)(c, ctx_len, vocab)

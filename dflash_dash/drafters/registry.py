@@ -4,8 +4,9 @@ Contract: torch-free. `register(spec)` adds a family (a key or architecture anot
 ValueError naming both); `unregister(key)` takes it out; `spec_of(key)` returns it, or raises `CheckpointError`
 (a UserError) naming the family, the registered ones and the fix; `specs()` lists them in registration order;
 `by_architecture(arch)` finds the family a config.json `architectures` entry names. The built-in families are the
-modules of `drafters/families/`, each registering its own spec: they are imported on the first question asked of
-the registry (a new module there is found without a list to edit), the four published families first.
+modules of `drafters/families/`, each declaring its `SPEC`: they are imported and registered on the first question
+asked of the registry (a new module there is found without a list to edit), the four published families first.
+The family modules import nothing of the registry, so the package has no import circle.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ _loaded = False
 
 
 def _load_built_in() -> None:
-    """Import every module of `drafters/families/` once (each registers its spec)."""
+    """Import every module of `drafters/families/` once and register its `SPEC`."""
     global _loaded
     if _loaded:
         return
@@ -34,7 +35,7 @@ def _load_built_in() -> None:
 
     found = [m.name for m in pkgutil.iter_modules(families.__path__)]
     for name in [n for n in BUILT_IN if n in found] + sorted(n for n in found if n not in BUILT_IN):
-        importlib.import_module(f"{families.__name__}.{name}")
+        register(importlib.import_module(f"{families.__name__}.{name}").SPEC)
 
 
 def register(spec: FamilySpec) -> FamilySpec:

@@ -100,7 +100,7 @@ class FamilySpec:
     model: str | type  # its `Drafter` class, "module:Class" (imported on first load) or the class; built by
     # `dflash.load` as cls(config, Weights, path, sliding_block)
     flops: str | Callable | None = None  # "module:function" (config, ctx_len, vocab) -> matmul FLOPs of a block;
-    # None: DFlash's count
+    # None: DFlash's count (`drafters.flops_per_block`)
     projector: str | None = None  # dflash_config.projector_type naming it (wins over a DFlashDraftModel)
     own_fields: tuple[str, ...] = ()  # fields only it has: set on another family's config, an error naming both
     implied_by: tuple[str, ...] = ()  # fields that make a DFlashDraftModel config this family (SGLang's DFlash2)
@@ -119,13 +119,6 @@ class FamilySpec:
     def model_class(self) -> type:
         """The `Drafter` class (importing its module: torch)."""
         return resolve(self.model)
-
-    def flops_per_block(self, c: DrafterConfig, ctx_len: int, vocab: int) -> float:
-        if self.flops is None:
-            from .dflash import flops_per_block
-
-            return flops_per_block(c, ctx_len, vocab)
-        return resolve(self.flops)(c, ctx_len, vocab)
 
 
 def resolve(ref: Any) -> Any:

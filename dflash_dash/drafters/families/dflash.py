@@ -7,7 +7,6 @@ anchor + 1 (D = B-1); a config of it drafting from the anchor's slot (DeepSpec's
 from __future__ import annotations
 
 from ..errors import CheckpointError
-from ..registry import register
 from ..spec import FamilySpec, Fields
 
 
@@ -20,15 +19,13 @@ def refuse(f: Fields) -> None:
         )
 
 
-SPEC = register(
-    FamilySpec(
-        key="dflash",
-        name="DFlash",
-        architectures=("DFlashDraftModel",),
-        model="dflash_dash.drafters.dflash:DFlash",
-        flops="dflash_dash.drafters.dflash:flops_per_block",
-        projector="dflash",
-        refuse=refuse,
-        strategies=("dflash",),
-    )
+SPEC = FamilySpec(
+    key="dflash",
+    name="DFlash",
+    architectures=("DFlashDraftModel",),
+    model="dflash_dash.drafters.dflash:DFlash",
+    flops="dflash_dash.drafters.dflash:flops_per_block",
+    projector="dflash",
+    refuse=refuse,
+    strategies=("dflash",),
 )

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import CheckpointError
-from ..registry import register
 from ..spec import FamilySpec, Fields
 
 if TYPE_CHECKING:
@@ -70,20 +69,18 @@ def rename(key: str) -> str:
     return key
 
 
-SPEC = register(
-    FamilySpec(
-        key="dflash2",
-        name="DFlash2",
-        architectures=("DFlash2DraftModel",),
-        model="dflash_dash.drafters.dflash2:DFlash2",
-        flops="dflash_dash.drafters.dflash2:flops_per_block",
-        projector="dflash2",
-        own_fields=FIELDS,
-        implied_by=FIELDS,  # SGLang serves DFlash2 from these fields on a DFlashDraftModel architecture
-        head=head,
-        extra_shapes=extra_shapes,
-        rename=rename,
-        strategies=("dflash",),  # SpecForge trains DFlash2 through DFlash's strategy
-        candidates=lambda h: h.get("selector_top_k", 0),
-    )
+SPEC = FamilySpec(
+    key="dflash2",
+    name="DFlash2",
+    architectures=("DFlash2DraftModel",),
+    model="dflash_dash.drafters.dflash2:DFlash2",
+    flops="dflash_dash.drafters.dflash2:flops_per_block",
+    projector="dflash2",
+    own_fields=FIELDS,
+    implied_by=FIELDS,  # SGLang serves DFlash2 from these fields on a DFlashDraftModel architecture
+    head=head,
+    extra_shapes=extra_shapes,
+    rename=rename,
+    strategies=("dflash",),  # SpecForge trains DFlash2 through DFlash's strategy
+    candidates=lambda h: h.get("selector_top_k", 0),
 )

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import CheckpointError
-from ..registry import register
 from ..spec import FamilySpec, Fields, renamer
 
 if TYPE_CHECKING:
@@ -40,20 +39,18 @@ def extra_shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
-SPEC = register(
-    FamilySpec(
-        key="domino",
-        name="Domino",
-        architectures=("DominoDraftModel",),
-        model="dflash_dash.drafters.domino:Domino",
-        flops="dflash_dash.drafters.domino:flops_per_block",
-        projector="domino",
-        own_fields=("emb_dim", "gru_hidden_dim", "pure_draft_prefix_len", "shift_label"),
-        head=head,
-        extra_shapes=extra_shapes,
-        # SpecForge `normalize_draft_head_checkpoint_keys`: early Domino heads under `logit_head`
-        rename=renamer({"logit_head.prefix_gru.": "prefix_gru.", "logit_head.embed_proj.": "embed_proj."}),
-        strategies=("domino",),
-        first_slot=lambda h: 0 if h.get("shift_label") else 1,
-    )
+SPEC = FamilySpec(
+    key="domino",
+    name="Domino",
+    architectures=("DominoDraftModel",),
+    model="dflash_dash.drafters.domino:Domino",
+    flops="dflash_dash.drafters.domino:flops_per_block",
+    projector="domino",
+    own_fields=("emb_dim", "gru_hidden_dim", "pure_draft_prefix_len", "shift_label"),
+    head=head,
+    extra_shapes=extra_shapes,
+    # SpecForge `normalize_draft_head_checkpoint_keys`: early Domino heads under `logit_head`
+    rename=renamer({"logit_head.prefix_gru.": "prefix_gru.", "logit_head.embed_proj.": "embed_proj."}),
+    strategies=("domino",),
+    first_slot=lambda h: 0 if h.get("shift_label") else 1,
 )

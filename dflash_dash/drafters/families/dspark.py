@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import CheckpointError
-from ..registry import register
 from ..spec import FamilySpec, Fields, renamer
 
 if TYPE_CHECKING:
@@ -72,21 +71,19 @@ def extra_shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-SPEC = register(
-    FamilySpec(
-        key="dspark",
-        name="DSpark",
-        architectures=("DSparkDraftModel", "Qwen3DSparkModel"),  # Qwen3DSparkModel: SGLang's normalised export
-        model="dflash_dash.drafters.dspark:DSpark",
-        flops="dflash_dash.drafters.dspark:flops_per_block",
-        projector="dspark",
-        own_fields=("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov"),
-        head=head,
-        extra_shapes=extra_shapes,
-        # SpecForge `normalize_draft_head_checkpoint_keys`: early DSpark heads under `logit_head`
-        rename=renamer({"logit_head.markov_head.": "markov_head.", "logit_head.confidence_head.": "confidence_head."}),
-        strategies=("dspark",),
-        first_slot=lambda h: 0 if h.get("sample_from_anchor") else 1,
-        drafts=lambda h, B: B if h.get("sample_from_anchor") else B - 1,
-    )
+SPEC = FamilySpec(
+    key="dspark",
+    name="DSpark",
+    architectures=("DSparkDraftModel", "Qwen3DSparkModel"),  # Qwen3DSparkModel: SGLang's normalised export
+    model="dflash_dash.drafters.dspark:DSpark",
+    flops="dflash_dash.drafters.dspark:flops_per_block",
+    projector="dspark",
+    own_fields=("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov"),
+    head=head,
+    extra_shapes=extra_shapes,
+    # SpecForge `normalize_draft_head_checkpoint_keys`: early DSpark heads under `logit_head`
+    rename=renamer({"logit_head.markov_head.": "markov_head.", "logit_head.confidence_head.": "confidence_head."}),
+    strategies=("dspark",),
+    first_slot=lambda h: 0 if h.get("sample_from_anchor") else 1,
+    drafts=lambda h, B: B if h.get("sample_from_anchor") else B - 1,
 )
