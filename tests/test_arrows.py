@@ -298,6 +298,22 @@ def test_the_load_check_sees_a_page_importing_torch(tmp_path):
     assert "torch" in load_all(tmp_path)
 
 
+def test_ci_runs_the_lint_first():
+    """CI (.ci/run) runs `make test`, which runs `make lint` first: ruff, mypy (strict on the typed modules of
+    pyproject.toml's [tool.mypy]) and this file's circle check, so a lint failure fails CI."""
+    import re
+
+    assert re.search(r"^make test$", (ROOT / ".ci" / "run").read_text(), re.M)
+    make = (ROOT / "Makefile").read_text()
+    assert re.search(r"^test: lint\b", make, re.M)
+    lint = make[make.index("\nlint:") :].split("\n\n")[0]
+    for step in ("ruff check", "ruff format --check", "mypy", "tests/test_arrows.py -k circle"):
+        assert step in lint, f"make lint does not run {step}"
+    conf = (ROOT / "pyproject.toml").read_text()
+    assert "[tool.mypy]" in conf and "strict = true" in conf
+    assert re.search(r"^mypy==", (ROOT / "requirements-test.txt").read_text(), re.M)
+
+
 MAX_LINES = 500  # a product module past this holds more than one concern: split it by concern
 
 
