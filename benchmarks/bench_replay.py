@@ -424,10 +424,7 @@ def measure(a, figs: dict, family: str, peak: float | None = None) -> None:
     if peak is None:
         peak = device_checks(a, figs, dev, [family])
 
-    shm = Path("/dev/shm")
-    base = (
-        Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="dflash-replay-", dir=shm if shm.is_dir() else None))
-    )
+    base = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="dflash-replay-", dir=scratch()))
     work = base / "w"
     shutil.rmtree(work, ignore_errors=True)
     t0 = time.perf_counter()
@@ -598,6 +595,13 @@ SUMMARY = (  # figures repeated in the summary block of --family all
 )
 
 
+def scratch() -> str | None:
+    """Where the inputs are written: /dev/shm (page-cache speed) when it has room for a family's at the reference
+    shapes, else the system's temporary folder."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and shutil.disk_usage(shm).free > 16 << 30 else None
+
+
 def measure_all(a) -> int:
     """Every family in this process, one after the other, against one measured peak: each family's figures
     printed as it finishes (suffixed with its name), then a summary block; 1 if a family failed."""
@@ -606,16 +610,17 @@ def measure_all(a) -> int:
     peak = device_checks(a, shared, dev, list(FAMILIES))
     report(shared)
     summary, failed = {}, 0
-    shm = Path("/dev/shm")
-    root = (
-        Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="dflash-replay-", dir=shm if shm.is_dir() else None))
-    )
+    root = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="dflash-replay-", dir=scratch()))
     for family in FAMILIES:
         figs: dict = {}
         t0 = time.perf_counter()
         one = argparse.Namespace(**(vars(a) | {"work": str(root / family)}))  # each family's inputs apart
+        stop = False
         try:
             measure(one, figs, family, peak)
+        except KeyboardInterrupt:  # a timeout's SIGINT: this family's figures so far and the summary, then stop
+            note(f"{family} interrupted")
+            failed, stop = 1, True
         except Exception as e:  # noqa: BLE001  (the next family still runs; this one's figures so far are printed)
             note(f"{family} failed: {type(e).__name__}: {e}")
             failed = 1
@@ -628,9 +633,11 @@ def measure_all(a) -> int:
             figs = suffixed(figs, length)
         report(figs)
         summary |= {k: v for k, v in figs.items() if k.startswith(tuple(n.format(chunk=a.chunk) for n in SUMMARY))}
+        if stop:
+            break
         if dev.startswith("cuda"):
             torch.cuda.empty_cache()
-    if dev.startswith("cuda"):
+    if dev.startswith("cuda") and not stop:
         summary["matmul_bf16_tflops_after"] = matmul_tflops(dev, 8192)  # the peak again: did the clock drift?
     if not a.work:
         shutil.rmtree(root, ignore_errors=True)
