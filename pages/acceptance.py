@@ -11,6 +11,8 @@ shown]."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import streamlit as st
 
 from dflash_dash import metrics
@@ -34,6 +36,9 @@ from pages.calibration_view import calibration_block
 from pages.guard import guard
 from pages.heads_view import confidence_block, headroom_block
 from pages.live_view import live_block
+
+if TYPE_CHECKING:
+    from dflash_dash.store import Completion, Run
 
 frame.routed()
 
@@ -124,10 +129,10 @@ def stats_block(s: dict, rows: list[dict], run_id: str) -> None:
     )
 
 
-def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] | None = None) -> None:
-    B = run["summary"]["block_size"]
+def token_view(ws: str, run: Run, row: dict, comp: Completion, span: tuple[int, int] | None = None) -> None:
+    B = run.summary["block_size"]
     ex = reads.extractions(ws, reads.stamp())
-    target = next((e["target_path"] for e in ex if e["id"] == run["extraction_id"]), None)
+    target = next((e.target_path for e in ex if e.id == run.extraction_id), None)
     vocab = reads.vocab(target) if target else Vocab()
     tr = trace(row, comp, B)
     c = st.columns(5)
@@ -135,11 +140,11 @@ def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] 
     c[0].caption("committed / rounds")
     c[1].metric("rounds", len(tr.rounds))
     c[2].metric("completion tokens", len(row["accepted_at"]))
-    c[3].metric(f"DDTree-{run['tree_budget']} tau (this prompt)", fmt(row["tree_tau"]))
+    c[3].metric(f"DDTree-{run.tree_budget} tau (this prompt)", fmt(row["tree_tau"]))
     c[3].caption("committed / rounds of the tree walk")
     c[4].metric("rejections", sum(r is not None for r in tr.rejected))
     with st.expander("prompt"):
-        st.html(text_html(comp.get("prompt") or ""))
+        st.html(text_html(comp.prompt or ""))
     t1, t2 = st.columns(2)
     sup = t1.toggle("depth superscripts", value=True)
     inline = t2.toggle("rejected drafts inline", value=True)
@@ -163,10 +168,10 @@ def token_view(ws: str, run: dict, row: dict, comp: dict, span: tuple[int, int] 
         baseline_view.source_note(ws, run, row, comp, vocab, rnd)
 
 
-def curve_block(ws: str, run: dict, pid: str) -> None:
+def curve_block(ws: str, run: Run, pid: str) -> None:
     """accepted(p) along the shown prompt (a section: drawn when chosen)."""
-    B = run["summary"]["block_size"]
-    row, comp = reads.run_prompt(ws, run["id"], pid), reads.completion(ws, run["set_name"], pid, reads.stamp())
+    B = run.summary["block_size"]
+    row, comp = reads.run_prompt(ws, run.id, pid), reads.completion(ws, run.set_name, pid, reads.stamp())
     st.subheader(f"accepted(p) along {pid}")
     st.plotly_chart(accept_curve(trace(row, comp, B), row, B), width="stretch")
     st.caption(
@@ -175,10 +180,10 @@ def curve_block(ws: str, run: dict, pid: str) -> None:
     )
 
 
-def round_block(run: dict, row: dict, comp: dict, vocab: Vocab) -> int | None:
+def round_block(run: Run, row: dict, comp: Completion, vocab: Vocab) -> int | None:
     """One round of the chain walk in full: the drafter's B-1 slots with their top-k candidates beside the
     target's tokens, where the chain stopped and what DDTree took at that anchor (URL: &round=N); the round shown."""
-    B, budget = run["summary"]["block_size"], run["tree_budget"]
+    B, budget = run.summary["block_size"], run.tree_budget
     st.markdown("**Round detail** · the drafter's whole block at one round of the chain walk")
     opts = round_options(row, comp, B)
     if not opts:
@@ -189,7 +194,7 @@ def round_block(run: dict, row: dict, comp: dict, vocab: Vocab) -> int | None:
     rnd = params.select_param(
         "round of the chain walk", list(labels), "round", "acc_round", default=str(first_stop), format_func=labels.get
     )
-    detail = round_detail(row, comp, B, int(rnd), vocab, run["summary"].get("round_topk"), budget)
+    detail = round_detail(row, comp, B, int(rnd), vocab, run.summary.get("round_topk"), budget)
     st.html(round_html(detail))
     st.caption(
         "candidate j: the drafter's j-th most probable token for the slot, with its probability; green: "
@@ -235,25 +240,25 @@ PATTERN_TABLES = {  # table key: (title, what it answers)
 }
 
 
-def context_limits(run: dict) -> list[tuple[int, str]]:
+def context_limits(run: Run) -> list[tuple[int, str]]:
     """Where a run's drafter sees its context differently (drafters.context_limits of its stored config); none
     when that config no longer parses."""
     from dflash_dash import drafters
 
     try:
-        return drafters.context_limits(run.get("config") or {})
+        return drafters.context_limits(run.config or {})
     except drafters.CheckpointError:
         return []
 
 
-def patterns_block(ws: str, run: dict) -> None:
+def patterns_block(ws: str, run: Run) -> None:
     st.subheader("Failure patterns")
     st.caption(
         "Where and on what the drafter fails, over the chain-walk rounds. P(d_1 accepted) = share of "
         "rounds whose first draft is accepted; tau = committed / rounds of the group. Token classes come "
         "from the decoded token text (Python keywords for keyword; a quote makes a string token)."
     )
-    pat = reads.analysis(ws, run["id"], "patterns")
+    pat = reads.analysis(ws, run.id, "patterns")
     if not pat["decoded_tokens"]:
         st.caption("The target folder has no tokenizer: tokens are shown as ⟨id⟩ and every class is `other`.")
 
@@ -267,7 +272,7 @@ def patterns_block(ws: str, run: dict) -> None:
             rows, hide_index=True, placeholder=DASH, width="stretch", column_config=widgets.numbers(rows, **(cfg or {}))
         )
         with col:
-            widgets.download(f"{title} (CSV)", pat[key], f"{run['id']}-{key}.csv", f"acc_dl_{key}")
+            widgets.download(f"{title} (CSV)", pat[key], f"{run.id}-{key}.csv", f"acc_dl_{key}")
 
     c1, c2 = st.columns(2)
     c1.plotly_chart(class_fig(pat["by_class"]), width="stretch")
@@ -307,7 +312,7 @@ def patterns_block(ws: str, run: dict) -> None:
         f"The last {pat['worst_spans_end_cut']} positions of each completion are left out of the worst spans: "
         "fewer than a block of tokens follows them, so the text's end, not the drafter, caps their acceptance."
     )
-    if run["summary"].get("anchors") == "chain":
+    if run.summary.get("anchors") == "chain":
         st.caption(
             "A chain-only run knows accepted(p) only at the anchors its walks visited: a span's mean is over "
             "those (column `anchors`); replay with every anchor for the full picture."
@@ -356,22 +361,22 @@ def main() -> None:
         )
         jobs_view.replay_form(exs, None)
         return
-    by_id = {r["id"]: r for r in runs}
+    by_id = {r.id: r for r in runs}
     default, basis = healthiest_run(runs)  # the healthiest run on the extraction that matches serving
     rid = params.select_run("run (checkpoint · family · backend · id)", runs, "run", "acc_run", default=default)
     if rid == default:
         st.caption(DEFAULT_RUN_NOTES[basis])
     run = by_id[rid]
-    s = run["summary"]
+    s = run.summary
     st.caption(
-        f"**{family(run)}** checkpoint `{run['checkpoint']}` · extraction `{run['extraction_id']}` "
-        f"(backend **{run['backend']}**) · completions `{run['set_name']}` "
-        f"({reads.set_sampling(ws, run['set_name'], stamp)}) · {s.get('block_size', 1) - 1} drafts "
-        "per step" + sliding_note(run.get("sliding_block"))
+        f"**{family(run)}** checkpoint `{run.checkpoint}` · extraction `{run.extraction_id}` "
+        f"(backend **{run.backend}**) · completions `{run.set_name}` "
+        f"({reads.set_sampling(ws, run.set_name, stamp)}) · {s.get('block_size', 1) - 1} drafts "
+        "per step" + sliding_note(run.sliding_block)
     )
-    widgets.backend_note(run["backend"])
+    widgets.backend_note(run.backend)
     baseline_view.beside(runs, run)
-    widgets.streamed_note(next((e for e in exs if e["id"] == run["extraction_id"]), None))
+    widgets.streamed_note(next((e for e in exs if e.id == run.extraction_id), None))
     rows = reads.prompt_rows(ws, rid)  # per-prompt numbers only: no page loads every token of every prompt
     full = reads.summary(ws, run)
     summary_block(full, list(rows.values()), rid)
@@ -380,8 +385,8 @@ def main() -> None:
     live_block(ws, run, rows)  # the live loop's measured acceptance and tokens/s beside the estimate, when run
 
     st.subheader("Per prompt")
-    comps = reads.completions(ws, run["set_name"], stamp)
-    table = prompt_table(list(rows.values()), comps, run["tree_budget"])
+    comps = reads.completions(ws, run.set_name, stamp)
+    table = prompt_table(list(rows.values()), comps, run.tree_budget)
     st.caption(
         "sorted by tau, lowest first; tau = committed / rounds; outlier = low / high outside Tukey's fences "
         "of per-prompt tau; chain_tau_at_budget = tau of the chain verifying as many drafts as the tree "
@@ -407,11 +412,11 @@ def main() -> None:
             params.set_param("acc_prompt", "prompt", pid)
     pid = params.select_param("prompt", order, "prompt", "acc_prompt")
     if pid not in comps:
-        st.error(f"prompt {pid!r} has no completion in set {run['set_name']!r} any more; re-import it.")
+        st.error(f"prompt {pid!r} has no completion in set {run.set_name!r} any more; re-import it.")
     else:
         st.subheader(f"Token view · {pid}")
         token_view(
-            ws, run, reads.run_prompt(ws, rid, pid), reads.completion(ws, run["set_name"], pid, stamp), link_span(pid)
+            ws, run, reads.run_prompt(ws, rid, pid), reads.completion(ws, run.set_name, pid, stamp), link_span(pid)
         )
     st.subheader("More on this run")
     section = params.section_param(
@@ -431,7 +436,7 @@ def main() -> None:
     if section:
         with guard():  # a failing analysis does not hide the rest of the page
             draw.get(section, lambda: BLOCKS[section](ws, run))()
-    jobs_view.replay_form(exs, run["extraction_id"])
+    jobs_view.replay_form(exs, run.extraction_id)
 
 
 with guard():

@@ -5,6 +5,8 @@ kept "calibration" analysis of the run.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import streamlit as st
 
 from dflash_dash import metrics
@@ -12,6 +14,9 @@ from dflash_dash.render.analysis_figures import confidence_fig, expected_fig, re
 from dflash_dash.render.formats import fmt, prob
 from dflash_dash.render.missing import DASH
 from pages import reads, widgets
+
+if TYPE_CHECKING:
+    from dflash_dash.store import Run
 
 POOLED = "pooled over depths"  # the reliability diagram over every depth at once
 
@@ -23,8 +28,8 @@ def depth_choice(block_size: int, key: str) -> str | int:
     return "pooled" if v == POOLED else int(v.split()[1])
 
 
-def calibration_block(ws: str, run: dict) -> None:
-    s = run["summary"]
+def calibration_block(ws: str, run: Run) -> None:
+    s = run.summary
     B = s["block_size"]
     st.subheader("Calibration")
     st.caption(
@@ -32,7 +37,7 @@ def calibration_block(ws: str, run: dict) -> None:
         "slot k. A sample is a chain-walk round with slot k inside the completion and d_1..d_{k-1} accepted; "
         "it counts as accepted when d_k is accepted too (the rounds of the per-depth conditional curve)."
     )
-    cal = reads.analysis(ws, run["id"], "calibration")
+    cal = reads.analysis(ws, run.id, "calibration")
     if not cal["recorded"]:
         st.info(
             "Draft probabilities: not recorded, replay again. This run was replayed before dflash-dash stored "
@@ -58,12 +63,12 @@ def calibration_block(ws: str, run: dict) -> None:
         "drafter is calibrated, below it over-confident; bars: samples per bin"
     )
     with c1:
-        widgets.download("reliability bins (CSV)", cal["reliability"], f"{run['id']}-reliability.csv", "acc_dl_rel")
+        widgets.download("reliability bins (CSV)", cal["reliability"], f"{run.id}-reliability.csv", "acc_dl_rel")
     c2.plotly_chart(confidence_fig({"run": cal["by_depth"]}), width="stretch")
     c2.caption("per depth: mean p_k against P(d_k accepted | d_1..d_{k-1} accepted), and the ECE of each depth")
     with c2:
         widgets.download(
-            "per-depth calibration (CSV)", cal["by_depth"], f"{run['id']}-calibration-depth.csv", "acc_dl_depth"
+            "per-depth calibration (CSV)", cal["by_depth"], f"{run.id}-calibration-depth.csv", "acc_dl_depth"
         )
     c1, c2 = st.columns(2)
     c1.plotly_chart(expected_fig({"run": cal["per_prompt"]}), width="stretch")
@@ -71,7 +76,7 @@ def calibration_block(ws: str, run: dict) -> None:
         widgets.download(
             "expected vs observed tau per prompt (CSV)",
             cal["per_prompt"],
-            f"{run['id']}-expected-tau.csv",
+            f"{run.id}-expected-tau.csv",
             "acc_dl_exp",
         )
     depth = cal["by_depth"]

@@ -47,13 +47,13 @@ SECTIONS = {  # URL value: label (&section=...): each drawn only when chosen
 }
 
 
-def metrics_table(a: dict, b: dict) -> list[dict]:
+def metrics_table(a: Run, b: Run) -> list[dict]:
     out = []
     for m in metrics.HEADLINE:
-        va, vb = a["summary"].get(m.key), b["summary"].get(m.key)
+        va, vb = a.summary.get(m.key), b.summary.get(m.key)
         out.append(
             {
-                "metric": metrics.label(m.key, a["summary"]),
+                "metric": metrics.label(m.key, a.summary),
                 "A": fmt(va),
                 "B": fmt(vb),
                 "B − A": fmt(vb - va) if va is not None and vb is not None else "—",
@@ -63,7 +63,7 @@ def metrics_table(a: dict, b: dict) -> list[dict]:
     return out
 
 
-def pick_prompt(a: dict, b: dict, ra: dict, rb: dict, comps: dict) -> str | None:
+def pick_prompt(a: Run, b: Run, ra: dict, rb: dict, comps: dict) -> str | None:
     """The per-prompt delta table (sortable; a selected row opens its prompt) and the prompt select, both ordered
     by |delta| descending; a new A or B re-sorts them and selects the largest difference."""
     rows = [r for r in delta_rows(ra, rb) if r["prompt"] in comps]
@@ -72,7 +72,7 @@ def pick_prompt(a: dict, b: dict, ra: dict, rb: dict, comps: dict) -> str | None
         return None
     st.caption(DELTA_NOTE)
     order = [r["prompt"] for r in rows]
-    pair = f"{a['id']}|{b['id']}"
+    pair = f"{a.id}|{b.id}"
     ev = st.dataframe(
         rows,
         hide_index=True,
@@ -103,57 +103,57 @@ def pick_prompt(a: dict, b: dict, ra: dict, rb: dict, comps: dict) -> str | None
     )
 
 
-def token_views(ws: str, stamp: str, a: dict, b: dict, ra: dict, rb: dict) -> None:
-    comps = reads.completions(ws, a["set_name"], stamp)
+def token_views(ws: str, stamp: str, a: Run, b: Run, ra: dict, rb: dict) -> None:
+    comps = reads.completions(ws, a.set_name, stamp)
     pid = pick_prompt(a, b, ra, rb, comps)
     if pid is None:
         return
-    ex = {e["id"]: e for e in reads.extractions(ws, stamp)}
-    target = (ex.get(a["extraction_id"]) or {}).get("target_path")
+    ex = {e.id: e for e in reads.extractions(ws, stamp)}
+    target = ex[a.extraction_id].target_path if a.extraction_id in ex else None
     vocab = reads.vocab(target) if target else Vocab()
-    Ba, Bb = a["summary"]["block_size"], b["summary"]["block_size"]
-    comp = reads.completion(ws, a["set_name"], pid, stamp)
+    Ba, Bb = a.summary["block_size"], b.summary["block_size"]
+    comp = reads.completion(ws, a.set_name, pid, stamp)
     ta, tb = (
-        trace(reads.run_prompt(ws, a["id"], pid), comp, Ba),
-        trace(reads.run_prompt(ws, b["id"], pid), comp, Bb),
+        trace(reads.run_prompt(ws, a.id, pid), comp, Ba),
+        trace(reads.run_prompt(ws, b.id, pid), comp, Bb),
     )
     diff = differing(ta, tb)
     st.caption(f"{len(diff)} of {len(ta.role)} completion positions differ in outcome. {OUTCOME_NOTE}")
     st.html(legend_html(Ba, compare=True))
     heads = (
-        f"A · {a['name']} ({family(a)}) · tau {fmt(ra[pid]['tau'])}",
-        f"B · {b['name']} ({family(b)}) · tau {fmt(rb[pid]['tau'])}",
+        f"A · {a.name} ({family(a)}) · tau {fmt(ra[pid]['tau'])}",
+        f"B · {b.name} ({family(b)}) · tau {fmt(rb[pid]['tau'])}",
     )
     win = params.window_param(len(ta.role), ta.prompt_len, "cmp_win", pid, around=min(diff) if diff else None)
     st.html(compare_html(ta, tb, vocab, (Ba, Bb), diff, heads, window=win), unsafe_allow_javascript=True)
 
 
-def lag_block(ws: str, stamp: str, a: dict, b: dict) -> None:
+def lag_block(ws: str, stamp: str, a: Run, b: Run) -> None:
     st.subheader("One-position draft lag, per slot")
     st.caption(
         "How often the draft at slot k is the target's token one position behind the one it should predict: "
         "the signature of a drafter trained with the anchor's own hidden state in view. " + metrics.LAG_FORMULA
     )
     rows = lag_rows(
-        reads.analysis(ws, a["id"], "lag"),
-        reads.analysis(ws, b["id"], "lag"),
-        a["summary"]["block_size"],
-        b["summary"]["block_size"],
+        reads.analysis(ws, a.id, "lag"),
+        reads.analysis(ws, b.id, "lag"),
+        a.summary["block_size"],
+        b.summary["block_size"],
     )
     if not any(r["anchors A"] or r["anchors B"] for r in rows):
         st.info("No drafts to count: the runs hold no drafts for their shared prompts.")
         return
     c1, c2 = st.columns([3, 2])
-    c1.plotly_chart(lag_fig(rows, a["name"], b["name"]), width="stretch")
+    c1.plotly_chart(lag_fig(rows, a.name, b.name), width="stretch")
     with c2:
         st.dataframe(rows, hide_index=True, placeholder=DASH, width="stretch", column_config=widgets.numbers(rows))
         widgets.download("draft lag per slot, both runs (CSV)", rows, "compare-lag.csv", "cmp_dl_lag")
 
 
-def calibration_block(ws: str, a: dict, b: dict) -> None:
+def calibration_block(ws: str, a: Run, b: Run) -> None:
     """Calibration of A and B overlaid: ECE and expected vs observed tau, reliability diagrams, per-depth curves."""
     st.subheader("Calibration, A and B")
-    cals = {f"{side} {r['name']}": reads.analysis(ws, r["id"], "calibration") for side, r in (("A", a), ("B", b))}
+    cals = {f"{side} {r.name}": reads.analysis(ws, r.id, "calibration") for side, r in (("A", a), ("B", b))}
     for name, cal in cals.items():
         if not cal["recorded"]:
             st.info(f"{name}: draft probabilities not recorded, replay again (the run predates them).")
@@ -175,7 +175,7 @@ def calibration_block(ws: str, a: dict, b: dict) -> None:
         placeholder=DASH,
         width="stretch",
     )
-    B = max(r["summary"]["block_size"] for r in (a, b))
+    B = max(r.block_size for r in (a, b))
     opts = ["pooled over depths"] + [f"depth {k}" for k in range(1, B)]
     v = st.selectbox("reliability diagram: depth", opts, key="cmp_cal_depth")
     depth = "pooled" if v == opts[0] else int(v.split()[1])
@@ -198,9 +198,9 @@ def calibration_block(ws: str, a: dict, b: dict) -> None:
         )
 
 
-def config_block(a: dict, b: dict) -> None:
+def config_block(a: Run, b: Run) -> None:
     st.subheader("Configs side by side")
-    rows = config_diff(a["config"], b["config"])
+    rows = config_diff(a.config, b.config)
     n = sum(1 for r in rows if r["differs"])
     st.caption(f"{n} {'key differs' if n == 1 else 'keys differ'} (marked ≠, listed first)")
 
@@ -212,21 +212,21 @@ def config_block(a: dict, b: dict) -> None:
     st.dataframe(pd.DataFrame(rows).style.apply(mark, axis=1), hide_index=True, placeholder=DASH, width="stretch")
 
 
-def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
+def sweep_block(ws: str, stamp: str, runs: list[Run]) -> None:
     st.header("Training sweep")
     st.caption(
         "Point at a training output folder (epoch_E_step_S/, SpecForge runtime {run_id}-step{N}/, "
         "checkpoint-N/ folders): every checkpoint in it is replayed on one extraction, as one job, in step "
         "order ({run_id}-latest/-best links count once); tau is plotted against step."
     )
-    exs = [e for e in reads.extractions(ws, stamp) if e["status"] == "done"]
+    exs = [e for e in reads.extractions(ws, stamp) if e.status == "done"]
     default = st.query_params.get("sweep", "") or demo.series_folder(ws) or ""  # a demo: its healthy run's steps
     folder = st.text_input("training output folder", value=default, key="sweep_folder")
     if folder.strip():
         st.query_params["sweep"] = folder.strip()
     if exs:
-        ids = [e["id"] for e in exs]
-        by = {e["id"]: e for e in exs}
+        ids = [e.id for e in exs]
+        by = {e.id: e for e in exs}
         ex = st.selectbox(
             "extraction",
             ids,
@@ -240,10 +240,10 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
         if st.button("Start sweep", type="primary", disabled=not folder.strip()):
             from dflash_dash import pipeline
 
-            widgets.backend_note(by[ex]["backend"], f"Extraction {ex}")
+            widgets.backend_note(by[ex].backend, f"Extraction {ex}")
             e = by[ex]
             stream = (  # no feature files: the sweep runs the target again over the set
-                dict(stream=True, target=e["target_path"], completions=e["set_name"]) if streamed(e) else {}
+                dict(stream=True, target=e.target_path, completions=e.set_name) if streamed(e) else {}
             )
             with guard({"checkpoints": "training output folder"} | jobs_view.SAMPLING):  # a mistyped folder,
                 # one without a checkpoint or with a damaged one, a temperature without the extraction's top-K: said
@@ -267,7 +267,7 @@ def sweep_block(ws: str, stamp: str, runs: list[dict]) -> None:
             "tau (macro): mean over prompts of committed/rounds; tau (pooled): all committed / all rounds; "
             "DDTree tau: the same with tree drafting"
         )
-        by = {r["id"]: r for r in runs}
+        by = {r.id: r for r in runs}
         pts, speed_note = speed_view.column(ws, [by[p["run"]] for p in pts], pts, "sweep_costs")
         for p in pts:
             x = p["predicted speedup"]
@@ -291,14 +291,14 @@ def main() -> None:
             "**Replay**, or a training sweep below)."
         )
     else:
-        by_id = {r["id"]: r for r in runs}
+        by_id = {r.id: r for r in runs}
         st.subheader("Runs side by side")
         chosen = many_view.pick_runs(ws, stamp, runs)
         with guard():  # a failing table does not hide the pair below
             many_view.many_block(ws, stamp, chosen)
         st.subheader("Two of them, prompt by prompt")
         linked = {st.query_params.get("a"), st.query_params.get("b")}  # a link's pair stays choosable
-        pool = [r for r in runs if r["id"] in {c["id"] for c in chosen} | linked]
+        pool = [r for r in runs if r.id in {c.id for c in chosen} | linked]
         pool = pool if len(pool) >= 2 else runs
         da, db = default_pair(pool)  # the newest two of them on one extraction
         c1, c2 = st.columns(2)
@@ -308,19 +308,19 @@ def main() -> None:
             b_id = params.select_run("B", pool, "b", "cmp_b", default=db)
         a, b = by_id[a_id], by_id[b_id]
         st.caption(
-            f"A: `{a['checkpoint']}` on `{a['extraction_id']}` (backend **{a['backend']}**)  \n"
-            f"B: `{b['checkpoint']}` on `{b['extraction_id']}` (backend **{b['backend']}**)"
+            f"A: `{a.checkpoint}` on `{a.extraction_id}` (backend **{a.backend}**)  \n"
+            f"B: `{b.checkpoint}` on `{b.extraction_id}` (backend **{b.backend}**)"
         )
-        widgets.backend_note(a["backend"], "Run A")
-        if b["backend"] != a["backend"]:
-            widgets.backend_note(b["backend"], "Run B")
-        if a["extraction_id"] != b["extraction_id"]:
+        widgets.backend_note(a.backend, "Run A")
+        if b.backend != a.backend:
+            widgets.backend_note(b.backend, "Run B")
+        if a.extraction_id != b.extraction_id:
             st.warning(
-                f"A and B are on different extractions ({a['extraction_id']} vs {b['extraction_id']}): "
+                f"A and B are on different extractions ({a.extraction_id} vs {b.extraction_id}): "
                 "differences may come from the hidden states, not the checkpoints. Replay both on one "
                 "extraction for a clean comparison."
             )
-        if a["set_name"] != b["set_name"]:
+        if a.set_name != b.set_name:
             st.error("A and B are on different completion sets; per-prompt comparisons need the same set.")
         else:
             st.dataframe(metrics_table(a, b), hide_index=True, placeholder=DASH, width="stretch")
@@ -332,25 +332,25 @@ def main() -> None:
     sweep_block(ws, stamp, runs)
 
 
-def charts_block(ws: str, a: dict, b: dict) -> None:
+def charts_block(ws: str, a: Run, b: Run) -> None:
     """Per-prompt tau scatter, per-depth curves and histograms of A and B overlaid (a section)."""
     st.subheader("tau per prompt, per depth, histogram")
-    ra, rb = reads.prompt_rows(ws, a["id"]), reads.prompt_rows(ws, b["id"])
+    ra, rb = reads.prompt_rows(ws, a.id), reads.prompt_rows(ws, b.id)
     st.plotly_chart(
-        scatter_fig({p: r["tau"] for p, r in ra.items()}, {p: r["tau"] for p, r in rb.items()}, a["name"], b["name"]),
+        scatter_fig({p: r["tau"] for p, r in ra.items()}, {p: r["tau"] for p, r in rb.items()}, a.name, b.name),
         width="stretch",
     )
-    sa = {f"A {a['name']} ({family(a)})": a["summary"]}
-    sb = {f"B {b['name']} ({family(b)})": b["summary"]}
+    sa = {f"A {a.name} ({family(a)})": a.summary}
+    sb = {f"B {b.name} ({family(b)})": b.summary}
     c1, c2 = st.columns(2)
     c1.plotly_chart(depth_fig(sa | sb), width="stretch")
     c2.plotly_chart(hist_fig(sa | sb), width="stretch")
 
 
-def more_block(ws: str, stamp: str, runs: list[dict], a: dict, b: dict) -> None:
+def more_block(ws: str, stamp: str, runs: list[Run], a: Run, b: Run) -> None:
     """The section picker below the pair: one section drawn when chosen (a link with &sweep=DIR opens the sweep)."""
     st.subheader("More on A and B")
-    same = a["set_name"] == b["set_name"]  # per-prompt sections need one completion set
+    same = a.set_name == b.set_name  # per-prompt sections need one completion set
     options = {k: v for k, v in SECTIONS.items() if same or k in ("config", "sweep")}
     section = params.section_param(
         "their charts, calibration, draft lag, configs, or a training sweep (drawn when chosen)",

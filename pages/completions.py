@@ -176,8 +176,8 @@ def main() -> None:
             "a prompt set below, or import a completions JSONL."
         )
     else:
-        names = [s["name"] for s in sets]
-        counts = {s["name"]: s["prompts"] for s in sets}
+        names = [s.name for s in sets]
+        counts = {s.name: s.prompts for s in sets}
         name = params.select_param(
             "completion set",
             names,
@@ -216,18 +216,16 @@ def main() -> None:
                     "request. spec_accept_histogram as accepted:count."
                 )
             pid = params.select_param("show completion", list(comps), "prompt", "comp_prompt")
-            c = reads.completion(ws, name, pid, stamp) or {}
+            c = reads.completion(ws, name, pid, stamp)
             a, b = st.columns(2)
             with a:
                 st.markdown("**prompt**")
-                st.html(text_html(c.get("prompt") or "(prompt given as token ids)"))
+                st.html(text_html((c and c.prompt) or "(prompt given as token ids)"))
             with b:
                 st.markdown("**completion**")
-                st.html(text_html(c.get("output") or ""))
+                st.html(text_html((c and c.output) or ""))
             with st.expander("request and meta_info as stored"):
-                st.json(
-                    {"request": c.get("request"), "meta_info": c.get("meta_info"), "model_path": c.get("model_path")}
-                )
+                st.json({"request": c.request, "meta_info": c.meta_info, "model_path": c.model_path} if c else {})
     import_prompts_form()  # above the fetch form, whose prompt-set list then holds the set just imported
     fetch_form()
     import_form()

@@ -265,9 +265,9 @@ def main() -> None:
             "(**Acceptance**); then this page compares the engine's acceptance with the replay's."
         )
         return
-    by_id = {r["id"]: r for r in runs}
+    by_id = {r.id: r for r in runs}
     estamp = stamp + "|" + reads.engine_stamp()
-    with_stats = {s for s in {r["set_name"] for r in runs} if reads.engines(ws, s, estamp)}
+    with_stats = {s for s in {r.set_name for r in runs} if reads.engines(ws, s, estamp)}
     rid = params.select_run(
         "run (checkpoint · family · backend · id)",
         runs,
@@ -276,7 +276,7 @@ def main() -> None:
         default=conformance.default_run(runs, with_stats),  # the newest run that has engine stats to compare
     )
     run = by_id[rid]
-    set_name = run["set_name"]
+    set_name = run.set_name
     engines = reads.engines(ws, set_name, estamp)
     if not engines:
         st.info(NO_STATS.format(set=set_name))
@@ -296,17 +296,17 @@ def main() -> None:
         key="conf_thr",
     )
     st.caption(
-        f"checkpoint `{run['checkpoint']}` · completions `{set_name}` · extraction `{run['extraction_id']}` "
-        f"(backend **{run['backend']}**) · flagged: replay tau − engine tau > {thr:g} × replay tau. "
+        f"checkpoint `{run.checkpoint}` · completions `{set_name}` · extraction `{run.extraction_id}` "
+        f"(backend **{run.backend}**) · flagged: replay tau − engine tau > {thr:g} × replay tau. "
         "A correct "
         "engine with the replay's numerics matches exactly; bf16 kernels and batch shapes move a prompt's tau "
         "by a few percent either way (numeric noise); a broken engine costs more."
     )
-    widgets.backend_note(run["backend"])
+    widgets.backend_note(run.backend)
     comps = reads.completions(ws, set_name, stamp)
     prompts = sorted(
         reads.all_prompts(ws, rid).values(),
-        key=lambda p: (comps.get(p["prompt_id"], {}).get("idx", 0), p["prompt_id"]),
+        key=lambda p: (getattr(comps.get(p["prompt_id"]), "idx", 0), p["prompt_id"]),
     )
     stats = reads.engine_stats(ws, set_name, engine, estamp)
     rows = conformance.compare(prompts, stats, thr, engine)
@@ -336,7 +336,7 @@ def main() -> None:
     fault_ranking(ws, rid, engine, gap=verdict.direction(rows, thr)[0] is not None)
     hist = conformance.engine_histogram(rows)
     if hist:
-        B = (run["summary"] or {}).get("block_size") or len(hist)
+        B = (run.summary or {}).get("block_size") or len(hist)
         rep = conformance.replay_histogram(prompts, {r["id"] for r in rows}, B)
         st.plotly_chart(
             hist_fig({f"engine ({engine})": {"accept_hist": hist}, "replay": {"accept_hist": rep}}),

@@ -14,6 +14,7 @@ host's GPUs or a Ray cluster (jobs_view.where_inputs). URL: extraction (forms, n
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
@@ -26,6 +27,9 @@ from dflash_dash.render.missing import DASH
 from dflash_dash.render.tables import extraction_table, gpu_table
 from pages import forms, frame, jobs_view, reads, server_view
 from pages.guard import guard
+
+if TYPE_CHECKING:
+    from dflash_dash.store import Extraction, PromptSet
 
 frame.routed()
 
@@ -84,21 +88,21 @@ def existing(ws: str, stamp: str, orch: str) -> None:
     for e in reversed(exs):
         with st.container(border=True):
             c1, c2 = st.columns([5, 1])
-            badge = {"fla": ":green[fla]", "torch": ":orange[torch]"}.get(e["backend"], e["backend"])
+            badge = {"fla": ":green[fla]", "torch": ":orange[torch]"}.get(e.backend, e.backend)
             c1.markdown(
-                f"`{e['id']}` · backend **{badge}** · set `{e['set_name']}` · {e['prompts']} prompts · "
-                f"layers {e['layer_ids']} · {e['device']} {e['dtype']} · {e['status']}"
+                f"`{e.id}` · backend **{badge}** · set `{e.set_name}` · {e.prompts} prompts · "
+                f"layers {e.layer_ids} · {e.device} {e.dtype} · {e.status}"
             )
-            c1.caption(f"target {e['target_path']}")
-            if e["backend"] == "torch":
+            c1.caption(f"target {e.target_path}")
+            if e.backend == "torch":
                 c1.caption("torch path: drafters trained on fla states may accept less on it (see Diagnostics)")
             if c2.button(
                 "Re-extract",
-                key=f"reextract_{e['id']}",
+                key=f"reextract_{e.id}",
                 help="a new extraction with the same target, set and layers, on a device and dtype you choose",
             ):
-                st.session_state["reextract"] = e["id"]
-            if st.session_state.get("reextract") == e["id"]:
+                st.session_state["reextract"] = e.id
+            if st.session_state.get("reextract") == e.id:
                 reextract_form(e, orch)
 
 
@@ -129,10 +133,10 @@ def reextract_form(e: dict, orch: str) -> None:
     """Where a re-extraction runs and its dtype (this machine's device by default), checked before any job starts
     (jobs.orchestrate.check_extract, as the CLI's `extract`): a device the machine lacks is refused; a duplicate of an
     existing extraction needs a tick first."""
-    key = f"rx_{e['id']}"
+    key = f"rx_{e.id}"
     where = jobs_view.where_inputs(key)
     try:
-        dups = check(e["target_path"], e["set_name"], list(e["layer_ids"]), where["device"], where["dtype"])
+        dups = check(e.target_path, e.set_name, list(e.layer_ids), where["device"], where["dtype"])
     except UserError as err:
         refusal(err)
         dups, ok = [], False
@@ -150,7 +154,7 @@ def reextract_form(e: dict, orch: str) -> None:
     allowed = ok and (again or not dups)
     if b1.button("Start re-extraction", key=f"{key}_go", type="primary", disabled=not allowed) and allowed:
         with guard():  # a mistyped GPU list or Ray address: said here, no job
-            what = dict(target=e["target_path"], completions=e["set_name"], layers=list(e["layer_ids"]))
+            what = dict(target=e.target_path, completions=e.set_name, layers=list(e.layer_ids))
             op = ops.Extract(**what, orchestrate=orch, **where)
             jobs_view.start_job(op)
             st.session_state.pop("reextract", None)
@@ -159,19 +163,19 @@ def reextract_form(e: dict, orch: str) -> None:
         st.rerun()
 
 
-def new_form(sets: list[dict], exs: list[dict], orch: str) -> None:
+def new_form(sets: list[PromptSet], exs: list[Extraction], orch: str) -> None:
     """The new-extraction form: target, set, layers (from drafters or explicit), where it runs; checked before a job."""
     st.subheader("New extraction")
     if not sets:
         st.info("No completion sets yet: fetch or import completions on the **Completions** page first.")
         return
-    names = [s["name"] for s in sets]
-    last = exs[-1] if exs else {}
+    names = [s.name for s in sets]
+    last = exs[-1] if exs else None
     with st.form("extract"):
         c1, c2 = st.columns([2, 1])
-        target = c1.text_input("target model folder (Hugging Face causal LM)", value=last.get("target_path", ""))
+        target = c1.text_input("target model folder (Hugging Face causal LM)", value=last.target_path if last else "")
         set_name = c2.selectbox(
-            "completion set", names, index=names.index(last["set_name"]) if last.get("set_name") in names else 0
+            "completion set", names, index=names.index(last.set_name) if last and last.set_name in names else 0
         )
         c3, c4 = st.columns(2)
         drafter = c3.text_area(
@@ -183,7 +187,7 @@ def new_form(sets: list[dict], exs: list[dict], orch: str) -> None:
         )
         layers = c4.text_input(
             "…or explicit layer ids",
-            value=",".join(map(str, last.get("layer_ids") or [])),
+            value=",".join(map(str, (last.layer_ids if last else None) or [])),
             help="comma-separated, e.g. 1,16,31,46,61; ignored when a drafter is given",
         )
         topk = st.number_input(
@@ -265,7 +269,7 @@ STREAM = "Evaluate without feature files"
 TOPK = "target top-K"  # the new-extraction form's label of ops.Extract.target_topk
 
 
-def stream_block(sets: list[dict], exs: list[dict]) -> None:
+def stream_block(sets: list[PromptSet], exs: list[Extraction]) -> None:
     """The streaming form: replay --stream for one checkpoint folder, sweep --stream for a training folder."""
     st.subheader(STREAM)
     st.caption(
@@ -275,17 +279,17 @@ def stream_block(sets: list[dict], exs: list[dict]) -> None:
     )
     if not sets:
         return
-    names = [s["name"] for s in sets]
-    last = exs[-1] if exs else {}
+    names = [s.name for s in sets]
+    last = exs[-1] if exs else None
     with st.form("stream"):
         c1, c2 = st.columns([2, 1])
         target = c1.text_input(
-            "target model folder (Hugging Face causal LM)", value=last.get("target_path", ""), key="stream_target"
+            "target model folder (Hugging Face causal LM)", value=last.target_path if last else "", key="stream_target"
         )
         set_name = c2.selectbox(
             "completion set",
             names,
-            index=names.index(last["set_name"]) if last.get("set_name") in names else 0,
+            index=names.index(last.set_name) if last and last.set_name in names else 0,
             key="stream_set",
         )
         folder = st.text_input(

@@ -4,6 +4,8 @@ it (no torch, no SQL)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import streamlit as st
 
 from dflash_dash import metrics
@@ -12,8 +14,11 @@ from dflash_dash.render.formats import fmt, prob
 from dflash_dash.render.missing import DASH
 from pages import reads, widgets
 
+if TYPE_CHECKING:
+    from dflash_dash.store import Run
 
-def headroom_block(ws: str, run: dict) -> None:
+
+def headroom_block(ws: str, run: Run) -> None:
     st.subheader("Top-K headroom")
     st.caption(
         "Would a better selector among the drafter's own candidates help? Per slot: is the target's token the "
@@ -21,7 +26,7 @@ def headroom_block(ws: str, run: dict) -> None:
         "that always picks the target's token when the candidates hold it (DFlash2's selector question: "
         "recall@1 against recall@K)."
     )
-    h = reads.analysis(ws, run["id"], "heads")["headroom"]
+    h = reads.analysis(ws, run.id, "heads")["headroom"]
     if h is None:
         st.info(
             "Top-K ranks: not recorded. This run was replayed chain-only, or before dflash-dash stored the rank of "
@@ -39,15 +44,15 @@ def headroom_block(ws: str, run: dict) -> None:
     c2.dataframe(h["by_depth"], hide_index=True, placeholder=DASH, width="stretch")
     c2.caption(f"rounds: samples of depth k; top1: the draft is the target's token; topk: among the top-{h['k']}")
     with c2:
-        widgets.download("headroom per depth (CSV)", h["by_depth"], f"{run['id']}-headroom.csv", "acc_dl_head")
+        widgets.download("headroom per depth (CSV)", h["by_depth"], f"{run.id}-headroom.csv", "acc_dl_head")
 
 
-def confidence_block(ws: str, run: dict) -> None:
+def confidence_block(ws: str, run: Run) -> None:
     st.subheader("Confidence head")
-    c = reads.analysis(ws, run["id"], "heads")["confidence"]
+    c = reads.analysis(ws, run.id, "heads")["confidence"]
     if c is None:
         st.info(
-            f"This run's drafter ({run['summary'].get('family', 'DFlash')}) has no confidence head, or it was "
+            f"This run's drafter ({run.summary.get('family', 'DFlash')}) has no confidence head, or it was "
             "replayed chain-only: a DSpark checkpoint with enable_confidence_head, replayed at every anchor, has one."
         )
         return
@@ -73,4 +78,4 @@ def confidence_block(ws: str, run: dict) -> None:
     c1.caption("x: mean c_k of the bin, y: share of its drafts accepted; below the diagonal: over-confident")
     c2.plotly_chart(stop_fig(c["stop"], t), width="stretch")
     with c2:
-        widgets.download("stop-threshold curve (CSV)", c["stop"], f"{run['id']}-confidence-stop.csv", "acc_dl_stop")
+        widgets.download("stop-threshold curve (CSV)", c["stop"], f"{run.id}-confidence-stop.csv", "acc_dl_stop")

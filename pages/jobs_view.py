@@ -5,6 +5,7 @@ the page scripts, not a page (no torch, no SQL)."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
@@ -16,6 +17,9 @@ from dflash_dash.render.tokens import pre_html
 from pages import widgets
 from pages.guard import guard
 from pages.reads import store
+
+if TYPE_CHECKING:
+    from dflash_dash.store import Extraction, Job
 
 ACTIVE = ("queued", "running")
 STATUS_ICON = {
@@ -83,7 +87,7 @@ def sampling_inputs(key: str) -> dict:
     return {} if t is None else {"temperature": float(t), "verify": VERIFY_CHOICES[rule]}
 
 
-def has_topk(e: dict, args: dict) -> None:
+def has_topk(e: Extraction, args: dict) -> None:
     """Refuse a temperature on extraction `e` that kept no target top-K (a streamed job computes it), in the forms'
     words: the field and where the fix is made."""
     from dflash_dash.pipeline.extract import topk_of
@@ -91,7 +95,7 @@ def has_topk(e: dict, args: dict) -> None:
     if args.get("temperature") is None or args.get("stream") or topk_of(e):
         return
     raise ops.InputError(
-        f"temperature: extraction {e['id']} kept no target top-K, which the expected acceptance at a temperature "
+        f"temperature: extraction {e.id} kept no target top-K, which the expected acceptance at a temperature "
         f"reads; make an extraction with target top-K {ops.TARGET_TOPK} on the Extraction page (or pick another "
         "extraction), or clear the sampling temperature",
         "temperature",
@@ -160,7 +164,7 @@ def busy(kinds: tuple[str, ...] | None = None) -> bool:
     (a form's click) and draws its panel after the start; a fragment whose jobs end reruns the app, which polls no
     more. A job started elsewhere (the CLI, another tab) shows at this tab's next rerun."""
     try:
-        return any(kinds is None or j["kind"] in kinds for j in job_lifecycle().active(store()))
+        return any(kinds is None or j.kind in kinds for j in job_lifecycle().active(store()))
     except Exception:  # noqa: BLE001  (a fragment's cadence must never break the page)
         return False
 
@@ -182,16 +186,16 @@ def running_jobs() -> None:
             st.caption("no running jobs")
         for j in active:
             st.progress(
-                min(1.0, max(0.0, float(j["progress"] or 0.0))),
-                text=f"{j['kind']} · {j['status']} · {str(j['step'] or '')[:60]}",
+                min(1.0, max(0.0, float(j.progress or 0.0))),
+                text=f"{j.kind} · {j.status} · {str(j.step or '')[:60]}",
             )
 
     listing()
 
 
-def ended(job: dict) -> str:
+def ended(job: Job) -> str:
     """When a job ended, for its error's label (' at 2026-12-06 14:02, 12 min ago'; '' when not recorded)."""
-    t = job.get("updated")
+    t = job.updated
     if not isinstance(t, datetime):
         return ""
     mins = max(0, int((datetime.now() - t).total_seconds() // 60))  # the store's timestamps are local, as now()
@@ -212,8 +216,8 @@ def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
     def body():
         jobs = job_lifecycle()
         st_ = store()
-        rows = [j for j in jobs.recent(st_, 30, dismissed=False) if j["kind"] in kinds][:n]
-        final = {j["id"] for j in rows if j["status"] not in ACTIVE}
+        rows = [j for j in jobs.recent(st_, 30, dismissed=False) if j.kind in kinds][:n]
+        final = {j.id for j in rows if j.status not in ACTIVE}
         seen_key = f"_final_{key}"
         seen = st.session_state.get(seen_key)
         st.session_state[seen_key] = final
@@ -224,46 +228,46 @@ def job_panel(kinds: tuple[str, ...], key: str, n: int = 6) -> None:
             return
         for j in rows:
             with st.container(border=True):
-                icon = STATUS_ICON.get(j["status"], "")
-                st.markdown(f"{icon} **{j['kind']}** `{j['id']}` · {j['status']}")
-                if j["status"] in ACTIVE:
-                    st.progress(min(1.0, max(0.0, float(j["progress"] or 0.0))), text=str(j["step"] or ""))
+                icon = STATUS_ICON.get(j.status, "")
+                st.markdown(f"{icon} **{j.kind}** `{j.id}` · {j.status}")
+                if j.status in ACTIVE:
+                    st.progress(min(1.0, max(0.0, float(j.progress or 0.0))), text=str(j.step or ""))
                 else:
-                    st.caption(str(j["step"] or ""))
-                if j["status"] == "done" and j.get("result"):
-                    st.caption(job_result(j["result"]))  # run ids link to their Acceptance page
-                if j.get("error"):  # labelled: an old job's error must not read as the latest click's
-                    say = st.error if j["status"] == "failed" else st.caption
-                    say(f"{j['kind']} job `{j['id']}` {j['status']}{ended(j)}: {j['error']}")
+                    st.caption(str(j.step or ""))
+                if j.status == "done" and j.result:
+                    st.caption(job_result(j.result))  # run ids link to their Acceptance page
+                if j.error:  # labelled: an old job's error must not read as the latest click's
+                    say = st.error if j.status == "failed" else st.caption
+                    say(f"{j.kind} job `{j.id}` {j.status}{ended(j)}: {j.error}")
                 c1, c2, c4, c3 = st.columns([1, 1, 1, 3])
-                if j["status"] in ACTIVE and c1.button("Cancel", key=f"cancel_{key}_{j['id']}"):
-                    jobs.cancel(st_, j["id"])
+                if j.status in ACTIVE and c1.button("Cancel", key=f"cancel_{key}_{j.id}"):
+                    jobs.cancel(st_, j.id)
                     st.rerun()
-                if j["status"] in ("failed", "cancelled") and c2.button("Rerun", key=f"rerun_{key}_{j['id']}"):
-                    jobs.rerun(st_, j["id"])
+                if j.status in ("failed", "cancelled") and c2.button("Rerun", key=f"rerun_{key}_{j.id}"):
+                    jobs.rerun(st_, j.id)
                     st.rerun()
-                if j["status"] in ("failed", "cancelled") and c4.button(
-                    "Dismiss", key=f"dismiss_{key}_{j['id']}", help="hide this job from the panel"
+                if j.status in ("failed", "cancelled") and c4.button(
+                    "Dismiss", key=f"dismiss_{key}_{j.id}", help="hide this job from the panel"
                 ):
-                    st_.dismiss_job(j["id"])
+                    st_.dismiss_job(j.id)
                     st.rerun()
                 with c3.expander("log"):
-                    st.html(pre_html(jobs.log_tail(st_, j["id"]) or "(empty)"))
+                    st.html(pre_html(jobs.log_tail(st_, j.id) or "(empty)"))
 
     panel()
 
 
-def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str = "") -> None:
+def replay_form(extractions: list[Extraction], default_ex: str | None, default_ck: str = "") -> None:
     st.subheader("Replay another checkpoint")
-    done = [e for e in extractions if e["status"] == "done"]
+    done = [e for e in extractions if e.status == "done"]
     if not done:
         st.info(
             "No finished extraction to replay on: extract hidden states first on the **Extraction** page "
             "(or `python -m dflash_dash extract ...`)."
         )
         return
-    ids = [e["id"] for e in done]
-    by_id = {e["id"]: e for e in done}
+    ids = [e.id for e in done]
+    by_id = {e.id: e for e in done}
     with st.form("replay"):
         ck = st.text_input(
             "checkpoint folder (config.json + *.safetensors, or a SpecForge {run_id}-step{N}/ folder)",
@@ -291,10 +295,10 @@ def replay_form(extractions: list[dict], default_ex: str | None, default_ck: str
         else:
             from dflash_dash import pipeline
 
-            widgets.backend_note(by_id[ex]["backend"], f"Extraction {ex}")
+            widgets.backend_note(by_id[ex].backend, f"Extraction {ex}")
             e = by_id[ex]
             stream = (  # no feature files: the job runs the target again over the set (GPUs too)
-                dict(stream=True, target=e["target_path"], completions=e["set_name"]) if streamed(e) else {}
+                dict(stream=True, target=e.target_path, completions=e.set_name) if streamed(e) else {}
             )
             if stream:
                 st.info(f"Extraction {ex} was streamed (no feature files): this replay runs the target again.")

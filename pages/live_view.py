@@ -5,14 +5,19 @@ checkpoint."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import streamlit as st
 
 from dflash_dash.render.formats import fmt
 from dflash_dash.render.missing import DASH
 from pages import reads, widgets
 
+if TYPE_CHECKING:
+    from dflash_dash.store import Run
 
-def _results(ws: str, run: dict) -> list[dict]:
+
+def _results(ws: str, run: Run) -> list[dict]:
     from dflash_dash.pipeline.live import live_for  # on first use: the pages without this section never load it
 
     return live_for(reads.store_at(ws), run)
@@ -24,7 +29,7 @@ def _label(res: dict) -> str:
     return f"{how} · {res['verify']} · {len(res['seeds'])} seeds · {res['device']}"
 
 
-def live_block(ws: str, run: dict, rows: dict[str, dict]) -> None:
+def live_block(ws: str, run: Run, rows: dict[str, dict]) -> None:
     """The section, when a live result exists for the run's set and checkpoint (one chosen when several do)."""
     results = _results(ws, run)
     if not results:
@@ -36,7 +41,7 @@ def live_block(ws: str, run: dict, rows: dict[str, dict]) -> None:
     if len(results) > 1:
         labels = [_label(r) for r in results]
         res = results[labels.index(st.selectbox("live result", labels, key="live_pick"))]
-    s, rs = res["summary"], run["summary"]
+    s, rs = res["summary"], run.summary
     t = rs.get("temperature")
     same_t = t is not None and abs(t - res["temperature"]) < 1e-9 and rs.get("verify") == res["verify"]
     est = rs.get("tau_expected") if same_t else rs.get("tau_pooled")

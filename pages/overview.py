@@ -5,6 +5,8 @@ row opens its run on the Acceptance page (acceptance?run=ID)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import streamlit as st
 
 from dflash_dash.analysis.compare import is_baseline
@@ -14,6 +16,9 @@ from dflash_dash.render.story import story_html
 from dflash_dash.render.tables import run_columns, run_groups
 from pages import baseline_view, frame, reads
 from pages.guard import guard
+
+if TYPE_CHECKING:
+    from dflash_dash.store import Extraction, Run
 
 frame.routed()
 
@@ -43,7 +48,7 @@ def main() -> None:
     steps = [
         (
             "1. Completions",
-            f"{count(len(sets), 'set')}, {count(sum(s['prompts'] for s in sets), 'completion')}",
+            f"{count(len(sets), 'set')}, {count(sum(s.prompts for s in sets), 'completion')}",
             bool(sets),
             "pages/completions.py",
             "fetch a prompt set from the SGLang server, or import a JSONL",
@@ -51,8 +56,8 @@ def main() -> None:
         (
             "2. Extraction",
             count(len(exs), "extraction")
-            + f" ({', '.join(sorted({backend_label(e['backend']) for e in exs})) or 'none'})",
-            any(e["status"] == "done" for e in exs),
+            + f" ({', '.join(sorted({backend_label(e.backend) for e in exs})) or 'none'})",
+            any(e.status == "done" for e in exs),
             "pages/extraction.py",
             "extract the target's hidden states at the drafter's layers",
         ),
@@ -87,7 +92,7 @@ def main() -> None:
     )
 
 
-def runs_block(runs: list[dict], exs: list[dict], ws: str, stamp: str) -> None:
+def runs_block(runs: list[Run], exs: list[Extraction], ws: str, stamp: str) -> None:
     st.subheader("Runs")
     st.caption(
         "grouped by the extraction they replayed, by checkpoint within; select a row (or follow its *open* "
@@ -98,7 +103,7 @@ def runs_block(runs: list[dict], exs: list[dict], ws: str, stamp: str) -> None:
         **{label: st.column_config.TextColumn(label, help=formula) for label, formula in run_columns().items()},
     }
     groups = run_groups(runs, exs)
-    set_of = {r["id"]: r.get("set_name") for r in runs}
+    set_of = {r.id: r.set_name for r in runs}
     for i, g in enumerate(groups):
         name = set_of.get(g["ids"][0]) if g["ids"] else None  # a group's runs share their completion set
         title = g["title"] + (f" · {reads.set_sampling(ws, name, stamp)}" if name else "")
@@ -113,10 +118,10 @@ def runs_block(runs: list[dict], exs: list[dict], ws: str, stamp: str) -> None:
                 selection_mode="single-row",
                 key=f"runs_{g['extraction']}",
             )
-            drafters = [r for r in runs if r["id"] in g["ids"] and not is_baseline(r)]
+            drafters = [r for r in runs if r.id in g["ids"] and not is_baseline(r)]
             if drafters:  # the group's best drafter against the best model-free baseline on its completions
-                top = max(drafters, key=lambda r: (r.get("summary") or {}).get("tau_macro") or 0)
-                baseline_view.beside(runs, top, f"its best drafter, {top['name'] or top['checkpoint']},")
+                top = max(drafters, key=lambda r: (r.summary or {}).get("tau_macro") or 0)
+                baseline_view.beside(runs, top, f"its best drafter, {top.name or top.checkpoint},")
             picked = ev.selection.rows if ev is not None and hasattr(ev, "selection") else []
             if picked:
                 st.switch_page("pages/acceptance.py", query_params={"run": g["ids"][picked[0]]})

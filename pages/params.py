@@ -3,10 +3,15 @@ opens what it names (a run, an extraction, a window of positions, a page's secti
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import streamlit as st
 
 from dflash_dash.render import tokens as token_render
 from dflash_dash.render.labels import run_label
+
+if TYPE_CHECKING:
+    from dflash_dash.store import Run
 
 
 def select_param(label: str, options: list, param: str, key: str, default=None, format_func=str, **kw):
@@ -75,9 +80,9 @@ def set_param(key: str, param: str, value) -> None:
     st.query_params[param] = value
 
 
-def select_run(label: str, runs: list[dict], param: str, key: str, default=None, skip: str | None = None):
+def select_run(label: str, runs: list[Run], param: str, key: str, default=None, skip: str | None = None):
     """`select_param` over `runs` (oldest first, as Store.runs lists them) shown newest first with `run_label`;
     `skip`: a run id left out of the options. Returns the chosen run id."""
-    by_id = {r["id"]: r for r in runs}
-    ids = [r["id"] for r in reversed(runs) if r["id"] != skip]
+    by_id = {r.id: r for r in runs}
+    ids = [r.id for r in reversed(runs) if r.id != skip]
     return select_param(label, ids, param, key, default=default, format_func=run_label(by_id))

@@ -6,12 +6,17 @@ folders are checked here and the token counts by ops.Profile before any job, eve
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import streamlit as st
 
 from dflash_dash import ops
 from dflash_dash.jobs import gpu
 from pages import forms, jobs_view, reads
 from pages.guard import guard
+
+if TYPE_CHECKING:
+    from dflash_dash.store import Run
 
 TITLE = "Measure a cost table"  # the expander's stable title (tests open it)
 LABELS = {  # the form's label of each ops.Profile field
@@ -24,10 +29,10 @@ LABELS = {  # the form's label of each ops.Profile field
 }
 
 
-def form(ws: str, run: dict, expanded: bool) -> None:
+def form(ws: str, run: Run, expanded: bool) -> None:
     """The profile form, its fields defaulting to the run's target (its extraction's) and checkpoint; then the
     profile jobs' panel. `expanded`: open (no cost table kept yet)."""
-    ex = next((e for e in reads.extractions(ws, reads.stamp()) if e["id"] == run.get("extraction_id")), {})
+    ex = next((e for e in reads.extractions(ws, reads.stamp()) if e.id == run.extraction_id), None)
     with st.expander(TITLE, expanded=expanded):
         st.caption(
             "Times the target's forward of q new tokens after c context tokens (every verify size of the block "
@@ -36,8 +41,8 @@ def form(ws: str, run: dict, expanded: bool) -> None:
         )
         with st.form("profile"):
             c1, c2 = st.columns(2)
-            target = c1.text_input(LABELS["target"], ex.get("target_path", ""), key="profile_target")
-            drafter = c2.text_input(LABELS["drafter"], run.get("checkpoint") or "", key="profile_drafter")
+            target = c1.text_input(LABELS["target"], ex.target_path if ex else "", key="profile_target")
+            drafter = c2.text_input(LABELS["drafter"], run.checkpoint or "", key="profile_drafter")
             c3, c4, c5 = st.columns(3)
             have = gpu.devices()
             device = c3.selectbox("device", have, key="profile_device", help="a device of this machine")

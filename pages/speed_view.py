@@ -8,6 +8,7 @@ render.speedup."""
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
@@ -27,6 +28,9 @@ from dflash_dash.render.speedup import (
     table_label,
 )
 from pages import profile_view, reads, widgets
+
+if TYPE_CHECKING:
+    from dflash_dash.store import Run
 
 NO_TABLE = (
     "No cost table in this workspace yet: measure one on the GPU you serve with, through **Measure a cost table** in "
@@ -74,7 +78,7 @@ def advice(ws: str, run_id: str, table_id: str, stamp: str) -> dict:
     return speed.advise(reads.store_at(ws), run_id, table_id)
 
 
-def shown(ws: str, run: dict) -> None:
+def shown(ws: str, run: Run) -> None:
     """Acceptance: the run's predicted speedup with its cost table, then the advisor."""
     st.subheader(PREDICTED)
     if is_baseline(run):
@@ -85,15 +89,15 @@ def shown(ws: str, run: dict) -> None:
     if tid is None:
         return
     try:
-        got = predicted(ws, run["id"], tid)
-        adv = advice(ws, run["id"], tid, reads.stamp())
+        got = predicted(ws, run.id, tid)
+        adv = advice(ws, run.id, tid, reads.stamp())
     except UserError as e:
         st.error(str(e))
         return
     tab = next(t for t in kept(ws) if t["id"] == tid)
     cpu = {"delta": "CPU costs", "delta_color": "off", "delta_arrow": "off"} if tab.get("device") == "cpu" else {}
-    t = (run.get("summary") or {}).get("temperature")
-    at_t = [r for r in adv["rows"] if r["kind"] == "temperature" and r["run"] == run["id"]]
+    t = (run.summary or {}).get("temperature")
+    at_t = [r for r in adv["rows"] if r["kind"] == "temperature" and r["run"] == run.id]
     c = st.columns(4 if at_t else 3)
     c[0].metric("tau (pooled)" + (", greedy" if t is not None else ""), fmt(got["tau"], 3))
     c[1].metric(PREDICTED, f"{got['speedup']:.2f}×" if got["speedup"] is not None else DASH, **cpu)
@@ -135,7 +139,7 @@ def shown(ws: str, run: dict) -> None:
         st.caption(f"Left out: {why}")
 
 
-def column(ws: str, runs: list[dict], table: list[dict], key: str) -> tuple[list[dict], str]:
+def column(ws: str, runs: list[Run], table: list[dict], key: str) -> tuple[list[dict], str]:
     """Compare: the rows of `table` (one per run, same order) with each run's predicted speedup on the chosen cost
     table (a dash for baselines and where the table cannot price it), and the caption naming formula and device."""
     tid = pick_table(ws, key)
@@ -144,7 +148,7 @@ def column(ws: str, runs: list[dict], table: list[dict], key: str) -> tuple[list
         got = None
         if tid and not is_baseline(r):
             try:
-                got = predicted(ws, r["id"], tid)
+                got = predicted(ws, r.id, tid)
                 note = note or f"{PREDICTED}: " + predicted_caption(got, tid)
             except UserError as e:
                 note = note or f"{PREDICTED}: {e}"

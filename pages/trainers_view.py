@@ -35,10 +35,8 @@ def trainers_block(ws: str, stamp: str) -> None:
         st.info("No run on a trainer's cache yet: replay a checkpoint with `replay --features DIR` (CLI).")
     if not runs:
         return
-    by_id = {r["id"]: r for r in runs}
-    run = params.select_param(
-        "run", [r["id"] for r in reversed(runs)], "tr_run", "tr_run", format_func=run_label(by_id)
-    )
+    by_id = {r.id: r for r in runs}
+    run = params.select_param("run", [r.id for r in reversed(runs)], "tr_run", "tr_run", format_func=run_label(by_id))
     st.subheader("SpecForge's evaluation beside this run")
     st.caption(
         "Per draft position j: marginal accuracy = slot j's draft equals the label (over blocks where slot j is "

@@ -3,12 +3,17 @@ and the notes shown where a streamed or torch-path extraction feeds what is draw
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import streamlit as st
 
 from dflash_dash.render import missing
 from dflash_dash.render.formats import csv_text
 from dflash_dash.render.labels import streamed
 from dflash_dash.render.tables import number_formats
+
+if TYPE_CHECKING:
+    from dflash_dash.store import Extraction
 
 
 def numbers(rows: list[dict], **config) -> dict:
@@ -27,15 +32,15 @@ def download(label: str, rows: list[dict], file_name: str, key: str) -> None:
     )
 
 
-def streamed_note(e: dict | None, what: str = "This run") -> None:
+def streamed_note(e: Extraction | None, what: str = "This run") -> None:
     """Say so where a streamed extraction's runs are shown: a replay on it runs the target again."""
     if streamed(e):
         st.info(
-            f"{what} was computed by **streaming**: the target `{e['target_path']}` ran over set `{e['set_name']}` "
-            f"({e['backend']}, {e['device']} {e['dtype']}) and the drafter replayed on the features in memory; no "
-            f"feature file was written. A replay on extraction `{e['id']}` needs the target again: the Replay "
-            f"button below streams it (CLI: `replay --stream --target {e['target_path']} --completions "
-            f"{e['set_name']} --drafter CKPT`)."
+            f"{what} was computed by **streaming**: the target `{e.target_path}` ran over set `{e.set_name}` "
+            f"({e.backend}, {e.device} {e.dtype}) and the drafter replayed on the features in memory; no "
+            f"feature file was written. A replay on extraction `{e.id}` needs the target again: the Replay "
+            f"button below streams it (CLI: `replay --stream --target {e.target_path} --completions "
+            f"{e.set_name} --drafter CKPT`)."
         )
 
 
