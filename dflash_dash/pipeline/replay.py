@@ -74,6 +74,7 @@ def replay(store: Store, op: ops.Replay, progress: Progress, runner: Runner) -> 
         op = replace(op, extraction=imported(store, op, progress)["id"])
     if op.stream:  # the target computes the features as the replay needs them: a new streamed extraction
         return stream(store, op, [ck], progress, runner)[0] | {"reused": False}
+    op = replace(op, extraction=store.extraction(op.extraction).id)  # `latest` resolved once, at the door
     if not op.force and (old := same_run(store, op)):
         tick(progress, 1, 1, f"run {old['id']} already replayed this checkpoint with these settings: reused")
         return {"id": old["id"], "summary": old["summary"], "reused": True}
