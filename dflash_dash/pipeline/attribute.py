@@ -41,11 +41,11 @@ def attribute(store: Store, op: ops.Attribute, progress: Progress = None, runner
     the run's own. Returns {"run", "base_tau_macro", "base_tau_pooled", "taps": [{tap, layer_id, tau_macro,
     tau_pooled, base_tau_macro, base_tau_pooled}]}."""
     r = store.run_row(op.run)
-    ex = store.extraction(r["extraction_id"])
-    if ex["status"] != "done":
-        raise InputError(f"extraction {ex['id']} of run {r['id']} is {ex['status']}, not done; re-extract first")
-    require_files(store, ex, f"an attribution of run {r['id']}")  # a streamed run's features were never kept
-    device, dtype = op.device or r.get("device") or "cpu", op.dtype or r.get("dtype") or "float32"
+    ex = store.extraction(r.extraction_id)
+    if ex.status != "done":
+        raise InputError(f"extraction {ex.id} of run {r.id} is {ex.status}, not done; re-extract first")
+    require_files(store, ex, f"an attribution of run {r.id}")  # a streamed run's features were never kept
+    device, dtype = op.device or r.device or "cpu", op.dtype or r.dtype or "float32"
 
     import torch
 
@@ -53,13 +53,13 @@ def attribute(store: Store, op: ops.Attribute, progress: Progress = None, runner
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {device}: no CUDA device on this machine; use --device cpu")
-    H = ex["hidden_size"]
-    tick(progress, 0, 1, f"loading drafter {r['checkpoint']}")
-    d = drafter_mod.load(r["checkpoint"], DTYPES[dtype], device, r.get("sliding_block"), r.get("config_file"))
+    H = ex.hidden_size
+    tick(progress, 0, 1, f"loading drafter {r.checkpoint}")
+    d = drafter_mod.load(r.checkpoint, DTYPES[dtype], device, r.sliding_block, r.config_file)
     layers = list(d.c.target_layer_ids)  # its taps: its own columns of the extraction, which may hold more layers
     K = len(layers)
-    columns(store, ex, layers, f"the checkpoint at {r['checkpoint']} (changed since run {r['id']}?)")
-    head = target_mod.load_head(ex["target_path"], device, DTYPES[dtype])
+    columns(store, ex, layers, f"the checkpoint at {r.checkpoint} (changed since run {r.id}?)")
+    head = target_mod.load_head(ex.target_path, device, DTYPES[dtype])
     seqs = load_sequences(store, ex, layers)
     mean = tap_means(seqs)
     n = len(seqs)
@@ -98,6 +98,6 @@ def attribute(store: Store, op: ops.Attribute, progress: Progress = None, runner
                 "base_tau_pooled": base["tau_pooled"],
             }
         )
-    store.set_attribution(r["id"], rows)
-    tick(progress, (K + 1) * n, (K + 1) * n, f"attributed {K} taps of run {r['id']}")
-    return {"run": r["id"], "base_tau_macro": base["tau_macro"], "base_tau_pooled": base["tau_pooled"], "taps": rows}
+    store.set_attribution(r.id, rows)
+    tick(progress, (K + 1) * n, (K + 1) * n, f"attributed {K} taps of run {r.id}")
+    return {"run": r.id, "base_tau_macro": base["tau_macro"], "base_tau_pooled": base["tau_pooled"], "taps": rows}
