@@ -33,8 +33,12 @@ from pathlib import Path
 
 from ..errors import UserError
 from . import extras
-from .local import MAX_NEW_TOKENS as MAX_NEW_TOKENS, PROMPT_SET as PROMPT_SET, SET_NAME
-from .local import server_argv as server_argv  # server_argv: what launch runs
+from .local import (
+    MAX_NEW_TOKENS as MAX_NEW_TOKENS,
+    PROMPT_SET as PROMPT_SET,
+    SET_NAME,
+    server_argv as server_argv,  # server_argv: what launch runs
+)
 
 ASSETS = Path(__file__).parent / "assets"  # committed assets (MANIFEST.json describes them)
 TARGET = "target"  # target folder name (weights + tokenizer)
