@@ -12,7 +12,7 @@ legacy state-dict names to current ones. The semantics of every field are in doc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import registry
 from .errors import CheckpointError
@@ -37,8 +37,9 @@ REFUSED_FIELDS = {  # field anywhere in the config -> the drafter it belongs to
 }
 
 
-def _dcfg(raw: dict) -> dict:
-    return raw.get("dflash_config") if isinstance(raw.get("dflash_config"), dict) else {}
+def _dcfg(raw: dict[str, Any]) -> dict[str, Any]:
+    got = raw.get("dflash_config")
+    return got if isinstance(got, dict) else {}
 
 
 def _replayed() -> str:
@@ -49,7 +50,7 @@ def _replayed() -> str:
 # detection
 
 
-def family_of(raw: dict) -> str:
+def family_of(raw: dict[str, Any]) -> str:
     """The registry key of the family `raw` describes; CheckpointError naming any drafter this tool refuses."""
     archs = raw.get("architectures") or []
     if isinstance(archs, str):
@@ -98,7 +99,7 @@ def family_of(raw: dict) -> str:
     return fam
 
 
-def _projected(raw: dict, f: Fields, archs: list, fam: str | None) -> str | None:
+def _projected(raw: dict[str, Any], f: Fields, archs: list[Any], fam: str | None) -> str | None:
     """The family after `projector_type`: it wins over the base architecture (SpecForge's normaliser writes a
     Domino as DFlashDraftModel + projector_type domino) and must not contradict another one."""
     proj = f.dcfg.get("projector_type", raw.get("projector_type"))
@@ -123,7 +124,9 @@ def _projected(raw: dict, f: Fields, archs: list, fam: str | None) -> str | None
 # each family's own fields and tensors
 
 
-def head_fields(family: str, raw: dict, dcfg: dict, H: int, V: int, B: int, nh: int, nkv: int) -> dict:
+def head_fields(
+    family: str, raw: dict[str, Any], dcfg: dict[str, Any], H: int, V: int, B: int, nh: int, nkv: int
+) -> dict[str, Any]:
     """The validated fields of `family` (empty for one without fields): the `DrafterConfig.head` dict."""
     spec = registry.spec_of(family)
     return spec.head(Fields(raw, dcfg, H, V, B, nh, nkv)) if spec.head else {}

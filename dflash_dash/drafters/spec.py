@@ -27,18 +27,19 @@ if TYPE_CHECKING:
 class Fields:
     """A config.json's family fields, read wherever they are written, with the sizes validation needs."""
 
-    raw: dict  # the config.json object
-    dcfg: dict  # its dflash_config object ({} when absent)
+    raw: dict[str, Any]  # the config.json object
+    dcfg: dict[str, Any]  # its dflash_config object ({} when absent)
     hidden_size: int = 0  # H
     vocab_size: int = 0  # V
     block_size: int = 0  # B
     heads: int = 0  # query heads
     kv_heads: int = 0  # key/value heads
 
-    def _places(self) -> list[tuple[str, dict]]:
+    def _places(self) -> list[tuple[str, dict[str, Any]]]:
         """Where a family field may be written: dflash_config, SpecForge's newer dspark_config, the top level
         (engines and exporters write any of them)."""
-        dsp = self.raw.get("dspark_config") if isinstance(self.raw.get("dspark_config"), dict) else {}
+        got = self.raw.get("dspark_config")
+        dsp: dict[str, Any] = got if isinstance(got, dict) else {}
         return [("dflash_config.", self.dcfg), ("dspark_config.", dsp), ("", self.raw)]
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -77,15 +78,15 @@ class Fields:
         return float(v)
 
 
-def _none(_: dict) -> int:
+def _none(_: dict[str, Any]) -> int:
     return 0
 
 
-def _after_anchor(_: dict) -> int:
+def _after_anchor(_: dict[str, Any]) -> int:
     return 1
 
 
-def _block_minus_one(_: dict, block_size: int) -> int:
+def _block_minus_one(_: dict[str, Any], block_size: int) -> int:
     return block_size - 1
 
 
@@ -99,12 +100,12 @@ class FamilySpec:
     architectures: tuple[str, ...]  # config.json `architectures` values naming it (compared lower-cased)
     model: str | type  # its `Drafter` class, "module:Class" (imported on first load) or the class; built by
     # `dflash.load` as cls(config, Weights, path, sliding_block)
-    flops: str | Callable | None = None  # "module:function" (config, ctx_len, vocab) -> matmul FLOPs of a block;
-    # None: DFlash's count (`drafters.flops_per_block`)
+    flops: str | Callable[..., float] | None = None  # "module:function" (config, ctx_len, vocab) -> matmul FLOPs
+    # of a block; None: DFlash's count (`drafters.flops_per_block`)
     projector: str | None = None  # dflash_config.projector_type naming it (wins over a DFlashDraftModel)
     own_fields: tuple[str, ...] = ()  # fields only it has: set on another family's config, an error naming both
     implied_by: tuple[str, ...] = ()  # fields that make a DFlashDraftModel config this family (SGLang's DFlash2)
-    head: Callable[[Fields], dict] | None = None  # its fields validated into `DrafterConfig.head`; None: {}
+    head: Callable[[Fields], dict[str, Any]] | None = None  # its fields validated into `DrafterConfig.head`; None: {}
     refuse: Callable[[Fields], None] | None = None  # raises CheckpointError for configs of it this tool refuses
     extra_shapes: Callable[[DrafterConfig], dict[str, tuple[int, ...]]] | None = None  # tensors it adds to
     # DFlash's backbone, state-dict name -> shape (no prefix)
@@ -112,13 +113,15 @@ class FamilySpec:
     strategies: tuple[str, ...] = ()  # SpecForge training `strategy` values that train it (runtime checkpoints)
     target_layers: Callable[[int, int], list[int]] | None = None  # (target layers N, draft layers n) -> target
     # layer ids when the config names none; None: evenly spaced (`config.default_layer_ids`)
-    first_slot: Callable[[dict], int] = _after_anchor  # head fields -> the block slot that drafts anchor + 1
-    drafts: Callable[[dict, int], int] = _block_minus_one  # (head fields, B) -> D, tokens drafted per block
-    candidates: Callable[[dict], int] = _none  # head fields -> top-k a replay keeps per slot at least (a selector's)
+    first_slot: Callable[[dict[str, Any]], int] = _after_anchor  # head fields -> the block slot that drafts anchor + 1
+    drafts: Callable[[dict[str, Any], int], int] = _block_minus_one  # (head fields, B) -> D, tokens drafted per block
+    candidates: Callable[[dict[str, Any]], int] = _none  # head fields -> top-k a replay keeps per slot at least
+    # (a selector's candidate count)
 
     def model_class(self) -> type:
         """The `Drafter` class (importing its module: torch)."""
-        return resolve(self.model)
+        cls: type = resolve(self.model)
+        return cls
 
 
 def resolve(ref: Any) -> Any:

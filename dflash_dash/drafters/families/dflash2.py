@@ -10,7 +10,7 @@ replay's candidate count (`selector_top_k`). The model and its kernels are `draf
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
 from ..spec import FamilySpec, Fields
@@ -22,7 +22,7 @@ FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_
 SUBLAYERS = ("attention_conv", "mlp_conv")  # a layer's two convolutions (drafters/dflash.py ATTN, MLP)
 
 
-def head(f: Fields) -> dict:
+def head(f: Fields) -> dict[str, Any]:
     missing = [k for k in FIELDS if not f.present(k)]
     if missing:
         raise CheckpointError(

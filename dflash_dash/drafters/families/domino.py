@@ -8,7 +8,7 @@ DFlashDraftModel), its fields (`head`: correction width, GRU state, plain drafts
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
 from ..spec import FamilySpec, Fields, renamer
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ..config import DrafterConfig
 
 
-def head(f: Fields) -> dict:
+def head(f: Fields) -> dict[str, Any]:
     for key in ("emb_dim", "gru_hidden_dim"):
         if not f.present(key):
             raise CheckpointError(f"config.json: missing field 'dflash_config.{key}' (a Domino drafter needs it)")

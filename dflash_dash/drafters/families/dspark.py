@@ -8,7 +8,7 @@ anchor's slot (the default) makes slot 0 draft anchor + 1 and D = B. The model i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
 from ..spec import FamilySpec, Fields, renamer
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 MARKOV_TYPES = ("vanilla", "gated", "rnn")  # SpecForge's Markov heads (SGLang's cond/attn are refused)
 
 
-def head(f: Fields) -> dict:
+def head(f: Fields) -> dict[str, Any]:
     mode = f.get("attention_mode", "gqa")
     if mode not in ("gqa", "mha"):
         raise CheckpointError(
@@ -58,7 +58,8 @@ def head(f: Fields) -> dict:
 
 def extra_shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
     H, V, f = c.hidden_size, c.vocab_size, c.head
-    r, out = f["markov_rank"], {}
+    r = f["markov_rank"]
+    out: dict[str, tuple[int, ...]] = {}
     if r:
         out |= {"markov_head.markov_w1.weight": (V, r), "markov_head.markov_w2.weight": (V, r)}
         if f["markov_head_type"] == "gated":
