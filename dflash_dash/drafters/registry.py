@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import threading
 
 from .errors import CheckpointError
 from .spec import FamilySpec
@@ -22,7 +23,8 @@ BUILT_IN = ("dflash", "dspark", "domino", "dflash2")  # listed first, in this or
 RECIPE = "docs/families.md, Adding a family"  # where the fix for a missing family is written
 
 _SPECS: dict[str, FamilySpec] = {}
-_loaded = False
+_loaded = False  # the built-ins are registered (set once all are: a thread never sees part of them)
+_lock = threading.Lock()  # the server's and the app's threads may ask the first question at once
 
 
 def _load_built_in() -> None:
@@ -30,17 +32,25 @@ def _load_built_in() -> None:
     global _loaded
     if _loaded:
         return
-    _loaded = True
-    from . import families
+    with _lock:
+        if _loaded:
+            return
+        from . import families
 
-    found = [m.name for m in pkgutil.iter_modules(families.__path__)]
-    for name in [n for n in BUILT_IN if n in found] + sorted(n for n in found if n not in BUILT_IN):
-        register(importlib.import_module(f"{families.__name__}.{name}").SPEC)
+        found = [m.name for m in pkgutil.iter_modules(families.__path__)]
+        for name in [n for n in BUILT_IN if n in found] + sorted(n for n in found if n not in BUILT_IN):
+            _add(importlib.import_module(f"{families.__name__}.{name}").SPEC)
+        _loaded = True
 
 
 def register(spec: FamilySpec) -> FamilySpec:
     """Add `spec` to the registry (again: no change); returns it."""
     _load_built_in()
+    with _lock:
+        return _add(spec)
+
+
+def _add(spec: FamilySpec) -> FamilySpec:
     if _SPECS.get(spec.key) is spec:
         return spec
     if spec.key != spec.key.lower() or not spec.key.isidentifier():
@@ -59,7 +69,8 @@ def register(spec: FamilySpec) -> FamilySpec:
 def unregister(key: str) -> FamilySpec:
     """Take family `key` out of the registry; returns its spec."""
     spec = spec_of(key)
-    del _SPECS[key]
+    with _lock:
+        _SPECS.pop(key, None)
     return spec
 
 
