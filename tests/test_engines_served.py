@@ -274,7 +274,7 @@ def test_llamacpp_metrics_only_with_the_flag(models):
     from dflash_dash.server import llamacpp_api
 
     eng = server.Engine(model_dir=models[0].resolve(), device="cpu")  # not loaded: these routes need no model
-    assert llamacpp_api.get(eng, "/metrics") == (
+    assert llamacpp_api.get(eng, "/metrics", "") == (
         501,
         {
             "error": {
@@ -284,9 +284,9 @@ def test_llamacpp_metrics_only_with_the_flag(models):
             }
         },
     )
-    assert llamacpp_api.get(eng, "/props")[1]["endpoint_metrics"] is False
+    assert llamacpp_api.get(eng, "/props", "")[1]["endpoint_metrics"] is False
     eng.metrics = True
-    text = llamacpp_api.get(eng, "/metrics")[2]
+    text = llamacpp_api.get(eng, "/metrics", "")[2]
     assert "llamacpp:spec_decode_num_drafts_total 0" in text and "llamacpp:requests_processing 0" in text
 
 
