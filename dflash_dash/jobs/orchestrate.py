@@ -113,11 +113,7 @@ def free_gpu(client: engines.EngineClient, cfg: config_mod.WorkspaceConfig, mode
                     "request started meanwhile, extract again once it has finished"
                 ) from None
             return "release"
-        why = (
-            "memory_release = false in config.toml"
-            if not cfg.memory_release
-            else client.no_release()
-        )
+        why = "memory_release = false in config.toml" if not cfg.memory_release else client.no_release()
         if not cfg.stop_command:
             raise OrchestrationError(
                 f"cannot free the GPU: {why}, and [server] stop_command is not set in "

@@ -66,9 +66,7 @@ STAGE_BYTES = 2**27  # a pinned staging chunk of `upload_weights`: at the 27B sh
 # caching host allocator hands those back
 
 
-def fetch_checkpoint(
-    ck: ops.CheckpointSpec, dtype, device: str, side=None, settings: ops.ReplaySettings | None = None
-):
+def fetch_checkpoint(ck: ops.CheckpointSpec, dtype, device: str, side=None, settings: ops.ReplaySettings | None = None):
     """(checkpoint `ck` loaded onto `device`, seconds it took), on a loader thread of `replay_work`. On CUDA the
     weights go from the mapped file to the device through pinned chunks, copied on the side stream `side`
     (`upload_weights`), beside the replay of the checkpoint before; returns once they are there. Measured on the H200:

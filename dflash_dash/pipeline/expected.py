@@ -69,4 +69,3 @@ def labels(temperature: float | None, verify: str) -> dict:
     if temperature is None:
         return {}
     return {"temperature": temperature, "verify": verify, "expected_basis": TEACHER_FORCED}
-

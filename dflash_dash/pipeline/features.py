@@ -136,5 +136,3 @@ def check_drafter(
     columns(store, extraction, cfg.target_layer_ids, who)
     seen = extraction | {"layer_ids": list(cfg.target_layer_ids)}
     drafter_mod.check_target(cfg, info.hidden_size, info.vocab_size, info.num_layers, seen)
-
-

@@ -28,9 +28,7 @@ def sent_settings(row: dict) -> dict | None:
 def field_names(rows: list[dict], key: str) -> str:
     """Where the set's engines keep setting `key` in their requests, for a message: e.g. " (llamacpp's n_predict)"."""
     names = sorted({r.get("engine") or engines.DEFAULT_ENGINE for r in rows} & set(engines.ENGINES))
-    said = [
-        f"{n}'s {engines.spec(n).request_fields[key][0]}" for n in names if key in engines.spec(n).request_fields
-    ]
+    said = [f"{n}'s {engines.spec(n).request_fields[key][0]}" for n in names if key in engines.spec(n).request_fields]
     return f" ({', '.join(said)})" if said else ""
 
 
