@@ -57,7 +57,7 @@ def test_a_new_setting_reaches_the_worker_and_the_stored_run(prepared, workspace
     assert again == {"id": out["id"], "summary": again["summary"], "reused": True} and len(seen) == 1
     other = handle(st, replace(op, probe=4), None, runner)  # one setting changed: replayed anew
     assert not other["reused"] and other["id"] != out["id"] and seen[-1].settings.probe == 4
-    assert same_run(st, replace(op, probe=3))["id"] == out["id"]
+    assert same_run(st, replace(op, probe=3), st.extraction(op.extraction)).id == out["id"]
 
     # the CLI offers it, with the help it was declared with
     p = cli.argparse.ArgumentParser()

@@ -20,22 +20,22 @@ if TYPE_CHECKING:
     from ..store import Extraction, Run
 
 
-def consistency(cfg, extraction: dict, info) -> list[dict]:
+def consistency(cfg, extraction: Extraction, info) -> list[dict]:
     """Drafter config (DrafterConfig) vs an extraction row and its target (TargetInfo): one row per rule of
     drafters.checks, with the problem and fix where a rule fails. The target layer ids hold when the extraction
     holds every layer the drafter reads (it may hold more: several drafters' union; the replay reads the drafter's
     own columns), so the rules see the extraction as the drafter reads it; the row shows every layer it holds."""
     from .. import drafters, ops
 
-    have, need = list(extraction["layer_ids"]), list(cfg.target_layer_ids)
+    have, need = list(extraction.layer_ids), list(cfg.target_layer_ids)
     lack = ops.missing_layers(have, need)
-    seen = extraction if lack else extraction | {"layer_ids": need}
+    seen = extraction if lack else replace(extraction, layer_ids=need)
     rows = []
     for k in drafters.checks(cfg, info.hidden_size, info.vocab_size, info.num_layers, seen):
         problem = k.problem
         if k.name == "target layer ids":
             problem = (
-                f"the drafter reads target layers {need} but extraction {extraction.get('id')} holds layers {have} "
+                f"the drafter reads target layers {need} but extraction {extraction.id} holds layers {have} "
                 f"(missing {lack}); extract its set again with --drafter pointing at this checkpoint (repeat "
                 "--drafter for every drafter one extraction should serve) or --layers naming all of them"
             )

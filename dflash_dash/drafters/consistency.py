@@ -9,8 +9,22 @@ refusal, the serving stand-in's and the Diagnostics table say the same; `check_t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from .config import CheckpointError, DrafterConfig
+
+
+class Features(Protocol):
+    """What the rules read of an extraction (the store's `Extraction` row; the drafters sit below the store)."""
+
+    @property
+    def id(self) -> str: ...  # the extraction's id, named in the problems
+    @property
+    def layer_ids(self) -> list[int]: ...  # the target layers whose hidden states it holds
+    @property
+    def hidden_size(self) -> int: ...  # the target's hidden size
+    @property
+    def backend(self) -> str | None: ...  # the attention kernel backend the target ran
 
 
 @dataclass(frozen=True)
@@ -24,7 +38,7 @@ class Check:
 
 
 def checks(
-    c: DrafterConfig, hidden_size: int, vocab_size: int, num_layers: int, extraction: dict | None = None
+    c: DrafterConfig, hidden_size: int, vocab_size: int, num_layers: int, extraction: Features | None = None
 ) -> list[Check]:
     """THE consistency rules of a drafter against its target (hidden size, vocab, layer count) and, given an
     extraction row, against the features it holds (layer ids, hidden size, backend): one Check per rule, so
@@ -67,25 +81,25 @@ def checks(
             Check(
                 "target layer ids",
                 c.target_layer_ids,
-                extraction["layer_ids"],
-                c.target_layer_ids == extraction["layer_ids"],
-                f"the drafter reads target layers {c.target_layer_ids} but extraction {extraction.get('id')} "
-                f"holds layers {extraction['layer_ids']}; extract again with --drafter pointing at this checkpoint",
+                extraction.layer_ids,
+                c.target_layer_ids == extraction.layer_ids,
+                f"the drafter reads target layers {c.target_layer_ids} but extraction {extraction.id} "
+                f"holds layers {extraction.layer_ids}; extract again with --drafter pointing at this checkpoint",
             ),
             Check(
                 "hidden size (extraction)",
                 c.hidden_size,
-                extraction["hidden_size"],
-                c.hidden_size == extraction["hidden_size"],
-                f"hidden_size={c.hidden_size} but extraction {extraction.get('id')} holds features of "
-                f"{extraction['hidden_size']}; extract with the drafter's target",
+                extraction.hidden_size,
+                c.hidden_size == extraction.hidden_size,
+                f"hidden_size={c.hidden_size} but extraction {extraction.id} holds features of "
+                f"{extraction.hidden_size}; extract with the drafter's target",
             ),
             Check(
                 "extraction backend",
                 "trained on fla",
-                extraction["backend"],
-                extraction["backend"] in ("fla", "n/a"),
-                f"extraction {extraction.get('id')} ran the torch path: features differ slightly from the fla "
+                extraction.backend,
+                extraction.backend in ("fla", "n/a"),
+                f"extraction {extraction.id} ran the torch path: features differ slightly from the fla "
                 "kernels the drafter was trained on",
                 fatal=False,
             ),
@@ -94,7 +108,7 @@ def checks(
 
 
 def check_target(
-    c: DrafterConfig, hidden_size: int, vocab_size: int, num_layers: int, extraction: dict | None = None
+    c: DrafterConfig, hidden_size: int, vocab_size: int, num_layers: int, extraction: Features | None = None
 ) -> None:
     """Raise CheckpointError for the first fatal rule of `checks` the drafter breaks."""
     bad = next((k for k in checks(c, hidden_size, vocab_size, num_layers, extraction) if k.fatal and not k.ok), None)

@@ -11,7 +11,10 @@ features), `runs` (storing a run with its settings, reuse), `worker` (the per-pr
 worker halves), `ingest` (completions in and out, fetch, tokenizers), `extract` (its `disk` check first), `replay`
 (replay, sweep, sliding check; `stream` for --stream), `device_io` (passes, loader thread, pinned uploads: the
 replay worker's loop), `attribute`, `baseline` (model-free proposers stored as runs), `kept` (kept analyses,
-conformance, export, listings), `sampled` (what a set's requests asked for: length, greedy or sampled).
+conformance, export, listings), `sampled` (what a set's requests asked for: length, greedy or sampled),
+`commands` (the handlers of the CLI's other commands: import, export, reports, listings, the stand-in server).
+Operations above the pipeline (the demo build, the job list, the backend parity) register their handlers with
+`handle` from their own layer (jobs.commands), so every operation, and every CLI command, runs through `perform`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from .attribute import attribute
 from .audit import audit, audits
 from .base import DTYPES, Progress, Runner, features_root
 from .baseline import baseline
+from .commands import TABLE as COMMANDS
 from .diagnose import rank_faults
 from .extract import extract as _extract, layers_of
 from .features import LayersMissing
@@ -82,6 +86,7 @@ __all__ = [
     "export_completions",
     "extract",
     "features_root",
+    "handle",
     "fetch",
     "here",
     "hub_snapshot",
@@ -122,7 +127,7 @@ TABLE: dict[type[ops.Op], Handler] = {
     ops.Profile: profile,
     ops.Live: live,
     ops.Diagnose: lambda store, op, progress, runner: rank_faults(store, op.run, op.engine, progress),
-}
+} | COMMANDS
 
 # what a job records of each handler's answer (plain JSON, small)
 RESULT: dict[type[ops.Op], Callable[[ops.Op, object], dict]] = {
@@ -140,15 +145,23 @@ RESULT: dict[type[ops.Op], Callable[[ops.Op, object], dict]] = {
 }
 
 
+def handle(cls: type[ops.Op], handler: Handler, result: Callable[[ops.Op, object], dict] | None = None) -> None:
+    """Register the handler of operation `cls` (and what a job records of its answer): how an operation above the
+    pipeline (jobs.commands: the demo build, the job list, the backend parity) joins `perform`."""
+    TABLE[cls] = handler
+    if result is not None:
+        RESULT[cls] = result
+
+
 def perform(store: Store, op: ops.Op, progress: Progress = None, runner: Runner | None = None, answer: bool = False):
     """Run one operation given as its `ops` dataclass (what a job and every CLI command run): TABLE[type(op)](store,
     op, progress, runner), shaped as the job's result dict (`RESULT`), or with `answer` the handler's own answer
     (what the CLI's printer for the op shows). `runner` shards the per-prompt work of extract, replay and sweep over
     worker processes (jobs.workers); without it the work runs here, on the op's device (its one GPU when `gpus`
-    names one). Demo builds a workspace above the pipeline, so jobs runs it; an extraction's GPU orchestration is
-    the job's too (it calls this inside it)."""
+    names one). The operations above the pipeline are registered by their layer (`handle`); an extraction's GPU
+    orchestration is the job's (it calls this inside it)."""
     handler = TABLE.get(type(op))
     if handler is None:
-        raise InputError(f"{op.kind}: not a pipeline operation (the job runs it)")
+        raise InputError(f"{op.kind}: no handler registered (import dflash_dash.jobs.commands)")
     out = handler(store, op, progress, runner or here(store))
     return out if answer else RESULT[type(op)](op, out)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .. import baselines, metrics, ops
 from ..ops import InputError
-from ..store import Store, new_id
+from ..store import Extraction, Store, new_id
 from .base import Progress, Runner, tick
 from .kept import keep
 from .runs import scored
@@ -24,31 +24,29 @@ KEPT = ("prompts", "lag", "patterns")  # the kept analyses that need no draft pr
 SOURCES = "sources:"  # + prompt id: the kept name of a prompt's per-round draft sources
 
 
-def where(store: Store, op: ops.Baseline) -> tuple[str, dict | None]:
+def where(store: Store, op: ops.Baseline) -> tuple[str, Extraction | None]:
     """(completion set, extraction row or None) of `op`."""
     if op.extraction:
         ex = store.extraction(op.extraction)
-        if op.completions and op.completions != ex["set_name"]:
-            raise InputError(
-                f"extraction {ex['id']} is of set {ex['set_name']}, not {op.completions}: give one of them only"
-            )
-        return ex["set_name"], ex
-    if op.completions not in {s["name"] for s in store.sets()}:
+        if op.completions and op.completions != ex.set_name:
+            raise InputError(f"extraction {ex.id} is of set {ex.set_name}, not {op.completions}: give one of them only")
+        return ex.set_name, ex
+    if op.completions not in {s.name for s in store.sets()}:
         raise InputError(f"completions {op.completions!r}: no such completion set; import or fetch it first")
-    done = [e for e in store.extractions() if e["set_name"] == op.completions and e["status"] == "done"]
+    done = [e for e in store.extractions() if e.set_name == op.completions and e.status == "done"]
     return op.completions, (done[-1] if done else None)
 
 
 def baseline(store: Store, op: ops.Baseline, progress: Progress = None, runner: Runner | None = None) -> dict:
     """Replay `op.method` over its set (see the module's contract); `runner` is not used (CPU, one process)."""
     set_name, ex = where(store, op)
-    comps = {c["prompt_id"]: c for c in store.completions(set_name)}
-    ids = [it["prompt_id"] for it in store.items(ex["id"])] if ex else list(comps)
-    ids = sorted((i for i in ids if i in comps), key=lambda i: comps[i]["idx"])
+    comps = {c.prompt_id: c for c in store.completions(set_name)}
+    ids = [it.prompt_id for it in store.items(ex.id)] if ex else list(comps)
+    ids = sorted((i for i in ids if i in comps), key=lambda i: comps[i].idx or 0)
     if not ids:
         raise InputError(f"completions {set_name}: no completions to replay on")
     prop = baselines.make(op.method, op.settings)
-    seqs = [(i, list(comps[i]["prompt_ids"]) + list(comps[i]["output_ids"]), len(comps[i]["prompt_ids"])) for i in ids]
+    seqs = [(i, list(comps[i].prompt_ids) + list(comps[i].output_ids), len(comps[i].prompt_ids)) for i in ids]
     done = baselines.replay(prop, seqs, progress)
     res = [d.prompt for d in done]
     B = prop.width + 1
@@ -59,7 +57,7 @@ def baseline(store: Store, op: ops.Baseline, progress: Progress = None, runner: 
         "settings": settings,
         "source": prop.source,
         "set_name": set_name,
-        "extraction": ex["id"] if ex else None,
+        "extraction": ex.id if ex else None,
         "anchors": "chain",
         "drafter_block": B,
     }
@@ -69,7 +67,7 @@ def baseline(store: Store, op: ops.Baseline, progress: Progress = None, runner: 
     store.add_run(
         dict(
             id=run_id,
-            extraction_id=ex["id"] if ex else None,
+            extraction_id=ex.id if ex else None,
             checkpoint=f"baseline:{prop.method}",
             name=op.name or label(prop.method, settings),
             config={"method": prop.method, "settings": settings, "source": prop.source},

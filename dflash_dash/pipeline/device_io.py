@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from .. import drafters as drafter_mod, ops
-from ..store import Store
+from ..store import Extraction, Store
 from .base import DTYPES, Progress, tick
 from .expected import sampling_of, with_tops
 from .features import columns, iter_sequences
@@ -52,12 +52,12 @@ def cut(items: list, nbytes: Callable[[Any], float], cap: float) -> list[list]:
     return out
 
 
-def passes(store: Store, ex: dict, ids: list[str], device: str, blocks: int | None = None) -> list[list[str]]:
+def passes(store: Store, ex: Extraction, ids: list[str], device: str, blocks: int | None = None) -> list[list[str]]:
     """`ids` (in set order) cut into passes of features that fit `pass_cap(device)` (at least one prompt a pass).
     `blocks`: layer blocks of H values held per token (the columns read plus a checkpoint's selection of them,
     `read_layers`); None: the extraction's layer count."""
-    tokens = {it["prompt_id"]: it["tokens"] for it in store.items(ex["id"])}
-    width = (blocks or len(ex["layer_ids"])) * ex["hidden_size"] * 2
+    tokens = {it.prompt_id: it.tokens for it in store.items(ex.id)}
+    width = (blocks or len(ex.layer_ids)) * ex.hidden_size * 2
     return cut(ids, lambda i: tokens[i] * width, pass_cap(device))
 
 
@@ -116,14 +116,14 @@ def adopt(d: drafter_mod.Drafter) -> drafter_mod.Drafter:
     return d
 
 
-def read_layers(ex: dict, needs: list[list[int]]) -> list[int]:
+def read_layers(ex: Extraction, needs: list[list[int]]) -> list[int]:
     """The layers a worker reads of extraction `ex` for checkpoints reading `needs`: their one list when they all
     read the same (each then replays on the read features as they are), else every layer any of them reads, in
     the extraction's order (each checkpoint then gathers its own from them: `own_columns`)."""
     if all(n == needs[0] for n in needs):
         return list(needs[0])
     wanted = {x for n in needs for x in n}
-    return [x for x in ex["layer_ids"] if x in wanted]
+    return [x for x in ex.layer_ids if x in wanted]
 
 
 def own_columns(seqs: list, read: list[int], need: list[int], H: int) -> list:
@@ -171,13 +171,13 @@ def replay_work(store: Store, a: ops.ReplayWork, ids: list[str], progress: Progr
         tick(progress, 0, total, f"checking drafter {i + 1}/{len(cks)}: {ck.path}")
         needs.append(list(drafter_mod.check(ck.path, s.sliding_block, s.draft_config).target_layer_ids))
         columns(store, ex, needs[-1], f"drafter {ck.path}")  # a layer the extraction lacks: refused before any work
-    read, H = read_layers(ex, needs), ex["hidden_size"]
+    read, H = read_layers(ex, needs), ex.hidden_size
     gathered = max((len(n) for n in needs if n != read), default=0)  # a checkpoint's own copy beside the pass
     parts = passes(store, ex, ids, device, len(read) + gathered)
     order = [(k, j) for k in range(len(parts)) for j in range(len(cks))]  # (pass, checkpoint), in replay order
     side = torch.cuda.Stream(torch.device(device)) if device.startswith("cuda") else None
     with ThreadPoolExecutor(3) as loader:  # the target's head, one checkpoint at a time, the fused kernels' imports
-        heads = loader.submit(target_mod.load_head, ex["target_path"], device, dtype)
+        heads = loader.submit(target_mod.load_head, ex.target_path, device, dtype)
         if side is not None:  # Triton and Inductor (seconds) beside the feature read and the first upload
             loader.submit(drafter_mod.kernels_for, torch.device(device))
         nxt = loader.submit(fetch_checkpoint, cks[0], dtype, device, side, s)

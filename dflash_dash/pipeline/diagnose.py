@@ -33,7 +33,7 @@ import numpy as np
 from .. import drafters as drafter_mod, ops, walks
 from ..analysis import steps as steps_mod
 from ..ops import InputError
-from ..store import Store
+from ..store import Extraction, Store
 from .base import DTYPES, Progress, tick
 from .features import is_streamed, load_sequences
 from .kept import engine_of
@@ -105,37 +105,38 @@ def windows(ctx: int) -> list[int]:
     return [1 << k for k in range(1, max(ctx, 2).bit_length()) if 1 << k < ctx]
 
 
-def source(store: Store, ex: dict, layers: list[int], ids: set[str]) -> dict | None:
+def source(store: Store, ex: Extraction, layers: list[int], ids: set[str]) -> Extraction | None:
     """The extraction holding target `layers` for prompts `ids`: the run's own `ex`, else (the same dtype first)
     another finished extraction of the same completions and target config with feature files; None when none."""
     same = [
         e
         for e in store.extractions()
-        if e["id"] != ex["id"]
-        and (e["set_name"], e["target_path"], e.get("config_hash"))
-        == (ex["set_name"], ex["target_path"], ex.get("config_hash"))
-        and e.get("status") == "done"
+        if e.id != ex.id
+        and (e.set_name, e.target_path, e.config_hash) == (ex.set_name, ex.target_path, ex.config_hash)
+        and e.status == "done"
         and not is_streamed(e)
     ]
-    for e in [ex, *sorted(same, key=lambda e: e.get("dtype") != ex.get("dtype"))]:
-        if not ops.missing_layers(list(e["layer_ids"]), layers) and ids <= {
-            i["prompt_id"] for i in store.items(e["id"])
-        }:
+    for e in [ex, *sorted(same, key=lambda e: e.dtype != ex.dtype)]:
+        if not ops.missing_layers(list(e.layer_ids), layers) and ids <= {it.prompt_id for it in store.items(e.id)}:
             return e
     return None
 
 
-def shifted(store: Store, ex: dict, need: list[int], ids: set[str]) -> tuple[dict, dict[int, str], str | None]:
+def shifted(
+    store: Store, ex: Extraction, need: list[int], ids: set[str]
+) -> tuple[dict[int, tuple[Extraction, list[int]]], dict[int, str], str | None]:
     """layer-shift: ({offset: (the extraction holding layers l + offset, those layers)} for every offset of OFFSETS
     that can be replayed, {offset: why not} for the others (outside the target's layers, or held by no extraction),
     the one extract command that adds every layer no extraction holds or None)."""
     from .. import target_info
 
     try:
-        n = target_info.describe(ex["target_path"]).num_layers
+        n = target_info.describe(ex.target_path).num_layers
     except (OSError, ValueError):  # the target folder moved or broke: offsets are bounded below only
         n = None
-    found, why, lack = {}, {}, {}
+    found: dict[int, tuple[Extraction, list[int]]] = {}
+    why: dict[int, str] = {}
+    lack: dict[int, list[int]] = {}
     for o in OFFSETS:
         moved = [l + o for l in need]
         if min(moved) < 0:  # layer 0's input is the embeddings, which no extraction holds
@@ -146,18 +147,18 @@ def shifted(store: Store, ex: dict, need: list[int], ids: set[str]) -> tuple[dic
             lack[o] = moved
         else:
             found[o] = (e, moved)
-    why |= {o: f"layers {m}: no extraction of {ex['set_name']!r} holds them" for o, m in lack.items()}
+    why |= {o: f"layers {m}: no extraction of {ex.set_name!r} holds them" for o, m in lack.items()}
     cmd = extract_command(store, ex, [l for m in lack.values() for l in m]) if lack else None
     return found, dict(sorted(why.items())), cmd
 
 
-def extract_command(store: Store, ex: dict, layers: list[int]) -> str:
+def extract_command(store: Store, ex: Extraction, layers: list[int]) -> str:
     """The extract command that adds `layers` for the completions of `ex` (diagnose then finds that extraction)."""
     import shlex
 
     return (
         f"python -m dflash_dash --workspace {shlex.quote(str(store.workspace))} extract --target "
-        f"{shlex.quote(str(ex['target_path']))} --completions {shlex.quote(ex['set_name'])} "
+        f"{shlex.quote(str(ex.target_path))} --completions {shlex.quote(ex.set_name)} "
         f"--layers {','.join(map(str, sorted(set(layers))))}"
     )
 
@@ -169,13 +170,15 @@ def rank_faults(store: Store, run: str, engine: str | None = None, progress: Pro
 
     from .. import target as target_mod
 
-    r = store.run_row(run)
-    ex = store.extraction(r["extraction_id"])
-    eng = engine_of(store, ex["set_name"], engine)
-    erows = engine_rows(store, ex["set_name"], eng)
-    prompts = {p["prompt_id"]: p for p in store.run_prompts(r["id"])}
+    r = store.run_row(run)  # the run and its extraction resolved once, here
+    if r.extraction_id is None:
+        raise InputError(f"run {r.id}: a model-free baseline (no drafter to replay under faults); give a drafter's run")
+    ex = store.extraction(r.extraction_id)
+    eng = engine_of(store, ex.set_name, engine)
+    erows = engine_rows(store, ex.set_name, eng)
+    prompts = {p["prompt_id"]: p for p in store.run_prompts(r.id)}
     if not erows.keys() & prompts.keys():
-        raise InputError(f"run {r['id']}: engine {eng!r} has stats for none of its prompts; nothing to rank")
+        raise InputError(f"run {r.id}: engine {eng!r} has stats for none of its prompts; nothing to rank")
     clean = {pid: list(p["rounds"] or []) for pid, p in prompts.items() if pid in erows}
     variants: dict[str, dict | list[dict]] = {steps_mod.CLEAN: {"steps": clean, "detail": "the run's own replay"}}
     skipped: dict[str, str] = {}
@@ -183,7 +186,7 @@ def rank_faults(store: Store, run: str, engine: str | None = None, progress: Pro
         "steps": {pid: steps_mod.prefill_step(st) for pid, st in clean.items()},
         "detail": "the prefill counted as a verify step",
     }
-    ck, dc, sliding = r["checkpoint"], r.get("config_file"), r.get("sliding_block")
+    ck, dc, sliding = r.checkpoint, r.config_file, r.sliding_block
     c = drafter_mod.check(ck, sliding, dc)
     cuts: dict[int, dict[str, list[int]]] = {}
     for pid in clean:
@@ -200,13 +203,13 @@ def rank_faults(store: Store, run: str, engine: str | None = None, progress: Pro
         ]
     else:
         skipped["draft-tokens"] = "the run kept no every-anchor acceptance (replayed with --anchors chain)"
-    H, have, need = ex["hidden_size"], list(ex["layer_ids"]), list(c.target_layer_ids)
+    H, have, need = ex.hidden_size, list(ex.layer_ids), list(c.target_layer_ids)
     tick(progress, 1, 6, "reading the run's features")
     seqs = [s for s in load_sequences(store, ex) if s.id in clean]
-    head = target_mod.load_head(ex["target_path"], "cpu", torch.float32)
+    head = target_mod.load_head(ex.target_path, "cpu", torch.float32)
     own = [have.index(l) for l in need]
     # the run's own numerics for every variant but `numerics`
-    dtype = DTYPES[r["dtype"]] if r.get("dtype") in DTYPES else torch.float32
+    dtype = DTYPES[r.dtype] if r.dtype in DTYPES else torch.float32
     d = drafter_mod.load(ck, dtype, "cpu", sliding, dc)
     tick(progress, 2, 6, "context-window: the drafter sees the last W positions only")
     ctx = max(p["prompt_len"] for p in prompts.values())
@@ -224,9 +227,7 @@ def rank_faults(store: Store, run: str, engine: str | None = None, progress: Pro
     for o, (e, moved) in found.items():
         fs = seqs if e is ex else [s for s in load_sequences(store, e, moved) if s.id in clean]
         cols = [have.index(l) for l in moved] if e is ex else None
-        detail = f"layers {moved} instead of {need} (offset {o:+d})" + (
-            "" if e is ex else f", from extraction {e['id']}"
-        )
+        detail = f"layers {moved} instead of {need} (offset {o:+d})" + ("" if e is ex else f", from extraction {e.id}")
         variants["layer-shift"].append({"steps": every(d, head, fs, cols, H), "detail": detail, "param": o})
     add = f"; add the missing layers with {cmd} and diagnose again (it reads them from that extraction)" if cmd else ""
     if not found:
@@ -252,7 +253,7 @@ def rank_faults(store: Store, run: str, engine: str | None = None, progress: Pro
     tick(progress, 5, 6, f"numerics: the drafter in {name}")
     alt = drafter_mod.load(ck, other, "cpu", sliding, dc)
     variants["numerics"] = {"steps": every(alt, head, seqs, own, H), "detail": f"the drafter in {name}"}
-    out = {"run": r["id"], "engine": eng} | steps_mod.rank(erows, variants, skipped)
+    out = {"run": r.id, "engine": eng} | steps_mod.rank(erows, variants, skipped)
     # the evidence: the rounds per prompt of the clean replay and of each fault at its best parameter
     won = {f["fault"]: f["param"] for f in out["faults"]}
     out["steps"] = {
@@ -260,6 +261,6 @@ def rank_faults(store: Store, run: str, engine: str | None = None, progress: Pro
         for f, v in variants.items()
         if f == steps_mod.CLEAN or f in won
     }
-    store.set_analysis(r["id"], kept_name(eng), out)
+    store.set_analysis(r.id, kept_name(eng), out)
     tick(progress, 6, 6, f"explained by: {out['explained_by'] or out['evidence']}")
     return out

@@ -96,17 +96,17 @@ def plan(
         check_safetensors(f)
     every = store.completions(completions)
     if not every:  # refused before a plan is shown: a plan of 0 prompts reads as if the work would start
-        sets = ", ".join(s["name"] for s in store.sets() if s["prompts"]) or "none yet"
+        sets = ", ".join(s.name for s in store.sets() if s.prompts) or "none yet"
         raise InputError(
             f"completions {completions!r}: no completions in that set (sets with completions: {sets}); give one of "
             "them, or import or fetch the set first"
         )
     held = set()
-    if extraction_id and any(e["id"] == extraction_id for e in store.extractions()):
-        held = {r["prompt_id"] for r in store.items(extraction_id)}
-    rows = [r for r in every if r["prompt_id"] not in held]
-    tokens = sum(len(r["prompt_ids"]) + len(r["output_ids"]) for r in rows)
-    completion = sum(len(r["output_ids"]) for r in rows)
+    if extraction_id and any(e.id == extraction_id for e in store.extractions()):
+        held = {it.prompt_id for it in store.items(extraction_id)}
+    rows = [c for c in every if c.prompt_id not in held]
+    tokens = sum(len(c.prompt_ids) + len(c.output_ids) for c in rows)
+    completion = sum(len(c.output_ids) for c in rows)
     payload = tokens * width * 2 + (completion * top_bytes(topk) if topk else 0)
     folder = features_root(store)
     return DiskPlan(folder, len(rows), tokens, width, payload + margin(payload), free_bytes(folder), topk, completion)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from .. import ops
 from ..ops import InputError
-from ..store import Store
+from ..store import Extraction, Store
 from .base import features_root
 from .extract import topk_of
 
@@ -29,15 +29,15 @@ TEACHER_FORCED = (
 )
 
 
-def require_topk(store: Store, extraction: dict, op) -> None:
+def require_topk(store: Store, extraction: Extraction, op) -> None:
     """Refuse `op.temperature` on an extraction without the target's top-K, naming the command that makes one."""
     if getattr(op, "temperature", None) is None or topk_of(extraction) or getattr(op, "stream", False):
         return
     raise InputError(
-        f"temperature: extraction {extraction['id']} kept no target top-K, which the expected acceptance at a "
+        f"temperature: extraction {extraction.id} kept no target top-K, which the expected acceptance at a "
         f"temperature reads; re-extract with it (python -m dflash_dash --workspace {store.workspace} extract "
-        f"--target {extraction['target_path']} --completions {extraction['set_name']} --layers "
-        f"{','.join(map(str, extraction['layer_ids']))} --target-topk {ops.TARGET_TOPK}), or replay with --stream"
+        f"--target {extraction.target_path} --completions {extraction.set_name} --layers "
+        f"{','.join(map(str, extraction.layer_ids))} --target-topk {ops.TARGET_TOPK}), or replay with --stream"
     )
 
 
@@ -50,16 +50,14 @@ def sampling_of(spec: ops.ReplayWork) -> Sampling | None:
     return Sampling(s.temperature, s.verify)
 
 
-def with_tops(store: Store, extraction: dict, seqs: list[Sequence]) -> list[Sequence]:
+def with_tops(store: Store, extraction: Extraction, seqs: list[Sequence]) -> list[Sequence]:
     """`seqs` with each one's stored top-K (`cache.read_top`: validated against the completion and vocabulary)."""
     from .. import cache, target_info
 
-    vocab, k = target_info.describe(extraction["target_path"]).vocab_size, topk_of(extraction)
+    vocab, k = target_info.describe(extraction.target_path).vocab_size, topk_of(extraction)
     root = features_root(store)
     return [
-        replace(
-            s, top=cache.read_top(root, extraction["id"], s.id, s.prompt_len, len(s.tokens) - s.prompt_len, k, vocab)
-        )
+        replace(s, top=cache.read_top(root, extraction.id, s.id, s.prompt_len, len(s.tokens) - s.prompt_len, k, vocab))
         for s in seqs
     ]
 

@@ -19,16 +19,16 @@ from collections.abc import Iterator
 
 from .. import drafters as drafter_mod, ops
 from ..ops import InputError
-from ..store import Store, StoreError, new_id
+from ..store import Extraction, Store, StoreError, new_id
 from . import disk
 from .base import DTYPES, Progress, Runner, features_root, tick
 
 TOPK = "target_topk"  # the versions key of the top-K an extraction keeps per completion position
 
 
-def topk_of(extraction: dict) -> int:
+def topk_of(extraction: Extraction) -> int:
     """The target's top-K an extraction keeps (0: none, as every extraction made before it could)."""
-    return int((extraction.get("versions") or {}).get(TOPK) or 0)
+    return int((extraction.versions or {}).get(TOPK) or 0)
 
 
 def layers_of(drafter: str | list[str] | None, layers: str | list[int] | None) -> list[int]:
@@ -69,22 +69,22 @@ def extract(store: Store, op: ops.Extract, progress: Progress, runner: Runner) -
     if not rows:
         raise StoreError(f"no completions in set {set_name!r}; import or fetch them first")
     done: set[str] = set()
-    exists = bool(extraction_id) and any(e["id"] == extraction_id for e in store.extractions())
+    exists = bool(extraction_id) and any(e.id == extraction_id for e in store.extractions())
     if exists:
         e = store.extraction(extraction_id)
-        if (e.get("versions") or {}).get("streamed"):
+        if (e.versions or {}).get("streamed"):
             raise InputError(
                 f"extraction {extraction_id} was streamed (replay/sweep --stream keep no feature files), so it cannot "
                 "be resumed; extract the set as a new extraction (without --resume)"
             )
-        if e["layer_ids"] != layer_ids or e["target_path"] != info.path:
+        if e.layer_ids != layer_ids or e.target_path != info.path:
             raise InputError(f"extraction {extraction_id} used other layers or another target; start a new one")
         if topk_of(e) != op.target_topk:
             raise InputError(
                 f"target_topk {op.target_topk}: extraction {extraction_id} keeps the target's top-{topk_of(e)}; resume "
                 f"it with --target-topk {topk_of(e)}, or start a new extraction"
             )
-        done = {r["prompt_id"] for r in store.items(extraction_id)}
+        done = {it.prompt_id for it in store.items(extraction_id)}
     space = disk.check(
         disk.plan(store, set_name, layer_ids, info.path, extraction_id, op.target_topk)
     )  # before any work or row
@@ -92,7 +92,7 @@ def extract(store: Store, op: ops.Extract, progress: Progress, runner: Runner) -
     if exists:
         store.set_status("extractions", extraction_id, "running")
     extraction_id = extraction_id or new_id("ex")
-    todo = [r["prompt_id"] for r in rows if r["prompt_id"] not in done]
+    todo = [c.prompt_id for c in rows if c.prompt_id not in done]
     spec = ops.ExtractWork(
         target=info.path,
         completions=set_name,
@@ -154,7 +154,7 @@ def extract_work(store: Store, a: ops.ExtractWork, ids: list[str], progress: Pro
 
     info = target_mod.describe(a.target)
     want = set(ids)
-    rows = [r for r in store.completions(a.completions) if r["prompt_id"] in want]
+    rows = [c for c in store.completions(a.completions) if c.prompt_id in want]
     tick(progress, 0, len(rows), f"loading target {info.path}")
     if not rows:
         return
@@ -174,14 +174,14 @@ def extract_work(store: Store, a: ops.ExtractWork, ids: list[str], progress: Pro
     )
 
     def todo():  # (key, ids) of the prompts, checked one by one as the extraction reaches them
-        for i, r in enumerate(rows):
-            tokens = torch.tensor(r["prompt_ids"] + r["output_ids"])
+        for i, c in enumerate(rows):
+            tokens = torch.tensor(c.prompt_ids + c.output_ids)
             if int(tokens.max()) >= info.vocab_size:
                 raise InputError(
-                    f"prompt {r['prompt_id']!r}: token id {int(tokens.max())} is outside the target's "
+                    f"prompt {c.prompt_id!r}: token id {int(tokens.max())} is outside the target's "
                     f"vocabulary ({info.vocab_size}); wrong target for this completion set?"
                 )
-            yield (i, r["prompt_id"], len(tokens), len(r["prompt_ids"])), tokens
+            yield (i, c.prompt_id, len(tokens), len(c.prompt_ids)), tokens
 
     def write(key, out):
         if top is None:

@@ -120,7 +120,7 @@ def import_features(
             f"{meta.get('config_hash')}, but {target} has {info.config_hash}; extract them again with "
             "this target"
         )
-    rows = {r["prompt_id"]: r for r in store.completions(set_name)}
+    rows = {r.prompt_id: r for r in store.completions(set_name)}
     ex_id = new_id("ex")
     store.add_extraction(
         dict(
@@ -139,7 +139,7 @@ def import_features(
     width, bad = len(layer_ids) * info.hidden_size, []
     for i, c in enumerate(completions):
         row = rows.get(c["id"])
-        if row is None or row["prompt_ids"] != c["prompt_ids"] or row["output_ids"] != c["output_ids"]:
+        if row is None or row.prompt_ids != c["prompt_ids"] or row.output_ids != c["output_ids"]:
             bad.append(c["id"])
             continue
         n = len(c["prompt_ids"]) + len(c["output_ids"])
@@ -163,12 +163,12 @@ def export_completions(store: Store, name: str) -> list[dict]:
         raise StoreError(f"no completion set named {name!r} (see the Completions page or `extractions`)")
     return [
         {
-            "id": r["prompt_id"],
-            "prompt_ids": r["prompt_ids"],
-            "output_ids": r["output_ids"],
-            "prompt": r["prompt"],
-            "output": r["output"],
-            "category": r.get("category"),
+            "id": r.prompt_id,
+            "prompt_ids": r.prompt_ids,
+            "output_ids": r.output_ids,
+            "prompt": r.prompt,
+            "output": r.output,
+            "category": r.category,
         }
         for r in rows
     ]
@@ -228,47 +228,46 @@ def check_same_settings(store: Store, op: ops.Fetch, prompt_set: list[dict]) -> 
     if not rows:
         return
     fix = f"fetch into a new set (another completion set name than {op.name!r}), or use the set's settings"
-    asked = {r["prompt_id"]: sent_settings(r) for r in rows}  # each request read in its own engine's fields
+    asked = {r.prompt_id: sent_settings(r.engine, r.request) for r in rows}  # each in its own engine's fields
+    used = [r.engine for r in rows]
     had = {a["max_new_tokens"] for a in asked.values() if a is not None} - {None}
     if had and had != {op.max_new_tokens}:
         was = " and ".join(f"{v:g}" for v in sorted(had))
         raise InputError(
             f"max_new_tokens: set {op.name!r} was fetched with max_new_tokens {was}"
-            f"{field_names(rows, 'max_new_tokens')}, this fetch asks for {op.max_new_tokens}; {fix}"
+            f"{field_names(used, 'max_new_tokens')}, this fetch asks for {op.max_new_tokens}; {fix}"
         )
     keys = {sampling_key(a) for a in asked.values()} - {None}
     if keys and keys != {op_key(op)}:
         was = " and ".join(sorted(describe(k) for k in keys))
         raise InputError(
-            f"temperature/top_p/seed: set {op.name!r} was fetched {was}{field_names(rows, 'temperature')}, this "
+            f"temperature/top_p/seed: set {op.name!r} was fetched {was}{field_names(used, 'temperature')}, this "
             f"fetch would be {describe(op_key(op))}; {fix}"
         )
     texts = {p["id"] for p in prompt_set if "prompt_ids" not in p}
-    sent_ids = [
-        r for r in rows if r["prompt_id"] in texts and r["prompt"] and (asked[r["prompt_id"]] or {}).get("prompt_ids")
-    ]
+    sent_ids = [r for r in rows if r.prompt_id in texts and r.prompt and (asked[r.prompt_id] or {}).get("prompt_ids")]
     row = sent_ids[0] if sent_ids else None
-    folder = op.tokenizer or (row or {}).get("model_path")
+    folder = op.tokenizer or (row.model_path if row else None)
     if row is None or not folder or not Path(folder).is_dir():
         return
     tok = load_tokenizer(folder)
 
     def ids(chat: bool, thinking: bool) -> list[int]:
-        return engines.chat_ids(tok, row["prompt"], thinking) if chat else list(tok(row["prompt"])["input_ids"])
+        return engines.chat_ids(tok, row.prompt, thinking) if chat else list(tok(row.prompt)["input_ids"])
 
     def said(chat: bool, thinking: bool) -> str:
         thought = f", thinking {'on' if thinking else 'off'}" if chat else ""
         return f"chat template {'on' if chat else 'off'}{thought}"
 
-    if ids(op.chat, op.enable_thinking) == row["prompt_ids"]:
+    if ids(op.chat, op.enable_thinking) == row.prompt_ids:
         return
     was = next(
-        (said(c, t) for c in (False, True) for t in (False, True) if (c or not t) and ids(c, t) == row["prompt_ids"]),
+        (said(c, t) for c in (False, True) for t in (False, True) if (c or not t) and ids(c, t) == row.prompt_ids),
         "other prompt settings (another tokenizer?)",
     )
     raise InputError(
         f"chat: set {op.name!r} was fetched with {was}, this fetch asks for {said(op.chat, op.enable_thinking)} "
-        f"(prompt {row['prompt_id']!r} would be sent as other token ids); {fix}"
+        f"(prompt {row.prompt_id!r} would be sent as other token ids); {fix}"
     )
 
 
@@ -321,7 +320,7 @@ def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner
     except ValueError as e:
         raise InputError(f"--server: {e}") from None
     kept = store.completions(name)
-    engine_was = {r.get("engine") or engines.DEFAULT_ENGINE for r in kept}
+    engine_was = {r.engine or engines.DEFAULT_ENGINE for r in kept}
     if engine_was and client.name not in engine_was:  # known before the server is asked anything
         raise InputError(
             f"set {name!r} was fetched from engine {sorted(engine_was)[0]} but the workspace's server is "
@@ -333,7 +332,7 @@ def fetch(store: Store, op: ops.Fetch, progress: Progress = None, runner: Runner
     )
     info = client.model_info()
     model_path = info.get("model_path")
-    earlier = {r["model_path"] for r in kept} - {None}
+    earlier = {r.model_path for r in kept} - {None}
     if earlier and model_path not in earlier:
         raise InputError(
             f"set {name!r} was fetched from model {sorted(earlier)[0]} but {server} serves "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import metrics
 from ..ops import InputError, check_name
-from ..store import Store, StoreError
+from ..store import Completion, Extraction, Run, Store, StoreError
 from .served import replayed
 
 ANALYSES = ("prompts", "calibration", "patterns", "lag", "heads", "signatures")  # whole-run analyses kept
@@ -45,7 +45,7 @@ def keep(
     names,
     rows: list[metrics.Prompt] | None = None,
     summary: dict | None = None,
-    comps: dict[str, dict] | None = None,
+    comps: dict[str, Completion] | None = None,
 ) -> dict:
     """The analyses `names` of run `run_id` (`analysis`) computed from one read of the run, its extraction and its
     completions, then kept in the store (one connection); {name: value}. `summary`: the run's summary just computed
@@ -58,13 +58,12 @@ def keep(
     from ..vocab import load_vocab
 
     r = store.run_row(run_id)
-    B, budget = r["summary"]["block_size"], r["tree_budget"]
-    ex = source_of(store, r)
+    B, budget = r.block_size, r.tree_budget
     rows = sorted(rows, key=lambda p: p.id) if rows is not None else store.prompts(run_id)
     if comps is None:
         comps = (
-            {c["prompt_id"]: c for c in store.completions(ex["set_name"])}
-            if {"lag", "patterns", "signatures"} & set(names)
+            {c.prompt_id: c for c in store.completions(r.set_name)}
+            if r.set_name and {"lag", "patterns", "signatures"} & set(names)
             else {}
         )
     out = {}
@@ -74,14 +73,14 @@ def keep(
         elif name == "calibration":
             val = calibration(rows, B, budget, summary)
         elif name == "heads":
-            val = heads(rows, B, budget, summary if summary is not None else metrics.complete(r["summary"], rows))
+            val = heads(rows, B, budget, summary if summary is not None else metrics.complete(r.summary, rows))
         elif name == "lag":
             val = lag_of(rows, comps, B)
         elif name == "signatures":
             val = signatures_mod.measure(rows, B, out["lag"] if "lag" in out else lag_of(rows, comps, B))
         else:
-            order = {pid: c["idx"] for pid, c in comps.items()}
-            vocab = load_vocab(ex["target_path"])
+            order = {pid: c.idx or 0 for pid, c in comps.items()}
+            vocab = load_vocab(r.target_path)
             val = {
                 "decoded_tokens": vocab.tok is not None,
                 **patterns.analyse(
@@ -99,21 +98,20 @@ def keep(
     return out
 
 
-def source_of(store: Store, r: dict) -> dict:
-    """The extraction row of run `r`; for a run on a completion set alone (a baseline: extraction_id NULL) a stand-in
-    holding its set (summary `set_name`) and no target."""
-    if r["extraction_id"] is None:
-        return {"id": None, "set_name": (r["summary"] or {}).get("set_name"), "target_path": None, "backend": None}
-    return store.extraction(r["extraction_id"])
+def extraction_of(store: Store, r: Run) -> Extraction | None:
+    """The extraction row run `r` replayed; None for a run on a completion set alone (a baseline: extraction_id
+    NULL). What a run needs of its source is on its own row (`Run.set_name`, `target_path`, `backend`: joined from
+    its extraction, or the baseline's set), so no stand-in row is made up for a baseline."""
+    return None if r.extraction_id is None else store.extraction(r.extraction_id)
 
 
-def lag_of(rows: list[metrics.Prompt], comps: dict[str, dict], block_size: int) -> dict[str, list]:
+def lag_of(rows: list[metrics.Prompt], comps: dict[str, Completion], block_size: int) -> dict[str, list]:
     """{prompt id: metrics.lag_counts triple} of the prompts whose completion is in `comps` (the analysis "lag")."""
     return {
         p.id: list(
             metrics.lag_counts(
                 p.drafts.ravel(),
-                list(comps[p.id]["prompt_ids"]) + list(comps[p.id]["output_ids"]),
+                list(comps[p.id].prompt_ids) + list(comps[p.id].output_ids),
                 p.prompt_len,
                 block_size,
             )
@@ -139,34 +137,34 @@ def signatures(store: Store, run: str | None = None, reference: str | None = Non
         run, reference = pair
     r = store.run_row(run or "latest")
     if not reference:
-        reference = signatures_mod.reference_for(runs, r["id"])
+        reference = signatures_mod.reference_for(runs, r.id)
         if reference is None:
-            raise InputError(f"--reference: no other run to compare run {r['id']} with; replay a healthy checkpoint")
+            raise InputError(f"--reference: no other run to compare run {r.id} with; replay a healthy checkpoint")
     ref = store.run_row(reference)
-    if ref["id"] == r["id"]:
-        raise InputError(f"--reference {ref['id']}: the run itself; give another run (a healthy checkpoint's)")
+    if ref.id == r.id:
+        raise InputError(f"--reference {ref.id}: the run itself; give another run (a healthy checkpoint's)")
     rows = signatures_mod.compare(
-        analysis(store, r["id"], "signatures"),
-        analysis(store, ref["id"], "signatures"),
-        attribution_rows(store.attributions(r["id"])),
-        attribution_rows(store.attributions(ref["id"])),
+        analysis(store, r.id, "signatures"),
+        analysis(store, ref.id, "signatures"),
+        attribution_rows(store.attributions(r.id)),
+        attribution_rows(store.attributions(ref.id)),
     )
     return {
-        "run": {"id": r["id"], "name": r["name"], "tau_macro": r["summary"].get("tau_macro")},
-        "reference": {"id": ref["id"], "name": ref["name"], "tau_macro": ref["summary"].get("tau_macro")},
-        "same_extraction": r["extraction_id"] == ref["extraction_id"],
+        "run": {"id": r.id, "name": r.name, "tau_macro": r.summary.get("tau_macro")},
+        "reference": {"id": ref.id, "name": ref.name, "tau_macro": ref.summary.get("tau_macro")},
+        "same_extraction": r.extraction_id == ref.extraction_id,
         "points_to": signatures_mod.points_to(rows),
         "rows": rows,
     }
 
 
-def analyses(store: Store, r: dict) -> dict:
+def analyses(store: Store, r: Run) -> dict:
     """What a run's export adds to its numbers: "calibration", "patterns" (`analysis`) and, once attributed,
     "attribution"."""
     from ..analysis.attribution import attribution_rows
 
-    out = {name: analysis(store, r["id"], name) for name in ("calibration", "patterns")}
-    att = store.attributions(r["id"])
+    out = {name: analysis(store, r.id, name) for name in ("calibration", "patterns")}
+    att = store.attributions(r.id)
     if att:
         out["attribution"] = attribution_rows(att)
     return out
@@ -201,9 +199,7 @@ def import_engine_stats(store: Store, file: str | Path, completions: str, engine
     comps = store.completions(check_name(completions, "completions", "the completion set the engine generated"))
     if not comps:
         raise StoreError(f"no completion set named {completions!r}; fetch or import the completions first")
-    rows = conformance_mod.parse_stats(
-        p.read_text(), {c["prompt_id"]: len(c["output_ids"]) for c in comps}, completions
-    )
+    rows = conformance_mod.parse_stats(p.read_text(), {c.prompt_id: len(c.output_ids) for c in comps}, completions)
     store.add_engine_stats(completions, engine.strip(), rows, f"import {p.resolve()}")
     return len(rows)
 
@@ -244,18 +240,18 @@ def conformance(
     if not 0 <= thr < 1:
         raise InputError(f"--threshold {thr}: expected a fraction of the replay's tau in [0, 1), e.g. 0.05")
     r = store.run_row(run)
-    set_name = source_of(store, r)["set_name"]
+    set_name = r.set_name or ""
     eng = engine_of(store, set_name, engine)
-    order = {c["prompt_id"]: c["idx"] for c in store.completions(set_name)}
-    prompts = sorted(store.run_prompts(r["id"]), key=lambda p: (order.get(p["prompt_id"], 0), p["prompt_id"]))
+    order = {c.prompt_id: c.idx or 0 for c in store.completions(set_name)}
+    prompts = sorted(store.run_prompts(r.id), key=lambda p: (order.get(p["prompt_id"], 0), p["prompt_id"]))
     stats = store.engine_stats(set_name, eng)
     rows = conformance_mod.compare(prompts, stats, thr, eng)
-    ranking = store.analysis(r["id"], f"faults:{eng}")  # pipeline.diagnose.kept_name
-    out = conformance_mod.report(r["id"], eng, thr, rows, ranking)
+    ranking = store.analysis(r.id, f"faults:{eng}")  # pipeline.diagnose.kept_name
+    out = conformance_mod.report(r.id, eng, thr, rows, ranking)
     return out | evidence(store, r, set_name, eng, rows, thr), rows, conformance_mod.missing(prompts, stats)
 
 
-def evidence(store: Store, r: dict, set_name: str, engine: str, rows: list[dict], threshold: float) -> dict:
+def evidence(store: Store, r: Run, set_name: str, engine: str, rows: list[dict], threshold: float) -> dict:
     """The run's verdict with its evidence (`analysis.verdict`): {"served": what the engine said it served (None:
     it does not say, or nothing was recorded), "served_source", "replayed": the replayed drafter's identity,
     "verdict", "why", "identity", and the pooled numbers}."""
@@ -281,13 +277,13 @@ def export(store: Store, run: str = "latest") -> dict:
     from ..analysis.rounds import blocks
 
     r = store.run_row(run)
-    prompts = store.run_prompts(r["id"])
-    order = {c["prompt_id"]: c["idx"] for c in store.completions(source_of(store, r)["set_name"])}
+    prompts = store.run_prompts(r.id)
+    order = {c.prompt_id: c.idx or 0 for c in store.completions(r.set_name or "")}
     prompts.sort(key=lambda p: order.get(p["prompt_id"], 0))
-    B, budget = r["summary"]["block_size"], r["tree_budget"]
+    B, budget = r.block_size, r.tree_budget
     out = {
-        "run": {k: (str(v) if k == "created" else v) for k, v in r.items() if k != "summary"},
-        "summary": r["summary"],
+        "run": {k: (str(v) if k == "created" else v) for k, v in r.as_dict().items() if k != "summary"},
+        "summary": r.summary,
         "metrics": [{"key": m.key, "label": m.label, "formula": m.formula, "kind": m.kind} for m in metrics.REGISTRY],
         "prompts": [
             {
@@ -300,7 +296,7 @@ def export(store: Store, run: str = "latest") -> dict:
                 "ddtree_rounds": p["tree_rounds"],
                 "metrics": metrics.per_prompt(metrics.Prompt.from_row(p), B, budget),
             }
-            | {k: v for k, v in blocks(p, B, r["summary"].get("round_topk")).items() if k != "round_topk"}
+            | {k: v for k, v in blocks(p, B, r.summary.get("round_topk")).items() if k != "round_topk"}
             for p in prompts
         ],
     }
@@ -312,32 +308,32 @@ def listing(store: Store, what: str) -> list[dict]:
     if what == "runs":
         return [
             {
-                "id": r["id"],
-                "checkpoint": r["checkpoint"],
-                "name": r["name"],
-                "extraction": r["extraction_id"],
-                "completions": r["set_name"],
-                "backend": r["backend"],
-                "created": str(r["created"]),
-                "sliding_block": r.get("sliding_block"),
-                "step": r.get("step"),
-                "summary": {m.key: r["summary"].get(m.key) for m in metrics.HEADLINE},
+                "id": r.id,
+                "checkpoint": r.checkpoint,
+                "name": r.name,
+                "extraction": r.extraction_id,
+                "completions": r.set_name,
+                "backend": r.backend,
+                "created": str(r.created),
+                "sliding_block": r.sliding_block,
+                "step": r.step,
+                "summary": {m.key: r.summary.get(m.key) for m in metrics.HEADLINE},
             }
             for r in store.runs()
         ]
     return [
         {
-            "id": e["id"],
-            "target": e["target_path"],
-            "completions": e["set_name"],
-            "backend": e["backend"],
-            "device": e["device"],
-            "dtype": e["dtype"],
-            "layer_ids": e["layer_ids"],
-            "status": e["status"],
-            "prompts": e["prompts"],
-            "created": str(e["created"]),
-            "versions": e["versions"],
+            "id": e.id,
+            "target": e.target_path,
+            "completions": e.set_name,
+            "backend": e.backend,
+            "device": e.device,
+            "dtype": e.dtype,
+            "layer_ids": e.layer_ids,
+            "status": e.status,
+            "prompts": e.prompts,
+            "created": str(e.created),
+            "versions": e.versions,
         }
         for e in store.extractions()
     ]
@@ -352,16 +348,16 @@ def compare(store: Store, run_ids: list[str]) -> dict:
 
     if len(dict.fromkeys(run_ids)) < 2:
         raise InputError("--runs: give at least two run ids (see `runs`)")
-    by = {r["id"]: r for r in store.runs()}
+    by = {r.id: r for r in store.runs()}
     missing = [i for i in run_ids if i not in by]
     if missing:
         raise InputError(f"--runs: no run {missing[0]!r} in this workspace (see `runs`)")
     runs = [by[i] for i in dict.fromkeys(run_ids)]
-    exs = sorted({r["extraction_id"] for r in runs})
+    exs = sorted({r.extraction_id or "" for r in runs})
     if len(exs) > 1:
         raise InputError(f"--runs: the runs are on {len(exs)} extractions ({', '.join(exs)}); give runs of one")
-    taus = {r["id"]: {p["prompt_id"]: p["tau"] for p in analysis(store, r["id"], "prompts")} for r in runs}
-    cats = store.categories(runs[0]["set_name"])
+    taus = {r.id: {p["prompt_id"]: p["tau"] for p in analysis(store, r.id, "prompts")} for r in runs}
+    cats = store.categories(runs[0].set_name or "")
     rows = cmp.many_rows(runs, taus, cats)
     return {
         "extraction": exs[0],

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from .. import ops
-from ..store import Store
+from ..store import Run, Store
 from .base import Progress, Runner
 
 LIVE = "live"  # the reserved run id the live results are kept under (no run has it)
@@ -51,16 +51,16 @@ def live(store: Store, op: ops.Live, progress: Progress = None, runner: Runner |
     def sampling_of(seed: int) -> Sampling | None:
         return Sampling(op.temperature, op.top_p, seed=seed) if op.temperature > 0 else None
 
-    live_mod.measure(model, spec, comps[0]["prompt_ids"], 2, seeds[:1], sampling_of, op.verify, stop_ids)  # warm-up
+    live_mod.measure(model, spec, comps[0].prompt_ids, 2, seeds[:1], sampling_of, op.verify, stop_ids)  # warm-up
     prompts = {}
     for i, c in enumerate(comps):
-        n = op.max_new or max(len(c["output_ids"]), 1)
-        got = live_mod.measure(model, spec, c["prompt_ids"], n, seeds, sampling_of, op.verify, stop_ids)
+        n = op.max_new or max(len(c.output_ids), 1)
+        got = live_mod.measure(model, spec, c.prompt_ids, n, seeds, sampling_of, op.verify, stop_ids)
         for s in got["seeds"]:
             s.pop("output_ids")  # tokens are not kept: the numbers are
-        prompts[c["prompt_id"]] = got
+        prompts[c.prompt_id] = got
         if progress:
-            progress(i + 1, len(comps), f"live loop: {c['prompt_id']}")
+            progress(i + 1, len(comps), f"live loop: {c.prompt_id}")
     out = {
         "key": key(op.completions, op.drafter, op.temperature, op.top_p, op.verify),
         "set_name": op.completions,
@@ -118,9 +118,9 @@ def summarize(prompts: dict[str, dict], seeds: list[int]) -> dict:
     }
 
 
-def live_for(store: Store, run: dict) -> list[dict]:
+def live_for(store: Store, run: Run) -> list[dict]:
     """The kept live results of `run`'s completion set and checkpoint, newest first."""
-    want = (run.get("set_name"), str(Path(run.get("checkpoint") or "").resolve()))
+    want = (run.set_name, str(Path(run.checkpoint or "").resolve()))
     out = []
     for k in store.analysis(LIVE, INDEX) or []:
         got = store.analysis(LIVE, k)

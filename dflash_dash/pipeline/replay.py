@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .. import drafters as drafter_mod, metrics, ops
 from ..ops import InputError
-from ..store import Store
+from ..store import Extraction, Run, Store
 from .base import Progress, Runner, tick
 from .expected import require_topk
 from .features import check_drafter, require_files
@@ -49,12 +49,12 @@ def check_replay(store: Store, op: ops.Replay) -> None:
         drafter_mod.check_target(cfg, info.hidden_size, info.vocab_size, info.num_layers)
         return
     ex = store.extraction(op.extraction)
-    if ex["status"] != "done":
-        raise InputError(f"extraction {ex['id']} is {ex['status']}, not done; finish it (re-extract) first")
+    if ex.status != "done":
+        raise InputError(f"extraction {ex.id} is {ex.status}, not done; finish it (re-extract) first")
     require_topk(store, ex, op)
     cfg = drafter_mod.read_config(op.drafter, op.draft_config)
     drafter_mod.sliding_semantics(cfg, op.sliding_block)
-    check_drafter(cfg, ex, target_info.describe(ex["target_path"]), store, f"drafter {op.drafter}")
+    check_drafter(cfg, ex, target_info.describe(ex.target_path), store, f"drafter {op.drafter}")
 
 
 def replay(store: Store, op: ops.Replay, progress: Progress, runner: Runner) -> dict:
@@ -70,22 +70,21 @@ def replay(store: Store, op: ops.Replay, progress: Progress, runner: Runner) -> 
     A run that `same_run` finds is returned instead (with "reused": True) unless `op.force`: replaying it again
     would store a duplicate."""
     ck = ops.CheckpointSpec(op.drafter, op.name)
-    if op.features:  # a trainer's cache: imported as a set and an extraction of its own features, then replayed
-        op = replace(op, extraction=imported(store, op, progress)["id"])
     if op.stream:  # the target computes the features as the replay needs them: a new streamed extraction
         return stream(store, op, [ck], progress, runner)[0] | {"reused": False}
-    op = replace(op, extraction=store.extraction(op.extraction).id)  # `latest` resolved once, at the door
-    if not op.force and (old := same_run(store, op)):
-        tick(progress, 1, 1, f"run {old['id']} already replayed this checkpoint with these settings: reused")
-        return {"id": old["id"], "summary": old["summary"], "reused": True}
-    return replay_many(store, [ck], op, progress, runner)[0] | {"reused": False}
+    # the extraction (an id, `latest`, or a trainer's cache imported as one) resolved once, at the door
+    ex = imported(store, op, progress) if op.features else store.extraction(op.extraction)
+    op = replace(op, extraction=ex.id)
+    if not op.force and (old := same_run(store, op, ex)):
+        tick(progress, 1, 1, f"run {old.id} already replayed this checkpoint with these settings: reused")
+        return {"id": old.id, "summary": old.summary, "reused": True}
+    return replay_many(store, [ck], op, ex, progress, runner)[0] | {"reused": False}
 
 
-def same_run(store: Store, op: ops.Replay) -> dict | None:
-    """The newest stored run that `op` would repeat (`runs.wanted`): the same checkpoint on the same extraction
-    (`latest` resolved) and device kind (cpu or cuda), with the same settings whole (`runs.resolved`); None when
-    there is none."""
-    ex = store.extraction(op.extraction)
+def same_run(store: Store, op: ops.Replay, ex: Extraction) -> Run | None:
+    """The newest stored run that `op` would repeat (`runs.wanted`): the same checkpoint on extraction `ex` (the
+    op's, resolved by the caller) and device kind (cpu or cuda), with the same settings whole (`runs.resolved`);
+    None when there is none."""
     want = wanted(store, ex, ops.CheckpointSpec(op.drafter), op.settings, op.devices()[0])
     got = stored_keys(store, ex, type(op.settings)).get(want)
     return store.run_row(got) if got else None
@@ -95,26 +94,26 @@ def replay_many(
     store: Store,
     checkpoints: list[ops.CheckpointSpec],
     op: ops.Replay | ops.Sweep,
+    ex: Extraction,
     progress: Progress,
     runner: Runner,
 ) -> list[dict]:
-    """Replay several checkpoints over ONE read of extraction `op.extraction`'s features (`device_io.replay_work`:
-    passes of sequences, each replayed by every checkpoint in turn, one drafter loaded at a time), on `op`'s first
-    device with its settings (`op.settings`, whole, in the worker's `ops.ReplayWork`). Every checkpoint is
-    validated (config, tensors, target) before any replay; each run is stored, with the metrics over all prompts,
-    as soon as its checkpoint's results are all in (so a later failure keeps it). The per-prompt work runs here,
-    or through `runner` (prompts sharded over worker processes, one per GPU). Returns [{"id", "summary"}] in the
+    """Replay several checkpoints over ONE read of extraction `ex`'s features (`op.extraction`, resolved by the caller;
+    `device_io.replay_work`: passes of sequences, each replayed by every checkpoint in turn, one drafter loaded at a
+    time), on `op`'s first device with its settings (`op.settings`, whole, in the worker's `ops.ReplayWork`). Every
+    checkpoint is validated (config, tensors, target) before any replay; each run is stored, with the metrics over all
+    prompts, as soon as its checkpoint's results are all in (so a later failure keeps it). The per-prompt work runs
+    here, or through `runner` (prompts sharded over worker processes, one per GPU). Returns [{"id", "summary"}] in the
     order given."""
     device, settings = op.devices()[0], op.settings
-    ex = store.extraction(op.extraction)
-    if ex["status"] != "done":
-        raise InputError(f"extraction {ex['id']} is {ex['status']}, not done; finish it (re-extract) first")
+    if ex.status != "done":
+        raise InputError(f"extraction {ex.id} is {ex.status}, not done; finish it (re-extract) first")
     require_files(store, ex, "a replay on it")
     require_topk(store, ex, op)
 
     from .. import target as target_mod
 
-    info = target_mod.describe(ex["target_path"])
+    info = target_mod.describe(ex.target_path)
     plan = []
     for ck in checkpoints:  # configs checked here; tensors when the work loads them, before any replay
         loc = drafter_mod.locate(ck.path, settings.draft_config)
@@ -122,11 +121,11 @@ def replay_many(
         check_drafter(cfg, ex, info, store, f"drafter {loc.path}")
         drafter_mod.sliding_semantics(cfg, settings.sliding_block)
         plan.append(loc)
-    comps = {c["prompt_id"]: c for c in store.completions(ex["set_name"])}  # read once: every store step needs them
-    ids = sorted((it["prompt_id"] for it in store.items(ex["id"])), key=lambda i: comps[i]["idx"])
+    comps = {c.prompt_id: c for c in store.completions(ex.set_name)}  # read once: every store step needs them
+    ids = sorted((it.prompt_id for it in store.items(ex.id)), key=lambda i: comps[i].idx or 0)
     if settings.max_prompts is not None:
         ids = ids[: settings.max_prompts]
-    spec = ops.ReplayWork(checkpoints=tuple(checkpoints), extraction=ex["id"], device=device, settings=settings)
+    spec = ops.ReplayWork(checkpoints=tuple(checkpoints), extraction=ex.id, device=device, settings=settings)
     got: list[dict] = [{} for _ in plan]
     out: list[dict | None] = [None for _ in plan]
     for ev in runner(spec, ids, progress):
@@ -232,8 +231,8 @@ def sweep(store: Store, op: ops.Sweep, progress: Progress, runner: Runner) -> li
     keys = [wanted(store, ex, ck, settings, device) for ck in specs]  # each config read (a bad one: refused now)
     have = stored_keys(store, ex, type(settings))  # runs with the same settings whole (over the same prompts)
     todo = [ck for ck, k in zip(specs, keys) if k not in have]
-    tick(progress, 0, len(cks), f"{len(cks)} checkpoints, {len(cks) - len(todo)} already replayed on {ex['id']}")
-    new = replay_many(store, todo, replace(op, extraction=ex["id"]), progress, runner) if todo else []
+    tick(progress, 0, len(cks), f"{len(cks)} checkpoints, {len(cks) - len(todo)} already replayed on {ex.id}")
+    new = replay_many(store, todo, replace(op, extraction=ex.id), ex, progress, runner) if todo else []
     fresh = {ck.path: r["id"] for ck, r in zip(todo, new)}
     ids = Swept(have.get(k) or fresh[ck.path] for ck, k in zip(specs, keys))
     ids.skipped = notes
@@ -255,12 +254,12 @@ def sliding_check(store: Store, op: ops.SlidingCheck, progress: Progress, runner
             "drafts; nothing to check"
         )
     ck = str(drafter_mod.locate(drafter, draft_config).path)
-    out: dict = {"checkpoint": ck, "extraction": ex["id"], "tau_macro": {}}
+    out: dict = {"checkpoint": ck, "extraction": ex.id, "tau_macro": {}}
     for i, sem in enumerate(drafter_mod.SLIDING_BLOCKS):
         tick(progress, i, 2, f"replaying with sliding layers {sem} inside the block")
         one = ops.Replay(
             drafter=drafter,
-            extraction=ex["id"],
+            extraction=ex.id,
             tree_budget=op.tree_budget,
             device=op.device,
             dtype=op.dtype,
@@ -269,7 +268,7 @@ def sliding_check(store: Store, op: ops.SlidingCheck, progress: Progress, runner
         )
         rid = replay(store, one, None, runner)["id"]
         out[sem] = rid
-        out["tau_macro"][sem] = store.run_row(rid)["summary"].get("tau_macro")
+        out["tau_macro"][sem] = store.run_row(rid).summary.get("tau_macro")
     t = out["tau_macro"]
     out["delta"] = None if None in t.values() else t["causal"] - t["bidirectional"]
     tick(progress, 2, 2, f"tau macro causal {t['causal']} vs bidirectional {t['bidirectional']}")

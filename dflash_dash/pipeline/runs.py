@@ -17,7 +17,7 @@ import json
 from dataclasses import fields, replace
 
 from .. import drafters as drafter_mod, metrics, ops
-from ..store import Store, new_id
+from ..store import Completion, Extraction, Run, Store, new_id
 from .base import Progress, tick
 from .expected import labels
 from .kept import ANALYSES, keep
@@ -43,20 +43,20 @@ def _default(cls: type, name: str):
     return next(f.default for f in fields(cls) if f.name == name)
 
 
-def recorded(run: dict, cls: type[ops.Settings], total: int) -> dict:
+def recorded(run: Run, cls: type[ops.Settings], total: int) -> dict:
     """The settings (JSON) run `run` recorded, every field of `cls` present (one added since: its default). A run
     stored before runs recorded them: its row's tree budget, dtype and sliding semantics, its summary's anchors,
     temperature, verify rule and prompt count."""
     base = cls().to_json()
-    s = run.get("summary") or {}
+    s = run.summary or {}
     if "settings" in s:
         return base | s["settings"]
     n = s.get("prompts")
     old = {
-        "tree_budget": run.get("tree_budget"),
+        "tree_budget": run.tree_budget,
         "anchors": s.get("anchors", base.get("anchors")),
-        "dtype": run.get("dtype") or base.get("dtype"),
-        "sliding_block": run.get("sliding_block"),
+        "dtype": run.dtype or base.get("dtype"),
+        "sliding_block": run.sliding_block,
         "temperature": s.get("temperature"),
         "verify": s.get("verify") or base.get("verify"),
         "max_prompts": None if n is None or n >= total else n,
@@ -64,40 +64,40 @@ def recorded(run: dict, cls: type[ops.Settings], total: int) -> dict:
     return base | {k: v for k, v in old.items() if k in base}
 
 
-def key(checkpoint: str, extraction: str, device: str, settings: dict) -> tuple:
+def key(checkpoint: str, extraction: str | None, device: str | None, settings: dict) -> tuple:
     """What makes two runs the same replay: checkpoint, extraction, device kind (cpu, cuda) and settings whole."""
     return (checkpoint, extraction, (device or "cpu").split(":")[0], json.dumps(settings, sort_keys=True))
 
 
-def stored_keys(store: Store, extraction: dict, cls: type[ops.Settings]) -> dict[tuple, str]:
+def stored_keys(store: Store, extraction: Extraction, cls: type[ops.Settings]) -> dict[tuple, str]:
     """{`key`: the newest run id} of the runs on `extraction`."""
-    total = len(store.items(extraction["id"]))
+    total = len(store.items(extraction.id))
     out = {}
     for r in store.runs():
-        if r["extraction_id"] == extraction["id"]:
-            out[key(r["checkpoint"], r["extraction_id"], r.get("device"), recorded(r, cls, total))] = r["id"]
+        if r.extraction_id == extraction.id:
+            out[key(r.checkpoint, r.extraction_id, r.device, recorded(r, cls, total))] = r.id
     return out
 
 
 def wanted(
-    store: Store, extraction: dict, checkpoint: ops.CheckpointSpec, settings: ops.ReplaySettings, device: str
+    store: Store, extraction: Extraction, checkpoint: ops.CheckpointSpec, settings: ops.ReplaySettings, device: str
 ) -> tuple:
     """The `key` of a replay of `checkpoint` on `extraction` with `settings` on `device`."""
     loc = drafter_mod.locate(checkpoint.path, settings.draft_config)
-    done = resolved(settings, drafter_mod.config_of(loc), len(store.items(extraction["id"])))
-    return key(str(loc.path), extraction["id"], device, done.to_json())
+    done = resolved(settings, drafter_mod.config_of(loc), len(store.items(extraction.id)))
+    return key(str(loc.path), extraction.id, device, done.to_json())
 
 
 def store_run(
     store: Store,
     *,
-    extraction: dict,
+    extraction: Extraction,
     checkpoint: ops.CheckpointSpec,
     results: list[metrics.Prompt],
     settings: ops.ReplaySettings,
     device: str,
     progress: Progress = None,
-    comps: dict[str, dict] | None = None,
+    comps: dict[str, Completion] | None = None,
 ) -> dict:
     """The parent's store step of one replayed checkpoint: its summary over all prompts (`results`, in set order),
     the run (with its `resolved` settings) and its per-prompt rows stored, then every whole-run analysis kept.
@@ -107,13 +107,13 @@ def store_run(
     ex = extraction
     loc = drafter_mod.locate(checkpoint.path, settings.draft_config)
     cfg = drafter_mod.config_of(loc)
-    done = resolved(settings, cfg, len(store.items(ex["id"])))
+    done = resolved(settings, cfg, len(store.items(ex.id)))
     budget = done.tree_budget
     summary = replay_mod.summarize(results, cfg.width, budget) | {
         "family": cfg.family_name,  # the drafter family (block_size is its width: drafts per step + 1)
         "drafter_block": cfg.block_size,  # the config's block size (the backbone's slots)
-        "backend": ex["backend"],
-        "extraction": ex["id"],
+        "backend": ex.backend,
+        "extraction": ex.id,
         "sliding_block": done.sliding_block,
         "anchors": done.anchors,
         "round_topk": replay_mod.ROUND_TOPK,
@@ -129,7 +129,7 @@ def store_run(
     store.add_run(
         dict(
             id=run_id,
-            extraction_id=ex["id"],
+            extraction_id=ex.id,
             checkpoint=str(loc.path),
             name=checkpoint.name or loc.path.name,
             config=drafter_mod.raw_config(loc),

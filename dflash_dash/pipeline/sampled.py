@@ -1,12 +1,12 @@
 """What a completion set's stored requests asked for, read in each engine's own fields: its length and how it was
 sampled (greedy, or temperature / top-p / seed), per request and as one line per set.
 
-Contract: `sent_settings(row)` reads one stored completion's request through its engine's `read_request` (SGLang's
-sampling_params.*, vLLM's and llama.cpp's top-level fields); `sampling_key` turns those settings (or a fetch's
-`ops.Fetch`, `op_key`) into a comparable key: ("greedy",) or ("sampled", T, top-p, seed), None when the request does
-not say; `describe(key)` words it ("greedy", "sampled at T=0.7, top-p 0.95, seed 1"); `set_sampling(store, name)`
-is the set's line for the pages ("imported: sampling not recorded" for a set without requests, "mixed: ..." when
-its requests differ). Each request keeps its own body, so nothing here is stored twice.
+Contract: `sent_settings(engine, request)` reads one stored completion's request through its engine's `read_request`
+(SGLang's sampling_params.*, vLLM's and llama.cpp's top-level fields); `sampling_key` turns those settings (or a fetch's
+`ops.Fetch`, `op_key`) into a comparable key: ("greedy",) or ("sampled", T, top-p, seed), None when the request does not
+say; `describe(key)` words it ("greedy", "sampled at T=0.7, top-p 0.95, seed 1"); `set_sampling(store, name)` is the
+set's line for the pages ("imported: sampling not recorded" for a set without requests, "mixed: ..." when its requests
+differ). Each request keeps its own body, so nothing here is stored twice.
 """
 
 from __future__ import annotations
@@ -17,17 +17,18 @@ from ..store import Store
 GREEDY_T = 1e-6  # a temperature at or below this is greedy (SGLang's _SAMPLING_EPS; llama.cpp: <= 0)
 
 
-def sent_settings(row: dict) -> dict | None:
-    """What a stored completion's request asked for, read in the fields of the engine it came from
-    (`EngineClient.read_request`: max_new_tokens, temperature, top_p, seed, prompt_ids); None for a row without a
-    request (an imported set) or from an engine this version does not know."""
-    client = engines.ENGINES.get(row.get("engine") or engines.DEFAULT_ENGINE)
-    return client.read_request(row["request"]) if client is not None and row.get("request") else None
+def sent_settings(engine: str | None, request: dict | None) -> dict | None:
+    """What a stored completion's `request` asked for, read in the fields of the `engine` it came from
+    (`EngineClient.read_request`: max_new_tokens, temperature, top_p, seed, prompt_ids); None for a completion
+    without a request (an imported set) or from an engine this version does not know."""
+    client = engines.ENGINES.get(engine or engines.DEFAULT_ENGINE)
+    return client.read_request(request) if client is not None and request else None
 
 
-def field_names(rows: list[dict], key: str) -> str:
-    """Where the set's engines keep setting `key` in their requests, for a message: e.g. " (llamacpp's n_predict)"."""
-    names = sorted({r.get("engine") or engines.DEFAULT_ENGINE for r in rows} & set(engines.ENGINES))
+def field_names(used: list[str | None], key: str) -> str:
+    """Where the set's engines (`used`: each completion's) keep setting `key` in their requests, for a message:
+    e.g. " (llamacpp's n_predict)"."""
+    names = sorted({e or engines.DEFAULT_ENGINE for e in used} & set(engines.ENGINES))
     said = [f"{n}'s {engines.spec(n).request_fields[key][0]}" for n in names if key in engines.spec(n).request_fields]
     return f" ({', '.join(said)})" if said else ""
 
@@ -64,7 +65,7 @@ def describe(key: tuple | None) -> str:
 def set_sampling(store: Store, name: str) -> str:
     """How set `name` was sampled, in words: one `describe` line when its requests agree, "mixed: A; B" when they
     differ, "imported: sampling not recorded" when none has a request."""
-    keys = {sampling_key(sent_settings(r)) for r in store.completion_requests(name)} - {None}
+    keys = {sampling_key(sent_settings(r["engine"], r["request"])) for r in store.completion_requests(name)} - {None}
     if not keys:
         return "imported: sampling not recorded"
     said = sorted(describe(k) for k in keys)

@@ -20,7 +20,7 @@ from pathlib import Path
 from ..drafters import CheckpointError, parse_config
 from ..drafters.identity import identity
 from ..ops import InputError
-from ..store import Store
+from ..store import Run, Store
 
 KEPT = "drafter"  # the run analysis holding the replayed drafter's identity
 
@@ -76,22 +76,22 @@ def keep_replayed(store: Store, run_id: str, path: str | Path, draft_config: str
     store.set_analysis(run_id, KEPT, identity(path, draft_config))
 
 
-def replayed(store: Store, run: dict) -> dict:
+def replayed(store: Store, run: Run) -> dict:
     """The identity of run `run`'s checkpoint (see the module contract); "source" says where it came from."""
-    got = store.analysis(run["id"], KEPT)
+    got = store.analysis(run.id, KEPT)
     if got is not None:
         return got | {"source": "kept with the run"}
-    ident, why = local_identity(run.get("checkpoint"))
+    ident, why = local_identity(run.checkpoint)
     if ident is not None:
-        store.set_analysis(run["id"], KEPT, ident)
+        store.set_analysis(run.id, KEPT, ident)
         return ident | {"source": "read from the run's checkpoint"}
-    raw = run.get("config")
+    raw: object = run.config
     raw = json.loads(raw) if isinstance(raw, str) else raw
     try:
         cfg = parse_config(raw or {})
     except CheckpointError:
         cfg = None
-    path = run.get("checkpoint") or ""
+    path = run.checkpoint or ""
     return {
         "path": path,
         "name": Path(path).name or None,

@@ -14,9 +14,8 @@ import time
 from datetime import datetime, timezone
 
 from .. import costs, ops
-from ..store import Store
+from ..store import Run, Store
 from .base import Progress, Runner
-from .kept import source_of
 
 COSTS = "costs"  # the reserved run id under which cost tables are kept (no run has it)
 INDEX = "index"  # the kept analysis listing the table ids, newest first
@@ -86,18 +85,18 @@ def predicted(store: Store, run_id: str, tab: costs.CostTable) -> dict:
     if got is not None:
         return got
     r = store.run_row(run_id)
-    got = sp.predict(store.prompts(run_id), tab, int(r["summary"]["block_size"]))
+    got = sp.predict(store.prompts(run_id), tab, r.block_size)
     got["measured"] = measured(store, r)
     store.set_analysis(run_id, name, got)
     return got
 
 
-def measured(store: Store, run: dict) -> dict | None:
+def measured(store: Store, run: Run) -> dict | None:
     """The engine's tokens/s over the run's completion set, as it reported them (`analysis.speedup.run_rate`)."""
     from ..analysis import speedup as sp
 
-    comps = store.completions(source_of(store, run)["set_name"])
-    return sp.run_rate([(c.get("meta_info"), len(c.get("output_ids") or [])) for c in comps])
+    comps = store.completions(run.set_name or "")
+    return sp.run_rate([(c.meta_info, len(c.output_ids or [])) for c in comps])
 
 
 def advise(store: Store, run_id: str, costs_id: str | None = None) -> dict:
@@ -110,7 +109,7 @@ def advise(store: Store, run_id: str, costs_id: str | None = None) -> dict:
     if tab is None:
         raise costs.CostError("no cost table in this workspace yet; run profile --target DIR --drafter CKPT first")
     r = store.run_row(run_id)
-    same = [x for x in store.runs() if x["id"] != r["id"] and x["checkpoint"] == r["checkpoint"]]
-    same = [x for x in same if x["extraction_id"] == r["extraction_id"] and x.get("status") == "done"]
-    runs = [(r, store.prompts(r["id"]))] + [(x, store.prompts(x["id"])) for x in same]
+    same = [x for x in store.runs() if x.id != r.id and x.checkpoint == r.checkpoint]
+    same = [x for x in same if x.extraction_id == r.extraction_id and x.status == "done"]
+    runs = [(r, store.prompts(r.id))] + [(x, store.prompts(x.id)) for x in same]
     return sp.advise(runs, tab) | {"costs_id": tab.meta.get("id"), "device": tab.device}

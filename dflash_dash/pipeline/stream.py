@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from .. import drafters as drafter_mod, ops
 from ..ops import InputError
-from ..store import Store, StoreError, new_id
+from ..store import Extraction, Store, StoreError, new_id
 from .base import DTYPES, Progress, Runner, tick
 from .device_io import cut, pass_cap
 from .expected import sampling_of
@@ -70,8 +70,9 @@ def stream(
     cfgs = [drafter_mod.config_of(loc) for loc in locs]
     layers = layers_for(cfgs)
     target_mod.check_layers(info, layers)
-    ex = dict(
-        id=new_id("ex"),
+    ex_id = new_id("ex")
+    ex = dict(  # the streamed extraction's row as it will be stored (its backend once a worker bound one)
+        id=ex_id,
         set_name=op.completions,
         target_path=info.path,
         layer_ids=layers,
@@ -82,16 +83,16 @@ def stream(
         status="done",
     )
     for ck, loc, cfg in zip(checkpoints, locs, cfgs):  # every checkpoint checked before the target is loaded
-        check_drafter(cfg, ex | {"backend": None, "versions": {}}, info, store, f"drafter {loc.path}")
+        check_drafter(cfg, Extraction.of(ex | {"backend": None}), info, store, f"drafter {loc.path}")
         drafter_mod.check(ck.path, settings.sliding_block, settings.draft_config)
-    for r in rows:
-        if max(r["prompt_ids"] + r["output_ids"]) >= info.vocab_size:
+    for c in rows:
+        if max(c.prompt_ids + c.output_ids) >= info.vocab_size:
             raise InputError(
-                f"prompt {r['prompt_id']!r}: a token id is outside the target's vocabulary ({info.vocab_size}); "
+                f"prompt {c.prompt_id!r}: a token id is outside the target's vocabulary ({info.vocab_size}); "
                 "wrong target for this completion set?"
             )
     spec = ops.StreamWork(
-        extraction=ex["id"],
+        extraction=ex_id,
         target=info.path,
         completions=op.completions,
         layers=layers,
@@ -99,7 +100,7 @@ def stream(
         device=device,
         settings=settings,
     )
-    ids = [r["prompt_id"] for r in rows]
+    ids = [c.prompt_id for c in rows]
     got: list[dict[str, metrics.Prompt]] = [{} for _ in checkpoints]
     for ev in runner(spec, ids, progress):
         if "backend" in ev:  # a worker loaded the target: what the first bound is the streamed extraction's
@@ -122,10 +123,10 @@ def stream(
             raise RuntimeError(f"the stream of {ck.path} returned {len(by_id)} of {len(ids)} prompts")
     store.add_extraction(ex)
     with store.session():
-        for r in rows:  # the prompts it holds, without files (a replay of it is refused: `require_files`)
-            store.add_item(ex["id"], r["prompt_id"], len(r["prompt_ids"]) + len(r["output_ids"]), "")
-    comps = {c["prompt_id"]: c for c in rows}
-    stored = store.extraction(ex["id"])
+        for c in rows:  # the prompts it holds, without files (a replay of it is refused: `require_files`)
+            store.add_item(ex_id, c.prompt_id, len(c.prompt_ids) + len(c.output_ids), "")
+    comps = {c.prompt_id: c for c in rows}
+    stored = store.extraction(ex_id)
     return [
         store_run(
             store,
@@ -153,7 +154,7 @@ def stream_work(store: Store, a: ops.StreamWork, ids: list[str], progress: Progr
     device, dtype, layers = a.device, s.dtype, list(a.layers)
     info = target_mod.describe(a.target)
     want = set(ids)
-    rows = [r for r in store.completions(a.completions) if r["prompt_id"] in want]
+    rows = [c for c in store.completions(a.completions) if c.prompt_id in want]
     if not rows:
         return
     cfgs = [drafter_mod.config_of(drafter_mod.locate(ck.path, s.draft_config)) for ck in a.checkpoints]
@@ -168,18 +169,18 @@ def stream_work(store: Store, a: ops.StreamWork, ids: list[str], progress: Progr
     done = 0
     nbytes = width * 2  # bf16 features a token
     # passes within a share of what the loaded target leaves free (`pass_cap`)
-    for part in cut(rows, lambda r: (len(r["prompt_ids"]) + len(r["output_ids"])) * nbytes, pass_cap(device)):
+    for part in cut(rows, lambda c: (len(c.prompt_ids) + len(c.output_ids)) * nbytes, pass_cap(device)):
         seqs = []
-        for r in part:  # the extraction's forward and its bf16 cast: the features a feature file would hold
-            tokens, P = torch.tensor(r["prompt_ids"] + r["output_ids"]), len(r["prompt_ids"])
+        for c in part:  # the extraction's forward and its bf16 cast: the features a feature file would hold
+            tokens, P = torch.tensor(c.prompt_ids + c.output_ids), len(c.prompt_ids)
             if top is None:
                 feats, t = target_mod.extract(model, tokens, layers).to(torch.bfloat16), None
             else:  # with the completion positions' top-K, as an extraction with --target-topk keeps it
                 feats, *kept = target_mod.extract_top(model, tokens, layers, top, P)
                 t = sampling.Top(*(x.cpu().numpy() for x in kept), P, info.vocab_size)
                 feats = feats.to(torch.bfloat16)
-            seqs.append(replay_mod.Sequence(r["prompt_id"], tokens, P, feats, t))
-            tick(progress, done, len(rows), f"target forward over {r['prompt_id']} ({len(tokens)} tokens)")
+            seqs.append(replay_mod.Sequence(c.prompt_id, tokens, P, feats, t))
+            tick(progress, done, len(rows), f"target forward over {c.prompt_id} ({len(tokens)} tokens)")
         for j, ck in enumerate(a.checkpoints):
             tick(progress, done, len(rows), f"replaying checkpoint {j + 1}/{len(a.checkpoints)} on {len(seqs)} prompts")
             d = drafter_mod.load(ck.path, DTYPES[dtype], device, s.sliding_block, s.draft_config)

@@ -23,16 +23,16 @@ import hashlib
 import json
 
 from .. import drafters as drafter_mod, ops
-from ..store import Store
+from ..store import Extraction, Store
 from .base import Progress, features_root, tick
 
 CACHE_KEY = "trainer_cache"  # the versions key of an extraction imported from a trainer's cache: its folder
 FLAG = "--features-layers"
 
 
-def source_of(extraction: dict | None) -> str | None:
+def source_of(extraction: Extraction | None) -> str | None:
     """'trainer cache: DIR' for an extraction imported from a trainer's cache, else None."""
-    d = (extraction or {}).get("versions") or {}
+    d = (extraction.versions if extraction is not None else None) or {}
     return f"trainer cache: {d[CACHE_KEY]}" if d.get(CACHE_KEY) else None
 
 
@@ -78,7 +78,7 @@ def split(ids: list[int], mask: list) -> tuple[int, int] | None:
     return max(on[0], 1), on[-1] + 1
 
 
-def imported(store: Store, op: ops.Replay, progress: Progress = None) -> dict:
+def imported(store: Store, op: ops.Replay, progress: Progress = None) -> Extraction:
     """The extraction holding `op.features`' samples (imported now, or the earlier import of the same cache)."""
     import torch
 
@@ -93,8 +93,8 @@ def imported(store: Store, op: ops.Replay, progress: Progress = None) -> dict:
     n = tc.count if op.max_prompts is None else min(tc.count, op.max_prompts)
     key = _key(tc, layers, info.config_hash, n)
     ex_id, set_name = f"tc-{key}", f"trainer-cache-{tc.path.name[:40]}-{key[:6]}"
-    old = {e["id"]: e for e in store.extractions()}.get(ex_id)
-    if old and old["status"] == "done":
+    old = {e.id: e for e in store.extractions()}.get(ex_id)
+    if old and old.status == "done":
         tick(progress, n, n, f"trainer cache {tc.path}: imported before as extraction {ex_id}")
         return old
     width, source = len(layers) * info.hidden_size, f"trainer cache: {tc.path}"
