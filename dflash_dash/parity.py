@@ -28,26 +28,26 @@ def compare(store: Store, a_id: str, b_id: str, max_prompts: int | None = None, 
     a, b = store.extraction(a_id), store.extraction(b_id)
     for e in (a, b):  # a streamed extraction kept no feature file to compare
         require_files(store, e, "backend parity")
-    layer_ids = [x for x in a["layer_ids"] if x in set(b["layer_ids"])]  # the layers both hold, in A's order
-    if not layer_ids or a["hidden_size"] != b["hidden_size"]:
+    layer_ids = [x for x in a.layer_ids if x in set(b.layer_ids)]  # the layers both hold, in A's order
+    if not layer_ids or a.hidden_size != b.hidden_size:
         raise ValueError(
-            f"extractions {a['id']} (layers {a['layer_ids']}) and {b['id']} (layers {b['layer_ids']}) "
+            f"extractions {a.id} (layers {a.layer_ids}) and {b.id} (layers {b.layer_ids}) "
             "hold different layers, none in common; extract both with the same drafter or --layers"
         )
-    if a["set_name"] != b["set_name"]:
+    if a.set_name != b.set_name:
         raise ValueError(
-            f"extractions {a['id']} and {b['id']} are of different completion sets "
-            f"({a['set_name']!r} vs {b['set_name']!r}); extract the same set with both backends"
+            f"extractions {a.id} and {b.id} are of different completion sets "
+            f"({a.set_name!r} vs {b.set_name!r}); extract the same set with both backends"
         )
-    ia = {r["prompt_id"]: r["tokens"] for r in store.items(a["id"])}
-    ib = {r["prompt_id"]: r["tokens"] for r in store.items(b["id"])}
+    ia = {it.prompt_id: it.tokens for it in store.items(a.id)}
+    ib = {it.prompt_id: it.tokens for it in store.items(b.id)}
     shared = sorted(p for p in ia if p in ib and ia[p] == ib[p])
     if not shared:
-        raise StoreError(f"extractions {a['id']} and {b['id']} share no extracted prompt")
+        raise StoreError(f"extractions {a.id} and {b.id} share no extracted prompt")
     if max_prompts:
         shared = shared[:max_prompts]
-    K, H = len(layer_ids), a["hidden_size"]
-    ka, kb = (ops.layer_blocks(e["layer_ids"], layer_ids) for e in (a, b))  # None: every block, as stored
+    K, H = len(layer_ids), a.hidden_size
+    ka, kb = (ops.layer_blocks(e.layer_ids, layer_ids) for e in (a, b))  # None: every block, as stored
     ka, kb = (None if k is None else torch.tensor(k) for k in (ka, kb))
     diff2 = torch.zeros(K, dtype=torch.float64)
     ref2 = torch.zeros(K, dtype=torch.float64)
@@ -56,8 +56,8 @@ def compare(store: Store, a_id: str, b_id: str, max_prompts: int | None = None, 
     n_tok = 0
     root = features_root(store)
     for i, pid in enumerate(shared):
-        fa = cache.read(root, a["id"], pid, ia[pid], len(a["layer_ids"]) * H)
-        fb = cache.read(root, b["id"], pid, ib[pid], len(b["layer_ids"]) * H)
+        fa = cache.read(root, a.id, pid, ia[pid], len(a.layer_ids) * H)
+        fb = cache.read(root, b.id, pid, ib[pid], len(b.layer_ids) * H)
         fa = cache.blocks(fa, ka, H).double().view(-1, K, H)  # [T, K, H] of the shared layers
         fb = cache.blocks(fb, kb, H).double().view(-1, K, H)
         d = fa - fb

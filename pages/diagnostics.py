@@ -35,7 +35,7 @@ def parity_block(ws: str, stamp: str) -> None:
         "relative L2 = ‖A − B‖ / ‖B‖ over all shared tokens, per target layer; cosine = mean over tokens of "
         "cos(A_t, B_t). A drafter trained on fla states can fail silently on torch-path states."
     )
-    exs = [e for e in reads.extractions(ws, stamp) if e["status"] == "done"]
+    exs = [e for e in reads.extractions(ws, stamp) if e.status == "done"]
     if len(exs) < 2:
         st.info(
             "Parity needs two finished extractions of the same completions, ideally one with backend fla "
@@ -43,11 +43,11 @@ def parity_block(ws: str, stamp: str) -> None:
             "device."
         )
         return
-    by = {e["id"]: e for e in exs}
-    ids = [e["id"] for e in exs]
+    by = {e.id: e for e in exs}
+    ids = [e.id for e in exs]
     runs = reads.runs(ws, stamp)
     da, db = parity_pair(exs, runs)  # the newest torch and fla extractions of one set that hold runs
-    label = lambda i: f"{i} · {by[i]['backend']} · {by[i]['set_name']} · {by[i]['device']}"  # noqa: E731
+    label = lambda i: f"{i} · {by[i].backend} · {by[i].set_name} · {by[i].device}"  # noqa: E731
     c1, c2 = st.columns(2)
     with c1:
         a = params.select_param("A (compared)", ids, "a", "par_a", default=da, format_func=label)
@@ -56,9 +56,9 @@ def parity_block(ws: str, stamp: str) -> None:
     if a == b:
         st.info("Choose two different extractions.")
         return
-    if by[a]["backend"] == by[b]["backend"]:
+    if by[a].backend == by[b].backend:
         st.caption(
-            f"Both extractions use backend {by[a]['backend']}: this measures run-to-run differences, not fla vs torch."
+            f"Both extractions use backend {by[a].backend}: this measures run-to-run differences, not fla vs torch."
         )
     res = reads.parity(ws, a, b)  # the newest finished parity job's numbers (torch runs in the job, not here)
     if res is None:
@@ -79,12 +79,12 @@ def parity_block(ws: str, stamp: str) -> None:
         )
         c2.plotly_chart(parity_fig(res["layers"]), width="stretch")
     st.subheader("tau of the same checkpoints on each extraction")
-    ka, kb = f"tau macro on A ({by[a]['backend']})", f"tau macro on B ({by[b]['backend']})"
+    ka, kb = f"tau macro on A ({by[a].backend})", f"tau macro on B ({by[b].backend})"
     table: dict[str, dict] = {}
     for r in runs:
-        if r["extraction_id"] in (a, b):
-            row = table.setdefault(r["checkpoint"], {"checkpoint": r["name"], ka: None, kb: None})
-            row[ka if r["extraction_id"] == a else kb] = r["summary"].get("tau_macro")
+        if r.extraction_id in (a, b):
+            row = table.setdefault(r.checkpoint, {"checkpoint": r.name, ka: None, kb: None})
+            row[ka if r.extraction_id == a else kb] = r.summary.get("tau_macro")
     if table:
         taus = list(table.values())
         st.dataframe(taus, hide_index=True, placeholder=DASH, width="stretch", column_config=widgets.numbers(taus))
@@ -95,7 +95,7 @@ def parity_block(ws: str, stamp: str) -> None:
 def parity_job(a: str, b: str, exs: list) -> None:
     """No parity of (a, b) kept yet: the button that compares them in a job (it reads every feature file of both,
     in torch) and the parity jobs' panel, which follows it; the numbers show when it is done."""
-    kept = [e["id"] for e in exs if streamed(e)]
+    kept = [e.id for e in exs if streamed(e)]
     if kept:
         st.info(
             f"Extraction {', '.join(kept)} was streamed: it kept no feature file to compare. Extract its completions "
@@ -113,18 +113,18 @@ def consistency_block(ws: str, stamp: str) -> None:
     from dflash_dash import drafters, target_info
 
     st.header("Checkpoint vs extraction")
-    exs = [e for e in reads.extractions(ws, stamp) if e["status"] == "done"]
+    exs = [e for e in reads.extractions(ws, stamp) if e.status == "done"]
     runs = reads.runs(ws, stamp)
     if not exs:
         st.info("No finished extraction yet (Extraction page).")
         return
-    default_ck = st.query_params.get("ckpt") or (runs[-1]["checkpoint"] if runs else "")
+    default_ck = st.query_params.get("ckpt") or (runs[-1].checkpoint if runs else "")
     ck = st.text_input("drafter checkpoint folder", value=default_ck, key="diag_ck")
     if ck.strip():
         st.query_params["ckpt"] = ck.strip()
-    by = {e["id"]: e for e in exs}
-    ids = [e["id"] for e in exs]
-    with_runs = [r["extraction_id"] for r in runs if r["extraction_id"] in by]  # default: where runs were made
+    by = {e.id: e for e in exs}
+    ids = [e.id for e in exs]
+    with_runs = [r.extraction_id for r in runs if r.extraction_id in by]  # default: where runs were made
     ex = params.select_param(
         "extraction",
         ids,
@@ -137,7 +137,7 @@ def consistency_block(ws: str, stamp: str) -> None:
         st.info("Give a checkpoint folder to check it against the extraction and its target.")
         return
     cfg = drafters.read_config(ck.strip())
-    info = target_info.describe(by[ex]["target_path"])
+    info = target_info.describe(by[ex].target_path)
     rows = consistency(cfg, by[ex], info)
     bad = [r for r in rows if r["ok"] != "✓"]
     fatal = [r for r in bad if r["check"] != "extraction backend" and r["ok"] != "⚠"]  # ⚠: an engine's limit
@@ -156,7 +156,7 @@ def sliding_block(ws: str, stamp: str) -> None:
         "what the drafter sees, and the tau you measure depends on which one you run."
     )
     runs = reads.runs(ws, stamp)
-    exs = [e for e in reads.extractions(ws, stamp) if e["status"] == "done"]
+    exs = [e for e in reads.extractions(ws, stamp) if e.status == "done"]
     if not exs:
         st.info("No finished extraction yet (Extraction page).")
         return
@@ -167,9 +167,9 @@ def sliding_block(ws: str, stamp: str) -> None:
         key="slide_ck",
         placeholder="/path/to/checkpoint",
     )
-    by = {e["id"]: e for e in exs}
-    ids = [e["id"] for e in exs]
-    with_runs = [r["extraction_id"] for r in runs if r["checkpoint"] == ck.strip()]
+    by = {e.id: e for e in exs}
+    ids = [e.id for e in exs]
+    with_runs = [r.extraction_id for r in runs if r.checkpoint == ck.strip()]
     ex = st.selectbox(
         "extraction",
         ids,
@@ -249,7 +249,7 @@ def signatures_block(ws: str, stamp: str) -> None:
     if len(runs) < 2:
         st.info("Signatures need two runs: a run to diagnose and a healthy reference (Acceptance page, **Replay**).")
         return
-    by_id = {r["id"]: r for r in runs}
+    by_id = {r.id: r for r in runs}
     pair = sig.default_pair(runs)
     c1, c2 = st.columns(2)
     with c1:
@@ -264,8 +264,8 @@ def signatures_block(ws: str, stamp: str) -> None:
         reads.attributions(ws, rid, stamp),
         reads.attributions(ws, ref, stamp),
     )
-    tau_run, tau_ref = (by_id[i]["summary"].get("tau_macro") for i in (rid, ref))
-    if by_id[rid]["extraction_id"] != by_id[ref]["extraction_id"]:
+    tau_run, tau_ref = (by_id[i].summary.get("tau_macro") for i in (rid, ref))
+    if by_id[rid].extraction_id != by_id[ref].extraction_id:
         st.warning("The two runs replay different extractions: their figures come from different completions.")
     if None not in (tau_run, tau_ref) and tau_ref < tau_run:
         st.info(
@@ -422,7 +422,7 @@ def main() -> None:
         "layers** replayed causal and bidirectional, **target-layer attribution** (tau lost per target tap), "
         "**training-bug signatures** (a run against a healthy reference), **server health** and GPU memory."
     )
-    if not any(e["status"] == "done" for e in reads.extractions(ws, stamp)):
+    if not any(e.status == "done" for e in reads.extractions(ws, stamp)):
         st.info(
             "No finished extraction yet: fetch completions (**Completions**) and extract hidden states "
             "(**Extraction**); the checks compare extractions and the runs replayed on them. Server health works "

@@ -1,9 +1,10 @@
 """The pages' reads: the workspace, its store, and cached store reads.
 
-Contract: reads go through `st.cache_data` keyed on the workspace path and `Store.stamp()` (changes when data is
-added; `engine_stamp` for engine stats), objects through `st.cache_resource`; a read that changes no stamp (a kept
-value, what an engine served) is read each time. Whole-run analyses come from pipeline.analysis (computed once,
-kept in the store). No widgets here.
+Contract: store rows come back typed (`Run`, `Extraction`, `Completion`, ...: store.rows), reads go through
+`st.cache_data` keyed on the workspace path and `Store.stamp()` (changes when data is added; `engine_stamp` for
+engine stats), objects through `st.cache_resource`; a read that changes no stamp (a kept value, what an engine
+served) is read each time. Whole-run analyses come from pipeline.analysis (computed once, kept in the store). No
+widgets here.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import streamlit as st
 
 from dflash_dash import metrics
 from dflash_dash.analysis.attribution import attribution_rows
-from dflash_dash.store import Store, default_workspace
+from dflash_dash.store import Completion, CompletionEntry, Extraction, PromptSet, Run, Store, default_workspace
 from dflash_dash.vocab import Vocab, load_vocab
 
 
@@ -44,17 +45,17 @@ def stamp() -> str:
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def runs(ws: str, stamp: str) -> list[dict]:
+def runs(ws: str, stamp: str) -> list[Run]:
     return store_at(ws).runs()
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def extractions(ws: str, stamp: str) -> list[dict]:
+def extractions(ws: str, stamp: str) -> list[Extraction]:
     return store_at(ws).extractions()
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def sets(ws: str, stamp: str) -> list[dict]:
+def sets(ws: str, stamp: str) -> list[PromptSet]:
     return store_at(ws).sets()
 
 
@@ -67,21 +68,21 @@ def set_sampling(ws: str, set_name: str, stamp: str) -> str:
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def completions(ws: str, set_name: str, stamp: str) -> dict[str, dict]:
+def completions(ws: str, set_name: str, stamp: str) -> dict[str, CompletionEntry]:
     """The set's completions for listings and selectors: text previews and token counts, no token ids."""
-    return {c["prompt_id"]: c for c in store_at(ws).completion_index(set_name)}
+    return {c.prompt_id: c for c in store_at(ws).completion_index(set_name)}
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def completion(ws: str, set_name: str, prompt_id: str, stamp: str) -> dict | None:
+def completion(ws: str, set_name: str, prompt_id: str, stamp: str) -> Completion | None:
     """One completion whole (text and token ids)."""
     return store_at(ws).completion(set_name, prompt_id)
 
 
 @st.cache_data(max_entries=4, show_spinner=False)
-def all_completions(ws: str, set_name: str, stamp: str) -> dict[str, dict]:
+def all_completions(ws: str, set_name: str, stamp: str) -> dict[str, Completion]:
     """Every completion of the set whole; only for analyses that need every token (Conformance)."""
-    return {c["prompt_id"]: c for c in store_at(ws).completions(set_name)}
+    return {c.prompt_id: c for c in store_at(ws).completions(set_name)}
 
 
 def analysis(ws: str, run_id: str, name: str):
@@ -113,13 +114,13 @@ def all_prompts(ws: str, run_id: str) -> dict[str, dict]:
     return {r["prompt_id"]: r for r in store_at(ws).run_prompts(run_id)}
 
 
-def summary(ws: str, run: dict) -> dict:
+def summary(ws: str, run: Run) -> dict:
     """The run's summary with every registry metric (metrics.complete: a run summarised before a metric existed
     gets it from its rows, read only then)."""
-    s = run["summary"]
+    s = run.summary
     if all(m.key in s for m in metrics.REGISTRY):
         return s
-    return metrics.complete(s, store_at(ws).prompts(run["id"]))
+    return metrics.complete(s, store_at(ws).prompts(run.id))
 
 
 @st.cache_resource(max_entries=8, show_spinner="loading the tokenizer")
@@ -160,7 +161,7 @@ def served(ws: str, set_name: str, engine: str) -> dict | None:
     return store_at(ws).served(set_name, engine)
 
 
-def replayed(ws: str, run: dict) -> dict:
+def replayed(ws: str, run: Run) -> dict:
     """The identity of the drafter run `run` replayed (pipeline.served.replayed: kept with the run, computed once
     from its checkpoint otherwise)."""
     from dflash_dash.pipeline import served as served_mod

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from . import extras
@@ -39,6 +40,9 @@ from .local import (
     SET_NAME,
     server_argv as server_argv,  # server_argv: what launch runs
 )
+
+if TYPE_CHECKING:
+    from ..store import Extraction, Run
 
 ASSETS = Path(__file__).parent / "assets"  # committed assets (MANIFEST.json describes them)
 TARGET = "target"  # target folder name (weights + tokenizer)
@@ -116,7 +120,7 @@ def series_folder(workspace: str | Path) -> str | None:
     return str(d.resolve()) if d.is_dir() else None
 
 
-def story(workspace: str | Path, runs: list[dict]) -> dict | None:
+def story(workspace: str | Path, runs: list[Run]) -> dict | None:
     """What the Overview of a demo workspace tells (None elsewhere): {"final": entry, "series": [entries of the
     healthy run, by step], "folder": series_folder, "bugs": [entries]}, each entry {"name", "what", "step" (the
     healthy ones), "run": its run id or None} from MANIFEST.json's checkpoints list and `runs` (Store.runs rows,
@@ -133,26 +137,26 @@ def story(workspace: str | Path, runs: list[dict]) -> dict | None:
     except (DemoError, OSError, ValueError):
         return None
 
-    def run_of(ck: Checkpoint, extraction: str | None = None) -> dict | None:
-        mine = [r for r in runs if r["checkpoint"] == str(ck.path)]
-        mine = [r for r in mine if extraction is None or r["extraction_id"] == extraction]
-        return max(mine, key=lambda r: (r.get("backend") in SERVING_BACKENDS, runs.index(r)), default=None)
+    def run_of(ck: Checkpoint, extraction: str | None = None) -> Run | None:
+        mine = [r for r in runs if r.checkpoint == str(ck.path)]
+        mine = [r for r in mine if extraction is None or r.extraction_id == extraction]
+        return max(mine, key=lambda r: (r.backend in SERVING_BACKENDS, runs.index(r)), default=None)
 
-    def entry(ck: Checkpoint, run: dict | None) -> dict:
-        return {"name": ck.name, "what": ck.what, "step": step_of(ck.dir), "run": run and run["id"]}
+    def entry(ck: Checkpoint, run: Run | None) -> dict:
+        return {"name": ck.name, "what": ck.what, "step": step_of(ck.dir), "run": run and run.id}
 
     fin = final(cks)
     fams = [entry(c, run_of(c)) for c in cks if c.role == "family"]
-    plain = [r for r in runs if r["checkpoint"] == str(fin.path) and r.get("backend") not in SERVING_BACKENDS]
-    base = next((r for r in runs if str(r["checkpoint"]).startswith("baseline:")), None)
-    engine = {"run": plain[0]["id"] if plain else None, "engine": extras.FAULT_ENGINE, "fault": extras.FAULT}
+    plain = [r for r in runs if r.checkpoint == str(fin.path) and r.backend not in SERVING_BACKENDS]
+    base = next((r for r in runs if r.baseline), None)
+    engine = {"run": plain[0].id if plain else None, "engine": extras.FAULT_ENGINE, "fault": extras.FAULT}
     engine = engine if (Path(workspace) / "demo" / extras.STATS).is_file() else None  # kept by the build
-    more = {"families": fams, "engine": engine, "baseline": base and {"run": base["id"], "name": base["name"]}}
+    more = {"families": fams, "engine": engine, "baseline": base and {"run": base.id, "name": base.name}}
     bugs = []
     for ck in (c for c in cks if c.role == "bug"):
         r = run_of(ck)
-        ref = run_of(fin, r["extraction_id"]) if r else None
-        bugs.append(entry(ck, r) | {"ref": ref and ref["id"]})
+        ref = run_of(fin, r.extraction_id) if r else None
+        bugs.append(entry(ck, r) | {"ref": ref and ref.id})
     series = [entry(c, run_of(c)) for c in cks if c.role in ("early", "series", "final")]
     out = {"final": entry(fin, run_of(fin)), "series": series, "folder": series_folder(workspace), "bugs": bugs}
     return out | more
@@ -180,17 +184,17 @@ def _say(progress: Progress, step: int, steps: int, what: str, log: list[str]) -
     return tick
 
 
-def _find_extraction(store, target: Path, backend: str) -> dict | None:
+def _find_extraction(store, target: Path, backend: str) -> Extraction | None:
     """The demo's own extraction with this backend: the OLDEST finished one of the demo set, target and layers. A
     later one with the same settings (a Re-extract from the dashboard) is the user's, never the demo's: taking the
     newest would make the next `make run` replay every demo checkpoint onto it."""
     for e in store.extractions():  # oldest first
         if (
-            e["set_name"] == SET_NAME
-            and e["target_path"] == str(target)
-            and e["backend"] == backend
-            and e["layer_ids"] == LAYER_IDS
-            and e["status"] == "done"
+            e.set_name == SET_NAME
+            and e.target_path == str(target)
+            and e.backend == backend
+            and e.layer_ids == LAYER_IDS
+            and e.status == "done"
         ):
             return e
     return None
@@ -198,10 +202,10 @@ def _find_extraction(store, target: Path, backend: str) -> dict | None:
 
 def _replayed(store) -> set[tuple[str, str]]:
     """(checkpoint, extraction id) of every run the store holds: one read for the whole plan."""
-    return {(r["checkpoint"], r["extraction_id"]) for r in store.runs()}
+    return {(r.checkpoint, r.extraction_id) for r in store.runs()}
 
 
-def _plan(cks: list[Checkpoint], torch_ex: dict, fla_ex: dict) -> list[tuple[Checkpoint, dict, str]]:
+def _plan(cks: list[Checkpoint], torch_ex: Extraction, fla_ex: Extraction) -> list[tuple[Checkpoint, Extraction, str]]:
     """The demo's replays: every checkpoint on the torch extraction under its listed name, in the listed order,
     then the final one on the fla extraction (name + FLA_SUFFIX)."""
     fin = final(cks)
@@ -226,7 +230,7 @@ def built(workspace: str | Path, assets: Path = ASSETS) -> bool:
         return False
     done = _replayed(store)
     plan = _plan(checkpoints(root / CHECKPOINTS), torch_ex, fla_ex)
-    return all((str(c.path), ex["id"]) in done for c, ex, _ in plan) and extras.done(store, SET_NAME)
+    return all((str(c.path), ex.id) in done for c, ex, _ in plan) and extras.done(store, SET_NAME)
 
 
 def configure(workspace: str | Path) -> Path | None:
@@ -309,9 +313,9 @@ def import_fla(store, assets: Path, target: Path, man: dict, progress: Progress 
         raise DemoError(f"the shipped fla features cannot be imported: {e}; remake the demo assets") from None
 
 
-def _run_of(store, ck: Checkpoint, ex: dict) -> str:
+def _run_of(store, ck: Checkpoint, ex: Extraction) -> str:
     """The id of checkpoint `ck`'s run on extraction `ex` (the oldest)."""
-    return next(r["id"] for r in store.runs() if r["checkpoint"] == str(ck.path) and r["extraction_id"] == ex["id"])
+    return next(r.id for r in store.runs() if r.checkpoint == str(ck.path) and r.extraction_id == ex.id)
 
 
 def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSETS) -> dict:
@@ -348,10 +352,7 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
         pending = [
             e
             for e in store.extractions()
-            if e["set_name"] == SET_NAME
-            and e["target_path"] == str(target)
-            and e["backend"] == "torch"
-            and e["status"] != "done"
+            if e.set_name == SET_NAME and e.target_path == str(target) and e.backend == "torch" and e.status != "done"
         ]
         op = ops.Extract(
             target=str(target),
@@ -359,7 +360,7 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
             layers=LAYER_IDS,
             device="cpu",
             dtype="float32",
-            extraction_id=pending[-1]["id"] if pending else None,
+            extraction_id=pending[-1].id if pending else None,
         )
         ex_id = pipeline.extract(store, op, tick)
         torch_ex = store.extraction(ex_id)
@@ -382,14 +383,14 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
     plan = _plan(cks, torch_ex, fla_ex)
     runs, done = {}, _replayed(store)
     for i, (ck, ex, name) in enumerate(plan):
-        if (str(ck.path), ex["id"]) in done:
+        if (str(ck.path), ex.id) in done:
             continue
-        tick(i, len(plan), f"replaying {name} on {ex['backend']} extraction {ex['id']}")
+        tick(i, len(plan), f"replaying {name} on {ex.backend} extraction {ex.id}")
         out = pipeline.replay(
             store,
             ops.Replay(
                 drafter=str(ck.path),
-                extraction=ex["id"],
+                extraction=ex.id,
                 tree_budget=TREE_BUDGET,
                 device="cpu",
                 dtype="float32",
@@ -410,13 +411,13 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
     fin_run = _run_of(store, final(cks), torch_ex)
     ranked = extras.diagnose(store, fin_run, tick)
     log.append(f"fault ranking of {final(cks).name} against {extras.FAULT_ENGINE}: {ranked.get('explained_by')}")
-    extras.baseline(store, torch_ex["id"], tick)
+    extras.baseline(store, torch_ex.id, tick)
 
     rec = {
         "workspace": str(ws.resolve()),
         "target": str(target),
-        "torch_extraction": torch_ex["id"],
-        "fla_extraction": fla_ex["id"],
+        "torch_extraction": torch_ex.id,
+        "fla_extraction": fla_ex.id,
         "mismatched_completions": mismatched,
         "runs": runs,
         "seconds": round(time.perf_counter() - t0, 1),

@@ -108,12 +108,12 @@ def keep_fault_stats(store, set_name: str, root: Path) -> list[str]:
     fetched ids left out."""
     from .. import pipeline
 
-    mine = {c["prompt_id"]: c for c in store.completions(set_name)}
-    theirs = {c["prompt_id"]: c for c in store.completions(FAULT_SET)}
+    mine = {c.prompt_id: c for c in store.completions(set_name)}
+    theirs = {c.prompt_id: c for c in store.completions(FAULT_SET)}
     same = [
         pid
         for pid, c in theirs.items()
-        if pid in mine and c["output_ids"] == mine[pid]["output_ids"] and c["prompt_ids"] == mine[pid]["prompt_ids"]
+        if pid in mine and c.output_ids == mine[pid].output_ids and c.prompt_ids == mine[pid].prompt_ids
     ]
     rows = [s for s in store.engine_stats(FAULT_SET, "sglang") if s["prompt_id"] in same]
     f = root / STATS
@@ -139,27 +139,23 @@ def diagnose(store, run_id: str, progress=None) -> dict:
 def baseline(store, extraction: str, progress=None) -> str:
     """The n-gram baseline's run id on `extraction` (replayed once)."""
     from .. import ops, pipeline
-
-    have = [r for r in store.runs() if r["extraction_id"] == extraction and _is_baseline(r)]
-    if have:
-        return have[0]["id"]
-    return pipeline.baseline(store, ops.Baseline(method=BASELINE, extraction=extraction), progress)["id"]
-
-
-def _is_baseline(run: dict) -> bool:
     from ..analysis.compare import is_baseline
 
-    return is_baseline(run)
+    have = [r for r in store.runs() if r.extraction_id == extraction and is_baseline(r)]
+    if have:
+        return have[0].id
+    return pipeline.baseline(store, ops.Baseline(method=BASELINE, extraction=extraction), progress)["id"]
 
 
 def done(store, set_name: str) -> bool:
     """Every extra of the demo is in the store: the faulty engine's stats and its ranking, a baseline run, the
     HumanEval completions."""
+    from ..analysis.compare import is_baseline
     from ..pipeline import diagnose as diagnose_mod
 
     if FAULT_ENGINE not in store.engines(set_name) or len(store.completion_ids(HUMANEVAL_SET)) < HUMANEVAL_N:
         return False
     runs = store.runs()
-    if not any(_is_baseline(r) for r in runs):
+    if not any(is_baseline(r) for r in runs):
         return False
-    return any(diagnose_mod.faults(store, r["id"], FAULT_ENGINE) is not None for r in runs)
+    return any(diagnose_mod.faults(store, r.id, FAULT_ENGINE) is not None for r in runs)
