@@ -2,10 +2,11 @@
 
 Contract: a stable interface scripts rely on. Results go to stdout (ids, JSON); progress and errors go
 to stderr; a user error exits with status 2 and a one-line message naming the problem and the fix,
-never a traceback. Each operation's options are generated from its `ops` dataclass (`add_op_options`: flag,
-type, choices, default and help from each field's declaration, `ops.setting`) and turned back into one (`op_of`);
-every operation's command runs it through `pipeline.perform` (`cmd_op`) and shows the answer with its printer
-(`PRINTERS`), so the CLI, jobs and pages share one definition and one path; `--gpus 0,1` (extract, replay, sweep) shards
+never a traceback. Every command is an operation: its options are generated from its `ops` dataclass
+(`add_op_options`: flag or positional, type, choices, default and help from each field's declaration,
+`ops.setting`) and turned back into one (`op_of`); the command runs it through `pipeline.perform` (`cmd_op`; extract
+checks its disk space first, `cmd_extract`) and shows the answer with its printer (`PRINTERS`; the report commands'
+in cli_show), so the CLI, jobs and pages share one definition and one path; `--gpus 0,1` (extract, replay, sweep) shards
 the prompts over one worker process per device (jobs.workers.pool), `--gpus cpu,cpu` over CPU workers, `--ray
 auto|HOST:PORT` over one worker per GPU of a Ray cluster (jobs.cluster); `extract
 --drafter A --drafter B` extracts the union of both drafters' layers (each replays on its own columns).
@@ -14,17 +15,19 @@ auto|HOST:PORT` over one worker per GPU of a Ray cluster (jobs.cluster); `extrac
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import MISSING, fields, replace
 from pathlib import Path
+from typing import Any
 
-from . import cli_show, ops, pipeline, prompts
+from . import cli_show, ops, pipeline
 from .cli_show import _print
 from .errors import UserError
+from .jobs import commands as _registered  # noqa: F401  (the demo and jobs handlers, registered with perform)
 from .pipeline import disk
 from .store import Store, default_workspace
 
@@ -66,25 +69,7 @@ def progress(done: int, total: int, msg: str) -> None:
 # commands
 
 
-def cmd_import(a, store):
-    n = pipeline.import_completions(store, a.file, a.name)
-    print(f"imported {n} completions into set {a.name}")
-
-
-def cmd_import_prompts(a, store):
-    got, cats = pipeline.import_prompts(store, a.file, a.name, a.format), {}
-    for r in got:
-        cats[r["category"] or "(none)"] = cats.get(r["category"] or "(none)", 0) + 1
-    print(f"imported {len(got)} prompts as prompt set {a.name} ({', '.join(f'{c} {n}' for c, n in cats.items())});"
-          f" fetch them with: fetch --prompt-set {a.name} --name SET")  # fmt: skip
-
-
-def cmd_export_completions(a, store):
-    for r in pipeline.export_completions(store, a.name):
-        print(json.dumps(r))
-
-
-def op_of(cls: type[ops.Op], a: argparse.Namespace, **given) -> ops.Op:
+def op_of(cls: type[ops.Op], a: argparse.Namespace, **given: Any) -> ops.Op:
     """The operation `cls` from the parsed options named like its fields (plus `given`)."""
     return cls.from_args({f.name: getattr(a, f.name) for f in fields(cls) if hasattr(a, f.name)} | given)
 
@@ -102,7 +87,7 @@ def cmd_op(a, store):
     them, answered by the pipeline (`pipeline.perform`) and shown by its printer (`PRINTERS`)."""
     op = op_of(a.op, a)
     run = None
-    if hasattr(op, "gpus"):  # the cluster (--ray) or the GPUs checked before any work
+    if op.placement is not None:  # the cluster (--ray) or the GPUs checked before any work
         op, run = runner(store, op)
     return PRINTERS[type(op)](a, store, op, pipeline.perform(store, op, progress, run, answer=True))
 
@@ -124,9 +109,9 @@ def cmd_extract(a, store):
     space = disk.plan(store, op.completions, op.layers, op.target, a.extraction_id, op.target_topk)
     print(space.line(), file=sys.stderr)  # both figures, in full, before any work; refused when it will not fit
     disk.check(space)
-    if op.orchestrate != "none":  # free the server's GPU around the extraction: the job does it, we follow it
-        return follow(store, jobs_mod().start(store, op), "extraction")
-    print(pipeline.perform(store, op, progress, run, answer=True))
+    if op.orchestrate != "none":  # free the server's GPU around the extraction: the job does it (performing it
+        return follow(store, jobs_mod().start(store, op), "extraction")  # inside), we follow it
+    return PRINTERS[ops.Extract](a, store, op, pipeline.perform(store, op, progress, run, answer=True))
 
 
 def jobs_mod():
@@ -218,7 +203,8 @@ def print_live(a, store, op: ops.Live, out: dict):
     )
 
 
-PRINTERS = {
+PRINTERS: dict[type[ops.Op], Callable[..., int | None]] = {
+    ops.Extract: lambda a, store, op, ex_id: print(ex_id),
     ops.Replay: print_replay,
     ops.Sweep: print_sweep,
     ops.SlidingCheck: lambda a, store, op, out: _print(out),
@@ -229,197 +215,117 @@ PRINTERS = {
     ops.Audit: print_audit,
     ops.Profile: print_profile,
     ops.Live: print_live,
-}  # how each operation's answer is shown (extract prints its id; demo builds a workspace)
-
-
-def cmd_jobs(a, store):
-    from .jobs import lifecycle as jobs
-
-    if a.action == "list":
-        return _print(jobs.recent(store, a.limit))
-    if not a.id:
-        raise ops.InputError(f"jobs {a.action} needs a job id (see `jobs list`)")
-    if a.action == "cancel":
-        print(jobs.cancel(store, a.id).status)
-    elif a.action == "logs":
-        sys.stdout.write(jobs.log_tail(store, a.id, a.lines))
-    else:
-        print(jobs.rerun(store, a.id))
-
-
-def cmd_demo(a, store):
-    from . import demo
-
-    demo.build(a.workspace, progress)
-    ws = Path(a.workspace).resolve()
-    # one line (`make run` ends with the dashboard's URL, not a JSON dump): what was built is in BUILD.json
-    print(f"demo workspace ready: {ws} ({len(store.runs())} runs; the build's record: {ws / 'demo' / 'BUILD.json'})")
-
-
-def cmd_serve(a, store):
-    from .server import options as server_options
-
-    server_options.run(a)
+} | cli_show.PRINTERS  # how each operation's answer is shown (the other commands': cli_show)
 
 
 # ---------------------------------------------------------------------------
 # parser
 
 
-def parser(store_only: bool = False) -> argparse.ArgumentParser:
-    """The CLI's parser; `store_only` leaves out the options whose choices live in torch-backed modules (the
-    server), for the store-only commands (STORE_ONLY), which thereby never import torch."""
+def command(sub: Any, cls: type[ops.Op], help: str, fn: Callable[..., Any] | None = None, **flags: str) -> None:
+    """The command `cls.kind` on the subparsers `sub`: its options from the op's fields (`add_op_options`; `flags`:
+    another flag for a field), run by `fn` (default `cmd_op`: perform, then the op's printer)."""
+    s = sub.add_parser(cls.kind, help=help)
+    add_op_options(s, cls, flags)
+    s.set_defaults(fn=fn or cmd_op, op=cls)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The CLI's parser: one command per operation (`command`), every option generated from its fields."""
     p = argparse.ArgumentParser(prog="python -m dflash_dash", description=__doc__.splitlines()[0])
     p.add_argument("--workspace", default=str(default_workspace()), help="workspace folder (default: cache)")
     sub = p.add_subparsers(dest="command", required=True)
-
-    s = sub.add_parser("import-completions", help="import a completions JSONL file")
-    s.add_argument("file")
-    s.add_argument("--name", required=True, help="completion set name")
-    s.set_defaults(fn=cmd_import)
-
-    s = sub.add_parser("import-prompts", help="keep a prompt file (MT-Bench, SPEED-Bench, GSM8K, ...) as a prompt set")
-    s.add_argument("file")
-    s.add_argument("--name", required=True, help="prompt set name (fetch --prompt-set NAME)")
-    s.add_argument("--format", default="auto", choices=prompts.FORMATS, help="the file's format (auto: its fields)")
-    s.set_defaults(fn=cmd_import_prompts)
-
-    s = sub.add_parser("export-completions", help="print a completion set as JSONL")
-    s.add_argument("--name", required=True)
-    s.set_defaults(fn=cmd_export_completions)
-
-    s = sub.add_parser("extract", help="extract target hidden states for a completion set")
-    add_op_options(s, ops.Extract, flags={"extraction_id": "--resume"})
-    s.set_defaults(fn=cmd_extract)
-
-    s = sub.add_parser("replay", help="replay a drafter checkpoint over cached features")
-    add_op_options(s, ops.Replay)
-    s.set_defaults(fn=cmd_op, op=ops.Replay)
-
-    s = sub.add_parser("sweep", help="replay every checkpoint of a training output folder")
-    add_op_options(s, ops.Sweep)
-    s.set_defaults(fn=cmd_op, op=ops.Sweep)
-
-    s = sub.add_parser(
-        "sliding-check",
-        help="replay a sliding-layer drafter with its block causal and "
-        "bidirectional: the train/serve mismatch detector (JSON)",
+    command(sub, ops.ImportCompletions, "import a completions JSONL file")
+    command(sub, ops.ImportPrompts, "keep a prompt file (MT-Bench, SPEED-Bench, GSM8K, ...) as a prompt set")
+    command(sub, ops.ExportCompletions, "print a completion set as JSONL")
+    command(
+        sub, ops.Extract, "extract target hidden states for a completion set", cmd_extract, extraction_id="--resume"
     )
-    add_op_options(s, ops.SlidingCheck)
-    s.set_defaults(fn=cmd_op, op=ops.SlidingCheck)
-
-    s = sub.add_parser(
-        "attribute",
-        help="target-layer attribution of a run: tau lost with each target tap "
-        "replaced by its mean over the extraction (JSON; stored with the run)",
+    command(sub, ops.Replay, "replay a drafter checkpoint over cached features")
+    command(sub, ops.Sweep, "replay every checkpoint of a training output folder")
+    command(
+        sub,
+        ops.SlidingCheck,
+        "replay a sliding-layer drafter with its block causal and bidirectional: the train/serve mismatch detector "
+        "(JSON)",
     )
-    add_op_options(s, ops.Attribute)
-    s.set_defaults(fn=cmd_op, op=ops.Attribute)
-
-    cli_show.add(sub)  # compare, import-engine-stats, conformance, signatures, advise, exports, listings
-
-    s = sub.add_parser(
-        "baseline",
-        help="replay a model-free proposer (vLLM ngram, SGLang n-gram, suffix decoding) over a completion "
-        "set as a run (JSON)",
+    command(
+        sub,
+        ops.Attribute,
+        "target-layer attribution of a run: tau lost with each target tap replaced by its mean over the extraction "
+        "(JSON; stored with the run)",
     )
-    add_op_options(s, ops.Baseline)
-    s.set_defaults(fn=cmd_op, op=ops.Baseline)
-
-    s = sub.add_parser(
-        "serve", help="local stand-in for an SGLang, vLLM or llama.cpp server (--protocol; tests and the demo)"
+    cli_show.add(sub, command)  # compare, import-engine-stats, conformance, signatures, advise, exports, listings
+    command(
+        sub,
+        ops.Baseline,
+        "replay a model-free proposer (vLLM ngram, SGLang n-gram, suffix decoding) over a completion set as a run "
+        "(JSON)",
     )
-    if not store_only:  # the stand-in's options (its module imports torch)
-        from .server import options as server_options
-
-        server_options.serve_args(s)
-        server_options.speculative_args(s)  # --speculative-draft CKPT, --speculative-bug NAME (a test aid)
-    s.set_defaults(fn=cmd_serve)
-
-    s = sub.add_parser("fetch", help="fetch greedy completions of a prompt set from the serving engine")
-    add_op_options(s, ops.Fetch)
-    s.set_defaults(fn=cmd_op, op=ops.Fetch)
-
-    s = sub.add_parser("jobs", help="background jobs: list | cancel ID | logs ID | rerun ID")
-    s.add_argument("action", nargs="?", default="list", choices=["list", "cancel", "logs", "rerun"])
-    s.add_argument("id", nargs="?")
-    s.add_argument("--limit", type=int, default=50, help="list: how many recent jobs")
-    s.add_argument("--lines", type=int, default=200, help="logs: how many last lines")
-    s.set_defaults(fn=cmd_jobs)
-
-    s = sub.add_parser(
-        "diagnose",
-        help="engine or drafter? replay the run's checkpoint under each known engine fault and rank the faults by "
-        "how well they reproduce the engine's per-step (or per-prompt) acceptance; kept for conformance (JSON)",
+    command(sub, ops.Serve, "local stand-in for an SGLang, vLLM or llama.cpp server (--protocol; tests and the demo)")
+    command(sub, ops.Fetch, "fetch greedy completions of a prompt set from the serving engine")
+    command(sub, ops.Jobs, "background jobs: list | cancel ID | logs ID | rerun ID")
+    command(
+        sub,
+        ops.Diagnose,
+        "engine or drafter? replay the run's checkpoint under each known engine fault and rank the faults by how "
+        "well they reproduce the engine's per-step (or per-prompt) acceptance; kept for conformance (JSON)",
     )
-    add_op_options(s, ops.Diagnose)
-    s.set_defaults(fn=cmd_op, op=ops.Diagnose)
-
-    s = sub.add_parser(
-        "audit",
-        help="audit a trainer's feature cache (SpecForge prepare_hidden_states.py, DeepSpec target cache) against "
-        "the product's extraction: per layer rel-L2, cosine, zero/non-finite rows, best layer offset, position "
-        "shift, scale; a verdict (JSON; exit 1 when a layer is faulty)",
+    command(
+        sub,
+        ops.Audit,
+        "audit a trainer's feature cache (SpecForge prepare_hidden_states.py, DeepSpec target cache) against the "
+        "product's extraction: per layer rel-L2, cosine, zero/non-finite rows, best layer offset, position shift, "
+        "scale; a verdict (JSON; exit 1 when a layer is faulty)",
     )
-    add_op_options(s, ops.Audit)
-    s.set_defaults(fn=cmd_op, op=ops.Audit)
-
-    s = sub.add_parser(
-        "profile",
-        help="measure the cost table: the target's forward of q new tokens after c context tokens and the drafter's "
+    command(
+        sub,
+        ops.Profile,
+        "measure the cost table: the target's forward of q new tokens after c context tokens and the drafter's "
         "block, on this device (kept in the workspace for predicted speedups; JSON)",
     )
-    add_op_options(s, ops.Profile)
-    s.set_defaults(fn=cmd_op, op=ops.Profile)
-
-    s = sub.add_parser(
-        "live",
-        help="the live loop: decode a set's prompts plainly and speculatively (the stand-in's decoder) at a "
-        "temperature over seeds; measured accept length and tokens/s per prompt, kept beside replays of the same "
-        "drafter on the set (JSON)",
+    command(
+        sub,
+        ops.Live,
+        "the live loop: decode a set's prompts plainly and speculatively (the stand-in's decoder) at a temperature "
+        "over seeds; measured accept length and tokens/s per prompt, kept beside replays of the same drafter on the "
+        "set (JSON)",
     )
-    add_op_options(s, ops.Live)
-    s.set_defaults(fn=cmd_op, op=ops.Live)
-
-    s = sub.add_parser("demo", help="build the demo workspace from the committed assets (idempotent)")
-    s.set_defaults(fn=cmd_demo)
-
+    command(sub, ops.Demo, "build the demo workspace from the committed assets (idempotent)")
     for s in sub.choices.values():  # global options are accepted after the command too
         s.add_argument("--workspace", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
 
 
-CHOICES = {
-    "dtype": ops.DTYPES,
-    "anchors": ops.ANCHORS,
-    "orchestrate": ops.ORCHESTRATE,
-    "sliding_block": ops.SLIDING_BLOCKS,
-    "method": ("ngram", "sglang-ngram", "suffix"),  # = baselines.METHODS (tests/test_baselines.py checks)
-}  # fields whose values are one of a few names
-
-
 def add_op_options(s: argparse.ArgumentParser, cls: type[ops.Op], flags: dict[str, str] | None = None) -> None:
-    """One option per field of operation `cls`: --field-name (or `flags[field]`), its type (int, float, a flag for
-    bools, text for the rest: lists like "1,16,31" are parsed by the op; a field with metadata {"repeat": True} is
-    given once per value, e.g. --drafter A --drafter B), its choices, its default, required when it has none, its
-    help the one it was declared with (`ops.setting_help`). The parsed value lands under the field's name (`op_of`)."""
+    """One option per field of operation `cls`: --field-name (or `flags[field]`; a positional argument with metadata
+    {"positional": True}), its type (int, float, a flag for bools, text for the rest: lists like "1,16,31" are
+    parsed by the op; a field with metadata {"repeat": True} is given once per value, e.g. --drafter A --drafter B;
+    {"nargs": "+"} takes its values after one flag), its choices (metadata), its default, required when it has
+    none, its help the one it was declared with (`ops.setting_help`). The parsed value lands under the field's name
+    (`op_of`)."""
     defaults = ops.defaults(cls)
     for f in fields(cls):
         kind = str(f.type).split(" | ")[0]
-        kw: dict = {"dest": f.name, "help": ops.setting_help(f).replace("%", "%%") or None}
+        required = f.default is MISSING and f.default_factory is MISSING
+        kw: dict[str, Any] = {"help": ops.setting_help(f).replace("%", "%%") or None}
         if kind == "bool":
             kw |= {"action": "store_true", "default": defaults[f.name]}
         elif f.metadata.get("repeat"):  # given once per value (--drafter A --drafter B); none: the op's default
             kw |= {"action": "append", "default": None}
         else:
             kw["type"] = {"int": int, "float": float}.get(kind, str)
-            if f.metadata.get("choices") or f.name in CHOICES:
-                kw["choices"] = f.metadata.get("choices") or CHOICES[f.name]
-            if f.default is MISSING and f.default_factory is MISSING:
+            kw["choices"] = ops.choices(f)
+            if f.metadata.get("nargs"):
+                kw["nargs"] = f.metadata["nargs"]
+            if required and not f.metadata.get("positional"):
                 kw["required"] = True
-            elif f.default_factory is MISSING:  # list fields stay None: the op takes its own default
+            elif f.default_factory is MISSING and not required:  # list fields stay None: the op takes its default
                 kw["default"] = defaults[f.name]
-        s.add_argument((flags or {}).get(f.name, "--" + f.name.replace("_", "-")), **kw)
+        if f.metadata.get("positional"):
+            s.add_argument(f.name, **kw, **({} if required else {"nargs": "?"}))
+        else:
+            s.add_argument((flags or {}).get(f.name, "--" + f.name.replace("_", "-")), dest=f.name, **kw)
 
 
 # never create a workspace
@@ -427,25 +333,9 @@ READ_ONLY = {"runs", "extractions", "export", "export-completions", "conformance
 READ_ONLY |= {"export-specforge", "export-aiperf", "import-specforge-eval"}
 
 
-STORE_ONLY = {"runs", "extractions", "jobs"}  # answered from the store alone: parsed and run without torch
-
-
-def command_of(argv: list[str]) -> str | None:
-    """The command word of a command line (the first word that is neither an option nor --workspace's value)."""
-    after_workspace = False
-    for w in argv:
-        if after_workspace:
-            after_workspace = False
-        elif w == "--workspace":
-            after_workspace = True
-        elif not w.startswith("-"):
-            return w
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    a = parser(store_only=command_of(argv) in STORE_ONLY).parse_args(argv)
+    a = parser().parse_args(argv)
     _MIDLINE[0] = False
     try:
         if a.command in READ_ONLY and not (Path(a.workspace) / "dflash.duckdb").is_file():

@@ -1,32 +1,45 @@
-"""The CLI's report commands: store reads printed as JSON (compare, import-engine-stats, conformance, signatures,
-advise, the exports and the runs/extractions listings), registered on the main parser by `add(sub)`.
+"""The CLI's printers of the commands beside the main path: completions and prompts in and out, the reports on
+stored runs (compare, import-engine-stats, conformance, signatures, advise, the exports), the listings, the job list,
+the demo build and the stand-in server; and their commands, registered on the main parser by `add(sub, command)`.
 
-Contract: as `cli`: results on stdout (one JSON document), notes on stderr, a user error is raised as UserError
-(the main loop prints its one line and exits 2). No torch: these read the store and kept analyses only. `cli`
-imports this module (its `_print`, and `add` for the parser); this module never imports `cli`.
+Contract: as `cli`: results on stdout (one JSON document, or JSON lines for the JSONL exports), notes on stderr, a
+user error is raised as UserError (the main loop prints its one line and exits 2). Each printer takes (parsed options,
+store, op, the answer of `pipeline.perform`) and returns the exit status (None: 0); `PRINTERS` maps each op to its
+printer. No torch: these read the store and kept analyses only. `cli` imports this module (its `_print`, `PRINTERS`,
+and `add` for the parser); this module never imports `cli`.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from . import pipeline
-from .pipeline import speed, trainers
+from . import ops
 from .store import Row
 
 
-def _print(obj) -> None:
+def _print(obj: Any) -> None:
     print(json.dumps(obj, indent=2, default=lambda o: o.as_dict() if isinstance(o, Row) else str(o)))
 
 
-def cmd_import_engine_stats(a, store):
-    n = pipeline.import_engine_stats(store, a.file, a.completions, a.engine)
-    print(f"imported {a.engine} stats of {n} prompts of set {a.completions}")
+def _lines(rows: list[dict]) -> None:
+    for r in rows:
+        print(json.dumps(r))
 
 
-def cmd_conformance(a, store):
-    out, rows, missing = pipeline.conformance(store, a.run, a.engine, a.threshold)
+def print_import_prompts(a, store, op: ops.ImportPrompts, got: list[dict]) -> None:
+    cats: dict[str, int] = {}
+    for r in got:
+        cats[r["category"] or "(none)"] = cats.get(r["category"] or "(none)", 0) + 1
+    print(f"imported {len(got)} prompts as prompt set {op.name} ({', '.join(f'{c} {n}' for c, n in cats.items())});"
+          f" fetch them with: fetch --prompt-set {op.name} --name SET")  # fmt: skip
+
+
+def print_conformance(a, store, op: ops.Conformance, answer: tuple[dict, list[dict], list[str]]) -> None:
+    out, rows, missing = answer
     if missing:
         print(
             f"note: {len(missing)} prompt(s) of run {out['run']} have no {out['engine']} stats: "
@@ -43,98 +56,80 @@ def cmd_conformance(a, store):
     _print(out)
 
 
-def cmd_signatures(a, store):
-    _print(pipeline.signatures(store, a.run, a.reference))
-
-
-def cmd_advise(a, store):
-    out = speed.advise(store, store.run_row(a.run)["id"], a.costs)
+def print_advise(a, store, op: ops.Advise, out: dict) -> None:
     print(f"best: {out['best']} (predicted speedup on {out['costs']})", file=sys.stderr)
     for why in out["skipped"]:
         print(f"note: {why}", file=sys.stderr)
     _print(out)
 
 
-def cmd_export(a, store):
-    _print(pipeline.export(store, a.run))
+def print_jobs(a, store, op: ops.Jobs, out: Any) -> None:
+    if op.action == "list":
+        _print(out)
+    elif op.action == "logs":
+        sys.stdout.write(out)
+    else:  # cancel: the job's status; rerun: the new job's id
+        print(out)
 
 
-def cmd_export_aiperf(a, store):
-    for rec in trainers.aiperf_export(store, a.run):
-        print(json.dumps(rec))
+def print_demo(a, store, op: ops.Demo, out: dict) -> None:
+    ws = Path(store.workspace).resolve()
+    # one line (`make run` ends with the dashboard's URL, not a JSON dump): what was built is in BUILD.json
+    print(f"demo workspace ready: {ws} ({len(store.runs())} runs; the build's record: {ws / 'demo' / 'BUILD.json'})")
 
 
-def cmd_list(a, store):
-    _print(pipeline.listing(store, a.command))
+PRINTERS: dict[type[ops.Op], Callable[..., int | None]] = {
+    ops.ImportCompletions: lambda a, store, op, n: print(f"imported {n} completions into set {op.name}"),
+    ops.ImportPrompts: print_import_prompts,
+    ops.ExportCompletions: lambda a, store, op, rows: _lines(rows),
+    ops.ImportEngineStats: lambda a, store, op, n: print(
+        f"imported {op.engine} stats of {n} prompts of set {op.completions}"
+    ),
+    ops.Compare: lambda a, store, op, out: _print(out),
+    ops.Conformance: print_conformance,
+    ops.Signatures: lambda a, store, op, out: _print(out),
+    ops.Advise: print_advise,
+    ops.Export: lambda a, store, op, out: _print(out),
+    ops.ExportSpecforge: lambda a, store, op, out: _print(out),
+    ops.ExportAiperf: lambda a, store, op, recs: _lines(recs),
+    ops.ImportSpecforgeEval: lambda a, store, op, out: _print(out),
+    ops.Runs: lambda a, store, op, out: _print(out),
+    ops.Extractions: lambda a, store, op, out: _print(out),
+    ops.Jobs: print_jobs,
+    ops.Demo: print_demo,
+    ops.Serve: lambda a, store, op, out: None,  # it serves until stopped
+}
 
 
-def add(sub) -> None:
-    """The report commands on the main parser's subparsers `sub`."""
-    s = sub.add_parser("compare", help="N runs of one extraction: tau per run and category, paired verdicts (JSON)")
-    s.add_argument("--runs", nargs="+", required=True, help="run ids (see `runs`); each is judged against the first")
-    s.set_defaults(fn=lambda a, store: _print(pipeline.compare(store, a.runs)))
-
-    s = sub.add_parser(
-        "import-engine-stats",
-        help="import another engine's per-prompt speculative counters (JSONL) for a completion set, for `conformance`",
+def add(sub: Any, command: Callable[..., None]) -> None:
+    """The report commands on the main parser's subparsers `sub`, each added by `command(sub, op class, help)`."""
+    command(sub, ops.Compare, "N runs of one extraction: tau per run and category, paired verdicts (JSON)")
+    command(
+        sub,
+        ops.ImportEngineStats,
+        "import another engine's per-prompt speculative counters (JSONL) for a completion set, for `conformance`",
     )
-    s.add_argument("file", help='JSONL: {"id", "verify_steps", "accepted_tokens"} or {"id", "accept_lengths": [...]}')
-    s.add_argument("--completions", required=True, help="the completion set the engine generated (same prompt ids)")
-    s.add_argument("--engine", required=True, help="engine name, e.g. vllm (sglang: stats recorded at fetch)")
-    s.set_defaults(fn=cmd_import_engine_stats)
-
-    s = sub.add_parser(
-        "conformance",
-        help="engine tau beside the replay's tau of the same drafter, per prompt; "
-        "flags prompts where the engine falls short by more than numeric noise",
+    command(
+        sub,
+        ops.Conformance,
+        "engine tau beside the replay's tau of the same drafter, per prompt; flags prompts where the engine falls "
+        "short by more than numeric noise",
     )
-    s.add_argument("--run", default="latest", help="replay run of the drafter the engine served")
-    s.add_argument("--engine", help="engine whose stats to compare (default: sglang, or the only one)")
-    s.add_argument(
-        "--threshold",
-        type=float,
-        default=None,
-        help="flag when replay tau - engine tau > THRESHOLD x replay tau (default 0.05)",
+    command(
+        sub,
+        ops.Signatures,
+        "training-bug signatures of a run against a healthy reference run: each figure with its 95%% interval, the "
+        "reference's, whether it separates and what it suggests (JSON)",
     )
-    s.set_defaults(fn=cmd_conformance)
-
-    s = sub.add_parser(
-        "signatures",
-        help="training-bug signatures of a run against a healthy reference run: each figure with its 95%% "
-        "interval, the reference's, whether it separates and what it suggests (JSON)",
-    )
-    s.add_argument("--run", help="run to diagnose (default: the least healthy run beside the reference)")
-    s.add_argument("--reference", help="healthy reference run (default: the highest tau macro on the run's extraction)")
-    s.set_defaults(fn=cmd_signatures)
-
-    s = sub.add_parser(
-        "advise",
-        help="what to serve: tau and predicted speedup per number of drafts k = 1..B-1, per DDTree budget and per "
+    command(
+        sub,
+        ops.Advise,
+        "what to serve: tau and predicted speedup per number of drafts k = 1..B-1, per DDTree budget and per "
         "temperature replayed for the run's checkpoint, priced by a cost table of `profile`; the best marked (JSON)",
     )
-    s.add_argument("--run", default="latest", help="run id (see `runs`); its checkpoint's other runs join in")
-    s.add_argument("--costs", default=None, help="cost table id (see `profile`; default: the newest)")
-    s.set_defaults(fn=cmd_advise)
-
-    s = sub.add_parser("export", help="print a run as JSON")
-    s.add_argument("--run", default="latest")
-    s.set_defaults(fn=cmd_export)
-
-    s = sub.add_parser("export-specforge", help="print a run's per-position numbers as SpecForge's eval report (JSON)")
-    s.add_argument("--run", default="latest")
-    s.set_defaults(fn=lambda a, store: _print(trainers.specforge_export(store, a.run)))
-
-    s = sub.add_parser("export-aiperf", help="print a run's per-request acceptance as AIPerf records (JSONL)")
-    s.add_argument("--run", default="latest")
-    s.set_defaults(fn=cmd_export_aiperf)
-
-    s = sub.add_parser(
-        "import-specforge-eval", help="keep SpecForge's evaluate-checkpoint JSON with the run of that checkpoint"
-    )
-    s.add_argument("file")
-    s.add_argument("--run", default="latest", help="run id of the same checkpoint (see `runs`)")
-    s.set_defaults(fn=lambda a, store: _print(trainers.import_specforge(store, a.file, a.run)))
-
-    for what in ("runs", "extractions"):
-        s = sub.add_parser(what, help=f"list {what} as JSON")
-        s.set_defaults(fn=cmd_list)
+    command(sub, ops.Export, "print a run as JSON")
+    command(sub, ops.ExportSpecforge, "print a run's per-position numbers as SpecForge's eval report (JSON)")
+    command(sub, ops.ExportAiperf, "print a run's per-request acceptance as AIPerf records (JSONL)")
+    command(sub, ops.ImportSpecforgeEval, "keep SpecForge's evaluate-checkpoint JSON with the run of that checkpoint")
+    command(sub, ops.Runs, "list runs as JSON")
+    command(sub, ops.Extractions, "list extractions as JSON")

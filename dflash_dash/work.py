@@ -6,6 +6,8 @@ semantics, draft config, prompts, temperature and verify rule): a frozen record,
 declared with `setting(default, help)` (its help is the CLI's, `setting_help`). `ops.Replay` and `ops.Sweep` embed it
 (`ops.embeds`: its fields are theirs, `op.settings` the record); the worker's `ReplayWork` carries it whole; a stored
 run records it whole (`pipeline.runs`) and reuse compares it whole. A new replay option is one field here and its use.
+`Placement` is the one declaration of where an operation's per-prompt work runs (device, gpus, a Ray cluster and its
+size): Extract, Replay and Sweep embed it (`op.placement`), and jobs.workers / jobs.cluster read it from there.
 Worker specs (`CheckpointSpec`, `ExtractWork`, `ReplayWork`, `StreamWork`) are frozen records validated on
 construction through the field checks of `fields`, with a plain-JSON round trip (`to_json()` / `work_of(kind,
 data)`): the only format that crosses a process (jobs.wire); a spec's settings are rebuilt through `SETTINGS` (its
@@ -14,10 +16,10 @@ class by kind). Data only, torch-free. `ops` re-exports them (callers name them 
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, ClassVar
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
 
-from .fields import DTYPES, InputError, check_device, check_dtype
+from .fields import DTYPES, InputError, check_device, check_dtype, check_ray, parse_gpus
 
 ANCHORS = ("every", "chain")  # every completion anchor (curves of accepted(p)) | only those walks visit
 VERIFY = ("target-sample", "rejection")  # = sampling.RULES (tests/test_expected_pipeline.py checks), torch-free here
@@ -34,20 +36,24 @@ def setting(default: Any = MISSING, help: str = "", **meta: Any) -> Any:
     return field(default=default, metadata=md)
 
 
-def setting_help(f) -> str:
+def setting_help(f: Field[Any]) -> str:
     """The help text a field was declared with (`setting`), "" without one."""
-    return f.metadata.get("help", "")
+    return str(f.metadata.get("help", ""))
+
+
+S = TypeVar("S", bound="Settings")
+W = TypeVar("W", bound="Work")
 
 
 @dataclass(frozen=True)
 class Settings:
     """Base of the settings records: frozen, plain-JSON round trip; an unknown field is refused by name."""
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict | None) -> Settings:
+    def from_json(cls: type[S], data: dict[str, Any] | None) -> S:
         data = dict(data or {})
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(data) - set(names))
@@ -87,7 +93,7 @@ class ReplaySettings(Settings):
         choices=VERIFY,
     )
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         b = self.tree_budget
         if isinstance(b, bool) or not isinstance(b, int) or b < 0:
             raise InputError(f"tree_budget {b!r}: expected 0 (no tree) or a positive DDTree node budget like 8")
@@ -112,6 +118,55 @@ class ReplaySettings(Settings):
         object.__setattr__(self, "temperature", None if t is None else float(t))
 
 
+@dataclass(frozen=True)
+class Placement(Settings):
+    """Where an operation's per-prompt work runs: this process on `device`, one worker process per entry of `gpus`,
+    or one worker per GPU (or `ray_cpus` CPU slots) of a Ray cluster (`ray`)."""
+
+    device: str = setting("cpu", "cpu or cuda[:N] (one process; see gpus)")
+    gpus: list[str] = setting(
+        [],
+        "one worker process per device, the prompts sharded over them: GPU indices like 0,1 (or "
+        "cuda:N,...; cpu,cpu for CPU workers); none: one process on device",
+    )
+    ray: str | None = setting(
+        None, "run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU"
+    )
+    ray_gpus: int | None = setting(
+        None, "with ray: the GPUs the cluster must have (checked before any work); None: all it has"
+    )
+    ray_cpus: int | None = setting(
+        None, "with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)"
+    )
+
+    def __post_init__(self) -> None:
+        """device: cpu or cuda[:N]; gpus: this host's devices; ray: auto or HOST:PORT, not with gpus; ray_gpus and
+        ray_cpus (positive) need ray."""
+        check_device(self.device)
+        object.__setattr__(self, "gpus", parse_gpus(self.gpus))
+        for name in ("ray_gpus", "ray_cpus"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if self.ray is None:
+                hint = "--ray auto (or --ray HOST:PORT; on the pages, the Ray cluster field)"
+                raise InputError(f"{name}: it sizes a Ray cluster's workers; add {hint}")
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InputError(f"{name} {v!r}: expected a positive number of workers, or leave {name} unset")
+        if self.ray is not None:
+            object.__setattr__(self, "ray", check_ray(self.ray))
+            if self.gpus:
+                raise InputError("gpus: it names this host's devices; with --ray the cluster's GPUs are used (drop it)")
+
+    def devices(self) -> list[str]:
+        """Where the work runs: one worker per entry of `gpus`, else this process on `device` (ray: its workers')."""
+        return list(self.gpus or [self.device])
+
+    def local_devices(self) -> list[str]:
+        """This host's devices the work uses, each once: none with `ray` (its workers' are its hosts')."""
+        return [] if self.ray else list(dict.fromkeys(self.devices()))
+
+
 SETTINGS: dict[str, type[Settings]] = {"replay": ReplaySettings}  # the settings record of each kind of work
 
 
@@ -121,11 +176,11 @@ class Work:
 
     kind: ClassVar[str] = ""
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> Work:
+    def from_json(cls: type[W], data: dict[str, Any]) -> W:
         return cls(**data)
 
 
@@ -150,7 +205,7 @@ class ExtractWork(Work):
     extraction: str  # extraction id the feature files belong to
     target_topk: int = 0  # the target's top-K kept per completion position (0: none)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
         check_device(self.device)
         check_dtype(self.dtype)
@@ -167,7 +222,7 @@ class ReplayWork(Work):
     device: str  # where this worker runs
     settings: ReplaySettings = field(default_factory=ReplaySettings)  # how the replay runs
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         specs = tuple(c if isinstance(c, CheckpointSpec) else CheckpointSpec.from_json(c) for c in self.checkpoints)
         object.__setattr__(self, "checkpoints", specs)
         if not isinstance(self.settings, Settings):  # from JSON: rebuilt as the kind's registered record
@@ -184,7 +239,7 @@ class StreamWork(ReplayWork):
     completions: str = ""  # completion set name
     layers: tuple[int, ...] = ()  # target layer ids computed (the checkpoints' union, or their one list)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
         super().__post_init__()
 
@@ -192,7 +247,7 @@ class StreamWork(ReplayWork):
 WORK: dict[str, type[Work]] = {c.kind: c for c in (ExtractWork, ReplayWork, StreamWork)}
 
 
-def work_of(kind: str, data: dict) -> Work:
+def work_of(kind: str, data: dict[str, Any]) -> Work:
     """The worker spec of kind `kind` from its `to_json` data."""
     cls = WORK.get(kind)
     if cls is None:

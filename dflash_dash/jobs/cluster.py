@@ -305,11 +305,12 @@ def probe(workspace: Path, sees: Callable[[str, str], tuple[str, bool]] = _sees)
         path.unlink(missing_ok=True)
 
 
-def placed(store: Store, op: ops.Op) -> tuple[ops.Op, pipeline.Runner]:
-    """(op with `device` set to its workers' kind, the Runner over the cluster's workers): the cluster connected,
-    sized and probed before any work (see the module's contract)."""
-    address = connect(op.ray)
-    p = plan(address, op.ray_gpus, op.ray_cpus)
+def placed(store: Store, op: ops.Op, where: ops.Placement) -> tuple[ops.Op, pipeline.Runner]:
+    """(op with `device` set to its workers' kind, the Runner over the cluster's workers): the cluster of placement
+    `where` (the op's, with `ray`) connected, sized and probed before any work (see the module's contract)."""
+    assert where.ray is not None
+    address = connect(where.ray)
+    p = plan(address, where.ray_gpus, where.ray_cpus)
     probe(store.workspace)
     return replace(op, device=p.device), runner(store, p)
 

@@ -3,10 +3,10 @@
 Contract: `execute(store, job_id)` marks the job running, rebuilds its operation (`ops.of`) and runs it (`run`),
 with progress and step written to the store through a `lifecycle.Reporter`, and ends it done (with a result
 dict), failed (a user error as its message, exit code 2; anything else with the traceback in the log and one line
-in the store, exit code 1) or cancelled (SIGTERM/SIGINT, exit code 130). `run` is the one dispatch: the demo
-build, an extraction with its GPU orchestration (`orchestrate.run_extract`), the backend parity (`parity.run`),
-everything else through `pipeline.perform`, sharded over worker processes when the op names several devices, or
-over a Ray cluster's workers when it names one (`workers.placed`).
+in the store, exit code 1) or cancelled (SIGTERM/SIGINT, exit code 130). `run` is the one dispatch: an extraction
+with its GPU orchestration (`orchestrate.run_extract`, which performs it inside), everything else through
+`pipeline.perform` (the demo build and the backend parity registered there by `commands`), sharded over worker
+processes when the op names several devices, or over a Ray cluster's workers when it names one (`workers.placed`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import traceback
 from .. import ops, pipeline
 from ..errors import UserError
 from ..store import Store
+from . import commands  # noqa: F401  (registers the demo, jobs and parity handlers with pipeline.perform)
 from .lifecycle import STOPS, Cancelled, Reporter
 from .orchestrate import run_extract
 from .workers import placed
@@ -84,16 +85,7 @@ def run(store: Store, op: ops.Op, rep: Reporter) -> dict:
     """Run operation `op` with `rep` as its progress; returns the job's result dict. Extract, replay and sweep
     with several `gpus` shard their prompts over worker processes (`workers.pool`), with `ray` over a Ray
     cluster's workers (`cluster`)."""
-    if isinstance(op, ops.Demo):
-        from .. import demo
-
-        out = demo.build(store.workspace, rep)
-        return out if isinstance(out, dict) else {"value": out}
     if isinstance(op, ops.Extract):
         return run_extract(store, op, rep)
-    if isinstance(op, ops.Parity):
-        from .. import parity  # torch, in the job process only
-
-        return parity.run(store, op, rep)
     op, runner = placed(store, op)
     return pipeline.perform(store, op, rep, runner)

@@ -37,18 +37,21 @@ WORKER_STOP_S = 5.0  # a worker that outlives its run gets SIGTERM, then SIGKILL
 
 
 def runner_for(store: Store, op: ops.Op) -> pipeline.Runner | None:
-    """`pool` over the op's GPUs when it names several; None (work in this process) otherwise."""
-    devs = op.devices()
+    """`pool` over the GPUs of the op's placement when it names several; None (work in this process) otherwise."""
+    p = op.placement
+    devs = p.devices() if p else []
     return pool(store, devs) if len(devs) > 1 else None
 
 
 def placed(store: Store, op: ops.Op) -> tuple[ops.Op, pipeline.Runner | None]:
-    """(the op as it runs, its runner): with `ray`, the Ray cluster's workers (`cluster.placed`: connected, sized
-    and checked before any work, `device` set to the workers' kind); else `runner_for`'s."""
-    if getattr(op, "ray", None):
+    """(the op as it runs, its runner), as its placement (`op.placement`) says: with `ray`, the Ray cluster's
+    workers (`cluster.placed`: connected, sized and checked before any work, `device` set to the workers' kind);
+    else `runner_for`'s."""
+    p = op.placement
+    if p and p.ray:
         from . import cluster
 
-        return cluster.placed(store, op)
+        return cluster.placed(store, op, p)
     return op, runner_for(store, op)
 
 

@@ -3,9 +3,13 @@
 Contract:
 - One class per operation (`Fetch`, `Extract`, `Replay`, `Sweep`, `SlidingCheck`, `Attribute`, `Diagnose`, `Baseline`,
   `Demo`); `kind` is its job kind. Each field is declared with `setting(default, help)` (the help is the CLI's and
-  a page's; `setting_help`). Settings several operations share are one frozen record embedded in each (`embeds`:
-  Replay and Sweep embed `ReplaySettings`; `op.settings` is the record, carried whole by the worker's
-  `ReplayWork` and recorded whole with a run). `__post_init__`
+  a page's; `setting_help`; its metadata's `choices`, the values it takes, are the CLI's too). Settings several
+  operations share are one frozen record embedded in each (`embeds`): Replay and Sweep embed `ReplaySettings`
+  (`op.settings`, carried whole by the worker's `ReplayWork` and recorded whole with a run); Extract, Replay and
+  Sweep embed `Placement` (`op.placement`: device, gpus, Ray cluster; what jobs.workers and jobs.cluster read).
+- The CLI's other commands are operations too (`COMMANDS`, in `commands`: import and export, the reports, the
+  listings, `jobs`, `serve`): not job kinds, but run through `pipeline.perform` with a printer each, like the rest.
+  `__post_init__`
   validates (and normalises: "1,16,31" layers, "0,1" GPUs) and raises `InputError`, the UserError of bad input
   naming the field and the fix, through the field checks of `fields` (re-exported here): names (`check_name`, the one
   name validator: no path parts), server URLs (`check_url`), dtype, device, layers, checkpoint lists and GPUs
@@ -28,6 +32,8 @@ sits under pipeline, which imports it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .base import (  # noqa: F401  (re-exported: callers name every setting, check and worker spec ops.X)
     ANCHORS,
     DTYPES,
@@ -41,6 +47,7 @@ from .base import (  # noqa: F401  (re-exported: callers name every setting, che
     ExtractWork,
     InputError,
     Op,
+    Placement,
     ReplaySettings,
     ReplayWork,
     Settings,
@@ -51,6 +58,7 @@ from .base import (  # noqa: F401  (re-exported: callers name every setting, che
     check_name,
     check_ray,
     check_url,
+    choices,
     defaults,
     embeds,
     layer_blocks,
@@ -62,14 +70,50 @@ from .base import (  # noqa: F401  (re-exported: callers name every setting, che
     setting_help,
     work_of,
 )
+from .commands import (
+    Advise,
+    Compare,
+    Conformance,
+    Export,
+    ExportAiperf,
+    ExportCompletions,
+    ExportSpecforge,
+    Extractions,
+    ImportCompletions,
+    ImportEngineStats,
+    ImportPrompts,
+    ImportSpecforgeEval,
+    Jobs,
+    Runs,
+    Serve,
+    Signatures,
+)
 from .main import Attribute, Demo, Diagnose, Extract, Fetch, Replay, SlidingCheck, Sweep
-from .tools import Audit, Baseline, Live, Parity, Profile
+from .tools import METHODS, Audit, Baseline, Live, Parity, Profile  # noqa: F401  (METHODS re-exported)
 
 OPS = (Fetch, Extract, Replay, Sweep, SlidingCheck, Attribute, Diagnose, Baseline, Demo, Audit, Profile, Live, Parity)
-KINDS: dict[str, type[Op]] = {c.kind: c for c in OPS}
+KINDS: dict[str, type[Op]] = {c.kind: c for c in OPS}  # the job kinds
+COMMANDS: tuple[type[Op], ...] = (  # the CLI's commands that are no job: run through pipeline.perform all the same
+    ImportCompletions,
+    ImportPrompts,
+    ExportCompletions,
+    ImportEngineStats,
+    Compare,
+    Conformance,
+    Signatures,
+    Advise,
+    Export,
+    ExportSpecforge,
+    ExportAiperf,
+    ImportSpecforgeEval,
+    Runs,
+    Extractions,
+    Jobs,
+    Serve,
+)
 
 
-def of(kind: str, args: dict | None) -> Op:
+def of(kind: str, args: dict[str, Any] | None) -> Op:
     """The operation of a job record (kind + args)."""
     cls = KINDS.get(kind)
     if cls is None:

@@ -1,10 +1,11 @@
-"""The base of every operation (`Op`: validation helpers, job records, devices) and the settings shared by
-several operations. Data only, torch-free."""
+"""The base of every operation (`Op`: validation helpers, job records, devices) and the settings records several
+operations embed (`embeds`). Data only, torch-free."""
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import ClassVar
+from collections.abc import Callable
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
 
 from ..fields import (  # noqa: F401  (re-exported: callers name them ops.X)
     DTYPES,
@@ -28,6 +29,7 @@ from ..work import (  # noqa: F401  (re-exported: callers name them ops.X)
     WORK,
     CheckpointSpec,
     ExtractWork,
+    Placement,
     ReplaySettings,
     ReplayWork,
     Settings,
@@ -42,12 +44,16 @@ ORCHESTRATE = ("none", "release", "command")  # how an extraction frees the serv
 TARGET_TOPK = 64  # the target's top-K an extraction keeps by default (--target-topk)
 
 
-def embeds(settings: type[Settings], **defaults):
-    """Class decorator (under @dataclass): operation `cls` embeds the settings record `settings`: each of its fields
-    becomes a field of the operation (declared there once, its help and choices with it; `defaults` overrides a
-    default, as Sweep's chain anchors), and `op.settings` is the record built from them."""
+O = TypeVar("O", bound="Op")
 
-    def wrap(cls):
+
+def embeds(settings: type[Settings], name: str = "settings", **defaults: Any) -> Callable[[type[O]], type[O]]:
+    """Class decorator (under @dataclass): operation `cls` embeds the settings record `settings` as `op.<name>`:
+    each of the record's fields becomes a field of the operation (declared there once, its help and choices with
+    it; `defaults` overrides a default, as Sweep's chain anchors), and `op.<name>` is the record built (and
+    validated) from them. An operation may embed several records (Replay: `settings` and `placement`)."""
+
+    def wrap(cls: type[O]) -> type[O]:
         ann = dict(cls.__dict__.get("__annotations__", {}))
         for f in fields(settings):
             if f.name in ann:
@@ -59,16 +65,12 @@ def embeds(settings: type[Settings], **defaults):
             else:
                 setattr(cls, f.name, field(default=default, metadata=f.metadata))
         cls.__annotations__ = ann
-        cls.SETTINGS = settings
-        cls.settings = property(_settings, doc="The embedded settings record, built (and validated) from the fields.")
+        cls.EMBEDS = {**cls.EMBEDS, name: settings}
+        if not isinstance(getattr(cls, name, None), property):  # `placement` is Op's own (typed) property
+            setattr(cls, name, property(lambda op: op.embedded(name), doc=f"The embedded {settings.__name__}."))
         return cls
 
     return wrap
-
-
-def _settings(op) -> Settings:
-    """The settings record `op` embeds, from its fields."""
-    return op.SETTINGS(**{f.name: getattr(op, f.name) for f in fields(op.SETTINGS)})
 
 
 @dataclass
@@ -76,19 +78,36 @@ class Op:
     """Base of the operations: record round trip and the shared checks."""
 
     kind: ClassVar[str] = ""
-    SETTINGS: ClassVar[type[Settings] | None] = None  # the settings record it embeds (`embeds`), if any
+    # the settings records it embeds (`embeds`), by the property that returns each: {"settings": ReplaySettings}
+    EMBEDS: ClassVar[dict[str, type[Settings]]] = {}
+
+    def embedded(self, name: str) -> Settings:
+        """The settings record embedded as `name`, built (and validated) from the op's fields."""
+        cls = self.EMBEDS[name]
+        return cls(**{f.name: getattr(self, f.name) for f in fields(cls)})
+
+    @property
+    def placement(self) -> Placement | None:
+        """Where the work runs (the embedded `Placement`: device, gpus, Ray cluster); None for an op without one."""
+        if "placement" not in self.EMBEDS:
+            return None
+        p = self.embedded("placement")
+        assert isinstance(p, Placement)
+        return p
 
     def _settle(self) -> None:
-        """Validate the embedded settings; their normalised values (temperature as a float) become the op's."""
-        s = _settings(self)
-        for f in fields(s):
-            setattr(self, f.name, getattr(s, f.name))
+        """Validate the embedded records; their normalised values (temperature as a float, gpus as devices) become
+        the op's."""
+        for name in self.EMBEDS:
+            s = self.embedded(name)
+            for f in fields(s):
+                setattr(self, f.name, getattr(s, f.name))
 
-    def to_args(self) -> dict:
+    def to_args(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_args(cls, args: dict | None) -> Op:
+    def from_args(cls: type[O], args: dict[str, Any] | None) -> O:
         args = dict(args or {})
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(args) - set(names))
@@ -123,53 +142,24 @@ class Op:
     def _device(self, name: str = "device", optional: bool = False) -> None:
         check_device(getattr(self, name), name, optional)
 
-    def _gpus(self) -> None:
-        """gpus: this host's devices; ray: auto or HOST:PORT, not with gpus; ray_gpus, ray_cpus (positive) need ray."""
-        self.gpus = parse_gpus(self.gpus)
-        for name in ("ray_gpus", "ray_cpus"):
-            if getattr(self, name) is not None:
-                if self.ray is None:
-                    hint = "--ray auto (or --ray HOST:PORT; on the pages, the Ray cluster field)"
-                    raise InputError(f"{name}: it sizes a Ray cluster's workers; add {hint}")
-                self._int(name, 1, f"expected a positive number of workers, or leave {name} unset")
-        if self.ray is not None:
-            self.ray = check_ray(self.ray)
-            if self.gpus:
-                raise InputError("gpus: it names this host's devices; with --ray the cluster's GPUs are used (drop it)")
-
-    def _replay_fields(self) -> None:
-        """The fields Replay and Sweep share beside their settings: extraction, where the drafters run, the stream."""
-        self._settle()
-        self._name("extraction", "an extraction id, or latest")
-        self._device()
-        self._gpus()
-        self._stream()
-
-    def _stream(self) -> None:
-        """stream needs target and completions (here, on the gpus pool or with ray); target and completions need it."""
-        if not isinstance(self.stream, bool):
-            raise InputError(f"stream: expected true or false, got {self.stream!r}")
-        if self.stream:
-            self._need("target", "with --stream, the target model folder the features are computed with")
-            self._name("completions", "with --stream, the completion set to evaluate")
-        elif getattr(self, "features", None) and not self.completions:
-            return  # replay --features: target names the cache's target
-        elif self.target or self.completions:
-            raise InputError(
-                "target/completions: they name what --stream computes; add --stream, or drop them to replay an "
-                "extraction (--extraction ID)"
-            )
-
     def devices(self) -> list[str]:
-        """Where the work runs: one worker per entry of `gpus`, else this process on `device` (ray: its workers')."""
-        return list(getattr(self, "gpus", None) or [getattr(self, "device", None) or "cpu"])
+        """Where the work runs: its placement's devices (`Placement.devices`), else this process on `device`."""
+        p = self.placement
+        return p.devices() if p else [getattr(self, "device", None) or "cpu"]
 
     def local_devices(self) -> list[str]:
         """This host's devices the work uses, each once: none with `ray` (its workers' are its hosts')."""
-        return [] if getattr(self, "ray", None) else list(dict.fromkeys(self.devices()))
+        p = self.placement
+        return p.local_devices() if p else list(dict.fromkeys(self.devices()))
 
 
-def defaults(cls: type[Op]) -> dict:
+def choices(f: Field[Any]) -> tuple[str, ...] | None:
+    """The values field `f` takes (its metadata's `choices`), None for a free value."""
+    c = f.metadata.get("choices")
+    return tuple(c) if c else None
+
+
+def defaults(cls: type[Op]) -> dict[str, Any]:
     """{field: default} of an operation (for argparse)."""
     return {
         f.name: (f.default_factory() if f.default_factory is not MISSING else f.default)

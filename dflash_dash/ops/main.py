@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .base import (
+    DTYPES,
     ORCHESTRATE,
     TARGET_TOPK,
     InputError,
     Op,
+    Placement,
     ReplaySettings,
     check_dtype,
     check_url,
@@ -44,7 +46,7 @@ class Fetch(Op):
     readiness_timeout: float | None = setting(None, "seconds to wait for /health 200; None: the config's (600)")
     request_timeout: float = setting(600.0, "seconds one generate request may take before it fails")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._need("prompt_set", "a built-in prompt set (coding-10) or a JSONL file of {id, prompt}")
         self._name("name", "a completion set name")
         self._int("max_new_tokens", 1, "must be at least 1")
@@ -76,6 +78,7 @@ class Fetch(Op):
 
 
 @dataclass
+@embeds(Placement, "placement")
 class Extract(Op):
     kind: ClassVar[str] = "extract"
     target: str = setting(help="Hugging Face causal LM folder")
@@ -87,35 +90,20 @@ class Extract(Op):
         repeat=True,
     )
     layers: list[int] | None = setting(None, "explicit target layer ids (\"1,16,31\" is accepted), instead of drafter")
-    device: str = setting("cpu", "cpu or cuda[:N] (one process; see gpus)")
-    dtype: str = setting("float32", "compute dtype of the target's forward")
-    orchestrate: str = setting("none", "free the server's GPU around the extraction: none | release | command")
+    dtype: str = setting("float32", "compute dtype of the target's forward", choices=DTYPES)
+    orchestrate: str = setting(
+        "none", "free the server's GPU around the extraction: none | release | command", choices=ORCHESTRATE
+    )
     extraction_id: str | None = setting(None, "resume this extraction (a rerun sets it) instead of starting one")
     server: str | None = setting(None, "server to free; None: the workspace's config.toml")
-    gpus: list[str] = setting(
-        [],
-        "one worker process per device, the prompts sharded over them: GPU indices like 0,1 (or "
-        "cuda:N,...; cpu,cpu for CPU workers); none: one process on device",
-    )
-    ray: str | None = setting(
-        None,
-        "run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU",
-    )
-    ray_gpus: int | None = setting(
-        None,
-        "with ray: the GPUs the cluster must have (checked before any work); None: all it has",
-    )
-    ray_cpus: int | None = setting(
-        None,
-        "with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)",
-    )
     target_topk: int = setting(
         TARGET_TOPK,
         "the target's top-K log-probabilities kept per completion position (and the mass outside them), "
         "for the expected acceptance at a temperature (replay --temperature); 0: none kept",
     )
+    # + every field of Placement (device, gpus, ray, ray_gpus, ray_cpus), declared there once
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._need("target", "the target model folder (a Hugging Face causal LM)")
         self._int(
             "target_topk", 0, "expected 0 (keep none) or the number of the target's top log-probabilities, like 64"
@@ -128,37 +116,19 @@ class Extract(Op):
             raise InputError(
                 "layers: give a drafter checkpoint (its target_layer_ids are used) or layer ids like 1,16,31"
             )
-        self._device()
         check_dtype(self.dtype)
         self._choice("orchestrate", ORCHESTRATE)
-        self._gpus()
+        self._settle()  # the placement: device, gpus, ray
 
 
 @dataclass
+@embeds(Placement, "placement")
 @embeds(ReplaySettings)
 class Replay(Op):
     kind: ClassVar[str] = "replay"
     drafter: str = setting(help="checkpoint: HF folder or SpecForge runtime {run_id}-step{N}/ folder")
     extraction: str = setting("latest", "extraction id, or latest")
-    device: str = setting("cpu", "cpu or cuda[:N] (one process; see gpus)")
     name: str | None = setting(None, "display name; None: the checkpoint folder's name")
-    gpus: list[str] = setting(
-        [],
-        "one worker process per device, the prompts sharded over them: GPU indices like 0,1 (or "
-        "cuda:N,...; cpu,cpu for CPU workers); none: one process on device",
-    )
-    ray: str | None = setting(
-        None,
-        "run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU",
-    )
-    ray_gpus: int | None = setting(
-        None,
-        "with ray: the GPUs the cluster must have (checked before any work); None: all it has",
-    )
-    ray_cpus: int | None = setting(
-        None,
-        "with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)",
-    )
     force: bool = setting(
         False,
         "replay even when a run of this checkpoint on this extraction with the same settings exists "
@@ -188,9 +158,10 @@ class Replay(Op):
         "with features: the target layer ids the cache holds, in its order (\"1,16,31\"; SpecForge captures"
         " do not record them); None: the DeepSpec manifest's",
     )
-    # + every field of ReplaySettings (tree_budget, anchors, dtype, chunk, ...), declared there once
+    # + every field of ReplaySettings (tree_budget, anchors, dtype, chunk, ...) and of Placement (device, gpus, ray,
+    # ray_gpus, ray_cpus), each declared there once
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._need("drafter", "the checkpoint folder to replay")
         self._name("name", "a display name for the run", optional=True)
         self.features_layers = parse_layers(self.features_layers)
@@ -201,33 +172,16 @@ class Replay(Op):
             self._need("target", "with --features, the target model folder the cache was captured from")
         elif self.features_layers:
             raise InputError("features_layers: it names the layers of a trainer's cache; add --features DIR")
-        self._replay_fields()
+        _replay_fields(self)
 
 
 @dataclass
+@embeds(Placement, "placement")
 @embeds(ReplaySettings, anchors="chain")  # a sweep walks the chain only by default: every anchor is a replay's
 class Sweep(Op):
     kind: ClassVar[str] = "sweep"
     checkpoints: str = setting(help="training output folder (epoch_E_step_S/, {run_id}-step{N}/, ...)")
     extraction: str = setting("latest", "extraction id, or latest")
-    device: str = setting("cpu", "cpu or cuda[:N] (one process; see gpus)")
-    gpus: list[str] = setting(
-        [],
-        "one worker process per device, the prompts sharded over them: GPU indices like 0,1 (or "
-        "cuda:N,...; cpu,cpu for CPU workers); none: one process on device",
-    )
-    ray: str | None = setting(
-        None,
-        "run on a Ray cluster (auto: this host's or RAY_ADDRESS; or HOST:PORT), a worker per GPU",
-    )
-    ray_gpus: int | None = setting(
-        None,
-        "with ray: the GPUs the cluster must have (checked before any work); None: all it has",
-    )
-    ray_cpus: int | None = setting(
-        None,
-        "with ray on a cluster without GPUs: the CPU workers to run (one CPU slot each)",
-    )
     stream: bool = setting(
         False,
         "compute the features with the target (target, completions) instead of reading an extraction's "
@@ -236,11 +190,34 @@ class Sweep(Op):
     )
     target: str | None = setting(None, "with stream: the target model folder (a Hugging Face causal LM)")
     completions: str | None = setting(None, "with stream: the completion set to evaluate")
-    # + every field of ReplaySettings, declared there once
+    # + every field of ReplaySettings and of Placement, declared there once
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._need("checkpoints", "the training output folder")
-        self._replay_fields()
+        _replay_fields(self)
+
+
+def _replay_fields(op: Replay | Sweep) -> None:
+    """The checks Replay and Sweep share beside their records': extraction, the stream."""
+    op._settle()
+    op._name("extraction", "an extraction id, or latest")
+    _stream(op)
+
+
+def _stream(op: Replay | Sweep) -> None:
+    """stream needs target and completions (here, on the gpus pool or with ray); target and completions need it."""
+    if not isinstance(op.stream, bool):
+        raise InputError(f"stream: expected true or false, got {op.stream!r}")
+    if op.stream:
+        op._need("target", "with --stream, the target model folder the features are computed with")
+        op._name("completions", "with --stream, the completion set to evaluate")
+    elif isinstance(op, Replay) and op.features and not op.completions:
+        return  # replay --features: target names the cache's target
+    elif op.target or op.completions:
+        raise InputError(
+            "target/completions: they name what --stream computes; add --stream, or drop them to replay an "
+            "extraction (--extraction ID)"
+        )
 
 
 @dataclass
@@ -253,10 +230,10 @@ class SlidingCheck(Op):
         "the training's draft config JSON (runtime checkpoints without config.json)",
     )
     device: str = setting("cpu", "cpu or cuda[:N]")
-    dtype: str = setting("float32", "compute dtype of the drafter")
+    dtype: str = setting("float32", "compute dtype of the drafter", choices=DTYPES)
     tree_budget: int = setting(8, "DDTree node budget of both replays (0: no tree)")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._need("drafter", "the checkpoint folder to check")
         self._name("extraction", "an extraction id, or latest")
         self._int("tree_budget", 0, "expected 0 (no tree) or a positive DDTree node budget like 8")
@@ -269,9 +246,9 @@ class Attribute(Op):
     kind: ClassVar[str] = "attribute"
     run: str = setting("latest", "run id, or latest")
     device: str | None = setting(None, "None: the run's own device")
-    dtype: str | None = setting(None, "None: the run's own dtype")
+    dtype: str | None = setting(None, "None: the run's own dtype", choices=DTYPES)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._name("run", "a run id, or latest")
         self._device(optional=True)
         check_dtype(self.dtype, optional=True)
@@ -283,7 +260,7 @@ class Diagnose(Op):
     run: str = setting("latest", "replay run of the drafter the engine served (run id, or latest)")
     engine: str | None = setting(None, "engine whose stats to explain (None: sglang, or the only one)")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._name("run", "a run id, or latest")
         self._name("engine", "an engine name like sglang", optional=True)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .base import (
+    DTYPES,
     VERIFY,
     InputError,
     Op,
@@ -15,6 +16,8 @@ from .base import (
     setting,
 )
 
+METHODS = ("ngram", "sglang-ngram", "suffix")  # = baselines.METHODS (tests/test_baselines.py checks), numpy-free here
+
 
 @dataclass
 class Baseline(Op):
@@ -22,6 +25,7 @@ class Baseline(Op):
     method: str = setting(
         "ngram",
         "ngram (vLLM's prompt lookup) | sglang-ngram (SGLang's NGRAM) | suffix (vLLM's suffix)",
+        choices=METHODS,
     )
     completions: str | None = setting(None, "completion set to replay on (None: the extraction's set)")
     extraction: str | None = setting(
@@ -35,7 +39,7 @@ class Baseline(Op):
     )
     name: str | None = setting(None, "display name (default: the method and its settings)")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         from .. import baselines
 
         self._choice("method", tuple(baselines.METHODS))
@@ -70,9 +74,9 @@ class Audit(Op):
         "cpu",
         "cpu (the torch path, forced and recorded) or cuda[:N] (fla kernels where they import)",
     )
-    dtype: str = setting("float32", "compute dtype of the recomputation")
+    dtype: str = setting("float32", "compute dtype of the recomputation", choices=DTYPES)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._need("features", "the feature cache folder (SpecForge's --output-path or a DeepSpec target cache)")
         self._need("target", "the target model folder the features were captured from")
         self.layers = parse_layers(self.layers)
@@ -90,7 +94,7 @@ class Profile(Op):
         "checkpoint whose block is timed (needed for a speedup; None: the target alone)",
     )
     device: str = setting("cpu", "cpu or cuda[:N] (CPU costs are labelled as CPU costs wherever they are shown)")
-    dtype: str = setting("float32", "compute dtype of both (bfloat16 on a GPU, as engines serve)")
+    dtype: str = setting("float32", "compute dtype of both (bfloat16 on a GPU, as engines serve)", choices=DTYPES)
     contexts: list[int] | None = setting(None, "context lengths c the forwards follow (\"512,2048,8192\", the default)")
     sizes: list[int] | None = setting(None, "new tokens q per timed target forward (\"1,2,4,...,64\", the default)")
     repeats: int = setting(5, "timed forwards per point (their median), after a warm-up")
@@ -100,7 +104,7 @@ class Profile(Op):
         "the training's draft config JSON (runtime checkpoints without config.json)",
     )
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._need("target", "the target model folder to time")
         for name, default in (("contexts", [512, 2048, 8192]), ("sizes", [1, 2, 4, 8, 16, 32, 64])):
             try:
@@ -134,13 +138,16 @@ class Live(Op):
         "target-sample",
         "target-sample (greedy drafts, accepted while the target's sample equals them: SGLang's DFlash) |"
         " rejection (drafts sampled from the drafter, min(1, p/q): Leviathan et al.)",
+        choices=VERIFY,
     )
     device: str = setting("cpu", "cpu or cuda[:N]: where both models run (timings are this device's)")
-    dtype: str = setting("float32", "dtype of the target and the drafter (bfloat16 on a GPU, as engines serve)")
+    dtype: str = setting(
+        "float32", "dtype of the target and the drafter (bfloat16 on a GPU, as engines serve)", choices=DTYPES
+    )
     max_prompts: int | None = setting(None, "decode only the first N prompts of the set; None: all")
     max_new: int | None = setting(None, "new tokens per prompt; None: the stored completion's length")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._need("target", "the target model folder to decode with")
         self._need("drafter", "the checkpoint folder to draft with")
         self._name("completions", "the completion set whose prompts are decoded")
@@ -167,7 +174,7 @@ class Parity(Op):
     b: str = setting(help="the reference extraction (normally the fla kernels'), by id")
     max_prompts: int | None = setting(None, "compare only the first N prompts both hold; None: all")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._name("a", "the id of the extraction compared")
         self._name("b", "the id of the reference extraction")
         if self.a == self.b:
