@@ -32,7 +32,12 @@ def setting(default: Any = MISSING, help: str = "", **meta: Any) -> Any:
     copied per instance."""
     md = {"help": help} | meta
     if isinstance(default, list):
-        return field(default_factory=lambda d=default: list(d), metadata=md)
+        given: list[Any] = default
+
+        def copy() -> list[Any]:
+            return list(given)
+
+        return field(default_factory=copy, metadata=md)
     return field(default=default, metadata=md)
 
 

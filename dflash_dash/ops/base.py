@@ -40,6 +40,43 @@ from ..work import (  # noqa: F401  (re-exported: callers name them ops.X)
     work_of,
 )
 
+__all__ = [
+    "ANCHORS",
+    "DTYPES",
+    "ORCHESTRATE",
+    "SETTINGS",
+    "SLIDING_BLOCKS",
+    "TARGET_TOPK",
+    "VERIFY",
+    "WORK",
+    "CheckpointSpec",
+    "ExtractWork",
+    "InputError",
+    "Op",
+    "Placement",
+    "ReplaySettings",
+    "ReplayWork",
+    "Settings",
+    "StreamWork",
+    "Work",
+    "check_device",
+    "check_dtype",
+    "check_name",
+    "check_ray",
+    "check_url",
+    "choices",
+    "defaults",
+    "embeds",
+    "layer_blocks",
+    "missing_layers",
+    "parse_gpus",
+    "parse_layers",
+    "parse_paths",
+    "setting",
+    "setting_help",
+    "work_of",
+]
+
 ORCHESTRATE = ("none", "release", "command")  # how an extraction frees the server's GPU (jobs.free_gpu)
 TARGET_TOPK = 64  # the target's top-K an extraction keeps by default (--target-topk)
 
@@ -134,7 +171,7 @@ class Op:
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise InputError(f"{name} {v!r}: {fix}")
 
-    def _choice(self, name: str, choices: tuple, optional: bool = False) -> None:
+    def _choice(self, name: str, choices: tuple[str, ...], optional: bool = False) -> None:
         v = getattr(self, name)
         if not (optional and v is None) and v not in choices:
             raise InputError(f"{name} {v!r}: expected one of {', '.join(choices)}")
