@@ -14,13 +14,16 @@ Names, one per thing:
 - `checkpoint`: the stored checkpoint reference of a run (the resolved folder path, or `baseline:<name>` for a
   model-free baseline); `config_file` the JSON its config was read from.
 
-Compatibility: `row["column"]` and `row.get("column")` still answer for the modules not yet converted to
-attribute access (they count toward the row subscripts left, see docs/architecture.md); new code uses attributes.
-Columns a later migration adds before a field exists here are kept in `more` (reachable the same way).
+Deprecated compatibility layer: `row["column"]`, `row.get("column")`, `row.items()`, `"column" in row` and
+`row | {...}` still answer for the consumers not yet converted to attribute access (analysis trace/patterns/
+speedup/attribution, render's round views, jobs.lifecycle, cli.py, tools/, benchmarks/ and many tests); it goes
+once they are. New code uses attributes, and `dataclasses.replace` for a changed copy. Columns a later migration
+adds before a field exists here are kept in `more` (reachable the same way, and by `as_dict`).
 """
 
 from __future__ import annotations
 
+from collections.abc import ItemsView
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -32,40 +35,45 @@ R = TypeVar("R", bound="Row")
 class Row:
     """A store row: frozen, built by `of` from a query's columns."""
 
+    # columns this module does not know yet (keyword-only, so every row's own fields come first)
+    more: dict[str, Any] = field(default_factory=dict, compare=False, repr=False, kw_only=True)
+
     @classmethod
     def of(cls: type[R], d: dict[str, Any]) -> R:
         """The row of one query result (its columns by name); unknown columns go to `more`."""
         names = {f.name for f in fields(cls)} - {"more"}
         return cls(**{k: v for k, v in d.items() if k in names}, more={k: v for k, v in d.items() if k not in names})
 
-    def __getitem__(self, key: str) -> Any:  # compatibility: modules not yet converted to attributes
+    def keys(self) -> list[str]:
+        """The row's own fields by name (`more` left out)."""
+        return [f.name for f in fields(self) if f.name != "more"]
+
+    def __getitem__(self, key: str) -> Any:
+        """Deprecated (module docstring): `row.column` instead."""
         if key != "more" and key in self.keys():
             return getattr(self, key)
-        more = object.__getattribute__(self, "more")
-        if key in more:
-            return more[key]
+        if key in self.more:
+            return self.more[key]
         raise KeyError(key)
 
     def get(self, key: str, default: Any = None) -> Any:
+        """Deprecated (module docstring): `row.column` instead."""
         try:
-            v = self[key]
+            return self[key]
         except KeyError:
             return default
-        return v
 
     def __contains__(self, key: object) -> bool:
+        """Deprecated (module docstring)."""
         return key in self.keys() or key in self.more
 
-    def keys(self) -> list[str]:
-        return [f.name for f in fields(self) if f.name != "more"]
-
-    def items(self):  # compatibility, as `get`
+    def items(self) -> ItemsView[str, Any]:
+        """Deprecated (module docstring): `as_dict().items()` instead."""
         return self.as_dict().items()
 
     def __or__(self, changes: dict[str, Any]) -> Any:
-        """A copy with some fields changed (`dataclasses.replace`): `ex | {"layer_ids": need}`. With a key that is
-        no field (compatibility: `c | {"id": ...}` as input to `Store.add_completions`), the plain dict of the
-        columns with the changes."""
+        """Deprecated (module docstring): `dataclasses.replace(row, field=...)` instead. A copy with some fields
+        changed; with a key that is no field, the plain dict of the columns with the changes."""
         if changes.keys() <= set(self.keys()):
             return replace(self, **changes)
         return self.as_dict() | changes
@@ -81,7 +89,6 @@ class PromptSet(Row):
     source: str | None = None  # where it came from: a file path, a URL, a fetch from an engine
     created: datetime | None = None  # when it was added
     prompts: int = 0  # completions stored for it
-    more: dict = field(default_factory=dict, compare=False, repr=False)  # columns this module does not know yet
 
 
 @dataclass(frozen=True)
@@ -94,13 +101,12 @@ class Completion(Row):
     prompt_ids: list[int] = field(default_factory=list)  # the prompt's token ids
     output_ids: list[int] = field(default_factory=list)  # the completion's token ids
     finish_reason: str | None = None  # why generation stopped (stop, length, ...)
-    meta_info: dict = field(default_factory=dict)  # the engine's per-request metadata, as it came
-    request: dict | None = None  # the request sent (sampling parameters), None for imported completions
+    meta_info: dict[str, Any] = field(default_factory=dict)  # the engine's per-request metadata, as it came
+    request: dict[str, Any] | None = None  # the request sent (sampling parameters), None for imported completions
     model_path: str | None = None  # the model the engine said it served
     created: datetime | None = None  # when it was stored
     engine: str | None = None  # the serving engine it came from (sglang, vllm, llamacpp)
     category: str | None = None  # the prompt's category where its set has them (MT-Bench, ...)
-    more: dict = field(default_factory=dict, compare=False, repr=False)  # columns this module does not know yet
 
 
 @dataclass(frozen=True)
@@ -114,10 +120,9 @@ class CompletionEntry(Row):
     prompt_tokens: int = 0  # prompt length in tokens
     output_tokens: int = 0  # completion length in tokens
     finish_reason: str | None = None  # why generation stopped
-    meta_info: dict = field(default_factory=dict)  # the engine's per-request metadata
+    meta_info: dict[str, Any] = field(default_factory=dict)  # the engine's per-request metadata
     model_path: str | None = None  # the model the engine said it served
     category: str | None = None  # the prompt's category, where its set has them
-    more: dict = field(default_factory=dict, compare=False, repr=False)  # columns this module does not know yet
 
 
 @dataclass(frozen=True)
@@ -130,12 +135,11 @@ class Extraction(Row):
     device: str | None = None  # where the target ran (cuda:0, cpu)
     dtype: str | None = None  # the target's dtype (bfloat16, float32)
     backend: str | None = None  # the attention kernel backend the target used
-    versions: dict = field(default_factory=dict)  # library versions at extraction time
+    versions: dict[str, Any] = field(default_factory=dict)  # library versions at extraction time
     config_hash: str | None = None  # hash of the target's config (a changed target is a different extraction)
     status: str | None = None  # running, done, failed
     created: datetime | None = None  # when it started
     prompts: int = 0  # feature files stored (extraction_items)
-    more: dict = field(default_factory=dict, compare=False, repr=False)  # columns this module does not know yet
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,6 @@ class Item(Row):
     prompt_id: str  # the prompt whose features it holds
     tokens: int  # its length in tokens (prompt + completion)
     file: str  # the feature file, relative to the workspace
-    more: dict = field(default_factory=dict, compare=False, repr=False)  # columns this module does not know yet
 
 
 @dataclass(frozen=True)
@@ -153,9 +156,9 @@ class Run(Row):
     extraction_id: str | None = None  # the extraction it replayed (None: a model-free baseline on a set alone)
     checkpoint: str = ""  # the checkpoint folder (resolved) it replayed, or `baseline:<name>`
     name: str | None = None  # its display name (the checkpoint folder's name unless given)
-    config: dict = field(default_factory=dict)  # the drafter config's JSON as read at replay time
+    config: dict[str, Any] = field(default_factory=dict)  # the drafter config's JSON as read at replay time
     tree_budget: int = 0  # the DDTree node budget (0: no tree walk)
-    summary: dict = field(default_factory=dict)  # the registry's metrics over all prompts, plus how it ran
+    summary: dict[str, Any] = field(default_factory=dict)  # the registry's metrics over all prompts, plus how it ran
     status: str | None = None  # done, failed
     created: datetime | None = None  # when it was stored
     device: str | None = None  # where the replay ran
@@ -166,7 +169,6 @@ class Run(Row):
     set_name: str | None = None  # the prompt set (the extraction's, or the baseline's summary)
     backend: str | None = None  # the extraction's attention backend
     target_path: str | None = None  # the extraction's target model folder
-    more: dict = field(default_factory=dict, compare=False, repr=False)  # columns this module does not know yet
 
     @property
     def baseline(self) -> bool:
@@ -200,14 +202,13 @@ class Attribution(Row):
     base_tau_macro: float  # tau without ablation (mean over prompts)
     base_tau_pooled: float  # tau without ablation (pooled)
     created: datetime | None = None  # when it was stored
-    more: dict = field(default_factory=dict, compare=False, repr=False)  # columns this module does not know yet
 
 
 @dataclass(frozen=True)
 class Job(Row):
     id: str  # the job's id
     kind: str  # the operation it runs (extract, replay, fetch, ...)
-    args: dict = field(default_factory=dict)  # the operation's arguments as the job was started with
+    args: dict[str, Any] = field(default_factory=dict)  # the operation's arguments as the job was started with
     status: str = "queued"  # queued, running, done, failed, cancelled
     progress: float = 0.0  # 0..1
     step: str | None = None  # what it is doing now, in words
@@ -218,4 +219,3 @@ class Job(Row):
     created: datetime | None = None  # when it was queued
     updated: datetime | None = None  # when it last reported
     dismissed: bool | None = False  # a failed or cancelled job a user hid from the jobs panel
-    more: dict = field(default_factory=dict, compare=False, repr=False)  # columns this module does not know yet
