@@ -16,6 +16,7 @@ import pytest
 
 from dflash_dash import demo
 from dflash_dash.render.story import story_html
+from dflash_dash.store import Run
 
 ENTRIES = [
     {"dir": "healthy/step0038", "name": "early-step38", "role": "early", "bug": None, "what": "barely trained"},
@@ -34,9 +35,9 @@ def fake_demo(ws: Path, entries: list[dict] = ENTRIES) -> Path:
     return root / demo.CHECKPOINTS
 
 
-def run(i: int, ws: Path, d: str, ex: str, backend: str) -> dict:
+def run(i: int, ws: Path, d: str, ex: str, backend: str) -> Run:
     ck = str((ws / "demo" / demo.CHECKPOINTS / d).resolve())
-    return {"id": f"r{i}&x", "checkpoint": ck, "extraction_id": ex, "backend": backend, "summary": {}}
+    return Run(f"r{i}&x", checkpoint=ck, extraction_id=ex, backend=backend)
 
 
 def test_checkpoints_follow_the_manifest_and_refuse_a_bad_list(tmp_path):

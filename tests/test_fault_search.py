@@ -32,7 +32,7 @@ from dflash_dash import demo, ops, pipeline, replay
 from dflash_dash.analysis import steps
 from dflash_dash.pipeline import diagnose
 from dflash_dash.server import specdec
-from dflash_dash.store import Store
+from dflash_dash.store import Extraction, Item, Store
 
 HEALTHY = next(c for c in demo.checkpoints(DEMO / demo.CHECKPOINTS) if c.role == "final").path
 TRAINED = [1, 3, 5]  # the healthy drafter's target_layer_ids
@@ -179,18 +179,18 @@ class Bare:
 
     workspace = "/ws"
 
-    def __init__(self, ex: dict):
+    def __init__(self, ex: Extraction):
         self.ex = ex
 
     def extractions(self):
         return [self.ex]
 
     def items(self, _id):
-        return [{"prompt_id": "a"}]
+        return [Item(_id, "a", 1, "")]
 
 
 def test_an_offset_no_extraction_holds_names_the_extract_command():
-    ex = {"id": "e1", "set_name": "c4", "target_path": str(TARGET), "layer_ids": [1, 3, 5], "status": "done"}
+    ex = Extraction("e1", "c4", str(TARGET), layer_ids=[1, 3, 5], status="done")
     found, why, cmd = diagnose.shifted(Bare(ex), ex, [1, 3, 5], {"a"})
     assert found == {} and set(why) == {-2, -1, 1, 2}
     assert "past the target's last layer (5)" in why[1] and "below layer 0" in why[-2]

@@ -6,6 +6,7 @@ advisor's k-capped re-walk against a plain loop, and the CLI's JSON."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -81,7 +82,7 @@ def test_predicted_speedup_is_the_formula_over_the_stored_rounds(prepared, works
     got = prof.predicted(store, run, prof.table(store))
     rounds = [(a, c) for p in store.prompts(run) for a, c in zip(p.round_anchors, p.rounds)]
     assert got["speedup"] == pytest.approx(by_hand(rounds, B))
-    assert got["tau"] == pytest.approx(store.run_row(run)["summary"]["tau_pooled"])
+    assert got["tau"] == pytest.approx(store.run_row(run).summary["tau_pooled"])
     assert got["verify"] == B and "CPU costs" in got["costs"]
     assert got["measured"] is None  # imported completions: the engine reported no timings
     assert prof.predicted(store, run, prof.table(store)) == got  # kept once per (run, table)
@@ -90,8 +91,8 @@ def test_predicted_speedup_is_the_formula_over_the_stored_rounds(prepared, works
 def test_advisor_caps_the_drafts_like_a_plain_loop(prepared, workspace_copy):
     store = Store(workspace_copy)
     run = store.run_row(prepared.runs[1])
-    B = run["summary"]["block_size"]
-    prompts = store.prompts(run["id"])
+    B = run.block_size
+    prompts = store.prompts(run.id)
     got = sp.advise([(run, prompts)], planted(B))
     drafts = [r for r in got["rows"] if r["kind"] == "drafts"]
     assert [r["k"] for r in drafts] == list(range(1, B))
@@ -100,7 +101,7 @@ def test_advisor_caps_the_drafts_like_a_plain_loop(prepared, workspace_copy):
         assert r["tau"] == pytest.approx(sum(c for _, c in rounds) / len(rounds))
         assert r["speedup"] == pytest.approx(by_hand(rounds, r["k"] + 1))
         assert r["verify"] == r["k"] + 1
-    assert drafts[-1]["tau"] == pytest.approx(run["summary"]["tau_pooled"])  # capping at B-1 changes nothing
+    assert drafts[-1]["tau"] == pytest.approx(run.summary["tau_pooled"])  # capping at B-1 changes nothing
     assert [r["tau"] for r in drafts] == sorted(r["tau"] for r in drafts)  # more drafts never accept fewer
     tree = [r for r in got["rows"] if r["kind"] == "tree"]
     assert [r["setting"] for r in tree] == ["DDTree-8"]
@@ -114,10 +115,10 @@ def test_advisor_caps_the_drafts_like_a_plain_loop(prepared, workspace_copy):
 def test_advisor_prices_a_temperature_run(prepared, workspace_copy):
     store = Store(workspace_copy)
     run = store.run_row(prepared.runs[0])
-    B = run["summary"]["block_size"]
-    prompts = store.prompts(run["id"])
-    hot = run | {"id": "hot", "summary": run["summary"] | {"temperature": 0.7, "verify": "target-sample",
-                                                            "tau_expected": 1.5}}  # fmt: skip
+    B = run.block_size
+    prompts = store.prompts(run.id)
+    hot = replace(run, id="hot", summary=run.summary | {"temperature": 0.7, "verify": "target-sample",
+                                                        "tau_expected": 1.5})  # fmt: skip
     got = sp.advise([(run, prompts), (hot, prompts)], planted(B))
     (row,) = [r for r in got["rows"] if r["kind"] == "temperature"]
     rounds = [x for p in prompts for x in walk(p, B - 1)]

@@ -7,29 +7,37 @@ them and the Diagnostics page draws them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import rounded
 
+if TYPE_CHECKING:
+    from ..store import Attribution
 
-def attribution_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+
+def attribution_rows(rows: list[Attribution]) -> list[dict[str, Any]]:
     """Store `attributions` rows as a table: per tap, tau with the tap ablated and the tau lost (base - ablated)."""
     out = []
-    for r in sorted(rows, key=lambda r: r["tap"]):
+    for r in sorted(rows, key=lambda r: r.tap):
         lost = {
-            k: (None if r[f"base_{k}"] is None or r[k] is None else rounded(r[f"base_{k}"] - r[k], 4))
-            for k in ("tau_macro", "tau_pooled")
+            "tau_macro": _lost(r.base_tau_macro, r.tau_macro),
+            "tau_pooled": _lost(r.base_tau_pooled, r.tau_pooled),
         }
         out.append(
             {
-                "tap": r["tap"],
-                "layer_id": r["layer_id"],
+                "tap": r.tap,
+                "layer_id": r.layer_id,
                 "tau_lost_macro": lost["tau_macro"],
                 "tau_lost_pooled": lost["tau_pooled"],
-                "tau_macro_ablated": rounded(r["tau_macro"], 4),
-                "tau_pooled_ablated": rounded(r["tau_pooled"], 4),
-                "base_tau_macro": rounded(r["base_tau_macro"], 4),
-                "base_tau_pooled": rounded(r["base_tau_pooled"], 4),
+                "tau_macro_ablated": rounded(r.tau_macro, 4),
+                "tau_pooled_ablated": rounded(r.tau_pooled, 4),
+                "base_tau_macro": rounded(r.base_tau_macro, 4),
+                "base_tau_pooled": rounded(r.base_tau_pooled, 4),
             }
         )
     return out
+
+
+def _lost(base: float | None, ablated: float | None) -> float | None:
+    """The tau lost (base - ablated), None where either is missing."""
+    return None if base is None or ablated is None else rounded(base - ablated, 4)

@@ -21,12 +21,15 @@ Contract: numpy and `costs` only (no torch, no store). Inputs are a run's scored
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import costs
 from ..metrics import Prompt
+
+if TYPE_CHECKING:
+    from ..store import Run
 
 FORMULA = costs.FORMULA + "; per round at its context length (its anchor), summed over the run's rounds"
 CAPPED = "accepted capped at k drafts: acc_k(p) = min(accepted(p), k), the chain walked again with it, verify k + 1"
@@ -89,29 +92,29 @@ def predict(prompts: Sequence[Prompt], table: costs.CostTable, verify: int) -> d
     return _summary(rounds, table, verify) | {"verify": verify, "formula": FORMULA, "costs": table.label()}
 
 
-def advise(runs: Sequence[tuple[dict[str, Any], Sequence[Prompt]]], table: costs.CostTable) -> dict[str, Any]:
+def advise(runs: Sequence[tuple[Run, Sequence[Prompt]]], table: costs.CostTable) -> dict[str, Any]:
     """Rows per setting (module docstring) over `runs` [(run row with its summary, its prompts)], the first run the
     one asked about: {"rows", "best", "formula", "costs", "skipped"}; a setting the table cannot price (a tree
     budget it did not time) is left out and named in `skipped`."""
     run, prompts = runs[0]
-    B = int(run["summary"]["block_size"])
+    B = run.block_size
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
     for k in range(1, B):
         accs = [capped(p, k) for p in prompts]
         if any(a is None for a in accs):
-            skipped.append(f"k = 1..{B - 1} drafts: run {run['id']} replayed only its chain's anchors (replay with "
+            skipped.append(f"k = 1..{B - 1} drafts: run {run.id} replayed only its chain's anchors (replay with "
                            "every anchor to cap its drafts)")  # fmt: skip
             break
         rounds = [r for p, a in zip(prompts, accs) for r in rounds_of(p, a)]
         rows.append({"setting": f"{k} drafts", "kind": "drafts", "k": k, "verify": k + 1, "temperature": 0.0}
-                    | _summary(rounds, table, k + 1) | {"run": run["id"]})  # fmt: skip
+                    | _summary(rounds, table, k + 1) | {"run": run.id})  # fmt: skip
     if not rows:  # the run's own setting, B-1 drafts, from its stored rounds
         rows.append({"setting": f"{B - 1} drafts", "kind": "drafts", "k": B - 1, "verify": B, "temperature": 0.0}
-                    | _summary([r for p in prompts for r in rounds_of(p)], table, B) | {"run": run["id"]})  # fmt: skip
+                    | _summary([r for p in prompts for r in rounds_of(p)], table, B) | {"run": run.id})  # fmt: skip
     seen: set[int] = set()
     for r, ps in runs:
-        b = int(r["summary"].get("tree_budget") or 0)
+        b = int(r.summary.get("tree_budget") or 0)
         if b and b not in seen and any(p.tree_rounds for p in ps):
             seen.add(b)
             if b not in table.budgets():
@@ -119,9 +122,9 @@ def advise(runs: Sequence[tuple[dict[str, Any], Sequence[Prompt]]], table: costs
                 continue
             rounds = [x for p in ps for x in tree_rounds_of(p)]
             rows.append({"setting": f"DDTree-{b}", "kind": "tree", "k": None, "verify": b + 1, "temperature": 0.0}
-                        | _summary(rounds, table, b + 1, tree=b) | {"run": r["id"]})  # fmt: skip
+                        | _summary(rounds, table, b + 1, tree=b) | {"run": r.id})  # fmt: skip
     for r, ps in runs:
-        s = r["summary"]
+        s = r.summary
         t, tau = s.get("temperature"), s.get("tau_expected")
         if t is None or not isinstance(tau, (int, float)) or tau != tau:
             continue
@@ -134,14 +137,14 @@ def advise(runs: Sequence[tuple[dict[str, Any], Sequence[Prompt]]], table: costs
             "setting": f"{B - 1} drafts at T = {t:g} ({s.get('verify', '?')})", "kind": "temperature", "k": B - 1,
             "verify": B, "temperature": float(t), "tau": float(tau),
             "speedup": tau * t1 / cost, "tokens_per_s": tau / cost, "plain_tokens_per_s": 1 / t1,
-            "rounds": len(rounds), "run": r["id"],
+            "rounds": len(rounds), "run": r.id,
         })  # fmt: skip
     choosable = [x for x in rows if x["kind"] != "temperature" and x["speedup"] is not None]
     best = max(choosable, key=lambda x: x["speedup"])["setting"] if choosable else None
     for x in rows:
         x["best"] = x["setting"] == best
     return {
-        "run": run["id"],
+        "run": run.id,
         "block_size": B,
         "rows": rows,
         "best": best,

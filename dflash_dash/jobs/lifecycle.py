@@ -184,7 +184,7 @@ def recent(store: Store, n: int = 20, dismissed: bool = True) -> list[Job]:
     return store.jobs(dismissed=dismissed)[:n]
 
 
-def cancel(store: Store, job_id: str, grace: float = GRACE_S) -> dict:
+def cancel(store: Store, job_id: str, grace: float = GRACE_S) -> Job:
     """Stop a queued/running job's process group (SIGTERM, SIGKILL after `grace` s); returns the job row."""
     refresh(store)
     job = store.job(job_id)
@@ -197,7 +197,7 @@ def cancel(store: Store, job_id: str, grace: float = GRACE_S) -> dict:
         while _gone(job) is None and time.monotonic() < deadline:
             time.sleep(0.05)
         if _gone(job) is None:
-            step = store.job(job_id)["step"] or ""
+            step = store.job(job_id).step or ""
             _signal(job.pid, signal.SIGKILL)
             killed = step.startswith(("restoring server", "waiting for /health"))
             deadline = time.monotonic() + 5.0
@@ -240,7 +240,7 @@ def rerun(store: Store, job_id: str) -> str:
 
 def log_tail(store: Store, job_id: str, lines: int = 200) -> str:
     """The last `lines` lines of the job's log ('' before it has any)."""
-    path = Path(store.job(job_id)["log_path"])
+    path = Path(store.job(job_id).log_path or "")
     if not path.is_file():
         return ""
     with open(path, "rb") as f:
