@@ -15,9 +15,9 @@ Names, one per thing:
   model-free baseline); `config_file` the JSON its config was read from.
 
 Deprecated compatibility layer: `row["column"]`, `row.get("column")`, `row.items()`, `"column" in row` and
-`row | {...}` still answer for the consumers not yet converted to attribute access (analysis trace/patterns/
-speedup/attribution, render's round views, jobs.lifecycle, cli.py, tools/, benchmarks/ and many tests); it goes
-once they are. New code uses attributes, and `dataclasses.replace` for a changed copy. Columns a later migration
+`row | {...}` still answer for the consumers not yet converted to attribute access (analysis.trace and
+analysis.patterns with render's round views, reading a Completion; cli.py; tools/; benchmarks/; many tests); it
+goes once they are. New code uses attributes, and `dataclasses.replace` for a changed copy. Columns a later migration
 adds before a field exists here are kept in `more` (reachable the same way, and by `as_dict`).
 """
 
