@@ -174,6 +174,11 @@ class Replay(Op):
             raise InputError("features_layers: it names the layers of a trainer's cache; add --features DIR")
         _replay_fields(self)
 
+    @property
+    def settings(self) -> ReplaySettings:
+        """How the replay runs: the embedded `ReplaySettings` (or the subclass a subclass embeds)."""
+        return _replay_settings(self)
+
 
 @dataclass
 @embeds(Placement, "placement")
@@ -195,6 +200,17 @@ class Sweep(Op):
     def __post_init__(self) -> None:
         self._need("checkpoints", "the training output folder")
         _replay_fields(self)
+
+    @property
+    def settings(self) -> ReplaySettings:
+        """How each checkpoint is replayed: the embedded `ReplaySettings`."""
+        return _replay_settings(self)
+
+
+def _replay_settings(op: Op) -> ReplaySettings:
+    s = op.embedded("settings")
+    assert isinstance(s, ReplaySettings)
+    return s
 
 
 def _replay_fields(op: Replay | Sweep) -> None:
