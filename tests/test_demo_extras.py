@@ -1,8 +1,8 @@
 """The demo's relations beyond its DFlash runs (issue 44), on the demo workspace built once per session: one drafter
 of each other family with its view, an engine that does not conform (flagged, its evidence kept, its fault named
 by the ranking), the n-gram baseline and the HumanEval completions; and the relations the retrained assets must
-meet: the sweep's points (nine healthy snapshots and the final), the final tau's range and what each bug costs
-(strictly expected to fail: the current retrain misses both, see RETRAIN).
+meet: the sweep's points, the final tau's range and what each bug costs (strictly expected to fail on the shipped
+assets, see RETRAIN).
 """
 
 from __future__ import annotations
@@ -22,12 +22,17 @@ pytestmark = pytest.mark.skipif(
 )
 
 CKS = demo.checkpoints(demo.ASSETS / demo.CHECKPOINTS) if (demo.ASSETS / "MANIFEST.json").is_file() else []
+HEALTHY = [c for c in CKS if c.role in ("early", "series", "final")]  # the sweep's points, as the manifest lists
+# The shipped assets predate the retrain. The stdlib-mixed retrain (benchmarks/RESULTS.md, "Demo retrain on the
+# stdlib-mixed corpus") gave nine snapshots but still a final tau of 14.4 on coding-10 (its drafter learnt the
+# synthetic functions' templates, and little of the standard library's code: tau 1.3 there), soft KL at 0.93x, a
+# snapshot above the final and an early snapshot flagged as a shortcut, so it was not shipped.
 RETRAIN = pytest.mark.xfail(
-    reason="the stdlib-mixed retrain (benchmarks/RESULTS.md, demo section) ends at tau 14.4 on coding-10: its drafter "
-    "learnt the synthetic functions' templates (tau 13-14 on them) and little of the standard library's code (tau "
-    "1.3), and soft KL costs 0.93x; strict: it must pass once a retrain meets the relations",
+    reason="the demo's assets (3 healthy snapshots, final tau 14.7, soft KL 0.97x) do not meet the issue's "
+    "relations; strict: it must pass once a retrain that meets them lands",
     strict=True,
 )
+SWEEP = pytest.mark.xfail(len(HEALTHY) < 8, reason="3 healthy snapshots in the shipped assets", strict=True)
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +99,7 @@ def test_completions_are_distinct_across_prompts(ws):
         assert len(outs) >= 8 and len(set(outs)) == len(outs), name
 
 
+@SWEEP
 def test_the_sweep_has_eight_points(ws):
     from dflash_dash.analysis.compare import sweep_extraction, sweep_points
 
