@@ -70,13 +70,19 @@ def key(checkpoint: str, extraction: str | None, device: str | None, settings: d
 
 
 def stored_keys(store: Store, extraction: Extraction, cls: type[ops.Settings]) -> dict[tuple, str]:
-    """{`key`: the newest run id} of the runs on `extraction`."""
+    """{`key`: the newest run id} of the runs on `extraction`. An every-anchor run also answers the chain-only
+    request of its other settings (its chain rounds are the same walk; it only holds more), unless a chain-only run
+    of those settings is stored."""
     total = len(store.items(extraction.id))
-    out = {}
+    out: dict[tuple, str] = {}
+    also: dict[tuple, str] = {}
     for r in store.runs():
         if r.extraction_id == extraction.id:
-            out[key(r.checkpoint, r.extraction_id, r.device, recorded(r, cls, total))] = r.id
-    return out
+            s = recorded(r, cls, total)
+            out[key(r.checkpoint, r.extraction_id, r.device, s)] = r.id
+            if s.get("anchors") == "every":
+                also[key(r.checkpoint, r.extraction_id, r.device, s | {"anchors": "chain"})] = r.id
+    return also | out
 
 
 def wanted(
