@@ -8,10 +8,8 @@ Contract:
   - `extract_top` also keeps the target's top-K log-probabilities (and tail mass) of the completion's positions
     through the LM head chunked over positions (`top_k`), never full-vocabulary logits of the whole sequence at
     once: SPEC section 5's one exception, for the expected acceptance at temperature T (whole decoder needed).
-  - Kernel backend: fla kernels (gated delta rule; with fla bound, also fla's Triton short causal
-    convolution in place of torch's conv1d) when CUDA is used and fla imports, otherwise the torch reference path
-    is FORCED (transformers binds fla at import whenever fla imports, also on a CPU machine, where it
-    fails). `use_backend` returns what is really bound, which is recorded with every extraction.
+  - Kernel backend (`backend.py`, re-exported here): fla kernels when CUDA is used and fla imports, otherwise the
+    torch reference path is FORCED; `use_backend` returns what is really bound, recorded with every extraction.
   - On CUDA a decoder's first long forward is preceded by a short one (`WARM_TOKENS`), and fla's length-bucketed
     norm autotuners then keep the config they chose (`pin_buckets`): a new length does not re-tune them.
   - `load_head` reads only the embedding and LM head tensors from the target's safetensors.
@@ -20,7 +18,6 @@ Knows nothing of the store, files other than the model folder, or HTTP.
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 import warnings
@@ -37,144 +34,21 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from .backend import (  # the kernel backend, re-exported: callers ask the target for it
+    CONV_FUNCS as CONV_FUNCS,
+    HYBRID_MODULES as HYBRID_MODULES,
+    KERNEL_FUNCS as KERNEL_FUNCS,
+    NO_LINEAR as NO_LINEAR,
+    bindings as bindings,
+    fla_conv1d as fla_conv1d,
+    fla_version as fla_version,
+    force_torch_kernels as force_torch_kernels,
+    kernel_of as kernel_of,
+    pick_backend as pick_backend,
+    restore_import_bindings as restore_import_bindings,
+    use_backend as use_backend,
+)
 from .target_info import TargetError, TargetInfo, check_safetensors, describe, has_linear_attention
-
-# fla warns at import on a machine where Triton cannot run ("roll back to CPU"): the backend is forced and recorded
-# here (`use_backend`), so the library's line would only break a progress bar and mislead
-warnings.filterwarnings("ignore", message="Triton is not supported on current platform", category=UserWarning)
-
-# modeling modules whose linear-attention kernels transformers binds to fla at import
-HYBRID_MODULES = [
-    "transformers.models.qwen3_5.modeling_qwen3_5",
-    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
-    "transformers.models.qwen3_next.modeling_qwen3_next",
-]
-KERNEL_FUNCS = [
-    "torch_chunk_gated_delta_rule",
-    "torch_recurrent_gated_delta_rule",
-    "chunk_gated_delta_rule",
-    "fused_recurrent_gated_delta_rule",
-]
-CONV_FUNCS = ["causal_conv1d_fn"]  # the short causal convolution: torch conv1d unless `causal_conv1d` is installed
-_BOUND: dict[tuple[str, str], object] = {}  # (module, name) -> the function transformers bound at import
-
-
-# ---------------------------------------------------------------------------
-# kernel backend
-
-
-def _impl(fn) -> object:
-    """The implementation a transformers kernel wrapper dispatches to (itself when not a wrapper)."""
-    code = getattr(fn, "__code__", None)
-    if code is not None and fn.__closure__ and "implementation" in code.co_freevars:
-        return fn.__closure__[code.co_freevars.index("implementation")].cell_contents
-    return fn
-
-
-def fla_version() -> str | None:
-    """fla's version when its gated delta rule kernels import (they need Triton), else None."""
-    try:
-        importlib.import_module("fla.ops.gated_delta_rule")
-        from importlib.metadata import version
-
-        for dist in ("fla-core", "flash-linear-attention"):
-            try:
-                return version(dist)
-            except Exception:
-                continue
-        return "unknown"
-    except Exception:
-        return None
-
-
-def _modules():
-    """(name, module) of every hybrid modeling module this transformers has."""
-    for mod_name in HYBRID_MODULES:
-        try:
-            yield mod_name, importlib.import_module(mod_name)
-        except Exception:
-            continue
-
-
-def use_backend(backend: str) -> str:
-    """Bind the linear-attention kernels of every hybrid modeling module to `backend` ('fla' or 'torch').
-
-    Returns 'fla' or 'torch': what the bound functions really dispatch to (checked, not assumed).
-    """
-    seen = set()
-    for mod_name, mod in _modules():
-        for name in KERNEL_FUNCS:
-            fn = getattr(mod, name, None)
-            if fn is None:
-                continue
-            orig = _BOUND.setdefault((mod_name, name), fn)
-            new = getattr(orig, "__wrapped__", orig) if backend == "torch" else orig
-            setattr(mod, name, new)
-            seen.add(kernel_of(new))
-        for name in CONV_FUNCS:  # with fla, its Triton causal conv (fused SiLU) replaces torch's conv1d
-            fn = getattr(mod, name, None)
-            if fn is not None:
-                orig = _BOUND.setdefault((mod_name, name), fn)
-                torch_fn = getattr(orig, "__wrapped__", orig) if backend == "torch" else orig
-                setattr(mod, name, fla_conv1d if backend == "fla" and seen == {"fla"} else torch_fn)
-    if backend == "fla" and seen != {"fla"}:
-        raise TargetError(
-            "fla kernels were asked for but transformers did not bind them "
-            f"(bound: {sorted(seen) or 'none'}); install fla-core and triton on a CUDA machine"
-        )
-    return "fla" if seen == {"fla"} else "torch"
-
-
-def kernel_of(fn) -> str:
-    """'fla' or 'torch': the implementation a transformers kernel function dispatches to."""
-    return "fla" if getattr(_impl(fn), "__module__", "").startswith("fla") else "torch"
-
-
-def bindings(at_import: bool = False) -> dict[str, str]:
-    """'module.function' -> 'fla' | 'torch' for every linear-attention kernel of the hybrid modeling modules:
-    as bound now, or (`at_import`) as transformers bound them when it imported (before `use_backend`)."""
-    out = {}
-    for mod_name, mod in _modules():
-        for name in KERNEL_FUNCS:
-            fn = getattr(mod, name, None)
-            if fn is not None:
-                out[f"{mod_name}.{name}"] = kernel_of(_BOUND.get((mod_name, name), fn) if at_import else fn)
-    return out
-
-
-def restore_import_bindings() -> None:
-    """Rebind every kernel as transformers bound it at import (undoes `use_backend`; for benchmarks)."""
-    for (mod_name, name), fn in _BOUND.items():
-        setattr(importlib.import_module(mod_name), name, fn)
-
-
-def fla_conv1d(
-    hidden_states: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    **_,
-) -> torch.Tensor:
-    """transformers' `causal_conv1d_fn` ([B, D, T] in and out, weight [D, W]) computed by fla's Triton kernel
-    (which reads [B, T, D]: the transposes are views of the projection output, no copies)."""
-    from fla.modules.causal_conv1d import causal_conv1d
-
-    y, _ = causal_conv1d(hidden_states.transpose(1, 2), weight, bias, activation=activation, backend="triton")
-    return y.transpose(1, 2)
-
-
-def force_torch_kernels() -> str:
-    """Force the torch reference path of the linear-attention kernels (any CPU run)."""
-    return use_backend("torch")
-
-
-NO_LINEAR = "n/a"  # the backend recorded for a target without linear-attention layers (nothing to choose)
-
-
-def pick_backend(device: str) -> str:
-    """fla when the device is CUDA and fla imports, else torch."""
-    return "fla" if device.startswith("cuda") and torch.cuda.is_available() and fla_version() else "torch"
-
 
 # ---------------------------------------------------------------------------
 # describing and loading

@@ -49,6 +49,7 @@ ORDER = [
     "walks",
     "drafters",
     "target",
+    "backend",
     "target_info",
     "prompts",
     "errors",
