@@ -156,11 +156,16 @@ def test_sweep_and_parity_defaults_skip_newer_extractions_without_runs():
 
 def test_conformance_opens_on_the_newest_run_with_engine_stats():
     from dflash_dash.analysis.conformance import default_run
+    from dflash_dash.store import Run
 
-    runs = [{"id": "r1", "set_name": "served"}, {"id": "r2", "set_name": "served"}, {"id": "r3", "set_name": "plain"}]
+    runs = [Run(id="r1", set_name="served"), Run(id="r2", set_name="served"), Run(id="r3", set_name="plain")]
     assert default_run(runs, {"served"}) == "r2"  # r3 is newer, but no engine reported on its set
     assert default_run(runs, set()) == "r3"
     assert default_run([], {"served"}) is None
+    # a model-free baseline stored last (as the demo stores its n-gram run) is not what an engine served
+    base = Run(id="r4", set_name="served", checkpoint="baseline:ngram-vllm", summary={"family": "baseline:ngram-vllm"})
+    assert default_run([*runs, base], {"served"}) == "r2"
+    assert default_run([base], {"served"}) == "r4"  # only a baseline: it, rather than nothing
 
 
 # ---------------------------------------------------------------------------

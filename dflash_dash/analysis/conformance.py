@@ -23,11 +23,15 @@ The run-level figures are the CONFORMANCE block of the metric registry (`metrics
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import engines, metrics, prompts
 from ..errors import UserError
 from . import steps as steps_mod
+from .compare import is_baseline
+
+if TYPE_CHECKING:
+    from ..store import Run
 
 THRESHOLD = 0.05  # flag when replay_tau - engine_tau > THRESHOLD * replay_tau (more than numeric noise)
 ALIGNED = ("steps_equal", "first_divergence", "direction", "engine_step", "replay_step")  # compare's per-step keys
@@ -122,12 +126,14 @@ def parse_stats(text: str, completion_tokens: dict[str, int], set_name: str = "t
 # comparison
 
 
-def default_run(runs: list[dict], with_stats: set[str]) -> str | None:
-    """The run the Conformance page opens on (`runs` oldest first): the newest one on a completion set that has
-    engine stats (`with_stats`: set names), else the newest; None without runs. The newest run alone may sit on a
-    set no engine reported on, where the page has nothing to compare."""
-    on = [r["id"] for r in runs if r["set_name"] in with_stats]
-    return (on or [r["id"] for r in runs] or [None])[-1]
+def default_run(runs: list[Run], with_stats: set[str]) -> str | None:
+    """The run the Conformance page opens on (`runs` oldest first): the newest drafter run on a completion set that
+    has engine stats (`with_stats`: set names), else the newest run there, else the newest; None without runs. The
+    newest run alone may sit on a set no engine reported on, where the page has nothing to compare, or be a
+    model-free baseline, which no engine serving a drafter served."""
+    on = [r for r in runs if r.set_name in with_stats]
+    drafters = [r for r in on if not is_baseline(r)]
+    return ([r.id for r in drafters or on or runs] or [None])[-1]
 
 
 def engine_tau(stats: dict) -> float | None:
