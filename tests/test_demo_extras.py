@@ -82,6 +82,20 @@ def test_a_non_conforming_engine_is_flagged_with_its_evidence(ws):
     assert good["verdict"] == "conforms" and not [p for p in good["prompts"] if p["flagged"]]
 
 
+def test_a_cpu_cost_table_and_the_advisor_answer(ws):
+    """The demo keeps a cost table measured on this CPU, and the advisor prices the final run on it: a best draft
+    count among the rows, labelled as CPU costs."""
+    from dflash_dash.pipeline import speed
+
+    store = Store(ws)
+    (tab,) = speed.tables(store)
+    assert tab["device"] == "cpu"
+    got = speed.advise(store, run_of(store, demo.final(CKS))["id"])
+    best = [r for r in got["rows"] if r["best"]]
+    assert got["device"] == "cpu" and len(best) == 1 and best[0]["speedup"] > 0, got["rows"]
+    assert {r["k"] for r in got["rows"] if r["kind"] == "drafts"} >= {1, 15}
+
+
 def test_baseline_and_humaneval_are_in_the_workspace(ws):
     store = Store(ws)
     base = [r for r in store.runs() if r["checkpoint"] == f"baseline:{extras.BASELINE}"]

@@ -412,6 +412,8 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
     ranked = extras.diagnose(store, fin_run, tick)
     log.append(f"fault ranking of {final(cks).name} against {extras.FAULT_ENGINE}: {ranked.get('explained_by')}")
     extras.baseline(store, torch_ex.id, tick)
+    tick = _say(progress, 6, steps, "a cost table of the target and the final drafter on this CPU", log)
+    log.append(f"cost table {extras.costs(store, target, final(cks).path, TREE_BUDGET, tick)} (CPU costs)")
 
     rec = {
         "workspace": str(ws.resolve()),

