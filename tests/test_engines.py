@@ -372,11 +372,19 @@ def test_checkpoint_check_names_the_last_layer_for_llamacpp(tmp_path):
     that llama.cpp cannot serve: a tiny drafter moved from target layers [1, 4] to [1, 7] of 8 (the last)."""
     from dflash_dash import drafters, target_info
     from dflash_dash.analysis.checks import consistency
+    from dflash_dash.store import Extraction
     from tools import tiny
 
     target = tiny.write_target(tmp_path / "t")
     info = target_info.describe(target)
-    ex = {"id": "ex1", "layer_ids": [1, 4, 7], "hidden_size": info.hidden_size, "backend": "fla"}
+    ex = Extraction(
+        id="ex1",
+        set_name="s",
+        target_path=str(target),
+        layer_ids=[1, 4, 7],
+        hidden_size=info.hidden_size,
+        backend="fla",
+    )
     for layers, flagged in (([1, 4], False), ([1, info.num_layers - 1], True)):
         ck = tiny.write_drafter(tmp_path / f"d{layers[-1]}", tiny.TinyDrafter(target_layer_ids=layers))
         rows = {r["check"]: r for r in consistency(drafters.read_config(ck), ex, info)}

@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 import threading
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -107,9 +108,7 @@ def finish(store: Store, job: str, watch=None) -> dict:
     """Wait for the job to end; at that very moment also record the server's health."""
     until(lambda: store.job(job)["status"] not in lifecycle.ACTIVE, 180, every=0.02, what=f"job {job}")
     health = watch() if watch else None
-    row = store.job(job)
-    row["health_at_end"] = health
-    return row
+    return asdict(store.job(job)) | {"health_at_end": health}  # the row's columns and the health, as a plain dict
 
 
 def gone(pid: int) -> bool:
