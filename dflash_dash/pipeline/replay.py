@@ -214,8 +214,8 @@ def sweep(store: Store, op: ops.Sweep, progress: Progress, runner: Runner) -> li
     """Replay every checkpoint found under `op.checkpoints` on one extraction, in one pass over its features
     (`replay_many`, chain-only anchors by default); returns run ids in step order (a `Swept`: its `skipped` lists
     what under the folder is not a checkpoint, `checkpoints_in`). A checkpoint already replayed
-    on this extraction (with the same sliding semantics and over the same prompts: `op.max_prompts`) is not
-    replayed again (its latest run id is returned). Every checkpoint is validated before the first replay, so a
+    on this extraction with the same settings (an every-anchor run also serves a chain-only sweep: `stored_keys`)
+    is not replayed again (its latest run id is returned). Every checkpoint is validated before the first replay, so a
     refused one stops the sweep with nothing stored."""
     cks, notes = checkpoints_in(op.checkpoints)
     for n in notes:
@@ -229,7 +229,7 @@ def sweep(store: Store, op: ops.Sweep, progress: Progress, runner: Runner) -> li
     ex = store.extraction(op.extraction)
     settings, device = op.settings, op.devices()[0]
     keys = [wanted(store, ex, ck, settings, device) for ck in specs]  # each config read (a bad one: refused now)
-    have = stored_keys(store, ex, type(settings))  # runs with the same settings whole (over the same prompts)
+    have = stored_keys(store, ex, type(settings), chain_from_every=True)  # the same settings (every-anchor: also)
     todo = [ck for ck, k in zip(specs, keys) if k not in have]
     tick(progress, 0, len(cks), f"{len(cks)} checkpoints, {len(cks) - len(todo)} already replayed on {ex.id}")
     new = replay_many(store, todo, replace(op, extraction=ex.id), ex, progress, runner) if todo else []

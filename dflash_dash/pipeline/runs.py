@@ -69,10 +69,13 @@ def key(checkpoint: str, extraction: str | None, device: str | None, settings: d
     return (checkpoint, extraction, (device or "cpu").split(":")[0], json.dumps(settings, sort_keys=True))
 
 
-def stored_keys(store: Store, extraction: Extraction, cls: type[ops.Settings]) -> dict[tuple, str]:
-    """{`key`: the newest run id} of the runs on `extraction`. An every-anchor run also answers the chain-only
-    request of its other settings (its chain rounds are the same walk; it only holds more), unless a chain-only run
-    of those settings is stored."""
+def stored_keys(
+    store: Store, extraction: Extraction, cls: type[ops.Settings], chain_from_every: bool = False
+) -> dict[tuple, str]:
+    """{`key`: the newest run id} of the runs on `extraction`. With `chain_from_every` (a sweep, which wants each
+    checkpoint's chain rounds), an every-anchor run also answers the chain-only request of its other settings (its
+    chain rounds are the same walk; it only holds more), unless a chain-only run of those settings is stored; a
+    replay asked for chain-only stores one."""
     total = len(store.items(extraction.id))
     out: dict[tuple, str] = {}
     also: dict[tuple, str] = {}
@@ -80,7 +83,7 @@ def stored_keys(store: Store, extraction: Extraction, cls: type[ops.Settings]) -
         if r.extraction_id == extraction.id:
             s = recorded(r, cls, total)
             out[key(r.checkpoint, r.extraction_id, r.device, s)] = r.id
-            if s.get("anchors") == "every":
+            if chain_from_every and s.get("anchors") == "every":
                 also[key(r.checkpoint, r.extraction_id, r.device, s | {"anchors": "chain"})] = r.id
     return also | out
 
