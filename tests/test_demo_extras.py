@@ -1,4 +1,4 @@
-"""The demo's relations beyond its DFlash runs (issue 44), on the demo workspace built once per session: one drafter
+"""The demo's relations beyond its DFlash runs, on the demo workspace built once per session: one drafter
 of each other family with its view, an engine that does not conform (flagged, its evidence kept, its fault named
 by the ranking), the n-gram baseline and the HumanEval completions; and the relations the retrained assets must
 meet: the sweep's points, the final tau's range and what each bug costs (strictly expected to fail on the shipped
