@@ -5,9 +5,12 @@ The target's Gated DeltaNet backward runs on the torch path (fla 0.6.0 refuses i
 with Triton < 3.7.1); every forward after it runs on fla. The drafter's training data is the target's own greedy
 continuations and their hidden states; the drafters are one healthy run (snapshots early, mid and final under
 checkpoints/healthy/) and, trained identically but for one bug each, one per `train_drafter.BUGS`
-(checkpoints/bugs/). The healthy run is trained once per drafter-data mix of `MIX` (the share of coding-10-family
-sequences kept) until one's coding-10 tau (`train_drafter.probe`, on the GPU's greedy coding-10 completions) falls in
-TAU_LO..TAU_HI, and the mix nearest TAU_AIM is kept for it and the bug runs (every variant recorded).
+(checkpoints/bugs/). The healthy run is probed every PROBE_EVERY steps (`train_drafter.probe`: its greedy chain tau
+on the GPU's greedy coding-10 completions) and ends at the first probe that reaches TAU_AIM (real drafters reach 3-8
+on code; a time cap ends it at its best probe otherwise); its snapshots are the probe checkpoints at SNAPSHOTS of that
+step. Every bug run has the same planned schedule and stops at the same step; soft KL is tried at the temperatures of
+SOFT_TS in order, and the first that costs what the bug costs (COST of the final's probe tau) kept (every variant
+recorded).
 Coding-10 is completed greedily on the torch path on the CPU (as the local server does) and
 its completions extracted with fla in the feature-cache format.
 
@@ -20,7 +23,6 @@ smoke=True` runs every step at toy size on the torch path (development). Returns
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import shutil
@@ -212,11 +214,8 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
         seed=SEED,
     )
     dk = work / "drafters"
-    budget = float(os.environ.get("DEMO_DRAFTER_BUDGET", 30))  # seconds for each drafter run
     # batched: 32 sequences x 64 anchors = 2048 blocks a step in one stacked blocks call (the GPU is otherwise
-    # idle on a Python loop over a few sequences); the early snapshot at 2% of the steps
-    # the lowest validation loss (64 held-out sequences) is kept: with ~0.3M completion tokens the drafter
-    # memorises its data within a few thousand steps (val loss 5.5 at step 400 can climb to 15 by step 7300)
+    # idle on a Python loop over a few sequences); 64 held-out sequences give the validation loss of the curve
     kw = dict(
         steps=100_000,
         seqs_per_step=32,
@@ -224,62 +223,77 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
         lr=2e-3,
         warmup=60,
         val_seqs=64,
-        keep_best=True,
         log_every=50,
     )
-    # every bug run is the healthy run with its bug: same budget, seed, data and schedule
-    good = td.DrafterTraining(budget_s=budget, snapshot_fracs=SNAPSHOTS, snapshot_name="healthy/step{step:04d}", **kw)
-    bads = {b: td.DrafterTraining(budget_s=budget, bug=b, **kw) for b in td.BUGS}
+    # one schedule for every run: the healthy run ends at the first probe (every PROBE_EVERY steps) where its
+    # coding-10 tau reaches TAU_AIM (or CAP_S seconds have passed: then at its best probe); every bug run is the
+    # healthy run with its bug, stopped at the same step
+    plan = dict(kw, steps=PLAN_STEPS, keep_best=False, probe_every=PROBE_EVERY)
+    good = td.DrafterTraining(**plan)
     if os.environ.get("DEMO_DRAFTER_STEPS"):
-        for t in (good, *bads.values()):
-            t.steps, t.budget_s = int(os.environ["DEMO_DRAFTER_STEPS"]), None
+        good.steps = int(os.environ["DEMO_DRAFTER_STEPS"])
     if smoke:
-        for t in (good, *bads.values()):
-            t.steps, t.budget_s, t.log_every, t.seqs_per_step, t.anchors_per_seq = 12, None, 4, 4, 16
-            t.val_seqs, t.warmup = 4, 3
+        toy = dict(steps=24, log_every=4, seqs_per_step=4, anchors_per_seq=16, val_seqs=4, warmup=3, probe_every=4)
+        good = td.DrafterTraining(**(plan | toy))
     order = list(range(len(data)))
     random.Random(SEED + 3).shuffle(order)  # the held-out (last) sequences: a seeded mix of every family
     pad = td.Padded([data[i] for i in order])
     pad.noisy, pad.top_ids, pad.top_lp = (stack([labels[k][i] for i in order], pad.T) for k in range(3))
     del data, labels
-    # the drafter's data mix: the share of coding-10-family sequences (the demo's prompt set) among its training
-    # sequences, chosen in this call from the healthy run's coding-10 tau (nearest TAU_AIM; variants recorded)
-    n_train = len(pad) - good.val_seqs
-    gr = [kept_groups[i] for i in order][:n_train]
-    coding = [i for i, x in enumerate(gr) if x == "coding"]
-    other = [i for i, x in enumerate(gr) if x != "coding"]
+    gr = [kept_groups[i] for i in order][: len(pad) - good.val_seqs]
     rec["drafter_data"]["groups"] = {x: gr.count(x) for x in sorted(set(gr))}
-    variants = {}
-    for share in MIX if not smoke else MIX[:2]:
-        pool = torch.tensor(sorted(other + coding[: int(round(share * len(coding)))]))
-        vt = td.DrafterTraining(**(asdict(good) | {"snapshot_fracs": list(good.snapshot_fracs)}))
-        vdir = work / f"variant-{share}"
-        recs = td.train(pad, head, d, vt, vdir, "healthy/step{step:04d}", device, log, pool=pool)
-        pr = td.probe(vdir / recs[-1]["name"], head, *probe_data)
-        variants[share] = (pool, vdir, recs, pr)
-        log(f"mix {share}: coding-10 probe {pr}")
-        rec["mix_variants"] = [
-            {"coding_share": k, "probe": v[3], "steps": v[2][-1]["step"]} for k, v in variants.items()
-        ]
-        save_rec()
-        if TAU_LO <= pr["tau_macro"] <= TAU_HI:
-            break
-    share = min(variants, key=lambda k: abs(math.log(max(variants[k][3]["tau_macro"], 1e-3) / TAU_AIM)))
-    pool, vdir, recs, pr = variants[share]
-    shutil.move(str(vdir / "healthy"), str(dk / "healthy") if dk.is_dir() else _mk(dk) / "healthy")
-    for r in recs:
-        r["coding_share"] = share
+    probes: list[dict] = []
+    t_h = time.perf_counter()
+
+    def until(path: Path, step: int, r: dict) -> bool:
+        r["probe"] = td.probe(path, head, *probe_data)
+        probes.append(r)
+        late = time.perf_counter() - t_h > (CAP_S if not smoke else 5)
+        return (r["probe"]["tau_macro"] >= TAU_AIM and step >= (MIN_STOP if not smoke else 0)) or late
+
+    recs = td.train(pad, head, d, good, dk, "healthy/step{step:04d}", device, log, until=until)
+    fin = recs[-1]
+    if fin["step"] == probes[-1]["step"] and probes[-1]["probe"]["tau_macro"] < TAU_AIM:  # capped: the best probe
+        best = max(probes, key=lambda r: r["probe"]["tau_macro"])
+        if best["step"] != fin["step"]:
+            shutil.rmtree(dk / fin["name"])
+            fin = best | {"name": f"healthy/step{best['step']:04d}", "capped": True}
+            shutil.copytree(dk / best["name"], dk / fin["name"])
+    fin["probe"] = next(r["probe"] for r in probes if r["step"] == fin["step"])
+    stop = fin["step"]
+    recs = [snap | {"name": f"healthy/step{snap['step']:04d}"} for snap in pick(probes, stop)] + [fin]
     for r in recs[:-1]:
-        r["probe"] = td.probe(dk / r["name"], head, *probe_data)
-    recs[-1]["probe"] = pr
-    rec["drafters"], rec["mix"] = recs, {"coding_share": share, "aim": TAU_AIM, "probe": pr}
+        shutil.copytree(dk / f"probe/step{r['step']}", dk / r["name"])
+    rec["drafters"] = recs
+    rec["healthy_probes"] = [[r["step"], r["probe"]["tau_macro"]] for r in probes]
+    rec["healthy_stop"] = {
+        "step": stop,
+        "aim": TAU_AIM,
+        "probe": fin["probe"],
+        "seconds": round(time.perf_counter() - t_h, 1),
+    }
+    log(f"healthy: stopped at step {stop}, coding-10 probe {fin['probe']}; snapshots {[r['step'] for r in recs]}")
     save_rec()
+    shutil.rmtree(dk / "probe")
     pack("healthy", dk / "healthy")
-    for bug, t in bads.items():
-        br = td.train(pad, head, d, t, dk, "bugs/" + bug.replace("_", "-") + "-step{step}", device, log, pool=pool)
-        br[-1]["probe"] = td.probe(dk / br[-1]["name"], head, *probe_data)
-        log(f"{bug}: coding-10 probe {br[-1]['probe']}")
-        rec["drafters"] += br
+    variants: dict[str, list] = {}
+    for bug in td.BUGS:
+        temps = SOFT_TS if bug == "soft_kl" else [1.0]
+        for temp in temps if not smoke else temps[:1]:
+            t = td.DrafterTraining(**(asdict(good) | dict(bug=bug, stop_at=stop, probe_every=0, soft_t=temp)))
+            vdir = work / f"{bug}-{temp}"
+            br = td.train(pad, head, d, t, vdir, "bugs/" + bug.replace("_", "-") + "-step{step}", device, log)
+            br[-1]["probe"] = td.probe(vdir / br[-1]["name"], head, *probe_data)
+            log(f"{bug} (T {temp}): coding-10 probe {br[-1]['probe']}")
+            variants.setdefault(bug, []).append((vdir, br[-1]))
+            if br[-1]["probe"]["tau_macro"] <= COST * fin["probe"]["tau_macro"]:
+                break
+        vdir, br = variants[bug][-1]  # the first that costs COST, else the last tried
+        shutil.copytree(vdir / br["name"], dk / br["name"])
+        rec["drafters"].append(br)
+        rec.setdefault("bug_variants", {})[bug] = [
+            {"soft_t": v[1]["training"]["soft_t"], "probe": v[1]["probe"]} for v in variants[bug]
+        ]
         save_rec()
     pack("bugs", dk / "bugs")
     del pad
@@ -384,14 +398,24 @@ def head_text(tgt: Path, c: dict) -> str:
     return tok.decode(c["prompt_ids"] + c["output_ids"])
 
 
-SNAPSHOTS = [0.01, 0.02, 0.04, 0.07, 0.12, 0.2, 0.33, 0.5, 0.75]  # the healthy run's snapshots (fractions of steps)
-MIX = [1.0, 0.25, 0.0]  # share of coding-10-family sequences kept in the drafter's data, tried in this order
-TAU_AIM, TAU_LO, TAU_HI = 5.5, 3.5, 7.5  # the healthy drafter's coding-10 tau the data mix aims at / accepts
+SNAPSHOTS = [0.05, 0.1, 0.17, 0.25, 0.35, 0.47, 0.6, 0.75, 0.88]  # the healthy run's snapshots (fractions of
+# its final step, on the probe grid)
+PLAN_STEPS = 3000  # every drafter run's schedule (warmup, cosine to 10 %) is planned for this many steps
+PROBE_EVERY = 5  # the healthy run's probe interval (steps)
+MIN_STOP = 60  # the healthy run ends no earlier than this step (its snapshots need a curve before it)
+TAU_AIM = 5.0  # the healthy run ends at its first probe with a coding-10 tau (GPU greedy) this high: real drafters
+# reach 3-8 on code
+CAP_S = 150.0  # ... or after this many seconds, at its best probe
+SOFT_TS = [2.0, 4.0]  # soft_kl: the target's temperatures tried in order (the first that costs COST is kept)
+COST = 0.5  # a bug run's probe tau at most this share of the healthy final's (the demo's relation is 0.6)
 
 
-def _mk(p: Path) -> Path:
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+def pick(probes: list[dict], stop: int) -> list[dict]:
+    """The healthy run's snapshots: the probe checkpoints nearest SNAPSHOTS of the final step `stop`, distinct,
+    before it, in step order."""
+    steps = sorted({r["step"] for r in probes if r["step"] < stop})
+    got = {min(steps, key=lambda s: abs(s - f * stop)) for f in SNAPSHOTS} if steps else set()
+    return [r for r in probes if r["step"] in got]
 
 
 NOISE = 0.5  # noisy_labels: share of completion tokens masked before the target labels the sequence

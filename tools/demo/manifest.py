@@ -95,13 +95,14 @@ def listing(records: list[dict]) -> list[dict]:
     the replay order, so Compare's default pair (the newest two runs on one extraction) is the shortcut against the
     final checkpoint."""
     healthy = [r for r in records if not r.get("bug")]
-    final = healthy[-1]  # saved last: the run's named checkpoint (its lowest validation loss)
+    final = healthy[-1]  # listed last: the run's named checkpoint (where its probe reached the aim)
     out = []
     for i, r in enumerate(sorted(healthy, key=lambda r: r["step"])):
         role = "final" if r is final else "early" if i == 0 else "series"
         what = {
             "final": f"The healthy drafter (step {r['step']}): trained on the target's own greedy generations "
-            "with hard cross-entropy on its tokens. The reference the others are measured against.",
+            "with hard cross-entropy on its tokens, and stopped where it drafts as real drafters do on code (tau 3-8 "
+            "of 16). The reference the others are measured against.",
             "early": f"The healthy run early in training (step {r['step']}): the same recipe, not yet learned.",
             "series": f"The healthy run at step {r['step']}: one point of its training curve.",
         }[role]

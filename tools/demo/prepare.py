@@ -25,6 +25,15 @@ from .common import SEED, SPLIT, VOCAB, log
 
 HELD_OUT = 0.25  # share of standard-library modules kept from the target: the drafter's real-code prompts
 REAL_REPEAT = 2  # the standard library's training functions appear this many times in the target's corpus
+CHAT = 0.12  # share of the target's documents written as a chat turn (the chat template's user prompt, the code
+# as the assistant's reply), so a prompt sent with the chat template on is answered on-task
+
+
+def chat(prompt: str, body: str, think: bool) -> str:
+    """One document as the tokenizer's chat template renders a user turn and the assistant's reply (`think`: the
+    empty thinking block the template adds when thinking is off)."""
+    pre = "<think>\n\n</think>\n\n" if think else ""
+    return f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n{pre}{prompt}{body}<|im_end|>\n"
 
 
 def prepare(build: Path, n_docs: int = 160_000, n_prompts: int = 8192, free: bool = False, real: bool = False) -> dict:
@@ -37,14 +46,16 @@ def prepare(build: Path, n_docs: int = 160_000, n_prompts: int = 8192, free: boo
 
     t0 = time.perf_counter()
     build.mkdir(parents=True, exist_ok=True)
-    docs = [p + b for p, b in synth.corpus(n_docs, SEED, free)]
+    pairs = synth.corpus(n_docs, SEED, free)
     lib_train, lib_held = [], []
     if real:  # the standard library's functions (PSF licence) mixed in, seeded order
         from . import stdlib
 
         lib_train, lib_held = stdlib.split(stdlib.functions(), HELD_OUT)
-        docs += [p + b for _, p, b in lib_train] * REAL_REPEAT
-        random.Random(SEED).shuffle(docs)
+        pairs += [(p, b) for _, p, b in lib_train] * REAL_REPEAT
+        random.Random(SEED).shuffle(pairs)
+    rc = random.Random(SEED + 5)
+    docs = [chat(p, b, rc.random() < 0.5) if rc.random() < CHAT else p + b for p, b in pairs]
     tok_dir = tiny.write_tokenizer(build / "tokenizer", vocab_size=VOCAB, corpus=docs[:20_000], split=SPLIT)
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     eot = tok.convert_tokens_to_ids("<|endoftext|>")
@@ -77,8 +88,10 @@ def prepare(build: Path, n_docs: int = 160_000, n_prompts: int = 8192, free: boo
         f"{len(synth.FAMILIES)} families, each with varied identifiers, constants and wording)",
         "documents": n_docs,
         "free_choices": free,
+        "chat_share": CHAT,
         "stdlib": {
-            "what": "functions of the Python standard library (this interpreter's), as comment + def prompt and body",
+            "what": "functions of the Python standard library (this interpreter's), as comment + def prompt and body, "
+            "or (half of those with a short docstring) def + docstring prompt and body",
             "licence": "PSF License Version 2 (Python Software Foundation); Copyright (c) 2001 Python Software "
             "Foundation; All Rights Reserved",
             "train_functions": len(lib_train),

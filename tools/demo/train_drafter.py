@@ -14,7 +14,10 @@ Contract:
   - `bug` trains one of the seeds' training bugs (`BUGS`), everything else unchanged: `anchor_visible` (the
     context includes the anchor's own hidden state: positions shifted by one, so relative positions are unchanged
     and only the leaked state differs from what inference provides), `noisy_labels` (labels from `Padded.noisy`),
-    `soft_kl` (KL against `Padded.top_lp` instead of cross-entropy on the tokens).
+    `soft_kl` (KL against `Padded.top_lp` at temperature `soft_t` instead of cross-entropy on the tokens).
+  - `until(path, step, record)` (with `probe_every`): the run's weights every `probe_every` steps are saved under
+    `out/probe/step{N}` and the run ends at the first step where `until` answers True (that step is the final
+    checkpoint); `stop_at` ends a run at a given step (the bug runs stop where the healthy run stopped).
   - Checkpoints are written in the DFlash checkpoint format (config.json + bf16 model.safetensors), with the steps,
     seconds and loss curve returned for the manifest.
 """
@@ -58,6 +61,10 @@ class DrafterTraining:
     val_seqs: int = 0  # sequences held out for the validation loss (last ones)
     keep_best: bool = False  # with val_seqs: the named checkpoint holds the weights of the
     # lowest validation loss seen at a log step (early stopping)
+    stop_at: int | None = None  # end the run at this step (the schedule still planned for `steps`)
+    probe_every: int = 0  # with `train(until=...)`: every this many steps the weights are saved and `until` asked
+    # whether the run ends there
+    soft_t: float = 1.0  # soft_kl: the temperature applied to the target's log-probs (above 1 spreads them)
 
 
 # ---------------------------------------------------------------------------
@@ -202,6 +209,7 @@ def batch_loss(
     gamma: float,
     g: torch.Generator,
     bug: str | None = None,
+    soft_t: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted CE of `n` random blocks of each sequence `idx` [S] (anchors drawn uniformly, with
     replacement, in prompt_len..len-2), all in one stacked `blocks` call; also the slot-1 accuracy."""
@@ -223,8 +231,8 @@ def batch_loss(
     at = (seq[:, None], pos.clamp(max=T - 1))
     src = pad.noisy[idx] if bug == "noisy_labels" else tokens  # [S, T]
     labels = torch.where(valid, src[at], torch.full_like(pos, -100))
-    if bug == "soft_kl":  # KL(p || q) over the target's top-K, renormalised
-        p = pad.top_lp[idx][at].float().softmax(-1)  # [S*n, B-1, K]
+    if bug == "soft_kl":  # KL(p || q) over the target's top-K at temperature soft_t, renormalised
+        p = (pad.top_lp[idx][at].float() / soft_t).softmax(-1)  # [S*n, B-1, K]
         lq = logits.log_softmax(-1).gather(-1, pad.top_ids[idx][at].long())
         ce = (p * (p.clamp_min(1e-12).log() - lq)).sum(-1).flatten()
     else:
@@ -248,6 +256,7 @@ def train(
     init: str | Path | None = None,
     step0: int = 0,
     pool: torch.Tensor | None = None,
+    until=None,
 ) -> list[dict]:
     """Train one drafter on `data` = [(features [T, K*H], tokens [T], prompt_len)], all on `device`.
 
@@ -308,7 +317,7 @@ def train(
             pad.P.device
         )
         with amp:
-            loss, a1 = batch_loss(drafter, head, pad, idx, t.anchors_per_seq, t.gamma, g, t.bug)
+            loss, a1 = batch_loss(drafter, head, pad, idx, t.anchors_per_seq, t.gamma, g, t.bug, t.soft_t)
         loss.backward()
         if _logged(step, t):
             tot, acc = float(loss.detach()), float(a1)
@@ -319,7 +328,7 @@ def train(
             msg = ""
             if val is not None:
                 with torch.no_grad(), amp:
-                    vl, va = batch_loss(drafter, head, pad, val, t.anchors_per_seq, t.gamma, gv, t.bug)
+                    vl, va = batch_loss(drafter, head, pad, val, t.anchors_per_seq, t.gamma, gv, t.bug, t.soft_t)
                 curve[-1] += [round(float(vl), 4), round(float(va), 4)]
                 msg = f"; val loss {float(vl):.3f} acc {float(va):.3f}"
                 if t.keep_best and float(vl) < best[0]:
@@ -328,8 +337,22 @@ def train(
                 f"{name} step {step + 1}/{t.steps} loss {tot:.3f} slot-1 acc {acc:.3f}{msg} "
                 f"({time.perf_counter() - t0:.0f} s)"
             )
-        if step + 1 in snaps or step + 1 == t.steps:
-            last = step + 1 == t.steps
+        stop = step + 1 == t.steps or step + 1 == t.stop_at
+        if until is not None and t.probe_every and (step + 1) % t.probe_every == 0:
+            at = step + 1
+            rec = {
+                "name": f"probe/step{step0 + at}",
+                "step": step0 + at,
+                "bug": t.bug,
+                "seconds": round(time.perf_counter() - t0, 1),
+                "loss": curve[-1][1] if curve else None,
+                "loss_curve": list(curve),
+                "training": asdict(t),
+                "drafter": asdict(d),
+            }
+            stop = stop or bool(until(save(Path(out) / rec["name"], d, w, rec), step0 + at, rec))
+        if step + 1 in snaps or stop:
+            last = stop
             at, ww, cv = step + 1, w, curve
             if last and t.keep_best and best[2] is not None:  # early stopping: the best validation loss
                 _, at, ww, _ = best
@@ -354,6 +377,8 @@ def train(
                 }
             save(Path(out) / label, d, ww, rec)
             records.append(rec)
+        if stop:
+            break
         step += 1
     return records
 
