@@ -27,6 +27,7 @@ from serving import ROOT, Served
 from dflash_dash import demo
 
 DEMO = ROOT / "dflash_dash" / "demo" / "assets"
+FINAL = demo.final(demo.checkpoints(DEMO / demo.CHECKPOINTS)).path  # the demo's healthy final drafter
 TARGET = DEMO / "target"
 # the demo's noisy-labels checkpoint (MANIFEST.json): a trained drafter that still misses often (tau 1.30, a
 # fifth of its first drafts accepted), so engine faults move accepted steps and the prompts span lower and higher

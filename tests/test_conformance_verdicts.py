@@ -21,7 +21,7 @@ import json
 
 import pytest
 from serving import Served, tiny_model
-from speculative import DEMO, IDS, conformance_json, one_torch_thread, plant, private_copy
+from speculative import FINAL, IDS, conformance_json, one_torch_thread, plant, private_copy
 
 from dflash_dash import ops, pipeline, prompts
 from dflash_dash.analysis import verdict
@@ -30,7 +30,7 @@ from dflash_dash.store import Store
 from tools import tiny
 
 N = 12  # new tokens per prompt
-HEALTHY = DEMO / "checkpoints" / "healthy" / "step1450"  # the demo's best drafter (it drafts nearly whole blocks)
+HEALTHY = FINAL  # the demo's healthy final drafter
 
 
 @pytest.fixture(scope="module")

@@ -95,7 +95,7 @@ def test_browser_shows_other_drafter_verdict_first(spec_workspace, page, tmp_pat
     """The demo's healthy checkpoint replayed on the completions an engine serving the noisy-labels one produced:
     the page opens on the verdict other-drafter, with the evidence (the engine's draft model beside the replayed
     one, their fingerprints differing) before any number."""
-    from speculative import DEMO, one_torch_thread
+    from speculative import FINAL, one_torch_thread
 
     from dflash_dash import ops, pipeline
 
@@ -103,7 +103,7 @@ def test_browser_shows_other_drafter_verdict_first(spec_workspace, page, tmp_pat
     with one_torch_thread():
         run = pipeline.replay(
             Store(ws),
-            ops.Replay(drafter=str(DEMO / "checkpoints/healthy/step1450"), extraction=spec_workspace["extraction"]),
+            ops.Replay(drafter=str(FINAL), extraction=spec_workspace["extraction"]),
         )["id"]
     page.set_viewport_size({"width": 1500, "height": 1400})
     with dashboard(ws, tmp_path) as url:
@@ -112,7 +112,7 @@ def test_browser_shows_other_drafter_verdict_first(spec_workspace, page, tmp_pat
         settle(page)
         box = page.locator("[data-testid=stAlert]", has_text="Verdict: other-drafter").first
         box.wait_for()
-        assert "noisy" in box.inner_text() and "step1450" in box.inner_text()
+        assert "noisy" in box.inner_text() and FINAL.name in box.inner_text()
         page.locator("[data-testid=stDataFrame] canvas").first.wait_for()
         drawn(page)
         first_metric = page.locator("[data-testid=stMetric]").first.bounding_box()
