@@ -108,6 +108,35 @@ def test_over_confidence_names_the_shortcut_only_with_the_lag():
     assert sig.points_to(sig.compare(lagged, {"parts": fine | kept_of([0.0] * 20)["parts"]})) == {sig.SHORTCUT: 2}
 
 
+def bins(p: float, hit: float, n: int = 20) -> list[float]:
+    """The ECE counts of one prompt whose `n` drafts all have probability `p`, a share `hit` of them accepted."""
+    b = min(int(p * sig.BINS), sig.BINS - 1)
+    row = [0.0] * (3 * sig.BINS)
+    row[b], row[sig.BINS + b], row[2 * sig.BINS + b] = n, p * n, hit * n
+    return row
+
+
+def test_miscalibration_names_soft_kl_when_under_confident_and_noisy_labels_when_over():
+    """Drafts at p 0.15 accepted 80 % of the time (a spread distribution, the soft loss) and drafts at p 0.8
+    accepted 15 % (sure and wrong): both miscalibrated against a calibrated reference; the direction of the
+    slot-1 over-confidence decides the bug."""
+    ref = {"parts": {"ece": [bins(0.8, 0.8)] * 20, "overconfidence_1": [[16.0, 16, 20]] * 20}}
+    under = {"parts": {"ece": [bins(0.15, 0.8)] * 20, "overconfidence_1": [[3.0, 16, 20]] * 20}}
+    over = {"parts": {"ece": [bins(0.8, 0.15)] * 20, "overconfidence_1": [[16.0, 3, 20]] * 20}}
+    assert sig.points_to(sig.compare(under, ref)) == {sig.SOFT: 2}
+    assert sig.points_to(sig.compare(over, ref)) == {sig.NOISY: 2}
+
+
+def test_an_unsure_drafter_echoing_the_anchor_is_not_the_shortcut():
+    """A draft lag far above the reference's names the shortcut when the drafter is as sure as the reference; the
+    same lag from a drafter less sure at slot 1 (an under-trained one copying the anchor) names no bug."""
+    ref = {"parts": kept_of([0.0] * 20)["parts"] | {"confidence_1": [[16.0, 16, 20]] * 20}}
+    sure = {"parts": kept_of([0.6] * 20)["parts"] | {"confidence_1": [[17.0, 2, 20]] * 20}}
+    unsure = {"parts": kept_of([0.6] * 20)["parts"] | {"confidence_1": [[3.0, 2, 20]] * 20}}
+    assert sig.points_to(sig.compare(sure, ref)) == {sig.SHORTCUT: 1}
+    assert sig.points_to(sig.compare(unsure, ref)) == {}
+
+
 def test_attribution_on_one_tap():
     rows = [{"tau_lost_macro": 0.3}, {"tau_lost_macro": 0.1}, {"tau_lost_macro": -0.05}]
     assert sig.BY_KEY["attribution_top"].stat(rows) == pytest.approx(0.75)  # a tap that gains counts as 0

@@ -129,7 +129,8 @@ SIGNATURES: list[Signature] = [
         "#(d_1 = t[p]) / #anchors p with t[p+1] != t[p]: the first draft equals the anchor's own token",
         _lag1,
         _ratio,
-        f"drafts one position behind: {SHORTCUT}",
+        f"drafts one position behind: {SHORTCUT} (when not less sure at slot 1: an unsure drafter that echoes "
+        "the anchor is under-trained)",
         None,
         0.25,  # an under-trained drafter echoes the anchor now and then (demo early: 0.13), the shortcut mostly
         "the completions' tokens",
@@ -182,9 +183,8 @@ SIGNATURES: list[Signature] = [
         f"sum over {BINS} bins of p_k of (n_b / N)·|accepted share − mean p_k|, every depth, the chain rounds",
         _bins,
         _ece,
-        f"probabilities do not predict acceptance (an under-trained drafter stays calibrated): {NOISY} "
-        f"({SHORTCUT} when "
-        "the lag separates too)",
+        f"probabilities do not predict acceptance (an under-trained drafter stays calibrated): over-confident, "
+        f"{NOISY} ({SHORTCUT} when the lag separates too); under-confident, {SOFT}",
         None,
         0.05,
         "draft log-probabilities",
@@ -305,15 +305,32 @@ BUGS = (SHORTCUT, SOFT, NOISY)
 def points_to(rows: list[dict]) -> dict[str, int]:
     """{bug: how many separating signatures name it} over `compare` rows, most named first (bugs none names left
     out): the section's one-line verdict. A suggestion that also names less training (an under-trained healthy
-    drafter moves it the same way) counts for no bug; miscalibration and over-confidence count for the shortcut when
-    the draft lag separates too, else for noisy labels."""
-    lagged = any(r["key"] == "lag_1" and r["separates"] for r in rows)
-    either = {"ece", "overconfidence_1"}  # raised by both the shortcut and noisy labels: the lag decides
-    named = [
-        (SHORTCUT if lagged else NOISY) if r["key"] in either and r["difference"] > 0 else r["suggests"]
-        for r in rows
-        if r["separates"] and r["suggests"] and LESS not in r["suggests"]
-    ]
+    drafter moves it the same way) counts for no bug. The draft lag names the shortcut only where the run is not
+    less sure at slot 1 than the reference (the shortcut is sure of its lagging drafts; an under-trained drafter
+    that echoes the anchor is not). Over-confidence counts for the shortcut when that lag separates too, else for
+    noisy labels; so does miscalibration, unless the run is under-confident (over-confidence separating down), where
+    it counts for soft KL."""
+    by = {r["key"]: r for r in rows}
+
+    def moved(key: str, direction: str) -> bool:
+        r = by.get(key)
+        return bool(r and r["separates"] and r["direction"] == direction)
+
+    unsure = moved("confidence_1", "down")
+    lagged = moved("lag_1", "up") and not unsure
+    high = SHORTCUT if lagged else NOISY
+    named = []
+    for r in rows:
+        if not (r["separates"] and r["suggests"]) or LESS in r["suggests"]:
+            continue
+        if r["key"] == "lag_1" and unsure:
+            continue  # an unsure drafter echoing the anchor: less training, not the shortcut
+        if r["key"] == "overconfidence_1" and r["difference"] > 0:
+            named.append(high)
+        elif r["key"] == "ece" and r["difference"] > 0:
+            named.append(SOFT if moved("overconfidence_1", "down") else high)
+        else:
+            named.append(r["suggests"])
     got = {b: sum(1 for t in named if b in t) for b in BUGS}
     return dict(sorted(((b, n) for b, n in got.items() if n), key=lambda x: -x[1]))
 
