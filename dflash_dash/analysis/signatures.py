@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 VERSION = 2  # of the kept value: a kept value of another version is measured again
 BINS = metrics.CAL_BINS  # reliability bins of the ECE signature
 UNSURE = 0.5  # p_k below which a draft counts as one its drafter doubts (the under-confidence signature)
+OVER = 0.2  # mean p_1 above P(d_1 accepted) by this much: the run is over-confident in itself (not only beside
+# its reference, which may be under-confident)
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,8 @@ SIGNATURES: list[Signature] = [
         "P(d_1 accepted) − P(d_k accepted | d_1..d_{k-1} accepted) pooled over k = 2..B-1, over the chain rounds",
         _accept,
         lambda x: x[..., 0] / x[..., 1] - x[..., 2] / x[..., 3],
-        f"far slots fall off faster than the first: {NOISY}",
+        f"far slots fall off faster than the first: {NOISY}, or {LESS} (an under-trained drafter gets its first "
+        "draft right before any further one)",
         f"the first slot fails more than the far ones: {SHORTCUT}",
         0.05,
     ),
@@ -307,9 +310,10 @@ def points_to(rows: list[dict]) -> dict[str, int]:
     out): the section's one-line verdict. A suggestion that also names less training (an under-trained healthy
     drafter moves it the same way) counts for no bug. The draft lag names the shortcut only where the run is not
     less sure at slot 1 than the reference (the shortcut is sure of its lagging drafts; an under-trained drafter
-    that echoes the anchor is not). Over-confidence counts for the shortcut when that lag separates too, else for
-    noisy labels; so does miscalibration, unless the run is under-confident (over-confidence separating down), where
-    it counts for soft KL."""
+    that echoes the anchor is not). Over-confidence above the reference's counts only for a run over-confident in
+    itself (its own figure at least OVER: beside an under-confident reference, a calibrated run also sits above):
+    for the shortcut when that lag separates too, else for noisy labels. Miscalibration counts the same way for an
+    over-confident run, and for soft KL for an under-confident one (its own over-confidence below zero)."""
     by = {r["key"]: r for r in rows}
 
     def moved(key: str, direction: str) -> bool:
@@ -319,6 +323,7 @@ def points_to(rows: list[dict]) -> dict[str, int]:
     unsure = moved("confidence_1", "down")
     lagged = moved("lag_1", "up") and not unsure
     high = SHORTCUT if lagged else NOISY
+    over = (by.get("overconfidence_1") or {}).get("run")  # the run's own mean p_1 - P(d_1 accepted)
     named = []
     for r in rows:
         if not (r["separates"] and r["suggests"]) or LESS in r["suggests"]:
@@ -326,9 +331,10 @@ def points_to(rows: list[dict]) -> dict[str, int]:
         if r["key"] == "lag_1" and unsure:
             continue  # an unsure drafter echoing the anchor: less training, not the shortcut
         if r["key"] == "overconfidence_1" and r["difference"] > 0:
-            named.append(high)
+            if over is not None and over >= OVER:
+                named.append(high)
         elif r["key"] == "ece" and r["difference"] > 0:
-            named.append(SOFT if moved("overconfidence_1", "down") else high)
+            named.append(SOFT if over is not None and over < 0 else high)
         else:
             named.append(r["suggests"])
     got = {b: sum(1 for t in named if b in t) for b in BUGS}
