@@ -127,6 +127,18 @@ def test_miscalibration_names_soft_kl_when_under_confident_and_noisy_labels_when
     assert sig.points_to(sig.compare(over, ref)) == {sig.NOISY: 2}
 
 
+def test_beside_an_under_confident_reference_a_calibrated_run_is_not_over_confident():
+    """A reference at p_1 0.6 accepted 85 % (under-confident, as a drafter stopped early in training is) and a run
+    at p_1 0.05 accepted 5 % (calibrated, barely trained): the run's over-confidence is far above the reference's,
+    but not over-confident in itself, so it names no bug; at p_1 0.5 accepted 5 % it names noisy labels."""
+    ref = {"parts": {"overconfidence_1": [[12.0, 17, 20]] * 20}}
+    calibrated = {"parts": {"overconfidence_1": [[1.0, 1, 20]] * 20}}
+    sure = {"parts": {"overconfidence_1": [[10.0, 1, 20]] * 20}}
+    rows = sig.compare(calibrated, ref)
+    assert next(r for r in rows if r["key"] == "overconfidence_1")["separates"] and sig.points_to(rows) == {}
+    assert sig.points_to(sig.compare(sure, ref)) == {sig.NOISY: 1}
+
+
 def test_an_unsure_drafter_echoing_the_anchor_is_not_the_shortcut():
     """A draft lag far above the reference's names the shortcut when the drafter is as sure as the reference; the
     same lag from a drafter less sure at slot 1 (an under-trained one copying the anchor) names no bug."""
