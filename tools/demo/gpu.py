@@ -242,43 +242,51 @@ def gpu(build: Path, out: Path, device: str = "cuda", smoke: bool = False) -> di
     del data, labels
     gr = [kept_groups[i] for i in order][: len(pad) - good.val_seqs]
     rec["drafter_data"]["groups"] = {x: gr.count(x) for x in sorted(set(gr))}
-    probes: list[dict] = []
-    t_h = time.perf_counter()
+    only = os.environ.get("DEMO_BUGS")  # comma list: train only these bug runs, stopped where the earlier call's
+    # healthy run stopped (DEMO_REUSE: same target, same data)
+    if only:
+        stop = prev["healthy_stop"]["step"]
+        fin = next(r for r in prev["drafters"] if not r.get("bug") and r["step"] == stop)
+        rec["drafters"], rec["healthy_reused_from_earlier_run"] = [], True
+    else:
+        probes: list[dict] = []
+        t_h = time.perf_counter()
 
-    def until(path: Path, step: int, r: dict) -> bool:
-        r["probe"] = td.probe(path, head, *probe_data)
-        probes.append(r)
-        late = time.perf_counter() - t_h > (CAP_S if not smoke else 5)
-        return (r["probe"]["tau_macro"] >= TAU_AIM and step >= (MIN_STOP if not smoke else 0)) or late
+        def until(path: Path, step: int, r: dict) -> bool:
+            r["probe"] = td.probe(path, head, *probe_data)
+            probes.append(r)
+            late = time.perf_counter() - t_h > (CAP_S if not smoke else 5)
+            return (r["probe"]["tau_macro"] >= TAU_AIM and step >= (MIN_STOP if not smoke else 0)) or late
 
-    recs = td.train(pad, head, d, good, dk, "healthy/step{step:04d}", device, log, until=until)
-    fin = recs[-1]
-    if fin["step"] == probes[-1]["step"] and probes[-1]["probe"]["tau_macro"] < TAU_AIM:  # capped: the best probe
-        best = max(probes, key=lambda r: r["probe"]["tau_macro"])
-        if best["step"] != fin["step"]:
-            shutil.rmtree(dk / fin["name"])
-            fin = best | {"name": f"healthy/step{best['step']:04d}", "capped": True}
-            shutil.copytree(dk / best["name"], dk / fin["name"])
-    fin["probe"] = next(r["probe"] for r in probes if r["step"] == fin["step"])
-    stop = fin["step"]
-    recs = [snap | {"name": f"healthy/step{snap['step']:04d}"} for snap in pick(probes, stop)] + [fin]
-    for r in recs[:-1]:
-        shutil.copytree(dk / f"probe/step{r['step']}", dk / r["name"])
-    rec["drafters"] = recs
-    rec["healthy_probes"] = [[r["step"], r["probe"]["tau_macro"]] for r in probes]
-    rec["healthy_stop"] = {
-        "step": stop,
-        "aim": TAU_AIM,
-        "probe": fin["probe"],
-        "seconds": round(time.perf_counter() - t_h, 1),
-    }
-    log(f"healthy: stopped at step {stop}, coding-10 probe {fin['probe']}; snapshots {[r['step'] for r in recs]}")
-    save_rec()
-    shutil.rmtree(dk / "probe")
-    pack("healthy", dk / "healthy")
+        recs = td.train(pad, head, d, good, dk, "healthy/step{step:04d}", device, log, until=until)
+        fin = recs[-1]
+        if fin["step"] == probes[-1]["step"] and probes[-1]["probe"]["tau_macro"] < TAU_AIM:  # capped: the best probe
+            best = max(probes, key=lambda r: r["probe"]["tau_macro"])
+            if best["step"] != fin["step"]:
+                shutil.rmtree(dk / fin["name"])
+                fin = best | {"name": f"healthy/step{best['step']:04d}", "capped": True}
+                shutil.copytree(dk / best["name"], dk / fin["name"])
+        fin["probe"] = next(r["probe"] for r in probes if r["step"] == fin["step"])
+        stop = fin["step"]
+        recs = [snap | {"name": f"healthy/step{snap['step']:04d}"} for snap in pick(probes, stop)] + [fin]
+        for r in recs[:-1]:
+            shutil.copytree(dk / f"probe/step{r['step']}", dk / r["name"])
+        rec["drafters"] = recs
+        rec["healthy_probes"] = [[r["step"], r["probe"]["tau_macro"]] for r in probes]
+        rec["healthy_stop"] = {
+            "step": stop,
+            "aim": TAU_AIM,
+            "probe": fin["probe"],
+            "seconds": round(time.perf_counter() - t_h, 1),
+        }
+        log(f"healthy: stopped at step {stop}, coding-10 probe {fin['probe']}; snapshots {[r['step'] for r in recs]}")
+        save_rec()
+        shutil.rmtree(dk / "probe")
+        pack("healthy", dk / "healthy")
+    soft_ts = [float(x) for x in os.environ["DEMO_SOFT_TS"].split(",")] if os.environ.get("DEMO_SOFT_TS") else SOFT_TS
     variants: dict[str, list] = {}
-    for bug in td.BUGS:
-        temps = SOFT_TS if bug == "soft_kl" else [1.0]
+    for bug in only.split(",") if only else td.BUGS:
+        temps = soft_ts if bug == "soft_kl" else [1.0]
         for temp in temps if not smoke else temps[:1]:
             t = td.DrafterTraining(**(asdict(good) | dict(bug=bug, stop_at=stop, probe_every=0, soft_t=temp)))
             vdir = work / f"{bug}-{temp}"
