@@ -3,7 +3,7 @@ Domino, DFlash2) against the demo target, each the healthy final DFlash checkpoi
 head trained briefly on the CPU. Fine-tuned heads on a shared backbone, not drafters trained from scratch: they show
 what each family's views look like on a real target, not how the families compare.
 
-Contract: `families(assets, steps, seed)` writes `assets/checkpoints/families/{dspark,domino,dflash2}/`
+Contract: `families(assets, seed)` writes `assets/checkpoints/families/{dspark,domino,dflash2}/`
 (config.json, bf16 model.safetensors, training.json) and puts one MANIFEST.json `checkpoints` entry per family
 (role "family", before the bug entries, so the replay order still ends with the shortcut and the final checkpoint)
 and a `families` record (data, steps, losses, seconds) into MANIFEST.json; returns that record. Run it after
@@ -41,7 +41,8 @@ FOLDER = "families"  # under checkpoints/
 PROMPTS = 96  # synthetic prompts the target continues (training data)
 NEW = 128  # tokens the target writes after each prompt
 SEED = 7  # prompt draw seed (prepare uses SEED + 1 of tools/demo/common; this one it never draws)
-STEPS = 300  # optimizer steps per head
+STEPS = 15  # optimizer steps per head: a light fine-tune, so each family drafts about as the final checkpoint does
+CONF_STEPS = 300  # DSpark's confidence head (it changes no draft, only the acceptance it predicts)
 BATCH = 256  # anchors per step
 LR = 3e-3  # Adam learning rate
 GAMMA = 7.0  # depth decay of the loss weights, as the DFlash runs' training
@@ -103,18 +104,18 @@ def _prev(a: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.cat([a[:, None], y[:, :-1].clamp(min=0)], 1)
 
 
-def _train(params: list[torch.Tensor], loss_of, M: int, seed: int) -> list[float]:
-    """Adam over `params` for STEPS steps of BATCH random anchors; the loss every 50 steps."""
+def _train(params: list[torch.Tensor], loss_of, M: int, seed: int, steps: int = STEPS) -> list[float]:
+    """Adam over `params` for `steps` steps of BATCH random anchors; the loss every 50 steps and at the last."""
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(params, lr=LR)
     curve = []
-    for step in range(STEPS):
+    for step in range(steps):
         idx = torch.randint(0, M, (BATCH,), generator=g)
         loss = loss_of(idx)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if step % 50 == 0 or step == STEPS - 1:
+        if step % 50 == 0 or step == steps - 1:
             curve.append([step, round(float(loss), 4)])
     return curve
 
@@ -147,7 +148,7 @@ def dspark(data: dict, g: torch.Generator, seed: int) -> tuple[dict, dict, dict]
         ok = y[idx] >= 0
         return F.binary_cross_entropy_with_logits(p[ok], right[idx][ok])
 
-    conf = _train([wc, bc], bce, len(h), seed + 1)
+    conf = _train([wc, bc], bce, len(h), seed + 1, CONF_STEPS)
     fields = {"markov_rank": RANK, "markov_head_type": "vanilla", "enable_confidence_head": True}
     fields |= {"confidence_head_with_markov": False, "sample_from_anchor": False}
     w = {"markov_head.markov_w1.weight": w1, "markov_head.markov_w2.weight": w2}
@@ -233,7 +234,7 @@ def families(assets: Path = demo.ASSETS, seed: int = SEED) -> dict:
         "CPU (tools/demo/families.py), teacher-forced on the target's own greedy continuations",
         "backbone": fin.dir,
         "data": {"prompts": PROMPTS, "new_tokens": NEW, "anchors": len(data["h"]), "seed": seed},
-        "training": {"steps": STEPS, "batch": BATCH, "lr": LR, "gamma": GAMMA},
+        "training": {"steps": STEPS, "confidence_steps": CONF_STEPS, "batch": BATCH, "lr": LR, "gamma": GAMMA},
         "runs": {},
     }
     entries = []
