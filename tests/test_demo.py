@@ -53,7 +53,8 @@ def export(ws: Path, run_id: str) -> dict:
 
 
 CKS = demo.checkpoints(demo.ASSETS / demo.CHECKPOINTS)  # as MANIFEST.json lists them
-RUNS = len(CKS) + 2  # every checkpoint on the torch extraction, the final one on the fla extraction too, the baseline
+RUNS = len(CKS) + 3  # every checkpoint on the torch extraction, the final one on the fla extraction too, the baseline
+# and the final one at a temperature on the sampled set
 LINEAGE = [c for c in CKS if c.role != "family"]  # the healthy run's snapshots and the bug runs (one recipe)
 
 
@@ -66,7 +67,8 @@ def by_prefix(rs: dict[str, dict], prefix: str, fla: bool = False) -> dict:
 def test_runs_and_tau(ws):
     rs = runs(ws)
     base = [n for n, r in rs.items() if r["checkpoint"].startswith("baseline:")]
-    assert sorted(rs) == sorted([c.name for c in CKS] + [demo.final(CKS).name + demo.FLA_SUFFIX] + base)
+    hot = [demo.final(CKS).name + demo.extras.SAMPLED_SUFFIX]
+    assert sorted(rs) == sorted([c.name for c in CKS] + [demo.final(CKS).name + demo.FLA_SUFFIX] + base + hot)
     assert len(base) == 1
     early, final, buggy = (export(ws, by_prefix(rs, p)["id"]) for p in ("early", "final", "anchor_visible"))
     fla = export(ws, by_prefix(rs, "final", fla=True)["id"])
@@ -219,7 +221,7 @@ def test_demo_is_idempotent(ws):
     assert p.returncode == 0, p.stderr
     assert "already built" in p.stderr
     after = (len(Store(ws).runs()), len(Store(ws).extractions()), len(Store(ws).completions(demo.SET_NAME)))
-    assert before == after == (RUNS, 2, 10)
+    assert before == after == (RUNS, 3, 10)  # extractions: the torch and fla ones, the sampled set's
     assert demo.built(ws)
 
 

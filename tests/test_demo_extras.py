@@ -142,3 +142,27 @@ def test_final_tau_in_range_and_each_bug_costs(ws):
     assert 3 <= fin["tau_macro"] <= 8 and 3 <= fin["tau_pooled"] <= 8, fin["tau_macro"]
     for c in (c for c in CKS if c.role == "bug"):
         assert run_of(store, c)["summary"]["tau_macro"] <= 0.6 * fin["tau_macro"], c.name
+
+
+def test_a_sampled_set_and_the_final_replay_at_its_temperature(ws):
+    """coding-10 sampled from the demo server at extras.SAMPLED_T with a fixed seed: 10 completions, most of them
+    unlike the greedy ones, the set saying how it was sampled; the final checkpoint's replay on its extraction
+    records that temperature and an expected tau between 1 and the block size."""
+    from dflash_dash.pipeline import sampled
+
+    store = Store(ws)
+    greedy = {c["prompt_id"]: c["output_ids"] for c in store.completions(demo.SET_NAME)}
+    hot = {c["prompt_id"]: c["output_ids"] for c in store.completions(extras.SAMPLED_SET)}
+    assert len(hot) == 10 and set(hot) == set(greedy)
+    differ = [pid for pid in hot if hot[pid] != greedy[pid]]
+    assert len(differ) > len(hot) / 2, differ
+    assert (
+        sampled.set_sampling(store, extras.SAMPLED_SET)
+        == f"sampled at T={extras.SAMPLED_T:g}, seed {extras.SAMPLED_SEED}"
+    )
+    (run,) = [r for r in store.runs() if r["name"] == demo.final(CKS).name + extras.SAMPLED_SUFFIX]
+    assert store.extraction(run["extraction_id"])["set_name"] == extras.SAMPLED_SET
+    s = run["summary"]
+    assert s["temperature"] == extras.SAMPLED_T and s["block_size"] == 16
+    assert 1 <= s["tau_expected"] <= s["block_size"], s["tau_expected"]
+    assert extras.done(store, demo.SET_NAME)

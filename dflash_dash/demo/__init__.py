@@ -1,25 +1,27 @@
 """The built-in demo workspace: a small trained hybrid target, DFlash checkpoints and a shipped fla extraction.
 
 Contract: `build(workspace, progress)` makes `workspace` hold the demo, through the same operations a user runs: the
-committed assets (`assets/`, described by `assets/MANIFEST.json`) are copied to `<workspace>/demo/`; the local
-SGLang stand-in serves the target in a subprocess, decoding speculatively with the final checkpoint (`server_argv`:
-the same greedy tokens, with SGLang's per-step counters), while `pipeline.fetch` stores the greedy completions of
-`coding-10` and those counters (engine `sglang`, for the Conformance page); `pipeline.extract` extracts them on the
-CPU (torch path); the coding-10 features that were extracted on a GPU with fla kernels are imported as a second
-extraction (backend `fla`) for the completions whose token ids equal the shipped ones (any that differ are left out
-and named in `<workspace>/demo/BUILD.json` and the log); then every checkpoint of MANIFEST.json's `checkpoints` list
-(`checkpoints`: `healthy/step{NNNN}/` snapshots of one healthy run, roles early / series / final, and
-`bugs/{name}/`, role bug) is replayed on the torch extraction under its listed name, in the listed order, and the
-final one on the fla extraction too (name + FLA_SUFFIX). Idempotent and resumable: what the store already holds is
-not redone, and a workspace that has all the demo runs is left as it is (the demo's extractions are the oldest of
-their kind: one the user adds later, e.g. by Re-extract, gets no demo runs). No network beyond the local server on
-127.0.0.1. `configure(workspace)` (called by `build`, also on a built workspace) writes `<workspace>/config.toml`
-when there is none, pointing `[server] url` at `SERVER_URL`: the port where `make run` (`dflash_dash.launch`) serves
-the demo target beside the dashboard, so that fetching and re-extracting with orchestration work from the pages. An
-existing config.toml is never touched. `story(workspace, runs)` is what the Overview of a demo workspace tells (the
-checkpoints' `what` sentences and the runs that reveal each); `series_folder` is where the sweep chart opens;
-`served_drafter` is the checkpoint the demo server decodes with. The assets were made by `python -m
-tools.demo.make_assets` (development tooling in `tools/demo/`, outside this package).
+committed assets (`assets/`, described by `assets/MANIFEST.json`) are copied to `<workspace>/demo/`; the local SGLang
+stand-in serves the target in a subprocess, decoding speculatively with the final checkpoint (`server_argv`: the same
+greedy tokens, with SGLang's per-step counters), while `pipeline.fetch` stores the greedy completions of `coding-10` and
+those counters (engine `sglang`, for the Conformance page); `pipeline.extract` extracts them on the CPU (torch path);
+the coding-10 features that were extracted on a GPU with fla kernels are imported as a second extraction (backend `fla`)
+for the completions whose token ids equal the shipped ones (any that differ are left out and named in
+`<workspace>/demo/BUILD.json` and the log); then every checkpoint of MANIFEST.json's `checkpoints` list (`checkpoints`:
+`healthy/step{NNNN}/` snapshots of one healthy run, roles early / series / final, and `bugs/{name}/`, role bug) is
+replayed on the torch extraction under its listed name, in the listed order, and the final one on the fla extraction too
+(name + FLA_SUFFIX); the extras (`extras`) add, among others, coding-10 sampled at a temperature (`extras.SAMPLED_SET`,
+fetched beside the greedy sets and extracted on the CPU with the target's top-K, before the greedy set) and the final
+checkpoint's replay on it at that temperature (name + `extras.SAMPLED_SUFFIX`, after the plan's replays). Idempotent and
+resumable: what the store already holds is not redone, and a workspace that has all the demo runs is left as it is (the
+demo's extractions are the oldest of their kind: one the user adds later, e.g. by Re-extract, gets no demo runs). No
+network beyond the local server on 127.0.0.1. `configure(workspace)` (called by `build`, also on a built workspace)
+writes `<workspace>/config.toml` when there is none, pointing `[server] url` at `SERVER_URL`: the port where `make run`
+(`dflash_dash.launch`) serves the demo target beside the dashboard, so that fetching and re-extracting with
+orchestration work from the pages. An existing config.toml is never touched. `story(workspace, runs)` is what the
+Overview of a demo workspace tells (the checkpoints' `what` sentences and the runs that reveal each); `series_folder` is
+where the sweep chart opens; `served_drafter` is the checkpoint the demo server decodes with. The assets were made by
+`python -m tools.demo.make_assets` (development tooling in `tools/demo/`, outside this package).
 """
 
 from __future__ import annotations
@@ -128,7 +130,8 @@ def story(workspace: str | Path, runs: list[Run]) -> dict | None:
     opens on); each bug's entry adds "ref": the final checkpoint's run on the bug run's extraction. Also
     "families": the other families' entries, "engine": {"run": the final's run on a CPU extraction, "engine":
     extras.FAULT_ENGINE, "fault"} (Conformance's non-conforming engine; None until the build kept its counters)
-    and "baseline": {"run", "name"} or None."""
+    and "baseline": {"run", "name"} or None; "sampled": {"run", "name", "set", "temperature"} of the final's replay at
+    a temperature on the sampled set (`extras.SAMPLED_SET`), or None; that run is none of the entries above."""
     from ..analysis.compare import SERVING_BACKENDS
     from ..drafters import step_of
 
@@ -146,12 +149,20 @@ def story(workspace: str | Path, runs: list[Run]) -> dict | None:
         return {"name": ck.name, "what": ck.what, "step": step_of(ck.dir), "run": run and run.id}
 
     fin = final(cks)
+    hot = extras.sampled_run(runs, fin.path)
+    runs = [r for r in runs if r.set_name != extras.SAMPLED_SET]  # the greedy entries' runs
     fams = [entry(c, run_of(c)) for c in cks if c.role == "family"]
     plain = [r for r in runs if r.checkpoint == str(fin.path) and r.backend not in SERVING_BACKENDS]
     base = next((r for r in runs if r.baseline), None)
     engine = {"run": plain[0].id if plain else None, "engine": extras.FAULT_ENGINE, "fault": extras.FAULT}
     engine = engine if (Path(workspace) / "demo" / extras.STATS).is_file() else None  # kept by the build
     more = {"families": fams, "engine": engine, "baseline": base and {"run": base.id, "name": base.name}}
+    more["sampled"] = hot and {
+        "run": hot.id,
+        "name": hot.name,
+        "set": extras.SAMPLED_SET,
+        "temperature": extras.SAMPLED_T,
+    }
     bugs = []
     for ck in (c for c in cks if c.role == "bug"):
         r = run_of(ck)
@@ -184,13 +195,13 @@ def _say(progress: Progress, step: int, steps: int, what: str, log: list[str]) -
     return tick
 
 
-def _find_extraction(store, target: Path, backend: str) -> Extraction | None:
-    """The demo's own extraction with this backend: the OLDEST finished one of the demo set, target and layers. A
+def _find_extraction(store, target: Path, backend: str, set_name: str = SET_NAME) -> Extraction | None:
+    """The demo's own extraction with this backend: the OLDEST finished one of `set_name`, target and layers. A
     later one with the same settings (a Re-extract from the dashboard) is the user's, never the demo's: taking the
     newest would make the next `make run` replay every demo checkpoint onto it."""
     for e in store.extractions():  # oldest first
         if (
-            e.set_name == SET_NAME
+            e.set_name == set_name
             and e.target_path == str(target)
             and e.backend == backend
             and e.layer_ids == LAYER_IDS
@@ -198,6 +209,31 @@ def _find_extraction(store, target: Path, backend: str) -> Extraction | None:
         ):
             return e
     return None
+
+
+def _extract(store, target: Path, set_name: str, progress: Progress) -> Extraction:
+    """The demo's CPU (torch) extraction of `set_name`, with the target's top-K (for the expected acceptance at a
+    temperature): the finished one, else a pending one resumed, else a new one."""
+    from .. import ops, pipeline
+
+    done = _find_extraction(store, target, "torch", set_name)
+    if done is not None:
+        return done
+    pending = [
+        e
+        for e in store.extractions()
+        if e.set_name == set_name and e.target_path == str(target) and e.backend == "torch" and e.status != "done"
+    ]
+    op = ops.Extract(
+        target=str(target),
+        completions=set_name,
+        layers=LAYER_IDS,
+        device="cpu",
+        dtype="float32",
+        extraction_id=pending[-1].id if pending else None,
+        target_topk=ops.TARGET_TOPK,
+    )
+    return store.extraction(pipeline.extract(store, op, progress))
 
 
 def _replayed(store) -> set[tuple[str, str]]:
@@ -347,23 +383,9 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
     extras.fetch_all(store, target, root, final(cks).path, tick)
 
     tick = _say(progress, 3, steps, "CPU extraction (torch path)", log)
-    torch_ex = _find_extraction(store, target, "torch")
-    if torch_ex is None:
-        pending = [
-            e
-            for e in store.extractions()
-            if e.set_name == SET_NAME and e.target_path == str(target) and e.backend == "torch" and e.status != "done"
-        ]
-        op = ops.Extract(
-            target=str(target),
-            completions=SET_NAME,
-            layers=LAYER_IDS,
-            device="cpu",
-            dtype="float32",
-            extraction_id=pending[-1].id if pending else None,
-        )
-        ex_id = pipeline.extract(store, op, tick)
-        torch_ex = store.extraction(ex_id)
+    # the sampled set first: the greedy set's torch extraction stays the newest of its backend, as before it
+    hot_ex = _extract(store, target, extras.SAMPLED_SET, lambda d, n, m: tick(d, n, f"{extras.SAMPLED_SET}: {m}"))
+    torch_ex = _extract(store, target, SET_NAME, tick)
 
     tick = _say(progress, 4, steps, "import the shipped fla extraction", log)
     fla_ex = _find_extraction(store, target, "fla")
@@ -400,7 +422,16 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
         )
         runs[name] = {"id": out["id"], "tau_macro": out["summary"]["tau_macro"]}
         log.append(f"replayed {name}: tau macro {out['summary']['tau_macro']:.3f}")
-    tick(len(plan), len(plan), f"{len(runs)} runs replayed")
+    name = final(cks).name + extras.SAMPLED_SUFFIX  # after the plan's runs: their order stays as it was
+    tick(len(plan), len(plan) + 1, f"replaying {name} on {extras.SAMPLED_SET} (extraction {hot_ex.id})")
+    out = extras.replay_sampled(
+        store, final(cks).path, hot_ex.id, name, TREE_BUDGET, lambda d, n, m: tick(d, n, f"{name}: {m}")
+    )
+    if not out.get("reused"):
+        hot = out["summary"]
+        runs[name] = {"id": out["id"], "tau_macro": hot["tau_macro"], "tau_expected": hot.get("tau_expected")}
+        log.append(f"replayed {name}: tau macro {hot['tau_macro']:.3f}, expected tau {hot.get('tau_expected')}")
+    tick(len(plan) + 1, len(plan) + 1, f"{len(runs)} runs replayed")
 
     tick = _say(
         progress, 6, steps, f"engine fault ({extras.FAULT}): its counters and fault ranking; n-gram baseline", log
@@ -420,6 +451,7 @@ def build(workspace: str | Path, progress: Progress = None, assets: Path = ASSET
         "target": str(target),
         "torch_extraction": torch_ex.id,
         "fla_extraction": fla_ex.id,
+        "sampled_extraction": hot_ex.id,
         "mismatched_completions": mismatched,
         "runs": runs,
         "seconds": round(time.perf_counter() - t0, 1),

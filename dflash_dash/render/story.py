@@ -1,12 +1,14 @@
-"""The demo's story on the Overview: what its checkpoints are, in three sentences, each linking the view that
-reveals it.
+"""The demo's story on the Overview: what its checkpoints are, in three sentences, each linking the view that reveals
+it.
 
 Contract: `story_html(story)` takes `demo.story` (the checkpoints' names and `what` sentences from the demo's
 MANIFEST.json, their run ids) and returns one HTML block of three sentences: the healthy run (its snapshots, the
 early one's `what`, a link to the sweep chart of its folder on Compare), the final checkpoint (its `what`, a link to
-its run on Acceptance) and the bug checkpoints (each `what`, each a link to Diagnostics' "Training-bug signatures"
-for that run against the final checkpoint's run on the same extraction: `diagnostics?sig_run=ID&sig_ref=ID`). Every
-text is escaped and every id percent-encoded; a checkpoint without a run yet is named without a link.
+its run on Acceptance, and its replay on the sampled completions at their temperature when the story has one:
+tau_expected and the predicted speedup at T) and the bug checkpoints (each `what`, each a link to Diagnostics'
+"Training-bug signatures" for that run against the final checkpoint's run on the same extraction:
+`diagnostics?sig_run=ID&sig_ref=ID`). Every text is escaped and every id percent-encoded; a checkpoint without a run
+yet is named without a link.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def story_html(story: dict) -> str:
     curve = _a(story["folder"] and sweep_link(story["folder"]), "its training curve on Compare")
     healthy = f"<b>A healthy run</b> ({len(series)} snapshots{escape(span)}; {curve}). {_what(series[0])}"
     acc = _a(fin["run"] and run_link(fin["run"]), "its acceptance on Acceptance, token by token")
-    final = f"<b>Its final checkpoint</b> ({acc}). {_what(fin)}"
+    final = f"<b>Its final checkpoint</b> ({acc}). {_what(fin)}{_sampled(story.get('sampled'))}"
     each = " ".join(
         f"{_what(b)} ("
         + _a(b["run"] and b["ref"] and signature_link(b["run"], b["ref"]), "its signature against the final one")
@@ -72,6 +74,15 @@ LEAD = (  # the Overview's first lines in a demo workspace: what to look at, wha
     "Compare each bug against it, then Conformance: the same drafter served by an engine that conforms and by one "
     "that does not.</p>"
 )
+
+
+def _sampled(hot: dict | None) -> str:
+    """The final's sentence on its replay over sampled completions (none without that run)."""
+    if not hot:
+        return ""
+    t = f"T = {hot['temperature']:g}"
+    link = _a(run_link(hot["run"]), f"its expected tau and predicted speedup at {t} on Acceptance")
+    return f" Also replayed on <code>{escape(hot['set'])}</code>, completions sampled at {t} ({link})."
 
 
 def _more(story: dict) -> list[str]:
