@@ -5,10 +5,13 @@ and the runner of their per-prompt work (`worker.here`, jobs.workers' pool, a Ra
 hands it over); all three go through `replay_many`, which validates every checkpoint (config, target) before any
 replay, runs the per-prompt part (`device_io.replay_work`, given an `ops.ReplayWork` carrying `op.settings` whole)
 through the runner, and stores each checkpoint's run (`runs.store_run`: summary, settings, per-prompt rows, kept
-analyses) as soon as its results are all in. A run with the same settings whole is reused (`runs.wanted`) unless
-`force`. A drafter replays on any extraction holding its target layers (an extraction of several drafters' union):
-it reads its own columns (`features.columns`), and one needing a layer the extraction lacks is refused before any
-work (`features.LayersMissing`).
+analyses) as soon as its results are all in. A stored run is reused unless `force` when it is the same replay
+(`runs.reused`, the one reuse check: the same checkpoint path, extraction, device kind and settings whole, AND the
+checkpoint's weights as they are now: its identity fingerprint, computed at most once per checkpoint per
+operation and handed on to the store step); a checkpoint retrained or re-exported in place is replayed again.
+A drafter replays on any extraction holding its target layers (an extraction of several drafters' union): it reads
+its own columns (`features.columns`), and one needing a layer the extraction lacks is refused before any work
+(`features.LayersMissing`).
 With `features` (replay --features DIR) a trainer's cache is first imported as a set and an extraction of its
 own features (`trainer_cache.imported`; the run's summary "source": "trainer cache: DIR") and replayed as any
 extraction. With `stream` (replay --stream, sweep --stream) the features come from the target instead of an
@@ -28,7 +31,7 @@ from ..store import Extraction, Run, Store
 from .base import Progress, Runner, tick
 from .expected import require_topk
 from .features import check_drafter, require_files
-from .runs import store_run, stored_keys, wanted
+from .runs import reused, store_run
 from .stream import stream
 from .trainer_cache import imported
 
@@ -68,25 +71,27 @@ def replay(store: Store, op: ops.Replay, progress: Progress, runner: Runner) -> 
     `max_prompts` N: only the first N prompts of the extraction (set order).
     A refused checkpoint (other family, unknown tensors, unsafe pickle) raises before anything is stored.
     A run that `same_run` finds is returned instead (with "reused": True) unless `op.force`: replaying it again
-    would store a duplicate."""
+    would store a duplicate. A checkpoint whose weights changed since (overwritten in place) is replayed again."""
     ck = ops.CheckpointSpec(op.drafter, op.name)
     if op.stream:  # the target computes the features as the replay needs them: a new streamed extraction
         return stream(store, op, [ck], progress, runner)[0] | {"reused": False}
     # the extraction (an id, `latest`, or a trainer's cache imported as one) resolved once, at the door
     ex = imported(store, op, progress) if op.features else store.extraction(op.extraction)
     op = replace(op, extraction=ex.id)
-    if not op.force and (old := same_run(store, op, ex)):
+    idents: dict[str, dict] = {}  # the checkpoint's identity, read once for the reuse check and the store step
+    if not op.force and (old := same_run(store, op, ex, idents)):
         tick(progress, 1, 1, f"run {old.id} already replayed this checkpoint with these settings: reused")
         return {"id": old.id, "summary": old.summary, "reused": True}
-    return replay_many(store, [ck], op, ex, progress, runner)[0] | {"reused": False}
+    return replay_many(store, [ck], op, ex, progress, runner, idents)[0] | {"reused": False}
 
 
-def same_run(store: Store, op: ops.Replay, ex: Extraction) -> Run | None:
-    """The newest stored run that `op` would repeat (`runs.wanted`): the same checkpoint on extraction `ex` (the
-    op's, resolved by the caller) and device kind (cpu or cuda), with the same settings whole (`runs.resolved`);
-    None when there is none."""
-    want = wanted(store, ex, ops.CheckpointSpec(op.drafter), op.settings, op.devices()[0])
-    got = stored_keys(store, ex, type(op.settings)).get(want)
+def same_run(store: Store, op: ops.Replay, ex: Extraction, idents: dict[str, dict] | None = None) -> Run | None:
+    """The newest stored run that `op` would repeat (`runs.reused`): the same checkpoint on extraction `ex` (the
+    op's, resolved by the caller) and device kind (cpu or cuda), with the same settings whole (`runs.resolved`) and
+    the same weights (its kept identity's fingerprint); None when there is none. `idents`: the operation's memo of
+    checkpoint identities (filled here, reused by its store step)."""
+    spec = ops.CheckpointSpec(op.drafter)
+    (got,) = reused(store, ex, [spec], op.settings, op.devices()[0], {} if idents is None else idents)
     return store.run_row(got) if got else None
 
 
@@ -97,13 +102,15 @@ def replay_many(
     ex: Extraction,
     progress: Progress,
     runner: Runner,
+    idents: dict[str, dict] | None = None,
 ) -> list[dict]:
     """Replay several checkpoints over ONE read of extraction `ex`'s features (`op.extraction`, resolved by the caller;
     `device_io.replay_work`: passes of sequences, each replayed by every checkpoint in turn, one drafter loaded at a
     time), on `op`'s first device with its settings (`op.settings`, whole, in the worker's `ops.ReplayWork`). Every
     checkpoint is validated (config, tensors, target) before any replay; each run is stored, with the metrics over all
     prompts, as soon as its checkpoint's results are all in (so a later failure keeps it). The per-prompt work runs
-    here, or through `runner` (prompts sharded over worker processes, one per GPU). Returns [{"id", "summary"}] in the
+    here, or through `runner` (prompts sharded over worker processes, one per GPU). `idents`: the operation's memo of
+    checkpoint identities (`runs.identified`), computed by its reuse check. Returns [{"id", "summary"}] in the
     order given."""
     device, settings = op.devices()[0], op.settings
     if ex.status != "done":
@@ -144,6 +151,7 @@ def replay_many(
                 device=device,
                 progress=progress,
                 comps=comps,
+                idents=idents,
             )
     for loc, o, by_id in zip(plan, out, got):
         if o is None:
@@ -215,7 +223,8 @@ def sweep(store: Store, op: ops.Sweep, progress: Progress, runner: Runner) -> li
     (`replay_many`, chain-only anchors by default); returns run ids in step order (a `Swept`: its `skipped` lists
     what under the folder is not a checkpoint, `checkpoints_in`). A checkpoint already replayed
     on this extraction with the same settings (an every-anchor run also serves a chain-only sweep: `stored_keys`)
-    is not replayed again (its latest run id is returned). Every checkpoint is validated before the first replay, so a
+    and the same weights (`runs.reused`) is not replayed again (that run's id is returned); one overwritten in
+    place since is. Every checkpoint is validated before the first replay, so a
     refused one stops the sweep with nothing stored."""
     cks, notes = checkpoints_in(op.checkpoints)
     for n in notes:
@@ -228,13 +237,13 @@ def sweep(store: Store, op: ops.Sweep, progress: Progress, runner: Runner) -> li
         return ids
     ex = store.extraction(op.extraction)
     settings, device = op.settings, op.devices()[0]
-    keys = [wanted(store, ex, ck, settings, device) for ck in specs]  # each config read (a bad one: refused now)
-    have = stored_keys(store, ex, type(settings), chain_from_every=True)  # the same settings (every-anchor: also)
-    todo = [ck for ck, k in zip(specs, keys) if k not in have]
+    idents: dict[str, dict] = {}  # each checkpoint's identity, read once for the reuse check and its store step
+    have = reused(store, ex, specs, settings, device, idents, chain_from_every=True)  # each config read: refused now
+    todo = [ck for ck, h in zip(specs, have) if h is None]
     tick(progress, 0, len(cks), f"{len(cks)} checkpoints, {len(cks) - len(todo)} already replayed on {ex.id}")
-    new = replay_many(store, todo, replace(op, extraction=ex.id), ex, progress, runner) if todo else []
+    new = replay_many(store, todo, replace(op, extraction=ex.id), ex, progress, runner, idents) if todo else []
     fresh = {ck.path: r["id"] for ck, r in zip(todo, new)}
-    ids = Swept(have.get(k) or fresh[ck.path] for ck, k in zip(specs, keys))
+    ids = Swept(h or fresh[ck.path] for ck, h in zip(specs, have))
     ids.skipped = notes
     tick(progress, len(cks), len(cks), f"replayed {len(todo)} checkpoints")
     return ids

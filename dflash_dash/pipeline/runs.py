@@ -1,13 +1,19 @@
 """Run storing: the parent's store step of a replayed checkpoint, the settings a run records, and reuse.
 
 Contract: `store_run(store, extraction=..., checkpoint=..., results=..., settings=..., device=...)` stores one
-checkpoint's run (summary over all prompts, per-prompt rows, kept analyses, its served identity) with its settings
-whole: `resolved(settings, cfg, total)`, the `ops.ReplaySettings` as they acted on this drafter and extraction
-(sliding semantics resolved, None for a drafter without sliding layers; max_prompts None when it covers every
-prompt; the verify rule its default without a temperature), kept as JSON in the run's summary ("settings").
-`recorded(run, ...)` reads them back (a run stored before they were recorded: what its row and summary say, the
-rest defaults), and `reused(store, ...)` finds the newest run of the same checkpoint on the same extraction and
-device kind whose recorded settings equal the wanted ones whole: a new setting takes part with no change here.
+checkpoint's run (summary over all prompts, per-prompt rows, kept analyses, its replayed identity `identified`)
+with its settings whole: `resolved(settings, cfg, total)`, the `ops.ReplaySettings` as they acted on this drafter
+and extraction (sliding semantics resolved, None for a drafter without sliding layers; max_prompts None when it
+covers every prompt; the verify rule its default without a temperature), kept as JSON in the run's summary
+("settings"). `recorded(run, ...)` reads them back (a run stored before they were recorded: what its row and
+summary say, the rest defaults).
+Two runs are the same replay when they share the `key` (checkpoint path, extraction, device kind, recorded
+settings whole: a new setting takes part with no change here) AND the checkpoint's weights (`same_weights`): a
+folder retrained or re-exported in place keeps its path, not its weights. `reused(store, ...)` is the one reuse
+check of every path (replay, sweep): per checkpoint, the newest run of its key whose kept identity matches the
+checkpoint as it is now, else None. The identity (`identified`: config + weights hash, a full read of the
+weights) is computed at most once per checkpoint per operation: the operation's `idents` memo, handed from
+`reused` to `store_run`.
 The display name and the GPU sharding do not change a result, so they are not settings.
 """
 
@@ -17,11 +23,12 @@ import json
 from dataclasses import fields, replace
 
 from .. import drafters as drafter_mod, metrics, ops
+from ..drafters.identity import identity
 from ..store import Completion, Extraction, Run, Store, new_id
 from .base import Progress, tick
 from .expected import labels
 from .kept import ANALYSES, keep
-from .served import keep_replayed
+from .served import KEPT, keep_replayed
 from .trainer_cache import source_of as trainer_source
 
 
@@ -65,27 +72,28 @@ def recorded(run: Run, cls: type[ops.Settings], total: int) -> dict:
 
 
 def key(checkpoint: str, extraction: str | None, device: str | None, settings: dict) -> tuple:
-    """What makes two runs the same replay: checkpoint, extraction, device kind (cpu, cuda) and settings whole."""
+    """The settings side of the same replay: checkpoint path, extraction, device kind (cpu, cuda) and settings
+    whole. Its weights are the other side (`same_weights`)."""
     return (checkpoint, extraction, (device or "cpu").split(":")[0], json.dumps(settings, sort_keys=True))
 
 
 def stored_keys(
     store: Store, extraction: Extraction, cls: type[ops.Settings], chain_from_every: bool = False
-) -> dict[tuple, str]:
-    """{`key`: the newest run id} of the runs on `extraction`. With `chain_from_every` (a sweep, which wants each
-    checkpoint's chain rounds), an every-anchor run also answers the chain-only request of its other settings (its
-    chain rounds are the same walk; it only holds more), unless a chain-only run of those settings is stored; a
+) -> dict[tuple, list[str]]:
+    """{`key`: its run ids, newest first} of the runs on `extraction`. With `chain_from_every` (a sweep, which wants
+    each checkpoint's chain rounds), every-anchor runs also answer the chain-only request of their other settings
+    (their chain rounds are the same walk; they only hold more), after the chain-only runs of those settings; a
     replay asked for chain-only stores one."""
     total = len(store.items(extraction.id))
-    out: dict[tuple, str] = {}
-    also: dict[tuple, str] = {}
-    for r in store.runs():
+    out: dict[tuple, list[str]] = {}
+    also: dict[tuple, list[str]] = {}
+    for r in reversed(store.runs()):  # newest first
         if r.extraction_id == extraction.id:
             s = recorded(r, cls, total)
-            out[key(r.checkpoint, r.extraction_id, r.device, s)] = r.id
+            out.setdefault(key(r.checkpoint, r.extraction_id, r.device, s), []).append(r.id)
             if chain_from_every and s.get("anchors") == "every":
-                also[key(r.checkpoint, r.extraction_id, r.device, s | {"anchors": "chain"})] = r.id
-    return also | out
+                also.setdefault(key(r.checkpoint, r.extraction_id, r.device, s | {"anchors": "chain"}), []).append(r.id)
+    return {k: out.get(k, []) + also.get(k, []) for k in out.keys() | also.keys()}
 
 
 def wanted(
@@ -95,6 +103,69 @@ def wanted(
     loc = drafter_mod.locate(checkpoint.path, settings.draft_config)
     done = resolved(settings, drafter_mod.config_of(loc), len(store.items(extraction.id)))
     return key(str(loc.path), extraction.id, device, done.to_json())
+
+
+def identified(loc: drafter_mod.Checkpoint, draft_config: str | None, idents: dict[str, dict]) -> dict:
+    """The identity kept with a run of located checkpoint `loc`: `drafters.identity` (config and weights hash, a
+    full read of the weights) with "files": [name, size, mtime_ns] of each weights file. Read once per operation:
+    `idents` (the operation's memo, by checkpoint path) holds it after."""
+    at = str(loc.path)
+    if at not in idents:
+        stats = [(f.name, f.stat()) for f in loc.weights]
+        idents[at] = identity(loc.path, draft_config) | {"files": [[n, st.st_size, st.st_mtime_ns] for n, st in stats]}
+    return idents[at]
+
+
+def same_weights(kept: dict | None, now: dict) -> bool:
+    """Whether a run whose kept identity is `kept` replayed the checkpoint whose identity is `now` (`identified`):
+    - `now` with a fingerprint (an HF folder: config + weights hash): the fingerprints are equal;
+    - `now` without one (a SpecForge runtime checkpoint: its file holds optimizer state, so no weights hash): the
+      config hashes are equal and so are the weights files' names, sizes and mtimes (a file rewritten in place
+      changes its mtime; a copy made without keeping mtimes is replayed again, never mistaken);
+    - no kept identity (a run stored before identities were kept), or one without what `now` is compared by:
+      False, since what it replayed cannot be told; the checkpoint is replayed again."""
+    if not kept:
+        return False
+    if now.get("fingerprint") is not None:
+        return kept.get("fingerprint") == now["fingerprint"]
+    return (
+        kept.get("fingerprint") is None
+        and kept.get("config_hash") == now.get("config_hash")
+        and kept.get("files") is not None
+        and kept.get("files") == now.get("files")
+    )
+
+
+def _kept(store: Store, run_id: str) -> dict | None:
+    """The identity kept with run `run_id` at its store step (as `served.replayed` reads it), or None."""
+    got = store.analysis(run_id, KEPT)
+    return got if isinstance(got, dict) else None
+
+
+def reused(
+    store: Store,
+    extraction: Extraction,
+    checkpoints: list[ops.CheckpointSpec],
+    settings: ops.ReplaySettings,
+    device: str,
+    idents: dict[str, dict],
+    chain_from_every: bool = False,
+) -> list[str | None]:
+    """Per checkpoint (in the order given), the newest stored run that its replay on `extraction` with `settings`
+    on `device` would repeat: the same `key` (`wanted`; `chain_from_every`: see `stored_keys`) and the same
+    weights (`same_weights`, against its kept identity), else None. Each config is read (a bad one: refused
+    now); a checkpoint's identity is computed only when a run of its key is stored, at most once per operation
+    (`idents`, the operation's memo, which `store_run` reuses)."""
+    have = stored_keys(store, extraction, type(settings), chain_from_every)
+    out: list[str | None] = []
+    for ck in checkpoints:
+        runs = have.get(wanted(store, extraction, ck, settings, device), [])
+        if not runs:
+            out.append(None)
+            continue
+        now = identified(drafter_mod.locate(ck.path, settings.draft_config), settings.draft_config, idents)
+        out.append(next((r for r in runs if same_weights(_kept(store, r), now)), None))
+    return out
 
 
 def store_run(
@@ -107,10 +178,12 @@ def store_run(
     device: str,
     progress: Progress = None,
     comps: dict[str, Completion] | None = None,
+    idents: dict[str, dict] | None = None,
 ) -> dict:
     """The parent's store step of one replayed checkpoint: its summary over all prompts (`results`, in set order),
     the run (with its `resolved` settings) and its per-prompt rows stored, then every whole-run analysis kept.
-    `comps`: the set's completions by prompt id, when the caller has them. Returns {"id", "summary"}."""
+    `comps`: the set's completions by prompt id, when the caller has them; `idents`: the operation's memo of
+    checkpoint identities (`identified`), when its reuse check computed them. Returns {"id", "summary"}."""
     from .. import replay as replay_mod  # torch: the store step's summary
 
     ex = extraction
@@ -152,7 +225,8 @@ def store_run(
         ),
         results,
     )
-    keep_replayed(store, run_id, loc.path, settings.draft_config)  # its identity, for conformance's verdict
+    ident = identified(loc, settings.draft_config, {} if idents is None else idents)
+    keep_replayed(store, run_id, loc.path, settings.draft_config, ident)  # for conformance's verdict and reuse
     tick(progress, 0, 0, f"analysing run {run_id} (kept for the pages)")
     keep(store, run_id, ANALYSES, results, summary, comps)  # computed now, from the rows in hand: no page scans them
     return {"id": run_id, "summary": summary}

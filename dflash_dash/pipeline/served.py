@@ -71,9 +71,12 @@ def _named(s: dict) -> str:
     return str(s.get("draft_model_path") or s.get("algorithm") or "(unnamed)")
 
 
-def keep_replayed(store: Store, run_id: str, path: str | Path, draft_config: str | Path | None = None) -> None:
-    """Keep the identity of the checkpoint a run just replayed (at its store step)."""
-    store.set_analysis(run_id, KEPT, identity(path, draft_config))
+def keep_replayed(
+    store: Store, run_id: str, path: str | Path, draft_config: str | Path | None = None, ident: dict | None = None
+) -> None:
+    """Keep the identity of the checkpoint a run just replayed (at its store step): `ident` when the caller
+    computed it already (`runs.identified`, which adds the weights files' stamps reuse compares), else computed."""
+    store.set_analysis(run_id, KEPT, ident if ident is not None else identity(path, draft_config))
 
 
 def replayed(store: Store, run: Run) -> dict:
