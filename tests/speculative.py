@@ -29,10 +29,9 @@ from dflash_dash import demo
 DEMO = ROOT / "dflash_dash" / "demo" / "assets"
 FINAL = demo.final(demo.checkpoints(DEMO / demo.CHECKPOINTS)).path  # the demo's healthy final drafter
 TARGET = DEMO / "target"
-# the demo's noisy-labels checkpoint (MANIFEST.json): a trained drafter that still misses often (tau 1.30, a
-# fifth of its first drafts accepted), so engine faults move accepted steps and the prompts span lower and higher
-# acceptance; the early one almost never gets a draft accepted (1.08), the healthy ones draft nearly whole blocks
-DRAFT = next(c for c in demo.checkpoints(DEMO / demo.CHECKPOINTS) if c.bug == "noisy_labels").path
+# the healthy run's last snapshot before the final (MANIFEST.json): a trained drafter that still misses often (about
+# half the final's tau), so engine faults move accepted steps and the prompts span lower and higher acceptance
+DRAFT = [c for c in demo.checkpoints(DEMO / demo.CHECKPOINTS) if c.role == "series"][-1].path
 IDS = ["json_parser", "merge_sort", "graph_bfs", "matrix_multiply"]
 N = 40  # new tokens per prompt
 

@@ -12,7 +12,7 @@ speculative type, and in some builds the draft lengths, only), so both replays a
 threshold (or none: its verify steps come from /metrics, off here) cannot settle which drafter it served.
 
 Engine above: the demo's healthy checkpoint decoded in-process under the stand-in's own speculative decoder, its
-counters stored as an engine's, against the replay of the noisy-labels checkpoint (tau 1.30): `engine-above`.
+counters stored as an engine's, against the replay of a weaker snapshot of its training run: `engine-above`.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def test_resumed_fetch_from_a_server_serving_another_drafter_is_refused(fetched,
 
 def test_engine_above_the_replay_is_flagged(spec_workspace, tmp_path):
     """Engine stats of a better drafter (the demo's healthy checkpoint, decoded by the stand-in's own speculative
-    decoder on the same completions) against the replay of a worse one (noisy-labels): the engine is above the
+    decoder on the same completions) against the replay of a worse one (an earlier snapshot): the engine is above the
     replay on every prompt, and the verdict says so (no served record: numbers settle it)."""
     ws = private_copy(spec_workspace["ws"], tmp_path / "ws")
     st = Store(ws)

@@ -85,7 +85,9 @@ def test_runs_and_tau(ws):
         t = rs[c.name]["summary"]["tau_macro"]
         assert t < tau["final"] if c.role == "bug" else t <= tau["final"] + 1e-9, c
     assert ci["final"][0] > max(ci["early"][1], ci["buggy"][1]), ci  # clearly above: the intervals apart
-    assert tau["fla"] == pytest.approx(tau["final"], abs=0.02), tau  # same model, other kernels
+    # same model, other kernels: the features differ by a relative L2 of about 1e-3, enough to flip a draft at a
+    # near-tie now and then
+    assert tau["fla"] == pytest.approx(tau["final"], rel=0.02), tau
     # every run's rounds and tau are what the chain walk over its accepted_at gives (walked here, by hand)
     comps = {c["prompt_id"]: c for c in Store(ws).completions(demo.SET_NAME)}
     for e in (early, final, buggy, fla):

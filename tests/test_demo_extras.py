@@ -1,8 +1,7 @@
 """The demo's relations beyond its DFlash runs, on the demo workspace built once per session: one drafter
 of each other family with its view, an engine that does not conform (flagged, its evidence kept, its fault named
-by the ranking), the n-gram baseline and the HumanEval completions; and the relations the retrained assets must
-meet: the sweep's points, the final tau's range and what each bug costs (strictly expected to fail on the shipped
-assets, see RETRAIN).
+by the ranking), the n-gram baseline and the HumanEval completions; the sweep's points, the final tau's range and what
+each bug costs.
 """
 
 from __future__ import annotations
@@ -23,16 +22,13 @@ pytestmark = pytest.mark.skipif(
 
 CKS = demo.checkpoints(demo.ASSETS / demo.CHECKPOINTS) if (demo.ASSETS / "MANIFEST.json").is_file() else []
 HEALTHY = [c for c in CKS if c.role in ("early", "series", "final")]  # the sweep's points, as the manifest lists
-# The shipped assets predate the retrain. The stdlib-mixed retrain (benchmarks/RESULTS.md, "Demo retrain on the
-# stdlib-mixed corpus") gave nine snapshots but still a final tau of 14.4 on coding-10 (its drafter learnt the
-# synthetic functions' templates, and little of the standard library's code: tau 1.3 there), soft KL at 0.93x, a
-# snapshot above the final and an early snapshot flagged as a shortcut, so it was not shipped.
-RETRAIN = pytest.mark.xfail(
-    reason="the demo's assets (3 healthy snapshots, final tau 14.7, soft KL 0.97x) do not meet the issue's "
-    "relations; strict: it must pass once a retrain that meets them lands",
+# The soft-KL run of the shipped assets was trained at temperature 4 (the hottest the first device call tried) and
+# costs 0.71x of the final's tau; a retrain at a hotter temperature (tools/demo/gpu.py SOFT_TS) was not run.
+SOFT_COST = pytest.mark.xfail(
+    reason="soft KL at temperature 4 costs 0.71x of the final's tau, not at most 0.6x; strict: it must pass once "
+    "the soft-KL run is retrained hotter",
     strict=True,
 )
-SWEEP = pytest.mark.xfail(len(HEALTHY) < 8, reason="3 healthy snapshots in the shipped assets", strict=True)
 
 
 @pytest.fixture(scope="module")
@@ -115,16 +111,10 @@ def test_coding_completions_are_distinct_across_prompts(ws):
     assert distinct(ws, demo.SET_NAME)
 
 
-@pytest.mark.xfail(
-    reason="the shipped target ends most HumanEval prompts at once (an empty completion); strict: it must pass "
-    "once a retrained target lands",
-    strict=True,
-)
 def test_humaneval_completions_are_distinct_across_prompts(ws):
     assert distinct(ws, extras.HUMANEVAL_SET)
 
 
-@SWEEP
 def test_the_sweep_has_eight_points(ws):
     from dflash_dash.analysis.compare import sweep_extraction, sweep_points
 
@@ -134,14 +124,22 @@ def test_the_sweep_has_eight_points(ws):
     assert len(sweep_points(rs, folder, ex)) >= 8
 
 
-@RETRAIN
-def test_final_tau_in_range_and_each_bug_costs(ws):
-    """Final tau (macro and pooled) in [3, 8]; every bug checkpoint at most 0.6 x the final's (macro)."""
+def test_final_tau_in_range(ws):
+    """Final tau (macro and pooled) in [3, 8], as real drafters on code."""
+    fin = run_of(Store(ws), demo.final(CKS))["summary"]
+    assert 3 <= fin["tau_macro"] <= 8 and 3 <= fin["tau_pooled"] <= 8, fin["tau_macro"]
+
+
+@pytest.mark.parametrize(
+    "bug",
+    [pytest.param(b, marks=SOFT_COST if b == "soft_kl" else ()) for b in ("noisy_labels", "anchor_visible", "soft_kl")],
+)
+def test_each_bug_costs(ws, bug):
+    """Every bug checkpoint at most 0.6 x the final's tau (macro)."""
     store = Store(ws)
     fin = run_of(store, demo.final(CKS))["summary"]
-    assert 3 <= fin["tau_macro"] <= 8 and 3 <= fin["tau_pooled"] <= 8, fin["tau_macro"]
-    for c in (c for c in CKS if c.role == "bug"):
-        assert run_of(store, c)["summary"]["tau_macro"] <= 0.6 * fin["tau_macro"], c.name
+    (c,) = [c for c in CKS if c.bug == bug]
+    assert run_of(store, c)["summary"]["tau_macro"] <= 0.6 * fin["tau_macro"], c.name
 
 
 def test_a_sampled_set_and_the_final_replay_at_its_temperature(ws):
@@ -166,3 +164,30 @@ def test_a_sampled_set_and_the_final_replay_at_its_temperature(ws):
     assert s["temperature"] == extras.SAMPLED_T and s["block_size"] == 16
     assert 1 <= s["tau_expected"] <= s["block_size"], s["tau_expected"]
     assert extras.done(store, demo.SET_NAME)
+
+
+def test_chat_template_completions_are_on_task_and_distinct():
+    """With the chat template on (the Fetch form's default: the prompt as the user's message, the template's
+    generation prompt after it), the demo target answers each coding-10 prompt with its code (the prompt's last line,
+    the def or class it asks for, appears in the answer), and no two answers are the same."""
+    import torch
+
+    from dflash_dash import prompts, server
+
+    eng = server.Engine(model_dir=(demo.ASSETS / demo.TARGET).resolve(), device="cpu")
+    eng.load()
+    eng.load_tokenizer()
+    tok, outs = eng.tokenizer, {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for p in prompts.load(demo.PROMPT_SET):
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": p["prompt"]}], add_generation_prompt=True, tokenize=False
+            )
+            out, _, _ = eng.greedy(tok(text, add_special_tokens=False)["input_ids"], 128, eng.eos_ids, [])
+            outs[p["id"]] = tok.decode(out)
+            assert p["prompt"].rstrip().splitlines()[-1].strip() in outs[p["id"]], (p["id"], outs[p["id"]])
+    finally:
+        torch.set_num_threads(threads)
+    assert len(set(outs.values())) == len(outs)

@@ -36,7 +36,7 @@ USED = IDS[:2]  # two prompts keep the in-process decodes short
 SLIDING = ["sliding-ignored", "sliding-bidirectional"]
 SLIDING_WINDOW = 4  # keys a sliding layer sees: far fewer than the context, fewer than the block
 NOISE = (0.05, 1)  # numerics: (noise std relative to each weight matrix's std, torch seed)
-# faults that take nearly every accepted draft of the noisy drafter: each fault that does so reproduces such an
+# faults that take nearly every accepted draft of the weaker drafter: each fault that does so reproduces such an
 # engine almost as well (one step boundary in sixty apart), no clear margin, so these rank on the healthy drafter
 BLIND = {"layer-off-by-one", "context-window"}
 HEALTHY = next(c for c in demo.checkpoints(DEMO / demo.CHECKPOINTS) if c.role == "final").path
@@ -99,7 +99,7 @@ def noisy(ck, rel: float, seed: int):
 
 @pytest.fixture(scope="module")
 def healthy(ws):
-    """The demo's healthy drafter (tau 13 on these completions), replayed and planted like the noisy one."""
+    """The demo's healthy final drafter, replayed and planted like the weaker one."""
     return variant_of(ws, HEALTHY)
 
 

@@ -157,7 +157,7 @@ def toy():
 
 @pytest.fixture(scope="module")
 def standin():
-    """One stand-in engine on the CPU, loaded once: the demo target and its trained noisy-labels drafter (some
+    """One stand-in engine on the CPU, loaded once: the demo target and a trained drafter of its (some
     drafts accepted, most not), one torch thread as the servers run."""
     with one_torch_thread():
         eng = Engine(model_dir=TARGET.resolve(), device="cpu", spec_stats="detailed")

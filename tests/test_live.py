@@ -157,7 +157,8 @@ def chi2_ok(counts: np.ndarray, p: torch.Tensor) -> bool:
 
 def test_rejection_rule_in_the_loop(trained):
     """The rejection rule decodes: at T = 0.01 (p and q nearly one-hot) it commits greedy decoding's tokens; at
-    T = 0.7 the same seed gives the same tokens, drafts are accepted, another seed differs."""
+    T = 0.7 the same seed gives the same tokens, drafts are accepted, and other seeds do not all repeat them (on a
+    confident target two seeds can draw the same 24 tokens)."""
     eng, spec = trained
     ids = eng.encode(PROMPTS[1])
     greedy, _ = live.plain(eng.model, ids, 24, lambda o: False)
@@ -165,8 +166,8 @@ def test_rejection_rule_in_the_loop(trained):
     assert cold == greedy
     one = spec.decode(eng.model, ids, 24, lambda o: None, Sampling(0.7, seed=5), "rejection")
     again = spec.decode(eng.model, ids, 24, lambda o: None, Sampling(0.7, seed=5), "rejection")
-    other = spec.decode(eng.model, ids, 24, lambda o: None, Sampling(0.7, seed=6), "rejection")
-    assert one[0] == again[0] and one[0] != other[0] and sum(one[2].accepted) >= 1
+    others = [spec.decode(eng.model, ids, 24, lambda o: None, Sampling(0.7, seed=s), "rejection")[0] for s in (6, 7, 8)]
+    assert one[0] == again[0] and any(o != one[0] for o in others) and sum(one[2].accepted) >= 1
 
 
 @torch.inference_mode()

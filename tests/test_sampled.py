@@ -55,7 +55,7 @@ def test_a_draw_depends_on_seed_and_position_only():
 @pytest.fixture(scope="module")
 def engine():
     """The demo target in-process with its healthy DFlash checkpoint, on one torch thread (as the servers run)."""
-    healthy = next(c for c in demo.checkpoints(DEMO / demo.CHECKPOINTS) if c.bug is None).path
+    healthy = demo.final(demo.checkpoints(DEMO / demo.CHECKPOINTS)).path
     with one_torch_thread():
         eng = server.Engine(model_dir=TARGET.resolve(), device="cpu")
         eng.load()

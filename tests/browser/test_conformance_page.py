@@ -50,7 +50,7 @@ def test_browser_shows_table_scatter_and_downloads_csv(spec_workspace, page, tmp
 
 def test_browser_round_by_round_and_fault_ranking_open_the_divergent_step(spec_workspace, page, tmp_path):
     """An engine with a planted fault (the stand-in's context-window bug, per-step counters, serving the demo's
-    healthy drafter: the noisy one accepts almost nothing under the fault, so several faults reproduce it and none
+    final drafter: a weaker one accepts almost nothing under the fault, so several faults reproduce it and none
     is named with a clear margin): the page shows the round-by-round summary, the fault ranking naming
     context-window with its evidence and margin, and a flagged prompt's first divergent step opens in the token
     view with that step outlined."""
@@ -92,10 +92,10 @@ def test_browser_round_by_round_and_fault_ranking_open_the_divergent_step(spec_w
 
 
 def test_browser_shows_other_drafter_verdict_first(spec_workspace, page, tmp_path):
-    """The demo's healthy checkpoint replayed on the completions an engine serving the noisy-labels one produced:
+    """The demo's healthy checkpoint replayed on the completions an engine serving a weaker snapshot produced:
     the page opens on the verdict other-drafter, with the evidence (the engine's draft model beside the replayed
     one, their fingerprints differing) before any number."""
-    from speculative import FINAL, one_torch_thread
+    from speculative import DRAFT, FINAL, one_torch_thread
 
     from dflash_dash import ops, pipeline
 
@@ -112,7 +112,7 @@ def test_browser_shows_other_drafter_verdict_first(spec_workspace, page, tmp_pat
         settle(page)
         box = page.locator("[data-testid=stAlert]", has_text="Verdict: other-drafter").first
         box.wait_for()
-        assert "noisy" in box.inner_text() and FINAL.name in box.inner_text()
+        assert DRAFT.name in box.inner_text() and FINAL.name in box.inner_text()
         page.locator("[data-testid=stDataFrame] canvas").first.wait_for()
         drawn(page)
         first_metric = page.locator("[data-testid=stMetric]").first.bounding_box()
