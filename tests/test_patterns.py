@@ -153,10 +153,12 @@ def test_analyse_returns_every_table():
         "by_context",
         "context_position",
         "rejection_pairs",
+        "rejections",
         "worst_spans",
         "worst_spans_end_cut",
     }
     assert out["worst_spans_end_cut"] == B - 1
+    assert out["rejections"] == sum(r["count"] for r in out["rejection_pairs"]) > 0  # the pairs' total
     assert sum(r["rounds"] for r in out["by_position"]) == 4 == sum(r["rounds"] for r in out["by_context"])
 
 

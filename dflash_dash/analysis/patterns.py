@@ -252,12 +252,17 @@ def context_width(rows: list[metrics.Prompt], width: int = CONTEXT_BIN) -> int:
     return width if top >= 2 * width else nice_width(max(top, 1))
 
 
+def rejects(r: Round) -> bool:
+    """Whether round `r` rejected a proposed draft: its slot a+1 lies inside the completion and holds a draft
+    (not -1, a baseline's "nothing proposed": the round stops there without a rejection)."""
+    return r.accepted < r.slots and len(r.drafts) > r.accepted and r.drafts[r.accepted] >= 0
+
+
 def rejection_pairs(rs: list[Round], strings: Strings, top: int = 20) -> list[dict]:
     """The most frequent (draft, target) pairs at the first rejected slot (a+1) of the rounds that rejected a
-    draft inside the completion; ties broken by draft then target id."""
-    pairs = Counter(
-        (r.drafts[r.accepted], r.target[r.accepted]) for r in rs if r.accepted < r.slots and len(r.drafts) > r.accepted
-    )
+    draft inside the completion; ties broken by draft then target id. A round whose slot a+1 holds -1 (nothing
+    proposed there: a baseline without a match) rejected nothing and counts in no pair nor in the share's total."""
+    pairs = Counter((r.drafts[r.accepted], r.target[r.accepted]) for r in rs if rejects(r))
     total = sum(pairs.values())
     best = sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
     ids = [i for (d, t), _ in best for i in (d, t)]
@@ -371,7 +376,8 @@ def analyse(
     cfg: Config = Config(),
 ) -> dict[str, list[dict]]:
     """Every failure-pattern table of one run: by_class, by_position, by_context, context_position (by_context with
-    every anchor's accepted(p), in bins of 1,000 positions for long traces), rejection_pairs, worst_spans, and
+    every anchor's accepted(p), in bins of 1,000 positions for long traces), rejection_pairs, rejections (rounds
+    that rejected a proposed draft, `rejects`: the pairs' total before the top ones are kept), worst_spans, and
     worst_spans_end_cut (`end_cut`: the positions at each completion's end that worst spans leave out)."""
     rs = rounds(rows, comps, block_size)
     return {
@@ -380,6 +386,7 @@ def analyse(
         "by_context": by_context(rs, cfg.context_bin),
         "context_position": by_context(rs, cfg.context_position_bin or context_width(rows), rows),
         "rejection_pairs": rejection_pairs(rs, strings, cfg.pairs),
+        "rejections": sum(map(rejects, rs)),
         "worst_spans": worst_spans(rows, comps, run_id, strings, cfg.window, cfg.spans, block_size),
         "worst_spans_end_cut": end_cut(block_size),
     }

@@ -105,6 +105,7 @@ def round_options(row: dict, completion: dict, block_size: int) -> list[dict]:
 SLOT_STATUS = {
     "acc": "accepted",
     "rej": "rejected: the chain stops here",
+    "none": "nothing proposed: the chain stops here",
     "after": "not verified (after the stop)",
     "past": "past the end of the completion",
 }
@@ -117,7 +118,8 @@ def round_detail(
     "accepted", "inside", "committed", "stop" (first rejected slot, None: none rejected), "tree" (DDTree's
     accepted tokens at this anchor, None: no tree budget or not computed there), "tree_budget", "topk" (K; 0: only
     the argmax draft recorded), "slots": per slot 1..B-1 {"slot", "position", "target_id", "target" (None past the
-    completion), "status" (key of SLOT_STATUS), "candidates" [{"id", "text", "p"}] best first, "target_rank"
+    completion), "status" (key of SLOT_STATUS; "none" at the stop when nothing was proposed there: a baseline's
+    -1), "candidates" [{"id", "text", "p"}] best first, "target_rank"
     (1-based rank of the target's token among them, None: not among them), "ddtree" (slot inside DDTree's
     accepted path, None: unknown)}}. Texts are raw model output: escape them (`render.tokens.visible`) before HTML."""
     opts = round_options(row, completion, block_size)
@@ -144,6 +146,8 @@ def round_detail(
             if c >= 0
         ]  # -1: not computed (chain-only, DDTree off)
         status = "acc" if i <= a else "rej" if i == a + 1 and i <= n else "after" if i <= n else "past"
+        if status == "rej" and not cands:  # -1 at the stop: a proposer that found no match drafted nothing
+            status = "none"
         rank = next((r for r, c in enumerate(cands, 1) if t is not None and c["id"] == t), None)
         slots.append(
             {

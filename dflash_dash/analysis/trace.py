@@ -3,7 +3,9 @@
 Contract: `trace` reads a run_prompts row (prompt_len, accepted_at, flat drafts [A*(B-1)]) and its completion and
 returns a `Trace`: per completion position its role (`pre`: the target's prefill token, `acc`: an accepted draft
 at depth k of its block, `bonus`: the target's token that ends a round, `tail`: no round committed it), the round
-that committed it, whether a block starts there and which draft the target rejected there. `outcomes` and
+that committed it, whether a block starts there and which draft the target rejected there. A draft of -1 is no
+proposal (`baselines.replay` stores -1 where a proposer that found no match drafted nothing; a chain-only replay
+leaves slots undrafted): the round stops there without a rejection, so `rejected` holds None. `outcomes` and
 `differing` reduce two traces of the same tokens to the positions whose outcome (draft or target token) differs,
 what Compare outlines. Token ids only: decoding and HTML belong to `vocab` and `render`.
 """
@@ -26,7 +28,7 @@ class Trace:
     depth: list[int]  # [T-P] depth within the block (1..B-1 for accepted drafts, else 0)
     round: list[int]  # [T-P] index of the round that committed the position (-1: prefill)
     start: list[bool]  # [T-P] first position committed by its round (block boundary)
-    rejected: list[int | None]  # [T-P] the drafted token the target rejected at this position, if any
+    rejected: list[int | None]  # [T-P] the drafted token the target rejected at this position (None: none, or -1)
     rounds: list[tuple[int, int, int]]  # (anchor, accepted, committed) per round
 
 
@@ -56,8 +58,9 @@ def trace(row: dict[str, Any], completion: dict[str, Any], block_size: int) -> T
             else:
                 role[i] = "bonus"
                 j = (p - P) * D + a
-                if a < D and j < len(drafts) and drafts[j] != tokens[p + k]:
-                    rejected[i] = int(drafts[j])
+                d = int(drafts[j]) if a < D and j < len(drafts) else -1
+                if d >= 0 and d != tokens[p + k]:  # -1: nothing proposed at this slot, so nothing rejected
+                    rejected[i] = d
         start[p + 1 - P] = True
     return Trace(P, tokens, role, depth, rnd, start, rejected, rounds)
 

@@ -17,9 +17,8 @@ from ..store import Completion, Extraction, Run, Store, StoreError
 from .served import replayed
 
 ANALYSES = ("prompts", "calibration", "patterns", "lag", "heads", "signatures")  # whole-run analyses kept
-# the newest key of an analysis: one kept before it is computed again
-NEWEST = {"patterns": ("context_position", "worst_spans_end_cut"), "signatures": ("version",)}  # keys a kept
-# analysis must hold to be current: one written before a key existed is computed again
+# keys a kept analysis must hold to be current: one written before a key existed is computed again
+NEWEST = {"patterns": ("context_position", "worst_spans_end_cut", "rejections"), "signatures": ("version",)}
 
 
 def analysis(store: Store, run_id: str, name: str, rows: list[metrics.Prompt] | None = None) -> dict:

@@ -189,7 +189,8 @@ ROUND_CSS = (
     "collapse;color:#111;background:#fff}.dfr td,.dfr th{border:1px solid #ddd;padding:2px 6px;"
     "text-align:left;white-space:nowrap}.dfr th{background:#f4f4f4;font-weight:600}"
     ".dfr .dfr-acc td.dfr-slot{background:#cdebd3}.dfr .dfr-rej td{background:#fde8e8}"
-    ".dfr .dfr-after td,.dfr .dfr-past td{color:#888}.dfr .dfr-hit{background:#b9e4c1;font-weight:600}"
+    ".dfr .dfr-after td,.dfr .dfr-past td,.dfr .dfr-none td{color:#888}"
+    ".dfr .dfr-hit{background:#b9e4c1;font-weight:600}"
     ".dfr .dfr-p{color:#555;font-size:11px;margin-left:4px}.dfr-note{font-size:13px;margin:4px 0}</style>"
 )
 
@@ -203,8 +204,11 @@ def round_html(d: dict) -> str:
         f"round {d['round']} · anchor {d['anchor']} ({visible(d['anchor_token'])}) · accepted "
         f"{d['accepted']} of {d['inside']} drafts inside the completion · committed {d['committed']} · "
     )
+    proposed = not d["stop"] or d["slots"][d["stop"] - 1]["status"] != "none"
     head += (
-        f"the chain stops at slot {d['stop']} (first rejected draft)"
+        f"the chain stops at slot {d['stop']} ("
+        + ("first rejected draft" if proposed else "nothing proposed there, nothing rejected")
+        + ")"
         if d["stop"]
         else "no draft rejected" + (" (the completion ends inside the block)" if d["inside"] < len(d["slots"]) else "")
     )
