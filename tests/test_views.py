@@ -530,6 +530,30 @@ def test_a_run_keeps_its_colors_on_every_chart():
             assert traces and used <= set(run_color(i)), (fig.layout.title.text, run, used)
 
 
+def test_lag_chart_lines_stay_distinguishable_where_they_coincide():
+    """Run A's on-target line at 1.0 and run B's lag line at 1.0 (and both lag lines at 0) once hid one another:
+    every line has its own (color, dash) and (dash, marker) pair, B's lines are drawn on top of A's and thinner with
+    smaller markers so both show, and each legend entry names its run and its metric."""
+    from dflash_dash.render.figures import lag_fig, run_color
+
+    rows = [{"slot k": k, "lag A": 0.0, "lag B": 1.0, "on target A": 1.0, "on target B": 0.0} for k in (1, 2, 3)]
+    fig = lag_fig(rows, "final <b>", "bug")
+    lines = [(t.name, t.line.color, t.line.dash, t.marker.symbol, t.line.width, t.marker.size) for t in fig.data]
+    assert len(lines) == 4
+    assert len({(c, d) for _, c, d, *_ in lines}) == 4 and len({(d, m) for _, _, d, m, *_ in lines}) == 4
+    by = {(n[0], "on target" if "on target" in n else "lag"): ln for n, *ln in lines}
+    assert set(by) == {(r, m) for r in "AB" for m in ("lag", "on target")}
+    assert by["A", "on target"][1] != by["B", "lag"][1]  # the coinciding pair: dashed vs solid
+    assert by["A", "on target"][2] != by["B", "lag"][2]  # and its own marker
+    for m in ("lag", "on target"):  # B on top (drawn later) stays visible inside A's wider line and markers
+        assert by["B", m][3] < by["A", m][3] and by["B", m][4] < by["A", m][4]
+    assert [t.name[0] for t in fig.data] == ["A", "A", "B", "B"]
+    assert {t.line.color for t in fig.data[:2]} == {run_color(0)[0]} and {t.line.color for t in fig.data[2:]} == {
+        run_color(1)[0]
+    }
+    assert all("final &lt;b&gt;" in t.name for t in fig.data[:2]) and all("bug" in t.name for t in fig.data[2:])
+
+
 def test_parity_chart_shows_the_layers_compared_and_tiny_cosines_as_powers_of_ten():
     from dflash_dash.render.figures import parity_fig
 

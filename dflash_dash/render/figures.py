@@ -250,27 +250,37 @@ def parity_fig(rows: list[dict]) -> go.Figure:
     return layout(fig, "backend parity per target layer", "target layer id", "relative L2")
 
 
+LAG_LINES = (
+    ("lag", "lag: d_k = t[p+k-1]", "solid", "circle"),
+    ("on target", "on target: d_k = t[p+k]", "dash", "square"),
+)  # per metric of the lag chart: (row key, legend words, line dash, marker symbol)
+LAG_RUNS = ({"width": 5, "size": 11, "open": ""}, {"width": 2, "size": 7, "open": "-open"})
+# per run: A wide with large filled markers drawn first, B thin with small open markers on top, so a line lying on
+# another (A on target at 1.0 under B's lag at 1.0) shows inside it instead of hiding it
+
+
 def lag_fig(rows: list[dict], name_a: str, name_b: str) -> go.Figure:
-    """Lag rate (solid) and on-target rate (dotted) per slot, runs A and B (`lag_rows`)."""
+    """Lag rate and on-target rate per slot, runs A and B (`lag_rows`): a color per run (`run_color`), a dash and
+    a marker symbol per metric (lag solid circles, on target dashed squares), A wide and filled under B thin and
+    open, so every line shows where two coincide; each legend entry names the run and the metric."""
     fig = go.Figure()
     ks = [r["slot k"] for r in rows]
-    for side, name in (("A", name_a), ("B", name_b)):
-        fig.add_scatter(
-            x=ks,
-            y=[r[f"lag {side}"] for r in rows],
-            mode="lines+markers",
-            name=f"{side} {html.escape(name)}: d_k = t[p+k-1] (lag)",
-        )
-        fig.add_scatter(
-            x=ks,
-            y=[r[f"on target {side}"] for r in rows],
-            mode="lines+markers",
-            line=dict(dash="dot"),
-            name=f"{side} {html.escape(name)}: d_k = t[p+k] (on target)",
-        )
-    fig.update_yaxes(range=[0, 1.02])
+    for i, (side, name) in enumerate((("A", name_a), ("B", name_b))):
+        look, color = LAG_RUNS[i], run_color(i)[0]
+        edge = dict(color=color, width=2)  # an open marker's ring, a filled one's rim
+        for key, words, dash, symbol in LAG_LINES:
+            fig.add_scatter(
+                x=ks,
+                y=[r[f"{key} {side}"] for r in rows],
+                mode="lines+markers",
+                line=dict(color=color, dash=dash, width=look["width"]),
+                marker=dict(color=color, symbol=symbol + look["open"], size=look["size"], line=edge),
+                name=f"{side} {html.escape(name)} · {words}",
+                legendgroup=side,
+            )
+    fig.update_yaxes(range=[0, 1.04])
     fig.update_xaxes(dtick=1)
-    return layout(fig, "one-position draft lag per slot", "slot k", "share of anchors", height=360)
+    return layout(fig, "one-position draft lag per slot", "slot k", "share of anchors", height=380)
 
 
 def attribution_fig(rows: list[dict]) -> go.Figure:
