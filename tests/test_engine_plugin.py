@@ -80,7 +80,7 @@ class ToyProtocol:
         if not isinstance(req, dict) or not isinstance(req.get("ids"), list) or not req["ids"]:
             raise BadRequest("`ids` must be a non-empty list of token ids")
         out, text, _, counters = decode(eng, req["ids"], int(req.get("limit", 16)), set(eng.eos_ids), [])
-        rounds = list(counters.accepted) if counters is not None else None
+        rounds = list(counters.within) if counters is not None else None  # drafts kept inside the completion
         per = counters.block_size - 1 if counters is not None else None
         return 200, {"tokens": out, "text": text, "rounds": rounds, "per_round": per}
 

@@ -122,6 +122,61 @@ def test_speculative_stops_like_greedy(engine):
         eng.spec = None
 
 
+def test_sglang_counts_only_drafts_inside_the_completion(engine):
+    """A correct completion cut inside a verify step that accepted drafts (max_new_tokens, or a stop id, at the
+    step's first token): SGLang's counters count the drafts the completion kept (accepted + verify steps =
+    completion_tokens - 1, histogram and per-step accept_lengths alike), as its DFlash verify counts appended
+    tokens - 1; verification's own count (what vLLM and llama.cpp report) keeps the drafts past the end."""
+    from dflash_dash.engines import sglang
+    from dflash_dash.render.tables import conformance_table
+    from dflash_dash.server import protocol
+
+    eng, spec = engine
+    ids = eng.encode(prompts.CODING_10["merge_sort"])
+    full, _, whole = spec.decode(eng.model, ids, N, lambda o: None)
+    # a step that accepted 2+ drafts, and the completion token index of its first committed token
+    starts = [1 + sum(a + 1 for a in whole.accepted[:k]) for k in range(whole.verify_ct)]
+    k = next(k for k, a in enumerate(whole.accepted) if a >= 2 and starts[k] < N - 2)
+    at = starts[k]
+    stop_id = full[at]
+    cuts = {"max_new": (at + 1, lambda o: None)}
+    if stop_id not in full[:at]:  # a stop id first seen there (EOS-like)
+        cuts["stop"] = (N, lambda o: {"type": "stop", "matched": stop_id} if o[-1] == stop_id else None)
+    for how, (max_new, stop) in cuts.items():
+        out, _, c = spec.decode(eng.model, ids, max_new, stop)
+        n = len(out)
+        assert out == full[:n] and n == at + 1, how
+        assert c.accepted == whole.accepted[: k + 1], how  # verification's count: the cut step's drafts kept
+        assert sum(c.accepted) + c.verify_ct > n - 1, how  # ... so it reaches past the completion
+        meta = {"completion_tokens": n} | protocol.sglang_stats(c, n, "detailed")
+        assert meta["spec_accept_token_num"] + meta["spec_verify_ct"] == n - 1, how
+        h = meta["spec_accept_histogram"]
+        assert sum(h) == c.verify_ct and sum(i * x for i, x in enumerate(h)) == meta["spec_accept_token_num"], how
+        assert sum(meta["speculative_decoding_stats"]["accept_lengths"]) == n - 1, how
+        row = sglang.spec_stats(meta, n)
+        assert row["accepted_tokens"] + row["verify_steps"] == n - 1, how
+        shown = conformance_table(
+            [
+                {
+                    "id": "p",
+                    "engine_tau": (n - 1) / row["verify_steps"],
+                    "replay_tau": None,
+                    "gap": None,
+                    "gap_rel": None,
+                    "flagged": False,
+                    "verify_steps": row["verify_steps"],
+                    "rounds": 0,
+                    "completion_tokens": n,
+                    "accepted_tokens": row["accepted_tokens"],
+                    "sglang_accept_length": None,
+                }
+            ],
+            "r",
+        )[0]
+        assert shown["accepted_drafts"] < shown["completion_tokens"], how
+    assert "max_new" in cuts
+
+
 def test_rollback_restores_gated_deltanet_state(tmp_path):
     """A tiny hybrid target (6 Gated DeltaNet layers) with a random drafter: nearly every verify step rejects
     drafts, so the cache is rolled back almost every step, recurrent and conv states included; the tokens still

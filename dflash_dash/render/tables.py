@@ -268,7 +268,8 @@ CONFORMANCE_NOTE = (
     "engine tau = (completion_tokens − 1) / verify_steps: committed tokens per verify step with the "
     "prefill's first token left out, like the replay's committed / rounds. SGLang's own "
     "spec_accept_length = completion_tokens / spec_verify_ct counts the prefill token too (last "
-    "column, for reference only)."
+    "column, for reference only). accepted_drafts is the engine's own count: an engine that counts before its stop "
+    "check (vLLM, llama.cpp) can count drafts past the completion's end, so it can exceed the completion's tokens."
 )
 
 
@@ -360,7 +361,10 @@ CONFORMANCE_COLUMNS = {  # column -> formula (help text of the table, and the CS
     "verify_steps": "verify steps the engine ran for the request",
     "rounds": "rounds of the replay's chain walk",
     "completion_tokens": "tokens of the completion (the prefill's first one included)",
-    "accepted_drafts": "draft tokens the engine accepted over its verify steps (bonus tokens not counted)",
+    "accepted_drafts": "draft tokens the engine accepted over its verify steps (bonus tokens not counted), as the "
+    "engine counts them: SGLang counts only drafts inside the completion (accepted + verify_steps = "
+    "completion_tokens − 1); vLLM and llama.cpp count what verification accepted before their stop check, so a "
+    "last step cut at max_tokens or a stop adds drafts past the completion's end",
     "sglang_accept_length": "completion_tokens / verify_steps, as SGLang reports it (prefill token included)",
     "token_view": "the prompt on the Acceptance page",
 }
@@ -438,8 +442,8 @@ def verdict_table(v: dict, served: dict | None, replayed: dict) -> list[dict]:
     out.append(
         {
             "what": "tau (pooled)",
-            "engine": None if e_tau is None else f"{e_tau:.4g}",
-            "replay": None if r_tau is None else f"{r_tau:.4g}",
+            "engine": None if e_tau is None else metrics.TAU.format(e_tau),
+            "replay": None if r_tau is None else metrics.TAU.format(r_tau),
             "compared": None if gap is None else f"{gap:+.1%}",
         }
     )

@@ -146,11 +146,12 @@ def decode(
 def sglang_stats(counters, completion_tokens: int, level: str) -> dict:
     """SGLang's speculative meta_info: its spec_* counters (`specdec.Counters.meta`) and, at level summary or
     detailed, the speculative_decoding_stats object (detailed: per-step verify_lengths / accept_lengths, drafts + 1)
-    as TokenizerManager._calculate_spec_decoding_metrics writes them."""
+    as TokenizerManager._calculate_spec_decoding_metrics writes them; accepted drafts counted inside the completion
+    (`Counters.within`), as SGLang's DFlash verify counts them."""
     out = counters.meta(completion_tokens)
     if level == "none":
         return out
-    n, acc, k = counters.verify_ct, sum(counters.accepted), counters.block_size - 1
+    n, acc, k = counters.verify_ct, sum(counters.within), counters.block_size - 1
     stats = {
         "num_verification_steps": n,
         "num_verified_draft_tokens": n * k,
@@ -159,7 +160,7 @@ def sglang_stats(counters, completion_tokens: int, level: str) -> dict:
         "mean_accept_length": (acc + n) / n if n else 0.0,
     }
     if level == "detailed":
-        stats |= {"verify_lengths": [k + 1] * n, "accept_lengths": [a + 1 for a in counters.accepted]}
+        stats |= {"verify_lengths": [k + 1] * n, "accept_lengths": [a + 1 for a in counters.within]}
     return out | {"speculative_decoding_stats": stats}
 
 

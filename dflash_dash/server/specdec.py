@@ -63,10 +63,16 @@ RULES = ("target-sample", "rejection")  # verify rules at T > 0 (= sampling.RULE
 
 @dataclass
 class Counters:
+    """Per verify step, the drafts accepted, counted two ways: `accepted`, what verification accepted (vLLM's
+    scheduler and llama.cpp's server count these before their stop check, so a last step cut at max_new / a stop
+    may count drafts past the completion), and `within` (SGLang's DFlash verify: drafts appended - 1, the appending
+    stopped at the token that finishes the request), so sum(within) + verify steps = completion_tokens - 1."""
+
     block_size: int  # B: B-1 drafts proposed per verify step
     accepted: list[int] = field(default_factory=list)  # drafts verification accepted at each step (0..B-1;
     #                                                         counted before the cut at max_new / a stop, so the
     #                                                         last step's may reach past the completion)
+    cut_to: int | None = None  # tokens the last step committed when the completion ended inside it (None: not cut)
     first_at: float = field(default=0.0, compare=False)  # perf_counter when the prefill's token was known (the
     #                                                      live loop's clock starts there; not compared)
 
@@ -74,13 +80,26 @@ class Counters:
     def verify_ct(self) -> int:
         return len(self.accepted)
 
+    @property
+    def within(self) -> list[int]:
+        """Drafts of each step that lie inside the completion (the last step's cut to it)."""
+        if self.cut_to is None or not self.accepted:
+            return list(self.accepted)
+        return [*self.accepted[:-1], min(self.accepted[-1], self.cut_to - 1)]
+
+    def cut(self, committed: int) -> None:
+        """The completion ended on the `committed`-th token of the last step's (accepted drafts + bonus)."""
+        if self.accepted:
+            self.cut_to = committed
+
     def meta(self, completion_tokens: int) -> dict:
-        """SGLang's speculative counters for meta_info. spec_accept_length = completion_tokens / spec_verify_ct
-        (SGLang's own: the prefill token included); histogram index = drafts accepted in a verify step."""
-        n, acc = self.verify_ct, sum(self.accepted)
+        """SGLang's speculative counters for meta_info, over the drafts `within` the completion (SGLang counts a
+        step's appended tokens - 1, stopping at the finishing token). spec_accept_length = completion_tokens /
+        spec_verify_ct (SGLang's own: the prefill token included); histogram index = drafts accepted in a step."""
+        n, acc = self.verify_ct, sum(self.within)
         proposed = n * (self.block_size - 1)
         hist = [0] * self.block_size
-        for a in self.accepted:
+        for a in self.within:
             hist[a] += 1
         out = {
             "spec_verify_ct": n,
@@ -214,13 +233,12 @@ class Speculator:
                 counters.accepted.append(0)
             checked = faults.verified(self.bug, B - 1)  # drafts each verify step checks (B-1 unless planted)
             while True:
-                for t in pending:  # commit, cut at a stop or at max_new
+                for i, t in enumerate(pending):  # commit, cut at a stop or at max_new
                     out.append(t)
                     hit = stop(out)
-                    if hit is not None:
-                        return out, hit, counters
-                    if len(out) >= max_new:
-                        return out, finish, counters
+                    if hit is not None or len(out) >= max_new:
+                        counters.cut(i + 1)
+                        return out, finish if hit is None else hit, counters
                 seq = ids + out  # anchor p = len(seq) - 1; cache holds 0..p-1
                 tap = Tap(B - 1, sampling.temperature, int(head.lm_head.shape[0])) if sampled else None
                 if self.live or sampled:
