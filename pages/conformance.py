@@ -3,7 +3,9 @@
 reaches, the prompts where the engine falls short by more than numeric noise flagged, a scatter, a CSV download and
 links to each prompt's token view; where the engine gave per-step lengths, round by round: the first step where the
 engine's verify steps leave the replay's rounds, linked to the token view; and the fault ranking (`diagnose`, kept in
-the store): which known engine fault reproduces the engine's numbers. URL: conformance?run=ID&engine=NAME."""
+the store): which known engine fault reproduces the engine's numbers, offered only where there is a gap to explain.
+The torch-path caveat shows only where it can explain the verdict (an engine above the replay).
+URL: conformance?run=ID&engine=NAME."""
 
 from __future__ import annotations
 
@@ -205,6 +207,11 @@ def fault_ranking(ws: str, run_id: str, engine: str, gap: bool) -> None:
     and the replay disagree beyond the threshold (else there is no gap to explain)."""
     st.subheader("Which fault explains the gap?")
     ranking = reads.kept(ws, run_id, f"faults:{engine}")
+    if ranking is None and not gap:
+        st.success(
+            "No gap to explain: the engine matches the replay within the threshold, so there is nothing to rank."
+        )
+        return
     if ranking is None:
         cmd = f"python -m dflash_dash --workspace {ws} diagnose --run {run_id} --engine {engine}"
         st.caption(
@@ -302,7 +309,6 @@ def main() -> None:
         "engine with the replay's numerics matches exactly; bf16 kernels and batch shapes move a prompt's tau "
         "by a few percent either way (numeric noise); a broken engine costs more."
     )
-    widgets.backend_note(run.backend)
     comps = reads.completions(ws, set_name, stamp)
     prompts = sorted(
         reads.all_prompts(ws, rid).values(),
@@ -322,6 +328,8 @@ def main() -> None:
     mine = reads.replayed(ws, run)
     v = verdict.verdict(rows, served, mine, thr)
     verdict_box(v, served, source, mine)
+    if verdict.backend_explains(run.backend, v):  # the one case a torch-path replay can account for
+        widgets.backend_note(run.backend, "This replay", verdict.TORCH_ABOVE)
     summary = conformance.summary(rows, thr)
     cards(summary)
     flagged_note(rows, rid, thr)
@@ -344,8 +352,8 @@ def main() -> None:
         )
         st.caption(
             "verify steps (engine: its spec_accept_histogram) and rounds (replay: its chain walk) by drafts "
-            "accepted, 0..B-1, as shares; the engine counts what its verification accepted, the replay only "
-            "what lies inside the completion, so the last step of a prompt can differ"
+            "accepted, 0..B-1, as shares; the replay counts only drafts inside the completion, as SGLang does; an "
+            "engine that counts what verification accepted before its stop check can differ on a prompt's last step"
         )
 
 

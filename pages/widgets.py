@@ -44,12 +44,13 @@ def streamed_note(e: Extraction | None, what: str = "This run") -> None:
         )
 
 
-def backend_note(backend: str | None, what: str = "This run") -> None:
-    """A warning wherever a torch-path extraction feeds a drafter (trained on fla states, which differ)."""
+def backend_note(backend: str | None, what: str = "This run", then: str | None = None) -> None:
+    """A warning wherever a torch-path extraction feeds a drafter (trained on fla states, which differ); `then`:
+    what that means where it is shown (default: acceptance here can be lower than in serving)."""
     if backend == "torch":
+        then = then or "so acceptance here can be lower than in serving"
         st.warning(
             f"{what} uses a **torch-path** extraction (backend `torch`, the CPU fallback of the "
             "linear-attention kernels). The drafter was trained on states from the **fla** kernels; the "
-            "two differ, so acceptance here can be lower than in serving. Compare both on the "
-            "Diagnostics page (backend parity)."
+            f"two differ, {then}. Compare both on the Diagnostics page (backend parity)."
         )

@@ -10,6 +10,7 @@ The page in a browser is tests/browser/test_conformance_page.py."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -330,6 +331,41 @@ def test_page_flags_the_broken_engine(spec_workspace, monkeypatch):
     at.number_input(key="conf_thr").set_value(0.9).run()
     clean(at)
     assert not at.dataframe[-1].value["flagged"].any()
+
+
+def test_page_conforming_engine_nothing_to_rank_no_torch_note(spec_workspace, monkeypatch):
+    """The engine matches the replay on every prompt (a torch-path extraction): no gap, so no fault ranking to
+    start, and no torch-path caveat (it could only explain an engine above the replay); the verdict's taus in two
+    decimals, as the tables show them."""
+    run = spec_workspace["run"]
+    assert {r.id: r for r in spec_workspace["store"].runs()}[run].backend == "torch"
+    at = app(spec_workspace["ws"], monkeypatch, run=run)
+    clean(at)
+    assert any("Verdict: conforms" in s.value for s in at.success)
+    assert not any("torch-path" in w.value for w in at.warning)
+    assert not any(b.label.startswith("Rank the faults") for b in at.button)
+    assert any("nothing to rank" in s.value for s in at.success)
+    assert not any("Not ranked yet" in c.value for c in at.caption)
+    why = next(s.value for s in at.success if "Verdict:" in s.value).replace("\\", "")
+    taus = re.search(r"engine tau (\S+) against the replay's (\S+) ", why)
+    assert taus and all(re.fullmatch(r"\d+\.\d\d", t) for t in taus.groups()), why
+    tau_row = next(r for r in at.dataframe[0].value.to_dict("records") if r["what"] == "tau (pooled)")
+    assert (tau_row["engine"], tau_row["replay"]) == taus.groups()
+
+
+@pytest.mark.parametrize("way", ["above", "below"])
+def test_page_engine_off_the_replay_can_be_ranked(spec_workspace, tmp_path, monkeypatch, way):
+    """The correct engine's counters transformed, the same tokens over fewer verify steps (above the replay) or
+    more (below): there is a gap, so the ranking can be started; the torch-path caveat shows only above."""
+    ws = private_copy(spec_workspace["ws"], tmp_path / "ws")
+    steps = "greatest(1, verify_steps * 2 // 3)" if way == "above" else "least(completion_tokens - 1, verify_steps * 2)"
+    Store(ws).run(f"UPDATE engine_stats SET verify_steps = {steps} WHERE engine = 'sglang' AND set_name = 'c4'")
+    at = app(ws, monkeypatch, run=spec_workspace["run"])
+    clean(at)
+    assert any(f"Verdict: engine-{way}" in w.value for w in at.warning)
+    assert any("torch-path" in w.value for w in at.warning) == (way == "above")
+    assert any(b.label.startswith("Rank the faults") for b in at.button)
+    assert any("Not ranked yet" in c.value for c in at.caption)
 
 
 def test_page_without_engine_stats_says_how_to_get_them(spec_workspace, tmp_path, monkeypatch):

@@ -162,3 +162,31 @@ def test_match_reads_names_and_configs_where_weights_are_not_here():
     eagle = verdict.match({"draft_model_path": "z-lab/Qwen3-8B-DFlash-b16", "algorithm": "EAGLE3"}, rep)
     assert eagle["same"] is False and eagle["differs"][0]["field"] == "algorithm"
     assert verdict.match(None, rep)["same"] is None
+
+
+def test_verdict_taus_in_two_decimals_and_the_torch_note_only_for_an_engine_above():
+    """A correct engine's counters derived from the replay's rounds (one verify step per round, the prefill's token
+    beside them), whole-number taus: the verdict names them with two decimals, as the tables do, and a torch-path
+    replay's caveat (it can read below serving) explains nothing there. The same counters transformed, fewer verify
+    steps for the same tokens (the engine above the replay) and more (below): the caveat applies only above."""
+    from dflash_dash.analysis import conformance
+    from dflash_dash.render.tables import verdict_table
+
+    rounds = {"a": [16, 16, 13], "b": [16, 14, 15]}  # 45 committed tokens in 3 rounds: tau 15
+    replay = [{"prompt_id": p, "prompt_len": 3, "accepted_at": [0] * 46, "rounds": r} for p, r in rounds.items()]
+    correct = [{"prompt_id": p, "verify_steps": len(r), "completion_tokens": sum(r) + 1} for p, r in rounds.items()]
+    ident = {"fingerprint": "f"}, {"fingerprint": "f"}
+
+    def judged(stats):
+        rows = conformance.compare(replay, stats, conformance.THRESHOLD)
+        return verdict.verdict(rows, {"local": ident[0]}, ident[1], conformance.THRESHOLD)
+
+    v = judged(correct)
+    assert v["verdict"] == "conforms" and "engine tau 15.00 against the replay's 15.00" in v["why"], v["why"]
+    assert [r for r in verdict_table(v, None, {}) if r["what"] == "tau (pooled)"][0]["engine"] == "15.00"
+    assert not verdict.backend_explains("torch", v)
+    above = judged([s | {"verify_steps": s["verify_steps"] - 1} for s in correct])
+    assert above["verdict"] == "engine-above" and "engine tau 22.50 against the replay's 15.00" in above["why"]
+    assert verdict.backend_explains("torch", above) and not verdict.backend_explains("fla", above)
+    below = judged([s | {"verify_steps": 2 * s["verify_steps"]} for s in correct])
+    assert below["verdict"] == "engine-below" and not verdict.backend_explains("torch", below)

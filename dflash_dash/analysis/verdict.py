@@ -19,12 +19,18 @@ the replayed drafter ("replayed": `drafters.identity`, or its config alone when 
   conforms       the engine served the replayed drafter and matches within the threshold;
   unverified     it matches within the threshold but does not say what it served: numbers alone cannot tell the
                  same drafter from another of similar acceptance.
+  The "why" names taus with metrics.TAU (2 decimals), as the tables do.
+- `backend_explains(backend, verdict)`: whether a torch-path replay's caveat (its features differ from the fla
+  kernels' the drafter was trained on, so the replay can read low) can explain the verdict: only an engine above
+  the replay.
 """
 
 from __future__ import annotations
 
 from pathlib import PurePosixPath
 from typing import Any
+
+from .. import metrics
 
 VERDICTS = ("conforms", "engine-below", "engine-above", "other-drafter", "unverified")
 FIELDS = {  # compared field -> what it is, in words
@@ -134,6 +140,15 @@ def direction(rows: list[dict[str, Any]], threshold: float) -> tuple[str | None,
     return None, nums
 
 
+TORCH_ABOVE = "so the replay's acceptance can sit below serving's and a correct engine above the replay"
+
+
+def backend_explains(backend: str | None, v: dict[str, Any]) -> bool:
+    """A torch-path replay (`backend` "torch") can read below what the engine's fla-kernel features reach, so it can
+    explain only an engine above the replay (`v`: a `verdict`): never one that matches it or falls short of it."""
+    return backend == "torch" and (v["verdict"] == "engine-above" or bool(v.get("above")))
+
+
 def verdict(
     rows: list[dict[str, Any]], served: dict[str, Any] | None, replayed: dict[str, Any], threshold: float
 ) -> dict[str, Any]:
@@ -143,7 +158,7 @@ def verdict(
     way, nums = direction(rows, threshold)
     e, r, gap = nums["engine_tau_pooled"], nums["replay_tau_pooled"], nums["gap_rel"]
     taus = (
-        f"engine tau {e:.3g} against the replay's {r:.3g} (pooled, {gap:+.1%})"
+        f"engine tau {metrics.TAU.format(e)} against the replay's {metrics.TAU.format(r)} (pooled, {gap:+.1%})"
         if e is not None and r is not None and gap is not None
         else "no prompt to compare"
     )

@@ -120,3 +120,24 @@ def test_browser_shows_other_drafter_verdict_first(spec_workspace, page, tmp_pat
         assert page.get_by_text("Conforms").count() == 0
         assert page.locator("[data-testid=stException]").count() == 0
         shot(page, "conformance-other-drafter")
+
+
+def test_browser_conforming_engine_has_nothing_to_rank(spec_workspace, page, tmp_path):
+    """The engine that matches the replay on every prompt (a torch-path replay): the verdict names both taus with two
+    decimals, the fault section says there is nothing to rank (no Rank button), and no torch-path caveat is shown
+    (it could only explain an engine above the replay)."""
+    import re
+
+    ws = private_copy(spec_workspace["ws"], tmp_path / "ws")
+    page.set_viewport_size({"width": 1500, "height": 1400})
+    with dashboard(ws, tmp_path) as url:
+        page.goto(f"{url}/conformance?run={spec_workspace['run']}&engine=sglang")
+        page.get_by_role("heading", name="Which fault explains the gap?").wait_for()
+        settle(page)
+        box = page.locator("[data-testid=stAlert]", has_text="Verdict: conforms").first
+        box.wait_for()
+        assert re.search(r"engine tau \d+\.\d\d against the replay's \d+\.\d\d ", box.inner_text()), box.inner_text()
+        page.get_by_text("nothing to rank").first.wait_for()
+        assert page.get_by_role("button", name=re.compile("Rank the faults")).count() == 0
+        assert page.get_by_text("torch-path").count() == 0
+        assert page.locator("[data-testid=stException]").count() == 0
