@@ -21,7 +21,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 CKS = demo.checkpoints(demo.ASSETS / demo.CHECKPOINTS) if (demo.ASSETS / "MANIFEST.json").is_file() else []
-HEALTHY = [c for c in CKS if c.role in ("early", "series", "final")]  # the sweep's points, as the manifest lists
 # The soft-KL run of the shipped assets was trained at temperature 4 (the hottest the first device call tried) and
 # costs 0.71x of the final's tau; a retrain at a hotter temperature (tools/demo/gpu.py SOFT_TS) was not run.
 SOFT_COST = pytest.mark.xfail(
