@@ -414,7 +414,8 @@ MIN_STOP = 60  # the healthy run ends no earlier than this step (its snapshots n
 TAU_AIM = 5.0  # the healthy run ends at its first probe with a coding-10 tau (GPU greedy) this high: real drafters
 # reach 3-8 on code
 CAP_S = 150.0  # ... or after this many seconds, at its best probe
-SOFT_TS = [2.0, 4.0]  # soft_kl: the target's temperatures tried in order (the first that costs COST is kept)
+SOFT_TS = [2.0, 4.0, 6.0, 8.0, 10.0, 16.0]  # soft_kl: the target's temperatures tried in order (the first that
+# costs COST is kept)
 COST = 0.5  # a bug run's probe tau at most this share of the healthy final's (the demo's relation is 0.6)
 
 

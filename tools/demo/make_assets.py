@@ -18,9 +18,12 @@ Steps (each records seeds, arguments, versions, timings and losses for MANIFEST.
   families      (CPU)  one DSpark, Domino and DFlash2 drafter: the final checkpoint's backbone with each family's
                        head fine-tuned on the CPU (tools/demo/families.py); after unpack, before finish.
   finish        (CPU)  merge the device calls' record (gpu_runs.json) into MANIFEST.json.
+  rebug         (CPU)  swap in the bug runs of a `gpu` rerun with DEMO_BUGS=<bugs> DEMO_REUSE=<earlier out>
+                       (its bugs.tar and gpu.json) for the same bugs' checkpoints and records; then `families`
+                       is not needed again (it reads the final checkpoint only).
 
 Contract: this module is the command line only (`main`); each step lives in its own module (`prepare`, `gpu`,
-`manifest` for unpack and finish), sharing the constants and log of `common`.
+`manifest` for unpack, finish and rebug), sharing the constants and log of `common`.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 from dflash_dash.demo import ASSETS
 
 from .gpu import gpu
-from .manifest import finish, unpack
+from .manifest import finish, rebug, unpack
 from .prepare import prepare
 
 
@@ -59,6 +62,10 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("finish")
     s.add_argument("--src", required=True)
     s.add_argument("--assets", default=str(ASSETS))
+    s = sub.add_parser("rebug")
+    s.add_argument("--src", required=True)
+    s.add_argument("--assets", default=str(ASSETS))
+    s.add_argument("--command", default="")
     a = p.parse_args(argv)
     if a.step == "prepare":
         prepare(Path(a.build), n_docs=a.docs, free=a.free, real=a.real)
@@ -70,6 +77,8 @@ def main(argv: list[str] | None = None) -> None:
         families(Path(a.assets))
     elif a.step == "finish":
         finish(Path(a.src), Path(a.assets))
+    elif a.step == "rebug":
+        rebug(Path(a.src), Path(a.assets), a.command)
     else:
         unpack(Path(a.src), Path(a.build), Path(a.assets), a.command)
 

@@ -4,7 +4,9 @@ directory, and MANIFEST.json, which records every step's seeds, arguments, versi
 Contract: `unpack(src, build, assets, command)` replaces `assets` with the untarred target, drafters (renamed to
 the checkpoints directory) and fla features, and writes MANIFEST.json from build/prepare.json and src/gpu.json.
 `finish(src, assets)` merges src/gpu_runs.json (the device calls) into it and
-recounts the sizes. Both return the manifest.
+recounts the sizes. `rebug(src, assets, command)` swaps in the bug runs of a `DEMO_BUGS` rerun (src/bugs.tar and
+its gpu.json) for the same bugs' checkpoints and records, keeping every variant either call tried. All return the
+manifest.
 """
 
 from __future__ import annotations
@@ -86,6 +88,36 @@ def finish(src: Path, assets: Path = ASSETS) -> dict:
     man["sizes"], man["total_bytes"] = sizes, sum(sizes.values())
     (assets / "MANIFEST.json").write_text(json.dumps(man, indent=1))
     return man
+
+
+def rebug(src: Path, assets: Path = ASSETS, command: str = "") -> dict:
+    """Replace the bug runs that a `DEMO_BUGS` rerun trained again (same target, same data, same stop) in `assets`:
+    their checkpoint folders, their records in gpu.drafters and gpu.bug_variants (the earlier call's variants
+    first), and a note of the call in gpu.reruns. Sizes are recounted."""
+    man = json.loads((assets / "MANIFEST.json").read_text())
+    new = json.loads((src / "gpu.json").read_text())
+    if not new.get("healthy_reused_from_earlier_run"):
+        raise SystemExit(f"{src}/gpu.json is not a DEMO_BUGS rerun (no healthy_reused_from_earlier_run): use unpack")
+    bugs = [r for r in new["drafters"] if r.get("bug")]
+    g = man["gpu"]
+    olds = [next(o for o in g["drafters"] if o.get("bug") == r["bug"]) for r in bugs]
+    for r, old in zip(bugs, olds):  # every check before anything changes
+        if old["step"] != r["step"]:
+            raise SystemExit(f"{r['bug']}: the rerun stopped at step {r['step']}, the assets' run at {old['step']}")
+    for r, old in zip(bugs, olds):
+        shutil.rmtree(assets / CHECKPOINTS / old["name"])
+        g["drafters"][g["drafters"].index(old)] = r
+        g["bug_variants"][r["bug"]] = g["bug_variants"].get(r["bug"], []) + new["bug_variants"][r["bug"]]
+    with tarfile.open(src / "bugs.tar") as tf:
+        tf.extractall(assets / CHECKPOINTS, filter="data")
+    g.setdefault("reruns", []).append(
+        {"bugs": [r["bug"] for r in bugs], "command": command, "device": new["device"], "seconds": new["seconds"]}
+    )
+    fresh = {e["dir"]: e for e in listing(g["drafters"])}  # in place: the families' entries stay where they are
+    man["checkpoints"] = [fresh.get(e["dir"], e) for e in man["checkpoints"]]
+    (assets / "MANIFEST.json").write_text(json.dumps(man, indent=1))
+    log(f"{[r['name'] for r in bugs]} replaced from {src}")
+    return finish(src, assets)
 
 
 def listing(records: list[dict]) -> list[dict]:
