@@ -530,6 +530,25 @@ def test_a_run_keeps_its_colors_on_every_chart():
             assert traces and used <= set(run_color(i)), (fig.layout.title.text, run, used)
 
 
+def test_many_runs_keep_a_color_each():
+    """Compare's tau-per-category chart of the demo's extraction (seven drafters and the n-gram baseline): each
+    drafter's bars have a color no other drafter's have (four colors once gave the final run and dflash2-head the
+    same red)."""
+    from dflash_dash.render.many import many_fig
+
+    names = ["domino-head", "dflash2-head", "bug-noisy-labels", "bug-soft-kl", "bug-anchor-visible", "final", "early"]
+    rows = [
+        {"run": f"r{i}", "name": n, "baseline": False, "category": "all", "prompts": 10, "tau": 1.0 + i, "lo": 1.0,
+         "hi": 2.0 + i}
+        for i, n in enumerate(names)
+    ] + [{"run": "ng", "name": "ngram", "baseline": True, "category": "all", "prompts": 10, "tau": 1.0, "lo": 1.0,
+          "hi": 1.0}]  # fmt: skip
+    fig = many_fig(rows)
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert [t.name for t in bars] == names
+    assert len({t.marker.color for t in bars}) == len(names)
+
+
 def test_lag_chart_lines_stay_distinguishable_where_they_coincide():
     """Run A's on-target line at 1.0 and run B's lag line at 1.0 (and both lag lines at 0) once hid one another:
     every line has its own (color, dash) and (dash, marker) pair, B's lines are drawn on top of A's and thinner with

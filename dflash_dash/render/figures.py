@@ -45,9 +45,19 @@ def layout(fig: go.Figure, title: str, x: str, y: str, height: int = 320) -> go.
     return fig
 
 
-RUN_COLORS = [("#0068c9", "#83c9ff"), ("#ff2b2b", "#ffabab"), ("#29b09d", "#7defa1"), ("#ff8700", "#ffd16a")]
+RUN_COLORS = [
+    ("#0068c9", "#83c9ff"),  # blue
+    ("#ff2b2b", "#ffabab"),  # red
+    ("#29b09d", "#7defa1"),  # green
+    ("#ff8700", "#ffd16a"),  # orange
+    ("#6d3fc0", "#c8b4f0"),  # purple
+    ("#8c564b", "#d9b8b2"),  # brown
+    ("#d6338a", "#f7b6d9"),  # pink
+    ("#4d5a10", "#c3cf7a"),  # olive
+]
 # (dark, light) per run of a figure, in its order: A blue, B red, ... on every chart of a page (the theme's colorway
-# would give each trace the next color, so a run changed color from one chart to the next)
+# would give each trace the next color, so a run changed color from one chart to the next); eight, so Compare's
+# many runs (the demo's extraction holds seven drafters) keep one color each up to eight
 
 
 def run_color(i: int) -> tuple[str, str]:
