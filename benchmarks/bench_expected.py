@@ -1,4 +1,4 @@
-"""Expected-acceptance benchmark: what the pass at temperature T adds to a replay's time (issue 42: at most 10 %).
+"""Expected-acceptance benchmark: what the pass at temperature T adds to a replay's time (at most 10 %).
 
 The same drafter, head and sequences replayed every-anchor (and chain-only) without a temperature, then with
 `--temperature` under each verify rule (`target-sample`: p_T of the drafts from the stored top-K; `rejection`: the

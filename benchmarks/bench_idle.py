@@ -1,5 +1,5 @@
 """What one open, idle browser tab costs the dashboard's server: its CPU share while a tab shows each page in turn and
-nobody touches it (issue 47, "idle is idle"; goal: under 2 % of one core per page).
+nobody touches it ("idle is idle"; goal: under 2 % of one core per page).
 
     python benchmarks/bench_idle.py                         # a small planted workspace built under --work (reused)
     python benchmarks/bench_idle.py --workspace cache       # the demo workspace `make run` uses

@@ -179,13 +179,13 @@ def test_replay_button_starts_a_job_that_adds_a_run(prepared, workspace_copy, mo
     assert len(runs) == 3 and runs[-1]["id"] == job["result"]["run"]
     at.run()
     assert at.query_params["run"] in {r["id"] for r in runs}
-    # the job's result links to its run's Acceptance page (issue 30)
+    # the job's result links to its run's Acceptance page
     link = f"[`{runs[-1]['id']}`](acceptance?run={runs[-1]['id']})"
     assert any(c.value == f"result: run {link}" for c in at.caption), [c.value for c in at.caption]
 
 
 def test_replay_form_refuses_a_mistyped_checkpoint_before_any_job(prepared, workspace_copy, monkeypatch):
-    """Issue 30: a mistyped checkpoint path started a job that failed seconds later; the form says so at once, in
+    """A mistyped checkpoint path started a job that failed seconds later; the form says so at once, in
     the page, without a traceback, and starts nothing."""
     at = app(workspace_copy, monkeypatch, "acceptance")
     typo = str(prepared.drafters[1]) + "x"
@@ -251,7 +251,7 @@ def test_completions_table_and_escaped_text(prepared, monkeypatch):
 
 
 def test_fetch_with_an_empty_set_name_is_refused_in_the_page(prepared, workspace_copy, monkeypatch):
-    """Issue 30: an empty set name fell back to the prompt set's name, silently reused that set and fetched 0."""
+    """An empty set name fell back to the prompt set's name, silently reused that set and fetched 0."""
     at = app(workspace_copy, monkeypatch, "completions")
     assert by_label(at.text_input, "completion set name").value == ""
     by_label(at.button, "Fetch").click().run()
@@ -336,7 +336,7 @@ def test_diagnostics_parity_consistency_and_errors(prepared, workspace_copy, mon
 
 
 def test_defaults_skip_a_newer_extraction_without_runs(prepared, workspace_copy, monkeypatch):
-    """Issue 30: after a Re-extract (a newer extraction, no runs yet) the sweep chart said "No run ... yet" while the
+    """After a Re-extract (a newer extraction, no runs yet) the sweep chart said "No run ... yet" while the
     folder's runs existed, and Diagnostics' parity opened with tau None on A. Both open where the runs are."""
     st = Store(workspace_copy)
     ex = st.extraction(prepared.extraction)
@@ -360,7 +360,7 @@ def test_defaults_skip_a_newer_extraction_without_runs(prepared, workspace_copy,
 
 
 def test_sweep_form_refuses_a_folder_without_checkpoints_before_any_job(prepared, workspace_copy, monkeypatch):
-    """Issue 30 (jobs): a mistyped folder is named in the page at once, not by a job failing seconds later."""
+    """A mistyped folder is named in the page at once, not by a job failing seconds later."""
     typo = str(prepared.train) + "x"
     at = app(workspace_copy, monkeypatch, "compare", sweep=typo)
     by_label(at.button, "Start sweep").click().run()

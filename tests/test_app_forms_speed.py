@@ -1,4 +1,4 @@
-"""The job forms of issue 42 through streamlit.testing AppTest: the sampling temperature and verify rule of the Replay
+"""The sampling job forms through streamlit.testing AppTest: the sampling temperature and verify rule of the Replay
 (Acceptance), training sweep (Compare) and streaming (Extraction) forms, the Extraction form's target top-K, and the
 Profile form in Acceptance's Predicted speedup section. Each form's refusal is said in its own labels before any job;
 each job start is checked by the arguments the job records and by what it kept. Jobs are real processes (tiny

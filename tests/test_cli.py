@@ -68,7 +68,7 @@ def test_target_folder_as_drafter_is_named(prepared, workspace_copy, capsys):
 
 
 def test_replay_again_with_the_same_settings_reuses_the_run_unless_forced(prepared, workspace_copy, capsys):
-    """Issue 30: a second `replay` of the same checkpoint, extraction and settings stored a duplicate run silently.
+    """A second `replay` of the same checkpoint, extraction and settings stored a duplicate run silently.
     It names the run it reuses on stderr (stdout stays one JSON document), and --force stores a new one."""
     ws, drafter = str(workspace_copy), str(prepared.drafters[0])
     before = [r["id"] for r in Store(workspace_copy).runs()]
@@ -90,7 +90,7 @@ def test_replay_again_with_the_same_settings_reuses_the_run_unless_forced(prepar
 
 
 def test_progress_keeps_whole_messages(capsys, monkeypatch):
-    """Issue 30: progress lines were cut mid-path at a fixed column. Off a terminal every new message is one whole
+    """Progress lines were cut mid-path at a fixed column. Off a terminal every new message is one whole
     line; on one, a message is fitted to the width by cutting its middle, so a path keeps its end."""
     path = "/a/very/long/workspace/folder/name/that/goes/on/demo/target/and/ends/here/config.json"
     cli.progress(0, 2, f"loading {path}")

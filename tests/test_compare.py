@@ -129,7 +129,7 @@ def test_default_pair_is_the_newest_pair_on_one_extraction():
 
 
 def test_sweep_and_parity_defaults_skip_newer_extractions_without_runs():
-    """Issue 30: defaults that followed "the newest" opened on a Re-extract's empty extraction."""
+    """Defaults that followed "the newest" opened on a Re-extract's empty extraction."""
     from dflash_dash.analysis.checks import parity_pair
 
     def ex(i, backend="torch", set_name="s"):
@@ -208,7 +208,7 @@ def test_compare_page_defaults_table_views_and_lag(prepared, monkeypatch):
     want = sorted(ra, key=lambda p: (-abs(rb[p]["tau"] - ra[p]["tau"]), p))
     table = next(d.value for d in at.dataframe if "delta (B − A)" in d.value.columns)
     assert list(table["prompt"]) == want
-    # tau and its deltas print as every card does (2 decimals), the formulas as plain text (issue 30)
+    # tau and its deltas print as every card does (2 decimals), the formulas as plain text
     config = next(d.proto.columns for d in at.dataframe if "delta (B − A)" in d.value.columns)
     assert all(f'"{c}": {{"type_config": {{"type": "number", "format": "%.2f"}}' in config for c in ("tau A", "tau B"))
     formulas = next(d.value for d in at.dataframe if "formula" in d.value.columns)["formula"]
@@ -255,7 +255,7 @@ def test_changing_a_or_b_resorts_and_selects_the_largest_difference(prepared, mo
 
 
 def test_acceptance_opens_on_the_healthiest_run_that_matches_serving():
-    """Issue 30: the default run on Acceptance is the healthiest checkpoint on the extraction that matches serving
+    """The default run on Acceptance is the healthiest checkpoint on the extraction that matches serving
     (fla kernels, or a target without linear attention), not the newest run."""
     from dflash_dash.analysis.compare import healthiest_run
 

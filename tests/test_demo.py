@@ -117,7 +117,7 @@ def chain_rounds(accepted_at: list[int], P: int, T: int) -> list[int]:
 
 
 def test_each_bug_run_is_named_by_its_signatures(ws):
-    """Issue 30: against the final checkpoint, each bug run's separating signatures point to its own bug and no
+    """Against the final checkpoint, each bug run's separating signatures point to its own bug and no
     other, and the healthy run's earlier snapshots point to none (what they show, less training explains)."""
     from dflash_dash.analysis import signatures as sig
 
@@ -228,7 +228,7 @@ def test_demo_is_idempotent(ws):
 
 
 def test_demo_leaves_a_later_extraction_alone(ws, tmp_path):
-    """Issue 30: after one Re-extract (a newer extraction of the demo set, same target, layers and backend), the next
+    """After one Re-extract (a newer extraction of the demo set, same target, layers and backend), the next
     `make run` (`demo`) took it for the demo's and replayed every demo checkpoint onto it. A built demo workspace is
     left as it is. Built here (the session's demo workspace is read-only, and a copy's paths point elsewhere), from
     the session's completions imported first (the build resumes after its fetch: no speculative decoding again)."""
@@ -240,7 +240,7 @@ def test_demo_leaves_a_later_extraction_alone(ws, tmp_path):
     assert p.returncode == 0, p.stderr
     p = cli(mine, "demo")
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "Warning" not in p.stderr, p.stderr  # no library warning in the build's progress (issue 30)
+    assert "Warning" not in p.stderr, p.stderr  # no library warning in the build's progress
     record = mine.resolve() / "demo" / "BUILD.json"
     assert p.stdout.splitlines() == [
         f"demo workspace ready: {mine.resolve()} ({RUNS} runs; the build's record: {record})"
@@ -279,7 +279,7 @@ def test_completions_match_the_shipped_ids(ws):
 
 
 def test_the_demo_server_decoded_speculatively_with_the_final_checkpoint(ws):
-    """Issue 30: the demo's fetch is served with the final checkpoint (speculative greedy decoding): its counters,
+    """The demo's fetch is served with the final checkpoint (speculative greedy decoding): its counters,
     with per-step lengths, are the Conformance page's engine statistics, and a correct engine on the replay's own
     numerics (CPU, fp32, the torch extraction) commits in every verify step exactly the replay's round: no prompt
     flagged. The completions stay the plain greedy ones (test_completions_match_the_shipped_ids)."""
@@ -300,7 +300,7 @@ def test_the_demo_server_decoded_speculatively_with_the_final_checkpoint(ws):
 
 
 def test_overview_tells_the_demo_story_with_links(ws, monkeypatch):
-    """Issue 30: the demo's Overview says in three sentences what the checkpoints are, from MANIFEST.json's `what`
+    """The demo's Overview says in three sentences what the checkpoints are, from MANIFEST.json's `what`
     fields, each linking the view that reveals it: Acceptance for the final (its run on the fla extraction, what
     serving sees), the sweep chart of the healthy run's folder, Diagnostics' signatures for each bug against the final
     checkpoint on the bug's extraction."""
@@ -324,7 +324,7 @@ def test_overview_tells_the_demo_story_with_links(ws, monkeypatch):
 
 
 def test_acceptance_opens_on_the_final_checkpoint_on_the_fla_extraction(ws, monkeypatch):
-    """Issue 30: the default run on Acceptance is the healthiest checkpoint on the extraction that matches serving
+    """The default run on Acceptance is the healthiest checkpoint on the extraction that matches serving
     (the fla extraction, from the GPU), not the newest run; a caption says why."""
     from apptest import app, clean
 

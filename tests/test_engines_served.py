@@ -224,7 +224,7 @@ def test_speculative_bug_shows_in_every_protocols_statistics():
 
 
 def test_fetch_settings_refused_in_each_protocols_shape(srv, tmp_path, monkeypatch):
-    """Issue 47: a resumed fetch with another max_new_tokens was refused for SGLang only (the check read
+    """A resumed fetch with another max_new_tokens was refused for SGLang only (the check read
     sampling_params.max_new_tokens); each engine's stored requests are read in its own fields (vLLM's max_tokens,
     llama.cpp's n_predict). Refused before anything is sent, naming the field."""
     store = workspace(tmp_path / "ws", srv, monkeypatch)
@@ -307,7 +307,7 @@ def test_what_each_engine_says_it_served(srv, models):
 
 
 def test_sampled_fetch_in_each_protocols_fields(srv, tmp_path, monkeypatch):
-    """Issue 42: fetch at T = 1, top-p 0.9, seed 1 sends each engine's own sampling fields (SGLang's
+    """Fetch at T = 1, top-p 0.9, seed 1 sends each engine's own sampling fields (SGLang's
     sampling_params.sampling_seed, vLLM's and llama.cpp's seed) and the stand-in samples with them, speculatively
     here: the same seed gives the same ids, another seed others; the set says how it was sampled; a resume with
     other sampling (or greedy) is refused before anything is sent."""

@@ -260,7 +260,7 @@ def test_bad_prompt_file_names_the_line(tmp_path, capsys):
 
 
 def test_fetch_into_a_set_with_other_settings_is_refused(fetched, srv, model, capsys):
-    """Issue 30: fetching into an existing set with the chat template on while the set was fetched as plain text
+    """Fetching into an existing set with the chat template on while the set was fetched as plain text
     (or with another max_new_tokens) mixed settings silently. Refused, naming the setting and both values; nothing
     is sent."""
     store, _, _ = fetched

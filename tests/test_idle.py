@@ -1,4 +1,4 @@
-"""Idle is idle (issue 47): the fragments that follow jobs (the sidebar's running jobs, each page's job panel) ask the
+"""Idle is idle: the fragments that follow jobs (the sidebar's running jobs, each page's job panel) ask the
 browser for auto-reruns only while a job of theirs is queued or running, so an idle tab costs the server nothing.
 
 Read from what a script run sends the browser: Streamlit's `auto_rerun` messages (streamlit/runtime/fragment.py sends

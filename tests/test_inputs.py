@@ -1,4 +1,4 @@
-"""Inputs that cannot crash or escape (issue 47): every bad input is refused in one line naming the file or the field
+"""Inputs that cannot crash or escape: every bad input is refused in one line naming the file or the field
 and the fix, with nothing stored (no run, extraction, set or job row, no file in the workspace).
 
 The damaged files are made by transforming good ones (the prepared drafter's model.safetensors cut short, its

@@ -1,4 +1,4 @@
-"""The live loop (issue 42): the stand-in's speculative decoder at temperature T, its rollback of a hybrid target's
+"""The live loop: the stand-in's speculative decoder at temperature T, its rollback of a hybrid target's
 Gated DeltaNet state, the rejection rule's output distribution, and the teacher-forced estimate against the live
 loop's measured acceptance over seeds.
 

@@ -1,4 +1,4 @@
-"""The live loop as a command and on the Acceptance page (issue 42): `live` decodes a stored set's prompts both ways
+"""The live loop as a command and on the Acceptance page: `live` decodes a stored set's prompts both ways
 over seeds and keeps the result beside the replays of the same checkpoint on that set; the page's "Live loop vs
 estimate" section shows it per prompt with the difference; a missing set is refused in one line.
 

@@ -1,4 +1,4 @@
-"""Raw `None` never shows (issue 47): every page of the prepared workspace, with each of its optional sections open,
+"""Raw `None` never shows: every page of the prepared workspace, with each of its optional sections open,
 is scanned for the literal "None" in what it writes (titles, captions, markdown, alerts, metrics, texts) and in its
 tables; a table with a missing cell must draw it as the dash (`st.dataframe(placeholder=...)`: Streamlit draws a
 missing cell as "None" otherwise) and say why in its column's help.

@@ -1,4 +1,4 @@
-"""How a set was sampled, on the pages (issue 42): the Completions page names a sampled set's temperature, top-p and
+"""How a set was sampled, on the pages: the Completions page names a sampled set's temperature, top-p and
 seed (read from its stored requests in the engine's own fields) and a greedy set as greedy; the Fetch form refuses
 sampling fields without a temperature, in the form's words, before any job."""
 

@@ -1,4 +1,4 @@
-"""Cost model, predicted speedup and the "what to serve" advisor (issue 42): `profile` on the tiny target and drafter
+"""Cost model, predicted speedup and the "what to serve" advisor: `profile` on the tiny target and drafter
 on the CPU (dflash_dash/replay/profile.py: a real incremental forward after a cached context, the hybrid model's
 recurrent state included), the run's predicted speedup against a hand computation from its stored rounds, the
 advisor's k-capped re-walk against a plain loop, and the CLI's JSON."""

@@ -1,4 +1,4 @@
-"""Replay on a trainer's feature cache, and the trainers' report shapes (issue 45).
+"""Replay on a trainer's feature cache, and the trainers' report shapes.
 
 - A SpecForge capture written as `scripts/prepare_hidden_states.py` writes it (sgl-project/SpecForge @ a6b6b0230009:
   torch.save of {input_ids [1, T], loss_mask [1, T], hidden_states [1, T, K*H]} as rows_0-2000/data_i.ckpt), made

@@ -445,14 +445,14 @@ def test_job_result_links_every_run_to_its_acceptance_page():
 
 
 def test_formulas_are_plain_text_for_tables():
-    """Issue 30: Compare's formula column showed raw markdown backticks (a dataframe draws text, not markdown)."""
+    """Compare's formula column showed raw markdown backticks (a dataframe draws text, not markdown)."""
     from dflash_dash import metrics
 
     assert [m.key for m in metrics.REGISTRY if "`" in m.formula] == []
 
 
 def test_tau_axes_print_two_decimals_over_a_readable_range():
-    """Issue 30: a narrow tau range on a right axis got ticks like 1.2081."""
+    """A narrow tau range on a right axis got ticks like 1.2081."""
     from dflash_dash.render.analysis_figures import binned_fig, class_fig
     from dflash_dash.render.figures import TAU_SPAN, sweep_fig
 
@@ -471,7 +471,7 @@ def test_tau_axes_print_two_decimals_over_a_readable_range():
 
 
 def test_token_cells_show_whitespace_and_stay_plain_text():
-    """Issue 30: whitespace tokens were blank cells in "most frequent rejections"."""
+    """Whitespace tokens were blank cells in "most frequent rejections"."""
     import html
 
     from dflash_dash.render.tables import pattern_rows
@@ -487,7 +487,7 @@ def test_token_cells_show_whitespace_and_stay_plain_text():
 
 
 def test_one_number_format_per_kind_of_number():
-    """Issue 30: tables printed 1.6558 beside a card's 1.66."""
+    """Tables printed 1.6558 beside a card's 1.66."""
     from dflash_dash.render.tables import number_formats
 
     rows = [{"prompt": "p", "tau A": 1.6558, "delta (B − A)": -0.1, "share_of_rejections": 0.25, "count": 3}]
@@ -532,8 +532,8 @@ def test_a_run_keeps_its_colors_on_every_chart():
 
 def test_many_runs_keep_a_color_each():
     """Compare's tau-per-category chart of the demo's extraction (seven drafters and the n-gram baseline): each
-    drafter's bars have a color no other drafter's have (four colors once gave the final run and dflash2-head the
-    same red)."""
+    drafter's bars have a color no other drafter's have (with four colors the final run and dflash2-head shared
+    one red)."""
     from dflash_dash.render.many import many_fig
 
     names = ["domino-head", "dflash2-head", "bug-noisy-labels", "bug-soft-kl", "bug-anchor-visible", "final", "early"]

@@ -1,5 +1,5 @@
 """The live loop: the stand-in's own speculative decoder timed against plain decoding of the same target, at a
-temperature, over seeds (issue 42: the exact answer the teacher-forced `tau_expected` approximates).
+temperature, over seeds (the exact answer the teacher-forced `tau_expected` approximates).
 
 Contract: `plain(model, ids, max_new, stop, sampling)` decodes one token per target forward with the KV cache (the
 draw for the token at position n seeded by (seed, n), as the stand-in's Engine.plain); `measure(model, spec, ids,

@@ -46,7 +46,7 @@ def env(prepared, tmp_path_factory):
 
 
 def test_no_request_leaves_this_machine(env, page):
-    """Issue 30: the favicon came from a font server (console errors offline). Every request a page makes, the
+    """The favicon came from a font server (console errors offline). Every request a page makes, the
     favicon included, goes to the dashboard itself (or is an inline data: URL)."""
     from urllib.parse import urlsplit
 

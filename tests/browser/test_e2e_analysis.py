@@ -41,7 +41,7 @@ TRUNCATED = """() => [...document.querySelectorAll('[data-testid=stMetricValue]'
 
 @pytest.mark.parametrize("width", [1280, 1400, 1440])
 def test_every_metric_value_fits_its_card(env, page, width):
-    """Issue 30: at 1,400-1,440 px the tau interval was cut (`1.28 [1.19, 1.…`). No metric card clips its value."""
+    """At 1,400-1,440 px the tau interval was cut (`1.28 [1.19, 1.…`). No metric card clips its value."""
     page.set_viewport_size({"width": width, "height": 1000})
     open_page(page, env, f"acceptance?run={env['prepared'].runs[0]}", "Acceptance")
     page.get_by_text("How sure is tau?").wait_for()

@@ -148,7 +148,7 @@ def test_startup_output_is_quiet(product):
 
 
 def test_startup_ends_with_the_url_and_where_to_start(product):
-    """Issue 30: `make run` ended with a JSON dump and library lines. Once the dashboard answers, its output ends
+    """`make run` ended with a JSON dump and library lines. Once the dashboard answers, its output ends
     with the URL and one line on where to start."""
     from dflash_dash import launch
 

@@ -1,4 +1,4 @@
-"""Acceptance of a run at T = 0.7 in the browser (issue 42's must-show): tau beside tau_expected with its bound and
+"""Acceptance of a run at T = 0.7 in the browser: tau beside tau_expected with its bound and
 rule, the predicted speedup priced on a cost table measured on this CPU (labelled as CPU costs, its measured times
 shown), and the "What to serve" advisor with its best setting. The workspace is built by the CLI on the tiny seeded
 models of `prepared` (its extraction keeps the target's top-64: extract --target-topk's default): replay
