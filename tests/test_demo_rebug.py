@@ -32,19 +32,19 @@ def assets_copy(tmp: Path) -> Path:
     return a
 
 
-def rerun(tmp: Path, man: dict, step_shift: int = 0, reused: bool = True) -> Path:
+def rerun(tmp: Path, man: dict, step_shift: int = 0, reused: bool = True, bug: str = "soft_kl") -> Path:
     """A rerun's outputs: gpu.json with the soft-KL record at temperature 9 and bugs.tar holding the noisy-labels
     weights under the soft-KL folder's name."""
     src = tmp / "src"
     src.mkdir(exist_ok=True)
     old = next(r for r in man["gpu"]["drafters"] if r.get("bug") == "soft_kl")
     name = old["name"]
-    new = dict(old, step=old["step"] + step_shift, training=dict(old["training"], soft_t=9.0))
+    new = dict(old, bug=bug, step=old["step"] + step_shift, training=dict(old["training"], soft_t=9.0))
     rec = {
         "device": "cuda",
         "seconds": 12.5,
         "drafters": [new],
-        "bug_variants": {"soft_kl": [{"soft_t": 9.0, "probe": {"tau_macro": 1.5, "tau_every_anchor": 1.4}}]},
+        "bug_variants": {bug: [{"soft_t": 9.0, "probe": {"tau_macro": 1.5, "tau_every_anchor": 1.4}}]},
     }
     if reused:
         rec["healthy_reused_from_earlier_run"] = True
@@ -82,11 +82,20 @@ def test_rebug_swaps_the_bug_in_place(tmp_path):
     assert json.loads((a / "MANIFEST.json").read_text()) == man
 
 
-def test_rebug_refuses_another_step_and_a_full_run(tmp_path):
+def test_rebug_refuses_another_step_another_bug_and_a_full_run(tmp_path):
     a = assets_copy(tmp_path)
     man = json.loads((a / "MANIFEST.json").read_text())
     with pytest.raises(SystemExit, match="stopped at step 111, the assets' run at 110"):
         rebug(rerun(tmp_path, man, step_shift=1), a)
+    with pytest.raises(SystemExit, match="stopped at step 100, the assets' run at 110"):
+        rebug(rerun(tmp_path, man, step_shift=-10), a)
+    with pytest.raises(SystemExit, match="label_smoothing: the assets hold no such bug run"):
+        rebug(rerun(tmp_path, man, bug="label_smoothing"), a)
     with pytest.raises(SystemExit, match="not a DEMO_BUGS rerun"):
         rebug(rerun(tmp_path, man, reused=False), a)
     assert json.loads((a / "MANIFEST.json").read_text()) == man  # nothing written
+    held = demo.ASSETS / demo.CHECKPOINTS / "bugs"
+    mine = a / demo.CHECKPOINTS / "bugs"
+    assert {str(f.relative_to(mine)): f.read_bytes() for f in mine.rglob("*") if f.is_file()} == {
+        str(f.relative_to(held)): f.read_bytes() for f in held.rglob("*") if f.is_file()
+    }  # nor any checkpoint

@@ -80,6 +80,11 @@ def finish(src: Path, assets: Path = ASSETS) -> dict:
     man = json.loads((assets / "MANIFEST.json").read_text())
     if (src / "gpu_runs.json").is_file():  # the device calls, as run (commands, wall and device seconds)
         man["commands"]["gpu_runs"] = json.loads((src / "gpu_runs.json").read_text())
+    return save(man, assets)
+
+
+def save(man: dict, assets: Path) -> dict:
+    """Recount the asset sizes into `man` and write it as assets/MANIFEST.json."""
     sizes = {
         str(p.relative_to(assets)): p.stat().st_size
         for p in sorted(assets.rglob("*"))
@@ -93,18 +98,23 @@ def finish(src: Path, assets: Path = ASSETS) -> dict:
 def rebug(src: Path, assets: Path = ASSETS, command: str = "") -> dict:
     """Replace the bug runs that a `DEMO_BUGS` rerun trained again (same target, same data, same stop) in `assets`:
     their checkpoint folders, their records in gpu.drafters and gpu.bug_variants (the earlier call's variants
-    first), and a note of the call in gpu.reruns. Sizes are recounted."""
+    first), and a note of the call in gpu.reruns. Sizes are recounted. Refuses (SystemExit, nothing changed) a full
+    run, a bug the assets do not hold, and a run stopped at another step."""
     man = json.loads((assets / "MANIFEST.json").read_text())
     new = json.loads((src / "gpu.json").read_text())
     if not new.get("healthy_reused_from_earlier_run"):
         raise SystemExit(f"{src}/gpu.json is not a DEMO_BUGS rerun (no healthy_reused_from_earlier_run): use unpack")
     bugs = [r for r in new["drafters"] if r.get("bug")]
     g = man["gpu"]
-    olds = [next(o for o in g["drafters"] if o.get("bug") == r["bug"]) for r in bugs]
-    for r, old in zip(bugs, olds):  # every check before anything changes
+    held = {o["bug"]: o for o in g["drafters"] if o.get("bug")}
+    for r in bugs:  # every check before anything changes
+        old = held.get(r["bug"])
+        if old is None:
+            raise SystemExit(f"{r['bug']}: the assets hold no such bug run ({sorted(held)}): use unpack")
         if old["step"] != r["step"]:
             raise SystemExit(f"{r['bug']}: the rerun stopped at step {r['step']}, the assets' run at {old['step']}")
-    for r, old in zip(bugs, olds):
+    for r in bugs:
+        old = held[r["bug"]]
         shutil.rmtree(assets / CHECKPOINTS / old["name"])
         g["drafters"][g["drafters"].index(old)] = r
         g["bug_variants"][r["bug"]] = g["bug_variants"].get(r["bug"], []) + new["bug_variants"][r["bug"]]
@@ -115,9 +125,8 @@ def rebug(src: Path, assets: Path = ASSETS, command: str = "") -> dict:
     )
     fresh = {e["dir"]: e for e in listing(g["drafters"])}  # in place: the families' entries stay where they are
     man["checkpoints"] = [fresh.get(e["dir"], e) for e in man["checkpoints"]]
-    (assets / "MANIFEST.json").write_text(json.dumps(man, indent=1))
     log(f"{[r['name'] for r in bugs]} replaced from {src}")
-    return finish(src, assets)
+    return save(man, assets)
 
 
 def listing(records: list[dict]) -> list[dict]:
