@@ -1,5 +1,6 @@
 """Fixtures of the browser tests (headless Debian Chromium through Playwright): one browser per module and a
-fresh page per test, screenshotted under out/screenshots/ when the test fails. Helpers are in tests/web.py."""
+fresh page per test, screenshotted under out/screenshots/ when the test fails, its alerts and text added to the
+failure's report (CI keeps the report, not always the screenshot). Helpers are in tests/web.py."""
 
 from __future__ import annotations
 
@@ -17,6 +18,14 @@ def browser():
         b.close()
 
 
+def said(pg) -> str:
+    """The page's alerts (errors, warnings) and the start of its main text: what the user saw at the failure."""
+    alerts = pg.locator("[data-testid=stAlert]").all_inner_texts()
+    main = pg.locator("[data-testid=stMain]")
+    text = main.inner_text() if main.count() else pg.content()
+    return "\n".join([f"url: {pg.url}", *(f"alert: {a}" for a in alerts), "text:", text[:4000]])
+
+
 @pytest.fixture
 def page(browser, request):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -29,4 +38,5 @@ def page(browser, request):
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:
         pg.screenshot(path=str(SCREENSHOTS / f"FAILED-{request.node.name}.png"), full_page=True)
+        rep.sections.append(("page when the test failed", said(pg)))
     ctx.close()
