@@ -74,7 +74,8 @@ def prepared(tmp_path_factory) -> Prepared:
 @pytest.fixture(scope="session")
 def demo_workspace(tmp_path_factory) -> Path:
     """The demo workspace built once per session from the committed assets by the real CLI (`demo`, as `make run`
-    does; a few minutes on 2 cores). Read-only: copy it (`shutil.copytree(..., ignore=*.lock)`) to write."""
+    does; a few minutes on 2 cores). Read-only: copy it (`shutil.copytree(..., ignore=*.lock)`) to write. The
+    build's stdout and stderr are kept beside it (`build.stdout`, `build.stderr` in its parent folder)."""
     import subprocess
     import sys
 
@@ -91,6 +92,8 @@ def demo_workspace(tmp_path_factory) -> Path:
         timeout=1800,
     )
     assert p.returncode == 0, p.stderr[-3000:]
+    (ws.parent / "build.stdout").write_text(p.stdout)
+    (ws.parent / "build.stderr").write_text(p.stderr)
     return ws
 
 
