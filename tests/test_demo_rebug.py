@@ -32,9 +32,11 @@ def assets_copy(tmp: Path) -> Path:
     return a
 
 
-def rerun(tmp: Path, man: dict, step_shift: int = 0, reused: bool = True, bug: str = "soft_kl") -> Path:
+def rerun(
+    tmp: Path, man: dict, step_shift: int = 0, reused: bool = True, bug: str = "soft_kl", folder: str = ""
+) -> Path:
     """A rerun's outputs: gpu.json with the soft-KL record at temperature 9 and bugs.tar holding the noisy-labels
-    weights under the soft-KL folder's name."""
+    weights under the soft-KL folder's name (or under `folder`: a tar that does not match its record)."""
     src = tmp / "src"
     src.mkdir(exist_ok=True)
     old = next(r for r in man["gpu"]["drafters"] if r.get("bug") == "soft_kl")
@@ -49,7 +51,8 @@ def rerun(tmp: Path, man: dict, step_shift: int = 0, reused: bool = True, bug: s
     if reused:
         rec["healthy_reused_from_earlier_run"] = True
     (src / "gpu.json").write_text(json.dumps(rec))
-    stage = tmp / "stage" / "bugs" / Path(name).name
+    shutil.rmtree(tmp / "stage", ignore_errors=True)
+    stage = tmp / "stage" / "bugs" / (folder or Path(name).name)
     shutil.copytree(demo.ASSETS / demo.CHECKPOINTS / "bugs" / "noisy-labels-step110", stage, dirs_exist_ok=True)
     with tarfile.open(src / "bugs.tar", "w") as tf:
         tf.add(tmp / "stage" / "bugs", arcname="bugs")
@@ -82,7 +85,7 @@ def test_rebug_swaps_the_bug_in_place(tmp_path):
     assert json.loads((a / "MANIFEST.json").read_text()) == man
 
 
-def test_rebug_refuses_another_step_another_bug_and_a_full_run(tmp_path):
+def test_rebug_refuses_another_step_another_bug_a_mismatched_tar_and_a_full_run(tmp_path):
     a = assets_copy(tmp_path)
     man = json.loads((a / "MANIFEST.json").read_text())
     with pytest.raises(SystemExit, match="stopped at step 111, the assets' run at 110"):
@@ -91,6 +94,8 @@ def test_rebug_refuses_another_step_another_bug_and_a_full_run(tmp_path):
         rebug(rerun(tmp_path, man, step_shift=-10), a)
     with pytest.raises(SystemExit, match="label_smoothing: the assets hold no such bug run"):
         rebug(rerun(tmp_path, man, bug="label_smoothing"), a)
+    with pytest.raises(SystemExit, match="holds no bugs/soft-kl-step110/ in bugs.tar"):
+        rebug(rerun(tmp_path, man, folder="soft-kl-step100"), a)  # the tar's folder is another step's
     with pytest.raises(SystemExit, match="not a DEMO_BUGS rerun"):
         rebug(rerun(tmp_path, man, reused=False), a)
     assert json.loads((a / "MANIFEST.json").read_text()) == man  # nothing written

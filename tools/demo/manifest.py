@@ -99,7 +99,7 @@ def rebug(src: Path, assets: Path = ASSETS, command: str = "") -> dict:
     """Replace the bug runs that a `DEMO_BUGS` rerun trained again (same target, same data, same stop) in `assets`:
     their checkpoint folders, their records in gpu.drafters and gpu.bug_variants (the earlier call's variants
     first), and a note of the call in gpu.reruns. Sizes are recounted. Refuses (SystemExit, nothing changed) a full
-    run, a bug the assets do not hold, and a run stopped at another step."""
+    run, a bug the assets do not hold, a run stopped at another step, and a bugs.tar without the bug's folder."""
     man = json.loads((assets / "MANIFEST.json").read_text())
     new = json.loads((src / "gpu.json").read_text())
     if not new.get("healthy_reused_from_earlier_run"):
@@ -107,18 +107,21 @@ def rebug(src: Path, assets: Path = ASSETS, command: str = "") -> dict:
     bugs = [r for r in new["drafters"] if r.get("bug")]
     g = man["gpu"]
     held = {o["bug"]: o for o in g["drafters"] if o.get("bug")}
-    for r in bugs:  # every check before anything changes
-        old = held.get(r["bug"])
-        if old is None:
-            raise SystemExit(f"{r['bug']}: the assets hold no such bug run ({sorted(held)}): use unpack")
-        if old["step"] != r["step"]:
-            raise SystemExit(f"{r['bug']}: the rerun stopped at step {r['step']}, the assets' run at {old['step']}")
-    for r in bugs:
-        old = held[r["bug"]]
-        shutil.rmtree(assets / CHECKPOINTS / old["name"])
-        g["drafters"][g["drafters"].index(old)] = r
-        g["bug_variants"][r["bug"]] = g["bug_variants"].get(r["bug"], []) + new["bug_variants"][r["bug"]]
     with tarfile.open(src / "bugs.tar") as tf:
+        packed = {Path(m.name).parts[:2] for m in tf.getmembers()}  # reads it whole: a cut tar fails here
+        for r in bugs:  # every check before anything changes
+            old = held.get(r["bug"])
+            if old is None:
+                raise SystemExit(f"{r['bug']}: the assets hold no such bug run ({sorted(held)}): use unpack")
+            if old["step"] != r["step"]:
+                raise SystemExit(f"{r['bug']}: the rerun stopped at step {r['step']}, the assets' run at {old['step']}")
+            if Path(r["name"]).parts not in packed or r["bug"] not in new.get("bug_variants", {}):
+                raise SystemExit(f"{r['bug']}: {src} holds no {r['name']}/ in bugs.tar or no variants in gpu.json")
+        for r in bugs:
+            old = held[r["bug"]]
+            shutil.rmtree(assets / CHECKPOINTS / old["name"])
+            g["drafters"][g["drafters"].index(old)] = r
+            g["bug_variants"][r["bug"]] = g["bug_variants"].get(r["bug"], []) + new["bug_variants"][r["bug"]]
         tf.extractall(assets / CHECKPOINTS, filter="data")
     g.setdefault("reruns", []).append(
         {"bugs": [r["bug"] for r in bugs], "command": command, "device": new["device"], "seconds": new["seconds"]}
